@@ -1,0 +1,327 @@
+//! In-memory columns: the values of one source column across all rows, converted from Arrow to a
+//! few compact representations.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Date64Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef};
+use arrow_schema::{DataType, TimeUnit};
+use std::collections::HashMap;
+
+/// The logical type of a source column, as far as dsc cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Signed or unsigned integer that fits i64.
+    Int,
+    /// Float64.
+    F64,
+    /// Float32.
+    F32,
+    /// Boolean.
+    Bool,
+    /// UTF-8 string.
+    Str,
+    /// Timestamp or date: stored as integer ticks; `scale` converts ticks to seconds.
+    Time,
+}
+
+/// A classified Arrow type: the kind and how to show it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TypeInfo {
+    pub kind: Kind,
+    /// Seconds per tick for [`Kind::Time`]; 1 otherwise.
+    pub scale: f64,
+    /// The Arrow type as text, for manifests and errors.
+    pub name: String,
+}
+
+/// Classifies an Arrow type, or `None` if dsc cannot use it.
+pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
+    let (kind, scale) = match dt {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32 => (Kind::Int, 1.0),
+        DataType::Float64 => (Kind::F64, 1.0),
+        DataType::Float32 => (Kind::F32, 1.0),
+        DataType::Boolean => (Kind::Bool, 1.0),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => (Kind::Str, 1.0),
+        DataType::Dictionary(_, value) if matches!(**value, DataType::Utf8 | DataType::LargeUtf8) => {
+            (Kind::Str, 1.0)
+        }
+        DataType::Timestamp(unit, _) => (Kind::Time, unit_scale(*unit)),
+        DataType::Date32 => (Kind::Time, 86_400.0),
+        DataType::Date64 => (Kind::Time, 1e-3),
+        _ => return None,
+    };
+    let name = match dt {
+        DataType::Dictionary(_, _) => "Utf8".to_string(),
+        DataType::LargeUtf8 | DataType::Utf8View => "Utf8".to_string(),
+        DataType::Timestamp(unit, _) => format!("Timestamp({unit:?})"),
+        other => format!("{other:?}"),
+    };
+    Some(TypeInfo { kind, scale, name })
+}
+
+fn unit_scale(unit: TimeUnit) -> f64 {
+    match unit {
+        TimeUnit::Second => 1.0,
+        TimeUnit::Millisecond => 1e-3,
+        TimeUnit::Microsecond => 1e-6,
+        TimeUnit::Nanosecond => 1e-9,
+    }
+}
+
+/// The values of a column.
+#[derive(Debug)]
+pub(crate) enum Values {
+    Int(Vec<i64>),
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    /// Codes into `dict`; after [`Column::finish`] the dictionary is sorted, so code order is
+    /// value order.
+    Str {
+        codes: Vec<u32>,
+        dict: Vec<String>,
+        lookup: HashMap<String, u32>,
+    },
+}
+
+/// One column: values, validity and type.
+#[derive(Debug)]
+pub(crate) struct Column {
+    pub info: TypeInfo,
+    pub values: Values,
+    /// `valid[i]` is false where row `i` is null; `None` when no row is null.
+    pub valid: Option<Vec<bool>>,
+    len: usize,
+}
+
+impl Column {
+    pub fn new(info: TypeInfo, capacity: usize) -> Self {
+        let values = match info.kind {
+            Kind::Int | Kind::Time => Values::Int(Vec::with_capacity(capacity)),
+            Kind::F64 => Values::F64(Vec::with_capacity(capacity)),
+            Kind::F32 => Values::F32(Vec::with_capacity(capacity)),
+            Kind::Bool => Values::Bool(Vec::with_capacity(capacity)),
+            Kind::Str => Values::Str {
+                codes: Vec::with_capacity(capacity),
+                dict: Vec::new(),
+                lookup: HashMap::new(),
+            },
+        };
+        Column {
+            info,
+            values,
+            valid: None,
+            len: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends an Arrow array of this column's type.
+    pub fn push_array(&mut self, array: &ArrayRef) {
+        let n = array.len();
+        if array.null_count() > 0 || self.valid.is_some() {
+            let valid = self.valid.get_or_insert_with(|| vec![true; self.len]);
+            valid.extend((0..n).map(|i| array.is_valid(i)));
+        }
+        match &mut self.values {
+            Values::Int(v) => push_ints(v, array),
+            Values::F64(v) => v.extend(array.as_primitive::<Float64Type>().values().iter()),
+            Values::F32(v) => v.extend(array.as_primitive::<Float32Type>().values().iter()),
+            Values::Bool(v) => {
+                let b = array.as_boolean();
+                v.extend((0..n).map(|i| b.value(i)));
+            }
+            Values::Str {
+                codes,
+                dict,
+                lookup,
+            } => push_strings(codes, dict, lookup, array),
+        }
+        self.len += n;
+    }
+
+    /// Appends another column of the same type (the next file's rows).
+    pub fn append(&mut self, other: Column) {
+        if other.valid.is_some() || self.valid.is_some() {
+            let len = self.len;
+            let valid = self.valid.get_or_insert_with(|| vec![true; len]);
+            match other.valid {
+                Some(v) => valid.extend(v),
+                None => valid.extend(std::iter::repeat_n(true, other.len)),
+            }
+        }
+        self.len += other.len;
+        match (&mut self.values, other.values) {
+            (Values::Int(a), Values::Int(b)) => a.extend(b),
+            (Values::F64(a), Values::F64(b)) => a.extend(b),
+            (Values::F32(a), Values::F32(b)) => a.extend(b),
+            (Values::Bool(a), Values::Bool(b)) => a.extend(b),
+            (
+                Values::Str {
+                    codes, dict, lookup, ..
+                },
+                Values::Str {
+                    codes: other_codes,
+                    dict: other_dict,
+                    ..
+                },
+            ) => {
+                let remap: Vec<u32> = other_dict
+                    .into_iter()
+                    .map(|s| intern(dict, lookup, s))
+                    .collect();
+                // Null rows hold code 0 even when the dictionary is empty.
+                codes.extend(
+                    other_codes
+                        .into_iter()
+                        .map(|c| remap.get(c as usize).copied().unwrap_or(0)),
+                );
+            }
+            _ => unreachable!("columns of one name share a kind; checked when files are opened"),
+        }
+    }
+
+    /// Sorts a string dictionary so that codes follow value order; a no-op for other kinds.
+    pub fn finish(&mut self) {
+        if let Values::Str {
+            codes,
+            dict,
+            lookup,
+        } = &mut self.values
+        {
+            let mut order: Vec<u32> = (0..dict.len() as u32).collect();
+            order.sort_by(|&a, &b| dict[a as usize].cmp(&dict[b as usize]));
+            let mut remap = vec![0u32; dict.len()];
+            for (new, &old) in order.iter().enumerate() {
+                remap[old as usize] = new as u32;
+            }
+            for c in codes.iter_mut() {
+                *c = remap.get(*c as usize).copied().unwrap_or(0);
+            }
+            let mut sorted: Vec<String> = Vec::with_capacity(dict.len());
+            for &old in &order {
+                sorted.push(std::mem::take(&mut dict[old as usize]));
+            }
+            *dict = sorted;
+            lookup.clear();
+        }
+    }
+
+    pub fn is_valid(&self, row: usize) -> bool {
+        self.valid.as_ref().is_none_or(|v| v[row])
+    }
+
+    /// The value as a number (timestamps in seconds, booleans 0/1), `None` when null or a string.
+    #[inline]
+    pub fn f64_at(&self, row: usize) -> Option<f64> {
+        if !self.is_valid(row) {
+            return None;
+        }
+        match &self.values {
+            Values::Int(v) => Some(if self.info.kind == Kind::Time {
+                v[row] as f64 * self.info.scale
+            } else {
+                v[row] as f64
+            }),
+            Values::F64(v) => Some(v[row]),
+            Values::F32(v) => Some(f64::from(v[row])),
+            Values::Bool(v) => Some(if v[row] { 1.0 } else { 0.0 }),
+            Values::Str { .. } => None,
+        }
+    }
+
+    /// The integer value, for key and join columns.
+    #[inline]
+    pub fn i64_at(&self, row: usize) -> Option<i64> {
+        if !self.is_valid(row) {
+            return None;
+        }
+        match &self.values {
+            Values::Int(v) => Some(v[row]),
+            _ => None,
+        }
+    }
+}
+
+fn intern(dict: &mut Vec<String>, lookup: &mut HashMap<String, u32>, s: String) -> u32 {
+    if let Some(&code) = lookup.get(&s) {
+        return code;
+    }
+    let code = dict.len() as u32;
+    lookup.insert(s.clone(), code);
+    dict.push(s);
+    code
+}
+
+fn push_ints(v: &mut Vec<i64>, array: &ArrayRef) {
+    macro_rules! ext {
+        ($t:ty) => {
+            v.extend(array.as_primitive::<$t>().values().iter().map(|&x| x as i64))
+        };
+    }
+    match array.data_type() {
+        DataType::Int8 => ext!(Int8Type),
+        DataType::Int16 => ext!(Int16Type),
+        DataType::Int32 => ext!(Int32Type),
+        DataType::Int64 => ext!(Int64Type),
+        DataType::UInt8 => ext!(UInt8Type),
+        DataType::UInt16 => ext!(UInt16Type),
+        DataType::UInt32 => ext!(UInt32Type),
+        DataType::Date32 => ext!(Date32Type),
+        DataType::Date64 => ext!(Date64Type),
+        DataType::Timestamp(TimeUnit::Second, _) => ext!(TimestampSecondType),
+        DataType::Timestamp(TimeUnit::Millisecond, _) => ext!(TimestampMillisecondType),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => ext!(TimestampMicrosecondType),
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => ext!(TimestampNanosecondType),
+        other => unreachable!("{other:?} is not an integer kind; classify() decides"),
+    }
+}
+
+fn push_strings(
+    codes: &mut Vec<u32>,
+    dict: &mut Vec<String>,
+    lookup: &mut HashMap<String, u32>,
+    array: &ArrayRef,
+) {
+    let mut push = |s: Option<&str>| {
+        let code = match s {
+            Some(s) => match lookup.get(s) {
+                Some(&c) => c,
+                None => intern(dict, lookup, s.to_string()),
+            },
+            None => 0,
+        };
+        codes.push(code);
+    };
+    match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().iter().for_each(&mut push),
+        DataType::LargeUtf8 => array.as_string::<i64>().iter().for_each(&mut push),
+        DataType::Utf8View => array.as_string_view().iter().for_each(&mut push),
+        DataType::Dictionary(_, _) => {
+            let any = array.as_any_dictionary();
+            let keys = any.normalized_keys();
+            let values = any.values();
+            let strings: Vec<Option<&str>> = match values.data_type() {
+                DataType::Utf8 => values.as_string::<i32>().iter().collect(),
+                _ => values.as_string::<i64>().iter().collect(),
+            };
+            for (i, k) in keys.iter().enumerate() {
+                push(if array.is_valid(i) { strings[*k] } else { None });
+            }
+        }
+        other => unreachable!("{other:?} is not a string kind; classify() decides"),
+    }
+}

@@ -1,0 +1,405 @@
+//! Per-column value access (through joins), statistics, and the encoders that turn source
+//! values into stored numbers.
+
+use crate::column::{Column, Kind, Values};
+use crate::error::{CompileError, Result};
+use crate::lookup::Keyed;
+use crate::read::RowsTable;
+use crate::stats::{self, Moments};
+use dsc_format::manifest::{CODE_FIRST, CODE_NULL, CODE_UNKNOWN};
+use dsc_format::spec::NanPolicy;
+use dsc_format::stats::{ColumnStats, VocabEntry};
+use dsc_format::{Encoding, Stage};
+use rayon::prelude::*;
+use std::collections::HashMap;
+
+/// Split tags per row or per context row.
+pub(crate) const TRAIN: u8 = 0;
+pub(crate) const VAL: u8 = 1;
+pub(crate) const DROPPED: u8 = u8::MAX;
+
+/// Reads one column for rows of a table, directly or through a join on an integer column.
+#[derive(Clone, Copy)]
+pub(crate) struct Access<'a> {
+    pub name: &'a str,
+    pub table: &'a RowsTable,
+    pub column: &'a Column,
+    pub join: Option<(&'a Column, &'a Keyed)>,
+}
+
+impl<'a> Access<'a> {
+    /// The row of `self.column` that holds row `row`'s value; `None` when the join key is null.
+    #[inline]
+    pub fn source_row(&self, row: usize) -> Result<Option<usize>> {
+        match self.join {
+            None => Ok(Some(row)),
+            Some((on, keyed)) => {
+                let Some(k) = on.i64_at(row) else {
+                    return Ok(None);
+                };
+                match keyed.index.get(k) {
+                    Some(r) => Ok(Some(r as usize)),
+                    None => {
+                        let (path, row) = self.table.locate(row);
+                        Err(CompileError::MissingJoinKey {
+                            path: path.into(),
+                            row,
+                            column: keyed.key.clone(),
+                            value: k.to_string(),
+                            join: keyed.path.clone(),
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub fn f64_at(&self, row: usize) -> Result<Option<f64>> {
+        Ok(self.source_row(row)?.and_then(|r| self.column.f64_at(r)))
+    }
+
+    /// The table name for the manifest and stats.
+    pub fn table_name(&self) -> &'static str {
+        if self.join.is_some() {
+            "join"
+        } else {
+            "rows"
+        }
+    }
+}
+
+/// Finite values of a numeric column gathered by split, plus bad-value counts.
+struct Gathered {
+    /// Train values, then validation values.
+    values: Vec<f64>,
+    n_train: usize,
+    counts: [[u64; 3]; 2], // [split][null, nan, inf]
+}
+
+fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
+    type Part = (Vec<f64>, Vec<f64>, [[u64; 3]; 2]);
+    let parts: Vec<Part> = tags
+        .par_chunks(1 << 16)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let base = c << 16;
+            let mut part: Part = (Vec::new(), Vec::new(), [[0; 3]; 2]);
+            for (i, &tag) in chunk.iter().enumerate() {
+                if tag == DROPPED {
+                    continue;
+                }
+                let s = tag as usize;
+                match access.f64_at(base + i)? {
+                    None => part.2[s][0] += 1,
+                    Some(x) if x.is_nan() => part.2[s][1] += 1,
+                    Some(x) if x.is_infinite() => part.2[s][2] += 1,
+                    Some(x) => (if tag == TRAIN { &mut part.0 } else { &mut part.1 }).push(x),
+                }
+            }
+            Ok(part)
+        })
+        .collect::<Result<_>>()?;
+    let n_train = parts.iter().map(|p| p.0.len()).sum();
+    let n_val: usize = parts.iter().map(|p| p.1.len()).sum();
+    let mut values = Vec::with_capacity(n_train + n_val);
+    let mut counts = [[0u64; 3]; 2];
+    for p in &parts {
+        values.extend_from_slice(&p.0);
+        for s in 0..2 {
+            for k in 0..3 {
+                counts[s][k] += p.2[s][k];
+            }
+        }
+    }
+    for p in &parts {
+        values.extend_from_slice(&p.1);
+    }
+    Ok(Gathered {
+        values,
+        n_train,
+        counts,
+    })
+}
+
+/// Statistics of a numeric column for `all`, `train`, `val`, and the fitted encoding stages.
+pub(crate) struct NumericResult {
+    pub stats: [ColumnStats; 3],
+    pub stages: Vec<Stage>,
+    /// Raw train mean, for `nan = mean`.
+    pub train_mean: f64,
+}
+
+fn empty_stats(access: &Access, counts: [u64; 3], count: u64) -> ColumnStats {
+    ColumnStats {
+        name: access.name.into(),
+        table: access.table_name().into(),
+        source_type: access.column.info.name.clone(),
+        count,
+        nulls: counts[0],
+        nan: counts[1],
+        inf: counts[2],
+        numeric: None,
+        distinct: None,
+        vocabulary: None,
+    }
+}
+
+/// Fits each stage of `chain` on the train values after the stages before it.
+fn fit(chain: &[Stage], train: &[f64]) -> Vec<Stage> {
+    let mut current: Option<Vec<f64>> = None;
+    let mut fitted = Vec::with_capacity(chain.len());
+    for (i, stage) in chain.iter().enumerate() {
+        let values: &[f64] = current.as_deref().unwrap_or(train);
+        let stage = match stage {
+            Stage::Zscore { .. } => {
+                let m = Moments::of(values);
+                let std = m.std();
+                Stage::Zscore {
+                    mean: m.mean,
+                    std: if std > 0.0 && std.is_finite() { std } else { 1.0 },
+                }
+            }
+            Stage::Minmax { .. } => {
+                let m = Moments::of(values);
+                let (min, max) = if m.n == 0 { (0.0, 1.0) } else { (m.min, m.max) };
+                Stage::Minmax {
+                    min,
+                    max: if max > min { max } else { min + 1.0 },
+                }
+            }
+            other => other.clone(),
+        };
+        if i + 1 < chain.len() {
+            let next: Vec<f64> = values.par_iter().map(|&x| stage.apply(x)).collect();
+            current = Some(next);
+        }
+        fitted.push(stage);
+    }
+    fitted
+}
+
+/// Gathers a numeric column, computes its statistics per split and fits its encoding.
+pub(crate) fn numeric_column(access: &Access, tags: &[u8], chain: &[Stage]) -> Result<NumericResult> {
+    let mut g = gather(access, tags)?;
+    let stages = fit(chain, &g.values[..g.n_train]);
+    let train_mean = Moments::of(&g.values[..g.n_train]).mean;
+    let n_train = g.n_train;
+    let (train, val) = g.values.split_at_mut(n_train);
+    let train_num = stats::numeric(train);
+    let val_num = stats::numeric(val);
+    let all_num = stats::numeric(&mut g.values);
+    let sum = |a: [u64; 3], b: [u64; 3]| [a[0] + b[0], a[1] + b[1], a[2] + b[2]];
+    let mut all = empty_stats(access, sum(g.counts[0], g.counts[1]), g.values.len() as u64);
+    all.numeric = all_num;
+    let mut tr = empty_stats(access, g.counts[0], n_train as u64);
+    tr.numeric = train_num;
+    let mut va = empty_stats(access, g.counts[1], (g.values.len() - n_train) as u64);
+    va.numeric = val_num;
+    Ok(NumericResult {
+        stats: [all, tr, va],
+        stages,
+        train_mean,
+    })
+}
+
+/// A value of a categorical column, comparable across kinds of column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum CatKey {
+    Int(i64),
+    /// A code into the column's sorted dictionary (so its order is the strings' order).
+    Str(u32),
+}
+
+fn cat_key(col: &Column, row: usize) -> Option<CatKey> {
+    if !col.is_valid(row) {
+        return None;
+    }
+    Some(match &col.values {
+        Values::Int(v) => CatKey::Int(v[row]),
+        Values::Bool(v) => CatKey::Int(i64::from(v[row])),
+        Values::Str { codes, .. } => CatKey::Str(codes[row]),
+        Values::F64(_) | Values::F32(_) => unreachable!("floats are not categorical; checked when opened"),
+    })
+}
+
+fn cat_json(col: &Column, key: CatKey) -> serde_json::Value {
+    match (key, &col.values) {
+        (CatKey::Str(c), Values::Str { dict, .. }) => dict[c as usize].clone().into(),
+        (CatKey::Int(v), Values::Bool(_)) => (v != 0).into(),
+        (CatKey::Int(v), _) => v.into(),
+        (CatKey::Str(_), _) => unreachable!("string keys come from string columns"),
+    }
+}
+
+/// Maps a categorical column's values to codes.
+pub(crate) struct CategoryCoder<'a> {
+    pub access: Access<'a>,
+    codes: HashMap<CatKey, i32>,
+    /// Dense code table for string dictionaries.
+    dense: Option<Vec<i32>>,
+}
+
+impl CategoryCoder<'_> {
+    #[inline]
+    pub fn code(&self, row: usize) -> Result<i32> {
+        let Some(r) = self.access.source_row(row)? else {
+            return Ok(CODE_NULL);
+        };
+        Ok(match cat_key(self.access.column, r) {
+            None => CODE_NULL,
+            Some(CatKey::Str(c)) if self.dense.is_some() => {
+                self.dense.as_ref().expect("checked")[c as usize]
+            }
+            Some(k) => self.codes.get(&k).copied().unwrap_or(CODE_UNKNOWN),
+        })
+    }
+}
+
+/// Counts a categorical column per split, builds its statistics and its coder (vocabulary: train
+/// values ascending).
+pub(crate) fn categorical_column<'a>(
+    access: Access<'a>,
+    tags: &[u8],
+) -> Result<([ColumnStats; 3], Encoding, CategoryCoder<'a>)> {
+    let mut counts: [HashMap<CatKey, u64>; 2] = [HashMap::new(), HashMap::new()];
+    let mut nulls = [0u64; 2];
+    for (row, &tag) in tags.iter().enumerate() {
+        if tag == DROPPED {
+            continue;
+        }
+        let key = access
+            .source_row(row)?
+            .and_then(|r| cat_key(access.column, r));
+        match key {
+            Some(k) => *counts[tag as usize].entry(k).or_insert(0) += 1,
+            None => nulls[tag as usize] += 1,
+        }
+    }
+    let mut vocab: Vec<CatKey> = counts[0].keys().copied().collect();
+    vocab.sort_unstable();
+    let codes: HashMap<CatKey, i32> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| (k, CODE_FIRST + i as i32))
+        .collect();
+    let dense = match &access.column.values {
+        Values::Str { dict, .. } => {
+            let mut table = vec![CODE_UNKNOWN; dict.len()];
+            for (k, &code) in &codes {
+                if let CatKey::Str(c) = k {
+                    table[*c as usize] = code;
+                }
+            }
+            Some(table)
+        }
+        _ => None,
+    };
+    let encoding = Encoding::Category {
+        vocabulary: vocab.iter().map(|&k| cat_json(access.column, k)).collect(),
+    };
+    let mut all_counts = counts[0].clone();
+    for (k, c) in &counts[1] {
+        *all_counts.entry(*k).or_insert(0) += c;
+    }
+    let build = |m: &HashMap<CatKey, u64>, nulls: u64| {
+        let mut entries: Vec<(CatKey, u64)> = m.iter().map(|(k, c)| (*k, *c)).collect();
+        entries.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut s = empty_stats(&access, [nulls, 0, 0], entries.iter().map(|e| e.1).sum());
+        s.distinct = Some(entries.len() as u64);
+        s.vocabulary = Some(
+            entries
+                .into_iter()
+                .map(|(k, count)| VocabEntry {
+                    value: cat_json(access.column, k),
+                    count,
+                })
+                .collect(),
+        );
+        s
+    };
+    let stats = [
+        build(&all_counts, nulls[0] + nulls[1]),
+        build(&counts[0], nulls[0]),
+        build(&counts[1], nulls[1]),
+    ];
+    Ok((
+        stats,
+        encoding,
+        CategoryCoder {
+            access,
+            codes,
+            dense,
+        },
+    ))
+}
+
+/// Turns a numeric column's values into stored f32s.
+pub(crate) struct NumericEncoder<'a> {
+    pub access: Access<'a>,
+    pub stages: Vec<Stage>,
+    pub fill: Option<f64>,
+}
+
+impl NumericEncoder<'_> {
+    pub fn new<'a>(access: Access<'a>, fitted: &NumericResult, policy: NanPolicy) -> NumericEncoder<'a> {
+        let fill = match policy {
+            NanPolicy::Error => None,
+            NanPolicy::Zero => Some(0.0),
+            NanPolicy::Mean => {
+                let v = fitted.stages.iter().fold(fitted.train_mean, |x, s| s.apply(x));
+                Some(if v.is_finite() { v } else { 0.0 })
+            }
+        };
+        NumericEncoder {
+            access,
+            stages: fitted.stages.clone(),
+            fill,
+        }
+    }
+
+    /// The manifest encoding.
+    pub fn encoding(&self) -> Encoding {
+        if self.access.column.info.kind == Kind::Bool && self.stages.iter().all(|s| *s == Stage::Identity) {
+            return Encoding::Bool;
+        }
+        Encoding::Numeric {
+            stages: self.stages.clone(),
+            fill: self.fill,
+        }
+    }
+
+    /// The stored value of `row`, and whether it was filled by the NaN policy.
+    #[inline]
+    pub fn encode(&self, row: usize) -> Result<(f32, bool)> {
+        let raw = self.access.f64_at(row)?;
+        let bad = match raw {
+            None => Some("null".to_string()),
+            Some(x) if !x.is_finite() => Some(format!("{x}")),
+            Some(x) => {
+                let v = self.stages.iter().fold(x, |v, s| s.apply(v));
+                if v.is_finite() && (v as f32).is_finite() {
+                    return Ok((v as f32, false));
+                }
+                let chain: Vec<&str> = self.stages.iter().map(Stage::name).collect();
+                Some(format!("{x} encodes to {v} under {}", chain.join(",")))
+            }
+        };
+        match (self.fill, bad) {
+            (Some(fill), _) => Ok((fill as f32, true)),
+            (None, what) => {
+                let (path, file_row) = self.access.table.locate(row);
+                let column = match self.access.join {
+                    Some((_, keyed)) => format!("{} (joined from {})", self.access.name, keyed.path.display()),
+                    None => self.access.name.to_string(),
+                };
+                Err(CompileError::BadValue {
+                    path: path.into(),
+                    column,
+                    row: file_row,
+                    what: what.unwrap_or_default(),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Errors of a compile. Every variant says where the problem is: file, column, row (0-based
+//! within the file) or context key, and what was expected and found.
+
+use std::path::PathBuf;
+
+/// Why a compile stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompileError {
+    /// A file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A rows pattern matched nothing.
+    #[error("{pattern}: no such file (the pattern matched nothing)")]
+    NoMatch {
+        /// The path or glob as given.
+        pattern: String,
+    },
+    /// A file is not readable Parquet (wrong format, truncated, corrupt).
+    #[error("{path}: not a readable Parquet file: {reason}")]
+    BadParquet {
+        /// The file.
+        path: PathBuf,
+        /// The decoder's reason.
+        reason: String,
+    },
+    /// A CSV file could not be parsed.
+    #[error("{path}: {reason}")]
+    BadCsv {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line.
+        reason: String,
+    },
+    /// A file holds no rows.
+    #[error("{path}: the file holds no rows")]
+    EmptyFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A required column is absent.
+    #[error("{path}: no column {column:?} ({role}); the file has {available}")]
+    MissingColumn {
+        /// The file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// What it was needed as.
+        role: String,
+        /// The file's columns.
+        available: String,
+    },
+    /// A column has a type that cannot serve its role.
+    #[error("{path}: column {column:?} is {found}, but as {role} it must be {expected}")]
+    WrongType {
+        /// The file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// What it is needed as.
+        role: String,
+        /// Acceptable types.
+        expected: String,
+        /// The column's type.
+        found: String,
+    },
+    /// Two rows files disagree on a column's type.
+    #[error("{path}: column {column:?} is {found}, but it is {expected} in {first}")]
+    SchemaMismatch {
+        /// The file that disagrees.
+        path: PathBuf,
+        /// The first file read.
+        first: PathBuf,
+        /// The column.
+        column: String,
+        /// Its type in the first file.
+        expected: String,
+        /// Its type here.
+        found: String,
+    },
+    /// A key is null.
+    #[error("{path}: column {column:?} is null at row {row}; every row needs a key")]
+    NullKey {
+        /// The file.
+        path: PathBuf,
+        /// The key column.
+        column: String,
+        /// Row within the file.
+        row: u64,
+    },
+    /// The context table holds a key twice.
+    #[error("{path}: key {key} appears twice in column {column:?} (rows {first_row} and {row})")]
+    DuplicateKey {
+        /// The file.
+        path: PathBuf,
+        /// The key column.
+        column: String,
+        /// The key.
+        key: String,
+        /// Its first row.
+        first_row: u64,
+        /// The repeating row.
+        row: u64,
+    },
+    /// Rows whose key the context table lacks, under `unmatched_rows = "error"`.
+    #[error("{path}: key {key} (row {row}) has no row in the context table {context}, nor do {others} other keys; pass --unmatched-rows drop to leave them out")]
+    UnmatchedRows {
+        /// The rows file of the first such row.
+        path: PathBuf,
+        /// Its row.
+        row: u64,
+        /// The key.
+        key: i64,
+        /// The context table.
+        context: PathBuf,
+        /// How many other keys are affected.
+        others: usize,
+    },
+    /// Context keys without rows, under `empty_contexts = "error"`.
+    #[error("{context}: key {key} (row {row}) has no rows in the rows files, nor do {others} other keys; pass --empty-contexts drop or keep")]
+    EmptyContexts {
+        /// The context table.
+        context: PathBuf,
+        /// Its row.
+        row: u64,
+        /// The key.
+        key: i64,
+        /// How many other keys are affected.
+        others: usize,
+    },
+    /// A lookup table lacks a value that a row joins on.
+    #[error("{path}: {column} = {value} at row {row} has no entry in {join}")]
+    MissingJoinKey {
+        /// The rows file.
+        path: PathBuf,
+        /// Row within it.
+        row: u64,
+        /// The join column.
+        column: String,
+        /// The value.
+        value: String,
+        /// The lookup file.
+        join: PathBuf,
+    },
+    /// A null, NaN or infinite value under `nan = "error"`.
+    #[error("{path}: column {column:?} row {row}: {what}; choose --nan zero or --nan mean to replace such values")]
+    BadValue {
+        /// The file holding the value.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// Row within the file.
+        row: u64,
+        /// What the value is (`null`, `NaN`, `inf`, or an encoding that produced one).
+        what: String,
+    },
+    /// The spec is invalid.
+    #[error("invalid spec: {0}")]
+    Spec(String),
+    /// The output directory exists and is not empty.
+    #[error("{path}: already exists and is not empty; pass --force to replace it")]
+    OutputExists {
+        /// The output directory.
+        path: PathBuf,
+    },
+    /// Writing the cache failed.
+    #[error(transparent)]
+    Format(#[from] dsc_format::FormatError),
+}
+
+impl CompileError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CompileError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// `Result` with [`CompileError`].
+pub type Result<T, E = CompileError> = std::result::Result<T, E>;

@@ -1,0 +1,507 @@
+//! Sample customer-transaction data: a context table with one row per customer and a rows table
+//! whose rows of one customer are scattered over all files and positions, the case where grouping
+//! needs more than a streaming pass.
+//!
+//! Targets are learnable from the sequences: `lifetime_value` is the sum of a customer's non-null
+//! amounts, and customers who churned stop transacting early.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{
+    ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, StringArray,
+    TimestampMicrosecondArray,
+};
+use arrow_schema::{DataType, TimeUnit};
+use rayon::prelude::*;
+
+use super::{create_dir, schema, GenError, GenSummary, ParquetSink, Rng, ROW_GROUP_ROWS};
+
+/// Values of `segment`.
+pub const SEGMENTS: [&str; 3] = ["retail", "smb", "enterprise"];
+/// Values of `channel`.
+pub const CHANNELS: [&str; 3] = ["web", "store", "app"];
+/// Values of `merchant_category`, most frequent first (Zipf-like).
+pub const CATEGORIES: [&str; 20] = [
+    "grocery",
+    "restaurants",
+    "fuel",
+    "online_retail",
+    "pharmacy",
+    "clothing",
+    "electronics",
+    "travel",
+    "utilities",
+    "entertainment",
+    "home_improvement",
+    "health",
+    "subscriptions",
+    "sporting_goods",
+    "books",
+    "automotive",
+    "education",
+    "insurance",
+    "jewelry",
+    "charity",
+];
+
+const SEGMENT_WEIGHTS: [f64; 3] = [0.70, 0.22, 0.08];
+const CHANNEL_WEIGHTS: [f64; 3] = [0.45, 0.35, 0.20];
+/// Median transaction amount per segment; customers without a segment get the last.
+const MEDIAN_AMOUNT: [f64; 4] = [35.0, 120.0, 600.0, 50.0];
+const MICROS_PER_YEAR: f64 = 365.25 * 86_400e6;
+/// 2015-01-01T00:00:00 and 2024-07-01T00:00:00 (the data's end), in microseconds.
+const START_US: i64 = 1_420_070_400_000_000;
+const END_US: i64 = 1_719_792_000_000_000;
+
+// Separate streams for the ids, the customer-table order, each customer and each file's order.
+const STREAM_IDS: u64 = 0x5E0_0001;
+const STREAM_TABLE_ORDER: u64 = 0x5E0_0002;
+const STREAM_FILE: u64 = 0x5E0_1000;
+const STREAM_CUSTOMER: u64 = 0x5E1_0000_0000;
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequencesOptions {
+    /// Customers (contexts), including the ~3 % without transactions.
+    pub customers: usize,
+    /// Number of `transactions/part-{i:03}.parquet` files.
+    pub files: usize,
+    /// Seed: the same options give byte-identical files.
+    pub seed: u64,
+}
+
+impl Default for SequencesOptions {
+    fn default() -> Self {
+        SequencesOptions {
+            customers: 2000,
+            files: 4,
+            seed: 0,
+        }
+    }
+}
+
+/// Writes `out/transactions/part-{i:03}.parquet` (i in `0..files`) and `out/customers.parquet`.
+///
+/// Each customer is simulated from its own stream of the seed, and each file keeps the
+/// transactions drawn for it, in an order shuffled by the file's own stream; so memory holds one
+/// file per thread, and the bytes do not depend on the thread count. The price is that every file
+/// re-simulates all customers: time grows with `files × transactions`.
+pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenError> {
+    if opts.customers == 0 || opts.files == 0 || opts.files > u32::MAX as usize {
+        let reason = format!("need at least one customer and one file: {opts:?}");
+        return Err(GenError::InvalidOptions { reason });
+    }
+    let dir = out.join("transactions");
+    create_dir(&dir)?;
+    // Increasing ids with random gaps: unique, not consecutive; the table order is shuffled below.
+    let mut rng = Rng::new(opts.seed, STREAM_IDS);
+    let ids: Vec<i64> = (0..opts.customers)
+        .scan(100_000 + rng.below(1000) as i64, |next, _| {
+            let id = *next;
+            *next += 1 + rng.below(997) as i64;
+            Some(id)
+        })
+        .collect();
+    let simulate = |i: usize| simulate_customer(opts.seed, i, ids[i], opts.files as u32);
+
+    let parts = (0..opts.files)
+        .into_par_iter()
+        .map(|f| {
+            let mut rows: Vec<Txn> = (0..opts.customers)
+                .into_par_iter()
+                .flat_map_iter(|i| {
+                    simulate(i)
+                        .1
+                        .into_iter()
+                        .filter(move |t| t.file == f as u32)
+                })
+                .collect();
+            Rng::new(opts.seed, STREAM_FILE + f as u64).shuffle(&mut rows);
+            write_transactions(&dir.join(format!("part-{f:03}.parquet")), &rows)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut customers: Vec<Customer> = (0..opts.customers)
+        .into_par_iter()
+        .map(|i| simulate(i).0)
+        .collect();
+    Rng::new(opts.seed, STREAM_TABLE_ORDER).shuffle(&mut customers);
+    let mut summary = GenSummary {
+        contexts: opts.customers as u64,
+        ..GenSummary::default()
+    };
+    for (path, rows) in parts {
+        summary.files.push(path);
+        summary.rows += rows;
+    }
+    summary.files.push(write_customers(out, &customers)?);
+    Ok(summary)
+}
+
+#[derive(Debug, Clone)]
+struct Customer {
+    id: i64,
+    age: Option<i32>,
+    segment: Option<usize>,
+    signup_us: i64,
+    tenure_years: f32,
+    churned: bool,
+    lifetime_value: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Txn {
+    customer_id: i64,
+    ts_us: i64,
+    amount: Option<f64>,
+    category: Option<usize>,
+    channel: usize,
+    items: i32,
+    discount: f32,
+    is_refund: bool,
+    /// The part file the transaction goes to.
+    file: u32,
+}
+
+/// An index drawn with probability proportional to `weights`.
+fn pick(rng: &mut Rng, weights: &[f64]) -> usize {
+    let mut u = rng.uniform(0.0, weights.iter().sum());
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i;
+        }
+        u -= w;
+    }
+    weights.len() - 1
+}
+
+/// One customer and all their transactions, from the customer's own stream.
+fn simulate_customer(seed: u64, index: usize, id: i64, files: u32) -> (Customer, Vec<Txn>) {
+    let rng = &mut Rng::new(seed, STREAM_CUSTOMER + index as u64);
+    let age = (!rng.bernoulli(0.05)).then(|| (42.0 + 14.0 * rng.normal()).clamp(18.0, 90.0) as i32);
+    let segment = (!rng.bernoulli(0.02)).then(|| pick(rng, &SEGMENT_WEIGHTS));
+    let signup_us = rng.uniform(START_US as f64, (END_US - 30 * 86_400_000_000) as f64) as i64;
+    let tenure_years = (END_US - signup_us) as f64 / MICROS_PER_YEAR;
+    let silent = rng.bernoulli(0.03);
+    // Churn is likelier for young, small, recent customers; a churned customer's activity stops
+    // at a random point, so recency in the sequence predicts the label.
+    let logit = -0.6
+        + if segment == Some(0) { 0.4 } else { -0.4 }
+        + if age.is_some_and(|a| a < 30) {
+            0.3
+        } else {
+            0.0
+        }
+        - 0.15 * tenure_years
+        + if silent { 1.5 } else { 0.0 };
+    let churned = rng.bernoulli(1.0 / (1.0 + (-logit).exp()));
+    let active_until = if churned {
+        rng.uniform(signup_us as f64, END_US as f64)
+    } else {
+        END_US as f64
+    };
+    let n = if silent {
+        0
+    } else {
+        rng.lognormal(20.0, 1.0).round().clamp(1.0, 5000.0) as usize
+    };
+
+    let median = MEDIAN_AMOUNT[segment.unwrap_or(3)];
+    let zipf: Vec<f64> = (0..CATEGORIES.len())
+        .map(|k| (k as f64 + 1.0).powf(-1.1))
+        .collect();
+    let favourite = pick(rng, &zipf);
+    let mut lifetime_value = 0.0;
+    let txns = (0..n)
+        .map(|_| {
+            let is_refund = rng.bernoulli(0.04);
+            let value = (rng.lognormal(median, 0.8) * 100.0).round() / 100.0;
+            let amount = (!rng.bernoulli(0.01)).then_some(if is_refund { -value } else { value });
+            lifetime_value += amount.unwrap_or(0.0);
+            let category = (!rng.bernoulli(0.02)).then(|| {
+                if rng.bernoulli(0.35) {
+                    favourite
+                } else {
+                    pick(rng, &zipf)
+                }
+            });
+            let discount = if rng.bernoulli(0.3) {
+                (rng.uniform(1.0, 11.0).floor() * 0.05) as f32
+            } else {
+                0.0
+            };
+            Txn {
+                customer_id: id,
+                ts_us: rng.uniform(signup_us as f64, active_until) as i64,
+                amount,
+                category,
+                channel: pick(rng, &CHANNEL_WEIGHTS),
+                items: 1 + rng.exponential(1.5) as i32,
+                discount,
+                is_refund,
+                file: rng.below(u64::from(files)) as u32,
+            }
+        })
+        .collect();
+    let customer = Customer {
+        id,
+        age,
+        segment,
+        signup_us,
+        tenure_years: tenure_years as f32,
+        churned,
+        lifetime_value: (lifetime_value * 100.0).round() / 100.0,
+    };
+    (customer, txns)
+}
+
+fn timestamp(values: impl Iterator<Item = i64>) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from_iter_values(values))
+}
+
+fn write_transactions(path: &Path, rows: &[Txn]) -> Result<(PathBuf, u64), GenError> {
+    let schema = schema(&[
+        ("customer_id", DataType::Int64, false),
+        (
+            "ts",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        ),
+        ("amount", DataType::Float64, true),
+        ("merchant_category", DataType::Utf8, true),
+        ("channel", DataType::Utf8, false),
+        ("items", DataType::Int32, false),
+        ("discount", DataType::Float32, false),
+        ("is_refund", DataType::Boolean, false),
+    ]);
+    let mut sink = ParquetSink::create(path, schema)?;
+    for rows in rows.chunks(ROW_GROUP_ROWS) {
+        sink.write(vec![
+            Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|t| t.customer_id),
+            )),
+            timestamp(rows.iter().map(|t| t.ts_us)),
+            Arc::new(Float64Array::from_iter(rows.iter().map(|t| t.amount))),
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|t| t.category.map(|c| CATEGORIES[c])),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|t| CHANNELS[t.channel]),
+            )),
+            Arc::new(Int32Array::from_iter_values(rows.iter().map(|t| t.items))),
+            Arc::new(Float32Array::from_iter_values(
+                rows.iter().map(|t| t.discount),
+            )),
+            Arc::new(BooleanArray::from_iter(
+                rows.iter().map(|t| Some(t.is_refund)),
+            )),
+        ])?;
+    }
+    Ok((sink.finish()?, rows.len() as u64))
+}
+
+fn write_customers(out: &Path, customers: &[Customer]) -> Result<PathBuf, GenError> {
+    let schema = schema(&[
+        ("customer_id", DataType::Int64, false),
+        ("age", DataType::Int32, true),
+        ("segment", DataType::Utf8, true),
+        (
+            "signup",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        ),
+        ("tenure_years", DataType::Float32, false),
+        ("churned", DataType::Boolean, false),
+        ("lifetime_value", DataType::Float64, false),
+    ]);
+    let mut sink = ParquetSink::create(&out.join("customers.parquet"), schema)?;
+    for cs in customers.chunks(ROW_GROUP_ROWS) {
+        sink.write(vec![
+            Arc::new(Int64Array::from_iter_values(cs.iter().map(|c| c.id))),
+            Arc::new(Int32Array::from_iter(cs.iter().map(|c| c.age))),
+            Arc::new(StringArray::from_iter(
+                cs.iter().map(|c| c.segment.map(|s| SEGMENTS[s])),
+            )),
+            timestamp(cs.iter().map(|c| c.signup_us)),
+            Arc::new(Float32Array::from_iter_values(
+                cs.iter().map(|c| c.tenure_years),
+            )),
+            Arc::new(BooleanArray::from_iter(cs.iter().map(|c| Some(c.churned)))),
+            Arc::new(Float64Array::from_iter_values(
+                cs.iter().map(|c| c.lifetime_value),
+            )),
+        ])?;
+    }
+    sink.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use arrow_array::types::{
+        Float64Type, Int32Type, Int64Type, TimestampMicrosecondType as Micros,
+    };
+
+    use super::super::test_support::{bytes_of, Table};
+    use super::*;
+
+    #[test]
+    fn same_seed_gives_identical_bytes_whatever_the_threads() {
+        let opts = |seed| SequencesOptions {
+            customers: 300,
+            files: 3,
+            seed,
+        };
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let a = bytes_of(&generate(dirs[0].path(), &opts(1)).unwrap(), dirs[0].path());
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let b = pool.install(|| generate(dirs[1].path(), &opts(1))).unwrap();
+        assert_eq!(a, bytes_of(&b, dirs[1].path()));
+        let c = bytes_of(&generate(dirs[2].path(), &opts(2)).unwrap(), dirs[2].path());
+        assert_eq!(a.len(), 4);
+        for (x, y) in a.iter().zip(&c) {
+            assert_eq!(x.0, y.0);
+            assert_ne!(x.1, y.1, "{:?}", x.0);
+        }
+    }
+
+    #[test]
+    fn files_satisfy_the_documented_invariants() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = SequencesOptions::default();
+        let summary = generate(dir.path(), &opts).unwrap();
+        let cust = Table::read(&dir.path().join("customers.parquet"));
+        let ids = cust.col::<Int64Type>("customer_id");
+        assert_eq!(
+            (ids.len(), summary.contexts),
+            (opts.customers, opts.customers as u64)
+        );
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert!(sorted.windows(2).all(|w| w[0] < w[1]) && sorted != ids);
+        assert!(
+            sorted.windows(2).any(|w| w[1] - w[0] > 1),
+            "ids are not consecutive"
+        );
+        let frac = |nulls: usize, n: usize| nulls as f64 / n as f64;
+        let age_nulls = cust
+            .opt::<Int32Type>("age")
+            .iter()
+            .filter(|a| a.is_none())
+            .count();
+        assert!(
+            (0.03..0.07).contains(&frac(age_nulls, ids.len())),
+            "{age_nulls}"
+        );
+        let segments = cust.strs("segment");
+        let seg_nulls = segments.iter().filter(|s| s.is_none()).count();
+        assert!(
+            (0.008..0.035).contains(&frac(seg_nulls, ids.len())),
+            "{seg_nulls}"
+        );
+        assert!(segments
+            .iter()
+            .flatten()
+            .all(|s| SEGMENTS.contains(&s.as_str())));
+        let field = |t: &Table, name: &str| {
+            t.0[0]
+                .schema()
+                .field_with_name(name)
+                .unwrap()
+                .data_type()
+                .clone()
+        };
+        let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+        assert_eq!(field(&cust, "signup"), micros);
+
+        let signup: HashMap<i64, i64> = ids
+            .iter()
+            .copied()
+            .zip(cust.col::<Micros>("signup"))
+            .collect();
+        let mut files_of: HashMap<i64, HashSet<usize>> = HashMap::new();
+        let (mut ltv, mut last_ts) = (HashMap::<i64, f64>::new(), HashMap::<i64, i64>::new());
+        let (mut rows, mut adjacent, mut amount_nulls, mut cat_nulls) = (0, 0, 0, 0);
+        let mut cat_counts: HashMap<String, usize> = HashMap::new();
+        for f in 0..opts.files {
+            let t = Table::read(&dir.path().join(format!("transactions/part-{f:03}.parquet")));
+            assert_eq!(
+                (field(&t, "ts"), field(&t, "channel")),
+                (micros.clone(), DataType::Utf8)
+            );
+            let keys = t.col::<Int64Type>("customer_id");
+            rows += keys.len();
+            adjacent += keys.windows(2).filter(|w| w[0] == w[1]).count();
+            let (ts, amount) = (t.col::<Micros>("ts"), t.opt::<Float64Type>("amount"));
+            let refund = t.bools("is_refund");
+            for (i, &k) in keys.iter().enumerate() {
+                files_of.entry(k).or_default().insert(f);
+                assert!(ts[i] >= signup[&k] && ts[i] < END_US);
+                *ltv.entry(k).or_default() += amount[i].unwrap_or(0.0);
+                let last = last_ts.entry(k).or_default();
+                *last = (*last).max(ts[i]);
+                assert!(amount[i].is_none_or(|a| (a < 0.0) == refund[i]));
+            }
+            amount_nulls += amount.iter().filter(|a| a.is_none()).count();
+            for c in t.strs("merchant_category") {
+                match c {
+                    Some(c) => *cat_counts.entry(c).or_default() += 1,
+                    None => cat_nulls += 1,
+                }
+            }
+            assert!(t
+                .strs("channel")
+                .iter()
+                .all(|c| CHANNELS.contains(&c.as_deref().unwrap())));
+        }
+        assert_eq!(rows as u64, summary.rows);
+        assert!(
+            adjacent * 20 < rows,
+            "rows of a customer are not contiguous: {adjacent}"
+        );
+        let with_rows = files_of.len();
+        assert!(files_of.keys().all(|k| signup.contains_key(k)));
+        assert!((0.01..0.06).contains(&frac(opts.customers - with_rows, opts.customers)));
+        let spread = files_of.values().filter(|f| f.len() >= 2).count();
+        assert!(
+            spread * 10 > with_rows * 8,
+            "{spread} of {with_rows} customers span files"
+        );
+        assert!(
+            (0.005..0.016).contains(&frac(amount_nulls, rows)),
+            "{amount_nulls}"
+        );
+        assert!(
+            (0.012..0.03).contains(&frac(cat_nulls, rows)),
+            "{cat_nulls}"
+        );
+        let mut counts: Vec<usize> = cat_counts.values().copied().collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        assert!(
+            counts.len() == CATEGORIES.len() && counts[0] > 3 * counts[9],
+            "{counts:?}"
+        );
+
+        let churned = cust.bools("churned");
+        let value = cust.col::<Float64Type>("lifetime_value");
+        let mut recency = [(0.0, 0); 2];
+        for (i, k) in ids.iter().enumerate() {
+            let sum = ltv.get(k).copied().unwrap_or(0.0);
+            assert!((sum - value[i]).abs() < 0.01, "{sum} vs {}", value[i]);
+            if let Some(&t) = last_ts.get(k) {
+                let r = &mut recency[usize::from(churned[i])];
+                *r = (r.0 + (END_US - t) as f64 / MICROS_PER_YEAR, r.1 + 1);
+            }
+        }
+        let mean = recency.map(|(s, n)| s / n as f64);
+        assert!(
+            mean[1] > 2.0 * mean[0],
+            "churned customers go quiet: {mean:?}"
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! Keyed tables: the context table (one row per context) and per-row lookup tables joined on a
+//! column (CSV or Parquet).
+
+use crate::column::{Column, Kind, TypeInfo, Values};
+use crate::error::{CompileError, Result};
+use crate::read::{self, Role, RowsTable, Want};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Maps integer keys to row numbers: a dense table when the keys are compact (sensor ids), a
+/// hash map otherwise.
+#[derive(Debug)]
+pub(crate) enum KeyIndex {
+    Dense { min: i64, rows: Vec<u32> },
+    Hash(HashMap<i64, u32>),
+}
+
+const ABSENT: u32 = u32::MAX;
+
+impl KeyIndex {
+    /// Indexes `key` (which must not contain nulls), failing on a repeated key.
+    pub fn build(key: &Column, path: &Path, column: &str) -> Result<KeyIndex> {
+        let Values::Int(keys) = &key.values else {
+            unreachable!("key columns are integers; checked when opened")
+        };
+        let duplicate = |k: i64, first: u32, row: usize| CompileError::DuplicateKey {
+            path: path.into(),
+            column: column.into(),
+            key: k.to_string(),
+            first_row: u64::from(first),
+            row: row as u64,
+        };
+        let (min, max) = keys
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(lo, hi), &k| (lo.min(k), hi.max(k)));
+        let span = (max as i128 - min as i128 + 1).max(0) as u128;
+        if !keys.is_empty() && span <= (keys.len() as u128) * 4 + 1024 {
+            let mut rows = vec![ABSENT; span as usize];
+            for (row, &k) in keys.iter().enumerate() {
+                let slot = &mut rows[(k - min) as usize];
+                if *slot != ABSENT {
+                    return Err(duplicate(k, *slot, row));
+                }
+                *slot = row as u32;
+            }
+            return Ok(KeyIndex::Dense { min, rows });
+        }
+        let mut map = HashMap::with_capacity(keys.len());
+        for (row, &k) in keys.iter().enumerate() {
+            if let Some(&first) = map.get(&k) {
+                return Err(duplicate(k, first, row));
+            }
+            map.insert(k, row as u32);
+        }
+        Ok(KeyIndex::Hash(map))
+    }
+
+    #[inline]
+    pub fn get(&self, key: i64) -> Option<u32> {
+        match self {
+            KeyIndex::Dense { min, rows } => {
+                let i = key.checked_sub(*min)?;
+                let r = *rows.get(usize::try_from(i).ok()?)?;
+                (r != ABSENT).then_some(r)
+            }
+            KeyIndex::Hash(map) => map.get(&key).copied(),
+        }
+    }
+}
+
+/// A table indexed by its key column.
+pub(crate) struct Keyed {
+    pub path: PathBuf,
+    pub key: String,
+    pub table: RowsTable,
+    pub index: KeyIndex,
+}
+
+impl Keyed {
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.table.column(name)
+    }
+}
+
+fn check_no_null_keys(table: &RowsTable, key: &str) -> Result<()> {
+    let col = table.column(key).expect("key is wanted first");
+    if let Some(valid) = &col.valid {
+        if let Some(row) = valid.iter().position(|v| !v) {
+            let (path, row) = table.locate(row);
+            return Err(CompileError::NullKey {
+                path: path.into(),
+                column: key.into(),
+                row,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads a keyed table from Parquet or CSV: `key` plus the `wants`.
+pub(crate) fn read_keyed(path: &Path, key: &str, role: Role, wants: &[Want]) -> Result<Keyed> {
+    let mut all = vec![Want {
+        name: key.into(),
+        role,
+    }];
+    all.extend(wants.iter().filter(|w| w.name != key).cloned());
+    let is_csv = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let table = if is_csv {
+        read_csv(path, all)?
+    } else {
+        read::read_rows(&[path.to_path_buf()], all)?
+    };
+    check_no_null_keys(&table, key)?;
+    let index = KeyIndex::build(table.column(key).expect("wanted"), path, key)?;
+    Ok(Keyed {
+        path: path.into(),
+        key: key.into(),
+        table,
+        index,
+    })
+}
+
+/// Column names of a Parquet or CSV file, for resolving which table holds a column.
+pub(crate) fn column_names(path: &Path) -> Result<Vec<String>> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+    {
+        let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(path, e))?;
+        let headers = reader.headers().map_err(|e| csv_err(path, e))?;
+        return Ok(headers.iter().map(str::to_string).collect());
+    }
+    let opened = read::open(path)?;
+    Ok(opened
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect())
+}
+
+fn csv_err(path: &Path, e: csv::Error) -> CompileError {
+    let reason = e.to_string();
+    match e.into_kind() {
+        csv::ErrorKind::Io(source) => CompileError::io(path, source),
+        _ => CompileError::BadCsv {
+            path: path.into(),
+            reason,
+        },
+    }
+}
+
+/// Reads a CSV lookup table: integer key and join columns, numeric columns as Float64,
+/// categorical columns as strings. Empty fields are null.
+fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
+    let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(path, e))?;
+    let headers = reader.headers().map_err(|e| csv_err(path, e))?.clone();
+    let positions: Vec<usize> = wants
+        .iter()
+        .map(|w| {
+            headers
+                .iter()
+                .position(|h| h == w.name)
+                .ok_or_else(|| CompileError::MissingColumn {
+                    path: path.into(),
+                    column: w.name.clone(),
+                    role: "a joined column".into(),
+                    available: format!("columns {:?}", headers.iter().collect::<Vec<_>>()),
+                })
+        })
+        .collect::<Result<_>>()?;
+    let info = |kind, name: &str| TypeInfo {
+        kind,
+        scale: 1.0,
+        name: name.into(),
+    };
+    let mut columns: Vec<Column> = wants
+        .iter()
+        .map(|w| match w.role {
+            Role::Key | Role::JoinOn => Column::new(info(Kind::Int, "Int64"), 0),
+            Role::Categorical => Column::new(info(Kind::Str, "Utf8"), 0),
+            _ => Column::new(info(Kind::F64, "Float64"), 0),
+        })
+        .collect();
+    let mut ints: Vec<Vec<Option<i64>>> = vec![Vec::new(); wants.len()];
+    let mut floats: Vec<Vec<Option<f64>>> = vec![Vec::new(); wants.len()];
+    let mut strings: Vec<Vec<Option<String>>> = vec![Vec::new(); wants.len()];
+    for (line, record) in reader.records().enumerate() {
+        let record = record.map_err(|e| csv_err(path, e))?;
+        for (i, (w, &pos)) in wants.iter().zip(&positions).enumerate() {
+            let field = record.get(pos).unwrap_or("").trim();
+            let bad = |expected: &str| CompileError::BadCsv {
+                path: path.into(),
+                reason: format!(
+                    "line {}: column {:?} holds {field:?}, expected {expected}",
+                    line + 2,
+                    w.name
+                ),
+            };
+            match columns[i].info.kind {
+                Kind::Int => ints[i].push(if field.is_empty() {
+                    None
+                } else {
+                    Some(field.parse().map_err(|_| bad("an integer"))?)
+                }),
+                Kind::Str => strings[i].push((!field.is_empty()).then(|| field.to_string())),
+                _ => floats[i].push(if field.is_empty() {
+                    None
+                } else {
+                    Some(field.parse().map_err(|_| bad("a number"))?)
+                }),
+            }
+        }
+    }
+    let rows = ints
+        .iter()
+        .map(Vec::len)
+        .chain(floats.iter().map(Vec::len))
+        .chain(strings.iter().map(Vec::len))
+        .max()
+        .unwrap_or(0);
+    if rows == 0 {
+        return Err(CompileError::EmptyFile { path: path.into() });
+    }
+    for (i, col) in columns.iter_mut().enumerate() {
+        let array: arrow_array::ArrayRef = match col.info.kind {
+            Kind::Int => std::sync::Arc::new(arrow_array::Int64Array::from(std::mem::take(&mut ints[i]))),
+            Kind::Str => std::sync::Arc::new(arrow_array::StringArray::from(std::mem::take(&mut strings[i]))),
+            _ => std::sync::Arc::new(arrow_array::Float64Array::from(std::mem::take(&mut floats[i]))),
+        };
+        col.push_array(&array);
+        col.finish();
+    }
+    Ok(RowsTable {
+        files: vec![path.into()],
+        offsets: vec![0, rows as u64],
+        columns,
+        wants,
+    })
+}

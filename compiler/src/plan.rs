@@ -1,0 +1,218 @@
+//! Checking a spec and deciding where each column comes from, before any data is read.
+
+use crate::error::{CompileError, Result};
+use crate::lookup;
+use crate::read::{self, Role, Want};
+use dsc_format::spec::CompileSpec;
+use dsc_format::Stage;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// Where a per-row column lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Rows,
+    /// Index into `Plan::joins`.
+    Join(usize),
+}
+
+/// A per-row column to store.
+#[derive(Debug, Clone)]
+pub(crate) struct RowColumn {
+    pub name: String,
+    pub source: Source,
+    pub categorical: bool,
+}
+
+/// The resolved inputs of a compile.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub rows_files: Vec<PathBuf>,
+    pub row_columns: Vec<RowColumn>,
+    /// Join files with the wanted columns of each.
+    pub joins: Vec<(PathBuf, String, Vec<Want>)>,
+    /// Rows-table columns to read, key first.
+    pub rows_wants: Vec<Want>,
+    pub max_len_given: Option<usize>,
+}
+
+/// Parses an encoding chain such as `log1p,zscore` into stages with placeholder parameters.
+pub(crate) fn parse_chain(column: &str, chain: &str) -> Result<Vec<Stage>> {
+    chain
+        .split(',')
+        .map(|s| match s.trim() {
+            "identity" => Ok(Stage::Identity),
+            "log1p" => Ok(Stage::Log1p),
+            "zscore" => Ok(Stage::Zscore { mean: 0.0, std: 1.0 }),
+            "minmax" => Ok(Stage::Minmax { min: 0.0, max: 1.0 }),
+            other => Err(CompileError::Spec(format!(
+                "encoding {other:?} for column {column:?} is unknown (identity, zscore, minmax, log1p, or a chain such as log1p,zscore)"
+            ))),
+        })
+        .collect()
+}
+
+fn check_unique(what: &str, names: &[String]) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for n in names {
+        if !seen.insert(n) {
+            return Err(CompileError::Spec(format!("column {n:?} is listed twice in {what}")));
+        }
+    }
+    Ok(())
+}
+
+/// Validates the spec and resolves every column to its table.
+pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
+    if spec.rows.is_empty() {
+        return Err(CompileError::Spec("no rows files given".into()));
+    }
+    if spec.features.is_empty() && spec.categorical.is_empty() {
+        return Err(CompileError::Spec(
+            "nothing to store: give --features and/or --categorical".into(),
+        ));
+    }
+    if spec.max_len == Some(0) {
+        return Err(CompileError::Spec("--max-len must be at least 1".into()));
+    }
+    if !(0.0..1.0).contains(&spec.val_fraction) {
+        return Err(CompileError::Spec(format!(
+            "--val-fraction must be in [0, 1), got {}",
+            spec.val_fraction
+        )));
+    }
+    if spec.shard_size == 0 {
+        return Err(CompileError::Spec("--shard-size must be positive".into()));
+    }
+    if spec.context.is_none() && !(spec.targets.is_empty() && spec.context_features.is_empty()) {
+        return Err(CompileError::Spec(
+            "--targets and --context-features need a context table (--context)".into(),
+        ));
+    }
+    check_unique("--features", &spec.features)?;
+    check_unique("--categorical", &spec.categorical)?;
+    check_unique("--targets", &spec.targets)?;
+    check_unique("--context-features", &spec.context_features)?;
+    if let Some(both) = spec.features.iter().find(|f| spec.categorical.contains(f)) {
+        return Err(CompileError::Spec(format!(
+            "column {both:?} is in both --features and --categorical"
+        )));
+    }
+    for (column, chain) in &spec.encode {
+        let numeric = spec.features.contains(column)
+            || spec.targets.contains(column)
+            || spec.context_features.contains(column);
+        if !numeric {
+            return Err(CompileError::Spec(format!(
+                "--encode {column}={chain}: {column:?} is not a feature, target or context feature{}",
+                if spec.categorical.contains(column) { " (categorical columns are always coded)" } else { "" }
+            )));
+        }
+        parse_chain(column, chain)?;
+    }
+
+    let rows_files = read::resolve(&spec.rows)?;
+    let first = read::open(&rows_files[0])?;
+    let rows_names: BTreeSet<String> =
+        first.schema.fields().iter().map(|f| f.name().clone()).collect();
+    let mut join_names = Vec::new();
+    for j in &spec.joins {
+        let path = PathBuf::from(&j.file);
+        let names = lookup::column_names(&path)?;
+        if !names.contains(&j.on) {
+            return Err(CompileError::MissingColumn {
+                path,
+                column: j.on.clone(),
+                role: "the join column".into(),
+                available: format!("columns {names:?}"),
+            });
+        }
+        join_names.push((path, names));
+    }
+
+    let mut row_columns = Vec::new();
+    let mut joins: Vec<(PathBuf, String, Vec<Want>)> = spec
+        .joins
+        .iter()
+        .zip(&join_names)
+        .map(|(j, (p, _))| (p.clone(), j.on.clone(), Vec::new()))
+        .collect();
+    let requested = spec
+        .features
+        .iter()
+        .map(|f| (f, false))
+        .chain(spec.categorical.iter().map(|c| (c, true)));
+    for (name, categorical) in requested {
+        let in_rows = rows_names.contains(name);
+        let in_join: Vec<usize> = join_names
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, names))| names.contains(name) && spec.joins[*i].on != *name)
+            .map(|(i, _)| i)
+            .collect();
+        let source = match (in_rows, in_join.as_slice()) {
+            (true, []) => Source::Rows,
+            (false, [j]) => Source::Join(*j),
+            (false, []) => {
+                return Err(CompileError::MissingColumn {
+                    path: rows_files[0].clone(),
+                    column: name.clone(),
+                    role: if categorical { "a categorical column" } else { "a feature" }.into(),
+                    available: format!(
+                        "{}{}",
+                        read::column_list(&first.schema),
+                        if spec.joins.is_empty() { String::new() } else { " and no join file has it either".into() }
+                    ),
+                })
+            }
+            (_, _) => {
+                return Err(CompileError::Spec(format!(
+                    "column {name:?} is in more than one of the rows files and join files; rename it in one"
+                )))
+            }
+        };
+        let role = if categorical { Role::Categorical } else { Role::Numeric };
+        if let Source::Join(j) = source {
+            joins[j].2.push(Want {
+                name: name.clone(),
+                role,
+            });
+        }
+        row_columns.push(RowColumn {
+            name: name.clone(),
+            source,
+            categorical,
+        });
+    }
+
+    let mut rows_wants = vec![Want {
+        name: spec.key.clone(),
+        role: Role::Key,
+    }];
+    let mut add = |name: &str, role: Role| {
+        if !rows_wants.iter().any(|w| w.name == name) {
+            rows_wants.push(Want {
+                name: name.into(),
+                role,
+            });
+        }
+    };
+    if let Some(order) = &spec.order_by {
+        add(order, Role::OrderBy);
+    }
+    for j in &spec.joins {
+        add(&j.on, Role::JoinOn);
+    }
+    for c in &row_columns {
+        if c.source == Source::Rows {
+            add(&c.name, if c.categorical { Role::Categorical } else { Role::Numeric });
+        }
+    }
+    Ok(Plan {
+        rows_files,
+        row_columns,
+        joins,
+        rows_wants,
+        max_len_given: spec.max_len,
+    })
+}

@@ -1,0 +1,324 @@
+//! Reading Parquet inputs: resolve patterns, open every file (footer only) to check its schema,
+//! then read the needed columns of all files in parallel.
+
+use crate::column::{classify, Column, Kind, TypeInfo};
+use crate::error::{CompileError, Result};
+use arrow_schema::Schema;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use rayon::prelude::*;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// What a column is needed as; decides which types are acceptable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Key,
+    OrderBy,
+    Numeric,
+    Categorical,
+    JoinOn,
+}
+
+impl Role {
+    fn accepts(self, kind: Kind) -> bool {
+        match self {
+            Role::Key | Role::JoinOn => kind == Kind::Int,
+            Role::OrderBy => !matches!(kind, Kind::Str | Kind::Bool),
+            Role::Numeric => kind != Kind::Str,
+            Role::Categorical => matches!(kind, Kind::Int | Kind::Str | Kind::Bool),
+        }
+    }
+    fn describe(self) -> (&'static str, &'static str) {
+        match self {
+            Role::Key => ("the key", "an integer type (Int8..Int64, UInt8..UInt32)"),
+            Role::JoinOn => ("a join column", "an integer type (Int8..Int64, UInt8..UInt32)"),
+            Role::OrderBy => ("the order-by column", "a number, timestamp or date"),
+            Role::Numeric => (
+                "a numeric feature or target",
+                "a number, boolean, timestamp or date (use --categorical for strings)",
+            ),
+            Role::Categorical => ("a categorical column", "an integer, string or boolean"),
+        }
+    }
+}
+
+/// A requested column: name and role.
+#[derive(Debug, Clone)]
+pub(crate) struct Want {
+    pub name: String,
+    pub role: Role,
+}
+
+/// Expands each pattern (a path or a glob) into files, sorted, without duplicates.
+pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for pattern in patterns {
+        let is_glob = pattern.contains(['*', '?', '[']);
+        if !is_glob {
+            let path = PathBuf::from(pattern);
+            if !path.exists() {
+                return Err(CompileError::io(
+                    path,
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+                ));
+            }
+            if path.is_dir() {
+                let mut inside: Vec<PathBuf> = std::fs::read_dir(&path)
+                    .map_err(|e| CompileError::io(&path, e))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+                    .collect();
+                if inside.is_empty() {
+                    return Err(CompileError::NoMatch {
+                        pattern: format!("{pattern}/*.parquet"),
+                    });
+                }
+                inside.sort();
+                files.extend(inside);
+            } else {
+                files.push(path);
+            }
+            continue;
+        }
+        let mut matched: Vec<PathBuf> = glob::glob(pattern)
+            .map_err(|e| CompileError::Spec(format!("bad glob pattern {pattern:?}: {e}")))?
+            .filter_map(std::result::Result::ok)
+            .filter(|p| p.is_file())
+            .collect();
+        if matched.is_empty() {
+            return Err(CompileError::NoMatch {
+                pattern: pattern.clone(),
+            });
+        }
+        matched.sort();
+        files.extend(matched);
+    }
+    let mut seen = std::collections::HashSet::new();
+    files.retain(|f| seen.insert(f.clone()));
+    Ok(files)
+}
+
+/// A Parquet file whose footer has been read.
+pub(crate) struct Opened {
+    pub path: PathBuf,
+    pub rows: u64,
+    pub schema: std::sync::Arc<Schema>,
+    builder: ParquetRecordBatchReaderBuilder<File>,
+}
+
+/// Opens a Parquet file and reads its footer.
+pub(crate) fn open(path: &Path) -> Result<Opened> {
+    let file = File::open(path).map_err(|e| CompileError::io(path, e))?;
+    let len = file.metadata().map_err(|e| CompileError::io(path, e))?.len();
+    if len == 0 {
+        return Err(CompileError::BadParquet {
+            path: path.into(),
+            reason: "the file is empty (0 bytes)".into(),
+        });
+    }
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| CompileError::BadParquet {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
+    let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let schema = builder.schema().clone();
+    Ok(Opened {
+        path: path.into(),
+        rows,
+        schema,
+        builder,
+    })
+}
+
+/// Checks that `opened` has every wanted column with an acceptable type; returns their types in
+/// `wants` order.
+pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeInfo>> {
+    wants
+        .iter()
+        .map(|w| {
+            let field = opened.schema.field_with_name(&w.name).map_err(|_| {
+                CompileError::MissingColumn {
+                    path: opened.path.clone(),
+                    column: w.name.clone(),
+                    role: w.role.describe().0.into(),
+                    available: column_list(&opened.schema),
+                }
+            })?;
+            let wrong = |found: String| CompileError::WrongType {
+                path: opened.path.clone(),
+                column: w.name.clone(),
+                role: w.role.describe().0.into(),
+                expected: w.role.describe().1.into(),
+                found,
+            };
+            let info = classify(field.data_type())
+                .ok_or_else(|| wrong(format!("{:?}", field.data_type())))?;
+            if !w.role.accepts(info.kind) {
+                return Err(wrong(info.name));
+            }
+            Ok(info)
+        })
+        .collect()
+}
+
+/// The file's column names, for error messages.
+pub(crate) fn column_list(schema: &Schema) -> String {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    format!("columns {names:?}")
+}
+
+/// Reads the wanted columns of one opened file.
+pub(crate) fn read_columns(opened: Opened, wants: &[Want], types: &[TypeInfo]) -> Result<Vec<Column>> {
+    let Opened {
+        path,
+        rows,
+        schema,
+        builder,
+    } = opened;
+    let indices: Vec<usize> = wants
+        .iter()
+        .map(|w| schema.index_of(&w.name).expect("checked by check_columns"))
+        .collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), indices.iter().copied());
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()
+        .map_err(|e| CompileError::BadParquet {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    let mut columns: Vec<Column> = types
+        .iter()
+        .map(|t| Column::new(t.clone(), rows as usize))
+        .collect();
+    for batch in reader {
+        let batch = batch.map_err(|e| CompileError::BadParquet {
+            path: path.clone(),
+            reason: format!("after row {}: {e}", columns.first().map_or(0, Column::len)),
+        })?;
+        for (col, want) in columns.iter_mut().zip(wants) {
+            let array = batch
+                .column_by_name(&want.name)
+                .expect("projected column is present");
+            col.push_array(array);
+        }
+    }
+    let read = columns.first().map_or(0, Column::len) as u64;
+    if read != rows {
+        return Err(CompileError::BadParquet {
+            path,
+            reason: format!("the footer promises {rows} rows, {read} could be read"),
+        });
+    }
+    Ok(columns)
+}
+
+/// All rows files read into columns, concatenated in file order.
+pub(crate) struct RowsTable {
+    pub files: Vec<PathBuf>,
+    /// `offsets[i]` is the first global row of file `i`; one extra entry holds the total.
+    pub offsets: Vec<u64>,
+    pub columns: Vec<Column>,
+    pub wants: Vec<Want>,
+}
+
+impl RowsTable {
+    /// The file and the row within it of a global row, for error messages.
+    pub fn locate(&self, row: usize) -> (&Path, u64) {
+        let row = row as u64;
+        let file = self.offsets.partition_point(|&o| o <= row) - 1;
+        (&self.files[file], row - self.offsets[file])
+    }
+
+    pub fn rows(&self) -> usize {
+        *self.offsets.last().unwrap_or(&0) as usize
+    }
+
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.wants
+            .iter()
+            .position(|w| w.name == name)
+            .map(|i| &self.columns[i])
+    }
+}
+
+/// Opens every file, checks the wanted columns and that all files agree on their types, then
+/// reads them in parallel and concatenates in file order.
+pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable> {
+    let opened: Vec<Opened> = files.par_iter().map(|p| open(p)).collect::<Result<_>>()?;
+    let mut first_types: Option<(PathBuf, Vec<TypeInfo>)> = None;
+    for o in &opened {
+        if o.rows == 0 {
+            return Err(CompileError::EmptyFile {
+                path: o.path.clone(),
+            });
+        }
+        let types = check_columns(o, &wants)?;
+        match &first_types {
+            None => first_types = Some((o.path.clone(), types)),
+            Some((first, expected)) => {
+                for ((want, e), t) in wants.iter().zip(expected).zip(&types) {
+                    if e.kind != t.kind || e.name != t.name {
+                        return Err(CompileError::SchemaMismatch {
+                            path: o.path.clone(),
+                            first: first.clone(),
+                            column: want.name.clone(),
+                            expected: e.name.clone(),
+                            found: t.name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let types = first_types.map(|(_, t)| t).unwrap_or_default();
+    let mut offsets = vec![0u64];
+    for o in &opened {
+        offsets.push(offsets.last().expect("starts non-empty") + o.rows);
+    }
+    let total = *offsets.last().expect("non-empty") as usize;
+    if total > u32::MAX as usize {
+        return Err(CompileError::Spec(format!(
+            "{total} rows in one compile; this version handles at most {} (split the input)",
+            u32::MAX
+        )));
+    }
+    let per_file: Vec<Vec<Column>> = opened
+        .into_par_iter()
+        .map(|o| read_columns(o, &wants, &types))
+        .collect::<Result<_>>()?;
+    let mut columns: Vec<Column> = types.iter().map(|t| Column::new(t.clone(), total)).collect();
+    for file_columns in per_file {
+        for (all, part) in columns.iter_mut().zip(file_columns) {
+            all.append(part);
+        }
+    }
+    columns.iter_mut().for_each(Column::finish);
+    Ok(RowsTable {
+        files: files.to_vec(),
+        offsets,
+        columns,
+        wants,
+    })
+}
+
+impl Opened {
+    /// A reader over the top-level columns at `indices`, for bare decoding.
+    pub(crate) fn into_reader(
+        self,
+        indices: &[usize],
+    ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
+        let mask = ProjectionMask::roots(self.builder.parquet_schema(), indices.iter().copied());
+        self.builder
+            .with_projection(mask)
+            .with_batch_size(64 * 1024)
+            .build()
+            .map_err(|e| CompileError::BadParquet {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+}

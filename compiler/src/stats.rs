@@ -1,0 +1,185 @@
+//! Statistics: moments by Welford's method merged with Chan's formula in a fixed order (so the
+//! result does not depend on the thread count), exact quantiles by selection, histograms and
+//! vocabularies.
+
+use dsc_format::stats::{Bin, NumericStats, Quantile, QUANTILE_LEVELS};
+use rayon::prelude::*;
+
+/// Running count, mean and sum of squared deviations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Moments {
+    pub n: u64,
+    pub mean: f64,
+    pub m2: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Moments {
+    pub fn push(&mut self, x: f64) {
+        if self.n == 0 {
+            self.min = x;
+            self.max = x;
+        } else {
+            self.min = self.min.min(x);
+            self.max = self.max.max(x);
+        }
+        self.n += 1;
+        let d = x - self.mean;
+        self.mean += d / self.n as f64;
+        self.m2 += d * (x - self.mean);
+    }
+
+    /// Chan et al.'s pairwise combination.
+    pub fn merge(&self, other: &Moments) -> Moments {
+        if self.n == 0 {
+            return *other;
+        }
+        if other.n == 0 {
+            return *self;
+        }
+        let n = self.n + other.n;
+        let d = other.mean - self.mean;
+        let mean = self.mean + d * other.n as f64 / n as f64;
+        let m2 = self.m2 + other.m2 + d * d * (self.n as f64 * other.n as f64 / n as f64);
+        Moments {
+            n,
+            mean,
+            m2,
+            min: self.min.min(other.min),
+            max: self.max.max(other.max),
+        }
+    }
+
+    /// Population standard deviation.
+    pub fn std(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            (self.m2 / self.n as f64).max(0.0).sqrt()
+        }
+    }
+
+    /// Moments of `values` computed over fixed 64 Ki-value chunks in parallel and merged in
+    /// chunk order: the same bits for any thread count.
+    pub fn of(values: &[f64]) -> Moments {
+        let parts: Vec<Moments> = values
+            .par_chunks(1 << 16)
+            .map(|chunk| {
+                let mut m = Moments::default();
+                chunk.iter().for_each(|&x| m.push(x));
+                m
+            })
+            .collect();
+        parts.iter().fold(Moments::default(), |acc, m| acc.merge(m))
+    }
+}
+
+/// Exact quantiles of `values` (reordered in place) with numpy's default linear rule:
+/// position `h = (n - 1) q`, value `v[floor h] + (h - floor h) (v[floor h + 1] - v[floor h])`.
+pub(crate) fn quantiles(values: &mut [f64], levels: &[f64]) -> Vec<Quantile> {
+    let n = values.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(levels.len());
+    // Levels ascend, so each selection only needs the part right of the previous one.
+    let mut lo = 0;
+    for &q in levels {
+        let h = (n - 1) as f64 * q;
+        let k = h.floor() as usize;
+        let frac = h - k as f64;
+        let k = k.min(n - 1);
+        let (_, &mut at_k, right) = values[lo..].select_nth_unstable_by(k - lo, f64::total_cmp);
+        let value = if frac > 0.0 && !right.is_empty() {
+            let next = right.iter().copied().fold(f64::INFINITY, f64::min);
+            at_k + frac * (next - at_k)
+        } else {
+            at_k
+        };
+        out.push(Quantile { q, value });
+        lo = k;
+    }
+    out
+}
+
+/// 20 equal-width bins over `[min, max]`.
+pub(crate) fn histogram(values: &[f64], min: f64, max: f64) -> Vec<Bin> {
+    const BINS: usize = 20;
+    let width = (max - min) / BINS as f64;
+    let mut counts = vec![0u64; BINS];
+    for &x in values {
+        let i = if width > 0.0 {
+            (((x - min) / width) as usize).min(BINS - 1)
+        } else {
+            0
+        };
+        counts[i] += 1;
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &count)| Bin {
+            lo: min + width * i as f64,
+            hi: if i + 1 == BINS { max } else { min + width * (i + 1) as f64 },
+            count,
+        })
+        .collect()
+}
+
+/// Moments, quantiles and histogram of finite `values` (reordered in place); `None` if empty.
+pub(crate) fn numeric(values: &mut [f64]) -> Option<NumericStats> {
+    if values.is_empty() {
+        return None;
+    }
+    let m = Moments::of(values);
+    let histogram = histogram(values, m.min, m.max);
+    let quantiles = quantiles(values, &QUANTILE_LEVELS);
+    Some(NumericStats {
+        min: m.min,
+        max: m.max,
+        mean: m.mean,
+        std: m.std(),
+        quantiles,
+        histogram,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_match_numpy_linear() {
+        // numpy.quantile([1, 2, 3, 4, 10], [0, .1, .5, .9, 1]) = [1, 1.4, 3, 7.6, 10]
+        let mut v = vec![10.0, 3.0, 1.0, 4.0, 2.0];
+        let q = quantiles(&mut v, &[0.0, 0.1, 0.5, 0.9, 1.0]);
+        let got: Vec<f64> = q.iter().map(|q| q.value).collect();
+        for (g, e) in got.iter().zip([1.0, 1.4, 3.0, 7.6, 10.0]) {
+            assert!((g - e).abs() < 1e-12, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn merged_moments_equal_direct_ones() {
+        let values: Vec<f64> = (0..200_000).map(|i| ((i * 7919) % 1000) as f64 * 0.5 + 1e6).collect();
+        let m = Moments::of(&values);
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        let var = values.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / values.len() as f64;
+        assert!((m.mean - mean).abs() < 1e-6);
+        assert!((m.std() - var.sqrt()).abs() < 1e-6);
+        assert_eq!(m.min, 1e6);
+        assert_eq!(m.max, 1e6 + 499.5);
+    }
+
+    #[test]
+    fn moments_do_not_depend_on_thread_count() {
+        let values: Vec<f64> = (0..300_000).map(|i| (i as f64).sin() * 1e3).collect();
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let a = one.install(|| Moments::of(&values));
+        let b = two.install(|| Moments::of(&values));
+        assert_eq!(a.mean.to_bits(), b.mean.to_bits());
+        assert_eq!(a.m2.to_bits(), b.m2.to_bits());
+    }
+}

@@ -1,0 +1,37 @@
+//! The on-disk contract of a dsc cache.
+//!
+//! A cache is a directory holding `manifest.json` (the commit point), `stats.json` and
+//! `shards/{split}-{NNNNN}.safetensors`. This crate owns the types of those files, the shard
+//! naming and layout, their validation and checksums, and the seeded generators that fix every
+//! order in a cache. The compiler writes through it and the loader reads through it; they never
+//! import each other. The normative description is `docs/FORMAT.md`.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod checksum;
+mod error;
+pub mod manifest;
+pub mod rng;
+pub mod shard;
+pub mod spec;
+pub mod stats;
+pub mod verify;
+
+pub use error::FormatError;
+pub use manifest::{
+    ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ShardEntry, SplitInfo, Stage, TensorRole,
+    TensorSpec,
+};
+pub use spec::CompileSpec;
+pub use stats::Stats;
+
+/// The format version this build writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// The value of the manifest's `format` field.
+pub const FORMAT_NAME: &str = "dsc-cache";
+/// The manifest's file name inside a cache directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The statistics file's name inside a cache directory.
+pub const STATS_FILE: &str = "stats.json";
+/// The folder holding the shards.
+pub const SHARDS_DIR: &str = "shards";

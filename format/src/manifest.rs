@@ -1,0 +1,486 @@
+//! `manifest.json`: what a cache holds and how it was made. Written last; its presence makes a
+//! directory a cache.
+
+use crate::spec::CompileSpec;
+use crate::{FormatError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Element type of a stored tensor, spelled as in safetensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Dtype {
+    /// 32-bit IEEE float, little-endian.
+    F32,
+    /// 32-bit signed integer, little-endian.
+    I32,
+    /// 64-bit signed integer, little-endian.
+    I64,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::I64 => 8,
+        }
+    }
+    /// The safetensors dtype string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "F32",
+            Dtype::I32 => "I32",
+            Dtype::I64 => "I64",
+        }
+    }
+}
+
+/// What a tensor means to a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorRole {
+    /// `key` i64 `[n]`: the context key.
+    Key,
+    /// `length` i32 `[n]`: the number of stored (non-padding) steps, at most `L`.
+    Length,
+    /// `full_length` i32 `[n]`: the sequence length before truncation.
+    FullLength,
+    /// `x` f32 `[n, L, F]`: per-row numeric features.
+    Features,
+    /// i32 `[n, L]`: codes of one per-row categorical column.
+    Categorical,
+    /// `y` f32 `[n, T]`: per-context targets.
+    Targets,
+    /// `c` f32 `[n, C]`: per-context features.
+    ContextFeatures,
+}
+
+/// Where a column's values come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "table", rename_all = "snake_case")]
+pub enum ColumnSource {
+    /// The rows table.
+    Rows,
+    /// A per-row lookup table joined on `on`.
+    Join {
+        /// The lookup file as given.
+        file: String,
+        /// The join column.
+        on: String,
+    },
+    /// The context table.
+    Context,
+}
+
+/// One step of a numeric encoding chain. Each step's parameters were computed on the train split
+/// from the output of the steps before it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Stage {
+    /// `v = x`.
+    Identity,
+    /// `v = ln(1 + x)`; inverse `x = exp(v) - 1`.
+    Log1p,
+    /// `v = (x - mean) / std`; inverse `x = v * std + mean`. A zero std is stored as 1.
+    Zscore {
+        /// Train-split mean of the stage input.
+        mean: f64,
+        /// Train-split population standard deviation of the stage input (1 when it was 0).
+        std: f64,
+    },
+    /// `v = (x - min) / (max - min)`; inverse `x = v * (max - min) + min`. A zero range is stored
+    /// as `max = min + 1`.
+    Minmax {
+        /// Train-split minimum of the stage input.
+        min: f64,
+        /// Train-split maximum of the stage input.
+        max: f64,
+    },
+}
+
+impl Stage {
+    /// Applies the stage.
+    pub fn apply(&self, x: f64) -> f64 {
+        match *self {
+            Stage::Identity => x,
+            Stage::Log1p => x.ln_1p(),
+            Stage::Zscore { mean, std } => (x - mean) / std,
+            Stage::Minmax { min, max } => (x - min) / (max - min),
+        }
+    }
+    /// Inverts the stage.
+    pub fn invert(&self, v: f64) -> f64 {
+        match *self {
+            Stage::Identity => v,
+            Stage::Log1p => v.exp_m1(),
+            Stage::Zscore { mean, std } => v * std + mean,
+            Stage::Minmax { min, max } => v * (max - min) + min,
+        }
+    }
+    /// The stage's name as written in a spec (`log1p`, `zscore`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Stage::Identity => "identity",
+            Stage::Log1p => "log1p",
+            Stage::Zscore { .. } => "zscore",
+            Stage::Minmax { .. } => "minmax",
+        }
+    }
+}
+
+/// How a column's source values became stored numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Encoding {
+    /// A number through a chain of stages, stored as f32.
+    Numeric {
+        /// The stages in the order they were applied.
+        stages: Vec<Stage>,
+        /// The stored value for null/NaN/inf when the NaN policy replaced them (encoded space).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fill: Option<f64>,
+    },
+    /// A boolean stored as 0 or 1.
+    Bool,
+    /// Codes: 0 for null, 1 for a value not in the vocabulary, `2 + i` for `vocabulary[i]`. The
+    /// vocabulary is the train split's distinct values in ascending order.
+    Category {
+        /// Distinct train-split values (numbers or strings), ascending.
+        vocabulary: Vec<serde_json::Value>,
+    },
+    /// Stored as read (keys, lengths).
+    Raw,
+}
+
+/// Reserved category code for null (and for padding).
+pub const CODE_NULL: i32 = 0;
+/// Reserved category code for a value not in the train vocabulary.
+pub const CODE_UNKNOWN: i32 = 1;
+/// The code of the first vocabulary entry.
+pub const CODE_FIRST: i32 = 2;
+
+/// One source column inside a tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ColumnSpec {
+    /// The column's name in its source table.
+    pub name: String,
+    /// The table it comes from.
+    pub source: ColumnSource,
+    /// Its type in the source (Arrow type name, e.g. `Int64`, `Float64`, `Utf8`, `Timestamp(us)`).
+    pub source_type: String,
+    /// How it was encoded.
+    pub encoding: Encoding,
+}
+
+/// One tensor present in every shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    /// The safetensors tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// What the tensor is.
+    pub role: TensorRole,
+    /// Shape of one sample; a shard holding `n` contexts stores `[n, ..sample_shape]`.
+    pub sample_shape: Vec<usize>,
+    /// The source columns, in the order of the last axis (one entry for single-column tensors).
+    pub columns: Vec<ColumnSpec>,
+}
+
+impl TensorSpec {
+    /// Elements per sample.
+    pub fn sample_elems(&self) -> usize {
+        self.sample_shape.iter().product()
+    }
+    /// Bytes per sample.
+    pub fn sample_bytes(&self) -> usize {
+        self.sample_elems() * self.dtype.size()
+    }
+}
+
+/// One shard file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Path relative to the cache directory, `shards/{split}-{NNNNN}.safetensors`.
+    pub file: String,
+    /// The split it belongs to.
+    pub split: String,
+    /// Its position among the split's shards (0-based, equal to `NNNNN`).
+    pub index: usize,
+    /// Contexts stored.
+    pub contexts: usize,
+    /// Position of its first context in the split's compiled order.
+    pub first_context: usize,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// xxh3-64 of the whole file, 16 hex digits.
+    pub xxh3: String,
+}
+
+/// One split.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitInfo {
+    /// `train` or `val`.
+    pub name: String,
+    /// Contexts in the split.
+    pub contexts: usize,
+    /// Source rows stored (after truncation).
+    pub rows_stored: u64,
+    /// Shards holding the split.
+    pub shards: usize,
+}
+
+/// One input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    /// The path as given to the compiler.
+    pub path: String,
+    /// What it was used as: `rows`, `context` or `join`.
+    pub role: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// xxh3-64 of its content.
+    pub xxh3: String,
+}
+
+/// The inputs and their combined fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inputs {
+    /// xxh3-64 over every input's role, size and hash, in order: equal fingerprints mean equal
+    /// inputs.
+    pub fingerprint: String,
+    /// The files, in the order read.
+    pub files: Vec<InputFile>,
+}
+
+/// Counts reported by the compile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CompileSummary {
+    /// Rows read from the rows files.
+    pub rows_read: u64,
+    /// Rows stored in shards (after truncation and dropping).
+    pub rows_stored: u64,
+    /// Contexts stored.
+    pub contexts: usize,
+    /// Contexts cut to `max_len`.
+    pub contexts_truncated: usize,
+    /// Contexts present in rows but not in the context table, dropped by policy.
+    pub contexts_without_context_row: usize,
+    /// Rows belonging to those contexts.
+    pub rows_without_context_row: u64,
+    /// Context-table keys with no rows.
+    pub contexts_without_rows: usize,
+    /// Of those, how many were kept as empty sequences.
+    pub empty_contexts_kept: usize,
+    /// Null/NaN/inf values replaced by the NaN policy.
+    pub values_filled: u64,
+}
+
+/// The manifest of a cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always `dsc-cache`.
+    pub format: String,
+    /// The format version; see `docs/FORMAT.md`.
+    pub format_version: u32,
+    /// The dsc release that wrote it.
+    pub dsc_version: String,
+    /// The padded sequence length `L`.
+    pub max_len: usize,
+    /// The splits, `train` first.
+    pub splits: Vec<SplitInfo>,
+    /// The tensors every shard holds, in storage order.
+    pub tensors: Vec<TensorSpec>,
+    /// Every shard, by split then index.
+    pub shards: Vec<ShardEntry>,
+    /// The inputs.
+    pub inputs: Inputs,
+    /// Counts reported by the compile.
+    pub summary: CompileSummary,
+    /// The resolved compile spec.
+    pub spec: CompileSpec,
+}
+
+/// Format versions this build reads.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+
+impl Manifest {
+    /// Reads and validates `DIR/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
+        let path = dir.join(MANIFEST_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(if dir.is_dir() {
+                    FormatError::NotACache { dir: dir.into() }
+                } else {
+                    FormatError::io(dir, e)
+                })
+            }
+            Err(e) => return Err(FormatError::io(&path, e)),
+        };
+        Self::from_json(&bytes, &path)
+    }
+
+    /// Parses and validates manifest JSON; `path` is used in errors.
+    pub fn from_json(bytes: &[u8], path: &Path) -> Result<Manifest, FormatError> {
+        // Check the version before the full structure, so an old or new cache gets a version
+        // error rather than a confusing field error.
+        #[derive(Deserialize)]
+        struct Head {
+            format: Option<String>,
+            format_version: Option<u32>,
+        }
+        let head: Head = serde_json::from_slice(bytes).map_err(|source| FormatError::Json {
+            path: path.into(),
+            source,
+        })?;
+        if head.format.as_deref() != Some(FORMAT_NAME) {
+            return Err(FormatError::InvalidManifest {
+                path: path.into(),
+                reason: format!("field \"format\" is {:?}, expected {FORMAT_NAME:?}", head.format),
+            });
+        }
+        let version = head.format_version.unwrap_or(0);
+        if !SUPPORTED_VERSIONS.contains(&version) {
+            return Err(FormatError::UnsupportedVersion {
+                path: path.into(),
+                found: version,
+                supported: format!("{SUPPORTED_VERSIONS:?}"),
+            });
+        }
+        let manifest: Manifest =
+            serde_json::from_slice(bytes).map_err(|source| FormatError::Json {
+                path: path.into(),
+                source,
+            })?;
+        manifest
+            .validate()
+            .map_err(|reason| FormatError::InvalidManifest {
+                path: path.into(),
+                reason,
+            })?;
+        Ok(manifest)
+    }
+
+    /// The manifest as pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("manifest serializes");
+        out.push(b'\n');
+        out
+    }
+
+    /// Checks the manifest's internal consistency: unique tensor names, shapes that match their
+    /// roles and `max_len`, shard names and indices, and split counts equal to their shards' sums.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.format != FORMAT_NAME || self.format_version != FORMAT_VERSION {
+            return Err(format!(
+                "format {:?} version {} (expected {FORMAT_NAME:?} {FORMAT_VERSION})",
+                self.format, self.format_version
+            ));
+        }
+        let mut names = BTreeSet::new();
+        for t in &self.tensors {
+            if !names.insert(t.name.as_str()) {
+                return Err(format!("tensor {:?} appears twice", t.name));
+            }
+            let expected_rank = match t.role {
+                TensorRole::Key | TensorRole::Length | TensorRole::FullLength => 0,
+                TensorRole::Categorical | TensorRole::Targets | TensorRole::ContextFeatures => 1,
+                TensorRole::Features => 2,
+            };
+            if t.sample_shape.len() != expected_rank {
+                return Err(format!(
+                    "tensor {:?} has sample shape {:?}, a {:?} tensor has {expected_rank} axes per sample",
+                    t.name, t.sample_shape, t.role
+                ));
+            }
+            let seq_axis = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
+            if seq_axis && t.sample_shape[0] != self.max_len {
+                return Err(format!(
+                    "tensor {:?} has sequence axis {}, max_len is {}",
+                    t.name, t.sample_shape[0], self.max_len
+                ));
+            }
+            let width = match t.role {
+                TensorRole::Features => t.sample_shape[1],
+                TensorRole::Targets | TensorRole::ContextFeatures => t.sample_shape[0],
+                _ => 1,
+            };
+            if t.columns.len() != width {
+                return Err(format!(
+                    "tensor {:?} lists {} columns for a width of {width}",
+                    t.name,
+                    t.columns.len()
+                ));
+            }
+        }
+        for required in ["key", "length"] {
+            if !names.contains(required) {
+                return Err(format!("tensor {required:?} is missing"));
+            }
+        }
+        for split in &self.splits {
+            let shards: Vec<&ShardEntry> =
+                self.shards.iter().filter(|s| s.split == split.name).collect();
+            if shards.len() != split.shards {
+                return Err(format!(
+                    "split {:?} says {} shards, {} are listed",
+                    split.name,
+                    split.shards,
+                    shards.len()
+                ));
+            }
+            let mut next_first = 0;
+            for (i, s) in shards.iter().enumerate() {
+                let expected = crate::shard::shard_file_name(&split.name, i);
+                if s.index != i || s.file != expected {
+                    return Err(format!(
+                        "shard {:?} is listed as index {} of split {:?}, expected {expected:?}",
+                        s.file, s.index, split.name
+                    ));
+                }
+                if s.first_context != next_first {
+                    return Err(format!(
+                        "shard {:?} starts at context {}, expected {next_first}",
+                        s.file, s.first_context
+                    ));
+                }
+                next_first += s.contexts;
+            }
+            if next_first != split.contexts {
+                return Err(format!(
+                    "split {:?} says {} contexts, its shards hold {next_first}",
+                    split.name, split.contexts
+                ));
+            }
+        }
+        for s in &self.shards {
+            if !self.splits.iter().any(|sp| sp.name == s.split) {
+                return Err(format!("shard {:?} names unknown split {:?}", s.file, s.split));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorSpec> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The split called `name`.
+    pub fn split(&self, name: &str) -> Option<&SplitInfo> {
+        self.splits.iter().find(|s| s.name == name)
+    }
+
+    /// The shards of one split, in order.
+    pub fn shards_of<'a>(&'a self, split: &'a str) -> impl Iterator<Item = &'a ShardEntry> + 'a {
+        self.shards.iter().filter(move |s| s.split == split)
+    }
+
+    /// Bytes per context across all tensors.
+    pub fn bytes_per_context(&self) -> usize {
+        self.tensors.iter().map(TensorSpec::sample_bytes).sum()
+    }
+}

@@ -1,0 +1,325 @@
+//! Shard files: safetensors with the tensors of the manifest, in its order.
+//!
+//! A shard is a standard safetensors file: an 8-byte little-endian header length `N`, `N` bytes
+//! of JSON (padded with spaces so the data starts on a 64-byte boundary), then the tensors' bytes,
+//! contiguous, in manifest order. `key` (i64) comes first so that every tensor is aligned to its
+//! element size.
+
+use crate::manifest::{Dtype, TensorSpec};
+use crate::FormatError;
+use serde_json::{Map, Value};
+use std::io::Read;
+use std::path::Path;
+
+/// Headers above this size are refused before they are read: a real one is a few KiB.
+pub const MAX_HEADER_BYTES: u64 = 16 << 20;
+/// Data start alignment.
+pub const DATA_ALIGN: usize = 64;
+
+/// `shards/{split}-{index:05}.safetensors`.
+pub fn shard_file_name(split: &str, index: usize) -> String {
+    format!("{}/{split}-{index:05}.safetensors", crate::SHARDS_DIR)
+}
+
+/// Where one tensor's bytes lie in a shard file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorExtent {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Full shape, `[n, ..sample_shape]`.
+    pub shape: Vec<usize>,
+    /// First byte, from the start of the file.
+    pub start: u64,
+    /// One past the last byte, from the start of the file.
+    pub end: u64,
+}
+
+/// The parsed header of a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLayout {
+    /// Where the tensor data begins.
+    pub data_start: u64,
+    /// The tensors in file order.
+    pub tensors: Vec<TensorExtent>,
+}
+
+/// The header bytes (length prefix included) of a shard holding `n` contexts, and the tensors'
+/// extents. `metadata` goes into safetensors' `__metadata__`.
+pub fn build_header(
+    tensors: &[TensorSpec],
+    n: usize,
+    metadata: &[(&str, String)],
+) -> (Vec<u8>, ShardLayout) {
+    let mut map = Map::new();
+    let meta: Map<String, Value> = metadata
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), Value::String(v.clone())))
+        .collect();
+    map.insert("__metadata__".into(), Value::Object(meta));
+    let mut offset = 0u64;
+    let mut extents = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let mut shape = vec![n];
+        shape.extend_from_slice(&t.sample_shape);
+        let len = (n * t.sample_bytes()) as u64;
+        let mut entry = Map::new();
+        entry.insert("dtype".into(), Value::String(t.dtype.as_str().into()));
+        entry.insert("shape".into(), Value::from(shape.clone()));
+        entry.insert("data_offsets".into(), Value::from(vec![offset, offset + len]));
+        map.insert(t.name.clone(), Value::Object(entry));
+        extents.push(TensorExtent {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape,
+            start: offset,
+            end: offset + len,
+        });
+        offset += len;
+    }
+    let mut json = serde_json::to_vec(&Value::Object(map)).expect("header serializes");
+    while (8 + json.len()) % DATA_ALIGN != 0 {
+        json.push(b' ');
+    }
+    let data_start = (8 + json.len()) as u64;
+    for e in &mut extents {
+        e.start += data_start;
+        e.end += data_start;
+    }
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    (
+        out,
+        ShardLayout {
+            data_start,
+            tensors: extents,
+        },
+    )
+}
+
+fn header_err(shard: &Path, reason: impl Into<String>) -> FormatError {
+    FormatError::ShardHeader {
+        shard: shard.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Parses a safetensors header from its JSON bytes, for a file of `file_len` bytes, checking
+/// every rule of the format: known dtypes, shapes whose byte size matches the offsets (with
+/// overflow checks), offsets contiguous from 0 with no holes, and the data ending exactly at the
+/// end of the file.
+pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLayout, FormatError> {
+    let data_start = 8 + json.len() as u64;
+    let value: Value = serde_json::from_slice(json)
+        .map_err(|e| header_err(shard, format!("header is not JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(header_err(shard, "header is not a JSON object"));
+    };
+    let mut tensors = Vec::new();
+    for (name, entry) in &map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = match entry.get("dtype").and_then(Value::as_str) {
+            Some("F32") => Dtype::F32,
+            Some("I32") => Dtype::I32,
+            Some("I64") => Dtype::I64,
+            other => {
+                return Err(header_err(
+                    shard,
+                    format!("tensor {name:?} has dtype {other:?}, dsc stores only F32, I32, I64"),
+                ))
+            }
+        };
+        let shape: Vec<usize> = entry
+            .get("shape")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .ok_or_else(|| header_err(shard, format!("tensor {name:?} has no valid shape")))?;
+        let offsets: Vec<u64> = entry
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_u64).collect())
+            .filter(|o: &Vec<u64>| o.len() == 2)
+            .ok_or_else(|| header_err(shard, format!("tensor {name:?} has no valid data_offsets")))?;
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| header_err(shard, format!("tensor {name:?} shape {shape:?} overflows")))?;
+        if offsets[1] < offsets[0] || offsets[1] - offsets[0] != bytes as u64 {
+            return Err(header_err(
+                shard,
+                format!(
+                    "tensor {name:?} shape {shape:?} needs {bytes} bytes, its offsets {:?} span {}",
+                    offsets,
+                    offsets[1].saturating_sub(offsets[0])
+                ),
+            ));
+        }
+        tensors.push(TensorExtent {
+            name: name.clone(),
+            dtype,
+            shape,
+            start: data_start + offsets[0],
+            end: data_start + offsets[1],
+        });
+    }
+    tensors.sort_by_key(|t| t.start);
+    let mut expected = data_start;
+    for t in &tensors {
+        if t.start != expected {
+            return Err(header_err(
+                shard,
+                format!(
+                    "tensor {:?} starts at data offset {}, expected {} (no holes or overlaps allowed)",
+                    t.name,
+                    t.start - data_start,
+                    expected - data_start
+                ),
+            ));
+        }
+        expected = t.end;
+    }
+    if expected != file_len {
+        return Err(header_err(
+            shard,
+            format!("tensor data ends at byte {expected}, the file has {file_len} bytes"),
+        ));
+    }
+    Ok(ShardLayout {
+        data_start,
+        tensors,
+    })
+}
+
+/// Reads and parses the header of the shard at `path` without reading its data.
+pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
+    let mut file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| FormatError::io(path, e))?
+        .len();
+    let mut len_bytes = [0u8; 8];
+    if file_len < 8 {
+        return Err(header_err(path, format!("file has {file_len} bytes, too short for a header")));
+    }
+    file.read_exact(&mut len_bytes)
+        .map_err(|e| FormatError::io(path, e))?;
+    let n = u64::from_le_bytes(len_bytes);
+    if n > MAX_HEADER_BYTES || n > file_len - 8 {
+        return Err(header_err(
+            path,
+            format!("header length {n} is impossible for a {file_len}-byte file"),
+        ));
+    }
+    let mut json = vec![0u8; n as usize];
+    file.read_exact(&mut json)
+        .map_err(|e| FormatError::io(path, e))?;
+    parse_header(&json, file_len, path)
+}
+
+impl ShardLayout {
+    /// Checks that the shard holds exactly the manifest's tensors with `n` samples each, in
+    /// manifest order.
+    pub fn check(&self, tensors: &[TensorSpec], n: usize, shard: &Path) -> Result<(), FormatError> {
+        if self.tensors.len() != tensors.len() {
+            let found: Vec<&str> = self.tensors.iter().map(|t| t.name.as_str()).collect();
+            let expected: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+            return Err(header_err(
+                shard,
+                format!("holds tensors {found:?}, the manifest lists {expected:?}"),
+            ));
+        }
+        for (found, spec) in self.tensors.iter().zip(tensors) {
+            let mut shape = vec![n];
+            shape.extend_from_slice(&spec.sample_shape);
+            if found.name != spec.name || found.dtype != spec.dtype || found.shape != shape {
+                return Err(header_err(
+                    shard,
+                    format!(
+                        "tensor {:?} {:?} {:?} where the manifest expects {:?} {:?} {:?}",
+                        found.name, found.dtype, found.shape, spec.name, spec.dtype, shape
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The extent of tensor `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorExtent> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{Encoding, TensorRole};
+
+    fn specs() -> Vec<TensorSpec> {
+        let t = |name: &str, dtype, role, shape: Vec<usize>| TensorSpec {
+            name: name.into(),
+            dtype,
+            role,
+            sample_shape: shape,
+            columns: vec![],
+        };
+        let _ = Encoding::Raw;
+        vec![
+            t("key", Dtype::I64, TensorRole::Key, vec![]),
+            t("x", Dtype::F32, TensorRole::Features, vec![3, 2]),
+            t("length", Dtype::I32, TensorRole::Length, vec![]),
+        ]
+    }
+
+    fn file_bytes(n: usize) -> Vec<u8> {
+        let (mut bytes, layout) = build_header(&specs(), n, &[("split", "train".into())]);
+        bytes.resize(layout.tensors.last().unwrap().end as usize, 0);
+        bytes
+    }
+
+    fn parse(bytes: &[u8]) -> Result<ShardLayout, FormatError> {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        parse_header(&bytes[8..8 + n], bytes.len() as u64, Path::new("s"))
+    }
+
+    #[test]
+    fn header_round_trips_and_is_aligned() {
+        let bytes = file_bytes(5);
+        let layout = parse(&bytes).unwrap();
+        assert_eq!(layout.data_start as usize % DATA_ALIGN, 0);
+        layout.check(&specs(), 5, Path::new("s")).unwrap();
+        assert_eq!(layout.tensor("x").unwrap().shape, vec![5, 3, 2]);
+        assert!(matches!(
+            layout.check(&specs(), 4, Path::new("s")),
+            Err(FormatError::ShardHeader { .. })
+        ));
+    }
+
+    #[test]
+    fn truncated_and_extended_files_are_rejected() {
+        let bytes = file_bytes(5);
+        assert!(matches!(parse(&bytes[..bytes.len() - 1]), Err(FormatError::ShardHeader { .. })));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(matches!(parse(&longer), Err(FormatError::ShardHeader { .. })));
+    }
+
+    #[test]
+    fn bad_offsets_and_dtypes_are_rejected() {
+        let bad = |json: &str, len: u64| parse_header(json.as_bytes(), len, Path::new("s"));
+        let hole = r#"{"a":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}}"#;
+        assert!(matches!(bad(hole, 8 + hole.len() as u64 + 8), Err(FormatError::ShardHeader { .. })));
+        let size = r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0,4]}}"#;
+        assert!(bad(size, 8 + size.len() as u64 + 4).is_err());
+        let dtype = r#"{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#;
+        assert!(bad(dtype, 8 + dtype.len() as u64 + 4).is_err());
+        let overflow = r#"{"a":{"dtype":"I64","shape":[4611686018427387904,8],"data_offsets":[0,4]}}"#;
+        assert!(bad(overflow, 8 + overflow.len() as u64 + 4).is_err());
+        assert!(bad("[1,2]", 13).is_err());
+        assert!(bad("{not json", 17).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! The compile spec: everything `dsc compile` was asked to do, as recorded in the manifest and as
+//! written in a `dsc.toml` spec file.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Which rows of an over-long sequence are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncate {
+    /// Keep the first `max_len` rows (in `order_by` order).
+    #[default]
+    Head,
+    /// Keep the last `max_len` rows.
+    Tail,
+    /// Keep a seeded uniform sample of `max_len` rows, in their original order.
+    Sample,
+}
+
+/// What to do with a null, NaN or infinite value in a numeric feature or target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NanPolicy {
+    /// Stop with an error naming the file, column and row.
+    #[default]
+    Error,
+    /// Store 0 in the encoded tensor.
+    Zero,
+    /// Store the encoded train-split mean of the column.
+    Mean,
+}
+
+/// What to do with rows whose key has no row in the context table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnmatchedRows {
+    /// Stop with an error naming the key and where it was found.
+    #[default]
+    Error,
+    /// Leave those contexts out of the cache and count them in the summary.
+    Drop,
+}
+
+/// What to do with context-table rows whose key has no rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EmptyContexts {
+    /// Stop with an error naming the key.
+    #[default]
+    Error,
+    /// Leave them out of the cache and count them in the summary.
+    Drop,
+    /// Keep them as sequences of length 0 (all padding).
+    Keep,
+}
+
+/// A per-row lookup table joined on one column (e.g. sensor geometry on `sensor_id`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinSpec {
+    /// A CSV or Parquet file.
+    pub file: String,
+    /// The column present in both the rows table and this file.
+    pub on: String,
+}
+
+/// Default target shard size: 256 MiB.
+pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
+
+/// The resolved compile spec. Field names are the spec-file keys; see `docs/FORMAT.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompileSpec {
+    /// Rows files: paths or glob patterns, read in sorted path order.
+    pub rows: Vec<String>,
+    /// The column naming each row's context (an integer column).
+    pub key: String,
+    /// The column that orders rows within a context; file order when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_by: Option<String>,
+    /// The context table (one row per context): Parquet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// The context table's key column; defaults to `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_key: Option<String>,
+    /// Context-table columns stored as targets `y`, in order.
+    #[serde(default)]
+    pub targets: Vec<String>,
+    /// Context-table columns stored as per-context features `c`, in order.
+    #[serde(default)]
+    pub context_features: Vec<String>,
+    /// Per-row lookup tables.
+    #[serde(default)]
+    pub joins: Vec<JoinSpec>,
+    /// Per-row numeric features stored in `x`, in order.
+    #[serde(default)]
+    pub features: Vec<String>,
+    /// Per-row categorical columns, each stored as its own i32 code tensor.
+    #[serde(default)]
+    pub categorical: Vec<String>,
+    /// Encoding chains by column, e.g. `charge = "log1p,zscore"`; identity otherwise.
+    #[serde(default)]
+    pub encode: BTreeMap<String, String>,
+    /// The padded sequence length `L`; the longest sequence when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
+    /// Which rows of an over-long sequence are kept.
+    #[serde(default)]
+    pub truncate: Truncate,
+    /// Fraction of contexts in the validation split.
+    #[serde(default)]
+    pub val_fraction: f64,
+    /// Seed of the key hash that assigns splits; independent of `seed`.
+    #[serde(default)]
+    pub split_seed: u64,
+    /// Seed of the global shuffle.
+    #[serde(default)]
+    pub seed: u64,
+    /// Null/NaN/inf policy for numeric features and targets.
+    #[serde(default)]
+    pub nan: NanPolicy,
+    /// Policy for rows whose key is missing from the context table.
+    #[serde(default)]
+    pub unmatched_rows: UnmatchedRows,
+    /// Policy for context-table keys with no rows.
+    #[serde(default)]
+    pub empty_contexts: EmptyContexts,
+    /// Target shard size in bytes.
+    #[serde(default = "default_shard_size")]
+    pub shard_size: u64,
+}
+
+fn default_shard_size() -> u64 {
+    DEFAULT_SHARD_SIZE
+}
+
+impl CompileSpec {
+    /// A spec with the given rows and key and every other field at its default.
+    pub fn new(rows: Vec<String>, key: impl Into<String>) -> Self {
+        CompileSpec {
+            rows,
+            key: key.into(),
+            order_by: None,
+            context: None,
+            context_key: None,
+            targets: Vec::new(),
+            context_features: Vec::new(),
+            joins: Vec::new(),
+            features: Vec::new(),
+            categorical: Vec::new(),
+            encode: BTreeMap::new(),
+            max_len: None,
+            truncate: Truncate::Head,
+            val_fraction: 0.0,
+            split_seed: 0,
+            seed: 0,
+            nan: NanPolicy::Error,
+            unmatched_rows: UnmatchedRows::Error,
+            empty_contexts: EmptyContexts::Error,
+            shard_size: DEFAULT_SHARD_SIZE,
+        }
+    }
+
+    /// The context table's key column.
+    pub fn context_key(&self) -> &str {
+        self.context_key.as_deref().unwrap_or(&self.key)
+    }
+}

@@ -1,0 +1,309 @@
+//! `dsc compile`: flags and spec file → `CompileSpec` → `dsc_compiler::compile` → report.
+
+use crate::args::{CompileArgs, EmptyArg, NanArg, TruncateArg, UnmatchedArg};
+use crate::output::{bytes, peak_rss_mib, thousands};
+use anyhow::{bail, Context as _};
+use dsc_compiler::{CompileOptions, CompileSpec, Progress};
+use dsc_format::spec::{EmptyContexts, JoinSpec, NanPolicy, Truncate, UnmatchedRows};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Parses `256MiB`, `1GiB`, `64M`, `1000000`.
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .with_context(|| format!("--shard-size {s:?}: expected a number with an optional unit"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => bail!("--shard-size {s:?}: unknown unit {other:?} (use B, KiB, MiB or GiB)"),
+    };
+    Ok((value * scale) as u64)
+}
+
+/// The spec from `--spec` (if any) with every given flag applied on top.
+pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
+    let mut spec = match &a.spec {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read spec file {}", path.display()))?;
+            toml::from_str::<CompileSpec>(&text)
+                .with_context(|| format!("{}: invalid spec", path.display()))?
+        }
+        None => {
+            let Some(key) = &a.key else {
+                bail!("--key is required (or give a spec file with --spec)");
+            };
+            CompileSpec::new(Vec::new(), key.clone())
+        }
+    };
+    if !a.rows.is_empty() {
+        spec.rows = a.rows.clone();
+    }
+    if spec.rows.is_empty() {
+        bail!("no rows files given: pass Parquet paths or globs, or `rows` in the spec file");
+    }
+    if let Some(k) = &a.key {
+        spec.key = k.clone();
+    }
+    macro_rules! set {
+        ($field:ident) => {
+            if a.$field.is_some() {
+                spec.$field = a.$field.clone();
+            }
+        };
+    }
+    set!(order_by);
+    set!(context);
+    set!(context_key);
+    set!(max_len);
+    let lists = [
+        (&a.features, &mut spec.features),
+        (&a.categorical, &mut spec.categorical),
+        (&a.targets, &mut spec.targets),
+        (&a.context_features, &mut spec.context_features),
+    ];
+    for (flag, field) in lists {
+        if !flag.is_empty() {
+            field.clone_from(flag);
+        }
+    }
+    for e in &a.encode {
+        let Some((col, chain)) = e.split_once('=') else {
+            bail!("--encode {e:?}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore");
+        };
+        spec.encode.insert(col.trim().to_string(), chain.trim().to_string());
+    }
+    if a.joins.len() != a.join_on.len() {
+        bail!(
+            "{} --join file(s) but {} --on column(s): give one --on per --join",
+            a.joins.len(),
+            a.join_on.len()
+        );
+    }
+    if !a.joins.is_empty() {
+        spec.joins = a
+            .joins
+            .iter()
+            .zip(&a.join_on)
+            .map(|(file, on)| JoinSpec {
+                file: file.clone(),
+                on: on.clone(),
+            })
+            .collect();
+    }
+    if let Some(t) = a.truncate {
+        spec.truncate = match t {
+            TruncateArg::Head => Truncate::Head,
+            TruncateArg::Tail => Truncate::Tail,
+            TruncateArg::Sample => Truncate::Sample,
+        };
+    }
+    if let Some(n) = a.nan {
+        spec.nan = match n {
+            NanArg::Error => NanPolicy::Error,
+            NanArg::Zero => NanPolicy::Zero,
+            NanArg::Mean => NanPolicy::Mean,
+        };
+    }
+    if let Some(u) = a.unmatched_rows {
+        spec.unmatched_rows = match u {
+            UnmatchedArg::Error => UnmatchedRows::Error,
+            UnmatchedArg::Drop => UnmatchedRows::Drop,
+        };
+    }
+    if let Some(e) = a.empty_contexts {
+        spec.empty_contexts = match e {
+            EmptyArg::Error => EmptyContexts::Error,
+            EmptyArg::Drop => EmptyContexts::Drop,
+            EmptyArg::Keep => EmptyContexts::Keep,
+        };
+    }
+    if let Some(v) = a.val_fraction {
+        spec.val_fraction = v;
+    }
+    if let Some(v) = a.split_seed {
+        spec.split_seed = v;
+    }
+    if let Some(v) = a.seed {
+        spec.seed = v;
+    }
+    if let Some(s) = &a.shard_size {
+        spec.shard_size = parse_size(s)?;
+    }
+    Ok(spec)
+}
+
+/// Progress bars on stderr, one per stage.
+struct Bars {
+    current: Mutex<Option<ProgressBar>>,
+    hidden: bool,
+}
+
+impl Progress for Bars {
+    fn stage(&self, name: &str, total: u64) {
+        let mut current = self.current.lock().expect("progress lock");
+        if let Some(bar) = current.take() {
+            bar.finish_and_clear();
+        }
+        if self.hidden {
+            return;
+        }
+        let bar = if total > 0 {
+            ProgressBar::new(total).with_style(
+                ProgressStyle::with_template("{prefix:>16} [{bar:40}] {pos}/{len} {elapsed}")
+                    .expect("template")
+                    .progress_chars("=> "),
+            )
+        } else {
+            ProgressBar::new_spinner()
+                .with_style(ProgressStyle::with_template("{prefix:>16} {spinner} {elapsed}").expect("template"))
+        };
+        bar.set_prefix(name.to_string());
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        *current = Some(bar);
+    }
+    fn advance(&self, n: u64) {
+        if let Some(bar) = &*self.current.lock().expect("progress lock") {
+            bar.inc(n);
+        }
+    }
+    fn finish(&self) {
+        if let Some(bar) = self.current.lock().expect("progress lock").take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct SplitReport {
+    name: String,
+    contexts: usize,
+    shards: usize,
+    rows_stored: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    out: PathBuf,
+    seconds: f64,
+    rows_read: u64,
+    rows_per_s: f64,
+    contexts: usize,
+    splits: Vec<SplitReport>,
+    shards: usize,
+    cache_bytes: u64,
+    max_len: usize,
+    summary: dsc_format::manifest::CompileSummary,
+    timings: Vec<(String, f64)>,
+    peak_rss_mib: Option<f64>,
+    inputs_fingerprint: String,
+}
+
+pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
+    let spec = resolve_spec(&a)?;
+    if a.print_spec {
+        print!("{}", toml::to_string(&spec)?);
+        return Ok(0);
+    }
+    let Some(out) = a.out.clone() else {
+        bail!("--out is required: the cache directory to create");
+    };
+    let bars = Bars {
+        current: Mutex::new(None),
+        hidden: a.quiet || a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let start = Instant::now();
+    let report = dsc_compiler::compile(
+        &spec,
+        &CompileOptions {
+            out,
+            force: a.force,
+            progress: &bars,
+        },
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    let m = &report.manifest;
+    let r = Report {
+        out: report.out.clone(),
+        seconds,
+        rows_read: m.summary.rows_read,
+        rows_per_s: m.summary.rows_read as f64 / seconds.max(1e-9),
+        contexts: m.summary.contexts,
+        splits: m
+            .splits
+            .iter()
+            .map(|s| SplitReport {
+                name: s.name.clone(),
+                contexts: s.contexts,
+                shards: s.shards,
+                rows_stored: s.rows_stored,
+            })
+            .collect(),
+        shards: m.shards.len(),
+        cache_bytes: report.cache_bytes,
+        max_len: m.max_len,
+        summary: m.summary.clone(),
+        timings: report.timings.clone(),
+        peak_rss_mib: peak_rss_mib(),
+        inputs_fingerprint: m.inputs.fingerprint.clone(),
+    };
+    if a.json {
+        crate::output::print_json(&r)?;
+        return Ok(0);
+    }
+    let splits: Vec<String> = r
+        .splits
+        .iter()
+        .map(|s| format!("{} {}", s.name, thousands(s.contexts as u64)))
+        .collect();
+    println!(
+        "compiled {} contexts ({}) from {} rows in {:.2} s ({} rows/s)",
+        thousands(r.contexts as u64),
+        splits.join(", "),
+        thousands(r.rows_read),
+        seconds,
+        thousands(r.rows_per_s as u64)
+    );
+    println!(
+        "wrote {} in {} shards to {}",
+        bytes(r.cache_bytes),
+        r.shards,
+        r.out.display()
+    );
+    let s = &r.summary;
+    println!(
+        "L = {}: {} contexts truncated; {} rows dropped without a context row; {} contexts without rows ({} kept empty); {} values filled by --nan",
+        r.max_len,
+        thousands(s.contexts_truncated as u64),
+        thousands(s.rows_without_context_row),
+        thousands(s.contexts_without_rows as u64),
+        thousands(s.empty_contexts_kept as u64),
+        thousands(s.values_filled)
+    );
+    if let Some(mib) = r.peak_rss_mib {
+        println!("peak memory {mib:.0} MiB");
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12 parsecs").is_err());
+    }
+}

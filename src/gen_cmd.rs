@@ -1,0 +1,61 @@
+//! `dsc gen`: write a sample data set.
+
+use crate::args::{Dataset, GenArgs};
+use crate::output::thousands;
+use dsc_compiler::gen::{icecube, sequences};
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Report {
+    dataset: &'static str,
+    out: std::path::PathBuf,
+    files: Vec<std::path::PathBuf>,
+    rows: u64,
+    contexts: u64,
+}
+
+pub fn run(a: GenArgs) -> anyhow::Result<u8> {
+    let (name, summary) = match a.dataset {
+        Dataset::Icecube => (
+            "icecube",
+            icecube::generate(
+                &a.out,
+                &icecube::IcecubeOptions {
+                    files: a.files,
+                    events_per_file: a.events_per_file,
+                    seed: a.seed,
+                    ..Default::default()
+                },
+            )?,
+        ),
+        Dataset::Sequences => (
+            "sequences",
+            sequences::generate(
+                &a.out,
+                &sequences::SequencesOptions {
+                    customers: a.customers,
+                    files: a.files,
+                    seed: a.seed,
+                },
+            )?,
+        ),
+    };
+    if a.json {
+        crate::output::print_json(&Report {
+            dataset: name,
+            out: a.out,
+            files: summary.files,
+            rows: summary.rows,
+            contexts: summary.contexts,
+        })?;
+    } else {
+        println!(
+            "wrote {name} sample data to {}: {} files, {} rows, {} contexts",
+            a.out.display(),
+            summary.files.len(),
+            thousands(summary.rows),
+            thousands(summary.contexts)
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,43 @@
+//! `dsc`, the dataset compiler's command line: parse flags, call the crates, print.
+#![forbid(unsafe_code)]
+
+mod args;
+mod compile_cmd;
+mod gen_cmd;
+mod inspect_cmd;
+mod output;
+mod verify_cmd;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+/// Exit code for a failed check (`dsc verify` found problems).
+const EXIT_PROBLEMS: u8 = 1;
+/// Exit code for an error (bad input, I/O).
+const EXIT_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = args::Cli::parse();
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(n).build_global() {
+            eprintln!("dsc: cannot start {n} threads: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    }
+    let result = match cli.command {
+        args::Command::Gen(a) => gen_cmd::run(a),
+        args::Command::Compile(a) => compile_cmd::run(*a),
+        args::Command::Inspect(a) => inspect_cmd::run(a),
+        args::Command::Verify(a) => verify_cmd::run(a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            if output::is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("dsc: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
