@@ -30,13 +30,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Write a seeded sample data set (IceCube-like events or customer transactions).
+    // Each subcommand's help is the doc comment of its arguments struct.
     Gen(GenArgs),
-    /// Compile Parquet rows into a cache of safetensors shards.
     Compile(Box<CompileArgs>),
-    /// Summarize a cache: splits, shards, tensors, column statistics, lengths.
     Inspect(InspectArgs),
-    /// Check a cache against its manifest: sizes, headers, checksums, lengths, padding.
     Verify(VerifyArgs),
 }
 
@@ -50,10 +47,15 @@ pub enum Dataset {
     Sequences,
 }
 
-/// Write a seeded sample data set.
+/// Write a seeded sample data set (IceCube-like events or customer transactions).
 ///
-/// Example: dsc gen icecube --out data --files 8 --events-per-file 2000 --seed 7
+/// The same seed writes byte-identical files.
+///
+/// Example:
+///   dsc gen icecube --out data --files 8 --events-per-file 2000 --seed 7
+///   dsc gen sequences --out seq --customers 10000 --files 4
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct GenArgs {
     /// Which data set.
     #[arg(value_enum)]
@@ -105,7 +107,7 @@ pub enum EmptyArg {
     Keep,
 }
 
-/// Compile Parquet rows into a cache.
+/// Compile Parquet rows into a cache of safetensors shards.
 ///
 /// Rows are grouped into one sequence per --key value, ordered by --order-by, truncated to
 /// --max-len and padded; per-row lookup tables (--join) and a per-context table (--context) are
@@ -124,6 +126,7 @@ pub enum EmptyArg {
 ///       --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 \
 ///       --seed 42 --out cache
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct CompileArgs {
     /// Rows files: Parquet paths, folders or quoted globs ('data/*.parquet').
     #[arg(value_name = "ROWS")]
@@ -150,10 +153,20 @@ pub struct CompileArgs {
     pub truncate: Option<TruncateArg>,
 
     /// Per-row numeric features stored in x [n, L, F], comma-separated, in order.
-    #[arg(long, value_name = "COLS", value_delimiter = ',', help_heading = "Columns")]
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Columns"
+    )]
     pub features: Vec<String>,
     /// Per-row categorical columns, each stored as i32 codes [n, L] named after the column.
-    #[arg(long, value_name = "COLS", value_delimiter = ',', help_heading = "Columns")]
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Columns"
+    )]
     pub categorical: Vec<String>,
     /// Encoding of a numeric column: identity, zscore, minmax, log1p, or a chain
     /// (log1p,zscore). Repeat per column. Parameters are fitted on the train split.
@@ -173,10 +186,20 @@ pub struct CompileArgs {
     #[arg(long, value_name = "COL", help_heading = "Context table")]
     pub context_key: Option<String>,
     /// Context columns stored as targets y [n, T], comma-separated, in order.
-    #[arg(long, value_name = "COLS", value_delimiter = ',', help_heading = "Context table")]
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Context table"
+    )]
     pub targets: Vec<String>,
     /// Context columns stored as per-context features c [n, C].
-    #[arg(long, value_name = "COLS", value_delimiter = ',', help_heading = "Context table")]
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Context table"
+    )]
     pub context_features: Vec<String>,
     /// Rows whose key has no context row: stop with an error, or drop them [default: error].
     #[arg(long, value_enum, help_heading = "Context table")]
@@ -217,10 +240,17 @@ pub struct CompileArgs {
     pub quiet: bool,
 }
 
-/// Summarize a cache on one screen.
+/// Summarize a cache: splits, shards, tensors, column statistics, lengths.
 ///
-/// Example: dsc inspect cache          (or --json for scripts)
+/// One screen: format and dsc version, the inputs' fingerprint, contexts and bytes per split,
+/// padding efficiency (stored steps / padded steps), every tensor with its columns and
+/// encodings, per-column statistics and the sequence-length histogram.
+///
+/// Example:
+///   dsc inspect cache
+///   dsc inspect cache --json | jq .padding_efficiency
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct InspectArgs {
     /// The cache directory.
     pub cache: PathBuf,
@@ -229,13 +259,16 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
-/// Check a cache against its manifest.
+/// Check a cache against its manifest: sizes, headers, checksums, lengths, padding.
 ///
 /// Reads every shard: size, safetensors header, xxh3 checksum, lengths within 0..=L and zero
 /// padding. Exits 0 when sound, 1 naming each problem, 2 when the cache cannot be read at all.
 ///
-/// Example: dsc verify cache --quick
+/// Example:
+///   dsc verify cache
+///   dsc verify cache --quick     (sizes and headers only)
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct VerifyArgs {
     /// The cache directory.
     pub cache: PathBuf,
@@ -259,8 +292,18 @@ mod tests {
 
     #[test]
     fn lists_split_on_commas() {
-        let cli = Cli::parse_from(["dsc", "compile", "a.parquet", "--features", "x,y", "--encode", "x=log1p,zscore"]);
-        let Command::Compile(a) = cli.command else { panic!() };
+        let cli = Cli::parse_from([
+            "dsc",
+            "compile",
+            "a.parquet",
+            "--features",
+            "x,y",
+            "--encode",
+            "x=log1p,zscore",
+        ]);
+        let Command::Compile(a) = cli.command else {
+            panic!()
+        };
         assert_eq!(a.features, ["x", "y"]);
         assert_eq!(a.encode, ["x=log1p,zscore"]);
     }

@@ -14,7 +14,9 @@ use std::time::Instant;
 /// Parses `256MiB`, `1GiB`, `64M`, `1000000`.
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let value: f64 = num
         .parse()
@@ -80,7 +82,8 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
         let Some((col, chain)) = e.split_once('=') else {
             bail!("--encode {e:?}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore");
         };
-        spec.encode.insert(col.trim().to_string(), chain.trim().to_string());
+        spec.encode
+            .insert(col.trim().to_string(), chain.trim().to_string());
     }
     if a.joins.len() != a.join_on.len() {
         bail!(
@@ -164,8 +167,9 @@ impl Progress for Bars {
                     .progress_chars("=> "),
             )
         } else {
-            ProgressBar::new_spinner()
-                .with_style(ProgressStyle::with_template("{prefix:>16} {spinner} {elapsed}").expect("template"))
+            ProgressBar::new_spinner().with_style(
+                ProgressStyle::with_template("{prefix:>16} {spinner} {elapsed}").expect("template"),
+            )
         };
         bar.set_prefix(name.to_string());
         bar.enable_steady_tick(std::time::Duration::from_millis(200));

@@ -77,7 +77,9 @@ fn encoding_text(e: &Encoding) -> String {
 }
 
 fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result<Inspect> {
-    let all = stats.split("all").context("stats.json has no \"all\" split")?;
+    let all = stats
+        .split("all")
+        .context("stats.json has no \"all\" split")?;
     let stored: u64 = m.splits.iter().map(|s| s.rows_stored).sum();
     let slots = (m.summary.contexts * m.max_len) as f64;
     let splits = m
@@ -102,7 +104,11 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
                 dtype: t.dtype.as_str().into(),
                 shape,
                 columns: t.columns.iter().map(|c| c.name.clone()).collect(),
-                encodings: t.columns.iter().map(|c| encoding_text(&c.encoding)).collect(),
+                encodings: t
+                    .columns
+                    .iter()
+                    .map(|c| encoding_text(&c.encoding))
+                    .collect(),
             }
         })
         .collect();
@@ -138,7 +144,11 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
         contexts: m.summary.contexts,
         shards: m.shards.len(),
         bytes: m.shards.iter().map(|s| s.bytes).sum(),
-        padding_efficiency: if slots > 0.0 { stored as f64 / slots } else { 0.0 },
+        padding_efficiency: if slots > 0.0 {
+            stored as f64 / slots
+        } else {
+            0.0
+        },
         splits,
         tensors,
         columns,
@@ -164,7 +174,15 @@ fn print_human(i: &Inspect) {
     let splits: Vec<String> = i
         .splits
         .iter()
-        .map(|s| format!("{} {} ({} shards, {})", s.name, thousands(s.contexts as u64), s.shards, bytes(s.bytes)))
+        .map(|s| {
+            format!(
+                "{} {} ({} shards, {})",
+                s.name,
+                thousands(s.contexts as u64),
+                s.shards,
+                bytes(s.bytes)
+            )
+        })
         .collect();
     println!("{} {}", bold("splits"), splits.join("; "));
     println!(
@@ -177,18 +195,40 @@ fn print_human(i: &Inspect) {
         100.0 * i.padding_efficiency
     );
     println!();
-    println!("{}", bold(&format!("{:<14} {:<5} {:<14} {}", "tensor", "dtype", "shape", "columns (encoding)")));
+    println!(
+        "{}",
+        bold(&format!(
+            "{:<14} {:<5} {:<14} {}",
+            "tensor", "dtype", "shape", "columns (encoding)"
+        ))
+    );
     for t in &i.tensors {
         let cols: Vec<String> = t
             .columns
             .iter()
             .zip(&t.encodings)
-            .map(|(c, e)| if e == "raw" { c.clone() } else { format!("{c} ({e})") })
+            .map(|(c, e)| {
+                if e == "raw" {
+                    c.clone()
+                } else {
+                    format!("{c} ({e})")
+                }
+            })
             .collect();
-        let mut line = format!("{:<14} {:<5} {:<14} {}", t.name, t.dtype, format!("[{}]", t.shape.join(", ")), cols.join(", "));
-        if line.len() > 100 {
-            line.truncate(97);
-            line.push_str("...");
+        let shape = format!("[{}]", t.shape.join(", "));
+        // Wrap the column list at 100 columns, continuing under its first entry.
+        let mut line = format!("{:<14} {:<5} {:<14} ", t.name, t.dtype, shape);
+        let indent = line.chars().count();
+        let mut first = true;
+        for c in cols {
+            let piece = if first { c } else { format!(", {c}") };
+            if !first && line.chars().count() + piece.chars().count() > 100 {
+                println!("{}", line.trim_end_matches(' '));
+                line = format!("{}{}", " ".repeat(indent), piece.trim_start_matches(", "));
+            } else {
+                line.push_str(&piece);
+            }
+            first = false;
         }
         println!("{line}");
     }
@@ -220,7 +260,12 @@ fn print_human(i: &Inspect) {
     }
     println!();
     let l = &i.lengths;
-    let q = |level: f64| l.quantiles.iter().find(|q| q.q == level).map_or("-".into(), |q| num(q.value));
+    let q = |level: f64| {
+        l.quantiles
+            .iter()
+            .find(|q| q.q == level)
+            .map_or("-".into(), |q| num(q.value))
+    };
     println!(
         "{} min {} p50 {} p95 {} p99 {} max {}; {} truncated to L ({:.1}%)",
         bold("sequence lengths"),
@@ -232,11 +277,22 @@ fn print_human(i: &Inspect) {
         thousands(l.truncated),
         100.0 * l.truncated_fraction
     );
-    let peak = l.histogram.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    let peak = l
+        .histogram
+        .iter()
+        .map(|b| b.count)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     for b in &l.histogram {
         let width = (50.0 * b.count as f64 / peak as f64).round() as usize;
         let bar: String = "█".repeat(width);
-        println!("  {:>6}–{:<6} {:>9} {bar}", num(b.lo), num(b.hi), thousands(b.count));
+        println!(
+            "  {:>6}–{:<6} {:>9} {bar}",
+            num(b.lo),
+            num(b.hi),
+            thousands(b.count)
+        );
     }
 }
 
@@ -244,7 +300,8 @@ pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
     let manifest = Manifest::read(&a.cache)?;
     let stats_path = a.cache.join(dsc_format::STATS_FILE);
     let stats: Stats = serde_json::from_slice(
-        &std::fs::read(&stats_path).with_context(|| format!("cannot read {}", stats_path.display()))?,
+        &std::fs::read(&stats_path)
+            .with_context(|| format!("cannot read {}", stats_path.display()))?,
     )
     .with_context(|| format!("{}: invalid statistics", stats_path.display()))?;
     let inspect = build(&a.cache, &manifest, &stats)?;

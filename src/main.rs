@@ -19,7 +19,10 @@ const EXIT_ERROR: u8 = 2;
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
     if let Some(n) = cli.threads {
-        if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(n).build_global() {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+        {
             eprintln!("dsc: cannot start {n} threads: {e}");
             return ExitCode::from(EXIT_ERROR);
         }

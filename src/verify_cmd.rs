@@ -33,13 +33,21 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<u8> {
             "ok: {} shards, {} checked{}",
             report.shards_checked,
             crate::output::bytes(report.bytes_read),
-            if a.quick { " (quick: sizes and headers only)" } else { "" }
+            if a.quick {
+                " (quick: sizes and headers only)"
+            } else {
+                ""
+            }
         );
     } else {
         for p in &problems {
             eprintln!("dsc: {p}");
         }
-        eprintln!("dsc: {} problem(s) in {}", problems.len(), a.cache.display());
+        eprintln!(
+            "dsc: {} problem(s) in {}",
+            problems.len(),
+            a.cache.display()
+        );
     }
     Ok(if ok { 0 } else { crate::EXIT_PROBLEMS })
 }

@@ -1,0 +1,10 @@
+//! End-to-end tests: the real `dsc` binary on generated data, one module per topic.
+
+mod util;
+
+mod bad_input;
+mod determinism;
+mod python;
+mod spec_file;
+mod values;
+mod verify;

@@ -52,7 +52,9 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         DataType::Float32 => (Kind::F32, 1.0),
         DataType::Boolean => (Kind::Bool, 1.0),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => (Kind::Str, 1.0),
-        DataType::Dictionary(_, value) if matches!(**value, DataType::Utf8 | DataType::LargeUtf8) => {
+        DataType::Dictionary(_, value)
+            if matches!(**value, DataType::Utf8 | DataType::LargeUtf8) =>
+        {
             (Kind::Str, 1.0)
         }
         DataType::Timestamp(unit, _) => (Kind::Time, unit_scale(*unit)),
@@ -171,7 +173,10 @@ impl Column {
             (Values::Bool(a), Values::Bool(b)) => a.extend(b),
             (
                 Values::Str {
-                    codes, dict, lookup, ..
+                    codes,
+                    dict,
+                    lookup,
+                    ..
                 },
                 Values::Str {
                     codes: other_codes,
@@ -269,7 +274,13 @@ fn intern(dict: &mut Vec<String>, lookup: &mut HashMap<String, u32>, s: String) 
 fn push_ints(v: &mut Vec<i64>, array: &ArrayRef) {
     macro_rules! ext {
         ($t:ty) => {
-            v.extend(array.as_primitive::<$t>().values().iter().map(|&x| x as i64))
+            v.extend(
+                array
+                    .as_primitive::<$t>()
+                    .values()
+                    .iter()
+                    .map(|&x| x as i64),
+            )
         };
     }
     match array.data_type() {

@@ -94,7 +94,12 @@ fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
                     None => part.2[s][0] += 1,
                     Some(x) if x.is_nan() => part.2[s][1] += 1,
                     Some(x) if x.is_infinite() => part.2[s][2] += 1,
-                    Some(x) => (if tag == TRAIN { &mut part.0 } else { &mut part.1 }).push(x),
+                    Some(x) => (if tag == TRAIN {
+                        &mut part.0
+                    } else {
+                        &mut part.1
+                    })
+                    .push(x),
                 }
             }
             Ok(part)
@@ -106,10 +111,8 @@ fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
     let mut counts = [[0u64; 3]; 2];
     for p in &parts {
         values.extend_from_slice(&p.0);
-        for s in 0..2 {
-            for k in 0..3 {
-                counts[s][k] += p.2[s][k];
-            }
+        for (total, part) in counts.iter_mut().flatten().zip(p.2.iter().flatten()) {
+            *total += part;
         }
     }
     for p in &parts {
@@ -124,6 +127,8 @@ fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
 
 /// Statistics of a numeric column for `all`, `train`, `val`, and the fitted encoding stages.
 pub(crate) struct NumericResult {
+    /// Whether some stored row holds null, NaN or inf.
+    pub has_bad: bool,
     pub stats: [ColumnStats; 3],
     pub stages: Vec<Stage>,
     /// Raw train mean, for `nan = mean`.
@@ -157,7 +162,11 @@ fn fit(chain: &[Stage], train: &[f64]) -> Vec<Stage> {
                 let std = m.std();
                 Stage::Zscore {
                     mean: m.mean,
-                    std: if std > 0.0 && std.is_finite() { std } else { 1.0 },
+                    std: if std > 0.0 && std.is_finite() {
+                        std
+                    } else {
+                        1.0
+                    },
                 }
             }
             Stage::Minmax { .. } => {
@@ -180,7 +189,11 @@ fn fit(chain: &[Stage], train: &[f64]) -> Vec<Stage> {
 }
 
 /// Gathers a numeric column, computes its statistics per split and fits its encoding.
-pub(crate) fn numeric_column(access: &Access, tags: &[u8], chain: &[Stage]) -> Result<NumericResult> {
+pub(crate) fn numeric_column(
+    access: &Access,
+    tags: &[u8],
+    chain: &[Stage],
+) -> Result<NumericResult> {
     let mut g = gather(access, tags)?;
     let stages = fit(chain, &g.values[..g.n_train]);
     let train_mean = Moments::of(&g.values[..g.n_train]).mean;
@@ -196,7 +209,9 @@ pub(crate) fn numeric_column(access: &Access, tags: &[u8], chain: &[Stage]) -> R
     tr.numeric = train_num;
     let mut va = empty_stats(access, g.counts[1], (g.values.len() - n_train) as u64);
     va.numeric = val_num;
+    let has_bad = g.counts.iter().flatten().any(|&c| c > 0);
     Ok(NumericResult {
+        has_bad,
         stats: [all, tr, va],
         stages,
         train_mean,
@@ -219,7 +234,9 @@ fn cat_key(col: &Column, row: usize) -> Option<CatKey> {
         Values::Int(v) => CatKey::Int(v[row]),
         Values::Bool(v) => CatKey::Int(i64::from(v[row])),
         Values::Str { codes, .. } => CatKey::Str(codes[row]),
-        Values::F64(_) | Values::F32(_) => unreachable!("floats are not categorical; checked when opened"),
+        Values::F64(_) | Values::F32(_) => {
+            unreachable!("floats are not categorical; checked when opened")
+        }
     })
 }
 
@@ -342,12 +359,19 @@ pub(crate) struct NumericEncoder<'a> {
 }
 
 impl NumericEncoder<'_> {
-    pub fn new<'a>(access: Access<'a>, fitted: &NumericResult, policy: NanPolicy) -> NumericEncoder<'a> {
+    pub fn new<'a>(
+        access: Access<'a>,
+        fitted: &NumericResult,
+        policy: NanPolicy,
+    ) -> NumericEncoder<'a> {
         let fill = match policy {
             NanPolicy::Error => None,
             NanPolicy::Zero => Some(0.0),
             NanPolicy::Mean => {
-                let v = fitted.stages.iter().fold(fitted.train_mean, |x, s| s.apply(x));
+                let v = fitted
+                    .stages
+                    .iter()
+                    .fold(fitted.train_mean, |x, s| s.apply(x));
                 Some(if v.is_finite() { v } else { 0.0 })
             }
         };
@@ -358,9 +382,27 @@ impl NumericEncoder<'_> {
         }
     }
 
+    /// Under `nan = error`, fails on the first row in file order whose value cannot be stored,
+    /// so that the error names the same row whatever the shuffle or thread count. Only rows
+    /// that can fail are scanned: columns with bad values, or chains with `log1p`.
+    pub fn check_rows(&self, fitted: &NumericResult, tags: &[u8]) -> Result<()> {
+        let may_fail = fitted.has_bad || self.stages.contains(&Stage::Log1p);
+        if self.fill.is_some() || !may_fail {
+            return Ok(());
+        }
+        for (row, &tag) in tags.iter().enumerate() {
+            if tag != DROPPED {
+                self.encode(row)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The manifest encoding.
     pub fn encoding(&self) -> Encoding {
-        if self.access.column.info.kind == Kind::Bool && self.stages.iter().all(|s| *s == Stage::Identity) {
+        if self.access.column.info.kind == Kind::Bool
+            && self.stages.iter().all(|s| *s == Stage::Identity)
+        {
             return Encoding::Bool;
         }
         Encoding::Numeric {
@@ -390,7 +432,11 @@ impl NumericEncoder<'_> {
             (None, what) => {
                 let (path, file_row) = self.access.table.locate(row);
                 let column = match self.access.join {
-                    Some((_, keyed)) => format!("{} (joined from {})", self.access.name, keyed.path.display()),
+                    Some((_, keyed)) => format!(
+                        "{} (joined from {})",
+                        self.access.name,
+                        keyed.path.display()
+                    ),
                     None => self.access.name.to_string(),
                 };
                 Err(CompileError::BadValue {

@@ -121,7 +121,8 @@ pub(crate) fn truncate(groups: &mut Groups, max_len: usize, how: Truncate, seed:
             Truncate::Sample => {
                 // Pick `max_len` positions uniformly (seeded by key), keep them in sequence order
                 // at the front of the group.
-                let mut rng = Xoshiro256::for_stream(seed ^ (g.key as u64), stream::TRUNCATE_SAMPLE);
+                let mut rng =
+                    Xoshiro256::for_stream(seed ^ (g.key as u64), stream::TRUNCATE_SAMPLE);
                 let mut positions: Vec<usize> = (0..g.len).collect();
                 for i in 0..max_len {
                     let j = i + rng.below((g.len - i) as u64) as usize;
@@ -151,17 +152,26 @@ mod tests {
         let contiguous = [1, 1, 2, 2, 2, 5];
         let g = group(&contiguous, None);
         assert_eq!(g.perm, [0, 1, 2, 3, 4, 5]);
-        assert_eq!(g.groups.iter().map(|g| (g.key, g.len)).collect::<Vec<_>>(), [(1, 2), (2, 3), (5, 1)]);
+        assert_eq!(
+            g.groups.iter().map(|g| (g.key, g.len)).collect::<Vec<_>>(),
+            [(1, 2), (2, 3), (5, 1)]
+        );
         let scattered = [5, 2, 1, 2, 1, 2];
         let g = group(&scattered, None);
-        assert_eq!(g.groups.iter().map(|g| (g.key, g.len)).collect::<Vec<_>>(), [(1, 2), (2, 3), (5, 1)]);
+        assert_eq!(
+            g.groups.iter().map(|g| (g.key, g.len)).collect::<Vec<_>>(),
+            [(1, 2), (2, 3), (5, 1)]
+        );
         assert_eq!(g.perm, [2, 4, 1, 3, 5, 0]);
     }
 
     #[test]
     fn truncation_keeps_head_tail_or_ordered_sample() {
         let keys = [7; 10];
-        for (how, expect) in [(Truncate::Head, vec![0, 1, 2]), (Truncate::Tail, vec![7, 8, 9])] {
+        for (how, expect) in [
+            (Truncate::Head, vec![0, 1, 2]),
+            (Truncate::Tail, vec![7, 8, 9]),
+        ] {
             let mut g = group(&keys, None);
             assert_eq!(truncate(&mut g, 3, how, 0), 1);
             let k = g.groups[0];

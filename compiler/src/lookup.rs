@@ -226,9 +226,15 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
     }
     for (i, col) in columns.iter_mut().enumerate() {
         let array: arrow_array::ArrayRef = match col.info.kind {
-            Kind::Int => std::sync::Arc::new(arrow_array::Int64Array::from(std::mem::take(&mut ints[i]))),
-            Kind::Str => std::sync::Arc::new(arrow_array::StringArray::from(std::mem::take(&mut strings[i]))),
-            _ => std::sync::Arc::new(arrow_array::Float64Array::from(std::mem::take(&mut floats[i]))),
+            Kind::Int => {
+                std::sync::Arc::new(arrow_array::Int64Array::from(std::mem::take(&mut ints[i])))
+            }
+            Kind::Str => std::sync::Arc::new(arrow_array::StringArray::from(std::mem::take(
+                &mut strings[i],
+            ))),
+            _ => std::sync::Arc::new(arrow_array::Float64Array::from(std::mem::take(
+                &mut floats[i],
+            ))),
         };
         col.push_array(&array);
         col.finish();

@@ -67,12 +67,15 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
             let indices: Vec<usize> = columns
                 .iter()
                 .map(|c| {
-                    opened.schema.index_of(c).map_err(|_| CompileError::MissingColumn {
-                        path: path.clone(),
-                        column: c.clone(),
-                        role: "a decoded column".into(),
-                        available: read::column_list(&opened.schema),
-                    })
+                    opened
+                        .schema
+                        .index_of(c)
+                        .map_err(|_| CompileError::MissingColumn {
+                            path: path.clone(),
+                            column: c.clone(),
+                            role: "a decoded column".into(),
+                            available: read::column_list(&opened.schema),
+                        })
                 })
                 .collect::<Result<_>>()?;
             let mut n = 0u64;
@@ -160,7 +163,12 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
                     role: Role::Numeric,
                 })
                 .collect();
-            Some(lookup::read_keyed(Path::new(path), spec.context_key(), Role::Key, &wants)?)
+            Some(lookup::read_keyed(
+                Path::new(path),
+                spec.context_key(),
+                Role::Key,
+                &wants,
+            )?)
         }
     };
     progress.advance(plan.rows_files.len() as u64);
@@ -177,9 +185,14 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         ..Default::default()
     };
     let mut contexts = match_contexts(spec, &rows, &grouped, context.as_ref(), &mut summary)?;
-    let max_len = plan
-        .max_len_given
-        .unwrap_or_else(|| contexts.iter().map(|c| c.group.len).max().unwrap_or(1).max(1));
+    let max_len = plan.max_len_given.unwrap_or_else(|| {
+        contexts
+            .iter()
+            .map(|c| c.group.len)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    });
     summary.contexts_truncated = group::truncate(&mut grouped, max_len, spec.truncate, spec.seed);
     // `truncate` rewrote the groups in `grouped`; refresh the copies held by contexts.
     refresh_groups(&mut contexts, &grouped.groups);
@@ -211,13 +224,20 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     };
     timer.lap("group");
 
-    progress.stage("statistics", (plan.row_columns.len() + spec.targets.len() + spec.context_features.len()) as u64);
+    progress.stage(
+        "statistics",
+        (plan.row_columns.len() + spec.targets.len() + spec.context_features.len()) as u64,
+    );
     let mut column_stats: Vec<[ColumnStats; 3]> = Vec::new();
     let mut features: Vec<(NumericEncoder, ColumnSpec)> = Vec::new();
     let mut categoricals: Vec<(CategoryCoder, ColumnSpec)> = Vec::new();
     for rc in &plan.row_columns {
         let (column, join, source) = match rc.source {
-            Source::Rows => (rows.column(&rc.name).expect("read"), None, ColumnSource::Rows),
+            Source::Rows => (
+                rows.column(&rc.name).expect("read"),
+                None,
+                ColumnSource::Rows,
+            ),
             Source::Join(j) => {
                 let keyed = &joins[j];
                 let on = rows.column(&keyed.key).expect("join column read");
@@ -246,6 +266,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             let chain = chain_of(spec, &rc.name)?;
             let fitted = encode::numeric_column(&access, &row_tags, &chain)?;
             let encoder = NumericEncoder::new(access, &fitted, spec.nan);
+            encoder.check_rows(&fitted, &row_tags)?;
             let spec_col = column_spec(&rc.name, source, column, encoder.encoding());
             column_stats.push(fitted.stats);
             features.push((encoder, spec_col));
@@ -270,6 +291,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             let chain = chain_of(spec, name)?;
             let fitted = encode::numeric_column(&access, &ctx_tags, &chain)?;
             let encoder = NumericEncoder::new(access, &fitted, spec.nan);
+            encoder.check_rows(&fitted, &ctx_tags)?;
             let mut stats = fitted.stats.clone();
             stats.iter_mut().for_each(|s| s.table = "context".into());
             column_stats.push(stats);
@@ -281,13 +303,24 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let stats = build_stats(&contexts, &grouped.perm, max_len, column_stats);
     timer.lap("statistics");
 
-    let (tensors, fills) = tensor_layout(max_len, &mut features, &mut categoricals, &mut context_encoders);
+    let (tensors, fills) = tensor_layout(
+        max_len,
+        &mut features,
+        &mut categoricals,
+        &mut context_encoders,
+    );
     let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / per_context.max(1)).max(1);
-    let splits_present: Vec<u8> = if spec.val_fraction > 0.0 { vec![TRAIN, VAL] } else { vec![TRAIN] };
+    let splits_present: Vec<u8> = if spec.val_fraction > 0.0 {
+        vec![TRAIN, VAL]
+    } else {
+        vec![TRAIN]
+    };
     let mut jobs: Vec<ShardJob> = Vec::new();
     for &split in &splits_present {
-        let mut order: Vec<usize> = (0..contexts.len()).filter(|&i| contexts[i].split == split).collect();
+        let mut order: Vec<usize> = (0..contexts.len())
+            .filter(|&i| contexts[i].split == split)
+            .collect();
         Xoshiro256::for_stream(spec.seed, stream::COMPILE_SHUFFLE + 16 * u64::from(split))
             .shuffle(&mut order);
         for (index, members) in order.chunks(per_shard).enumerate() {
@@ -353,9 +386,11 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         summary,
         spec: resolved_spec(spec, max_len),
     };
-    manifest
-        .validate()
-        .map_err(|reason| CompileError::Spec(format!("internal error: the manifest is inconsistent: {reason}")))?;
+    manifest.validate().map_err(|reason| {
+        CompileError::Spec(format!(
+            "internal error: the manifest is inconsistent: {reason}"
+        ))
+    })?;
     let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
     stats_json.push(b'\n');
     staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
@@ -479,7 +514,12 @@ fn chain_of(spec: &CompileSpec, name: &str) -> Result<Vec<Stage>> {
     }
 }
 
-fn column_spec(name: &str, source: ColumnSource, column: &crate::column::Column, encoding: Encoding) -> ColumnSpec {
+fn column_spec(
+    name: &str,
+    source: ColumnSource,
+    column: &crate::column::Column,
+    encoding: Encoding,
+) -> ColumnSpec {
     ColumnSpec {
         name: name.into(),
         source,
@@ -491,7 +531,10 @@ fn column_spec(name: &str, source: ColumnSource, column: &crate::column::Column,
 fn resolved_spec(spec: &CompileSpec, max_len: usize) -> CompileSpec {
     let mut resolved = spec.clone();
     resolved.max_len = Some(max_len);
-    resolved.context_key = spec.context.as_ref().map(|_| spec.context_key().to_string());
+    resolved.context_key = spec
+        .context
+        .as_ref()
+        .map(|_| spec.context_key().to_string());
     resolved
 }
 
@@ -546,7 +589,11 @@ fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
     }
     for &l in lengths.iter() {
         let l = l as u64;
-        let bin = if l == 0 { 0 } else { 64 - l.leading_zeros() as usize };
+        let bin = if l == 0 {
+            0
+        } else {
+            64 - l.leading_zeros() as usize
+        };
         histogram[bin].count += 1;
     }
     let quantiles = crate::stats::quantiles(lengths, &QUANTILE_LEVELS);
@@ -557,11 +604,20 @@ fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
         quantiles,
         histogram,
         truncated,
-        truncated_fraction: if n == 0 { 0.0 } else { truncated as f64 / n as f64 },
+        truncated_fraction: if n == 0 {
+            0.0
+        } else {
+            truncated as f64 / n as f64
+        },
     }
 }
 
-fn build_stats(contexts: &[Context], _perm: &[u32], max_len: usize, columns: Vec<[ColumnStats; 3]>) -> Stats {
+fn build_stats(
+    contexts: &[Context],
+    _perm: &[u32],
+    max_len: usize,
+    columns: Vec<[ColumnStats; 3]>,
+) -> Stats {
     let mut splits = Vec::new();
     for (i, name) in ["all", "train", "val"].iter().enumerate() {
         let mut lengths: Vec<f64> = contexts
@@ -645,9 +701,18 @@ fn tensor_layout(
     fills.push(Fill::FullLength);
     for (name, role, fill, want) in [
         ("y", TensorRole::Targets, Fill::Targets, true),
-        ("c", TensorRole::ContextFeatures, Fill::ContextFeatures, false),
+        (
+            "c",
+            TensorRole::ContextFeatures,
+            Fill::ContextFeatures,
+            false,
+        ),
     ] {
-        let cols: Vec<ColumnSpec> = context.iter().filter(|c| c.2 == want).map(|c| c.1.clone()).collect();
+        let cols: Vec<ColumnSpec> = context
+            .iter()
+            .filter(|c| c.2 == want)
+            .map(|c| c.1.clone())
+            .collect();
         if !cols.is_empty() {
             tensors.push(TensorSpec {
                 name: name.into(),

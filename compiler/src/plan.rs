@@ -56,7 +56,9 @@ fn check_unique(what: &str, names: &[String]) -> Result<()> {
     let mut seen = BTreeSet::new();
     for n in names {
         if !seen.insert(n) {
-            return Err(CompileError::Spec(format!("column {n:?} is listed twice in {what}")));
+            return Err(CompileError::Spec(format!(
+                "column {n:?} is listed twice in {what}"
+            )));
         }
     }
     Ok(())
@@ -113,8 +115,12 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
 
     let rows_files = read::resolve(&spec.rows)?;
     let first = read::open(&rows_files[0])?;
-    let rows_names: BTreeSet<String> =
-        first.schema.fields().iter().map(|f| f.name().clone()).collect();
+    let rows_names: BTreeSet<String> = first
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     let mut join_names = Vec::new();
     for j in &spec.joins {
         let path = PathBuf::from(&j.file);
@@ -171,7 +177,11 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
                 )))
             }
         };
-        let role = if categorical { Role::Categorical } else { Role::Numeric };
+        let role = if categorical {
+            Role::Categorical
+        } else {
+            Role::Numeric
+        };
         if let Source::Join(j) = source {
             joins[j].2.push(Want {
                 name: name.clone(),
@@ -205,7 +215,14 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     }
     for c in &row_columns {
         if c.source == Source::Rows {
-            add(&c.name, if c.categorical { Role::Categorical } else { Role::Numeric });
+            add(
+                &c.name,
+                if c.categorical {
+                    Role::Categorical
+                } else {
+                    Role::Numeric
+                },
+            );
         }
     }
     Ok(Plan {

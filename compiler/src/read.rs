@@ -32,7 +32,10 @@ impl Role {
     fn describe(self) -> (&'static str, &'static str) {
         match self {
             Role::Key => ("the key", "an integer type (Int8..Int64, UInt8..UInt32)"),
-            Role::JoinOn => ("a join column", "an integer type (Int8..Int64, UInt8..UInt32)"),
+            Role::JoinOn => (
+                "a join column",
+                "an integer type (Int8..Int64, UInt8..UInt32)",
+            ),
             Role::OrderBy => ("the order-by column", "a number, timestamp or date"),
             Role::Numeric => (
                 "a numeric feature or target",
@@ -110,7 +113,10 @@ pub(crate) struct Opened {
 /// Opens a Parquet file and reads its footer.
 pub(crate) fn open(path: &Path) -> Result<Opened> {
     let file = File::open(path).map_err(|e| CompileError::io(path, e))?;
-    let len = file.metadata().map_err(|e| CompileError::io(path, e))?.len();
+    let len = file
+        .metadata()
+        .map_err(|e| CompileError::io(path, e))?
+        .len();
     if len == 0 {
         return Err(CompileError::BadParquet {
             path: path.into(),
@@ -170,7 +176,11 @@ pub(crate) fn column_list(schema: &Schema) -> String {
 }
 
 /// Reads the wanted columns of one opened file.
-pub(crate) fn read_columns(opened: Opened, wants: &[Want], types: &[TypeInfo]) -> Result<Vec<Column>> {
+pub(crate) fn read_columns(
+    opened: Opened,
+    wants: &[Want],
+    types: &[TypeInfo],
+) -> Result<Vec<Column>> {
     let Opened {
         path,
         rows,
@@ -290,7 +300,10 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
         .into_par_iter()
         .map(|o| read_columns(o, &wants, &types))
         .collect::<Result<_>>()?;
-    let mut columns: Vec<Column> = types.iter().map(|t| Column::new(t.clone(), total)).collect();
+    let mut columns: Vec<Column> = types
+        .iter()
+        .map(|t| Column::new(t.clone(), total))
+        .collect();
     for file_columns in per_file {
         for (all, part) in columns.iter_mut().zip(file_columns) {
             all.append(part);

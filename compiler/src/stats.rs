@@ -107,7 +107,7 @@ pub(crate) fn quantiles(values: &mut [f64], levels: &[f64]) -> Vec<Quantile> {
 pub(crate) fn histogram(values: &[f64], min: f64, max: f64) -> Vec<Bin> {
     const BINS: usize = 20;
     let width = (max - min) / BINS as f64;
-    let mut counts = vec![0u64; BINS];
+    let mut counts = [0u64; BINS];
     for &x in values {
         let i = if width > 0.0 {
             (((x - min) / width) as usize).min(BINS - 1)
@@ -121,7 +121,11 @@ pub(crate) fn histogram(values: &[f64], min: f64, max: f64) -> Vec<Bin> {
         .enumerate()
         .map(|(i, &count)| Bin {
             lo: min + width * i as f64,
-            hi: if i + 1 == BINS { max } else { min + width * (i + 1) as f64 },
+            hi: if i + 1 == BINS {
+                max
+            } else {
+                min + width * (i + 1) as f64
+            },
             count,
         })
         .collect()
@@ -162,7 +166,9 @@ mod tests {
 
     #[test]
     fn merged_moments_equal_direct_ones() {
-        let values: Vec<f64> = (0..200_000).map(|i| ((i * 7919) % 1000) as f64 * 0.5 + 1e6).collect();
+        let values: Vec<f64> = (0..200_000)
+            .map(|i| ((i * 7919) % 1000) as f64 * 0.5 + 1e6)
+            .collect();
         let m = Moments::of(&values);
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let var = values.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / values.len() as f64;
@@ -175,8 +181,14 @@ mod tests {
     #[test]
     fn moments_do_not_depend_on_thread_count() {
         let values: Vec<f64> = (0..300_000).map(|i| (i as f64).sin() * 1e3).collect();
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let two = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
         let a = one.install(|| Moments::of(&values));
         let b = two.install(|| Moments::of(&values));
         assert_eq!(a.mean.to_bits(), b.mean.to_bits());

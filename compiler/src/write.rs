@@ -39,7 +39,10 @@ impl Staging {
             if !out.is_dir() {
                 return Err(CompileError::io(
                     out,
-                    std::io::Error::new(std::io::ErrorKind::AlreadyExists, "exists and is not a directory"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "exists and is not a directory",
+                    ),
                 ));
             }
             if !force && !is_empty_dir(out)? {
@@ -131,7 +134,8 @@ impl ShardWriter {
             .out
             .into_inner()
             .map_err(|e| CompileError::io(&self.path, e.into_error()))?;
-        file.sync_all().map_err(|e| CompileError::io(&self.path, e))?;
+        file.sync_all()
+            .map_err(|e| CompileError::io(&self.path, e))?;
         Ok((self.bytes, self.hasher.hex()))
     }
 }

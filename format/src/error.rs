@@ -16,7 +16,9 @@ pub enum FormatError {
         source: std::io::Error,
     },
     /// `manifest.json` is missing: the directory is not a (complete) cache.
-    #[error("{dir}: not a dsc cache (no manifest.json; a compile that did not finish leaves none)")]
+    #[error(
+        "{dir}: not a dsc cache (no manifest.json; a compile that did not finish leaves none)"
+    )]
     NotACache {
         /// The directory.
         dir: PathBuf,
@@ -38,7 +40,9 @@ pub enum FormatError {
         reason: String,
     },
     /// The cache was written by a format version this build cannot read.
-    #[error("{path}: format version {found} is not supported (this dsc reads versions {supported})")]
+    #[error(
+        "{path}: format version {found} is not supported (this dsc reads versions {supported})"
+    )]
     UnsupportedVersion {
         /// The manifest file.
         path: PathBuf,
@@ -66,7 +70,9 @@ pub enum FormatError {
         reason: String,
     },
     /// A shard's content hash differs from the manifest.
-    #[error("{shard}: checksum mismatch: the manifest says xxh3 {expected}, the file hashes to {found}")]
+    #[error(
+        "{shard}: checksum mismatch: the manifest says xxh3 {expected}, the file hashes to {found}"
+    )]
     Checksum {
         /// The shard file.
         shard: PathBuf,

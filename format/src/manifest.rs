@@ -339,7 +339,10 @@ impl Manifest {
         if head.format.as_deref() != Some(FORMAT_NAME) {
             return Err(FormatError::InvalidManifest {
                 path: path.into(),
-                reason: format!("field \"format\" is {:?}, expected {FORMAT_NAME:?}", head.format),
+                reason: format!(
+                    "field \"format\" is {:?}, expected {FORMAT_NAME:?}",
+                    head.format
+                ),
             });
         }
         let version = head.format_version.unwrap_or(0);
@@ -422,8 +425,11 @@ impl Manifest {
             }
         }
         for split in &self.splits {
-            let shards: Vec<&ShardEntry> =
-                self.shards.iter().filter(|s| s.split == split.name).collect();
+            let shards: Vec<&ShardEntry> = self
+                .shards
+                .iter()
+                .filter(|s| s.split == split.name)
+                .collect();
             if shards.len() != split.shards {
                 return Err(format!(
                     "split {:?} says {} shards, {} are listed",
@@ -458,7 +464,10 @@ impl Manifest {
         }
         for s in &self.shards {
             if !self.splits.iter().any(|sp| sp.name == s.split) {
-                return Err(format!("shard {:?} names unknown split {:?}", s.file, s.split));
+                return Err(format!(
+                    "shard {:?} names unknown split {:?}",
+                    s.file, s.split
+                ));
             }
         }
         Ok(())

@@ -67,7 +67,10 @@ pub fn build_header(
         let mut entry = Map::new();
         entry.insert("dtype".into(), Value::String(t.dtype.as_str().into()));
         entry.insert("shape".into(), Value::from(shape.clone()));
-        entry.insert("data_offsets".into(), Value::from(vec![offset, offset + len]));
+        entry.insert(
+            "data_offsets".into(),
+            Value::from(vec![offset, offset + len]),
+        );
         map.insert(t.name.clone(), Value::Object(entry));
         extents.push(TensorExtent {
             name: t.name.clone(),
@@ -143,11 +146,15 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
             .and_then(Value::as_array)
             .and_then(|a| a.iter().map(Value::as_u64).collect())
             .filter(|o: &Vec<u64>| o.len() == 2)
-            .ok_or_else(|| header_err(shard, format!("tensor {name:?} has no valid data_offsets")))?;
+            .ok_or_else(|| {
+                header_err(shard, format!("tensor {name:?} has no valid data_offsets"))
+            })?;
         let bytes = shape
             .iter()
             .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| header_err(shard, format!("tensor {name:?} shape {shape:?} overflows")))?;
+            .ok_or_else(|| {
+                header_err(shard, format!("tensor {name:?} shape {shape:?} overflows"))
+            })?;
         if offsets[1] < offsets[0] || offsets[1] - offsets[0] != bytes as u64 {
             return Err(header_err(
                 shard,
@@ -197,13 +204,13 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
 /// Reads and parses the header of the shard at `path` without reading its data.
 pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
     let mut file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| FormatError::io(path, e))?
-        .len();
+    let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     let mut len_bytes = [0u8; 8];
     if file_len < 8 {
-        return Err(header_err(path, format!("file has {file_len} bytes, too short for a header")));
+        return Err(header_err(
+            path,
+            format!("file has {file_len} bytes, too short for a header"),
+        ));
     }
     file.read_exact(&mut len_bytes)
         .map_err(|e| FormatError::io(path, e))?;
@@ -302,22 +309,32 @@ mod tests {
     #[test]
     fn truncated_and_extended_files_are_rejected() {
         let bytes = file_bytes(5);
-        assert!(matches!(parse(&bytes[..bytes.len() - 1]), Err(FormatError::ShardHeader { .. })));
+        assert!(matches!(
+            parse(&bytes[..bytes.len() - 1]),
+            Err(FormatError::ShardHeader { .. })
+        ));
         let mut longer = bytes.clone();
         longer.push(0);
-        assert!(matches!(parse(&longer), Err(FormatError::ShardHeader { .. })));
+        assert!(matches!(
+            parse(&longer),
+            Err(FormatError::ShardHeader { .. })
+        ));
     }
 
     #[test]
     fn bad_offsets_and_dtypes_are_rejected() {
         let bad = |json: &str, len: u64| parse_header(json.as_bytes(), len, Path::new("s"));
         let hole = r#"{"a":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}}"#;
-        assert!(matches!(bad(hole, 8 + hole.len() as u64 + 8), Err(FormatError::ShardHeader { .. })));
+        assert!(matches!(
+            bad(hole, 8 + hole.len() as u64 + 8),
+            Err(FormatError::ShardHeader { .. })
+        ));
         let size = r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0,4]}}"#;
         assert!(bad(size, 8 + size.len() as u64 + 4).is_err());
         let dtype = r#"{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#;
         assert!(bad(dtype, 8 + dtype.len() as u64 + 4).is_err());
-        let overflow = r#"{"a":{"dtype":"I64","shape":[4611686018427387904,8],"data_offsets":[0,4]}}"#;
+        let overflow =
+            r#"{"a":{"dtype":"I64","shape":[4611686018427387904,8],"data_offsets":[0,4]}}"#;
         assert!(bad(overflow, 8 + overflow.len() as u64 + 4).is_err());
         assert!(bad("[1,2]", 13).is_err());
         assert!(bad("{not json", 17).is_err());

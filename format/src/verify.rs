@@ -105,10 +105,18 @@ fn layout_of(bytes: &[u8], path: &Path) -> Result<ShardLayout, FormatError> {
     let prefix: [u8; 8] = bytes
         .get(..8)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| bad(format!("file has {} bytes, too short for a header", bytes.len())))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "file has {} bytes, too short for a header",
+                bytes.len()
+            ))
+        })?;
     let n = u64::from_le_bytes(prefix);
     if n > MAX_HEADER_BYTES || n > bytes.len() as u64 - 8 {
-        return Err(bad(format!("header length {n} is impossible for a {}-byte file", bytes.len())));
+        return Err(bad(format!(
+            "header length {n} is impossible for a {}-byte file",
+            bytes.len()
+        )));
     }
     parse_header(&bytes[8..8 + n as usize], bytes.len() as u64, path)
 }

@@ -413,9 +413,9 @@ fn write_geometry(out: &Path, det: &Detector) -> Result<PathBuf, GenError> {
 mod tests {
     use std::f64::consts::PI;
 
-    use arrow_array::types::{Float64Type, Int16Type, Int64Type};
+    use arrow_array::types::Int16Type;
 
-    use super::super::test_support::{bytes_of, Table};
+    use super::super::test_support::{run, Table};
     use super::*;
 
     fn small(seed: u64) -> IcecubeOptions {
@@ -429,26 +429,12 @@ mod tests {
 
     #[test]
     fn same_seed_gives_identical_bytes_whatever_the_threads() {
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let a = bytes_of(
-            &generate(dirs[0].path(), &small(1)).unwrap(),
-            dirs[0].path(),
-        );
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        let b = pool
-            .install(|| generate(dirs[1].path(), &small(1)))
-            .unwrap();
-        assert_eq!(a, bytes_of(&b, dirs[1].path()));
+        let files = |seed, threads| run(threads, |dir| generate(dir, &small(seed)));
+        let a = files(1, 2);
+        assert_eq!(a, files(1, 1));
         assert_eq!(a.len(), 5);
         // Another seed changes every data file but not the detector.
-        let c = bytes_of(
-            &generate(dirs[2].path(), &small(2)).unwrap(),
-            dirs[2].path(),
-        );
-        for (x, y) in a.iter().zip(&c) {
+        for (x, y) in a.iter().zip(&files(2, 2)) {
             assert_eq!(x.0, y.0);
             assert_eq!(
                 x.0.ends_with("sensor_geometry.csv"),
@@ -457,10 +443,6 @@ mod tests {
                 x.0
             );
         }
-        let entries = std::fs::read_dir(dirs[0].path().join("train"))
-            .unwrap()
-            .count();
-        assert_eq!(entries, 3, "no temporary files remain");
     }
 
     #[test]
@@ -471,34 +453,22 @@ mod tests {
         assert_eq!(summary.contexts, 450);
         let meta = Table::read(&dir.path().join("train_meta.parquet"));
         assert_eq!(meta.rows(), 450);
-        let (batch_id, event_id) = (
-            meta.col::<Int64Type>("batch_id"),
-            meta.col::<Int64Type>("event_id"),
-        );
-        let first = meta.col::<Int64Type>("first_pulse_index");
-        let last = meta.col::<Int64Type>("last_pulse_index");
+        let (batch_id, event_id) = (meta.i64s("batch_id"), meta.i64s("event_id"));
+        let first = meta.i64s("first_pulse_index");
+        let last = meta.i64s("last_pulse_index");
         assert!(event_id.windows(2).all(|w| w[0] < w[1]));
-        assert!(meta
-            .col::<Float64Type>("azimuth")
-            .iter()
-            .all(|a| (0.0..TAU).contains(a)));
-        assert!(meta
-            .col::<Float64Type>("zenith")
-            .iter()
-            .all(|z| (0.0..=PI).contains(z)));
+        assert!(meta.f64s("azimuth").iter().all(|a| (0.0..TAU).contains(a)));
+        assert!(meta.f64s("zenith").iter().all(|z| (0.0..=PI).contains(z)));
 
         let (mut rows, mut m, mut lengths) = (0, 0, Vec::new());
         for b in 1..=opts.files {
             let pulses = Table::read(&dir.path().join(format!("train/batch_{b}.parquet")));
             rows += pulses.rows() as u64;
-            let (ids, times) = (
-                pulses.col::<Int64Type>("event_id"),
-                pulses.col::<Int64Type>("time"),
-            );
+            let (ids, times) = (pulses.i64s("event_id"), pulses.i64s("time"));
             assert!(ids.windows(2).all(|w| w[0] <= w[1]));
             let sensors = pulses.col::<Int16Type>("sensor_id");
             assert!(sensors.iter().all(|&s| (0..SENSORS as i16).contains(&s)));
-            for c in pulses.col::<Float64Type>("charge") {
+            for c in pulses.f64s("charge") {
                 assert!(c > 0.0 && (c * 40.0).round() / 40.0 == c, "{c}");
             }
             let mut expected_first = 0;
@@ -548,17 +518,11 @@ mod tests {
         let meta = Table::read(&dir.path().join("train_meta.parquet"));
         let pulses = Table::read(&dir.path().join("train/batch_1.parquet"));
         let (first, last) = (
-            meta.col::<Int64Type>("first_pulse_index"),
-            meta.col::<Int64Type>("last_pulse_index"),
+            meta.i64s("first_pulse_index"),
+            meta.i64s("last_pulse_index"),
         );
-        let (az, zen) = (
-            meta.col::<Float64Type>("azimuth"),
-            meta.col::<Float64Type>("zenith"),
-        );
-        let (sensor, time) = (
-            pulses.col::<Int16Type>("sensor_id"),
-            pulses.col::<Int64Type>("time"),
-        );
+        let (az, zen) = (meta.f64s("azimuth"), meta.f64s("zenith"));
+        let (sensor, time) = (pulses.col::<Int16Type>("sensor_id"), pulses.i64s("time"));
         let aux = pulses.bools("auxiliary");
         let mut cosines = Vec::new();
         for e in 0..meta.rows() {

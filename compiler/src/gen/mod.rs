@@ -7,9 +7,12 @@
 //!   table per customer.
 //!
 //! Every value is drawn from [`dsc_format::rng::Xoshiro256`], never from `rand`, so the same
-//! options give the same data in every release. Each file is written under a temporary name in its
-//! final folder and renamed when complete: an interrupted run never leaves a half-written file
-//! that a later compile could mistake for input.
+//! options give the same bytes in every release (on one platform: `ln`, `exp` and the
+//! trigonometric functions come from its maths library, which may round the last bit differently
+//! elsewhere). Each file is written under a temporary name in its final folder and renamed when
+//! complete: an interrupted run never leaves a half-written file that a later compile could
+//! mistake for input. Files of an earlier run into the same folder are overwritten, not removed:
+//! use a fresh folder when the number of files shrinks.
 
 pub mod icecube;
 pub mod sequences;
@@ -303,65 +306,87 @@ mod test_support {
     use arrow_array::{Array, RecordBatch};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-    use super::GenSummary;
+    use super::{GenError, GenSummary};
 
-    /// All batches of one Parquet file.
+    /// All batches of one Parquet file, read back column by column.
     pub struct Table(pub Vec<RecordBatch>);
 
     impl Table {
         pub fn read(path: &Path) -> Table {
             let file = std::fs::File::open(path).unwrap();
-            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+            Table(reader.build().unwrap().map(Result::unwrap).collect())
+        }
+        pub fn dtype(&self, name: &str) -> arrow_schema::DataType {
+            self.0[0]
+                .schema()
+                .field_with_name(name)
                 .unwrap()
-                .build()
-                .unwrap();
-            Table(reader.map(Result::unwrap).collect())
+                .data_type()
+                .clone()
         }
         pub fn rows(&self) -> usize {
             self.0.iter().map(RecordBatch::num_rows).sum()
         }
+        fn map<T>(&self, name: &str, f: impl Fn(&dyn Array, usize) -> T) -> Vec<T> {
+            let column = |b: &RecordBatch| {
+                let a = b[name].as_ref();
+                (0..a.len()).map(|i| f(a, i)).collect::<Vec<_>>()
+            };
+            self.0.iter().flat_map(column).collect()
+        }
         pub fn opt<T: ArrowPrimitiveType>(&self, name: &str) -> Vec<Option<T::Native>> {
-            self.0
-                .iter()
-                .flat_map(|b| b[name].as_primitive::<T>().iter().collect::<Vec<_>>())
-                .collect()
+            self.map(name, |a, i| {
+                a.is_valid(i).then(|| a.as_primitive::<T>().value(i))
+            })
         }
         /// A column that must have no nulls.
         pub fn col<T: ArrowPrimitiveType>(&self, name: &str) -> Vec<T::Native> {
-            assert!(
-                self.0.iter().all(|b| b[name].null_count() == 0),
-                "{name} has nulls"
-            );
             self.opt::<T>(name)
                 .into_iter()
                 .map(Option::unwrap)
                 .collect()
         }
+        pub fn i64s(&self, name: &str) -> Vec<i64> {
+            self.col::<arrow_array::types::Int64Type>(name)
+        }
+        pub fn f64s(&self, name: &str) -> Vec<f64> {
+            self.col::<arrow_array::types::Float64Type>(name)
+        }
         pub fn strs(&self, name: &str) -> Vec<Option<String>> {
-            let col = |b: &RecordBatch| {
-                b[name]
-                    .as_string::<i32>()
-                    .iter()
-                    .map(|s| s.map(str::to_owned))
-                    .collect::<Vec<_>>()
-            };
-            self.0.iter().flat_map(col).collect()
+            self.map(name, |a, i| {
+                a.is_valid(i).then(|| a.as_string::<i32>().value(i).into())
+            })
         }
         pub fn bools(&self, name: &str) -> Vec<bool> {
-            let col = |b: &RecordBatch| {
-                b[name]
-                    .as_boolean()
-                    .iter()
-                    .map(Option::unwrap)
-                    .collect::<Vec<_>>()
-            };
-            self.0.iter().flat_map(col).collect()
+            self.map(name, |a, i| a.as_boolean().value(i))
         }
     }
 
-    /// Every file of `summary`, relative to `root`, with its bytes.
-    pub fn bytes_of(summary: &GenSummary, root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-        let rel = |f: &PathBuf| f.strip_prefix(root).unwrap().to_path_buf();
+    /// Runs `gen` in a fresh folder on `threads` threads and returns every file it wrote, relative
+    /// to the folder, with its bytes, after checking that it left nothing else there.
+    pub fn run<F>(threads: usize, gen: F) -> Vec<(PathBuf, Vec<u8>)>
+    where
+        F: FnOnce(&Path) -> Result<GenSummary, GenError> + Send,
+    {
+        fn count(dir: &Path) -> usize {
+            let entries = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());
+            entries
+                .map(|p| if p.is_dir() { count(&p) } else { 1 })
+                .sum()
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let summary = pool.install(|| gen(dir.path())).unwrap();
+        assert_eq!(
+            count(dir.path()),
+            summary.files.len(),
+            "no temporary files remain"
+        );
+        let rel = |f: &PathBuf| f.strip_prefix(dir.path()).unwrap().to_path_buf();
         summary
             .files
             .iter()

@@ -22,33 +22,18 @@ pub const SEGMENTS: [&str; 3] = ["retail", "smb", "enterprise"];
 /// Values of `channel`.
 pub const CHANNELS: [&str; 3] = ["web", "store", "app"];
 /// Values of `merchant_category`, most frequent first (Zipf-like).
+#[rustfmt::skip]
 pub const CATEGORIES: [&str; 20] = [
-    "grocery",
-    "restaurants",
-    "fuel",
-    "online_retail",
-    "pharmacy",
-    "clothing",
-    "electronics",
-    "travel",
-    "utilities",
-    "entertainment",
-    "home_improvement",
-    "health",
-    "subscriptions",
-    "sporting_goods",
-    "books",
-    "automotive",
-    "education",
-    "insurance",
-    "jewelry",
-    "charity",
+    "grocery", "restaurants", "fuel", "online_retail", "pharmacy", "clothing", "electronics",
+    "travel", "utilities", "entertainment", "home_improvement", "health", "subscriptions",
+    "sporting_goods", "books", "automotive", "education", "insurance", "jewelry", "charity",
 ];
 
 const SEGMENT_WEIGHTS: [f64; 3] = [0.70, 0.22, 0.08];
 const CHANNEL_WEIGHTS: [f64; 3] = [0.45, 0.35, 0.20];
 /// Median transaction amount per segment; customers without a segment get the last.
 const MEDIAN_AMOUNT: [f64; 4] = [35.0, 120.0, 600.0, 50.0];
+const TIMESTAMP: DataType = DataType::Timestamp(TimeUnit::Microsecond, None);
 const MICROS_PER_YEAR: f64 = 365.25 * 86_400e6;
 /// 2015-01-01T00:00:00 and 2024-07-01T00:00:00 (the data's end), in microseconds.
 const START_US: i64 = 1_420_070_400_000_000;
@@ -110,12 +95,7 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         .map(|f| {
             let mut rows: Vec<Txn> = (0..opts.customers)
                 .into_par_iter()
-                .flat_map_iter(|i| {
-                    simulate(i)
-                        .1
-                        .into_iter()
-                        .filter(move |t| t.file == f as u32)
-                })
+                .flat_map_iter(|i| simulate(i).1.into_iter().filter(|t| t.file == f as u32))
                 .collect();
             Rng::new(opts.seed, STREAM_FILE + f as u64).shuffle(&mut rows);
             write_transactions(&dir.join(format!("part-{f:03}.parquet")), &rows)
@@ -127,14 +107,12 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         .map(|i| simulate(i).0)
         .collect();
     Rng::new(opts.seed, STREAM_TABLE_ORDER).shuffle(&mut customers);
-    let mut summary = GenSummary {
-        contexts: opts.customers as u64,
-        ..GenSummary::default()
-    };
+    let mut summary = GenSummary::default();
     for (path, rows) in parts {
         summary.files.push(path);
         summary.rows += rows;
     }
+    summary.contexts = customers.len() as u64;
     summary.files.push(write_customers(out, &customers)?);
     Ok(summary)
 }
@@ -184,28 +162,15 @@ fn simulate_customer(seed: u64, index: usize, id: i64, files: u32) -> (Customer,
     let signup_us = rng.uniform(START_US as f64, (END_US - 30 * 86_400_000_000) as f64) as i64;
     let tenure_years = (END_US - signup_us) as f64 / MICROS_PER_YEAR;
     let silent = rng.bernoulli(0.03);
-    // Churn is likelier for young, small, recent customers; a churned customer's activity stops
-    // at a random point, so recency in the sequence predicts the label.
-    let logit = -0.6
-        + if segment == Some(0) { 0.4 } else { -0.4 }
-        + if age.is_some_and(|a| a < 30) {
-            0.3
-        } else {
-            0.0
-        }
-        - 0.15 * tenure_years
-        + if silent { 1.5 } else { 0.0 };
+    // Churn is likelier for young, retail and recent customers and for those who never buy; a
+    // churned customer's activity stops at a random point, so recency predicts the label.
+    let on = |b: bool| f64::from(u8::from(b));
+    let (retail, young) = (segment == Some(0), age.is_some_and(|a| a < 30));
+    let logit = -1.0 + 0.8 * on(retail) + 0.3 * on(young) + 1.5 * on(silent) - 0.15 * tenure_years;
     let churned = rng.bernoulli(1.0 / (1.0 + (-logit).exp()));
-    let active_until = if churned {
-        rng.uniform(signup_us as f64, END_US as f64)
-    } else {
-        END_US as f64
-    };
-    let n = if silent {
-        0
-    } else {
-        rng.lognormal(20.0, 1.0).round().clamp(1.0, 5000.0) as usize
-    };
+    let stop = rng.uniform(signup_us as f64, END_US as f64);
+    let active_until = if churned { stop } else { END_US as f64 };
+    let n = rng.lognormal(20.0, 1.0).round().clamp(1.0, 5000.0) as usize * usize::from(!silent);
 
     let median = MEDIAN_AMOUNT[segment.unwrap_or(3)];
     let zipf: Vec<f64> = (0..CATEGORIES.len())
@@ -219,18 +184,13 @@ fn simulate_customer(seed: u64, index: usize, id: i64, files: u32) -> (Customer,
             let value = (rng.lognormal(median, 0.8) * 100.0).round() / 100.0;
             let amount = (!rng.bernoulli(0.01)).then_some(if is_refund { -value } else { value });
             lifetime_value += amount.unwrap_or(0.0);
-            let category = (!rng.bernoulli(0.02)).then(|| {
-                if rng.bernoulli(0.35) {
-                    favourite
-                } else {
-                    pick(rng, &zipf)
-                }
-            });
-            let discount = if rng.bernoulli(0.3) {
-                (rng.uniform(1.0, 11.0).floor() * 0.05) as f32
-            } else {
-                0.0
+            let category = match rng.unit_f64() {
+                u if u < 0.02 => None,
+                u if u < 0.35 => Some(favourite),
+                _ => Some(pick(rng, &zipf)),
             };
+            // 30 % of transactions get a discount of 5 % to 50 %.
+            let tier = u64::from(rng.bernoulli(0.3)) * (1 + rng.below(10));
             Txn {
                 customer_id: id,
                 ts_us: rng.uniform(signup_us as f64, active_until) as i64,
@@ -238,7 +198,7 @@ fn simulate_customer(seed: u64, index: usize, id: i64, files: u32) -> (Customer,
                 category,
                 channel: pick(rng, &CHANNEL_WEIGHTS),
                 items: 1 + rng.exponential(1.5) as i32,
-                discount,
+                discount: (tier as f64 * 0.05) as f32,
                 is_refund,
                 file: rng.below(u64::from(files)) as u32,
             }
@@ -263,11 +223,7 @@ fn timestamp(values: impl Iterator<Item = i64>) -> ArrayRef {
 fn write_transactions(path: &Path, rows: &[Txn]) -> Result<(PathBuf, u64), GenError> {
     let schema = schema(&[
         ("customer_id", DataType::Int64, false),
-        (
-            "ts",
-            DataType::Timestamp(TimeUnit::Microsecond, None),
-            false,
-        ),
+        ("ts", TIMESTAMP, false),
         ("amount", DataType::Float64, true),
         ("merchant_category", DataType::Utf8, true),
         ("channel", DataType::Utf8, false),
@@ -306,11 +262,7 @@ fn write_customers(out: &Path, customers: &[Customer]) -> Result<PathBuf, GenErr
         ("customer_id", DataType::Int64, false),
         ("age", DataType::Int32, true),
         ("segment", DataType::Utf8, true),
-        (
-            "signup",
-            DataType::Timestamp(TimeUnit::Microsecond, None),
-            false,
-        ),
+        ("signup", TIMESTAMP, false),
         ("tenure_years", DataType::Float32, false),
         ("churned", DataType::Boolean, false),
         ("lifetime_value", DataType::Float64, false),
@@ -340,11 +292,9 @@ fn write_customers(out: &Path, customers: &[Customer]) -> Result<PathBuf, GenErr
 mod tests {
     use std::collections::{HashMap, HashSet};
 
-    use arrow_array::types::{
-        Float64Type, Int32Type, Int64Type, TimestampMicrosecondType as Micros,
-    };
+    use arrow_array::types::{Float64Type, Int32Type, TimestampMicrosecondType as Micros};
 
-    use super::super::test_support::{bytes_of, Table};
+    use super::super::test_support::{run, Table};
     use super::*;
 
     #[test]
@@ -354,20 +304,20 @@ mod tests {
             files: 3,
             seed,
         };
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let a = bytes_of(&generate(dirs[0].path(), &opts(1)).unwrap(), dirs[0].path());
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        let b = pool.install(|| generate(dirs[1].path(), &opts(1))).unwrap();
-        assert_eq!(a, bytes_of(&b, dirs[1].path()));
-        let c = bytes_of(&generate(dirs[2].path(), &opts(2)).unwrap(), dirs[2].path());
+        let files = |seed, threads| run(threads, |dir| generate(dir, &opts(seed)));
+        let a = files(1, 2);
+        assert_eq!(a, files(1, 1));
         assert_eq!(a.len(), 4);
-        for (x, y) in a.iter().zip(&c) {
+        for (x, y) in a.iter().zip(&files(2, 2)) {
             assert_eq!(x.0, y.0);
             assert_ne!(x.1, y.1, "{:?}", x.0);
         }
+    }
+
+    /// Asserts that the share of nulls in `v` lies in `range`.
+    fn nulls<T>(v: &[Option<T>], range: std::ops::Range<f64>) {
+        let share = v.iter().filter(|x| x.is_none()).count() as f64 / v.len() as f64;
+        assert!(range.contains(&share), "{share} not in {range:?}");
     }
 
     #[test]
@@ -376,48 +326,66 @@ mod tests {
         let opts = SequencesOptions::default();
         let summary = generate(dir.path(), &opts).unwrap();
         let cust = Table::read(&dir.path().join("customers.parquet"));
-        let ids = cust.col::<Int64Type>("customer_id");
-        assert_eq!(
-            (ids.len(), summary.contexts),
-            (opts.customers, opts.customers as u64)
-        );
+        let ids = cust.i64s("customer_id");
+        assert_eq!(summary.contexts, ids.len() as u64);
         let mut sorted = ids.clone();
         sorted.sort_unstable();
-        assert!(sorted.windows(2).all(|w| w[0] < w[1]) && sorted != ids);
+        assert!(
+            sorted.windows(2).all(|w| w[0] < w[1]) && sorted != ids,
+            "unique, shuffled"
+        );
         assert!(
             sorted.windows(2).any(|w| w[1] - w[0] > 1),
-            "ids are not consecutive"
+            "not consecutive"
         );
-        let frac = |nulls: usize, n: usize| nulls as f64 / n as f64;
-        let age_nulls = cust
-            .opt::<Int32Type>("age")
-            .iter()
-            .filter(|a| a.is_none())
-            .count();
-        assert!(
-            (0.03..0.07).contains(&frac(age_nulls, ids.len())),
-            "{age_nulls}"
-        );
+        nulls(&cust.opt::<Int32Type>("age"), 0.03..0.07);
         let segments = cust.strs("segment");
-        let seg_nulls = segments.iter().filter(|s| s.is_none()).count();
-        assert!(
-            (0.008..0.035).contains(&frac(seg_nulls, ids.len())),
-            "{seg_nulls}"
-        );
+        nulls(&segments, 0.008..0.035);
         assert!(segments
             .iter()
             .flatten()
             .all(|s| SEGMENTS.contains(&s.as_str())));
-        let field = |t: &Table, name: &str| {
-            t.0[0]
-                .schema()
-                .field_with_name(name)
-                .unwrap()
-                .data_type()
-                .clone()
-        };
-        let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
-        assert_eq!(field(&cust, "signup"), micros);
+        assert_eq!(cust.dtype("signup"), TIMESTAMP);
+
+        let (mut keys, mut ts) = (Vec::<i64>::new(), Vec::<i64>::new());
+        let (mut file, mut refund, mut adjacent) = (Vec::<usize>::new(), Vec::<bool>::new(), 0);
+        let (mut amount, mut category) = (Vec::<Option<f64>>::new(), Vec::<Option<String>>::new());
+        for f in 0..opts.files {
+            let t = Table::read(&dir.path().join(format!("transactions/part-{f:03}.parquet")));
+            assert_eq!(
+                (t.dtype("ts"), t.dtype("channel")),
+                (TIMESTAMP, DataType::Utf8)
+            );
+            let k = t.i64s("customer_id");
+            adjacent += k.windows(2).filter(|w| w[0] == w[1]).count();
+            file.extend(std::iter::repeat_n(f, k.len()));
+            keys.extend(k);
+            ts.extend(t.col::<Micros>("ts"));
+            amount.extend(t.opt::<Float64Type>("amount"));
+            category.extend(t.strs("merchant_category"));
+            refund.extend(t.bools("is_refund"));
+            let channels = t.strs("channel");
+            assert!(channels
+                .iter()
+                .all(|c| CHANNELS.contains(&c.as_deref().unwrap())));
+        }
+        assert_eq!(keys.len() as u64, summary.rows);
+        assert!(
+            adjacent * 20 < keys.len(),
+            "a customer's rows are not contiguous: {adjacent}"
+        );
+        nulls(&amount, 0.005..0.016);
+        nulls(&category, 0.012..0.03);
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for c in category.iter().flatten().map(String::as_str) {
+            *counts.entry(c).or_default() += 1;
+        }
+        let mut counts: Vec<usize> = counts.into_values().collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        assert!(
+            counts.len() == CATEGORIES.len() && counts[0] > 3 * counts[9],
+            "{counts:?}"
+        );
 
         let signup: HashMap<i64, i64> = ids
             .iter()
@@ -426,69 +394,26 @@ mod tests {
             .collect();
         let mut files_of: HashMap<i64, HashSet<usize>> = HashMap::new();
         let (mut ltv, mut last_ts) = (HashMap::<i64, f64>::new(), HashMap::<i64, i64>::new());
-        let (mut rows, mut adjacent, mut amount_nulls, mut cat_nulls) = (0, 0, 0, 0);
-        let mut cat_counts: HashMap<String, usize> = HashMap::new();
-        for f in 0..opts.files {
-            let t = Table::read(&dir.path().join(format!("transactions/part-{f:03}.parquet")));
-            assert_eq!(
-                (field(&t, "ts"), field(&t, "channel")),
-                (micros.clone(), DataType::Utf8)
-            );
-            let keys = t.col::<Int64Type>("customer_id");
-            rows += keys.len();
-            adjacent += keys.windows(2).filter(|w| w[0] == w[1]).count();
-            let (ts, amount) = (t.col::<Micros>("ts"), t.opt::<Float64Type>("amount"));
-            let refund = t.bools("is_refund");
-            for (i, &k) in keys.iter().enumerate() {
-                files_of.entry(k).or_default().insert(f);
-                assert!(ts[i] >= signup[&k] && ts[i] < END_US);
-                *ltv.entry(k).or_default() += amount[i].unwrap_or(0.0);
-                let last = last_ts.entry(k).or_default();
-                *last = (*last).max(ts[i]);
-                assert!(amount[i].is_none_or(|a| (a < 0.0) == refund[i]));
-            }
-            amount_nulls += amount.iter().filter(|a| a.is_none()).count();
-            for c in t.strs("merchant_category") {
-                match c {
-                    Some(c) => *cat_counts.entry(c).or_default() += 1,
-                    None => cat_nulls += 1,
-                }
-            }
-            assert!(t
-                .strs("channel")
-                .iter()
-                .all(|c| CHANNELS.contains(&c.as_deref().unwrap())));
+        for (i, &k) in keys.iter().enumerate() {
+            files_of.entry(k).or_default().insert(file[i]);
+            assert!(ts[i] >= signup[&k] && ts[i] <= END_US);
+            *ltv.entry(k).or_default() += amount[i].unwrap_or(0.0);
+            let last = last_ts.entry(k).or_default();
+            *last = (*last).max(ts[i]);
+            assert!(amount[i].is_none_or(|a| (a < 0.0) == refund[i]));
         }
-        assert_eq!(rows as u64, summary.rows);
+        let silent = ids.len() - files_of.len();
         assert!(
-            adjacent * 20 < rows,
-            "rows of a customer are not contiguous: {adjacent}"
+            (20..120).contains(&silent),
+            "{silent} customers without transactions"
         );
-        let with_rows = files_of.len();
-        assert!(files_of.keys().all(|k| signup.contains_key(k)));
-        assert!((0.01..0.06).contains(&frac(opts.customers - with_rows, opts.customers)));
         let spread = files_of.values().filter(|f| f.len() >= 2).count();
         assert!(
-            spread * 10 > with_rows * 8,
-            "{spread} of {with_rows} customers span files"
-        );
-        assert!(
-            (0.005..0.016).contains(&frac(amount_nulls, rows)),
-            "{amount_nulls}"
-        );
-        assert!(
-            (0.012..0.03).contains(&frac(cat_nulls, rows)),
-            "{cat_nulls}"
-        );
-        let mut counts: Vec<usize> = cat_counts.values().copied().collect();
-        counts.sort_unstable_by(|a, b| b.cmp(a));
-        assert!(
-            counts.len() == CATEGORIES.len() && counts[0] > 3 * counts[9],
-            "{counts:?}"
+            spread * 10 > files_of.len() * 8,
+            "{spread} customers span files"
         );
 
-        let churned = cust.bools("churned");
-        let value = cust.col::<Float64Type>("lifetime_value");
+        let (churned, value) = (cust.bools("churned"), cust.f64s("lifetime_value"));
         let mut recency = [(0.0, 0); 2];
         for (i, k) in ids.iter().enumerate() {
             let sum = ltv.get(k).copied().unwrap_or(0.0);

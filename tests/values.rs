@@ -1,0 +1,396 @@
+//! Every stored value checked against the source Parquet, read independently with the
+//! `parquet` crate and grouped naively here.
+
+use crate::util::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+struct Pulse {
+    sensor: i64,
+    time: i64,
+    charge: f64,
+    aux: f64,
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    let tol = 1e-6 * want.abs().max(1.0);
+    assert!((got - want).abs() <= tol, "{what}: got {got}, want {want}");
+}
+
+fn stage_params(m: &serde_json::Value, column: &str) -> Vec<serde_json::Value> {
+    let x = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "x")
+        .unwrap();
+    let col = x["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == column)
+        .unwrap();
+    col["encoding"]["stages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn icecube_cache_matches_source_rows() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 150);
+    dsc(
+        dir.path(),
+        &icecube_args("cache", &["--shard-size", "200KiB"]),
+    )
+    .ok();
+    let cache = dir.join("cache");
+    let m = manifest(&cache);
+    let (samples, order) = read_cache(&cache);
+
+    // Source, grouped naively: every pulse of every file, by event, in time order (stable).
+    let mut events: BTreeMap<i64, Vec<Pulse>> = BTreeMap::new();
+    for i in 1..=3 {
+        let t = Table::read(&dir.join(&format!("data/train/batch_{i}.parquet")));
+        let (ids, sensors, times) = (t.i64s("event_id"), t.i64s("sensor_id"), t.i64s("time"));
+        let (charge, aux) = (t.f64s("charge"), t.f64s("auxiliary"));
+        for r in 0..t.rows() {
+            events.entry(ids[r]).or_default().push(Pulse {
+                sensor: sensors[r],
+                time: times[r],
+                charge: charge[r].unwrap(),
+                aux: aux[r].unwrap(),
+            });
+        }
+    }
+    for pulses in events.values_mut() {
+        pulses.sort_by_key(|p| p.time);
+    }
+    let geometry: BTreeMap<i64, [f64; 3]> =
+        std::fs::read_to_string(dir.join("data/sensor_geometry.csv"))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<f64> = l.split(',').map(|v| v.parse().unwrap()).collect();
+                (f[0] as i64, [f[1], f[2], f[3]])
+            })
+            .collect();
+    let meta = Table::read(&dir.join("data/train_meta.parquet"));
+    let targets: BTreeMap<i64, (f64, f64)> = meta
+        .i64s("event_id")
+        .into_iter()
+        .zip(meta.f64s("azimuth").into_iter().zip(meta.f64s("zenith")))
+        .map(|(k, (a, z))| (k, (a.unwrap(), z.unwrap())))
+        .collect();
+
+    // Completeness and disjointness: every event stored exactly once (read_cache asserts once).
+    assert_eq!(
+        samples.keys().copied().collect::<BTreeSet<_>>(),
+        events.keys().copied().collect()
+    );
+    let val = order.get("val").map_or(0, Vec::len);
+    assert!(
+        val > 0 && val < samples.len() / 4,
+        "val split of {val} contexts"
+    );
+
+    let l = 128;
+    let time_stage = &stage_params(&m, "time")[0];
+    let (mean, std) = (
+        time_stage["mean"].as_f64().unwrap(),
+        time_stage["std"].as_f64().unwrap(),
+    );
+    let vocab: Vec<i64> = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "sensor_id")
+        .unwrap()["columns"][0]["encoding"]["vocabulary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    let train_sensors: BTreeSet<i64> = events
+        .iter()
+        .filter(|(k, _)| samples[k].split == "train")
+        .flat_map(|(_, p)| p.iter().map(|p| p.sensor))
+        .collect();
+    assert_eq!(
+        vocab,
+        train_sensors.into_iter().collect::<Vec<_>>(),
+        "vocabulary = train values, ascending"
+    );
+
+    let mut truncated = 0;
+    for (key, pulses) in &events {
+        let s = &samples[key];
+        let kept = pulses.len().min(l);
+        truncated += usize::from(pulses.len() > l);
+        assert_eq!(s.tensors["length"], vec![kept as f64], "length of {key}");
+        assert_eq!(s.tensors["full_length"], vec![pulses.len() as f64]);
+        let x = &s.tensors["x"];
+        let codes = &s.tensors["sensor_id"];
+        assert_eq!(x.len(), l * 6);
+        for (t, p) in pulses.iter().take(kept).enumerate() {
+            let xyz = geometry[&p.sensor];
+            let row = &x[t * 6..t * 6 + 6];
+            for k in 0..3 {
+                assert_eq!(
+                    row[k],
+                    f64::from(xyz[k] as f32),
+                    "event {key} step {t} geometry {k}"
+                );
+            }
+            close(row[3], (p.time as f64 - mean) / std, "time zscore");
+            close(row[4], p.charge.ln_1p(), "charge log1p");
+            assert_eq!(row[5], p.aux, "auxiliary");
+            let code = codes[t] as i64;
+            match vocab.binary_search(&p.sensor) {
+                Ok(i) => assert_eq!(code, 2 + i as i64, "sensor code"),
+                Err(_) => assert_eq!(code, 1, "unknown sensor code"),
+            }
+        }
+        assert!(
+            x[kept * 6..].iter().all(|&v| v == 0.0),
+            "x padding of {key}"
+        );
+        assert!(
+            codes[kept..].iter().all(|&v| v == 0.0),
+            "code padding of {key}"
+        );
+        let (az, zen) = targets[key];
+        assert_eq!(
+            s.tensors["y"],
+            vec![f64::from(az as f32), f64::from(zen as f32)]
+        );
+    }
+    assert_eq!(
+        m["summary"]["contexts_truncated"].as_u64().unwrap(),
+        truncated as u64
+    );
+    assert!(truncated > 0, "the sample data has sequences longer than L");
+    assert!(
+        m["shards"].as_array().unwrap().len() > 2,
+        "small --shard-size gives several shards"
+    );
+}
+
+#[test]
+fn truncate_tail_keeps_the_last_rows() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 1, 100);
+    let mut args = icecube_args("cache", &["--truncate", "tail"]);
+    let at = args.iter().position(|a| *a == "--max-len").unwrap();
+    args[at + 1] = "16";
+    dsc(dir.path(), &args).ok();
+    let (samples, _) = read_cache(&dir.join("cache"));
+    let t = Table::read(&dir.join("data/train/batch_1.parquet"));
+    let (ids, charge) = (t.i64s("event_id"), t.f64s("charge"));
+    let mut by_event: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for (k, c) in ids.iter().zip(charge) {
+        by_event.entry(*k).or_default().push(c.unwrap());
+    }
+    let mut checked = 0;
+    for (k, charges) in by_event.iter().filter(|(_, c)| c.len() > 16) {
+        let x = &samples[k].tensors["x"];
+        let tail = &charges[charges.len() - 16..];
+        for (t, c) in tail.iter().enumerate() {
+            close(x[t * 6 + 4], c.ln_1p(), "tail charge");
+        }
+        checked += 1;
+    }
+    assert!(checked > 10);
+}
+
+/// The scattered layout: customers' rows spread over files, nulls, strings, timestamps.
+#[test]
+fn scattered_sequences_match_source_rows() {
+    let dir = Dir::new();
+    gen_sequences(&dir, 300, 3);
+    let run = dsc(
+        dir.path(),
+        &[
+            "compile",
+            "seq/transactions",
+            "--key",
+            "customer_id",
+            "--order-by",
+            "ts",
+            "--context",
+            "seq/customers.parquet",
+            "--targets",
+            "churned,lifetime_value",
+            "--context-features",
+            "age,tenure_years",
+            "--features",
+            "amount,items,discount,is_refund,ts",
+            "--categorical",
+            "merchant_category,channel",
+            "--encode",
+            "amount=minmax",
+            "--encode",
+            "ts=zscore",
+            "--nan",
+            "zero",
+            "--empty-contexts",
+            "keep",
+            "--val-fraction",
+            "0.2",
+            "--max-len",
+            "64",
+            "--out",
+            "cache",
+            "--json",
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_str(&run.ok()).unwrap();
+    assert!(report["summary"]["contexts_without_rows"].as_u64().unwrap() > 0);
+    assert!(
+        report["summary"]["values_filled"].as_u64().unwrap() > 0,
+        "null amounts and ages were filled"
+    );
+    let cache = dir.join("cache");
+    let m = manifest(&cache);
+    let (samples, _) = read_cache(&cache);
+
+    struct Tx {
+        ts: i64,
+        file: usize,
+        row: usize,
+        amount: Option<f64>,
+        items: f64,
+        discount: f64,
+        refund: f64,
+        ts_s: f64,
+        merchant: Option<String>,
+        channel: Option<String>,
+    }
+    let mut by_customer: BTreeMap<i64, Vec<Tx>> = BTreeMap::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("seq/transactions"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let mut files_per_customer: BTreeMap<i64, BTreeSet<usize>> = BTreeMap::new();
+    for (fi, f) in files.iter().enumerate() {
+        let t = Table::read(f);
+        let ids = t.i64s("customer_id");
+        let ts = t.ticks("ts");
+        let (amount, items, discount) = (t.f64s("amount"), t.f64s("items"), t.f64s("discount"));
+        let (refund, ts_s) = (t.f64s("is_refund"), t.f64s("ts"));
+        let (merchant, channel) = (t.strings("merchant_category"), t.strings("channel"));
+        for r in 0..t.rows() {
+            files_per_customer.entry(ids[r]).or_default().insert(fi);
+            by_customer.entry(ids[r]).or_default().push(Tx {
+                ts: ts[r].unwrap(),
+                file: fi,
+                row: r,
+                amount: amount[r],
+                items: items[r].unwrap(),
+                discount: discount[r].unwrap(),
+                refund: refund[r].unwrap(),
+                ts_s: ts_s[r].unwrap(),
+                merchant: merchant[r].clone(),
+                channel: channel[r].clone(),
+            });
+        }
+    }
+    assert!(
+        files_per_customer.values().any(|f| f.len() > 1),
+        "rows are scattered across files"
+    );
+    for txs in by_customer.values_mut() {
+        txs.sort_by_key(|t| (t.ts, t.file, t.row));
+    }
+    let column = |tensor: &str, name: &str| -> serde_json::Value {
+        let t = m["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == tensor)
+            .unwrap();
+        t["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()["encoding"]
+            .clone()
+    };
+    let amount_enc = column("x", "amount");
+    let (amin, amax) = (
+        amount_enc["stages"][0]["min"].as_f64().unwrap(),
+        amount_enc["stages"][0]["max"].as_f64().unwrap(),
+    );
+    assert_eq!(amount_enc["fill"].as_f64(), Some(0.0));
+    let ts_enc = column("x", "ts");
+    let (tmean, tstd) = (
+        ts_enc["stages"][0]["mean"].as_f64().unwrap(),
+        ts_enc["stages"][0]["std"].as_f64().unwrap(),
+    );
+    let vocab = |name: &str| -> Vec<String> {
+        column(name, name)["vocabulary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let (merchants, channels) = (vocab("merchant_category"), vocab("channel"));
+    let code_of = |vocab: &[String], v: &Option<String>| match v {
+        None => 0.0,
+        Some(s) => vocab
+            .iter()
+            .position(|x| x == s)
+            .map_or(1.0, |i| 2.0 + i as f64),
+    };
+
+    let customers = Table::read(&dir.join("seq/customers.parquet"));
+    let ids = customers.i64s("customer_id");
+    let (churned, ltv) = (customers.f64s("churned"), customers.f64s("lifetime_value"));
+    let (age, tenure) = (customers.f64s("age"), customers.f64s("tenure_years"));
+    assert_eq!(
+        samples.len(),
+        ids.len(),
+        "every customer is stored, empty ones too"
+    );
+    let mut empty = 0;
+    for (i, id) in ids.iter().enumerate() {
+        let s = &samples[id];
+        assert_eq!(
+            s.tensors["y"],
+            vec![churned[i].unwrap(), f64::from(ltv[i].unwrap() as f32)]
+        );
+        let c = &s.tensors["c"];
+        assert_eq!(c[0], age[i].map_or(0.0, |a| a), "age (null filled with 0)");
+        assert_eq!(c[1], f64::from(tenure[i].unwrap() as f32));
+        let txs = by_customer.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        empty += usize::from(txs.is_empty());
+        let kept = txs.len().min(64);
+        assert_eq!(s.tensors["length"], vec![kept as f64]);
+        let x = &s.tensors["x"];
+        for (t, tx) in txs.iter().take(kept).enumerate() {
+            let row = &x[t * 5..t * 5 + 5];
+            match tx.amount {
+                Some(a) => close(row[0], (a - amin) / (amax - amin), "amount minmax"),
+                None => assert_eq!(row[0], 0.0, "null amount filled with 0"),
+            }
+            assert_eq!(row[1], tx.items);
+            assert_eq!(row[2], tx.discount);
+            assert_eq!(row[3], tx.refund);
+            close(row[4], (tx.ts_s - tmean) / tstd, "ts zscore");
+            assert_eq!(
+                s.tensors["merchant_category"][t],
+                code_of(&merchants, &tx.merchant)
+            );
+            assert_eq!(s.tensors["channel"][t], code_of(&channels, &tx.channel));
+        }
+        assert!(x[kept * 5..].iter().all(|&v| v == 0.0));
+    }
+    assert!(
+        empty > 0,
+        "customers without transactions are kept as empty sequences"
+    );
+}
