@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             if output::is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("dsc: {e:#}");
+            eprintln!("dsc: {}", output::error_chain(&e));
             ExitCode::from(EXIT_ERROR)
         }
     }

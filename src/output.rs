@@ -10,6 +10,20 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The error and its causes on one line, skipping a cause whose text the message already
+/// holds (the library errors quote their source, and anyhow would repeat it).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+    }
+    msg
+}
+
 /// Peak resident memory of this process in MiB (Linux `VmHWM`), if known.
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -368,3 +368,29 @@ fn a_killed_compile_leaves_no_cache_and_the_next_run_succeeds() {
         "the stale staging directory was cleared"
     );
 }
+
+#[test]
+fn a_categorical_column_named_like_a_reserved_tensor() {
+    let dir = Dir::new();
+    gen_sequences(&dir, 50, 2);
+    replace_column(
+        &dir.join("seq/transactions/part-000.parquet"),
+        "length",
+        |_, b| b.column_by_name("channel").unwrap().clone(),
+    );
+    let args = [
+        "compile",
+        "seq/transactions/part-000.parquet",
+        "--key",
+        "customer_id",
+        "--features",
+        "amount",
+        "--nan",
+        "zero",
+        "--categorical",
+        "length",
+        "--out",
+        "cache",
+    ];
+    fails_cleanly(&dir, &args, &["\"length\"", "reserves"]);
+}

@@ -82,8 +82,9 @@ fn same_seed_gives_identical_bytes_with_one_and_two_threads() {
 fn another_seed_changes_only_the_order() {
     let dir = Dir::new();
     gen_icecube(&dir, 2, 200);
-    dsc(dir.path(), &icecube_args("a", &[])).ok();
-    let mut args = icecube_args("b", &[]);
+    // Seeded truncation must not follow the shuffle seed either.
+    dsc(dir.path(), &icecube_args("a", &["--truncate", "sample"])).ok();
+    let mut args = icecube_args("b", &["--truncate", "sample"]);
     let pos = args.iter().position(|a| *a == "42").unwrap();
     args[pos] = "43";
     dsc(dir.path(), &args).ok();

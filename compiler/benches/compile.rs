@@ -13,7 +13,10 @@ use dsc_format::spec::JoinSpec;
 use std::time::Instant;
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn reset_peak() {
@@ -65,7 +68,9 @@ fn main() {
         file: format!("{}/sensor_geometry.csv", data.display()),
         on: "sensor_id".into(),
     }];
-    spec.features = ["x", "y", "z", "time", "charge", "auxiliary"].map(String::from).to_vec();
+    spec.features = ["x", "y", "z", "time", "charge", "auxiliary"]
+        .map(String::from)
+        .to_vec();
     spec.categorical = vec!["sensor_id".into()];
     spec.encode.insert("time".into(), "zscore".into());
     spec.encode.insert("charge".into(), "log1p".into());
@@ -117,8 +122,18 @@ fn main() {
     let rows = summary.rows as f64;
     let cache_mib = cache_bytes as f64 / (1 << 20) as f64;
     println!("{:<28} {:>10} {:>14}", "step", "seconds", "rows/s");
-    println!("{:<28} {:>10.3} {:>14.0}", "decode Parquet only", decode_s, rows / decode_s);
-    println!("{:<28} {:>10.3} {:>14.0}", "dsc compile", compile_s, rows / compile_s);
+    println!(
+        "{:<28} {:>10.3} {:>14.0}",
+        "decode Parquet only",
+        decode_s,
+        rows / decode_s
+    );
+    println!(
+        "{:<28} {:>10.3} {:>14.0}",
+        "dsc compile",
+        compile_s,
+        rows / compile_s
+    );
     println!("compile / decode time ratio: {:.2}x", compile_s / decode_s);
     let stages: Vec<String> = timings
         .iter()

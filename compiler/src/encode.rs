@@ -180,7 +180,13 @@ fn fit(chain: &[Stage], train: &[f64]) -> Vec<Stage> {
             other => other.clone(),
         };
         if i + 1 < chain.len() {
-            let next: Vec<f64> = values.par_iter().map(|&x| stage.apply(x)).collect();
+            // Values a stage cannot encode (log1p of x <= -1) are left out of the next fit;
+            // the NaN policy decides what is stored for them.
+            let next: Vec<f64> = values
+                .par_iter()
+                .map(|&x| stage.apply(x))
+                .filter(|v| v.is_finite())
+                .collect();
             current = Some(next);
         }
         fitted.push(stage);
@@ -196,12 +202,15 @@ pub(crate) fn numeric_column(
 ) -> Result<NumericResult> {
     let mut g = gather(access, tags)?;
     let stages = fit(chain, &g.values[..g.n_train]);
-    let train_mean = Moments::of(&g.values[..g.n_train]).mean;
     let n_train = g.n_train;
     let (train, val) = g.values.split_at_mut(n_train);
-    let train_num = stats::numeric(train);
-    let val_num = stats::numeric(val);
-    let all_num = stats::numeric(&mut g.values);
+    let (train_m, val_m) = rayon::join(|| Moments::of(train), || Moments::of(val));
+    let all_m = train_m.merge(&val_m);
+    let (train_num, val_num) = rayon::join(
+        || stats::numeric(train, &train_m),
+        || stats::numeric(val, &val_m),
+    );
+    let all_num = stats::numeric(&mut g.values, &all_m);
     let sum = |a: [u64; 3], b: [u64; 3]| [a[0] + b[0], a[1] + b[1], a[2] + b[2]];
     let mut all = empty_stats(access, sum(g.counts[0], g.counts[1]), g.values.len() as u64);
     all.numeric = all_num;
@@ -214,7 +223,7 @@ pub(crate) fn numeric_column(
         has_bad,
         stats: [all, tr, va],
         stages,
-        train_mean,
+        train_mean: train_m.mean,
     })
 }
 
@@ -273,26 +282,92 @@ impl CategoryCoder<'_> {
     }
 }
 
+/// Where a categorical value lands in a dense count table, when its values are compact.
+fn dense_slots(col: &Column) -> Option<(i64, usize)> {
+    match &col.values {
+        Values::Str { dict, .. } => Some((0, dict.len().max(1))),
+        Values::Bool(_) => Some((0, 2)),
+        Values::Int(v) => {
+            let (lo, hi) = v
+                .iter()
+                .fold((i64::MAX, i64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            let span = (hi as i128 - lo as i128 + 1).max(1);
+            (span <= 1 << 22).then_some((lo.min(hi), span as usize))
+        }
+        Values::F64(_) | Values::F32(_) => None,
+    }
+}
+
+type Counts = [HashMap<CatKey, u64>; 2];
+
+/// Counts each value per split, in parallel over fixed chunks of rows (dense tables when the
+/// values are compact); returns the counts and the nulls per split.
+fn count_categories(access: &Access, tags: &[u8]) -> Result<(Counts, [u64; 2])> {
+    let dense = dense_slots(access.column);
+    let slot_key = |slot: usize| match &access.column.values {
+        Values::Str { .. } => CatKey::Str(slot as u32),
+        _ => CatKey::Int(dense.expect("dense").0 + slot as i64),
+    };
+    let slot_of = |k: CatKey| match k {
+        CatKey::Str(c) => c as usize,
+        CatKey::Int(v) => (v - dense.expect("dense").0) as usize,
+    };
+    let parts: Vec<(Vec<u64>, Counts, [u64; 2])> = tags
+        .par_chunks(1 << 16)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let size = dense.map_or(0, |d| d.1);
+            let mut table = vec![0u64; 2 * size];
+            let mut maps: Counts = [HashMap::new(), HashMap::new()];
+            let mut nulls = [0u64; 2];
+            for (i, &tag) in chunk.iter().enumerate() {
+                if tag == DROPPED {
+                    continue;
+                }
+                let key = access
+                    .source_row((c << 16) + i)?
+                    .and_then(|r| cat_key(access.column, r));
+                let s = tag as usize;
+                match key {
+                    None => nulls[s] += 1,
+                    Some(k) if size > 0 => table[s * size + slot_of(k)] += 1,
+                    Some(k) => *maps[s].entry(k).or_insert(0) += 1,
+                }
+            }
+            Ok((table, maps, nulls))
+        })
+        .collect::<Result<_>>()?;
+    let mut counts: Counts = [HashMap::new(), HashMap::new()];
+    let mut nulls = [0u64; 2];
+    let size = dense.map_or(0, |d| d.1);
+    let mut table = vec![0u64; 2 * size];
+    for (t, maps, n) in parts {
+        table.iter_mut().zip(&t).for_each(|(a, b)| *a += b);
+        for s in 0..2 {
+            nulls[s] += n[s];
+            for (k, c) in &maps[s] {
+                *counts[s].entry(*k).or_insert(0) += c;
+            }
+        }
+    }
+    for (s, split) in counts.iter_mut().enumerate() {
+        for slot in 0..size {
+            let c = table[s * size + slot];
+            if c > 0 {
+                split.insert(slot_key(slot), c);
+            }
+        }
+    }
+    Ok((counts, nulls))
+}
+
 /// Counts a categorical column per split, builds its statistics and its coder (vocabulary: train
 /// values ascending).
 pub(crate) fn categorical_column<'a>(
     access: Access<'a>,
     tags: &[u8],
 ) -> Result<([ColumnStats; 3], Encoding, CategoryCoder<'a>)> {
-    let mut counts: [HashMap<CatKey, u64>; 2] = [HashMap::new(), HashMap::new()];
-    let mut nulls = [0u64; 2];
-    for (row, &tag) in tags.iter().enumerate() {
-        if tag == DROPPED {
-            continue;
-        }
-        let key = access
-            .source_row(row)?
-            .and_then(|r| cat_key(access.column, r));
-        match key {
-            Some(k) => *counts[tag as usize].entry(k).or_insert(0) += 1,
-            None => nulls[tag as usize] += 1,
-        }
-    }
+    let (counts, nulls) = count_categories(&access, tags)?;
     let mut vocab: Vec<CatKey> = counts[0].keys().copied().collect();
     vocab.sort_unstable();
     let codes: HashMap<CatKey, i32> = vocab
@@ -390,12 +465,19 @@ impl NumericEncoder<'_> {
         if self.fill.is_some() || !may_fail {
             return Ok(());
         }
-        for (row, &tag) in tags.iter().enumerate() {
-            if tag != DROPPED {
-                self.encode(row)?;
-            }
-        }
-        Ok(())
+        let chunks: Vec<Result<()>> = tags
+            .par_chunks(1 << 16)
+            .enumerate()
+            .map(|(c, chunk)| {
+                for (i, &tag) in chunk.iter().enumerate() {
+                    if tag != DROPPED {
+                        self.encode((c << 16) + i)?;
+                    }
+                }
+                Ok(())
+            })
+            .collect();
+        chunks.into_iter().collect()
     }
 
     /// The manifest encoding.

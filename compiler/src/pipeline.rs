@@ -107,6 +107,12 @@ impl Timer {
     }
 }
 
+/// A per-row column after its statistics pass.
+enum Fitted<'a> {
+    Categorical([ColumnStats; 3], CategoryCoder<'a>, ColumnSpec),
+    Numeric([ColumnStats; 3], NumericEncoder<'a>, ColumnSpec),
+}
+
 /// One stored context.
 #[derive(Debug, Clone, Copy)]
 struct Context {
@@ -193,7 +199,9 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             .unwrap_or(1)
             .max(1)
     });
-    summary.contexts_truncated = group::truncate(&mut grouped, max_len, spec.truncate, spec.seed);
+    // Sampling is seeded by the split seed, not the shuffle seed, so that a reshuffle stores
+    // exactly the same rows.
+    group::truncate(&mut grouped, max_len, spec.truncate, spec.split_seed);
     // `truncate` rewrote the groups in `grouped`; refresh the copies held by contexts.
     refresh_groups(&mut contexts, &grouped.groups);
     summary.contexts_truncated = contexts.iter().filter(|c| c.group.len > max_len).count();
@@ -231,47 +239,64 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let mut column_stats: Vec<[ColumnStats; 3]> = Vec::new();
     let mut features: Vec<(NumericEncoder, ColumnSpec)> = Vec::new();
     let mut categoricals: Vec<(CategoryCoder, ColumnSpec)> = Vec::new();
-    for rc in &plan.row_columns {
-        let (column, join, source) = match rc.source {
-            Source::Rows => (
-                rows.column(&rc.name).expect("read"),
-                None,
-                ColumnSource::Rows,
-            ),
-            Source::Join(j) => {
-                let keyed = &joins[j];
-                let on = rows.column(&keyed.key).expect("join column read");
-                (
-                    keyed.column(&rc.name).expect("read"),
-                    Some((on, keyed)),
-                    ColumnSource::Join {
-                        file: keyed.path.display().to_string(),
-                        on: keyed.key.clone(),
-                    },
-                )
+    // Columns are independent: fit them in parallel, then take results (and the first error)
+    // in column order so the outcome does not depend on scheduling.
+    let fitted: Vec<Result<Fitted>> = plan
+        .row_columns
+        .par_iter()
+        .map(|rc| {
+            let (column, join, source) = match rc.source {
+                Source::Rows => (
+                    rows.column(&rc.name).expect("read"),
+                    None,
+                    ColumnSource::Rows,
+                ),
+                Source::Join(j) => {
+                    let keyed = &joins[j];
+                    let on = rows.column(&keyed.key).expect("join column read");
+                    (
+                        keyed.column(&rc.name).expect("read"),
+                        Some((on, keyed)),
+                        ColumnSource::Join {
+                            file: keyed.path.display().to_string(),
+                            on: keyed.key.clone(),
+                        },
+                    )
+                }
+            };
+            let access = Access {
+                name: &rc.name,
+                table: &rows,
+                column,
+                join,
+            };
+            let result = if rc.categorical {
+                let (stats, encoding, coder) = encode::categorical_column(access, &row_tags)?;
+                let spec_col = column_spec(&rc.name, source, column, encoding);
+                Fitted::Categorical(stats, coder, spec_col)
+            } else {
+                let chain = chain_of(spec, &rc.name)?;
+                let fitted = encode::numeric_column(&access, &row_tags, &chain)?;
+                let encoder = NumericEncoder::new(access, &fitted, spec.nan);
+                encoder.check_rows(&fitted, &row_tags)?;
+                let spec_col = column_spec(&rc.name, source, column, encoder.encoding());
+                Fitted::Numeric(fitted.stats, encoder, spec_col)
+            };
+            progress.advance(1);
+            Ok(result)
+        })
+        .collect();
+    for f in fitted {
+        match f? {
+            Fitted::Categorical(stats, coder, spec_col) => {
+                column_stats.push(stats);
+                categoricals.push((coder, spec_col));
             }
-        };
-        let access = Access {
-            name: &rc.name,
-            table: &rows,
-            column,
-            join,
-        };
-        if rc.categorical {
-            let (stats, encoding, coder) = encode::categorical_column(access, &row_tags)?;
-            column_stats.push(stats);
-            let spec_col = column_spec(&rc.name, source, column, encoding);
-            categoricals.push((coder, spec_col));
-        } else {
-            let chain = chain_of(spec, &rc.name)?;
-            let fitted = encode::numeric_column(&access, &row_tags, &chain)?;
-            let encoder = NumericEncoder::new(access, &fitted, spec.nan);
-            encoder.check_rows(&fitted, &row_tags)?;
-            let spec_col = column_spec(&rc.name, source, column, encoder.encoding());
-            column_stats.push(fitted.stats);
-            features.push((encoder, spec_col));
+            Fitted::Numeric(stats, encoder, spec_col) => {
+                column_stats.push(stats);
+                features.push((encoder, spec_col));
+            }
         }
-        progress.advance(1);
     }
     let mut context_encoders: Vec<(NumericEncoder, ColumnSpec, bool)> = Vec::new();
     if let Some(k) = &context {
@@ -300,14 +325,16 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             progress.advance(1);
         }
     }
-    let stats = build_stats(&contexts, &grouped.perm, max_len, column_stats);
+    let stats = build_stats(&contexts, spec.val_fraction > 0.0, max_len, column_stats);
     timer.lap("statistics");
 
+    let key_column = column_spec(&spec.key, ColumnSource::Rows, key_col, Encoding::Raw);
     let (tensors, fills) = tensor_layout(
         max_len,
-        &mut features,
-        &mut categoricals,
-        &mut context_encoders,
+        key_column,
+        &features,
+        &categoricals,
+        &context_encoders,
     );
     let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / per_context.max(1)).max(1);
@@ -614,7 +641,7 @@ fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
 
 fn build_stats(
     contexts: &[Context],
-    _perm: &[u32],
+    has_val: bool,
     max_len: usize,
     columns: Vec<[ColumnStats; 3]>,
 ) -> Stats {
@@ -625,7 +652,7 @@ fn build_stats(
             .filter(|c| i == 0 || c.split as usize == i - 1)
             .map(|c| c.group.len as f64)
             .collect();
-        if i == 2 && lengths.is_empty() {
+        if i == 2 && !has_val {
             continue;
         }
         let rows = lengths.iter().sum::<f64>() as u64;
@@ -657,23 +684,25 @@ enum Fill {
 
 fn tensor_layout(
     max_len: usize,
-    features: &mut [(NumericEncoder, ColumnSpec)],
-    categoricals: &mut [(CategoryCoder, ColumnSpec)],
-    context: &mut [(NumericEncoder, ColumnSpec, bool)],
+    key_column: ColumnSpec,
+    features: &[(NumericEncoder, ColumnSpec)],
+    categoricals: &[(CategoryCoder, ColumnSpec)],
+    context: &[(NumericEncoder, ColumnSpec, bool)],
 ) -> (Vec<TensorSpec>, Vec<Fill>) {
-    let raw = |name: &str, dtype, role| TensorSpec {
+    let derived = |name: &str| ColumnSpec {
+        name: name.into(),
+        source: ColumnSource::Rows,
+        source_type: "derived".into(),
+        encoding: Encoding::Raw,
+    };
+    let raw = |name: &str, dtype, role, column: ColumnSpec| TensorSpec {
         name: name.into(),
         dtype,
         role,
         sample_shape: vec![],
-        columns: vec![ColumnSpec {
-            name: name.into(),
-            source: ColumnSource::Rows,
-            source_type: "derived".into(),
-            encoding: Encoding::Raw,
-        }],
+        columns: vec![column],
     };
-    let mut tensors = vec![raw("key", Dtype::I64, TensorRole::Key)];
+    let mut tensors = vec![raw("key", Dtype::I64, TensorRole::Key, key_column)];
     let mut fills = vec![Fill::Key];
     if !features.is_empty() {
         tensors.push(TensorSpec {
@@ -695,9 +724,19 @@ fn tensor_layout(
         });
         fills.push(Fill::Categorical(i));
     }
-    tensors.push(raw("length", Dtype::I32, TensorRole::Length));
+    tensors.push(raw(
+        "length",
+        Dtype::I32,
+        TensorRole::Length,
+        derived("length"),
+    ));
     fills.push(Fill::Length);
-    tensors.push(raw("full_length", Dtype::I32, TensorRole::FullLength));
+    tensors.push(raw(
+        "full_length",
+        Dtype::I32,
+        TensorRole::FullLength,
+        derived("full_length"),
+    ));
     fills.push(Fill::FullLength);
     for (name, role, fill, want) in [
         ("y", TensorRole::Targets, Fill::Targets, true),

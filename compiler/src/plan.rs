@@ -100,6 +100,13 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             "column {both:?} is in both --features and --categorical"
         )));
     }
+    for name in &spec.categorical {
+        if ["key", "x", "length", "full_length", "y", "c"].contains(&name.as_str()) {
+            return Err(CompileError::Spec(format!(
+                "categorical column {name:?} would be stored as tensor {name:?}, a name dsc reserves (key, x, length, full_length, y, c); rename the column"
+            )));
+        }
+    }
     for (column, chain) in &spec.encode {
         let numeric = spec.features.contains(column)
             || spec.targets.contains(column)

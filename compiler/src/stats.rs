@@ -75,6 +75,20 @@ impl Moments {
     }
 }
 
+/// Moves the order statistics at positions `ks` (ascending, unique, offset by `offset`) into
+/// place: afterwards `values[k - offset]` is the k-th smallest. Recursing on the median index
+/// costs O(n log |ks|), against O(n |ks|) for one selection per index.
+fn select_many(values: &mut [f64], ks: &[usize], offset: usize) {
+    if ks.is_empty() || values.is_empty() {
+        return;
+    }
+    let mid = ks.len() / 2;
+    let k = ks[mid] - offset;
+    let (left, _, right) = values.select_nth_unstable_by(k, f64::total_cmp);
+    select_many(left, &ks[..mid], offset);
+    select_many(right, &ks[mid + 1..], offset + k + 1);
+}
+
 /// Exact quantiles of `values` (reordered in place) with numpy's default linear rule:
 /// position `h = (n - 1) q`, value `v[floor h] + (h - floor h) (v[floor h + 1] - v[floor h])`.
 pub(crate) fn quantiles(values: &mut [f64], levels: &[f64]) -> Vec<Quantile> {
@@ -82,25 +96,34 @@ pub(crate) fn quantiles(values: &mut [f64], levels: &[f64]) -> Vec<Quantile> {
     if n == 0 {
         return Vec::new();
     }
-    let mut out = Vec::with_capacity(levels.len());
-    // Levels ascend, so each selection only needs the part right of the previous one.
-    let mut lo = 0;
-    for &q in levels {
-        let h = (n - 1) as f64 * q;
-        let k = h.floor() as usize;
-        let frac = h - k as f64;
-        let k = k.min(n - 1);
-        let (_, &mut at_k, right) = values[lo..].select_nth_unstable_by(k - lo, f64::total_cmp);
-        let value = if frac > 0.0 && !right.is_empty() {
-            let next = right.iter().copied().fold(f64::INFINITY, f64::min);
-            at_k + frac * (next - at_k)
-        } else {
-            at_k
-        };
-        out.push(Quantile { q, value });
-        lo = k;
-    }
-    out
+    let positions: Vec<(usize, f64)> = levels
+        .iter()
+        .map(|&q| {
+            let h = (n - 1) as f64 * q;
+            let k = (h.floor() as usize).min(n - 1);
+            (k, h - k as f64)
+        })
+        .collect();
+    let mut ks: Vec<usize> = positions
+        .iter()
+        .flat_map(|&(k, frac)| [Some(k), (frac > 0.0 && k + 1 < n).then_some(k + 1)])
+        .flatten()
+        .collect();
+    ks.sort_unstable();
+    ks.dedup();
+    select_many(values, &ks, 0);
+    levels
+        .iter()
+        .zip(positions)
+        .map(|(&q, (k, frac))| {
+            let value = if frac > 0.0 && k + 1 < n {
+                values[k] + frac * (values[k + 1] - values[k])
+            } else {
+                values[k]
+            };
+            Quantile { q, value }
+        })
+        .collect()
 }
 
 /// 20 equal-width bins over `[min, max]`.
@@ -131,12 +154,13 @@ pub(crate) fn histogram(values: &[f64], min: f64, max: f64) -> Vec<Bin> {
         .collect()
 }
 
-/// Moments, quantiles and histogram of finite `values` (reordered in place); `None` if empty.
-pub(crate) fn numeric(values: &mut [f64]) -> Option<NumericStats> {
+/// Quantiles and histogram of finite `values` (reordered in place) with their precomputed
+/// moments; `None` if empty. Moments come from the caller so that they are computed before any
+/// reordering and do not depend on the selection algorithm.
+pub(crate) fn numeric(values: &mut [f64], m: &Moments) -> Option<NumericStats> {
     if values.is_empty() {
         return None;
     }
-    let m = Moments::of(values);
     let histogram = histogram(values, m.min, m.max);
     let quantiles = quantiles(values, &QUANTILE_LEVELS);
     Some(NumericStats {
@@ -161,6 +185,26 @@ mod tests {
         let got: Vec<f64> = q.iter().map(|q| q.value).collect();
         for (g, e) in got.iter().zip([1.0, 1.4, 3.0, 7.6, 10.0]) {
             assert!((g - e).abs() < 1e-12, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn quantiles_equal_those_of_a_full_sort() {
+        let mut values: Vec<f64> = (0..10_001)
+            .map(|i| ((i * 7919) % 10_007) as f64 / 3.0)
+            .collect();
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        let got = quantiles(&mut values, &QUANTILE_LEVELS);
+        for q in got {
+            let h = (sorted.len() - 1) as f64 * q.q;
+            let k = h.floor() as usize;
+            let want = if k + 1 < sorted.len() {
+                sorted[k] + (h - k as f64) * (sorted[k + 1] - sorted[k])
+            } else {
+                sorted[k]
+            };
+            assert_eq!(q.value, want, "q = {}", q.q);
         }
     }
 

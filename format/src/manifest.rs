@@ -425,6 +425,18 @@ impl Manifest {
             }
         }
         for split in &self.splits {
+            // Split names become file names: keep them to a safe alphabet.
+            let safe = !split.name.is_empty()
+                && split
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !safe {
+                return Err(format!(
+                    "split name {:?} must be non-empty lower-case letters, digits or _",
+                    split.name
+                ));
+            }
             let shards: Vec<&ShardEntry> = self
                 .shards
                 .iter()
