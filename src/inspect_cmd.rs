@@ -223,7 +223,7 @@ fn print_human(i: &Inspect) {
         for c in cols {
             let piece = if first { c } else { format!(", {c}") };
             if !first && line.chars().count() + piece.chars().count() > 100 {
-                println!("{}", line.trim_end_matches(' '));
+                println!("{},", line.trim_end_matches(' '));
                 line = format!("{}{}", " ".repeat(indent), piece.trim_start_matches(", "));
             } else {
                 line.push_str(&piece);

@@ -111,7 +111,8 @@ pub struct CompileSpec {
     /// Fraction of contexts in the validation split.
     #[serde(default)]
     pub val_fraction: f64,
-    /// Seed of the key hash that assigns splits; independent of `seed`.
+    /// Seed of the key hash that assigns splits and of `truncate = "sample"`; independent of
+    /// `seed`, so a reshuffle keeps the same split and the same rows.
     #[serde(default)]
     pub split_seed: u64,
     /// Seed of the global shuffle.

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The main job on built-in sample data, on a fresh machine: build dsc, generate IceCube-like
+# events, compile them into a cache, inspect and verify it. Everything lands in ./demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "build (release)"
+cargo build --release --locked --bin dsc
+dsc=target/release/dsc
+
+rm -rf demo
+step "generate sample data: 8 files x 2000 events"
+$dsc gen icecube --out demo/data --files 8 --events-per-file 2000 --seed 7
+
+step "compile"
+$dsc compile 'demo/data/train/batch_*.parquet' \
+    --key event_id --order-by time \
+    --context demo/data/train_meta.parquet --targets azimuth,zenith \
+    --join demo/data/sensor_geometry.csv --on sensor_id \
+    --features x,y,z,time,charge,auxiliary --categorical sensor_id \
+    --encode time=zscore --encode charge=log1p \
+    --max-len 128 --val-fraction 0.1 --seed 42 --out demo/cache
+
+step "inspect"
+$dsc inspect demo/cache
+
+step "verify"
+$dsc verify demo/cache
