@@ -35,6 +35,8 @@ pub enum Command {
     Compile(Box<CompileArgs>),
     Inspect(InspectArgs),
     Verify(VerifyArgs),
+    Show(ShowArgs),
+    Report(ReportArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -248,15 +250,75 @@ pub struct CompileArgs {
 ///
 /// Example:
 ///   dsc inspect cache
+///   dsc inspect cache --column charge
+///   dsc inspect cache --shards
 ///   dsc inspect cache --json | jq .padding_efficiency
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
     /// The cache directory.
     pub cache: PathBuf,
+    /// Show one column in depth: quantiles per split, histogram, top vocabulary values.
+    #[arg(long, value_name = "NAME")]
+    pub column: Option<String>,
+    /// List every shard: split, contexts, bytes, checksum.
+    #[arg(long)]
+    pub shards: bool,
+    /// Vocabulary values shown with --column.
+    #[arg(long, default_value_t = 10, value_name = "K")]
+    pub top: usize,
     /// Print JSON (see docs/FORMAT.md, "inspect --json").
     #[arg(long)]
     pub json: bool,
+}
+
+/// Show one context, decoded back to source units.
+///
+/// Each stored value goes back through the inverse of its encoding: z-scores and min-max values
+/// to numbers, log1p through exp − 1, timestamps to the source's ticks, category codes to their
+/// values (null for the null code, "<unknown>" for values outside the train vocabulary).
+/// Values are exact to f32 precision. --raw shows the stored numbers instead.
+///
+/// Example:
+///   dsc show cache --split train --index 0
+///   dsc show cache --split val --key 4217 --json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct ShowArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// The split.
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// Position in the split's compiled order (0-based).
+    #[arg(long, conflicts_with = "key", required_unless_present = "key")]
+    pub index: Option<usize>,
+    /// The context's key.
+    #[arg(long, allow_negative_numbers = true)]
+    pub key: Option<i64>,
+    /// Stored (encoded) numbers and codes instead of source values.
+    #[arg(long)]
+    pub raw: bool,
+    /// Print JSON: {"key", "split", "length", "columns": {NAME: [values…]}, "targets": {…}, …}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Write a self-contained HTML report with plots of a cache.
+///
+/// One page, no network: sequence-length histogram, a histogram per numeric column, shard
+/// sizes and split sizes, drawn as inline SVG.
+///
+/// Example:
+///   dsc report cache -o report.html
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct ReportArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// The HTML file to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
 }
 
 /// Check a cache against its manifest: sizes, headers, checksums, lengths, padding.

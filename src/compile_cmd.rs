@@ -1,6 +1,7 @@
 //! `dsc compile`: flags and spec file → `CompileSpec` → `dsc_compiler::compile` → report.
 
 use crate::args::{CompileArgs, EmptyArg, NanArg, TruncateArg, UnmatchedArg};
+use crate::output::outln;
 use crate::output::{bytes, peak_rss_mib, thousands};
 use anyhow::{bail, Context as _};
 use dsc_compiler::{CompileOptions, CompileSpec, Progress};
@@ -269,7 +270,7 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         .iter()
         .map(|s| format!("{} {}", s.name, thousands(s.contexts as u64)))
         .collect();
-    println!(
+    outln!(
         "compiled {} contexts ({}) from {} rows in {:.2} s ({} rows/s)",
         thousands(r.contexts as u64),
         splits.join(", "),
@@ -277,14 +278,14 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         seconds,
         thousands(r.rows_per_s as u64)
     );
-    println!(
+    outln!(
         "wrote {} in {} shards to {}",
         bytes(r.cache_bytes),
         r.shards,
         r.out.display()
     );
     let s = &r.summary;
-    println!(
+    outln!(
         "L = {}: {} contexts truncated; {} rows dropped without a context row; {} contexts without rows ({} kept empty); {} values filled by --nan",
         r.max_len,
         thousands(s.contexts_truncated as u64),
@@ -294,7 +295,7 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         thousands(s.values_filled)
     );
     if let Some(mib) = r.peak_rss_mib {
-        println!("peak memory {mib:.0} MiB");
+        outln!("peak memory {mib:.0} MiB");
     }
     Ok(0)
 }

@@ -1,6 +1,7 @@
 //! `dsc gen`: write a sample data set.
 
 use crate::args::{Dataset, GenArgs};
+use crate::output::outln;
 use crate::output::thousands;
 use dsc_compiler::gen::{icecube, sequences};
 use serde::Serialize;
@@ -49,7 +50,7 @@ pub fn run(a: GenArgs) -> anyhow::Result<u8> {
             contexts: summary.contexts,
         })?;
     } else {
-        println!(
+        outln!(
             "wrote {name} sample data to {}: {} files, {} rows, {} contexts",
             a.out.display(),
             summary.files.len(),

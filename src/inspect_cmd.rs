@@ -1,6 +1,7 @@
 //! `dsc inspect`: one screen about a cache, or the same as JSON.
 
 use crate::args::InspectArgs;
+use crate::output::outln;
 use crate::output::{bold, bytes, num, thousands};
 use anyhow::Context as _;
 use dsc_format::{Encoding, Manifest, Stage, Stats};
@@ -10,6 +11,10 @@ use serde::Serialize;
 #[derive(Serialize)]
 struct Inspect {
     cache: std::path::PathBuf,
+    /// When manifest.json was written (its modification time, RFC 3339 UTC); the manifest
+    /// itself holds no time so that equal compiles give byte-identical caches.
+    compiled_at: Option<String>,
+    spec: dsc_format::CompileSpec,
     format_version: u32,
     dsc_version: String,
     inputs_fingerprint: String,
@@ -135,6 +140,11 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
         .collect();
     Ok(Inspect {
         cache: cache.into(),
+        compiled_at: std::fs::metadata(cache.join(dsc_format::MANIFEST_FILE))
+            .and_then(|m| m.modified())
+            .ok()
+            .map(rfc3339),
+        spec: m.spec.clone(),
         format_version: m.format_version,
         dsc_version: m.dsc_version.clone(),
         inputs_fingerprint: m.inputs.fingerprint.clone(),
@@ -156,20 +166,72 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
     })
 }
 
+/// A system time as `YYYY-MM-DDTHH:MM:SSZ` (UTC), without a date library.
+fn rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), num)
 }
 
-fn print_human(i: &Inspect) {
-    println!(
-        "{} {}  format v{}, written by dsc {}, inputs {} ({} files, {})",
+fn print_human(i: &Inspect) -> anyhow::Result<()> {
+    outln!(
+        "{} {}  format v{}, written by dsc {}{}",
         bold("cache"),
         i.cache.display(),
         i.format_version,
         i.dsc_version,
-        i.inputs_fingerprint,
+        i.compiled_at
+            .as_deref()
+            .map(|t| format!(" at {t}"))
+            .unwrap_or_default()
+    );
+    let s = &i.spec;
+    let rows = s.rows.join(" ");
+    let rows: String = if rows.chars().count() > 36 {
+        format!("{}…", rows.chars().take(35).collect::<String>())
+    } else {
+        rows
+    };
+    outln!(
+        "{} {} ({} files, {}), fingerprint {}",
+        bold("from"),
+        rows,
         i.input_files,
-        bytes(i.input_bytes)
+        bytes(i.input_bytes),
+        i.inputs_fingerprint
+    );
+    outln!(
+        "{} key {}{}, seed {}, split seed {}, val fraction {}",
+        bold("spec"),
+        s.key,
+        s.order_by
+            .as_deref()
+            .map(|o| format!(" ordered by {o}"))
+            .unwrap_or_default(),
+        s.seed,
+        s.split_seed,
+        s.val_fraction
     );
     let splits: Vec<String> = i
         .splits
@@ -184,8 +246,8 @@ fn print_human(i: &Inspect) {
             )
         })
         .collect();
-    println!("{} {}", bold("splits"), splits.join("; "));
-    println!(
+    outln!("{} {}", bold("splits"), splits.join("; "));
+    outln!(
         "{} {} contexts, {} shards, {}, L = {}, padding efficiency {:.1}%",
         bold("total"),
         thousands(i.contexts as u64),
@@ -194,8 +256,8 @@ fn print_human(i: &Inspect) {
         i.max_len,
         100.0 * i.padding_efficiency
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{}",
         bold(&format!(
             "{:<14} {:<5} {:<14} {}",
@@ -223,17 +285,17 @@ fn print_human(i: &Inspect) {
         for c in cols {
             let piece = if first { c } else { format!(", {c}") };
             if !first && line.chars().count() + piece.chars().count() > 100 {
-                println!("{},", line.trim_end_matches(' '));
+                outln!("{},", line.trim_end_matches(' '));
                 line = format!("{}{}", " ".repeat(indent), piece.trim_start_matches(", "));
             } else {
                 line.push_str(&piece);
             }
             first = false;
         }
-        println!("{line}");
+        outln!("{line}");
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{}",
         bold(&format!(
             "{:<16} {:<7} {:>11} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}",
@@ -245,7 +307,7 @@ fn print_human(i: &Inspect) {
             Some(d) if c.mean.is_none() => (format!("{d} values"), "-".into()),
             _ => (opt(c.mean), opt(c.std)),
         };
-        println!(
+        outln!(
             "{:<16} {:<7} {:>11} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}",
             c.name.chars().take(16).collect::<String>(),
             c.table,
@@ -258,7 +320,7 @@ fn print_human(i: &Inspect) {
             opt(c.max)
         );
     }
-    println!();
+    outln!();
     let l = &i.lengths;
     let q = |level: f64| {
         l.quantiles
@@ -266,7 +328,7 @@ fn print_human(i: &Inspect) {
             .find(|q| q.q == level)
             .map_or("-".into(), |q| num(q.value))
     };
-    println!(
+    outln!(
         "{} min {} p50 {} p95 {} p99 {} max {}; {} truncated to L ({:.1}%)",
         bold("sequence lengths"),
         l.min,
@@ -287,13 +349,157 @@ fn print_human(i: &Inspect) {
     for b in &l.histogram {
         let width = (50.0 * b.count as f64 / peak as f64).round() as usize;
         let bar: String = "█".repeat(width);
-        println!(
+        outln!(
             "  {:>6}–{:<6} {:>9} {bar}",
             num(b.lo),
             num(b.hi),
             thousands(b.count)
         );
     }
+    Ok(())
+}
+
+fn print_shards(m: &Manifest) -> anyhow::Result<()> {
+    outln!(
+        "{}",
+        bold(&format!(
+            "{:<34} {:<6} {:>10} {:>12} {:>12}  {}",
+            "file", "split", "contexts", "first", "bytes", "xxh3"
+        ))
+    );
+    for s in &m.shards {
+        outln!(
+            "{:<34} {:<6} {:>10} {:>12} {:>12}  {}",
+            s.file,
+            s.split,
+            thousands(s.contexts as u64),
+            thousands(s.first_context as u64),
+            bytes(s.bytes),
+            s.xxh3
+        );
+    }
+    Ok(())
+}
+
+/// One column in every split: counts, quantiles, histogram, vocabulary.
+#[derive(Serialize)]
+struct ColumnDetail<'a> {
+    name: &'a str,
+    encoding: Option<&'a Encoding>,
+    splits: Vec<(&'a str, &'a dsc_format::stats::ColumnStats)>,
+}
+
+fn column_detail<'a>(
+    m: &'a Manifest,
+    stats: &'a Stats,
+    name: &'a str,
+) -> anyhow::Result<ColumnDetail<'a>> {
+    let splits: Vec<_> = stats
+        .splits
+        .iter()
+        .filter_map(|s| s.column(name).map(|c| (s.split.as_str(), c)))
+        .collect();
+    if splits.is_empty() {
+        let names: Vec<&str> = stats
+            .split("all")
+            .map(|s| s.columns.iter().map(|c| c.name.as_str()).collect())
+            .unwrap_or_default();
+        anyhow::bail!("no column {name:?} in the cache (columns: {names:?})");
+    }
+    let encoding = m
+        .tensors
+        .iter()
+        .flat_map(|t| &t.columns)
+        .find(|c| c.name == name && c.encoding != Encoding::Raw)
+        .map(|c| &c.encoding);
+    Ok(ColumnDetail {
+        name,
+        encoding,
+        splits,
+    })
+}
+
+fn print_column(d: &ColumnDetail, top: usize) -> anyhow::Result<()> {
+    let (_, all) = d.splits[0];
+    outln!(
+        "{} {} ({} table, {}), encoding {}",
+        bold("column"),
+        d.name,
+        all.table,
+        all.source_type,
+        d.encoding.map_or("-".into(), encoding_text)
+    );
+    outln!(
+        "{}",
+        bold(&format!(
+            "{:<6} {:>11} {:>8} {:>6} {:>6}   {}",
+            "split", "count", "nulls", "nan", "inf", "quantiles 0 1 5 25 50 75 95 99 100 %"
+        ))
+    );
+    for (split, c) in &d.splits {
+        let q = c.numeric.as_ref().map_or("-".into(), |n| {
+            n.quantiles
+                .iter()
+                .map(|q| num(q.value))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        let line = format!(
+            "{split:<6} {:>11} {:>8} {:>6} {:>6}   {q}",
+            thousands(c.count),
+            thousands(c.nulls),
+            thousands(c.nan),
+            thousands(c.inf)
+        );
+        outln!("{}", line.chars().take(100).collect::<String>());
+    }
+    if let Some(n) = &all.numeric {
+        outln!(
+            "mean {}  std {}  min {}  max {}",
+            num(n.mean),
+            num(n.std),
+            num(n.min),
+            num(n.max)
+        );
+        let peak = n
+            .histogram
+            .iter()
+            .map(|b| b.count)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        for b in &n.histogram {
+            let bar = "█".repeat((50.0 * b.count as f64 / peak as f64).round() as usize);
+            let line = format!(
+                "  {:>10} – {:<10} {:>11} {bar}",
+                num(b.lo),
+                num(b.hi),
+                thousands(b.count)
+            );
+            outln!("{}", line.trim_end());
+        }
+    }
+    if let Some(vocab) = &all.vocabulary {
+        outln!(
+            "{} distinct values; top {}:",
+            vocab.len(),
+            top.min(vocab.len())
+        );
+        let total: u64 = vocab.iter().map(|v| v.count).sum::<u64>().max(1);
+        for v in vocab.iter().take(top) {
+            let value = match &v.value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            outln!(
+                "  {:<30} {:>11} {:>6.2}%",
+                value.chars().take(30).collect::<String>(),
+                thousands(v.count),
+                100.0 * v.count as f64 / total as f64
+            );
+        }
+    }
+    Ok(())
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
@@ -304,11 +510,28 @@ pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
             .with_context(|| format!("cannot read {}", stats_path.display()))?,
     )
     .with_context(|| format!("{}: invalid statistics", stats_path.display()))?;
+    if let Some(name) = &a.column {
+        let detail = column_detail(&manifest, &stats, name)?;
+        if a.json {
+            crate::output::print_json(&detail)?;
+        } else {
+            print_column(&detail, a.top)?;
+        }
+        return Ok(0);
+    }
+    if a.shards {
+        if a.json {
+            crate::output::print_json(&manifest.shards)?;
+        } else {
+            print_shards(&manifest)?;
+        }
+        return Ok(0);
+    }
     let inspect = build(&a.cache, &manifest, &stats)?;
     if a.json {
         crate::output::print_json(&inspect)?;
     } else {
-        print_human(&inspect);
+        print_human(&inspect)?;
     }
     Ok(0)
 }

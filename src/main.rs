@@ -6,6 +6,8 @@ mod compile_cmd;
 mod gen_cmd;
 mod inspect_cmd;
 mod output;
+mod report_cmd;
+mod show_cmd;
 mod verify_cmd;
 
 use clap::Parser;
@@ -32,6 +34,8 @@ fn main() -> ExitCode {
         args::Command::Compile(a) => compile_cmd::run(*a),
         args::Command::Inspect(a) => inspect_cmd::run(a),
         args::Command::Verify(a) => verify_cmd::run(a),
+        args::Command::Show(a) => show_cmd::run(a),
+        args::Command::Report(a) => report_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

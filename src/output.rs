@@ -1,5 +1,15 @@
 //! Small printing helpers shared by the commands.
 
+/// `println!` that returns the write error instead of panicking, so that a closed pipe
+/// (`dsc inspect cache | head`) ends the command quietly through `main`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)?;
+    }};
+}
+pub(crate) use outln;
+
 use std::io::IsTerminal;
 
 /// True when the error is a closed stdout (e.g. `dsc inspect | head`), which is not a failure.

@@ -1,6 +1,7 @@
 //! `dsc verify`: check a cache; exit 1 naming every problem.
 
 use crate::args::VerifyArgs;
+use crate::output::outln;
 use dsc_format::verify::{verify, Depth};
 use serde::Serialize;
 
@@ -29,7 +30,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<u8> {
             problems: problems.clone(),
         })?;
     } else if ok {
-        println!(
+        outln!(
             "ok: {} shards, {} checked{}",
             report.shards_checked,
             crate::output::bytes(report.bytes_read),

@@ -4,6 +4,7 @@ mod util;
 
 mod bad_input;
 mod determinism;
+mod inspection;
 mod python;
 mod spec_file;
 mod values;

@@ -12,6 +12,7 @@ pub mod checksum;
 mod error;
 pub mod manifest;
 pub mod rng;
+pub mod sample;
 pub mod shard;
 pub mod spec;
 pub mod stats;

@@ -1,0 +1,245 @@
+//! Reading single contexts from a cache without mapping it, and decoding them back to source
+//! units: what `dsc show` prints and what tests compare against the source data.
+
+use crate::manifest::{Encoding, Manifest, ShardEntry, TensorRole, CODE_FIRST, CODE_NULL};
+use crate::shard::read_layout;
+use crate::FormatError;
+use serde_json::Value;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+/// One context's stored bytes, per tensor in manifest order.
+#[derive(Debug, Clone)]
+pub struct RawContext {
+    /// The split it belongs to.
+    pub split: String,
+    /// Its position in the split's compiled order.
+    pub index: usize,
+    /// `(tensor name, sample bytes)` in manifest order.
+    pub tensors: Vec<(String, Vec<u8>)>,
+}
+
+fn io(path: &Path, e: std::io::Error) -> FormatError {
+    FormatError::Io {
+        path: path.into(),
+        source: e,
+    }
+}
+
+fn read_at(
+    file: &mut std::fs::File,
+    path: &Path,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, FormatError> {
+    let mut buf = vec![0u8; len];
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| io(path, e))?;
+    file.read_exact(&mut buf).map_err(|e| io(path, e))?;
+    Ok(buf)
+}
+
+fn shard_for<'a>(manifest: &'a Manifest, split: &'a str, index: usize) -> Option<&'a ShardEntry> {
+    manifest
+        .shards_of(split)
+        .find(|s| (s.first_context..s.first_context + s.contexts).contains(&index))
+}
+
+/// Reads context `index` of `split`, checking the shard's header against the manifest first.
+pub fn read_context(
+    dir: &Path,
+    manifest: &Manifest,
+    split: &str,
+    index: usize,
+) -> Result<Option<RawContext>, FormatError> {
+    let Some(entry) = shard_for(manifest, split, index) else {
+        return Ok(None);
+    };
+    let path = dir.join(&entry.file);
+    let layout = read_layout(&path)?;
+    layout.check(&manifest.tensors, entry.contexts, &path)?;
+    let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+    let i = index - entry.first_context;
+    let mut tensors = Vec::with_capacity(manifest.tensors.len());
+    for (spec, extent) in manifest.tensors.iter().zip(&layout.tensors) {
+        let size = spec.sample_bytes();
+        let bytes = read_at(&mut file, &path, extent.start + (i * size) as u64, size)?;
+        tensors.push((spec.name.clone(), bytes));
+    }
+    Ok(Some(RawContext {
+        split: split.into(),
+        index,
+        tensors,
+    }))
+}
+
+/// Finds the context with `key` in `split` by reading the shards' `key` tensors.
+pub fn find_key(
+    dir: &Path,
+    manifest: &Manifest,
+    split: &str,
+    key: i64,
+) -> Result<Option<usize>, FormatError> {
+    for entry in manifest.shards_of(split) {
+        let path = dir.join(&entry.file);
+        let layout = read_layout(&path)?;
+        layout.check(&manifest.tensors, entry.contexts, &path)?;
+        let extent = layout.tensor("key").expect("checked against the manifest");
+        let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        let keys = read_at(
+            &mut file,
+            &path,
+            extent.start,
+            (extent.end - extent.start) as usize,
+        )?;
+        if let Some(pos) = keys
+            .chunks_exact(8)
+            .position(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) == key)
+        {
+            return Ok(Some(entry.first_context + pos));
+        }
+    }
+    Ok(None)
+}
+
+/// A context decoded to source units.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Decoded {
+    /// The context key.
+    pub key: i64,
+    /// Its split.
+    pub split: String,
+    /// Its position in the split's compiled order.
+    pub index: usize,
+    /// Stored steps.
+    pub length: usize,
+    /// Steps before truncation.
+    pub full_length: usize,
+    /// Per-row columns, one value per stored step, in source units.
+    pub columns: serde_json::Map<String, Value>,
+    /// Targets in source units.
+    pub targets: serde_json::Map<String, Value>,
+    /// Per-context features in source units.
+    pub context: serde_json::Map<String, Value>,
+}
+
+fn f32_at(bytes: &[u8], i: usize) -> f64 {
+    f64::from(f32::from_le_bytes(
+        bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"),
+    ))
+}
+
+fn i32_at(bytes: &[u8], i: usize) -> i32 {
+    i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"))
+}
+
+/// Seconds per tick of a time source type (`Timestamp(Microsecond)`, `Date32`, …); dsc stores
+/// times in seconds, so decoding divides by this to give the source's own ticks.
+fn seconds_per_tick(source_type: &str) -> f64 {
+    match source_type {
+        "Timestamp(Second)" => 1.0,
+        "Timestamp(Millisecond)" | "Date64" => 1e-3,
+        "Timestamp(Microsecond)" => 1e-6,
+        "Timestamp(Nanosecond)" => 1e-9,
+        "Date32" => 86_400.0,
+        _ => 1.0,
+    }
+}
+
+/// The source value of a stored number or code, as JSON: numbers by inverting the stages (and
+/// converting seconds back to the source's ticks), booleans as `true`/`false`, category codes as
+/// their vocabulary value, `null` for the null code and `"<unknown>"` for the unknown code.
+pub fn decode_value(encoding: &Encoding, source_type: &str, stored: f64) -> Value {
+    match encoding {
+        Encoding::Numeric { stages, .. } => {
+            let x = stages.iter().rev().fold(stored, |v, s| s.invert(v));
+            Value::from(x / seconds_per_tick(source_type))
+        }
+        Encoding::Bool => Value::Bool(stored != 0.0),
+        Encoding::Category { vocabulary } => {
+            let code = stored as i32;
+            if code == CODE_NULL {
+                Value::Null
+            } else if code < CODE_FIRST {
+                Value::String("<unknown>".into())
+            } else {
+                vocabulary
+                    .get((code - CODE_FIRST) as usize)
+                    .cloned()
+                    .unwrap_or_else(|| Value::String("<unknown>".into()))
+            }
+        }
+        Encoding::Raw => Value::from(stored),
+    }
+}
+
+fn bytes_of<'a>(raw: &'a RawContext, name: &str) -> &'a [u8] {
+    &raw.tensors
+        .iter()
+        .find(|(n, _)| n == name)
+        .expect("every manifest tensor was read")
+        .1
+}
+
+/// Decodes a raw context with the manifest's encodings. With `raw_values`, stored numbers are
+/// returned as stored (encoded values and codes) instead.
+pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decoded {
+    let key_bytes = bytes_of(raw, "key");
+    let key = i64::from_le_bytes(key_bytes[..8].try_into().expect("8 bytes"));
+    let length = i32_at(bytes_of(raw, "length"), 0).max(0) as usize;
+    let full_length = i32_at(bytes_of(raw, "full_length"), 0).max(0) as usize;
+    let mut decoded = Decoded {
+        key,
+        split: raw.split.clone(),
+        index: raw.index,
+        length,
+        full_length,
+        columns: serde_json::Map::new(),
+        targets: serde_json::Map::new(),
+        context: serde_json::Map::new(),
+    };
+    let value = |spec: &crate::ColumnSpec, stored: f64| {
+        if raw_values {
+            Value::from(stored)
+        } else {
+            decode_value(&spec.encoding, &spec.source_type, stored)
+        }
+    };
+    for t in &manifest.tensors {
+        let bytes = bytes_of(raw, &t.name);
+        match t.role {
+            TensorRole::Features => {
+                let width = t.sample_shape[1];
+                for (f, spec) in t.columns.iter().enumerate() {
+                    let values = (0..length)
+                        .map(|s| value(spec, f32_at(bytes, s * width + f)))
+                        .collect();
+                    decoded
+                        .columns
+                        .insert(spec.name.clone(), Value::Array(values));
+                }
+            }
+            TensorRole::Categorical => {
+                let spec = &t.columns[0];
+                let values = (0..length)
+                    .map(|s| value(spec, f64::from(i32_at(bytes, s))))
+                    .collect();
+                decoded
+                    .columns
+                    .insert(spec.name.clone(), Value::Array(values));
+            }
+            TensorRole::Targets | TensorRole::ContextFeatures => {
+                let into = if t.role == TensorRole::Targets {
+                    &mut decoded.targets
+                } else {
+                    &mut decoded.context
+                };
+                for (j, spec) in t.columns.iter().enumerate() {
+                    into.insert(spec.name.clone(), value(spec, f32_at(bytes, j)));
+                }
+            }
+            TensorRole::Key | TensorRole::Length | TensorRole::FullLength => {}
+        }
+    }
+    decoded
+}

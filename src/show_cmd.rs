@@ -1,0 +1,91 @@
+//! `dsc show`: one context as a table, in source units.
+
+use crate::args::ShowArgs;
+use crate::output::outln;
+use anyhow::{bail, Context as _};
+use dsc_format::sample::{decode, find_key, read_context};
+use dsc_format::Manifest;
+use serde_json::Value;
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Number(n) => n.as_f64().map_or_else(|| n.to_string(), crate::output::num),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
+    let manifest = Manifest::read(&a.cache)?;
+    let Some(split) = manifest.split(&a.split) else {
+        let names: Vec<&str> = manifest.splits.iter().map(|s| s.name.as_str()).collect();
+        bail!(
+            "{}: no split {:?} (splits: {names:?})",
+            a.cache.display(),
+            a.split
+        );
+    };
+    let index = match (a.index, a.key) {
+        (Some(i), _) => {
+            if i >= split.contexts {
+                bail!(
+                    "--index {i}: split {:?} holds {} contexts (0..{})",
+                    a.split,
+                    split.contexts,
+                    split.contexts
+                );
+            }
+            i
+        }
+        (None, Some(k)) => find_key(&a.cache, &manifest, &a.split, k)?
+            .with_context(|| format!("no context with key {k} in split {:?}", a.split))?,
+        (None, None) => bail!("give --index or --key"),
+    };
+    let raw =
+        read_context(&a.cache, &manifest, &a.split, index)?.context("context out of range")?;
+    let d = decode(&manifest, &raw, a.raw);
+    if a.json {
+        crate::output::print_json(&d)?;
+        return Ok(0);
+    }
+    outln!(
+        "key {}  split {}  index {}  length {} of {}{}",
+        d.key,
+        d.split,
+        d.index,
+        d.length,
+        d.full_length,
+        if a.raw { "  (raw stored values)" } else { "" }
+    );
+    for (title, map) in [("targets", &d.targets), ("context", &d.context)] {
+        if !map.is_empty() {
+            let parts: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{k} = {}", cell(v)))
+                .collect();
+            outln!("{title}: {}", parts.join(", "));
+        }
+    }
+    // One row per step, one column per source column, cut to 100 columns.
+    let names: Vec<&String> = d.columns.keys().collect();
+    let width = ((100 - 6) / names.len().max(1)).clamp(6, 14);
+    let fit = |s: &str| -> String {
+        let s: String = s.chars().take(width - 1).collect();
+        format!("{s:>w$}", w = width)
+    };
+    let mut header = format!("{:>5} ", "step");
+    for n in &names {
+        header.push_str(&fit(n));
+    }
+    let cut = |s: String| -> String { s.trim_end().chars().take(100).collect() };
+    outln!("{}", crate::output::bold(&cut(header)));
+    for step in 0..d.length {
+        let mut line = format!("{step:>5} ");
+        for n in &names {
+            line.push_str(&fit(&cell(&d.columns[*n][step])));
+        }
+        outln!("{}", cut(line));
+    }
+    Ok(0)
+}
