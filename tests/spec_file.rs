@@ -51,4 +51,15 @@ fn help_teaches_with_an_example() {
         "{help}"
     );
     assert!(help.lines().all(|l| l.chars().count() <= 100));
+    for command in ["gen", "compile", "inspect", "show", "verify", "report"] {
+        let help = dsc(dir.path(), &[command, "--help"]).ok();
+        assert!(
+            help.contains("Example:"),
+            "dsc {command} --help has an example:\n{help}"
+        );
+        assert!(
+            help.lines().all(|l| l.chars().count() <= 100),
+            "dsc {command} --help fits 100 columns:\n{help}"
+        );
+    }
 }
