@@ -5,6 +5,7 @@ mod util;
 mod bad_input;
 mod determinism;
 mod inspection;
+mod loader;
 mod python;
 mod spec_file;
 mod values;

@@ -1,7 +1,39 @@
 //! The dsc loader: opens a compiled cache by memory map and streams batches.
 //!
-//! This crate is being built in the loader issue; for now it re-exports the format types that
-//! training code needs to read a cache's manifest.
+//! ```no_run
+//! use dsc_loader::{Cache, LoaderOptions};
+//! let cache = Cache::open("cache")?;                       // O(shards); validates, then maps
+//! let mut loader = cache.loader(LoaderOptions { batch_size: 256, epoch: 0, ..Default::default() })?;
+//! for batch in &mut loader {
+//!     let batch = batch?;
+//!     let x = batch.tensor("x").expect("features");       // f32 [256, L, F], little-endian
+//!     let _ = (x.shape(), x.bytes());
+//! }
+//! let state = loader.state();                              // a few numbers (serde)
+//! let _resumed = cache.loader_from_state(LoaderOptions::default(), &state)?;
+//! # Ok::<(), dsc_loader::LoadError>(())
+//! ```
+//!
+//! - **Order**: a pure function of (manifest, seed, epoch, split): shards permuted per epoch and
+//!   contexts permuted inside windows of several shards ([`order`]); ranks take disjoint slices
+//!   of one global order, so the order does not depend on the number of ranks for a fixed global
+//!   batch.
+//! - **Batches**: views into mapped memory in cache order, otherwise one gather copy into pooled
+//!   buffers, or into the caller's buffers with [`Loader::next_into`] (e.g. pinned memory).
+//! - **Threads, not processes**: batches are prepared on background threads with a bounded
+//!   queue; the kernel is told what to read ahead and what to release.
 #![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
-pub use dsc_format::{Manifest, Stats};
+mod batch;
+mod cache;
+mod error;
+mod loader;
+mod mmap;
+pub mod order;
+
+pub use batch::{Batch, BatchTensor};
+pub use cache::Cache;
+pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
+pub use error::LoadError;
+pub use loader::{Loader, LoaderOptions, State};

@@ -1,0 +1,183 @@
+//! Batches: per-tensor bytes with dtype and shape, either borrowed from the mapped shard (cache
+//! order, no copy) or gathered once into a pooled buffer.
+
+use crate::cache::Inner;
+use dsc_format::{Dtype, TensorRole};
+use std::sync::{Arc, Mutex};
+
+/// Reusable gather buffers shared by a loader's threads.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    free: Mutex<Vec<Vec<u8>>>,
+    limit: usize,
+}
+
+impl Pool {
+    pub fn new(limit: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            free: Mutex::new(Vec::new()),
+            limit,
+        })
+    }
+
+    /// A buffer of exactly `len` bytes (contents unspecified), reusing a freed one if possible.
+    pub fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().expect("pool lock");
+        let mut buf = match free.iter().position(|b| b.capacity() >= len) {
+            Some(i) => free.swap_remove(i),
+            None => free.pop().unwrap_or_default(),
+        };
+        drop(free);
+        buf.resize(len, 0);
+        buf
+    }
+
+    fn give(&self, buf: Vec<u8>) {
+        let mut free = self.free.lock().expect("pool lock");
+        if free.len() < self.limit {
+            free.push(buf);
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Data {
+    /// A range of a mapped shard: `(split index, shard index, start, len)`.
+    Mapped {
+        cache: Arc<Inner>,
+        split: usize,
+        shard: usize,
+        start: usize,
+        len: usize,
+    },
+    /// Gathered bytes, returned to the pool on drop.
+    Owned { buf: Vec<u8>, pool: Arc<Pool> },
+}
+
+/// One tensor of a batch.
+#[derive(Debug)]
+pub struct BatchTensor {
+    name: String,
+    dtype: Dtype,
+    role: TensorRole,
+    shape: Vec<usize>,
+    data: Data,
+}
+
+impl BatchTensor {
+    pub(crate) fn mapped(
+        spec: &dsc_format::TensorSpec,
+        shape: Vec<usize>,
+        cache: Arc<Inner>,
+        (split, shard, start, len): (usize, usize, usize, usize),
+    ) -> Self {
+        BatchTensor {
+            name: spec.name.clone(),
+            dtype: spec.dtype,
+            role: spec.role,
+            shape,
+            data: Data::Mapped {
+                cache,
+                split,
+                shard,
+                start,
+                len,
+            },
+        }
+    }
+
+    pub(crate) fn owned(
+        spec: &dsc_format::TensorSpec,
+        shape: Vec<usize>,
+        buf: Vec<u8>,
+        pool: Arc<Pool>,
+    ) -> Self {
+        BatchTensor {
+            name: spec.name.clone(),
+            dtype: spec.dtype,
+            role: spec.role,
+            shape,
+            data: Data::Owned { buf, pool },
+        }
+    }
+
+    /// The tensor's name (`x`, `length`, a categorical column, …).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    /// What the tensor means.
+    pub fn role(&self) -> TensorRole {
+        self.role
+    }
+    /// Shape: `[batch, ..]`, with the sequence axis trimmed when the loader trims.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// The bytes, little-endian, row-major.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.data {
+            Data::Mapped {
+                cache,
+                split,
+                shard,
+                start,
+                len,
+            } => &cache.splits[*split].1[*shard].map.bytes()[*start..*start + *len],
+            Data::Owned { buf, .. } => buf,
+        }
+    }
+    /// True when the bytes are a view into the mapped shard (no copy was made).
+    pub fn is_zero_copy(&self) -> bool {
+        matches!(self.data, Data::Mapped { .. })
+    }
+}
+
+impl Drop for BatchTensor {
+    fn drop(&mut self) {
+        if let Data::Owned { buf, pool } = &mut self.data {
+            pool.give(std::mem::take(buf));
+        }
+    }
+}
+
+/// One batch for one rank.
+#[derive(Debug)]
+pub struct Batch {
+    /// The step of the epoch this batch belongs to.
+    pub step: usize,
+    /// Contexts in the batch.
+    pub size: usize,
+    /// Sequence length of the sequence tensors (the longest stored length when trimmed).
+    pub seq_len: usize,
+    pub(crate) tensors: Vec<BatchTensor>,
+}
+
+impl Batch {
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&BatchTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+    /// Every tensor, in manifest order.
+    pub fn tensors(&self) -> &[BatchTensor] {
+        &self.tensors
+    }
+    /// The context keys, in batch order.
+    pub fn keys(&self) -> Vec<i64> {
+        self.tensor("key")
+            .map(|t| {
+                t.bytes()
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    /// True when every tensor is a view into mapped memory.
+    pub fn is_zero_copy(&self) -> bool {
+        self.tensors.iter().all(BatchTensor::is_zero_copy)
+    }
+}

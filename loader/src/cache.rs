@@ -1,0 +1,131 @@
+//! Opening a cache: read the manifest, validate every shard's size and header, map it.
+
+use crate::error::LoadError;
+use crate::loader::{Loader, LoaderOptions, State};
+use crate::mmap::Mapped;
+use dsc_format::shard::read_layout;
+use dsc_format::{Manifest, ShardEntry, TensorSpec};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One validated, mapped shard.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub entry: ShardEntry,
+    /// Start of each tensor's data in the file, in manifest tensor order.
+    pub tensor_starts: Vec<usize>,
+    pub map: Mapped,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    /// Shards by split name, in index order.
+    pub splits: Vec<(String, Vec<Shard>)>,
+}
+
+/// An open cache. Cheap to clone; loaders share it.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Cache {
+    /// Opens the cache in `dir`: reads and validates the manifest, then checks every shard's size
+    /// and safetensors header against it before mapping it. Costs O(shards): the header of each
+    /// shard is read, its data is not.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Cache, LoadError> {
+        let dir = dir.as_ref();
+        let manifest = Manifest::read(dir)?;
+        let mut splits: Vec<(String, Vec<Shard>)> = manifest
+            .splits
+            .iter()
+            .map(|s| (s.name.clone(), Vec::with_capacity(s.shards)))
+            .collect();
+        for entry in &manifest.shards {
+            let path = dir.join(&entry.file);
+            let file = std::fs::File::open(&path).map_err(|source| LoadError::Map {
+                path: path.clone(),
+                source,
+            })?;
+            let size = file
+                .metadata()
+                .map_err(|source| LoadError::Map {
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            if size != entry.bytes {
+                return Err(dsc_format::FormatError::ShardSize {
+                    shard: path,
+                    expected: entry.bytes,
+                    found: size,
+                }
+                .into());
+            }
+            let layout = read_layout(&path)?;
+            layout.check(&manifest.tensors, entry.contexts, &path)?;
+            let map = Mapped::map(&file, size).map_err(|source| LoadError::Map {
+                path: path.clone(),
+                source,
+            })?;
+            let shard = Shard {
+                entry: entry.clone(),
+                tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
+                map,
+            };
+            splits
+                .iter_mut()
+                .find(|(name, _)| *name == entry.split)
+                .expect("validated: every shard names a listed split")
+                .1
+                .push(shard);
+        }
+        Ok(Cache {
+            inner: Arc::new(Inner {
+                dir: dir.into(),
+                manifest,
+                splits,
+            }),
+        })
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.inner.manifest
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The tensors of every batch, in order.
+    pub fn tensors(&self) -> &[TensorSpec] {
+        &self.inner.manifest.tensors
+    }
+
+    /// A loader for one epoch of one split.
+    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
+        Loader::new(self.clone(), opts, 0)
+    }
+
+    /// A loader that continues exactly where `state` was taken. The options must describe the
+    /// same split and global batch (`batch_size * world_size`); `rank` and `world_size` may
+    /// differ, so a run can resume on another number of GPUs.
+    pub fn loader_from_state(
+        &self,
+        mut opts: LoaderOptions,
+        state: &State,
+    ) -> Result<Loader, LoadError> {
+        state.check(&opts)?;
+        opts.epoch = state.epoch;
+        opts.seed = state.seed;
+        opts.shuffle = state.shuffle;
+        opts.window = state.window;
+        opts.drop_last = state.drop_last;
+        let global = opts.batch_size * opts.world_size;
+        Loader::new(self.clone(), opts, state.samples / global.max(1))
+    }
+}

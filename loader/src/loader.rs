@@ -1,0 +1,514 @@
+//! The loader: one epoch of one split for one rank, as an iterator of batches, prefetched on
+//! background threads, with a resume state of a few numbers.
+
+use crate::batch::{Batch, BatchTensor, Pool};
+use crate::cache::{Cache, Inner, Shard};
+use crate::error::LoadError;
+use crate::order::{EpochOrder, Sample, Steps, DEFAULT_WINDOW};
+use dsc_format::{TensorRole, TensorSpec};
+use serde::{Deserialize, Serialize};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What to load. Every field has a documented default (`LoaderOptions::default()`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderOptions {
+    /// Split to read [default: `train`].
+    pub split: String,
+    /// Contexts per batch per rank [default: 256].
+    pub batch_size: usize,
+    /// Shuffle the epoch (window shuffle) [default: true].
+    pub shuffle: bool,
+    /// Seed of the epoch order [default: 0].
+    pub seed: u64,
+    /// Epoch number: each epoch has its own order [default: 0].
+    pub epoch: u64,
+    /// This process's rank [default: 0].
+    pub rank: usize,
+    /// Number of ranks [default: 1].
+    pub world_size: usize,
+    /// Drop the last partial global batch; otherwise complete it by repeating the epoch's first
+    /// contexts [default: true].
+    pub drop_last: bool,
+    /// Batches prepared ahead per thread [default: 4].
+    pub prefetch: usize,
+    /// Background threads preparing batches; 0 prepares them in the caller's thread
+    /// [default: 1].
+    pub threads: usize,
+    /// Cut sequence tensors to the longest stored length in the batch [default: false].
+    pub trim: bool,
+    /// Contexts permuted together in a shuffled epoch; resident memory is about
+    /// `window * bytes per context` [default: 32768].
+    pub window: usize,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            split: "train".into(),
+            batch_size: 256,
+            shuffle: true,
+            seed: 0,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            drop_last: true,
+            prefetch: 4,
+            threads: 1,
+            trim: false,
+            window: DEFAULT_WINDOW,
+        }
+    }
+}
+
+/// Where a loader stands: enough to continue exactly, on any number of ranks with the same
+/// global batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// The split.
+    pub split: String,
+    /// The epoch.
+    pub epoch: u64,
+    /// Contexts of the epoch consumed by all ranks together (a multiple of `global_batch`).
+    pub samples: usize,
+    /// The order seed.
+    pub seed: u64,
+    /// Whether the epoch is shuffled.
+    pub shuffle: bool,
+    /// The shuffle window.
+    pub window: usize,
+    /// Whether the last partial global batch is dropped.
+    pub drop_last: bool,
+    /// `batch_size * world_size` of the run.
+    pub global_batch: usize,
+}
+
+impl State {
+    pub(crate) fn check(&self, opts: &LoaderOptions) -> Result<(), LoadError> {
+        let global = opts.batch_size * opts.world_size;
+        if opts.split != self.split {
+            return Err(LoadError::State(format!(
+                "the state is for split {:?}, the options ask for {:?}",
+                self.split, opts.split
+            )));
+        }
+        if global != self.global_batch {
+            return Err(LoadError::State(format!(
+                "the state's global batch is {}, the options give {} ({} x {} ranks); keep batch_size x world_size fixed",
+                self.global_batch, global, opts.batch_size, opts.world_size
+            )));
+        }
+        if self.samples % global.max(1) != 0 {
+            return Err(LoadError::State(format!(
+                "{} samples consumed is not a whole number of global batches of {global}",
+                self.samples
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Everything a batch is built from; shared by the loader's threads.
+#[derive(Debug)]
+struct Plan {
+    cache: Arc<Inner>,
+    split_index: usize,
+    order: EpochOrder,
+    steps: Steps,
+    rank: usize,
+    trim: bool,
+    zero_copy: bool,
+    tensors: Vec<TensorSpec>,
+    length_index: usize,
+    pool: Arc<Pool>,
+}
+
+impl Plan {
+    fn shards(&self) -> &[Shard] {
+        &self.cache.splits[self.split_index].1
+    }
+
+    fn samples(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Vec<Sample> {
+        self.steps
+            .positions(step, self.rank)
+            .map(|p| {
+                let w = p / self.order.window();
+                if cache.0 != w || cache.1.is_empty() {
+                    *cache = (w, self.order.window_perm(w));
+                }
+                self.order.position_in(&cache.1, p)
+            })
+            .collect()
+    }
+
+    fn sample_bytes<'a>(&'a self, s: &Sample, t: usize) -> &'a [u8] {
+        let shard = &self.shards()[s.shard];
+        let size = self.tensors[t].sample_bytes();
+        let start = shard.tensor_starts[t] + s.offset * size;
+        &shard.map.bytes()[start..start + size]
+    }
+
+    fn stored_length(&self, s: &Sample) -> usize {
+        let b = self.sample_bytes(s, self.length_index);
+        i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as usize
+    }
+
+    /// The trimmed sequence length of a batch: its longest stored length, at least 1.
+    fn seq_len(&self, samples: &[Sample]) -> usize {
+        let max_len = self.cache.manifest.max_len;
+        if !self.trim {
+            return max_len;
+        }
+        samples
+            .iter()
+            .map(|s| self.stored_length(s))
+            .max()
+            .unwrap_or(0)
+            .clamp(1, max_len)
+    }
+
+    fn shape(&self, t: usize, n: usize, seq_len: usize) -> Vec<usize> {
+        let spec = &self.tensors[t];
+        let mut shape = vec![n];
+        shape.extend_from_slice(&spec.sample_shape);
+        if is_sequence(spec) {
+            shape[1] = seq_len;
+        }
+        shape
+    }
+
+    /// Bytes of one sample of tensor `t` after trimming.
+    fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
+        let spec = &self.tensors[t];
+        if is_sequence(spec) {
+            spec.sample_bytes() / self.cache.manifest.max_len.max(1) * seq_len
+        } else {
+            spec.sample_bytes()
+        }
+    }
+
+    /// Copies the batch of `samples` into `dst` (one slice per tensor, each at least the
+    /// batch's bytes); returns the sequence length used.
+    fn gather_into(&self, samples: &[Sample], dst: &mut [&mut [u8]]) -> usize {
+        let seq_len = self.seq_len(samples);
+        for (t, out) in dst.iter_mut().enumerate() {
+            let n = self.copy_bytes(t, seq_len);
+            for (i, s) in samples.iter().enumerate() {
+                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, t)[..n]);
+            }
+        }
+        seq_len
+    }
+
+    fn build(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Batch {
+        let samples = self.samples(step, cache);
+        let n = samples.len();
+        let contiguous = samples
+            .windows(2)
+            .all(|w| w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1);
+        if self.zero_copy && !self.trim && contiguous && n > 0 {
+            let first = samples[0];
+            let shard = &self.shards()[first.shard];
+            let tensors = self
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(t, spec)| {
+                    let size = spec.sample_bytes();
+                    let range = (
+                        self.split_index,
+                        first.shard,
+                        shard.tensor_starts[t] + first.offset * size,
+                        n * size,
+                    );
+                    BatchTensor::mapped(
+                        spec,
+                        self.shape(t, n, self.cache.manifest.max_len),
+                        self.cache.clone(),
+                        range,
+                    )
+                })
+                .collect();
+            return Batch {
+                step,
+                size: n,
+                seq_len: self.cache.manifest.max_len,
+                tensors,
+            };
+        }
+        let seq_len = self.seq_len(&samples);
+        let mut bufs: Vec<Vec<u8>> = (0..self.tensors.len())
+            .map(|t| self.pool.take(n * self.copy_bytes(t, seq_len)))
+            .collect();
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        self.gather_into(&samples, &mut slices);
+        let tensors = bufs
+            .into_iter()
+            .enumerate()
+            .map(|(t, buf)| {
+                BatchTensor::owned(
+                    &self.tensors[t],
+                    self.shape(t, n, seq_len),
+                    buf,
+                    self.pool.clone(),
+                )
+            })
+            .collect();
+        Batch {
+            step,
+            size: n,
+            seq_len,
+            tensors,
+        }
+    }
+
+    /// Page-cache hints for the window after `w` (read ahead) and the one before `w - 1`
+    /// (release from this process's resident set).
+    fn advise(&self, w: usize) {
+        let window = self.order.window();
+        let total = self.order.len();
+        let ahead = ((w + 1) * window).min(total)..((w + 2) * window).min(total);
+        self.for_spans(ahead, |shard, start, len| shard.map.will_need(start, len));
+        if w >= 2 {
+            let behind = (w - 2) * window..(w - 1) * window;
+            self.for_spans(behind, |shard, start, len| shard.map.release(start, len));
+        }
+    }
+
+    fn for_spans(&self, virtual_range: std::ops::Range<usize>, f: impl Fn(&Shard, usize, usize)) {
+        for (shard, lo, hi) in self.order.spans(virtual_range) {
+            let shard = &self.shards()[shard];
+            for (t, spec) in self.tensors.iter().enumerate() {
+                let size = spec.sample_bytes();
+                f(shard, shard.tensor_starts[t] + lo * size, (hi - lo) * size);
+            }
+        }
+    }
+}
+
+fn is_sequence(spec: &TensorSpec) -> bool {
+    matches!(spec.role, TensorRole::Features | TensorRole::Categorical)
+}
+
+/// Batches of one epoch of one split for one rank. Iterate it; take [`Loader::state`] at any
+/// point to resume later with [`Cache::loader_from_state`].
+#[derive(Debug)]
+pub struct Loader {
+    plan: Arc<Plan>,
+    opts: LoaderOptions,
+    first_step: usize,
+    next_step: usize,
+    workers: Vec<(Receiver<Batch>, JoinHandle<()>)>,
+    window_cache: (usize, Vec<u32>),
+    advised_window: Option<usize>,
+}
+
+impl Loader {
+    pub(crate) fn new(
+        cache: Cache,
+        opts: LoaderOptions,
+        first_step: usize,
+    ) -> Result<Loader, LoadError> {
+        let inner = cache.inner.clone();
+        let Some(split_index) = inner.splits.iter().position(|(n, _)| *n == opts.split) else {
+            let names: Vec<&str> = inner.splits.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(LoadError::Options(format!(
+                "no split {:?} in the cache (splits: {names:?})",
+                opts.split
+            )));
+        };
+        if opts.batch_size == 0 || opts.world_size == 0 || opts.rank >= opts.world_size {
+            return Err(LoadError::Options(format!(
+                "batch_size {} / rank {} / world_size {}: need batch_size >= 1 and rank < world_size",
+                opts.batch_size, opts.rank, opts.world_size
+            )));
+        }
+        let sizes: Vec<usize> = inner.splits[split_index]
+            .1
+            .iter()
+            .map(|s| s.entry.contexts)
+            .collect();
+        let order = EpochOrder::new(&sizes, opts.shuffle, opts.seed, opts.epoch, opts.window);
+        let steps = Steps::new(
+            order.len(),
+            opts.batch_size,
+            opts.world_size,
+            opts.drop_last,
+        );
+        let tensors = inner.manifest.tensors.clone();
+        let length_index = tensors
+            .iter()
+            .position(|t| t.role == TensorRole::Length)
+            .expect("validated manifest has length");
+        let plan = Arc::new(Plan {
+            cache: inner,
+            split_index,
+            order,
+            steps,
+            rank: opts.rank,
+            trim: opts.trim,
+            zero_copy: true,
+            pool: Pool::new((opts.prefetch + 2) * (opts.threads + 1) * tensors.len()),
+            tensors,
+            length_index,
+        });
+        let first_step = first_step.min(steps.steps);
+        let mut loader = Loader {
+            plan,
+            opts,
+            first_step,
+            next_step: first_step,
+            workers: Vec::new(),
+            window_cache: (usize::MAX, Vec::new()),
+            advised_window: None,
+        };
+        loader.spawn();
+        Ok(loader)
+    }
+
+    fn spawn(&mut self) {
+        let threads = self.opts.threads;
+        for k in 0..threads {
+            let (tx, rx) = sync_channel::<Batch>(self.opts.prefetch.max(1));
+            let plan = self.plan.clone();
+            let (first, total) = (self.first_step, self.plan.steps.steps);
+            let handle = std::thread::Builder::new()
+                .name(format!("dsc-loader-{k}"))
+                .spawn(move || {
+                    let mut cache = (usize::MAX, Vec::new());
+                    let mut step = first + k;
+                    while step < total {
+                        if tx.send(plan.build(step, &mut cache)).is_err() {
+                            return; // the loader was dropped
+                        }
+                        step += threads;
+                    }
+                })
+                .expect("spawn loader thread");
+            self.workers.push((rx, handle));
+        }
+    }
+
+    /// Steps (batches per rank) in this epoch.
+    pub fn steps(&self) -> usize {
+        self.plan.steps.steps
+    }
+
+    /// The order of this epoch.
+    pub fn order(&self) -> &EpochOrder {
+        &self.plan.order
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &LoaderOptions {
+        &self.opts
+    }
+
+    /// The state after the batches yielded so far.
+    pub fn state(&self) -> State {
+        State {
+            split: self.opts.split.clone(),
+            epoch: self.opts.epoch,
+            samples: self.next_step * self.opts.batch_size * self.opts.world_size,
+            seed: self.opts.seed,
+            shuffle: self.opts.shuffle,
+            window: self.opts.window,
+            drop_last: self.opts.drop_last,
+            global_batch: self.opts.batch_size * self.opts.world_size,
+        }
+    }
+
+    /// Bytes of one untrimmed batch per tensor, for callers that supply their own buffers.
+    pub fn batch_bytes(&self) -> Vec<usize> {
+        self.plan
+            .tensors
+            .iter()
+            .map(|t| t.sample_bytes() * self.opts.batch_size)
+            .collect()
+    }
+
+    /// Copies the next batch into the caller's buffers (one slice per tensor, in manifest
+    /// order, each at least [`Loader::batch_bytes`]) with exactly one copy from the mapped
+    /// shards, in the calling thread; returns the batch's sequence length, or `None` at the end
+    /// of the epoch. Use with `threads: 0` (background threads would prepare batches that this
+    /// call does not use).
+    pub fn next_into(&mut self, dst: &mut [&mut [u8]]) -> Result<Option<usize>, LoadError> {
+        if self.next_step >= self.plan.steps.steps {
+            return Ok(None);
+        }
+        if dst.len() != self.plan.tensors.len() {
+            return Err(LoadError::Options(format!(
+                "{} buffers for {} tensors",
+                dst.len(),
+                self.plan.tensors.len()
+            )));
+        }
+        for (d, need) in dst.iter().zip(self.batch_bytes()) {
+            if d.len() < need {
+                return Err(LoadError::Options(format!(
+                    "a buffer of {} bytes for a tensor of {need}",
+                    d.len()
+                )));
+            }
+        }
+        let samples = self.plan.samples(self.next_step, &mut self.window_cache);
+        self.hint();
+        let seq_len = self.plan.gather_into(&samples, dst);
+        self.next_step += 1;
+        Ok(Some(seq_len))
+    }
+
+    /// Advises the kernel once per window: read the next window ahead, release the one before
+    /// last from the resident set.
+    fn hint(&mut self) {
+        let p = self
+            .plan
+            .steps
+            .positions(self.next_step, self.opts.rank)
+            .next()
+            .unwrap_or(0);
+        let w = p / self.plan.order.window();
+        if self.advised_window != Some(w) {
+            self.plan.advise(w);
+            self.advised_window = Some(w);
+        }
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch, LoadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next_step >= self.plan.steps.steps {
+            return None;
+        }
+        let batch = if self.workers.is_empty() {
+            let b = self.plan.build(self.next_step, &mut self.window_cache);
+            Ok(b)
+        } else {
+            let k = (self.next_step - self.first_step) % self.workers.len();
+            self.workers[k].0.recv().map_err(|_| LoadError::WorkerLost)
+        };
+        self.hint();
+        match batch {
+            Ok(b) => {
+                self.next_step += 1;
+                Some(Ok(b))
+            }
+            Err(e) => {
+                self.next_step = self.plan.steps.steps;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        for (rx, handle) in self.workers.drain(..) {
+            drop(rx);
+            let _ = handle.join();
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! The loader on real compiled caches: coverage, determinism, ranks, resume, trimming, bytes,
+//! and damaged shards.
+
+use crate::util::*;
+use dsc_loader::{Cache, LoadError, LoaderOptions};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// One compiled IceCube-like cache with many small shards, shared by the tests (read-only).
+fn cache_dir() -> &'static std::path::Path {
+    static DIR: OnceLock<Dir> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = Dir::new();
+        gen_icecube(&dir, 2, 300);
+        dsc(
+            dir.path(),
+            &icecube_args("cache", &["--shard-size", "96KiB"]),
+        )
+        .ok();
+        dir
+    });
+    Box::leak(Box::new(dir.join("cache")))
+}
+
+fn opts(batch: usize) -> LoaderOptions {
+    LoaderOptions {
+        batch_size: batch,
+        window: 100,
+        ..Default::default()
+    }
+}
+
+fn keys_by_step(cache: &Cache, o: LoaderOptions) -> Vec<Vec<i64>> {
+    cache
+        .loader(o)
+        .unwrap()
+        .map(|b| b.unwrap().keys())
+        .collect()
+}
+
+#[test]
+fn every_context_once_per_epoch_across_ranks() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let n = cache.manifest().split("train").unwrap().contexts;
+    assert!(
+        cache.manifest().shards_of("train").count() > 5,
+        "several shards"
+    );
+    for drop_last in [true, false] {
+        let mut all = Vec::new();
+        let mut per_rank = Vec::new();
+        for rank in 0..3 {
+            let o = LoaderOptions {
+                rank,
+                world_size: 3,
+                drop_last,
+                ..opts(7)
+            };
+            let keys: Vec<i64> = keys_by_step(&cache, o).concat();
+            per_rank.push(keys.len());
+            all.extend(keys);
+        }
+        assert!(
+            per_rank.iter().all(|&l| l == per_rank[0]),
+            "equal rank lengths {per_rank:?}"
+        );
+        let global = 21;
+        let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+        all.iter().for_each(|k| *counts.entry(*k).or_default() += 1);
+        if drop_last {
+            assert_eq!(all.len(), n / global * global);
+            assert!(counts.values().all(|&c| c == 1), "no context twice");
+        } else {
+            assert_eq!(all.len(), n.div_ceil(global) * global);
+            assert_eq!(counts.len(), n, "every context present");
+            let repeated: usize = counts.values().map(|c| c - 1).sum();
+            assert_eq!(
+                repeated,
+                n.div_ceil(global) * global - n,
+                "only the padding repeats"
+            );
+        }
+    }
+}
+
+#[test]
+fn order_is_a_function_of_seed_and_epoch() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let a = keys_by_step(&cache, opts(16));
+    assert_eq!(a, keys_by_step(&cache, opts(16)));
+    assert_ne!(
+        a,
+        keys_by_step(
+            &cache,
+            LoaderOptions {
+                epoch: 1,
+                ..opts(16)
+            }
+        )
+    );
+    assert_ne!(
+        a,
+        keys_by_step(
+            &cache,
+            LoaderOptions {
+                seed: 5,
+                ..opts(16)
+            }
+        )
+    );
+    // Thread count changes nothing.
+    assert_eq!(
+        a,
+        keys_by_step(
+            &cache,
+            LoaderOptions {
+                threads: 0,
+                ..opts(16)
+            }
+        )
+    );
+    assert_eq!(
+        a,
+        keys_by_step(
+            &cache,
+            LoaderOptions {
+                threads: 3,
+                prefetch: 1,
+                ..opts(16)
+            }
+        )
+    );
+    // Unshuffled is the compiled order.
+    let (_, compiled) = read_cache(cache_dir());
+    let flat: Vec<i64> = keys_by_step(
+        &cache,
+        LoaderOptions {
+            shuffle: false,
+            drop_last: false,
+            ..opts(16)
+        },
+    )
+    .concat();
+    assert_eq!(flat[..compiled["train"].len()], compiled["train"][..]);
+}
+
+#[test]
+fn the_global_order_does_not_depend_on_world_size() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let global = |world: usize| -> Vec<Vec<i64>> {
+        let ranks: Vec<Vec<Vec<i64>>> = (0..world)
+            .map(|rank| {
+                keys_by_step(
+                    &cache,
+                    LoaderOptions {
+                        rank,
+                        world_size: world,
+                        ..opts(12 / world)
+                    },
+                )
+            })
+            .collect();
+        (0..ranks[0].len())
+            .map(|s| ranks.iter().flat_map(|r| r[s].clone()).collect())
+            .collect()
+    };
+    let one = global(1);
+    assert_eq!(one, global(2));
+    assert_eq!(one, global(4));
+    // Rank slices of one step are disjoint.
+    let two: Vec<Vec<i64>> = (0..2)
+        .map(|rank| {
+            keys_by_step(
+                &cache,
+                LoaderOptions {
+                    rank,
+                    world_size: 2,
+                    ..opts(6)
+                },
+            )
+            .concat()
+        })
+        .collect();
+    assert!(two[0].iter().all(|k| !two[1].contains(k)));
+}
+
+#[test]
+fn trimmed_batches_equal_untrimmed_ones_cut_to_length() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let full: Vec<_> = cache.loader(opts(8)).unwrap().map(Result::unwrap).collect();
+    let trimmed: Vec<_> = cache
+        .loader(LoaderOptions {
+            trim: true,
+            ..opts(8)
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let l = cache.manifest().max_len;
+    let mut shorter = 0;
+    for (f, t) in full.iter().zip(&trimmed) {
+        let lengths: Vec<i32> = t
+            .tensor("length")
+            .unwrap()
+            .bytes()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(t.seq_len, *lengths.iter().max().unwrap() as usize);
+        shorter += usize::from(t.seq_len < l);
+        for (ft, tt) in f.tensors().iter().zip(t.tensors()) {
+            let seq = matches!(
+                ft.role(),
+                dsc_loader::TensorRole::Features | dsc_loader::TensorRole::Categorical
+            );
+            if !seq {
+                assert_eq!(ft.bytes(), tt.bytes(), "{}", ft.name());
+                continue;
+            }
+            let step = ft.bytes().len() / f.size / l;
+            assert_eq!(tt.shape()[1], t.seq_len);
+            for i in 0..f.size {
+                let a = &ft.bytes()[i * l * step..i * l * step + t.seq_len * step];
+                let b = &tt.bytes()[i * t.seq_len * step..(i + 1) * t.seq_len * step];
+                assert_eq!(a, b, "{} sample {i}", ft.name());
+            }
+        }
+    }
+    assert!(shorter > 0, "trimming shortened some batches");
+}
+
+#[test]
+fn batch_bytes_equal_the_shard_bytes_of_those_contexts() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    // Every sample of the cache by key, as the safetensors crate reads it.
+    let mut by_key: BTreeMap<i64, BTreeMap<String, Vec<u8>>> = BTreeMap::new();
+    for shard in cache.manifest().shards_of("train") {
+        let tensors = read_shard(&cache_dir().join(&shard.file));
+        let keys = tensors["key"].i64s();
+        for (i, k) in keys.iter().enumerate() {
+            let per = tensors
+                .iter()
+                .map(|(name, t)| {
+                    let n = t.bytes.len() / keys.len();
+                    (name.clone(), t.bytes[i * n..(i + 1) * n].to_vec())
+                })
+                .collect();
+            by_key.insert(*k, per);
+        }
+    }
+    for shuffle in [true, false] {
+        let mut zero_copy = 0;
+        for batch in cache
+            .loader(LoaderOptions {
+                shuffle,
+                ..opts(10)
+            })
+            .unwrap()
+        {
+            let batch = batch.unwrap();
+            zero_copy += usize::from(batch.is_zero_copy());
+            for (i, k) in batch.keys().iter().enumerate() {
+                for t in batch.tensors() {
+                    let n = t.bytes().len() / batch.size;
+                    assert_eq!(
+                        &t.bytes()[i * n..(i + 1) * n],
+                        &by_key[k][t.name()][..],
+                        "key {k} tensor {}",
+                        t.name()
+                    );
+                }
+            }
+        }
+        if shuffle {
+            assert_eq!(zero_copy, 0);
+        } else {
+            assert!(
+                zero_copy > 0,
+                "cache-order batches inside one shard are views"
+            );
+        }
+    }
+}
+
+#[test]
+fn next_into_fills_caller_buffers_like_the_iterator() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let batches: Vec<_> = cache.loader(opts(9)).unwrap().map(Result::unwrap).collect();
+    let mut loader = cache
+        .loader(LoaderOptions {
+            threads: 0,
+            ..opts(9)
+        })
+        .unwrap();
+    let mut bufs: Vec<Vec<u8>> = loader
+        .batch_bytes()
+        .into_iter()
+        .map(|n| vec![0u8; n])
+        .collect();
+    let mut i = 0;
+    loop {
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        let Some(_) = loader.next_into(&mut slices).unwrap() else {
+            break;
+        };
+        for (t, buf) in batches[i].tensors().iter().zip(&bufs) {
+            assert_eq!(t.bytes(), &buf[..t.bytes().len()]);
+        }
+        i += 1;
+    }
+    assert_eq!(i, batches.len());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// Stopping after any number of batches and resuming from the state (on any rank layout
+    /// with the same global batch) continues with exactly the batches of an uninterrupted run.
+    #[test]
+    fn resume_anywhere_equals_the_uninterrupted_run(stop in 0usize..60, epoch in 0u64..3, threads in 0usize..3, world in prop::sample::select(vec![1usize, 2, 4])) {
+        let cache = Cache::open(cache_dir()).unwrap();
+        let base = LoaderOptions { epoch, threads, window: 64, ..opts(8) };
+        let straight: Vec<Vec<i64>> = keys_by_step(&cache, base.clone());
+        let stop = stop.min(straight.len());
+        let mut first = cache.loader(base.clone()).unwrap();
+        for _ in 0..stop {
+            first.next().unwrap().unwrap();
+        }
+        let state = first.state();
+        drop(first);
+        let json = serde_json::to_string(&state).unwrap();
+        let state: dsc_loader::State = serde_json::from_str(&json).unwrap();
+        // Resume on `world` ranks with the same global batch of 8.
+        let ranks: Vec<Vec<Vec<i64>>> = (0..world)
+            .map(|rank| {
+                let o = LoaderOptions { rank, world_size: world, batch_size: 8 / world, threads, ..Default::default() };
+                cache.loader_from_state(o, &state).unwrap().map(|b| b.unwrap().keys()).collect()
+            })
+            .collect();
+        let resumed: Vec<Vec<i64>> = (0..ranks[0].len()).map(|s| ranks.iter().flat_map(|r| r[s].clone()).collect()).collect();
+        prop_assert_eq!(&resumed[..], &straight[stop..]);
+    }
+}
+
+#[test]
+fn resume_refuses_another_global_batch() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let state = cache.loader(opts(8)).unwrap().state();
+    let err = cache.loader_from_state(opts(6), &state).unwrap_err();
+    assert!(matches!(err, LoadError::State(_)), "{err}");
+    assert!(err.to_string().contains("global batch is 8"), "{err}");
+}
+
+fn copy_cache(to: &Dir) -> std::path::PathBuf {
+    let dst = to.join("cache");
+    for (rel, bytes) in tree(cache_dir()) {
+        let p = dst.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+    dst
+}
+
+#[test]
+fn truncated_and_corrupt_shards_are_errors_naming_the_shard() {
+    let dir = Dir::new();
+    let cache = copy_cache(&dir);
+    let shard = cache.join("shards/train-00002.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 1]).unwrap();
+    let err = Cache::open(&cache).unwrap_err().to_string();
+    assert!(err.contains("train-00002.safetensors: size is"), "{err}");
+    // Same size, broken header.
+    let mut broken = bytes.clone();
+    broken[8..16].copy_from_slice(b"{\"x\":[1,");
+    std::fs::write(&shard, &broken).unwrap();
+    let err = Cache::open(&cache).unwrap_err().to_string();
+    assert!(
+        err.contains("train-00002.safetensors: bad safetensors header"),
+        "{err}"
+    );
+    std::fs::remove_file(&shard).unwrap();
+    let err = Cache::open(&cache).unwrap_err().to_string();
+    assert!(err.contains("train-00002.safetensors"), "{err}");
+}
