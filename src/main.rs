@@ -2,9 +2,11 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod bench_cmd;
 mod compile_cmd;
 mod gen_cmd;
 mod inspect_cmd;
+mod order_cmd;
 mod output;
 mod report_cmd;
 mod show_cmd;
@@ -36,6 +38,8 @@ fn main() -> ExitCode {
         args::Command::Verify(a) => verify_cmd::run(a),
         args::Command::Show(a) => show_cmd::run(a),
         args::Command::Report(a) => report_cmd::run(a),
+        args::Command::Order(a) => order_cmd::run(a),
+        args::Command::Bench(a) => bench_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

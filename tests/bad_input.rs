@@ -394,3 +394,109 @@ fn a_categorical_column_named_like_a_reserved_tensor() {
     ];
     fails_cleanly(&dir, &args, &["\"length\"", "reserves"]);
 }
+
+#[test]
+fn a_column_in_two_roles_is_checked_for_both() {
+    let dir = data();
+    // charge is Float64: fine to order by, not a categorical.
+    let args = [
+        "compile",
+        "data/train/batch_*.parquet",
+        "--key",
+        "event_id",
+        "--order-by",
+        "charge",
+        "--features",
+        "time",
+        "--categorical",
+        "charge",
+        "--out",
+        "cache",
+    ];
+    fails_cleanly(
+        &dir,
+        &args,
+        &["column \"charge\" is Float64", "categorical"],
+    );
+}
+
+#[test]
+fn errors_name_the_same_row_whatever_the_thread_count() {
+    let dir = data();
+    // A geometry file missing some sensors: the first pulse (in file order) on one of them is
+    // the row to report.
+    let csv = std::fs::read_to_string(dir.join("data/sensor_geometry.csv")).unwrap();
+    let kept: Vec<&str> = csv
+        .lines()
+        .enumerate()
+        .filter(|(i, _)| i % 7 != 3)
+        .map(|(_, l)| l)
+        .collect();
+    std::fs::write(dir.join("data/sensor_geometry.csv"), kept.join("\n")).unwrap();
+    let mut messages = Vec::new();
+    for threads in ["1", "2", "3"] {
+        let mut args = vec!["--threads", threads];
+        args.extend(icecube_args("cache", &[]));
+        let err = dsc(dir.path(), &args).fails(2);
+        assert!(
+            err.contains("has no entry in data/sensor_geometry.csv"),
+            "{err}"
+        );
+        messages.push(err);
+    }
+    assert!(messages.windows(2).all(|w| w[0] == w[1]), "{messages:?}");
+}
+
+#[test]
+fn values_beyond_f32_or_exact_statistics_are_reported() {
+    let dir = data();
+    replace_column(&dir.join("data/train/batch_1.parquet"), "charge", |n, b| {
+        let c = b.column_by_name("charge").unwrap();
+        let c = c.as_any().downcast_ref::<Float64Array>().unwrap();
+        arc(Float64Array::from_iter_values((0..c.len()).map(|i| {
+            if i == 4 && n == 0 {
+                1e39
+            } else {
+                c.value(i)
+            }
+        })))
+    });
+    let mut args = icecube_args("cache", &[]);
+    let e = args.iter().position(|a| *a == "charge=log1p").unwrap();
+    args[e] = "charge=identity";
+    fails_cleanly(
+        &dir,
+        &args,
+        &[
+            "column \"charge\" row 4",
+            "1000000000000000000000000000000000000000 encodes to",
+        ],
+    );
+    replace_column(&dir.join("data/train/batch_1.parquet"), "charge", |n, b| {
+        let c = b.column_by_name("charge").unwrap();
+        let c = c.as_any().downcast_ref::<Float64Array>().unwrap();
+        arc(Float64Array::from_iter_values((0..c.len()).map(|i| {
+            if i == 4 && n == 0 {
+                1e300
+            } else {
+                c.value(i)
+            }
+        })))
+    });
+    args.extend(["--nan", "mean"]);
+    fails_cleanly(
+        &dir,
+        &args,
+        &["column \"charge\"", "overflow its statistics"],
+    );
+}
+
+#[test]
+fn force_refuses_to_replace_a_directory_holding_the_inputs() {
+    let dir = data();
+    let mut args = icecube_args("data", &["--force"]);
+    args[1] = "data/train/batch_*.parquet";
+    let err = dsc(dir.path(), &args).fails(2);
+    assert!(err.contains("is inside it; choose another --out"), "{err}");
+    assert!(dir.join("data/train/batch_1.parquet").exists());
+}

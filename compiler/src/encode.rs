@@ -78,6 +78,8 @@ struct Gathered {
 }
 
 fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
+    // Chunks are collected in order and the first error taken, so the row an error names
+    // does not depend on the thread count (here and in every parallel loop of the compiler).
     type Part = (Vec<f64>, Vec<f64>, [[u64; 3]; 2]);
     let parts: Vec<Part> = tags
         .par_chunks(1 << 16)
@@ -104,6 +106,8 @@ fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
             }
             Ok(part)
         })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     let n_train = parts.iter().map(|p| p.0.len()).sum();
     let n_val: usize = parts.iter().map(|p| p.1.len()).sum();
@@ -218,7 +222,29 @@ pub(crate) fn numeric_column(
     tr.numeric = train_num;
     let mut va = empty_stats(access, g.counts[1], (g.values.len() - n_train) as u64);
     va.numeric = val_num;
-    let has_bad = g.counts.iter().flatten().any(|&c| c > 0);
+    for s in [&all, &tr, &va] {
+        let finite = s.numeric.as_ref().is_none_or(|n| {
+            [n.min, n.max, n.mean, n.std].iter().all(|v| v.is_finite())
+                && n.histogram
+                    .iter()
+                    .all(|b| b.lo.is_finite() && b.hi.is_finite())
+        });
+        if !finite {
+            let (lo, hi) = s.numeric.as_ref().map_or((0.0, 0.0), |n| (n.min, n.max));
+            return Err(CompileError::Spec(format!(
+                "column {:?}: values from {lo:e} to {hi:e} overflow its statistics; rescale the column",
+                access.name
+            )));
+        }
+    }
+    // Stages are monotonic, so the encoded range is that of the encoded extremes: if either
+    // end leaves f32, some rows cannot be stored and must be looked for.
+    let out_of_f32 = all.numeric.as_ref().is_some_and(|n| {
+        [n.min, n.max]
+            .iter()
+            .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
+    });
+    let has_bad = out_of_f32 || g.counts.iter().flatten().any(|&c| c > 0);
     Ok(NumericResult {
         has_bad,
         stats: [all, tr, va],
@@ -336,6 +362,8 @@ fn count_categories(access: &Access, tags: &[u8]) -> Result<(Counts, [u64; 2])> 
             }
             Ok((table, maps, nulls))
         })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     let mut counts: Counts = [HashMap::new(), HashMap::new()];
     let mut nulls = [0u64; 2];

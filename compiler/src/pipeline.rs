@@ -77,6 +77,8 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
                             available: read::column_list(&opened.schema),
                         })
                 })
+                .collect::<Vec<Result<_>>>()
+                .into_iter()
                 .collect::<Result<_>>()?;
             let mut n = 0u64;
             for batch in opened.into_reader(&indices)? {
@@ -89,6 +91,8 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
             }
             Ok(n)
         })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     Ok(rows.iter().sum())
 }
@@ -137,6 +141,9 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         timings: Vec::new(),
     };
     let plan = plan::plan(spec)?;
+    if opts.force {
+        refuse_inputs_inside(&opts.out, spec, &plan.rows_files)?;
+    }
     let staging = Staging::create(&opts.out, opts.force)?;
 
     progress.stage("reading", plan.rows_files.len() as u64);
@@ -156,6 +163,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         .joins
         .iter()
         .map(|(path, on, wants)| lookup::read_keyed(path, on, Role::JoinOn, wants))
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     let context: Option<Keyed> = match &spec.context {
         None => None,
@@ -197,7 +206,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             .map(|c| c.group.len)
             .max()
             .unwrap_or(1)
-            .max(1)
+            .clamp(1, plan::MAX_LEN)
     });
     // Sampling is seeded by the split seed, not the shuffle seed, so that a reshuffle stores
     // exactly the same rows.
@@ -381,6 +390,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             progress.advance(1);
             entry
         })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     summary.values_filled = filled.load(Ordering::Relaxed);
     timer.lap("write");
@@ -432,6 +443,28 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         cache_bytes,
         timings: timer.timings,
     })
+}
+
+/// `--force` replaces the output directory: refuse when that would delete an input.
+fn refuse_inputs_inside(out: &Path, spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<()> {
+    let Ok(out) = out.canonicalize() else {
+        return Ok(()); // nothing there yet to replace
+    };
+    let others = spec
+        .context
+        .iter()
+        .chain(spec.joins.iter().map(|j| &j.file))
+        .map(PathBuf::from);
+    for input in rows_files.iter().cloned().chain(others) {
+        if input.canonicalize().is_ok_and(|p| p.starts_with(&out)) {
+            return Err(CompileError::Spec(format!(
+                "--force would replace {} but the input {} is inside it; choose another --out",
+                out.display(),
+                input.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn refresh_groups(contexts: &mut [Context], groups: &[Group]) {
@@ -584,6 +617,8 @@ fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
                 xxh3,
             })
         })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     let mut h = dsc_format::checksum::Hasher::new();
     for f in &files {

@@ -36,6 +36,10 @@ pub(crate) struct Plan {
     pub max_len_given: Option<usize>,
 }
 
+/// The longest sequence a cache may pad to: lengths are stored as i32, and one padded context
+/// must stay far below any shard size.
+pub(crate) const MAX_LEN: usize = 1 << 24;
+
 /// Parses an encoding chain such as `log1p,zscore` into stages with placeholder parameters.
 pub(crate) fn parse_chain(column: &str, chain: &str) -> Result<Vec<Stage>> {
     chain
@@ -76,6 +80,12 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     }
     if spec.max_len == Some(0) {
         return Err(CompileError::Spec("--max-len must be at least 1".into()));
+    }
+    if spec.max_len.is_some_and(|l| l > MAX_LEN) {
+        return Err(CompileError::Spec(format!(
+            "--max-len {} is above the largest supported length {MAX_LEN}",
+            spec.max_len.unwrap_or_default()
+        )));
     }
     if !(0.0..1.0).contains(&spec.val_fraction) {
         return Err(CompileError::Spec(format!(
@@ -206,7 +216,14 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         name: spec.key.clone(),
         role: Role::Key,
     }];
+    // A column may serve several roles (order-by and categorical, key and feature): read it
+    // once, but check its type against every role it serves.
+    let mut every_role: Vec<Want> = rows_wants.clone();
     let mut add = |name: &str, role: Role| {
+        every_role.push(Want {
+            name: name.into(),
+            role,
+        });
         if !rows_wants.iter().any(|w| w.name == name) {
             rows_wants.push(Want {
                 name: name.into(),
@@ -232,6 +249,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             );
         }
     }
+    read::check_columns(&first, &every_role)?;
     Ok(Plan {
         rows_files,
         row_columns,

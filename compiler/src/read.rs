@@ -258,7 +258,12 @@ impl RowsTable {
 /// Opens every file, checks the wanted columns and that all files agree on their types, then
 /// reads them in parallel and concatenates in file order.
 pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable> {
-    let opened: Vec<Opened> = files.par_iter().map(|p| open(p)).collect::<Result<_>>()?;
+    let opened: Vec<Opened> = files
+        .par_iter()
+        .map(|p| open(p))
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
+        .collect::<Result<_>>()?;
     let mut first_types: Option<(PathBuf, Vec<TypeInfo>)> = None;
     for o in &opened {
         if o.rows == 0 {
@@ -299,6 +304,8 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
     let per_file: Vec<Vec<Column>> = opened
         .into_par_iter()
         .map(|o| read_columns(o, &wants, &types))
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
         .collect::<Result<_>>()?;
     let mut columns: Vec<Column> = types
         .iter()

@@ -399,6 +399,30 @@ impl Manifest {
                     t.name, t.sample_shape, t.role
                 ));
             }
+            let dtype = match t.role {
+                TensorRole::Key => Dtype::I64,
+                TensorRole::Length | TensorRole::FullLength | TensorRole::Categorical => Dtype::I32,
+                TensorRole::Features | TensorRole::Targets | TensorRole::ContextFeatures => {
+                    Dtype::F32
+                }
+            };
+            if t.dtype != dtype {
+                return Err(format!(
+                    "tensor {:?} ({:?}) is {:?}, it must be {dtype:?}",
+                    t.name, t.role, t.dtype
+                ));
+            }
+            let fits = t
+                .sample_shape
+                .iter()
+                .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d))
+                .is_some_and(|b| b < 1 << 40);
+            if !fits {
+                return Err(format!(
+                    "tensor {:?} has an impossible sample shape {:?}",
+                    t.name, t.sample_shape
+                ));
+            }
             let seq_axis = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
             if seq_axis && t.sample_shape[0] != self.max_len {
                 return Err(format!(

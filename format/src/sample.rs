@@ -186,8 +186,13 @@ fn bytes_of<'a>(raw: &'a RawContext, name: &str) -> &'a [u8] {
 pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decoded {
     let key_bytes = bytes_of(raw, "key");
     let key = i64::from_le_bytes(key_bytes[..8].try_into().expect("8 bytes"));
-    let length = i32_at(bytes_of(raw, "length"), 0).max(0) as usize;
-    let full_length = i32_at(bytes_of(raw, "full_length"), 0).max(0) as usize;
+    // A damaged shard may hold any length: decode at most the padded length.
+    let length = (i32_at(bytes_of(raw, "length"), 0).max(0) as usize).min(manifest.max_len);
+    let full_length = raw
+        .tensors
+        .iter()
+        .find(|(n, _)| n == "full_length")
+        .map_or(length, |(_, b)| i32_at(b, 0).max(0) as usize);
     let mut decoded = Decoded {
         key,
         split: raw.split.clone(),

@@ -165,12 +165,21 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
                 ),
             ));
         }
+        let (Some(start), Some(end)) = (
+            data_start.checked_add(offsets[0]),
+            data_start.checked_add(offsets[1]),
+        ) else {
+            return Err(header_err(
+                shard,
+                format!("tensor {name:?} has offsets {offsets:?} beyond any file"),
+            ));
+        };
         tensors.push(TensorExtent {
             name: name.clone(),
             dtype,
             shape,
-            start: data_start + offsets[0],
-            end: data_start + offsets[1],
+            start,
+            end,
         });
     }
     tensors.sort_by_key(|t| t.start);

@@ -1,0 +1,177 @@
+//! `dsc bench`: loader throughput against memcpy of the same bytes, in one run.
+
+use crate::args::BenchArgs;
+use crate::output::{bold, outln};
+use dsc_loader::{Cache, LoaderOptions};
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Serialize)]
+struct Report {
+    cache: std::path::PathBuf,
+    split: String,
+    contexts: usize,
+    batch_size: usize,
+    threads: usize,
+    bytes_per_epoch: u64,
+    open_ms: f64,
+    gbps_memcpy: f64,
+    gbps_sequential: f64,
+    contexts_per_s_sequential: f64,
+    gbps_shuffled_1_thread: f64,
+    gbps_shuffled: f64,
+    contexts_per_s_shuffled: f64,
+    shuffled_over_memcpy: f64,
+    peak_rss_mib: Option<f64>,
+}
+
+/// Reads every byte (so that a zero-copy view costs what reading it costs).
+fn touch(bytes: &[u8]) -> u64 {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .fold(0u64, u64::wrapping_add)
+}
+
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
+    let threads = a
+        .loader_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    // Open twice: the first run warms the file metadata; the second is the figure.
+    drop(Cache::open(&a.cache)?);
+    let t = Instant::now();
+    let cache = Cache::open(&a.cache)?;
+    let open_ms = t.elapsed().as_secs_f64() * 1e3;
+    let opts = |shuffle: bool, threads: usize| LoaderOptions {
+        split: a.split.clone(),
+        batch_size: a.batch_size,
+        shuffle,
+        threads,
+        ..Default::default()
+    };
+    let contexts = cache.loader(opts(false, 0))?.order().len();
+    let per_context = cache.manifest().bytes_per_context();
+    let steps = cache.loader(opts(false, 0))?.steps();
+    let bytes = (steps * a.batch_size * per_context) as u64;
+    anyhow::ensure!(
+        steps > 0,
+        "split {:?} has fewer than {} contexts",
+        a.split,
+        a.batch_size
+    );
+
+    // memcpy of the same bytes: whole batches of cache-order views copied into one buffer.
+    // It also brings the shards into the page cache before anything is timed.
+    let mut sink = 0u64;
+    let mut buf = vec![0u8; a.batch_size * per_context];
+    let mut memcpy_s = f64::INFINITY;
+    for _ in 0..2 {
+        let t = Instant::now();
+        for batch in cache.loader(opts(false, 0))? {
+            let batch = batch?;
+            let mut at = 0;
+            for tensor in batch.tensors() {
+                let b = tensor.bytes();
+                buf[at..at + b.len()].copy_from_slice(b);
+                at += b.len();
+            }
+            sink = sink.wrapping_add(u64::from(buf[at / 2]));
+        }
+        memcpy_s = memcpy_s.min(t.elapsed().as_secs_f64());
+    }
+
+    reset_peak();
+    let t = Instant::now();
+    for batch in cache.loader(opts(false, 0))? {
+        for tensor in batch?.tensors() {
+            sink = sink.wrapping_add(touch(tensor.bytes()));
+        }
+    }
+    let sequential_s = t.elapsed().as_secs_f64();
+
+    let shuffled = |threads: usize| -> anyhow::Result<f64> {
+        let t = Instant::now();
+        let mut n = 0u64;
+        for batch in cache.loader(opts(true, threads))? {
+            n += batch?.size as u64;
+        }
+        std::hint::black_box(n);
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let one_s = shuffled(1)?;
+    let many_s = shuffled(threads)?;
+    let peak_rss_mib = crate::output::peak_rss_mib();
+    std::hint::black_box(sink);
+
+    let gb = bytes as f64 / 1e9;
+    let epoch_contexts = (steps * a.batch_size) as f64;
+    let r = Report {
+        cache: a.cache.clone(),
+        split: a.split.clone(),
+        contexts,
+        batch_size: a.batch_size,
+        threads,
+        bytes_per_epoch: bytes,
+        open_ms,
+        gbps_memcpy: gb / memcpy_s,
+        gbps_sequential: gb / sequential_s,
+        contexts_per_s_sequential: epoch_contexts / sequential_s,
+        gbps_shuffled_1_thread: gb / one_s,
+        gbps_shuffled: gb / many_s,
+        contexts_per_s_shuffled: epoch_contexts / many_s,
+        shuffled_over_memcpy: memcpy_s / many_s,
+        peak_rss_mib,
+    };
+    if a.json {
+        crate::output::print_json(&r)?;
+        return Ok(0);
+    }
+    outln!(
+        "{} {}: {} contexts in split {:?}, batches of {}, {:.1} MB per epoch; open {:.1} ms",
+        bold("bench"),
+        r.cache.display(),
+        r.contexts,
+        r.split,
+        r.batch_size,
+        bytes as f64 / 1e6,
+        r.open_ms
+    );
+    outln!(
+        "{}",
+        bold(&format!(
+            "{:<34} {:>10} {:>14} {:>10}",
+            "pass", "GB/s", "contexts/s", "÷ memcpy"
+        ))
+    );
+    let row = |name: &str, gbps: f64| {
+        format!(
+            "{name:<34} {gbps:>10.2} {:>14.0} {:>10.2}",
+            gbps * 1e9 / per_context as f64,
+            gbps / r.gbps_memcpy
+        )
+    };
+    outln!("{}", row("memcpy of the same bytes", r.gbps_memcpy));
+    outln!(
+        "{}",
+        row("cache order (views, bytes read)", r.gbps_sequential)
+    );
+    outln!(
+        "{}",
+        row("shuffled, 1 thread (one copy)", r.gbps_shuffled_1_thread)
+    );
+    outln!(
+        "{}",
+        row(
+            &format!("shuffled, {threads} threads (one copy)"),
+            r.gbps_shuffled
+        )
+    );
+    if let Some(mib) = r.peak_rss_mib {
+        outln!("peak resident memory while loading: {mib:.0} MiB");
+    }
+    Ok(0)
+}

@@ -1,0 +1,127 @@
+//! `dsc order`: the loader's order for an epoch, as keys, a quality report or a resume state.
+
+use crate::args::OrderArgs;
+use crate::output::{bold, bytes, outln};
+use anyhow::Context as _;
+use dsc_loader::{Cache, LoaderOptions, State};
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Report {
+    split: String,
+    epoch: u64,
+    seed: u64,
+    shuffle: bool,
+    batch_size: usize,
+    world_size: usize,
+    batches_per_rank: usize,
+    contexts: usize,
+    #[serde(flatten)]
+    quality: dsc_loader::order::Quality,
+    window_bytes: u64,
+}
+
+pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
+    let cache = Cache::open(&a.cache)?;
+    let opts = LoaderOptions {
+        split: a.split.clone(),
+        batch_size: a.batch_size,
+        shuffle: !a.no_shuffle,
+        seed: a.seed,
+        epoch: a.epoch,
+        rank: a.rank,
+        world_size: a.world_size,
+        drop_last: !a.keep_last,
+        threads: 0,
+        window: a.window,
+        ..Default::default()
+    };
+    let mut loader = match &a.from_state {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let state: State = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a loader state", path.display()))?;
+            cache.loader_from_state(opts, &state)?
+        }
+        None => cache.loader(opts)?,
+    };
+    if let Some(n) = a.state_after {
+        for _ in 0..n {
+            if loader.next().transpose()?.is_none() {
+                break;
+            }
+        }
+        crate::output::print_json(&loader.state())?;
+        return Ok(0);
+    }
+    if a.keys {
+        let mut all = Vec::new();
+        for batch in &mut loader {
+            let keys = batch?.keys();
+            if a.json {
+                all.push(keys);
+            } else {
+                let line: Vec<String> = keys.iter().map(ToString::to_string).collect();
+                outln!("{}", line.join(" "));
+            }
+        }
+        if a.json {
+            crate::output::print_json(&all)?;
+        }
+        return Ok(0);
+    }
+    let order = loader.order();
+    let quality = order.quality(a.batch_size * a.world_size);
+    let per_context = cache.manifest().bytes_per_context() as u64;
+    let report = Report {
+        split: a.split.clone(),
+        epoch: loader.options().epoch,
+        seed: loader.options().seed,
+        shuffle: loader.options().shuffle,
+        batch_size: a.batch_size,
+        world_size: a.world_size,
+        batches_per_rank: loader.steps(),
+        contexts: order.len(),
+        window_bytes: quality.window.min(order.len()) as u64 * per_context,
+        quality,
+    };
+    if a.json {
+        crate::output::print_json(&report)?;
+        return Ok(0);
+    }
+    outln!(
+        "{} split {} epoch {} seed {}{}: {} contexts, {} batches per rank ({} x {} ranks)",
+        bold("order"),
+        report.split,
+        report.epoch,
+        report.seed,
+        if report.shuffle { "" } else { " (cache order)" },
+        report.contexts,
+        report.batches_per_rank,
+        report.batch_size,
+        report.world_size
+    );
+    let q = &report.quality;
+    outln!(
+        "distinct shards per global batch {:.2} (of {} shards)",
+        q.distinct_shards_per_batch,
+        q.shards
+    );
+    outln!(
+        "neighbour-distance entropy {:.3} bits; a uniform shuffle gives {:.3} ({:.1}%)",
+        q.neighbour_entropy,
+        q.uniform_entropy,
+        if q.uniform_entropy > 0.0 {
+            100.0 * q.neighbour_entropy / q.uniform_entropy
+        } else {
+            0.0
+        }
+    );
+    outln!(
+        "window {} contexts: about {} resident while reading",
+        q.window,
+        bytes(report.window_bytes)
+    );
+    Ok(0)
+}
