@@ -361,6 +361,9 @@ pub struct OrderArgs {
     /// Contexts permuted together.
     #[arg(long, default_value_t = dsc_loader::order::DEFAULT_WINDOW)]
     pub window: usize,
+    /// Shards read side by side (each window mixes this many).
+    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
+    pub interleave: usize,
     /// Cache order: no shuffle.
     #[arg(long)]
     pub no_shuffle: bool,
@@ -404,6 +407,12 @@ pub struct BenchArgs {
     /// Loader threads for the multi-threaded run [default: all cores].
     #[arg(long)]
     pub loader_threads: Option<usize>,
+    /// Contexts permuted together in the shuffled passes.
+    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_WINDOW)]
+    pub window: usize,
+    /// Shards read side by side in the shuffled passes.
+    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
+    pub interleave: usize,
     /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy,
     /// open_ms, peak_rss_mib, …).
     #[arg(long)]

@@ -286,14 +286,20 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
     );
     let s = &r.summary;
     outln!(
-        "L = {}: {} contexts truncated; {} rows dropped without a context row; {} contexts without rows ({} kept empty); {} values filled by --nan",
+        "L = {}: {} contexts truncated, {} values filled by --nan",
         r.max_len,
         thousands(s.contexts_truncated as u64),
-        thousands(s.rows_without_context_row),
-        thousands(s.contexts_without_rows as u64),
-        thousands(s.empty_contexts_kept as u64),
         thousands(s.values_filled)
     );
+    if s.contexts_without_context_row + s.contexts_without_rows > 0 {
+        outln!(
+            "dropped {} contexts without a context row ({} rows); {} contexts without rows ({} kept empty)",
+            thousands(s.contexts_without_context_row as u64),
+            thousands(s.rows_without_context_row),
+            thousands(s.contexts_without_rows as u64),
+            thousands(s.empty_contexts_kept as u64)
+        );
+    }
     if let Some(mib) = r.peak_rss_mib {
         outln!("peak memory {mib:.0} MiB");
     }

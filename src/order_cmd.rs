@@ -34,6 +34,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         drop_last: !a.keep_last,
         threads: 0,
         window: a.window,
+        interleave: a.interleave,
         ..Default::default()
     };
     let mut loader = match &a.from_state {
@@ -83,7 +84,9 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         world_size: a.world_size,
         batches_per_rank: loader.steps(),
         contexts: order.len(),
-        window_bytes: quality.window.min(order.len()) as u64 * per_context,
+        // The window being read, the one before (released when the next begins) and the one
+        // read ahead.
+        window_bytes: 3 * quality.window.min(order.len()) as u64 * per_context,
         quality,
     };
     if a.json {

@@ -383,3 +383,103 @@ fn truncated_and_corrupt_shards_are_errors_naming_the_shard() {
     let err = Cache::open(&cache).unwrap_err().to_string();
     assert!(err.contains("train-00002.safetensors"), "{err}");
 }
+
+#[test]
+fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
+    let dir = Dir::new();
+    let cache = copy_cache(&dir);
+    let lib = keys_by_step(
+        &Cache::open(&cache).unwrap(),
+        LoaderOptions {
+            epoch: 2,
+            ..opts(16)
+        },
+    );
+    let run = |args: &[&str]| dsc(dir.path(), args).ok();
+    let base = [
+        "order",
+        "cache",
+        "--epoch",
+        "2",
+        "--batch-size",
+        "16",
+        "--window",
+        "100",
+    ];
+    let keys = run(&[&base[..], &["--keys"]].concat());
+    let printed: Vec<Vec<i64>> = keys
+        .lines()
+        .map(|l| l.split(' ').map(|k| k.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(printed, lib);
+    let state = run(&[&base[..], &["--state-after", "5"]].concat());
+    std::fs::write(dir.join("state.json"), &state).unwrap();
+    // Resume on two ranks of 8: together they continue the same global order.
+    let halves: Vec<Vec<Vec<i64>>> = (0..2)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let out = run(&[
+                "order",
+                "cache",
+                "--batch-size",
+                "8",
+                "--world-size",
+                "2",
+                "--rank",
+                &rank,
+                "--from-state",
+                "state.json",
+                "--keys",
+                "--json",
+            ]);
+            serde_json::from_str(&out).unwrap()
+        })
+        .collect();
+    let resumed: Vec<Vec<i64>> = (0..halves[0].len())
+        .map(|s| [halves[0][s].clone(), halves[1][s].clone()].concat())
+        .collect();
+    assert_eq!(resumed, lib[5..]);
+    let report: serde_json::Value =
+        serde_json::from_str(&run(&[&base[..], &["--json"]].concat())).unwrap();
+    for field in [
+        "distinct_shards_per_batch",
+        "neighbour_entropy",
+        "uniform_entropy",
+        "batches_per_rank",
+        "window_bytes",
+    ] {
+        assert!(report[field].as_f64().is_some(), "{field} in {report}");
+    }
+    assert_eq!(
+        report["batches_per_rank"].as_u64().unwrap() as usize,
+        lib.len()
+    );
+    let text = run(&base);
+    assert!(
+        text.contains("neighbour-distance entropy")
+            && text.lines().all(|l| l.chars().count() <= 100),
+        "{text}"
+    );
+}
+
+#[test]
+fn dsc_bench_reports_throughput_against_memcpy() {
+    let dir = Dir::new();
+    copy_cache(&dir);
+    let out = dsc(
+        dir.path(),
+        &["bench", "cache", "--batch-size", "16", "--json"],
+    )
+    .ok();
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for field in [
+        "contexts_per_s_shuffled",
+        "gbps_shuffled",
+        "gbps_sequential",
+        "gbps_memcpy",
+        "open_ms",
+        "peak_rss_mib",
+    ] {
+        assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {r}");
+    }
+}

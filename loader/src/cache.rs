@@ -101,6 +101,17 @@ impl Cache {
         &self.inner.dir
     }
 
+    /// The mapped bytes of every shard of `split`, whole files in index order: for measuring
+    /// (e.g. memcpy of the same bytes) and for tools that read shards directly.
+    pub fn shard_bytes<'a>(&'a self, split: &str) -> Vec<&'a [u8]> {
+        self.inner
+            .splits
+            .iter()
+            .filter(|(name, _)| name == split)
+            .flat_map(|(_, shards)| shards.iter().map(|s| s.map.bytes()))
+            .collect()
+    }
+
     /// The tensors of every batch, in order.
     pub fn tensors(&self) -> &[TensorSpec] {
         &self.inner.manifest.tensors
@@ -124,6 +135,7 @@ impl Cache {
         opts.seed = state.seed;
         opts.shuffle = state.shuffle;
         opts.window = state.window;
+        opts.interleave = state.interleave;
         opts.drop_last = state.drop_last;
         let global = opts.batch_size * opts.world_size;
         Loader::new(self.clone(), opts, state.samples / global.max(1))

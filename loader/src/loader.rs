@@ -4,10 +4,10 @@
 use crate::batch::{Batch, BatchTensor, Pool};
 use crate::cache::{Cache, Inner, Shard};
 use crate::error::LoadError;
-use crate::order::{EpochOrder, Sample, Steps, DEFAULT_WINDOW};
+use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::{TensorRole, TensorSpec};
 use serde::{Deserialize, Serialize};
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -39,8 +39,11 @@ pub struct LoaderOptions {
     /// Cut sequence tensors to the longest stored length in the batch [default: false].
     pub trim: bool,
     /// Contexts permuted together in a shuffled epoch; resident memory is about
-    /// `window * bytes per context` [default: 32768].
+    /// `3 * window * bytes per context` (the window read, the one before, the one ahead)
+    /// [default: 4096].
     pub window: usize,
+    /// Shards read side by side, so that each window mixes this many shards [default: 8].
+    pub interleave: usize,
 }
 
 impl Default for LoaderOptions {
@@ -58,6 +61,7 @@ impl Default for LoaderOptions {
             threads: 1,
             trim: false,
             window: DEFAULT_WINDOW,
+            interleave: DEFAULT_INTERLEAVE,
         }
     }
 }
@@ -78,6 +82,8 @@ pub struct State {
     pub shuffle: bool,
     /// The shuffle window.
     pub window: usize,
+    /// Shards read side by side.
+    pub interleave: usize,
     /// Whether the last partial global batch is dropped.
     pub drop_last: bool,
     /// `batch_size * world_size` of the run.
@@ -300,6 +306,9 @@ pub struct Loader {
     first_step: usize,
     next_step: usize,
     workers: Vec<(Receiver<Batch>, JoinHandle<()>)>,
+    /// Page-cache hints run on their own thread so that populating the next window never
+    /// stalls the consumer.
+    advisor: Option<(SyncSender<usize>, JoinHandle<()>)>,
     window_cache: (usize, Vec<u32>),
     advised_window: Option<usize>,
 }
@@ -329,7 +338,14 @@ impl Loader {
             .iter()
             .map(|s| s.entry.contexts)
             .collect();
-        let order = EpochOrder::new(&sizes, opts.shuffle, opts.seed, opts.epoch, opts.window);
+        let order = EpochOrder::new(
+            &sizes,
+            opts.shuffle,
+            opts.seed,
+            opts.epoch,
+            opts.window,
+            opts.interleave,
+        );
         let steps = Steps::new(
             order.len(),
             opts.batch_size,
@@ -360,6 +376,7 @@ impl Loader {
             first_step,
             next_step: first_step,
             workers: Vec::new(),
+            advisor: None,
             window_cache: (usize::MAX, Vec::new()),
             advised_window: None,
         };
@@ -368,6 +385,17 @@ impl Loader {
     }
 
     fn spawn(&mut self) {
+        let (tx, rx) = sync_channel::<usize>(4);
+        let plan = self.plan.clone();
+        let handle = std::thread::Builder::new()
+            .name("dsc-loader-advice".into())
+            .spawn(move || {
+                for w in rx {
+                    plan.advise(w);
+                }
+            })
+            .expect("spawn loader thread");
+        self.advisor = Some((tx, handle));
         let threads = self.opts.threads;
         for k in 0..threads {
             let (tx, rx) = sync_channel::<Batch>(self.opts.prefetch.max(1));
@@ -414,6 +442,7 @@ impl Loader {
             seed: self.opts.seed,
             shuffle: self.opts.shuffle,
             window: self.opts.window,
+            interleave: self.opts.interleave,
             drop_last: self.opts.drop_last,
             global_batch: self.opts.batch_size * self.opts.world_size,
         }
@@ -470,8 +499,14 @@ impl Loader {
             .unwrap_or(0);
         let w = p / self.plan.order.window();
         if self.advised_window != Some(w) {
-            self.plan.advise(w);
             self.advised_window = Some(w);
+            match &self.advisor {
+                // A full queue means the advisor is behind: skipping a hint is harmless.
+                Some((tx, _)) => match tx.try_send(w) {
+                    Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
+                },
+                None => self.plan.advise(w),
+            }
         }
     }
 }
@@ -508,6 +543,10 @@ impl Drop for Loader {
     fn drop(&mut self) {
         for (rx, handle) in self.workers.drain(..) {
             drop(rx);
+            let _ = handle.join();
+        }
+        if let Some((tx, handle)) = self.advisor.take() {
+            drop(tx);
             let _ = handle.join();
         }
     }

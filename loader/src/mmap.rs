@@ -49,7 +49,15 @@ impl Mapped {
     pub fn will_need(&self, start: usize, len: usize) {
         let (start, len) = self.clamp(start, len);
         if len > 0 {
-            let _ = self.map.advise_range(Advice::WillNeed, start, len);
+            // Populate the page tables too (Linux 5.14+), so that the gather does not take one
+            // minor fault per page; older kernels only read ahead.
+            if self
+                .map
+                .advise_range(Advice::PopulateRead, start, len)
+                .is_err()
+            {
+                let _ = self.map.advise_range(Advice::WillNeed, start, len);
+            }
         }
     }
 

@@ -1,24 +1,39 @@
-//! The order of an epoch: a pure function of (shard sizes, seed, epoch, window).
+//! The order of an epoch: a pure function of (shard sizes, seed, epoch, window, interleave).
 //!
-//! Positions `0..N` of a split are the contexts in compiled order (shard 0 first). With shuffle
+//! Positions `0..N` of a split are its contexts in compiled order (shard 0 first). With shuffle
 //! on, an epoch
 //!
-//! 1. permutes the shards with `Xoshiro256::for_stream(seed ^ mix64(epoch), EPOCH_ORDER)`
-//!    (Fisher–Yates, as at compile time), giving a virtual sequence of all contexts, shard after
-//!    shard;
-//! 2. cuts that sequence into windows of `window` contexts and permutes each window with
-//!    `Xoshiro256::for_stream(seed ^ mix64(epoch), EPOCH_ORDER + 1 + w)` for window `w`.
+//! 1. permutes the shards with `Xoshiro256::for_stream(epoch_seed, EPOCH_ORDER)` (Fisher–Yates,
+//!    as at compile time), where `epoch_seed = seed ^ mix64(epoch + 0xD1B54A32D192ED03)`;
+//! 2. reads the permuted shards `interleave` at a time, in rounds: each round takes the next
+//!    block of `window / interleave` contexts from every shard of the group that has any left.
+//!    This gives a virtual sequence of all contexts in which every stretch of `window` contexts
+//!    spans several shards, while each shard is still read front to back;
+//! 3. cuts that sequence into windows of `window` contexts and permutes window `w` with
+//!    `Xoshiro256::for_stream(epoch_seed, EPOCH_ORDER + 1 + w)`.
 //!
-//! So reads stay within a window's few shards (sequential on disk, bounded resident memory),
-//! batches mix those shards, and since the cache was shuffled at compile time the result is close
-//! to a uniform permutation. Any position of the epoch is found in O(log shards) plus one window
-//! permutation, so resuming costs O(window), never a replay. With shuffle off the order is the
-//! compiled order. `docs/FORMAT.md` ("Epoch order") states the same for other implementations.
+//! Reads stay inside one window (about `window` × bytes per context resident), batches mix the
+//! window's shards, and as the cache was shuffled at compile time the result is close to a
+//! uniform permutation (see [`EpochOrder::quality`]). Any position is found by a binary search
+//! plus one window permutation, so a resume costs O(window), never a replay. With shuffle off
+//! the order is the compiled order. `docs/FORMAT.md` ("Epoch order") states the same for other
+//! implementations.
 
 use dsc_format::rng::{mix64, stream, Xoshiro256};
 
 /// Default window: contexts permuted together.
-pub const DEFAULT_WINDOW: usize = 32_768;
+pub const DEFAULT_WINDOW: usize = 4096;
+/// Default number of shards read side by side.
+pub const DEFAULT_INTERLEAVE: usize = 8;
+
+/// A run of consecutive contexts of one shard in the epoch's virtual sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Segment {
+    vstart: usize,
+    shard: usize,
+    offset: usize,
+    len: usize,
+}
 
 /// The order of one epoch of one split.
 #[derive(Debug, Clone)]
@@ -29,8 +44,9 @@ pub struct EpochOrder {
     starts: Vec<usize>,
     /// Shards in epoch order.
     shard_order: Vec<usize>,
-    /// First virtual position of each shard in epoch order (one extra entry: N).
-    virtual_starts: Vec<usize>,
+    /// The virtual sequence, as runs of shards.
+    segments: Vec<Segment>,
+    total: usize,
     shuffle: bool,
     window: usize,
     seed: u64,
@@ -38,9 +54,17 @@ pub struct EpochOrder {
 }
 
 impl EpochOrder {
-    /// The order for `epoch` over shards holding `sizes` contexts each. `window` is clamped to at
-    /// least 1.
-    pub fn new(sizes: &[usize], shuffle: bool, seed: u64, epoch: u64, window: usize) -> Self {
+    /// The order for `epoch` over shards holding `sizes` contexts each; `window` and
+    /// `interleave` are clamped to at least 1.
+    pub fn new(
+        sizes: &[usize],
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        window: usize,
+        interleave: usize,
+    ) -> Self {
+        let window = window.max(1);
         let mut starts = Vec::with_capacity(sizes.len());
         let mut acc = 0;
         for &s in sizes {
@@ -48,24 +72,50 @@ impl EpochOrder {
             acc += s;
         }
         let mut shard_order: Vec<usize> = (0..sizes.len()).collect();
+        let mut segments = Vec::new();
+        let mut vstart = 0;
+        let mut push = |shard: usize, offset: usize, len: usize| {
+            if len > 0 {
+                segments.push(Segment {
+                    vstart,
+                    shard,
+                    offset,
+                    len,
+                });
+                vstart += len;
+            }
+        };
         if shuffle {
             Xoshiro256::for_stream(epoch_seed(seed, epoch), stream::EPOCH_ORDER)
                 .shuffle(&mut shard_order);
+            let k = interleave.max(1);
+            let block = (window / k).max(1);
+            for group in shard_order.chunks(k) {
+                let longest = group.iter().map(|&s| sizes[s]).max().unwrap_or(0);
+                for round in 0..longest.div_ceil(block) {
+                    for &shard in group {
+                        let offset = round * block;
+                        push(
+                            shard,
+                            offset,
+                            block.min(sizes[shard].saturating_sub(offset)),
+                        );
+                    }
+                }
+            }
+        } else {
+            for (shard, &size) in sizes.iter().enumerate() {
+                push(shard, 0, size);
+            }
         }
-        let mut virtual_starts = Vec::with_capacity(sizes.len() + 1);
-        let mut acc = 0;
-        for &s in &shard_order {
-            virtual_starts.push(acc);
-            acc += sizes[s];
-        }
-        virtual_starts.push(acc);
         EpochOrder {
             sizes: sizes.to_vec(),
             starts,
             shard_order,
-            virtual_starts,
+            segments,
+            total: acc,
             shuffle,
-            window: window.max(1),
+            window,
             seed,
             epoch,
         }
@@ -73,7 +123,7 @@ impl EpochOrder {
 
     /// Contexts in the epoch.
     pub fn len(&self) -> usize {
-        *self.virtual_starts.last().unwrap_or(&0)
+        self.total
     }
 
     /// True when the split is empty.
@@ -93,9 +143,9 @@ impl EpochOrder {
 
     /// (shard, offset within shard) of virtual position `v`.
     fn locate(&self, v: usize) -> (usize, usize) {
-        let k = self.virtual_starts.partition_point(|&s| s <= v) - 1;
-        let shard = self.shard_order[k];
-        (shard, v - self.virtual_starts[k])
+        let k = self.segments.partition_point(|s| s.vstart <= v) - 1;
+        let seg = &self.segments[k];
+        (seg.shard, seg.offset + v - seg.vstart)
     }
 
     /// The permutation of window `w` (its positions relative to the window start).
@@ -129,15 +179,20 @@ impl EpochOrder {
     /// The shard sample ranges covering virtual positions `range`, as
     /// `(shard, first offset, end offset)`.
     pub fn spans(&self, range: std::ops::Range<usize>) -> Vec<(usize, usize, usize)> {
-        let mut out = Vec::new();
-        let mut v = range.start;
-        while v < range.end.min(self.len()) {
-            let k = self.virtual_starts.partition_point(|&s| s <= v) - 1;
-            let (lo, next) = (self.virtual_starts[k], self.virtual_starts[k + 1]);
-            out.push((self.shard_order[k], v - lo, range.end.min(next) - lo));
-            v = next;
+        let end = range.end.min(self.total);
+        if range.start >= end {
+            return Vec::new();
         }
-        out
+        let first = self.segments.partition_point(|s| s.vstart <= range.start) - 1;
+        self.segments[first..]
+            .iter()
+            .take_while(|s| s.vstart < end)
+            .map(|s| {
+                let lo = range.start.max(s.vstart) - s.vstart;
+                let hi = end.min(s.vstart + s.len) - s.vstart;
+                (s.shard, s.offset + lo, s.offset + hi)
+            })
+            .collect()
     }
 
     /// Contexts per shard.
@@ -324,30 +379,49 @@ mod tests {
 
     #[test]
     fn unshuffled_is_compiled_order() {
-        let o = EpochOrder::new(&[3, 0, 4], false, 1, 0, 2);
+        let o = EpochOrder::new(&[3, 0, 4], false, 1, 0, 2, 2);
         assert_eq!(all(&o), (0..7).collect::<Vec<_>>());
     }
 
     #[test]
     fn each_epoch_is_a_permutation_that_depends_on_seed_and_epoch() {
         let sizes = [100, 37, 250, 1, 64];
-        let a = all(&EpochOrder::new(&sizes, true, 7, 0, 50));
+        let a = all(&EpochOrder::new(&sizes, true, 7, 0, 50, 3));
         let mut sorted = a.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..452).collect::<Vec<_>>());
-        assert_eq!(a, all(&EpochOrder::new(&sizes, true, 7, 0, 50)));
-        assert_ne!(a, all(&EpochOrder::new(&sizes, true, 7, 1, 50)));
-        assert_ne!(a, all(&EpochOrder::new(&sizes, true, 8, 0, 50)));
+        assert_eq!(a, all(&EpochOrder::new(&sizes, true, 7, 0, 50, 3)));
+        assert_ne!(a, all(&EpochOrder::new(&sizes, true, 7, 1, 50, 3)));
+        assert_ne!(a, all(&EpochOrder::new(&sizes, true, 8, 0, 50, 3)));
     }
 
     #[test]
     fn iterating_from_the_middle_matches() {
-        let o = EpochOrder::new(&[40, 40, 40], true, 3, 2, 16);
+        let o = EpochOrder::new(&[40, 40, 40], true, 3, 2, 16, 2);
         let full = all(&o);
         for start in [0, 1, 15, 16, 17, 63, 119] {
             let tail: Vec<usize> = o.iter_from(start).map(|s| s.position).collect();
             assert_eq!(tail, full[start..]);
         }
+    }
+
+    #[test]
+    fn windows_span_several_shards_and_spans_cover_them() {
+        let sizes = [30, 30, 30, 30, 5];
+        let o = EpochOrder::new(&sizes, true, 4, 0, 12, 4);
+        let first: Vec<usize> = o.iter_from(0).take(12).map(|s| s.shard).collect();
+        let mut distinct = first.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() >= 3, "{first:?}");
+        let mut covered = 0;
+        for (shard, lo, hi) in o.spans(0..o.len()) {
+            assert!(lo < hi && hi <= sizes[shard]);
+            covered += hi - lo;
+        }
+        assert_eq!(covered, 125);
+        let part: usize = o.spans(7..31).iter().map(|(_, lo, hi)| hi - lo).sum();
+        assert_eq!(part, 24);
     }
 
     #[test]
@@ -365,10 +439,10 @@ mod tests {
     #[test]
     fn quality_of_a_window_shuffle_is_near_uniform() {
         let sizes = vec![1000; 20];
-        let q = EpochOrder::new(&sizes, true, 1, 0, 4000).quality(64);
+        let q = EpochOrder::new(&sizes, true, 1, 0, 4000, 8).quality(64);
         assert!(q.distinct_shards_per_batch > 3.0, "{q:?}");
         assert!(q.neighbour_entropy > 0.8 * q.uniform_entropy, "{q:?}");
-        let flat = EpochOrder::new(&sizes, false, 1, 0, 4000).quality(64);
+        let flat = EpochOrder::new(&sizes, false, 1, 0, 4000, 8).quality(64);
         assert!(flat.neighbour_entropy < 0.1, "{flat:?}");
     }
 }
