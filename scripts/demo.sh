@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on built-in sample data, on a fresh machine: build dsc, generate IceCube-like
-# events, compile them into a cache, inspect and verify it. Everything lands in ./demo.
+# events, compile them into a cache, inspect and verify it, and stream it through the loader.
+# Everything lands in ./demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,3 +29,7 @@ $dsc inspect demo/cache
 
 step "verify"
 $dsc verify demo/cache
+
+step "load: shuffle quality of epoch 0, then loader throughput"
+$dsc order demo/cache --epoch 0 --batch-size 256
+$dsc bench demo/cache
