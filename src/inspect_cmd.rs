@@ -190,6 +190,11 @@ fn rfc3339(t: std::time::SystemTime) -> String {
     )
 }
 
+/// The largest bin count (at least 1), the 100% of a terminal histogram.
+fn peak_count(bins: &[dsc_format::stats::Bin]) -> u64 {
+    bins.iter().map(|b| b.count).max().unwrap_or(1).max(1)
+}
+
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), num)
 }
@@ -339,13 +344,7 @@ fn print_human(i: &Inspect) -> anyhow::Result<()> {
         thousands(l.truncated),
         100.0 * l.truncated_fraction
     );
-    let peak = l
-        .histogram
-        .iter()
-        .map(|b| b.count)
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    let peak = peak_count(&l.histogram);
     for b in &l.histogram {
         let width = (50.0 * b.count as f64 / peak as f64).round() as usize;
         let bar: String = "█".repeat(width);
@@ -461,13 +460,7 @@ fn print_column(d: &ColumnDetail, top: usize) -> anyhow::Result<()> {
             num(n.min),
             num(n.max)
         );
-        let peak = n
-            .histogram
-            .iter()
-            .map(|b| b.count)
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let peak = peak_count(&n.histogram);
         for b in &n.histogram {
             let bar = "█".repeat((50.0 * b.count as f64 / peak as f64).round() as usize);
             let line = format!(
@@ -504,12 +497,7 @@ fn print_column(d: &ColumnDetail, top: usize) -> anyhow::Result<()> {
 
 pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
     let manifest = Manifest::read(&a.cache)?;
-    let stats_path = a.cache.join(dsc_format::STATS_FILE);
-    let stats: Stats = serde_json::from_slice(
-        &std::fs::read(&stats_path)
-            .with_context(|| format!("cannot read {}", stats_path.display()))?,
-    )
-    .with_context(|| format!("{}: invalid statistics", stats_path.display()))?;
+    let stats = Stats::read(&a.cache)?;
     if let Some(name) = &a.column {
         let detail = column_detail(&manifest, &stats, name)?;
         if a.json {

@@ -174,12 +174,7 @@ figure{{margin:8px;display:inline-block}}figcaption{{font-size:13px;margin-botto
 
 pub fn run(a: ReportArgs) -> anyhow::Result<u8> {
     let manifest = Manifest::read(&a.cache)?;
-    let stats_path = a.cache.join(dsc_format::STATS_FILE);
-    let stats: Stats = serde_json::from_slice(
-        &std::fs::read(&stats_path)
-            .with_context(|| format!("cannot read {}", stats_path.display()))?,
-    )
-    .with_context(|| format!("{}: invalid statistics", stats_path.display()))?;
+    let stats = Stats::read(&a.cache)?;
     let html = render(&manifest, &stats);
     let tmp = a.output.with_extension("html.tmp");
     std::fs::write(&tmp, html).with_context(|| format!("cannot write {}", tmp.display()))?;

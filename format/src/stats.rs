@@ -128,6 +128,16 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Reads `DIR/stats.json`.
+    pub fn read(dir: &std::path::Path) -> Result<Stats, crate::FormatError> {
+        let path = dir.join(crate::STATS_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| crate::FormatError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        serde_json::from_slice(&bytes).map_err(|source| crate::FormatError::Json { path, source })
+    }
+
     /// The statistics of `split` (`all` for every split together).
     pub fn split(&self, split: &str) -> Option<&SplitStats> {
         self.splits.iter().find(|s| s.split == split)

@@ -3,7 +3,7 @@
 
 use crate::manifest::{Manifest, TensorRole};
 use crate::shard::{parse_header, ShardLayout, MAX_HEADER_BYTES};
-use crate::{checksum, FormatError, STATS_FILE};
+use crate::{checksum, FormatError};
 use std::path::Path;
 
 /// How thoroughly to check.
@@ -36,17 +36,8 @@ pub fn verify(
 ) -> Result<Report, FormatError> {
     let manifest = Manifest::read(dir)?;
     let mut report = Report::default();
-    let stats_path = dir.join(STATS_FILE);
-    match std::fs::read(&stats_path) {
-        Ok(bytes) => {
-            if let Err(source) = serde_json::from_slice::<crate::Stats>(&bytes) {
-                report.problems.push(FormatError::Json {
-                    path: stats_path,
-                    source,
-                });
-            }
-        }
-        Err(e) => report.problems.push(FormatError::io(stats_path, e)),
+    if let Err(problem) = crate::Stats::read(dir) {
+        report.problems.push(problem);
     }
     let total = manifest.shards.len();
     for (i, entry) in manifest.shards.iter().enumerate() {
