@@ -55,9 +55,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         interleave: a.interleave,
         ..Default::default()
     };
-    let contexts = cache.loader(opts(false, 0))?.order().len();
+    let (contexts, steps) = {
+        let probe = cache.loader(opts(false, 0))?;
+        (probe.order().len(), probe.steps())
+    };
     let per_context = cache.manifest().bytes_per_context();
-    let steps = cache.loader(opts(false, 0))?.steps();
     let bytes = (steps * a.batch_size * per_context) as u64;
     anyhow::ensure!(
         steps > 0,

@@ -181,25 +181,17 @@ pub(crate) fn read_columns(
     wants: &[Want],
     types: &[TypeInfo],
 ) -> Result<Vec<Column>> {
-    let Opened {
-        path,
-        rows,
-        schema,
-        builder,
-    } = opened;
+    let (path, rows) = (opened.path.clone(), opened.rows);
     let indices: Vec<usize> = wants
         .iter()
-        .map(|w| schema.index_of(&w.name).expect("checked by check_columns"))
+        .map(|w| {
+            opened
+                .schema
+                .index_of(&w.name)
+                .expect("checked by check_columns")
+        })
         .collect();
-    let mask = ProjectionMask::roots(builder.parquet_schema(), indices.iter().copied());
-    let reader = builder
-        .with_projection(mask)
-        .with_batch_size(64 * 1024)
-        .build()
-        .map_err(|e| CompileError::BadParquet {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+    let reader = opened.into_reader(&indices)?;
     let mut columns: Vec<Column> = types
         .iter()
         .map(|t| Column::new(t.clone(), rows as usize))

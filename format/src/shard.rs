@@ -273,7 +273,7 @@ impl ShardLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::{Encoding, TensorRole};
+    use crate::manifest::TensorRole;
 
     fn specs() -> Vec<TensorSpec> {
         let t = |name: &str, dtype, role, shape: Vec<usize>| TensorSpec {
@@ -283,7 +283,6 @@ mod tests {
             sample_shape: shape,
             columns: vec![],
         };
-        let _ = Encoding::Raw;
         vec![
             t("key", Dtype::I64, TensorRole::Key, vec![]),
             t("x", Dtype::F32, TensorRole::Features, vec![3, 2]),

@@ -124,7 +124,6 @@ struct Plan {
     steps: Steps,
     rank: usize,
     trim: bool,
-    zero_copy: bool,
     tensors: Vec<TensorSpec>,
     length_index: usize,
     pool: Arc<Pool>,
@@ -213,7 +212,7 @@ impl Plan {
         let contiguous = samples
             .windows(2)
             .all(|w| w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1);
-        if self.zero_copy && !self.trim && contiguous && n > 0 {
+        if !self.trim && contiguous && n > 0 {
             let first = samples[0];
             let shard = &self.shards()[first.shard];
             let tensors = self
@@ -364,7 +363,6 @@ impl Loader {
             steps,
             rank: opts.rank,
             trim: opts.trim,
-            zero_copy: true,
             pool: Pool::new((opts.prefetch + 2) * (opts.threads + 1) * tensors.len()),
             tensors,
             length_index,
