@@ -1,0 +1,117 @@
+//! Checkpoints: one safetensors file holding the model weights (`model.*`, loadable by any
+//! safetensors reader), the optimizer and loss-scale state (`optim.*`, `scaler.*`), and in its
+//! metadata the run configuration, the schedule position, the loader's resume state and the
+//! history so far. Written to a temporary file and renamed, so a crash never leaves half a
+//! checkpoint.
+
+use crate::args::RunConfig;
+use crate::readback;
+use crate::report::EpochReport;
+use anyhow::Context;
+use dsc_loader::State;
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+const META_KEY: &str = "dsc_train";
+
+/// Where the run stands; saved in the checkpoint's metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Position {
+    pub config: RunConfig,
+    /// Epoch in progress (or the next one when `loader` is `None`).
+    pub epoch: u64,
+    /// Micro-batches of `epoch` already trained.
+    pub micro_in_epoch: u64,
+    /// Optimizer steps taken in all.
+    pub optimizer_steps: u64,
+    /// The training loader's state after the last batch trained (None at an epoch boundary).
+    pub loader: Option<State>,
+    /// Summaries of the finished epochs.
+    pub history: Vec<EpochReport>,
+}
+
+/// A loaded checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub position: Position,
+    tensors: HashMap<String, Tensor>,
+    path: PathBuf,
+}
+
+impl Checkpoint {
+    /// The saved tensor `name` on `device`.
+    pub fn tensor(&self, name: &str, device: Device) -> anyhow::Result<Tensor> {
+        self.tensors
+            .get(name)
+            .map(|t| t.to_device(device))
+            .with_context(|| format!("{}: no tensor {name:?}", self.path.display()))
+    }
+
+    pub fn read(path: &Path) -> anyhow::Result<Checkpoint> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes)
+            .with_context(|| format!("{}: not a safetensors checkpoint", path.display()))?;
+        let json = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(META_KEY))
+            .with_context(|| format!("{}: not a dsc-train checkpoint (no {META_KEY} metadata)", path.display()))?;
+        let position: Position = serde_json::from_str(json)
+            .with_context(|| format!("{}: unreadable {META_KEY} metadata", path.display()))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .with_context(|| format!("{}: corrupt tensors", path.display()))?;
+        let mut tensors = HashMap::new();
+        for (name, view) in st.tensors() {
+            let kind = match view.dtype() {
+                StDtype::F32 => Kind::Float,
+                StDtype::I32 => Kind::Int,
+                StDtype::I64 => Kind::Int64,
+                other => anyhow::bail!("{}: tensor {name} has dtype {other:?}", path.display()),
+            };
+            let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+            let t = Tensor::f_from_data_size(view.data(), &shape, kind)
+                .with_context(|| format!("{}: tensor {name}", path.display()))?;
+            tensors.insert(name, t);
+        }
+        Ok(Checkpoint {
+            position,
+            tensors,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Writes a checkpoint atomically.
+pub fn write(path: &Path, position: &Position, tensors: &[(String, Tensor)]) -> anyhow::Result<()> {
+    let host: Vec<(String, Vec<u8>, StDtype, Vec<usize>)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let dtype = match t.kind() {
+                Kind::Float => StDtype::F32,
+                Kind::Int => StDtype::I32,
+                Kind::Int64 => StDtype::I64,
+                k => anyhow::bail!("cannot checkpoint {name} of kind {k:?}"),
+            };
+            let shape = t.size().iter().map(|&d| d as usize).collect();
+            Ok((name.clone(), readback::bytes(t), dtype, shape))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let views = host
+        .iter()
+        .map(|(name, bytes, dtype, shape)| {
+            TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .with_context(|| format!("tensor {name}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let meta = HashMap::from([(META_KEY.to_string(), serde_json::to_string(position)?)]);
+    let tmp = path.with_extension("ckpt.partial");
+    safetensors::serialize_to_file(views, Some(meta), &tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! CUDA where tch does not reach: loading `libtorch_cuda` and CUDA events.
+//!
+//! rustc links with `--as-needed`, and nothing in the binary refers to a symbol of
+//! `libtorch_cuda.so`, so the linker drops it and libtorch never registers its CUDA backend:
+//! `Cuda::is_available()` says false on a GPU machine. Loading the library ourselves before the
+//! first tch call registers it; where it is absent or cannot load (a CPU-only libtorch, or no
+//! CUDA runtime), training runs on the CPU. This is the only module with `unsafe`.
+//!
+//! Events come from the CUDA runtime that `libtorch_cuda` itself loaded (tch has no event API).
+//! They are recorded on the legacy default stream, the stream every libtorch op of this program
+//! runs on, so they mark points in the same queue as the training step. The trainer uses them to
+//! know when a pinned host buffer's copy has finished (so the loader may refill it) and to time
+//! copies and compute on the device without stopping the host.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+/// Outcome of trying to load libtorch's CUDA backend.
+#[derive(Debug, Clone)]
+pub enum CudaLoad {
+    /// `libtorch_cuda.so` is loaded; CUDA is usable if a device is present.
+    Loaded,
+    /// Not loaded, with the loader's reason (CPU-only libtorch, missing CUDA libraries).
+    Unavailable(String),
+}
+
+/// Loads `libtorch_cuda.so` (found through the binary's run path or `LD_LIBRARY_PATH`) with
+/// global symbols. Call before any tch function; later calls return the first outcome.
+pub fn load_torch_cuda() -> CudaLoad {
+    static ONCE: OnceLock<CudaLoad> = OnceLock::new();
+    ONCE.get_or_init(|| match dlopen("libtorch_cuda.so", libc::RTLD_NOW | libc::RTLD_GLOBAL) {
+        Ok(_) => CudaLoad::Loaded,
+        Err(e) => CudaLoad::Unavailable(e),
+    })
+    .clone()
+}
+
+fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, String> {
+    let c = CString::new(name).expect("library names have no NUL");
+    // SAFETY: `c` is a valid NUL-terminated string; dlopen has no other preconditions. Loading
+    // runs the library's static constructors, which is the point (backend registration).
+    let handle = unsafe { libc::dlopen(c.as_ptr(), flags) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call
+        // on this thread; it is copied at once.
+        let msg = unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                format!("cannot load {name}")
+            } else {
+                CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        };
+        return Err(msg);
+    }
+    Ok(handle)
+}
+
+type CudaError = c_int;
+type RawEvent = *mut c_void;
+/// The legacy default stream (`cudaStream_t` 0), which libtorch uses unless told otherwise.
+const DEFAULT_STREAM: *mut c_void = std::ptr::null_mut();
+const EVENT_DEFAULT: u32 = 0;
+
+struct Runtime {
+    set_device: unsafe extern "C" fn(c_int) -> CudaError,
+    create: unsafe extern "C" fn(*mut RawEvent, u32) -> CudaError,
+    record: unsafe extern "C" fn(RawEvent, *mut c_void) -> CudaError,
+    synchronize: unsafe extern "C" fn(RawEvent) -> CudaError,
+    elapsed: unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> CudaError,
+    destroy: unsafe extern "C" fn(RawEvent) -> CudaError,
+    error_string: unsafe extern "C" fn(CudaError) -> *const c_char,
+}
+
+// SAFETY: the struct holds only function pointers into a library that stays loaded for the life
+// of the process (it is never dlclosed); the CUDA runtime API is thread-safe.
+unsafe impl Send for Runtime {}
+// SAFETY: as above.
+unsafe impl Sync for Runtime {}
+
+fn runtime() -> Result<&'static Runtime, String> {
+    static RT: OnceLock<Result<Runtime, String>> = OnceLock::new();
+    RT.get_or_init(find_runtime).as_ref().map_err(Clone::clone)
+}
+
+fn find_runtime() -> Result<Runtime, String> {
+    // The runtime libtorch_cuda depends on is already mapped; RTLD_NOLOAD finds that copy
+    // instead of loading a second, different one.
+    let names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"];
+    let handle = names
+        .iter()
+        .find_map(|n| dlopen(n, libc::RTLD_NOW | libc::RTLD_NOLOAD).ok())
+        .ok_or_else(|| "no CUDA runtime (libcudart) is loaded".to_string())?;
+    let sym = |name: &str| -> Result<*mut c_void, String> {
+        let c = CString::new(name).expect("symbol names have no NUL");
+        // SAFETY: `handle` came from a successful dlopen and `c` is NUL-terminated.
+        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+        if p.is_null() {
+            Err(format!("the CUDA runtime has no {name}"))
+        } else {
+            Ok(p)
+        }
+    };
+    // SAFETY: each symbol is the CUDA runtime function of that name, whose C signature is the
+    // one given by the field's type (cuda_runtime_api.h).
+    unsafe {
+        Ok(Runtime {
+            set_device: std::mem::transmute::<*mut c_void, _>(sym("cudaSetDevice")?),
+            create: std::mem::transmute::<*mut c_void, _>(sym("cudaEventCreateWithFlags")?),
+            record: std::mem::transmute::<*mut c_void, _>(sym("cudaEventRecord")?),
+            synchronize: std::mem::transmute::<*mut c_void, _>(sym("cudaEventSynchronize")?),
+            elapsed: std::mem::transmute::<*mut c_void, _>(sym("cudaEventElapsedTime")?),
+            destroy: std::mem::transmute::<*mut c_void, _>(sym("cudaEventDestroy")?),
+            error_string: std::mem::transmute::<*mut c_void, _>(sym("cudaGetErrorString")?),
+        })
+    }
+}
+
+fn check(rt: &Runtime, code: CudaError, what: &str) -> Result<(), String> {
+    if code == 0 {
+        return Ok(());
+    }
+    // SAFETY: cudaGetErrorString returns a static NUL-terminated string for any code.
+    let msg = unsafe { CStr::from_ptr((rt.error_string)(code)) };
+    Err(format!("{what}: {}", msg.to_string_lossy()))
+}
+
+/// Makes `index` the calling thread's CUDA device (events are created on it).
+pub fn set_device(index: usize) -> Result<(), String> {
+    let rt = runtime()?;
+    // SAFETY: plain runtime call with an integer argument.
+    check(rt, unsafe { (rt.set_device)(index as c_int) }, "cudaSetDevice")
+}
+
+/// A CUDA event with timing, recorded on the default stream.
+#[derive(Debug)]
+pub struct Event {
+    raw: RawEvent,
+}
+
+// SAFETY: a CUDA event handle may be used from any thread of the process.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// Creates an event on the current device.
+    pub fn new() -> Result<Event, String> {
+        let rt = runtime()?;
+        let mut raw: RawEvent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer.
+        check(rt, unsafe { (rt.create)(&mut raw, EVENT_DEFAULT) }, "cudaEventCreate")?;
+        Ok(Event { raw })
+    }
+
+    /// Marks the current end of the default stream's queue.
+    pub fn record(&self) -> Result<(), String> {
+        let rt = runtime()?;
+        // SAFETY: `self.raw` is a live event created by this runtime.
+        check(rt, unsafe { (rt.record)(self.raw, DEFAULT_STREAM) }, "cudaEventRecord")
+    }
+
+    /// Blocks the host until the work queued before the last `record` has finished.
+    pub fn synchronize(&self) -> Result<(), String> {
+        let rt = runtime()?;
+        // SAFETY: as in `record`.
+        check(rt, unsafe { (rt.synchronize)(self.raw) }, "cudaEventSynchronize")
+    }
+
+    /// Device milliseconds from `start` to `self`; both must be complete.
+    pub fn since(&self, start: &Event) -> Result<f64, String> {
+        let rt = runtime()?;
+        let mut ms = 0f32;
+        // SAFETY: both events are live and `ms` is a valid out-pointer.
+        check(
+            rt,
+            unsafe { (rt.elapsed)(&mut ms, start.raw, self.raw) },
+            "cudaEventElapsedTime",
+        )?;
+        Ok(f64::from(ms))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(rt) = runtime() {
+            // SAFETY: the event is live and dropped once; an error here cannot be acted on.
+            unsafe { (rt.destroy)(self.raw) };
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Diagnostics: `--overfit-batch` (can the network learn at all?) and `--find-batch-size`
+//! (how large a batch fits, and how fast is each size?).
+
+use crate::args::RunConfig;
+use crate::feed::Feed;
+use crate::readback::{self, Purpose};
+use crate::report::{BatchSizeReport, BatchTrial, Readbacks, StepReport, Summary};
+use crate::session::Session;
+use crate::timing::{Clock, Totals};
+use dsc_loader::LoaderOptions;
+use std::panic::{self, AssertUnwindSafe};
+use std::time::Instant;
+use tch::Device;
+
+fn first_batch_options(s: &Session) -> LoaderOptions {
+    LoaderOptions {
+        split: "train".into(),
+        batch_size: s.cfg.batch_size,
+        shuffle: true,
+        seed: s.cfg.seed,
+        threads: 0,
+        trim: true,
+        drop_last: false,
+        ..Default::default()
+    }
+}
+
+/// Trains `steps` optimizer steps on the first batch of epoch 0 at a constant learning rate.
+/// Passes when the last logged loss is under a tenth of the first.
+pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
+    let loader = s.cache.loader(first_batch_options(&s))?;
+    let ring = s.ring.clone();
+    let feed = Feed::start(loader, &ring);
+    let filled = feed
+        .next()?
+        .ok_or_else(|| anyhow::anyhow!("the training split is empty"))?;
+    let batch = s.to_device(filled, s.cfg.batch_size);
+    // The batch now lives on the device for good; the host slot is no longer needed.
+    let _ = s.release(None, 0)?;
+    drop(feed);
+    let mut clock = Clock::new(0).map_err(anyhow::Error::msg)?;
+    let mut logged = Vec::new();
+    let mut totals = Totals::default();
+    let mut window = tch::Tensor::zeros([], (tch::Kind::Float, s.device));
+    let mut in_window = 0u64;
+    for step in 1..=steps {
+        s.seed_step(step);
+        let loss = s.train_micro(&batch);
+        tch::no_grad(|| {
+            let _ = window.g_add_(&loss);
+        });
+        s.opt.step(s.cfg.lr, s.cfg.clip, s.scaler.as_mut());
+        s.opt.zero_grad();
+        clock.samples(s.cfg.batch_size);
+        in_window += 1;
+        if step == 1 || step % s.cfg.log_every == 0 || step == steps {
+            let loss = readback::values(&window, Purpose::Training)[0] / in_window as f64;
+            let _ = window.zero_();
+            let t = clock.close().map_err(anyhow::Error::msg)?;
+            totals.add(&t);
+            logged.push(StepReport::new(step, loss, s.cfg.lr, t.shares()));
+            in_window = 0;
+        }
+    }
+    let first = logged.first().map_or(f64::NAN, |r: &StepReport| r.train_loss);
+    let last = logged.last().map_or(f64::NAN, |r: &StepReport| r.train_loss);
+    let passed = last < 0.1 * first;
+    eprintln!(
+        "overfit one batch of {}: loss {first:.4} -> {last:.4} ({:.1}% lower) in {steps} steps: {}",
+        s.cfg.batch_size,
+        100.0 * (1.0 - last / first),
+        if passed { "PASS" } else { "FAIL (the loss must fall by over 90%)" }
+    );
+    Ok(Summary {
+        mode: "overfit_batch",
+        device: crate::describe_device(s.device),
+        amp: format!("{:?}", s.amp).to_lowercase(),
+        task: format!("{:?}", s.cfg.task).to_lowercase(),
+        model: format!("{:?}", s.cfg.model).to_lowercase(),
+        parameters: s.parameters(),
+        metric: s.task.metric.to_string(),
+        epochs: Vec::new(),
+        steps: logged,
+        optimizer_steps: steps,
+        total: totals.shares(),
+        readbacks: Readbacks {
+            training: readback::training_reads(),
+            other: readback::other_reads(),
+        },
+        overfit_passed: Some(passed),
+        checkpoint: None,
+    })
+}
+
+/// Tries batch sizes from 16, doubling up to `max`, each for a few full training steps, until
+/// one does not fit in memory.
+pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSizeReport {
+    let mut trials = Vec::new();
+    let mut b = cfg.batch_size.min(16).max(1);
+    let hook = panic::take_hook();
+    // libtorch reports out-of-memory as a panic in tch; keep its message out of the output.
+    panic::set_hook(Box::new(|_| {}));
+    while b <= max {
+        let mut c = cfg.clone();
+        c.batch_size = b;
+        let result = panic::catch_unwind(AssertUnwindSafe(|| trial(c, device)));
+        let t = match result {
+            Ok(Ok(rate)) => BatchTrial { batch_size: b, fits: true, samples_per_s: Some(rate), error: None },
+            Ok(Err(e)) => BatchTrial { batch_size: b, fits: false, samples_per_s: None, error: Some(format!("{e:#}")) },
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".into());
+                let first = msg.lines().next().unwrap_or_default().to_string();
+                BatchTrial { batch_size: b, fits: false, samples_per_s: None, error: Some(first) }
+            }
+        };
+        let fits = t.fits;
+        eprintln!(
+            "batch {:>6}: {}",
+            b,
+            match (&t.samples_per_s, &t.error) {
+                (Some(r), _) => format!("fits, {r:.0} samples/s"),
+                (_, Some(e)) => format!("does not fit: {e}"),
+                _ => String::new(),
+            }
+        );
+        trials.push(t);
+        if !fits {
+            break;
+        }
+        b *= 2;
+    }
+    panic::set_hook(hook);
+    let largest = trials.iter().filter(|t| t.fits).map(|t| t.batch_size).max();
+    BatchSizeReport {
+        mode: "find_batch_size",
+        device: crate::describe_device(device),
+        largest,
+        trials,
+    }
+}
+
+/// Samples/s of a few training steps at the configured batch size (one warm-up step).
+fn trial(cfg: RunConfig, device: Device) -> anyhow::Result<f64> {
+    const MEASURED: usize = 3;
+    let mut s = Session::new(cfg, device, 2)?;
+    let loader = s.cache.loader(LoaderOptions {
+        drop_last: true,
+        ..first_batch_options(&s)
+    })?;
+    anyhow::ensure!(
+        loader.steps() > MEASURED,
+        "the training split has fewer than {} batches of {}",
+        MEASURED + 1,
+        s.cfg.batch_size
+    );
+    let ring = s.ring.clone();
+    let feed = Feed::start(loader, &ring);
+    let mut start = Instant::now();
+    for i in 0..=MEASURED {
+        if i == 1 {
+            start = Instant::now();
+        }
+        let filled = feed.next()?.ok_or_else(|| anyhow::anyhow!("epoch ended"))?;
+        let batch = s.to_device(filled, s.cfg.batch_size);
+        let loss = s.train_micro(&batch);
+        s.opt.step(s.cfg.lr, s.cfg.clip, s.scaler.as_mut());
+        s.opt.zero_grad();
+        // The read waits for the step, so the timing covers the device's work.
+        let _ = readback::values(&loss, Purpose::Other);
+        for slot in s.release(Some(filled.slot), 0)? {
+            feed.release(slot);
+        }
+    }
+    Ok((MEASURED * s.cfg.batch_size) as f64 / start.elapsed().as_secs_f64())
+}

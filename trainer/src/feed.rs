@@ -1,0 +1,175 @@
+//! The data path from page cache to the step: a ring of host buffers (pinned when the device is
+//! CUDA) that a producer thread fills with [`Loader::next_into`], one copy from the mapped shards
+//! into memory the GPU can read by DMA. Buffers are allocated once per run and handed back and
+//! forth through two channels, so a slot is only ever touched by one side at a time.
+
+use anyhow::Context;
+use dsc_format::{Dtype, TensorSpec};
+use dsc_loader::{LoadError, Loader};
+use std::marker::PhantomData;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::JoinHandle;
+use tch::{Device, Kind, Tensor};
+
+/// The tch element type of a stored dtype.
+pub fn kind_of(dtype: Dtype) -> Kind {
+    match dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::I32 => Kind::Int,
+        Dtype::I64 => Kind::Int64,
+    }
+}
+
+/// Host buffers for `slots` batches: one tensor per manifest tensor, each shaped as a full
+/// untrimmed batch.
+#[derive(Debug)]
+pub struct HostRing {
+    slots: Vec<Vec<Tensor>>,
+}
+
+impl HostRing {
+    /// Allocates the ring; `pin_for` pins the memory for DMA to that CUDA device.
+    pub fn new(
+        specs: &[TensorSpec],
+        batch_size: usize,
+        slots: usize,
+        pin_for: Option<Device>,
+    ) -> anyhow::Result<HostRing> {
+        let slots = (0..slots)
+            .map(|_| {
+                specs
+                    .iter()
+                    .map(|s| {
+                        let mut shape = vec![batch_size as i64];
+                        shape.extend(s.sample_shape.iter().map(|&d| d as i64));
+                        let t = Tensor::zeros(shape.as_slice(), (kind_of(s.dtype), Device::Cpu));
+                        match pin_for {
+                            Some(d) => t
+                                .f_pin_memory(d)
+                                .with_context(|| format!("pinning a host buffer for {}", s.name)),
+                            None => Ok(t),
+                        }
+                    })
+                    .collect::<anyhow::Result<Vec<Tensor>>>()
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(HostRing { slots })
+    }
+
+    /// The tensors of one slot (full batch shape; a trimmed batch occupies a prefix).
+    pub fn slot(&self, slot: usize) -> &[Tensor] {
+        &self.slots[slot]
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn raw(&self, slot: usize) -> SlotMemory {
+        SlotMemory(
+            self.slots[slot]
+                .iter()
+                .map(|t| (t.data_ptr() as *mut u8, t.numel() * t.kind().elt_size_in_bytes()))
+                .collect(),
+        )
+    }
+}
+
+/// The address and length of each tensor of a slot, for the producer thread.
+struct SlotMemory(Vec<(*mut u8, usize)>);
+
+// SAFETY: the pointers address tensors owned by the `HostRing`, which the `Feed` borrows, and
+// `Feed::drop` joins the thread, so the memory outlives every write. A slot's memory is written only by the producer between
+// receiving the slot index and sending it back, and read by the consumer only after that, so
+// the two threads never touch a slot at the same time.
+unsafe impl Send for SlotMemory {}
+
+/// A filled slot: which one, and the batch's sequence length (the loader's trim).
+#[derive(Debug, Clone, Copy)]
+pub struct Filled {
+    pub slot: usize,
+    pub seq_len: usize,
+}
+
+/// One epoch's producer thread.
+#[derive(Debug)]
+pub struct Feed<'ring> {
+    ring: PhantomData<&'ring HostRing>,
+    free: Option<SyncSender<usize>>,
+    ready: Receiver<Result<Filled, LoadError>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl<'ring> Feed<'ring> {
+    /// Starts filling the ring from `loader` (which must have `threads: 0`); every slot starts
+    /// free. The borrow keeps the ring alive while the thread writes into it.
+    pub fn start(mut loader: Loader, ring: &'ring HostRing) -> Feed<'ring> {
+        let n = ring.len();
+        let (free_tx, free_rx) = sync_channel::<usize>(n);
+        let (ready_tx, ready_rx) = sync_channel::<Result<Filled, LoadError>>(n);
+        let memory: Vec<SlotMemory> = (0..n).map(|s| ring.raw(s)).collect();
+        for s in 0..n {
+            free_tx.send(s).expect("receiver alive");
+        }
+        let handle = std::thread::Builder::new()
+            .name("dsc-train-feed".into())
+            .spawn(move || {
+                for slot in free_rx {
+                    let mem = &memory[slot];
+                    // SAFETY: see `SlotMemory`: this thread owns the slot until it sends it
+                    // back, and the memory is live for as long as the feed.
+                    let mut dst: Vec<&mut [u8]> = mem
+                        .0
+                        .iter()
+                        .map(|&(p, len)| unsafe { std::slice::from_raw_parts_mut(p, len) })
+                        .collect();
+                    let msg = match loader.next_into(&mut dst) {
+                        Ok(Some(seq_len)) => Ok(Filled { slot, seq_len }),
+                        Ok(None) => return, // end of epoch: dropping the sender says so
+                        Err(e) => Err(e),
+                    };
+                    let failed = msg.is_err();
+                    if ready_tx.send(msg).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .expect("spawn the feed thread");
+        Feed {
+            ring: PhantomData,
+            free: Some(free_tx),
+            ready: ready_rx,
+            handle: Some(handle),
+        }
+    }
+
+    /// The next filled slot, or `None` at the end of the epoch. Blocks while the producer is
+    /// behind (that time is the step's data wait).
+    pub fn next(&self) -> anyhow::Result<Option<Filled>> {
+        match self.ready.recv() {
+            Ok(Ok(f)) => Ok(Some(f)),
+            Ok(Err(e)) => Err(anyhow::Error::new(e).context("reading a batch from the cache")),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Gives a slot back to the producer; its contents must no longer be needed (on CUDA: its
+    /// copy to the device has completed).
+    pub fn release(&self, slot: usize) {
+        if let Some(tx) = &self.free {
+            // The producer may have finished the epoch; then nobody needs the slot.
+            let _ = tx.send(slot);
+        }
+    }
+}
+
+impl Drop for Feed<'_> {
+    fn drop(&mut self) {
+        // Closing the free channel ends the producer's loop; join so the ring outlives it.
+        self.free = None;
+        while self.ready.try_recv().is_ok() {}
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

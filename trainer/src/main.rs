@@ -1,0 +1,155 @@
+//! `dsc-train`: the reference training loop on a dsc cache.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod args;
+mod checkpoint;
+mod cuda;
+mod diag;
+mod feed;
+mod model;
+mod optim;
+mod readback;
+mod report;
+mod session;
+mod task;
+mod timing;
+mod train;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde::Serialize;
+use std::process::ExitCode;
+use tch::Device;
+
+const EXIT_FAILED: u8 = 1;
+const EXIT_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    // Before any tch call: see `cuda`.
+    let cuda = cuda::load_torch_cuda();
+    let cli = args::Cli::parse();
+    match run(cli, &cuda) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("dsc-train: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
+    if let Some(n) = cli.threads {
+        tch::set_num_threads(n);
+    }
+    let device = choose_device(&cli.device, cuda)?;
+    if let Device::Cuda(i) = device {
+        cuda::set_device(i).map_err(anyhow::Error::msg)?;
+    }
+    let (cfg, resume) = match &cli.resume {
+        Some(path) => {
+            let ck = checkpoint::Checkpoint::read(path)?;
+            let mut cfg = ck.position.config.clone();
+            if let Some(e) = cli.epochs {
+                cfg.epochs = e;
+            }
+            (cfg, Some(ck))
+        }
+        None => (args::RunConfig::from_cli(&cli)?, None),
+    };
+    if !cli.json {
+        eprintln!("dsc-train on {} · cache {}", describe_device(device), cfg.cache.display());
+    }
+    if cli.find_batch_size {
+        let report = diag::find_batch_size(&cfg, device, cli.max_batch_size);
+        emit(&cli, &report)?;
+        return Ok(if report.largest.is_some() { 0 } else { EXIT_FAILED });
+    }
+    let slots = cfg.prefetch + 2;
+    if cli.overfit_batch {
+        let mut cfg = cfg;
+        cfg.accumulate = 1;
+        let s = session::Session::new(cfg, device, slots)?;
+        let summary = diag::overfit_batch(s, cli.overfit_steps)?;
+        emit(&cli, &summary)?;
+        return Ok(if summary.overfit_passed == Some(true) { 0 } else { EXIT_FAILED });
+    }
+    let s = session::Session::new(cfg, device, slots)?;
+    if !cli.json {
+        eprintln!(
+            "{:?} with {} parameters · task {:?} ({} → {}) · amp {:?}",
+            s.cfg.model,
+            s.parameters(),
+            s.cfg.task,
+            s.task.column_names.join(","),
+            s.task.metric,
+            s.amp
+        );
+    }
+    let opts = train::RunOptions {
+        out: cli.out.clone(),
+        max_steps: cli.max_steps,
+        quiet: cli.json,
+    };
+    let summary = train::run(s, resume, &opts)?;
+    let text = serde_json::to_string_pretty(&summary)?;
+    std::fs::write(cli.out.join("summary.json"), &text)
+        .with_context(|| format!("writing {}", cli.out.join("summary.json").display()))?;
+    emit(&cli, &summary)?;
+    if !cli.json {
+        let t = summary.total;
+        eprintln!(
+            "done: {} optimizer steps · {:.0} samples/s · data wait {:.2}% · h2d {:.2}% · compute {:.1}% · {} loss reads in training · {}",
+            summary.optimizer_steps,
+            t.samples_per_s,
+            100.0 * t.data_wait_share,
+            100.0 * t.h2d_share,
+            100.0 * t.compute_share,
+            summary.readbacks.training,
+            summary.checkpoint.as_deref().unwrap_or("")
+        );
+    }
+    Ok(0)
+}
+
+fn emit<T: Serialize>(cli: &args::Cli, value: &T) -> anyhow::Result<()> {
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    }
+    Ok(())
+}
+
+fn choose_device(want: &str, cuda: &cuda::CudaLoad) -> anyhow::Result<Device> {
+    let why = || match cuda {
+        cuda::CudaLoad::Loaded => "libtorch's CUDA backend is loaded but sees no device".to_string(),
+        cuda::CudaLoad::Unavailable(e) => format!("libtorch_cuda could not be loaded: {e}"),
+    };
+    match want {
+        "auto" => Ok(Device::cuda_if_available()),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" | "gpu" => {
+            if !tch::Cuda::is_available() {
+                bail!("--device cuda: {}", why());
+            }
+            Ok(Device::Cuda(0))
+        }
+        other => {
+            let Some(i) = other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) else {
+                bail!("--device {other:?}: expected auto, cpu, cuda or cuda:N");
+            };
+            let n = tch::Cuda::device_count() as usize;
+            if i >= n {
+                bail!("--device {other}: {} CUDA device(s) visible; {}", n, if n == 0 { why() } else { String::new() });
+            }
+            Ok(Device::Cuda(i))
+        }
+    }
+}
+
+/// `cpu (N threads)` or `cuda:N`.
+pub fn describe_device(d: Device) -> String {
+    match d {
+        Device::Cpu => format!("cpu ({} threads)", tch::get_num_threads()),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}"),
+    }
+}

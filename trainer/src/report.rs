@@ -1,0 +1,96 @@
+//! The `--json` summary and its parts.
+
+use crate::timing::Shares;
+use serde::{Deserialize, Serialize};
+
+/// One finished epoch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochReport {
+    pub epoch: u64,
+    pub steps: u64,
+    pub train_loss: f64,
+    pub val_loss: Option<f64>,
+    pub val_metric: Option<f64>,
+    pub samples_per_s: f64,
+    pub data_wait_share: f64,
+    pub h2d_share: f64,
+    pub compute_share: f64,
+}
+
+/// One logged window of training (every `--log-every` optimizer steps).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// Optimizer steps done at the end of the window.
+    pub step: u64,
+    pub train_loss: f64,
+    pub lr: f64,
+    pub samples_per_s: f64,
+    pub data_wait_share: f64,
+    pub h2d_share: f64,
+    pub compute_share: f64,
+}
+
+impl StepReport {
+    pub fn new(step: u64, train_loss: f64, lr: f64, s: Shares) -> StepReport {
+        StepReport {
+            step,
+            train_loss,
+            lr,
+            samples_per_s: s.samples_per_s,
+            data_wait_share: s.data_wait_share,
+            h2d_share: s.h2d_share,
+            compute_share: s.compute_share,
+        }
+    }
+}
+
+/// Host reads of device values, by purpose.
+#[derive(Debug, Clone, Serialize)]
+pub struct Readbacks {
+    /// Inside training steps: one per logged window.
+    pub training: u64,
+    /// Validation, checkpoints, diagnostics.
+    pub other: u64,
+}
+
+/// The final summary of `dsc-train` (training, or `--overfit-batch`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub mode: &'static str,
+    pub device: String,
+    pub amp: String,
+    pub task: String,
+    pub model: String,
+    pub parameters: i64,
+    pub metric: String,
+    pub epochs: Vec<EpochReport>,
+    pub steps: Vec<StepReport>,
+    pub optimizer_steps: u64,
+    /// Shares over the whole run.
+    pub total: Shares,
+    pub readbacks: Readbacks,
+    /// `--overfit-batch`: whether the loss fell by over 90%.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overfit_passed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+}
+
+/// `--find-batch-size`: one size tried.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchTrial {
+    pub batch_size: usize,
+    pub fits: bool,
+    pub samples_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `--find-batch-size` summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchSizeReport {
+    pub mode: &'static str,
+    pub device: String,
+    pub largest: Option<usize>,
+    pub trials: Vec<BatchTrial>,
+}

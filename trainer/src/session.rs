@@ -1,0 +1,279 @@
+//! A training session: the cache, the network, the optimizer, and the buffers between them,
+//! set up once per run. The loops in `train` and `diag` drive it.
+
+use crate::args::{Amp, RunConfig};
+use crate::cuda::Event;
+use crate::feed::{Filled, HostRing};
+use crate::model::{Inputs, Net, Shape};
+use crate::optim::{AdamW, LossScaler};
+use crate::task::TaskSpec;
+use anyhow::{bail, Context};
+use dsc_format::{Encoding, TensorRole};
+use dsc_loader::Cache;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use tch::{nn, Device, Tensor};
+
+/// Which manifest tensors feed which input.
+#[derive(Debug)]
+struct Layout {
+    x: Option<usize>,
+    cats: Vec<usize>,
+    length: usize,
+    y: usize,
+    ctx: Option<usize>,
+    /// Tensors with a sequence axis (trimmed by the loader).
+    sequence: Vec<bool>,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub cfg: RunConfig,
+    pub cache: Cache,
+    pub device: Device,
+    pub amp: Amp,
+    pub task: TaskSpec,
+    pub vs: nn::VarStore,
+    pub net: Net,
+    pub opt: AdamW,
+    pub scaler: Option<LossScaler>,
+    layout: Layout,
+    /// Host buffers; `ring.slot(i)` are pinned on CUDA.
+    pub ring: Rc<HostRing>,
+    /// CUDA: per slot, marks when its copy to the device has finished.
+    copy_done: Vec<Event>,
+    /// Slots whose copies are queued, oldest first.
+    in_flight: VecDeque<usize>,
+}
+
+/// A batch on the device, ready for the network.
+#[derive(Debug)]
+pub struct DeviceBatch {
+    pub inputs: Inputs,
+    pub y: Tensor,
+}
+
+impl Session {
+    pub fn new(cfg: RunConfig, device: Device, slots: usize) -> anyhow::Result<Session> {
+        let cache = Cache::open(&cfg.cache)
+            .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
+        let amp = cfg.amp.unwrap_or(if device.is_cuda() { Amp::Bf16 } else { Amp::None });
+        let task = TaskSpec::resolve(&cfg, &cache, device)?;
+        let (layout, shape) = layout(&cache, task.outputs)?;
+        tch::manual_seed(cfg.seed as i64);
+        let vs = nn::VarStore::new(device);
+        let net = Net::new(&vs.root(), &cfg, &shape, amp);
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let opt = AdamW::new(named, cfg.weight_decay, device);
+        let scaler = (amp == Amp::Fp16).then(|| LossScaler::new(device));
+        let ring = Rc::new(HostRing::new(
+            cache.tensors(),
+            cfg.batch_size,
+            slots,
+            device.is_cuda().then_some(device),
+        )?);
+        let copy_done = if device.is_cuda() {
+            (0..slots)
+                .map(|_| Event::new())
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(anyhow::Error::msg)?
+        } else {
+            Vec::new()
+        };
+        Ok(Session {
+            cfg,
+            cache,
+            device,
+            amp,
+            task,
+            vs,
+            net,
+            opt,
+            scaler,
+            layout,
+            ring,
+            copy_done,
+            in_flight: VecDeque::new(),
+        })
+    }
+
+    /// Parameters of the network.
+    pub fn parameters(&self) -> i64 {
+        self.vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+    }
+
+    /// The filled slot as device tensors, trimmed to its sequence length and to its first
+    /// `rows` contexts. On CUDA the copies are queued without blocking; [`Session::release`]
+    /// later hands the slot back once they are done.
+    pub fn to_device(&mut self, f: Filled, rows: usize) -> DeviceBatch {
+        let ring = self.ring.clone();
+        let bufs = ring.slot(f.slot);
+        let b = self.cfg.batch_size as i64;
+        let s = f.seq_len as i64;
+        let view = |i: usize| -> Tensor {
+            let t = &bufs[i];
+            let t = if self.layout.sequence[i] {
+                let mut shape = t.size();
+                shape[1] = s;
+                let n: i64 = shape.iter().product();
+                t.view([-1]).narrow(0, 0, n).view(shape.as_slice())
+            } else {
+                t.shallow_clone()
+            };
+            let t = if rows < b as usize { t.narrow(0, 0, rows as i64) } else { t };
+            if self.device.is_cuda() {
+                t.to_device_(self.device, t.kind(), true, false)
+            } else {
+                t
+            }
+        };
+        let l = &self.layout;
+        let batch = DeviceBatch {
+            inputs: Inputs {
+                x: l.x.map(view),
+                cats: l.cats.iter().map(|&i| view(i)).collect(),
+                length: view(l.length),
+                ctx: l.ctx.map(view),
+            },
+            y: view(l.y),
+        };
+        if let Some(e) = self.copy_done.get(f.slot) {
+            e.record().expect("recording a CUDA event");
+            self.in_flight.push_back(f.slot);
+        }
+        batch
+    }
+
+    /// Slots that may be refilled now. On the CPU, `done`: the step has finished with it; on CUDA the oldest queued copies are waited for, keeping `keep` in flight.
+    pub fn release(&mut self, done: Option<usize>, keep: usize) -> anyhow::Result<Vec<usize>> {
+        if !self.device.is_cuda() {
+            return Ok(done.into_iter().collect());
+        }
+        let mut out = Vec::new();
+        while self.in_flight.len() > keep {
+            let slot = self.in_flight.pop_front().expect("non-empty");
+            self.copy_done[slot]
+                .synchronize()
+                .map_err(anyhow::Error::msg)?;
+            out.push(slot);
+        }
+        Ok(out)
+    }
+
+    /// Seeds libtorch's generator from the run seed and a step number, so dropout masks depend
+    /// on the step alone and a resumed run draws the same ones.
+    pub fn seed_step(&self, step: u64) {
+        let mixed = self.cfg.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        tch::manual_seed((mixed >> 1) as i64);
+    }
+
+    /// Forward and backward of one micro-batch; returns the detached loss (scaled by
+    /// `1 / accumulate`), on the device.
+    pub fn train_micro(&mut self, batch: &DeviceBatch) -> Tensor {
+        let pred = self.net.forward(&batch.inputs, true);
+        let loss = self.task.loss(&pred, &batch.y) / self.cfg.accumulate as f64;
+        match &self.scaler {
+            Some(s) => (&loss * &s.scale).backward(),
+            None => loss.backward(),
+        }
+        loss.detach()
+    }
+
+    /// Per-sample loss and metric of a batch, without gradients.
+    pub fn evaluate(&self, batch: &DeviceBatch) -> (Tensor, Tensor) {
+        tch::no_grad(|| {
+            let pred = self.net.forward(&batch.inputs, false);
+            self.task.per_sample(&pred, &batch.y)
+        })
+    }
+
+    /// Every tensor of a checkpoint: model weights, optimizer and scaler state.
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut named: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<(String, Tensor)> =
+            named.into_iter().map(|(n, t)| (format!("model.{n}"), t)).collect();
+        out.extend(self.opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
+        if let Some(s) = &self.scaler {
+            out.push(("scaler.scale".into(), s.scale.shallow_clone()));
+            out.push(("scaler.growth_tracker".into(), s.growth_tracker.shallow_clone()));
+        }
+        out
+    }
+
+    /// Restores [`Session::state_tensors`].
+    pub fn load_state(&mut self, get: impl Fn(&str) -> anyhow::Result<Tensor>) -> anyhow::Result<()> {
+        tch::no_grad(|| -> anyhow::Result<()> {
+            for (name, mut var) in self.vs.variables() {
+                let saved = get(&format!("model.{name}"))?;
+                if saved.size() != var.size() {
+                    bail!("checkpoint weight {name} has shape {:?}, the model {:?}", saved.size(), var.size());
+                }
+                var.copy_(&saved);
+            }
+            Ok(())
+        })?;
+        self.opt.load(|n| get(&format!("optim.{n}")))?;
+        if let Some(s) = &mut self.scaler {
+            tch::no_grad(|| -> anyhow::Result<()> {
+                s.scale.copy_(&get("scaler.scale")?);
+                s.growth_tracker.copy_(&get("scaler.growth_tracker")?);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
+    let m = cache.manifest();
+    let max_len = m.max_len;
+    let mut l = Layout {
+        x: None,
+        cats: Vec::new(),
+        length: usize::MAX,
+        y: usize::MAX,
+        ctx: None,
+        sequence: Vec::new(),
+    };
+    let mut shape = Shape {
+        features: 0,
+        vocabularies: Vec::new(),
+        context: 0,
+        max_len: max_len as i64,
+        outputs,
+    };
+    for (i, t) in m.tensors.iter().enumerate() {
+        let seq = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
+        l.sequence.push(seq);
+        match t.role {
+            TensorRole::Features => {
+                l.x = Some(i);
+                shape.features = t.sample_shape[1] as i64;
+            }
+            TensorRole::Categorical => {
+                let vocab = match &t.columns[0].encoding {
+                    Encoding::Category { vocabulary } => vocabulary.len(),
+                    _ => 0,
+                };
+                l.cats.push(i);
+                shape.vocabularies.push(vocab as i64 + i64::from(dsc_format::manifest::CODE_FIRST));
+            }
+            TensorRole::Length => l.length = i,
+            TensorRole::Targets => l.y = i,
+            TensorRole::ContextFeatures => {
+                l.ctx = Some(i);
+                shape.context = t.sample_shape[0] as i64;
+            }
+            TensorRole::Key | TensorRole::FullLength => {}
+        }
+    }
+    if l.x.is_none() && l.cats.is_empty() {
+        bail!(
+            "{}: the cache has no per-step tensor (features or categorical) to train on",
+            cache.dir().display()
+        );
+    }
+    Ok((l, shape))
+}

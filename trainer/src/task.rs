@@ -1,0 +1,167 @@
+//! What is learned from the cache's `y` tensor: the loss and the validation metric.
+
+use crate::args::{RunConfig, Task};
+use anyhow::{bail, Context};
+use dsc_format::{Encoding, Stage, TensorRole};
+use dsc_loader::{Cache, LoaderOptions};
+use tch::{Device, Kind, Reduction, Tensor};
+
+/// A task resolved against a cache: which columns of `y`, and the network's output width.
+#[derive(Debug)]
+pub struct TaskSpec {
+    pub task: Task,
+    pub column_names: Vec<String>,
+    pub outputs: i64,
+    /// Name of the validation metric (lower is better except accuracy).
+    pub metric: &'static str,
+    index: Tensor,
+}
+
+impl TaskSpec {
+    pub fn resolve(cfg: &RunConfig, cache: &Cache, device: Device) -> anyhow::Result<TaskSpec> {
+        let manifest = cache.manifest();
+        let Some(y) = manifest.tensors.iter().find(|t| t.role == TensorRole::Targets) else {
+            bail!(
+                "{}: the cache has no targets tensor `y`; compile it with --targets",
+                cache.dir().display()
+            );
+        };
+        let names: Vec<&str> = y.columns.iter().map(|c| c.name.as_str()).collect();
+        let find = |want: &str| -> anyhow::Result<i64> {
+            names
+                .iter()
+                .position(|n| *n == want)
+                .map(|i| i as i64)
+                .with_context(|| format!("no target column {want:?} in y (columns: {names:?})"))
+        };
+        let wanted: Vec<String> = match (cfg.task, cfg.target.is_empty()) {
+            (_, false) => cfg.target.clone(),
+            (Task::Direction, true) => vec!["azimuth".into(), "zenith".into()],
+            (Task::Regression, true) => names.iter().map(|s| s.to_string()).collect(),
+            (Task::Classification, true) if names.len() == 1 => vec![names[0].to_string()],
+            (Task::Classification, true) => {
+                bail!("y has {} columns {names:?}; name the class column with --target", names.len())
+            }
+        };
+        let columns = wanted.iter().map(|w| find(w)).collect::<anyhow::Result<Vec<_>>>()?;
+        let (outputs, metric) = match cfg.task {
+            Task::Regression => (columns.len() as i64, "mae"),
+            Task::Direction => {
+                if columns.len() != 2 {
+                    bail!("--task direction takes two target columns (azimuth, zenith), got {wanted:?}");
+                }
+                for &c in &columns {
+                    let col = &y.columns[c as usize];
+                    let identity = matches!(&col.encoding, Encoding::Numeric { stages, .. }
+                        if stages.iter().all(|s| *s == Stage::Identity));
+                    if !identity {
+                        bail!(
+                            "--task direction needs {} in radians as stored; it is encoded as {:?} \
+                             (compile it with --encode {}=identity)",
+                            col.name,
+                            col.encoding,
+                            col.name
+                        );
+                    }
+                }
+                (3, "mean_angular_error_rad")
+            }
+            Task::Classification => {
+                if columns.len() != 1 {
+                    bail!("--task classification takes one target column, got {wanted:?}");
+                }
+                (count_classes(cache, columns[0], &wanted[0])?, "accuracy")
+            }
+        };
+        Ok(TaskSpec {
+            task: cfg.task,
+            index: Tensor::from_slice(&columns).to_device(device),
+            column_names: wanted,
+            outputs,
+            metric,
+        })
+    }
+
+    /// The selected target columns of `y`, f32 `[B, k]`.
+    fn targets(&self, y: &Tensor) -> Tensor {
+        y.index_select(1, &self.index)
+    }
+
+    /// Mean loss over the batch, an f32 scalar on the device.
+    pub fn loss(&self, pred: &Tensor, y: &Tensor) -> Tensor {
+        self.per_sample(pred, y).0.mean(Kind::Float)
+    }
+
+    /// Per-sample loss and metric, f32 `[B]` each.
+    pub fn per_sample(&self, pred: &Tensor, y: &Tensor) -> (Tensor, Tensor) {
+        let t = self.targets(y);
+        match self.task {
+            Task::Regression => {
+                let diff = pred - &t;
+                let loss = diff.square().mean_dim(1, false, Kind::Float);
+                let mae = diff.abs().mean_dim(1, false, Kind::Float);
+                (loss, mae)
+            }
+            Task::Classification => {
+                let class = t.squeeze_dim(1).to_kind(Kind::Int64);
+                let loss = pred.log_softmax(1, Kind::Float).nll_loss_nd(
+                    &class,
+                    None::<Tensor>,
+                    Reduction::None,
+                    -100,
+                );
+                let hit = pred.argmax(1, false).eq_tensor(&class).to_kind(Kind::Float);
+                (loss, hit)
+            }
+            Task::Direction => {
+                let (az, zen) = (t.select(1, 0), t.select(1, 1));
+                let unit = Tensor::stack(&[az.cos() * zen.sin(), az.sin() * zen.sin(), zen.cos()], 1);
+                let p = pred / pred.norm_scalaropt_dim(2, [1], true).clamp_min(1e-6);
+                let cos = (p * unit).sum_dim_intlist(1, false, Kind::Float);
+                let angle = cos.clamp(-1.0 + 1e-7, 1.0 - 1e-7).acos();
+                (1.0 - cos, angle)
+            }
+        }
+    }
+}
+
+/// The number of classes of an integer target: its training-split maximum plus one. Every value
+/// must be a non-negative integer.
+fn count_classes(cache: &Cache, column: i64, name: &str) -> anyhow::Result<i64> {
+    let y = cache
+        .tensors()
+        .iter()
+        .position(|t| t.role == TensorRole::Targets)
+        .expect("resolved above");
+    let width = cache.tensors()[y].sample_elems();
+    let opts = LoaderOptions {
+        shuffle: false,
+        drop_last: false,
+        batch_size: 4096,
+        threads: 0,
+        ..Default::default()
+    };
+    let mut max = -1i64;
+    let mut row = 0usize;
+    for batch in cache.loader(opts)? {
+        let batch = batch?;
+        let bytes = batch.tensors()[y].bytes();
+        for (i, sample) in bytes.chunks_exact(width * 4).take(batch.size).enumerate() {
+            let at = column as usize * 4;
+            let v = f32::from_le_bytes(sample[at..at + 4].try_into().expect("4 bytes"));
+            if !(v >= 0.0 && v.fract() == 0.0 && v < 1e6) {
+                bail!(
+                    "--task classification: target {name:?} of training context {} is {v}, \
+                     not a class number 0, 1, 2, …",
+                    row + i
+                );
+            }
+            max = max.max(v as i64);
+        }
+        row += batch.size;
+    }
+    if max < 1 {
+        bail!("--task classification: target {name:?} has a single class in the training split");
+    }
+    Ok(max + 1)
+}

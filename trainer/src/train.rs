@@ -1,0 +1,350 @@
+//! The training loop: epochs of micro-batches from the feed, optimizer steps, a loss read back
+//! once per logged window, validation and a checkpoint at each epoch's end.
+
+use crate::checkpoint::{self, Checkpoint, Position};
+use crate::feed::Feed;
+use crate::optim::learning_rate;
+use crate::readback::{self, Purpose};
+use crate::report::{EpochReport, Readbacks, StepReport, Summary};
+use crate::session::Session;
+use crate::timing::{Clock, Totals};
+use anyhow::Context;
+use dsc_loader::{LoaderOptions, State};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// Copies kept queued on the device before their host slots are recycled.
+const IN_FLIGHT: usize = 1;
+const VAL_SPLIT: &str = "val";
+
+/// Options that are not part of the run's arithmetic.
+#[derive(Debug)]
+pub struct RunOptions {
+    pub out: PathBuf,
+    pub max_steps: Option<u64>,
+    pub quiet: bool,
+}
+
+fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
+    LoaderOptions {
+        split: "train".into(),
+        batch_size: s.cfg.batch_size,
+        shuffle: true,
+        seed: s.cfg.seed,
+        epoch,
+        drop_last: true,
+        threads: 0,
+        trim: true,
+        ..Default::default()
+    }
+}
+
+/// Micro-batches per epoch that are trained: whole optimizer steps only.
+fn micro_per_epoch(s: &Session) -> anyhow::Result<u64> {
+    let steps = s.cache.loader(train_options(s, 0))?.steps() as u64;
+    let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
+    anyhow::ensure!(
+        micro > 0,
+        "the training split has {steps} full batches of {}, fewer than --accumulate {}",
+        s.cfg.batch_size,
+        s.cfg.accumulate
+    );
+    Ok(micro)
+}
+
+/// Trains (or continues `resume`) and returns the summary.
+pub fn run(
+    mut s: Session,
+    resume: Option<Checkpoint>,
+    opts: &RunOptions,
+) -> anyhow::Result<Summary> {
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
+    let micro_epoch = micro_per_epoch(&s)?;
+    let steps_epoch = micro_epoch / s.cfg.accumulate as u64;
+    let total_steps = steps_epoch * s.cfg.epochs;
+    let warmup = s.cfg.warmup.unwrap_or(total_steps / 20);
+    let mut pos = match resume {
+        Some(ck) => {
+            let device = s.device;
+            s.load_state(|n| ck.tensor(n, device))?;
+            let mut p = ck.position;
+            p.config.epochs = s.cfg.epochs;
+            p
+        }
+        None => Position {
+            config: s.cfg.clone(),
+            epoch: 0,
+            micro_in_epoch: 0,
+            optimizer_steps: 0,
+            loader: None,
+            history: Vec::new(),
+        },
+    };
+    let ckpt_path = opts.out.join("last.ckpt");
+    let mut logged = Vec::new();
+    let mut run_totals = Totals::default();
+    let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
+    let mut clock = Clock::new(if s.device.is_cuda() { log_micro } else { 0 })
+        .map_err(anyhow::Error::msg)?;
+    let device = s.device;
+    let zero = || Tensor::zeros([], (Kind::Float, device));
+    let mut stopped = false;
+
+    while pos.epoch < s.cfg.epochs && !stopped {
+        let epoch = pos.epoch;
+        let loader = match &pos.loader {
+            Some(state) => s.cache.loader_from_state(train_options(&s, epoch), state)?,
+            None => s.cache.loader(train_options(&s, epoch))?,
+        };
+        let bar = progress(opts.quiet, micro_epoch, epoch, s.cfg.epochs);
+        bar.set_position(pos.micro_in_epoch);
+        let mut window_loss = zero();
+        let mut epoch_loss = zero();
+        let mut epoch_totals = Totals::default();
+        let mut window_steps = 0u64;
+        {
+            let ring = s.ring.clone();
+            let feed = Feed::start(loader, &ring);
+            while pos.micro_in_epoch < micro_epoch {
+                let t0 = Instant::now();
+                let Some(filled) = feed.next()? else { break };
+                clock.waited(t0.elapsed());
+                clock.step_start().map_err(anyhow::Error::msg)?;
+                let batch = s.to_device(filled, s.cfg.batch_size);
+                clock.copied().map_err(anyhow::Error::msg)?;
+                let micro_global = epoch * micro_epoch + pos.micro_in_epoch;
+                s.seed_step(micro_global);
+                let loss = s.train_micro(&batch);
+                drop(batch);
+                tch::no_grad(|| {
+                    let _ = window_loss.g_add_(&loss);
+                    let _ = epoch_loss.g_add_(&loss);
+                });
+                pos.micro_in_epoch += 1;
+                clock.samples(s.cfg.batch_size);
+                if pos.micro_in_epoch % s.cfg.accumulate as u64 == 0 {
+                    let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, warmup, total_steps);
+                    let clip = s.cfg.clip;
+                    s.opt.step(lr, clip, s.scaler.as_mut());
+                    s.opt.zero_grad();
+                    pos.optimizer_steps += 1;
+                    window_steps += 1;
+                    clock.step_done().map_err(anyhow::Error::msg)?;
+                    let end_of_window = pos.optimizer_steps % s.cfg.log_every == 0;
+                    if end_of_window {
+                        let loss = readback::values(&window_loss, Purpose::Training)[0]
+                            / window_steps as f64;
+                        let _ = window_loss.zero_();
+                        let t = clock.close().map_err(anyhow::Error::msg)?;
+                        epoch_totals.add(&t);
+                        let sh = t.shares();
+                        bar.set_message(format!(
+                            "loss {loss:.4} · {:.0} samples/s · data wait {:.1}%",
+                            sh.samples_per_s,
+                            100.0 * sh.data_wait_share
+                        ));
+                        logged.push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
+                        window_steps = 0;
+                    }
+                    let state = loader_state(&s, epoch, pos.micro_in_epoch);
+                    let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
+                    let periodic = s
+                        .cfg
+                        .checkpoint_every
+                        .is_some_and(|n| pos.optimizer_steps % n == 0);
+                    if (at_limit || periodic) && pos.micro_in_epoch < micro_epoch {
+                        pos.loader = Some(state);
+                        checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
+                    }
+                    if at_limit {
+                        stopped = true;
+                    }
+                } else {
+                    clock.step_done().map_err(anyhow::Error::msg)?;
+                }
+                for slot in s.release(Some(filled.slot), IN_FLIGHT)? {
+                    feed.release(slot);
+                }
+                bar.inc(1);
+                if stopped {
+                    break;
+                }
+            }
+            // Drain the queued copies before the feed (and its slots) goes away.
+            for slot in s.release(None, 0)? {
+                feed.release(slot);
+            }
+        }
+        let t = clock.close().map_err(anyhow::Error::msg)?;
+        epoch_totals.add(&t);
+        run_totals.add(&epoch_totals);
+        bar.finish_and_clear();
+        if stopped && pos.micro_in_epoch < micro_epoch {
+            break;
+        }
+        let (val_loss, val_metric, train_loss) = validate(&mut s, &epoch_loss, micro_epoch)?;
+        let sh = epoch_totals.shares();
+        let report = EpochReport {
+            epoch,
+            steps: steps_epoch,
+            train_loss,
+            val_loss,
+            val_metric,
+            samples_per_s: sh.samples_per_s,
+            data_wait_share: sh.data_wait_share,
+            h2d_share: sh.h2d_share,
+            compute_share: sh.compute_share,
+        };
+        if !opts.quiet {
+            eprintln!("{}", epoch_line(&report, s.task.metric));
+        }
+        pos.history.push(report);
+        pos.epoch += 1;
+        pos.micro_in_epoch = 0;
+        pos.loader = None;
+        checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
+    }
+    save_weights(&s, &opts.out.join("model.safetensors"))?;
+    Ok(Summary {
+        mode: "train",
+        device: crate::describe_device(s.device),
+        amp: format!("{:?}", s.amp).to_lowercase(),
+        task: format!("{:?}", s.cfg.task).to_lowercase(),
+        model: format!("{:?}", s.cfg.model).to_lowercase(),
+        parameters: s.parameters(),
+        metric: s.task.metric.to_string(),
+        epochs: pos.history.clone(),
+        steps: logged,
+        optimizer_steps: pos.optimizer_steps,
+        total: run_totals.shares(),
+        readbacks: Readbacks {
+            training: readback::training_reads(),
+            other: readback::other_reads(),
+        },
+        overfit_passed: None,
+        checkpoint: Some(ckpt_path.display().to_string()),
+    })
+}
+
+/// The loader state after `micro` batches of `epoch` (what a resumed run starts from).
+fn loader_state(s: &Session, epoch: u64, micro: u64) -> State {
+    let o = train_options(s, epoch);
+    State {
+        split: o.split,
+        epoch,
+        samples: micro as usize * o.batch_size * o.world_size,
+        seed: o.seed,
+        shuffle: o.shuffle,
+        window: o.window,
+        interleave: o.interleave,
+        drop_last: o.drop_last,
+        global_batch: o.batch_size * o.world_size,
+    }
+}
+
+/// Validation loss and metric over the whole `val` split (each context once), and the epoch's
+/// mean training loss, read back together in one transfer.
+fn validate(
+    s: &mut Session,
+    epoch_loss: &Tensor,
+    micro_epoch: u64,
+) -> anyhow::Result<(Option<f64>, Option<f64>, f64)> {
+    let accumulate = s.cfg.accumulate as f64;
+    let train_loss = |v: f64| v * accumulate / micro_epoch as f64;
+    let Some(split) = s.cache.manifest().split(VAL_SPLIT) else {
+        let v = readback::values(epoch_loss, Purpose::Other)[0];
+        return Ok((None, None, train_loss(v)));
+    };
+    let contexts = split.contexts;
+    if contexts == 0 {
+        let v = readback::values(epoch_loss, Purpose::Other)[0];
+        return Ok((None, None, train_loss(v)));
+    }
+    let opts = LoaderOptions {
+        split: VAL_SPLIT.into(),
+        batch_size: s.cfg.batch_size,
+        shuffle: false,
+        drop_last: false,
+        threads: 0,
+        trim: true,
+        ..Default::default()
+    };
+    let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
+    let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
+    let loader = s.cache.loader(opts)?;
+    let b = s.cfg.batch_size;
+    let mut seen = 0usize;
+    let ring = s.ring.clone();
+    let feed = Feed::start(loader, &ring);
+    while let Some(filled) = feed.next()? {
+        let rows = (contexts - seen).min(b);
+        let batch = s.to_device(filled, rows);
+        let (l, m) = s.evaluate(&batch);
+        drop(batch);
+        tch::no_grad(|| {
+            let _ = loss_sum.g_add_(&l.sum(Kind::Float));
+            let _ = metric_sum.g_add_(&m.sum(Kind::Float));
+        });
+        seen += rows;
+        for slot in s.release(Some(filled.slot), IN_FLIGHT)? {
+            feed.release(slot);
+        }
+    }
+    for slot in s.release(None, 0)? {
+        feed.release(slot);
+    }
+    let v = readback::values(
+        &Tensor::stack(&[loss_sum, metric_sum, epoch_loss.shallow_clone()], 0),
+        Purpose::Other,
+    );
+    let n = seen.max(1) as f64;
+    Ok((Some(v[0] / n), Some(v[1] / n), train_loss(v[2])))
+}
+
+/// Saves the weights alone, for inference and other tools.
+fn save_weights(s: &Session, path: &Path) -> anyhow::Result<()> {
+    let mut named: Vec<(String, Tensor)> = s.vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let pos_free = Position {
+        config: s.cfg.clone(),
+        epoch: 0,
+        micro_in_epoch: 0,
+        optimizer_steps: 0,
+        loader: None,
+        history: Vec::new(),
+    };
+    checkpoint::write(path, &pos_free, &named)
+}
+
+fn epoch_line(r: &EpochReport, metric: &str) -> String {
+    let val = match (r.val_loss, r.val_metric) {
+        (Some(l), Some(m)) => format!("val loss {l:.4} · {metric} {m:.4}"),
+        _ => "no validation split".into(),
+    };
+    format!(
+        "epoch {} · train loss {:.4} · {val} · {:.0} samples/s · data wait {:.2}% · h2d {:.2}% · compute {:.1}%",
+        r.epoch,
+        r.train_loss,
+        r.samples_per_s,
+        100.0 * r.data_wait_share,
+        100.0 * r.h2d_share,
+        100.0 * r.compute_share
+    )
+}
+
+fn progress(quiet: bool, len: u64, epoch: u64, epochs: u64) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("epoch {}/{}", epoch + 1, epochs));
+    bar
+}
