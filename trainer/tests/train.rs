@@ -1,0 +1,373 @@
+//! End-to-end tests of `dsc-train` on the CPU: data generated and compiled by dsc's own crates
+//! (seeded), the binary run as a user runs it.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dsc-train");
+
+/// Caches shared by the tests: generated and compiled once per test binary.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    icecube: PathBuf,
+    sequences: PathBuf,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path();
+        let opts = dsc_compiler::gen::icecube::IcecubeOptions {
+            files: 2,
+            events_per_file: 1500,
+            seed: 11,
+            median_pulses: 24.0,
+            ..Default::default()
+        };
+        dsc_compiler::gen::icecube::generate(&root.join("ice"), &opts).expect("generate icecube");
+        let ice = root.join("ice");
+        let spec = serde_json::json!({
+            "rows": [ice.join("train/batch_*.parquet").display().to_string()],
+            "key": "event_id",
+            "order_by": "time",
+            "context": ice.join("train_meta.parquet").display().to_string(),
+            "targets": ["azimuth", "zenith"],
+            "joins": [{"file": ice.join("sensor_geometry.csv").display().to_string(), "on": "sensor_id"}],
+            "features": ["x", "y", "z", "time", "charge", "auxiliary"],
+            "categorical": ["sensor_id"],
+            "encode": {"time": "zscore", "charge": "log1p", "x": "zscore", "y": "zscore", "z": "zscore"},
+            "max_len": 48,
+            "val_fraction": 0.2,
+            "seed": 5,
+        });
+        let icecube = root.join("ice-cache");
+        compile(spec, &icecube);
+
+        let seq = root.join("seq");
+        let sopts = dsc_compiler::gen::sequences::SequencesOptions {
+            customers: 1500,
+            files: 1,
+            seed: 3,
+            ..Default::default()
+        };
+        dsc_compiler::gen::sequences::generate(&seq, &sopts).expect("generate sequences");
+        let spec = serde_json::json!({
+            "rows": [seq.join("transactions/part-*.parquet").display().to_string()],
+            "key": "customer_id",
+            "order_by": "ts",
+            "context": seq.join("customers.parquet").display().to_string(),
+            "targets": ["churned"],
+            "context_features": ["tenure_years"],
+            "features": ["amount", "items", "is_refund", "ts"],
+            "categorical": ["merchant_category", "channel"],
+            "encode": {"amount": "minmax", "ts": "zscore", "items": "zscore"},
+            "nan": "zero",
+            "empty_contexts": "keep",
+            "max_len": 32,
+            "val_fraction": 0.2,
+            "seed": 5,
+        });
+        let sequences = root.join("seq-cache");
+        compile(spec, &sequences);
+        Fixture {
+            _dir: dir,
+            icecube,
+            sequences,
+        }
+    })
+}
+
+fn compile(spec: Value, out: &Path) {
+    let spec: dsc_compiler::CompileSpec = serde_json::from_value(spec).expect("spec");
+    let opts = dsc_compiler::CompileOptions {
+        out: out.to_path_buf(),
+        force: false,
+        progress: &dsc_compiler::NoProgress,
+    };
+    dsc_compiler::compile(&spec, &opts).expect("compile");
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        assert_eq!(self.code, 0, "dsc-train failed:\n{}", self.stderr);
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("--json output is not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+fn train(args: &[&str]) -> Run {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("OMP_NUM_THREADS", "2")
+        .output()
+        .expect("run dsc-train");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The small model every CPU test uses.
+const SMALL: [&str; 8] = ["--dim", "32", "--layers", "1", "--heads", "2", "--threads", "1"];
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn a_short_run_lowers_the_validation_loss_and_reports_every_field() {
+    let fx = fixture();
+    let out = tempfile::tempdir().unwrap();
+    let cache = path(&fx.icecube);
+    let outp = path(out.path());
+    let mut args = vec![
+        "--cache", &cache, "--task", "direction", "--epochs", "4", "--batch-size", "64",
+        "--lr", "3e-3", "--log-every", "10", "--out", &outp, "--json",
+    ];
+    args.extend(SMALL);
+    let s = train(&args).json();
+    let epochs = s["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 4);
+    for e in epochs {
+        for k in ["train_loss", "val_loss", "val_metric", "samples_per_s", "data_wait_share", "h2d_share", "compute_share"] {
+            assert!(f(&e[k]).is_finite(), "{k} in {e}");
+        }
+        let shares = f(&e["data_wait_share"]) + f(&e["h2d_share"]) + f(&e["compute_share"]);
+        assert!((shares - 1.0).abs() < 0.05, "shares of a CPU step add up to the step: {e}");
+    }
+    let first = f(&epochs[0]["val_loss"]);
+    let last = f(&epochs[3]["val_loss"]);
+    assert!(last < first * 0.95, "validation loss {first} -> {last}");
+    // A model that learned nothing points at random: a mean angular error of pi/2.
+    assert!(f(&epochs[3]["val_metric"]) < 1.4, "{}", epochs[3]);
+    assert!(s["device"].as_str().unwrap().starts_with("cpu"));
+    assert!(out.path().join("last.ckpt").is_file());
+    assert!(out.path().join("model.safetensors").is_file());
+    assert!(out.path().join("summary.json").is_file());
+}
+
+/// Reads every tensor of a safetensors file as f32 values, by name.
+fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(_, v)| v.dtype() == safetensors::Dtype::F32)
+        .map(|(n, v)| {
+            let vals = v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (n, vals)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
+    let fx = fixture();
+    let cache = path(&fx.icecube);
+    let (straight, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (path(straight.path()), path(split.path()));
+    // Dropout, accumulation and a mid-epoch stop: each would break exactness if its state were
+    // not saved (RNG, partial accumulation, loader position).
+    let common = [
+        "--cache", &cache, "--task", "direction", "--epochs", "2", "--batch-size", "32",
+        "--accumulate", "2", "--dropout", "0.1", "--lr", "2e-3", "--log-every", "7", "--json",
+    ];
+    let mut args: Vec<&str> = common.to_vec();
+    args.extend(SMALL);
+    args.extend(["--out", &a]);
+    let full = train(&args).json();
+    let total = full["optimizer_steps"].as_u64().unwrap();
+    let per_epoch = full["epochs"][0]["steps"].as_u64().unwrap();
+    let stop = (per_epoch + per_epoch / 2).to_string();
+
+    let mut args: Vec<&str> = common.to_vec();
+    args.extend(SMALL);
+    args.extend(["--out", &b, "--max-steps", &stop]);
+    let first = train(&args).json();
+    assert_eq!(first["optimizer_steps"].as_u64().unwrap().to_string(), stop);
+    let ckpt = path(&split.path().join("last.ckpt"));
+    let rest = train(&["--resume", &ckpt, "--out", &b, "--json", "--threads", "1"]).json();
+    assert_eq!(rest["optimizer_steps"].as_u64().unwrap(), total);
+    assert_eq!(rest["epochs"].as_array().unwrap().len(), 2, "history survives the restart");
+
+    let wa = weights(&straight.path().join("model.safetensors"));
+    let wb = weights(&split.path().join("model.safetensors"));
+    assert_eq!(wa.len(), wb.len());
+    assert!(!wa.is_empty());
+    for ((na, va), (nb, vb)) in wa.iter().zip(&wb) {
+        assert_eq!(na, nb);
+        for (x, y) in va.iter().zip(vb) {
+            assert!((x - y).abs() <= 1e-6, "{na}: {x} vs {y}");
+        }
+    }
+    // The same validation numbers, too.
+    let (va, vb) = (&full["epochs"][1]["val_loss"], &rest["epochs"][1]["val_loss"]);
+    assert!((f(va) - f(vb)).abs() < 1e-6, "{va} vs {vb}");
+}
+
+#[test]
+fn one_batch_is_overfit_by_over_ninety_percent() {
+    let fx = fixture();
+    let cache = path(&fx.icecube);
+    let out = tempfile::tempdir().unwrap();
+    let outp = path(out.path());
+    let mut args = vec![
+        "--cache", &cache, "--task", "direction", "--overfit-batch", "--batch-size", "16",
+        "--overfit-steps", "150", "--lr", "3e-3", "--log-every", "25", "--out", &outp, "--json",
+    ];
+    args.extend(SMALL);
+    let s = train(&args).json();
+    assert_eq!(s["overfit_passed"], Value::Bool(true), "{s}");
+    let steps = s["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1 + 150 / 25, "step 1 and every 25th are logged");
+    let (a, b) = (f(&steps[0]["train_loss"]), f(&steps[steps.len() - 1]["train_loss"]));
+    assert!(b < 0.1 * a, "{a} -> {b}");
+}
+
+#[test]
+fn training_reads_a_value_back_once_per_logged_window_only() {
+    let fx = fixture();
+    let cache = path(&fx.icecube);
+    let out = tempfile::tempdir().unwrap();
+    let outp = path(out.path());
+    let mut args = vec![
+        "--cache", &cache, "--task", "direction", "--batch-size", "32", "--max-steps", "23",
+        "--log-every", "5", "--out", &outp, "--json",
+    ];
+    args.extend(SMALL);
+    let s = train(&args).json();
+    assert_eq!(s["optimizer_steps"], 23);
+    assert_eq!(s["readbacks"]["training"], 23 / 5, "{}", s["readbacks"]);
+    assert_eq!(s["steps"].as_array().unwrap().len(), 23 / 5);
+}
+
+/// Host reads of device values hide in many spellings; only `readback.rs` may use them, so that
+/// its counters (checked above) see every one.
+#[test]
+fn no_module_but_readback_reads_device_values() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let forbidden = [
+        "double_value(", "int64_value(", "f64::try_from(", "f32::try_from(", "i64::try_from(",
+        "Vec::<f32>::try_from", "Vec::<f64>::try_from", "Vec::<i64>::try_from", "Vec::try_from(",
+        "copy_data(", "copy_data_u8(", "to_device(Device::Cpu)", ".item(", "is_nonzero(",
+        "equal(", "allclose(",
+    ];
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        if p.file_name().unwrap() == "readback.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for f in forbidden {
+            assert!(!code.contains(f), "{} reads a device value with {f}", p.display());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "scanned the trainer's modules");
+}
+
+#[test]
+fn a_gru_classifies_churn_on_the_sequence_data() {
+    let fx = fixture();
+    let cache = path(&fx.sequences);
+    let out = tempfile::tempdir().unwrap();
+    let outp = path(out.path());
+    let mut args = vec![
+        "--cache", &cache, "--task", "classification", "--model", "gru", "--epochs", "2",
+        "--batch-size", "64", "--lr", "3e-3", "--out", &outp, "--json",
+    ];
+    args.extend(SMALL);
+    let s = train(&args).json();
+    assert_eq!(s["model"], "gru");
+    assert_eq!(s["metric"], "accuracy");
+    let acc = f(&s["epochs"][1]["val_metric"]);
+    assert!((0.0..=1.0).contains(&acc), "{acc}");
+}
+
+#[test]
+fn regression_with_fp16_loss_scaling_runs_on_the_cpu() {
+    let fx = fixture();
+    let cache = path(&fx.icecube);
+    let out = tempfile::tempdir().unwrap();
+    let outp = path(out.path());
+    let mut args = vec![
+        "--cache", &cache, "--task", "regression", "--target", "zenith", "--amp", "fp16",
+        "--batch-size", "64", "--max-steps", "10", "--log-every", "5", "--out", &outp, "--json",
+    ];
+    args.extend(SMALL);
+    let s = train(&args).json();
+    assert_eq!(s["amp"], "fp16");
+    assert!(s["steps"].as_array().unwrap().iter().all(|st| f(&st["train_loss"]).is_finite()));
+}
+
+#[test]
+fn find_batch_size_reports_each_size_tried() {
+    let fx = fixture();
+    let cache = path(&fx.icecube);
+    let mut args = vec![
+        "--cache", &cache, "--task", "direction", "--find-batch-size", "--max-batch-size", "64",
+        "--json",
+    ];
+    args.extend(SMALL);
+    let s = train(&args).json();
+    let sizes: Vec<u64> = s["trials"].as_array().unwrap().iter().map(|t| t["batch_size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, vec![16, 32, 64]);
+    assert_eq!(s["largest"], 64);
+    assert!(s["trials"].as_array().unwrap().iter().all(|t| f(&t["samples_per_s"]) > 0.0));
+}
+
+#[test]
+fn bad_input_is_named_in_the_error() {
+    let fx = fixture();
+    let r = train(&["--cache", "/nonexistent/cache", "--task", "direction"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("/nonexistent/cache"), "{}", r.stderr);
+
+    let seq = path(&fx.sequences);
+    let r = train(&["--cache", &seq, "--task", "direction"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("azimuth"), "{}", r.stderr);
+
+    let ice = path(&fx.icecube);
+    let r = train(&["--cache", &ice, "--task", "regression", "--target", "energy"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("energy") && r.stderr.contains("zenith"), "{}", r.stderr);
+
+    let r = train(&["--cache", &ice, "--task", "classification", "--target", "zenith"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("not a class number"), "{}", r.stderr);
+
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("last.ckpt");
+    std::fs::write(&bogus, b"not a checkpoint").unwrap();
+    let r = train(&["--resume", &path(&bogus)]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("last.ckpt"), "{}", r.stderr);
+
+    let r = train(&["--cache", &ice, "--device", "cuda:7"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("cuda:7"), "{}", r.stderr);
+}
