@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The main job on built-in sample data, on a fresh machine: build dsc, generate IceCube-like
-# events, compile them into a cache, inspect and verify it, and stream it through the loader.
-# Everything lands in ./demo.
+# events, compile them into a cache, inspect and verify it, stream it through the loader, and
+# train the reference model on it briefly (dsc-train; PyTorch 2.11.0 is installed into .venv
+# for its libtorch). Everything lands in ./demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+step "python environment for libtorch (.venv, torch 2.11.0)"
+scripts/venv.sh
+export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
+
 step "build (release)"
 cargo build --release --locked --bin dsc
+cargo build --release --locked -p dsc-train
 dsc=target/release/dsc
 
 rm -rf demo
@@ -33,3 +39,7 @@ $dsc verify demo/cache
 step "load: shuffle quality of epoch 0, then loader throughput"
 $dsc order demo/cache --epoch 0 --batch-size 256
 $dsc bench demo/cache
+
+step "train briefly: one epoch of a small transformer, direction task (CUDA when present)"
+target/release/dsc-train --cache demo/cache --task direction --epochs 1 --batch-size 128 --dim 64 \
+    --lr 1e-3 --log-every 10 --out demo/run

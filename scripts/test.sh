@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# Runs every test of the project on a fresh machine: formatting, lints, unit, end-to-end and
-# Python-interop tests. Installs what it needs itself: a project-local .venv with numpy and
-# safetensors (the independent reader the interop test uses) and Debian's chromium (the real
-# browser that renders `dsc report` in its test).
+# Runs every test of the project on a fresh machine: formatting, lints, unit, end-to-end,
+# Python-interop and trainer tests. Installs what it needs itself: a project-local .venv with
+# numpy and safetensors (the independent reader the interop test uses) and PyTorch 2.11.0 (the
+# libtorch that tch 0.24 links for dsc-train), and Debian's chromium (the real browser that
+# renders `dsc report` in its test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
 
-log "python environment (.venv: numpy, safetensors)"
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-fi
-if ! .venv/bin/python -c "import numpy, safetensors" 2>/dev/null; then
-    .venv/bin/pip install --quiet --disable-pip-version-check numpy safetensors
-fi
+log "python environment (.venv: numpy, safetensors, torch 2.11.0)"
+scripts/venv.sh
 export DSC_PYTHON="$PWD/.venv/bin/python"
+# tch builds against the venv's PyTorch (see scripts/venv.sh).
+export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
 
 log "chromium (renders dsc report in the browser test)"
 if [ -z "${DSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then

@@ -7,7 +7,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    for var in ["LIBTORCH", "LIBTORCH_LIB", "LIBTORCH_USE_PYTORCH", "VIRTUAL_ENV"] {
+    for var in [
+        "LIBTORCH",
+        "LIBTORCH_LIB",
+        "LIBTORCH_USE_PYTORCH",
+        "VIRTUAL_ENV",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     if let Some(dir) = libtorch_lib_dir() {
@@ -23,9 +28,16 @@ fn libtorch_lib_dir() -> Option<PathBuf> {
         return Some(PathBuf::from(root).join("lib"));
     }
     std::env::var_os("LIBTORCH_USE_PYTORCH")?;
-    let python = if std::env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
+    let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
+        "python"
+    } else {
+        "python3"
+    };
     let out = Command::new(python)
-        .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+        .args([
+            "-c",
+            "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
+        ])
         .output()
         .ok()?;
     let dir = String::from_utf8(out.stdout).ok()?;

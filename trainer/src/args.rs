@@ -19,7 +19,12 @@ use std::path::PathBuf;
 ///   dsc-train --cache cache --task direction --overfit-batch
 ///   dsc-train --cache cache --task direction --find-batch-size --json
 #[derive(Debug, Parser)]
-#[command(name = "dsc-train", version, max_term_width = 100, verbatim_doc_comment)]
+#[command(
+    name = "dsc-train",
+    version,
+    max_term_width = 100,
+    verbatim_doc_comment
+)]
 pub struct Cli {
     /// The compiled cache (a folder with manifest.json).
     #[arg(long, required_unless_present = "resume")]
@@ -203,7 +208,10 @@ pub struct RunConfig {
 
 impl RunConfig {
     pub fn from_cli(cli: &Cli) -> anyhow::Result<RunConfig> {
-        let cache = cli.cache.clone().expect("clap requires --cache without --resume");
+        let cache = cli
+            .cache
+            .clone()
+            .expect("clap requires --cache without --resume");
         anyhow::ensure!(cli.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(cli.accumulate > 0, "--accumulate must be at least 1");
         anyhow::ensure!(cli.log_every > 0, "--log-every must be at least 1");

@@ -59,7 +59,12 @@ impl Checkpoint {
             .metadata()
             .as_ref()
             .and_then(|m| m.get(META_KEY))
-            .with_context(|| format!("{}: not a dsc-train checkpoint (no {META_KEY} metadata)", path.display()))?;
+            .with_context(|| {
+                format!(
+                    "{}: not a dsc-train checkpoint (no {META_KEY} metadata)",
+                    path.display()
+                )
+            })?;
         let position: Position = serde_json::from_str(json)
             .with_context(|| format!("{}: unreadable {META_KEY} metadata", path.display()))?;
         let st = SafeTensors::deserialize(&bytes)

@@ -28,10 +28,12 @@ pub enum CudaLoad {
 /// global symbols. Call before any tch function; later calls return the first outcome.
 pub fn load_torch_cuda() -> CudaLoad {
     static ONCE: OnceLock<CudaLoad> = OnceLock::new();
-    ONCE.get_or_init(|| match dlopen("libtorch_cuda.so", libc::RTLD_NOW | libc::RTLD_GLOBAL) {
-        Ok(_) => CudaLoad::Loaded,
-        Err(e) => CudaLoad::Unavailable(e),
-    })
+    ONCE.get_or_init(
+        || match dlopen("libtorch_cuda.so", libc::RTLD_NOW | libc::RTLD_GLOBAL) {
+            Ok(_) => CudaLoad::Loaded,
+            Err(e) => CudaLoad::Unavailable(e),
+        },
+    )
     .clone()
 }
 
@@ -62,14 +64,21 @@ type RawEvent = *mut c_void;
 const DEFAULT_STREAM: *mut c_void = std::ptr::null_mut();
 const EVENT_DEFAULT: u32 = 0;
 
+type SetDeviceFn = unsafe extern "C" fn(c_int) -> CudaError;
+type CreateFn = unsafe extern "C" fn(*mut RawEvent, u32) -> CudaError;
+type RecordFn = unsafe extern "C" fn(RawEvent, *mut c_void) -> CudaError;
+type EventFn = unsafe extern "C" fn(RawEvent) -> CudaError;
+type ElapsedFn = unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> CudaError;
+type ErrorStringFn = unsafe extern "C" fn(CudaError) -> *const c_char;
+
 struct Runtime {
-    set_device: unsafe extern "C" fn(c_int) -> CudaError,
-    create: unsafe extern "C" fn(*mut RawEvent, u32) -> CudaError,
-    record: unsafe extern "C" fn(RawEvent, *mut c_void) -> CudaError,
-    synchronize: unsafe extern "C" fn(RawEvent) -> CudaError,
-    elapsed: unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> CudaError,
-    destroy: unsafe extern "C" fn(RawEvent) -> CudaError,
-    error_string: unsafe extern "C" fn(CudaError) -> *const c_char,
+    set_device: SetDeviceFn,
+    create: CreateFn,
+    record: RecordFn,
+    synchronize: EventFn,
+    elapsed: ElapsedFn,
+    destroy: EventFn,
+    error_string: ErrorStringFn,
 }
 
 // SAFETY: the struct holds only function pointers into a library that stays loaded for the life
@@ -86,7 +95,12 @@ fn runtime() -> Result<&'static Runtime, String> {
 fn find_runtime() -> Result<Runtime, String> {
     // The runtime libtorch_cuda depends on is already mapped; RTLD_NOLOAD finds that copy
     // instead of loading a second, different one.
-    let names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"];
+    let names = [
+        "libcudart.so.13",
+        "libcudart.so.12",
+        "libcudart.so.11.0",
+        "libcudart.so",
+    ];
     let handle = names
         .iter()
         .find_map(|n| dlopen(n, libc::RTLD_NOW | libc::RTLD_NOLOAD).ok())
@@ -105,13 +119,15 @@ fn find_runtime() -> Result<Runtime, String> {
     // one given by the field's type (cuda_runtime_api.h).
     unsafe {
         Ok(Runtime {
-            set_device: std::mem::transmute::<*mut c_void, _>(sym("cudaSetDevice")?),
-            create: std::mem::transmute::<*mut c_void, _>(sym("cudaEventCreateWithFlags")?),
-            record: std::mem::transmute::<*mut c_void, _>(sym("cudaEventRecord")?),
-            synchronize: std::mem::transmute::<*mut c_void, _>(sym("cudaEventSynchronize")?),
-            elapsed: std::mem::transmute::<*mut c_void, _>(sym("cudaEventElapsedTime")?),
-            destroy: std::mem::transmute::<*mut c_void, _>(sym("cudaEventDestroy")?),
-            error_string: std::mem::transmute::<*mut c_void, _>(sym("cudaGetErrorString")?),
+            set_device: std::mem::transmute::<*mut c_void, SetDeviceFn>(sym("cudaSetDevice")?),
+            create: std::mem::transmute::<*mut c_void, CreateFn>(sym("cudaEventCreateWithFlags")?),
+            record: std::mem::transmute::<*mut c_void, RecordFn>(sym("cudaEventRecord")?),
+            synchronize: std::mem::transmute::<*mut c_void, EventFn>(sym("cudaEventSynchronize")?),
+            elapsed: std::mem::transmute::<*mut c_void, ElapsedFn>(sym("cudaEventElapsedTime")?),
+            destroy: std::mem::transmute::<*mut c_void, EventFn>(sym("cudaEventDestroy")?),
+            error_string: std::mem::transmute::<*mut c_void, ErrorStringFn>(sym(
+                "cudaGetErrorString",
+            )?),
         })
     }
 }
@@ -129,7 +145,8 @@ fn check(rt: &Runtime, code: CudaError, what: &str) -> Result<(), String> {
 pub fn set_device(index: usize) -> Result<(), String> {
     let rt = runtime()?;
     // SAFETY: plain runtime call with an integer argument.
-    check(rt, unsafe { (rt.set_device)(index as c_int) }, "cudaSetDevice")
+    let code = unsafe { (rt.set_device)(index as c_int) };
+    check(rt, code, "cudaSetDevice")
 }
 
 /// A CUDA event with timing, recorded on the default stream.
@@ -147,7 +164,8 @@ impl Event {
         let rt = runtime()?;
         let mut raw: RawEvent = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer.
-        check(rt, unsafe { (rt.create)(&mut raw, EVENT_DEFAULT) }, "cudaEventCreate")?;
+        let code = unsafe { (rt.create)(&mut raw, EVENT_DEFAULT) };
+        check(rt, code, "cudaEventCreate")?;
         Ok(Event { raw })
     }
 
@@ -155,14 +173,16 @@ impl Event {
     pub fn record(&self) -> Result<(), String> {
         let rt = runtime()?;
         // SAFETY: `self.raw` is a live event created by this runtime.
-        check(rt, unsafe { (rt.record)(self.raw, DEFAULT_STREAM) }, "cudaEventRecord")
+        let code = unsafe { (rt.record)(self.raw, DEFAULT_STREAM) };
+        check(rt, code, "cudaEventRecord")
     }
 
     /// Blocks the host until the work queued before the last `record` has finished.
     pub fn synchronize(&self) -> Result<(), String> {
         let rt = runtime()?;
         // SAFETY: as in `record`.
-        check(rt, unsafe { (rt.synchronize)(self.raw) }, "cudaEventSynchronize")
+        let code = unsafe { (rt.synchronize)(self.raw) };
+        check(rt, code, "cudaEventSynchronize")
     }
 
     /// Device milliseconds from `start` to `self`; both must be complete.
@@ -170,11 +190,8 @@ impl Event {
         let rt = runtime()?;
         let mut ms = 0f32;
         // SAFETY: both events are live and `ms` is a valid out-pointer.
-        check(
-            rt,
-            unsafe { (rt.elapsed)(&mut ms, start.raw, self.raw) },
-            "cudaEventElapsedTime",
-        )?;
+        let code = unsafe { (rt.elapsed)(&mut ms, start.raw, self.raw) };
+        check(rt, code, "cudaEventElapsedTime")?;
         Ok(f64::from(ms))
     }
 }

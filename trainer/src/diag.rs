@@ -34,7 +34,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
     let filled = feed
         .next()?
         .ok_or_else(|| anyhow::anyhow!("the training split is empty"))?;
-    let batch = s.to_device(filled, s.cfg.batch_size);
+    let batch = s.upload(filled, s.cfg.batch_size);
     // The batch now lives on the device for good; the host slot is no longer needed.
     let _ = s.release(None, 0)?;
     drop(feed);
@@ -62,14 +62,22 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
             in_window = 0;
         }
     }
-    let first = logged.first().map_or(f64::NAN, |r: &StepReport| r.train_loss);
-    let last = logged.last().map_or(f64::NAN, |r: &StepReport| r.train_loss);
+    let first = logged
+        .first()
+        .map_or(f64::NAN, |r: &StepReport| r.train_loss);
+    let last = logged
+        .last()
+        .map_or(f64::NAN, |r: &StepReport| r.train_loss);
     let passed = last < 0.1 * first;
     eprintln!(
         "overfit one batch of {}: loss {first:.4} -> {last:.4} ({:.1}% lower) in {steps} steps: {}",
         s.cfg.batch_size,
         100.0 * (1.0 - last / first),
-        if passed { "PASS" } else { "FAIL (the loss must fall by over 90%)" }
+        if passed {
+            "PASS"
+        } else {
+            "FAIL (the loss must fall by over 90%)"
+        }
     );
     Ok(Summary {
         mode: "overfit_batch",
@@ -96,7 +104,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
 /// one does not fit in memory.
 pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSizeReport {
     let mut trials = Vec::new();
-    let mut b = cfg.batch_size.min(16).max(1);
+    let mut b = cfg.batch_size.clamp(1, 16);
     let hook = panic::take_hook();
     // libtorch reports out-of-memory as a panic in tch; keep its message out of the output.
     panic::set_hook(Box::new(|_| {}));
@@ -105,8 +113,18 @@ pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSize
         c.batch_size = b;
         let result = panic::catch_unwind(AssertUnwindSafe(|| trial(c, device)));
         let t = match result {
-            Ok(Ok(rate)) => BatchTrial { batch_size: b, fits: true, samples_per_s: Some(rate), error: None },
-            Ok(Err(e)) => BatchTrial { batch_size: b, fits: false, samples_per_s: None, error: Some(format!("{e:#}")) },
+            Ok(Ok(rate)) => BatchTrial {
+                batch_size: b,
+                fits: true,
+                samples_per_s: Some(rate),
+                error: None,
+            },
+            Ok(Err(e)) => BatchTrial {
+                batch_size: b,
+                fits: false,
+                samples_per_s: None,
+                error: Some(format!("{e:#}")),
+            },
             Err(p) => {
                 let msg = p
                     .downcast_ref::<String>()
@@ -114,7 +132,12 @@ pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSize
                     .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "panic".into());
                 let first = msg.lines().next().unwrap_or_default().to_string();
-                BatchTrial { batch_size: b, fits: false, samples_per_s: None, error: Some(first) }
+                BatchTrial {
+                    batch_size: b,
+                    fits: false,
+                    samples_per_s: None,
+                    error: Some(first),
+                }
             }
         };
         let fits = t.fits;
@@ -165,7 +188,7 @@ fn trial(cfg: RunConfig, device: Device) -> anyhow::Result<f64> {
             start = Instant::now();
         }
         let filled = feed.next()?.ok_or_else(|| anyhow::anyhow!("epoch ended"))?;
-        let batch = s.to_device(filled, s.cfg.batch_size);
+        let batch = s.upload(filled, s.cfg.batch_size);
         let loss = s.train_micro(&batch);
         s.opt.step(s.cfg.lr, s.cfg.clip, s.scaler.as_mut());
         s.opt.zero_grad();

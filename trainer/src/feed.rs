@@ -69,7 +69,12 @@ impl HostRing {
         SlotMemory(
             self.slots[slot]
                 .iter()
-                .map(|t| (t.data_ptr() as *mut u8, t.numel() * t.kind().elt_size_in_bytes()))
+                .map(|t| {
+                    (
+                        t.data_ptr() as *mut u8,
+                        t.numel() * t.kind().elt_size_in_bytes(),
+                    )
+                })
                 .collect(),
         )
     }

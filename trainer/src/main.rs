@@ -57,12 +57,20 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         None => (args::RunConfig::from_cli(&cli)?, None),
     };
     if !cli.json {
-        eprintln!("dsc-train on {} · cache {}", describe_device(device), cfg.cache.display());
+        eprintln!(
+            "dsc-train on {} · cache {}",
+            describe_device(device),
+            cfg.cache.display()
+        );
     }
     if cli.find_batch_size {
         let report = diag::find_batch_size(&cfg, device, cli.max_batch_size);
         emit(&cli, &report)?;
-        return Ok(if report.largest.is_some() { 0 } else { EXIT_FAILED });
+        return Ok(if report.largest.is_some() {
+            0
+        } else {
+            EXIT_FAILED
+        });
     }
     let slots = cfg.prefetch + 2;
     if cli.overfit_batch {
@@ -71,7 +79,11 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         let s = session::Session::new(cfg, device, slots)?;
         let summary = diag::overfit_batch(s, cli.overfit_steps)?;
         emit(&cli, &summary)?;
-        return Ok(if summary.overfit_passed == Some(true) { 0 } else { EXIT_FAILED });
+        return Ok(if summary.overfit_passed == Some(true) {
+            0
+        } else {
+            EXIT_FAILED
+        });
     }
     let s = session::Session::new(cfg, device, slots)?;
     if !cli.json {
@@ -120,7 +132,9 @@ fn emit<T: Serialize>(cli: &args::Cli, value: &T) -> anyhow::Result<()> {
 
 fn choose_device(want: &str, cuda: &cuda::CudaLoad) -> anyhow::Result<Device> {
     let why = || match cuda {
-        cuda::CudaLoad::Loaded => "libtorch's CUDA backend is loaded but sees no device".to_string(),
+        cuda::CudaLoad::Loaded => {
+            "libtorch's CUDA backend is loaded but sees no device".to_string()
+        }
         cuda::CudaLoad::Unavailable(e) => format!("libtorch_cuda could not be loaded: {e}"),
     };
     match want {
@@ -133,12 +147,19 @@ fn choose_device(want: &str, cuda: &cuda::CudaLoad) -> anyhow::Result<Device> {
             Ok(Device::Cuda(0))
         }
         other => {
-            let Some(i) = other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) else {
+            let Some(i) = other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<usize>().ok())
+            else {
                 bail!("--device {other:?}: expected auto, cpu, cuda or cuda:N");
             };
             let n = tch::Cuda::device_count() as usize;
             if i >= n {
-                bail!("--device {other}: {} CUDA device(s) visible; {}", n, if n == 0 { why() } else { String::new() });
+                bail!(
+                    "--device {other}: {} CUDA device(s) visible; {}",
+                    n,
+                    if n == 0 { why() } else { String::new() }
+                );
             }
             Ok(Device::Cuda(i))
         }

@@ -89,9 +89,7 @@ impl Embed {
             .vocabularies
             .iter()
             .enumerate()
-            .map(|(i, &v)| {
-                nn::embedding(vs / format!("embed{i}"), v, dim, Default::default())
-            })
+            .map(|(i, &v)| nn::embedding(vs / format!("embed{i}"), v, dim, Default::default()))
             .collect();
         Embed { proj, cats }
     }
@@ -117,7 +115,9 @@ impl Embed {
 /// attention and pooling never divide by an empty set.
 fn step_mask(length: &Tensor, s: i64) -> Tensor {
     let len = length.clamp_min(1).unsqueeze(1);
-    Tensor::arange(s, (Kind::Int64, length.device())).unsqueeze(0).lt_tensor(&len)
+    Tensor::arange(s, (Kind::Int64, length.device()))
+        .unsqueeze(0)
+        .lt_tensor(&len)
 }
 
 /// Two-layer head on the pooled sequence (and the per-context features).
@@ -203,6 +203,9 @@ impl Transformer {
         }
     }
 
+    // `h = h + …` is deliberate: `+=` on a tch tensor adds in place, and the layer norms saved
+    // `h` for the backward pass.
+    #[allow(clippy::assign_op_pattern)]
     fn forward(&self, inp: &Inputs, train: bool) -> Tensor {
         let mut h = self.embed.forward(inp, self.ct);
         let (b, s, d) = h.size3().expect("[B, S, D]");

@@ -87,8 +87,9 @@ impl AdamW {
             };
             let _ = self.steps.g_add_(&ok);
             let t = self.steps.clamp_min(1.0);
-            let bias1 = 1.0 - Tensor::from(BETA1).to_device(t.device()).pow(&t);
-            let bias2 = 1.0 - Tensor::from(BETA2).to_device(t.device()).pow(&t);
+            // Scalar bases: no host tensor is copied to the device (a pageable copy would block).
+            let bias1 = 1.0 - Tensor::pow_scalar(BETA1, &t);
+            let bias2 = 1.0 - Tensor::pow_scalar(BETA2, &t);
             let step_size = &ok * lr / &bias1;
             let decay = 1.0 - &ok * (lr * self.weight_decay);
             for (i, (_, p)) in self.params.iter_mut().enumerate() {
@@ -188,7 +189,11 @@ mod tests {
         let mut opt = AdamW::new(vec![("w".into(), p.shallow_clone())], 0.1, Device::Cpu);
         opt.step(0.01, 0.0, None);
         let got: Vec<f32> = Vec::try_from(&p).unwrap();
-        let want = [1.0 * (1.0 - 0.001) - 0.01, -2.0 * (1.0 - 0.001) + 0.01, 3.0 * (1.0 - 0.001)];
+        let want = [
+            1.0 * (1.0 - 0.001) - 0.01,
+            -2.0 * (1.0 - 0.001) + 0.01,
+            3.0 * (1.0 - 0.001),
+        ];
         for (g, w) in got.iter().zip(want) {
             assert!((f64::from(*g) - w).abs() < 1e-6, "{got:?} vs {want:?}");
         }

@@ -20,7 +20,10 @@ pub enum Purpose {
 /// Reads a small tensor (e.g. a few stacked scalars) back as f64s, in one transfer.
 pub fn values(t: &Tensor, why: Purpose) -> Vec<f64> {
     count(why);
-    let host = t.to_kind(Kind::Double).to_device(Device::Cpu).flatten(0, -1);
+    let host = t
+        .to_kind(Kind::Double)
+        .to_device(Device::Cpu)
+        .flatten(0, -1);
     Vec::<f64>::try_from(&host).expect("a double tensor converts")
 }
 

@@ -57,7 +57,11 @@ impl Session {
     pub fn new(cfg: RunConfig, device: Device, slots: usize) -> anyhow::Result<Session> {
         let cache = Cache::open(&cfg.cache)
             .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
-        let amp = cfg.amp.unwrap_or(if device.is_cuda() { Amp::Bf16 } else { Amp::None });
+        let amp = cfg.amp.unwrap_or(if device.is_cuda() {
+            Amp::Bf16
+        } else {
+            Amp::None
+        });
         let task = TaskSpec::resolve(&cfg, &cache, device)?;
         let (layout, shape) = layout(&cache, task.outputs)?;
         tch::manual_seed(cfg.seed as i64);
@@ -100,13 +104,17 @@ impl Session {
 
     /// Parameters of the network.
     pub fn parameters(&self) -> i64 {
-        self.vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+        self.vs
+            .trainable_variables()
+            .iter()
+            .map(|t| t.numel() as i64)
+            .sum()
     }
 
     /// The filled slot as device tensors, trimmed to its sequence length and to its first
     /// `rows` contexts. On CUDA the copies are queued without blocking; [`Session::release`]
     /// later hands the slot back once they are done.
-    pub fn to_device(&mut self, f: Filled, rows: usize) -> DeviceBatch {
+    pub fn upload(&mut self, f: Filled, rows: usize) -> DeviceBatch {
         let ring = self.ring.clone();
         let bufs = ring.slot(f.slot);
         let b = self.cfg.batch_size as i64;
@@ -121,7 +129,11 @@ impl Session {
             } else {
                 t.shallow_clone()
             };
-            let t = if rows < b as usize { t.narrow(0, 0, rows as i64) } else { t };
+            let t = if rows < b as usize {
+                t.narrow(0, 0, rows as i64)
+            } else {
+                t
+            };
             if self.device.is_cuda() {
                 t.to_device_(self.device, t.kind(), true, false)
             } else {
@@ -192,23 +204,40 @@ impl Session {
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
         let mut named: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(String, Tensor)> =
-            named.into_iter().map(|(n, t)| (format!("model.{n}"), t)).collect();
-        out.extend(self.opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
+        let mut out: Vec<(String, Tensor)> = named
+            .into_iter()
+            .map(|(n, t)| (format!("model.{n}"), t))
+            .collect();
+        out.extend(
+            self.opt
+                .state()
+                .into_iter()
+                .map(|(n, t)| (format!("optim.{n}"), t)),
+        );
         if let Some(s) = &self.scaler {
             out.push(("scaler.scale".into(), s.scale.shallow_clone()));
-            out.push(("scaler.growth_tracker".into(), s.growth_tracker.shallow_clone()));
+            out.push((
+                "scaler.growth_tracker".into(),
+                s.growth_tracker.shallow_clone(),
+            ));
         }
         out
     }
 
     /// Restores [`Session::state_tensors`].
-    pub fn load_state(&mut self, get: impl Fn(&str) -> anyhow::Result<Tensor>) -> anyhow::Result<()> {
+    pub fn load_state(
+        &mut self,
+        get: impl Fn(&str) -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<()> {
         tch::no_grad(|| -> anyhow::Result<()> {
             for (name, mut var) in self.vs.variables() {
                 let saved = get(&format!("model.{name}"))?;
                 if saved.size() != var.size() {
-                    bail!("checkpoint weight {name} has shape {:?}, the model {:?}", saved.size(), var.size());
+                    bail!(
+                        "checkpoint weight {name} has shape {:?}, the model {:?}",
+                        saved.size(),
+                        var.size()
+                    );
                 }
                 var.copy_(&saved);
             }
@@ -258,7 +287,9 @@ fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
                     _ => 0,
                 };
                 l.cats.push(i);
-                shape.vocabularies.push(vocab as i64 + i64::from(dsc_format::manifest::CODE_FIRST));
+                shape
+                    .vocabularies
+                    .push(vocab as i64 + i64::from(dsc_format::manifest::CODE_FIRST));
             }
             TensorRole::Length => l.length = i,
             TensorRole::Targets => l.y = i,

@@ -20,7 +20,11 @@ pub struct TaskSpec {
 impl TaskSpec {
     pub fn resolve(cfg: &RunConfig, cache: &Cache, device: Device) -> anyhow::Result<TaskSpec> {
         let manifest = cache.manifest();
-        let Some(y) = manifest.tensors.iter().find(|t| t.role == TensorRole::Targets) else {
+        let Some(y) = manifest
+            .tensors
+            .iter()
+            .find(|t| t.role == TensorRole::Targets)
+        else {
             bail!(
                 "{}: the cache has no targets tensor `y`; compile it with --targets",
                 cache.dir().display()
@@ -40,10 +44,16 @@ impl TaskSpec {
             (Task::Regression, true) => names.iter().map(|s| s.to_string()).collect(),
             (Task::Classification, true) if names.len() == 1 => vec![names[0].to_string()],
             (Task::Classification, true) => {
-                bail!("y has {} columns {names:?}; name the class column with --target", names.len())
+                bail!(
+                    "y has {} columns {names:?}; name the class column with --target",
+                    names.len()
+                )
             }
         };
-        let columns = wanted.iter().map(|w| find(w)).collect::<anyhow::Result<Vec<_>>>()?;
+        let columns = wanted
+            .iter()
+            .map(|w| find(w))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let (outputs, metric) = match cfg.task {
             Task::Regression => (columns.len() as i64, "mae"),
             Task::Direction => {
@@ -115,7 +125,8 @@ impl TaskSpec {
             }
             Task::Direction => {
                 let (az, zen) = (t.select(1, 0), t.select(1, 1));
-                let unit = Tensor::stack(&[az.cos() * zen.sin(), az.sin() * zen.sin(), zen.cos()], 1);
+                let unit =
+                    Tensor::stack(&[az.cos() * zen.sin(), az.sin() * zen.sin(), zen.cos()], 1);
                 let p = pred / pred.norm_scalaropt_dim(2, [1], true).clamp_min(1e-6);
                 let cos = (p * unit).sum_dim_intlist(1, false, Kind::Float);
                 let angle = cos.clamp(-1.0 + 1e-7, 1.0 - 1e-7).acos();

@@ -87,8 +87,8 @@ pub fn run(
     let mut logged = Vec::new();
     let mut run_totals = Totals::default();
     let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
-    let mut clock = Clock::new(if s.device.is_cuda() { log_micro } else { 0 })
-        .map_err(anyhow::Error::msg)?;
+    let mut clock =
+        Clock::new(if s.device.is_cuda() { log_micro } else { 0 }).map_err(anyhow::Error::msg)?;
     let device = s.device;
     let zero = || Tensor::zeros([], (Kind::Float, device));
     let mut stopped = false;
@@ -113,7 +113,7 @@ pub fn run(
                 let Some(filled) = feed.next()? else { break };
                 clock.waited(t0.elapsed());
                 clock.step_start().map_err(anyhow::Error::msg)?;
-                let batch = s.to_device(filled, s.cfg.batch_size);
+                let batch = s.upload(filled, s.cfg.batch_size);
                 clock.copied().map_err(anyhow::Error::msg)?;
                 let micro_global = epoch * micro_epoch + pos.micro_in_epoch;
                 s.seed_step(micro_global);
@@ -281,7 +281,7 @@ fn validate(
     let feed = Feed::start(loader, &ring);
     while let Some(filled) = feed.next()? {
         let rows = (contexts - seen).min(b);
-        let batch = s.to_device(filled, rows);
+        let batch = s.upload(filled, rows);
         let (l, m) = s.evaluate(&batch);
         drop(batch);
         tch::no_grad(|| {

@@ -51,7 +51,6 @@ fn fixture() -> &'static Fixture {
             customers: 1500,
             files: 1,
             seed: 3,
-            ..Default::default()
         };
         dsc_compiler::gen::sequences::generate(&seq, &sopts).expect("generate sequences");
         let spec = serde_json::json!({
@@ -122,7 +121,16 @@ fn path(p: &Path) -> String {
 }
 
 /// The small model every CPU test uses.
-const SMALL: [&str; 8] = ["--dim", "32", "--layers", "1", "--heads", "2", "--threads", "1"];
+const SMALL: [&str; 8] = [
+    "--dim",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--threads",
+    "1",
+];
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
@@ -135,19 +143,43 @@ fn a_short_run_lowers_the_validation_loss_and_reports_every_field() {
     let cache = path(&fx.icecube);
     let outp = path(out.path());
     let mut args = vec![
-        "--cache", &cache, "--task", "direction", "--epochs", "4", "--batch-size", "64",
-        "--lr", "3e-3", "--log-every", "10", "--out", &outp, "--json",
+        "--cache",
+        &cache,
+        "--task",
+        "direction",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "64",
+        "--lr",
+        "3e-3",
+        "--log-every",
+        "10",
+        "--out",
+        &outp,
+        "--json",
     ];
     args.extend(SMALL);
     let s = train(&args).json();
     let epochs = s["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 4);
     for e in epochs {
-        for k in ["train_loss", "val_loss", "val_metric", "samples_per_s", "data_wait_share", "h2d_share", "compute_share"] {
+        for k in [
+            "train_loss",
+            "val_loss",
+            "val_metric",
+            "samples_per_s",
+            "data_wait_share",
+            "h2d_share",
+            "compute_share",
+        ] {
             assert!(f(&e[k]).is_finite(), "{k} in {e}");
         }
         let shares = f(&e["data_wait_share"]) + f(&e["h2d_share"]) + f(&e["compute_share"]);
-        assert!((shares - 1.0).abs() < 0.05, "shares of a CPU step add up to the step: {e}");
+        assert!(
+            (shares - 1.0).abs() < 0.05,
+            "shares of a CPU step add up to the step: {e}"
+        );
     }
     let first = f(&epochs[0]["val_loss"]);
     let last = f(&epochs[3]["val_loss"]);
@@ -190,8 +222,23 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
     // Dropout, accumulation and a mid-epoch stop: each would break exactness if its state were
     // not saved (RNG, partial accumulation, loader position).
     let common = [
-        "--cache", &cache, "--task", "direction", "--epochs", "2", "--batch-size", "32",
-        "--accumulate", "2", "--dropout", "0.1", "--lr", "2e-3", "--log-every", "7", "--json",
+        "--cache",
+        &cache,
+        "--task",
+        "direction",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--accumulate",
+        "2",
+        "--dropout",
+        "0.1",
+        "--lr",
+        "2e-3",
+        "--log-every",
+        "7",
+        "--json",
     ];
     let mut args: Vec<&str> = common.to_vec();
     args.extend(SMALL);
@@ -209,7 +256,11 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
     let ckpt = path(&split.path().join("last.ckpt"));
     let rest = train(&["--resume", &ckpt, "--out", &b, "--json", "--threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"].as_u64().unwrap(), total);
-    assert_eq!(rest["epochs"].as_array().unwrap().len(), 2, "history survives the restart");
+    assert_eq!(
+        rest["epochs"].as_array().unwrap().len(),
+        2,
+        "history survives the restart"
+    );
 
     let wa = weights(&straight.path().join("model.safetensors"));
     let wb = weights(&split.path().join("model.safetensors"));
@@ -222,7 +273,10 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
         }
     }
     // The same validation numbers, too.
-    let (va, vb) = (&full["epochs"][1]["val_loss"], &rest["epochs"][1]["val_loss"]);
+    let (va, vb) = (
+        &full["epochs"][1]["val_loss"],
+        &rest["epochs"][1]["val_loss"],
+    );
     assert!((f(va) - f(vb)).abs() < 1e-6, "{va} vs {vb}");
 }
 
@@ -233,15 +287,36 @@ fn one_batch_is_overfit_by_over_ninety_percent() {
     let out = tempfile::tempdir().unwrap();
     let outp = path(out.path());
     let mut args = vec![
-        "--cache", &cache, "--task", "direction", "--overfit-batch", "--batch-size", "16",
-        "--overfit-steps", "150", "--lr", "3e-3", "--log-every", "25", "--out", &outp, "--json",
+        "--cache",
+        &cache,
+        "--task",
+        "direction",
+        "--overfit-batch",
+        "--batch-size",
+        "16",
+        "--overfit-steps",
+        "150",
+        "--lr",
+        "3e-3",
+        "--log-every",
+        "25",
+        "--out",
+        &outp,
+        "--json",
     ];
     args.extend(SMALL);
     let s = train(&args).json();
     assert_eq!(s["overfit_passed"], Value::Bool(true), "{s}");
     let steps = s["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 1 + 150 / 25, "step 1 and every 25th are logged");
-    let (a, b) = (f(&steps[0]["train_loss"]), f(&steps[steps.len() - 1]["train_loss"]));
+    assert_eq!(
+        steps.len(),
+        1 + 150 / 25,
+        "step 1 and every 25th are logged"
+    );
+    let (a, b) = (
+        f(&steps[0]["train_loss"]),
+        f(&steps[steps.len() - 1]["train_loss"]),
+    );
     assert!(b < 0.1 * a, "{a} -> {b}");
 }
 
@@ -252,8 +327,19 @@ fn training_reads_a_value_back_once_per_logged_window_only() {
     let out = tempfile::tempdir().unwrap();
     let outp = path(out.path());
     let mut args = vec![
-        "--cache", &cache, "--task", "direction", "--batch-size", "32", "--max-steps", "23",
-        "--log-every", "5", "--out", &outp, "--json",
+        "--cache",
+        &cache,
+        "--task",
+        "direction",
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "23",
+        "--log-every",
+        "5",
+        "--out",
+        &outp,
+        "--json",
     ];
     args.extend(SMALL);
     let s = train(&args).json();
@@ -268,10 +354,22 @@ fn training_reads_a_value_back_once_per_logged_window_only() {
 fn no_module_but_readback_reads_device_values() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let forbidden = [
-        "double_value(", "int64_value(", "f64::try_from(", "f32::try_from(", "i64::try_from(",
-        "Vec::<f32>::try_from", "Vec::<f64>::try_from", "Vec::<i64>::try_from", "Vec::try_from(",
-        "copy_data(", "copy_data_u8(", "to_device(Device::Cpu)", ".item(", "is_nonzero(",
-        "equal(", "allclose(",
+        "double_value(",
+        "int64_value(",
+        "f64::try_from(",
+        "f32::try_from(",
+        "i64::try_from(",
+        "Vec::<f32>::try_from",
+        "Vec::<f64>::try_from",
+        "Vec::<i64>::try_from",
+        "Vec::try_from(",
+        "copy_data(",
+        "copy_data_u8(",
+        "to_device(Device::Cpu)",
+        ".item(",
+        "is_nonzero(",
+        "equal(",
+        "allclose(",
     ];
     let mut checked = 0;
     for entry in std::fs::read_dir(&src).unwrap() {
@@ -282,7 +380,11 @@ fn no_module_but_readback_reads_device_values() {
         let text = std::fs::read_to_string(&p).unwrap();
         let code = text.split("#[cfg(test)]").next().unwrap();
         for f in forbidden {
-            assert!(!code.contains(f), "{} reads a device value with {f}", p.display());
+            assert!(
+                !code.contains(f),
+                "{} reads a device value with {f}",
+                p.display()
+            );
         }
         checked += 1;
     }
@@ -296,8 +398,21 @@ fn a_gru_classifies_churn_on_the_sequence_data() {
     let out = tempfile::tempdir().unwrap();
     let outp = path(out.path());
     let mut args = vec![
-        "--cache", &cache, "--task", "classification", "--model", "gru", "--epochs", "2",
-        "--batch-size", "64", "--lr", "3e-3", "--out", &outp, "--json",
+        "--cache",
+        &cache,
+        "--task",
+        "classification",
+        "--model",
+        "gru",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "64",
+        "--lr",
+        "3e-3",
+        "--out",
+        &outp,
+        "--json",
     ];
     args.extend(SMALL);
     let s = train(&args).json();
@@ -314,13 +429,32 @@ fn regression_with_fp16_loss_scaling_runs_on_the_cpu() {
     let out = tempfile::tempdir().unwrap();
     let outp = path(out.path());
     let mut args = vec![
-        "--cache", &cache, "--task", "regression", "--target", "zenith", "--amp", "fp16",
-        "--batch-size", "64", "--max-steps", "10", "--log-every", "5", "--out", &outp, "--json",
+        "--cache",
+        &cache,
+        "--task",
+        "regression",
+        "--target",
+        "zenith",
+        "--amp",
+        "fp16",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        "10",
+        "--log-every",
+        "5",
+        "--out",
+        &outp,
+        "--json",
     ];
     args.extend(SMALL);
     let s = train(&args).json();
     assert_eq!(s["amp"], "fp16");
-    assert!(s["steps"].as_array().unwrap().iter().all(|st| f(&st["train_loss"]).is_finite()));
+    assert!(s["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|st| f(&st["train_loss"]).is_finite()));
 }
 
 #[test]
@@ -328,15 +462,30 @@ fn find_batch_size_reports_each_size_tried() {
     let fx = fixture();
     let cache = path(&fx.icecube);
     let mut args = vec![
-        "--cache", &cache, "--task", "direction", "--find-batch-size", "--max-batch-size", "64",
+        "--cache",
+        &cache,
+        "--task",
+        "direction",
+        "--find-batch-size",
+        "--max-batch-size",
+        "64",
         "--json",
     ];
     args.extend(SMALL);
     let s = train(&args).json();
-    let sizes: Vec<u64> = s["trials"].as_array().unwrap().iter().map(|t| t["batch_size"].as_u64().unwrap()).collect();
+    let sizes: Vec<u64> = s["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["batch_size"].as_u64().unwrap())
+        .collect();
     assert_eq!(sizes, vec![16, 32, 64]);
     assert_eq!(s["largest"], 64);
-    assert!(s["trials"].as_array().unwrap().iter().all(|t| f(&t["samples_per_s"]) > 0.0));
+    assert!(s["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| f(&t["samples_per_s"]) > 0.0));
 }
 
 #[test]
@@ -352,11 +501,29 @@ fn bad_input_is_named_in_the_error() {
     assert!(r.stderr.contains("azimuth"), "{}", r.stderr);
 
     let ice = path(&fx.icecube);
-    let r = train(&["--cache", &ice, "--task", "regression", "--target", "energy"]);
+    let r = train(&[
+        "--cache",
+        &ice,
+        "--task",
+        "regression",
+        "--target",
+        "energy",
+    ]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("energy") && r.stderr.contains("zenith"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("energy") && r.stderr.contains("zenith"),
+        "{}",
+        r.stderr
+    );
 
-    let r = train(&["--cache", &ice, "--task", "classification", "--target", "zenith"]);
+    let r = train(&[
+        "--cache",
+        &ice,
+        "--task",
+        "classification",
+        "--target",
+        "zenith",
+    ]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("not a class number"), "{}", r.stderr);
 
