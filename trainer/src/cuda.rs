@@ -37,6 +37,14 @@ pub fn load_torch_cuda() -> CudaLoad {
     .clone()
 }
 
+/// The outcome of [`load_torch_cuda`] in words: `loaded` or `unavailable: <reason>`.
+pub fn backend_status() -> String {
+    match load_torch_cuda() {
+        CudaLoad::Loaded => "loaded".into(),
+        CudaLoad::Unavailable(e) => format!("unavailable: {e}"),
+    }
+}
+
 fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(name).expect("library names have no NUL");
     // SAFETY: `c` is a valid NUL-terminated string; dlopen has no other preconditions. Loading

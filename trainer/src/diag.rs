@@ -82,6 +82,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
     Ok(Summary {
         mode: "overfit_batch",
         device: crate::describe_device(s.device),
+        cuda_backend: crate::cuda::backend_status(),
         amp: format!("{:?}", s.amp).to_lowercase(),
         task: format!("{:?}", s.cfg.task).to_lowercase(),
         model: format!("{:?}", s.cfg.model).to_lowercase(),

@@ -58,6 +58,8 @@ pub struct Readbacks {
 pub struct Summary {
     pub mode: &'static str,
     pub device: String,
+    /// Whether libtorch's CUDA backend (`libtorch_cuda.so`) was loaded at start.
+    pub cuda_backend: String,
     pub amp: String,
     pub task: String,
     pub model: String,

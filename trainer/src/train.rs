@@ -211,6 +211,7 @@ pub fn run(
     Ok(Summary {
         mode: "train",
         device: crate::describe_device(s.device),
+        cuda_backend: crate::cuda::backend_status(),
         amp: format!("{:?}", s.amp).to_lowercase(),
         task: format!("{:?}", s.cfg.task).to_lowercase(),
         model: format!("{:?}", s.cfg.model).to_lowercase(),

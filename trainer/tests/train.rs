@@ -187,6 +187,20 @@ fn a_short_run_lowers_the_validation_loss_and_reports_every_field() {
     // A model that learned nothing points at random: a mean angular error of pi/2.
     assert!(f(&epochs[3]["val_metric"]) < 1.4, "{}", epochs[3]);
     assert!(s["device"].as_str().unwrap().starts_with("cpu"));
+    // With PyTorch's CUDA wheel (the test script's .venv) libtorch_cuda.so is there and must be
+    // loaded even on a machine without a GPU: `--as-needed` linking would have dropped it.
+    let venv_cuda = std::env::var_os("VIRTUAL_ENV").and_then(|v| {
+        let lib = Path::new(&v).join("lib");
+        std::fs::read_dir(&lib).ok()?.flatten().find_map(|py| {
+            let so = py.path().join("site-packages/torch/lib/libtorch_cuda.so");
+            so.exists().then_some(so)
+        })
+    });
+    if venv_cuda.is_some() {
+        assert_eq!(s["cuda_backend"], "loaded", "{}", s["cuda_backend"]);
+    } else {
+        assert!(s["cuda_backend"].is_string());
+    }
     assert!(out.path().join("last.ckpt").is_file());
     assert!(out.path().join("model.safetensors").is_file());
     assert!(out.path().join("summary.json").is_file());
