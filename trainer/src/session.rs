@@ -135,6 +135,10 @@ impl Session {
                 t
             };
             if self.device.is_cuda() {
+                // tch exposes no non-blocking `copy_` into an existing tensor (its `copy_` blocks,
+                // `_copy_from` has no CUDA kernel), so the device side of each copy is a fresh
+                // tensor from libtorch's caching allocator: after the first steps it reuses the
+                // same blocks and never calls cudaMalloc. The host side is the reused ring.
                 t.to_device_(self.device, t.kind(), true, false)
             } else {
                 t
