@@ -34,6 +34,20 @@ pub struct Position {
     pub history: Vec<EpochReport>,
 }
 
+impl Position {
+    /// The start of a run.
+    pub fn start(config: RunConfig) -> Position {
+        Position {
+            config,
+            epoch: 0,
+            micro_in_epoch: 0,
+            optimizer_steps: 0,
+            loader: None,
+            history: Vec::new(),
+        }
+    }
+}
+
 /// A loaded checkpoint.
 #[derive(Debug)]
 pub struct Checkpoint {

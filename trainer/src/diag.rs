@@ -4,7 +4,7 @@
 use crate::args::RunConfig;
 use crate::feed::Feed;
 use crate::readback::{self, Purpose};
-use crate::report::{BatchSizeReport, BatchTrial, Readbacks, StepReport, Summary};
+use crate::report::{BatchSizeReport, BatchTrial, StepReport, Summary};
 use crate::session::Session;
 use crate::timing::{Clock, Totals};
 use dsc_loader::LoaderOptions;
@@ -79,26 +79,9 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
             "FAIL (the loss must fall by over 90%)"
         }
     );
-    Ok(Summary {
-        mode: "overfit_batch",
-        device: crate::describe_device(s.device),
-        cuda_backend: crate::cuda::backend_status(),
-        amp: format!("{:?}", s.amp).to_lowercase(),
-        task: format!("{:?}", s.cfg.task).to_lowercase(),
-        model: format!("{:?}", s.cfg.model).to_lowercase(),
-        parameters: s.parameters(),
-        metric: s.task.metric.to_string(),
-        epochs: Vec::new(),
-        steps: logged,
-        optimizer_steps: steps,
-        total: totals.shares(),
-        readbacks: Readbacks {
-            training: readback::training_reads(),
-            other: readback::other_reads(),
-        },
-        overfit_passed: Some(passed),
-        checkpoint: None,
-    })
+    let mut summary = Summary::new(&s, "overfit_batch", logged, steps, totals.shares());
+    summary.overfit_passed = Some(passed);
+    Ok(summary)
 }
 
 /// Tries batch sizes from 16, doubling up to `max`, each for a few full training steps, until

@@ -6,7 +6,10 @@ use crate::cuda::Event;
 use crate::feed::{Filled, HostRing};
 use crate::model::{Inputs, Net, Shape};
 use crate::optim::{AdamW, LossScaler};
+use crate::readback;
+use crate::report::{Readbacks, StepReport, Summary};
 use crate::task::TaskSpec;
+use crate::timing::Shares;
 use anyhow::{bail, Context};
 use dsc_format::{Encoding, TensorRole};
 use dsc_loader::Cache;
@@ -311,4 +314,36 @@ fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
         );
     }
     Ok((l, shape))
+}
+
+impl Summary {
+    /// A summary of `s` in `mode` with the run-wide fields filled in.
+    pub fn new(
+        s: &Session,
+        mode: &'static str,
+        steps: Vec<StepReport>,
+        optimizer_steps: u64,
+        total: Shares,
+    ) -> Summary {
+        Summary {
+            mode,
+            device: crate::describe_device(s.device),
+            cuda_backend: crate::cuda::backend_status(),
+            amp: format!("{:?}", s.amp).to_lowercase(),
+            task: format!("{:?}", s.cfg.task).to_lowercase(),
+            model: format!("{:?}", s.cfg.model).to_lowercase(),
+            parameters: s.parameters(),
+            metric: s.task.metric.to_string(),
+            epochs: Vec::new(),
+            steps,
+            optimizer_steps,
+            total,
+            readbacks: Readbacks {
+                training: readback::training_reads(),
+                other: readback::other_reads(),
+            },
+            overfit_passed: None,
+            checkpoint: None,
+        }
+    }
 }

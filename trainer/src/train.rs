@@ -5,7 +5,7 @@ use crate::checkpoint::{self, Checkpoint, Position};
 use crate::feed::Feed;
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
-use crate::report::{EpochReport, Readbacks, StepReport, Summary};
+use crate::report::{EpochReport, StepReport, Summary};
 use crate::session::Session;
 use crate::timing::{Clock, Totals};
 use anyhow::Context;
@@ -74,14 +74,7 @@ pub fn run(
             p.config.epochs = s.cfg.epochs;
             p
         }
-        None => Position {
-            config: s.cfg.clone(),
-            epoch: 0,
-            micro_in_epoch: 0,
-            optimizer_steps: 0,
-            loader: None,
-            history: Vec::new(),
-        },
+        None => Position::start(s.cfg.clone()),
     };
     let ckpt_path = opts.out.join("last.ckpt");
     let mut logged = Vec::new();
@@ -208,26 +201,16 @@ pub fn run(
         checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
     }
     save_weights(&s, &opts.out.join("model.safetensors"))?;
-    Ok(Summary {
-        mode: "train",
-        device: crate::describe_device(s.device),
-        cuda_backend: crate::cuda::backend_status(),
-        amp: format!("{:?}", s.amp).to_lowercase(),
-        task: format!("{:?}", s.cfg.task).to_lowercase(),
-        model: format!("{:?}", s.cfg.model).to_lowercase(),
-        parameters: s.parameters(),
-        metric: s.task.metric.to_string(),
-        epochs: pos.history.clone(),
-        steps: logged,
-        optimizer_steps: pos.optimizer_steps,
-        total: run_totals.shares(),
-        readbacks: Readbacks {
-            training: readback::training_reads(),
-            other: readback::other_reads(),
-        },
-        overfit_passed: None,
-        checkpoint: Some(ckpt_path.display().to_string()),
-    })
+    let mut summary = Summary::new(
+        &s,
+        "train",
+        logged,
+        pos.optimizer_steps,
+        run_totals.shares(),
+    );
+    summary.epochs = pos.history;
+    summary.checkpoint = Some(ckpt_path.display().to_string());
+    Ok(summary)
 }
 
 /// The loader state after `micro` batches of `epoch` (what a resumed run starts from).
@@ -309,15 +292,7 @@ fn validate(
 fn save_weights(s: &Session, path: &Path) -> anyhow::Result<()> {
     let mut named: Vec<(String, Tensor)> = s.vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    let pos_free = Position {
-        config: s.cfg.clone(),
-        epoch: 0,
-        micro_in_epoch: 0,
-        optimizer_steps: 0,
-        loader: None,
-        history: Vec::new(),
-    };
-    checkpoint::write(path, &pos_free, &named)
+    checkpoint::write(path, &Position::start(s.cfg.clone()), &named)
 }
 
 fn epoch_line(r: &EpochReport, metric: &str) -> String {

@@ -132,35 +132,27 @@ const SMALL: [&str; 8] = [
     "1",
 ];
 
+/// Runs the small model on `cache` with `flags` (whitespace-separated) and `--json`, writing into
+/// a fresh folder; returns the summary and the folder.
+fn small_run(cache: &Path, flags: &str) -> (Value, tempfile::TempDir) {
+    let out = tempfile::tempdir().unwrap();
+    let (cache, outp) = (path(cache), path(out.path()));
+    let mut args: Vec<&str> = vec!["--cache", &cache, "--out", &outp, "--json"];
+    args.extend(flags.split_whitespace());
+    args.extend(SMALL);
+    (train(&args).json(), out)
+}
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
 #[test]
 fn a_short_run_lowers_the_validation_loss_and_reports_every_field() {
-    let fx = fixture();
-    let out = tempfile::tempdir().unwrap();
-    let cache = path(&fx.icecube);
-    let outp = path(out.path());
-    let mut args = vec![
-        "--cache",
-        &cache,
-        "--task",
-        "direction",
-        "--epochs",
-        "4",
-        "--batch-size",
-        "64",
-        "--lr",
-        "3e-3",
-        "--log-every",
-        "10",
-        "--out",
-        &outp,
-        "--json",
-    ];
-    args.extend(SMALL);
-    let s = train(&args).json();
+    let (s, out) = small_run(
+        &fixture().icecube,
+        "--task direction --epochs 4 --batch-size 64 --lr 3e-3 --log-every 10",
+    );
     let epochs = s["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 4);
     for e in epochs {
@@ -296,30 +288,11 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
 
 #[test]
 fn one_batch_is_overfit_by_over_ninety_percent() {
-    let fx = fixture();
-    let cache = path(&fx.icecube);
-    let out = tempfile::tempdir().unwrap();
-    let outp = path(out.path());
-    let mut args = vec![
-        "--cache",
-        &cache,
-        "--task",
-        "direction",
-        "--overfit-batch",
-        "--batch-size",
-        "16",
-        "--overfit-steps",
-        "150",
-        "--lr",
-        "3e-3",
-        "--log-every",
-        "25",
-        "--out",
-        &outp,
-        "--json",
-    ];
-    args.extend(SMALL);
-    let s = train(&args).json();
+    let (s, _out) = small_run(
+        &fixture().icecube,
+        "--task direction --overfit-batch --batch-size 16 --overfit-steps 150 --lr 3e-3 \
+         --log-every 25",
+    );
     assert_eq!(s["overfit_passed"], Value::Bool(true), "{s}");
     let steps = s["steps"].as_array().unwrap();
     assert_eq!(
@@ -336,27 +309,10 @@ fn one_batch_is_overfit_by_over_ninety_percent() {
 
 #[test]
 fn training_reads_a_value_back_once_per_logged_window_only() {
-    let fx = fixture();
-    let cache = path(&fx.icecube);
-    let out = tempfile::tempdir().unwrap();
-    let outp = path(out.path());
-    let mut args = vec![
-        "--cache",
-        &cache,
-        "--task",
-        "direction",
-        "--batch-size",
-        "32",
-        "--max-steps",
-        "23",
-        "--log-every",
-        "5",
-        "--out",
-        &outp,
-        "--json",
-    ];
-    args.extend(SMALL);
-    let s = train(&args).json();
+    let (s, _out) = small_run(
+        &fixture().icecube,
+        "--task direction --batch-size 32 --max-steps 23 --log-every 5",
+    );
     assert_eq!(s["optimizer_steps"], 23);
     assert_eq!(s["readbacks"]["training"], 23 / 5, "{}", s["readbacks"]);
     assert_eq!(s["steps"].as_array().unwrap().len(), 23 / 5);
@@ -407,29 +363,10 @@ fn no_module_but_readback_reads_device_values() {
 
 #[test]
 fn a_gru_classifies_churn_on_the_sequence_data() {
-    let fx = fixture();
-    let cache = path(&fx.sequences);
-    let out = tempfile::tempdir().unwrap();
-    let outp = path(out.path());
-    let mut args = vec![
-        "--cache",
-        &cache,
-        "--task",
-        "classification",
-        "--model",
-        "gru",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "64",
-        "--lr",
-        "3e-3",
-        "--out",
-        &outp,
-        "--json",
-    ];
-    args.extend(SMALL);
-    let s = train(&args).json();
+    let (s, _out) = small_run(
+        &fixture().sequences,
+        "--task classification --model gru --epochs 2 --batch-size 64 --lr 3e-3",
+    );
     assert_eq!(s["model"], "gru");
     assert_eq!(s["metric"], "accuracy");
     let acc = f(&s["epochs"][1]["val_metric"]);
@@ -438,31 +375,11 @@ fn a_gru_classifies_churn_on_the_sequence_data() {
 
 #[test]
 fn regression_with_fp16_loss_scaling_runs_on_the_cpu() {
-    let fx = fixture();
-    let cache = path(&fx.icecube);
-    let out = tempfile::tempdir().unwrap();
-    let outp = path(out.path());
-    let mut args = vec![
-        "--cache",
-        &cache,
-        "--task",
-        "regression",
-        "--target",
-        "zenith",
-        "--amp",
-        "fp16",
-        "--batch-size",
-        "64",
-        "--max-steps",
-        "10",
-        "--log-every",
-        "5",
-        "--out",
-        &outp,
-        "--json",
-    ];
-    args.extend(SMALL);
-    let s = train(&args).json();
+    let (s, _out) = small_run(
+        &fixture().icecube,
+        "--task regression --target zenith --amp fp16 --batch-size 64 --max-steps 10 \
+         --log-every 5",
+    );
     assert_eq!(s["amp"], "fp16");
     assert!(s["steps"]
         .as_array()
@@ -473,20 +390,10 @@ fn regression_with_fp16_loss_scaling_runs_on_the_cpu() {
 
 #[test]
 fn find_batch_size_reports_each_size_tried() {
-    let fx = fixture();
-    let cache = path(&fx.icecube);
-    let mut args = vec![
-        "--cache",
-        &cache,
-        "--task",
-        "direction",
-        "--find-batch-size",
-        "--max-batch-size",
-        "64",
-        "--json",
-    ];
-    args.extend(SMALL);
-    let s = train(&args).json();
+    let (s, _out) = small_run(
+        &fixture().icecube,
+        "--task direction --find-batch-size --max-batch-size 64",
+    );
     let sizes: Vec<u64> = s["trials"]
         .as_array()
         .unwrap()
