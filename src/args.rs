@@ -222,6 +222,19 @@ pub struct CompileArgs {
     #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
     pub seed: Option<u64>,
 
+    /// Reproduce another tool's preprocessing instead of dsc's encodings: `mostlyai` =
+    /// mostlyai-engine 2.7.3's statistics and sequential encoding of every column of the rows
+    /// table and the --context table (docs/COMPAT-mostlyai.md).
+    #[arg(long, value_name = "NAME", help_heading = "Profiles")]
+    pub profile: Option<String>,
+    /// With --profile mostlyai: file with the validation keys, one per line (the rest train).
+    #[arg(long, value_name = "FILE", help_heading = "Profiles")]
+    pub val_keys: Option<PathBuf>,
+    /// With --profile mostlyai: the engine's partition count (its statistics depend on it)
+    /// [default: 1].
+    #[arg(long, value_name = "N", help_heading = "Profiles")]
+    pub partitions: Option<usize>,
+
     /// Null/NaN/inf in a numeric column: error (naming file, column, row), zero, or the
     /// train mean [default: error].
     #[arg(long, value_enum, help_heading = "Values")]
