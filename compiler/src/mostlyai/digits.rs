@@ -195,9 +195,46 @@ fn shortest(a: f64) -> (u64, u32, i32) {
     (mant, ndigits, exp)
 }
 
+/// `a` divided by `10^last` and rounded to an integer, ties to even, exactly; `None` when the
+/// operands do not fit u128 (only for `last > 18`, where no kept digit depends on it).
+fn round_at(a: f64, last: i32) -> Option<u128> {
+    let (m, e) = decompose(a);
+    let m = u128::from(m);
+    let div_round = |num: u128, den: u128| -> u128 {
+        let (q, r) = (num / den, num % den);
+        let twice = r.checked_mul(2).unwrap_or(u128::MAX);
+        if twice > den || (twice == den && q & 1 == 1) {
+            q + 1
+        } else {
+            q
+        }
+    };
+    if last < 0 {
+        // a * 10^k = m * 10^k * 2^e with k <= 20: m * 10^k < 2^120.
+        let num = m.checked_mul(10u128.checked_pow((-last) as u32)?)?;
+        if e >= 0 {
+            num.checked_mul(1u128.checked_shl(e as u32)?)
+        } else if -e >= 128 {
+            Some(0)
+        } else {
+            Some(div_round(num, 1u128 << (-e)))
+        }
+    } else if last <= MAX_DECIMAL {
+        let den = 10u128.pow(last as u32);
+        if e >= 0 {
+            let num = m.checked_mul(1u128.checked_shl(e as u32)?)?;
+            (e < 64).then(|| div_round(num, den))
+        } else {
+            Some(div_round(m, den.checked_mul(1u128 << (-e).min(127))?))
+        }
+    } else {
+        None
+    }
+}
+
 /// The general case: the standard library's shortest digits, or exact 20-place rounding.
 fn slow_shortest(a: f64) -> Digits {
-    let (mant, ndigits, exp) = shortest(a);
+    let (mut mant, ndigits, exp) = shortest(a);
     // Position of the last significant digit.
     let last = exp - (ndigits as i32 - 1);
     let scale = (-last).max(0) as u32;
@@ -205,6 +242,14 @@ fn slow_shortest(a: f64) -> Digits {
         let mut d = rounded_20(a);
         d.scale = scale;
         return d;
+    }
+    // Where two shortest candidates are equally close (a tie at the last digit), the standard
+    // library may pick the upper one; Python and numpy pick the correctly rounded (even) one.
+    // Use that whenever it also parses back to `a`.
+    if let Some(c) = round_at(a, last) {
+        if c != u128::from(mant) && format!("{c}e{last}").parse::<f64>() == Ok(a) {
+            mant = c as u64;
+        }
     }
     // Spread the significant digits over positions exp..last, keeping E18..E-20.
     let mut d = Digits {
@@ -228,17 +273,22 @@ fn slow_shortest(a: f64) -> Digits {
     d
 }
 
-/// `a` rounded exactly to 20 fractional places, ties to even: `a = m * 2^e`, so
-/// `a * 10^20 = m * 5^20 * 2^(e + 20)`, which fits u128 before the shift.
-fn rounded_20(a: f64) -> Digits {
+/// `a = m * 2^e` exactly, for finite `a >= 0`.
+fn decompose(a: f64) -> (u64, i32) {
     let bits = a.to_bits();
     let exp_field = ((bits >> 52) & 0x7ff) as i32;
     let frac = bits & ((1u64 << 52) - 1);
-    let (m, e) = if exp_field == 0 {
+    if exp_field == 0 {
         (frac, -1074)
     } else {
         (frac | (1u64 << 52), exp_field - 1075)
-    };
+    }
+}
+
+/// `a` rounded exactly to 20 fractional places, ties to even: `a = m * 2^e`, so
+/// `a * 10^20 = m * 5^20 * 2^(e + 20)`, which fits u128 before the shift.
+fn rounded_20(a: f64) -> Digits {
+    let (m, e) = decompose(a);
     let big = u128::from(m) * 95_367_431_640_625u128; // 5^20
     let shift = e + 20;
     let n: u128 = if shift >= 0 {

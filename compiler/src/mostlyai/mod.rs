@@ -420,3 +420,5 @@ fn tensor_list(
     }
     out
 }
+#[cfg(test)]
+mod vector_tests;

@@ -126,6 +126,12 @@ pub(crate) enum Stats {
 
 /// `analyze_reduce_numeric` over the non-empty partitions, in file order.
 pub(crate) fn reduce(parts: &[&Partial]) -> Stats {
+    reduce_as(parts, false)
+}
+
+/// [`reduce`], or with `binned` the engine's path for a column forced to
+/// `TABULAR_NUMERIC_BINNED` (no auto heuristic).
+pub(crate) fn reduce_as(parts: &[&Partial], binned: bool) -> Stats {
     let has_nan = parts.iter().any(|p| p.has_nan);
     let has_neg = parts.iter().any(|p| p.has_neg);
     // The union of digit positions, missing ones counting as 0 (2.7.3).
@@ -165,9 +171,10 @@ pub(crate) fn reduce(parts: &[&Partial]) -> Stats {
     max_decimal = max_decimal.max(min_decimal).min(MAX_DECIMAL);
 
     // Discrete needs every partition's value keys; an empty key set counts as missing.
-    let has_cnt_values = parts
-        .iter()
-        .all(|p| p.cnt_keys.as_ref().is_some_and(|k| !k.is_empty()));
+    let has_cnt_values = !binned
+        && parts
+            .iter()
+            .all(|p| p.cnt_keys.as_ref().is_some_and(|k| !k.is_empty()));
     if has_cnt_values {
         let mut seen = std::collections::HashSet::new();
         let mut categories: Vec<String> = Vec::new();
@@ -194,7 +201,7 @@ pub(crate) fn reduce(parts: &[&Partial]) -> Stats {
         codes.extend(categories);
         return Stats::Discrete { codes, min_decimal };
     }
-    if non_zero.len() <= DIGIT_MAX_DIGITS {
+    if !binned && non_zero.len() <= DIGIT_MAX_DIGITS {
         return Stats::Digit {
             has_nan,
             has_neg,
