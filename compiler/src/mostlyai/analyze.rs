@@ -16,11 +16,7 @@ pub(crate) struct Partition {
 
 /// The partitions in the engine's reduction order (sorted file names: trn 0, val 0, trn 1, ...).
 /// Partition `i` holds training contexts `[i::n]` and validation contexts `[i::n]`.
-pub(crate) fn partition(
-    is_val: &[bool],
-    tgt_ctx: &[u32],
-    n: usize,
-) -> (Vec<Partition>, Vec<u32>) {
+pub(crate) fn partition(is_val: &[bool], tgt_ctx: &[u32], n: usize) -> (Vec<Partition>, Vec<u32>) {
     let mut parts: Vec<Partition> = (0..2 * n).map(|_| Partition::default()).collect();
     let mut part_of = vec![0u32; is_val.len()];
     let (mut trn_seen, mut val_seen) = (0usize, 0usize);
@@ -36,7 +32,9 @@ pub(crate) fn partition(
         parts[p].ctx_rows.push(row as u32);
     }
     for (row, &c) in tgt_ctx.iter().enumerate() {
-        parts[part_of[c as usize] as usize].tgt_rows.push(row as u32);
+        parts[part_of[c as usize] as usize]
+            .tgt_rows
+            .push(row as u32);
     }
     (parts, part_of)
 }

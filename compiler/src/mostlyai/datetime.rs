@@ -181,8 +181,14 @@ impl Stats {
         };
         m.insert("min_values".into(), obj(&self.min_values));
         m.insert("max_values".into(), obj(&self.max_values));
-        m.insert("min".into(), self.min.clone().map_or(Value::Null, Value::from));
-        m.insert("max".into(), self.max.clone().map_or(Value::Null, Value::from));
+        m.insert(
+            "min".into(),
+            self.min.clone().map_or(Value::Null, Value::from),
+        );
+        m.insert(
+            "max".into(),
+            self.max.clone().map_or(Value::Null, Value::from),
+        );
         m
     }
 
@@ -192,7 +198,13 @@ impl Stats {
             kept: self
                 .kept()
                 .into_iter()
-                .map(|i| (i, self.min_values[i], self.max_values[i] - self.min_values[i]))
+                .map(|i| {
+                    (
+                        i,
+                        self.min_values[i],
+                        self.max_values[i] - self.min_values[i],
+                    )
+                })
                 .collect(),
         }
     }

@@ -108,7 +108,10 @@ fn from_scaled(n: u64, k: u32) -> Digits {
         (n, 0u128)
     } else if k < 20 {
         let p = POW10[k as usize];
-        (n / p, u128::from(n % p) * u128::from(POW10[(20 - k) as usize]))
+        (
+            n / p,
+            u128::from(n % p) * u128::from(POW10[(20 - k) as usize]),
+        )
     } else {
         (0, u128::from(n))
     };
@@ -202,7 +205,7 @@ fn round_at(a: f64, last: i32) -> Option<u128> {
     let m = u128::from(m);
     let div_round = |num: u128, den: u128| -> u128 {
         let (q, r) = (num / den, num % den);
-        let twice = r.checked_mul(2).unwrap_or(u128::MAX);
+        let twice = r.saturating_mul(2);
         if twice > den || (twice == den && q & 1 == 1) {
             q + 1
         } else {
@@ -335,8 +338,14 @@ mod tests {
     fn simple_values() {
         assert_eq!(&window(123.45)[16..23], "1234500");
         assert_eq!(window(0.1).find('1'), Some(19));
-        assert!(split(-0.0).neg == false && split(-1.5).neg);
-        assert_eq!(split(f64::NAN), Digits { nan: true, ..Digits::default() });
+        assert!(!split(-0.0).neg && split(-1.5).neg);
+        assert_eq!(
+            split(f64::NAN),
+            Digits {
+                nan: true,
+                ..Digits::default()
+            }
+        );
         // 1e19 keeps nothing above E18.
         assert_eq!(window(1e19), "0".repeat(39));
         assert_eq!(shortest_scale(0.125), 3);

@@ -146,7 +146,11 @@ pub(crate) fn positional_columns(max_len: usize) -> Vec<(String, usize)> {
             let digits = max_len.to_string();
             let n = digits.len();
             for (i, ch) in digits.bytes().enumerate() {
-                let card = if i == 0 { usize::from(ch - b'0') + 1 } else { 10 };
+                let card = if i == 0 {
+                    usize::from(ch - b'0') + 1
+                } else {
+                    10
+                };
                 out.push((format!("tgt:/__{what}_E{}", n - 1 - i), card));
             }
         }
@@ -187,7 +191,12 @@ impl ShardInput<'_> {
         let n = members.len();
         let steps = self.max_len + 1;
         let key = Buf::I64(members.iter().map(|&c| self.ctx_keys[c as usize]).collect());
-        let length = Buf::I32(members.iter().map(|&c| self.events(c).len() as i32).collect());
+        let length = Buf::I32(
+            members
+                .iter()
+                .map(|&c| self.events(c).len() as i32)
+                .collect(),
+        );
         // Jobs: context columns, positional columns, target columns; each fills its own
         // tensors, in parallel.
         enum Job {
@@ -310,8 +319,12 @@ impl ShardInput<'_> {
         for b in &bufs {
             bytes.clear();
             match b {
-                Buf::I64(v) => v.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
-                Buf::I32(v) => v.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+                Buf::I64(v) => v
+                    .iter()
+                    .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+                Buf::I32(v) => v
+                    .iter()
+                    .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
             }
             out.write(&bytes)?;
         }

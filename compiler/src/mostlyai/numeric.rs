@@ -36,7 +36,10 @@ pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Optio
     if rows.is_empty() {
         return None;
     }
-    let split: Vec<Digits> = rows.iter().map(|&r| digits::split(vals[r as usize])).collect();
+    let split: Vec<Digits> = rows
+        .iter()
+        .map(|&r| digits::split(vals[r as usize]))
+        .collect();
     let max_scale = split.iter().map(|d| d.scale).max().unwrap_or(0);
     let low = DEFAULT_MIN_DECIMAL.min(-(max_scale.min(digits::MAX_SCALE) as i32));
     let width = (MAX_DECIMAL - low + 1) as usize;
@@ -135,7 +138,11 @@ pub(crate) fn reduce_as(parts: &[&Partial], binned: bool) -> Stats {
     let has_nan = parts.iter().any(|p| p.has_nan);
     let has_neg = parts.iter().any(|p| p.has_neg);
     // The union of digit positions, missing ones counting as 0 (2.7.3).
-    let low = parts.iter().map(|p| p.low).min().expect("at least one partition");
+    let low = parts
+        .iter()
+        .map(|p| p.low)
+        .min()
+        .expect("at least one partition");
     let width = (MAX_DECIMAL - low + 1) as usize;
     let (mut min_d, mut max_d) = (vec![u8::MAX; width], vec![0u8; width]);
     for p in parts {
@@ -150,10 +157,7 @@ pub(crate) fn reduce_as(parts: &[&Partial], binned: bool) -> Stats {
         }
     }
     let position = |i: usize| MAX_DECIMAL - i as i32;
-    let non_zero: Vec<i32> = (0..width)
-        .filter(|&i| max_d[i] > 0)
-        .map(position)
-        .collect();
+    let non_zero: Vec<i32> = (0..width).filter(|&i| max_d[i] > 0).map(position).collect();
     let min_decimal = non_zero.iter().copied().min().unwrap_or(0);
     let min = parts.iter().filter_map(|p| p.min).reduce(f64::min);
     let max = parts.iter().filter_map(|p| p.max).reduce(f64::max);
@@ -506,7 +510,14 @@ impl Encoder {
 
     /// Codes of value `x` (row `row`; `imputed` replaces a null for digit columns) into `out`.
     #[inline]
-    pub fn encode(&self, x: f64, ints: Option<&[i64]>, row: usize, imputed: Option<f64>, out: &mut [i32]) {
+    pub fn encode(
+        &self,
+        x: f64,
+        ints: Option<&[i64]>,
+        row: usize,
+        imputed: Option<f64>,
+        out: &mut [i32],
+    ) {
         match self {
             Encoder::Discrete {
                 lookup,

@@ -21,7 +21,11 @@ pub fn float_repr(x: f64) -> String {
         let body = if exp < 0 {
             format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
         } else if n > exp + 1 {
-            format!("{}.{}", &digits[..=exp as usize], &digits[exp as usize + 1..])
+            format!(
+                "{}.{}",
+                &digits[..=exp as usize],
+                &digits[exp as usize + 1..]
+            )
         } else {
             format!("{digits}{}.0", "0".repeat((exp + 1 - n) as usize))
         };

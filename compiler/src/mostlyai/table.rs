@@ -20,7 +20,10 @@ pub(crate) struct MCol {
 pub(crate) enum Data {
     /// Numbers; NaN marks null. `ints` holds the exact integers of an integer column without
     /// nulls (pandas keeps it int64; with nulls pandas makes it float64).
-    Num { vals: Vec<f64>, ints: Option<Vec<i64>> },
+    Num {
+        vals: Vec<f64>,
+        ints: Option<Vec<i64>>,
+    },
     /// Strings (already in the engine's escaped form); `None` is null.
     Cat { codes: Vec<u32>, dict: Vec<String> },
     /// Microseconds since the epoch; `None` is null.
