@@ -39,6 +39,7 @@ pub enum Command {
     Report(ReportArgs),
     Order(OrderArgs),
     Bench(BenchArgs),
+    DigitSplit(DigitSplitArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -428,6 +429,27 @@ pub struct BenchArgs {
     pub interleave: usize,
     /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy,
     /// open_ms, peak_rss_mib, …).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// mostlyai-engine's digit split (`split_sub_columns_digit`) of raw float64 values, timed.
+///
+/// Reads IN (little-endian f64, 8 bytes per value), splits every value into the engine's `nan`,
+/// `neg` and digit sub-columns E18..E-20 (exactly as mostlyai-engine 2.7.3 does), and writes them
+/// to --out as bytes, 41 per value. Prints the split time (file I/O excluded).
+///
+/// Example:
+///   dsc digit-split values.f64 --out digits.u8 --json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct DigitSplitArgs {
+    /// Raw little-endian float64 values.
+    pub input: PathBuf,
+    /// Where to write the digits (41 bytes per value: nan, neg, E18..E-20); omit to only time.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print JSON (fields: values, seconds).
     #[arg(long)]
     pub json: bool,
 }

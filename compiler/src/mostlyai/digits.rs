@@ -69,6 +69,22 @@ impl Digits {
         };
         (v % 10) as u8
     }
+
+    /// All 39 digits, `E18` first and `E-20` last: the bulk form of [`Digits::at`] (division by
+    /// the constant 10 only, which compiles to multiplications).
+    pub fn write_all(&self, out: &mut [u8; 39]) {
+        let spread = |mut v: u64, slots: &mut [u8]| {
+            for slot in slots.iter_mut().rev() {
+                *slot = (v % 10) as u8;
+                v /= 10;
+            }
+        };
+        let (int, frac) = out.split_at_mut(19);
+        let (hi, lo) = frac.split_at_mut(10);
+        spread(self.int19, int);
+        spread(self.frac_hi, hi);
+        spread(self.frac_lo, lo);
+    }
 }
 
 /// Splits one value as the engine does (`values.astype("float64")` first: integers go through
@@ -130,27 +146,53 @@ fn from_scaled(n: u64, k: u32) -> Digits {
 /// so the test is exact. `None` when no `k` qualifies or two candidates do (left to the exact
 /// formatter, which picks the closer).
 fn fixed_point(a: f64) -> Option<Digits> {
-    for k in 1..=MAX_SCALE {
-        let p = POW10_F64[k as usize];
-        let scaled = a * p;
-        if scaled >= TWO_53 - 2.0 {
-            return None;
-        }
-        let n = scaled.round() as u64;
-        let mut found = None;
-        for c in [n.saturating_sub(1), n, n + 1] {
-            if (c as f64) / p == a {
-                if found.is_some_and(|f| f != c) {
-                    return None;
-                }
-                found = Some(c);
-            }
-        }
-        if let Some(c) = found {
-            return Some(from_scaled(c, k));
+    // A decimal that round-trips with k places also does with any more places (same value), so
+    // if the most places that fit 53 bits fail, every smaller k fails: check that first, which
+    // sends full-precision values to the exact formatter after one test instead of twenty.
+    let k_max = (1..=MAX_SCALE)
+        .take_while(|&k| a * POW10_F64[k as usize] < TWO_53 - 2.0)
+        .last()?;
+    if candidate(a, k_max) == Candidate::None {
+        return None;
+    }
+    // The first significant digit bounds the search from below.
+    let k_min = (1..=k_max)
+        .find(|&k| a * POW10_F64[k as usize] >= 0.5)
+        .unwrap_or(k_max);
+    for k in k_min..=k_max {
+        match candidate(a, k) {
+            Candidate::None => continue,
+            Candidate::One(c) => return Some(from_scaled(c, k)),
+            // Two decimals of this length parse back to `a`: the closer one is wanted.
+            Candidate::Many => return None,
         }
     }
     None
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Candidate {
+    None,
+    One(u64),
+    Many,
+}
+
+/// The integers `c` next to `a * 10^k` with `c / 10^k == a`.
+#[inline]
+fn candidate(a: f64, k: u32) -> Candidate {
+    let p = POW10_F64[k as usize];
+    let n = (a * p).round() as u64;
+    let mut found = Candidate::None;
+    for c in [n.saturating_sub(1), n, n + 1] {
+        if (c as f64) / p == a {
+            found = match found {
+                Candidate::None => Candidate::One(c),
+                Candidate::One(f) if f == c => found,
+                _ => return Candidate::Many,
+            };
+        }
+    }
+    found
 }
 
 /// A fixed buffer for the standard library's shortest formatter (no allocation).
@@ -220,7 +262,7 @@ fn round_at(a: f64, last: i32) -> Option<u128> {
         } else if -e >= 128 {
             Some(0)
         } else {
-            Some(div_round(num, 1u128 << (-e)))
+            Some(shift_round(num, (-e) as u32))
         }
     } else if last <= MAX_DECIMAL {
         let den = 10u128.pow(last as u32);
@@ -232,6 +274,19 @@ fn round_at(a: f64, last: i32) -> Option<u128> {
         }
     } else {
         None
+    }
+}
+
+/// `num / 2^r` rounded to an integer, ties to even (`0 < r < 128`).
+#[inline]
+fn shift_round(num: u128, r: u32) -> u128 {
+    let q = num >> r;
+    let rem = num & ((1u128 << r) - 1);
+    let half = 1u128 << (r - 1);
+    if rem > half || (rem == half && q & 1 == 1) {
+        q + 1
+    } else {
+        q
     }
 }
 
@@ -249,7 +304,11 @@ fn slow_shortest(a: f64) -> Digits {
     // Where two shortest candidates are equally close (a tie at the last digit), the standard
     // library may pick the upper one; Python and numpy pick the correctly rounded (even) one.
     // Use that whenever it also parses back to `a`.
-    if let Some(c) = round_at(a, last) {
+    // Two candidates can only both parse back when 10^last <= ulp(a), i.e. with 16 or more
+    // significant digits; shorter forms skip the exact check.
+    if ndigits < 16 {
+        // fall through to placement
+    } else if let Some(c) = round_at(a, last) {
         if c != u128::from(mant) && format!("{c}e{last}").parse::<f64>() == Ok(a) {
             mant = c as u64;
         }
@@ -301,14 +360,7 @@ fn rounded_20(a: f64) -> Digits {
         if r >= 128 {
             0
         } else {
-            let q = big >> r;
-            let rem = big & ((1u128 << r) - 1);
-            let half = 1u128 << (r - 1);
-            if rem > half || (rem == half && q & 1 == 1) {
-                q + 1
-            } else {
-                q
-            }
+            shift_round(big, r)
         }
     };
     // Only reached when the shortest form has more than 20 fractional digits, so a < 1e-3.
@@ -357,7 +409,12 @@ mod tests {
         let mut state = 0x1234_5678_9abc_def0u64;
         for _ in 0..20_000 {
             state = dsc_format::rng::mix64(state);
-            let x = f64::from_bits(state >> 2) % 1e6;
+            // Half random bit patterns, half short decimals (the fast path's domain).
+            let x = if state & 1 == 0 {
+                f64::from_bits(state >> 2) % 1e6
+            } else {
+                (state >> 20) as f64 / 10f64.powi((state % 13) as i32)
+            };
             if !x.is_finite() || x == 0.0 {
                 continue;
             }

@@ -54,10 +54,12 @@ pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Optio
         }
         any = true;
         has_neg |= d.neg;
-        for (i, p) in (low..=MAX_DECIMAL).rev().enumerate() {
-            let v = d.at(p);
-            min_d[i] = min_d[i].min(v);
-            max_d[i] = max_d[i].max(v);
+        // `all[i]` is position E(18 - i), as are min_d/max_d.
+        let mut all = [0u8; 39];
+        d.write_all(&mut all);
+        for i in 0..width {
+            min_d[i] = min_d[i].min(all[i]);
+            max_d[i] = max_d[i].max(all[i]);
         }
     }
     if !any {
