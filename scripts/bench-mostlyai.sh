@@ -6,7 +6,7 @@
 #   CONTEXTS="10000 100000" scripts/bench-mostlyai.sh
 #
 # The engine is installed into .venv-bench (git-ignored); set PYTHON to reuse an interpreter that
-# already has mostlyai-engine==2.7.3. Work files go to ${WORK:-/tmp/dsc-bench-mostlyai}.
+# already has mostlyai-engine==2.7.3, and DSC to use a dsc binary built beforehand. Work files go to ${WORK:-/tmp/dsc-bench-mostlyai}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/dsc-bench-mostlyai}
@@ -18,8 +18,11 @@ if [ -z "${PYTHON:-}" ]; then
   fi
   PYTHON=.venv-bench/bin/python
 fi
-cargo build --release --locked -q
-DSC=${CARGO_TARGET_DIR:-target}/release/dsc
+# DSC: a dsc binary to use instead of building one here.
+if [ -z "${DSC:-}" ]; then
+  cargo build --release --locked -q
+  DSC=${CARGO_TARGET_DIR:-target}/release/dsc
+fi
 mkdir -p "$WORK"
 ratio() { "$PYTHON" -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.0f}x')" "$1" "$2"; }
 echo "machine: $(nproc) cores, $(uname -sr)"
@@ -31,7 +34,7 @@ for n in $CONTEXTS; do
   engine_s=$("$PYTHON" -c "import json,sys; print(json.loads(sys.argv[1])['total_s'])" "$engine_json")
   start=$(date +%s.%N)
   "$DSC" compile "$data/tgt.parquet" --key id --context "$data/ctx.parquet" --profile mostlyai \
-    --val-keys "$data/val-keys.txt" --out "$WORK/dsc-$n" --force -q >/dev/null
+    --val-keys "$data/val-keys.txt" --out "$WORK/dsc-$n" --force --shard-size 32MiB -q >/dev/null
   end=$(date +%s.%N)
   dsc_s=$("$PYTHON" -c "print($end - $start)")
   "$PYTHON" - "$WORK/engine-$n/ModelStore" "$WORK/dsc-$n" <<'PY'

@@ -317,14 +317,19 @@ impl ShardInput<'_> {
         out.write(&header)?;
         let mut bytes = Vec::new();
         for b in &bufs {
-            bytes.clear();
             match b {
-                Buf::I64(v) => v
-                    .iter()
-                    .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
-                Buf::I32(v) => v
-                    .iter()
-                    .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+                Buf::I64(v) => {
+                    bytes.resize(v.len() * 8, 0);
+                    for (dst, x) in bytes.chunks_exact_mut(8).zip(v) {
+                        dst.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+                Buf::I32(v) => {
+                    bytes.resize(v.len() * 4, 0);
+                    for (dst, x) in bytes.chunks_exact_mut(4).zip(v) {
+                        dst.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
             }
             out.write(&bytes)?;
         }

@@ -25,6 +25,7 @@ use dsc_format::rng::{stream, Xoshiro256};
 use dsc_format::spec::CompileSpec;
 use dsc_format::stats::{SplitStats, Stats};
 use encode::{ColEncoder, ShardInput};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -245,13 +246,22 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         }
         Xoshiro256::for_stream(spec.seed, stream::COMPILE_SHUFFLE + 16 * s as u64)
             .shuffle(&mut order);
-        let mut count = 0;
-        for (index, members) in order.chunks(per_shard).enumerate() {
-            let file = dsc_format::shard::shard_file_name(name, index);
-            let dir = staging.dir.clone();
-            shards.push(input.write(&dir, &file, name, index, index * per_shard, members)?);
-            count += 1;
-            opts.progress.advance(members.len() as u64);
+        // Shards are independent: writing one (and syncing it) overlaps filling the next.
+        let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
+        let count = chunks.len();
+        let written: Vec<Result<dsc_format::manifest::ShardEntry>> = chunks
+            .par_iter()
+            .enumerate()
+            .map(|(index, members)| {
+                let file = dsc_format::shard::shard_file_name(name, index);
+                let entry =
+                    input.write(&staging.dir, &file, name, index, index * per_shard, members);
+                opts.progress.advance(members.len() as u64);
+                entry
+            })
+            .collect();
+        for entry in written {
+            shards.push(entry?);
         }
         let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
         splits.push(SplitInfo {

@@ -36,23 +36,30 @@ pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Optio
     if rows.is_empty() {
         return None;
     }
-    let split: Vec<Digits> = rows
+    let mut sorted: Vec<f64> = rows
         .iter()
-        .map(|&r| digits::split(vals[r as usize]))
+        .map(|&r| vals[r as usize])
+        .filter(|x| !x.is_nan())
         .collect();
+    let has_nan = sorted.len() < rows.len();
+    sorted.sort_unstable_by(f64::total_cmp);
+    // Digits depend on the value only: split each distinct value once (the values are sorted
+    // for the quantiles anyway; a column typically repeats its values many times).
+    let mut split: Vec<Digits> = Vec::new();
+    let mut previous: Option<u64> = None;
+    for &x in &sorted {
+        if previous != Some(x.to_bits()) {
+            split.push(digits::split(x));
+            previous = Some(x.to_bits());
+        }
+    }
     let max_scale = split.iter().map(|d| d.scale).max().unwrap_or(0);
     let low = DEFAULT_MIN_DECIMAL.min(-(max_scale.min(digits::MAX_SCALE) as i32));
     let width = (MAX_DECIMAL - low + 1) as usize;
     let mut min_d = vec![9u8; width];
     let mut max_d = vec![0u8; width];
-    let mut any = false;
-    let (mut has_nan, mut has_neg) = (false, false);
+    let mut has_neg = false;
     for d in &split {
-        if d.nan {
-            has_nan = true;
-            continue;
-        }
-        any = true;
         has_neg |= d.neg;
         // `all[i]` is position E(18 - i), as are min_d/max_d.
         let mut all = [0u8; 39];
@@ -62,15 +69,9 @@ pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Optio
             max_d[i] = max_d[i].max(all[i]);
         }
     }
-    if !any {
+    if split.is_empty() {
         min_d.fill(0);
     }
-    let mut sorted: Vec<f64> = rows
-        .iter()
-        .map(|&r| vals[r as usize])
-        .filter(|x| !x.is_nan())
-        .collect();
-    sorted.sort_by(f64::total_cmp);
     let quantiles = if sorted.is_empty() {
         Vec::new()
     } else {
