@@ -231,6 +231,8 @@ fn check(data_set: &str, partitions: usize) {
         assert_eq!(skipped, 0);
     }
     dsc(dir.path(), &["verify", cache.to_str().unwrap()]).ok();
+    let shown = dsc(dir.path(), &["inspect", cache.to_str().unwrap()]).ok();
+    assert!(shown.contains("tgt:/__sidx_"), "{shown}");
 }
 
 #[test]

@@ -311,6 +311,18 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
             "internal error: the manifest is inconsistent: {reason}"
         ))
     })?;
+    // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
+    let mut all_lengths: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
+    split_stats.insert(
+        0,
+        SplitStats {
+            split: "all".into(),
+            contexts: ctx.rows() as u64,
+            rows: tgt.rows() as u64,
+            lengths: crate::pipeline::length_stats(&mut all_lengths, max_len),
+            columns: Vec::new(),
+        },
+    );
     let stats = Stats {
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
