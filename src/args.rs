@@ -39,6 +39,7 @@ pub enum Command {
     Report(ReportArgs),
     Order(OrderArgs),
     Bench(BenchArgs),
+    DigitSplit(DigitSplitArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -221,6 +222,19 @@ pub struct CompileArgs {
     /// Seed of the global shuffle (xoshiro256**, stable across releases) [default: 0].
     #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
     pub seed: Option<u64>,
+
+    /// Reproduce another tool's preprocessing instead of dsc's encodings: `mostlyai` =
+    /// mostlyai-engine 2.7.3's statistics and sequential encoding of every column of the rows
+    /// table and the --context table (docs/COMPAT-mostlyai.md).
+    #[arg(long, value_name = "NAME", help_heading = "Profiles")]
+    pub profile: Option<String>,
+    /// With --profile mostlyai: file with the validation keys, one per line (the rest train).
+    #[arg(long, value_name = "FILE", help_heading = "Profiles")]
+    pub val_keys: Option<PathBuf>,
+    /// With --profile mostlyai: the engine's partition count (its statistics depend on it)
+    /// [default: 1].
+    #[arg(long, value_name = "N", help_heading = "Profiles")]
+    pub partitions: Option<usize>,
 
     /// Null/NaN/inf in a numeric column: error (naming file, column, row), zero, or the
     /// train mean [default: error].
@@ -415,6 +429,27 @@ pub struct BenchArgs {
     pub interleave: usize,
     /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy,
     /// open_ms, peak_rss_mib, …).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// mostlyai-engine's digit split (`split_sub_columns_digit`) of raw float64 values, timed.
+///
+/// Reads IN (little-endian f64, 8 bytes per value), splits every value into the engine's `nan`,
+/// `neg` and digit sub-columns E18..E-20 (exactly as mostlyai-engine 2.7.3 does), and writes them
+/// to --out as bytes, 41 per value. Prints the split time (file I/O excluded).
+///
+/// Example:
+///   dsc digit-split values.f64 --out digits.u8 --json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct DigitSplitArgs {
+    /// Raw little-endian float64 values.
+    pub input: PathBuf,
+    /// Where to write the digits (41 bytes per value: nan, neg, E18..E-20); omit to only time.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print JSON (fields: values, seconds).
     #[arg(long)]
     pub json: bool,
 }

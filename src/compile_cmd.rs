@@ -134,6 +134,18 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if let Some(v) = a.val_fraction {
         spec.val_fraction = v;
     }
+    if a.profile.is_some() {
+        spec.profile.clone_from(&a.profile);
+    }
+    if let Some(v) = &a.val_keys {
+        spec.val_keys = Some(v.display().to_string());
+    }
+    if a.partitions.is_some() {
+        spec.partitions = a.partitions;
+    }
+    if spec.profile.is_none() && (spec.val_keys.is_some() || spec.partitions.is_some()) {
+        bail!("--val-keys and --partitions only apply with --profile mostlyai");
+    }
     if let Some(v) = a.split_seed {
         spec.split_seed = v;
     }

@@ -78,6 +78,11 @@ fn encoding_text(e: &Encoding) -> String {
         Encoding::Bool => "bool 0/1".into(),
         Encoding::Category { vocabulary } => format!("category ({} values)", vocabulary.len()),
         Encoding::Raw => "raw".into(),
+        Encoding::SubColumn {
+            sub_column,
+            cardinality,
+            stats,
+        } => format!("{sub_column} ({cardinality} codes, {stats})"),
     }
 }
 

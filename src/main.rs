@@ -4,6 +4,7 @@
 mod args;
 mod bench_cmd;
 mod compile_cmd;
+mod digits_cmd;
 mod gen_cmd;
 mod inspect_cmd;
 mod order_cmd;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         args::Command::Report(a) => report_cmd::run(a),
         args::Command::Order(a) => order_cmd::run(a),
         args::Command::Bench(a) => bench_cmd::run(a),
+        args::Command::DigitSplit(a) => digits_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -6,6 +6,7 @@ mod bad_input;
 mod determinism;
 mod inspection;
 mod loader;
+mod mostlyai;
 mod python;
 mod spec_file;
 mod values;

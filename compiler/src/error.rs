@@ -159,6 +159,18 @@ pub enum CompileError {
         /// What the value is (`null`, `NaN`, `inf`, or an encoding that produced one).
         what: String,
     },
+    /// A value or column the mostlyai-engine compatible profile cannot reproduce.
+    #[error("{path}: column {column:?} row {row}: {what}")]
+    Incompatible {
+        /// The file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// The row within the file.
+        row: u64,
+        /// What is wrong and what to do.
+        what: String,
+    },
     /// The spec is invalid.
     #[error("invalid spec: {0}")]
     Spec(String),

@@ -12,6 +12,7 @@ mod error;
 pub mod gen;
 mod group;
 mod lookup;
+pub mod mostlyai;
 mod pipeline;
 mod plan;
 mod read;

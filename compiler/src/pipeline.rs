@@ -129,7 +129,14 @@ const SPLIT_NAMES: [&str; 2] = ["train", "val"];
 
 /// Runs a compile.
 pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let result = run(spec, opts);
+    let result = match spec.profile.as_deref() {
+        None => run(spec, opts),
+        Some(crate::mostlyai::PROFILE) => crate::mostlyai::compile(spec, opts),
+        Some(other) => Err(CompileError::Spec(format!(
+            "unknown profile {other:?} (known: {:?})",
+            crate::mostlyai::PROFILE
+        ))),
+    };
     opts.progress.finish();
     result
 }
@@ -598,7 +605,7 @@ fn resolved_spec(spec: &CompileSpec, max_len: usize) -> CompileSpec {
     resolved
 }
 
-fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
+pub(crate) fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
     let mut named: Vec<(PathBuf, &str)> = rows_files.iter().map(|p| (p.clone(), "rows")).collect();
     if let Some(c) = &spec.context {
         named.push((PathBuf::from(c), "context"));
@@ -630,7 +637,7 @@ fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
     })
 }
 
-fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
+pub(crate) fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
     let n = lengths.len();
     let m = crate::stats::Moments::of(lengths);
     let truncated = lengths.iter().filter(|&&l| l > max_len as f64).count() as u64;

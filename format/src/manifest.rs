@@ -54,6 +54,12 @@ pub enum TensorRole {
     Targets,
     /// `c` f32 `[n, C]`: per-context features.
     ContextFeatures,
+    /// i32 `[n, L + 1]`: the codes of one engine sub-column of the rows table (a
+    /// mostlyai-engine compatible cache): steps `0..=length` hold the engine's sequence,
+    /// its padding step included; later steps are zero.
+    SubColumn,
+    /// i32 `[n]`: the code of one engine sub-column of the context table.
+    ContextSubColumn,
 }
 
 /// Where a column's values come from.
@@ -151,6 +157,16 @@ pub enum Encoding {
     },
     /// Stored as read (keys, lengths).
     Raw,
+    /// A sub-column code of an engine-compatible cache: `0..cardinality`. What the codes mean
+    /// is in the engine's statistics file named by `stats`.
+    SubColumn {
+        /// The engine's name of the sub-column (`tgt:t0/c0__E1`).
+        sub_column: String,
+        /// Number of codes.
+        cardinality: usize,
+        /// The statistics file beside the manifest that defines the codes.
+        stats: String,
+    },
 }
 
 /// Reserved category code for null (and for padding).
@@ -389,8 +405,14 @@ impl Manifest {
                 return Err(format!("tensor {:?} appears twice", t.name));
             }
             let expected_rank = match t.role {
-                TensorRole::Key | TensorRole::Length | TensorRole::FullLength => 0,
-                TensorRole::Categorical | TensorRole::Targets | TensorRole::ContextFeatures => 1,
+                TensorRole::Key
+                | TensorRole::Length
+                | TensorRole::FullLength
+                | TensorRole::ContextSubColumn => 0,
+                TensorRole::Categorical
+                | TensorRole::Targets
+                | TensorRole::ContextFeatures
+                | TensorRole::SubColumn => 1,
                 TensorRole::Features => 2,
             };
             if t.sample_shape.len() != expected_rank {
@@ -401,7 +423,11 @@ impl Manifest {
             }
             let dtype = match t.role {
                 TensorRole::Key => Dtype::I64,
-                TensorRole::Length | TensorRole::FullLength | TensorRole::Categorical => Dtype::I32,
+                TensorRole::Length
+                | TensorRole::FullLength
+                | TensorRole::Categorical
+                | TensorRole::SubColumn
+                | TensorRole::ContextSubColumn => Dtype::I32,
                 TensorRole::Features | TensorRole::Targets | TensorRole::ContextFeatures => {
                     Dtype::F32
                 }
@@ -428,6 +454,15 @@ impl Manifest {
                 return Err(format!(
                     "tensor {:?} has sequence axis {}, max_len is {}",
                     t.name, t.sample_shape[0], self.max_len
+                ));
+            }
+            // Engine sub-columns carry the engine's one padding step.
+            if t.role == TensorRole::SubColumn && t.sample_shape[0] != self.max_len + 1 {
+                return Err(format!(
+                    "tensor {:?} has sequence axis {}, a sub-column has max_len + 1 = {}",
+                    t.name,
+                    t.sample_shape[0],
+                    self.max_len + 1
                 ));
             }
             let width = match t.role {

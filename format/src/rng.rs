@@ -100,6 +100,9 @@ pub mod stream {
     pub const TRUNCATE_SAMPLE: u64 = 2;
     /// The loader's per-epoch order.
     pub const EPOCH_ORDER: u64 = 3;
+    /// `--profile mostlyai`: the donor row drawn for a null value of a digit or datetime
+    /// column (the engine's random imputation).
+    pub const MOSTLYAI_IMPUTE: u64 = 4;
 }
 
 /// The position of `key` in `[0, 1)` used for the train/validation split: a context is in the

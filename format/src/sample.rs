@@ -169,7 +169,7 @@ pub fn decode_value(encoding: &Encoding, source_type: &str, stored: f64) -> Valu
                     .unwrap_or_else(|| Value::String("<unknown>".into()))
             }
         }
-        Encoding::Raw => Value::from(stored),
+        Encoding::Raw | Encoding::SubColumn { .. } => Value::from(stored),
     }
 }
 
@@ -242,6 +242,18 @@ pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decode
                 for (j, spec) in t.columns.iter().enumerate() {
                     into.insert(spec.name.clone(), value(spec, f32_at(bytes, j)));
                 }
+            }
+            TensorRole::SubColumn => {
+                // The engine's sequence: the stored steps and its padding step.
+                let values = (0..=length)
+                    .map(|s| Value::from(i32_at(bytes, s)))
+                    .collect();
+                decoded.columns.insert(t.name.clone(), Value::Array(values));
+            }
+            TensorRole::ContextSubColumn => {
+                decoded
+                    .context
+                    .insert(t.name.clone(), Value::from(i32_at(bytes, 0)));
             }
             TensorRole::Key | TensorRole::Length | TensorRole::FullLength => {}
         }

@@ -130,6 +130,16 @@ pub struct CompileSpec {
     /// Target shard size in bytes.
     #[serde(default = "default_shard_size")]
     pub shard_size: u64,
+    /// `mostlyai`: reproduce mostlyai-engine 2.7.3's statistics and sequential encoding
+    /// (every non-key column of both tables; see `docs/COMPAT-mostlyai.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// With a profile: the file listing the validation keys, one per line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_keys: Option<String>,
+    /// With a profile: the engine's number of partitions (its statistics depend on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<usize>,
 }
 
 fn default_shard_size() -> u64 {
@@ -160,6 +170,9 @@ impl CompileSpec {
             unmatched_rows: UnmatchedRows::Error,
             empty_contexts: EmptyContexts::Error,
             shard_size: DEFAULT_SHARD_SIZE,
+            profile: None,
+            val_keys: None,
+            partitions: None,
         }
     }
 

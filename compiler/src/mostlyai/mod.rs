@@ -1,0 +1,446 @@
+//! `--profile mostlyai`: mostlyai-engine 2.7.3's preprocessing of a context table and a
+//! sequential target table (`split` -> `analyze` -> `encode`), reproduced exactly and written
+//! as a dsc cache: the engine's `tgt-stats.json` and `ctx-stats.json`, and shards of its
+//! sub-column codes. What is identical and what differs: `docs/COMPAT-mostlyai.md`.
+
+pub(crate) mod analyze;
+mod categorical;
+mod datetime;
+pub mod digits;
+mod encode;
+mod numeric;
+pub(crate) mod pyfmt;
+pub mod quantiles;
+mod table;
+
+use crate::error::{CompileError, Result};
+use crate::pipeline::{CompileOptions, CompileReport};
+use crate::write::Staging;
+use analyze::{ColStats, Partition};
+use dsc_format::manifest::{
+    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, SplitInfo, TensorRole,
+    TensorSpec,
+};
+use dsc_format::rng::{stream, Xoshiro256};
+use dsc_format::spec::CompileSpec;
+use dsc_format::stats::{SplitStats, Stats};
+use encode::{ColEncoder, ShardInput};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The profile name.
+pub const PROFILE: &str = "mostlyai";
+/// The engine's statistics files in the cache.
+pub const TGT_STATS_FILE: &str = "tgt-stats.json";
+/// See [`TGT_STATS_FILE`].
+pub const CTX_STATS_FILE: &str = "ctx-stats.json";
+
+const SPLITS: [&str; 2] = ["train", "val"];
+
+/// Reads the validation keys: one integer per line; blank lines are skipped.
+fn read_val_keys(path: &Path) -> Result<Vec<(i64, usize)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?;
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if t.is_empty() {
+            continue;
+        }
+        let k: i64 = t.parse().map_err(|_| CompileError::BadCsv {
+            path: path.into(),
+            reason: format!(
+                "line {}: {t:?} is not an integer key (the file lists one validation key per line)",
+                i + 1
+            ),
+        })?;
+        keys.push((k, i + 1));
+    }
+    Ok(keys)
+}
+
+/// Runs the profile.
+pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
+    let mut timings = Vec::new();
+    let mut lap = |name: &str, t: &mut Instant| {
+        timings.push((name.to_string(), t.elapsed().as_secs_f64()));
+        *t = Instant::now();
+    };
+    let mut t = Instant::now();
+    let ctx_path = spec.context.as_ref().ok_or_else(|| {
+        CompileError::Spec("--profile mostlyai needs a context table (--context FILE)".into())
+    })?;
+    let partitions = spec.partitions.unwrap_or(1);
+    if partitions == 0 {
+        return Err(CompileError::Spec("--partitions must be at least 1".into()));
+    }
+    let ignored = [
+        ("--features", !spec.features.is_empty()),
+        ("--categorical", !spec.categorical.is_empty()),
+        ("--targets", !spec.targets.is_empty()),
+        ("--context-features", !spec.context_features.is_empty()),
+        ("--join", !spec.joins.is_empty()),
+        ("--order-by", spec.order_by.is_some()),
+        ("--max-len", spec.max_len.is_some()),
+        ("--encode", !spec.encode.is_empty()),
+    ];
+    if let Some((flag, _)) = ignored.iter().find(|(_, set)| *set) {
+        return Err(CompileError::Spec(format!(
+            "{flag} does not apply to --profile mostlyai: the profile encodes every column of \
+             both tables as the engine does, in input order, up to the longest sequence"
+        )));
+    }
+    let tgt_files = crate::read::resolve(&spec.rows)?;
+    let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
+    let staging = Staging::create(&opts.out, opts.force)?;
+    opts.progress.stage("reading", 2);
+    let (tgt, ctx) = rayon::join(
+        || table::load(&tgt_files, &spec.key),
+        || table::load(&ctx_files, spec.context_key()),
+    );
+    let (tgt, ctx) = (tgt?, ctx?);
+    lap("read", &mut t);
+
+    // Context keys: unique; every target row must name one (the engine raises otherwise).
+    let mut ctx_index: HashMap<i64, u32> = HashMap::with_capacity(ctx.rows());
+    for (row, &k) in ctx.keys.iter().enumerate() {
+        if let Some(&first) = ctx_index.get(&k) {
+            let (path, row) = ctx.locate(row);
+            return Err(CompileError::DuplicateKey {
+                path: path.into(),
+                column: spec.context_key().into(),
+                key: k.to_string(),
+                first_row: ctx.locate(first as usize).1,
+                row,
+            });
+        }
+        ctx_index.insert(k, row as u32);
+    }
+    let mut tgt_ctx = Vec::with_capacity(tgt.rows());
+    let mut unmatched = None;
+    for (row, k) in tgt.keys.iter().enumerate() {
+        match ctx_index.get(k) {
+            Some(&c) => tgt_ctx.push(c),
+            None => {
+                let e = unmatched.get_or_insert((row, *k, 0usize));
+                e.2 += 1;
+            }
+        }
+    }
+    if let Some((row, key, count)) = unmatched {
+        let (path, row) = tgt.locate(row);
+        return Err(CompileError::UnmatchedRows {
+            path: path.into(),
+            key,
+            row,
+            context: ctx_path.into(),
+            others: count - 1,
+        });
+    }
+
+    // The given train/validation assignment.
+    let mut is_val = vec![false; ctx.rows()];
+    if let Some(path) = &spec.val_keys {
+        for (k, line) in read_val_keys(Path::new(path))? {
+            match ctx_index.get(&k) {
+                Some(&c) => is_val[c as usize] = true,
+                None => {
+                    return Err(CompileError::BadCsv {
+                        path: path.into(),
+                        reason: format!(
+                            "line {line}: key {k} is not in the context table {ctx_path}"
+                        ),
+                    })
+                }
+            }
+        }
+    }
+    let (parts, part_of) = analyze::partition(&is_val, &tgt_ctx, partitions);
+    lap("partition", &mut t);
+
+    opts.progress.stage("statistics", 2);
+    let (tgt_stats, ctx_stats) = rayon::join(
+        || analyze::column_stats(&tgt, &parts, true),
+        || analyze::column_stats(&ctx, &parts, false),
+    );
+    let mut lengths = vec![0usize; ctx.rows()];
+    for &c in &tgt_ctx {
+        lengths[c as usize] += 1;
+    }
+    let seq = analyze::seq_len(&lengths);
+    if seq.min == 1 && seq.max == 1 {
+        return Err(CompileError::Spec(
+            "every context has exactly one target row: the engine treats that as flat \
+             (non-sequential) data, which --profile mostlyai does not cover"
+                .into(),
+        ));
+    }
+    let n_val = is_val.iter().filter(|&&v| v).count();
+    let n_trn = ctx.rows() - n_val;
+    let tgt_json = analyze::tgt_stats_json(&tgt, &tgt_stats, n_trn, n_val, seq, &spec.key);
+    let ctx_json = analyze::ctx_stats_json(&ctx, &ctx_stats, spec.context_key());
+    staging.write_file(TGT_STATS_FILE, &analyze::to_engine_json(&tgt_json))?;
+    staging.write_file(CTX_STATS_FILE, &analyze::to_engine_json(&ctx_json))?;
+    lap("statistics", &mut t);
+
+    // Encoders and the tensor list.
+    let max_len = seq.max;
+    let rows_in = |p: &Partition, tgt: bool| -> Vec<u32> {
+        if tgt {
+            p.tgt_rows.clone()
+        } else {
+            p.ctx_rows.clone()
+        }
+    };
+    let tgt_part_rows: Vec<Vec<u32>> = parts.iter().map(|p| rows_in(p, true)).collect();
+    let ctx_part_rows: Vec<Vec<u32>> = parts.iter().map(|p| rows_in(p, false)).collect();
+    let tgt_refs: Vec<&[u32]> = tgt_part_rows.iter().map(Vec::as_slice).collect();
+    let ctx_refs: Vec<&[u32]> = ctx_part_rows.iter().map(Vec::as_slice).collect();
+    let tgt_enc: Vec<ColEncoder> = (0..tgt.cols.len())
+        .map(|c| ColEncoder::new(&tgt, c, &tgt_stats[c], &tgt_refs))
+        .collect();
+    let ctx_enc: Vec<ColEncoder> = (0..ctx.cols.len())
+        .map(|c| ColEncoder::new(&ctx, c, &ctx_stats[c], &ctx_refs))
+        .collect();
+    let tensors = tensor_list(&tgt, &tgt_stats, &ctx, &ctx_stats, max_len, &spec.key);
+
+    // Target rows grouped by context, in input order (a stable counting sort).
+    let mut tgt_start = vec![0usize; ctx.rows() + 1];
+    for &c in &tgt_ctx {
+        tgt_start[c as usize + 1] += 1;
+    }
+    for i in 0..ctx.rows() {
+        tgt_start[i + 1] += tgt_start[i];
+    }
+    let mut fill = tgt_start.clone();
+    let mut tgt_rows = vec![0u32; tgt_ctx.len()];
+    for (row, &c) in tgt_ctx.iter().enumerate() {
+        tgt_rows[fill[c as usize]] = row as u32;
+        fill[c as usize] += 1;
+    }
+
+    let input = ShardInput {
+        tensors: &tensors,
+        max_len,
+        ctx_keys: &ctx.keys,
+        tgt_start: &tgt_start,
+        tgt_rows: &tgt_rows,
+        part_of: &part_of,
+        tgt_cols: &tgt_enc,
+        ctx_cols: &ctx_enc,
+        seed: spec.seed,
+    };
+    let bytes_per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
+    let per_shard = ((spec.shard_size as usize) / bytes_per_context.max(1)).max(1);
+    opts.progress.stage("encoding", ctx.rows() as u64);
+    let mut shards = Vec::new();
+    let mut splits = Vec::new();
+    let mut split_stats = Vec::new();
+    for (s, name) in SPLITS.iter().enumerate() {
+        let mut order: Vec<u32> = (0..ctx.rows() as u32)
+            .filter(|&c| is_val[c as usize] == (s == 1))
+            .collect();
+        if order.is_empty() {
+            continue;
+        }
+        Xoshiro256::for_stream(spec.seed, stream::COMPILE_SHUFFLE + 16 * s as u64)
+            .shuffle(&mut order);
+        // Shards are independent: writing one (and syncing it) overlaps filling the next.
+        let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
+        let count = chunks.len();
+        let written: Vec<Result<dsc_format::manifest::ShardEntry>> = chunks
+            .par_iter()
+            .enumerate()
+            .map(|(index, members)| {
+                let file = dsc_format::shard::shard_file_name(name, index);
+                let entry =
+                    input.write(&staging.dir, &file, name, index, index * per_shard, members);
+                opts.progress.advance(members.len() as u64);
+                entry
+            })
+            .collect();
+        for entry in written {
+            shards.push(entry?);
+        }
+        let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
+        splits.push(SplitInfo {
+            name: (*name).into(),
+            contexts: order.len(),
+            rows_stored: rows,
+            shards: count,
+        });
+        let mut lens: Vec<f64> = order.iter().map(|&c| lengths[c as usize] as f64).collect();
+        split_stats.push(SplitStats {
+            split: (*name).into(),
+            contexts: order.len() as u64,
+            rows,
+            lengths: crate::pipeline::length_stats(&mut lens, max_len),
+            columns: Vec::new(),
+        });
+    }
+    lap("encode", &mut t);
+
+    let mut resolved = spec.clone();
+    resolved.context_key = Some(spec.context_key().to_string());
+    resolved.partitions = Some(partitions);
+    let rows_files: Vec<PathBuf> = tgt_files.clone();
+    let inputs = crate::pipeline::fingerprint(spec, &rows_files)?;
+    let summary = CompileSummary {
+        rows_read: tgt.rows() as u64,
+        rows_stored: tgt.rows() as u64,
+        contexts: ctx.rows(),
+        contexts_without_rows: lengths.iter().filter(|&&l| l == 0).count(),
+        empty_contexts_kept: lengths.iter().filter(|&&l| l == 0).count(),
+        ..CompileSummary::default()
+    };
+    let manifest = Manifest {
+        format: dsc_format::FORMAT_NAME.into(),
+        format_version: dsc_format::FORMAT_VERSION,
+        dsc_version: env!("CARGO_PKG_VERSION").into(),
+        max_len,
+        splits,
+        tensors,
+        shards,
+        inputs,
+        summary,
+        spec: resolved,
+    };
+    manifest.validate().map_err(|reason| {
+        CompileError::Spec(format!(
+            "internal error: the manifest is inconsistent: {reason}"
+        ))
+    })?;
+    // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
+    let mut all_lengths: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
+    split_stats.insert(
+        0,
+        SplitStats {
+            split: "all".into(),
+            contexts: ctx.rows() as u64,
+            rows: tgt.rows() as u64,
+            lengths: crate::pipeline::length_stats(&mut all_lengths, max_len),
+            columns: Vec::new(),
+        },
+    );
+    let stats = Stats {
+        format_version: dsc_format::FORMAT_VERSION,
+        splits: split_stats,
+    };
+    let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
+    stats_json.push(b'\n');
+    staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
+    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
+    let out = staging.commit()?;
+    lap("commit", &mut t);
+    let cache_bytes = manifest.shards.iter().map(|s| s.bytes).sum();
+    Ok(CompileReport {
+        out,
+        manifest,
+        stats,
+        cache_bytes,
+        timings,
+    })
+}
+
+/// `key`, `length`, the context sub-columns, the positional and target sub-columns.
+fn tensor_list(
+    tgt: &table::MTable,
+    tgt_stats: &[ColStats],
+    ctx: &table::MTable,
+    ctx_stats: &[ColStats],
+    max_len: usize,
+    key: &str,
+) -> Vec<TensorSpec> {
+    let derived = |name: &str, source: ColumnSource, ty: &str| ColumnSpec {
+        name: name.into(),
+        source,
+        source_type: ty.into(),
+        encoding: Encoding::Raw,
+    };
+    let mut out = vec![
+        TensorSpec {
+            name: "key".into(),
+            dtype: Dtype::I64,
+            role: TensorRole::Key,
+            sample_shape: vec![],
+            columns: vec![derived(key, ColumnSource::Context, "Int64")],
+        },
+        TensorSpec {
+            name: "length".into(),
+            dtype: Dtype::I32,
+            role: TensorRole::Length,
+            sample_shape: vec![],
+            columns: vec![derived("length", ColumnSource::Rows, "derived")],
+        },
+    ];
+    let sub = |name: &str, card: usize, col: &str, source: ColumnSource, ty: &str, stats: &str| {
+        ColumnSpec {
+            name: col.into(),
+            source,
+            source_type: ty.into(),
+            encoding: Encoding::SubColumn {
+                sub_column: name.into(),
+                cardinality: card,
+                stats: stats.into(),
+            },
+        }
+    };
+    let ctx_names = analyze::sub_column_names(ctx, ctx_stats, "ctxflt");
+    for (col, subs) in ctx.cols.iter().zip(ctx_names) {
+        for (name, card) in subs {
+            out.push(TensorSpec {
+                name: name.clone(),
+                dtype: Dtype::I32,
+                role: TensorRole::ContextSubColumn,
+                sample_shape: vec![],
+                columns: vec![sub(
+                    &name,
+                    card,
+                    &col.name,
+                    ColumnSource::Context,
+                    &col.source_type,
+                    CTX_STATS_FILE,
+                )],
+            });
+        }
+    }
+    for (name, card) in encode::positional_columns(max_len) {
+        out.push(TensorSpec {
+            name: name.clone(),
+            dtype: Dtype::I32,
+            role: TensorRole::SubColumn,
+            sample_shape: vec![max_len + 1],
+            columns: vec![sub(
+                &name,
+                card,
+                "(position)",
+                ColumnSource::Rows,
+                "derived",
+                TGT_STATS_FILE,
+            )],
+        });
+    }
+    let tgt_names = analyze::sub_column_names(tgt, tgt_stats, "tgt");
+    for (col, subs) in tgt.cols.iter().zip(tgt_names) {
+        for (name, card) in subs {
+            out.push(TensorSpec {
+                name: name.clone(),
+                dtype: Dtype::I32,
+                role: TensorRole::SubColumn,
+                sample_shape: vec![max_len + 1],
+                columns: vec![sub(
+                    &name,
+                    card,
+                    &col.name,
+                    ColumnSource::Rows,
+                    &col.source_type,
+                    TGT_STATS_FILE,
+                )],
+            });
+        }
+    }
+    out
+}
+#[cfg(test)]
+mod vector_tests;

@@ -1,0 +1,589 @@
+//! Numeric columns (`TABULAR_NUMERIC_AUTO`): per-partition statistics, their reduction into
+//! discrete / digit / binned, and the per-value codes.
+
+use super::digits::{self, Digits, MAX_DECIMAL};
+use super::pyfmt::float_repr;
+use super::quantiles::{closest_observation, find_distinct_bins, linspace01};
+use serde_json::{json, Map, Value};
+
+/// The engine's thresholds.
+const DISCRETE_MAX_VALUES: usize = 100;
+const DIGIT_MAX_DIGITS: usize = 3;
+const BINNED_MAX_BINS: usize = 100;
+const BINNED_MAX_QUANTILES: usize = 1001;
+const DEFAULT_MIN_DECIMAL: i32 = -8;
+
+/// One partition's statistics of a numeric column (`analyze_numeric`), reduced to what the
+/// reduction reads when value protection is off.
+#[derive(Debug, Clone)]
+pub(crate) struct Partial {
+    has_nan: bool,
+    has_neg: bool,
+    /// Lowest digit position analysed (`E18..E{low}`).
+    low: i32,
+    /// Per position `E18..E{low}`: min and max digit over non-null rows (0 when none).
+    min_d: Vec<u8>,
+    max_d: Vec<u8>,
+    min: Option<f64>,
+    max: Option<f64>,
+    /// The JSON keys of `cnt_values`, ascending; `None` when 100 or more distinct values.
+    cnt_keys: Option<Vec<String>>,
+    quantiles: Vec<f64>,
+}
+
+/// `analyze_numeric` on the rows `rows` of a column (`None` for an empty partition).
+pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Option<Partial> {
+    if rows.is_empty() {
+        return None;
+    }
+    let mut sorted: Vec<f64> = rows
+        .iter()
+        .map(|&r| vals[r as usize])
+        .filter(|x| !x.is_nan())
+        .collect();
+    let has_nan = sorted.len() < rows.len();
+    sorted.sort_unstable_by(f64::total_cmp);
+    // Digits depend on the value only: split each distinct value once (the values are sorted
+    // for the quantiles anyway; a column typically repeats its values many times).
+    let mut split: Vec<Digits> = Vec::new();
+    let mut previous: Option<u64> = None;
+    for &x in &sorted {
+        if previous != Some(x.to_bits()) {
+            split.push(digits::split(x));
+            previous = Some(x.to_bits());
+        }
+    }
+    let max_scale = split.iter().map(|d| d.scale).max().unwrap_or(0);
+    let low = DEFAULT_MIN_DECIMAL.min(-(max_scale.min(digits::MAX_SCALE) as i32));
+    let width = (MAX_DECIMAL - low + 1) as usize;
+    let mut min_d = vec![9u8; width];
+    let mut max_d = vec![0u8; width];
+    let mut has_neg = false;
+    for d in &split {
+        has_neg |= d.neg;
+        // `all[i]` is position E(18 - i), as are min_d/max_d.
+        let mut all = [0u8; 39];
+        d.write_all(&mut all);
+        for i in 0..width {
+            min_d[i] = min_d[i].min(all[i]);
+            max_d[i] = max_d[i].max(all[i]);
+        }
+    }
+    if split.is_empty() {
+        min_d.fill(0);
+    }
+    let quantiles = if sorted.is_empty() {
+        Vec::new()
+    } else {
+        closest_observation(&sorted, &linspace01(BINNED_MAX_QUANTILES))
+    };
+    let cnt_keys = match ints {
+        Some(ints) => {
+            let mut v: Vec<i64> = rows.iter().map(|&r| ints[r as usize]).collect();
+            v.sort_unstable();
+            v.dedup();
+            (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(i64::to_string).collect())
+        }
+        None => {
+            let mut v = sorted.clone();
+            v.dedup_by(|a, b| a == b);
+            (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(|&x| float_repr(x)).collect())
+        }
+    };
+    Some(Partial {
+        has_nan,
+        has_neg,
+        low,
+        min_d,
+        max_d,
+        min: sorted.first().copied(),
+        max: sorted.last().copied(),
+        cnt_keys,
+        quantiles,
+    })
+}
+
+/// The resolved encoding of a numeric column (`analyze_reduce_numeric`, value protection off).
+#[derive(Debug, Clone)]
+pub(crate) enum Stats {
+    Discrete {
+        /// Every code's key in code order (`_RARE_`, `<<NULL>>`, values).
+        codes: Vec<String>,
+        min_decimal: i32,
+    },
+    Digit {
+        has_nan: bool,
+        has_neg: bool,
+        /// Positions `E18..E{low}` of `min_d`/`max_d`.
+        low: i32,
+        min_d: Vec<u8>,
+        max_d: Vec<u8>,
+        max_decimal: i32,
+        min_decimal: i32,
+        min: Option<f64>,
+        max: Option<f64>,
+    },
+    Binned {
+        codes: Vec<&'static str>,
+        min_decimal: i32,
+        bins: Vec<f64>,
+    },
+}
+
+/// `analyze_reduce_numeric` over the non-empty partitions, in file order.
+pub(crate) fn reduce(parts: &[&Partial]) -> Stats {
+    reduce_as(parts, false)
+}
+
+/// [`reduce`], or with `binned` the engine's path for a column forced to
+/// `TABULAR_NUMERIC_BINNED` (no auto heuristic).
+pub(crate) fn reduce_as(parts: &[&Partial], binned: bool) -> Stats {
+    let has_nan = parts.iter().any(|p| p.has_nan);
+    let has_neg = parts.iter().any(|p| p.has_neg);
+    // The union of digit positions, missing ones counting as 0 (2.7.3).
+    let low = parts
+        .iter()
+        .map(|p| p.low)
+        .min()
+        .expect("at least one partition");
+    let width = (MAX_DECIMAL - low + 1) as usize;
+    let (mut min_d, mut max_d) = (vec![u8::MAX; width], vec![0u8; width]);
+    for p in parts {
+        for i in 0..width {
+            let (lo, hi) = if i < p.min_d.len() {
+                (p.min_d[i], p.max_d[i])
+            } else {
+                (0, 0)
+            };
+            min_d[i] = min_d[i].min(lo);
+            max_d[i] = max_d[i].max(hi);
+        }
+    }
+    let position = |i: usize| MAX_DECIMAL - i as i32;
+    let non_zero: Vec<i32> = (0..width).filter(|&i| max_d[i] > 0).map(position).collect();
+    let min_decimal = non_zero.iter().copied().min().unwrap_or(0);
+    let min = parts.iter().filter_map(|p| p.min).reduce(f64::min);
+    let max = parts.iter().filter_map(|p| p.max).reduce(f64::max);
+    let mut max_decimal = match (min, max) {
+        (Some(a), Some(b)) => {
+            let max_abs = a.abs().max(b.abs());
+            if max_abs >= 10.0 {
+                max_abs.log10().floor() as i32
+            } else {
+                0
+            }
+        }
+        _ => 0,
+    };
+    max_decimal = max_decimal.max(min_decimal).min(MAX_DECIMAL);
+
+    // Discrete needs every partition's value keys; an empty key set counts as missing.
+    let has_cnt_values = !binned
+        && parts
+            .iter()
+            .all(|p| p.cnt_keys.as_ref().is_some_and(|k| !k.is_empty()));
+    if has_cnt_values {
+        let mut seen = std::collections::HashSet::new();
+        let mut categories: Vec<String> = Vec::new();
+        for p in parts {
+            for k in p.cnt_keys.as_ref().expect("checked") {
+                if seen.insert(k.clone()) {
+                    categories.push(k.clone());
+                }
+            }
+        }
+        if min_decimal >= 0 {
+            // The engine cuts each key at its first "." ("18.0" -> "18"); keys that collapse
+            // stay listed twice, and the later one's code wins in the JSON object.
+            for c in &mut categories {
+                if let Some(dot) = c.find('.') {
+                    c.truncate(dot);
+                }
+            }
+        }
+        let mut codes = vec!["_RARE_".to_string()];
+        if has_nan {
+            codes.push("<<NULL>>".into());
+        }
+        codes.extend(categories);
+        return Stats::Discrete { codes, min_decimal };
+    }
+    if !binned && non_zero.len() <= DIGIT_MAX_DIGITS {
+        return Stats::Digit {
+            has_nan,
+            has_neg,
+            low,
+            min_d,
+            max_d,
+            max_decimal,
+            min_decimal,
+            min,
+            max,
+        };
+    }
+    let (bins, min_decimal) = match (min, max) {
+        (Some(lo), Some(hi)) => {
+            let clipped: Vec<f64> = parts
+                .iter()
+                .flat_map(|p| p.quantiles.iter())
+                .map(|&q| q.clamp(lo, hi))
+                .collect();
+            (
+                find_distinct_bins(&clipped, BINNED_MAX_BINS, 1000).0,
+                min_decimal,
+            )
+        }
+        _ => (vec![0.0], 0),
+    };
+    let mut codes = vec!["<<UNK>>"];
+    if has_nan {
+        codes.push("<<NULL>>");
+    }
+    if min.is_some() {
+        codes.push("<<MIN>>");
+    }
+    if max.is_some() {
+        codes.push("<<MAX>>");
+    }
+    Stats::Binned {
+        codes,
+        min_decimal,
+        bins,
+    }
+}
+
+fn opt_f64(x: Option<f64>) -> Value {
+    x.map_or(Value::Null, Value::from)
+}
+
+impl Stats {
+    /// The engine's encoding-type name.
+    pub fn encoding_type(&self) -> &'static str {
+        match self {
+            Stats::Discrete { .. } => "TABULAR_NUMERIC_DISCRETE",
+            Stats::Digit { .. } => "TABULAR_NUMERIC_DIGIT",
+            Stats::Binned { .. } => "TABULAR_NUMERIC_BINNED",
+        }
+    }
+
+    /// Sub-column names and cardinalities, in the engine's order.
+    pub fn cardinalities(&self) -> Vec<(String, usize)> {
+        match self {
+            Stats::Discrete { codes, .. } => vec![("cat".into(), code_map(codes).len())],
+            Stats::Digit {
+                has_nan,
+                has_neg,
+                low,
+                min_d,
+                max_d,
+                max_decimal,
+                min_decimal,
+                ..
+            } => {
+                let mut c = Vec::new();
+                if *has_nan {
+                    c.push(("nan".into(), 2));
+                }
+                if *has_neg {
+                    c.push(("neg".into(), 2));
+                }
+                for d in (*min_decimal..=*max_decimal).rev() {
+                    let i = (MAX_DECIMAL - d) as usize;
+                    debug_assert!(d >= *low);
+                    c.push((format!("E{d}"), (max_d[i] + 1 - min_d[i]) as usize));
+                }
+                c
+            }
+            Stats::Binned { codes, bins, .. } => {
+                vec![("bin".into(), codes.len() + bins.len() - 1)]
+            }
+        }
+    }
+
+    /// The column's entry in the stats JSON (before the `argn_*` keys).
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("encoding_type".into(), self.encoding_type().into());
+        let cards: Map<String, Value> = self
+            .cardinalities()
+            .into_iter()
+            .map(|(k, v)| (k, Value::from(v)))
+            .collect();
+        m.insert("cardinalities".into(), Value::Object(cards));
+        match self {
+            Stats::Discrete { codes, min_decimal } => {
+                let map: Map<String, Value> = code_map(codes)
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::from(v)))
+                    .collect();
+                m.insert("codes".into(), Value::Object(map));
+                m.insert("min_decimal".into(), (*min_decimal).into());
+            }
+            Stats::Digit {
+                has_nan,
+                has_neg,
+                low,
+                min_d,
+                max_d,
+                max_decimal,
+                min_decimal,
+                min,
+                max,
+            } => {
+                let digits = |v: &[u8]| -> Value {
+                    let map: Map<String, Value> = (*low..=MAX_DECIMAL)
+                        .rev()
+                        .zip(v)
+                        .map(|(d, &x)| (format!("E{d}"), Value::from(x)))
+                        .collect();
+                    Value::Object(map)
+                };
+                m.insert("has_nan".into(), (*has_nan).into());
+                m.insert("has_neg".into(), (*has_neg).into());
+                m.insert("min_digits".into(), digits(min_d));
+                m.insert("max_digits".into(), digits(max_d));
+                m.insert("max_decimal".into(), (*max_decimal).into());
+                m.insert("min_decimal".into(), (*min_decimal).into());
+                m.insert("min".into(), opt_f64(*min));
+                m.insert("max".into(), opt_f64(*max));
+            }
+            Stats::Binned {
+                codes,
+                min_decimal,
+                bins,
+            } => {
+                let map: Map<String, Value> = codes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| ((*k).to_string(), Value::from(i)))
+                    .collect();
+                m.insert("codes".into(), Value::Object(map));
+                m.insert("min_decimal".into(), (*min_decimal).into());
+                m.insert("bins".into(), json!(bins));
+            }
+        }
+        m
+    }
+
+    /// Whether null rows get a random (imputed) value before encoding.
+    pub fn imputes(&self) -> bool {
+        matches!(self, Stats::Digit { has_nan: true, .. })
+    }
+}
+
+/// `{categories[i]: i}` as Python builds it: a repeated key keeps its first position and takes
+/// the last index.
+fn code_map(codes: &[String]) -> Vec<(String, usize)> {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    let mut at = std::collections::HashMap::new();
+    for (i, c) in codes.iter().enumerate() {
+        match at.get(c) {
+            Some(&j) => out[j] = (c.clone(), i),
+            None => {
+                at.insert(c.clone(), out.len());
+                out.push((c.clone(), i));
+            }
+        }
+    }
+    out
+}
+
+/// Per-value encoder built from resolved stats.
+#[derive(Debug)]
+pub(crate) enum Encoder {
+    Discrete {
+        lookup: std::collections::HashMap<String, i32>,
+        null: i32,
+        /// Code of each distinct value, by its integer (integer columns) or its f64 bits.
+        cache: std::collections::HashMap<u64, i32>,
+    },
+    Digit {
+        has_nan: bool,
+        has_neg: bool,
+        round: bool,
+        /// Per emitted position (high to low): position, min digit, max code.
+        positions: Vec<(i32, u8, u8)>,
+    },
+    Binned {
+        /// Inner edges (`bins[1..len-1]`); a value's bin is the count of edges `<= x`.
+        edges: Vec<f64>,
+        offset: i32,
+        null: i32,
+        first: f64,
+        last: f64,
+        min_code: Option<i32>,
+        max_code: Option<i32>,
+    },
+}
+
+impl Encoder {
+    pub fn new(stats: &Stats, vals: &[f64], ints: Option<&[i64]>) -> Encoder {
+        match stats {
+            Stats::Discrete { codes, min_decimal } => {
+                let lookup: std::collections::HashMap<String, i32> = code_map(codes)
+                    .into_iter()
+                    .map(|(k, v)| (k, v as i32))
+                    .collect();
+                let null = lookup.get("<<NULL>>").copied().unwrap_or(0);
+                let int_keys = *min_decimal >= 0;
+                // Precompute the code of every distinct value (a discrete column has few).
+                let mut cache = std::collections::HashMap::new();
+                for (i, &x) in vals.iter().enumerate() {
+                    if x.is_nan() {
+                        continue;
+                    }
+                    let key = match ints {
+                        Some(iv) => iv[i] as u64,
+                        None => x.to_bits(),
+                    };
+                    if cache.contains_key(&key) {
+                        continue;
+                    }
+                    let text = match (ints, int_keys) {
+                        (Some(iv), _) => iv[i].to_string(),
+                        (None, true) => {
+                            let r = x.round_ties_even();
+                            if r.abs() < 9.223_372_036_854_776e18 {
+                                (r as i64).to_string()
+                            } else {
+                                float_repr(r)
+                            }
+                        }
+                        (None, false) => float_repr(x),
+                    };
+                    cache.insert(key, lookup.get(&text).copied().unwrap_or(0));
+                }
+                Encoder::Discrete {
+                    lookup,
+                    null,
+                    cache,
+                }
+            }
+            Stats::Digit {
+                has_nan,
+                has_neg,
+                min_d,
+                max_d,
+                max_decimal,
+                min_decimal,
+                ..
+            } => Encoder::Digit {
+                has_nan: *has_nan,
+                has_neg: *has_neg,
+                round: *min_decimal >= 0,
+                positions: (*min_decimal..=*max_decimal)
+                    .rev()
+                    .map(|d| {
+                        let i = (MAX_DECIMAL - d) as usize;
+                        (d, min_d[i], max_d[i] - min_d[i])
+                    })
+                    .collect(),
+            },
+            Stats::Binned { codes, bins, .. } => {
+                let pos = |t: &str| codes.iter().position(|c| *c == t).map(|p| p as i32);
+                Encoder::Binned {
+                    edges: if bins.len() > 2 {
+                        bins[1..bins.len() - 1].to_vec()
+                    } else {
+                        Vec::new()
+                    },
+                    offset: codes.len() as i32,
+                    null: pos("<<NULL>>").unwrap_or(0),
+                    first: bins[0],
+                    last: bins[bins.len() - 1],
+                    min_code: pos("<<MIN>>"),
+                    max_code: pos("<<MAX>>"),
+                }
+            }
+        }
+    }
+
+    /// Sub-columns this encoder writes.
+    pub fn width(&self) -> usize {
+        match self {
+            Encoder::Discrete { .. } | Encoder::Binned { .. } => 1,
+            Encoder::Digit {
+                has_nan,
+                has_neg,
+                positions,
+                ..
+            } => usize::from(*has_nan) + usize::from(*has_neg) + positions.len(),
+        }
+    }
+
+    /// Codes of value `x` (row `row`; `imputed` replaces a null for digit columns) into `out`.
+    #[inline]
+    pub fn encode(
+        &self,
+        x: f64,
+        ints: Option<&[i64]>,
+        row: usize,
+        imputed: Option<f64>,
+        out: &mut [i32],
+    ) {
+        match self {
+            Encoder::Discrete {
+                lookup,
+                null,
+                cache,
+            } => {
+                out[0] = if x.is_nan() {
+                    *null
+                } else {
+                    let key = match ints {
+                        Some(iv) => iv[row] as u64,
+                        None => x.to_bits(),
+                    };
+                    match cache.get(&key) {
+                        Some(&c) => c,
+                        None => lookup.get(&float_repr(x)).copied().unwrap_or(0),
+                    }
+                };
+            }
+            Encoder::Digit {
+                has_nan,
+                has_neg,
+                round,
+                positions,
+            } => {
+                let is_nan = x.is_nan();
+                let v = if is_nan { imputed.unwrap_or(x) } else { x };
+                let v = if *round { v.round_ties_even() } else { v };
+                let d = digits::split(v);
+                let mut k = 0;
+                if *has_nan {
+                    out[k] = i32::from(is_nan);
+                    k += 1;
+                }
+                if *has_neg {
+                    out[k] = i32::from(d.neg);
+                    k += 1;
+                }
+                for &(p, lo, span) in positions {
+                    let digit = d.at(p);
+                    out[k] = i32::from(digit.saturating_sub(lo).min(span));
+                    k += 1;
+                }
+            }
+            Encoder::Binned {
+                edges,
+                offset,
+                null,
+                first,
+                last,
+                min_code,
+                max_code,
+            } => {
+                out[0] = if x.is_nan() {
+                    *null
+                } else if max_code.is_some() && x == *last {
+                    max_code.expect("checked")
+                } else if min_code.is_some() && x == *first {
+                    min_code.expect("checked")
+                } else {
+                    offset + edges.partition_point(|&e| e <= x) as i32
+                };
+            }
+        }
+    }
+}
