@@ -304,7 +304,12 @@ fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
                 l.ctx = Some(i);
                 shape.context = t.sample_shape[0] as i64;
             }
-            TensorRole::Key | TensorRole::FullLength => {}
+            // Engine-compatible sub-column codes (`--profile mostlyai`) are for the engine's own
+            // models; the reference networks read dsc's features and categoricals.
+            TensorRole::Key
+            | TensorRole::FullLength
+            | TensorRole::SubColumn
+            | TensorRole::ContextSubColumn => {}
         }
     }
     if l.x.is_none() && l.cats.is_empty() {
