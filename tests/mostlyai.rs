@@ -317,18 +317,79 @@ fn infinities_are_refused_with_file_column_and_row() {
 
 #[test]
 fn huge_values_encode_like_the_engine() {
-    // |x| >= 1e50: digit positions hold zeros (docs/COMPAT-mostlyai.md), the compile succeeds.
+    // |x| >= 1e50: every digit position holds 0 and `neg` the sign (docs/COMPAT-mostlyai.md).
+    // Contexts 0 and 2 get only huge values (negative in 0), 1 and 3 ordinary ones; with over
+    // 100 distinct values and two non-zero digit positions the column is digit-encoded.
     let dir = Dir::new();
-    let v: Vec<Option<f64>> = (0..9)
-        .map(|i| Some(if i == 3 { -1e60 } else { 1.0 }))
+    let v: Vec<Option<f64>> = (0..400)
+        .map(|i| {
+            Some(match i % 4 {
+                0 => -1e60 * f64::from(1 + i),
+                2 => 1e50 * f64::from(1 + i),
+                _ => f64::from(i % 100),
+            })
+        })
         .collect();
     small(&dir, v);
     compile_small(&dir, &[]).ok();
     let stats = json(&dir.join("cache/tgt-stats.json"));
-    assert_eq!(
-        stats["columns"]["amount"]["encoding_type"],
-        "TABULAR_NUMERIC_DISCRETE"
+    let col = &stats["columns"]["amount"];
+    assert_eq!(col["encoding_type"], "TABULAR_NUMERIC_DIGIT", "{col}");
+    let shard = crate::util::read_shard(&dir.join("cache/shards/train-00000.safetensors"));
+    let keys = shard["key"].i64s();
+    let lengths = shard["length"].i32s();
+    let digit_names: Vec<&String> = shard
+        .keys()
+        .filter(|n| n.starts_with("tgt:t0/c0__E"))
+        .collect();
+    assert!(
+        !digit_names.is_empty(),
+        "{:?}",
+        shard.keys().collect::<Vec<_>>()
     );
+    let width = shard["tgt:t0/c0__neg"].shape[1];
+    let neg = shard["tgt:t0/c0__neg"].i32s();
+    for (row, &key) in keys.iter().enumerate() {
+        let steps = lengths[row] as usize;
+        assert_eq!(steps, 100);
+        for t in 0..steps {
+            let at = row * width + t;
+            assert_eq!(
+                neg[at],
+                i32::from(key == 0),
+                "neg of context {key}, step {t}"
+            );
+            if key % 2 == 0 {
+                for name in &digit_names {
+                    assert_eq!(
+                        shard[*name].i32s()[at],
+                        0,
+                        "{name} of context {key}, step {t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn flags_the_profile_does_not_use_are_refused() {
+    let dir = Dir::new();
+    small(&dir, (0..9).map(|i| Some(f64::from(i))).collect());
+    for flags in [
+        &["--val-fraction", "0.2"][..],
+        &["--nan", "zero"],
+        &["--empty-contexts", "drop"],
+        &["--truncate", "tail"],
+        &["--max-len", "4"],
+    ] {
+        let err = compile_small(&dir, flags).fails(2);
+        assert!(
+            err.contains(flags[0]) && err.contains("--profile mostlyai"),
+            "{flags:?}: {err}"
+        );
+        assert!(!dir.join("cache").exists());
+    }
 }
 
 #[test]
@@ -392,6 +453,9 @@ fn same_seed_same_cache_any_thread_count() {
     let dir = Dir::new();
     let data = vectors().join("seq_extra/data");
     let (tgt, ctx) = (data.join("tgt.parquet"), data.join("ctx.parquet"));
+    // Two partitions and a validation split: per-partition donors and both splits' shards.
+    let val = dir.join("val.txt");
+    write_val_keys(&vectors().join("seq_extra/p2"), &val);
     let mut trees = Vec::new();
     for threads in ["1", "2"] {
         let out = dir.join(&format!("c{threads}"));
@@ -410,6 +474,10 @@ fn same_seed_same_cache_any_thread_count() {
                 "mostlyai",
                 "--seed",
                 "7",
+                "--partitions",
+                "2",
+                "--val-keys",
+                val.to_str().unwrap(),
                 "--out",
                 out.to_str().unwrap(),
                 "-q",
@@ -418,6 +486,11 @@ fn same_seed_same_cache_any_thread_count() {
         .ok();
         let mut t = crate::util::tree(&out);
         t.remove("manifest.json");
+        assert!(
+            t.keys().any(|f| f.starts_with("shards/val-")),
+            "{:?}",
+            t.keys()
+        );
         trees.push(t);
     }
     assert!(

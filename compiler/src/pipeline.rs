@@ -605,7 +605,7 @@ fn resolved_spec(spec: &CompileSpec, max_len: usize) -> CompileSpec {
     resolved
 }
 
-pub(crate) fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
+fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
     let mut named: Vec<(PathBuf, &str)> = rows_files.iter().map(|p| (p.clone(), "rows")).collect();
     if let Some(c) = &spec.context {
         named.push((PathBuf::from(c), "context"));
@@ -613,6 +613,11 @@ pub(crate) fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<
     for j in &spec.joins {
         named.push((PathBuf::from(&j.file), "join"));
     }
+    fingerprint_files(&named)
+}
+
+/// Sizes and checksums of every input file, with its role, and one fingerprint over them.
+pub(crate) fn fingerprint_files(named: &[(PathBuf, &str)]) -> Result<Inputs> {
     let files: Vec<InputFile> = named
         .par_iter()
         .map(|(path, role)| {

@@ -240,6 +240,29 @@ fn shortest(a: f64) -> (u64, u32, i32) {
     (mant, ndigits, exp)
 }
 
+/// Python's (and numpy's) shortest round-trip digits of a finite `a >= 0`: `(mantissa, digits,
+/// exponent of the first digit)`. Where two equally short candidates both parse back to `a`, the
+/// standard library may pick the upper one; Python picks the correctly rounded (even) one, and so
+/// does this. Two candidates can only both parse back when 10^last <= ulp(a), i.e. with 16 or
+/// more significant digits; shorter forms skip the exact check.
+pub(crate) fn python_shortest(a: f64) -> (u64, u32, i32) {
+    let (mant, ndigits, exp) = shortest(a);
+    if ndigits < 16 {
+        return (mant, ndigits, exp);
+    }
+    let last = exp - (ndigits as i32 - 1);
+    match round_at(a, last) {
+        Some(c)
+            if c != u128::from(mant)
+                && c < 10u128.pow(ndigits)
+                && format!("{c}e{last}").parse::<f64>() == Ok(a) =>
+        {
+            (c as u64, ndigits, exp)
+        }
+        _ => (mant, ndigits, exp),
+    }
+}
+
 /// `a` divided by `10^last` and rounded to an integer, ties to even, exactly; `None` when the
 /// operands do not fit u128 (only for `last > 18`, where no kept digit depends on it).
 fn round_at(a: f64, last: i32) -> Option<u128> {
@@ -268,7 +291,7 @@ fn round_at(a: f64, last: i32) -> Option<u128> {
         let den = 10u128.pow(last as u32);
         if e >= 0 {
             let num = m.checked_mul(1u128.checked_shl(e as u32)?)?;
-            (e < 64).then(|| div_round(num, den))
+            Some(div_round(num, den))
         } else {
             Some(div_round(m, den.checked_mul(1u128 << (-e).min(127))?))
         }
@@ -292,7 +315,7 @@ fn shift_round(num: u128, r: u32) -> u128 {
 
 /// The general case: the standard library's shortest digits, or exact 20-place rounding.
 fn slow_shortest(a: f64) -> Digits {
-    let (mut mant, ndigits, exp) = shortest(a);
+    let (mant, ndigits, exp) = python_shortest(a);
     // Position of the last significant digit.
     let last = exp - (ndigits as i32 - 1);
     let scale = (-last).max(0) as u32;
@@ -300,18 +323,6 @@ fn slow_shortest(a: f64) -> Digits {
         let mut d = rounded_20(a);
         d.scale = scale;
         return d;
-    }
-    // Where two shortest candidates are equally close (a tie at the last digit), the standard
-    // library may pick the upper one; Python and numpy pick the correctly rounded (even) one.
-    // Use that whenever it also parses back to `a`.
-    // Two candidates can only both parse back when 10^last <= ulp(a), i.e. with 16 or more
-    // significant digits; shorter forms skip the exact check.
-    if ndigits < 16 {
-        // fall through to placement
-    } else if let Some(c) = round_at(a, last) {
-        if c != u128::from(mant) && format!("{c}e{last}").parse::<f64>() == Ok(a) {
-            mant = c as u64;
-        }
     }
     // Spread the significant digits over positions exp..last, keeping E18..E-20.
     let mut d = Digits {

@@ -84,6 +84,18 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         ("--order-by", spec.order_by.is_some()),
         ("--max-len", spec.max_len.is_some()),
         ("--encode", !spec.encode.is_empty()),
+        ("--truncate", spec.truncate != Default::default()),
+        ("--val-fraction (give --val-keys)", spec.val_fraction != 0.0),
+        ("--split-seed (give --val-keys)", spec.split_seed != 0),
+        ("--nan", spec.nan != Default::default()),
+        (
+            "--unmatched-rows",
+            spec.unmatched_rows != Default::default(),
+        ),
+        (
+            "--empty-contexts",
+            spec.empty_contexts != Default::default(),
+        ),
     ];
     if let Some((flag, _)) = ignored.iter().find(|(_, set)| *set) {
         return Err(CompileError::Spec(format!(
@@ -284,8 +296,13 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
     resolved.partitions = Some(partitions);
-    let rows_files: Vec<PathBuf> = tgt_files.clone();
-    let inputs = crate::pipeline::fingerprint(spec, &rows_files)?;
+    // Every file the output depends on: the resolved tables and the validation keys.
+    let mut named: Vec<(PathBuf, &str)> = tgt_files.iter().map(|p| (p.clone(), "rows")).collect();
+    named.extend(ctx_files.iter().map(|p| (p.clone(), "context")));
+    if let Some(v) = &spec.val_keys {
+        named.push((PathBuf::from(v), "val_keys"));
+    }
+    let inputs = crate::pipeline::fingerprint_files(&named)?;
     let summary = CompileSummary {
         rows_read: tgt.rows() as u64,
         rows_stored: tgt.rows() as u64,

@@ -11,10 +11,9 @@ pub fn float_repr(x: f64) -> String {
     if x.is_infinite() {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
-    let sci = format!("{:e}", x.abs());
-    let (mant, exp) = sci.split_once('e').expect("exponent form");
-    let exp: i32 = exp.parse().expect("integer exponent");
-    let digits: String = mant.chars().filter(char::is_ascii_digit).collect();
+    // The same shortest digits as the digit split, ties resolved as Python does.
+    let (mant, ndigits, exp) = super::digits::python_shortest(x.abs());
+    let digits = format!("{mant:0width$}", width = ndigits as usize);
     let sign = if x.is_sign_negative() { "-" } else { "" };
     if (-4..16).contains(&exp) {
         let n = digits.len() as i32;
@@ -126,6 +125,8 @@ mod tests {
             (123456789012345.6, "123456789012345.6"),
             (1.5e300, "1.5e+300"),
             (0.0, "0.0"),
+            // A tie between two 17-digit candidates: Python keeps the even one.
+            (-1578556095400108.25, "-1578556095400108.2"),
         ] {
             assert_eq!(float_repr(x), s);
         }

@@ -135,18 +135,26 @@ fn convert(mut t: RowsTable) -> Result<MTable> {
                     ));
                 }
                 let per_us = col.info.scale * 1e6;
-                let us = (0..n)
-                    .map(|i| {
-                        valid(i).then(|| {
-                            if per_us >= 1.0 {
-                                v[i] * per_us.round() as i64
-                            } else {
-                                // Nanoseconds: numpy's cast to datetime64[us] floors.
-                                v[i].div_euclid((1.0 / per_us).round() as i64)
-                            }
-                        })
-                    })
-                    .collect();
+                let mut us = Vec::with_capacity(n);
+                for i in 0..n {
+                    if !valid(i) {
+                        us.push(None);
+                    } else if per_us >= 1.0 {
+                        // Seconds or milliseconds far from 1970 overflow microseconds in i64.
+                        let Some(x) = v[i].checked_mul(per_us.round() as i64) else {
+                            return Err(unsupported(
+                                &t,
+                                &want.name,
+                                i,
+                                format!("timestamp {} is out of the microsecond range", v[i]),
+                            ));
+                        };
+                        us.push(Some(x));
+                    } else {
+                        // Nanoseconds: numpy's cast to datetime64[us] floors.
+                        us.push(Some(v[i].div_euclid((1.0 / per_us).round() as i64)));
+                    }
+                }
                 Data::Time { us }
             }
             (Values::F64(v), _) => Data::Num {

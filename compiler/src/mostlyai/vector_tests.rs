@@ -88,10 +88,21 @@ fn values_from_1e50_split_to_zero_digits() {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, PartialOrd, Debug)]
+#[derive(Clone, Copy, PartialOrd, Debug)]
 enum Num {
     I(i64),
     F(f64),
+}
+
+/// Equality of the exact value: floats by their bits, so that `-0.0` and `0.0` differ.
+impl PartialEq for Num {
+    fn eq(&self, other: &Num) -> bool {
+        match (self, other) {
+            (Num::I(a), Num::I(b)) => a == b,
+            (Num::F(a), Num::F(b)) => a.to_bits() == b.to_bits(),
+            _ => false,
+        }
+    }
 }
 
 fn nums(v: &Value) -> Vec<Num> {
