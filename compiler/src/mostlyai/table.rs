@@ -136,23 +136,23 @@ fn convert(mut t: RowsTable) -> Result<MTable> {
                 }
                 let per_us = col.info.scale * 1e6;
                 let mut us = Vec::with_capacity(n);
-                for i in 0..n {
+                for (i, &x) in v.iter().enumerate().take(n) {
                     if !valid(i) {
                         us.push(None);
                     } else if per_us >= 1.0 {
                         // Seconds or milliseconds far from 1970 overflow microseconds in i64.
-                        let Some(x) = v[i].checked_mul(per_us.round() as i64) else {
+                        let Some(x) = x.checked_mul(per_us.round() as i64) else {
                             return Err(unsupported(
                                 &t,
                                 &want.name,
                                 i,
-                                format!("timestamp {} is out of the microsecond range", v[i]),
+                                format!("timestamp {x} is out of the microsecond range"),
                             ));
                         };
                         us.push(Some(x));
                     } else {
                         // Nanoseconds: numpy's cast to datetime64[us] floors.
-                        us.push(Some(v[i].div_euclid((1.0 / per_us).round() as i64)));
+                        us.push(Some(x.div_euclid((1.0 / per_us).round() as i64)));
                     }
                 }
                 Data::Time { us }
