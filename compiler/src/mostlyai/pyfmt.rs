@@ -125,11 +125,12 @@ mod tests {
             (123456789012345.6, "123456789012345.6"),
             (1.5e300, "1.5e+300"),
             (0.0, "0.0"),
-            // A tie between two 17-digit candidates: Python keeps the even one.
-            (-1578556095400108.25, "-1578556095400108.2"),
         ] {
             assert_eq!(float_repr(x), s);
         }
+        // Exactly between two 17-digit candidates: Python keeps the even one.
+        let tie: f64 = "-1578556095400108.25".parse().unwrap();
+        assert_eq!(float_repr(tie), "-1578556095400108.2");
     }
 
     #[test]
