@@ -391,70 +391,49 @@ fn tensor_list(
             columns: vec![derived("length", ColumnSource::Rows, "derived")],
         },
     ];
-    let sub = |name: &str, card: usize, col: &str, source: ColumnSource, ty: &str, stats: &str| {
-        ColumnSpec {
+    // One code tensor of a sub-column: `[n]` per context, `[n, max_len + 1]` per target step.
+    let sub = |name: &str, card: usize, col: &str, ty: &str, context: bool| TensorSpec {
+        name: name.into(),
+        dtype: Dtype::I32,
+        role: if context {
+            TensorRole::ContextSubColumn
+        } else {
+            TensorRole::SubColumn
+        },
+        sample_shape: if context { vec![] } else { vec![max_len + 1] },
+        columns: vec![ColumnSpec {
             name: col.into(),
-            source,
+            source: if context {
+                ColumnSource::Context
+            } else {
+                ColumnSource::Rows
+            },
             source_type: ty.into(),
             encoding: Encoding::SubColumn {
                 sub_column: name.into(),
                 cardinality: card,
-                stats: stats.into(),
+                stats: if context {
+                    CTX_STATS_FILE
+                } else {
+                    TGT_STATS_FILE
+                }
+                .into(),
             },
-        }
+        }],
     };
     let ctx_names = analyze::sub_column_names(ctx, ctx_stats, "ctxflt");
     for (col, subs) in ctx.cols.iter().zip(ctx_names) {
         for (name, card) in subs {
-            out.push(TensorSpec {
-                name: name.clone(),
-                dtype: Dtype::I32,
-                role: TensorRole::ContextSubColumn,
-                sample_shape: vec![],
-                columns: vec![sub(
-                    &name,
-                    card,
-                    &col.name,
-                    ColumnSource::Context,
-                    &col.source_type,
-                    CTX_STATS_FILE,
-                )],
-            });
+            out.push(sub(&name, card, &col.name, &col.source_type, true));
         }
     }
     for (name, card) in encode::positional_columns(max_len) {
-        out.push(TensorSpec {
-            name: name.clone(),
-            dtype: Dtype::I32,
-            role: TensorRole::SubColumn,
-            sample_shape: vec![max_len + 1],
-            columns: vec![sub(
-                &name,
-                card,
-                "(position)",
-                ColumnSource::Rows,
-                "derived",
-                TGT_STATS_FILE,
-            )],
-        });
+        out.push(sub(&name, card, "(position)", "derived", false));
     }
     let tgt_names = analyze::sub_column_names(tgt, tgt_stats, "tgt");
     for (col, subs) in tgt.cols.iter().zip(tgt_names) {
         for (name, card) in subs {
-            out.push(TensorSpec {
-                name: name.clone(),
-                dtype: Dtype::I32,
-                role: TensorRole::SubColumn,
-                sample_shape: vec![max_len + 1],
-                columns: vec![sub(
-                    &name,
-                    card,
-                    &col.name,
-                    ColumnSource::Rows,
-                    &col.source_type,
-                    TGT_STATS_FILE,
-                )],
-            });
+            out.push(sub(&name, card, &col.name, &col.source_type, false));
         }
     }
     out
