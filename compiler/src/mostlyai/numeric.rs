@@ -513,14 +513,9 @@ impl Encoder {
 
     /// Codes of value `x` (row `row`; `imputed` replaces a null for digit columns) into `out`.
     #[inline]
-    pub fn encode(
-        &self,
-        x: f64,
-        ints: Option<&[i64]>,
-        row: usize,
-        imputed: Option<f64>,
-        out: &mut [i32],
-    ) {
+    /// Codes of value `x` (`int`: the exact integer where the column is int64) into `out`;
+    /// `imputed` replaces a null in the digit split.
+    pub fn encode(&self, x: f64, int: Option<i64>, imputed: Option<f64>, out: &mut [i32]) {
         match self {
             Encoder::Discrete {
                 lookup,
@@ -530,8 +525,8 @@ impl Encoder {
                 out[0] = if x.is_nan() {
                     *null
                 } else {
-                    let key = match ints {
-                        Some(iv) => iv[row] as u64,
+                    let key = match int {
+                        Some(i) => i as u64,
                         None => x.to_bits(),
                     };
                     match cache.get(&key) {
