@@ -18,8 +18,8 @@ use crate::pipeline::{CompileOptions, CompileReport};
 use crate::write::Staging;
 use analyze::{ColStats, Partition};
 use dsc_format::manifest::{
-    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, SplitInfo, TensorRole,
-    TensorSpec,
+    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, ShardEntry, SplitInfo,
+    TensorRole, TensorSpec,
 };
 use dsc_format::rng::{stream, Xoshiro256};
 use dsc_format::spec::CompileSpec;
@@ -60,14 +60,8 @@ fn read_val_keys(path: &Path) -> Result<Vec<(i64, usize)>> {
     Ok(keys)
 }
 
-/// Runs the profile.
-pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let mut timings = Vec::new();
-    let mut lap = |name: &str, t: &mut Instant| {
-        timings.push((name.to_string(), t.elapsed().as_secs_f64()));
-        *t = Instant::now();
-    };
-    let mut t = Instant::now();
+/// The context table and partition count of a spec, refusing what the profile does not use.
+fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
     let ctx_path = spec.context.as_ref().ok_or_else(|| {
         CompileError::Spec("--profile mostlyai needs a context table (--context FILE)".into())
     })?;
@@ -103,18 +97,17 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
              both tables as the engine does, in input order, up to the longest sequence"
         )));
     }
-    let tgt_files = crate::read::resolve(&spec.rows)?;
-    let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
-    let staging = Staging::create(&opts.out, opts.force)?;
-    opts.progress.stage("reading", 2);
-    let (tgt, ctx) = rayon::join(
-        || table::load(&tgt_files, &spec.key),
-        || table::load(&ctx_files, spec.context_key()),
-    );
-    let (tgt, ctx) = (tgt?, ctx?);
-    lap("read", &mut t);
+    Ok((ctx_path, partitions))
+}
 
-    // Context keys: unique; every target row must name one (the engine raises otherwise).
+/// The context-table row of each context key (keys must be unique), and of each target row
+/// (every target row must name a context: the engine raises otherwise).
+fn link_keys(
+    tgt: &table::MTable,
+    ctx: &table::MTable,
+    spec: &CompileSpec,
+    ctx_path: &str,
+) -> Result<(HashMap<i64, u32>, Vec<u32>)> {
     let mut ctx_index: HashMap<i64, u32> = HashMap::with_capacity(ctx.rows());
     for (row, &k) in ctx.keys.iter().enumerate() {
         if let Some(&first) = ctx_index.get(&k) {
@@ -150,9 +143,17 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
             others: count - 1,
         });
     }
+    Ok((ctx_index, tgt_ctx))
+}
 
-    // The given train/validation assignment.
-    let mut is_val = vec![false; ctx.rows()];
+/// Which context-table rows are validation contexts (`--val-keys`; none without it).
+fn val_assignment(
+    spec: &CompileSpec,
+    ctx_index: &HashMap<i64, u32>,
+    contexts: usize,
+    ctx_path: &str,
+) -> Result<Vec<bool>> {
+    let mut is_val = vec![false; contexts];
     if let Some(path) = &spec.val_keys {
         for (k, line) in read_val_keys(Path::new(path))? {
             match ctx_index.get(&k) {
@@ -168,6 +169,108 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
             }
         }
     }
+    Ok(is_val)
+}
+
+/// Target rows grouped by context, in input order (a stable counting sort): the rows of
+/// context `c` are `rows[start[c]..start[c + 1]]`.
+fn group_by_context(tgt_ctx: &[u32], contexts: usize) -> (Vec<usize>, Vec<u32>) {
+    let mut tgt_start = vec![0usize; contexts + 1];
+    for &c in tgt_ctx {
+        tgt_start[c as usize + 1] += 1;
+    }
+    for i in 0..contexts {
+        tgt_start[i + 1] += tgt_start[i];
+    }
+    let mut fill = tgt_start.clone();
+    let mut tgt_rows = vec![0u32; tgt_ctx.len()];
+    for (row, &c) in tgt_ctx.iter().enumerate() {
+        tgt_rows[fill[c as usize]] = row as u32;
+        fill[c as usize] += 1;
+    }
+    (tgt_start, tgt_rows)
+}
+
+/// Shuffles each split's contexts with the compile shuffle and writes them as shards, in
+/// parallel (writing one shard overlaps filling the next).
+fn write_splits(
+    input: &ShardInput,
+    staging: &Staging,
+    opts: &CompileOptions,
+    is_val: &[bool],
+    lengths: &[usize],
+    per_shard: usize,
+    seed: u64,
+) -> Result<(Vec<ShardEntry>, Vec<SplitInfo>, Vec<SplitStats>)> {
+    let mut shards = Vec::new();
+    let mut splits = Vec::new();
+    let mut split_stats = Vec::new();
+    for (s, name) in SPLITS.iter().enumerate() {
+        let mut order: Vec<u32> = (0..is_val.len() as u32)
+            .filter(|&c| is_val[c as usize] == (s == 1))
+            .collect();
+        if order.is_empty() {
+            continue;
+        }
+        Xoshiro256::for_stream(seed, stream::COMPILE_SHUFFLE + 16 * s as u64).shuffle(&mut order);
+        let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
+        let count = chunks.len();
+        let written: Vec<Result<ShardEntry>> = chunks
+            .par_iter()
+            .enumerate()
+            .map(|(index, members)| {
+                let file = dsc_format::shard::shard_file_name(name, index);
+                let entry =
+                    input.write(&staging.dir, &file, name, index, index * per_shard, members);
+                opts.progress.advance(members.len() as u64);
+                entry
+            })
+            .collect();
+        for entry in written {
+            shards.push(entry?);
+        }
+        let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
+        splits.push(SplitInfo {
+            name: (*name).into(),
+            contexts: order.len(),
+            rows_stored: rows,
+            shards: count,
+        });
+        let mut lens: Vec<f64> = order.iter().map(|&c| lengths[c as usize] as f64).collect();
+        split_stats.push(SplitStats {
+            split: (*name).into(),
+            contexts: order.len() as u64,
+            rows,
+            lengths: crate::pipeline::length_stats(&mut lens, input.max_len),
+            columns: Vec::new(),
+        });
+    }
+    Ok((shards, splits, split_stats))
+}
+
+/// Runs the profile.
+pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
+    let mut timings = Vec::new();
+    let mut lap = |name: &str, t: &mut Instant| {
+        timings.push((name.to_string(), t.elapsed().as_secs_f64()));
+        *t = Instant::now();
+    };
+    let mut t = Instant::now();
+    let (ctx_path, partitions) = check_spec(spec)?;
+    let tgt_files = crate::read::resolve(&spec.rows)?;
+    let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
+    let staging = Staging::create(&opts.out, opts.force)?;
+    opts.progress.stage("reading", 2);
+    let (tgt, ctx) = rayon::join(
+        || table::load(&tgt_files, &spec.key),
+        || table::load(&ctx_files, spec.context_key()),
+    );
+    let (tgt, ctx) = (tgt?, ctx?);
+    lap("read", &mut t);
+
+    let (ctx_index, tgt_ctx) = link_keys(&tgt, &ctx, spec, ctx_path)?;
+
+    let is_val = val_assignment(spec, &ctx_index, ctx.rows(), ctx_path)?;
     let (parts, part_of) = analyze::partition(&is_val, &tgt_ctx, partitions);
     lap("partition", &mut t);
 
@@ -198,17 +301,14 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
 
     // Encoders and the tensor list.
     let max_len = seq.max;
-    let rows_in = |p: &Partition, tgt: bool| -> Vec<u32> {
-        if tgt {
-            p.tgt_rows.clone()
-        } else {
-            p.ctx_rows.clone()
-        }
-    };
-    let tgt_part_rows: Vec<Vec<u32>> = parts.iter().map(|p| rows_in(p, true)).collect();
-    let ctx_part_rows: Vec<Vec<u32>> = parts.iter().map(|p| rows_in(p, false)).collect();
-    let tgt_refs: Vec<&[u32]> = tgt_part_rows.iter().map(Vec::as_slice).collect();
-    let ctx_refs: Vec<&[u32]> = ctx_part_rows.iter().map(Vec::as_slice).collect();
+    let tgt_refs: Vec<&[u32]> = parts
+        .iter()
+        .map(|p: &Partition| p.tgt_rows.as_slice())
+        .collect();
+    let ctx_refs: Vec<&[u32]> = parts
+        .iter()
+        .map(|p: &Partition| p.ctx_rows.as_slice())
+        .collect();
     let tgt_enc: Vec<ColEncoder> = (0..tgt.cols.len())
         .map(|c| ColEncoder::new(&tgt, c, &tgt_stats[c], &tgt_refs))
         .collect();
@@ -217,20 +317,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         .collect();
     let tensors = tensor_list(&tgt, &tgt_stats, &ctx, &ctx_stats, max_len, &spec.key);
 
-    // Target rows grouped by context, in input order (a stable counting sort).
-    let mut tgt_start = vec![0usize; ctx.rows() + 1];
-    for &c in &tgt_ctx {
-        tgt_start[c as usize + 1] += 1;
-    }
-    for i in 0..ctx.rows() {
-        tgt_start[i + 1] += tgt_start[i];
-    }
-    let mut fill = tgt_start.clone();
-    let mut tgt_rows = vec![0u32; tgt_ctx.len()];
-    for (row, &c) in tgt_ctx.iter().enumerate() {
-        tgt_rows[fill[c as usize]] = row as u32;
-        fill[c as usize] += 1;
-    }
+    let (tgt_start, tgt_rows) = group_by_context(&tgt_ctx, ctx.rows());
 
     let input = ShardInput {
         tensors: &tensors,
@@ -246,51 +333,9 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let bytes_per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / bytes_per_context.max(1)).max(1);
     opts.progress.stage("encoding", ctx.rows() as u64);
-    let mut shards = Vec::new();
-    let mut splits = Vec::new();
-    let mut split_stats = Vec::new();
-    for (s, name) in SPLITS.iter().enumerate() {
-        let mut order: Vec<u32> = (0..ctx.rows() as u32)
-            .filter(|&c| is_val[c as usize] == (s == 1))
-            .collect();
-        if order.is_empty() {
-            continue;
-        }
-        Xoshiro256::for_stream(spec.seed, stream::COMPILE_SHUFFLE + 16 * s as u64)
-            .shuffle(&mut order);
-        // Shards are independent: writing one (and syncing it) overlaps filling the next.
-        let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
-        let count = chunks.len();
-        let written: Vec<Result<dsc_format::manifest::ShardEntry>> = chunks
-            .par_iter()
-            .enumerate()
-            .map(|(index, members)| {
-                let file = dsc_format::shard::shard_file_name(name, index);
-                let entry =
-                    input.write(&staging.dir, &file, name, index, index * per_shard, members);
-                opts.progress.advance(members.len() as u64);
-                entry
-            })
-            .collect();
-        for entry in written {
-            shards.push(entry?);
-        }
-        let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
-        splits.push(SplitInfo {
-            name: (*name).into(),
-            contexts: order.len(),
-            rows_stored: rows,
-            shards: count,
-        });
-        let mut lens: Vec<f64> = order.iter().map(|&c| lengths[c as usize] as f64).collect();
-        split_stats.push(SplitStats {
-            split: (*name).into(),
-            contexts: order.len() as u64,
-            rows,
-            lengths: crate::pipeline::length_stats(&mut lens, max_len),
-            columns: Vec::new(),
-        });
-    }
+    let (shards, splits, mut split_stats) = write_splits(
+        &input, &staging, opts, &is_val, &lengths, per_shard, spec.seed,
+    )?;
     lap("encode", &mut t);
 
     let mut resolved = spec.clone();
