@@ -126,9 +126,10 @@ pub struct Cli {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Folder for checkpoints and the summary.
-    #[arg(long, default_value = "runs/latest")]
-    pub out: PathBuf,
+    /// Folder for checkpoints and the summary [default: runs/latest; with --resume, the
+    /// checkpoint's folder].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 
     /// Train on one batch only; the loss must fall by over 90% (exit 1 otherwise).
     #[arg(long, conflicts_with = "find_batch_size")]
@@ -204,6 +205,20 @@ pub struct RunConfig {
     pub checkpoint_every: Option<u64>,
     pub prefetch: usize,
     pub seed: u64,
+}
+
+impl Cli {
+    /// The output folder: `--out`, else the resumed checkpoint's folder, else `runs/latest`.
+    pub fn out_dir(&self) -> PathBuf {
+        match (&self.out, &self.resume) {
+            (Some(o), _) => o.clone(),
+            (None, Some(ckpt)) => ckpt
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), PathBuf::from),
+            (None, None) => PathBuf::from("runs/latest"),
+        }
+    }
 }
 
 impl RunConfig {

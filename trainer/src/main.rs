@@ -97,15 +97,16 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             s.amp
         );
     }
+    let out = cli.out_dir();
     let opts = train::RunOptions {
-        out: cli.out.clone(),
+        out: out.clone(),
         max_steps: cli.max_steps,
         quiet: cli.json,
     };
     let summary = train::run(s, resume, &opts)?;
     let text = serde_json::to_string_pretty(&summary)?;
-    std::fs::write(cli.out.join("summary.json"), &text)
-        .with_context(|| format!("writing {}", cli.out.join("summary.json").display()))?;
+    std::fs::write(out.join("summary.json"), &text)
+        .with_context(|| format!("writing {}", out.join("summary.json").display()))?;
     emit(&cli, &summary)?;
     if !cli.json {
         let t = summary.total;
