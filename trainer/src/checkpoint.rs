@@ -32,12 +32,15 @@ pub struct Position {
     pub loader: Option<State>,
     /// Summaries of the finished epochs.
     pub history: Vec<EpochReport>,
+    /// The cache's input fingerprint: a resumed run must read the same data.
+    pub cache_fingerprint: String,
 }
 
 impl Position {
-    /// The start of a run.
-    pub fn start(config: RunConfig) -> Position {
+    /// The start of a run on a cache with input fingerprint `cache_fingerprint`.
+    pub fn start(config: RunConfig, cache_fingerprint: String) -> Position {
         Position {
+            cache_fingerprint,
             config,
             epoch: 0,
             micro_in_epoch: 0,

@@ -49,6 +49,20 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         Some(path) => {
             let ck = checkpoint::Checkpoint::read(path)?;
             let mut cfg = ck.position.config.clone();
+            // Before anything reads the cache: a resumed run must see the same data.
+            let now = dsc_format::Manifest::read(&cfg.cache)
+                .with_context(|| format!("opening the cache {}", cfg.cache.display()))?
+                .inputs
+                .fingerprint;
+            if now != ck.position.cache_fingerprint {
+                bail!(
+                    "the cache {} was compiled from other inputs (fingerprint {now}) than when \
+                     {} was written ({}); resume on the same cache",
+                    cfg.cache.display(),
+                    path.display(),
+                    ck.position.cache_fingerprint
+                );
+            }
             if let Some(e) = cli.epochs {
                 cfg.epochs = e;
             }

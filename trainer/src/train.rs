@@ -74,7 +74,7 @@ pub fn run(
             p.config.epochs = s.cfg.epochs;
             p
         }
-        None => Position::start(s.cfg.clone()),
+        None => start_position(&s),
     };
     let ckpt_path = opts.out.join("last.ckpt");
     let mut logged = Vec::new();
@@ -288,11 +288,21 @@ fn validate(
     Ok((Some(v[0] / n), Some(v[1] / n), train_loss(v[2])))
 }
 
+/// The position at the start of a run of `s`.
+fn start_position(s: &Session) -> Position {
+    let fingerprint = s.cache.manifest().inputs.fingerprint.clone();
+    Position::start(s.cfg.clone(), fingerprint)
+}
+
 /// Saves the weights alone, for inference and other tools.
 fn save_weights(s: &Session, path: &Path) -> anyhow::Result<()> {
     let mut named: Vec<(String, Tensor)> = s.vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    checkpoint::write(path, &Position::start(s.cfg.clone()), &named)
+    checkpoint::write(
+        path,
+        &Position::start(s.cfg.clone(), s.cache.manifest().inputs.fingerprint.clone()),
+        &named,
+    )
 }
 
 fn epoch_line(r: &EpochReport, metric: &str) -> String {

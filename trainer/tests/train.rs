@@ -460,3 +460,33 @@ fn bad_input_is_named_in_the_error() {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("cuda:7"), "{}", r.stderr);
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dst);
+        } else {
+            std::fs::copy(&p, &dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn resuming_on_a_changed_cache_is_refused() {
+    let fx = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    copy_dir(&fx.icecube, &cache);
+    let (s, out) = small_run(&cache, "--task direction --batch-size 32 --max-steps 2");
+    assert_eq!(s["optimizer_steps"], 2);
+    // The same path now holds a cache compiled from other inputs.
+    std::fs::remove_dir_all(&cache).unwrap();
+    copy_dir(&fx.sequences, &cache);
+    let ckpt = path(&out.path().join("last.ckpt"));
+    let r = train(&["--resume", &ckpt]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("fingerprint"), "{}", r.stderr);
+}
