@@ -4,7 +4,8 @@
 //! `libtorch_cuda.so`, so the linker drops it and libtorch never registers its CUDA backend:
 //! `Cuda::is_available()` says false on a GPU machine. Loading the library ourselves before the
 //! first tch call registers it; where it is absent or cannot load (a CPU-only libtorch, or no
-//! CUDA runtime), training runs on the CPU. This is the only module with `unsafe`.
+//! CUDA runtime), training runs on the CPU. With `feed.rs` (the producer's view of the pinned
+//! slots) it is one of the two modules with `unsafe`.
 //!
 //! Events come from the CUDA runtime that `libtorch_cuda` itself loaded (tch has no event API).
 //! They are recorded on the legacy default stream, the stream every libtorch op of this program

@@ -7,28 +7,20 @@ use crate::readback::{self, Purpose};
 use crate::report::{BatchSizeReport, BatchTrial, StepReport, Summary};
 use crate::session::Session;
 use crate::timing::{Clock, Totals};
+use crate::train::train_options;
 use dsc_loader::LoaderOptions;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Instant;
 use tch::Device;
 
-fn first_batch_options(s: &Session) -> LoaderOptions {
-    LoaderOptions {
-        split: "train".into(),
-        batch_size: s.cfg.batch_size,
-        shuffle: true,
-        seed: s.cfg.seed,
-        threads: 0,
-        trim: true,
-        drop_last: false,
-        ..Default::default()
-    }
-}
-
 /// Trains `steps` optimizer steps on the first batch of epoch 0 at a constant learning rate.
 /// Passes when the last logged loss is under a tenth of the first.
 pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
-    let loader = s.cache.loader(first_batch_options(&s))?;
+    // Not `drop_last`: a split smaller than one batch still gives one.
+    let loader = s.cache.loader(LoaderOptions {
+        drop_last: false,
+        ..train_options(&s, 0)
+    })?;
     let ring = s.ring.clone();
     let feed = Feed::start(loader, &ring);
     let filled = feed
@@ -154,10 +146,7 @@ pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSize
 fn trial(cfg: RunConfig, device: Device) -> anyhow::Result<f64> {
     const MEASURED: usize = 3;
     let mut s = Session::new(cfg, device, 2)?;
-    let loader = s.cache.loader(LoaderOptions {
-        drop_last: true,
-        ..first_batch_options(&s)
-    })?;
+    let loader = s.cache.loader(train_options(&s, 0))?;
     anyhow::ensure!(
         loader.steps() > MEASURED,
         "the training split has fewer than {} batches of {}",

@@ -70,9 +70,7 @@ impl Session {
         tch::manual_seed(cfg.seed as i64);
         let vs = nn::VarStore::new(device);
         let net = Net::new(&vs.root(), &cfg, &shape, amp);
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let opt = AdamW::new(named, cfg.weight_decay, device);
+        let opt = AdamW::new(named_weights(&vs), cfg.weight_decay, device);
         let scaler = (amp == Amp::Fp16).then(|| LossScaler::new(device));
         let ring = Rc::new(HostRing::new(
             cache.tensors(),
@@ -120,7 +118,6 @@ impl Session {
     pub fn upload(&mut self, f: Filled, rows: usize) -> DeviceBatch {
         let ring = self.ring.clone();
         let bufs = ring.slot(f.slot);
-        let b = self.cfg.batch_size as i64;
         let s = f.seq_len as i64;
         let view = |i: usize| -> Tensor {
             let t = &bufs[i];
@@ -132,7 +129,7 @@ impl Session {
             } else {
                 t.shallow_clone()
             };
-            let t = if rows < b as usize {
+            let t = if rows < self.cfg.batch_size {
                 t.narrow(0, 0, rows as i64)
             } else {
                 t
@@ -164,7 +161,8 @@ impl Session {
         batch
     }
 
-    /// Slots that may be refilled now. On the CPU, `done`: the step has finished with it; on CUDA the oldest queued copies are waited for, keeping `keep` in flight.
+    /// Slots that may be refilled now. On the CPU, `done`: the step has finished with it. On
+    /// CUDA, the oldest queued copies are waited for, keeping `keep` in flight.
     pub fn release(&mut self, done: Option<usize>, keep: usize) -> anyhow::Result<Vec<usize>> {
         if !self.device.is_cuda() {
             return Ok(done.into_iter().collect());
@@ -209,9 +207,7 @@ impl Session {
 
     /// Every tensor of a checkpoint: model weights, optimizer and scaler state.
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        let mut named: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(String, Tensor)> = named
+        let mut out: Vec<(String, Tensor)> = named_weights(&self.vs)
             .into_iter()
             .map(|(n, t)| (format!("model.{n}"), t))
             .collect();
@@ -260,6 +256,14 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// The network's variables by name, in name order (the order the optimizer and checkpoints
+/// use, so that it does not depend on hash-map iteration).
+pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
 }
 
 fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 pub struct Totals {
     pub wall: Duration,
     pub data_wait: Duration,
-    /// Device time of copies (CUDA) .
+    /// Device time of copies (CUDA).
     pub h2d: Duration,
     /// Device time of forward, backward and update (CUDA); wall minus waits on the CPU.
     pub compute: Duration,
@@ -128,7 +128,6 @@ impl Clock {
     /// (the caller has just read the loss, so the queue is already drained).
     pub fn close(&mut self) -> Result<Totals, String> {
         let mut t = self.cur;
-        t.wall = self.window_start.elapsed();
         if self.on_gpu() {
             if let Some(last) = self.events[..self.used].last() {
                 last.done.synchronize()?;
@@ -140,11 +139,12 @@ impl Clock {
             }
             t.h2d = Duration::from_secs_f64(h2d / 1e3);
             t.compute = Duration::from_secs_f64(compute / 1e3);
-        } else {
+        }
+        // Taken after the wait above: on the GPU the window ends when its queued work does.
+        t.wall = self.window_start.elapsed();
+        if !self.on_gpu() {
             t.compute = t.wall.saturating_sub(t.data_wait);
         }
-        // On the GPU the wall also covers the window's tail that was still queued; it ends now.
-        t.wall = self.window_start.elapsed();
         self.window_start = Instant::now();
         self.cur = Totals::default();
         self.used = 0;

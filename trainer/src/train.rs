@@ -6,7 +6,7 @@ use crate::feed::Feed;
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
 use crate::report::{EpochReport, StepReport, Summary};
-use crate::session::Session;
+use crate::session::{named_weights, Session};
 use crate::timing::{Clock, Totals};
 use anyhow::Context;
 use dsc_loader::{LoaderOptions, State};
@@ -27,7 +27,9 @@ pub struct RunOptions {
     pub quiet: bool,
 }
 
-fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
+/// The training split's loader options for `epoch`: shuffled, trimmed, whole batches, filled in
+/// the calling (feed) thread.
+pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
     LoaderOptions {
         split: "train".into(),
         batch_size: s.cfg.batch_size,
@@ -94,6 +96,8 @@ pub fn run(
         };
         let bar = progress(opts.quiet, micro_epoch, epoch, s.cfg.epochs);
         bar.set_position(pos.micro_in_epoch);
+        // A resumed epoch's mean training loss covers the batches trained since the resume.
+        let first_micro = pos.micro_in_epoch;
         let mut window_loss = zero();
         let mut epoch_loss = zero();
         let mut epoch_totals = Totals::default();
@@ -120,8 +124,7 @@ pub fn run(
                 clock.samples(s.cfg.batch_size);
                 if pos.micro_in_epoch % s.cfg.accumulate as u64 == 0 {
                     let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, warmup, total_steps);
-                    let clip = s.cfg.clip;
-                    s.opt.step(lr, clip, s.scaler.as_mut());
+                    s.opt.step(lr, s.cfg.clip, s.scaler.as_mut());
                     s.opt.zero_grad();
                     pos.optimizer_steps += 1;
                     window_steps += 1;
@@ -142,14 +145,13 @@ pub fn run(
                         logged.push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
                         window_steps = 0;
                     }
-                    let state = loader_state(&s, epoch, pos.micro_in_epoch);
                     let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
                     let periodic = s
                         .cfg
                         .checkpoint_every
                         .is_some_and(|n| pos.optimizer_steps % n == 0);
                     if (at_limit || periodic) && pos.micro_in_epoch < micro_epoch {
-                        pos.loader = Some(state);
+                        pos.loader = Some(loader_state(&s, epoch, pos.micro_in_epoch));
                         checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
                     }
                     if at_limit {
@@ -178,7 +180,8 @@ pub fn run(
         if stopped && pos.micro_in_epoch < micro_epoch {
             break;
         }
-        let (val_loss, val_metric, train_loss) = validate(&mut s, &epoch_loss, micro_epoch)?;
+        let (val_loss, val_metric, train_loss) =
+            validate(&mut s, &epoch_loss, micro_epoch - first_micro)?;
         let sh = epoch_totals.shares();
         let report = EpochReport {
             epoch,
@@ -230,19 +233,19 @@ fn loader_state(s: &Session, epoch: u64, micro: u64) -> State {
 }
 
 /// Validation loss and metric over the whole `val` split (each context once), and the epoch's
-/// mean training loss, read back together in one transfer.
+/// mean training loss over its `trained` micro-batches, read back together in one transfer.
 fn validate(
     s: &mut Session,
     epoch_loss: &Tensor,
-    micro_epoch: u64,
+    trained: u64,
 ) -> anyhow::Result<(Option<f64>, Option<f64>, f64)> {
     let accumulate = s.cfg.accumulate as f64;
-    let train_loss = |v: f64| v * accumulate / micro_epoch as f64;
-    let Some(split) = s.cache.manifest().split(VAL_SPLIT) else {
-        let v = readback::values(epoch_loss, Purpose::Other)[0];
-        return Ok((None, None, train_loss(v)));
-    };
-    let contexts = split.contexts;
+    let train_loss = |v: f64| v * accumulate / trained.max(1) as f64;
+    let contexts = s
+        .cache
+        .manifest()
+        .split(VAL_SPLIT)
+        .map_or(0, |v| v.contexts);
     if contexts == 0 {
         let v = readback::values(epoch_loss, Purpose::Other)[0];
         return Ok((None, None, train_loss(v)));
@@ -296,13 +299,7 @@ fn start_position(s: &Session) -> Position {
 
 /// Saves the weights alone, for inference and other tools.
 fn save_weights(s: &Session, path: &Path) -> anyhow::Result<()> {
-    let mut named: Vec<(String, Tensor)> = s.vs.variables().into_iter().collect();
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    checkpoint::write(
-        path,
-        &Position::start(s.cfg.clone(), s.cache.manifest().inputs.fingerprint.clone()),
-        &named,
-    )
+    checkpoint::write(path, &start_position(s), &named_weights(&s.vs))
 }
 
 fn epoch_line(r: &EpochReport, metric: &str) -> String {
