@@ -97,13 +97,21 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
     Ok(rows.iter().sum())
 }
 
-struct Timer {
+/// Wall time per compile stage, for the report.
+pub(crate) struct Timer {
     last: Instant,
     timings: Vec<(String, f64)>,
 }
 
 impl Timer {
-    fn lap(&mut self, name: &str) {
+    pub(crate) fn start() -> Timer {
+        Timer {
+            last: Instant::now(),
+            timings: Vec::new(),
+        }
+    }
+
+    pub(crate) fn lap(&mut self, name: &str) {
         let now = Instant::now();
         self.timings
             .push((name.into(), (now - self.last).as_secs_f64()));
@@ -143,10 +151,7 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
 
 fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let progress = opts.progress;
-    let mut timer = Timer {
-        last: Instant::now(),
-        timings: Vec::new(),
-    };
+    let mut timer = Timer::start();
     let plan = plan::plan(spec)?;
     if opts.force {
         refuse_inputs_inside(&opts.out, spec, &plan.rows_files)?;
@@ -431,6 +436,17 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         summary,
         spec: resolved_spec(spec, max_len),
     };
+    commit_cache(staging, manifest, stats, timer)
+}
+
+/// The end of every compile: checks the manifest, writes `stats.json`, then `manifest.json` (the
+/// commit point), and moves the staging directory into place.
+pub(crate) fn commit_cache(
+    staging: Staging,
+    manifest: Manifest,
+    stats: Stats,
+    mut timer: Timer,
+) -> Result<CompileReport> {
     manifest.validate().map_err(|reason| {
         CompileError::Spec(format!(
             "internal error: the manifest is inconsistent: {reason}"

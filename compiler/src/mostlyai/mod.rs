@@ -28,7 +28,6 @@ use encode::{ColEncoder, ShardInput};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// The profile name.
 pub const PROFILE: &str = "mostlyai";
@@ -250,12 +249,7 @@ fn write_splits(
 
 /// Runs the profile.
 pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let mut timings = Vec::new();
-    let mut lap = |name: &str, t: &mut Instant| {
-        timings.push((name.to_string(), t.elapsed().as_secs_f64()));
-        *t = Instant::now();
-    };
-    let mut t = Instant::now();
+    let mut timer = crate::pipeline::Timer::start();
     let (ctx_path, partitions) = check_spec(spec)?;
     let tgt_files = crate::read::resolve(&spec.rows)?;
     let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
@@ -266,13 +260,13 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         || table::load(&ctx_files, spec.context_key()),
     );
     let (tgt, ctx) = (tgt?, ctx?);
-    lap("read", &mut t);
+    timer.lap("read");
 
     let (ctx_index, tgt_ctx) = link_keys(&tgt, &ctx, spec, ctx_path)?;
 
     let is_val = val_assignment(spec, &ctx_index, ctx.rows(), ctx_path)?;
     let (parts, part_of) = analyze::partition(&is_val, &tgt_ctx, partitions);
-    lap("partition", &mut t);
+    timer.lap("partition");
 
     opts.progress.stage("statistics", 2);
     let (tgt_stats, ctx_stats) = rayon::join(
@@ -297,7 +291,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let ctx_json = analyze::ctx_stats_json(&ctx, &ctx_stats, spec.context_key());
     staging.write_file(TGT_STATS_FILE, &analyze::to_engine_json(&tgt_json))?;
     staging.write_file(CTX_STATS_FILE, &analyze::to_engine_json(&ctx_json))?;
-    lap("statistics", &mut t);
+    timer.lap("statistics");
 
     // Encoders and the tensor list.
     let max_len = seq.max;
@@ -336,7 +330,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let (shards, splits, mut split_stats) = write_splits(
         &input, &staging, opts, &is_val, &lengths, per_shard, spec.seed,
     )?;
-    lap("encode", &mut t);
+    timer.lap("encode");
 
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
@@ -368,11 +362,6 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         summary,
         spec: resolved,
     };
-    manifest.validate().map_err(|reason| {
-        CompileError::Spec(format!(
-            "internal error: the manifest is inconsistent: {reason}"
-        ))
-    })?;
     // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
     let mut all_lengths: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
     split_stats.insert(
@@ -389,20 +378,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
     };
-    let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
-    stats_json.push(b'\n');
-    staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
-    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
-    let out = staging.commit()?;
-    lap("commit", &mut t);
-    let cache_bytes = manifest.shards.iter().map(|s| s.bytes).sum();
-    Ok(CompileReport {
-        out,
-        manifest,
-        stats,
-        cache_bytes,
-        timings,
-    })
+    crate::pipeline::commit_cache(staging, manifest, stats, timer)
 }
 
 /// `key`, `length`, the context sub-columns, the positional and target sub-columns.
