@@ -74,6 +74,22 @@ enum Partial {
     Datetime(Option<datetime::Partial>),
 }
 
+/// `cardinalities` as the engine writes it: sub-column name to number of codes.
+pub(crate) fn cardinalities_json(cards: Vec<(String, usize)>) -> Value {
+    Value::Object(
+        cards
+            .into_iter()
+            .map(|(k, v)| (k, Value::from(v)))
+            .collect(),
+    )
+}
+
+/// The partitions' partial statistics of one family that are present (a partition without
+/// rows of the column has none).
+fn present<'p, T>(mine: &'p [Partial], pick: impl Fn(&'p Partial) -> Option<&'p T>) -> Vec<&'p T> {
+    mine.iter().filter_map(pick).collect()
+}
+
 /// Analyses and reduces every column of `table` over `parts`, in parallel over (column,
 /// partition); the result does not depend on the thread count.
 pub(crate) fn column_stats(table: &MTable, parts: &[Partition], tgt: bool) -> Vec<ColStats> {
@@ -109,13 +125,10 @@ pub(crate) fn column_stats(table: &MTable, parts: &[Partition], tgt: bool) -> Ve
             let mine = &partials[c * np..(c + 1) * np];
             match &table.cols[c].data {
                 Data::Num { .. } => {
-                    let ps: Vec<&numeric::Partial> = mine
-                        .iter()
-                        .filter_map(|p| match p {
-                            Partial::Numeric(Some(x)) => Some(x),
-                            _ => None,
-                        })
-                        .collect();
+                    let ps = present(mine, |p| match p {
+                        Partial::Numeric(Some(x)) => Some(x),
+                        _ => None,
+                    });
                     if ps.is_empty() {
                         ColStats::Empty("TABULAR_NUMERIC_AUTO")
                     } else {
@@ -123,13 +136,10 @@ pub(crate) fn column_stats(table: &MTable, parts: &[Partition], tgt: bool) -> Ve
                     }
                 }
                 Data::Cat { dict, .. } => {
-                    let ps: Vec<&categorical::Partial> = mine
-                        .iter()
-                        .filter_map(|p| match p {
-                            Partial::Categorical(Some(x)) => Some(x),
-                            _ => None,
-                        })
-                        .collect();
+                    let ps = present(mine, |p| match p {
+                        Partial::Categorical(Some(x)) => Some(x),
+                        _ => None,
+                    });
                     if ps.is_empty() {
                         ColStats::Empty("TABULAR_CATEGORICAL")
                     } else {
@@ -137,13 +147,10 @@ pub(crate) fn column_stats(table: &MTable, parts: &[Partition], tgt: bool) -> Ve
                     }
                 }
                 Data::Time { .. } => {
-                    let ps: Vec<&datetime::Partial> = mine
-                        .iter()
-                        .filter_map(|p| match p {
-                            Partial::Datetime(Some(x)) => Some(x),
-                            _ => None,
-                        })
-                        .collect();
+                    let ps = present(mine, |p| match p {
+                        Partial::Datetime(Some(x)) => Some(x),
+                        _ => None,
+                    });
                     if ps.is_empty() {
                         ColStats::Empty("TABULAR_DATETIME")
                     } else {

@@ -161,12 +161,10 @@ impl Stats {
         let mut m = Map::new();
         m.insert("value_protection".into(), false.into());
         m.insert("encoding_type".into(), "TABULAR_DATETIME".into());
-        let cards: Map<String, Value> = self
-            .cardinalities()
-            .into_iter()
-            .map(|(k, v)| (k, Value::from(v)))
-            .collect();
-        m.insert("cardinalities".into(), Value::Object(cards));
+        m.insert(
+            "cardinalities".into(),
+            super::analyze::cardinalities_json(self.cardinalities()),
+        );
         m.insert("has_nan".into(), self.has_nan.into());
         m.insert("has_time".into(), self.has_time.into());
         m.insert("has_ms".into(), self.has_ms.into());

@@ -304,12 +304,10 @@ impl Stats {
     pub fn to_json(&self) -> Map<String, Value> {
         let mut m = Map::new();
         m.insert("encoding_type".into(), self.encoding_type().into());
-        let cards: Map<String, Value> = self
-            .cardinalities()
-            .into_iter()
-            .map(|(k, v)| (k, Value::from(v)))
-            .collect();
-        m.insert("cardinalities".into(), Value::Object(cards));
+        m.insert(
+            "cardinalities".into(),
+            super::analyze::cardinalities_json(self.cardinalities()),
+        );
         match self {
             Stats::Discrete { codes, min_decimal } => {
                 let map: Map<String, Value> = code_map(codes)
