@@ -385,13 +385,7 @@ fn hex(c: &str) -> [u8; 3] {
 
 #[test]
 fn report_renders_every_plot_in_a_real_browser() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 150);
-    dsc(
-        dir.path(),
-        &icecube_args("cache", &["--shard-size", "256KiB"]),
-    )
-    .ok();
+    let dir = small_icecube_cache();
     let out = dsc(dir.path(), &["report", "cache", "-o", "report.html"]).ok();
     assert!(out.contains("report.html"));
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();

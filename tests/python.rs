@@ -19,13 +19,7 @@ fn python() -> PathBuf {
 
 #[test]
 fn python_safetensors_reads_every_shard_identically() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 150);
-    dsc(
-        dir.path(),
-        &icecube_args("cache", &["--shard-size", "256KiB"]),
-    )
-    .ok();
+    let dir = small_icecube_cache();
     let cache = dir.join("cache");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/check_shards.py");
     let out = std::process::Command::new(python())

@@ -3,24 +3,13 @@
 use crate::util::*;
 use std::io::{Seek, SeekFrom, Write};
 
-fn compiled() -> Dir {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 150);
-    dsc(
-        dir.path(),
-        &icecube_args("cache", &["--shard-size", "256KiB"]),
-    )
-    .ok();
-    dir
-}
-
 fn first_shard(dir: &Dir) -> std::path::PathBuf {
     dir.join("cache/shards/train-00000.safetensors")
 }
 
 #[test]
 fn a_fresh_cache_verifies() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     let out = dsc(dir.path(), &["verify", "cache"]).ok();
     assert!(out.starts_with("ok:"), "{out}");
     let json: serde_json::Value =
@@ -31,7 +20,7 @@ fn a_fresh_cache_verifies() {
 
 #[test]
 fn a_flipped_byte_fails_the_checksum() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     let path = first_shard(&dir);
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.len() - 100;
@@ -48,7 +37,7 @@ fn a_flipped_byte_fails_the_checksum() {
 
 #[test]
 fn a_truncated_shard_is_named() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     let path = first_shard(&dir);
     let len = std::fs::metadata(&path).unwrap().len();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -65,7 +54,7 @@ fn a_truncated_shard_is_named() {
 
 #[test]
 fn a_missing_shard_is_named() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     std::fs::remove_file(first_shard(&dir)).unwrap();
     let err = dsc(dir.path(), &["verify", "cache"]).fails(1);
     assert!(
@@ -76,7 +65,7 @@ fn a_missing_shard_is_named() {
 
 #[test]
 fn an_edited_manifest_is_caught() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     let path = dir.join("cache/manifest.json");
     let text = std::fs::read_to_string(&path).unwrap();
     let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -92,7 +81,7 @@ fn an_edited_manifest_is_caught() {
 
 #[test]
 fn nonzero_padding_is_caught_even_with_a_matching_checksum() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     // Write a 1 into the last byte of x (always padding: some context is shorter than L), then
     // repair the checksum in the manifest so that only the value check can notice.
     let path = first_shard(&dir);
@@ -116,7 +105,7 @@ fn nonzero_padding_is_caught_even_with_a_matching_checksum() {
 
 #[test]
 fn inspect_shows_splits_tensors_and_stats() {
-    let dir = compiled();
+    let dir = small_icecube_cache();
     let out = dsc(dir.path(), &["inspect", "cache"]).ok();
     for needle in [
         "splits train",

@@ -117,6 +117,19 @@ pub fn gen_icecube(dir: &Dir, files: usize, events: usize) {
     .ok();
 }
 
+/// A small IceCube-like cache at `dir/cache` (2 files of 150 events, 256 KiB shards): the
+/// README's compile command on `gen_icecube` data.
+pub fn small_icecube_cache() -> Dir {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 150);
+    dsc(
+        dir.path(),
+        &icecube_args("cache", &["--shard-size", "256KiB"]),
+    )
+    .ok();
+    dir
+}
+
 /// Generates the customer/transaction data under `dir/seq`.
 pub fn gen_sequences(dir: &Dir, customers: usize, files: usize) {
     let (customers, files) = (customers.to_string(), files.to_string());
