@@ -69,21 +69,23 @@ impl AdamW {
                     let _ = g.shallow_clone().g_mul_(&inv);
                 }
             }
-            let norm_sq: Vec<Tensor> = grads
-                .iter()
-                .filter(|g| g.defined())
-                .map(|g| g.square().sum(Kind::Float))
-                .collect();
-            let norm = Tensor::stack(&norm_sq, 0).sum(Kind::Float).sqrt();
+            // The global norm is needed to clip and, with fp16, to detect an overflow.
+            let norm = (max_norm > 0.0 || scaler.is_some()).then(|| {
+                let norm_sq: Vec<Tensor> = grads
+                    .iter()
+                    .filter(|g| g.defined())
+                    .map(|g| g.square().sum(Kind::Float))
+                    .collect();
+                Tensor::stack(&norm_sq, 0).sum(Kind::Float).sqrt()
+            });
             // 1 when the step applies, 0 when fp16 gradients overflowed.
-            let ok = match &scaler {
-                Some(_) => norm.isfinite().to_kind(Kind::Float),
-                None => Tensor::ones([], (Kind::Float, norm.device())),
+            let ok = match (&scaler, &norm) {
+                (Some(_), Some(n)) => n.isfinite().to_kind(Kind::Float),
+                _ => Tensor::ones([], (Kind::Float, self.steps.device())),
             };
-            let factor = if max_norm > 0.0 {
-                (max_norm / (&norm + 1e-6)).clamp_max(1.0)
-            } else {
-                Tensor::ones([], (Kind::Float, norm.device()))
+            let factor = match &norm {
+                Some(n) if max_norm > 0.0 => Some((max_norm / (n + 1e-6)).clamp_max(1.0)),
+                _ => None,
             };
             let _ = self.steps.g_add_(&ok);
             let t = self.steps.clamp_min(1.0);
@@ -92,17 +94,25 @@ impl AdamW {
             let bias2 = 1.0 - Tensor::pow_scalar(BETA2, &t);
             let step_size = &ok * lr / &bias1;
             let decay = 1.0 - &ok * (lr * self.weight_decay);
+            let (rate1, rate2) = (&ok * (1.0 - BETA1), &ok * (1.0 - BETA2));
             for (i, (_, p)) in self.params.iter_mut().enumerate() {
                 let g = &grads[i];
                 if !g.defined() {
                     continue;
                 }
                 // An overflowed gradient is zeroed so that `ok * (g - m)` stays finite.
-                let g = (g.nan_to_num(0.0, 0.0, 0.0) * &factor).to_kind(Kind::Float);
+                let g = match &scaler {
+                    Some(_) => g.nan_to_num(0.0, 0.0, 0.0),
+                    None => g.shallow_clone(),
+                };
+                let g = match &factor {
+                    Some(f) => (g * f).to_kind(Kind::Float),
+                    None => g.to_kind(Kind::Float),
+                };
                 let m = &mut self.exp_avg[i];
-                let _ = m.g_add_(&((&g - &*m) * (&ok * (1.0 - BETA1))));
+                let _ = m.g_add_(&((&g - &*m) * &rate1));
                 let v = &mut self.exp_avg_sq[i];
-                let _ = v.g_add_(&((g.square() - &*v) * (&ok * (1.0 - BETA2))));
+                let _ = v.g_add_(&((g.square() - &*v) * &rate2));
                 let denom = (&*v / &bias2).sqrt() + EPS;
                 let _ = p.g_mul_(&decay);
                 let _ = p.g_sub_(&(&*m / denom * &step_size));
