@@ -99,18 +99,26 @@ impl TaskSpec {
 
     /// Mean loss over the batch, an f32 scalar on the device.
     pub fn loss(&self, pred: &Tensor, y: &Tensor) -> Tensor {
-        self.per_sample(pred, y).0.mean(Kind::Float)
+        self.evaluate(pred, y, false).0.mean(Kind::Float)
     }
 
     /// Per-sample loss and metric, f32 `[B]` each.
     pub fn per_sample(&self, pred: &Tensor, y: &Tensor) -> (Tensor, Tensor) {
+        let (loss, metric) = self.evaluate(pred, y, true);
+        (loss, metric.expect("asked for"))
+    }
+
+    /// Per-sample loss, and the metric only when asked (training steps do not compute it).
+    fn evaluate(&self, pred: &Tensor, y: &Tensor, metric: bool) -> (Tensor, Option<Tensor>) {
         let t = self.targets(y);
         match self.task {
             Task::Regression => {
                 let diff = pred - &t;
                 let loss = diff.square().mean_dim(1, false, Kind::Float);
-                let mae = diff.abs().mean_dim(1, false, Kind::Float);
-                (loss, mae)
+                (
+                    loss,
+                    metric.then(|| diff.abs().mean_dim(1, false, Kind::Float)),
+                )
             }
             Task::Classification => {
                 let class = t.squeeze_dim(1).to_kind(Kind::Int64);
@@ -120,8 +128,8 @@ impl TaskSpec {
                     Reduction::None,
                     -100,
                 );
-                let hit = pred.argmax(1, false).eq_tensor(&class).to_kind(Kind::Float);
-                (loss, hit)
+                let hit = || pred.argmax(1, false).eq_tensor(&class).to_kind(Kind::Float);
+                (loss, metric.then(hit))
             }
             Task::Direction => {
                 let (az, zen) = (t.select(1, 0), t.select(1, 1));
@@ -129,7 +137,7 @@ impl TaskSpec {
                     Tensor::stack(&[az.cos() * zen.sin(), az.sin() * zen.sin(), zen.cos()], 1);
                 let p = pred / pred.norm_scalaropt_dim(2, [1], true).clamp_min(1e-6);
                 let cos = (p * unit).sum_dim_intlist(1, false, Kind::Float);
-                let angle = cos.clamp(-1.0 + 1e-7, 1.0 - 1e-7).acos();
+                let angle = metric.then(|| cos.clamp(-1.0 + 1e-7, 1.0 - 1e-7).acos());
                 (1.0 - cos, angle)
             }
         }
