@@ -4,33 +4,11 @@ use crate::args::{CompileArgs, EmptyArg, NanArg, TruncateArg, UnmatchedArg};
 use crate::output::outln;
 use crate::output::{bytes, peak_rss_mib, thousands};
 use anyhow::{bail, Context as _};
-use dsc_compiler::{CompileOptions, CompileSpec, Progress};
-use dsc_format::spec::{EmptyContexts, JoinSpec, NanPolicy, Truncate, UnmatchedRows};
-use indicatif::{ProgressBar, ProgressStyle};
+use dsc_compiler::{CompileOptions, CompileSpec, TerminalBars};
+use dsc_format::spec::{parse_size, EmptyContexts, JoinSpec, NanPolicy, Truncate, UnmatchedRows};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Instant;
-
-/// Parses `256MiB`, `1GiB`, `64M`, `1000000`.
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .with_context(|| format!("--shard-size {s:?}: expected a number with an optional unit"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" | "kib" => 1024.0,
-        "m" | "mb" | "mib" => 1024.0 * 1024.0,
-        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => bail!("--shard-size {s:?}: unknown unit {other:?} (use B, KiB, MiB or GiB)"),
-    };
-    Ok((value * scale) as u64)
-}
 
 /// The spec from `--spec` (if any) with every given flag applied on top.
 pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
@@ -143,9 +121,6 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if a.partitions.is_some() {
         spec.partitions = a.partitions;
     }
-    if spec.profile.is_none() && (spec.val_keys.is_some() || spec.partitions.is_some()) {
-        bail!("--val-keys and --partitions only apply with --profile mostlyai");
-    }
     if let Some(v) = a.split_seed {
         spec.split_seed = v;
     }
@@ -153,51 +128,9 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
         spec.seed = v;
     }
     if let Some(s) = &a.shard_size {
-        spec.shard_size = parse_size(s)?;
+        spec.shard_size = parse_size(s).map_err(|e| anyhow::anyhow!("--shard-size {s:?}: {e}"))?;
     }
     Ok(spec)
-}
-
-/// Progress bars on stderr, one per stage.
-struct Bars {
-    current: Mutex<Option<ProgressBar>>,
-    hidden: bool,
-}
-
-impl Progress for Bars {
-    fn stage(&self, name: &str, total: u64) {
-        let mut current = self.current.lock().expect("progress lock");
-        if let Some(bar) = current.take() {
-            bar.finish_and_clear();
-        }
-        if self.hidden {
-            return;
-        }
-        let bar = if total > 0 {
-            ProgressBar::new(total).with_style(
-                ProgressStyle::with_template("{prefix:>16} [{bar:40}] {pos}/{len} {elapsed}")
-                    .expect("template")
-                    .progress_chars("=> "),
-            )
-        } else {
-            ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{prefix:>16} {spinner} {elapsed}").expect("template"),
-            )
-        };
-        bar.set_prefix(name.to_string());
-        bar.enable_steady_tick(std::time::Duration::from_millis(200));
-        *current = Some(bar);
-    }
-    fn advance(&self, n: u64) {
-        if let Some(bar) = &*self.current.lock().expect("progress lock") {
-            bar.inc(n);
-        }
-    }
-    fn finish(&self) {
-        if let Some(bar) = self.current.lock().expect("progress lock").take() {
-            bar.finish_and_clear();
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -234,10 +167,7 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
     let Some(out) = a.out.clone() else {
         bail!("--out is required: the cache directory to create");
     };
-    let bars = Bars {
-        current: Mutex::new(None),
-        hidden: a.quiet || a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
-    };
+    let bars = TerminalBars::new(a.quiet || a.json);
     let start = Instant::now();
     let report = dsc_compiler::compile(
         &spec,
@@ -316,17 +246,4 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         outln!("peak memory {mib:.0} MiB");
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_size("256MiB").unwrap(), 256 << 20);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("12 parsecs").is_err());
-    }
 }

@@ -15,6 +15,7 @@ mod lookup;
 pub mod mostlyai;
 mod pipeline;
 mod plan;
+mod progress;
 mod read;
 mod stats;
 mod write;
@@ -22,19 +23,6 @@ mod write;
 pub use dsc_format::spec::CompileSpec;
 pub use error::{CompileError, Result};
 pub use pipeline::{compile, decode_parquet, CompileOptions, CompileReport};
-
-/// Receives progress of a long compile. Every method has an empty default.
-pub trait Progress: Sync {
-    /// A stage begins; `total` units of work are expected (0 when unknown).
-    fn stage(&self, _name: &str, _total: u64) {}
-    /// `n` more units of the current stage are done.
-    fn advance(&self, _n: u64) {}
-    /// The compile has finished or failed.
-    fn finish(&self) {}
-}
-
-/// Reports nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoProgress;
-
-impl Progress for NoProgress {}
+#[cfg(feature = "progress-bar")]
+pub use progress::TerminalBars;
+pub use progress::{NoProgress, Progress};

@@ -138,6 +138,12 @@ const SPLIT_NAMES: [&str; 2] = ["train", "val"];
 /// Runs a compile.
 pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let result = match spec.profile.as_deref() {
+        None if spec.val_keys.is_some() || spec.partitions.is_some() => Err(CompileError::Spec(
+            format!(
+                "val_keys (--val-keys) and partitions (--partitions) only apply with the {:?} profile",
+                crate::mostlyai::PROFILE
+            ),
+        )),
         None => run(spec, opts),
         Some(crate::mostlyai::PROFILE) => crate::mostlyai::compile(spec, opts),
         Some(other) => Err(CompileError::Spec(format!(

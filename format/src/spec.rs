@@ -64,6 +64,27 @@ pub struct JoinSpec {
     pub on: String,
 }
 
+/// Parses a size such as `256MiB`, `1GiB`, `64M` or `1000000` (bytes); the error says what is
+/// wrong with it.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| "expected a number with an optional unit".to_string())?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB or GiB)")),
+    };
+    Ok((value * scale) as u64)
+}
+
 /// Default target shard size: 256 MiB.
 pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
 
@@ -179,5 +200,18 @@ impl CompileSpec {
     /// The context table's key column.
     pub fn context_key(&self) -> &str {
         self.context_key.as_deref().unwrap_or(&self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12 parsecs").is_err());
     }
 }

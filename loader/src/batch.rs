@@ -176,6 +176,11 @@ impl Batch {
             })
             .unwrap_or_default()
     }
+    /// The tensors, owned: each keeps its bytes (and the mapping they may lie in) alive on its
+    /// own.
+    pub fn into_tensors(self) -> Vec<BatchTensor> {
+        self.tensors
+    }
     /// True when every tensor is a view into mapped memory.
     pub fn is_zero_copy(&self) -> bool {
         self.tensors.iter().all(BatchTensor::is_zero_copy)

@@ -36,4 +36,4 @@ pub use batch::{Batch, BatchTensor};
 pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::LoadError;
-pub use loader::{Loader, LoaderOptions, State};
+pub use loader::{Filler, Loader, LoaderOptions, State};

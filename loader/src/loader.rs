@@ -7,8 +7,9 @@ use crate::error::LoadError;
 use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::{TensorRole, TensorSpec};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// What to load. Every field has a documented default (`LoaderOptions::default()`).
@@ -44,6 +45,10 @@ pub struct LoaderOptions {
     pub window: usize,
     /// Shards read side by side, so that each window mixes this many shards [default: 8].
     pub interleave: usize,
+    /// The tensors to load, by name, in manifest order whatever the order given; empty loads
+    /// every tensor [default: empty]. Leaving out tensors the model does not read saves their
+    /// gather.
+    pub columns: Vec<String>,
 }
 
 impl Default for LoaderOptions {
@@ -62,6 +67,7 @@ impl Default for LoaderOptions {
             trim: false,
             window: DEFAULT_WINDOW,
             interleave: DEFAULT_INTERLEAVE,
+            columns: Vec::new(),
         }
     }
 }
@@ -124,7 +130,11 @@ struct Plan {
     steps: Steps,
     rank: usize,
     trim: bool,
+    /// The loaded tensors, in manifest order.
     tensors: Vec<TensorSpec>,
+    /// Each loaded tensor's index among the manifest's (and so among a shard's tensors).
+    slots: Vec<usize>,
+    /// The manifest index of `length`, read for trimming whether or not it is loaded.
     length_index: usize,
     pool: Arc<Pool>,
 }
@@ -147,10 +157,11 @@ impl Plan {
             .collect()
     }
 
-    fn sample_bytes<'a>(&'a self, s: &Sample, t: usize) -> &'a [u8] {
+    /// The bytes of sample `s` of the manifest's tensor `slot`.
+    fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize) -> &'a [u8] {
         let shard = &self.shards()[s.shard];
-        let size = self.tensors[t].sample_bytes();
-        let start = shard.tensor_starts[t] + s.offset * size;
+        let size = self.cache.manifest.tensors[slot].sample_bytes();
+        let start = shard.tensor_starts[slot] + s.offset * size;
         &shard.map.bytes()[start..start + size]
     }
 
@@ -199,8 +210,9 @@ impl Plan {
         let seq_len = self.seq_len(samples);
         for (t, out) in dst.iter_mut().enumerate() {
             let n = self.copy_bytes(t, seq_len);
+            let slot = self.slots[t];
             for (i, s) in samples.iter().enumerate() {
-                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, t)[..n]);
+                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, slot)[..n]);
             }
         }
         seq_len
@@ -224,7 +236,7 @@ impl Plan {
                     let range = (
                         self.split_index,
                         first.shard,
-                        shard.tensor_starts[t] + first.offset * size,
+                        shard.tensor_starts[self.slots[t]] + first.offset * size,
                         n * size,
                     );
                     BatchTensor::mapped(
@@ -284,9 +296,13 @@ impl Plan {
     fn for_spans(&self, virtual_range: std::ops::Range<usize>, f: impl Fn(&Shard, usize, usize)) {
         for (shard, lo, hi) in self.order.spans(virtual_range) {
             let shard = &self.shards()[shard];
-            for (t, spec) in self.tensors.iter().enumerate() {
+            for (spec, &slot) in self.tensors.iter().zip(&self.slots) {
                 let size = spec.sample_bytes();
-                f(shard, shard.tensor_starts[t] + lo * size, (hi - lo) * size);
+                f(
+                    shard,
+                    shard.tensor_starts[slot] + lo * size,
+                    (hi - lo) * size,
+                );
             }
         }
     }
@@ -307,9 +323,87 @@ pub struct Loader {
     workers: Vec<(Receiver<Batch>, JoinHandle<()>)>,
     /// Page-cache hints run on their own thread so that populating the next window never
     /// stalls the consumer.
-    advisor: Option<(SyncSender<usize>, JoinHandle<()>)>,
+    advisor: Option<JoinHandle<()>>,
+    hints: Arc<Hints>,
     window_cache: (usize, Vec<u32>),
-    advised_window: Option<usize>,
+}
+
+/// The page-cache hints of one loader, shared with its [`Filler`]s.
+#[derive(Debug)]
+struct Hints {
+    plan: Arc<Plan>,
+    /// The advisor thread's queue; `None` once the loader is dropped (or when there is no
+    /// thread: hints are then given in the caller's thread).
+    tx: Mutex<Option<SyncSender<usize>>>,
+    /// The last window hinted, `usize::MAX` for none.
+    advised: AtomicUsize,
+}
+
+impl Hints {
+    /// Advises the kernel once per window: read the next window ahead, release the one before
+    /// last from the resident set.
+    fn hint(&self, step: usize, rank: usize) {
+        let p = self.plan.steps.positions(step, rank).next().unwrap_or(0);
+        let w = p / self.plan.order.window();
+        if self.advised.swap(w, Ordering::Relaxed) != w {
+            match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+                // A full queue means the advisor is behind: skipping a hint is harmless.
+                Some(tx) => match tx.try_send(w) {
+                    Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
+                },
+                None => self.plan.advise(w),
+            }
+        }
+    }
+}
+
+/// Fills any batch of a loader's epoch into the caller's buffers, from any thread: for callers
+/// that gather several batches at once into memory of their own (pinned buffers) and order
+/// them themselves. Get one with [`Loader::filler`]; report consumed batches with
+/// [`Loader::advance`].
+#[derive(Debug, Clone)]
+pub struct Filler {
+    hints: Arc<Hints>,
+    rank: usize,
+    batch_bytes: Vec<usize>,
+}
+
+impl Filler {
+    /// Copies batch `step` of the epoch into `dst` (one slice per loaded tensor, in manifest
+    /// order, each at least the loader's `batch_bytes`) with one copy from the mapped shards;
+    /// returns the batch's sequence length.
+    pub fn fill(&self, step: usize, dst: &mut [&mut [u8]]) -> Result<usize, LoadError> {
+        let plan = &self.hints.plan;
+        if step >= plan.steps.steps {
+            return Err(LoadError::Options(format!(
+                "step {step} of an epoch of {} steps",
+                plan.steps.steps
+            )));
+        }
+        check_buffers(dst, &self.batch_bytes)?;
+        let samples = plan.samples(step, &mut (usize::MAX, Vec::new()));
+        self.hints.hint(step, self.rank);
+        Ok(plan.gather_into(&samples, dst))
+    }
+}
+
+fn check_buffers(dst: &[&mut [u8]], need: &[usize]) -> Result<(), LoadError> {
+    if dst.len() != need.len() {
+        return Err(LoadError::Options(format!(
+            "{} buffers for {} tensors",
+            dst.len(),
+            need.len()
+        )));
+    }
+    for (d, &need) in dst.iter().zip(need) {
+        if d.len() < need {
+            return Err(LoadError::Options(format!(
+                "a buffer of {} bytes for a tensor of {need}",
+                d.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Loader {
@@ -322,7 +416,8 @@ impl Loader {
         let Some(split_index) = inner.splits.iter().position(|(n, _)| *n == opts.split) else {
             let names: Vec<&str> = inner.splits.iter().map(|(n, _)| n.as_str()).collect();
             return Err(LoadError::Options(format!(
-                "no split {:?} in the cache (splits: {names:?})",
+                "{}: no split {:?} (splits: {names:?})",
+                inner.dir.display(),
                 opts.split
             )));
         };
@@ -330,6 +425,22 @@ impl Loader {
             return Err(LoadError::Options(format!(
                 "batch_size {} / rank {} / world_size {}: need batch_size >= 1 and rank < world_size",
                 opts.batch_size, opts.rank, opts.world_size
+            )));
+        }
+        // A batch is allocated whole: refuse sizes no machine could hold before multiplying
+        // them into an overflow or a giant allocation.
+        let batch_bytes = inner
+            .manifest
+            .bytes_per_context()
+            .checked_mul(opts.batch_size);
+        if opts.batch_size.checked_mul(opts.world_size).is_none()
+            || batch_bytes.is_none_or(|b| b > isize::MAX as usize / 4)
+        {
+            return Err(LoadError::Options(format!(
+                "batch_size {} x world_size {}: too large for this cache ({} bytes per context)",
+                opts.batch_size,
+                opts.world_size,
+                inner.manifest.bytes_per_context()
             )));
         }
         let sizes: Vec<usize> = inner.splits[split_index]
@@ -351,8 +462,23 @@ impl Loader {
             opts.world_size,
             opts.drop_last,
         );
-        let tensors = inner.manifest.tensors.clone();
-        let length_index = tensors
+        let all = &inner.manifest.tensors;
+        if let Some(unknown) = opts
+            .columns
+            .iter()
+            .find(|c| !all.iter().any(|t| &t.name == *c))
+        {
+            let names: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+            return Err(LoadError::Options(format!(
+                "{}: no tensor {unknown:?} to load (tensors: {names:?})",
+                inner.dir.display()
+            )));
+        }
+        let slots: Vec<usize> = (0..all.len())
+            .filter(|&i| opts.columns.is_empty() || opts.columns.contains(&all[i].name))
+            .collect();
+        let tensors: Vec<TensorSpec> = slots.iter().map(|&i| all[i].clone()).collect();
+        let length_index = all
             .iter()
             .position(|t| t.role == TensorRole::Length)
             .expect("validated manifest has length");
@@ -365,18 +491,23 @@ impl Loader {
             trim: opts.trim,
             pool: Pool::new((opts.prefetch + 2) * (opts.threads + 1) * tensors.len()),
             tensors,
+            slots,
             length_index,
         });
         let first_step = first_step.min(steps.steps);
         let mut loader = Loader {
-            plan,
+            plan: plan.clone(),
             opts,
             first_step,
             next_step: first_step,
             workers: Vec::new(),
             advisor: None,
+            hints: Arc::new(Hints {
+                plan,
+                tx: Mutex::new(None),
+                advised: AtomicUsize::new(usize::MAX),
+            }),
             window_cache: (usize::MAX, Vec::new()),
-            advised_window: None,
         };
         loader.spawn();
         Ok(loader)
@@ -393,7 +524,8 @@ impl Loader {
                 }
             })
             .expect("spawn loader thread");
-        self.advisor = Some((tx, handle));
+        self.advisor = Some(handle);
+        *self.hints.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let threads = self.opts.threads;
         for k in 0..threads {
             let (tx, rx) = sync_channel::<Batch>(self.opts.prefetch.max(1));
@@ -426,6 +558,11 @@ impl Loader {
         &self.plan.order
     }
 
+    /// The tensors each batch holds (the `columns` asked for, in manifest order).
+    pub fn tensor_specs(&self) -> &[TensorSpec] {
+        &self.plan.tensors
+    }
+
     /// The options in force.
     pub fn options(&self) -> &LoaderOptions {
         &self.opts
@@ -455,7 +592,7 @@ impl Loader {
             .collect()
     }
 
-    /// Copies the next batch into the caller's buffers (one slice per tensor, in manifest
+    /// Copies the next batch into the caller's buffers (one slice per loaded tensor, in manifest
     /// order, each at least [`Loader::batch_bytes`]) with exactly one copy from the mapped
     /// shards, in the calling thread; returns the batch's sequence length, or `None` at the end
     /// of the epoch. Use with `threads: 0` (background threads would prepare batches that this
@@ -464,48 +601,33 @@ impl Loader {
         if self.next_step >= self.plan.steps.steps {
             return Ok(None);
         }
-        if dst.len() != self.plan.tensors.len() {
-            return Err(LoadError::Options(format!(
-                "{} buffers for {} tensors",
-                dst.len(),
-                self.plan.tensors.len()
-            )));
-        }
-        for (d, need) in dst.iter().zip(self.batch_bytes()) {
-            if d.len() < need {
-                return Err(LoadError::Options(format!(
-                    "a buffer of {} bytes for a tensor of {need}",
-                    d.len()
-                )));
-            }
-        }
+        check_buffers(dst, &self.batch_bytes())?;
         let samples = self.plan.samples(self.next_step, &mut self.window_cache);
-        self.hint();
+        self.hints.hint(self.next_step, self.opts.rank);
         let seq_len = self.plan.gather_into(&samples, dst);
         self.next_step += 1;
         Ok(Some(seq_len))
     }
 
-    /// Advises the kernel once per window: read the next window ahead, release the one before
-    /// last from the resident set.
-    fn hint(&mut self) {
-        let p = self
-            .plan
-            .steps
-            .positions(self.next_step, self.opts.rank)
-            .next()
-            .unwrap_or(0);
-        let w = p / self.plan.order.window();
-        if self.advised_window != Some(w) {
-            self.advised_window = Some(w);
-            match &self.advisor {
-                // A full queue means the advisor is behind: skipping a hint is harmless.
-                Some((tx, _)) => match tx.try_send(w) {
-                    Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
-                },
-                None => self.plan.advise(w),
-            }
+    /// A [`Filler`] for this epoch: gathers any step into the caller's buffers from any thread.
+    /// Use with `threads: 0`.
+    pub fn filler(&self) -> Filler {
+        Filler {
+            hints: self.hints.clone(),
+            rank: self.opts.rank,
+            batch_bytes: self.batch_bytes(),
         }
+    }
+
+    /// Marks `n` more batches as consumed (after [`Filler::fill`]), so that [`Loader::state`]
+    /// counts them; stops at the end of the epoch.
+    pub fn advance(&mut self, n: usize) {
+        self.next_step = (self.next_step + n).min(self.plan.steps.steps);
+    }
+
+    /// The step the next batch belongs to.
+    pub fn next_step(&self) -> usize {
+        self.next_step
     }
 }
 
@@ -523,7 +645,7 @@ impl Iterator for Loader {
             let k = (self.next_step - self.first_step) % self.workers.len();
             self.workers[k].0.recv().map_err(|_| LoadError::WorkerLost)
         };
-        self.hint();
+        self.hints.hint(self.next_step, self.opts.rank);
         match batch {
             Ok(b) => {
                 self.next_step += 1;
@@ -543,8 +665,15 @@ impl Drop for Loader {
             drop(rx);
             let _ = handle.join();
         }
-        if let Some((tx, handle)) = self.advisor.take() {
-            drop(tx);
+        if let Some(handle) = self.advisor.take() {
+            // Fillers may outlive the loader: they then hint in their own thread.
+            drop(
+                self.hints
+                    .tx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(),
+            );
             let _ = handle.join();
         }
     }

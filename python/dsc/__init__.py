@@ -1,0 +1,35 @@
+"""dsc, the dataset compiler: Parquet event and sequence data compiled once into pre-shuffled,
+padded safetensors shards, and streamed into PyTorch at memory speed.
+
+>>> import dsc
+>>> dsc.compile(rows="data/train/batch_*.parquet", key="event_id", order_by="time",
+...             features=["x", "y", "z"], out="cache")                      # doctest: +SKIP
+>>> loader = dsc.Loader("cache", split="train", batch_size=256, seed=0)    # doctest: +SKIP
+>>> for batch in loader:                                                     # doctest: +SKIP
+...     x, length = batch["x"], batch["length"]
+
+See docs/PYTHON.md for the whole API.
+"""
+
+from ._dsc import __version__
+from ._errors import CacheError, CompileError, Error, OptionsError, StateError, WorkerError
+from ._cache import Cache, TensorInfo, open
+from ._compile import compile
+from ._loader import Batch, IterableDataset, Loader
+
+__all__ = [
+    "Batch",
+    "Cache",
+    "CacheError",
+    "CompileError",
+    "Error",
+    "IterableDataset",
+    "Loader",
+    "OptionsError",
+    "StateError",
+    "TensorInfo",
+    "WorkerError",
+    "__version__",
+    "compile",
+    "open",
+]

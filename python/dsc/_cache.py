@@ -1,0 +1,212 @@
+"""`dsc.open`: a cache's manifest, schema and statistics as Python objects, and the inverse of
+its encodings (`Cache.decode`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _dsc
+from ._errors import OptionsError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Seconds per tick of each Arrow time type: the compiler stores times in seconds.
+_SECONDS_PER_TICK = {
+    "Timestamp(Second)": 1.0,
+    "Timestamp(Millisecond)": 1e-3,
+    "Date64": 1e-3,
+    "Timestamp(Microsecond)": 1e-6,
+    "Timestamp(Nanosecond)": 1e-9,
+    "Date32": 86_400.0,
+}
+
+# Safetensors dtype names to NumPy's.
+_DTYPES = {"F32": "float32", "I32": "int32", "I64": "int64"}
+
+# Reserved category codes (FORMAT.md): 0 null (and padding), 1 a value not in the vocabulary.
+CODE_NULL = 0
+CODE_UNKNOWN = 1
+CODE_FIRST = 2
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of every batch: ``shape`` is one sample's (a batch adds the leading ``n``)."""
+
+    name: str
+    dtype: str
+    role: str
+    shape: Tuple[int, ...]
+    columns: Tuple[str, ...]
+    encodings: Tuple[Dict[str, Any], ...]
+
+    @property
+    def is_sequence(self) -> bool:
+        """True for ``[n, L, ...]`` tensors (features, categorical codes), which ``trim`` cuts."""
+        return self.role in ("features", "categorical")
+
+
+class Cache:
+    """An open, validated cache (``dsc.open(path)``). Cheap to share between loaders."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = os.fspath(path)
+        self._handle = _dsc.CacheHandle(self.path)
+        self.manifest: Dict[str, Any] = json.loads(self._handle.manifest_json())
+        self._stats: Optional[Dict[str, Any]] = None
+        self.schema: List[TensorInfo] = [
+            TensorInfo(
+                name=t["name"],
+                dtype=_DTYPES[t["dtype"]],
+                role=t["role"],
+                shape=tuple(t["sample_shape"]),
+                columns=tuple(c["name"] for c in t["columns"]),
+                encodings=tuple(c["encoding"] for c in t["columns"]),
+            )
+            for t in self.manifest["tensors"]
+        ]
+
+    def __repr__(self) -> str:
+        splits = ", ".join(f"{s['name']}={s['contexts']}" for s in self.manifest["splits"])
+        return f"dsc.Cache({self.path!r}: {splits}; L={self.max_len})"
+
+    @property
+    def stats(self) -> Dict[str, Any]:
+        """``stats.json``: per split, per column count, nulls, min, max, mean, std, quantiles,
+        vocabularies; the sequence-length histogram."""
+        if self._stats is None:
+            self._stats = json.loads(self._handle.stats_json())
+        return self._stats
+
+    @property
+    def splits(self) -> Dict[str, int]:
+        """Contexts per split."""
+        return {s["name"]: s["contexts"] for s in self.manifest["splits"]}
+
+    @property
+    def max_len(self) -> int:
+        """The padded sequence length ``L``."""
+        return int(self.manifest["max_len"])
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the cache's content (every shard's checksum, in order): equal fingerprints
+        mean the same shards. Resume states record it."""
+        h = hashlib.sha256()
+        for shard in self.manifest["shards"]:
+            h.update(f"{shard['file']}:{shard['xxh3']};".encode())
+        return h.hexdigest()[:16]
+
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor called ``name``; :class:`dsc.OptionsError` names the ones there are."""
+        for t in self.schema:
+            if t.name == name:
+                return t
+        raise OptionsError(
+            f"{self.path}: no tensor {name!r} (tensors: {[t.name for t in self.schema]})"
+        )
+
+    def steps(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
+        """Batches per rank in one epoch of ``split``."""
+        return self._handle.steps(split, batch_size, world_size, drop_last)
+
+    def loader(self, **kwargs: Any) -> "Loader":  # noqa: F821 (imported lazily below)
+        """``dsc.Loader(self, **kwargs)``."""
+        from ._loader import Loader
+
+        return Loader(self, **kwargs)
+
+    def decode(self, name: str, values: Any, column: Optional[str] = None) -> np.ndarray:
+        """Back to source units: inverts the encodings of tensor ``name`` on ``values`` (a NumPy
+        array or torch tensor holding that tensor or a batch of it, e.g. ``batch["x"]``).
+
+        Numeric columns come back as float64 (times in the source's ticks), booleans as bool,
+        category codes as an object array of vocabulary values (``None`` for null or padding,
+        ``"<unknown>"`` for values not seen in the train split). For a tensor of several columns
+        (``x``, ``y``, ``c``) the last axis is the column; pass ``column`` to decode values of
+        one column alone.
+        """
+        info = self.tensor(name)
+        array = _to_numpy(values)
+        if column is not None:
+            if column not in info.columns:
+                raise OptionsError(
+                    f"tensor {name!r} has no column {column!r} (columns: {list(info.columns)})"
+                )
+            i = info.columns.index(column)
+            return _decode_column(info.encodings[i], self._source_type(name, i), array)
+        if len(info.columns) == 1 and not (
+            info.role in ("features", "targets", "context_features")
+        ):
+            return _decode_column(info.encodings[0], self._source_type(name, 0), array)
+        if array.shape[-1:] != (len(info.columns),):
+            raise OptionsError(
+                f"tensor {name!r} has {len(info.columns)} columns on its last axis; "
+                f"got shape {tuple(array.shape)}"
+            )
+        parts = [
+            _decode_column(enc, self._source_type(name, i), array[..., i])
+            for i, enc in enumerate(info.encodings)
+        ]
+        if all(p.dtype != object for p in parts):
+            return np.stack([p.astype(np.float64) for p in parts], axis=-1)
+        return np.stack(parts, axis=-1)
+
+    def _source_type(self, name: str, i: int) -> str:
+        for t in self.manifest["tensors"]:
+            if t["name"] == name:
+                return t["columns"][i]["source_type"]
+        return ""
+
+
+def _to_numpy(values: Any) -> np.ndarray:
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch tensor
+        values = values.detach().cpu()
+        if str(values.dtype) == "torch.bfloat16":
+            values = values.float()
+        return values.numpy()
+    return np.asarray(values)
+
+
+def _decode_column(encoding: Dict[str, Any], source_type: str, stored: np.ndarray) -> np.ndarray:
+    kind = encoding["kind"]
+    if kind == "numeric":
+        x = stored.astype(np.float64)
+        for stage in reversed(encoding["stages"]):
+            op = stage["op"]
+            if op == "log1p":
+                x = np.expm1(x)
+            elif op == "zscore":
+                x = x * stage["std"] + stage["mean"]
+            elif op == "minmax":
+                x = x * (stage["max"] - stage["min"]) + stage["min"]
+            elif op != "identity":
+                raise OptionsError(f"unknown encoding stage {op!r} (a newer dsc wrote this cache?)")
+        return x / _SECONDS_PER_TICK.get(source_type, 1.0)
+    if kind == "bool":
+        return stored != 0
+    if kind == "category":
+        vocabulary: Sequence[Any] = encoding["vocabulary"]
+        lookup = np.empty(len(vocabulary) + CODE_FIRST, dtype=object)
+        lookup[CODE_NULL] = None
+        lookup[CODE_UNKNOWN] = "<unknown>"
+        lookup[CODE_FIRST:] = list(vocabulary) if vocabulary else []
+        codes = stored.astype(np.int64)
+        out = np.full(codes.shape, "<unknown>", dtype=object)
+        ok = (codes >= 0) & (codes < len(lookup))
+        out[ok] = lookup[codes[ok]]
+        return out
+    # raw (keys, lengths) and engine sub-column codes are stored as they are.
+    return stored
+
+
+def open(path: PathLike) -> Cache:  # noqa: A001 (the natural name: dsc.open)
+    """Opens the cache in ``path``: reads and validates the manifest and every shard's size
+    and header (O(shards)); raises :class:`dsc.CacheError` naming the file when it cannot."""
+    return Cache(path)

@@ -1,0 +1,51 @@
+"""dsc's exceptions. Every error dsc raises is a :class:`dsc.Error`; each carries where the
+problem is, as far as it is known: ``file``, ``column``, ``row`` (0-based within the file),
+``key`` (a context key), ``tensor`` and ``sample`` (in a shard). Unknown ones are ``None``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class Error(Exception):
+    """Base class of every dsc error."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: Optional[str] = None,
+        column: Optional[str] = None,
+        row: Optional[int] = None,
+        key: Optional[str] = None,
+        tensor: Optional[str] = None,
+        sample: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.column = column
+        self.row = row
+        self.key = key
+        self.tensor = tensor
+        self.sample = sample
+
+
+class CompileError(Error):
+    """A compile stopped: bad input (named by file, column and row) or an unwritable output."""
+
+
+class CacheError(Error):
+    """A cache cannot be opened or read: missing, not a cache, corrupt or truncated shards."""
+
+
+class OptionsError(Error, ValueError):
+    """Arguments that do not fit the cache or each other (batch size 0, unknown split, …)."""
+
+
+class StateError(Error, ValueError):
+    """A resume state that does not fit this loader (another cache, seed, split, batch size)."""
+
+
+class WorkerError(Error, RuntimeError):
+    """A loader used in a process it was not made in (a DataLoader worker, a fork)."""

@@ -1,0 +1,566 @@
+"""`dsc.Loader` and `dsc.IterableDataset`: the Rust loader with PyTorch's vocabulary.
+
+Two paths bring a batch to Python:
+
+- **host** (default): the Rust loader's own threads prepare batches ahead; a batch in cache
+  order is a view of the mapped shards (no copy), any other is one gather into a buffer that
+  the batch then owns. Waiting for a batch releases the GIL.
+- **pinned** (``pin_memory=True`` or a CUDA ``device``): Python threads ask Rust to gather
+  each batch straight into page-locked tensors from torch's caching host allocator (one copy,
+  GIL released), and the consumer starts a non-blocking copy to the device.
+
+Either way a batch owns its memory: nothing is reused while a tensor of it is alive, so a batch
+stays valid for as long as you hold it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import warnings
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _dsc
+from ._cache import Cache, PathLike
+from ._errors import Error, OptionsError, StateError, WorkerError
+
+STATE_VERSION = 1
+
+_NUMPY_DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+class Batch(dict):
+    """One batch: a ``dict`` of tensor name to ``torch.Tensor`` (or NumPy array), plus where it
+    sits in the epoch. ``.to(device)`` and ``.pin_memory()`` return a new ``Batch`` (the
+    DataLoader's pin thread calls ``pin_memory`` on custom types)."""
+
+    epoch: int
+    step: int
+    seq_len: int
+
+    def __init__(self, tensors: Dict[str, Any], epoch: int = 0, step: int = 0, seq_len: int = 0):
+        super().__init__(tensors)
+        self.epoch = epoch
+        self.step = step
+        self.seq_len = seq_len
+
+    def _like(self, tensors: Dict[str, Any]) -> "Batch":
+        return Batch(tensors, self.epoch, self.step, self.seq_len)
+
+    def to(self, *args: Any, **kwargs: Any) -> "Batch":
+        """``tensor.to(*args, **kwargs)`` for every tensor, e.g. ``batch.to("cuda",
+        non_blocking=True)``."""
+        return self._like({k: v.to(*args, **kwargs) for k, v in self.items()})
+
+    def pin_memory(self, *args: Any) -> "Batch":
+        """Every tensor in page-locked memory (a copy)."""
+        return self._like({k: v.pin_memory(*args) for k, v in self.items()})
+
+    def __reduce__(self):
+        return (Batch, (dict(self), self.epoch, self.step, self.seq_len))
+
+
+def _default_rank_world() -> Tuple[int, int]:
+    """rank and world size: from torch.distributed when initialised, else RANK/WORLD_SIZE, else
+    0 and 1."""
+    torch = _torch()
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError as e:
+        raise OptionsError(f"RANK / WORLD_SIZE in the environment are not integers: {e}") from None
+    return rank, world
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise OptionsError(f"{name}={value!r}: expected an integer >= {minimum}")
+    return int(value)
+
+
+def _in_worker_process() -> bool:
+    torch = _torch()
+    if torch is None:
+        return False
+    try:
+        return torch.utils.data.get_worker_info() is not None
+    except AttributeError:
+        return False
+
+
+_FORK_ADVICE = (
+    "dsc loads batches with threads inside the training process, never with worker processes: "
+    "pass the dsc.Loader (or dsc.IterableDataset with DataLoader(..., batch_size=None, "
+    "num_workers=0)) to your loop directly, and raise num_threads for more loading threads"
+)
+
+
+class Loader:
+    """Batches of a dsc cache for one rank, in PyTorch's vocabulary.
+
+    >>> loader = dsc.Loader("cache", split="train", batch_size=256, seed=0)  # doctest: +SKIP
+    >>> for epoch in range(10):                                              # doctest: +SKIP
+    ...     loader.set_epoch(epoch)
+    ...     for batch in loader:             # dsc.Batch: name -> torch.Tensor
+    ...         ...
+
+    The order of an epoch is a pure function of (cache, seed, epoch, split, global batch):
+    the keys of every batch equal ``dsc order CACHE --keys`` with the same arguments. ``len()``
+    is exact and equal on every rank. The epoch advances by itself after a full pass;
+    ``set_epoch(e)`` moves to the start of epoch ``e`` (unless the loader already stands in
+    epoch ``e``, e.g. right after ``load_state_dict``). A new ``iter()`` continues where the
+    last one stopped.
+
+    Args:
+        cache: a cache directory or a :class:`dsc.Cache`.
+        split: the split to read (``train``, ``val``, …).
+        batch_size: contexts per batch on this rank.
+        shuffle: window-shuffle each epoch (off: compiled order, batches are zero-copy views).
+        seed: the order seed; must be equal on every rank.
+        epoch: the first epoch.
+        drop_last: drop the last partial global batch; otherwise complete it with the epoch's
+            first contexts (every rank always gets full, equal batches).
+        rank, world_size: this process's slice; default from ``torch.distributed`` when it is
+            initialised, else the ``RANK`` / ``WORLD_SIZE`` variables, else 0 and 1.
+        num_threads: loading threads (Rust threads; 0 loads in the calling thread).
+        prefetch: batches prepared ahead per thread.
+        trim: cut sequence tensors to the longest stored length in each batch.
+        columns: load only these tensors (names), e.g. ``["x", "length", "y"]``.
+        pin_memory: gather into page-locked memory (with CUDA torch; ignored, with a warning,
+            where there is no GPU).
+        device: move each batch there (``"cuda"``, ``torch.device``), copying from pinned memory
+            with ``non_blocking=True``; ``None`` keeps CPU tensors.
+        copy: give every tensor memory of its own: zero-copy views of the cache are copied (use
+            it to modify batches in place).
+        format: ``"torch"`` (default when torch is installed) or ``"numpy"``.
+        window, interleave: the epoch shuffle's window and shard interleave (see FORMAT.md).
+    """
+
+    def __init__(
+        self,
+        cache: Union[PathLike, Cache],
+        split: str = "train",
+        batch_size: int = 256,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        drop_last: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        num_threads: int = 1,
+        prefetch: int = 4,
+        trim: bool = False,
+        columns: Optional[Sequence[str]] = None,
+        pin_memory: bool = False,
+        device: Any = None,
+        copy: bool = False,
+        format: Optional[str] = None,  # noqa: A002 (the natural keyword)
+        window: int = 4096,
+        interleave: int = 8,
+    ) -> None:
+        self.cache = cache if isinstance(cache, Cache) else Cache(cache)
+        self.split = str(split)
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.shuffle = bool(shuffle)
+        self.seed = _check_int("seed", seed, 0)
+        self.drop_last = bool(drop_last)
+        if (rank is None) != (world_size is None):
+            default_rank, default_world = _default_rank_world()
+            rank = default_rank if rank is None else rank
+            world_size = default_world if world_size is None else world_size
+        elif rank is None:
+            rank, world_size = _default_rank_world()
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise OptionsError(f"rank={self.rank} with world_size={self.world_size}: need rank < world_size")
+        self.num_threads = _check_int("num_threads", num_threads, 0)
+        self.prefetch = _check_int("prefetch", prefetch, 1)
+        self.trim = bool(trim)
+        self.window = _check_int("window", window, 1)
+        self.interleave = _check_int("interleave", interleave, 1)
+        self.copy = bool(copy)
+        torch = _torch()
+        if format is None:
+            format = "torch" if torch is not None else "numpy"
+        if format not in ("torch", "numpy"):
+            raise OptionsError(f"format={format!r}: expected 'torch' or 'numpy'")
+        if format == "torch" and torch is None:
+            raise OptionsError("format='torch' needs PyTorch (pip install torch); or use format='numpy'")
+        self.format = format
+        if self.split not in self.cache.splits:
+            raise OptionsError(
+                f"{self.cache.path}: no split {self.split!r} (splits: {list(self.cache.splits)})"
+            )
+        names = [t.name for t in self.cache.schema]
+        if columns is not None:
+            if isinstance(columns, str):
+                columns = [columns]
+            unknown = [c for c in columns if c not in names]
+            if unknown:
+                raise OptionsError(f"{self.cache.path}: no tensor {unknown[0]!r} (tensors: {names})")
+        self.columns: List[str] = [n for n in names if columns is None or n in columns]
+        self.device = None
+        self.pin_memory = bool(pin_memory)
+        if device is not None:
+            if format != "torch":
+                raise OptionsError("device= needs format='torch'")
+            self.device = torch.device(device)
+            if self.device.type == "cuda":
+                if not torch.cuda.is_available():
+                    raise OptionsError(f"device={device!r}, but torch sees no CUDA device")
+                self.pin_memory = True
+        if self.pin_memory:
+            if format != "torch":
+                raise OptionsError("pin_memory=True needs format='torch'")
+            if not torch.cuda.is_available():
+                warnings.warn(
+                    "dsc.Loader: pin_memory=True but no GPU is available; loading into ordinary memory",
+                    stacklevel=2,
+                )
+                self.pin_memory = False
+        self._epoch = _check_int("epoch", epoch, 0)
+        self._step = 0  # batches of the current epoch consumed on this rank
+        self._pid = os.getpid()
+        self._active: Optional[_Epoch] = None
+        self._len = self.cache.steps(self.split, self.batch_size, self.world_size, self.drop_last)
+
+    # -- PyTorch's vocabulary --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (equal on every rank)."""
+        return self._len
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Moves to the start of ``epoch``; a no-op when the loader already stands in ``epoch``
+        (so that ``set_epoch`` after ``load_state_dict`` keeps the resumed position)."""
+        epoch = _check_int("epoch", epoch, 0)
+        if epoch != self._epoch:
+            self._close_active()
+            self._epoch, self._step = epoch, 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader stands, as a small JSON-able dict: the batches consumed so far
+        (counted over all ranks), the epoch, the order's parameters and the cache's fingerprint.
+        Save it with the model; :meth:`load_state_dict` continues the same order exactly, also
+        on another number of ranks with the same global batch."""
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.cache.fingerprint,
+            "split": self.split,
+            "epoch": self._epoch,
+            "samples": self._step * self.batch_size * self.world_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "window": self.window,
+            "interleave": self.interleave,
+            "global_batch": self.batch_size * self.world_size,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continues from ``state`` (from :meth:`state_dict`), before or between iterations.
+        A state from another cache, split, seed, order or global batch is a
+        :class:`dsc.StateError`."""
+        if not isinstance(state, dict):
+            raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
+        missing = [k for k in ("version", "fingerprint", "split", "epoch", "samples", "seed",
+                               "shuffle", "drop_last", "window", "interleave", "global_batch")
+                   if k not in state]
+        if missing:
+            raise StateError(f"not a dsc loader state: it lacks {missing}")
+        if state["version"] != STATE_VERSION:
+            raise StateError(f"loader state version {state['version']!r}; this dsc reads {STATE_VERSION}")
+        mine = self.state_dict()
+        if state["fingerprint"] != mine["fingerprint"]:
+            raise StateError(
+                f"the state is for another cache (fingerprint {state['fingerprint']}, "
+                f"{self.cache.path} has {mine['fingerprint']})"
+            )
+        for k in ("split", "seed", "shuffle", "drop_last", "window", "interleave"):
+            if state[k] != mine[k]:
+                raise StateError(f"the state has {k}={state[k]!r}, this loader {k}={mine[k]!r}")
+        if state["global_batch"] != mine["global_batch"]:
+            raise StateError(
+                f"the state's global batch is {state['global_batch']}, this loader's is "
+                f"{mine['global_batch']} ({self.batch_size} x {self.world_size} ranks); keep "
+                "batch_size x world_size fixed"
+            )
+        epoch, samples = state["epoch"], state["samples"]
+        if (not isinstance(epoch, int) or epoch < 0 or not isinstance(samples, int) or samples < 0
+                or samples % mine["global_batch"] != 0
+                or samples // mine["global_batch"] > self._len):
+            raise StateError(f"epoch {epoch!r} / samples {samples!r} do not fit this loader")
+        self._close_active()
+        self._epoch, self._step = epoch, samples // mine["global_batch"]
+
+    def __iter__(self) -> Iterator[Batch]:
+        if os.getpid() != self._pid or _in_worker_process():
+            raise WorkerError(
+                f"dsc.Loader was made in process {self._pid} and used in process {os.getpid()} "
+                f"(a DataLoader worker or a fork). {_FORK_ADVICE}"
+            )
+        self._close_active()
+        epoch = _Epoch(self) if not self.pin_memory else _PinnedEpoch(self)
+        self._active = epoch
+        return epoch
+
+    def close(self) -> None:
+        """Stops the loading threads now (they also stop when the loader is garbage)."""
+        self._close_active()
+
+    def __del__(self) -> None:
+        try:
+            self._close_active()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    def __reduce__(self):
+        raise WorkerError(f"a dsc.Loader cannot be pickled (sent to another process). {_FORK_ADVICE}")
+
+    def __repr__(self) -> str:
+        return (
+            f"dsc.Loader({self.cache.path!r}, split={self.split!r}, batch_size={self.batch_size}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
+            f"world_size={self.world_size}, steps={self._len})"
+        )
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _close_active(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    def _handle(self, threads: int):
+        return self.cache._handle.loader(
+            self.split, self.batch_size, self.shuffle, self.seed, self._epoch,
+            self._step * self.batch_size * self.world_size, self.rank, self.world_size,
+            self.drop_last, self.prefetch, threads, self.trim, self.window, self.interleave,
+            self.columns, self.format == "torch",
+        )
+
+    def _consumed(self, epoch: "_Epoch") -> None:
+        """One more batch handed to the caller by ``epoch`` (the active iterator)."""
+        if epoch is self._active:
+            self._step += 1
+
+    def _finished(self, epoch: "_Epoch") -> None:
+        if epoch is self._active:
+            self._epoch, self._step = self._epoch + 1, 0
+            self._active = None
+
+
+def _wrap(loader: Loader, buffer: Any, dtype: str, shape: Sequence[int]):
+    """A tensor or array over ``buffer`` (which it keeps alive), copied when asked to."""
+    zero_copy = buffer.zero_copy
+    if loader.format == "numpy":
+        array = np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype]).reshape(shape)
+        return array.copy() if (loader.copy and zero_copy) else array
+    torch = _torch()
+    tdtype = getattr(torch, dtype)
+    if len(buffer) == 0:
+        return torch.empty(tuple(shape), dtype=tdtype)
+    tensor = torch.frombuffer(buffer, dtype=tdtype).view(tuple(shape))
+    return tensor.clone() if (loader.copy and zero_copy) else tensor
+
+
+class _Epoch:
+    """An iterator over the rest of the loader's current epoch (host path)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.epoch = loader._epoch
+        self.handle = loader._handle(loader.num_threads)
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Batch:
+        if self.handle is None:
+            raise StopIteration
+        item = self.handle.next()
+        if item is None:
+            self.close()
+            self.loader._finished(self)
+            raise StopIteration
+        step, seq_len, tensors = item
+        batch = Batch(
+            {name: _wrap(self.loader, buf, dtype, shape) for name, dtype, shape, buf in tensors},
+            self.epoch, step, seq_len,
+        )
+        if self.loader.device is not None:
+            batch = batch.to(self.loader.device, non_blocking=True)
+        self.loader._consumed(self)
+        return batch
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+class _PinnedEpoch(_Epoch):
+    """The pinned path: ``num_threads`` Python threads each fill every ``num_threads``-th step
+    into fresh page-locked tensors (from torch's caching host allocator, which reuses a block
+    only after the tensors over it are freed and the copies from it have finished); the
+    consumer takes the steps in order and starts their copies to the device."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.epoch = loader._epoch
+        self.handle = loader._handle(0)
+        self.first = self.handle.position()
+        self.total = self.handle.steps()
+        self.next_step = self.first
+        infos = self.handle.tensors()
+        self.sizes = self.handle.batch_bytes()
+        self.infos = infos
+        self.stop = threading.Event()
+        threads = max(1, loader.num_threads)
+        self.queues: List[queue.Queue] = [queue.Queue(maxsize=loader.prefetch) for _ in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._produce, args=(k, threads), daemon=True,
+                             name=f"dsc-pin-{k}")
+            for k in range(threads)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _produce(self, k: int, threads: int) -> None:
+        torch = _torch()
+        handle = self.handle
+        try:
+            for step in range(self.first + k, self.total, threads):
+                if self.stop.is_set():
+                    return
+                bufs = [torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=True) for n in self.sizes]
+                seq_len = handle.fill(step, [(b.data_ptr(), n) for b, n in zip(bufs, self.sizes)])
+                self._put(k, (step, seq_len, bufs))
+        except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
+            self._put(k, e)
+
+    def _put(self, k: int, item: Any) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queues[k].put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __next__(self) -> Batch:
+        if self.handle is None:
+            raise StopIteration
+        if self.next_step >= self.total:
+            self.close()
+            self.loader._finished(self)
+            raise StopIteration
+        k = (self.next_step - self.first) % len(self.queues)
+        item = self.queues[k].get()
+        if isinstance(item, BaseException):
+            self.close()
+            if isinstance(item, Error):
+                raise item
+            raise Error(f"loading batch {self.next_step} failed: {item}") from item
+        step, seq_len, bufs = item
+        torch = _torch()
+        n = self.loader.batch_size
+        tensors = {}
+        for (name, dtype, sample_shape, is_seq), buf in zip(self.infos, bufs):
+            shape = [n, *sample_shape]
+            if is_seq and shape[1] != seq_len:
+                shape[1] = seq_len
+            count = int(np.prod(shape))
+            t = buf.view(getattr(torch, dtype))[:count].view(shape)
+            if self.loader.device is not None:
+                t = t.to(self.loader.device, non_blocking=True)
+            tensors[name] = t
+        self.handle.advance(1)
+        self.next_step += 1
+        self.loader._consumed(self)
+        return Batch(tensors, self.epoch, step, seq_len)
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in getattr(self, "threads", []):
+            if t is not threading.current_thread():
+                t.join()
+        super().close()
+
+
+class IterableDataset:
+    """A ``torch.utils.data.IterableDataset`` over a :class:`dsc.Loader`, for code that wants a
+    ``DataLoader``: use ``DataLoader(ds, batch_size=None, num_workers=0)`` (dsc batches and
+    loads with threads itself). Same order, resume (``state_dict``) and rank behaviour as the
+    loader; worker processes get a clear :class:`dsc.WorkerError`.
+
+    Takes the :class:`dsc.Loader` arguments.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        torch = _torch()
+        if torch is not None and not issubclass(cls, torch.utils.data.IterableDataset):
+            # Become a real torch IterableDataset when torch is there, without importing torch
+            # at `import dsc` time.
+            cls = _torch_iterable_dataset(torch)
+        return object.__new__(cls)
+
+    def __init__(self, cache: Union[PathLike, Cache], *args: Any, **kwargs: Any) -> None:
+        self.loader = Loader(cache, *args, **kwargs)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def __reduce__(self):
+        raise WorkerError(
+            "a dsc.IterableDataset cannot be sent to DataLoader worker processes (num_workers > 0). "
+            + _FORK_ADVICE
+        )
+
+
+_TORCH_DATASET: Optional[type] = None
+
+
+def _torch_iterable_dataset(torch) -> type:
+    global _TORCH_DATASET
+    if _TORCH_DATASET is None:
+        _TORCH_DATASET = type(
+            "IterableDataset", (IterableDataset, torch.utils.data.IterableDataset),
+            {"__module__": __name__, "__doc__": IterableDataset.__doc__},
+        )
+    return _TORCH_DATASET

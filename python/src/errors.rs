@@ -1,0 +1,182 @@
+//! Rust errors as `dsc.Error` subclasses (defined in `dsc/_errors.py`) that carry where the
+//! problem is: `file`, `column`, `row`, `key`, `tensor`, `sample` (None where unknown).
+
+use dsc_compiler::CompileError;
+use dsc_format::FormatError;
+use dsc_loader::LoadError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::Path;
+
+/// Where an error happened, as Python attributes.
+#[derive(Default)]
+struct Place {
+    file: Option<String>,
+    column: Option<String>,
+    row: Option<u64>,
+    key: Option<String>,
+    tensor: Option<String>,
+    sample: Option<usize>,
+}
+
+fn file(p: &Path) -> Option<String> {
+    Some(p.display().to_string())
+}
+
+fn raise(py: Python<'_>, class: &str, message: String, place: Place) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let module = py.import("dsc._errors")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("file", place.file)?;
+        kwargs.set_item("column", place.column)?;
+        kwargs.set_item("row", place.row)?;
+        kwargs.set_item("key", place.key)?;
+        kwargs.set_item("tensor", place.tensor)?;
+        kwargs.set_item("sample", place.sample)?;
+        let err = module
+            .getattr(class)?
+            .call((message.clone(),), Some(&kwargs))?;
+        Ok(PyErr::from_value(err))
+    };
+    // Only a broken installation lacks dsc._errors; say so rather than lose the message.
+    build().unwrap_or_else(|e| {
+        pyo3::exceptions::PyRuntimeError::new_err(format!("{message} (and dsc._errors: {e})"))
+    })
+}
+
+/// Bad arguments: `dsc.OptionsError` (also a `ValueError`).
+pub fn options_error(py: Python<'_>, message: &str) -> PyErr {
+    raise(py, "OptionsError", message.to_string(), Place::default())
+}
+
+/// A compile failure: `dsc.CompileError` with the file, column, row or key it names.
+pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
+    let message = e.to_string();
+    let place = match &e {
+        CompileError::Io { path, .. }
+        | CompileError::BadParquet { path, .. }
+        | CompileError::BadCsv { path, .. }
+        | CompileError::EmptyFile { path }
+        | CompileError::OutputExists { path } => Place {
+            file: file(path),
+            ..Place::default()
+        },
+        CompileError::NoMatch { pattern } => Place {
+            file: Some(pattern.clone()),
+            ..Place::default()
+        },
+        CompileError::MissingColumn { path, column, .. }
+        | CompileError::WrongType { path, column, .. }
+        | CompileError::SchemaMismatch { path, column, .. } => Place {
+            file: file(path),
+            column: Some(column.clone()),
+            ..Place::default()
+        },
+        CompileError::NullKey { path, column, row }
+        | CompileError::BadValue {
+            path, column, row, ..
+        }
+        | CompileError::Incompatible {
+            path, column, row, ..
+        } => Place {
+            file: file(path),
+            column: Some(column.clone()),
+            row: Some(*row),
+            ..Place::default()
+        },
+        CompileError::DuplicateKey {
+            path,
+            column,
+            key,
+            row,
+            ..
+        } => Place {
+            file: file(path),
+            column: Some(column.clone()),
+            row: Some(*row),
+            key: Some(key.clone()),
+            ..Place::default()
+        },
+        CompileError::UnmatchedRows { path, row, key, .. } => Place {
+            file: file(path),
+            row: Some(*row),
+            key: Some(key.to_string()),
+            ..Place::default()
+        },
+        CompileError::EmptyContexts {
+            context, row, key, ..
+        } => Place {
+            file: file(context),
+            row: Some(*row),
+            key: Some(key.to_string()),
+            ..Place::default()
+        },
+        CompileError::MissingJoinKey {
+            path, row, column, ..
+        } => Place {
+            file: file(path),
+            column: Some(column.clone()),
+            row: Some(*row),
+            ..Place::default()
+        },
+        CompileError::Format(f) => format_place(f),
+        _ => Place::default(),
+    };
+    raise(py, "CompileError", message, place)
+}
+
+fn format_place(e: &FormatError) -> Place {
+    match e {
+        FormatError::Io { path, .. }
+        | FormatError::Json { path, .. }
+        | FormatError::InvalidManifest { path, .. }
+        | FormatError::UnsupportedVersion { path, .. } => Place {
+            file: file(path),
+            ..Place::default()
+        },
+        FormatError::NotACache { dir } => Place {
+            file: file(dir),
+            ..Place::default()
+        },
+        FormatError::ShardSize { shard, .. }
+        | FormatError::ShardHeader { shard, .. }
+        | FormatError::Checksum { shard, .. } => Place {
+            file: file(shard),
+            ..Place::default()
+        },
+        FormatError::BadValue {
+            shard,
+            tensor,
+            sample,
+            ..
+        } => Place {
+            file: file(shard),
+            tensor: Some(tensor.clone()),
+            sample: Some(*sample),
+            ..Place::default()
+        },
+        _ => Place::default(),
+    }
+}
+
+/// A cache that cannot be read: `dsc.CacheError` naming the file.
+pub fn format_error(py: Python<'_>, e: FormatError) -> PyErr {
+    raise(py, "CacheError", e.to_string(), format_place(&e))
+}
+
+/// A loader failure: bad options, a resume state that does not fit, or an unreadable cache.
+pub fn load_error(py: Python<'_>, e: LoadError) -> PyErr {
+    match e {
+        LoadError::Options(m) => options_error(py, &m),
+        LoadError::State(_) => raise(py, "StateError", e.to_string(), Place::default()),
+        LoadError::Format(f) => format_error(py, f),
+        LoadError::Map { ref path, .. } => {
+            let place = Place {
+                file: file(path),
+                ..Place::default()
+            };
+            raise(py, "CacheError", e.to_string(), place)
+        }
+        other => raise(py, "Error", other.to_string(), Place::default()),
+    }
+}
