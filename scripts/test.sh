@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine: formatting, lints, unit, end-to-end,
-# Python-interop and trainer tests. Installs what it needs itself: a project-local .venv with
+# Python-interop and trainer tests, then the Python package's tests (pytest). Installs what it needs itself: a project-local .venv with
 # numpy and safetensors (the independent reader the interop test uses) and PyTorch 2.11.0 (the
 # libtorch that tch 0.24 links for dsc-train), and Debian's chromium (the real browser that
 # renders `dsc report` in its test).
@@ -34,3 +34,21 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "cargo test (unit, doc and end-to-end tests)"
 cargo test --workspace --locked
+
+log "python package (pip install ./python into .venv: builds the extension with maturin)"
+.venv/bin/pip install --quiet --disable-pip-version-check ./python
+.venv/bin/python -c "import dsc; print('dsc', dsc.__version__, 'from', dsc.__file__)"
+
+log "pytest (tests/python: the Python loader, compile, distributed, example script)"
+# The CLI under test is the one cargo test just built. pytest exits 5 when it collected no
+# test: that is a failure here, never a pass.
+export DSC_BIN="$PWD/target/debug/dsc"
+set +e
+.venv/bin/python -m pytest tests/python -q -p no:cacheprovider
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: failing" >&2
+    exit 1
+fi
+exit "$rc"

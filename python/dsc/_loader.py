@@ -240,6 +240,9 @@ class Loader:
         self._pid = os.getpid()
         self._active: Optional[_Epoch] = None
         self._len = self.cache.steps(self.split, self.batch_size, self.world_size, self.drop_last)
+        # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
+        # this path without pinning on machines without a GPU.
+        self._fill_path = self.pin_memory
 
     # -- PyTorch's vocabulary --------------------------------------------------------------
 
@@ -324,7 +327,7 @@ class Loader:
                 f"(a DataLoader worker or a fork). {_FORK_ADVICE}"
             )
         self._close_active()
-        epoch = _Epoch(self) if not self.pin_memory else _PinnedEpoch(self)
+        epoch = _PinnedEpoch(self) if self._fill_path else _Epoch(self)
         self._active = epoch
         return epoch
 
@@ -453,11 +456,12 @@ class _PinnedEpoch(_Epoch):
     def _produce(self, k: int, threads: int) -> None:
         torch = _torch()
         handle = self.handle
+        pin = self.loader.pin_memory
         try:
             for step in range(self.first + k, self.total, threads):
                 if self.stop.is_set():
                     return
-                bufs = [torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=True) for n in self.sizes]
+                bufs = [torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin) for n in self.sizes]
                 seq_len = handle.fill(step, [(b.data_ptr(), n) for b, n in zip(bufs, self.sizes)])
                 self._put(k, (step, seq_len, bufs))
         except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)

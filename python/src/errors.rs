@@ -52,6 +52,10 @@ pub fn options_error(py: Python<'_>, message: &str) -> PyErr {
 /// A compile failure: `dsc.CompileError` with the file, column, row or key it names.
 pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
     let message = e.to_string();
+    if let CompileError::Spec(_) = e {
+        // Options that do not fit together: the caller's arguments, not the input data.
+        return raise(py, "OptionsError", message, Place::default());
+    }
     let place = match &e {
         CompileError::Io { path, .. }
         | CompileError::BadParquet { path, .. }

@@ -1,0 +1,128 @@
+"""dsc.compile and dsc.open: the CLI's cache byte for byte, errors that carry the place, the
+mostlyai profile, and decoding back to source units."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsc
+from conftest import COMPILE_FLAGS, COMPILE_KWARGS, REPO, run_dsc
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def in_workdir(workdir: Path):
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    yield workdir
+    os.chdir(cwd)
+
+
+def test_compile_equals_the_cli_byte_for_byte(in_workdir: Path, tmp_path: Path) -> None:
+    cli = tmp_path / "cli"
+    run_dsc("compile", "data/train/batch_*.parquet", *COMPILE_FLAGS, "--shard-size", "256KiB",
+            "--out", str(cli), "-q", cwd=in_workdir)
+    cache = dsc.compile("data/train/batch_*.parquet", out=tmp_path / "py", shard_size="256KiB",
+                        **COMPILE_KWARGS)
+    assert isinstance(cache, dsc.Cache)
+    a, b = tree(cli), tree(tmp_path / "py")
+    assert a.keys() == b.keys() and len(a) > 4
+    for name in a:
+        assert a[name] == b[name], name
+
+
+def test_a_spec_file_with_overrides(in_workdir: Path, tmp_path: Path) -> None:
+    spec = tmp_path / "dsc.toml"
+    spec.write_text(run_dsc("compile", "data/train/batch_*.parquet", *COMPILE_FLAGS, "--print-spec",
+                            cwd=in_workdir))
+    run_dsc("compile", "--spec", str(spec), "--seed", "3", "--out", str(tmp_path / "cli"), "-q",
+            cwd=in_workdir)
+    dsc.compile(spec=spec, seed=3, out=tmp_path / "py")
+    assert tree(tmp_path / "cli") == tree(tmp_path / "py")
+
+
+def test_compile_errors_carry_file_column_and_row(in_workdir: Path, tmp_path: Path) -> None:
+    with pytest.raises(dsc.CompileError) as e:
+        dsc.compile("data/train/batch_*.parquet", out=tmp_path / "c", key="event_id",
+                    features=["x", "no_such_column"], join="data/sensor_geometry.csv", on="sensor_id")
+    assert e.value.column == "no_such_column"
+    assert e.value.file and e.value.file.endswith(".parquet")
+    assert not (tmp_path / "c").exists(), "a failed compile left its output behind"
+    with pytest.raises(dsc.CompileError) as e:
+        dsc.compile("data/nothing_*.parquet", out=tmp_path / "c", key="event_id", features="x")
+    assert "matched nothing" in str(e.value) and e.value.file == "data/nothing_*.parquet"
+    with pytest.raises(dsc.CompileError, match="already exists"):
+        dsc.compile("data/train/batch_*.parquet", out=in_workdir / "cache", key="event_id",
+                    features="charge")
+
+
+def test_bad_compile_options_are_options_errors(in_workdir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    for kwargs, pattern in [
+        (dict(truncate="middle"), "truncate"),
+        (dict(max_len=-1), "max_len"),
+        (dict(val_fraction=1.5), "val_fraction"),
+        (dict(encode=["charge"]), "COLUMN=CHAIN"),
+        (dict(shard_size="12 parsecs"), "unit"),
+        (dict(join="data/sensor_geometry.csv"), "on="),
+        (dict(val_keys="keys.txt"), "only apply with"),
+    ]:
+        with pytest.raises(dsc.OptionsError, match=pattern):
+            dsc.compile("data/train/batch_*.parquet", out=out, key="event_id", features="charge",
+                        **kwargs)
+    with pytest.raises(dsc.OptionsError, match="key="):
+        dsc.compile("data/train/batch_*.parquet", out=out)
+    with pytest.raises(TypeError):
+        dsc.compile("data/train/batch_*.parquet", out=out, key="event_id", featurs="x")
+
+
+def test_the_mostlyai_profile_is_reachable(tmp_path: Path) -> None:
+    data = REPO / "tests/vectors/mostlyai/seq/data"
+    kwargs = dict(key="id", context=str(data / "ctx.parquet"), profile="mostlyai")
+    run_dsc("compile", str(data / "tgt.parquet"), "--key", "id", "--context", str(data / "ctx.parquet"),
+            "--profile", "mostlyai", "--out", str(tmp_path / "cli"), "-q")
+    cache = dsc.compile(str(data / "tgt.parquet"), out=tmp_path / "py", **kwargs)
+    assert tree(tmp_path / "cli") == tree(tmp_path / "py")
+    assert any(t.role == "sub_column" for t in cache.schema)
+
+
+def test_open_gives_manifest_schema_and_stats(cache_dir: Path) -> None:
+    cache = dsc.open(cache_dir)
+    assert cache.manifest == json.loads((cache_dir / "manifest.json").read_text())
+    assert cache.stats == json.loads((cache_dir / "stats.json").read_text())
+    assert [t.name for t in cache.schema] == ["key", "x", "sensor_id", "length", "full_length", "y"]
+    x = cache.tensor("x")
+    assert x.dtype == "float32" and x.shape == (64, 6) and x.is_sequence
+    assert x.columns == ("x", "y", "z", "time", "charge", "auxiliary")
+    assert sum(cache.splits.values()) == 1600 and cache.max_len == 64
+    with pytest.raises(dsc.OptionsError, match="no tensor"):
+        cache.tensor("nope")
+
+
+def test_decode_matches_dsc_show(cache_dir: Path) -> None:
+    """cache.decode inverts the encodings exactly as `dsc show` does (source units)."""
+    cache = dsc.open(cache_dir)
+    batch = next(iter(dsc.Loader(cache, batch_size=4, shuffle=False, format="numpy")))
+    for i in range(4):
+        shown = json.loads(run_dsc("show", str(cache_dir), "--index", str(i), "--json"))
+        n = int(batch["length"][i])
+        assert shown["key"] == int(batch["key"][i]) and shown["length"] == n
+        x = cache.decode("x", batch["x"][i, :n])
+        for j, col in enumerate(cache.tensor("x").columns):
+            np.testing.assert_allclose(x[:, j], np.asarray(shown["columns"][col], dtype=np.float64),
+                                       rtol=1e-12, atol=0)
+        sensors = cache.decode("sensor_id", batch["sensor_id"][i, :n])
+        assert list(sensors) == shown["columns"]["sensor_id"]
+        y = cache.decode("y", batch["y"][i])
+        np.testing.assert_allclose(y, [shown["targets"]["azimuth"], shown["targets"]["zenith"]])
+        charge = cache.decode("x", batch["x"][i, :n, 4], column="charge")
+        np.testing.assert_allclose(charge, shown["columns"]["charge"], rtol=1e-12)
+    assert cache.decode("sensor_id", np.array([0, 1]))[0] is None

@@ -1,0 +1,338 @@
+"""dsc.Loader: the Rust order, the shard bytes, resume, lifetimes, threads and bad arguments."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import dsc
+from conftest import COMPILE_KWARGS, order_keys
+
+torch = pytest.importorskip("torch")
+
+
+def keys_of(loader, epochs: int = 1) -> list[list[int]]:
+    return [b["key"].tolist() for _ in range(epochs) for b in loader]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_order_equals_dsc_order(cache_dir: Path, shuffle: bool, world_size: int) -> None:
+    # Small windows so that an epoch spans several windows and shards.
+    loader_args = dict(batch_size=24, seed=5, window=100, interleave=2, shuffle=shuffle)
+    cli_args = ["--batch-size", "24", "--seed", "5", "--window", "100", "--interleave", "2"]
+    if not shuffle:
+        cli_args.append("--no-shuffle")
+    for rank in range(world_size):
+        loader = dsc.Loader(cache_dir, rank=rank, world_size=world_size, **loader_args)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            got = keys_of(loader)
+            want = order_keys(cache_dir, *cli_args, "--epoch", str(epoch), "--rank", str(rank),
+                              "--world-size", str(world_size))
+            assert got == want, f"rank {rank} epoch {epoch}"
+            assert len(got) == len(loader)
+
+
+def test_epoch_advances_by_itself_and_differs(cache_dir: Path) -> None:
+    loader = dsc.Loader(cache_dir, batch_size=32, seed=1)
+    first, second = keys_of(loader), keys_of(loader)
+    assert loader.epoch == 2
+    assert first != second
+    # drop_last drops a different remainder each epoch; no key repeats within one.
+    assert len(set(sum(first, []))) == len(set(sum(second, []))) == 32 * len(loader)
+    assert second == order_keys(cache_dir, "--batch-size", "32", "--seed", "1", "--epoch", "1")
+
+
+def test_values_equal_the_shard_bytes(cache_dir: Path) -> None:
+    """Every tensor of every batch equals the rows of the shard tensors (read by the
+    independent `safetensors` package) holding the batch's keys."""
+    manifest = json.loads((cache_dir / "manifest.json").read_text())
+    by_key: dict[int, tuple[dict, int]] = {}
+    for shard in manifest["shards"]:
+        if shard["split"] != "train":
+            continue
+        tensors = load_file(str(cache_dir / shard["file"]))
+        for i, k in enumerate(tensors["key"].tolist()):
+            by_key[k] = (tensors, i)
+    for fmt in ("torch", "numpy"):
+        for trim in (False, True):
+            loader = dsc.Loader(cache_dir, batch_size=40, seed=3, trim=trim, format=fmt)
+            for batch in loader:
+                assert list(batch) == [t["name"] for t in manifest["tensors"]]
+                for j, k in enumerate(batch["key"].tolist()):
+                    tensors, i = by_key[k]
+                    for name, value in batch.items():
+                        got = np.asarray(value[j])
+                        want = tensors[name][i]
+                        if trim and got.ndim >= 1 and name in ("x", "sensor_id"):
+                            assert got.shape[0] == batch.seq_len
+                            assert not want[batch.seq_len:].any(), "trim cut stored values"
+                            want = want[: batch.seq_len]
+                        assert got.dtype == want.dtype and np.array_equal(got, want), name
+
+
+def test_trim_cuts_to_the_longest_sequence(cache_dir: Path) -> None:
+    for batch in dsc.Loader(cache_dir, batch_size=16, seed=0, trim=True):
+        assert batch["x"].shape[1] == batch["sensor_id"].shape[1] == max(1, int(batch["length"].max()))
+
+
+def test_columns_load_a_subset(cache_dir: Path) -> None:
+    full = next(iter(dsc.Loader(cache_dir, batch_size=8, seed=2)))
+    part = next(iter(dsc.Loader(cache_dir, batch_size=8, seed=2, columns=["y", "x", "length"])))
+    assert list(part) == ["x", "length", "y"]  # manifest order
+    for name in part:
+        assert torch.equal(part[name], full[name])
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_resume_after_k_batches_continues_the_same_order(cache_dir: Path, threads: int) -> None:
+    args = dict(batch_size=16, seed=9, window=64, num_threads=threads)
+    full = dsc.Loader(cache_dir, **args)
+    whole = [b["key"].tolist() for _ in range(2) for b in full]
+    steps = len(full)
+    rng = random.Random(threads)
+    for k in rng.sample(range(1, 2 * steps), 4):
+        first = dsc.Loader(cache_dir, **args)
+        seen = []
+        it = iter(first)
+        for _ in range(k):
+            try:
+                seen.append(next(it)["key"].tolist())
+            except StopIteration:  # the end of epoch 0: carry on into epoch 1
+                it = iter(first)
+                seen.append(next(it)["key"].tolist())
+        state = json.loads(json.dumps(first.state_dict()))  # JSON-able
+        del first, it
+        resumed = dsc.Loader(cache_dir, **args)
+        resumed.load_state_dict(state)
+        rest = []
+        while len(seen) + len(rest) < len(whole):
+            rest.extend(b["key"].tolist() for b in resumed)
+        assert seen + rest == whole, f"k={k}"
+
+
+def test_resume_on_another_world_size_keeps_the_global_order(cache_dir: Path) -> None:
+    one = dsc.Loader(cache_dir, batch_size=32, seed=4, rank=0, world_size=1)
+    global_batches = keys_of(one)
+    two = [dsc.Loader(cache_dir, batch_size=16, seed=4, rank=r, world_size=2) for r in range(2)]
+    it = [iter(l) for l in two]
+    for _ in range(3):
+        for i in it:
+            next(i)
+    state = two[0].state_dict()
+    assert state["samples"] == 3 * 32
+    resumed = dsc.Loader(cache_dir, batch_size=32, seed=4, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert keys_of(resumed) == global_batches[3:]
+
+
+def test_set_epoch_after_load_state_dict_keeps_the_position(cache_dir: Path) -> None:
+    a = dsc.Loader(cache_dir, batch_size=16, seed=0, epoch=2)
+    it = iter(a)
+    next(it), next(it)
+    b = dsc.Loader(cache_dir, batch_size=16, seed=0)
+    b.load_state_dict(a.state_dict())
+    b.set_epoch(2)  # the usual loop calls set_epoch(epoch) after restoring a checkpoint
+    assert next(iter(b))["key"].tolist() == next(it)["key"].tolist()
+    b.set_epoch(3)
+    assert b.state_dict()["samples"] == 0 and b.epoch == 3
+
+
+def test_len_is_exact_and_equal_on_every_rank(cache_dir: Path) -> None:
+    for drop_last in (True, False):
+        counts = []
+        for rank in range(3):
+            loader = dsc.Loader(cache_dir, batch_size=50, rank=rank, world_size=3, drop_last=drop_last)
+            batches = list(loader)
+            assert all(len(b["key"]) == 50 for b in batches)
+            counts.append((len(loader), len(batches)))
+        assert len(set(counts)) == 1 and counts[0][0] == counts[0][1]
+
+
+def test_cache_order_is_zero_copy_and_outlives_the_loader(cache_dir: Path) -> None:
+    loader = dsc.Loader(cache_dir, batch_size=64, shuffle=False)
+    batch = next(iter(loader))
+    expected = {k: v.clone() for k, v in batch.items()}
+    del loader
+    import gc
+
+    gc.collect()
+    for k, v in batch.items():  # still readable: the tensors keep the mapping alive
+        assert torch.equal(v, expected[k])
+
+
+def test_a_write_to_a_zero_copy_tensor_never_reaches_the_file(private_cache: Path) -> None:
+    shard = sorted((private_cache / "shards").glob("train-*.safetensors"))[0]
+    before = hashlib.sha256(shard.read_bytes()).hexdigest()
+    batch = next(iter(dsc.Loader(private_cache, batch_size=64, shuffle=False)))
+    batch["x"].fill_(12345.0)  # torch has no read-only tensors: the map is copy-on-write
+    batch["key"].zero_()
+    assert hashlib.sha256(shard.read_bytes()).hexdigest() == before
+    fresh = dsc.Cache(private_cache)
+    again = next(iter(dsc.Loader(fresh, batch_size=64, shuffle=False)))
+    assert not torch.equal(again["x"], batch["x"])
+    np_batch = next(iter(dsc.Loader(private_cache, batch_size=64, shuffle=False, format="numpy")))
+    with pytest.raises(ValueError):
+        np_batch["x"][0, 0, 0] = 1.0  # NumPy views of the cache are read-only
+
+
+def test_copy_gives_tensors_of_their_own(cache_dir: Path) -> None:
+    view = next(iter(dsc.Loader(cache_dir, batch_size=8, shuffle=False)))
+    owned = next(iter(dsc.Loader(cache_dir, batch_size=8, shuffle=False, copy=True)))
+    snapshot = view["x"].clone()
+    assert torch.equal(owned["x"], snapshot)
+    owned["x"].add_(1.0)
+    assert torch.equal(view["x"], snapshot) and not torch.equal(owned["x"], snapshot)
+
+
+def test_batches_stay_valid_while_later_batches_are_loaded(cache_dir: Path) -> None:
+    """Gather buffers are reused only after every tensor over them is gone."""
+    loader = dsc.Loader(cache_dir, batch_size=16, seed=0, prefetch=1)
+    kept = []
+    snapshots = []
+    for batch in loader:
+        kept.append(batch)
+        snapshots.append(batch["x"].clone())
+    for batch, snap in zip(kept, snapshots):
+        assert torch.equal(batch["x"], snap)
+
+
+def test_the_fill_path_gives_the_same_batches(cache_dir: Path) -> None:
+    """The pinned path (Python threads gathering into torch buffers), run without pinning."""
+    for threads in (1, 3):
+        plain = dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True)
+        filled = dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True, num_threads=threads)
+        filled._fill_path = True
+        a, b = list(plain), list(filled)
+        assert len(a) == len(b) == len(plain)
+        for x, y in zip(a, b):
+            assert list(x) == list(y)
+            for k in x:
+                assert torch.equal(x[k], y[k]), k
+        assert filled.epoch == 1 and filled.state_dict()["samples"] == 0
+
+
+def test_iteration_releases_the_gil(cache_dir: Path) -> None:
+    """Another Python thread keeps running while batches load (num_threads=0 loads in the
+    calling thread, inside Rust)."""
+    ticks = 0
+    stop = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0)
+
+    loader = dsc.Loader(cache_dir, batch_size=1400, seed=0, num_threads=0, window=1400)
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        during = []
+        for _ in range(5):
+            start = ticks
+            for _batch in loader:
+                pass
+            during.append(ticks - start)
+    finally:
+        stop.set()
+        counter.join()
+    assert sum(during) > 0
+
+
+def test_dataloader_with_workers_fails_clearly(cache_dir: Path) -> None:
+    ds = dsc.IterableDataset(cache_dir, batch_size=16)
+    assert isinstance(ds, torch.utils.data.IterableDataset)
+    for ctx in ("fork", "spawn"):
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=ctx)
+        with pytest.raises(Exception, match="num_workers=0"):
+            next(iter(dl))
+
+
+def test_iterable_dataset_keeps_order_and_resume(cache_dir: Path) -> None:
+    ds = dsc.IterableDataset(cache_dir, batch_size=16, seed=8)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+    assert len(dl) == len(ds)
+    got = [b["key"].tolist() for b in dl]
+    assert got == order_keys(cache_dir, "--batch-size", "16", "--seed", "8")
+    ds2 = dsc.IterableDataset(cache_dir, batch_size=16, seed=8)
+    it = iter(torch.utils.data.DataLoader(ds2, batch_size=None))
+    next(it)
+    state = ds2.state_dict()
+    ds3 = dsc.IterableDataset(cache_dir, batch_size=16, seed=8, epoch=0)
+    ds3.load_state_dict(state)
+    assert [b["key"].tolist() for b in torch.utils.data.DataLoader(ds3, batch_size=None)] == order_keys(
+        cache_dir, "--batch-size", "16", "--seed", "8")[1:]
+    pinned = next(iter(torch.utils.data.DataLoader(dsc.IterableDataset(cache_dir, batch_size=4),
+                                                   batch_size=None)))
+    assert isinstance(pinned, dsc.Batch)
+
+
+def test_numpy_format(cache_dir: Path) -> None:
+    batch = next(iter(dsc.Loader(cache_dir, batch_size=8, format="numpy", seed=0)))
+    assert isinstance(batch["x"], np.ndarray) and batch["x"].dtype == np.float32
+    assert batch["key"].tolist() == order_keys(cache_dir, "--batch-size", "8")[0]
+
+
+def test_rank_defaults_come_from_the_environment(cache_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = dsc.Loader(cache_dir, batch_size=8)
+    assert (loader.rank, loader.world_size) == (1, 2)
+
+
+def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(dsc.CacheError, match="manifest"):
+        dsc.Loader(tmp_path)  # an empty directory is not a cache
+    with pytest.raises(dsc.CacheError) as missing:
+        dsc.Loader(tmp_path / "nothing")
+    assert missing.value.file and "nothing" in missing.value.file
+    with pytest.raises(dsc.OptionsError, match="no split 'test'.*'train'"):
+        dsc.Loader(cache_dir, split="test")
+    with pytest.raises(dsc.OptionsError, match="batch_size=0"):
+        dsc.Loader(cache_dir, batch_size=0)
+    with pytest.raises(dsc.OptionsError, match="rank=2"):
+        dsc.Loader(cache_dir, rank=2, world_size=2)
+    with pytest.raises(dsc.OptionsError, match="no tensor 'z'"):
+        dsc.Loader(cache_dir, columns=["x", "z"])
+    with pytest.raises(dsc.OptionsError, match="too large"):
+        next(iter(dsc.Loader(cache_dir, batch_size=2**62)))
+    with pytest.raises(dsc.OptionsError, match="format="):
+        dsc.Loader(cache_dir, format="jax")
+    assert issubclass(dsc.OptionsError, ValueError)
+
+
+def test_bad_states_raise_state_errors(cache_dir: Path, workdir: Path) -> None:
+    loader = dsc.Loader(cache_dir, batch_size=16, seed=1)
+    good = loader.state_dict()
+    for change, pattern in [
+        ({"seed": 2}, "seed"),
+        ({"split": "val"}, "split"),
+        ({"global_batch": 32}, "global batch"),
+        ({"fingerprint": "0" * 16}, "another cache"),
+        ({"samples": 7}, "do not fit"),
+        ({"version": 99}, "version"),
+    ]:
+        with pytest.raises(dsc.StateError, match=pattern):
+            loader.load_state_dict({**good, **change})
+    with pytest.raises(dsc.StateError, match="lacks"):
+        loader.load_state_dict({"epoch": 1})
+    with pytest.raises(dsc.StateError):
+        loader.load_state_dict("epoch 1")
+    # A cache compiled with another shuffle seed holds other shards: another cache.
+    other = dsc.compile(rows=str(workdir / "data/train/batch_*.parquet"),
+                        out=workdir / "other-seed", force=True,
+                        **{**COMPILE_KWARGS, "seed": 1,
+                           "context": str(workdir / "data/train_meta.parquet"),
+                           "join": str(workdir / "data/sensor_geometry.csv")})
+    with pytest.raises(dsc.StateError, match="another cache"):
+        dsc.Loader(other, batch_size=16, seed=1).load_state_dict(good)
