@@ -408,8 +408,9 @@ fn compile(
                     progress: &bars,
                 },
             )
+            .map_err(Box::new)
         })
-        .map_err(|e| compile_error(py, e))?;
+        .map_err(|e| compile_error(py, *e))?;
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }
 

@@ -1,0 +1,860 @@
+#!/usr/bin/env python3
+"""The reference PyTorch training loop on a dsc cache: copy it and change what you need.
+
+It mirrors the Rust reference trainer (``dsc-train``, trainer/): the same tasks, networks and
+flag names, and the same accounting of where a step's time goes.
+
+    python examples/train.py --cache cache --task direction --epochs 2
+    python examples/train.py --cache cache --task classification --target churned --model gru
+    python examples/train.py --cache cache --task direction --out runs/a --max-steps 100
+    python examples/train.py --resume runs/a/last.pt --epochs 2     # continues exactly
+
+Tasks (what is learned from the cache's targets tensor ``y``):
+
+- ``direction``: ``y`` holds azimuth and zenith in radians (IceCube); the network predicts a 3-D
+  vector, the loss is ``1 - cos`` to the true unit vector, the metric the mean angular error in
+  radians (lower is better; predicting nothing useful gives about 1.57).
+- ``classification``: one integer column of ``y`` (``--target NAME``, classes ``0..K-1`` with
+  ``K`` = the training split's maximum + 1); cross-entropy, metric accuracy.
+- ``regression``: mean squared error on the target columns standardised with the training
+  split's statistics; metric the mean absolute error in stored units.
+
+Models: ``transformer`` (pre-norm encoder built from ``scaled_dot_product_attention`` with the
+padding mask from ``length``, learned positions, masked mean pooling) and ``gru`` (read at the
+last stored step of each sequence). Both embed the per-step features ``x`` with a linear
+projection and add one ``nn.Embedding`` per categorical tensor (code 0, null and padding, has a
+zero embedding); per-context features ``c`` join the pooled vector before the head.
+
+Input normalisation (``--no-normalise`` switches it off). dsc stores feature columns as the
+``--encode`` chain made them: a ``zscore`` or ``minmax`` column is already on a unit scale, a
+``bool`` is 0/1, but an ``identity`` column is in source units (IceCube's x, y, z are metres,
+about +-500, which saturate a freshly initialised network) and a ``log1p`` column is only
+compressed. For those, the model subtracts a shift and divides by a scale taken from the cache's
+own ``stats.json``, train split (never validation data):
+
+- ``identity`` columns: the column's ``mean`` and ``std``.
+- other chains (e.g. ``log1p``): stats.json describes the values *before* encoding, and means do
+  not pass through a non-linear map, but quantiles pass through any increasing one. So the shift
+  is the encoded median and the scale the encoded inter-quartile range / 1.349 (the IQR of a
+  unit normal), both computed by pushing the stored quantiles through the encoding chain.
+
+The shift and scale are buffers of the model, so they are saved in checkpoints and the trained
+model carries its own preprocessing.
+
+Data path. On CUDA the loader gathers each batch straight into page-locked memory
+(``pin_memory=True``) and the loop copies it with ``batch.to(device, non_blocking=True)``:
+exactly what ``dsc.Loader(..., device="cuda")`` does inside ``next()``, written out here so that
+the copy can be timed on its own with CUDA events. On the CPU the batches are used in place.
+``--trim`` (on by default) cuts every batch to its longest stored sequence.
+
+Time accounting, per logged window and for the run (``--json`` summary): ``data_wait`` is the
+host time blocked in ``next(loader)``; on CUDA ``h2d`` and ``compute`` are device times between
+events recorded around the copy and around forward/backward/update; on the CPU there is no copy
+and ``compute`` is the rest of the wall time. The loss stays on the device and is read back once
+per ``--log-every`` optimizer steps (and at the end of each epoch); nothing else in a training
+step waits for the device (except the fp16 loss scaler, which must check for overflow).
+
+Checkpoints. ``--out DIR`` writes ``DIR/last.pt`` at every epoch end and when ``--max-steps``
+stops the run: model, optimizer, schedule, loss scaler, RNG states, position (epoch, micro-batch,
+optimizer step), per-epoch history and ``loader.state_dict()``. ``--resume DIR/last.pt`` takes
+the run's settings from the checkpoint (only --epochs, --max-steps, --device, --log-every,
+--json, --out, --threads and a moved --cache may differ) and continues with the very batches,
+in the same order, that the uninterrupted run would have seen; on the CPU the result is
+bit-identical to never stopping.
+
+At the end one JSON line summarises the run on stdout (``--json``: only that line, no other
+output): per-epoch train loss and validation metric, the final train loss, samples/s and the
+data-wait share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dsc
+
+# On --resume the run's settings come from the checkpoint except these, always taken from the
+# command line (they do not change the arithmetic), and --epochs and --cache when given.
+RESUME_FROM_COMMAND_LINE = ("max_steps", "device", "log_every", "json", "out", "threads", "resume")
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Train a transformer or GRU on a dsc cache (the reference PyTorch loop).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--cache", help="the compiled cache (a folder with manifest.json)")
+    p.add_argument("--resume", metavar="CKPT", help="continue the run saved in this last.pt")
+    p.add_argument("--task", choices=["direction", "classification", "regression"],
+                   default="direction")
+    p.add_argument("--target", default=None,
+                   help="target column(s) of y, comma-separated [default: azimuth,zenith for "
+                        "direction, the only column for classification, all for regression]")
+    p.add_argument("--model", choices=["transformer", "gru"], default="transformer")
+    p.add_argument("--dim", type=int, default=64, help="transformer width / GRU hidden size")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the train split [default: 1, or the resumed run's]")
+    p.add_argument("--batch-size", type=int, default=128, help="contexts per micro-batch")
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--warmup", type=int, default=None,
+                   help="linear warmup in optimizer steps [default: 5%% of all steps]")
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient norm (0: off)")
+    p.add_argument("--amp", choices=["bf16", "fp16", "none"], default=None,
+                   help="autocast dtype [default: bf16 on CUDA, none on CPU]")
+    p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
+                   help="cut each batch to its longest stored sequence")
+    p.add_argument("--normalise", action=argparse.BooleanOptionalAction, default=True,
+                   help="scale raw feature columns with the cache's train statistics")
+    p.add_argument("--eval-split", default="val", help="split validated after each epoch")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda[:N]")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch's operators [default on the CPU: one per core "
+                        "but one, left to the loader; on CUDA: torch's choice]")
+    p.add_argument("--loader-threads", type=int, default=1, help="dsc loading threads")
+    p.add_argument("--prefetch", type=int, default=4, help="batches prepared ahead")
+    p.add_argument("--log-every", type=int, default=50,
+                   help="read the loss back every N optimizer steps")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop after N optimizer steps in all (the schedule still spans "
+                        "--epochs) and checkpoint there")
+    p.add_argument("--seed", type=int, default=0, help="weights, dropout and data order")
+    p.add_argument("--out", default=None, help="folder for last.pt [default: no checkpoints]")
+    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    args = p.parse_args(argv)
+    if args.cache is None and args.resume is None:
+        p.error("--cache is required (unless --resume)")
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# What the cache holds: inputs, normalisation, task
+# --------------------------------------------------------------------------------------------
+
+def train_column_stats(cache: dsc.Cache) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """The train split's ColumnStats keyed by (role, column name).
+
+    stats.json lists columns in a fixed order (features, categorical, targets, context
+    features: FORMAT.md section 9), so walking the schema in that order pairs them up even when
+    two roles share a column name.
+    """
+    split = next((s for s in cache.stats["splits"] if s["split"] == "train"), None)
+    if split is None:  # a cache without a train split: fall back to all contexts
+        split = cache.stats["splits"][0]
+    expected = [(t.role, c) for role in ("features", "categorical", "targets", "context_features")
+                for t in cache.schema if t.role == role for c in t.columns]
+    columns = split["columns"]
+    if [c["name"] for c in columns] == [name for _, name in expected]:
+        return {key: col for key, col in zip(expected, columns)}
+    by_name = {}
+    for col in columns:  # an unexpected layout: first column of each name
+        by_name.setdefault(col["name"], col)
+    return {(role, name): by_name[name] for role, name in expected if name in by_name}
+
+
+def _encode(stages: Sequence[Dict[str, Any]], v: float) -> float:
+    """Applies an encoding chain to one source value (as the compiler did)."""
+    for st in stages:
+        op = st["op"]
+        if op == "log1p":
+            v = math.log1p(v)
+        elif op == "zscore":
+            v = (v - st["mean"]) / st["std"] if st["std"] else v - st["mean"]
+        elif op == "minmax":
+            span = st["max"] - st["min"]
+            v = (v - st["min"]) / span if span else v - st["min"]
+        elif op != "identity":
+            raise ValueError(f"unknown encoding stage {op!r}")
+    return v
+
+
+def column_normalisation(encoding: Dict[str, Any], stats: Optional[Dict[str, Any]]) -> Tuple[float, float]:
+    """(shift, scale) for one stored column: identity when the encoding is already on a unit
+    scale; see the module docstring for the rule."""
+    if encoding.get("kind") != "numeric" or not stats or not stats.get("numeric"):
+        return 0.0, 1.0
+    stages = encoding.get("stages", [])
+    if stages and stages[-1]["op"] in ("zscore", "minmax"):
+        return 0.0, 1.0
+    num = stats["numeric"]
+    if all(st["op"] == "identity" for st in stages):
+        shift, scale = num["mean"], num["std"]
+    else:
+        q = {round(x["q"], 2): x["value"] for x in num.get("quantiles", [])}
+        if not all(k in q for k in (0.25, 0.5, 0.75)):
+            return 0.0, 1.0
+        try:
+            lo, mid, hi = (_encode(stages, q[k]) for k in (0.25, 0.5, 0.75))
+        except (ValueError, OverflowError):  # e.g. log1p of a value <= -1
+            return 0.0, 1.0
+        shift, scale = mid, (hi - lo) / 1.349
+        if not scale > 0 and 0.01 in q and 0.99 in q:  # a spike at the median: use the tails
+            scale = (_encode(stages, q[0.99]) - _encode(stages, q[0.01])) / 4.653
+    if not (math.isfinite(shift) and math.isfinite(scale) and scale > 0):
+        return 0.0, 1.0
+    return float(shift), float(scale)
+
+
+@dataclass
+class Inputs:
+    """Which tensors of a batch the network reads, and their sizes."""
+
+    x: Optional[str]                 # per-step features [B, S, F]
+    features: int
+    categorical: List[str]           # per-step codes [B, S] each
+    vocabularies: List[int]          # codes per categorical: null, unknown, vocabulary
+    context: Optional[str]           # per-context features [B, C]
+    context_features: int
+    x_norm: Tuple[List[float], List[float]]
+    c_norm: Tuple[List[float], List[float]]
+    max_len: int
+
+    @property
+    def names(self) -> List[str]:
+        return [n for n in [self.x, *self.categorical, self.context, "length"] if n]
+
+
+def resolve_inputs(cache: dsc.Cache, normalise: bool) -> Inputs:
+    stats = train_column_stats(cache) if normalise else {}
+
+    def norm(t: Optional[dsc.TensorInfo]) -> Tuple[List[float], List[float]]:
+        if t is None:
+            return [], []
+        pairs = [column_normalisation(enc, stats.get((t.role, c))) if normalise else (0.0, 1.0)
+                 for c, enc in zip(t.columns, t.encodings)]
+        return [s for s, _ in pairs], [k for _, k in pairs]
+
+    by_role = lambda role: [t for t in cache.schema if t.role == role]  # noqa: E731
+    x = next(iter(by_role("features")), None)
+    c = next(iter(by_role("context_features")), None)
+    cats = by_role("categorical")
+    if x is None and not cats:
+        raise SystemExit(f"{cache.path}: no per-step tensor (features or categorical) to train on")
+    return Inputs(
+        x=x.name if x else None,
+        features=x.shape[-1] if x else 0,
+        categorical=[t.name for t in cats],
+        # The reserved codes 0 (null / padding) and 1 (unknown) come before the vocabulary.
+        vocabularies=[len(t.encodings[0].get("vocabulary") or []) + 2 for t in cats],
+        context=c.name if c else None,
+        context_features=c.shape[0] if c else 0,
+        x_norm=norm(x),
+        c_norm=norm(c),
+        max_len=cache.max_len,
+    )
+
+
+class Task(nn.Module):
+    """The loss and the validation metric on the selected columns of ``y`` (a module so that
+    its index and scaling tensors follow the model to the device)."""
+
+    def __init__(self, kind: str, columns: List[int], names: List[str], outputs: int,
+                 shift: Optional[List[float]] = None, scale: Optional[List[float]] = None):
+        super().__init__()
+        self.kind, self.names, self.outputs = kind, names, outputs
+        self.metric = {"direction": "mean_angular_error_rad", "classification": "accuracy",
+                       "regression": "mae"}[kind]
+        self.register_buffer("index", torch.tensor(columns, dtype=torch.long), persistent=False)
+        n = len(columns)
+        self.register_buffer("shift", torch.tensor(shift or [0.0] * n), persistent=False)
+        self.register_buffer("scale", torch.tensor(scale or [1.0] * n), persistent=False)
+
+    def forward(self, pred: torch.Tensor, y: torch.Tensor, metric: bool = False):
+        """Per-sample loss [B] (and metric [B] when asked), in float32 whatever autocast did."""
+        pred, t = pred.float(), y.index_select(1, self.index)
+        if self.kind == "direction":
+            az, zen = t[:, 0], t[:, 1]
+            unit = torch.stack([az.cos() * zen.sin(), az.sin() * zen.sin(), zen.cos()], 1)
+            cos = (F.normalize(pred, dim=1, eps=1e-6) * unit).sum(1)
+            angle = cos.clamp(-1 + 1e-7, 1 - 1e-7).acos() if metric else None
+            return 1 - cos, angle
+        if self.kind == "classification":
+            cls = t[:, 0].long()
+            loss = F.cross_entropy(pred, cls, reduction="none")
+            return loss, (pred.argmax(1) == cls).float() if metric else None
+        z = (t - self.shift) / self.scale  # regression on standardised targets
+        loss = (pred - z).square().mean(1)
+        mae = ((pred * self.scale + self.shift) - t).abs().mean(1) if metric else None
+        return loss, mae
+
+
+def resolve_task(cache: dsc.Cache, kind: str, target: Optional[str]) -> Task:
+    y = next((t for t in cache.schema if t.role == "targets"), None)
+    if y is None:
+        raise SystemExit(f"{cache.path}: the cache has no targets tensor y (compile with --targets)")
+    names = list(y.columns)
+    if target:
+        wanted = target.split(",")
+    elif kind == "direction":
+        wanted = ["azimuth", "zenith"]
+    elif kind == "regression" or len(names) == 1:
+        wanted = names
+    else:
+        raise SystemExit(f"y has columns {names}; name the class column with --target")
+    missing = [w for w in wanted if w not in names]
+    if missing:
+        raise SystemExit(f"no target column {missing[0]!r} in y (columns: {names})")
+    cols = [names.index(w) for w in wanted]
+    if kind == "direction":
+        if len(cols) != 2:
+            raise SystemExit(f"--task direction takes two target columns (azimuth, zenith), got {wanted}")
+        for i in cols:
+            enc = y.encodings[i]
+            if enc.get("kind") != "numeric" or any(s["op"] != "identity" for s in enc["stages"]):
+                raise SystemExit(f"--task direction needs {names[i]} in radians as stored; "
+                                 f"compile it with --encode {names[i]}=identity")
+        return Task(kind, cols, wanted, 3)
+    if kind == "classification":
+        if len(cols) != 1:
+            raise SystemExit(f"--task classification takes one target column, got {wanted}")
+        return Task(kind, cols, wanted, count_classes(cache, y.name, cols[0], wanted[0]))
+    stats = train_column_stats(cache)
+    norms = [column_normalisation(y.encodings[i], stats.get(("targets", names[i]))) for i in cols]
+    return Task(kind, cols, wanted, len(cols), [s for s, _ in norms], [k for _, k in norms])
+
+
+def count_classes(cache: dsc.Cache, y_name: str, column: int, name: str) -> int:
+    """K = the training split's largest class + 1, checking every value is a class number.
+
+    stats.json has the column's max but cannot prove every value is an integer, so this reads
+    the targets of the train split once (the ``columns`` option loads ``y`` alone: fast).
+    """
+    loader = dsc.Loader(cache, split="train", batch_size=4096, shuffle=False, drop_last=False,
+                        columns=[y_name])
+    n = cache.splits["train"]
+    top, seen = -1, 0
+    for batch in loader:
+        # drop_last=False completes the last batch with the epoch's first contexts: skip those.
+        v = batch[y_name][: n - seen, column]
+        seen += len(v)
+        bad = (v < 0) | (v != v.floor()) | ~torch.isfinite(v)
+        if bad.any():
+            raise SystemExit(f"--task classification: target {name!r} holds "
+                             f"{v[bad][0].item()}, not a class number 0, 1, 2, ...")
+        top = max(top, int(v.max().item()))
+    if top < 1:
+        raise SystemExit(f"--task classification: {name!r} has a single class in the train split")
+    return top + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Networks
+# --------------------------------------------------------------------------------------------
+
+def step_mask(length: torch.Tensor, steps: int) -> torch.Tensor:
+    """[B, S] True at stored steps. A context with no stored step keeps step 0 so that attention
+    and pooling never see an empty set (which would give NaN)."""
+    return torch.arange(steps, device=length.device) < length.clamp(min=1).unsqueeze(1)
+
+
+class Embed(nn.Module):
+    """Per-step inputs to [B, S, dim]: normalised features projected, plus one embedding per
+    categorical tensor."""
+
+    def __init__(self, inp: Inputs, dim: int):
+        super().__init__()
+        self.inp = inp
+        self.proj = nn.Linear(inp.features, dim) if inp.x else None
+        self.register_buffer("x_shift", torch.tensor(inp.x_norm[0]).view(1, 1, -1))
+        self.register_buffer("x_scale", torch.tensor(inp.x_norm[1]).view(1, 1, -1))
+        # padding_idx=0: null and padding steps contribute nothing and get no gradient.
+        self.cats = nn.ModuleList(nn.Embedding(v, dim, padding_idx=0) for v in inp.vocabularies)
+        for emb in self.cats:
+            # nn.Embedding starts at N(0, 1): thousands of random unit vectors (one per sensor,
+            # say) would drown the projected features, and rare codes never learn them away.
+            # Start small, as the positions do, and let training grow what is useful.
+            nn.init.normal_(emb.weight, std=0.02)
+            with torch.no_grad():
+                emb.weight[0].zero_()
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        h = None
+        if self.proj is not None:
+            h = self.proj((batch[self.inp.x] - self.x_shift) / self.x_scale)
+        for name, emb in zip(self.inp.categorical, self.cats):
+            e = emb(batch[name])  # int32 codes index directly
+            h = e if h is None else h + e
+        return h
+
+
+class Head(nn.Module):
+    """Pooled sequence (+ normalised per-context features) to the outputs."""
+
+    def __init__(self, inp: Inputs, dim: int, outputs: int):
+        super().__init__()
+        self.inp = inp
+        self.register_buffer("c_shift", torch.tensor(inp.c_norm[0]).view(1, -1))
+        self.register_buffer("c_scale", torch.tensor(inp.c_norm[1]).view(1, -1))
+        self.net = nn.Sequential(nn.Linear(dim + inp.context_features, dim), nn.GELU(),
+                                 nn.Linear(dim, outputs))
+
+    def forward(self, pooled: torch.Tensor, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.inp.context:
+            c = (batch[self.inp.context] - self.c_shift) / self.c_scale
+            pooled = torch.cat([pooled, c.to(pooled.dtype)], 1)
+        return self.net(pooled)
+
+
+class Block(nn.Module):
+    """Pre-norm encoder layer: h + attn(norm(h)), then h + mlp(norm(h))."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        b, s, d = h.shape
+        q, k, v = self.qkv(self.norm1(h)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # attn_mask [B, 1, 1, S]: every query attends to the stored steps only.
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        h = h + self.drop(self.proj(a.transpose(1, 2).reshape(b, s, d)))
+        return h + self.drop(self.mlp(self.norm2(h)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, inp: Inputs, dim: int, layers: int, heads: int, dropout: float, outputs: int):
+        super().__init__()
+        self.embed = Embed(inp, dim)
+        self.positions = nn.Parameter(torch.randn(inp.max_len, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = Head(inp, dim, outputs)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        h = self.embed(batch)
+        s = h.shape[1]  # trimmed batches have S <= L
+        h = h + self.positions[:s]
+        mask = step_mask(batch["length"], s)
+        attn_mask = mask[:, None, None, :]
+        for blk in self.blocks:
+            h = blk(h, attn_mask)
+        h = self.norm(h)
+        # Masked mean over the stored steps (float32 sums even under autocast).
+        w = mask.unsqueeze(-1).to(h.dtype)
+        pooled = (h * w).sum(1, dtype=torch.float32) / w.sum(1, dtype=torch.float32)
+        return self.head(pooled.to(h.dtype), batch)
+
+
+class GRU(nn.Module):
+    def __init__(self, inp: Inputs, dim: int, layers: int, dropout: float, outputs: int):
+        super().__init__()
+        self.embed = Embed(inp, dim)
+        self.gru = nn.GRU(dim, dim, num_layers=layers, batch_first=True,
+                          dropout=dropout if layers > 1 else 0.0)
+        self.head = Head(inp, dim, outputs)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        h = self.embed(batch)
+        out, _ = self.gru(h)
+        # A forward GRU's output at step t ignores later (padding) steps, so reading it at the
+        # last stored step is exact without pack_padded_sequence, which would need the lengths
+        # on the host (a device sync every step).
+        last = (batch["length"].long() - 1).clamp(min=0)
+        pooled = out.gather(1, last.view(-1, 1, 1).expand(-1, 1, out.shape[-1])).squeeze(1)
+        return self.head(pooled, batch)
+
+
+def build_model(args: argparse.Namespace, inp: Inputs, outputs: int) -> nn.Module:
+    if args.model == "transformer":
+        if args.dim % args.heads:
+            raise SystemExit(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
+        return Transformer(inp, args.dim, args.layers, args.heads, args.dropout, outputs)
+    return GRU(inp, args.dim, args.layers, args.dropout, outputs)
+
+
+# --------------------------------------------------------------------------------------------
+# Optimisation
+# --------------------------------------------------------------------------------------------
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Multiplier of the peak rate before optimizer step ``step`` (0-based): linear warmup, then
+    a cosine decay to a tenth of the peak (dsc-train's schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, args: argparse.Namespace, device: torch.device):
+    # Decay matrices (linear weights, embeddings, positions), not biases and norm gains.
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    other = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay},
+              {"params": other, "weight_decay": 0.0}]
+    # fused AdamW is one kernel per step on CUDA; the CPU keeps the default implementation.
+    return torch.optim.AdamW(groups, lr=args.lr, fused=device.type == "cuda")
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+class StepTimer:
+    """Where a window's time went: data wait (host), host-to-device and compute.
+
+    On CUDA three events per micro-batch (before the copy, after it, after the step's work) are
+    read only when the window closes, right after the loss read-back has drained the queue, so
+    the timing adds no sync of its own.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events: List[Tuple[Any, Any, Any]] = []
+        self.totals = dict(wall=0.0, data_wait=0.0, h2d=0.0, compute=0.0, samples=0)
+        self.reset()
+
+    def reset(self) -> None:
+        self.start_time, self.used = time.perf_counter(), 0
+        self.cur = dict(data_wait=0.0, samples=0)
+
+    def _event(self, i: int):
+        if self.used == len(self.events):
+            self.events.append(tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)))
+        return self.events[self.used][i]
+
+    def before_copy(self) -> None:
+        if self.cuda:
+            self._event(0).record()
+
+    def after_copy(self) -> None:
+        if self.cuda:
+            self._event(1).record()
+
+    def step_done(self, samples: int) -> None:
+        self.cur["samples"] += samples
+        if self.cuda:
+            self._event(2).record()
+            self.used += 1
+
+    def close(self) -> Dict[str, float]:
+        """Ends the window: its shares, also added to the run totals."""
+        h2d = compute = 0.0
+        if self.cuda and self.used:
+            self.events[self.used - 1][2].synchronize()
+            for start, copied, done in self.events[: self.used]:
+                h2d += start.elapsed_time(copied) / 1e3
+                compute += copied.elapsed_time(done) / 1e3
+        wall = time.perf_counter() - self.start_time
+        if not self.cuda:
+            compute = max(0.0, wall - self.cur["data_wait"])
+        w = dict(wall=wall, data_wait=self.cur["data_wait"], h2d=h2d, compute=compute,
+                 samples=self.cur["samples"])
+        for k, v in w.items():
+            self.totals[k] += v
+        self.reset()
+        return shares(w)
+
+
+def shares(t: Dict[str, float]) -> Dict[str, float]:
+    wall = max(t["wall"], 1e-12)
+    return dict(samples_per_s=t["samples"] / wall, data_wait_share=t["data_wait"] / wall,
+                h2d_share=t["h2d"] / wall, compute_share=t["compute"] / wall)
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: torch sees no CUDA device")
+    return device
+
+
+def rng_state() -> Dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: str, state: Dict[str, Any]) -> None:
+    # Write-then-rename: a run killed while saving leaves the previous last.pt intact.
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def to_device(batch: dsc.Batch, names: List[str], device: torch.device) -> Dict[str, torch.Tensor]:
+    """The tensors the step needs, as a plain dict (which torch.compile guards cheaply), copied
+    without blocking on CUDA (the loader put them in pinned memory)."""
+    if device.type == "cpu":
+        return {n: batch[n] for n in names}
+    return {n: batch[n].to(device, non_blocking=True) for n in names}
+
+
+@torch.no_grad()
+def evaluate(model, task: Task, cache: dsc.Cache, args, device, names, autocast) -> Tuple[float, float]:
+    """Mean loss and metric over the whole evaluation split, each context counted once."""
+    n = cache.splits.get(args.eval_split, 0)
+    loader = dsc.Loader(cache, split=args.eval_split, batch_size=args.batch_size, shuffle=False,
+                        drop_last=False, trim=args.trim, num_threads=args.loader_threads,
+                        pin_memory=device.type == "cuda")
+    loss_sum = torch.zeros((), device=device)
+    metric_sum = torch.zeros((), device=device)
+    seen = 0
+    model.eval()
+    for batch in loader:
+        # drop_last=False fills the last batch up with the split's first contexts, so that every
+        # batch is full: count only the rows not seen yet.
+        rows = min(args.batch_size, n - seen)
+        b = to_device(batch, names, device)
+        with autocast():
+            pred = model(b)
+        loss, metric = task(pred[:rows], b["y"][:rows], metric=True)
+        loss_sum += loss.sum()
+        metric_sum += metric.sum()
+        seen += rows
+    model.train()
+    values = torch.stack([loss_sum, metric_sum]).tolist()  # the one read-back of validation
+    return values[0] / max(seen, 1), values[1] / max(seen, 1)
+
+
+def train(args: argparse.Namespace) -> Dict[str, Any]:
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    ckpt = None
+    if args.resume:
+        # weights_only: the checkpoint holds tensors and plain Python values only.
+        ckpt = torch.load(args.resume, map_location="cpu", weights_only=True)
+        saved = dict(ckpt["args"])
+        for k in RESUME_FROM_COMMAND_LINE:
+            saved[k] = getattr(args, k)
+        for k in ("epochs", "cache"):
+            if getattr(args, k) is not None:
+                saved[k] = getattr(args, k)
+        if args.out is None:  # keep writing next to the checkpoint resumed from
+            saved["out"] = os.path.dirname(args.resume) or "."
+        args = argparse.Namespace(**saved)
+    if args.epochs is None:
+        args.epochs = 1
+
+    device = pick_device(args.device)
+    on_cuda = device.type == "cuda"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif not on_cuda:
+        # torch's OpenMP threads wait for each other at the end of every operator, so one that
+        # shares its core with the loader (or anything else) stalls them all: on 2 cores one
+        # torch thread beats two (0.37 s vs 0.7 s per step of the default transformer).
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+    amp = args.amp or ("bf16" if on_cuda else "none")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
+    if on_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 products on tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    cache = dsc.open(args.cache)
+    task = resolve_task(cache, args.task, args.target).to(device)
+    inp = resolve_inputs(cache, args.normalise)
+    names = inp.names + ["y"]
+
+    # Same seed, same initial weights; the data order has its own seed inside the loader.
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    model = build_model(args, inp, task.outputs).to(device)
+    step_model = torch.compile(model) if args.compile else model
+    optimizer = build_optimizer(model, args, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    if amp == "fp16":
+        # The scaler skips the update of a step whose gradients overflowed (the first ones, while
+        # it finds its scale), and torch then warns that the schedule stepped alone: expected.
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+
+    loader = dsc.Loader(cache, split="train", batch_size=args.batch_size, shuffle=True,
+                        seed=args.seed, drop_last=True, num_threads=args.loader_threads,
+                        prefetch=args.prefetch, trim=args.trim, pin_memory=on_cuda)
+    # Whole optimizer steps only: leftover micro-batches of an epoch are not trained.
+    micro_epoch = len(loader) // args.accumulate * args.accumulate
+    if micro_epoch == 0:
+        raise SystemExit(f"the train split has {len(loader)} full batches of {args.batch_size}, "
+                         f"fewer than --accumulate {args.accumulate}")
+    steps_epoch = micro_epoch // args.accumulate
+    total_steps = steps_epoch * args.epochs
+    warmup = args.warmup if args.warmup is not None else total_steps // 20
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, warmup, total_steps))
+
+    pos = dict(epoch=0, micro=0, optimizer_steps=0, history=[])
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        schedule.load_state_dict(ckpt["schedule"])
+        scaler.load_state_dict(ckpt["scaler"])
+        pos = ckpt["position"]
+        # The loader continues after the last batch the saved run trained on (set_epoch below is
+        # then a no-op, so it keeps that position).
+        loader.load_state_dict(ckpt["loader"])
+        set_rng_state(ckpt["rng"])
+
+    params = sum(p.numel() for p in model.parameters())
+    say(f"{args.model} · {params:,} parameters · task {args.task} ({task.metric}) · device {device}"
+        f" · amp {amp} · {len(loader)} batches of {args.batch_size}/epoch · {steps_epoch} "
+        f"optimizer steps/epoch")
+    ckpt_path = os.path.join(args.out, "last.pt") if args.out else None
+    if ckpt_path:
+        os.makedirs(args.out, exist_ok=True)
+
+    def checkpoint() -> None:
+        if ckpt_path:
+            save_checkpoint(ckpt_path, {
+                "args": vars(args), "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                "scaler": scaler.state_dict(), "position": pos, "rng": rng_state(),
+                "loader": loader.state_dict(),
+            })
+
+    timer = StepTimer(device)
+    logged: List[Dict[str, Any]] = []
+    zero = lambda: torch.zeros((), device=device)  # noqa: E731
+    stopped = False
+    start = time.perf_counter()
+    model.train()
+
+    while pos["epoch"] < args.epochs and not stopped:
+        epoch = pos["epoch"]
+        loader.set_epoch(epoch)
+        # Loss sums stay on the device; .item() on them is the only read-back in training. A
+        # resumed epoch starts from the sum saved at the stop, so its mean is the whole epoch's.
+        window_loss, window_steps = zero(), 0
+        epoch_loss = torch.tensor(pos.get("epoch_loss", 0.0), device=device)
+        timer.reset()
+        epoch_totals = dict(timer.totals)
+        batches = iter(loader)
+
+        def close_window() -> None:
+            nonlocal window_loss, window_steps
+            loss = window_loss.item() / max(window_steps, 1)
+            sh = timer.close()
+            lr = schedule.get_last_lr()[0]
+            logged.append(dict(step=pos["optimizer_steps"], train_loss=loss, lr=lr, **sh))
+            say(f"epoch {epoch} step {pos['optimizer_steps']} · loss {loss:.4f} · lr {lr:.2e} · "
+                f"{sh['samples_per_s']:.0f} samples/s · data wait {100 * sh['data_wait_share']:.1f}%"
+                f" · h2d {100 * sh['h2d_share']:.1f}% · compute {100 * sh['compute_share']:.1f}%")
+            window_loss, window_steps = zero(), 0
+
+        while pos["micro"] < micro_epoch:
+            t0 = time.perf_counter()
+            batch = next(batches)
+            timer.cur["data_wait"] += time.perf_counter() - t0
+            timer.before_copy()
+            b = to_device(batch, names, device)
+            timer.after_copy()
+
+            with autocast():
+                pred = step_model(b)
+            # Dividing by --accumulate makes the summed gradients those of the mean loss.
+            loss = task(pred, b["y"])[0].mean() / args.accumulate
+            scaler.scale(loss).backward()
+            window_loss += loss.detach()
+            epoch_loss += loss.detach()
+            pos["micro"] += 1
+
+            if pos["micro"] % args.accumulate == 0:
+                if args.clip > 0:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                schedule.step()
+                pos["optimizer_steps"] += 1
+                window_steps += 1
+            timer.step_done(args.batch_size)
+
+            if pos["micro"] % args.accumulate == 0:
+                if pos["optimizer_steps"] % args.log_every == 0:
+                    close_window()
+                if args.max_steps is not None and pos["optimizer_steps"] >= args.max_steps:
+                    stopped = True
+                    break
+
+        if window_steps:
+            close_window()
+        epoch_time = {k: timer.totals[k] - epoch_totals[k] for k in timer.totals}
+        if stopped and pos["micro"] < micro_epoch:
+            # Mid-epoch stop: the checkpoint's loader state resumes after the last trained batch.
+            pos["epoch_loss"] = epoch_loss.item()
+            checkpoint()
+            say(f"stopped after {pos['optimizer_steps']} optimizer steps"
+                + (f"; resume with --resume {ckpt_path}" if ckpt_path else ""))
+            break
+
+        val_loss = val_metric = None
+        if cache.splits.get(args.eval_split, 0) > 0:
+            val_loss, val_metric = evaluate(step_model, task, cache, args, device, names, autocast)
+        report = dict(epoch=epoch, steps=steps_epoch,
+                      train_loss=epoch_loss.item() * args.accumulate / micro_epoch,
+                      val_loss=val_loss, val_metric=val_metric, **shares(epoch_time))
+        pos["history"].append(report)
+        val = (f"val loss {val_loss:.4f} · {task.metric} {val_metric:.4f}"
+               if val_loss is not None else f"no {args.eval_split} split")
+        say(f"epoch {epoch} · train loss {report['train_loss']:.4f} · {val} · "
+            f"{report['samples_per_s']:.0f} samples/s · data wait "
+            f"{100 * report['data_wait_share']:.1f}% · {time.perf_counter() - start:.1f} s")
+        pos["epoch"], pos["micro"], pos["epoch_loss"] = epoch + 1, 0, 0.0
+        loader.set_epoch(epoch + 1)
+        checkpoint()
+
+    loader.close()
+    total = shares(timer.totals)
+    history = pos["history"]
+    return dict(
+        device=str(device), amp=amp, task=args.task, model=args.model, parameters=params,
+        metric=task.metric, epochs=history, steps=logged,
+        optimizer_steps=pos["optimizer_steps"],
+        val_metric=[h["val_metric"] for h in history],
+        final_train_loss=logged[-1]["train_loss"] if logged else None,
+        samples_per_s=total["samples_per_s"], data_wait_share=total["data_wait_share"],
+        h2d_share=total["h2d_share"], compute_share=total["compute_share"],
+        wall_s=time.perf_counter() - start, checkpoint=ckpt_path,
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    summary = train(parse_args(argv))
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""examples/train.py, the reference PyTorch training script: it trains, resumes exactly, and
+learns a classification above chance. CPU only, small generated caches; about half a minute on
+two cores.
+
+The dsc binary makes the data: ``DSC_BIN`` (default ``target/release/dsc`` in the repository).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dsc = pytest.importorskip("dsc")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "train.py"
+DSC_BIN = Path(os.environ.get("DSC_BIN", ROOT / "target" / "release" / "dsc"))
+if not DSC_BIN.is_absolute():
+    DSC_BIN = ROOT / DSC_BIN
+
+# A small network keeps every run to a few seconds; one torch thread keeps it deterministic and
+# leaves the other core to the loader.
+SMALL = ["--dim", "32", "--layers", "1", "--heads", "2", "--batch-size", "32", "--threads", "1",
+         "--device", "cpu"]
+
+
+def _dsc(*args: str) -> None:
+    if not DSC_BIN.exists():
+        pytest.skip(f"no dsc binary at {DSC_BIN} (build it or set DSC_BIN)")
+    subprocess.run([str(DSC_BIN), *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def train_script():
+    """examples/train.py as a module, so most runs skip the interpreter and torch start-up."""
+    spec = importlib.util.spec_from_file_location("dsc_example_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def icecube_cache(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("icecube")
+    data, cache = tmp / "data", tmp / "cache"
+    _dsc("gen", "icecube", "--out", str(data), "--files", "2", "--events-per-file", "300",
+         "--seed", "7")
+    _dsc("compile", str(data / "train"), "--key", "event_id", "--order-by", "time",
+         "--context", str(data / "train_meta.parquet"), "--targets", "azimuth,zenith",
+         "--join", str(data / "sensor_geometry.csv"), "--on", "sensor_id",
+         "--features", "x,y,z,time,charge,auxiliary", "--categorical", "sensor_id",
+         "--encode", "time=zscore", "--encode", "charge=log1p", "--max-len", "64",
+         "--val-fraction", "0.1", "--seed", "42", "--out", str(cache), "--quiet")
+    return cache
+
+
+@pytest.fixture(scope="module")
+def churn_cache(tmp_path_factory) -> Path:
+    """Customers' transactions with the boolean target `churned` (churned customers stop
+    buying early, so the last transactions' timestamps predict it) and a per-context
+    feature `tenure_years`."""
+    tmp = tmp_path_factory.mktemp("churn")
+    data, cache = tmp / "data", tmp / "cache"
+    _dsc("gen", "sequences", "--out", str(data), "--customers", "2000", "--files", "2",
+         "--seed", "3")
+    _dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
+         "--context", str(data / "customers.parquet"), "--targets", "churned,lifetime_value",
+         "--context-features", "age,tenure_years", "--features", "amount,items,is_refund,ts",
+         "--categorical", "merchant_category,channel", "--encode", "amount=log1p",
+         "--nan", "zero", "--empty-contexts", "keep", "--max-len", "32", "--truncate", "tail",
+         "--val-fraction", "0.2", "--seed", "1", "--out", str(cache), "--quiet")
+    return cache
+
+
+SUMMARY_KEYS = {"device", "amp", "task", "model", "parameters", "metric", "epochs", "steps",
+                "optimizer_steps", "val_metric", "final_train_loss", "samples_per_s",
+                "data_wait_share", "h2d_share", "compute_share", "wall_s", "checkpoint"}
+EPOCH_KEYS = {"epoch", "steps", "train_loss", "val_loss", "val_metric", "samples_per_s",
+              "data_wait_share", "h2d_share", "compute_share"}
+
+
+def test_trains_and_prints_one_json_summary(icecube_cache, tmp_path):
+    # The command line as users run it: --json prints the summary line and nothing else.
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cache", str(icecube_cache), "--task", "direction",
+         "--epochs", "1", "--log-every", "4", "--out", str(tmp_path / "run"), "--json", *SMALL],
+        check=True, capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, out.stdout
+    s = json.loads(lines[0])
+    assert SUMMARY_KEYS <= s.keys()
+    assert s["device"] == "cpu" and s["amp"] == "none"
+    assert s["metric"] == "mean_angular_error_rad"
+    assert math.isfinite(s["final_train_loss"]) and 0 <= s["final_train_loss"] <= 2
+    assert s["optimizer_steps"] == s["epochs"][0]["steps"] > 0
+    assert len(s["epochs"]) == 1 and EPOCH_KEYS <= s["epochs"][0].keys()
+    assert 0 < s["val_metric"][0] < math.pi
+    assert s["samples_per_s"] > 0 and 0 <= s["data_wait_share"] <= 1
+    assert s["h2d_share"] == 0  # no copy on the CPU
+    assert (tmp_path / "run" / "last.pt").exists()
+
+
+def _weights(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def test_resume_continues_exactly(train_script, icecube_cache, tmp_path):
+    """Stopping mid-epoch and resuming (across an epoch end with validation) ends with the
+    weights of a run that never stopped."""
+    base = ["--cache", str(icecube_cache), "--epochs", "2", "--log-every", "3", "--json", *SMALL]
+    steps_per_epoch = len(dsc.Loader(str(icecube_cache), split="train", batch_size=32))
+    k, m = 5, steps_per_epoch + 4  # stop in epoch 0, finish in epoch 1
+    whole = train_script.main([*base, "--max-steps", str(m), "--out", str(tmp_path / "whole")])
+    first = train_script.main([*base, "--max-steps", str(k), "--out", str(tmp_path / "parts")])
+    assert first["optimizer_steps"] == k and first["epochs"] == []
+    ckpt = torch.load(tmp_path / "parts" / "last.pt", weights_only=True)
+    assert ckpt["loader"]["epoch"] == 0 and ckpt["loader"]["samples"] == k * 32
+    # The settings come from the checkpoint; the logging interval from the command line.
+    second = train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"),
+                                "--max-steps", str(m), "--log-every", "3", "--json",
+                                "--threads", "1"])
+    assert second["optimizer_steps"] == whole["optimizer_steps"] == m
+    a, b = _weights(tmp_path / "whole" / "last.pt"), _weights(tmp_path / "parts" / "last.pt")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    # Epoch 0 ended after the resume: its mean train loss and validation equal the whole run's,
+    # and so does the loss of the last logged window.
+    same = ("epoch", "steps", "train_loss", "val_loss", "val_metric")
+    assert [{k: e[k] for k in same} for e in second["epochs"]] == \
+        [{k: e[k] for k in same} for e in whole["epochs"]]
+    assert second["final_train_loss"] == whole["final_train_loss"]
+
+
+def test_classification_learns_above_chance(train_script, churn_cache):
+    cache = dsc.open(str(churn_cache))
+    val = dsc.Loader(cache, split="val", batch_size=cache.splits["val"], shuffle=False)
+    churned = next(iter(val))["y"][:, 0]
+    majority = max(churned.mean().item(), 1 - churned.mean().item())
+    s = train_script.main(["--cache", str(churn_cache), "--task", "classification",
+                           "--target", "churned", "--model", "gru", "--epochs", "4",
+                           "--lr", "3e-3", "--json", *SMALL])
+    assert s["metric"] == "accuracy"
+    accuracy = s["val_metric"][-1]
+    assert accuracy > majority + 0.05, (accuracy, majority, s["val_metric"])
+
+
+def test_regression_runs(train_script, churn_cache):
+    s = train_script.main(["--cache", str(churn_cache), "--task", "regression",
+                           "--target", "lifetime_value", "--max-steps", "6", "--log-every", "3",
+                           "--json", *SMALL])
+    assert s["metric"] == "mae" and math.isfinite(s["final_train_loss"])
