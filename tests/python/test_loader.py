@@ -336,3 +336,26 @@ def test_bad_states_raise_state_errors(cache_dir: Path, workdir: Path) -> None:
                            "join": str(workdir / "data/sensor_geometry.csv")})
     with pytest.raises(dsc.StateError, match="another cache"):
         dsc.Loader(other, batch_size=16, seed=1).load_state_dict(good)
+
+
+def test_without_torch_batches_are_numpy_arrays(cache_dir: Path) -> None:
+    """torch is optional: with it unimportable, `import dsc` works and batches are NumPy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np, dsc\n"
+        f"l = dsc.Loader({str(cache_dir)!r}, batch_size=8)\n"
+        "b = next(iter(l))\n"
+        "assert l.format == 'numpy' and isinstance(b['x'], np.ndarray), type(b['x'])\n"
+        "try:\n"
+        f"    dsc.Loader({str(cache_dir)!r}, format='torch')\n"
+        "except dsc.OptionsError as e:\n"
+        "    assert 'needs PyTorch' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('format=torch without torch did not fail')\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
