@@ -59,12 +59,13 @@ stops the run: model, optimizer, schedule, loss scaler, RNG states, position (ep
 optimizer step), per-epoch history and ``loader.state_dict()``. ``--resume DIR/last.pt`` takes
 the run's settings from the checkpoint (only --epochs, --max-steps, --device, --log-every,
 --json, --out, --threads and a moved --cache may differ) and continues with the very batches,
-in the same order, that the uninterrupted run would have seen; on the CPU the result is
-bit-identical to never stopping.
+in the same order, that the uninterrupted run would have seen; on the CPU (same --threads) the
+weights are bit-identical to those of a run that never stopped. On CUDA some kernels (e.g. the
+embedding backward) add in a varying order, so the runs agree only to rounding.
 
 At the end one JSON line summarises the run on stdout (``--json``: only that line, no other
-output): per-epoch train loss and validation metric, the final train loss, samples/s and the
-data-wait share.
+output): per-epoch train loss and validation metric, the final train loss (last logged
+window), and samples/s and the time shares over the training steps (validation excluded).
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-split", default="val", help="split validated after each epoch")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda[:N]")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch's operators [default on the CPU: one per core "
-                        "but one, left to the loader; on CUDA: torch's choice]")
+                   help="CPU threads for torch's operators [default: torch's choice, one per "
+                        "physical core]; fewer on a machine shared with other work")
     p.add_argument("--loader-threads", type=int, default=1, help="dsc loading threads")
     p.add_argument("--prefetch", type=int, default=4, help="batches prepared ahead")
     p.add_argument("--log-every", type=int, default=50,
@@ -146,6 +147,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.cache is None and args.resume is None:
         p.error("--cache is required (unless --resume)")
+    for name in ("batch_size", "accumulate", "log_every", "dim", "layers", "heads",
+                 "loader_threads", "prefetch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.dropout < 1:
+        p.error("--dropout must be in [0, 1)")
     return args
 
 
@@ -190,7 +197,8 @@ def _encode(stages: Sequence[Dict[str, Any]], v: float) -> float:
     return v
 
 
-def column_normalisation(encoding: Dict[str, Any], stats: Optional[Dict[str, Any]]) -> Tuple[float, float]:
+def column_normalisation(encoding: Dict[str, Any],
+                         stats: Optional[Dict[str, Any]]) -> Tuple[float, float]:
     """(shift, scale) for one stored column: identity when the encoding is already on a unit
     scale; see the module docstring for the rule."""
     if encoding.get("kind") != "numeric" or not stats or not stats.get("numeric"):
@@ -303,7 +311,8 @@ class Task(nn.Module):
 def resolve_task(cache: dsc.Cache, kind: str, target: Optional[str]) -> Task:
     y = next((t for t in cache.schema if t.role == "targets"), None)
     if y is None:
-        raise SystemExit(f"{cache.path}: the cache has no targets tensor y (compile with --targets)")
+        raise SystemExit(f"{cache.path}: the cache has no targets tensor y "
+                         "(compile it with --targets)")
     names = list(y.columns)
     if target:
         wanted = target.split(",")
@@ -319,7 +328,8 @@ def resolve_task(cache: dsc.Cache, kind: str, target: Optional[str]) -> Task:
     cols = [names.index(w) for w in wanted]
     if kind == "direction":
         if len(cols) != 2:
-            raise SystemExit(f"--task direction takes two target columns (azimuth, zenith), got {wanted}")
+            raise SystemExit("--task direction takes two target columns (azimuth, zenith), "
+                             f"got {wanted}")
         for i in cols:
             enc = y.encodings[i]
             if enc.get("kind") != "numeric" or any(s["op"] != "identity" for s in enc["stages"]):
@@ -430,7 +440,8 @@ class Block(nn.Module):
 
     def forward(self, h: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
         b, s, d = h.shape
-        q, k, v = self.qkv(self.norm1(h)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(self.norm1(h)).view(b, s, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, heads, S, d/heads]
         # attn_mask [B, 1, 1, S]: every query attends to the stored steps only.
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.dropout if self.training else 0.0)
@@ -439,7 +450,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, inp: Inputs, dim: int, layers: int, heads: int, dropout: float, outputs: int):
+    def __init__(self, inp: Inputs, dim: int, layers: int, heads: int, dropout: float,
+                 outputs: int):
         super().__init__()
         self.embed = Embed(inp, dim)
         self.positions = nn.Parameter(torch.randn(inp.max_len, dim) * 0.02)
@@ -472,7 +484,10 @@ class GRU(nn.Module):
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         h = self.embed(batch)
-        out, _ = self.gru(h)
+        # The recurrence runs in float32 whatever --amp says (as in dsc-train): errors would
+        # compound over up to L steps, and the GRU is a small share of the work.
+        with torch.autocast(h.device.type, enabled=False):
+            out, _ = self.gru(h.float())
         # A forward GRU's output at step t ignores later (padding) steps, so reading it at the
         # last stored step is exact without pack_padded_sequence, which would need the lengths
         # on the host (a device sync every step).
@@ -621,7 +636,8 @@ def to_device(batch: dsc.Batch, names: List[str], device: torch.device) -> Dict[
 
 
 @torch.no_grad()
-def evaluate(model, task: Task, cache: dsc.Cache, args, device, names, autocast) -> Tuple[float, float]:
+def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Namespace,
+             device: torch.device, names: List[str], autocast) -> Tuple[float, float]:
     """Mean loss and metric over the whole evaluation split, each context counted once."""
     n = cache.splits.get(args.eval_split, 0)
     loader = dsc.Loader(cache, split=args.eval_split, batch_size=args.batch_size, shuffle=False,
@@ -668,12 +684,12 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     device = pick_device(args.device)
     on_cuda = device.type == "cuda"
     if args.threads:
+        # torch's default, one thread per physical core, is the fastest on an idle machine (the
+        # loader's thread needs little CPU). On a shared one ask for fewer: torch's threads wait
+        # for each other at every operator, so one that loses its core stalls them all. (Default
+        # transformer, 2 cores: 0.22 s a step with 2 threads idle, but 0.7-1.5 s with 2 and
+        # 0.37 s with 1 thread while a compiler ran beside it.)
         torch.set_num_threads(args.threads)
-    elif not on_cuda:
-        # torch's OpenMP threads wait for each other at the end of every operator, so one that
-        # shares its core with the loader (or anything else) stalls them all: on 2 cores one
-        # torch thread beats two (0.37 s vs 0.7 s per step of the default transformer).
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
     amp = args.amp or ("bf16" if on_cuda else "none")
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
     if on_cuda:
@@ -727,9 +743,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         set_rng_state(ckpt["rng"])
 
     params = sum(p.numel() for p in model.parameters())
-    say(f"{args.model} · {params:,} parameters · task {args.task} ({task.metric}) · device {device}"
-        f" · amp {amp} · {len(loader)} batches of {args.batch_size}/epoch · {steps_epoch} "
-        f"optimizer steps/epoch")
+    say(f"{args.model} · {params:,} parameters · task {args.task} ({task.metric}) · "
+        f"device {device} · amp {amp} · {len(loader)} batches of {args.batch_size}/epoch · "
+        f"{steps_epoch} optimizer steps/epoch")
     ckpt_path = os.path.join(args.out, "last.pt") if args.out else None
     if ckpt_path:
         os.makedirs(args.out, exist_ok=True)
@@ -746,7 +762,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     timer = StepTimer(device)
     logged: List[Dict[str, Any]] = []
     zero = lambda: torch.zeros((), device=device)  # noqa: E731
-    stopped = False
+    stopped = args.max_steps is not None and pos["optimizer_steps"] >= args.max_steps
     start = time.perf_counter()
     model.train()
 
@@ -768,8 +784,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             lr = schedule.get_last_lr()[0]
             logged.append(dict(step=pos["optimizer_steps"], train_loss=loss, lr=lr, **sh))
             say(f"epoch {epoch} step {pos['optimizer_steps']} · loss {loss:.4f} · lr {lr:.2e} · "
-                f"{sh['samples_per_s']:.0f} samples/s · data wait {100 * sh['data_wait_share']:.1f}%"
-                f" · h2d {100 * sh['h2d_share']:.1f}% · compute {100 * sh['compute_share']:.1f}%")
+                f"{sh['samples_per_s']:.0f} samples/s · "
+                f"data wait {100 * sh['data_wait_share']:.1f}% · h2d {100 * sh['h2d_share']:.1f}%"
+                f" · compute {100 * sh['compute_share']:.1f}%")
             window_loss, window_steps = zero(), 0
 
         while pos["micro"] < micro_epoch:

@@ -1,8 +1,9 @@
 """examples/train.py, the reference PyTorch training script: it trains, resumes exactly, and
-learns a classification above chance. CPU only, small generated caches; about half a minute on
-two cores.
+learns a classification above chance. CPU only, small generated caches; about 15 s on two
+cores.
 
-The dsc binary makes the data: ``DSC_BIN`` (default ``target/release/dsc`` in the repository).
+The dsc binary makes the data (conftest.dsc_bin: ``DSC_BIN``, else the newest of
+target/{debug,release}/dsc).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,22 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 dsc = pytest.importorskip("dsc")
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "train.py"
-DSC_BIN = Path(os.environ.get("DSC_BIN", ROOT / "target" / "release" / "dsc"))
-if not DSC_BIN.is_absolute():
-    DSC_BIN = ROOT / DSC_BIN
+from conftest import REPO as ROOT, run_dsc  # noqa: E402 (after the importorskips)
 
-# A small network keeps every run to a few seconds; one torch thread keeps it deterministic and
-# leaves the other core to the loader.
+SCRIPT = ROOT / "examples" / "train.py"
+
+# A small network keeps every run to a few seconds. One torch thread: the thread count changes
+# the order of float sums, and the resume test compares runs bit for bit.
 SMALL = ["--dim", "32", "--layers", "1", "--heads", "2", "--batch-size", "32", "--threads", "1",
          "--device", "cpu"]
-
-
-def _dsc(*args: str) -> None:
-    if not DSC_BIN.exists():
-        pytest.skip(f"no dsc binary at {DSC_BIN} (build it or set DSC_BIN)")
-    subprocess.run([str(DSC_BIN), *args], check=True, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +37,9 @@ def train_script():
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
+    threads = torch.get_num_threads()  # --threads sets it for the whole process
     yield module
+    torch.set_num_threads(threads)
     sys.modules.pop(spec.name, None)
 
 
@@ -53,9 +47,9 @@ def train_script():
 def icecube_cache(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("icecube")
     data, cache = tmp / "data", tmp / "cache"
-    _dsc("gen", "icecube", "--out", str(data), "--files", "2", "--events-per-file", "300",
+    run_dsc("gen", "icecube", "--out", str(data), "--files", "2", "--events-per-file", "300",
          "--seed", "7")
-    _dsc("compile", str(data / "train"), "--key", "event_id", "--order-by", "time",
+    run_dsc("compile", str(data / "train"), "--key", "event_id", "--order-by", "time",
          "--context", str(data / "train_meta.parquet"), "--targets", "azimuth,zenith",
          "--join", str(data / "sensor_geometry.csv"), "--on", "sensor_id",
          "--features", "x,y,z,time,charge,auxiliary", "--categorical", "sensor_id",
@@ -71,9 +65,9 @@ def churn_cache(tmp_path_factory) -> Path:
     feature `tenure_years`."""
     tmp = tmp_path_factory.mktemp("churn")
     data, cache = tmp / "data", tmp / "cache"
-    _dsc("gen", "sequences", "--out", str(data), "--customers", "2000", "--files", "2",
+    run_dsc("gen", "sequences", "--out", str(data), "--customers", "2000", "--files", "2",
          "--seed", "3")
-    _dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
+    run_dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
          "--context", str(data / "customers.parquet"), "--targets", "churned,lifetime_value",
          "--context-features", "age,tenure_years", "--features", "amount,items,is_refund,ts",
          "--categorical", "merchant_category,channel", "--encode", "amount=log1p",
@@ -109,6 +103,24 @@ def test_trains_and_prints_one_json_summary(icecube_cache, tmp_path):
     assert s["samples_per_s"] > 0 and 0 <= s["data_wait_share"] <= 1
     assert s["h2d_share"] == 0  # no copy on the CPU
     assert (tmp_path / "run" / "last.pt").exists()
+
+
+def test_normalisation_from_the_train_statistics(train_script, icecube_cache):
+    """Raw metres are standardised with the train split's mean and std, the log1p column with
+    its encoded quantiles; zscore and bool columns are left alone."""
+    cache = dsc.open(str(icecube_cache))
+    shift, scale = train_script.resolve_inputs(cache, normalise=True).x_norm
+    train = next(s for s in cache.stats["splits"] if s["split"] == "train")
+    stats = {c["name"]: c.get("numeric") for c in train["columns"]}
+    for i, col in enumerate("xyz"):
+        assert (shift[i], scale[i]) == (stats[col]["mean"], stats[col]["std"])
+        assert 200 < scale[i] < 350  # metres, spread over the detector
+    assert (shift[3], scale[3]) == (0.0, 1.0)  # time: zscore already
+    median = next(q["value"] for q in stats["charge"]["quantiles"] if q["q"] == 0.5)
+    assert shift[4] == pytest.approx(math.log1p(median)) and 0.1 < scale[4] < 2
+    assert (shift[5], scale[5]) == (0.0, 1.0)  # auxiliary: bool
+    off = train_script.resolve_inputs(cache, normalise=False).x_norm
+    assert off == ([0.0] * 6, [1.0] * 6)
 
 
 def _weights(path: Path) -> dict:
@@ -153,7 +165,8 @@ def test_classification_learns_above_chance(train_script, churn_cache):
                            "--lr", "3e-3", "--json", *SMALL])
     assert s["metric"] == "accuracy"
     accuracy = s["val_metric"][-1]
-    assert accuracy > majority + 0.05, (accuracy, majority, s["val_metric"])
+    # Predicting the majority class scores `majority` (about 0.7); the GRU reaches about 0.9.
+    assert accuracy > majority + 0.1, (accuracy, majority, s["val_metric"])
 
 
 def test_regression_runs(train_script, churn_cache):
