@@ -265,7 +265,7 @@ def resolve_inputs(cache: dsc.Cache, normalise: bool) -> Inputs:
         features=x.shape[-1] if x else 0,
         categorical=[t.name for t in cats],
         # The reserved codes 0 (null / padding) and 1 (unknown) come before the vocabulary.
-        vocabularies=[len(t.encodings[0].get("vocabulary") or []) + 2 for t in cats],
+        vocabularies=[cache.vocab_size(t.name) for t in cats],
         context=c.name if c else None,
         context_features=c.shape[0] if c else 0,
         x_norm=norm(x),
@@ -353,12 +353,10 @@ def count_classes(cache: dsc.Cache, y_name: str, column: int, name: str) -> int:
     """
     loader = dsc.Loader(cache, split="train", batch_size=4096, shuffle=False, drop_last=False,
                         columns=[y_name])
-    n = cache.splits["train"]
-    top, seen = -1, 0
+    top = -1
     for batch in loader:
         # drop_last=False completes the last batch with the epoch's first contexts: skip those.
-        v = batch[y_name][: n - seen, column]
-        seen += len(v)
+        v = batch[y_name][: batch.valid, column]
         bad = (v < 0) | (v != v.floor()) | ~torch.isfinite(v)
         if bad.any():
             raise SystemExit(f"--task classification: target {name!r} holds "
@@ -639,7 +637,6 @@ def to_device(batch: dsc.Batch, names: List[str], device: torch.device) -> Dict[
 def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Namespace,
              device: torch.device, names: List[str], autocast) -> Tuple[float, float]:
     """Mean loss and metric over the whole evaluation split, each context counted once."""
-    n = cache.splits.get(args.eval_split, 0)
     loader = dsc.Loader(cache, split=args.eval_split, batch_size=args.batch_size, shuffle=False,
                         drop_last=False, trim=args.trim, num_threads=args.loader_threads,
                         pin_memory=device.type == "cuda")
@@ -649,8 +646,8 @@ def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Name
     model.eval()
     for batch in loader:
         # drop_last=False fills the last batch up with the split's first contexts, so that every
-        # batch is full: count only the rows not seen yet.
-        rows = min(args.batch_size, n - seen)
+        # batch is full: count only the `valid` rows, seen for the first time.
+        rows = batch.valid
         b = to_device(batch, names, device)
         with autocast():
             pred = model(b)

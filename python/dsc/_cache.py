@@ -112,6 +112,36 @@ class Cache:
             f"{self.path}: no tensor {name!r} (tensors: {[t.name for t in self.schema]})"
         )
 
+    def vocab_size(self, name: str) -> int:
+        """The number of codes of categorical tensor ``name`` (the reserved null and unknown
+        codes included): the ``num_embeddings`` of an ``nn.Embedding`` over it."""
+        info = self.tensor(name)
+        enc = info.encodings[0] if len(info.encodings) == 1 else {}
+        if enc.get("kind") == "category":
+            return len(enc["vocabulary"]) + CODE_FIRST
+        if enc.get("kind") == "sub_column":
+            return int(enc["cardinality"])
+        raise OptionsError(f"tensor {name!r} holds no category codes (role {info.role})")
+
+    def column_stats(self, column: str, split: str = "train", table: Optional[str] = None) -> Dict[str, Any]:
+        """``stats.json``'s entry for source column ``column`` of ``split`` (source units,
+        before encoding): count, nulls, ``numeric`` (min, max, mean, std, quantiles) or the
+        vocabulary. ``table`` (``rows``, ``join``, ``context``) picks one where two tables
+        have a column of that name."""
+        for s in self.stats["splits"]:
+            if s["split"] != split:
+                continue
+            found = [c for c in s["columns"] if c["name"] == column and table in (None, c.get("table"))]
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                raise OptionsError(
+                    f"column {column!r} is in tables {[c.get('table') for c in found]}: pass table="
+                )
+            raise OptionsError(f"no statistics for column {column!r} in split {split!r}")
+        names = [s["split"] for s in self.stats["splits"]]
+        raise OptionsError(f"{self.path}: no statistics for split {split!r} (splits: {names})")
+
     def steps(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
         """Batches per rank in one epoch of ``split``."""
         return self._handle.steps(split, batch_size, world_size, drop_last)

@@ -43,20 +43,32 @@ def _torch():
 class Batch(dict):
     """One batch: a ``dict`` of tensor name to ``torch.Tensor`` (or NumPy array), plus where it
     sits in the epoch. ``.to(device)`` and ``.pin_memory()`` return a new ``Batch`` (the
-    DataLoader's pin thread calls ``pin_memory`` on custom types)."""
+    DataLoader's pin thread calls ``pin_memory`` on custom types).
+
+    Attributes: ``epoch``, ``step`` (the batch's index in the epoch), ``seq_len`` (the length of
+    the sequence axis), ``valid`` (how many leading rows are contexts seen for the first time
+    this epoch: all of them, except in the last batches of a ``drop_last=False`` epoch, which
+    are completed with the epoch's first contexts; evaluate on ``batch["y"][:batch.valid]`` to
+    count every context once)."""
 
     epoch: int
     step: int
     seq_len: int
+    valid: int
 
-    def __init__(self, tensors: Dict[str, Any], epoch: int = 0, step: int = 0, seq_len: int = 0):
+    def __init__(self, tensors: Dict[str, Any], epoch: int = 0, step: int = 0, seq_len: int = 0,
+                 valid: Optional[int] = None):
         super().__init__(tensors)
         self.epoch = epoch
         self.step = step
         self.seq_len = seq_len
+        if valid is None:
+            first = next(iter(tensors.values()), None)
+            valid = 0 if first is None else len(first)
+        self.valid = valid
 
     def _like(self, tensors: Dict[str, Any]) -> "Batch":
-        return Batch(tensors, self.epoch, self.step, self.seq_len)
+        return Batch(tensors, self.epoch, self.step, self.seq_len, self.valid)
 
     def to(self, *args: Any, **kwargs: Any) -> "Batch":
         """``tensor.to(*args, **kwargs)`` for every tensor, e.g. ``batch.to("cuda",
@@ -68,7 +80,7 @@ class Batch(dict):
         return self._like({k: v.pin_memory(*args) for k, v in self.items()})
 
     def __reduce__(self):
-        return (Batch, (dict(self), self.epoch, self.step, self.seq_len))
+        return (Batch, (dict(self), self.epoch, self.step, self.seq_len, self.valid))
 
 
 def _default_rank_world() -> Tuple[int, int]:
@@ -240,6 +252,7 @@ class Loader:
         self._pid = os.getpid()
         self._active: Optional[_Epoch] = None
         self._len = self.cache.steps(self.split, self.batch_size, self.world_size, self.drop_last)
+        self._contexts = self.cache.splits[self.split]
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.
         self._fill_path = self.pin_memory
@@ -371,6 +384,12 @@ class Loader:
         if epoch is self._active:
             self._step += 1
 
+    def _valid(self, step: int) -> int:
+        """Rows of this rank's batch ``step`` before the epoch wraps around (ranks take
+        consecutive slices of each global batch)."""
+        start = step * self.batch_size * self.world_size + self.rank * self.batch_size
+        return max(0, min(self.batch_size, self._contexts - start))
+
     def _finished(self, epoch: "_Epoch") -> None:
         if epoch is self._active:
             self._epoch, self._step = self._epoch + 1, 0
@@ -413,7 +432,7 @@ class _Epoch:
         step, seq_len, tensors = item
         batch = Batch(
             {name: _wrap(self.loader, buf, dtype, shape) for name, dtype, shape, buf in tensors},
-            self.epoch, step, seq_len,
+            self.epoch, step, seq_len, self.loader._valid(step),
         )
         if self.loader.device is not None:
             batch = batch.to(self.loader.device, non_blocking=True)
@@ -505,7 +524,7 @@ class _PinnedEpoch(_Epoch):
         self.handle.advance(1)
         self.next_step += 1
         self.loader._consumed(self)
-        return Batch(tensors, self.epoch, step, seq_len)
+        return Batch(tensors, self.epoch, step, seq_len, self.loader._valid(step))
 
     def close(self) -> None:
         self.stop.set()

@@ -359,3 +359,31 @@ def test_without_torch_batches_are_numpy_arrays(cache_dir: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_valid_counts_each_context_once_without_drop_last(cache_dir: Path) -> None:
+    """An evaluation pass over batch[:valid] sees every context of the split exactly once, on
+    one rank and across ranks."""
+    n = dsc.open(cache_dir).splits["val"]
+    for world in (1, 2):
+        seen = []
+        for rank in range(world):
+            for b in dsc.Loader(cache_dir, split="val", batch_size=50, shuffle=False,
+                                drop_last=False, rank=rank, world_size=world):
+                assert len(b["key"]) == 50
+                seen.extend(b["key"][: b.valid].tolist())
+        assert len(seen) == n and len(set(seen)) == n
+
+
+def test_cache_helpers(cache_dir: Path) -> None:
+    cache = dsc.open(cache_dir)
+    vocab = cache.tensor("sensor_id").encodings[0]["vocabulary"]
+    assert cache.vocab_size("sensor_id") == len(vocab) + 2
+    for b in dsc.Loader(cache, batch_size=64):
+        assert int(b["sensor_id"].max()) < cache.vocab_size("sensor_id")
+    charge = cache.column_stats("charge")
+    assert charge["table"] == "rows" and charge["numeric"]["min"] > 0
+    with pytest.raises(dsc.OptionsError):
+        cache.vocab_size("x")
+    with pytest.raises(dsc.OptionsError, match="no statistics"):
+        cache.column_stats("charge", split="test")
