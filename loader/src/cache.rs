@@ -6,6 +6,7 @@ use crate::mmap::Mapped;
 use dsc_format::shard::read_layout;
 use dsc_format::{Manifest, ShardEntry, TensorSpec};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// One validated, mapped shard.
@@ -15,6 +16,9 @@ pub(crate) struct Shard {
     /// Start of each tensor's data in the file, in manifest tensor order.
     pub tensor_starts: Vec<usize>,
     pub map: Mapped,
+    /// Set once the whole shard was asked into this process's page tables, for splits that stay
+    /// resident (see `loader::resident_budget`): later epochs skip the hint.
+    pub populated: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -74,6 +78,7 @@ impl Cache {
                 entry: entry.clone(),
                 tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
                 map,
+                populated: AtomicBool::new(false),
             };
             splits
                 .iter_mut()

@@ -137,6 +137,30 @@ struct Plan {
     /// The manifest index of `length`, read for trimming whether or not it is loaded.
     length_index: usize,
     pool: Arc<Pool>,
+    /// Whether the split's pages stay in the process's page tables between windows and epochs
+    /// (the split fits [`resident_budget`]) instead of being released behind the reader.
+    keep_resident: bool,
+}
+
+/// Mapped bytes of a split up to which its pages are kept resident: a quarter of the machine's
+/// memory. Releasing pages behind the reader (`MADV_DONTNEED`) bounds the resident set, but
+/// costs a page-table teardown, a TLB shootdown and a fault for every page on every epoch:
+/// measured on the 344 MB loader benchmark cache, keeping it resident and hinting each shard
+/// once doubles the shuffled rate. The pages are clean page-cache pages either way, which the
+/// kernel can reclaim under pressure; only the reported RSS differs.
+fn resident_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let total_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+            })
+            .unwrap_or(4 << 20);
+        total_kib.saturating_mul(1024) / 4
+    })
 }
 
 impl Plan {
@@ -286,6 +310,16 @@ impl Plan {
         let window = self.order.window();
         let total = self.order.len();
         let ahead = ((w + 1) * window).min(total)..((w + 2) * window).min(total);
+        if self.keep_resident {
+            // Fault each shard in once, whole, ahead of its first use; it then stays mapped.
+            for (shard, _, _) in self.order.spans(ahead) {
+                let shard = &self.shards()[shard];
+                if !shard.populated.swap(true, Ordering::Relaxed) {
+                    shard.map.will_need(0, shard.map.bytes().len());
+                }
+            }
+            return;
+        }
         self.for_spans(ahead, |shard, start, len| shard.map.will_need(start, len));
         if w >= 2 {
             let behind = (w - 2) * window..(w - 1) * window;
@@ -448,6 +482,11 @@ impl Loader {
             .iter()
             .map(|s| s.entry.contexts)
             .collect();
+        let split_bytes: u64 = inner.splits[split_index]
+            .1
+            .iter()
+            .map(|s| s.entry.bytes)
+            .sum();
         let order = EpochOrder::new(
             &sizes,
             opts.shuffle,
@@ -493,6 +532,7 @@ impl Loader {
             tensors,
             slots,
             length_index,
+            keep_resident: split_bytes <= resident_budget() as u64,
         });
         let first_step = first_step.min(steps.steps);
         let mut loader = Loader {
