@@ -2,7 +2,9 @@
 # The main job on built-in sample data, on a fresh machine: build dsc, generate IceCube-like
 # events, compile them into a cache, inspect and verify it, stream it through the loader, and
 # train the reference model on it briefly (dsc-train; PyTorch 2.11.0 is installed into .venv
-# for its libtorch). Everything lands in ./demo.
+# for its libtorch), then install the Python package and train the Python reference script
+# (examples/train.py), whose validation error falls well below 1 rad in two epochs.
+# Everything lands in ./demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,3 +45,8 @@ $dsc bench demo/cache
 step "train briefly: one epoch of a small transformer, direction task (CUDA when present)"
 target/release/dsc-train --cache demo/cache --task direction --epochs 1 --batch-size 128 --dim 64 \
     --lr 1e-3 --log-every 10 --out demo/run
+
+step "python: install the package (pip install ./python) and train with examples/train.py (2 epochs, CPU)"
+.venv/bin/pip install --quiet --disable-pip-version-check ./python
+.venv/bin/python examples/train.py --cache demo/cache --task direction --epochs 2 --batch-size 128 \
+    --out demo/run-py

@@ -414,14 +414,6 @@ fn compile(
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }
 
-/// The spec a set of compile options resolves to, as JSON text (`dsc compile --print-spec`).
-#[pyfunction]
-fn resolve_spec(py: Python<'_>, spec_json: &str) -> PyResult<String> {
-    let spec: CompileSpec = serde_json::from_str(spec_json)
-        .map_err(|e| options_error(py, &format!("invalid spec: {e}")))?;
-    Ok(serde_json::to_string(&spec).expect("spec serialises"))
-}
-
 /// Parses a size such as `256MiB` into bytes.
 #[pyfunction]
 fn parse_size(py: Python<'_>, text: &str) -> PyResult<u64> {
@@ -434,7 +426,6 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheHandle>()?;
     m.add_class::<LoaderHandle>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
-    m.add_function(wrap_pyfunction!(resolve_spec, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
