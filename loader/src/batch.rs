@@ -130,6 +130,21 @@ impl BatchTensor {
             Data::Owned { buf, .. } => buf,
         }
     }
+    /// For a view into a mapped shard: the shard file and the byte range of the view in it, so
+    /// that a caller can make a mapping of its own (e.g. a private, writable one) of the same
+    /// bytes. `None` for gathered bytes.
+    pub fn mapped_source(&self) -> Option<(&std::fs::File, u64, usize)> {
+        match &self.data {
+            Data::Mapped {
+                cache,
+                split,
+                shard,
+                start,
+                len,
+            } => Some((&cache.splits[*split].1[*shard].file, *start as u64, *len)),
+            Data::Owned { .. } => None,
+        }
+    }
     /// True when the bytes are a view into the mapped shard (no copy was made).
     pub fn is_zero_copy(&self) -> bool {
         matches!(self.data, Data::Mapped { .. })

@@ -16,9 +16,12 @@ pub(crate) struct Shard {
     /// Start of each tensor's data in the file, in manifest tensor order.
     pub tensor_starts: Vec<usize>,
     pub map: Mapped,
-    /// Set once the whole shard was asked into this process's page tables, for splits that stay
-    /// resident (see `loader::resident_budget`): later epochs skip the hint.
-    pub populated: AtomicBool,
+    /// The open file behind `map`: the validated inode, whatever later happens to the path.
+    pub file: std::fs::File,
+    /// Per tensor (manifest order): set once the tensor's data was asked into this process's
+    /// page tables, for splits that stay resident (see `loader::resident_budget`), so that
+    /// later epochs skip the hint.
+    pub populated: Vec<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -78,7 +81,12 @@ impl Cache {
                 entry: entry.clone(),
                 tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
                 map,
-                populated: AtomicBool::new(false),
+                file,
+                populated: manifest
+                    .tensors
+                    .iter()
+                    .map(|_| AtomicBool::new(false))
+                    .collect(),
             };
             splits
                 .iter_mut()

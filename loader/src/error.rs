@@ -23,6 +23,9 @@ pub enum LoadError {
     /// A resume state does not fit the options or the cache.
     #[error("cannot resume: {0}")]
     State(String),
+    /// A loader thread could not be started (e.g. a process or container thread limit).
+    #[error("cannot start a loader thread: {0}")]
+    Threads(std::io::Error),
     /// A prefetch thread stopped unexpectedly (a bug in dsc).
     #[error("a prefetch thread stopped unexpectedly")]
     WorkerLost,

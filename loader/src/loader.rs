@@ -142,8 +142,13 @@ struct Plan {
     keep_resident: bool,
 }
 
-/// Mapped bytes of a split up to which its pages are kept resident: a quarter of the machine's
-/// memory. Releasing pages behind the reader (`MADV_DONTNEED`) bounds the resident set, but
+/// The most loader threads and prefetched batches per thread a loader accepts: far beyond any
+/// use, and small enough that the thread and buffer counts never overflow.
+const MAX_THREADS: usize = 1024;
+const MAX_PREFETCH: usize = 1 << 16;
+
+/// Mapped bytes of a split up to which its pages are kept resident: a quarter of the memory
+/// this process may use (the machine's, or its cgroup's limit when lower). Releasing pages behind the reader (`MADV_DONTNEED`) bounds the resident set, but
 /// costs a page-table teardown, a TLB shootdown and a fault for every page on every epoch:
 /// measured on the 344 MB loader benchmark cache, keeping it resident and hinting each shard
 /// once doubles the shuffled rate. The pages are clean page-cache pages either way, which the
@@ -159,7 +164,16 @@ fn resident_budget() -> usize {
                     .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
             })
             .unwrap_or(4 << 20);
-        total_kib.saturating_mul(1024) / 4
+        // A container's limit (cgroup v2, then v1); "max" or a missing file means none.
+        let cgroup = [
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        ]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(usize::MAX);
+        total_kib.saturating_mul(1024).min(cgroup) / 4
     })
 }
 
@@ -311,11 +325,15 @@ impl Plan {
         let total = self.order.len();
         let ahead = ((w + 1) * window).min(total)..((w + 2) * window).min(total);
         if self.keep_resident {
-            // Fault each shard in once, whole, ahead of its first use; it then stays mapped.
+            // Fault each loaded tensor of a shard in once, whole, ahead of its first use; it
+            // then stays mapped.
             for (shard, _, _) in self.order.spans(ahead) {
                 let shard = &self.shards()[shard];
-                if !shard.populated.swap(true, Ordering::Relaxed) {
-                    shard.map.will_need(0, shard.map.bytes().len());
+                for (spec, &slot) in self.tensors.iter().zip(&self.slots) {
+                    if !shard.populated[slot].swap(true, Ordering::Relaxed) {
+                        let len = spec.sample_bytes() * shard.entry.contexts;
+                        shard.map.will_need(shard.tensor_starts[slot], len);
+                    }
                 }
             }
             return;
@@ -461,6 +479,12 @@ impl Loader {
                 opts.batch_size, opts.rank, opts.world_size
             )));
         }
+        if opts.threads > MAX_THREADS || opts.prefetch > MAX_PREFETCH {
+            return Err(LoadError::Options(format!(
+                "threads {} / prefetch {}: at most {MAX_THREADS} threads and {MAX_PREFETCH} batches ahead",
+                opts.threads, opts.prefetch
+            )));
+        }
         // A batch is allocated whole: refuse sizes no machine could hold before multiplying
         // them into an overflow or a giant allocation.
         let batch_bytes = inner
@@ -549,11 +573,13 @@ impl Loader {
             }),
             window_cache: (usize::MAX, Vec::new()),
         };
-        loader.spawn();
+        loader.spawn()?;
         Ok(loader)
     }
 
-    fn spawn(&mut self) {
+    /// Starts the advisor and the prefetch threads. On failure (a thread limit) the threads
+    /// already started stop when the loader is dropped.
+    fn spawn(&mut self) -> Result<(), LoadError> {
         let (tx, rx) = sync_channel::<usize>(4);
         let plan = self.plan.clone();
         let handle = std::thread::Builder::new()
@@ -563,7 +589,7 @@ impl Loader {
                     plan.advise(w);
                 }
             })
-            .expect("spawn loader thread");
+            .map_err(LoadError::Threads)?;
         self.advisor = Some(handle);
         *self.hints.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let threads = self.opts.threads;
@@ -583,9 +609,10 @@ impl Loader {
                         step += threads;
                     }
                 })
-                .expect("spawn loader thread");
+                .map_err(LoadError::Threads)?;
             self.workers.push((rx, handle));
         }
+        Ok(())
     }
 
     /// Steps (batches per rank) in this epoch.

@@ -7,19 +7,14 @@
 //! and renames them into place. What remains is a file truncated or rewritten in place by another
 //! process while it is mapped: reading the lost pages then raises SIGBUS. That risk is inherent to
 //! `mmap` and is documented for users (`docs/GUIDE.md`): do not modify a cache that is being read.
-//!
-//! The map is private and writable (copy-on-write): the Python binding hands zero-copy views of
-//! it to PyTorch, which has no read-only tensors, and a write through such a view must change a
-//! private copy of the page, never the shard file (nor crash on a read-only page). Rust code
-//! only ever reads it; reading costs the same as a read-only map.
 
-use memmap2::{Advice, MmapMut, MmapOptions, UncheckedAdvice};
+use memmap2::{Advice, Mmap, MmapOptions, UncheckedAdvice};
 use std::fs::File;
 
-/// A private (copy-on-write) map of one whole shard file.
+/// A read-only map of one whole shard file.
 #[derive(Debug)]
 pub struct Mapped {
-    map: MmapMut,
+    map: Mmap,
 }
 
 impl Mapped {
@@ -32,11 +27,10 @@ impl Mapped {
                 "empty shard file",
             ));
         }
-        // SAFETY: private copy-on-write map of a file whose size and header were validated
-        // against the manifest immediately before; dsc never modifies published shards, and
-        // writes to a private map never reach the file. A concurrent truncation by another
-        // process could still cause SIGBUS on access (module docs).
-        let map = unsafe { MmapOptions::new().len(len as usize).map_copy(file)? };
+        // SAFETY: read-only private map of a file whose size and header were validated against
+        // the manifest immediately before; dsc never modifies published shards. A concurrent
+        // truncation by another process could still cause SIGBUS on access (module docs).
+        let map = unsafe { MmapOptions::new().len(len as usize).map(file)? };
         if map.len() as u64 != len {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -72,9 +66,8 @@ impl Mapped {
     pub fn release(&self, start: usize, len: usize) {
         let (start, len) = self.clamp(start, len);
         if len > 0 {
-            // SAFETY: DONTNEED discards private modifications of the range, so the next access
-            // re-reads the file's unchanged data: dsc itself never writes the map, and a user's
-            // write through a zero-copy view is documented to be a private, temporary change.
+            // SAFETY: DONTNEED discards private modifications of the range; this map is
+            // read-only and never written, so the next access re-reads the file's unchanged data.
             let _ = unsafe {
                 self.map
                     .unchecked_advise_range(UncheckedAdvice::DontNeed, start, len)

@@ -270,7 +270,7 @@ impl Steps {
     /// last global batch is dropped (`drop_last`) or completed by repeating the epoch's first
     /// positions, so every rank gets the same number of batches.
     pub fn new(contexts: usize, batch_size: usize, world_size: usize, drop_last: bool) -> Steps {
-        let global = (batch_size * world_size).max(1);
+        let global = batch_size.saturating_mul(world_size).max(1);
         let steps = if drop_last {
             contexts / global
         } else {

@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -99,9 +100,14 @@ def _default_rank_world() -> Tuple[int, int]:
     return rank, world
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise OptionsError(f"{name}={value!r}: expected an integer >= {minimum}")
+# Integers cross into Rust as 64-bit; larger ones would fail there as OverflowError.
+_INT_MAX = 2**63 - 1
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int = _INT_MAX) -> int:
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+            or not minimum <= value <= maximum):
+        raise OptionsError(f"{name}={value!r}: expected an integer in [{minimum}, {maximum}]")
     return int(value)
 
 
@@ -190,7 +196,7 @@ class Loader:
         self.split = str(split)
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.shuffle = bool(shuffle)
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = _check_int("seed", seed, 0, 2**64 - 1)
         self.drop_last = bool(drop_last)
         if (rank is None) != (world_size is None):
             default_rank, default_world = _default_rank_world()
@@ -202,8 +208,8 @@ class Loader:
         self.rank = _check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise OptionsError(f"rank={self.rank} with world_size={self.world_size}: need rank < world_size")
-        self.num_threads = _check_int("num_threads", num_threads, 0)
-        self.prefetch = _check_int("prefetch", prefetch, 1)
+        self.num_threads = _check_int("num_threads", num_threads, 0, 1024)
+        self.prefetch = _check_int("prefetch", prefetch, 1, 65536)
         self.trim = bool(trim)
         self.window = _check_int("window", window, 1)
         self.interleave = _check_int("interleave", interleave, 1)
@@ -222,8 +228,9 @@ class Loader:
             )
         names = [t.name for t in self.cache.schema]
         if columns is not None:
-            if isinstance(columns, str):
-                columns = [columns]
+            columns = [columns] if isinstance(columns, str) else list(columns)
+            if not columns:
+                raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass None for all")
             unknown = [c for c in columns if c not in names]
             if unknown:
                 raise OptionsError(f"{self.cache.path}: no tensor {unknown[0]!r} (tensors: {names})")
@@ -250,7 +257,9 @@ class Loader:
         self._epoch = _check_int("epoch", epoch, 0)
         self._step = 0  # batches of the current epoch consumed on this rank
         self._pid = os.getpid()
-        self._active: Optional[_Epoch] = None
+        # The running iterator, weakly: an iterator keeps its loader alive, not the other way
+        # round, so that neither forms a cycle that only the garbage collector could free.
+        self._active: Optional["weakref.ref[_Epoch]"] = None
         self._len = self.cache.steps(self.split, self.batch_size, self.world_size, self.drop_last)
         self._contexts = self.cache.splits[self.split]
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
@@ -341,7 +350,7 @@ class Loader:
             )
         self._close_active()
         epoch = _PinnedEpoch(self) if self._fill_path else _Epoch(self)
-        self._active = epoch
+        self._active = weakref.ref(epoch)
         return epoch
 
     def close(self) -> None:
@@ -351,7 +360,7 @@ class Loader:
     def __del__(self) -> None:
         try:
             self._close_active()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
+        except BaseException:  # noqa: BLE001 (interpreter shutdown, a forked child)
             pass
 
     def __reduce__(self):
@@ -367,9 +376,10 @@ class Loader:
     # -- internals -------------------------------------------------------------------------
 
     def _close_active(self) -> None:
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        epoch = self._active() if self._active is not None else None
+        if epoch is not None:
+            epoch.close()
+        self._active = None
 
     def _handle(self, threads: int):
         return self.cache._handle.loader(
@@ -381,7 +391,7 @@ class Loader:
 
     def _consumed(self, epoch: "_Epoch") -> None:
         """One more batch handed to the caller by ``epoch`` (the active iterator)."""
-        if epoch is self._active:
+        if self._active is not None and epoch is self._active():
             self._step += 1
 
     def _valid(self, step: int) -> int:
@@ -391,7 +401,7 @@ class Loader:
         return max(0, min(self.batch_size, self._contexts - start))
 
     def _finished(self, epoch: "_Epoch") -> None:
-        if epoch is self._active:
+        if self._active is not None and epoch is self._active():
             self._epoch, self._step = self._epoch + 1, 0
             self._active = None
 
@@ -411,32 +421,57 @@ def _wrap(loader: Loader, buffer: Any, dtype: str, shape: Sequence[int]):
 
 
 class _Epoch:
-    """An iterator over the rest of the loader's current epoch (host path)."""
+    """An iterator over the rest of the loader's current epoch (host path). It holds its
+    loader (``next(iter(dsc.Loader(...)))`` works); the loader refers to it weakly."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
+        self.pid = loader._pid
         self.epoch = loader._epoch
         self.handle = loader._handle(loader.num_threads)
 
     def __iter__(self) -> "_Epoch":
         return self
 
+    def _owner(self) -> Optional[Loader]:
+        if os.getpid() != self.pid:
+            raise WorkerError(
+                f"a dsc.Loader iterator made in process {self.pid} was used in process "
+                f"{os.getpid()} (a fork). {_FORK_ADVICE}"
+            )
+        return self.loader
+
+    def _next_item(self):
+        return self.handle.next()
+
     def __next__(self) -> Batch:
+        loader = self._owner()
         if self.handle is None:
             raise StopIteration
-        item = self.handle.next()
+        try:
+            item = self._next_item()
+        except BaseException:
+            # The position stays at the failed batch: a new iter() retries from there.
+            self.close()
+            raise
         if item is None:
             self.close()
-            self.loader._finished(self)
+            loader._finished(self)
             raise StopIteration
+        batch = self._batch(loader, item)
+        loader._consumed(self)
+        return batch
+
+    def _batch(self, loader: Loader, item) -> Batch:
         step, seq_len, tensors = item
         batch = Batch(
-            {name: _wrap(self.loader, buf, dtype, shape) for name, dtype, shape, buf in tensors},
-            self.epoch, step, seq_len, self.loader._valid(step),
+            {name: _wrap(loader, buf, dtype, shape) for name, dtype, shape, buf in tensors},
+            self.epoch, step, seq_len, loader._valid(step),
         )
-        if self.loader.device is not None:
-            batch = batch.to(self.loader.device, non_blocking=True)
-        self.loader._consumed(self)
+        if loader.device is not None:
+            # Not pinned memory: a non-blocking copy could still be reading the buffer when
+            # its tensor is freed and the buffer reused.
+            batch = batch.to(loader.device)
         return batch
 
     def close(self) -> None:
@@ -445,86 +480,101 @@ class _Epoch:
             self.handle = None
 
 
+def _produce(handle, queues: List[queue.Queue], stop: threading.Event, k: int, first: int,
+             total: int, sizes: List[int], pin: bool) -> None:
+    """A pinned-path producer: fills every ``len(queues)``-th step from ``first + k`` into fresh
+    (pinned) torch buffers. It holds no reference to its epoch, so an abandoned epoch is
+    collected, and its finaliser sets ``stop``."""
+    torch = _torch()
+    threads = len(queues)
+
+    def put(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                queues[k].put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    try:
+        for step in range(first + k, total, threads):
+            if stop.is_set():
+                return
+            bufs = [torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin) for n in sizes]
+            seq_len = handle.fill(step, [b.numpy()[:n] for b, n in zip(bufs, sizes)])
+            put((step, seq_len, bufs))
+    except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
+        put(e)
+
+
 class _PinnedEpoch(_Epoch):
-    """The pinned path: ``num_threads`` Python threads each fill every ``num_threads``-th step
-    into fresh page-locked tensors (from torch's caching host allocator, which reuses a block
-    only after the tensors over it are freed and the copies from it have finished); the
-    consumer takes the steps in order and starts their copies to the device."""
+    """The pinned path: ``max(1, num_threads)`` Python threads each fill every
+    ``num_threads``-th step into fresh page-locked tensors (from torch's caching host
+    allocator, which reuses a block only after the tensors over it are freed and the copies
+    from it have finished; the gather itself runs in Rust with the GIL released); the consumer
+    takes the steps in order and starts their copies to the device."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
+        self.pid = loader._pid
         self.epoch = loader._epoch
         self.handle = loader._handle(0)
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
-        infos = self.handle.tensors()
-        self.sizes = self.handle.batch_bytes()
-        self.infos = infos
+        self.infos = self.handle.tensors()
+        sizes = self.handle.batch_bytes()
         self.stop = threading.Event()
         threads = max(1, loader.num_threads)
         self.queues: List[queue.Queue] = [queue.Queue(maxsize=loader.prefetch) for _ in range(threads)]
         self.threads = [
-            threading.Thread(target=self._produce, args=(k, threads), daemon=True,
-                             name=f"dsc-pin-{k}")
+            threading.Thread(
+                target=_produce, daemon=True, name=f"dsc-pin-{k}",
+                args=(self.handle, self.queues, self.stop, k, self.first, self.total, sizes,
+                      loader.pin_memory),
+            )
             for k in range(threads)
         ]
+        # Dropped without close(): the producers stop on their own.
+        self._finalizer = weakref.finalize(self, self.stop.set)
         for t in self.threads:
             t.start()
 
-    def _produce(self, k: int, threads: int) -> None:
-        torch = _torch()
-        handle = self.handle
-        pin = self.loader.pin_memory
-        try:
-            for step in range(self.first + k, self.total, threads):
-                if self.stop.is_set():
-                    return
-                bufs = [torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin) for n in self.sizes]
-                seq_len = handle.fill(step, [(b.data_ptr(), n) for b, n in zip(bufs, self.sizes)])
-                self._put(k, (step, seq_len, bufs))
-        except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
-            self._put(k, e)
-
-    def _put(self, k: int, item: Any) -> None:
-        while not self.stop.is_set():
-            try:
-                self.queues[k].put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def __next__(self) -> Batch:
-        if self.handle is None:
-            raise StopIteration
+    def _next_item(self):
         if self.next_step >= self.total:
-            self.close()
-            self.loader._finished(self)
-            raise StopIteration
+            return None
         k = (self.next_step - self.first) % len(self.queues)
-        item = self.queues[k].get()
+        while True:
+            if self.stop.is_set():  # closed from another thread
+                raise StopIteration
+            try:
+                item = self.queues[k].get(timeout=0.1)
+                break
+            except queue.Empty:
+                continue
         if isinstance(item, BaseException):
-            self.close()
             if isinstance(item, Error):
                 raise item
             raise Error(f"loading batch {self.next_step} failed: {item}") from item
+        return item
+
+    def _batch(self, loader: Loader, item) -> Batch:
         step, seq_len, bufs = item
         torch = _torch()
-        n = self.loader.batch_size
+        n = loader.batch_size
         tensors = {}
         for (name, dtype, sample_shape, is_seq), buf in zip(self.infos, bufs):
             shape = [n, *sample_shape]
-            if is_seq and shape[1] != seq_len:
+            if is_seq:
                 shape[1] = seq_len
             count = int(np.prod(shape))
             t = buf.view(getattr(torch, dtype))[:count].view(shape)
-            if self.loader.device is not None:
-                t = t.to(self.loader.device, non_blocking=True)
+            if loader.device is not None:
+                t = t.to(loader.device, non_blocking=loader.pin_memory)
             tensors[name] = t
         self.handle.advance(1)
         self.next_step += 1
-        self.loader._consumed(self)
-        return Batch(tensors, self.epoch, step, seq_len, self.loader._valid(step))
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step))
 
     def close(self) -> None:
         self.stop.set()

@@ -163,6 +163,16 @@ fn format_place(e: &FormatError) -> Place {
     }
 }
 
+/// A loader used in a process it was not started in: `dsc.WorkerError`.
+pub fn worker_error(py: Python<'_>, message: &str) -> PyErr {
+    raise(py, "WorkerError", message.to_string(), Place::default())
+}
+
+/// A cache that cannot be read for a reason other than its content.
+pub fn cache_io_error(py: Python<'_>, message: &str) -> PyErr {
+    raise(py, "CacheError", message.to_string(), Place::default())
+}
+
 /// A cache that cannot be read: `dsc.CacheError` naming the file.
 pub fn format_error(py: Python<'_>, e: FormatError) -> PyErr {
     raise(py, "CacheError", e.to_string(), format_place(&e))

@@ -14,6 +14,7 @@ use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 use dsc_loader::order::Steps;
 use dsc_loader::{BatchTensor, Cache, Filler, LoaderOptions, State};
 use errors::{compile_error, format_error, load_error, options_error};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use std::os::raw::c_int;
@@ -22,23 +23,83 @@ use std::sync::Mutex;
 /// One tensor's bytes, exported through the buffer protocol as a flat byte buffer.
 #[pyclass(frozen, module = "dsc._dsc")]
 struct Buffer {
-    tensor: BatchTensor,
-    /// Whether consumers may write. Gathered bytes belong to this buffer alone; a zero-copy
-    /// range lies in a private copy-on-write map, so a write changes this process's copy of
-    /// the page and never the shard file.
-    writable: bool,
+    bytes: Bytes,
 }
+
+/// Where a [`Buffer`]'s bytes live.
+enum Bytes {
+    /// Gathered into a buffer this object owns (returned to the loader's pool when it dies), or
+    /// a read-only view of the loader's shared shard mapping (exported read-only: NumPy).
+    Loader { tensor: BatchTensor, writable: bool },
+    /// A zero-copy view given to torch, which has no read-only tensors: a private,
+    /// copy-on-write mapping of the tensor's file range made for this buffer alone, so that a
+    /// write changes this buffer's pages only, never the file nor what the loader reads.
+    Private { map: memmap2::MmapMut, skip: usize },
+}
+
+impl Buffer {
+    /// A buffer over `tensor`; `writable` asks for memory a consumer may write into.
+    fn new(tensor: BatchTensor, writable: bool) -> std::io::Result<Buffer> {
+        let bytes = match tensor.mapped_source() {
+            Some((file, start, len)) if writable && len > 0 => {
+                // mmap offsets are page-aligned: map from the page holding `start`.
+                let skip = (start % PAGE) as usize;
+                // SAFETY: a private map of a shard file the loader validated (size and header)
+                // before mapping it itself; writes stay in this process's copy of the pages.
+                // As for every mapping of a cache, a concurrent truncation of the file by
+                // another process could raise SIGBUS (documented in the loader's mmap module).
+                let map = unsafe {
+                    memmap2::MmapOptions::new()
+                        .offset(start - skip as u64)
+                        .len(skip + len)
+                        .populate()
+                        .map_copy(file)?
+                };
+                Bytes::Private { map, skip }
+            }
+            _ => Bytes::Loader {
+                // Gathered bytes belong to this buffer alone; views of the shared map are read-only.
+                writable: !tensor.is_zero_copy(),
+                tensor,
+            },
+        };
+        Ok(Buffer { bytes })
+    }
+
+    /// The exported address, length and whether consumers may write.
+    fn region(&self) -> (*mut u8, usize, bool) {
+        match &self.bytes {
+            Bytes::Loader { tensor, writable } => {
+                let b = tensor.bytes();
+                (b.as_ptr().cast_mut(), b.len(), *writable)
+            }
+            Bytes::Private { map, skip } => {
+                // Python writes through this pointer; Rust never reads the map after this.
+                let base = map.as_ptr().cast_mut();
+                // SAFETY: `skip < PAGE <= map.len()` by construction in `Buffer::new`.
+                (unsafe { base.add(*skip) }, map.len() - skip, true)
+            }
+        }
+    }
+}
+
+/// The page size mmap offsets must be multiples of (4 KiB on the platforms dsc supports; a
+/// larger page size makes `map_copy` fail with a clear error, not a wrong mapping).
+const PAGE: u64 = 4096;
 
 #[pymethods]
 impl Buffer {
-    /// True when the bytes are a view of the mapped shard (no copy was made).
+    /// True when no gather copy was made (a view of the shard file's bytes).
     #[getter]
     fn zero_copy(&self) -> bool {
-        self.tensor.is_zero_copy()
+        match &self.bytes {
+            Bytes::Loader { tensor, .. } => tensor.is_zero_copy(),
+            Bytes::Private { .. } => true,
+        }
     }
 
     fn __len__(&self) -> usize {
-        self.tensor.bytes().len()
+        self.region().1
     }
 
     /// # Safety
@@ -48,21 +109,19 @@ impl Buffer {
         view: *mut pyo3::ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let this = slf.get();
-        let bytes = this.tensor.bytes();
-        let readonly = c_int::from(!this.writable);
+        let (ptr, len, writable) = slf.get().region();
         // SAFETY: `view` comes from CPython. The pointer stays valid while the exporter lives:
-        // FillInfo takes a reference to `slf`, and `slf` owns the bytes (or the mapping they lie
-        // in). A writable export is only offered for memory Rust never reads through a shared
-        // reference again while Python holds it (a gather buffer owned by this object) or for a
-        // private copy-on-write mapping (see `Buffer::writable`).
+        // FillInfo takes a reference to `slf`, and `slf` owns the bytes (a gather buffer, a
+        // private mapping, or a reference to the cache that keeps the shared mapping). Writable
+        // exports are only memory no Rust code reads while Python holds it: a gather buffer
+        // owned by this object, or this object's private mapping.
         let rc = unsafe {
             pyo3::ffi::PyBuffer_FillInfo(
                 view,
                 slf.as_ptr(),
-                bytes.as_ptr() as *mut std::ffi::c_void,
-                bytes.len() as pyo3::ffi::Py_ssize_t,
-                readonly,
+                ptr.cast(),
+                len as pyo3::ffi::Py_ssize_t,
+                c_int::from(!writable),
                 flags,
             )
         };
@@ -132,6 +191,12 @@ impl CacheHandle {
                 &unknown_split(self.cache.manifest(), &self.cache, split),
             ));
         };
+        if batch_size == 0 || batch_size.checked_mul(world_size).is_none() {
+            return Err(options_error(
+                py,
+                &format!("batch_size {batch_size} x world_size {world_size}: not a global batch"),
+            ));
+        }
         Ok(Steps::new(info.contexts, batch_size, world_size, drop_last).steps)
     }
 
@@ -245,6 +310,22 @@ impl Drop for LoaderHandle {
 type TensorInfo = (String, &'static str, Vec<usize>, bool);
 
 impl LoaderHandle {
+    /// Refuses use in a forked child, where the loader's threads (and maybe its lock's owner)
+    /// do not exist: waiting on them would hang.
+    fn check_process(&self, py: Python<'_>) -> PyResult<()> {
+        if std::process::id() == self.pid {
+            return Ok(());
+        }
+        Err(errors::worker_error(
+            py,
+            &format!(
+                "this dsc loader was started in process {} and used in process {} (a fork)",
+                self.pid,
+                std::process::id()
+            ),
+        ))
+    }
+
     fn with<R>(
         &self,
         py: Python<'_>,
@@ -253,6 +334,7 @@ impl LoaderHandle {
     where
         R: Send,
     {
+        self.check_process(py)?;
         py.detach(|| {
             let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
             guard.as_mut().map(f)
@@ -318,33 +400,55 @@ impl LoaderHandle {
             let name = tensor.name().to_string();
             let dtype = dtype_name(tensor.dtype());
             let shape = tensor.shape().to_vec();
-            let buffer = Py::new(
-                py,
-                Buffer {
-                    writable: self.writable || !tensor.is_zero_copy(),
-                    tensor,
-                },
-            )?;
+            let buffer = Buffer::new(tensor, self.writable).map_err(|e| {
+                errors::cache_io_error(py, &format!("cannot map a zero-copy view privately: {e}"))
+            })?;
+            let buffer = Py::new(py, buffer)?;
             out.push((name, dtype, shape, buffer));
         }
         Ok(Some((step, seq_len, out)))
     }
 
-    /// Gathers batch `step` into the caller's buffers, given as `(address, length)` pairs of
-    /// writable memory that the caller keeps alive for the call (e.g. pinned torch tensors);
-    /// returns the sequence length. The GIL is released, so several Python threads can fill
-    /// different steps at once.
-    fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<(usize, usize)>) -> PyResult<usize> {
+    /// Gathers batch `step` into the caller's buffers (writable, C-contiguous objects of the
+    /// buffer protocol, one per loaded tensor, e.g. the NumPy views of pinned uint8 torch
+    /// tensors); returns the sequence length. The GIL is released while copying, so several
+    /// Python threads can fill different steps at once.
+    fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<usize> {
+        self.check_process(py)?;
+        let mut views = Vec::with_capacity(buffers.len());
+        for b in &buffers {
+            let view = PyBuffer::<u8>::get(b)?;
+            if view.readonly() || !view.is_c_contiguous() {
+                return Err(options_error(
+                    py,
+                    "fill needs writable, contiguous byte buffers",
+                ));
+            }
+            views.push(view);
+        }
+        let regions: Vec<(usize, usize)> = views
+            .iter()
+            .map(|v| (v.buf_ptr() as usize, v.len_bytes()))
+            .collect();
+        let mut sorted = regions.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(options_error(
+                py,
+                "fill needs distinct buffers; two of them overlap",
+            ));
+        }
         let result = py.detach(|| {
-            let mut slices: Vec<&mut [u8]> = buffers
+            let mut slices: Vec<&mut [u8]> = regions
                 .iter()
-                // SAFETY: the Python caller passes the addresses and lengths of distinct, live,
-                // writable buffers (torch tensors it holds across this call); see
-                // `dsc/_loader.py`, the only caller.
+                // SAFETY: each region is a writable, contiguous buffer exported by an object
+                // that `views` holds (and so keeps alive and unresized) until after this call;
+                // the regions were checked not to overlap.
                 .map(|&(addr, len)| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) })
                 .collect();
             self.filler.fill(step, &mut slices)
         });
+        drop(views);
         result.map_err(|e| load_error(py, e))
     }
 
@@ -356,6 +460,11 @@ impl LoaderHandle {
     /// Stops the prefetch threads and releases the loader's hold on the cache (batches already
     /// returned stay valid).
     fn close(&self, py: Python<'_>) {
+        if std::process::id() != self.pid {
+            // A forked child: the threads to join do not exist here (see `Drop`). Leave the
+            // loader as it is; the child cannot use it.
+            return;
+        }
         let taken = py.detach(|| self.loader.lock().unwrap_or_else(|p| p.into_inner()).take());
         py.detach(move || drop(taken));
     }

@@ -7,6 +7,7 @@ import json
 import random
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -177,9 +178,18 @@ def test_a_write_to_a_zero_copy_tensor_never_reaches_the_file(private_cache: Pat
     batch["x"].fill_(12345.0)  # torch has no read-only tensors: the map is copy-on-write
     batch["key"].zero_()
     assert hashlib.sha256(shard.read_bytes()).hexdigest() == before
-    fresh = dsc.Cache(private_cache)
-    again = next(iter(dsc.Loader(fresh, batch_size=64, shuffle=False)))
-    assert not torch.equal(again["x"], batch["x"])
+    # Nor what this process reads later: each zero-copy tensor is a private mapping of its own.
+    for cache in (dsc.Cache(private_cache), batch_cache := dsc.Cache(private_cache)):
+        again = next(iter(dsc.Loader(cache, batch_size=64, shuffle=False)))
+        assert not torch.equal(again["x"], batch["x"]) and int(again["key"].abs().sum()) > 0
+    # Shuffled batches of one context are views too: writing into them changes nothing else.
+    ones = dsc.Loader(batch_cache, batch_size=1, seed=0)
+    total = 0.0
+    for b in ones:
+        total += float(b["x"].abs().sum())
+        b["x"].mul_(0)
+    again = dsc.Loader(batch_cache, batch_size=1, seed=0)
+    assert sum(float(b["x"].abs().sum()) for b in again) == total
     np_batch = next(iter(dsc.Loader(private_cache, batch_size=64, shuffle=False, format="numpy")))
     with pytest.raises(ValueError):
         np_batch["x"][0, 0, 0] = 1.0  # NumPy views of the cache are read-only
@@ -387,3 +397,72 @@ def test_cache_helpers(cache_dir: Path) -> None:
         cache.vocab_size("x")
     with pytest.raises(dsc.OptionsError, match="no statistics"):
         cache.column_stats("charge", split="test")
+
+
+def test_abandoned_iterators_stop_their_threads(cache_dir: Path) -> None:
+    """A loader dropped mid-epoch (e.g. an evaluation helper that reads a few batches) is freed
+    with its threads, on the host and on the pinned path, without a gc pass."""
+    import gc
+
+    def names() -> set[str]:
+        return {t.name for t in threading.enumerate()}
+
+    before = names()
+    gc.disable()
+    try:
+        for fill_path in (False, True):
+            loader = dsc.Loader(cache_dir, batch_size=8, num_threads=2, prefetch=1)
+            loader._fill_path = fill_path
+            it = iter(loader)
+            next(it)
+            alive = weakref.ref(loader)
+            del loader
+            assert alive() is not None, "the iterator must keep its loader"
+            del it
+            assert alive() is None, "a reference cycle keeps the loader alive"
+    finally:
+        gc.enable()
+    deadline = time.time() + 5
+    while names() - before and time.time() < deadline:
+        time.sleep(0.05)
+    assert not (names() - before), names() - before
+
+
+def test_a_forked_child_gets_a_worker_error_not_a_hang(cache_dir: Path) -> None:
+    import os
+
+    loader = dsc.Loader(cache_dir, batch_size=8, num_threads=1)
+    it = iter(loader)
+    next(it)
+    pid = os.fork()
+    if pid == 0:  # the child: every use must fail fast with WorkerError
+        code = 0
+        for must_raise, use in ((True, lambda: next(it)), (True, lambda: iter(loader)),
+                                (False, loader.close)):
+            try:
+                use()
+                if must_raise:
+                    code = 3
+            except dsc.WorkerError:
+                pass
+            except BaseException:  # noqa: BLE001
+                code = 4
+        os._exit(code)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the forked child hung")
+    assert next(it)["key"].shape == (8,)  # the parent carries on
+
+
+def test_empty_columns_are_refused(cache_dir: Path) -> None:
+    with pytest.raises(dsc.OptionsError, match="columns"):
+        dsc.Loader(cache_dir, columns=[])
+    loader = dsc.Loader(cache_dir, columns=(c for c in ["x", "length"]))
+    assert loader.columns == ["x", "length"]
