@@ -29,7 +29,7 @@ def _names(value: Union[str, Iterable[str], None], what: str) -> Optional[List[s
         return None
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
-    names = [os.fspath(v) for v in value]
+    names = list(value)
     if not all(isinstance(v, str) for v in names):
         raise OptionsError(f"{what}: expected column names, got {value!r}")
     return names
