@@ -48,11 +48,12 @@ impl Buffer {
                 // before mapping it itself; writes stay in this process's copy of the pages.
                 // As for every mapping of a cache, a concurrent truncation of the file by
                 // another process could raise SIGBUS (documented in the loader's mmap module).
+                // No MAP_POPULATE: on a private writable map it would copy every page up front;
+                // read faults map the page cache's pages and copy only what is written.
                 let map = unsafe {
                     memmap2::MmapOptions::new()
                         .offset(start - skip as u64)
                         .len(skip + len)
-                        .populate()
                         .map_copy(file)?
                 };
                 Bytes::Private { map, skip }
