@@ -312,6 +312,105 @@ fn next_into_fills_caller_buffers_like_the_iterator() {
     assert_eq!(i, batches.len());
 }
 
+#[test]
+fn fillers_on_several_threads_give_the_iterators_batches() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let o = LoaderOptions {
+        trim: true,
+        ..opts(9)
+    };
+    let batches: Vec<_> = cache
+        .loader(o.clone())
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut loader = cache.loader(LoaderOptions { threads: 0, ..o }).unwrap();
+    let filler = loader.filler();
+    let steps = loader.steps();
+    let sizes = loader.batch_bytes();
+    // Three threads fill interleaved steps; the caller orders them.
+    let filled: Vec<(usize, usize, Vec<Vec<u8>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|k| {
+                let (filler, sizes) = (filler.clone(), sizes.clone());
+                s.spawn(move || {
+                    (k..steps)
+                        .step_by(3)
+                        .map(|step| {
+                            let mut bufs: Vec<Vec<u8>> =
+                                sizes.iter().map(|&n| vec![0; n]).collect();
+                            let mut slices: Vec<&mut [u8]> =
+                                bufs.iter_mut().map(Vec::as_mut_slice).collect();
+                            let seq_len = filler.fill(step, &mut slices).unwrap();
+                            (step, seq_len, bufs)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        all.sort_by_key(|f| f.0);
+        all
+    });
+    assert_eq!(filled.len(), batches.len());
+    for ((step, seq_len, bufs), batch) in filled.iter().zip(&batches) {
+        assert_eq!((*step, *seq_len), (batch.step, batch.seq_len));
+        for (t, buf) in batch.tensors().iter().zip(bufs) {
+            assert_eq!(
+                t.bytes(),
+                &buf[..t.bytes().len()],
+                "step {step} {}",
+                t.name()
+            );
+        }
+    }
+    assert_eq!(loader.state().samples, 0);
+    loader.advance(steps + 5);
+    assert_eq!(
+        loader.state().samples,
+        steps * 9,
+        "advance stops at the epoch's end"
+    );
+    assert!(filler.fill(steps, &mut []).is_err());
+}
+
+#[test]
+fn columns_load_a_subset_with_the_same_bytes() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let full: Vec<_> = cache.loader(opts(9)).unwrap().map(Result::unwrap).collect();
+    let o = LoaderOptions {
+        columns: vec!["y".into(), "key".into()],
+        ..opts(9)
+    };
+    let part: Vec<_> = cache.loader(o).unwrap().map(Result::unwrap).collect();
+    assert_eq!(full.len(), part.len());
+    for (f, p) in full.iter().zip(&part) {
+        let names: Vec<&str> = p.tensors().iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["key", "y"], "manifest order");
+        for t in p.tensors() {
+            assert_eq!(t.bytes(), f.tensor(t.name()).unwrap().bytes());
+        }
+    }
+    let err = cache
+        .loader(LoaderOptions {
+            columns: vec!["nope".into()],
+            ..opts(9)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("no tensor \"nope\""), "{err}");
+    let err = cache
+        .loader(LoaderOptions {
+            batch_size: usize::MAX / 2,
+            world_size: 4,
+            ..opts(9)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("too large"), "{err}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     /// Stopping after any number of batches and resuming from the state (on any rank layout
