@@ -1,7 +1,7 @@
 //! Batches: per-tensor bytes with dtype and shape, either borrowed from the mapped shard (cache
 //! order, no copy) or gathered once into a pooled buffer.
 
-use crate::cache::Inner;
+use crate::cache::{Inner, Shard};
 use dsc_format::{Dtype, TensorRole};
 use std::sync::{Arc, Mutex};
 
@@ -117,8 +117,8 @@ impl BatchTensor {
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
-    /// The bytes, little-endian, row-major.
-    pub fn bytes(&self) -> &[u8] {
+    /// For a view: the shard it lies in and its byte range there.
+    fn view(&self) -> Option<(&Shard, usize, usize)> {
         match &self.data {
             Data::Mapped {
                 cache,
@@ -126,24 +126,26 @@ impl BatchTensor {
                 shard,
                 start,
                 len,
-            } => &cache.splits[*split].1[*shard].map.bytes()[*start..*start + *len],
-            Data::Owned { buf, .. } => buf,
+            } => Some((&cache.splits[*split].1[*shard], *start, *len)),
+            Data::Owned { .. } => None,
+        }
+    }
+    /// The bytes, little-endian, row-major.
+    pub fn bytes(&self) -> &[u8] {
+        match (&self.data, self.view()) {
+            (Data::Owned { buf, .. }, _) => buf,
+            (Data::Mapped { .. }, view) => {
+                let (shard, start, len) = view.expect("a mapped tensor has a view");
+                &shard.map.bytes()[start..start + len]
+            }
         }
     }
     /// For a view into a mapped shard: the shard file and the byte range of the view in it, so
     /// that a caller can make a mapping of its own (e.g. a private, writable one) of the same
     /// bytes. `None` for gathered bytes.
     pub fn mapped_source(&self) -> Option<(&std::fs::File, u64, usize)> {
-        match &self.data {
-            Data::Mapped {
-                cache,
-                split,
-                shard,
-                start,
-                len,
-            } => Some((&cache.splits[*split].1[*shard].file, *start as u64, *len)),
-            Data::Owned { .. } => None,
-        }
+        self.view()
+            .map(|(shard, start, len)| (&shard.file, start as u64, len))
     }
     /// True when the bytes are a view into the mapped shard (no copy was made).
     pub fn is_zero_copy(&self) -> bool {
