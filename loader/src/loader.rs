@@ -148,10 +148,11 @@ const MAX_THREADS: usize = 1024;
 const MAX_PREFETCH: usize = 1 << 16;
 
 /// Mapped bytes of a split up to which its pages are kept resident: a quarter of the memory
-/// this process may use (the machine's, or its cgroup's limit when lower). Releasing pages behind the reader (`MADV_DONTNEED`) bounds the resident set, but
-/// costs a page-table teardown, a TLB shootdown and a fault for every page on every epoch:
-/// measured on the 344 MB loader benchmark cache, keeping it resident and hinting each shard
-/// once doubles the shuffled rate. The pages are clean page-cache pages either way, which the
+/// this process may use (the machine's, or its cgroup's limit when lower). Releasing pages
+/// behind the reader (`MADV_DONTNEED`) bounds the resident set, but costs a page-table
+/// teardown, a TLB shootdown and a fault for every page on every epoch: measured on the 344 MB
+/// loader benchmark cache, keeping it resident and hinting each tensor of a shard once raises
+/// the shuffled rate about 1.7x (docs/PERFORMANCE.md). The pages are clean page-cache pages either way, which the
 /// kernel can reclaim under pressure; only the reported RSS differs.
 fn resident_budget() -> usize {
     static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -368,7 +369,6 @@ fn is_sequence(spec: &TensorSpec) -> bool {
 /// point to resume later with [`Cache::loader_from_state`].
 #[derive(Debug)]
 pub struct Loader {
-    plan: Arc<Plan>,
     opts: LoaderOptions,
     first_step: usize,
     next_step: usize,
@@ -560,7 +560,6 @@ impl Loader {
         });
         let first_step = first_step.min(steps.steps);
         let mut loader = Loader {
-            plan: plan.clone(),
             opts,
             first_step,
             next_step: first_step,
@@ -581,7 +580,7 @@ impl Loader {
     /// already started stop when the loader is dropped.
     fn spawn(&mut self) -> Result<(), LoadError> {
         let (tx, rx) = sync_channel::<usize>(4);
-        let plan = self.plan.clone();
+        let plan = self.hints.plan.clone();
         let handle = std::thread::Builder::new()
             .name("dsc-loader-advice".into())
             .spawn(move || {
@@ -595,8 +594,8 @@ impl Loader {
         let threads = self.opts.threads;
         for k in 0..threads {
             let (tx, rx) = sync_channel::<Batch>(self.opts.prefetch.max(1));
-            let plan = self.plan.clone();
-            let (first, total) = (self.first_step, self.plan.steps.steps);
+            let plan = self.hints.plan.clone();
+            let (first, total) = (self.first_step, self.hints.plan.steps.steps);
             let handle = std::thread::Builder::new()
                 .name(format!("dsc-loader-{k}"))
                 .spawn(move || {
@@ -617,17 +616,17 @@ impl Loader {
 
     /// Steps (batches per rank) in this epoch.
     pub fn steps(&self) -> usize {
-        self.plan.steps.steps
+        self.hints.plan.steps.steps
     }
 
     /// The order of this epoch.
     pub fn order(&self) -> &EpochOrder {
-        &self.plan.order
+        &self.hints.plan.order
     }
 
     /// The tensors each batch holds (the `columns` asked for, in manifest order).
     pub fn tensor_specs(&self) -> &[TensorSpec] {
-        &self.plan.tensors
+        &self.hints.plan.tensors
     }
 
     /// The options in force.
@@ -652,7 +651,8 @@ impl Loader {
 
     /// Bytes of one untrimmed batch per tensor, for callers that supply their own buffers.
     pub fn batch_bytes(&self) -> Vec<usize> {
-        self.plan
+        self.hints
+            .plan
             .tensors
             .iter()
             .map(|t| t.sample_bytes() * self.opts.batch_size)
@@ -665,13 +665,16 @@ impl Loader {
     /// of the epoch. Use with `threads: 0` (background threads would prepare batches that this
     /// call does not use).
     pub fn next_into(&mut self, dst: &mut [&mut [u8]]) -> Result<Option<usize>, LoadError> {
-        if self.next_step >= self.plan.steps.steps {
+        if self.next_step >= self.hints.plan.steps.steps {
             return Ok(None);
         }
         check_buffers(dst, &self.batch_bytes())?;
-        let samples = self.plan.samples(self.next_step, &mut self.window_cache);
+        let samples = self
+            .hints
+            .plan
+            .samples(self.next_step, &mut self.window_cache);
         self.hints.hint(self.next_step, self.opts.rank);
-        let seq_len = self.plan.gather_into(&samples, dst);
+        let seq_len = self.hints.plan.gather_into(&samples, dst);
         self.next_step += 1;
         Ok(Some(seq_len))
     }
@@ -689,7 +692,7 @@ impl Loader {
     /// Marks `n` more batches as consumed (after [`Filler::fill`]), so that [`Loader::state`]
     /// counts them; stops at the end of the epoch.
     pub fn advance(&mut self, n: usize) {
-        self.next_step = (self.next_step + n).min(self.plan.steps.steps);
+        self.next_step = (self.next_step + n).min(self.hints.plan.steps.steps);
     }
 
     /// The step the next batch belongs to.
@@ -702,11 +705,14 @@ impl Iterator for Loader {
     type Item = Result<Batch, LoadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.next_step >= self.plan.steps.steps {
+        if self.next_step >= self.hints.plan.steps.steps {
             return None;
         }
         let batch = if self.workers.is_empty() {
-            let b = self.plan.build(self.next_step, &mut self.window_cache);
+            let b = self
+                .hints
+                .plan
+                .build(self.next_step, &mut self.window_cache);
             Ok(b)
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
@@ -719,7 +725,7 @@ impl Iterator for Loader {
                 Some(Ok(b))
             }
             Err(e) => {
-                self.next_step = self.plan.steps.steps;
+                self.next_step = self.hints.plan.steps.steps;
                 Some(Err(e))
             }
         }

@@ -3,6 +3,7 @@ its encodings (`Cache.decode`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -94,7 +95,7 @@ class Cache:
         """The padded sequence length ``L``."""
         return int(self.manifest["max_len"])
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """A hash of the cache's content (every shard's checksum, in order): equal fingerprints
         mean the same shards. Resume states record it."""

@@ -386,7 +386,8 @@ class Loader:
             self.split, self.batch_size, self.shuffle, self.seed, self._epoch,
             self._step * self.batch_size * self.world_size, self.rank, self.world_size,
             self.drop_last, self.prefetch, threads, self.trim, self.window, self.interleave,
-            self.columns, self.format == "torch",
+            # Writable (private) zero-copy views only for torch tensors that stay views.
+            self.columns, self.format == "torch" and not self.copy,
         )
 
     def _consumed(self, epoch: "_Epoch") -> None:
@@ -408,16 +409,18 @@ class Loader:
 
 def _wrap(loader: Loader, buffer: Any, dtype: str, shape: Sequence[int]):
     """A tensor or array over ``buffer`` (which it keeps alive), copied when asked to."""
-    zero_copy = buffer.zero_copy
+    if loader.copy and buffer.zero_copy:
+        # One copy straight from the loader's read-only view (with copy=True no private map
+        # is made for torch): the result owns its memory.
+        array = np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype]).reshape(shape).copy()
+        return array if loader.format == "numpy" else _torch().from_numpy(array)
     if loader.format == "numpy":
-        array = np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype]).reshape(shape)
-        return array.copy() if (loader.copy and zero_copy) else array
+        return np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype]).reshape(shape)
     torch = _torch()
     tdtype = getattr(torch, dtype)
     if len(buffer) == 0:
         return torch.empty(tuple(shape), dtype=tdtype)
-    tensor = torch.frombuffer(buffer, dtype=tdtype).view(tuple(shape))
-    return tensor.clone() if (loader.copy and zero_copy) else tensor
+    return torch.frombuffer(buffer, dtype=tdtype).view(tuple(shape))
 
 
 class _Epoch:

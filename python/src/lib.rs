@@ -396,8 +396,9 @@ impl LoaderHandle {
         };
         let batch = batch.map_err(|e| load_error(py, e))?;
         let (step, seq_len) = (batch.step, batch.seq_len);
-        let mut out = Vec::new();
-        for tensor in batch.into_tensors() {
+        let tensors = batch.into_tensors();
+        let mut out = Vec::with_capacity(tensors.len());
+        for tensor in tensors {
             let name = tensor.name().to_string();
             let dtype = dtype_name(tensor.dtype());
             let shape = tensor.shape().to_vec();
@@ -466,8 +467,11 @@ impl LoaderHandle {
             // loader as it is; the child cannot use it.
             return;
         }
-        let taken = py.detach(|| self.loader.lock().unwrap_or_else(|p| p.into_inner()).take());
-        py.detach(move || drop(taken));
+        py.detach(|| {
+            // Taken out first so that joining the threads does not hold the lock.
+            let taken = self.loader.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(taken);
+        });
     }
 }
 
