@@ -1,94 +1,108 @@
-//! The dsc loader in one's own tch loop: pinned buffers filled in place, non-blocking copies.
+//! The dsc loader in one's own tch loop, through the `dsc_train` library: its ring of pinned
+//! host buffers filled by a producer thread (one copy from page cache), non-blocking copies to
+//! the device, CUDA events saying when a buffer may be refilled. The model is one's own: here a
+//! linear regression on the mean of each sequence's standardised features.
 //!
-//! cargo run -p dsc-train --example own_loop -- demo/cache
-use dsc_loader::{Cache, LoaderOptions};
+//! cargo run --release -p dsc-train --example own_loop -- demo/cache
+use dsc_train::cuda::{self, Event};
+use dsc_train::feed::{Feed, HostRing};
+use dsc_train::normalise::Scaling;
+use std::collections::VecDeque;
 use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
 
 fn main() -> anyhow::Result<()> {
+    // Before any tch call, so that a CUDA libtorch can see the GPU.
+    cuda::load_torch_cuda();
     let dir = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "demo/cache".into());
     let device = Device::cuda_if_available();
-    let cache = Cache::open(&dir)?;
-    let opts = LoaderOptions {
+    let cache = dsc_loader::Cache::open(&dir)?;
+    let opts = dsc_loader::LoaderOptions {
         batch_size: 128,
-        threads: 0,
+        threads: 0, // the feed's thread fills the buffers
         trim: false,
         ..Default::default()
     };
-    let (b, max_len) = (opts.batch_size as i64, cache.manifest().max_len as i64);
-    // One host buffer per manifest tensor, allocated once; pinned so copies can be asynchronous.
-    let host: Vec<Tensor> = cache
-        .tensors()
-        .iter()
-        .map(|t| {
-            let kind = match t.dtype {
-                dsc_loader::Dtype::F32 => Kind::Float,
-                dsc_loader::Dtype::I32 => Kind::Int,
-                dsc_loader::Dtype::I64 => Kind::Int64,
-            };
-            let mut shape = vec![b];
-            shape.extend(t.sample_shape.iter().map(|&d| d as i64));
-            let t = Tensor::zeros(shape.as_slice(), (kind, Device::Cpu));
-            if device.is_cuda() {
-                t.pin_memory(device)
-            } else {
-                t
-            }
-        })
-        .collect();
-    let index = |name: &str| {
-        cache
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
-            .expect(name)
+    let tensor = |name: &str| {
+        let i = cache.tensors().iter().position(|t| t.name == name);
+        i.ok_or_else(|| anyhow::anyhow!("{dir}: no tensor {name:?}"))
     };
-    let (x, len, y) = (index("x"), index("length"), index("y"));
+    let (x, len, y) = (tensor("x")?, tensor("length")?, tensor("y")?);
     let features = cache.tensors()[x].sample_shape[1] as i64;
+    // Standardise raw columns with the cache's train statistics (as dsc-train does).
+    let stats = dsc_format::Stats::read(cache.dir())?;
+    let train = stats.split("train").expect("a train split");
+    let scaling = Scaling::from_stats(&cache.tensors()[x], train);
+    let on_device = |v: &[f64]| {
+        let v: Vec<f32> = v.iter().map(|&f| f as f32).collect();
+        Tensor::from_slice(&v).to_device(device)
+    };
+    let (shift, scale) = (on_device(&scaling.shift), on_device(&scaling.scale));
 
     let vs = nn::VarStore::new(device);
     let net = nn::linear(vs.root() / "head", features, 2, Default::default());
     let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
-    let mut loader = cache.loader(opts)?;
+
+    const SLOTS: usize = 3;
+    let ring = HostRing::new(
+        cache.tensors(),
+        opts.batch_size,
+        SLOTS,
+        device.is_cuda().then_some(device),
+    )?;
+    let events: Vec<Event> = if device.is_cuda() {
+        (0..SLOTS)
+            .map(|_| Event::new())
+            .collect::<Result<_, _>>()
+            .map_err(anyhow::Error::msg)?
+    } else {
+        Vec::new()
+    };
+    let feed = Feed::start(cache.loader(opts)?, &ring);
+    let mut queued = VecDeque::new();
     let mut running = Tensor::zeros([], (Kind::Float, device));
-    for step in 0.. {
-        // The loader writes each tensor straight into our buffers: one copy from page cache.
-        let mut bufs: Vec<&mut [u8]> = host
-            .iter()
-            .map(|t| {
-                let n = t.numel() * t.kind().elt_size_in_bytes();
-                // SAFETY: `t` is a contiguous CPU tensor of `n` bytes that nothing else uses
-                // while the slice lives.
-                unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut u8, n) }
-            })
-            .collect();
-        if loader.next_into(&mut bufs)?.is_none() {
-            break;
+    let max_len = cache.manifest().max_len as i64;
+    let mut step = 0;
+    while let Some(filled) = feed.next()? {
+        let host = ring.slot(filled.slot);
+        // Queued behind nothing on the host: the copies and the step run in the device's order.
+        let to_device = |t: &Tensor| t.to_device_(device, Kind::Float, true, false);
+        let (xs, lens, ys) = (
+            to_device(&host[x]),
+            to_device(&host[len]),
+            to_device(&host[y]),
+        );
+        if device.is_cuda() {
+            // Marks the end of this slot's copies in the device's queue.
+            events[filled.slot].record().map_err(anyhow::Error::msg)?;
+            queued.push_back(filled.slot);
         }
-        drop(bufs);
-        // Non-blocking copies; the step queues behind them on the same stream. (Before refilling
-        // a buffer whose copy may still be queued, wait for it: dsc-train uses CUDA events.)
-        let xs = host[x].to_device_(device, Kind::Float, true, false);
-        let lens = host[len]
-            .to_device_(device, Kind::Float, true, false)
-            .clamp_min(1.0);
-        let ys = host[y].to_device_(device, Kind::Float, true, false);
+        let lens = lens.clamp_min(1.0);
         let mask = Tensor::arange(max_len, (Kind::Float, device))
             .unsqueeze(0)
             .lt_tensor(&lens.unsqueeze(1));
+        let xs = (xs - &shift) / &scale;
         let pooled =
             (xs * mask.unsqueeze(-1)).sum_dim_intlist(1, false, Kind::Float) / lens.unsqueeze(1);
         let loss = pooled.apply(&net).mse_loss(&ys, tch::Reduction::Mean);
         opt.backward_step(&loss);
         running += loss.detach();
-        if (step + 1) % 20 == 0 {
+        // A slot goes back to the producer once nothing reads it: on the CPU after the step, on
+        // CUDA once its copies have run (keeping one batch's copies in flight).
+        if device.is_cuda() {
+            while queued.len() > 1 {
+                let slot = queued.pop_front().expect("non-empty");
+                events[slot].synchronize().map_err(anyhow::Error::msg)?;
+                feed.release(slot);
+            }
+        } else {
+            feed.release(filled.slot);
+        }
+        step += 1;
+        if step % 20 == 0 {
             // The only host read: once per 20 steps, not once per step.
-            println!(
-                "step {}: loss {:.4}",
-                step + 1,
-                f64::try_from(&running)? / 20.0
-            );
+            println!("step {step}: loss {:.4}", f64::try_from(&running)? / 20.0);
             running = running.zero_();
         }
     }

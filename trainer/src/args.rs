@@ -1,8 +1,8 @@
-//! Command-line flags, and the run configuration they resolve to (saved in checkpoints so that
-//! `--resume` needs nothing else).
+//! Command-line flags, resolved to the library's [`RunConfig`]. The only module that knows clap.
 
-use clap::{Parser, ValueEnum};
-use serde::{Deserialize, Serialize};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
+use dsc_train::config::{defaults, Amp, ModelKind, RunConfig, Task};
 use std::path::PathBuf;
 
 /// The reference training loop on a dsc cache.
@@ -12,11 +12,16 @@ use std::path::PathBuf;
 /// sequences. Reports where each step's time goes (waiting for data, host-to-device copy,
 /// compute), so a starved GPU shows at once.
 ///
+/// The model's inputs are scaled with the cache's own train statistics (stats.json): columns
+/// stored in source units (`identity`, `log1p`) are standardised, `zscore`/`minmax` columns are
+/// used as stored. --no-normalise feeds the stored values as they are.
+///
 /// Examples:
-///   dsc-train --cache cache --task direction --model transformer --epochs 3 \
-///       --batch-size 256 --lr 3e-4 --device auto --amp bf16 --out runs/first
+///   dsc-train --cache cache --task direction --epochs 3 --out runs/first
 ///   dsc-train --resume runs/first/last.ckpt
 ///   dsc-train --cache cache --task direction --overfit-batch
+///   dsc-train --cache cache --task classification --target churned --model gru
+///   dsc-train --cache cache --task direction --device cuda --amp bf16 --json
 ///   dsc-train --cache cache --task direction --find-batch-size --json
 #[derive(Debug, Parser)]
 #[command(
@@ -35,8 +40,15 @@ pub struct Cli {
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
 
-    /// What to learn from the cache's `y` tensor.
-    #[arg(long, value_enum, default_value_t = Task::Regression)]
+    /// What to learn from the cache's `y` tensor: `regression` (mean squared error on the
+    /// target columns), `classification` (cross-entropy on one integer column, classes
+    /// 0..K-1), `direction` (IceCube azimuth/zenith as a unit vector, cosine loss, mean angular
+    /// error in radians).
+    #[arg(long, default_value = "regression", value_parser = choice(&["regression", "classification", "direction"], |s| match s {
+        "classification" => Task::Classification,
+        "direction" => Task::Direction,
+        _ => Task::Regression,
+    }))]
     pub task: Task,
 
     /// Target column(s) of `y`, comma-separated [default: all for regression; the only one
@@ -44,20 +56,24 @@ pub struct Cli {
     #[arg(long, value_delimiter = ',')]
     pub target: Vec<String>,
 
-    /// Network over the sequence.
-    #[arg(long, value_enum, default_value_t = ModelKind::Transformer)]
+    /// Network over the sequence: a pre-norm `transformer` encoder with masked mean pooling, or
+    /// a `gru` read at the last stored step.
+    #[arg(long, default_value = "transformer", value_parser = choice(&["transformer", "gru"], |s| match s {
+        "gru" => ModelKind::Gru,
+        _ => ModelKind::Transformer,
+    }))]
     pub model: ModelKind,
 
     /// Width of the model (transformer d_model, GRU hidden size).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = defaults::DIM)]
     pub dim: i64,
 
     /// Transformer encoder layers / GRU layers.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = defaults::LAYERS)]
     pub layers: i64,
 
     /// Attention heads (transformer).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = defaults::HEADS)]
     pub heads: i64,
 
     /// Dropout probability inside the network.
@@ -69,7 +85,7 @@ pub struct Cli {
     pub epochs: Option<u64>,
 
     /// Contexts per micro-batch.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = defaults::BATCH_SIZE)]
     pub batch_size: usize,
 
     /// Micro-batches per optimizer step (gradient accumulation).
@@ -77,32 +93,41 @@ pub struct Cli {
     pub accumulate: usize,
 
     /// Peak learning rate of AdamW.
-    #[arg(long, default_value_t = 3e-4)]
+    #[arg(long, default_value_t = defaults::LR)]
     pub lr: f64,
 
-    /// AdamW decoupled weight decay.
-    #[arg(long, default_value_t = 0.01)]
+    /// AdamW decoupled weight decay (matrices only: not biases or norm gains).
+    #[arg(long, default_value_t = defaults::WEIGHT_DECAY)]
     pub weight_decay: f64,
 
-    /// Linear warmup, in optimizer steps [default: 5% of all steps].
+    /// Linear warmup, in optimizer steps, before the cosine decay to a tenth of --lr [default:
+    /// 5% of all steps].
     #[arg(long)]
     pub warmup: Option<u64>,
 
     /// Clip the global gradient norm to this value (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = defaults::CLIP)]
     pub clip: f64,
+
+    /// Feed the stored values as they are, without scaling them by the cache's statistics.
+    #[arg(long)]
+    pub no_normalise: bool,
 
     /// `auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "auto")]
     pub device: String,
 
-    /// Mixed precision: bf16 or fp16 (with dynamic loss scaling) matrix products [default:
-    /// bf16 on CUDA, none on CPU].
-    #[arg(long, value_enum)]
+    /// Mixed precision of the matrix products: `bf16`, `fp16` (with dynamic loss scaling) or
+    /// `none` [default: bf16 on CUDA, none on CPU].
+    #[arg(long, value_parser = choice(&["none", "bf16", "fp16"], |s| match s {
+        "bf16" => Amp::Bf16,
+        "fp16" => Amp::Fp16,
+        _ => Amp::None,
+    }))]
     pub amp: Option<Amp>,
 
     /// Read the loss back from the device every N steps (the only host sync in training).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = defaults::LOG_EVERY)]
     pub log_every: u64,
 
     /// Also checkpoint every N optimizer steps (always at each epoch end).
@@ -115,7 +140,7 @@ pub struct Cli {
     pub max_steps: Option<u64>,
 
     /// Batches prepared ahead of the step that uses them.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = defaults::PREFETCH)]
     pub prefetch: usize,
 
     /// CPU threads for libtorch's operators [default: libtorch's choice].
@@ -131,7 +156,8 @@ pub struct Cli {
     #[arg(long)]
     pub out: Option<PathBuf>,
 
-    /// Train on one batch only; the loss must fall by over 90% (exit 1 otherwise).
+    /// Train on one batch only, at a constant --lr; the loss must fall by over 90% (exit 1
+    /// otherwise). A network and data that cannot do this cannot learn the task either.
     #[arg(long, conflicts_with = "find_batch_size")]
     pub overfit_batch: bool,
 
@@ -153,58 +179,12 @@ pub struct Cli {
     pub json: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Task {
-    /// Mean squared error on the target columns.
-    Regression,
-    /// Cross-entropy on one integer target column (classes 0..K-1).
-    Classification,
-    /// IceCube: azimuth/zenith as a unit vector, cosine loss, mean angular error in radians.
-    Direction,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelKind {
-    Transformer,
-    Gru,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Amp {
-    /// Full f32.
-    None,
-    /// bfloat16 products, f32 weights and reductions.
-    Bf16,
-    /// float16 products with dynamic loss scaling.
-    Fp16,
-}
-
-/// Everything that defines a run's arithmetic; stored in checkpoints.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunConfig {
-    pub cache: PathBuf,
-    pub task: Task,
-    pub target: Vec<String>,
-    pub model: ModelKind,
-    pub dim: i64,
-    pub layers: i64,
-    pub heads: i64,
-    pub dropout: f64,
-    pub epochs: u64,
-    pub batch_size: usize,
-    pub accumulate: usize,
-    pub lr: f64,
-    pub weight_decay: f64,
-    pub warmup: Option<u64>,
-    pub clip: f64,
-    pub amp: Option<Amp>,
-    pub log_every: u64,
-    pub checkpoint_every: Option<u64>,
-    pub prefetch: usize,
-    pub seed: u64,
+/// A parser that lists `names` in `--help` and errors, mapped to the library's enum.
+fn choice<T: Clone + Send + Sync + 'static>(
+    names: &'static [&'static str],
+    map: fn(&str) -> T,
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(names).map(move |s| map(&s))
 }
 
 impl Cli {
@@ -219,55 +199,37 @@ impl Cli {
             (None, None) => PathBuf::from("runs/latest"),
         }
     }
-}
 
-impl RunConfig {
-    pub fn from_cli(cli: &Cli) -> anyhow::Result<RunConfig> {
-        let cache = cli
+    /// The run configuration the flags describe.
+    pub fn run_config(&self) -> anyhow::Result<RunConfig> {
+        let cache = self
             .cache
             .clone()
             .expect("clap requires --cache without --resume");
-        anyhow::ensure!(cli.batch_size > 0, "--batch-size must be at least 1");
-        anyhow::ensure!(cli.accumulate > 0, "--accumulate must be at least 1");
-        anyhow::ensure!(cli.log_every > 0, "--log-every must be at least 1");
-        let epochs = cli.epochs.unwrap_or(1);
-        anyhow::ensure!(epochs > 0, "--epochs must be at least 1");
-        anyhow::ensure!(
-            cli.dim > 0 && cli.layers > 0 && cli.heads > 0,
-            "--dim, --layers and --heads must be positive"
-        );
-        anyhow::ensure!(
-            cli.model != ModelKind::Transformer || cli.dim % cli.heads == 0,
-            "--dim {} is not a multiple of --heads {}",
-            cli.dim,
-            cli.heads
-        );
-        anyhow::ensure!(
-            (0.0..1.0).contains(&cli.dropout),
-            "--dropout must be in [0, 1)"
-        );
-        anyhow::ensure!(cli.lr > 0.0 && cli.lr.is_finite(), "--lr must be positive");
-        Ok(RunConfig {
+        let cfg = RunConfig {
             cache,
-            task: cli.task,
-            target: cli.target.clone(),
-            model: cli.model,
-            dim: cli.dim,
-            layers: cli.layers,
-            heads: cli.heads,
-            dropout: cli.dropout,
-            epochs,
-            batch_size: cli.batch_size,
-            accumulate: cli.accumulate,
-            lr: cli.lr,
-            weight_decay: cli.weight_decay,
-            warmup: cli.warmup,
-            clip: cli.clip,
-            amp: cli.amp,
-            log_every: cli.log_every,
-            checkpoint_every: cli.checkpoint_every,
-            prefetch: cli.prefetch.max(1),
-            seed: cli.seed,
-        })
+            task: self.task,
+            target: self.target.clone(),
+            model: self.model,
+            dim: self.dim,
+            layers: self.layers,
+            heads: self.heads,
+            dropout: self.dropout,
+            epochs: self.epochs.unwrap_or(1),
+            batch_size: self.batch_size,
+            accumulate: self.accumulate,
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            warmup: self.warmup,
+            clip: self.clip,
+            amp: self.amp,
+            log_every: self.log_every,
+            checkpoint_every: self.checkpoint_every,
+            prefetch: self.prefetch.max(1),
+            seed: self.seed,
+            normalise: !self.no_normalise,
+        };
+        cfg.validate()?;
+        Ok(cfg)
     }
 }

@@ -4,7 +4,7 @@
 //! history so far. Written to a temporary file and renamed, so a crash never leaves half a
 //! checkpoint.
 
-use crate::args::RunConfig;
+use crate::config::RunConfig;
 use crate::readback;
 use crate::report::EpochReport;
 use anyhow::Context;

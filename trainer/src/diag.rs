@@ -1,7 +1,7 @@
 //! Diagnostics: `--overfit-batch` (can the network learn at all?) and `--find-batch-size`
 //! (how large a batch fits, and how fast is each size?).
 
-use crate::args::RunConfig;
+use crate::config::RunConfig;
 use crate::feed::Feed;
 use crate::readback::{self, Purpose};
 use crate::report::{BatchSizeReport, BatchTrial, StepReport, Summary};
@@ -13,8 +13,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::time::Instant;
 use tch::Device;
 
-/// Trains `steps` optimizer steps on the first batch of epoch 0 at a constant learning rate.
-/// Passes when the last logged loss is under a tenth of the first.
+/// Trains up to `steps` optimizer steps on the first batch of epoch 0 at a constant learning
+/// rate. Passes, and stops, once a logged window's mean loss is under a tenth of the first
+/// step's (the loss is read every `--log-every` steps, so that is when it can tell).
 pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
     // Not `drop_last`: a split smaller than one batch still gives one.
     let loader = s.cache.loader(LoaderOptions {
@@ -35,7 +36,9 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
     let mut totals = Totals::default();
     let mut window = tch::Tensor::zeros([], (tch::Kind::Float, s.device));
     let mut in_window = 0u64;
+    let mut taken = 0;
     for step in 1..=steps {
+        taken = step;
         s.seed_step(step);
         let loss = s.train_micro(&batch);
         tch::no_grad(|| {
@@ -52,6 +55,9 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
             totals.add(&t);
             logged.push(StepReport::new(step, loss, s.cfg.lr, t.shares()));
             in_window = 0;
+            if step > 1 && loss < 0.1 * logged[0].train_loss {
+                break;
+            }
         }
     }
     let first = logged
@@ -62,7 +68,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
         .map_or(f64::NAN, |r: &StepReport| r.train_loss);
     let passed = last < 0.1 * first;
     eprintln!(
-        "overfit one batch of {}: loss {first:.4} -> {last:.4} ({:.1}% lower) in {steps} steps: {}",
+        "overfit one batch of {}: loss {first:.4} -> {last:.4} ({:.1}% lower) in {taken} steps: {}",
         s.cfg.batch_size,
         100.0 * (1.0 - last / first),
         if passed {
@@ -71,7 +77,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
             "FAIL (the loss must fall by over 90%)"
         }
     );
-    let mut summary = Summary::new(&s, "overfit_batch", logged, steps, totals.shares());
+    let mut summary = Summary::new(&s, "overfit_batch", logged, taken, totals.shares());
     summary.overfit_passed = Some(passed);
     Ok(summary)
 }
@@ -136,7 +142,7 @@ pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSize
     let largest = trials.iter().filter(|t| t.fits).map(|t| t.batch_size).max();
     BatchSizeReport {
         mode: "find_batch_size",
-        device: crate::describe_device(device),
+        device: crate::device::describe(device),
         largest,
         trials,
     }

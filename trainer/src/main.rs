@@ -1,22 +1,11 @@
-//! `dsc-train`: the reference training loop on a dsc cache.
-#![deny(clippy::undocumented_unsafe_blocks)]
+//! `dsc-train`: the reference training loop on a dsc cache. The command line over the
+//! `dsc_train` library: flags in, a run or a diagnostic, a summary out.
 
 mod args;
-mod checkpoint;
-mod cuda;
-mod diag;
-mod feed;
-mod model;
-mod optim;
-mod readback;
-mod report;
-mod session;
-mod task;
-mod timing;
-mod train;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use dsc_train::{checkpoint, cuda, device, diag, session, train};
 use serde::Serialize;
 use std::process::ExitCode;
 use tch::Device;
@@ -41,7 +30,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     if let Some(n) = cli.threads {
         tch::set_num_threads(n);
     }
-    let device = choose_device(&cli.device, cuda)?;
+    let device = device::choose(&cli.device, cuda)?;
     if let Device::Cuda(i) = device {
         cuda::set_device(i).map_err(anyhow::Error::msg)?;
     }
@@ -68,12 +57,12 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             }
             (cfg, Some(ck))
         }
-        None => (args::RunConfig::from_cli(&cli)?, None),
+        None => (cli.run_config()?, None),
     };
     if !cli.json {
         eprintln!(
             "dsc-train on {} · cache {}",
-            describe_device(device),
+            device::describe(device),
             cfg.cache.display()
         );
     }
@@ -143,49 +132,4 @@ fn emit<T: Serialize>(cli: &args::Cli, value: &T) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(value)?);
     }
     Ok(())
-}
-
-fn choose_device(want: &str, cuda: &cuda::CudaLoad) -> anyhow::Result<Device> {
-    let why = || match cuda {
-        cuda::CudaLoad::Loaded => {
-            "libtorch's CUDA backend is loaded but sees no device".to_string()
-        }
-        cuda::CudaLoad::Unavailable(e) => format!("libtorch_cuda could not be loaded: {e}"),
-    };
-    match want {
-        "auto" => Ok(Device::cuda_if_available()),
-        "cpu" => Ok(Device::Cpu),
-        "cuda" | "gpu" => {
-            if !tch::Cuda::is_available() {
-                bail!("--device cuda: {}", why());
-            }
-            Ok(Device::Cuda(0))
-        }
-        other => {
-            let Some(i) = other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<usize>().ok())
-            else {
-                bail!("--device {other:?}: expected auto, cpu, cuda or cuda:N");
-            };
-            let n = tch::Cuda::device_count() as usize;
-            if i >= n {
-                bail!(
-                    "--device {other}: {} CUDA device(s) visible; {}",
-                    n,
-                    if n == 0 { why() } else { String::new() }
-                );
-            }
-            Ok(Device::Cuda(i))
-        }
-    }
-}
-
-/// `cpu (N threads)` or `cuda:N`.
-pub fn describe_device(d: Device) -> String {
-    match d {
-        Device::Cpu => format!("cpu ({} threads)", tch::get_num_threads()),
-        Device::Cuda(i) => format!("cuda:{i}"),
-        other => format!("{other:?}"),
-    }
 }

@@ -1,17 +1,18 @@
 //! A training session: the cache, the network, the optimizer, and the buffers between them,
 //! set up once per run. The loops in `train` and `diag` drive it.
 
-use crate::args::{Amp, RunConfig};
+use crate::config::{Amp, RunConfig};
 use crate::cuda::Event;
 use crate::feed::{Filled, HostRing};
-use crate::model::{Inputs, Net, Shape};
+use crate::model::{Inputs, SequenceModel, Shape};
+use crate::normalise::Scaling;
 use crate::optim::{AdamW, LossScaler};
 use crate::readback;
 use crate::report::{Readbacks, StepReport, Summary};
 use crate::task::TaskSpec;
 use crate::timing::Shares;
 use anyhow::{bail, Context};
-use dsc_format::{Encoding, TensorRole};
+use dsc_format::{Encoding, Stats, TensorRole};
 use dsc_loader::Cache;
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -37,7 +38,7 @@ pub struct Session {
     pub amp: Amp,
     pub task: TaskSpec,
     pub vs: nn::VarStore,
-    pub net: Net,
+    pub net: Box<dyn SequenceModel>,
     pub opt: AdamW,
     pub scaler: Option<LossScaler>,
     layout: Layout,
@@ -66,11 +67,15 @@ impl Session {
             Amp::None
         });
         let task = TaskSpec::resolve(&cfg, &cache, device)?;
-        let (layout, shape) = layout(&cache, task.outputs)?;
+        let (layout, shape) = layout(&cache, task.outputs, cfg.normalise)?;
         tch::manual_seed(cfg.seed as i64);
         let vs = nn::VarStore::new(device);
-        let net = Net::new(&vs.root(), &cfg, &shape, amp);
-        let opt = AdamW::new(named_weights(&vs), cfg.weight_decay, device);
+        let net = cfg.model_config().build(&vs.root(), &shape, amp);
+        let trainable = named_weights(&vs)
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
+        let opt = AdamW::new(trainable, cfg.weight_decay, device);
         let scaler = (amp == Amp::Fp16).then(|| LossScaler::new(device));
         let ring = Rc::new(HostRing::new(
             cache.tensors(),
@@ -188,7 +193,7 @@ impl Session {
     /// Forward and backward of one micro-batch; returns the detached loss (scaled by
     /// `1 / accumulate`), on the device.
     pub fn train_micro(&mut self, batch: &DeviceBatch) -> Tensor {
-        let pred = self.net.forward(&batch.inputs, true);
+        let pred = self.net.forward_t(&batch.inputs, true);
         let loss = self.task.loss(&pred, &batch.y) / self.cfg.accumulate as f64;
         match &self.scaler {
             Some(s) => (&loss * &s.scale).backward(),
@@ -200,7 +205,7 @@ impl Session {
     /// Per-sample loss and metric of a batch, without gradients.
     pub fn evaluate(&self, batch: &DeviceBatch) -> (Tensor, Tensor) {
         tch::no_grad(|| {
-            let pred = self.net.forward(&batch.inputs, false);
+            let pred = self.net.forward_t(&batch.inputs, false);
             self.task.per_sample(&pred, &batch.y)
         })
     }
@@ -266,8 +271,22 @@ pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     named
 }
 
-fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
+fn layout(cache: &Cache, outputs: i64, normalise: bool) -> anyhow::Result<(Layout, Shape)> {
     let m = cache.manifest();
+    let stats = if normalise {
+        let stats = Stats::read(cache.dir()).context(
+            "reading the statistics that normalise the inputs (--no-normalise trains on the \
+             stored values as they are)",
+        )?;
+        // The train split's statistics, never validation data; `all` for a cache without one.
+        stats.split("train").or_else(|| stats.split("all")).cloned()
+    } else {
+        None
+    };
+    let scaling = |t: &dsc_format::TensorSpec| match &stats {
+        Some(s) => Scaling::from_stats(t, s),
+        None => Scaling::identity(t.columns.len()),
+    };
     let max_len = m.max_len;
     let mut l = Layout {
         x: None,
@@ -283,6 +302,8 @@ fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
         context: 0,
         max_len: max_len as i64,
         outputs,
+        x_scaling: Scaling::identity(0),
+        ctx_scaling: Scaling::identity(0),
     };
     for (i, t) in m.tensors.iter().enumerate() {
         let seq = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
@@ -291,6 +312,7 @@ fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
             TensorRole::Features => {
                 l.x = Some(i);
                 shape.features = t.sample_shape[1] as i64;
+                shape.x_scaling = scaling(t);
             }
             TensorRole::Categorical => {
                 let vocab = match &t.columns[0].encoding {
@@ -307,6 +329,7 @@ fn layout(cache: &Cache, outputs: i64) -> anyhow::Result<(Layout, Shape)> {
             TensorRole::ContextFeatures => {
                 l.ctx = Some(i);
                 shape.context = t.sample_shape[0] as i64;
+                shape.ctx_scaling = scaling(t);
             }
             // Engine-compatible sub-column codes (`--profile mostlyai`) are for the engine's own
             // models; the reference networks read dsc's features and categoricals.
@@ -336,7 +359,7 @@ impl Summary {
     ) -> Summary {
         Summary {
             mode,
-            device: crate::describe_device(s.device),
+            device: crate::device::describe(s.device),
             cuda_backend: crate::cuda::backend_status(),
             amp: format!("{:?}", s.amp).to_lowercase(),
             task: format!("{:?}", s.cfg.task).to_lowercase(),

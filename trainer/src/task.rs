@@ -1,6 +1,6 @@
 //! What is learned from the cache's `y` tensor: the loss and the validation metric.
 
-use crate::args::{RunConfig, Task};
+use crate::config::{RunConfig, Task};
 use anyhow::{bail, Context};
 use dsc_format::{Encoding, Stage, TensorRole};
 use dsc_loader::{Cache, LoaderOptions};

@@ -22,7 +22,7 @@ fn fixture() -> &'static Fixture {
         let root = dir.path();
         let opts = dsc_compiler::gen::icecube::IcecubeOptions {
             files: 2,
-            events_per_file: 1500,
+            events_per_file: 3000,
             seed: 11,
             median_pulses: 24.0,
             ..Default::default()
@@ -38,7 +38,8 @@ fn fixture() -> &'static Fixture {
             "joins": [{"file": ice.join("sensor_geometry.csv").display().to_string(), "on": "sensor_id"}],
             "features": ["x", "y", "z", "time", "charge", "auxiliary"],
             "categorical": ["sensor_id"],
-            "encode": {"time": "zscore", "charge": "log1p", "x": "zscore", "y": "zscore", "z": "zscore"},
+            // The README's encodings: x, y, z stay in metres (the trainer normalises them).
+            "encode": {"time": "zscore", "charge": "log1p"},
             "max_len": 48,
             "val_fraction": 0.2,
             "seed": 5,
@@ -66,6 +67,8 @@ fn fixture() -> &'static Fixture {
             "nan": "zero",
             "empty_contexts": "keep",
             "max_len": 32,
+            // The latest transactions: recency is what predicts churn.
+            "truncate": "tail",
             "val_fraction": 0.2,
             "seed": 5,
         });
@@ -135,11 +138,15 @@ const SMALL: [&str; 8] = [
 /// Runs the small model on `cache` with `flags` (whitespace-separated) and `--json`, writing into
 /// a fresh folder; returns the summary and the folder.
 fn small_run(cache: &Path, flags: &str) -> (Value, tempfile::TempDir) {
+    json_run(cache, &format!("{flags} {}", SMALL.join(" ")))
+}
+
+/// Runs dsc-train on `cache` with `flags` only (defaults otherwise) and `--json`.
+fn json_run(cache: &Path, flags: &str) -> (Value, tempfile::TempDir) {
     let out = tempfile::tempdir().unwrap();
     let (cache, outp) = (path(cache), path(out.path()));
     let mut args: Vec<&str> = vec!["--cache", &cache, "--out", &outp, "--json"];
     args.extend(flags.split_whitespace());
-    args.extend(SMALL);
     (train(&args).json(), out)
 }
 
@@ -148,10 +155,11 @@ fn f(v: &Value) -> f64 {
 }
 
 #[test]
-fn a_short_run_lowers_the_validation_loss_and_reports_every_field() {
-    let (s, out) = small_run(
+fn a_short_run_learns_the_direction_and_reports_every_field() {
+    // The default network and learning rate, a smaller batch for the small data.
+    let (s, out) = json_run(
         &fixture().icecube,
-        "--task direction --epochs 4 --batch-size 64 --lr 3e-3 --log-every 10",
+        "--task direction --epochs 4 --batch-size 64 --dim 64 --log-every 10",
     );
     let epochs = s["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 4);
@@ -175,9 +183,10 @@ fn a_short_run_lowers_the_validation_loss_and_reports_every_field() {
     }
     let first = f(&epochs[0]["val_loss"]);
     let last = f(&epochs[3]["val_loss"]);
-    assert!(last < first * 0.95, "validation loss {first} -> {last}");
-    // A model that learned nothing points at random: a mean angular error of pi/2.
-    assert!(f(&epochs[3]["val_metric"]) < 1.4, "{}", epochs[3]);
+    assert!(last < first * 0.5, "validation loss {first} -> {last}");
+    // A model that learned nothing points at random: a mean angular error of pi/2. This one
+    // reached 0.34 rad when written (a plain PyTorch loop of the same size: about the same).
+    assert!(f(&epochs[3]["val_metric"]) < 0.6, "{}", epochs[3]);
     assert!(s["device"].as_str().unwrap().starts_with("cpu"));
     // With PyTorch's CUDA wheel (the test script's .venv) libtorch_cuda.so is there and must be
     // loaded even on a machine without a GPU: `--as-needed` linking would have dropped it.
@@ -288,24 +297,59 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
 }
 
 #[test]
-fn one_batch_is_overfit_by_over_ninety_percent() {
-    let (s, _out) = small_run(
-        &fixture().icecube,
-        "--task direction --overfit-batch --batch-size 16 --overfit-steps 150 --lr 3e-3 \
-         --log-every 25",
-    );
+fn one_batch_is_overfit_by_over_ninety_percent_with_the_defaults() {
+    let out = tempfile::tempdir().unwrap();
+    let (cache, outp) = (path(&fixture().icecube), path(out.path()));
+    let run = train(&[
+        "--cache",
+        &cache,
+        "--out",
+        &outp,
+        "--json",
+        "--task",
+        "direction",
+        "--overfit-batch",
+    ]);
+    let s = run.json();
     assert_eq!(s["overfit_passed"], Value::Bool(true), "{s}");
     let steps = s["steps"].as_array().unwrap();
-    assert_eq!(
-        steps.len(),
-        1 + 150 / 25,
-        "step 1 and every 25th are logged"
-    );
+    let logged: Vec<u64> = steps
+        .iter()
+        .map(|st| st["step"].as_u64().unwrap())
+        .collect();
+    // Step 1, then every 50th (--log-every), stopping at the first window that passes.
+    assert_eq!(logged[0], 1);
+    assert!(logged[1..].iter().all(|&n| n % 50 == 0), "{logged:?}");
+    assert_eq!(s["optimizer_steps"].as_u64(), logged.last().copied());
     let (a, b) = (
         f(&steps[0]["train_loss"]),
         f(&steps[steps.len() - 1]["train_loss"]),
     );
     assert!(b < 0.1 * a, "{a} -> {b}");
+    assert!(run.stderr.contains("PASS"), "{}", run.stderr);
+}
+
+#[test]
+fn a_gru_learns_the_direction_too() {
+    let (s, _out) = json_run(
+        &fixture().icecube,
+        "--task direction --model gru --dim 64 --epochs 4 --batch-size 64 --lr 3e-3",
+    );
+    let e = &s["epochs"][3];
+    assert!(f(&e["val_metric"]) < 0.8, "{e}");
+}
+
+#[test]
+fn without_normalisation_raw_metres_stall_the_network() {
+    // The control for the test above: the same run on the stored values. If this learned as
+    // well, the cache would not need the trainer's scaling and the tests above would prove less.
+    let (s, _out) = json_run(
+        &fixture().icecube,
+        "--task direction --model gru --dim 64 --epochs 4 --batch-size 64 --lr 3e-3 \
+         --no-normalise",
+    );
+    let e = &s["epochs"][3];
+    assert!(f(&e["val_metric"]) > 1.0, "{e}");
 }
 
 #[test]
@@ -342,12 +386,20 @@ fn no_module_but_readback_reads_device_values() {
         "equal(",
         "allclose(",
     ];
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let p = entry.unwrap().path();
-        if p.file_name().unwrap() == "readback.rs" {
-            continue;
+    let mut files = Vec::new();
+    let mut dirs = vec![src];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().unwrap() != "readback.rs" {
+                files.push(p);
+            }
         }
+    }
+    let mut checked = 0;
+    for p in files {
         let text = std::fs::read_to_string(&p).unwrap();
         let code = text.split("#[cfg(test)]").next().unwrap();
         for f in forbidden {
@@ -359,19 +411,40 @@ fn no_module_but_readback_reads_device_values() {
         }
         checked += 1;
     }
-    assert!(checked >= 10, "scanned the trainer's modules");
+    assert!(
+        checked >= 18,
+        "scanned the trainer's modules, model/ included"
+    );
 }
 
 #[test]
 fn a_gru_classifies_churn_on_the_sequence_data() {
     let (s, _out) = small_run(
         &fixture().sequences,
-        "--task classification --model gru --epochs 2 --batch-size 64 --lr 3e-3",
+        "--task classification --model gru --epochs 4 --batch-size 64 --lr 3e-3",
     );
     assert_eq!(s["model"], "gru");
     assert_eq!(s["metric"], "accuracy");
-    let acc = f(&s["epochs"][1]["val_metric"]);
-    assert!((0.0..=1.0).contains(&acc), "{acc}");
+    // Chance is always answering the validation split's majority class.
+    let stats: Value =
+        serde_json::from_slice(&std::fs::read(fixture().sequences.join("stats.json")).unwrap())
+            .unwrap();
+    let val = stats["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["split"] == "val")
+        .unwrap();
+    let churned = val["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "churned")
+        .unwrap();
+    let rate = f(&churned["numeric"]["mean"]);
+    let chance = rate.max(1.0 - rate);
+    let acc = f(&s["epochs"][3]["val_metric"]);
+    assert!(acc > chance + 0.08, "accuracy {acc}, chance {chance}");
 }
 
 #[test]

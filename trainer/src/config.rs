@@ -1,0 +1,166 @@
+//! The run configuration: everything that defines a run's arithmetic. Saved in checkpoints, so
+//! that `--resume` needs nothing else. The binary's `args` builds it from the command line; a
+//! program using the library builds it directly.
+
+use crate::model::{GruConfig, ModelConfig, TransformerConfig};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// `dsc-train`'s defaults: a small network that learns on the CPU in minutes and keeps a GPU
+/// busy at batch 256.
+pub mod defaults {
+    pub const DIM: i64 = 128;
+    pub const LAYERS: i64 = 2;
+    pub const HEADS: i64 = 4;
+    pub const BATCH_SIZE: usize = 256;
+    pub const LR: f64 = 1e-3;
+    pub const WEIGHT_DECAY: f64 = 0.01;
+    pub const CLIP: f64 = 1.0;
+    pub const LOG_EVERY: u64 = 50;
+    pub const PREFETCH: usize = 3;
+}
+
+/// What is learned from the cache's `y` tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// Mean squared error on the target columns.
+    Regression,
+    /// Cross-entropy on one integer target column (classes 0..K-1).
+    Classification,
+    /// IceCube: azimuth/zenith as a unit vector, cosine loss, mean angular error in radians.
+    Direction,
+}
+
+/// The network over the sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    Transformer,
+    Gru,
+}
+
+/// Mixed precision of the matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Amp {
+    /// Full f32.
+    None,
+    /// bfloat16 products, f32 weights and reductions.
+    Bf16,
+    /// float16 products with dynamic loss scaling.
+    Fp16,
+}
+
+/// Everything that defines a run's arithmetic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub cache: PathBuf,
+    pub task: Task,
+    /// Target columns of `y`; empty: the task's default.
+    pub target: Vec<String>,
+    pub model: ModelKind,
+    pub dim: i64,
+    pub layers: i64,
+    pub heads: i64,
+    pub dropout: f64,
+    pub epochs: u64,
+    pub batch_size: usize,
+    pub accumulate: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// Warmup in optimizer steps; `None`: 5% of all steps.
+    pub warmup: Option<u64>,
+    pub clip: f64,
+    /// `None`: bf16 on CUDA, none on the CPU.
+    pub amp: Option<Amp>,
+    pub log_every: u64,
+    pub checkpoint_every: Option<u64>,
+    pub prefetch: usize,
+    pub seed: u64,
+    /// Scale the model's inputs with the cache's train statistics (`normalise`). Checkpoints
+    /// written before the option existed trained without it, so a missing field reads `false`.
+    #[serde(default)]
+    pub normalise: bool,
+}
+
+impl RunConfig {
+    /// The defaults of `dsc-train` for a cache and task.
+    pub fn new(cache: impl Into<PathBuf>, task: Task) -> RunConfig {
+        RunConfig {
+            cache: cache.into(),
+            task,
+            target: Vec::new(),
+            model: ModelKind::Transformer,
+            dim: defaults::DIM,
+            layers: defaults::LAYERS,
+            heads: defaults::HEADS,
+            dropout: 0.0,
+            epochs: 1,
+            batch_size: defaults::BATCH_SIZE,
+            accumulate: 1,
+            lr: defaults::LR,
+            weight_decay: defaults::WEIGHT_DECAY,
+            warmup: None,
+            clip: defaults::CLIP,
+            amp: None,
+            log_every: defaults::LOG_EVERY,
+            checkpoint_every: None,
+            prefetch: defaults::PREFETCH,
+            seed: 0,
+            normalise: true,
+        }
+    }
+
+    /// Refuses values no run can use, naming the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
+        anyhow::ensure!(self.accumulate > 0, "--accumulate must be at least 1");
+        anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
+        anyhow::ensure!(self.epochs > 0, "--epochs must be at least 1");
+        anyhow::ensure!(
+            self.dim > 0 && self.layers > 0 && self.heads > 0,
+            "--dim, --layers and --heads must be positive"
+        );
+        anyhow::ensure!(
+            self.model != ModelKind::Transformer || self.dim % self.heads == 0,
+            "--dim {} is not a multiple of --heads {}",
+            self.dim,
+            self.heads
+        );
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.dropout),
+            "--dropout must be in [0, 1)"
+        );
+        anyhow::ensure!(
+            self.lr > 0.0 && self.lr.is_finite(),
+            "--lr must be positive"
+        );
+        anyhow::ensure!(
+            self.weight_decay >= 0.0 && self.weight_decay.is_finite(),
+            "--weight-decay must be zero or positive"
+        );
+        anyhow::ensure!(
+            self.clip >= 0.0 && self.clip.is_finite(),
+            "--clip must be zero (off) or positive"
+        );
+        Ok(())
+    }
+
+    /// The network's own configuration.
+    pub fn model_config(&self) -> ModelConfig {
+        match self.model {
+            ModelKind::Transformer => ModelConfig::Transformer(TransformerConfig {
+                dim: self.dim,
+                layers: self.layers,
+                heads: self.heads,
+                dropout: self.dropout,
+            }),
+            ModelKind::Gru => ModelConfig::Gru(GruConfig {
+                dim: self.dim,
+                layers: self.layers,
+                dropout: self.dropout,
+            }),
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The networks: a transformer encoder and a GRU over the padded sequence, each built from its
+//! own config type, sharing the input front ([`embed`]) and the output head ([`Mlp`]).
+//!
+//! Mixed precision is explicit rather than through libtorch's autocast: tch can switch autocast
+//! on but cannot choose its dtype (it would always be float16 on CUDA). Matrix products and
+//! attention run in the compute dtype; weights, the residual stream, normalisation, pooling and
+//! the loss stay in f32, which is what autocast does for these ops.
+//!
+//! Initialisation follows PyTorch's modules, not tch's defaults: tch initialises linear and GRU
+//! weights with ReLU-gain Kaiming bounds, `sqrt(6 / fan_in)`, 2.45 times PyTorch's
+//! `1 / sqrt(fan_in)`, and embeddings with N(0, 1). Both made the reference networks start far
+//! from where a plain PyTorch loop starts (see `docs/PERFORMANCE.md`, "Learning").
+
+mod embed;
+mod gru;
+mod transformer;
+
+pub use embed::Standardise;
+pub use gru::{Gru, GruConfig};
+pub use transformer::{Transformer, TransformerConfig};
+
+use crate::config::Amp;
+use crate::normalise::Scaling;
+use tch::nn::{self, Module, ModuleT};
+use tch::{Kind, Tensor};
+
+/// One batch on the device, trimmed to its longest sequence `S`.
+#[derive(Debug)]
+pub struct Inputs {
+    /// f32 `[B, S, F]` per-step features, if the cache has any.
+    pub x: Option<Tensor>,
+    /// Integer `[B, S]` codes of each categorical tensor.
+    pub cats: Vec<Tensor>,
+    /// Integer `[B]` stored lengths.
+    pub length: Tensor,
+    /// f32 `[B, C]` per-context features, if any.
+    pub ctx: Option<Tensor>,
+}
+
+/// What the network sees of the cache.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub features: i64,
+    /// Number of codes of each categorical tensor (null, unknown and the vocabulary).
+    pub vocabularies: Vec<i64>,
+    pub context: i64,
+    pub max_len: i64,
+    pub outputs: i64,
+    /// Shift and scale of each per-step feature (identity when not normalised).
+    pub x_scaling: Scaling,
+    /// Shift and scale of each per-context feature.
+    pub ctx_scaling: Scaling,
+}
+
+/// A network over a batch of sequences. Not [`nn::ModuleT`]: that trait takes one tensor, and a
+/// batch is several (features, codes, lengths, per-context features). Its parts that do take
+/// one tensor are `ModuleT`s.
+pub trait SequenceModel: std::fmt::Debug {
+    /// `[B, outputs]` f32.
+    fn forward_t(&self, inputs: &Inputs, train: bool) -> Tensor;
+}
+
+/// Which network, with its configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelConfig {
+    Transformer(TransformerConfig),
+    Gru(GruConfig),
+}
+
+impl ModelConfig {
+    /// Builds the network's variables under `vs`.
+    pub fn build(&self, vs: &nn::Path, shape: &Shape, amp: Amp) -> Box<dyn SequenceModel> {
+        let ct = compute_kind(amp);
+        match self {
+            ModelConfig::Transformer(c) => Box::new(Transformer::new(vs, c, shape, ct)),
+            ModelConfig::Gru(c) => Box::new(Gru::new(vs, c, shape, ct)),
+        }
+    }
+}
+
+/// The compute dtype of matrix products.
+pub fn compute_kind(amp: Amp) -> Kind {
+    match amp {
+        Amp::None => Kind::Float,
+        Amp::Bf16 => Kind::BFloat16,
+        Amp::Fp16 => Kind::Half,
+    }
+}
+
+/// A linear layer initialised as `torch.nn.Linear` is: weight and bias uniform in
+/// `±1 / sqrt(fan_in)`.
+pub(crate) fn torch_linear(vs: nn::Path, input: i64, output: i64) -> nn::Linear {
+    let bound = 1.0 / (input as f64).sqrt();
+    let init = nn::Init::Uniform {
+        lo: -bound,
+        up: bound,
+    };
+    nn::linear(
+        vs,
+        input,
+        output,
+        nn::LinearConfig {
+            ws_init: init,
+            bs_init: Some(init),
+            bias: true,
+        },
+    )
+}
+
+/// `x @ W^T + b` in the compute dtype `ct` (the result stays in `ct`).
+fn linear(x: &Tensor, l: &nn::Linear, ct: Kind) -> Tensor {
+    if ct == Kind::Float {
+        return x.apply(l);
+    }
+    x.to_kind(ct)
+        .linear(&l.ws.to_kind(ct), l.bs.as_ref().map(|b| b.to_kind(ct)))
+}
+
+/// `[B, S]` true where a step is stored. A context with no stored step keeps step 0 so that
+/// attention and pooling never divide by an empty set.
+fn step_mask(length: &Tensor, s: i64) -> Tensor {
+    let len = length.clamp_min(1).unsqueeze(1);
+    Tensor::arange(s, (Kind::Int64, length.device()))
+        .unsqueeze(0)
+        .lt_tensor(&len)
+}
+
+/// Two linear layers with a GELU between them, products in the compute dtype, f32 out: the
+/// transformer's feed-forward block and the output head.
+#[derive(Debug)]
+pub struct Mlp {
+    hidden: nn::Linear,
+    out: nn::Linear,
+    ct: Kind,
+}
+
+impl Mlp {
+    /// `input → hidden → output`, the two layers' variables under `first` and `second`.
+    pub fn new(
+        first: nn::Path,
+        second: nn::Path,
+        (input, hidden, output): (i64, i64, i64),
+        ct: Kind,
+    ) -> Mlp {
+        Mlp {
+            hidden: torch_linear(first, input, hidden),
+            out: torch_linear(second, hidden, output),
+            ct,
+        }
+    }
+}
+
+impl ModuleT for Mlp {
+    fn forward_t(&self, xs: &Tensor, _train: bool) -> Tensor {
+        let h = linear(xs, &self.hidden, self.ct).gelu("none");
+        linear(&h, &self.out, self.ct).to_kind(Kind::Float)
+    }
+}
+
+/// The head: the pooled sequence, joined by the standardised per-context features, through an
+/// f32 [`Mlp`].
+#[derive(Debug)]
+struct Head {
+    ctx: Standardise,
+    mlp: Mlp,
+}
+
+impl Head {
+    fn new(vs: &nn::Path, pooled: i64, shape: &Shape, dim: i64) -> Head {
+        Head {
+            ctx: Standardise::new(vs / "ctx_norm", &shape.ctx_scaling),
+            mlp: Mlp::new(
+                vs / "head_hidden",
+                vs / "head_out",
+                (pooled + shape.context, dim, shape.outputs),
+                Kind::Float,
+            ),
+        }
+    }
+
+    fn forward(&self, pooled: &Tensor, ctx: Option<&Tensor>) -> Tensor {
+        let h = match ctx {
+            Some(c) => Tensor::cat(&[pooled, &self.ctx.forward(c)], 1),
+            None => pooled.shallow_clone(),
+        };
+        self.mlp.forward_t(&h, false)
+    }
+}
