@@ -175,10 +175,16 @@ def train_column_stats(cache: dsc.Cache) -> Dict[Tuple[str, str], Dict[str, Any]
     columns = split["columns"]
     if [c["name"] for c in columns] == [name for _, name in expected]:
         return {key: col for key, col in zip(expected, columns)}
-    by_name = {}
-    for col in columns:  # an unexpected layout: first column of each name
-        by_name.setdefault(col["name"], col)
-    return {(role, name): by_name[name] for role, name in expected if name in by_name}
+    # An unexpected layout: match by name and source table (a context column may share its
+    # name with a rows column); per-step roles read rows or join tables, the others context.
+    by_table = {(col["name"], col["table"]): col for col in columns}
+    out = {}
+    for role, name in expected:
+        tables = ("context",) if role in ("targets", "context_features") else ("rows", "join")
+        col = next((by_table[(name, t)] for t in tables if (name, t) in by_table), None)
+        if col is not None:
+            out[(role, name)] = col
+    return out
 
 
 def _encode(stages: Sequence[Dict[str, Any]], v: float) -> float:
@@ -219,7 +225,10 @@ def column_normalisation(encoding: Dict[str, Any],
             return 0.0, 1.0
         shift, scale = mid, (hi - lo) / 1.349
         if not scale > 0 and 0.01 in q and 0.99 in q:  # a spike at the median: use the tails
-            scale = (_encode(stages, q[0.99]) - _encode(stages, q[0.01])) / 4.653
+            try:
+                scale = (_encode(stages, q[0.99]) - _encode(stages, q[0.01])) / 4.653
+            except (ValueError, OverflowError):
+                return 0.0, 1.0
     if not (math.isfinite(shift) and math.isfinite(scale) and scale > 0):
         return 0.0, 1.0
     return float(shift), float(scale)

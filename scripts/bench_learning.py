@@ -15,7 +15,7 @@ loss and optimizer come from ``examples/train.py`` (plain ``torch.nn`` modules),
 Python-side programs cannot drift apart. ``--with-example`` also runs ``examples/train.py``
 itself (dsc's Python loader).
 
-    .venv/bin/python scripts/bench_learning.py --cache demo/cache --epochs 3
+    .venv/bin/python scripts/bench_learning.py --cache demo/cache --epochs 3 --with-example
 
 Prints one JSON object; the table in docs/PERFORMANCE.md ("Learning") comes from it.
 """
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +59,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dsc-train", default=str(ROOT / "target/release/dsc-train"))
     p.add_argument("--with-example", action="store_true",
                    help="also run examples/train.py (dsc's Python loader)")
+    p.add_argument("--speed-repeats", type=int, default=3,
+                   help="extra one-epoch runs of each program, alternating, for the speed "
+                        "medians (a shared machine's noise is larger than the difference)")
     return p.parse_args()
 
 
@@ -207,12 +210,22 @@ def main() -> None:
     if args.with_example:
         results["examples_train_py"] = per_epoch(run_json(
             [sys.executable, str(ROOT / "examples/train.py"), *common_flags(args)]))
-    ratios = []
-    for a, b in zip(results["dsc_train"], results["plain_torch"]):
-        ratios.append({"epoch": a["epoch"],
-                       "metric_ratio": a["val_metric"] / b["val_metric"],
-                       "speed_ratio": a["samples_per_s"] / b["samples_per_s"]})
-    results["dsc_train_over_plain"] = ratios
+    # Speed: every training epoch of every run counts; the programs alternate so that a slow
+    # spell of the machine hits both.
+    speeds = {"dsc_train": [e["samples_per_s"] for e in results["dsc_train"]],
+              "plain_torch": [e["samples_per_s"] for e in results["plain_torch"]]}
+    one = argparse.Namespace(**{**vars(args), "epochs": 1})
+    for _ in range(args.speed_repeats):
+        speeds["dsc_train"] += [e["samples_per_s"] for e in per_epoch(run_json(
+            [args.dsc_train, *common_flags(one), "--out", str(tmp / "dsc-train-speed")]))]
+        speeds["plain_torch"] += [e["samples_per_s"] for e in plain_loop(one)["epochs"]]
+    median = {k: statistics.median(v) for k, v in speeds.items()}
+    results["samples_per_s"] = {k: {"median": median[k], "all": v} for k, v in speeds.items()}
+    results["dsc_train_over_plain"] = {
+        "val_metric_by_epoch": [a["val_metric"] / b["val_metric"] for a, b in
+                                zip(results["dsc_train"], results["plain_torch"])],
+        "samples_per_s_median": median["dsc_train"] / median["plain_torch"],
+    }
     print(json.dumps(results, indent=1))
 
 

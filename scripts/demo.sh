@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on built-in sample data, on a fresh machine: build dsc, generate IceCube-like
 # events, compile them into a cache, inspect and verify it, stream it through the loader, and
-# train the reference model on it briefly (dsc-train; PyTorch 2.11.0 is installed into .venv
-# for its libtorch), then install the Python package and train the Python reference script
+# train the reference model on it for two epochs (dsc-train; PyTorch 2.11.0 is installed into
+# .venv for its libtorch), then install the Python package and train the Python reference script
 # (examples/train.py), whose validation error falls well below 1 rad in two epochs.
 # Everything lands in ./demo.
 set -euo pipefail
@@ -42,9 +42,9 @@ step "load: shuffle quality of epoch 0, then loader throughput"
 $dsc order demo/cache --epoch 0 --batch-size 256
 $dsc bench demo/cache
 
-step "train briefly: one epoch of a small transformer, direction task (CUDA when present)"
-target/release/dsc-train --cache demo/cache --task direction --epochs 1 --batch-size 128 --dim 64 \
-    --lr 1e-3 --log-every 10 --out demo/run
+step "train: two epochs of a small transformer, direction task (CUDA when present); the validation error (rad) falls from 1.57"
+target/release/dsc-train --cache demo/cache --task direction --epochs 2 --batch-size 128 --dim 64 \
+    --log-every 20 --out demo/run
 
 step "python: install the package (pip install ./python) and train with examples/train.py (2 epochs, CPU)"
 .venv/bin/pip install --quiet --disable-pip-version-check ./python

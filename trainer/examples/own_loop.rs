@@ -6,7 +6,7 @@
 //! cargo run --release -p dsc-train --example own_loop -- demo/cache
 use dsc_train::cuda::{self, Event};
 use dsc_train::feed::{Feed, HostRing};
-use dsc_train::normalise::Scaling;
+use dsc_train::normalise::{self, Scaling};
 use std::collections::VecDeque;
 use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
 
@@ -31,9 +31,8 @@ fn main() -> anyhow::Result<()> {
     let (x, len, y) = (tensor("x")?, tensor("length")?, tensor("y")?);
     let features = cache.tensors()[x].sample_shape[1] as i64;
     // Standardise raw columns with the cache's train statistics (as dsc-train does).
-    let stats = dsc_format::Stats::read(cache.dir())?;
-    let train = stats.split("train").expect("a train split");
-    let scaling = Scaling::from_stats(&cache.tensors()[x], train);
+    let train = normalise::train_stats(cache.dir())?;
+    let scaling = Scaling::from_stats(&cache.tensors()[x], &train);
     let on_device = |v: &[f64]| {
         let v: Vec<f32> = v.iter().map(|&f| f as f32).collect();
         Tensor::from_slice(&v).to_device(device)

@@ -35,13 +35,15 @@ pub struct Cli {
     #[arg(long, required_unless_present = "resume")]
     pub cache: Option<PathBuf>,
 
-    /// Continue the run saved in this checkpoint exactly (other flags are taken from it, except
-    /// --epochs, --max-steps, --device, --json and --out).
+    /// Continue the run saved in this checkpoint exactly (every other flag, --no-normalise
+    /// included, is taken from it, except --epochs, --max-steps, --device, --threads, --json
+    /// and --out).
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
 
     /// What to learn from the cache's `y` tensor: `regression` (mean squared error on the
-    /// target columns), `classification` (cross-entropy on one integer column, classes
+    /// target columns standardised with the train statistics; metric: mean absolute error in
+    /// stored units), `classification` (cross-entropy on one integer column, classes
     /// 0..K-1), `direction` (IceCube azimuth/zenith as a unit vector, cosine loss, mean angular
     /// error in radians).
     #[arg(long, default_value = "regression", value_parser = choice(&["regression", "classification", "direction"], |s| match s {
@@ -228,6 +230,7 @@ impl Cli {
             prefetch: self.prefetch.max(1),
             seed: self.seed,
             normalise: !self.no_normalise,
+            scale_targets: true,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -24,7 +24,7 @@ pub mod defaults {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Task {
-    /// Mean squared error on the target columns.
+    /// Mean squared error on the target columns, standardised with the train statistics.
     Regression,
     /// Cross-entropy on one integer target column (classes 0..K-1).
     Classification,
@@ -82,6 +82,10 @@ pub struct RunConfig {
     /// written before the option existed trained without it, so a missing field reads `false`.
     #[serde(default)]
     pub normalise: bool,
+    /// Regression: the loss is on targets standardised with the train statistics (the metric
+    /// stays in stored units). Always on for new runs; `false` for checkpoints from before.
+    #[serde(default)]
+    pub scale_targets: bool,
 }
 
 impl RunConfig {
@@ -109,6 +113,7 @@ impl RunConfig {
             prefetch: defaults::PREFETCH,
             seed: 0,
             normalise: true,
+            scale_targets: true,
         }
     }
 

@@ -6,9 +6,10 @@
 //! the network ([`model`], its inputs scaled by [`normalise`]), the loss ([`task`]) and the
 //! optimizer ([`optim`]); [`train`] and [`diag`] drive a session; [`checkpoint`], [`report`],
 //! [`timing`] and [`readback`] record what happened. [`device`] and [`cuda`] pick the device and
-//! make libtorch's CUDA backend usable.
+//! make libtorch's CUDA backend usable; [`alloc`] keeps freed step memory for the next step.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod alloc;
 pub mod checkpoint;
 pub mod config;
 pub mod cuda;

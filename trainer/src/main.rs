@@ -5,7 +5,7 @@ mod args;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use dsc_train::{checkpoint, cuda, device, diag, session, train};
+use dsc_train::{alloc, checkpoint, cuda, device, diag, session, train};
 use serde::Serialize;
 use std::process::ExitCode;
 use tch::Device;
@@ -14,7 +14,8 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
-    // Before any tch call: see `cuda`.
+    // Before any tch call: see `cuda` and `alloc`.
+    alloc::reuse_freed_memory();
     let cuda = cuda::load_torch_cuda();
     let cli = args::Cli::parse();
     match run(cli, &cuda) {

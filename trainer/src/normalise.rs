@@ -15,9 +15,25 @@
 //!
 //! `examples/train.py` applies the same rule, so the two reference trainers see the same inputs.
 
+use anyhow::Context;
 use dsc_format::manifest::ColumnSource;
 use dsc_format::stats::{NumericStats, SplitStats};
-use dsc_format::{Encoding, Stage, TensorSpec};
+use dsc_format::{Encoding, Stage, Stats, TensorSpec};
+use std::path::Path;
+
+/// The statistics of the cache's train split (never validation data); those of all contexts
+/// for a cache without a train split.
+pub fn train_stats(cache: &Path) -> anyhow::Result<SplitStats> {
+    let stats = Stats::read(cache).context(
+        "reading the statistics that normalise the inputs (--no-normalise trains on the stored \
+         values as they are)",
+    )?;
+    stats
+        .split("train")
+        .or_else(|| stats.split("all"))
+        .cloned()
+        .with_context(|| format!("{}: stats.json has no train split", cache.display()))
+}
 
 /// Shift and scale per column of a tensor's last axis: the network sees `(x - shift) / scale`.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,10 +58,19 @@ impl Scaling {
     /// The scaling of every column of `tensor` from the `train` split's statistics. Columns
     /// without statistics (or with unusable ones) are left as they are.
     pub fn from_stats(tensor: &TensorSpec, train: &SplitStats) -> Scaling {
-        let (shift, scale) = tensor
-            .columns
-            .iter()
-            .map(|c| {
+        Scaling::of_columns(tensor, 0..tensor.columns.len(), train)
+    }
+
+    /// The scaling of the columns `which` of `tensor` (e.g. the chosen targets).
+    pub fn of_columns(
+        tensor: &TensorSpec,
+        which: impl IntoIterator<Item = usize>,
+        train: &SplitStats,
+    ) -> Scaling {
+        let (shift, scale) = which
+            .into_iter()
+            .map(|i| {
+                let c = &tensor.columns[i];
                 let table = match c.source {
                     ColumnSource::Rows => "rows",
                     ColumnSource::Join { .. } => "join",

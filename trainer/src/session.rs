@@ -1,18 +1,19 @@
 //! A training session: the cache, the network, the optimizer, and the buffers between them,
 //! set up once per run. The loops in `train` and `diag` drive it.
 
-use crate::config::{Amp, RunConfig};
+use crate::config::{Amp, RunConfig, Task};
 use crate::cuda::Event;
 use crate::feed::{Filled, HostRing};
 use crate::model::{Inputs, SequenceModel, Shape};
 use crate::normalise::Scaling;
 use crate::optim::{AdamW, LossScaler};
-use crate::readback;
+use crate::readback::{self, Purpose};
 use crate::report::{Readbacks, StepReport, Summary};
 use crate::task::TaskSpec;
 use crate::timing::Shares;
 use anyhow::{bail, Context};
-use dsc_format::{Encoding, Stats, TensorRole};
+use dsc_format::stats::SplitStats;
+use dsc_format::{Encoding, TensorRole};
 use dsc_loader::Cache;
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -66,10 +67,16 @@ impl Session {
         } else {
             Amp::None
         });
-        let task = TaskSpec::resolve(&cfg, &cache, device)?;
-        let (layout, shape) = layout(&cache, task.outputs, cfg.normalise)?;
-        tch::manual_seed(cfg.seed as i64);
+        let targets_scaled = cfg.task == Task::Regression && cfg.scale_targets;
+        let stats = match cfg.normalise || targets_scaled {
+            true => Some(crate::normalise::train_stats(cache.dir())?),
+            false => None,
+        };
         let vs = nn::VarStore::new(device);
+        let task = TaskSpec::resolve(&cfg, &cache, stats.as_ref(), &vs.root())?;
+        let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);
+        let (layout, shape) = layout(&cache, task.outputs, inputs_stats)?;
+        tch::manual_seed(cfg.seed as i64);
         let net = cfg.model_config().build(&vs.root(), &shape, amp);
         let trainable = named_weights(&vs)
             .into_iter()
@@ -239,13 +246,42 @@ impl Session {
     ) -> anyhow::Result<()> {
         tch::no_grad(|| -> anyhow::Result<()> {
             for (name, mut var) in self.vs.variables() {
-                let saved = get(&format!("model.{name}"))?;
+                // Non-trainable variables are the input and target scalings, computed afresh
+                // from the cache's statistics: they must be what the checkpoint trained with.
+                let scaling = !var.requires_grad();
+                let saved = get(&format!("model.{name}")).map_err(|e| {
+                    if scaling {
+                        e.context(format!(
+                            "the checkpoint has no {name}: it was trained on other input \
+                             scaling (--no-normalise, or a cache compiled with other --encode)"
+                        ))
+                    } else {
+                        e
+                    }
+                })?;
                 if saved.size() != var.size() {
                     bail!(
                         "checkpoint weight {name} has shape {:?}, the model {:?}",
                         saved.size(),
                         var.size()
                     );
+                }
+                if scaling {
+                    let (then, now) = (
+                        readback::values(&saved, Purpose::Other),
+                        readback::values(&var, Purpose::Other),
+                    );
+                    let same = then
+                        .iter()
+                        .zip(&now)
+                        .all(|(a, b)| (a - b).abs() <= 1e-6 * a.abs().max(1.0));
+                    if !same {
+                        bail!(
+                            "the cache's statistics give {name} = {now:?}, the checkpoint was \
+                             trained with {then:?}: the cache was recompiled (other --encode or \
+                             inputs) since; resume on the cache the run started on"
+                        );
+                    }
                 }
                 var.copy_(&saved);
             }
@@ -271,19 +307,15 @@ pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     named
 }
 
-fn layout(cache: &Cache, outputs: i64, normalise: bool) -> anyhow::Result<(Layout, Shape)> {
+/// Which tensors feed which input, and their scaling from `stats` (train split; `None`: the
+/// stored values as they are).
+fn layout(
+    cache: &Cache,
+    outputs: i64,
+    stats: Option<&SplitStats>,
+) -> anyhow::Result<(Layout, Shape)> {
     let m = cache.manifest();
-    let stats = if normalise {
-        let stats = Stats::read(cache.dir()).context(
-            "reading the statistics that normalise the inputs (--no-normalise trains on the \
-             stored values as they are)",
-        )?;
-        // The train split's statistics, never validation data; `all` for a cache without one.
-        stats.split("train").or_else(|| stats.split("all")).cloned()
-    } else {
-        None
-    };
-    let scaling = |t: &dsc_format::TensorSpec| match &stats {
+    let scaling = |t: &dsc_format::TensorSpec| match stats {
         Some(s) => Scaling::from_stats(t, s),
         None => Scaling::identity(t.columns.len()),
     };

@@ -1,10 +1,14 @@
 //! What is learned from the cache's `y` tensor: the loss and the validation metric.
 
 use crate::config::{RunConfig, Task};
+use crate::model::Standardise;
+use crate::normalise::Scaling;
 use anyhow::{bail, Context};
+use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, Stage, TensorRole};
 use dsc_loader::{Cache, LoaderOptions};
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::nn::{self, Module};
+use tch::{Kind, Reduction, Tensor};
 
 /// A task resolved against a cache: which columns of `y`, and the network's output width.
 #[derive(Debug)]
@@ -15,10 +19,23 @@ pub struct TaskSpec {
     /// Name of the validation metric (lower is better except accuracy).
     pub metric: &'static str,
     index: Tensor,
+    /// Regression: the loss is on the standardised targets (in source units the squared error,
+    /// and its gradients, would be as large as the units squared); `pred` is in those
+    /// standardised units, the metric in stored ones. Variables `y_norm.*` of the model, so
+    /// `model.safetensors` says how to read its outputs.
+    y_norm: Standardise,
 }
 
 impl TaskSpec {
-    pub fn resolve(cfg: &RunConfig, cache: &Cache, device: Device) -> anyhow::Result<TaskSpec> {
+    /// The task of `cfg` on `cache`; `stats` (the train split's) scales regression targets,
+    /// whose scaling becomes variables under `vs`.
+    pub fn resolve(
+        cfg: &RunConfig,
+        cache: &Cache,
+        stats: Option<&SplitStats>,
+        vs: &nn::Path,
+    ) -> anyhow::Result<TaskSpec> {
+        let device = vs.device();
         let manifest = cache.manifest();
         let Some(y) = manifest
             .tensors
@@ -83,8 +100,15 @@ impl TaskSpec {
                 (count_classes(cache, columns[0], &wanted[0])?, "accuracy")
             }
         };
+        let scaling = match (cfg.task, stats) {
+            (Task::Regression, Some(s)) if cfg.scale_targets => {
+                Scaling::of_columns(y, columns.iter().map(|&c| c as usize), s)
+            }
+            _ => Scaling::identity(columns.len()),
+        };
         Ok(TaskSpec {
             task: cfg.task,
+            y_norm: Standardise::new(vs / "y_norm", &scaling),
             index: Tensor::from_slice(&columns).to_device(device),
             column_names: wanted,
             outputs,
@@ -113,12 +137,14 @@ impl TaskSpec {
         let t = self.targets(y);
         match self.task {
             Task::Regression => {
-                let diff = pred - &t;
-                let loss = diff.square().mean_dim(1, false, Kind::Float);
-                (
-                    loss,
-                    metric.then(|| diff.abs().mean_dim(1, false, Kind::Float)),
-                )
+                let z = self.y_norm.forward(&t);
+                let loss = (pred - z).square().mean_dim(1, false, Kind::Float);
+                let mae = || {
+                    (self.y_norm.inverse(pred) - &t)
+                        .abs()
+                        .mean_dim(1, false, Kind::Float)
+                };
+                (loss, metric.then(mae))
             }
             Task::Classification => {
                 let class = t.squeeze_dim(1).to_kind(Kind::Int64);

@@ -41,6 +41,16 @@ impl Standardise {
     }
 }
 
+impl Standardise {
+    /// Undoes [`Module::forward`]: `z * scale + shift`.
+    pub fn inverse(&self, zs: &Tensor) -> Tensor {
+        match &self.shift_scale {
+            Some((shift, scale)) => zs * scale + shift,
+            None => zs.shallow_clone(),
+        }
+    }
+}
+
 impl Module for Standardise {
     /// Standardises the last axis.
     fn forward(&self, xs: &Tensor) -> Tensor {

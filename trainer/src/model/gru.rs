@@ -50,6 +50,15 @@ impl Gru {
             weights.push(p.var(&format!("bias_ih_l{l}"), &[gates], init));
             weights.push(p.var(&format!("bias_hh_l{l}"), &[gates], init));
         }
+        if vs.device().is_cuda() && tch::Cuda::cudnn_is_available() {
+            // Moves the weights into one contiguous buffer (each weight becomes a view of it),
+            // as torch.nn.GRU does; otherwise cuDNN copies them together on every call.
+            tch::no_grad(|| {
+                let _ = Tensor::internal_cudnn_rnn_flatten_weight(
+                    &weights, 4, c.dim, 3, c.dim, 0, c.layers, true, false,
+                );
+            });
+        }
         Gru {
             embed: Embed::new(vs, shape, c.dim),
             weights,

@@ -3,8 +3,9 @@
 //!
 //! Mixed precision is explicit rather than through libtorch's autocast: tch can switch autocast
 //! on but cannot choose its dtype (it would always be float16 on CUDA). Matrix products and
-//! attention run in the compute dtype; weights, the residual stream, normalisation, pooling and
-//! the loss stay in f32, which is what autocast does for these ops.
+//! attention in the encoder run in the compute dtype; weights, the residual stream,
+//! normalisation, pooling, the small output head and the loss stay in f32 (autocast would also
+//! run the head's products in the compute dtype; they are a negligible share of the work).
 //!
 //! Initialisation follows PyTorch's modules, not tch's defaults: tch initialises linear and GRU
 //! weights with ReLU-gain Kaiming bounds, `sqrt(6 / fan_in)`, 2.45 times PyTorch's
