@@ -2,6 +2,8 @@
 //! gradients through `dsc_train::optim` here and through `torch.optim.AdamW`,
 //! `clip_grad_norm_` and torch's LR schedulers in the project's `.venv` (tests/py/adamw_steps.py).
 
+mod common;
+
 use dsc_train::optim::{learning_rate, AdamW};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
@@ -47,19 +49,7 @@ fn save(path: &Path, tensors: &[(String, Tensor)]) {
 }
 
 fn load(path: &Path) -> HashMap<String, Vec<f32>> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, v)| {
-            let vals = v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            (n, vals)
-        })
-        .collect()
+    common::f32_tensors(path).into_iter().collect()
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! End-to-end tests of `dsc-train` on the CPU: data generated and compiled by dsc's own crates
 //! (seeded), the binary run as a user runs it.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -213,22 +215,16 @@ fn a_short_run_learns_the_direction_and_reports_every_field() {
         weights(&out.path().join("model.safetensors"))
             .into_iter()
             .collect();
-    let train = train_split_stats(&fixture().icecube);
-    let col = |name: &str| -> &Value {
-        train["columns"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap()
-    };
+    let col = |name: &str| split_column(&fixture().icecube, "train", name);
     let median = |name: &str| {
-        let q = col(name)["numeric"]["quantiles"].as_array().unwrap();
+        let c = col(name);
+        let q = c["numeric"]["quantiles"].as_array().unwrap();
         f(&q.iter().find(|q| f(&q["q"]) == 0.5).unwrap()["value"])
     };
     let (shift, scale) = (&w["x_norm.shift"], &w["x_norm.scale"]);
     for (i, name) in ["x", "y", "z"].into_iter().enumerate() {
-        let n = &col(name)["numeric"];
+        let c = col(name);
+        let n = &c["numeric"];
         assert!(
             (f64::from(shift[i]) - f(&n["mean"])).abs() < 1e-3,
             "{name}: {shift:?}"
@@ -244,16 +240,22 @@ fn a_short_run_learns_the_direction_and_reports_every_field() {
     assert_eq!((shift[5], scale[5]), (0.0, 1.0), "auxiliary is a bool");
 }
 
-/// The `train` split's entry of a cache's stats.json.
-fn train_split_stats(cache: &Path) -> Value {
+/// The statistics of column `name` in `split` of a cache's stats.json.
+fn split_column(cache: &Path, split: &str, name: &str) -> Value {
     let stats: Value =
         serde_json::from_slice(&std::fs::read(cache.join("stats.json")).unwrap()).unwrap();
-    stats["splits"]
+    let split = stats["splits"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|s| s["split"] == "train")
+        .find(|s| s["split"] == split)
+        .unwrap();
+    split["columns"]
+        .as_array()
         .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no column {name} in stats.json"))
         .clone()
 }
 
@@ -266,13 +268,7 @@ fn regression_learns_zenith_in_stored_units() {
         "--task regression --target zenith --epochs 4 --batch-size 64 --dim 64",
     );
     assert_eq!(s["metric"], "mae");
-    let train = train_split_stats(&fixture().icecube);
-    let zenith = train["columns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "zenith")
-        .unwrap();
+    let zenith = split_column(&fixture().icecube, "train", "zenith");
     let std = f(&zenith["numeric"]["std"]);
     let mae = f(&s["epochs"][3]["val_metric"]);
     assert!(mae < 0.6 * std, "val MAE {mae} rad, zenith std {std}");
@@ -284,25 +280,9 @@ fn regression_learns_zenith_in_stored_units() {
     assert!((f64::from(w["y_norm.scale"][0]) - std).abs() < 1e-4);
 }
 
-/// Reads every tensor of a safetensors file as f32 values, by name.
+/// Reads every f32 tensor of a safetensors file, by name.
 fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .filter(|(_, v)| v.dtype() == safetensors::Dtype::F32)
-        .map(|(n, v)| {
-            let vals = v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            (n, vals)
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    common::f32_tensors(path)
 }
 
 #[test]
@@ -503,21 +483,7 @@ fn a_gru_classifies_churn_on_the_sequence_data() {
     assert_eq!(s["model"], "gru");
     assert_eq!(s["metric"], "accuracy");
     // Chance is always answering the validation split's majority class.
-    let stats: Value =
-        serde_json::from_slice(&std::fs::read(fixture().sequences.join("stats.json")).unwrap())
-            .unwrap();
-    let val = stats["splits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["split"] == "val")
-        .unwrap();
-    let churned = val["columns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "churned")
-        .unwrap();
+    let churned = split_column(&fixture().sequences, "val", "churned");
     let rate = f(&churned["numeric"]["mean"]);
     let chance = rate.max(1.0 - rate);
     let acc = f(&s["epochs"][3]["val_metric"]);
