@@ -19,7 +19,7 @@ use std::path::PathBuf;
 ///
 /// Exit codes: 0 success, 1 `verify` found problems, 2 error.
 #[derive(Debug, Parser)]
-#[command(name = "dsc", version, max_term_width = 100)]
+#[command(name = "dsc", version, max_term_width = 100, verbatim_doc_comment)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

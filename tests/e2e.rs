@@ -4,6 +4,7 @@ mod util;
 
 mod bad_input;
 mod determinism;
+mod hostile;
 mod inspection;
 mod loader;
 mod mostlyai;

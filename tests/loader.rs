@@ -408,7 +408,18 @@ fn columns_load_a_subset_with_the_same_bytes() {
             ..opts(9)
         })
         .unwrap_err();
-    assert!(err.to_string().contains("too large"), "{err}");
+    assert!(err.to_string().contains("overflows"), "{err}");
+    let err = cache
+        .loader(LoaderOptions {
+            batch_size: usize::MAX / 8,
+            ..opts(9)
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("more than half of this machine's memory"),
+        "{err}"
+    );
 }
 
 proptest! {

@@ -55,6 +55,22 @@ pub enum CompileError {
         /// The file's columns.
         available: String,
     },
+    /// A needed column's name appears more than once in a file's header.
+    #[error(
+        "{path}: column {column:?} ({role}) appears {} times, at positions {positions:?}; dsc \
+         cannot tell which is meant: rename or drop the others",
+        positions.len()
+    )]
+    DuplicateColumn {
+        /// The file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// What it was needed as.
+        role: String,
+        /// Its 0-based positions in the header.
+        positions: Vec<usize>,
+    },
     /// A column has a type that cannot serve its role.
     #[error("{path}: column {column:?} is {found}, but as {role} it must be {expected}")]
     WrongType {
@@ -179,6 +195,17 @@ pub enum CompileError {
     OutputExists {
         /// The output directory.
         path: PathBuf,
+    },
+    /// Another process holds the output's lock.
+    #[error(
+        "{path}: another dsc ({holder}) is writing this cache; wait for it to finish, or \
+         choose another --out"
+    )]
+    OutputLocked {
+        /// The output directory.
+        path: PathBuf,
+        /// Who holds the lock, as it wrote itself into the lock file (`pid 1234`).
+        holder: String,
     },
     /// Writing the cache failed.
     #[error(transparent)]

@@ -157,6 +157,7 @@ fn csv_err(path: &Path, e: csv::Error) -> CompileError {
 fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
     let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(path, e))?;
     let headers = reader.headers().map_err(|e| csv_err(path, e))?.clone();
+    read::check_unique(path, headers.iter(), &wants)?;
     let positions: Vec<usize> = wants
         .iter()
         .map(|w| {

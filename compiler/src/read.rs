@@ -53,7 +53,7 @@ pub(crate) struct Want {
     pub role: Role,
 }
 
-/// Expands each pattern (a path or a glob) into files, sorted, without duplicates.
+/// Expands each pattern (a path or a glob) into files, sorted within a pattern, each file once.
 pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for pattern in patterns {
@@ -97,9 +97,41 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
         matched.sort();
         files.extend(matched);
     }
+    // One file reached twice (`a.parquet` and `./a.parquet`, a symlink, overlapping globs) is
+    // read once, at its first place: identity is the file, not its spelling.
     let mut seen = std::collections::HashSet::new();
-    files.retain(|f| seen.insert(f.clone()));
-    Ok(files)
+    let mut unique = Vec::with_capacity(files.len());
+    for f in files {
+        let id = file_identity(&f)?;
+        if seen.insert(id) {
+            unique.push(f);
+        }
+    }
+    Ok(unique)
+}
+
+/// What makes two paths the same file: device and inode where the platform has them, else the
+/// canonical path.
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum FileId {
+    #[cfg(unix)]
+    Inode(u64, u64),
+    #[cfg_attr(unix, allow(dead_code))]
+    Path(PathBuf),
+}
+
+fn file_identity(path: &Path) -> Result<FileId> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
+        Ok(FileId::Inode(m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let p = path.canonicalize().map_err(|e| CompileError::io(path, e))?;
+        Ok(FileId::Path(p))
+    }
 }
 
 /// A Parquet file whose footer has been read.
@@ -138,9 +170,37 @@ pub(crate) fn open(path: &Path) -> Result<Opened> {
     })
 }
 
-/// Checks that `opened` has every wanted column with an acceptable type; returns their types in
-/// `wants` order.
+/// Refuses a wanted column whose name appears more than once among `names` (Arrow and CSV
+/// readers would silently take the first).
+pub(crate) fn check_unique<'a>(
+    path: &Path,
+    names: impl Iterator<Item = &'a str> + Clone,
+    wants: &[Want],
+) -> Result<()> {
+    for w in wants {
+        let positions: Vec<usize> = names
+            .clone()
+            .enumerate()
+            .filter(|(_, n)| *n == w.name)
+            .map(|(i, _)| i)
+            .collect();
+        if positions.len() > 1 {
+            return Err(CompileError::DuplicateColumn {
+                path: path.into(),
+                column: w.name.clone(),
+                role: w.role.describe().0.into(),
+                positions,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `opened` has every wanted column, once, with an acceptable type; returns their
+/// types in `wants` order.
 pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeInfo>> {
+    let names = opened.schema.fields().iter().map(|f| f.name().as_str());
+    check_unique(&opened.path, names, wants)?;
     wants
         .iter()
         .map(|w| {

@@ -14,6 +14,8 @@ pub(crate) struct Staging {
     pub dir: PathBuf,
     out: PathBuf,
     committed: bool,
+    /// Released after `Drop` has removed an uncommitted staging directory.
+    _lock: OutputLock,
 }
 
 fn sibling(out: &Path, suffix: &str) -> PathBuf {
@@ -31,10 +33,57 @@ fn is_empty_dir(path: &Path) -> Result<bool> {
         .is_none())
 }
 
+/// An exclusive lock on an output directory, held for a whole compile: a second compile into
+/// the same `--out` stops at once with a message naming the holder, instead of sharing (and
+/// deleting) its staging directory. An OS file lock, so it is released however the process
+/// ends, killed included. The lock file `.NAME.dsc-lock` stays beside the output: removing it
+/// would let a waiting process and a new one each lock a different file.
+#[derive(Debug)]
+pub(crate) struct OutputLock {
+    _file: File,
+}
+
+impl OutputLock {
+    pub fn acquire(out: &Path) -> Result<OutputLock> {
+        let path = sibling(out, "dsc-lock");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| CompileError::io(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {
+                file.set_len(0).map_err(|e| CompileError::io(&path, e))?;
+                write!(file, "pid {}", std::process::id())
+                    .map_err(|e| CompileError::io(&path, e))?;
+                Ok(OutputLock { _file: file })
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path)
+                    .ok()
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "a process that just started".into());
+                Err(CompileError::OutputLocked {
+                    path: out.into(),
+                    holder,
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(CompileError::io(&path, e)),
+        }
+    }
+}
+
 impl Staging {
-    /// Checks `out` (absent, an empty directory, or replaceable with `force`), removes a staging
-    /// directory left by a killed compile, and creates a fresh one.
+    /// Locks `out`, checks it (absent, an empty directory, or replaceable with `force`), removes
+    /// a staging directory left by a killed compile, and creates a fresh one.
     pub fn create(out: &Path, force: bool) -> Result<Staging> {
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| CompileError::io(parent, e))?;
+        }
+        // Before anything is checked or removed: what follows is this process's alone.
+        let lock = OutputLock::acquire(out)?;
         if out.exists() {
             if !out.is_dir() {
                 return Err(CompileError::io(
@@ -49,12 +98,11 @@ impl Staging {
                 return Err(CompileError::OutputExists { path: out.into() });
             }
         }
-        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| CompileError::io(parent, e))?;
-        }
-        let dir = sibling(out, "dsc-partial");
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
+        let dir = sibling(out, dsc_format::STAGING_SUFFIX);
+        for left in [&dir, &sibling(out, dsc_format::REPLACED_SUFFIX)] {
+            if left.exists() {
+                std::fs::remove_dir_all(left).map_err(|e| CompileError::io(left, e))?;
+            }
         }
         std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
             .map_err(|e| CompileError::io(&dir, e))?;
@@ -62,6 +110,7 @@ impl Staging {
             dir,
             out: out.into(),
             committed: false,
+            _lock: lock,
         })
     }
 
@@ -75,21 +124,73 @@ impl Staging {
         std::fs::rename(&tmp, &path).map_err(|e| CompileError::io(&path, e))
     }
 
-    /// Moves the finished cache to `out`, replacing what was there.
+    /// Moves the finished cache to `out`, replacing what was there. Whatever moment the process
+    /// dies, `out` is either the old cache or the new one, never missing: an existing `out` is
+    /// exchanged with the staging directory in one atomic rename (Linux `RENAME_EXCHANGE`), and
+    /// the old cache, now under the staging name, is removed afterwards. Where the exchange is
+    /// not available, the old cache is moved aside first (a short window without `out`).
     pub fn commit(mut self) -> Result<PathBuf> {
-        let old = sibling(&self.out, "dsc-old");
-        if self.out.exists() {
-            if old.exists() {
-                std::fs::remove_dir_all(&old).map_err(|e| CompileError::io(&old, e))?;
+        if self.out.exists() && !is_empty_dir(&self.out)? {
+            if exchange(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))? {
+                self.committed = true;
+                // `self.dir` now holds the replaced cache: a reader refuses it by its name.
+                std::fs::remove_dir_all(&self.dir).map_err(|e| CompileError::io(&self.dir, e))?;
+                return Ok(self.out.clone());
             }
+            let old = sibling(&self.out, dsc_format::REPLACED_SUFFIX);
             std::fs::rename(&self.out, &old).map_err(|e| CompileError::io(&self.out, e))?;
+            std::fs::rename(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))?;
+            self.committed = true;
+            std::fs::remove_dir_all(&old).map_err(|e| CompileError::io(&old, e))?;
+            return Ok(self.out.clone());
+        }
+        if self.out.exists() {
+            // An empty directory: rename(2) replaces it.
+            std::fs::remove_dir(&self.out).map_err(|e| CompileError::io(&self.out, e))?;
         }
         std::fs::rename(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))?;
         self.committed = true;
-        if old.exists() {
-            std::fs::remove_dir_all(&old).map_err(|e| CompileError::io(&old, e))?;
-        }
         Ok(self.out.clone())
+    }
+}
+
+/// Swaps two directories in one atomic step; `Ok(false)` where the platform or file system
+/// cannot.
+#[allow(unsafe_code)]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        };
+        let (ca, cb) = (c(a)?, c(b)?);
+        // SAFETY: two valid NUL-terminated paths, resolved against the working directory; the
+        // call only renames.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                ca.as_ptr(),
+                libc::AT_FDCWD,
+                cb.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        // Kernels or file systems without the flag: fall back to two renames.
+        if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Ok(false);
+        }
+        Err(e)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (a, b);
+        Ok(false)
     }
 }
 
@@ -137,5 +238,25 @@ impl ShardWriter {
         file.sync_all()
             .map_err(|e| CompileError::io(&self.path, e))?;
         Ok((self.bytes, self.hasher.hex()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exchange_swaps_two_directories_in_one_step() {
+        let tmp = std::env::temp_dir().join(format!("dsc-exchange-{}", std::process::id()));
+        let (a, b) = (tmp.join("a"), tmp.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("which"), "a").unwrap();
+        std::fs::write(b.join("which"), "b").unwrap();
+        if exchange(&a, &b).unwrap() {
+            assert_eq!(std::fs::read_to_string(a.join("which")).unwrap(), "b");
+            assert_eq!(std::fs::read_to_string(b.join("which")).unwrap(), "a");
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

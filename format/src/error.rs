@@ -23,6 +23,16 @@ pub enum FormatError {
         /// The directory.
         dir: PathBuf,
     },
+    /// The directory is a compile's staging directory (or a replaced cache being removed), not
+    /// a committed cache: its contents may be half-written even where a manifest exists.
+    #[error(
+        "{dir}: the staging directory of an unfinished or killed dsc compile, not a cache; \
+         open the --out directory it was compiling (a new compile removes this one)"
+    )]
+    NotCommitted {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// A JSON file did not parse into the expected structure.
     #[error("{path}: invalid JSON: {source}")]
     Json {

@@ -36,3 +36,8 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const STATS_FILE: &str = "stats.json";
 /// The folder holding the shards.
 pub const SHARDS_DIR: &str = "shards";
+/// A compile into `NAME` writes into the sibling `.NAME.dsc-partial` and renames it to `NAME` as
+/// its last step; readers refuse directories named so ([`FormatError::NotCommitted`]).
+pub const STAGING_SUFFIX: &str = "dsc-partial";
+/// A replaced cache, under the sibling name `.NAME.dsc-old` while it is removed.
+pub const REPLACED_SUFFIX: &str = "dsc-old";

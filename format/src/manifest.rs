@@ -322,8 +322,18 @@ pub struct Manifest {
 pub const SUPPORTED_VERSIONS: &[u32] = &[1];
 
 impl Manifest {
-    /// Reads and validates `DIR/manifest.json`.
+    /// Reads and validates `DIR/manifest.json`. Refuses a compile's staging directory, whatever
+    /// it holds: only a renamed, committed directory is a cache.
     pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
+        let staging = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.starts_with('.')
+                && [crate::STAGING_SUFFIX, crate::REPLACED_SUFFIX]
+                    .iter()
+                    .any(|s| n.ends_with(&format!(".{s}")))
+        });
+        if staging {
+            return Err(FormatError::NotCommitted { dir: dir.into() });
+        }
         let path = dir.join(MANIFEST_FILE);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,

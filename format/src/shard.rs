@@ -82,7 +82,7 @@ pub fn build_header(
         offset += len;
     }
     let mut json = serde_json::to_vec(&Value::Object(map)).expect("header serializes");
-    while (8 + json.len()) % DATA_ALIGN != 0 {
+    while !(8 + json.len()).is_multiple_of(DATA_ALIGN) {
         json.push(b' ');
     }
     let data_start = (8 + json.len()) as u64;

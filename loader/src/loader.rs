@@ -98,7 +98,15 @@ pub struct State {
 
 impl State {
     pub(crate) fn check(&self, opts: &LoaderOptions) -> Result<(), LoadError> {
-        let global = opts.batch_size * opts.world_size;
+        let global = opts
+            .batch_size
+            .checked_mul(opts.world_size)
+            .ok_or_else(|| {
+                LoadError::Options(format!(
+                    "batch_size {} x world_size {}: the global batch overflows",
+                    opts.batch_size, opts.world_size
+                ))
+            })?;
         if opts.split != self.split {
             return Err(LoadError::State(format!(
                 "the state is for split {:?}, the options ask for {:?}",
@@ -111,7 +119,7 @@ impl State {
                 self.global_batch, global, opts.batch_size, opts.world_size
             )));
         }
-        if self.samples % global.max(1) != 0 {
+        if !self.samples.is_multiple_of(global.max(1)) {
             return Err(LoadError::State(format!(
                 "{} samples consumed is not a whole number of global batches of {global}",
                 self.samples
@@ -155,8 +163,14 @@ const MAX_PREFETCH: usize = 1 << 16;
 /// the shuffled rate about 1.7x (docs/PERFORMANCE.md). The pages are clean page-cache pages either way, which the
 /// kernel can reclaim under pressure; only the reported RSS differs.
 fn resident_budget() -> usize {
-    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BUDGET.get_or_init(|| {
+    memory_limit() / 4
+}
+
+/// The memory this process may use: the machine's (`MemTotal`), or its container's limit
+/// (cgroup v2, then v1) when lower.
+fn memory_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
         let total_kib = std::fs::read_to_string("/proc/meminfo")
             .ok()
             .and_then(|m| {
@@ -165,7 +179,7 @@ fn resident_budget() -> usize {
                     .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
             })
             .unwrap_or(4 << 20);
-        // A container's limit (cgroup v2, then v1); "max" or a missing file means none.
+        // "max" or a missing file means no limit.
         let cgroup = [
             "/sys/fs/cgroup/memory.max",
             "/sys/fs/cgroup/memory/memory.limit_in_bytes",
@@ -174,7 +188,7 @@ fn resident_budget() -> usize {
         .filter_map(|p| std::fs::read_to_string(p).ok())
         .find_map(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(usize::MAX);
-        total_kib.saturating_mul(1024).min(cgroup) / 4
+        total_kib.saturating_mul(1024).min(cgroup)
     })
 }
 
@@ -485,20 +499,24 @@ impl Loader {
                 opts.threads, opts.prefetch
             )));
         }
-        // A batch is allocated whole: refuse sizes no machine could hold before multiplying
-        // them into an overflow or a giant allocation.
-        let batch_bytes = inner
-            .manifest
-            .bytes_per_context()
-            .checked_mul(opts.batch_size);
-        if opts.batch_size.checked_mul(opts.world_size).is_none()
-            || batch_bytes.is_none_or(|b| b > isize::MAX as usize / 4)
-        {
+        // A batch is allocated whole (its tensors, and its list of samples): refuse sizes this
+        // machine cannot hold before multiplying them into an overflow or an allocation that
+        // aborts the process.
+        let per_context = inner.manifest.bytes_per_context() + std::mem::size_of::<Sample>();
+        let batch_bytes = per_context.checked_mul(opts.batch_size);
+        if opts.batch_size.checked_mul(opts.world_size).is_none() {
             return Err(LoadError::Options(format!(
-                "batch_size {} x world_size {}: too large for this cache ({} bytes per context)",
+                "batch_size {} x world_size {}: the global batch overflows",
+                opts.batch_size, opts.world_size
+            )));
+        }
+        if batch_bytes.is_none_or(|b| b > memory_limit() / 2) {
+            return Err(LoadError::Options(format!(
+                "batch_size {}: one batch of this cache ({per_context} bytes per context) needs \
+                 {}, more than half of this machine's memory ({}); use a smaller batch_size",
                 opts.batch_size,
-                opts.world_size,
-                inner.manifest.bytes_per_context()
+                batch_bytes.map_or("more than 16 EiB".into(), human_bytes),
+                human_bytes(memory_limit())
             )));
         }
         let sizes: Vec<usize> = inner.splits[split_index]
@@ -749,5 +767,21 @@ impl Drop for Loader {
             );
             let _ = handle.join();
         }
+    }
+}
+
+/// `n` bytes for messages: `3.2 GiB`.
+fn human_bytes(n: usize) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
     }
 }

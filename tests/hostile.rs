@@ -1,0 +1,302 @@
+//! Faults found by attacking dsc as a hostile user would (issue 12), each reproduced first.
+
+use crate::util::*;
+use arrow_array::{ArrayRef, Float64Array};
+use std::sync::Arc;
+
+/// The README compile into `out` with another shuffle seed, replacing what is there.
+fn forced_with_seed<'a>(out: &'a str, seed: &'a str) -> Vec<&'a str> {
+    let mut args = icecube_args(out, &["--force"]);
+    let i = args.iter().position(|a| *a == "--seed").expect("--seed");
+    args[i + 1] = seed;
+    args
+}
+
+fn data() -> Dir {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 60);
+    dir
+}
+
+/// What a cache holds, independent of how its inputs were spelled: per split the contexts and
+/// stored rows, and every shard's checksum.
+fn content(cache: &std::path::Path) -> Vec<String> {
+    let m = manifest(cache);
+    let mut out: Vec<String> = m["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} {} {}", s["name"], s["contexts"], s["rows_stored"]))
+        .collect();
+    out.extend(
+        m["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["xxh3"].to_string()),
+    );
+    out
+}
+
+#[test]
+fn one_file_named_twice_is_read_once() {
+    let dir = data();
+    dsc(dir.path(), &icecube_args("once", &[])).ok();
+    // The same files again under other spellings: a second path, a `./` path, a symlink.
+    std::os::unix::fs::symlink(
+        dir.join("data/train/batch_1.parquet"),
+        dir.join("data/link.parquet"),
+    )
+    .unwrap();
+    let mut args = icecube_args("twice", &[]);
+    args.splice(
+        2..2,
+        [
+            "data/train/batch_1.parquet",
+            "./data/train/batch_2.parquet",
+            "data/link.parquet",
+        ],
+    );
+    dsc(dir.path(), &args).ok();
+    assert_eq!(content(&dir.join("once")), content(&dir.join("twice")));
+}
+
+#[test]
+fn a_needed_column_named_twice_in_one_file_is_refused() {
+    let dir = data();
+    let path = dir.join("data/train/batch_2.parquet");
+    let table = Table::read(&path);
+    // The first record batch is enough: the header is refused before any row is read.
+    let batch = &table.batches[0];
+    let schema = batch.schema();
+    let mut cols: Vec<(&str, ArrayRef)> = schema
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .map(|(f, c)| (f.name().as_str(), c.clone()))
+        .collect();
+    // A second `charge` with other values: which one would the cache hold?
+    let other: ArrayRef = Arc::new(Float64Array::from(vec![7.0; batch.num_rows()]));
+    cols.push(("charge", other));
+    write_parquet(&path, cols);
+    let err = dsc(dir.path(), &icecube_args("cache", &[])).fails(2);
+    assert_eq!(err.trim().lines().count(), 1, "one line:\n{err}");
+    for needle in ["batch_2.parquet", "\"charge\"", "appears 2 times", "rename"] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    assert!(!dir.join("cache").exists());
+}
+
+#[test]
+fn absurd_batch_sizes_are_refused_before_anything_is_allocated() {
+    let dir = data();
+    dsc(dir.path(), &icecube_args("cache", &[])).ok();
+    // Once aborted the process on a 2.4 TB allocation (the batch's sample list).
+    let err = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "100000000000",
+            "--keep-last",
+            "--keys",
+        ],
+    )
+    .fails(2);
+    assert_eq!(err.trim().lines().count(), 1, "one line:\n{err}");
+    for needle in [
+        "batch_size 100000000000",
+        "more than half of this machine's memory",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    // batch x world wraps a usize.
+    let err = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "4611686018427387904",
+            "--world-size",
+            "4",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("the global batch overflows"), "{err}");
+    // The same product checked against a saved state before it is used.
+    let state = dsc(
+        dir.path(),
+        &["order", "cache", "--batch-size", "8", "--state-after", "2"],
+    )
+    .ok();
+    std::fs::write(dir.join("state.json"), state).unwrap();
+    let err = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "4611686018427387904",
+            "--world-size",
+            "4",
+            "--from-state",
+            "state.json",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("the global batch overflows"), "{err}");
+}
+
+#[test]
+fn help_examples_keep_their_lines() {
+    let dir = Dir::new();
+    let commands = [
+        "gen", "compile", "inspect", "verify", "show", "report", "order", "bench",
+    ];
+    let mut pages = vec![("dsc --help".to_string(), dsc(dir.path(), &["--help"]).ok())];
+    for c in commands {
+        pages.push((
+            format!("dsc {c} --help"),
+            dsc(dir.path(), &[c, "--help"]).ok(),
+        ));
+    }
+    for (cmd, text) in &pages {
+        for line in text.lines() {
+            // A shell continuation in the middle of a line: clap reflowed an example.
+            assert!(
+                !line.trim_end().trim_end_matches('\\').contains(" \\ "),
+                "{cmd}: an example was reflowed into one line:\n{line}"
+            );
+        }
+    }
+    let top = &pages[0].1;
+    assert!(
+        top.lines().any(|l| l.trim() == "dsc inspect cache"),
+        "the typical session keeps one command per line:\n{top}"
+    );
+}
+
+#[test]
+fn a_compile_into_an_output_another_process_is_writing_stops_and_names_it() {
+    let dir = data();
+    // Another writer holds the output's lock (as a running compile does).
+    let lock_path = dir.join(".cache.dsc-lock");
+    let mut holder = std::fs::File::create(&lock_path).unwrap();
+    holder.lock().unwrap();
+    use std::io::Write as _;
+    write!(holder, "pid 424242").unwrap();
+    // Its staging directory must survive the second compile.
+    std::fs::create_dir_all(dir.join(".cache.dsc-partial/shards")).unwrap();
+    let err = dsc(dir.path(), &icecube_args("cache", &["--force"])).fails(2);
+    assert_eq!(err.trim().lines().count(), 1, "one line:\n{err}");
+    for needle in ["cache", "another dsc (pid 424242) is writing this cache"] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    assert!(dir.join(".cache.dsc-partial/shards").is_dir());
+    assert!(!dir.join("cache").exists());
+    // Released (the holder exits): the compile runs.
+    drop(holder);
+    dsc(dir.path(), &icecube_args("cache", &[])).ok();
+    dsc(dir.path(), &["verify", "cache"]).ok();
+}
+
+#[test]
+fn concurrent_compiles_into_one_output_never_leave_a_wrong_cache() {
+    let dir = data();
+    let bin = env!("CARGO_BIN_EXE_dsc");
+    // Started together, as the issue's reproduction did (its second compile deleted the first's
+    // staging directory and both wrote into the new one).
+    let children: Vec<_> = ["1", "2", "3"]
+        .iter()
+        .map(|seed| {
+            std::process::Command::new(bin)
+                .args(forced_with_seed("cache", seed))
+                .current_dir(dir.path())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut ok = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => ok += 1,
+            Some(2) => assert!(err.contains("another dsc (pid"), "{err}"),
+            other => panic!("exit {other:?}: {err}"),
+        }
+    }
+    assert!(ok >= 1);
+    // Whichever won, the cache is whole: every checksum, every key once.
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    assert!(!dir.join(".cache.dsc-partial").exists());
+}
+
+#[test]
+fn a_staging_directory_is_not_a_cache() {
+    let dir = data();
+    dsc(dir.path(), &icecube_args("cache", &[])).ok();
+    // A compile killed right after writing its staging manifest leaves exactly this.
+    let staging = dir.join(".cache.dsc-partial");
+    copy_tree(&dir.join("cache"), &staging);
+    for cmd in [
+        vec!["verify", ".cache.dsc-partial"],
+        vec!["inspect", ".cache.dsc-partial"],
+    ] {
+        let err = dsc(dir.path(), &cmd).fails(2);
+        assert!(
+            err.contains("the staging directory of an unfinished or killed dsc compile"),
+            "{cmd:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_forced_compile_replaces_the_cache_without_a_moment_where_it_is_missing() {
+    let dir = data();
+    dsc(dir.path(), &icecube_args("cache", &[])).ok();
+    let manifest = dir.join("cache/manifest.json");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, manifest) = (stop.clone(), manifest.clone());
+        std::thread::spawn(move || {
+            let mut missing = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                missing += u64::from(!manifest.exists());
+            }
+            missing
+        })
+    };
+    // One compile thread leaves the other core to the watcher; before the fix it saw the gap
+    // between moving the old cache aside and moving the new one in.
+    for seed in 1..=12 {
+        let seed = seed.to_string();
+        let mut args = forced_with_seed("cache", &seed);
+        args.extend(["--threads", "1"]);
+        dsc(dir.path(), &args).ok();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        watcher.join().unwrap(),
+        0,
+        "cache/ was missing while being replaced"
+    );
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    assert!(!dir.join(".cache.dsc-old").exists());
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
