@@ -300,3 +300,58 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Appends a byte to `file` when the compile reaches `stage`: an input rewritten mid-compile.
+struct ChangeAt {
+    stage: &'static str,
+    file: std::path::PathBuf,
+}
+
+impl dsc_compiler::Progress for ChangeAt {
+    fn stage(&self, name: &str, _total: u64) {
+        if name == self.stage {
+            use std::io::Write as _;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.file)
+                .unwrap();
+            f.write_all(b"\0").unwrap();
+        }
+    }
+}
+
+#[test]
+fn an_input_changed_during_the_compile_stops_it_and_nothing_is_committed() {
+    let dir = data();
+    let spec: dsc_compiler::CompileSpec = serde_json::from_value(serde_json::json!({
+        "rows": [dir.join("data/train/batch_*.parquet").display().to_string()],
+        "key": "event_id",
+        "order_by": "time",
+        "context": dir.join("data/train_meta.parquet").display().to_string(),
+        "targets": ["azimuth", "zenith"],
+        "features": ["time", "charge"],
+        "max_len": 64,
+    }))
+    .unwrap();
+    // Read already, then rewritten before the shards are written (a writer still appending).
+    let changed = dir.join("data/train/batch_2.parquet");
+    let progress = ChangeAt {
+        stage: "writing shards",
+        file: changed.clone(),
+    };
+    let opts = dsc_compiler::CompileOptions {
+        out: dir.join("cache"),
+        force: false,
+        progress: &progress,
+    };
+    let err = dsc_compiler::compile(&spec, &opts).unwrap_err().to_string();
+    for needle in [
+        "batch_2.parquet",
+        "changed while it was being compiled",
+        "bytes at the start",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    assert!(!dir.join("cache").exists());
+    assert!(!dir.join(".cache.dsc-partial").exists());
+}

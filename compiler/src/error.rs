@@ -196,6 +196,17 @@ pub enum CompileError {
         /// The output directory.
         path: PathBuf,
     },
+    /// An input file changed between the start of the compile and its end.
+    #[error(
+        "{path}: the file changed while it was being compiled ({what}); nothing was written: \
+         compile again once it is complete"
+    )]
+    InputChanged {
+        /// The file.
+        path: PathBuf,
+        /// What changed (size, modification time, identity).
+        what: String,
+    },
     /// Another process holds the output's lock.
     #[error(
         "{path}: another dsc ({holder}) is writing this cache; wait for it to finish, or \

@@ -163,6 +163,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         refuse_inputs_inside(&opts.out, spec, &plan.rows_files)?;
     }
     let staging = Staging::create(&opts.out, opts.force)?;
+    let named_inputs = input_files(spec, &plan.rows_files);
+    let stamps = stamp_files(&named_inputs)?;
 
     progress.stage("reading", plan.rows_files.len() as u64);
     let rows = read::read_rows(&plan.rows_files, plan.rows_wants.clone())?;
@@ -429,7 +431,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         .collect();
     summary.contexts = contexts.len();
     summary.rows_stored = splits.iter().map(|s| s.rows_stored).sum();
-    let inputs = fingerprint(spec, &plan.rows_files)?;
+    let inputs = fingerprint_files(&named_inputs, &stamps)?;
     let manifest = Manifest {
         format: dsc_format::FORMAT_NAME.into(),
         format_version: dsc_format::FORMAT_VERSION,
@@ -627,7 +629,8 @@ fn resolved_spec(spec: &CompileSpec, max_len: usize) -> CompileSpec {
     resolved
 }
 
-fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
+/// Every file a compile of `spec` reads, with its role.
+fn input_files<'a>(spec: &CompileSpec, rows_files: &[PathBuf]) -> Vec<(PathBuf, &'a str)> {
     let mut named: Vec<(PathBuf, &str)> = rows_files.iter().map(|p| (p.clone(), "rows")).collect();
     if let Some(c) = &spec.context {
         named.push((PathBuf::from(c), "context"));
@@ -635,11 +638,21 @@ fn fingerprint(spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<Inputs> {
     for j in &spec.joins {
         named.push((PathBuf::from(&j.file), "join"));
     }
-    fingerprint_files(&named)
+    named
+}
+
+/// The state of every input before a compile reads it.
+pub(crate) fn stamp_files(named: &[(PathBuf, &str)]) -> Result<Vec<read::Stamp>> {
+    named.iter().map(|(p, _)| read::Stamp::take(p)).collect()
 }
 
 /// Sizes and checksums of every input file, with its role, and one fingerprint over them.
-pub(crate) fn fingerprint_files(named: &[(PathBuf, &str)]) -> Result<Inputs> {
+/// `stamps` (from [`stamp_files`] before reading) must still hold after hashing: an input
+/// changed mid-compile is an error, not a manifest describing other bytes than the shards hold.
+pub(crate) fn fingerprint_files(
+    named: &[(PathBuf, &str)],
+    stamps: &[read::Stamp],
+) -> Result<Inputs> {
     let files: Vec<InputFile> = named
         .par_iter()
         .map(|(path, role)| {
@@ -654,6 +667,9 @@ pub(crate) fn fingerprint_files(named: &[(PathBuf, &str)]) -> Result<Inputs> {
         .collect::<Vec<Result<_>>>()
         .into_iter()
         .collect::<Result<_>>()?;
+    for s in stamps {
+        s.check()?;
+    }
     let mut h = dsc_format::checksum::Hasher::new();
     for f in &files {
         h.update(format!("{}\0{}\0{}\n", f.role, f.bytes, f.xxh3).as_bytes());

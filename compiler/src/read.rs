@@ -112,7 +112,7 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
 
 /// What makes two paths the same file: device and inode where the platform has them, else the
 /// canonical path.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum FileId {
     #[cfg(unix)]
     Inode(u64, u64),
@@ -392,5 +392,52 @@ impl Opened {
                 path: self.path.clone(),
                 reason: e.to_string(),
             })
+    }
+}
+
+/// What an input file was when the compile started: checked again once it has been read and
+/// hashed, so that a file rewritten mid-compile is an error rather than a cache whose manifest
+/// describes other bytes than its shards hold.
+#[derive(Debug, Clone)]
+pub(crate) struct Stamp {
+    path: PathBuf,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    id: FileId,
+}
+
+impl Stamp {
+    pub fn take(path: &Path) -> Result<Stamp> {
+        let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
+        Ok(Stamp {
+            path: path.into(),
+            len: m.len(),
+            modified: m.modified().ok(),
+            id: file_identity(path)?,
+        })
+    }
+
+    /// Errs when the file is no longer what it was.
+    pub fn check(&self) -> Result<()> {
+        let now = Stamp::take(&self.path).map_err(|_| CompileError::InputChanged {
+            path: self.path.clone(),
+            what: "it was removed or cannot be read any more".into(),
+        })?;
+        let what = if now.id != self.id {
+            Some("it was replaced by another file".to_string())
+        } else if now.len != self.len {
+            Some(format!("{} bytes at the start, {} now", self.len, now.len))
+        } else if now.modified != self.modified {
+            Some("modified since the start".to_string())
+        } else {
+            None
+        };
+        match what {
+            Some(what) => Err(CompileError::InputChanged {
+                path: self.path.clone(),
+                what,
+            }),
+            None => Ok(()),
+        }
     }
 }

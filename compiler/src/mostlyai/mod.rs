@@ -254,6 +254,13 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let tgt_files = crate::read::resolve(&spec.rows)?;
     let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
     let staging = Staging::create(&opts.out, opts.force)?;
+    // Every file the output depends on: the resolved tables and the validation keys.
+    let mut named: Vec<(PathBuf, &str)> = tgt_files.iter().map(|p| (p.clone(), "rows")).collect();
+    named.extend(ctx_files.iter().map(|p| (p.clone(), "context")));
+    if let Some(v) = &spec.val_keys {
+        named.push((PathBuf::from(v), "val_keys"));
+    }
+    let stamps = crate::pipeline::stamp_files(&named)?;
     opts.progress.stage("reading", 2);
     let (tgt, ctx) = rayon::join(
         || table::load(&tgt_files, &spec.key),
@@ -335,13 +342,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
     resolved.partitions = Some(partitions);
-    // Every file the output depends on: the resolved tables and the validation keys.
-    let mut named: Vec<(PathBuf, &str)> = tgt_files.iter().map(|p| (p.clone(), "rows")).collect();
-    named.extend(ctx_files.iter().map(|p| (p.clone(), "context")));
-    if let Some(v) = &spec.val_keys {
-        named.push((PathBuf::from(v), "val_keys"));
-    }
-    let inputs = crate::pipeline::fingerprint_files(&named)?;
+    let inputs = crate::pipeline::fingerprint_files(&named, &stamps)?;
     let summary = CompileSummary {
         rows_read: tgt.rows() as u64,
         rows_stored: tgt.rows() as u64,
