@@ -22,6 +22,8 @@ const EXIT_PROBLEMS: u8 = 1;
 const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
+    // A shard truncated under a reader: one line naming it, then the error exit code.
+    dsc_loader::sigbus::exit_with(i32::from(EXIT_ERROR));
     let cli = args::Cli::parse();
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new()

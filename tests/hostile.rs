@@ -355,3 +355,50 @@ fn an_input_changed_during_the_compile_stops_it_and_nothing_is_committed() {
     assert!(!dir.join("cache").exists());
     assert!(!dir.join(".cache.dsc-partial").exists());
 }
+
+/// In the child: opens `cache`, truncates its first shard under the open map, reads it.
+const SIGBUS_CHILD: &str = "DSC_TEST_SIGBUS_CHILD";
+
+#[test]
+fn a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned() {
+    if let Some(cache) = std::env::var_os(SIGBUS_CHILD) {
+        // The child: what `dsc bench` does while another process cuts a shard short.
+        dsc_loader::sigbus::exit_with(2);
+        let cache = dsc_loader::Cache::open(&cache).unwrap();
+        let shard = cache.dir().join(&cache.manifest().shards[0].file);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&shard)
+            .unwrap()
+            .set_len(64)
+            .unwrap();
+        for batch in cache
+            .loader(dsc_loader::LoaderOptions {
+                batch_size: 16,
+                threads: 0,
+                ..Default::default()
+            })
+            .unwrap()
+        {
+            let _ = batch;
+        }
+        panic!("read a truncated shard without a fault");
+    }
+    let dir = data();
+    dsc(dir.path(), &icecube_args("cache", &[])).ok();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hostile::a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned",
+            "--nocapture",
+        ])
+        .env(SIGBUS_CHILD, dir.join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{:?}: {err}", out.status);
+    assert!(
+        err.contains("shards/train-00000.safetensors: the shard changed under the reader"),
+        "{err}"
+    );
+}

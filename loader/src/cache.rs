@@ -73,7 +73,7 @@ impl Cache {
             }
             let layout = read_layout(&path)?;
             layout.check(&manifest.tensors, entry.contexts, &path)?;
-            let map = Mapped::map(&file, size).map_err(|source| LoadError::Map {
+            let map = Mapped::map(&file, size, &path).map_err(|source| LoadError::Map {
                 path: path.clone(),
                 source,
             })?;

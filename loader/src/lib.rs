@@ -31,6 +31,7 @@ mod error;
 mod loader;
 mod mmap;
 pub mod order;
+pub mod sigbus;
 
 pub use batch::{Batch, BatchTensor};
 pub use cache::Cache;

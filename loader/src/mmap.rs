@@ -7,6 +7,7 @@
 //! and renames them into place. What remains is a file truncated or rewritten in place by another
 //! process while it is mapped: reading the lost pages then raises SIGBUS. That risk is inherent to
 //! `mmap` and is documented for users (`docs/GUIDE.md`): do not modify a cache that is being read.
+//! Every map is registered with `sigbus`, whose handler names the shard when it happens.
 
 use memmap2::{Advice, Mmap, MmapOptions, UncheckedAdvice};
 use std::fs::File;
@@ -14,12 +15,14 @@ use std::fs::File;
 /// A read-only map of one whole shard file.
 #[derive(Debug)]
 pub struct Mapped {
+    /// Dropped (unregistered) before the map is unmapped.
+    _guard: crate::sigbus::Registration,
     map: Mmap,
 }
 
 impl Mapped {
-    /// Maps `file`, which the caller has just validated to be `len` bytes long.
-    pub fn map(file: &File, len: u64) -> std::io::Result<Mapped> {
+    /// Maps `file` (at `path`), which the caller has just validated to be `len` bytes long.
+    pub fn map(file: &File, len: u64, path: &std::path::Path) -> std::io::Result<Mapped> {
         if len == 0 {
             // A zero-length map is an error on Linux; an empty split has no shards anyway.
             return Err(std::io::Error::new(
@@ -37,7 +40,10 @@ impl Mapped {
                 "short map",
             ));
         }
-        Ok(Mapped { map })
+        Ok(Mapped {
+            _guard: crate::sigbus::register(map.as_ptr(), map.len(), path),
+            map,
+        })
     }
 
     /// The mapped bytes.
