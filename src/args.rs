@@ -454,14 +454,17 @@ pub struct DigitSplitArgs {
     pub json: bool,
 }
 
-/// Check a cache against its manifest: sizes, headers, checksums, lengths, padding.
+/// Check a cache against its manifest: sizes, headers, checksums, and every stored value.
 ///
-/// Reads every shard: size, safetensors header, xxh3 checksum, lengths within 0..=L and zero
-/// padding. Exits 0 when sound, 1 naming each problem, 2 when the cache cannot be read at all.
+/// Reads every shard: size, safetensors header, xxh3 checksum, then the values the format
+/// allows: lengths within 0..=L and at most the full length, zero padding, category codes within
+/// the vocabulary, no NaN or infinity, bools of 0 or 1, every key once across all shards; and
+/// stats.json describing the manifest's splits. Each problem names shard, tensor and sample.
+/// Exits 0 when sound, 1 naming each problem, 2 when the cache cannot be read at all.
 ///
 /// Example:
 ///   dsc verify cache
-///   dsc verify cache --quick     (sizes and headers only)
+///   dsc verify cache --quick     (sizes, headers and the statistics' splits only)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct VerifyArgs {

@@ -160,3 +160,104 @@ fn a_directory_without_manifest_is_not_a_cache() {
     let err = dsc(dir.path(), &["inspect", "half"]).fails(2);
     assert!(err.contains("not a dsc cache (no manifest.json"), "{err}");
 }
+
+/// Overwrites bytes of `tensor` in the first shard at element `elem` (of its flattened data)
+/// and repairs the shard's checksum in the manifest, so that only the value checks can notice:
+/// content no compile could have written, with every checksum right.
+fn forge(dir: &Dir, tensor: &str, elem: usize, bytes: &[u8]) {
+    let path = first_shard(dir);
+    let layout = dsc_format::shard::read_layout(&path).unwrap();
+    let t = layout.tensor(tensor).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.seek(SeekFrom::Start(t.start + (elem * bytes.len()) as u64))
+        .unwrap();
+    f.write_all(bytes).unwrap();
+    drop(f);
+    let (_, hash) = dsc_format::checksum::hash_file(&path).unwrap();
+    let mpath = dir.join("cache/manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    m["shards"][0]["xxh3"] = hash.into();
+    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+}
+
+/// `dsc verify` (full) fails with exit 1 naming each needle; `--quick` stays cheap and passes.
+fn verify_finds(dir: &Dir, needles: &[&str]) {
+    let err = dsc(dir.path(), &["verify", "cache"]).fails(1);
+    for n in needles {
+        assert!(err.contains(n), "missing {n:?} in: {err}");
+    }
+    dsc(dir.path(), &["verify", "cache", "--quick"]).ok();
+}
+
+#[test]
+fn impossible_content_with_right_checksums_is_caught() {
+    // A category code past the vocabulary: an embedding lookup would crash or read garbage.
+    let dir = small_icecube_cache();
+    forge(&dir, "sensor_id", 0, &1_000_000i32.to_le_bytes());
+    verify_finds(
+        &dir,
+        &[
+            "train-00000",
+            "tensor sensor_id, sample 0",
+            "code 1000000",
+            "outside the vocabulary",
+        ],
+    );
+    // NaN where no NaN policy stores one.
+    let dir = small_icecube_cache();
+    forge(&dir, "x", 0, &f32::NAN.to_le_bytes());
+    verify_finds(&dir, &["tensor x, sample 0", "NaN in column \"x\""]);
+    // A bool that is neither 0 nor 1 (auxiliary is the sixth feature).
+    let dir = small_icecube_cache();
+    forge(&dir, "x", 5, &0.5f32.to_le_bytes());
+    verify_finds(
+        &dir,
+        &["tensor x, sample 0", "0.5 in bool column \"auxiliary\""],
+    );
+    // A negative length.
+    let dir = small_icecube_cache();
+    forge(&dir, "length", 3, &(-1i32).to_le_bytes());
+    verify_finds(&dir, &["tensor length, sample 3", "length -1 is outside"]);
+    // A stored length above the sequence's full length.
+    let dir = small_icecube_cache();
+    forge(&dir, "full_length", 2, &0i32.to_le_bytes());
+    verify_finds(
+        &dir,
+        &["tensor full_length, sample 2", "below the stored length"],
+    );
+    // One key stored twice.
+    let dir = small_icecube_cache();
+    let layout = dsc_format::shard::read_layout(&first_shard(&dir)).unwrap();
+    let k = layout.tensor("key").unwrap();
+    let bytes = std::fs::read(first_shard(&dir)).unwrap();
+    let first_key: [u8; 8] = bytes[k.start as usize..k.start as usize + 8]
+        .try_into()
+        .unwrap();
+    forge(&dir, "key", 1, &first_key);
+    verify_finds(
+        &dir,
+        &["tensor key, sample 1", "is stored twice: also sample 0"],
+    );
+}
+
+#[test]
+fn statistics_that_do_not_describe_the_cache_are_caught() {
+    let dir = small_icecube_cache();
+    let spath = dir.join("cache/stats.json");
+    let mut stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&spath).unwrap()).unwrap();
+    let splits = stats["splits"].as_array_mut().unwrap();
+    splits.retain(|s| s["split"] != "val");
+    std::fs::write(&spath, serde_json::to_vec(&stats).unwrap()).unwrap();
+    // A cheap check: --quick makes it too.
+    for quick in [
+        &["verify", "cache"][..],
+        &["verify", "cache", "--quick"][..],
+    ] {
+        let err = dsc(dir.path(), quick).fails(1);
+        assert!(
+            err.contains("stats.json") && err.contains("no statistics for split \"val\""),
+            "{quick:?}: {err}"
+        );
+    }
+}

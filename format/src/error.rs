@@ -91,8 +91,16 @@ pub enum FormatError {
         /// Hash of the file.
         found: String,
     },
+    /// `stats.json` does not describe the cache its manifest describes.
+    #[error("{path}: {reason}")]
+    StatsMismatch {
+        /// The statistics file.
+        path: PathBuf,
+        /// What disagrees.
+        reason: String,
+    },
     /// A value stored in a shard breaks a rule of the format (length out of bounds, non-zero
-    /// padding).
+    /// padding, a code outside its vocabulary, a value no encoding produces, a repeated key).
     #[error("{shard}: tensor {tensor}, sample {sample}: {reason}")]
     BadValue {
         /// The shard file.

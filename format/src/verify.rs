@@ -1,7 +1,10 @@
-//! Checking a cache against its manifest: structure, headers, sizes, checksums and the stored
-//! values that the format constrains (lengths within bounds, zero padding).
+//! Checking a cache against its manifest: structure, headers, sizes, checksums, and (the full
+//! pass) every stored value the format constrains: lengths within `[0, L]` and at most the full
+//! length, zero padding, category and sub-column codes within their vocabularies, finite floats
+//! (no NaN policy stores a NaN or an infinity), bools of 0 or 1, keys unique across all shards,
+//! and `stats.json` describing the same splits as the manifest.
 
-use crate::manifest::{Manifest, TensorRole};
+use crate::manifest::{Encoding, Manifest, TensorRole, CODE_FIRST};
 use crate::shard::{parse_header, ShardLayout, MAX_HEADER_BYTES};
 use crate::{checksum, FormatError};
 use std::path::Path;
@@ -36,19 +39,75 @@ pub fn verify(
 ) -> Result<Report, FormatError> {
     let manifest = Manifest::read(dir)?;
     let mut report = Report::default();
-    if let Err(problem) = crate::Stats::read(dir) {
-        report.problems.push(problem);
+    match crate::Stats::read(dir) {
+        Ok(stats) => report.problems.extend(stats_mismatch(
+            &manifest,
+            &stats,
+            &dir.join(crate::STATS_FILE),
+        )),
+        Err(problem) => report.problems.push(problem),
     }
     let total = manifest.shards.len();
+    // Every key seen so far: where it was stored.
+    let mut keys: std::collections::HashMap<i64, (usize, usize)> = Default::default();
     for (i, entry) in manifest.shards.iter().enumerate() {
         on_shard(i, total);
         let path = dir.join(&entry.file);
-        if let Err(problem) = verify_shard(&manifest, entry, &path, depth, &mut report.bytes_read) {
-            report.problems.push(problem);
+        match verify_shard(&manifest, entry, &path, depth, &mut report.bytes_read) {
+            Ok(shard_keys) => {
+                for (sample, key) in shard_keys.into_iter().enumerate() {
+                    if let Some(&(shard, first)) = keys.get(&key) {
+                        report.problems.push(FormatError::BadValue {
+                            shard: path.clone(),
+                            tensor: "key".into(),
+                            sample,
+                            reason: format!(
+                                "key {key} is stored twice: also sample {first} of {}",
+                                dir.join(&manifest.shards[shard].file).display()
+                            ),
+                        });
+                    } else {
+                        keys.insert(key, (i, sample));
+                    }
+                }
+            }
+            Err(problem) => report.problems.push(problem),
         }
         report.shards_checked += 1;
     }
     Ok(report)
+}
+
+/// Where `stats.json` and the manifest disagree about the splits.
+fn stats_mismatch(manifest: &Manifest, stats: &crate::Stats, path: &Path) -> Vec<FormatError> {
+    let problem = |reason: String| FormatError::StatsMismatch {
+        path: path.into(),
+        reason,
+    };
+    let mut out = Vec::new();
+    for split in &manifest.splits {
+        match stats.split(&split.name) {
+            None => out.push(problem(format!(
+                "no statistics for split {:?} of the manifest",
+                split.name
+            ))),
+            Some(s) if s.contexts != split.contexts as u64 => out.push(problem(format!(
+                "split {:?} has {} contexts in the statistics, {} in the manifest",
+                split.name, s.contexts, split.contexts
+            ))),
+            Some(_) => {}
+        }
+    }
+    let total: usize = manifest.splits.iter().map(|s| s.contexts).sum();
+    match stats.split("all") {
+        Some(all) if all.contexts != total as u64 => out.push(problem(format!(
+            "\"all\" has {} contexts in the statistics, the manifest's splits {total}",
+            all.contexts
+        ))),
+        None => out.push(problem("no statistics for \"all\"".into())),
+        Some(_) => {}
+    }
+    out
 }
 
 fn verify_shard(
@@ -57,7 +116,7 @@ fn verify_shard(
     path: &Path,
     depth: Depth,
     bytes_read: &mut u64,
-) -> Result<(), FormatError> {
+) -> Result<Vec<i64>, FormatError> {
     let size = std::fs::metadata(path)
         .map_err(|e| FormatError::io(path, e))?
         .len();
@@ -71,7 +130,8 @@ fn verify_shard(
     if depth == Depth::Quick {
         let layout = crate::shard::read_layout(path)?;
         *bytes_read += layout.data_start;
-        return layout.check(&manifest.tensors, entry.contexts, path);
+        layout.check(&manifest.tensors, entry.contexts, path)?;
+        return Ok(Vec::new());
     }
     let bytes = std::fs::read(path).map_err(|e| FormatError::io(path, e))?;
     *bytes_read += bytes.len() as u64;
@@ -85,7 +145,15 @@ fn verify_shard(
     }
     let layout = layout_of(&bytes, path)?;
     layout.check(&manifest.tensors, entry.contexts, path)?;
-    check_values(manifest, &layout, &bytes, entry.contexts, path)
+    check_values(manifest, &layout, &bytes, entry.contexts, path)?;
+    let key = manifest.tensors.iter().find(|t| t.role == TensorRole::Key);
+    Ok(key.map_or_else(Vec::new, |t| {
+        let extent = layout.tensor(&t.name).expect("checked against manifest");
+        bytes[extent.start as usize..extent.end as usize]
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
+    }))
 }
 
 fn layout_of(bytes: &[u8], path: &Path) -> Result<ShardLayout, FormatError> {
@@ -157,6 +225,92 @@ fn check_values(
                     ),
                 });
             }
+        }
+    }
+    for spec in &manifest.tensors {
+        let extent = layout.tensor(&spec.name).expect("checked against manifest");
+        let data = &bytes[extent.start as usize..extent.end as usize];
+        let per_sample = spec.sample_elems();
+        let bad = |sample: usize, reason: String| FormatError::BadValue {
+            shard: path.into(),
+            tensor: spec.name.clone(),
+            sample,
+            reason,
+        };
+        let i32s = || {
+            data.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+        };
+        let f32s = || {
+            data.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        };
+        match spec.role {
+            TensorRole::FullLength => {
+                for (i, full) in i32s().enumerate().take(n) {
+                    if full < lengths[i] {
+                        return Err(bad(
+                            i,
+                            format!(
+                                "full length {full} is below the stored length {}",
+                                lengths[i]
+                            ),
+                        ));
+                    }
+                }
+            }
+            TensorRole::Categorical => {
+                let codes = match &spec.columns[0].encoding {
+                    Encoding::Category { vocabulary } => {
+                        vocabulary.len() as i64 + CODE_FIRST as i64
+                    }
+                    _ => continue,
+                };
+                for (at, code) in i32s().enumerate().take(n * per_sample) {
+                    if i64::from(code) < 0 || i64::from(code) >= codes {
+                        return Err(bad(
+                            at / per_sample,
+                            format!(
+                                "code {code} at step {} is outside the vocabulary (codes 0..{codes})",
+                                at % per_sample
+                            ),
+                        ));
+                    }
+                }
+            }
+            TensorRole::SubColumn | TensorRole::ContextSubColumn => {
+                let Encoding::SubColumn { cardinality, .. } = &spec.columns[0].encoding else {
+                    continue;
+                };
+                for (at, code) in i32s().enumerate().take(n * per_sample) {
+                    if code < 0 || code as usize >= *cardinality {
+                        return Err(bad(
+                            at / per_sample,
+                            format!("code {code} is outside the sub-column's 0..{cardinality}"),
+                        ));
+                    }
+                }
+            }
+            TensorRole::Features | TensorRole::Targets | TensorRole::ContextFeatures => {
+                let width = spec.columns.len().max(1);
+                for (at, v) in f32s().enumerate().take(n * per_sample) {
+                    let column = &spec.columns[at % width];
+                    let wrong = if !v.is_finite() {
+                        Some(format!(
+                            "{v} in column {:?}: no NaN policy stores it",
+                            column.name
+                        ))
+                    } else if column.encoding == Encoding::Bool && v != 0.0 && v != 1.0 {
+                        Some(format!("{v} in bool column {:?}", column.name))
+                    } else {
+                        None
+                    };
+                    if let Some(reason) = wrong {
+                        return Err(bad(at / per_sample, reason));
+                    }
+                }
+            }
+            TensorRole::Key | TensorRole::Length => {}
         }
     }
     Ok(())
