@@ -402,3 +402,57 @@ fn a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned() 
         "{err}"
     );
 }
+
+const MAPS_CHILD: &str = "DSC_TEST_MAPS_CHILD";
+
+#[test]
+fn a_cache_the_kernel_cannot_map_says_why_and_what_to_do() {
+    if let Some(cache) = std::env::var_os(MAPS_CHILD) {
+        // The child: an address-space limit just above what it uses, so that mapping the
+        // cache's shards fails as it does past `vm.max_map_count`.
+        let used: u64 = std::fs::read_to_string("/proc/self/statm")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 4096;
+        let limit = libc::rlimit {
+            rlim_cur: used + (12 << 20),
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit with a valid struct; this child process exits right after.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        let err = dsc_loader::Cache::open(&cache).unwrap_err().to_string();
+        eprintln!("{err}");
+        std::process::exit(3);
+    }
+    let dir = data();
+    // About 21 MiB in shards of 4 MiB: more than the child's 12 MiB of slack.
+    gen_icecube(&dir, 2, 3000);
+    dsc(
+        dir.path(),
+        &icecube_args("cache", &["--shard-size", "4MiB"]),
+    )
+    .ok();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hostile::a_cache_the_kernel_cannot_map_says_why_and_what_to_do",
+            "--nocapture",
+        ])
+        .env(MAPS_CHILD, dir.join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    for needle in [
+        "cannot map",
+        "the kernel refused another memory map",
+        "vm.max_map_count",
+        "larger --shard-size",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+}

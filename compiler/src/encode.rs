@@ -534,7 +534,17 @@ impl NumericEncoder<'_> {
                     return Ok((v as f32, false));
                 }
                 let chain: Vec<&str> = self.stages.iter().map(Stage::name).collect();
-                Some(format!("{x} encodes to {v} under {}", chain.join(",")))
+                let chain = chain.join(",");
+                Some(if v.is_finite() {
+                    // Finite in f64, beyond what the f32 tensor can hold.
+                    format!(
+                        "{x:e} is {v:e} after the encoding {chain}, beyond the f32 range of the \
+                         tensor (±3.4e38); encode the column on a smaller scale (e.g. log1p or \
+                         zscore) or correct the value"
+                    )
+                } else {
+                    format!("{x} encodes to {v} under {chain}")
+                })
             }
         };
         match (self.fill, bad) {

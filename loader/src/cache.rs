@@ -50,7 +50,7 @@ impl Cache {
             .iter()
             .map(|s| (s.name.clone(), Vec::with_capacity(s.shards)))
             .collect();
-        for entry in &manifest.shards {
+        for (mapped, entry) in manifest.shards.iter().enumerate() {
             let path = dir.join(&entry.file);
             let file = std::fs::File::open(&path).map_err(|source| LoadError::Map {
                 path: path.clone(),
@@ -73,9 +73,22 @@ impl Cache {
             }
             let layout = read_layout(&path)?;
             layout.check(&manifest.tensors, entry.contexts, &path)?;
-            let map = Mapped::map(&file, size, &path).map_err(|source| LoadError::Map {
-                path: path.clone(),
-                source,
+            let map = Mapped::map(&file, size, &path).map_err(|source| {
+                if source.raw_os_error() == Some(libc::ENOMEM) {
+                    LoadError::OutOfMaps {
+                        path: path.clone(),
+                        source,
+                        mapped,
+                        shards: manifest.shards.len(),
+                        max_map_count: std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                            .map_or_else(|_| "an unknown number of".into(), |s| s.trim().into()),
+                    }
+                } else {
+                    LoadError::Map {
+                        path: path.clone(),
+                        source,
+                    }
+                }
             })?;
             let shard = Shard {
                 entry: entry.clone(),

@@ -17,6 +17,26 @@ pub enum LoadError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The kernel refused another memory map (its per-process map limit, or an address-space
+    /// limit), typically for a cache of very many shards.
+    #[error(
+        "{path}: cannot map: {source}: the kernel refused another memory map, with {mapped} of \
+         the cache's {shards} shards mapped (this system allows {max_map_count} maps per process, \
+         `vm.max_map_count`; an address-space limit, `ulimit -v`, also counts); compile with a \
+         larger --shard-size for fewer shards, or raise the limit"
+    )]
+    OutOfMaps {
+        /// The shard that could not be mapped.
+        path: PathBuf,
+        /// The error (ENOMEM).
+        source: std::io::Error,
+        /// Shards mapped before it.
+        mapped: usize,
+        /// Shards in the cache.
+        shards: usize,
+        /// `/proc/sys/vm/max_map_count`, or "an unknown number".
+        max_map_count: String,
+    },
     /// The options do not fit the cache.
     #[error("{0}")]
     Options(String),

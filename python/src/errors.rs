@@ -184,7 +184,7 @@ pub fn load_error(py: Python<'_>, e: LoadError) -> PyErr {
         LoadError::Options(m) => options_error(py, &m),
         LoadError::State(_) => raise(py, "StateError", e.to_string(), Place::default()),
         LoadError::Format(f) => format_error(py, f),
-        LoadError::Map { ref path, .. } => {
+        LoadError::Map { ref path, .. } | LoadError::OutOfMaps { ref path, .. } => {
             let place = Place {
                 file: file(path),
                 ..Place::default()
