@@ -122,3 +122,25 @@ fn split_seed_moves_contexts_between_splits() {
     vb.sort_unstable();
     assert_ne!(va, vb);
 }
+
+#[test]
+fn thread_counts_from_1_to_16_give_byte_identical_caches() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 4, 150);
+    let mut first = None;
+    for threads in ["1", "3", "7", "16"] {
+        let out = format!("ice{threads}");
+        let args = [
+            &["--threads", threads][..],
+            &icecube_args(&out, &["--shard-size", "128KiB"]),
+        ]
+        .concat();
+        dsc(dir.path(), &args).ok();
+        let t = tree(&dir.join(&out));
+        assert!(t.len() > 4, "several shards: {:?}", t.keys());
+        match &first {
+            None => first = Some(t),
+            Some(f) => assert!(f == &t, "{threads} threads wrote other bytes than 1"),
+        }
+    }
+}

@@ -8,6 +8,7 @@ mod hostile;
 mod inspection;
 mod loader;
 mod mostlyai;
+mod parsers;
 mod python;
 mod spec_file;
 mod values;

@@ -456,3 +456,80 @@ fn a_cache_the_kernel_cannot_map_says_why_and_what_to_do() {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
 }
+
+const FSIZE_CHILD: &str = "DSC_TEST_FSIZE_CHILD";
+
+#[test]
+fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
+    if let Ok(limit) = std::env::var(FSIZE_CHILD) {
+        // The child: every file it writes may grow to `limit` bytes, no further (as a full
+        // disk, for each file); the write then fails with EFBIG instead of a signal.
+        let limit: u64 = limit.parse().unwrap();
+        let rl = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: ignoring SIGXFSZ and setting a resource limit, in this child only.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &rl), 0);
+        }
+        let args = icecube_args("cache", &["--shard-size", "8KiB"]);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(&args)
+            .current_dir(std::env::var("DSC_TEST_DIR").unwrap())
+            .output()
+            .unwrap();
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        std::process::exit(out.status.code().unwrap_or(99));
+    }
+    let dir = data();
+    let mut failed_on = std::collections::BTreeSet::new();
+    for limit in [512u64, 6 << 10, 24 << 10, 1 << 20] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "hostile::a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly",
+                "--nocapture",
+            ])
+            .env(FSIZE_CHILD, limit.to_string())
+            .env("DSC_TEST_DIR", dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => {
+                dsc(dir.path(), &["verify", "cache"]).ok();
+                std::fs::remove_dir_all(dir.join("cache")).unwrap();
+            }
+            Some(2) => {
+                let line = err
+                    .lines()
+                    .find(|l| l.starts_with("dsc: "))
+                    .unwrap_or_else(|| panic!("limit {limit}: no error line in {err}"));
+                assert!(line.contains("File too large"), "limit {limit}: {line}");
+                let file = ["shards/", "stats.json", "manifest.json"]
+                    .into_iter()
+                    .find(|f| line.contains(f))
+                    .unwrap_or_else(|| panic!("limit {limit}: which file? {line}"));
+                failed_on.insert(file);
+                assert!(
+                    !dir.join("cache").exists(),
+                    "limit {limit}: a cache appeared"
+                );
+                assert!(
+                    !dir.join(".cache.dsc-partial").exists(),
+                    "limit {limit}: the staging directory was left"
+                );
+            }
+            other => panic!("limit {limit}: exit {other:?}: {err}"),
+        }
+    }
+    // The shard writer and the small-file writer (stats.json; manifest.json goes through the
+    // same `write_file` after it, and is smaller, so a per-file limit cannot stop it alone)
+    // were each hit by one of the limits.
+    assert!(
+        failed_on.contains("shards/") && failed_on.contains("stats.json"),
+        "{failed_on:?}"
+    );
+}
