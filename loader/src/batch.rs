@@ -147,6 +147,10 @@ impl BatchTensor {
         self.view()
             .map(|(shard, start, len)| (&shard.file, start as u64, len))
     }
+    /// For a view into a mapped shard: the shard's path (for messages, e.g. a SIGBUS guard).
+    pub fn mapped_path(&self) -> Option<&std::path::Path> {
+        self.view().map(|(shard, _, _)| shard.path.as_path())
+    }
     /// True when the bytes are a view into the mapped shard (no copy was made).
     pub fn is_zero_copy(&self) -> bool {
         matches!(self.data, Data::Mapped { .. })

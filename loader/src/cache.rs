@@ -18,6 +18,8 @@ pub(crate) struct Shard {
     pub map: Mapped,
     /// The open file behind `map`: the validated inode, whatever later happens to the path.
     pub file: std::fs::File,
+    /// Where `file` was opened, for messages.
+    pub path: std::path::PathBuf,
     /// Per tensor (manifest order): set once the tensor's data was asked into this process's
     /// page tables, for splits that stay resident (see `loader::resident_budget`), so that
     /// later epochs skip the hint.
@@ -95,6 +97,7 @@ impl Cache {
                 tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
                 map,
                 file,
+                path: path.clone(),
                 populated: manifest
                     .tensors
                     .iter()

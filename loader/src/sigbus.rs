@@ -53,15 +53,16 @@ pub fn exit_with(code: i32) {
     EXIT_CODE.store(code, Ordering::SeqCst);
 }
 
-/// A map's entry in the table, removed on drop.
+/// A map's entry in the table, removed on drop: keep it alive exactly as long as the map.
 #[derive(Debug)]
-pub(crate) struct Registration {
+pub struct Registration {
     slot: Option<usize>,
     _path: Box<[u8]>,
 }
 
-/// Registers `[start, start + len)` as the map of the shard at `path`.
-pub(crate) fn register(start: *const u8, len: usize, path: &std::path::Path) -> Registration {
+/// Registers `[start, start + len)` as a map of the shard at `path` (the loader's own maps, and
+/// any other map of a shard, e.g. the Python package's private zero-copy views).
+pub fn register(start: *const u8, len: usize, path: &std::path::Path) -> Registration {
     INSTALL.call_once(install);
     let mut bytes = path.display().to_string().into_bytes().into_boxed_slice();
     for (i, s) in TABLE.iter().enumerate() {

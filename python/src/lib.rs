@@ -34,7 +34,12 @@ enum Bytes {
     /// A zero-copy view given to torch, which has no read-only tensors: a private,
     /// copy-on-write mapping of the tensor's file range made for this buffer alone, so that a
     /// write changes this buffer's pages only, never the file nor what the loader reads.
-    Private { map: memmap2::MmapMut, skip: usize },
+    Private {
+        /// Names the shard if the file is cut short under this map; dropped before the map.
+        _guard: Option<dsc_loader::sigbus::Registration>,
+        map: memmap2::MmapMut,
+        skip: usize,
+    },
 }
 
 impl Buffer {
@@ -56,7 +61,10 @@ impl Buffer {
                         .len(skip + len)
                         .map_copy(file)?
                 };
-                Bytes::Private { map, skip }
+                let _guard = tensor
+                    .mapped_path()
+                    .map(|p| dsc_loader::sigbus::register(map.as_ptr(), map.len(), p));
+                Bytes::Private { _guard, map, skip }
             }
             _ => Bytes::Loader {
                 // Gathered bytes belong to this buffer alone; views of the shared map are read-only.
@@ -74,7 +82,7 @@ impl Buffer {
                 let b = tensor.bytes();
                 (b.as_ptr().cast_mut(), b.len(), *writable)
             }
-            Bytes::Private { map, skip } => {
+            Bytes::Private { map, skip, .. } => {
                 // Python writes through this pointer; Rust never reads the map after this.
                 let base = map.as_ptr().cast_mut();
                 // SAFETY: `skip < PAGE <= map.len()` by construction in `Buffer::new`.

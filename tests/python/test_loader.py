@@ -483,3 +483,29 @@ def test_empty_columns_are_refused(cache_dir: Path) -> None:
         dsc.Loader(cache_dir, columns=[])
     loader = dsc.Loader(cache_dir, columns=(c for c in ["x", "length"]))
     assert loader.columns == ["x", "length"]
+
+
+def test_a_shard_cut_short_under_a_zero_copy_tensor_is_named(private_cache: Path) -> None:
+    """Truncating a shard under a reader faults (inherent to mmap); dsc names the shard first.
+
+    In a child process: the fault kills it (the previous SIGBUS disposition is restored and the
+    fault re-raised), after one line on stderr naming the file.
+    """
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, dsc
+        loader = dsc.Loader({str(private_cache)!r}, batch_size=64, shuffle=False)
+        batch = next(iter(loader))  # zero-copy torch views: private maps of the shard
+        shard = sorted(os.listdir({str(private_cache / "shards")!r}))[0]
+        os.truncate(os.path.join({str(private_cache / "shards")!r}, shard), 64)
+        print(float(batch["x"].sum()))
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr)
+    assert "train-00000.safetensors: the shard changed under the reader" in r.stderr, r.stderr
