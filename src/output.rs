@@ -55,20 +55,9 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-/// Bytes in B, KiB, MiB or GiB.
+/// Bytes in B, KiB, MiB, GiB, ….
 pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
+    dsc_format::spec::format_size(n)
 }
 
 /// Bold on a terminal, plain otherwise.

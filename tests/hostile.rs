@@ -12,6 +12,17 @@ fn forced_with_seed<'a>(out: &'a str, seed: &'a str) -> Vec<&'a str> {
     args
 }
 
+/// Runs the test `name` of this binary again in a child process with `env` set: the child does
+/// what would kill or limit the test process itself (a fault, a resource limit).
+fn rerun_as_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
 fn data() -> Dir {
     let dir = Dir::new();
     gen_icecube(&dir, 2, 60);
@@ -111,21 +122,18 @@ fn absurd_batch_sizes_are_refused_before_anything_is_allocated() {
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
-    // batch x world wraps a usize.
-    let err = dsc(
-        dir.path(),
-        &[
-            "order",
-            "cache",
-            "--batch-size",
-            "4611686018427387904",
-            "--world-size",
-            "4",
-        ],
-    )
-    .fails(2);
+    // batch x world wraps a usize: alone, and checked against a saved state before the state's
+    // numbers are used.
+    let overflow = [
+        "order",
+        "cache",
+        "--batch-size",
+        "4611686018427387904",
+        "--world-size",
+        "4",
+    ];
+    let err = dsc(dir.path(), &overflow).fails(2);
     assert!(err.contains("the global batch overflows"), "{err}");
-    // The same product checked against a saved state before it is used.
     let state = dsc(
         dir.path(),
         &["order", "cache", "--batch-size", "8", "--state-after", "2"],
@@ -134,16 +142,7 @@ fn absurd_batch_sizes_are_refused_before_anything_is_allocated() {
     std::fs::write(dir.join("state.json"), state).unwrap();
     let err = dsc(
         dir.path(),
-        &[
-            "order",
-            "cache",
-            "--batch-size",
-            "4611686018427387904",
-            "--world-size",
-            "4",
-            "--from-state",
-            "state.json",
-        ],
+        &[&overflow[..], &["--from-state", "state.json"]].concat(),
     )
     .fails(2);
     assert!(err.contains("the global batch overflows"), "{err}");
@@ -386,15 +385,10 @@ fn a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned() 
     }
     let dir = data();
     dsc(dir.path(), &icecube_args("cache", &[])).ok();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "hostile::a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned",
-            "--nocapture",
-        ])
-        .env(SIGBUS_CHILD, dir.join("cache"))
-        .output()
-        .unwrap();
+    let out = rerun_as_child(
+        "hostile::a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned",
+        &[(SIGBUS_CHILD, dir.join("cache").as_ref())],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{:?}: {err}", out.status);
     assert!(
@@ -436,15 +430,10 @@ fn a_cache_the_kernel_cannot_map_says_why_and_what_to_do() {
         &icecube_args("cache", &["--shard-size", "4MiB"]),
     )
     .ok();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "hostile::a_cache_the_kernel_cannot_map_says_why_and_what_to_do",
-            "--nocapture",
-        ])
-        .env(MAPS_CHILD, dir.join("cache"))
-        .output()
-        .unwrap();
+    let out = rerun_as_child(
+        "hostile::a_cache_the_kernel_cannot_map_says_why_and_what_to_do",
+        &[(MAPS_CHILD, dir.join("cache").as_ref())],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     for needle in [
@@ -486,16 +475,13 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
     let dir = data();
     let mut failed_on = std::collections::BTreeSet::new();
     for limit in [512u64, 6 << 10, 24 << 10, 1 << 20] {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "hostile::a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly",
-                "--nocapture",
-            ])
-            .env(FSIZE_CHILD, limit.to_string())
-            .env("DSC_TEST_DIR", dir.path())
-            .output()
-            .unwrap();
+        let out = rerun_as_child(
+            "hostile::a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly",
+            &[
+                (FSIZE_CHILD, limit.to_string().as_ref()),
+                ("DSC_TEST_DIR", dir.path().as_ref()),
+            ],
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         match out.status.code() {
             Some(0) => {

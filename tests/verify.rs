@@ -91,11 +91,7 @@ fn nonzero_padding_is_caught_even_with_a_matching_checksum() {
     f.seek(SeekFrom::Start(x.end - 1)).unwrap();
     f.write_all(&[1]).unwrap();
     drop(f);
-    let (_, hash) = dsc_format::checksum::hash_file(&path).unwrap();
-    let mpath = dir.join("cache/manifest.json");
-    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
-    m["shards"][0]["xxh3"] = hash.into();
-    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+    repair_checksum(&dir);
     let err = dsc(dir.path(), &["verify", "cache"]).fails(1);
     assert!(
         err.contains("tensor x") && err.contains("padding is not zero"),
@@ -161,6 +157,16 @@ fn a_directory_without_manifest_is_not_a_cache() {
     assert!(err.contains("not a dsc cache (no manifest.json"), "{err}");
 }
 
+/// Writes the first shard's current checksum into the manifest, as a forger would.
+fn repair_checksum(dir: &Dir) {
+    let path = first_shard(dir);
+    let (_, hash) = dsc_format::checksum::hash_file(&path).unwrap();
+    let mpath = dir.join("cache/manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    m["shards"][0]["xxh3"] = hash.into();
+    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+}
+
 /// Overwrites bytes of `tensor` in the first shard at element `elem` (of its flattened data)
 /// and repairs the shard's checksum in the manifest, so that only the value checks can notice:
 /// content no compile could have written, with every checksum right.
@@ -173,11 +179,7 @@ fn forge(dir: &Dir, tensor: &str, elem: usize, bytes: &[u8]) {
         .unwrap();
     f.write_all(bytes).unwrap();
     drop(f);
-    let (_, hash) = dsc_format::checksum::hash_file(&path).unwrap();
-    let mpath = dir.join("cache/manifest.json");
-    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
-    m["shards"][0]["xxh3"] = hash.into();
-    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+    repair_checksum(dir);
 }
 
 /// `dsc verify` (full) fails with exit 1 naming each needle; `--quick` stays cheap and passes.

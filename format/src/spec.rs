@@ -64,6 +64,23 @@ pub struct JoinSpec {
     pub on: String,
 }
 
+/// A byte count for people: `512 B`, `3.2 GiB` (binary units up to EiB); the inverse, roughly,
+/// of [`parse_size`].
+pub fn format_size(n: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
 /// Parses a size such as `256MiB`, `1GiB`, `64M` or `1000000` (bytes); the error says what is
 /// wrong with it.
 pub fn parse_size(s: &str) -> Result<u64, String> {

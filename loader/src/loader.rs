@@ -5,6 +5,7 @@ use crate::batch::{Batch, BatchTensor, Pool};
 use crate::cache::{Cache, Inner, Shard};
 use crate::error::LoadError;
 use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use dsc_format::spec::format_size;
 use dsc_format::{TensorRole, TensorSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -515,8 +516,8 @@ impl Loader {
                 "batch_size {}: one batch of this cache ({per_context} bytes per context) needs \
                  {}, more than half of this machine's memory ({}); use a smaller batch_size",
                 opts.batch_size,
-                batch_bytes.map_or("more than 16 EiB".into(), human_bytes),
-                human_bytes(memory_limit())
+                batch_bytes.map_or("more than 16 EiB".into(), |b| format_size(b as u64)),
+                format_size(memory_limit() as u64)
             )));
         }
         let sizes: Vec<usize> = inner.splits[split_index]
@@ -767,21 +768,5 @@ impl Drop for Loader {
             );
             let _ = handle.join();
         }
-    }
-}
-
-/// `n` bytes for messages: `3.2 GiB`.
-fn human_bytes(n: usize) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", units[u])
     }
 }
