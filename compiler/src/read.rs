@@ -102,8 +102,8 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
     let mut seen = std::collections::HashSet::new();
     let mut unique = Vec::with_capacity(files.len());
     for f in files {
-        let id = file_identity(&f)?;
-        if seen.insert(id) {
+        let m = std::fs::metadata(&f).map_err(|e| CompileError::io(&f, e))?;
+        if seen.insert(file_identity(&f, &m)?) {
             unique.push(f);
         }
     }
@@ -120,15 +120,17 @@ enum FileId {
     Path(PathBuf),
 }
 
-fn file_identity(path: &Path) -> Result<FileId> {
+/// The identity of the file at `path`, whose metadata `m` the caller has read.
+fn file_identity(path: &Path, m: &std::fs::Metadata) -> Result<FileId> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
+        let _ = path;
         Ok(FileId::Inode(m.dev(), m.ino()))
     }
     #[cfg(not(unix))]
     {
+        let _ = m;
         let p = path.canonicalize().map_err(|e| CompileError::io(path, e))?;
         Ok(FileId::Path(p))
     }
@@ -413,7 +415,7 @@ impl Stamp {
             path: path.into(),
             len: m.len(),
             modified: m.modified().ok(),
-            id: file_identity(path)?,
+            id: file_identity(path, &m)?,
         })
     }
 

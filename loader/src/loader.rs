@@ -73,6 +73,18 @@ impl Default for LoaderOptions {
     }
 }
 
+impl LoaderOptions {
+    /// `batch_size * world_size`, or an error where that product overflows.
+    fn global_batch(&self) -> Result<usize, LoadError> {
+        self.batch_size.checked_mul(self.world_size).ok_or_else(|| {
+            LoadError::Options(format!(
+                "batch_size {} x world_size {}: the global batch overflows",
+                self.batch_size, self.world_size
+            ))
+        })
+    }
+}
+
 /// Where a loader stands: enough to continue exactly, on any number of ranks with the same
 /// global batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,15 +111,7 @@ pub struct State {
 
 impl State {
     pub(crate) fn check(&self, opts: &LoaderOptions) -> Result<(), LoadError> {
-        let global = opts
-            .batch_size
-            .checked_mul(opts.world_size)
-            .ok_or_else(|| {
-                LoadError::Options(format!(
-                    "batch_size {} x world_size {}: the global batch overflows",
-                    opts.batch_size, opts.world_size
-                ))
-            })?;
+        let global = opts.global_batch()?;
         if opts.split != self.split {
             return Err(LoadError::State(format!(
                 "the state is for split {:?}, the options ask for {:?}",
@@ -505,12 +509,7 @@ impl Loader {
         // aborts the process.
         let per_context = inner.manifest.bytes_per_context() + std::mem::size_of::<Sample>();
         let batch_bytes = per_context.checked_mul(opts.batch_size);
-        if opts.batch_size.checked_mul(opts.world_size).is_none() {
-            return Err(LoadError::Options(format!(
-                "batch_size {} x world_size {}: the global batch overflows",
-                opts.batch_size, opts.world_size
-            )));
-        }
+        opts.global_batch()?;
         if batch_bytes.is_none_or(|b| b > memory_limit() / 2) {
             return Err(LoadError::Options(format!(
                 "batch_size {}: one batch of this cache ({per_context} bytes per context) needs \

@@ -6,9 +6,10 @@
 //! cargo run --release -p dsc-train --example own_loop -- demo/cache
 use dsc_train::cuda::{self, Event};
 use dsc_train::feed::{Feed, HostRing};
+use dsc_train::model::Standardise;
 use dsc_train::normalise::{self, Scaling};
 use std::collections::VecDeque;
-use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
+use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
 
 fn main() -> anyhow::Result<()> {
     // Before any tch call, so that a CUDA libtorch can see the GPU.
@@ -33,13 +34,8 @@ fn main() -> anyhow::Result<()> {
     // Standardise raw columns with the cache's train statistics (as dsc-train does).
     let train = normalise::train_stats(cache.dir())?;
     let scaling = Scaling::from_stats(&cache.tensors()[x], &train);
-    let on_device = |v: &[f64]| {
-        let v: Vec<f32> = v.iter().map(|&f| f as f32).collect();
-        Tensor::from_slice(&v).to_device(device)
-    };
-    let (shift, scale) = (on_device(&scaling.shift), on_device(&scaling.scale));
-
     let vs = nn::VarStore::new(device);
+    let standardise = Standardise::new(vs.root() / "x_norm", &scaling);
     let net = nn::linear(vs.root() / "head", features, 2, Default::default());
     let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
 
@@ -81,7 +77,7 @@ fn main() -> anyhow::Result<()> {
         let mask = Tensor::arange(max_len, (Kind::Float, device))
             .unsqueeze(0)
             .lt_tensor(&lens.unsqueeze(1));
-        let xs = (xs - &shift) / &scale;
+        let xs = standardise.forward(&xs);
         let pooled =
             (xs * mask.unsqueeze(-1)).sum_dim_intlist(1, false, Kind::Float) / lens.unsqueeze(1);
         let loss = pooled.apply(&net).mse_loss(&ys, tch::Reduction::Mean);
