@@ -519,3 +519,79 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
         "{failed_on:?}"
     );
 }
+
+/// Makes a directory refuse writes for the life of the guard: `chmod a-w` for a user, the
+/// immutable attribute for root (which permissions do not stop).
+struct ReadOnly(std::path::PathBuf);
+
+impl ReadOnly {
+    fn new(path: std::path::PathBuf) -> ReadOnly {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let ok = if root {
+            std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(&path)
+                .status()
+                .is_ok_and(|s| s.success())
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o555)).is_ok()
+        };
+        assert!(ok, "cannot make {} read-only", path.display());
+        ReadOnly(path)
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_read_only_output_fails_with_a_message_and_changes_nothing() {
+    let dir = data();
+    std::fs::create_dir(dir.join("ro")).unwrap();
+    dsc(dir.path(), &icecube_args("ro/cache", &[])).ok();
+    let before = content(&dir.join("ro/cache"));
+    let files = listing(&dir.join("ro"));
+
+    {
+        let _ro = ReadOnly::new(dir.join("ro"));
+        // A new cache in a folder that refuses writes, and a forced replacement of the cache in it.
+        for args in [
+            icecube_args("ro/new", &[]),
+            forced_with_seed("ro/cache", "7"),
+        ] {
+            let err = dsc(dir.path(), &args).fails(2);
+            assert!(err.contains("must be writable"), "{err}");
+            assert!(err.contains("nothing was changed"), "{err}");
+            assert_eq!(listing(&dir.join("ro")), files);
+        }
+    }
+    // The folder is writable but the cache itself cannot be moved: the replacement stops at the
+    // last step and the old cache is still the cache.
+    {
+        let _ro = ReadOnly::new(dir.join("ro/cache"));
+        let err = dsc(dir.path(), &forced_with_seed("ro/cache", "7")).fails(2);
+        assert!(err.contains("cannot replace the cache"), "{err}");
+        assert_eq!(listing(&dir.join("ro")), files);
+    }
+    dsc(dir.path(), &["verify", "ro/cache"]).ok();
+    assert_eq!(content(&dir.join("ro/cache")), before);
+}

@@ -218,6 +218,20 @@ pub enum CompileError {
         /// Who holds the lock, as it wrote itself into the lock file (`pid 1234`).
         holder: String,
     },
+    /// The output's folder (or the cache being replaced) refuses writes: permissions, a
+    /// read-only mount, an immutable attribute. Nothing was changed.
+    #[error(
+        "{path}: cannot {action} ({source}); the folder holding --out must be writable by this \
+         user, and a replaced cache movable; nothing was changed"
+    )]
+    OutputNotWritable {
+        /// What refused the write.
+        path: PathBuf,
+        /// What dsc was doing.
+        action: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// Writing the cache failed.
     #[error(transparent)]
     Format(#[from] dsc_format::FormatError),

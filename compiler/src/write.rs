@@ -26,6 +26,24 @@ fn sibling(out: &Path, suffix: &str) -> PathBuf {
     out.with_file_name(format!(".{name}.{suffix}"))
 }
 
+/// An error writing beside `--out`: a refusal of the file system (permissions, a read-only
+/// mount, an immutable folder) says so and what dsc was doing; anything else stays an I/O error.
+fn output_err(path: &Path, action: &'static str, e: std::io::Error) -> CompileError {
+    let refused = matches!(
+        e.kind(),
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    ) || e.raw_os_error() == Some(libc::EPERM);
+    if refused {
+        CompileError::OutputNotWritable {
+            path: path.into(),
+            action,
+            source: e,
+        }
+    } else {
+        CompileError::io(path, e)
+    }
+}
+
 fn is_empty_dir(path: &Path) -> Result<bool> {
     Ok(std::fs::read_dir(path)
         .map_err(|e| CompileError::io(path, e))?
@@ -52,7 +70,7 @@ impl OutputLock {
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(|e| CompileError::io(&path, e))?;
+            .map_err(|e| output_err(&path, "create the output's lock file", e))?;
         match file.try_lock() {
             Ok(()) => {
                 file.set_len(0).map_err(|e| CompileError::io(&path, e))?;
@@ -80,7 +98,8 @@ impl Staging {
     /// a staging directory left by a killed compile, and creates a fresh one.
     pub fn create(out: &Path, force: bool) -> Result<Staging> {
         if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| CompileError::io(parent, e))?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| output_err(parent, "create the output's folder", e))?;
         }
         // Before anything is checked or removed: what follows is this process's alone.
         let lock = OutputLock::acquire(out)?;
@@ -105,7 +124,7 @@ impl Staging {
             }
         }
         std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
-            .map_err(|e| CompileError::io(&dir, e))?;
+            .map_err(|e| output_err(&dir, "create the staging directory", e))?;
         Ok(Staging {
             dir,
             out: out.into(),
@@ -131,14 +150,17 @@ impl Staging {
     /// not available, the old cache is moved aside first (a short window without `out`).
     pub fn commit(mut self) -> Result<PathBuf> {
         if self.out.exists() && !is_empty_dir(&self.out)? {
-            if exchange(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))? {
+            let swapped = exchange(&self.dir, &self.out)
+                .map_err(|e| output_err(&self.out, "replace the cache", e))?;
+            if swapped {
                 self.committed = true;
                 // `self.dir` now holds the replaced cache: a reader refuses it by its name.
                 std::fs::remove_dir_all(&self.dir).map_err(|e| CompileError::io(&self.dir, e))?;
                 return Ok(self.out.clone());
             }
             let old = sibling(&self.out, dsc_format::REPLACED_SUFFIX);
-            std::fs::rename(&self.out, &old).map_err(|e| CompileError::io(&self.out, e))?;
+            std::fs::rename(&self.out, &old)
+                .map_err(|e| output_err(&self.out, "replace the cache", e))?;
             std::fs::rename(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))?;
             self.committed = true;
             std::fs::remove_dir_all(&old).map_err(|e| CompileError::io(&old, e))?;
@@ -146,9 +168,11 @@ impl Staging {
         }
         if self.out.exists() {
             // An empty directory: rename(2) replaces it.
-            std::fs::remove_dir(&self.out).map_err(|e| CompileError::io(&self.out, e))?;
+            std::fs::remove_dir(&self.out)
+                .map_err(|e| output_err(&self.out, "replace the empty output folder", e))?;
         }
-        std::fs::rename(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))?;
+        std::fs::rename(&self.dir, &self.out)
+            .map_err(|e| output_err(&self.out, "move the new cache into place", e))?;
         self.committed = true;
         Ok(self.out.clone())
     }

@@ -61,7 +61,8 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
         | CompileError::BadParquet { path, .. }
         | CompileError::BadCsv { path, .. }
         | CompileError::EmptyFile { path }
-        | CompileError::OutputExists { path } => Place {
+        | CompileError::OutputExists { path }
+        | CompileError::OutputNotWritable { path, .. } => Place {
             file: file(path),
             ..Place::default()
         },
