@@ -182,11 +182,11 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
     let r = Report {
         out: report.out.clone(),
         seconds,
-        rows_read: m.summary.rows_read,
-        rows_per_s: m.summary.rows_read as f64 / seconds.max(1e-9),
-        contexts: m.summary.contexts,
+        rows_read: m.summary().rows_read,
+        rows_per_s: m.summary().rows_read as f64 / seconds.max(1e-9),
+        contexts: m.summary().contexts,
         splits: m
-            .splits
+            .splits()
             .iter()
             .map(|s| SplitReport {
                 name: s.name.clone(),
@@ -195,13 +195,13 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
                 rows_stored: s.rows_stored,
             })
             .collect(),
-        shards: m.shards.len(),
+        shards: m.shards().len(),
         cache_bytes: report.cache_bytes,
-        max_len: m.max_len,
-        summary: m.summary.clone(),
+        max_len: m.max_len(),
+        summary: m.summary().clone(),
         timings: report.timings.clone(),
         peak_rss_mib: peak_rss_mib(),
-        inputs_fingerprint: m.inputs.fingerprint.clone(),
+        inputs_fingerprint: m.inputs().fingerprint.clone(),
     };
     if a.json {
         crate::output::print_json(&r)?;

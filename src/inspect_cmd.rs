@@ -90,10 +90,10 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
     let all = stats
         .split("all")
         .context("stats.json has no \"all\" split")?;
-    let stored: u64 = m.splits.iter().map(|s| s.rows_stored).sum();
-    let slots = (m.summary.contexts * m.max_len) as f64;
+    let stored: u64 = m.splits().iter().map(|s| s.rows_stored).sum();
+    let slots = (m.summary().contexts * m.max_len()) as f64;
     let splits = m
-        .splits
+        .splits()
         .iter()
         .map(|s| SplitRow {
             name: s.name.clone(),
@@ -104,7 +104,7 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
         })
         .collect();
     let tensors = m
-        .tensors
+        .tensors()
         .iter()
         .map(|t| {
             let mut shape = vec!["n".to_string()];
@@ -149,16 +149,16 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
             .and_then(|m| m.modified())
             .ok()
             .map(rfc3339),
-        spec: m.spec.clone(),
-        format_version: m.format_version,
-        dsc_version: m.dsc_version.clone(),
-        inputs_fingerprint: m.inputs.fingerprint.clone(),
-        input_files: m.inputs.files.len(),
-        input_bytes: m.inputs.files.iter().map(|f| f.bytes).sum(),
-        max_len: m.max_len,
-        contexts: m.summary.contexts,
-        shards: m.shards.len(),
-        bytes: m.shards.iter().map(|s| s.bytes).sum(),
+        spec: m.spec().clone(),
+        format_version: m.format_version(),
+        dsc_version: m.dsc_version().to_string(),
+        inputs_fingerprint: m.inputs().fingerprint.clone(),
+        input_files: m.inputs().files.len(),
+        input_bytes: m.inputs().files.iter().map(|f| f.bytes).sum(),
+        max_len: m.max_len(),
+        contexts: m.summary().contexts,
+        shards: m.shards().len(),
+        bytes: m.shards().iter().map(|s| s.bytes).sum(),
         padding_efficiency: if slots > 0.0 {
             stored as f64 / slots
         } else {
@@ -371,7 +371,7 @@ fn print_shards(m: &Manifest) -> anyhow::Result<()> {
             "file", "split", "contexts", "first", "bytes", "xxh3"
         ))
     );
-    for s in &m.shards {
+    for s in m.shards() {
         outln!(
             "{:<34} {:<6} {:>10} {:>12} {:>12}  {}",
             s.file,
@@ -411,7 +411,7 @@ fn column_detail<'a>(
         anyhow::bail!("no column {name:?} in the cache (columns: {names:?})");
     }
     let encoding = m
-        .tensors
+        .tensors()
         .iter()
         .flat_map(|t| &t.columns)
         .find(|c| c.name == name && c.encoding != Encoding::Raw)
@@ -514,7 +514,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
     }
     if a.shards {
         if a.json {
-            crate::output::print_json(&manifest.shards)?;
+            crate::output::print_json(&manifest.shards())?;
         } else {
             print_shards(&manifest)?;
         }

@@ -83,17 +83,17 @@ fn bar_chart(title: &str, labels: &[String], values: &[f64], colour: &str) -> St
 /// The whole page.
 pub fn render(manifest: &Manifest, stats: &Stats) -> String {
     let mut body = String::new();
-    let total: u64 = manifest.shards.iter().map(|s| s.bytes).sum();
+    let total: u64 = manifest.shards().iter().map(|s| s.bytes).sum();
     let _ = write!(
         body,
         "<h1>dsc cache report</h1><p>format v{}, dsc {}, inputs {} · {} contexts · {} shards · {} · L = {}</p>",
-        manifest.format_version,
-        escape(&manifest.dsc_version),
-        escape(&manifest.inputs.fingerprint),
-        manifest.summary.contexts,
-        manifest.shards.len(),
+        manifest.format_version(),
+        escape(manifest.dsc_version()),
+        escape(&manifest.inputs().fingerprint),
+        manifest.summary().contexts,
+        manifest.shards().len(),
         crate::output::bytes(total),
-        manifest.max_len
+        manifest.max_len()
     );
     if let Some(all) = stats.split("all") {
         let h = &all.lengths.histogram;
@@ -144,19 +144,23 @@ pub fn render(manifest: &Manifest, stats: &Stats) -> String {
         body.push_str("</div>");
     }
     let labels: Vec<String> = manifest
-        .shards
+        .shards()
         .iter()
         .map(|s| s.file.trim_start_matches("shards/").to_string())
         .collect();
     let values: Vec<f64> = manifest
-        .shards
+        .shards()
         .iter()
         .map(|s| s.bytes as f64 / f64::from(1u32 << 20))
         .collect();
     body.push_str("<h2>Shards</h2>");
     body.push_str(&bar_chart("MiB per shard", &labels, &values, SHARD_COLOUR));
-    let labels: Vec<String> = manifest.splits.iter().map(|s| s.name.clone()).collect();
-    let values: Vec<f64> = manifest.splits.iter().map(|s| s.contexts as f64).collect();
+    let labels: Vec<String> = manifest.splits().iter().map(|s| s.name.clone()).collect();
+    let values: Vec<f64> = manifest
+        .splits()
+        .iter()
+        .map(|s| s.contexts as f64)
+        .collect();
     body.push_str("<h2>Splits</h2>");
     body.push_str(&bar_chart(
         "contexts per split",

@@ -19,7 +19,7 @@ fn cell(v: &Value) -> String {
 pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
     let manifest = Manifest::read(&a.cache)?;
     let Some(split) = manifest.split(&a.split) else {
-        let names: Vec<&str> = manifest.splits.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = manifest.splits().iter().map(|s| s.name.as_str()).collect();
         bail!(
             "{}: no split {:?} (splits: {names:?})",
             a.cache.display(),

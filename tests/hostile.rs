@@ -364,7 +364,7 @@ fn a_shard_truncated_under_the_reader_is_named_and_the_cli_exit_code_returned() 
         // The child: what `dsc bench` does while another process cuts a shard short.
         dsc_loader::sigbus::exit_with(2);
         let cache = dsc_loader::Cache::open(&cache).unwrap();
-        let shard = cache.dir().join(&cache.manifest().shards[0].file);
+        let shard = cache.dir().join(&cache.manifest().shards()[0].file);
         std::fs::OpenOptions::new()
             .write(true)
             .open(&shard)

@@ -197,7 +197,7 @@ fn trimmed_batches_equal_untrimmed_ones_cut_to_length() {
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    let l = cache.manifest().max_len;
+    let l = cache.manifest().max_len();
     let mut shorter = 0;
     for (f, t) in full.iter().zip(&trimmed) {
         let lengths: Vec<i32> = t

@@ -263,3 +263,31 @@ fn statistics_that_do_not_describe_the_cache_are_caught() {
         );
     }
 }
+
+#[test]
+fn shards_swapped_between_places_are_caught_by_their_headers() {
+    // Two shards of equal size trade places: sizes and tensor shapes still match the manifest,
+    // so only the header's own `__metadata__` can tell (before, `verify --quick` and the
+    // loader accepted the reordered cache).
+    let dir = small_icecube_cache();
+    let (a, b) = (
+        dir.join("cache/shards/train-00000.safetensors"),
+        dir.join("cache/shards/train-00001.safetensors"),
+    );
+    assert_eq!(
+        std::fs::metadata(&a).unwrap().len(),
+        std::fs::metadata(&b).unwrap().len()
+    );
+    let tmp = dir.join("swap");
+    std::fs::rename(&a, &tmp).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    std::fs::rename(&tmp, &b).unwrap();
+    let err = dsc(dir.path(), &["verify", "cache", "--quick"]).fails(1);
+    assert!(err.contains("train-00000.safetensors"), "{err}");
+    assert!(
+        err.contains(r#"__metadata__ "shard" is Some("1")"#),
+        "{err}"
+    );
+    let err = dsc(dir.path(), &["bench", "cache", "--batch-size", "8"]).fails(2);
+    assert!(err.contains("__metadata__"), "{err}");
+}

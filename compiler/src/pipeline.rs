@@ -15,7 +15,7 @@ use dsc_format::rng::{split_unit, stream, Xoshiro256};
 use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, SplitStats, QUANTILE_LEVELS};
 use dsc_format::{
-    shard, ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ShardEntry, SplitInfo, Stage,
+    shard, ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ManifestBuilder, ShardEntry, Stage,
     Stats, TensorRole, TensorSpec,
 };
 use rayon::prelude::*;
@@ -416,34 +416,21 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     summary.values_filled = filled.load(Ordering::Relaxed);
     timer.lap("write");
 
-    let splits: Vec<SplitInfo> = splits_present
-        .iter()
-        .map(|&s| SplitInfo {
-            name: SPLIT_NAMES[s as usize].into(),
-            contexts: contexts.iter().filter(|c| c.split == s).count(),
-            rows_stored: contexts
-                .iter()
-                .filter(|c| c.split == s)
-                .map(|c| c.group.kept as u64)
-                .sum(),
-            shards: jobs.iter().filter(|j| j.split == s).count(),
-        })
-        .collect();
     summary.contexts = contexts.len();
-    summary.rows_stored = splits.iter().map(|s| s.rows_stored).sum();
     let inputs = fingerprint_files(&named_inputs, &stamps)?;
-    let manifest = Manifest {
-        format: dsc_format::FORMAT_NAME.into(),
-        format_version: dsc_format::FORMAT_VERSION,
-        dsc_version: env!("CARGO_PKG_VERSION").into(),
-        max_len,
-        splits,
-        tensors,
-        shards,
-        inputs,
-        summary,
-        spec: resolved_spec(spec, max_len),
-    };
+    let mut builder = Manifest::builder(max_len, tensors, inputs, resolved_spec(spec, max_len));
+    for &s in &splits_present {
+        let name = SPLIT_NAMES[s as usize];
+        let rows_stored: u64 = contexts
+            .iter()
+            .filter(|c| c.split == s)
+            .map(|c| c.group.kept as u64)
+            .sum();
+        summary.rows_stored += rows_stored;
+        let mine = shards.iter().filter(|e| e.split == name).cloned().collect();
+        builder = builder.split(name, rows_stored, mine);
+    }
+    let manifest = builder.summary(summary);
     commit_cache(staging, manifest, stats, timer)
 }
 
@@ -451,13 +438,13 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
 /// commit point), and moves the staging directory into place.
 pub(crate) fn commit_cache(
     staging: Staging,
-    manifest: Manifest,
+    manifest: ManifestBuilder,
     stats: Stats,
     mut timer: Timer,
 ) -> Result<CompileReport> {
-    manifest.validate().map_err(|reason| {
+    let manifest = manifest.build().map_err(|problem| {
         CompileError::Spec(format!(
-            "internal error: the manifest is inconsistent: {reason}"
+            "internal error: the manifest is inconsistent: {problem}"
         ))
     })?;
     let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
@@ -466,7 +453,7 @@ pub(crate) fn commit_cache(
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
     let out = staging.commit()?;
     timer.lap("commit");
-    let cache_bytes = manifest.shards.iter().map(|s| s.bytes).sum();
+    let cache_bytes = manifest.shards().iter().map(|s| s.bytes).sum();
     Ok(CompileReport {
         out,
         manifest,
@@ -878,17 +865,13 @@ impl ShardContext<'_> {
         let split = SPLIT_NAMES[job.split as usize];
         let file = shard::shard_file_name(split, job.index);
         let n = job.members.len();
-        let (header, _) = shard::build_header(
-            self.tensors,
-            n,
-            &[
-                ("format", dsc_format::FORMAT_NAME.into()),
-                ("format_version", dsc_format::FORMAT_VERSION.to_string()),
-                ("split", split.into()),
-                ("shard", job.index.to_string()),
-                ("first_context", job.first.to_string()),
-            ],
-        );
+        let meta = shard::ShardMeta {
+            split,
+            index: job.index,
+            first_context: job.first,
+            profile: None,
+        };
+        let (header, _) = shard::build_header(self.tensors, n, &meta);
         let mut out = ShardWriter::create(dir.join(&file))?;
         out.write(&header)?;
         let mut buf = Vec::new();

@@ -42,12 +42,12 @@ pub enum FormatError {
         source: serde_json::Error,
     },
     /// The manifest parsed but contradicts itself.
-    #[error("{path}: invalid manifest: {reason}")]
+    #[error("{path}: invalid manifest: {problem}")]
     InvalidManifest {
         /// The manifest file.
         path: PathBuf,
         /// What is inconsistent.
-        reason: String,
+        problem: crate::manifest::ManifestProblem,
     },
     /// The cache was written by a format version this build cannot read.
     #[error(

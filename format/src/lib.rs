@@ -20,8 +20,8 @@ pub mod verify;
 
 pub use error::FormatError;
 pub use manifest::{
-    ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ShardEntry, SplitInfo, Stage, TensorRole,
-    TensorSpec,
+    ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ManifestBuilder, ManifestProblem,
+    ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
 };
 pub use spec::CompileSpec;
 pub use stats::Stats;

@@ -62,6 +62,36 @@ pub enum TensorRole {
     ContextSubColumn,
 }
 
+impl TensorRole {
+    /// Axes per sample.
+    pub fn rank(self) -> usize {
+        match self {
+            TensorRole::Key
+            | TensorRole::Length
+            | TensorRole::FullLength
+            | TensorRole::ContextSubColumn => 0,
+            TensorRole::Categorical
+            | TensorRole::Targets
+            | TensorRole::ContextFeatures
+            | TensorRole::SubColumn => 1,
+            TensorRole::Features => 2,
+        }
+    }
+
+    /// The element type a tensor of this role is stored as.
+    pub fn dtype(self) -> Dtype {
+        match self {
+            TensorRole::Key => Dtype::I64,
+            TensorRole::Length
+            | TensorRole::FullLength
+            | TensorRole::Categorical
+            | TensorRole::SubColumn
+            | TensorRole::ContextSubColumn => Dtype::I32,
+            TensorRole::Features | TensorRole::Targets | TensorRole::ContextFeatures => Dtype::F32,
+        }
+    }
+}
+
 /// Where a column's values come from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "table", rename_all = "snake_case")]
@@ -293,35 +323,233 @@ pub struct CompileSummary {
     pub values_filled: u64,
 }
 
-/// The manifest of a cache.
+/// The manifest of a cache. Only ever holds a manifest that passed every rule of the format:
+/// it is built by [`ManifestBuilder::build`] (writers) or parsed by [`Manifest::from_json`]
+/// (readers), both of which validate, and its fields are read through accessors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ManifestFields")]
 pub struct Manifest {
-    /// Always `dsc-cache`.
-    pub format: String,
-    /// The format version; see `docs/FORMAT.md`.
-    pub format_version: u32,
-    /// The dsc release that wrote it.
-    pub dsc_version: String,
-    /// The padded sequence length `L`.
-    pub max_len: usize,
-    /// The splits, `train` first.
-    pub splits: Vec<SplitInfo>,
-    /// The tensors every shard holds, in storage order.
-    pub tensors: Vec<TensorSpec>,
-    /// Every shard, by split then index.
-    pub shards: Vec<ShardEntry>,
-    /// The inputs.
-    pub inputs: Inputs,
-    /// Counts reported by the compile.
-    pub summary: CompileSummary,
-    /// The resolved compile spec.
-    pub spec: CompileSpec,
+    format: String,
+    format_version: u32,
+    dsc_version: String,
+    max_len: usize,
+    splits: Vec<SplitInfo>,
+    tensors: Vec<TensorSpec>,
+    shards: Vec<ShardEntry>,
+    inputs: Inputs,
+    summary: CompileSummary,
+    spec: CompileSpec,
+}
+
+/// The JSON shape of a manifest, before validation: the only way from it to a [`Manifest`] is
+/// `TryFrom`, so no unchecked manifest exists outside this module.
+#[derive(Deserialize)]
+struct ManifestFields {
+    format: String,
+    format_version: u32,
+    dsc_version: String,
+    max_len: usize,
+    splits: Vec<SplitInfo>,
+    tensors: Vec<TensorSpec>,
+    shards: Vec<ShardEntry>,
+    inputs: Inputs,
+    summary: CompileSummary,
+    spec: CompileSpec,
+}
+
+impl TryFrom<ManifestFields> for Manifest {
+    type Error = ManifestProblem;
+
+    fn try_from(f: ManifestFields) -> Result<Manifest, ManifestProblem> {
+        let manifest = Manifest {
+            format: f.format,
+            format_version: f.format_version,
+            dsc_version: f.dsc_version,
+            max_len: f.max_len,
+            splits: f.splits,
+            tensors: f.tensors,
+            shards: f.shards,
+            inputs: f.inputs,
+            summary: f.summary,
+            spec: f.spec,
+        };
+        manifest.validate()?;
+        Ok(manifest)
+    }
+}
+
+/// What makes a manifest invalid: each names the tensor, split or shard it is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestProblem {
+    /// `format` is not `dsc-cache`, or the version is not the one this build writes.
+    #[error("format {found:?} version {version} (expected {FORMAT_NAME:?} {FORMAT_VERSION})")]
+    NotThisFormat {
+        /// The `format` field, if any.
+        found: Option<String>,
+        /// The `format_version` field.
+        version: u32,
+    },
+    /// Two tensors share a name.
+    #[error("tensor {tensor:?} appears twice")]
+    DuplicateTensor {
+        /// The name.
+        tensor: String,
+    },
+    /// A tensor's shape has the wrong number of axes for its role.
+    #[error(
+        "tensor {tensor:?} has sample shape {shape:?}, a {role:?} tensor has {expected} axes per sample"
+    )]
+    Rank {
+        /// The tensor.
+        tensor: String,
+        /// Its role.
+        role: TensorRole,
+        /// Its sample shape.
+        shape: Vec<usize>,
+        /// Axes its role has.
+        expected: usize,
+    },
+    /// A tensor's dtype does not match its role.
+    #[error("tensor {tensor:?} ({role:?}) is {found:?}, it must be {expected:?}")]
+    Dtype {
+        /// The tensor.
+        tensor: String,
+        /// Its role.
+        role: TensorRole,
+        /// Its dtype.
+        found: Dtype,
+        /// The dtype of its role.
+        expected: Dtype,
+    },
+    /// A sample would be larger than any file.
+    #[error("tensor {tensor:?} has an impossible sample shape {shape:?}")]
+    ImpossibleShape {
+        /// The tensor.
+        tensor: String,
+        /// Its sample shape.
+        shape: Vec<usize>,
+    },
+    /// A sequence axis differs from `max_len` (`max_len + 1` for engine sub-columns).
+    #[error(
+        "tensor {tensor:?} has sequence axis {found}, it must be {expected} (max_len {max_len})"
+    )]
+    SequenceAxis {
+        /// The tensor.
+        tensor: String,
+        /// Its sequence axis.
+        found: usize,
+        /// The axis its role needs.
+        expected: usize,
+        /// The manifest's `max_len`.
+        max_len: usize,
+    },
+    /// A tensor lists a different number of source columns than its last axis holds.
+    #[error("tensor {tensor:?} lists {found} columns for a width of {width}")]
+    Columns {
+        /// The tensor.
+        tensor: String,
+        /// Columns listed.
+        found: usize,
+        /// Its width.
+        width: usize,
+    },
+    /// A required tensor (`key`, `length`) is absent.
+    #[error("tensor {tensor:?} is missing")]
+    MissingTensor {
+        /// The tensor.
+        tensor: &'static str,
+    },
+    /// A split name is empty or outside the safe alphabet (it becomes part of file names).
+    #[error("split name {split:?} must be non-empty lower-case letters, digits or _")]
+    SplitName {
+        /// The name.
+        split: String,
+    },
+    /// Two splits share a name.
+    #[error("split {split:?} appears twice")]
+    DuplicateSplit {
+        /// The name.
+        split: String,
+    },
+    /// A split's shard count differs from the shards listed for it.
+    #[error("split {split:?} says {said} shards, {listed} are listed")]
+    SplitShards {
+        /// The split.
+        split: String,
+        /// Its `shards` field.
+        said: usize,
+        /// Shards listed with its name.
+        listed: usize,
+    },
+    /// A split's context count differs from the sum over its shards.
+    #[error("split {split:?} says {said} contexts, its shards hold {held}")]
+    SplitContexts {
+        /// The split.
+        split: String,
+        /// Its `contexts` field.
+        said: usize,
+        /// The sum over its shards.
+        held: usize,
+    },
+    /// A shard's file name or index is not the one its position gives.
+    #[error("shard {file:?} is listed as index {index} of split {split:?}, expected {expected:?}")]
+    ShardName {
+        /// The shard's `file`.
+        file: String,
+        /// Its `index`.
+        index: usize,
+        /// Its split.
+        split: String,
+        /// The file name its position gives.
+        expected: String,
+    },
+    /// A shard's first context is not the end of the shard before it.
+    #[error("shard {file:?} starts at context {found}, expected {expected}")]
+    ShardStart {
+        /// The shard's `file`.
+        file: String,
+        /// Its `first_context`.
+        found: usize,
+        /// The sum of the contexts before it.
+        expected: usize,
+    },
+    /// A shard names a split the manifest does not list.
+    #[error("shard {file:?} names unknown split {split:?}")]
+    UnknownSplit {
+        /// The shard's `file`.
+        file: String,
+        /// The split it names.
+        split: String,
+    },
 }
 
 /// Format versions this build reads.
 pub const SUPPORTED_VERSIONS: &[u32] = &[1];
 
 impl Manifest {
+    /// Starts a manifest for the writers: tensors padded to `max_len`, the inputs they were
+    /// compiled from and the resolved spec. Splits are added with their shards; [`build`]
+    /// derives the counts and validates.
+    ///
+    /// [`build`]: ManifestBuilder::build
+    pub fn builder(
+        max_len: usize,
+        tensors: Vec<TensorSpec>,
+        inputs: Inputs,
+        spec: CompileSpec,
+    ) -> ManifestBuilder {
+        ManifestBuilder {
+            max_len,
+            tensors,
+            inputs,
+            spec,
+            splits: Vec::new(),
+            shards: Vec::new(),
+            summary: CompileSummary::default(),
+        }
+    }
+
     /// Reads and validates `DIR/manifest.json`. Refuses a compile's staging directory, whatever
     /// it holds: only a renamed, committed directory is a cache.
     pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
@@ -358,20 +586,21 @@ impl Manifest {
             format: Option<String>,
             format_version: Option<u32>,
         }
-        let head: Head = serde_json::from_slice(bytes).map_err(|source| FormatError::Json {
+        let json_err = |source| FormatError::Json {
             path: path.into(),
             source,
-        })?;
+        };
+        let head: Head = serde_json::from_slice(bytes).map_err(json_err)?;
+        let version = head.format_version.unwrap_or(0);
         if head.format.as_deref() != Some(FORMAT_NAME) {
             return Err(FormatError::InvalidManifest {
                 path: path.into(),
-                reason: format!(
-                    "field \"format\" is {:?}, expected {FORMAT_NAME:?}",
-                    head.format
-                ),
+                problem: ManifestProblem::NotThisFormat {
+                    found: head.format,
+                    version,
+                },
             });
         }
-        let version = head.format_version.unwrap_or(0);
         if !SUPPORTED_VERSIONS.contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 path: path.into(),
@@ -379,18 +608,13 @@ impl Manifest {
                 supported: format!("{SUPPORTED_VERSIONS:?}"),
             });
         }
-        let manifest: Manifest =
-            serde_json::from_slice(bytes).map_err(|source| FormatError::Json {
-                path: path.into(),
-                source,
-            })?;
-        manifest
-            .validate()
-            .map_err(|reason| FormatError::InvalidManifest {
-                path: path.into(),
-                reason,
-            })?;
-        Ok(manifest)
+        // Parsed into the unchecked shape first, so that a rule broken is a typed problem
+        // rather than text inside a JSON error.
+        let fields: ManifestFields = serde_json::from_slice(bytes).map_err(json_err)?;
+        Manifest::try_from(fields).map_err(|problem| FormatError::InvalidManifest {
+            path: path.into(),
+            problem,
+        })
     }
 
     /// The manifest as pretty JSON with a trailing newline.
@@ -402,156 +626,200 @@ impl Manifest {
 
     /// Checks the manifest's internal consistency: unique tensor names, shapes that match their
     /// roles and `max_len`, shard names and indices, and split counts equal to their shards' sums.
-    pub fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ManifestProblem> {
         if self.format != FORMAT_NAME || self.format_version != FORMAT_VERSION {
-            return Err(format!(
-                "format {:?} version {} (expected {FORMAT_NAME:?} {FORMAT_VERSION})",
-                self.format, self.format_version
-            ));
+            return Err(ManifestProblem::NotThisFormat {
+                found: Some(self.format.clone()),
+                version: self.format_version,
+            });
         }
         let mut names = BTreeSet::new();
         for t in &self.tensors {
             if !names.insert(t.name.as_str()) {
-                return Err(format!("tensor {:?} appears twice", t.name));
+                return Err(ManifestProblem::DuplicateTensor {
+                    tensor: t.name.clone(),
+                });
             }
-            let expected_rank = match t.role {
-                TensorRole::Key
-                | TensorRole::Length
-                | TensorRole::FullLength
-                | TensorRole::ContextSubColumn => 0,
-                TensorRole::Categorical
-                | TensorRole::Targets
-                | TensorRole::ContextFeatures
-                | TensorRole::SubColumn => 1,
-                TensorRole::Features => 2,
-            };
-            if t.sample_shape.len() != expected_rank {
-                return Err(format!(
-                    "tensor {:?} has sample shape {:?}, a {:?} tensor has {expected_rank} axes per sample",
-                    t.name, t.sample_shape, t.role
-                ));
-            }
-            let dtype = match t.role {
-                TensorRole::Key => Dtype::I64,
-                TensorRole::Length
-                | TensorRole::FullLength
-                | TensorRole::Categorical
-                | TensorRole::SubColumn
-                | TensorRole::ContextSubColumn => Dtype::I32,
-                TensorRole::Features | TensorRole::Targets | TensorRole::ContextFeatures => {
-                    Dtype::F32
-                }
-            };
-            if t.dtype != dtype {
-                return Err(format!(
-                    "tensor {:?} ({:?}) is {:?}, it must be {dtype:?}",
-                    t.name, t.role, t.dtype
-                ));
-            }
-            let fits = t
-                .sample_shape
-                .iter()
-                .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d))
-                .is_some_and(|b| b < 1 << 40);
-            if !fits {
-                return Err(format!(
-                    "tensor {:?} has an impossible sample shape {:?}",
-                    t.name, t.sample_shape
-                ));
-            }
-            let seq_axis = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
-            if seq_axis && t.sample_shape[0] != self.max_len {
-                return Err(format!(
-                    "tensor {:?} has sequence axis {}, max_len is {}",
-                    t.name, t.sample_shape[0], self.max_len
-                ));
-            }
-            // Engine sub-columns carry the engine's one padding step.
-            if t.role == TensorRole::SubColumn && t.sample_shape[0] != self.max_len + 1 {
-                return Err(format!(
-                    "tensor {:?} has sequence axis {}, a sub-column has max_len + 1 = {}",
-                    t.name,
-                    t.sample_shape[0],
-                    self.max_len + 1
-                ));
-            }
-            let width = match t.role {
-                TensorRole::Features => t.sample_shape[1],
-                TensorRole::Targets | TensorRole::ContextFeatures => t.sample_shape[0],
-                _ => 1,
-            };
-            if t.columns.len() != width {
-                return Err(format!(
-                    "tensor {:?} lists {} columns for a width of {width}",
-                    t.name,
-                    t.columns.len()
-                ));
-            }
+            self.validate_tensor(t)?;
         }
         for required in ["key", "length"] {
             if !names.contains(required) {
-                return Err(format!("tensor {required:?} is missing"));
+                return Err(ManifestProblem::MissingTensor { tensor: required });
             }
         }
+        let mut split_names = BTreeSet::new();
         for split in &self.splits {
-            // Split names become file names: keep them to a safe alphabet.
-            let safe = !split.name.is_empty()
-                && split
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-            if !safe {
-                return Err(format!(
-                    "split name {:?} must be non-empty lower-case letters, digits or _",
-                    split.name
-                ));
+            if !split_names.insert(split.name.as_str()) {
+                return Err(ManifestProblem::DuplicateSplit {
+                    split: split.name.clone(),
+                });
             }
-            let shards: Vec<&ShardEntry> = self
-                .shards
-                .iter()
-                .filter(|s| s.split == split.name)
-                .collect();
-            if shards.len() != split.shards {
-                return Err(format!(
-                    "split {:?} says {} shards, {} are listed",
-                    split.name,
-                    split.shards,
-                    shards.len()
-                ));
-            }
-            let mut next_first = 0;
-            for (i, s) in shards.iter().enumerate() {
-                let expected = crate::shard::shard_file_name(&split.name, i);
-                if s.index != i || s.file != expected {
-                    return Err(format!(
-                        "shard {:?} is listed as index {} of split {:?}, expected {expected:?}",
-                        s.file, s.index, split.name
-                    ));
-                }
-                if s.first_context != next_first {
-                    return Err(format!(
-                        "shard {:?} starts at context {}, expected {next_first}",
-                        s.file, s.first_context
-                    ));
-                }
-                next_first += s.contexts;
-            }
-            if next_first != split.contexts {
-                return Err(format!(
-                    "split {:?} says {} contexts, its shards hold {next_first}",
-                    split.name, split.contexts
-                ));
-            }
+            self.validate_split(split)?;
         }
-        for s in &self.shards {
-            if !self.splits.iter().any(|sp| sp.name == s.split) {
-                return Err(format!(
-                    "shard {:?} names unknown split {:?}",
-                    s.file, s.split
-                ));
-            }
+        if let Some(s) = self
+            .shards
+            .iter()
+            .find(|s| !split_names.contains(s.split.as_str()))
+        {
+            return Err(ManifestProblem::UnknownSplit {
+                file: s.file.clone(),
+                split: s.split.clone(),
+            });
         }
         Ok(())
+    }
+
+    fn validate_tensor(&self, t: &TensorSpec) -> Result<(), ManifestProblem> {
+        let expected = t.role.rank();
+        if t.sample_shape.len() != expected {
+            return Err(ManifestProblem::Rank {
+                tensor: t.name.clone(),
+                role: t.role,
+                shape: t.sample_shape.clone(),
+                expected,
+            });
+        }
+        if t.dtype != t.role.dtype() {
+            return Err(ManifestProblem::Dtype {
+                tensor: t.name.clone(),
+                role: t.role,
+                found: t.dtype,
+                expected: t.role.dtype(),
+            });
+        }
+        let fits = t
+            .sample_shape
+            .iter()
+            .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d))
+            .is_some_and(|b| b < 1 << 40);
+        if !fits {
+            return Err(ManifestProblem::ImpossibleShape {
+                tensor: t.name.clone(),
+                shape: t.sample_shape.clone(),
+            });
+        }
+        // Engine sub-columns carry the engine's one padding step.
+        let seq_axis = match t.role {
+            TensorRole::Features | TensorRole::Categorical => Some(self.max_len),
+            TensorRole::SubColumn => Some(self.max_len + 1),
+            _ => None,
+        };
+        if let Some(expected) = seq_axis.filter(|&e| t.sample_shape[0] != e) {
+            return Err(ManifestProblem::SequenceAxis {
+                tensor: t.name.clone(),
+                found: t.sample_shape[0],
+                expected,
+                max_len: self.max_len,
+            });
+        }
+        let width = match t.role {
+            TensorRole::Features => t.sample_shape[1],
+            TensorRole::Targets | TensorRole::ContextFeatures => t.sample_shape[0],
+            _ => 1,
+        };
+        if t.columns.len() != width {
+            return Err(ManifestProblem::Columns {
+                tensor: t.name.clone(),
+                found: t.columns.len(),
+                width,
+            });
+        }
+        Ok(())
+    }
+
+    fn validate_split(&self, split: &SplitInfo) -> Result<(), ManifestProblem> {
+        // Split names become file names: keep them to a safe alphabet.
+        let safe = !split.name.is_empty()
+            && split
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !safe {
+            return Err(ManifestProblem::SplitName {
+                split: split.name.clone(),
+            });
+        }
+        let listed = self.shards_of(&split.name).count();
+        if listed != split.shards {
+            return Err(ManifestProblem::SplitShards {
+                split: split.name.clone(),
+                said: split.shards,
+                listed,
+            });
+        }
+        let mut next_first = 0usize;
+        for (i, s) in self.shards_of(&split.name).enumerate() {
+            let expected = crate::shard::shard_file_name(&split.name, i);
+            if s.index != i || s.file != expected {
+                return Err(ManifestProblem::ShardName {
+                    file: s.file.clone(),
+                    index: s.index,
+                    split: split.name.clone(),
+                    expected,
+                });
+            }
+            if s.first_context != next_first {
+                return Err(ManifestProblem::ShardStart {
+                    file: s.file.clone(),
+                    found: s.first_context,
+                    expected: next_first,
+                });
+            }
+            next_first = next_first.saturating_add(s.contexts);
+        }
+        if next_first != split.contexts {
+            return Err(ManifestProblem::SplitContexts {
+                split: split.name.clone(),
+                said: split.contexts,
+                held: next_first,
+            });
+        }
+        Ok(())
+    }
+
+    /// The format version (one of [`SUPPORTED_VERSIONS`]).
+    pub fn format_version(&self) -> u32 {
+        self.format_version
+    }
+
+    /// The dsc release that wrote the cache.
+    pub fn dsc_version(&self) -> &str {
+        &self.dsc_version
+    }
+
+    /// The padded sequence length `L`.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// The splits, `train` first.
+    pub fn splits(&self) -> &[SplitInfo] {
+        &self.splits
+    }
+
+    /// The tensors every shard holds, in storage order.
+    pub fn tensors(&self) -> &[TensorSpec] {
+        &self.tensors
+    }
+
+    /// Every shard, by split then index.
+    pub fn shards(&self) -> &[ShardEntry] {
+        &self.shards
+    }
+
+    /// The inputs and their fingerprint.
+    pub fn inputs(&self) -> &Inputs {
+        &self.inputs
+    }
+
+    /// Counts reported by the compile.
+    pub fn summary(&self) -> &CompileSummary {
+        &self.summary
+    }
+
+    /// The resolved compile spec.
+    pub fn spec(&self) -> &CompileSpec {
+        &self.spec
     }
 
     /// The tensor called `name`.
@@ -572,5 +840,63 @@ impl Manifest {
     /// Bytes per context across all tensors.
     pub fn bytes_per_context(&self) -> usize {
         self.tensors.iter().map(TensorSpec::sample_bytes).sum()
+    }
+}
+
+/// Assembles the manifest of a compile: the writers give what they wrote, the builder derives
+/// every count that follows from it (contexts and shards per split) and validates the whole.
+#[derive(Debug, Clone)]
+pub struct ManifestBuilder {
+    max_len: usize,
+    tensors: Vec<TensorSpec>,
+    inputs: Inputs,
+    spec: CompileSpec,
+    splits: Vec<(String, u64)>,
+    shards: Vec<ShardEntry>,
+    summary: CompileSummary,
+}
+
+impl ManifestBuilder {
+    /// Adds a split (after those added before; `train` first) with the source rows it stores
+    /// and its shards in index order.
+    pub fn split(mut self, name: &str, rows_stored: u64, shards: Vec<ShardEntry>) -> Self {
+        self.splits.push((name.to_string(), rows_stored));
+        self.shards.extend(shards);
+        self
+    }
+
+    /// The compile's counts.
+    pub fn summary(mut self, summary: CompileSummary) -> Self {
+        self.summary = summary;
+        self
+    }
+
+    /// The manifest, if it satisfies every rule of the format.
+    pub fn build(self) -> Result<Manifest, ManifestProblem> {
+        let splits = self
+            .splits
+            .into_iter()
+            .map(|(name, rows_stored)| {
+                let mine = || self.shards.iter().filter(|s| s.split == name);
+                SplitInfo {
+                    contexts: mine().map(|s| s.contexts).sum(),
+                    shards: mine().count(),
+                    rows_stored,
+                    name,
+                }
+            })
+            .collect();
+        Manifest::try_from(ManifestFields {
+            format: FORMAT_NAME.into(),
+            format_version: FORMAT_VERSION,
+            dsc_version: env!("CARGO_PKG_VERSION").into(),
+            max_len: self.max_len,
+            splits,
+            tensors: self.tensors,
+            shards: self.shards,
+            inputs: self.inputs,
+            summary: self.summary,
+            spec: self.spec,
+        })
     }
 }

@@ -57,11 +57,11 @@ pub fn read_context(
     };
     let path = dir.join(&entry.file);
     let layout = read_layout(&path)?;
-    layout.check(&manifest.tensors, entry.contexts, &path)?;
+    layout.check(manifest, entry, &path)?;
     let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
     let i = index - entry.first_context;
-    let mut tensors = Vec::with_capacity(manifest.tensors.len());
-    for (spec, extent) in manifest.tensors.iter().zip(&layout.tensors) {
+    let mut tensors = Vec::with_capacity(manifest.tensors().len());
+    for (spec, extent) in manifest.tensors().iter().zip(&layout.tensors) {
         let size = spec.sample_bytes();
         let bytes = read_at(&mut file, &path, extent.start + (i * size) as u64, size)?;
         tensors.push((spec.name.clone(), bytes));
@@ -83,7 +83,7 @@ pub fn find_key(
     for entry in manifest.shards_of(split) {
         let path = dir.join(&entry.file);
         let layout = read_layout(&path)?;
-        layout.check(&manifest.tensors, entry.contexts, &path)?;
+        layout.check(manifest, entry, &path)?;
         let extent = layout.tensor("key").expect("checked against the manifest");
         let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
         let keys = read_at(
@@ -187,7 +187,7 @@ pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decode
     let key_bytes = bytes_of(raw, "key");
     let key = i64::from_le_bytes(key_bytes[..8].try_into().expect("8 bytes"));
     // A damaged shard may hold any length: decode at most the padded length.
-    let length = (i32_at(bytes_of(raw, "length"), 0).max(0) as usize).min(manifest.max_len);
+    let length = (i32_at(bytes_of(raw, "length"), 0).max(0) as usize).min(manifest.max_len());
     let full_length = raw
         .tensors
         .iter()
@@ -210,7 +210,7 @@ pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decode
             decode_value(&spec.encoding, &spec.source_type, stored)
         }
     };
-    for t in &manifest.tensors {
+    for t in manifest.tensors() {
         let bytes = bytes_of(raw, &t.name);
         match t.role {
             TensorRole::Features => {

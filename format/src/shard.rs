@@ -5,8 +5,8 @@
 //! contiguous, in manifest order. `key` (i64) comes first so that every tensor is aligned to its
 //! element size.
 
-use crate::manifest::{Dtype, TensorSpec};
-use crate::FormatError;
+use crate::manifest::{Dtype, ShardEntry, TensorSpec};
+use crate::{FormatError, Manifest, FORMAT_NAME, FORMAT_VERSION};
 use serde_json::{Map, Value};
 use std::io::Read;
 use std::path::Path;
@@ -43,21 +43,55 @@ pub struct ShardLayout {
     pub data_start: u64,
     /// The tensors in file order.
     pub tensors: Vec<TensorExtent>,
+    /// safetensors' `__metadata__`, in file order.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// Who a shard is, as its header's `__metadata__` says: the same facts as its [`ShardEntry`],
+/// so that a shard moved, renamed or copied into another cache is caught by its header alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardMeta<'a> {
+    /// The split it belongs to.
+    pub split: &'a str,
+    /// Its index within the split.
+    pub index: usize,
+    /// Position of its first context in the split's order.
+    pub first_context: usize,
+    /// The compile profile that wrote it, where not dsc's own (`mostlyai`).
+    pub profile: Option<&'a str>,
+}
+
+impl ShardMeta<'_> {
+    /// The `__metadata__` entries, in the order of `docs/FORMAT.md` §6.1.
+    fn entries(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            ("format", FORMAT_NAME.to_string()),
+            ("format_version", FORMAT_VERSION.to_string()),
+            ("split", self.split.to_string()),
+            ("shard", self.index.to_string()),
+            ("first_context", self.first_context.to_string()),
+        ];
+        if let Some(p) = self.profile {
+            out.push(("profile", p.to_string()));
+        }
+        out
+    }
 }
 
 /// The header bytes (length prefix included) of a shard holding `n` contexts, and the tensors'
-/// extents. `metadata` goes into safetensors' `__metadata__`.
-pub fn build_header(
-    tensors: &[TensorSpec],
-    n: usize,
-    metadata: &[(&str, String)],
-) -> (Vec<u8>, ShardLayout) {
+/// extents. The format owns the header: writers say which shard it is, nothing more.
+pub fn build_header(tensors: &[TensorSpec], n: usize, meta: &ShardMeta) -> (Vec<u8>, ShardLayout) {
     let mut map = Map::new();
-    let meta: Map<String, Value> = metadata
-        .iter()
-        .map(|(k, v)| ((*k).to_string(), Value::String(v.clone())))
+    let metadata: Vec<(String, String)> = meta
+        .entries()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
         .collect();
-    map.insert("__metadata__".into(), Value::Object(meta));
+    let json_meta: Map<String, Value> = metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    map.insert("__metadata__".into(), Value::Object(json_meta));
     let mut offset = 0u64;
     let mut extents = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -98,6 +132,7 @@ pub fn build_header(
         ShardLayout {
             data_start,
             tensors: extents,
+            metadata,
         },
     )
 }
@@ -121,8 +156,16 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
         return Err(header_err(shard, "header is not a JSON object"));
     };
     let mut tensors = Vec::new();
+    let mut metadata = Vec::new();
     for (name, entry) in &map {
         if name == "__metadata__" {
+            let pairs = entry.as_object().and_then(|m| {
+                m.iter()
+                    .map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect::<Option<Vec<_>>>()
+            });
+            metadata = pairs
+                .ok_or_else(|| header_err(shard, "__metadata__ is not an object of strings"))?;
             continue;
         }
         let dtype = match entry.get("dtype").and_then(Value::as_str) {
@@ -207,6 +250,7 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
     Ok(ShardLayout {
         data_start,
         tensors,
+        metadata,
     })
 }
 
@@ -237,9 +281,27 @@ pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
 }
 
 impl ShardLayout {
-    /// Checks that the shard holds exactly the manifest's tensors with `n` samples each, in
-    /// manifest order.
-    pub fn check(&self, tensors: &[TensorSpec], n: usize, shard: &Path) -> Result<(), FormatError> {
+    /// Checks that the shard is the one `entry` of `manifest` lists: its `__metadata__` names
+    /// the same format, version, split, index and first context, its data starts aligned, and it
+    /// holds exactly the manifest's tensors with `entry.contexts` samples each, in manifest order.
+    pub fn check(
+        &self,
+        manifest: &Manifest,
+        entry: &ShardEntry,
+        shard: &Path,
+    ) -> Result<(), FormatError> {
+        self.check_metadata(manifest, entry, shard)?;
+        if !self.data_start.is_multiple_of(DATA_ALIGN as u64) {
+            return Err(header_err(
+                shard,
+                format!(
+                    "tensor data starts at byte {}, not on a {DATA_ALIGN}-byte boundary",
+                    self.data_start
+                ),
+            ));
+        }
+        let tensors = manifest.tensors();
+        let n = entry.contexts;
         if self.tensors.len() != tensors.len() {
             let found: Vec<&str> = self.tensors.iter().map(|t| t.name.as_str()).collect();
             let expected: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
@@ -257,6 +319,38 @@ impl ShardLayout {
                     format!(
                         "tensor {:?} {:?} {:?} where the manifest expects {:?} {:?} {:?}",
                         found.name, found.dtype, found.shape, spec.name, spec.dtype, shape
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_metadata(
+        &self,
+        manifest: &Manifest,
+        entry: &ShardEntry,
+        shard: &Path,
+    ) -> Result<(), FormatError> {
+        let expected = [
+            ("format", FORMAT_NAME.to_string()),
+            ("format_version", manifest.format_version().to_string()),
+            ("split", entry.split.clone()),
+            ("shard", entry.index.to_string()),
+            ("first_context", entry.first_context.to_string()),
+        ];
+        for (key, want) in expected {
+            let found = self
+                .metadata
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str());
+            if found != Some(want.as_str()) {
+                return Err(header_err(
+                    shard,
+                    format!(
+                        "__metadata__ {key:?} is {found:?}, the manifest's entry for this file \
+                         says {want:?} (a shard from another place or cache?)"
                     ),
                 ));
             }
@@ -290,10 +384,59 @@ mod tests {
         ]
     }
 
+    const META: ShardMeta = ShardMeta {
+        split: "train",
+        index: 0,
+        first_context: 0,
+        profile: None,
+    };
+
     fn file_bytes(n: usize) -> Vec<u8> {
-        let (mut bytes, layout) = build_header(&specs(), n, &[("split", "train".into())]);
+        let (mut bytes, layout) = build_header(&specs(), n, &META);
         bytes.resize(layout.tensors.last().unwrap().end as usize, 0);
         bytes
+    }
+
+    /// A manifest listing one train shard of `n` contexts with the tensors of `specs()`.
+    fn manifest(n: usize) -> (Manifest, ShardEntry) {
+        let entry = ShardEntry {
+            file: shard_file_name("train", 0),
+            split: "train".into(),
+            index: 0,
+            contexts: n,
+            first_context: 0,
+            bytes: 0,
+            xxh3: String::new(),
+        };
+        let mut tensors = specs();
+        tensors[1].columns = (0..2)
+            .map(|i| crate::ColumnSpec {
+                name: format!("f{i}"),
+                source: crate::ColumnSource::Rows,
+                source_type: "Float64".into(),
+                encoding: crate::Encoding::Numeric {
+                    stages: vec![],
+                    fill: None,
+                },
+            })
+            .collect();
+        for t in [0, 2] {
+            tensors[t].columns = vec![crate::ColumnSpec {
+                name: tensors[t].name.clone(),
+                source: crate::ColumnSource::Rows,
+                source_type: "Int64".into(),
+                encoding: crate::Encoding::Raw,
+            }];
+        }
+        let inputs = crate::manifest::Inputs {
+            fingerprint: "0".repeat(16),
+            files: vec![],
+        };
+        let m = Manifest::builder(3, tensors, inputs, crate::CompileSpec::new(vec![], "k"))
+            .split("train", 0, vec![entry.clone()])
+            .build()
+            .unwrap();
+        (m, entry)
     }
 
     fn parse(bytes: &[u8]) -> Result<ShardLayout, FormatError> {
@@ -306,12 +449,36 @@ mod tests {
         let bytes = file_bytes(5);
         let layout = parse(&bytes).unwrap();
         assert_eq!(layout.data_start as usize % DATA_ALIGN, 0);
-        layout.check(&specs(), 5, Path::new("s")).unwrap();
+        let (m, entry) = manifest(5);
+        layout.check(&m, &entry, Path::new("s")).unwrap();
         assert_eq!(layout.tensor("x").unwrap().shape, vec![5, 3, 2]);
+        let (m4, entry4) = manifest(4);
         assert!(matches!(
-            layout.check(&specs(), 4, Path::new("s")),
+            layout.check(&m4, &entry4, Path::new("s")),
             Err(FormatError::ShardHeader { .. })
         ));
+    }
+
+    #[test]
+    fn a_header_naming_another_shard_is_refused() {
+        let (m, entry) = manifest(5);
+        for other in [
+            ShardMeta {
+                split: "val",
+                ..META
+            },
+            ShardMeta { index: 1, ..META },
+            ShardMeta {
+                first_context: 7,
+                ..META
+            },
+        ] {
+            let (mut bytes, layout) = build_header(&specs(), 5, &other);
+            bytes.resize(layout.tensors.last().unwrap().end as usize, 0);
+            let err = parse(&bytes).unwrap().check(&m, &entry, Path::new("s"));
+            let msg = err.unwrap_err().to_string();
+            assert!(msg.contains("__metadata__"), "{msg}");
+        }
     }
 
     #[test]

@@ -47,10 +47,10 @@ pub fn verify(
         )),
         Err(problem) => report.problems.push(problem),
     }
-    let total = manifest.shards.len();
+    let total = manifest.shards().len();
     // Every key seen so far: where it was stored.
     let mut keys: std::collections::HashMap<i64, (usize, usize)> = Default::default();
-    for (i, entry) in manifest.shards.iter().enumerate() {
+    for (i, entry) in manifest.shards().iter().enumerate() {
         on_shard(i, total);
         let path = dir.join(&entry.file);
         match verify_shard(&manifest, entry, &path, depth, &mut report.bytes_read) {
@@ -63,7 +63,7 @@ pub fn verify(
                             sample,
                             reason: format!(
                                 "key {key} is stored twice: also sample {first} of {}",
-                                dir.join(&manifest.shards[shard].file).display()
+                                dir.join(&manifest.shards()[shard].file).display()
                             ),
                         });
                     } else {
@@ -85,7 +85,7 @@ fn stats_mismatch(manifest: &Manifest, stats: &crate::Stats, path: &Path) -> Vec
         reason,
     };
     let mut out = Vec::new();
-    for split in &manifest.splits {
+    for split in manifest.splits() {
         match stats.split(&split.name) {
             None => out.push(problem(format!(
                 "no statistics for split {:?} of the manifest",
@@ -98,7 +98,7 @@ fn stats_mismatch(manifest: &Manifest, stats: &crate::Stats, path: &Path) -> Vec
             Some(_) => {}
         }
     }
-    let total: usize = manifest.splits.iter().map(|s| s.contexts).sum();
+    let total: usize = manifest.splits().iter().map(|s| s.contexts).sum();
     match stats.split("all") {
         Some(all) if all.contexts != total as u64 => out.push(problem(format!(
             "\"all\" has {} contexts in the statistics, the manifest's splits {total}",
@@ -130,7 +130,7 @@ fn verify_shard(
     if depth == Depth::Quick {
         let layout = crate::shard::read_layout(path)?;
         *bytes_read += layout.data_start;
-        layout.check(&manifest.tensors, entry.contexts, path)?;
+        layout.check(manifest, entry, path)?;
         return Ok(Vec::new());
     }
     let bytes = std::fs::read(path).map_err(|e| FormatError::io(path, e))?;
@@ -144,9 +144,12 @@ fn verify_shard(
         });
     }
     let layout = layout_of(&bytes, path)?;
-    layout.check(&manifest.tensors, entry.contexts, path)?;
+    layout.check(manifest, entry, path)?;
     check_values(manifest, &layout, &bytes, entry.contexts, path)?;
-    let key = manifest.tensors.iter().find(|t| t.role == TensorRole::Key);
+    let key = manifest
+        .tensors()
+        .iter()
+        .find(|t| t.role == TensorRole::Key);
     Ok(key.map_or_else(Vec::new, |t| {
         let extent = layout.tensor(&t.name).expect("checked against manifest");
         bytes[extent.start as usize..extent.end as usize]
@@ -187,7 +190,7 @@ fn check_values(
     n: usize,
     path: &Path,
 ) -> Result<(), FormatError> {
-    let max_len = manifest.max_len;
+    let max_len = manifest.max_len();
     let length = layout.tensor("length").expect("checked against manifest");
     let lengths: Vec<i32> = bytes[length.start as usize..length.end as usize]
         .chunks_exact(4)
@@ -203,7 +206,7 @@ fn check_values(
             });
         }
     }
-    for spec in &manifest.tensors {
+    for spec in manifest.tensors() {
         if !matches!(spec.role, TensorRole::Features | TensorRole::Categorical) {
             continue;
         }
@@ -227,7 +230,7 @@ fn check_values(
             }
         }
     }
-    for spec in &manifest.tensors {
+    for spec in manifest.tensors() {
         let extent = layout.tensor(&spec.name).expect("checked against manifest");
         let data = &bytes[extent.start as usize..extent.end as usize];
         let per_sample = spec.sample_elems();

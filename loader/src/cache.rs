@@ -48,11 +48,11 @@ impl Cache {
         let dir = dir.as_ref();
         let manifest = Manifest::read(dir)?;
         let mut splits: Vec<(String, Vec<Shard>)> = manifest
-            .splits
+            .splits()
             .iter()
             .map(|s| (s.name.clone(), Vec::with_capacity(s.shards)))
             .collect();
-        for (mapped, entry) in manifest.shards.iter().enumerate() {
+        for (mapped, entry) in manifest.shards().iter().enumerate() {
             let path = dir.join(&entry.file);
             let file = std::fs::File::open(&path).map_err(|source| LoadError::Map {
                 path: path.clone(),
@@ -74,14 +74,14 @@ impl Cache {
                 .into());
             }
             let layout = read_layout(&path)?;
-            layout.check(&manifest.tensors, entry.contexts, &path)?;
+            layout.check(&manifest, entry, &path)?;
             let map = Mapped::map(&file, size, &path).map_err(|source| {
                 if source.raw_os_error() == Some(libc::ENOMEM) {
                     LoadError::OutOfMaps {
                         path: path.clone(),
                         source,
                         mapped,
-                        shards: manifest.shards.len(),
+                        shards: manifest.shards().len(),
                         max_map_count: std::fs::read_to_string("/proc/sys/vm/max_map_count")
                             .map_or_else(|_| "an unknown number of".into(), |s| s.trim().into()),
                     }
@@ -99,7 +99,7 @@ impl Cache {
                 file,
                 path: path.clone(),
                 populated: manifest
-                    .tensors
+                    .tensors()
                     .iter()
                     .map(|_| AtomicBool::new(false))
                     .collect(),
@@ -143,7 +143,7 @@ impl Cache {
 
     /// The tensors of every batch, in order.
     pub fn tensors(&self) -> &[TensorSpec] {
-        &self.inner.manifest.tensors
+        self.inner.manifest.tensors()
     }
 
     /// A loader for one epoch of one split.

@@ -218,7 +218,7 @@ impl Plan {
     /// The bytes of sample `s` of the manifest's tensor `slot`.
     fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize) -> &'a [u8] {
         let shard = &self.shards()[s.shard];
-        let size = self.cache.manifest.tensors[slot].sample_bytes();
+        let size = self.cache.manifest.tensors()[slot].sample_bytes();
         let start = shard.tensor_starts[slot] + s.offset * size;
         &shard.map.bytes()[start..start + size]
     }
@@ -230,7 +230,7 @@ impl Plan {
 
     /// The trimmed sequence length of a batch: its longest stored length, at least 1.
     fn seq_len(&self, samples: &[Sample]) -> usize {
-        let max_len = self.cache.manifest.max_len;
+        let max_len = self.cache.manifest.max_len();
         if !self.trim {
             return max_len;
         }
@@ -256,7 +256,7 @@ impl Plan {
     fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
         let spec = &self.tensors[t];
         if is_sequence(spec) {
-            spec.sample_bytes() / self.cache.manifest.max_len.max(1) * seq_len
+            spec.sample_bytes() / self.cache.manifest.max_len().max(1) * seq_len
         } else {
             spec.sample_bytes()
         }
@@ -299,7 +299,7 @@ impl Plan {
                     );
                     BatchTensor::mapped(
                         spec,
-                        self.shape(t, n, self.cache.manifest.max_len),
+                        self.shape(t, n, self.cache.manifest.max_len()),
                         self.cache.clone(),
                         range,
                     )
@@ -308,7 +308,7 @@ impl Plan {
             return Batch {
                 step,
                 size: n,
-                seq_len: self.cache.manifest.max_len,
+                seq_len: self.cache.manifest.max_len(),
                 tensors,
             };
         }
@@ -543,7 +543,7 @@ impl Loader {
             opts.world_size,
             opts.drop_last,
         );
-        let all = &inner.manifest.tensors;
+        let all = &inner.manifest.tensors();
         if let Some(unknown) = opts
             .columns
             .iter()

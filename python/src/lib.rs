@@ -281,7 +281,7 @@ impl CacheHandle {
 }
 
 fn unknown_split(m: &Manifest, cache: &Cache, split: &str) -> String {
-    let names: Vec<&str> = m.splits.iter().map(|s| s.name.as_str()).collect();
+    let names: Vec<&str> = m.splits().iter().map(|s| s.name.as_str()).collect();
     format!(
         "{}: no split {split:?} (splits: {names:?})",
         cache.dir().display()

@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
     let feed = Feed::start(cache.loader(opts)?, &ring);
     let mut queued = VecDeque::new();
     let mut running = Tensor::zeros([], (Kind::Float, device));
-    let max_len = cache.manifest().max_len as i64;
+    let max_len = cache.manifest().max_len() as i64;
     let mut step = 0;
     while let Some(filled) = feed.next()? {
         let host = ring.slot(filled.slot);

@@ -42,8 +42,9 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             // Before anything reads the cache: a resumed run must see the same data.
             let now = dsc_format::Manifest::read(&cfg.cache)
                 .with_context(|| format!("opening the cache {}", cfg.cache.display()))?
-                .inputs
-                .fingerprint;
+                .inputs()
+                .fingerprint
+                .clone();
             if now != ck.position.cache_fingerprint {
                 bail!(
                     "the cache {} was compiled from other inputs (fingerprint {now}) than when \

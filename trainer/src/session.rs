@@ -319,7 +319,7 @@ fn layout(
         Some(s) => Scaling::from_stats(t, s),
         None => Scaling::identity(t.columns.len()),
     };
-    let max_len = m.max_len;
+    let max_len = m.max_len();
     let mut l = Layout {
         x: None,
         cats: Vec::new(),
@@ -337,7 +337,7 @@ fn layout(
         x_scaling: Scaling::identity(0),
         ctx_scaling: Scaling::identity(0),
     };
-    for (i, t) in m.tensors.iter().enumerate() {
+    for (i, t) in m.tensors().iter().enumerate() {
         let seq = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
         l.sequence.push(seq);
         match t.role {

@@ -38,7 +38,7 @@ impl TaskSpec {
         let device = vs.device();
         let manifest = cache.manifest();
         let Some(y) = manifest
-            .tensors
+            .tensors()
             .iter()
             .find(|t| t.role == TensorRole::Targets)
         else {

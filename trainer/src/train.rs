@@ -293,7 +293,7 @@ fn validate(
 
 /// The position at the start of a run of `s`.
 fn start_position(s: &Session) -> Position {
-    let fingerprint = s.cache.manifest().inputs.fingerprint.clone();
+    let fingerprint = s.cache.manifest().inputs().fingerprint.clone();
     Position::start(s.cfg.clone(), fingerprint)
 }
 

@@ -336,18 +336,13 @@ impl ShardInput<'_> {
         first: usize,
         members: &[u32],
     ) -> Result<ShardEntry> {
-        let (header, _) = dsc_format::shard::build_header(
-            self.tensors,
-            members.len(),
-            &[
-                ("format", dsc_format::FORMAT_NAME.into()),
-                ("format_version", dsc_format::FORMAT_VERSION.to_string()),
-                ("split", split.into()),
-                ("shard", index.to_string()),
-                ("first_context", first.to_string()),
-                ("profile", "mostlyai".into()),
-            ],
-        );
+        let meta = dsc_format::shard::ShardMeta {
+            split,
+            index,
+            first_context: first,
+            profile: Some("mostlyai"),
+        };
+        let (header, _) = dsc_format::shard::build_header(self.tensors, members.len(), &meta);
         let bufs = self.fill(members);
         debug_assert_eq!(bufs.len(), self.tensors.len());
         let mut out = ShardWriter::create(dir.join(file))?;

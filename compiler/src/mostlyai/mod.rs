@@ -18,8 +18,8 @@ use crate::pipeline::{CompileOptions, CompileReport};
 use crate::write::Staging;
 use analyze::{ColStats, Partition};
 use dsc_format::manifest::{
-    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, ShardEntry, SplitInfo,
-    TensorRole, TensorSpec,
+    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, ManifestBuilder,
+    ShardEntry, TensorRole, TensorSpec,
 };
 use dsc_format::rng::{stream, Xoshiro256};
 use dsc_format::spec::CompileSpec;
@@ -199,10 +199,8 @@ fn write_splits(
     is_val: &[bool],
     lengths: &[usize],
     per_shard: usize,
-    seed: u64,
-) -> Result<(Vec<ShardEntry>, Vec<SplitInfo>, Vec<SplitStats>)> {
-    let mut shards = Vec::new();
-    let mut splits = Vec::new();
+    mut manifest: ManifestBuilder,
+) -> Result<(ManifestBuilder, Vec<SplitStats>)> {
     let mut split_stats = Vec::new();
     for (s, name) in SPLITS.iter().enumerate() {
         let mut order: Vec<u32> = (0..is_val.len() as u32)
@@ -211,7 +209,8 @@ fn write_splits(
         if order.is_empty() {
             continue;
         }
-        Xoshiro256::for_stream(seed, stream::COMPILE_SHUFFLE + 16 * s as u64).shuffle(&mut order);
+        Xoshiro256::for_stream(input.seed, stream::COMPILE_SHUFFLE + 16 * s as u64)
+            .shuffle(&mut order);
         let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
         let count = chunks.len();
         let written: Vec<Result<ShardEntry>> = chunks
@@ -225,16 +224,10 @@ fn write_splits(
                 entry
             })
             .collect();
-        for entry in written {
-            shards.push(entry?);
-        }
+        let shards = written.into_iter().collect::<Result<Vec<ShardEntry>>>()?;
+        debug_assert_eq!(shards.len(), count);
         let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
-        splits.push(SplitInfo {
-            name: (*name).into(),
-            contexts: order.len(),
-            rows_stored: rows,
-            shards: count,
-        });
+        manifest = manifest.split(name, rows, shards);
         let mut lens: Vec<f64> = order.iter().map(|&c| lengths[c as usize] as f64).collect();
         split_stats.push(SplitStats {
             split: (*name).into(),
@@ -244,7 +237,7 @@ fn write_splits(
             columns: Vec::new(),
         });
     }
-    Ok((shards, splits, split_stats))
+    Ok((manifest, split_stats))
 }
 
 /// Runs the profile.
@@ -334,35 +327,24 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let bytes_per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / bytes_per_context.max(1)).max(1);
     opts.progress.stage("encoding", ctx.rows() as u64);
-    let (shards, splits, mut split_stats) = write_splits(
-        &input, &staging, opts, &is_val, &lengths, per_shard, spec.seed,
-    )?;
-    timer.lap("encode");
-
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
     resolved.partitions = Some(partitions);
     let inputs = crate::pipeline::fingerprint_files(&named, &stamps)?;
-    let summary = CompileSummary {
+    let manifest = Manifest::builder(max_len, tensors.clone(), inputs, resolved);
+    let (manifest, mut split_stats) = write_splits(
+        &input, &staging, opts, &is_val, &lengths, per_shard, manifest,
+    )?;
+    timer.lap("encode");
+
+    let manifest = manifest.summary(CompileSummary {
         rows_read: tgt.rows() as u64,
         rows_stored: tgt.rows() as u64,
         contexts: ctx.rows(),
         contexts_without_rows: lengths.iter().filter(|&&l| l == 0).count(),
         empty_contexts_kept: lengths.iter().filter(|&&l| l == 0).count(),
         ..CompileSummary::default()
-    };
-    let manifest = Manifest {
-        format: dsc_format::FORMAT_NAME.into(),
-        format_version: dsc_format::FORMAT_VERSION,
-        dsc_version: env!("CARGO_PKG_VERSION").into(),
-        max_len,
-        splits,
-        tensors,
-        shards,
-        inputs,
-        summary,
-        spec: resolved,
-    };
+    });
     // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
     let mut all_lengths: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
     split_stats.insert(
