@@ -454,6 +454,13 @@ pub enum ManifestProblem {
         /// Its width.
         width: usize,
     },
+    /// The first tensor is not `key`: the i64 tensor leads so that every tensor in a shard is
+    /// aligned to its element size.
+    #[error("the first tensor is {found:?}, it must be \"key\" (so that every tensor is aligned)")]
+    KeyNotFirst {
+        /// The first tensor's name, if any.
+        found: Option<String>,
+    },
     /// A required tensor (`key`, `length`) is absent.
     #[error("tensor {tensor:?} is missing")]
     MissingTensor {
@@ -646,6 +653,12 @@ impl Manifest {
             if !names.contains(required) {
                 return Err(ManifestProblem::MissingTensor { tensor: required });
             }
+        }
+        let first = self.tensors.first();
+        if first.is_none_or(|t| t.name != "key" || t.role != TensorRole::Key) {
+            return Err(ManifestProblem::KeyNotFirst {
+                found: first.map(|t| t.name.clone()),
+            });
         }
         let mut split_names = BTreeSet::new();
         for split in &self.splits {
