@@ -285,7 +285,7 @@ fn shards_swapped_between_places_are_caught_by_their_headers() {
     let err = dsc(dir.path(), &["verify", "cache", "--quick"]).fails(1);
     assert!(err.contains("train-00000.safetensors"), "{err}");
     assert!(
-        err.contains(r#"__metadata__ "shard" is Some("1")"#),
+        err.contains(r#"__metadata__ "shard" is "1", the manifest's entry for this file says "0""#),
         "{err}"
     );
     let err = dsc(dir.path(), &["bench", "cache", "--batch-size", "8"]).fails(2);

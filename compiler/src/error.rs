@@ -232,6 +232,9 @@ pub enum CompileError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A bug in dsc: what it assembled breaks a rule of its own format. Nothing was written.
+    #[error("internal error, please report it: {0}")]
+    Internal(String),
     /// Writing the cache failed.
     #[error(transparent)]
     Format(#[from] dsc_format::FormatError),

@@ -418,7 +418,13 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
 
     summary.contexts = contexts.len();
     let inputs = fingerprint_files(&named_inputs, &stamps)?;
-    let mut builder = Manifest::builder(max_len, tensors, inputs, resolved_spec(spec, max_len));
+    let mut builder = Manifest::builder(
+        env!("CARGO_PKG_VERSION"),
+        max_len,
+        tensors,
+        inputs,
+        resolved_spec(spec, max_len),
+    );
     for &s in &splits_present {
         let name = SPLIT_NAMES[s as usize];
         let rows_stored: u64 = contexts
@@ -443,9 +449,7 @@ pub(crate) fn commit_cache(
     mut timer: Timer,
 ) -> Result<CompileReport> {
     let manifest = manifest.build().map_err(|problem| {
-        CompileError::Spec(format!(
-            "internal error: the manifest is inconsistent: {problem}"
-        ))
+        CompileError::Internal(format!("the manifest is inconsistent: {problem}"))
     })?;
     let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
     stats_json.push(b'\n');

@@ -120,7 +120,9 @@ impl Staging {
         let dir = sibling(out, dsc_format::STAGING_SUFFIX);
         for left in [&dir, &sibling(out, dsc_format::REPLACED_SUFFIX)] {
             if left.exists() {
-                std::fs::remove_dir_all(left).map_err(|e| CompileError::io(left, e))?;
+                std::fs::remove_dir_all(left).map_err(|e| {
+                    output_err(left, "remove what an earlier compile left beside --out", e)
+                })?;
             }
         }
         std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
@@ -155,7 +157,7 @@ impl Staging {
             if swapped {
                 self.committed = true;
                 // `self.dir` now holds the replaced cache: a reader refuses it by its name.
-                std::fs::remove_dir_all(&self.dir).map_err(|e| CompileError::io(&self.dir, e))?;
+                remove_replaced(&self.dir);
                 return Ok(self.out.clone());
             }
             let old = sibling(&self.out, dsc_format::REPLACED_SUFFIX);
@@ -163,7 +165,7 @@ impl Staging {
                 .map_err(|e| output_err(&self.out, "replace the cache", e))?;
             std::fs::rename(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))?;
             self.committed = true;
-            std::fs::remove_dir_all(&old).map_err(|e| CompileError::io(&old, e))?;
+            remove_replaced(&old);
             return Ok(self.out.clone());
         }
         if self.out.exists() {
@@ -176,6 +178,13 @@ impl Staging {
         self.committed = true;
         Ok(self.out.clone())
     }
+}
+
+/// Removes a replaced cache after the new one is in place. The compile has succeeded by then, so
+/// a failure (a file in it that cannot be deleted) does not fail it: readers refuse the leftover
+/// by its name, and the next compile into the same output removes it first or says why not.
+fn remove_replaced(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Swaps two directories in one atomic step; `Ok(false)` where the platform or file system

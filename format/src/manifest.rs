@@ -454,12 +454,17 @@ pub enum ManifestProblem {
         /// Its width.
         width: usize,
     },
-    /// The first tensor is not `key`: the i64 tensor leads so that every tensor in a shard is
-    /// aligned to its element size.
-    #[error("the first tensor is {found:?}, it must be \"key\" (so that every tensor is aligned)")]
+    /// The first tensor is not `key`, or another tensor has its role: the one i64 tensor leads so
+    /// that every tensor in a shard is aligned to its element size.
+    #[error(
+        "the first tensor is {first} and {keys} tensors have role Key; \"key\" (role Key) must \
+         be first and the only one (so that every tensor is aligned)"
+    )]
     KeyNotFirst {
-        /// The first tensor's name, if any.
-        found: Option<String>,
+        /// The first tensor's name and role.
+        first: String,
+        /// Tensors of role Key.
+        keys: usize,
     },
     /// A required tensor (`key`, `length`) is absent.
     #[error("tensor {tensor:?} is missing")]
@@ -535,18 +540,20 @@ pub enum ManifestProblem {
 pub const SUPPORTED_VERSIONS: &[u32] = &[1];
 
 impl Manifest {
-    /// Starts a manifest for the writers: tensors padded to `max_len`, the inputs they were
-    /// compiled from and the resolved spec. Splits are added with their shards; [`build`]
+    /// Starts a manifest for the writers: the dsc release writing it, tensors padded to
+    /// `max_len`, the inputs they were compiled from and the resolved spec. Splits are added with their shards; [`build`]
     /// derives the counts and validates.
     ///
     /// [`build`]: ManifestBuilder::build
     pub fn builder(
+        dsc_version: &str,
         max_len: usize,
         tensors: Vec<TensorSpec>,
         inputs: Inputs,
         spec: CompileSpec,
     ) -> ManifestBuilder {
         ManifestBuilder {
+            dsc_version: dsc_version.into(),
             max_len,
             tensors,
             inputs,
@@ -654,10 +661,16 @@ impl Manifest {
                 return Err(ManifestProblem::MissingTensor { tensor: required });
             }
         }
-        let first = self.tensors.first();
-        if first.is_none_or(|t| t.name != "key" || t.role != TensorRole::Key) {
+        let keys: Vec<&TensorSpec> = self
+            .tensors
+            .iter()
+            .filter(|t| t.role == TensorRole::Key)
+            .collect();
+        let first = &self.tensors[0];
+        if keys.len() != 1 || first.name != "key" || first.role != TensorRole::Key {
             return Err(ManifestProblem::KeyNotFirst {
-                found: first.map(|t| t.name.clone()),
+                first: format!("{:?} ({:?})", first.name, first.role),
+                keys: keys.len(),
             });
         }
         let mut split_names = BTreeSet::new();
@@ -714,7 +727,7 @@ impl Manifest {
         // Engine sub-columns carry the engine's one padding step.
         let seq_axis = match t.role {
             TensorRole::Features | TensorRole::Categorical => Some(self.max_len),
-            TensorRole::SubColumn => Some(self.max_len + 1),
+            TensorRole::SubColumn => Some(self.max_len.saturating_add(1)),
             _ => None,
         };
         if let Some(expected) = seq_axis.filter(|&e| t.sample_shape[0] != e) {
@@ -860,6 +873,7 @@ impl Manifest {
 /// every count that follows from it (contexts and shards per split) and validates the whole.
 #[derive(Debug, Clone)]
 pub struct ManifestBuilder {
+    dsc_version: String,
     max_len: usize,
     tensors: Vec<TensorSpec>,
     inputs: Inputs,
@@ -902,7 +916,7 @@ impl ManifestBuilder {
         Manifest::try_from(ManifestFields {
             format: FORMAT_NAME.into(),
             format_version: FORMAT_VERSION,
-            dsc_version: env!("CARGO_PKG_VERSION").into(),
+            dsc_version: self.dsc_version,
             max_len: self.max_len,
             splits,
             tensors: self.tensors,

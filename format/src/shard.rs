@@ -48,7 +48,8 @@ pub struct ShardLayout {
 }
 
 /// Who a shard is, as its header's `__metadata__` says: the same facts as its [`ShardEntry`],
-/// so that a shard moved, renamed or copied into another cache is caught by its header alone.
+/// so that a shard under another name of its cache (two swapped, say) is caught by its header
+/// alone. A shard from another cache at the same place is the checksum's to catch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardMeta<'a> {
     /// The split it belongs to.
@@ -346,11 +347,12 @@ impl ShardLayout {
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.as_str());
             if found != Some(want.as_str()) {
+                let found = found.map_or("missing".to_string(), |v| format!("{v:?}"));
                 return Err(header_err(
                     shard,
                     format!(
-                        "__metadata__ {key:?} is {found:?}, the manifest's entry for this file \
-                         says {want:?} (a shard from another place or cache?)"
+                        "__metadata__ {key:?} is {found}, the manifest's entry for this file \
+                         says {want:?} (a shard moved from another place?)"
                     ),
                 ));
             }
@@ -432,10 +434,16 @@ mod tests {
             fingerprint: "0".repeat(16),
             files: vec![],
         };
-        let m = Manifest::builder(3, tensors, inputs, crate::CompileSpec::new(vec![], "k"))
-            .split("train", 0, vec![entry.clone()])
-            .build()
-            .unwrap();
+        let m = Manifest::builder(
+            env!("CARGO_PKG_VERSION"),
+            3,
+            tensors,
+            inputs,
+            crate::CompileSpec::new(vec![], "k"),
+        )
+        .split("train", 0, vec![entry.clone()])
+        .build()
+        .unwrap();
         (m, entry)
     }
 

@@ -331,7 +331,13 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     resolved.context_key = Some(spec.context_key().to_string());
     resolved.partitions = Some(partitions);
     let inputs = crate::pipeline::fingerprint_files(&named, &stamps)?;
-    let manifest = Manifest::builder(max_len, tensors.clone(), inputs, resolved);
+    let manifest = Manifest::builder(
+        env!("CARGO_PKG_VERSION"),
+        max_len,
+        tensors.clone(),
+        inputs,
+        resolved,
+    );
     let (manifest, mut split_stats) = write_splits(
         &input, &staging, opts, &is_val, &lengths, per_shard, manifest,
     )?;
