@@ -83,7 +83,8 @@ fn a_valid_manifest_reads_back_equal() {
 #[test]
 fn each_broken_rule_is_its_own_problem() {
     type Edit = fn(&mut Value);
-    let cases: Vec<(&str, Edit, fn(&ManifestProblem) -> bool)> = vec![
+    type Expect = fn(&ManifestProblem) -> bool;
+    let cases: Vec<(&str, Edit, Expect)> = vec![
         (
             "duplicate tensor",
             |m| m["tensors"][3]["name"] = json!("x"),
