@@ -214,8 +214,18 @@ pub struct CompileArgs {
     pub empty_contexts: Option<EmptyArg>,
 
     /// Fraction of contexts in the validation split, chosen by a hash of the key [default: 0].
+    /// With --split-by or --split-keys, carved out of the contexts they put in `train`.
     #[arg(long, value_name = "F", help_heading = "Splits and shuffle")]
     pub val_fraction: Option<f64>,
+    /// Take each context's split from this column of the context table (strings such as
+    /// train, val, test; a data set's official split). Statistics and encodings are fitted on
+    /// `train`, which must exist; every other split is stored beside it.
+    #[arg(long, value_name = "COLUMN", help_heading = "Splits and shuffle")]
+    pub split_by: Option<String>,
+    /// Put the keys listed in FILE (one integer per line) in split NAME; repeatable; unlisted
+    /// keys are `train`. E.g. --split-keys test=test_ids.txt
+    #[arg(long, value_name = "NAME=FILE", help_heading = "Splits and shuffle")]
+    pub split_keys: Vec<String>,
     /// Seed of the split hash; independent of --seed, so reshuffles keep the same split.
     #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
     pub split_seed: Option<u64>,

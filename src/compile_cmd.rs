@@ -112,6 +112,18 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if let Some(v) = a.val_fraction {
         spec.val_fraction = v;
     }
+    set!(split_by);
+    for given in &a.split_keys {
+        let Some((name, file)) = given.split_once('=') else {
+            bail!("--split-keys {given:?}: expected NAME=FILE, e.g. test=test_ids.txt");
+        };
+        let earlier = spec
+            .split_keys
+            .insert(name.trim().to_string(), file.trim().to_string());
+        if let Some(earlier) = earlier {
+            bail!("--split-keys names split {name:?} twice ({earlier} and {file}); list its keys in one file");
+        }
+    }
     if a.profile.is_some() {
         spec.profile.clone_from(&a.profile);
     }

@@ -11,5 +11,6 @@ mod mostlyai;
 mod parsers;
 mod python;
 mod spec_file;
+mod splits;
 mod values;
 mod verify;

@@ -13,9 +13,9 @@ use dsc_format::{Encoding, Stage};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
-/// Split tags per row or per context row.
+/// Split tags per row or per context row: the split's position in the cache (`train` is 0), or
+/// [`DROPPED`] for a row no context stores.
 pub(crate) const TRAIN: u8 = 0;
-pub(crate) const VAL: u8 = 1;
 pub(crate) const DROPPED: u8 = u8::MAX;
 
 /// Reads one column for rows of a table, directly or through a join on an integer column.
@@ -71,37 +71,49 @@ impl<'a> Access<'a> {
 
 /// Finite values of a numeric column gathered by split, plus bad-value counts.
 struct Gathered {
-    /// Train values, then validation values.
+    /// The values of split 0 (train), then of split 1, …
     values: Vec<f64>,
-    n_train: usize,
-    counts: [[u64; 3]; 2], // [split][null, nan, inf]
+    /// Where each split's values start in `values`, and the end: `splits + 1` offsets.
+    bounds: Vec<usize>,
+    /// Per split: null, NaN and inf counts.
+    counts: Vec<[u64; 3]>,
 }
 
-fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
+impl Gathered {
+    /// The values of each split, as disjoint mutable slices.
+    fn split_values(&mut self) -> Vec<&mut [f64]> {
+        let mut rest = self.values.as_mut_slice();
+        let mut out = Vec::with_capacity(self.bounds.len() - 1);
+        for w in self.bounds.windows(2) {
+            let (mine, tail) = rest.split_at_mut(w[1] - w[0]);
+            out.push(mine);
+            rest = tail;
+        }
+        out
+    }
+}
+
+/// `tags` holds each row's split (`0..splits`) or [`DROPPED`].
+fn gather(access: &Access, tags: &[u8], splits: usize) -> Result<Gathered> {
     // Chunks are collected in order and the first error taken, so the row an error names
     // does not depend on the thread count (here and in every parallel loop of the compiler).
-    type Part = (Vec<f64>, Vec<f64>, [[u64; 3]; 2]);
+    type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>);
     let parts: Vec<Part> = tags
         .par_chunks(1 << 16)
         .enumerate()
         .map(|(c, chunk)| {
             let base = c << 16;
-            let mut part: Part = (Vec::new(), Vec::new(), [[0; 3]; 2]);
+            let mut part: Part = (vec![Vec::new(); splits], vec![[0; 3]; splits]);
             for (i, &tag) in chunk.iter().enumerate() {
                 if tag == DROPPED {
                     continue;
                 }
                 let s = tag as usize;
                 match access.f64_at(base + i)? {
-                    None => part.2[s][0] += 1,
-                    Some(x) if x.is_nan() => part.2[s][1] += 1,
-                    Some(x) if x.is_infinite() => part.2[s][2] += 1,
-                    Some(x) => (if tag == TRAIN {
-                        &mut part.0
-                    } else {
-                        &mut part.1
-                    })
-                    .push(x),
+                    None => part.1[s][0] += 1,
+                    Some(x) if x.is_nan() => part.1[s][1] += 1,
+                    Some(x) if x.is_infinite() => part.1[s][2] += 1,
+                    Some(x) => part.0[s].push(x),
                 }
             }
             Ok(part)
@@ -109,31 +121,32 @@ fn gather(access: &Access, tags: &[u8]) -> Result<Gathered> {
         .collect::<Vec<Result<_>>>()
         .into_iter()
         .collect::<Result<_>>()?;
-    let n_train = parts.iter().map(|p| p.0.len()).sum();
-    let n_val: usize = parts.iter().map(|p| p.1.len()).sum();
-    let mut values = Vec::with_capacity(n_train + n_val);
-    let mut counts = [[0u64; 3]; 2];
-    for p in &parts {
-        values.extend_from_slice(&p.0);
-        for (total, part) in counts.iter_mut().flatten().zip(p.2.iter().flatten()) {
-            *total += part;
+    let total: usize = parts.iter().flat_map(|p| p.0.iter().map(Vec::len)).sum();
+    let mut values = Vec::with_capacity(total);
+    let mut bounds = vec![0];
+    let mut counts = vec![[0u64; 3]; splits];
+    for (s, split_counts) in counts.iter_mut().enumerate() {
+        for p in &parts {
+            values.extend_from_slice(&p.0[s]);
+            for (total, part) in split_counts.iter_mut().zip(&p.1[s]) {
+                *total += part;
+            }
         }
-    }
-    for p in &parts {
-        values.extend_from_slice(&p.1);
+        bounds.push(values.len());
     }
     Ok(Gathered {
         values,
-        n_train,
+        bounds,
         counts,
     })
 }
 
-/// Statistics of a numeric column for `all`, `train`, `val`, and the fitted encoding stages.
+/// Statistics of a numeric column for `all` and each split, and the fitted encoding stages.
 pub(crate) struct NumericResult {
     /// Whether some stored row holds null, NaN or inf.
     pub has_bad: bool,
-    pub stats: [ColumnStats; 3],
+    /// `all`, then each split in order.
+    pub stats: Vec<ColumnStats>,
     pub stages: Vec<Stage>,
     /// Raw train mean, for `nan = mean`.
     pub train_mean: f64,
@@ -198,31 +211,43 @@ fn fit(chain: &[Stage], train: &[f64]) -> Vec<Stage> {
     fitted
 }
 
-/// Gathers a numeric column, computes its statistics per split and fits its encoding.
+/// Gathers a numeric column, computes its statistics for `all` and each of `splits` splits
+/// (split 0 is train) and fits its encoding on train.
 pub(crate) fn numeric_column(
     access: &Access,
     tags: &[u8],
+    splits: usize,
     chain: &[Stage],
 ) -> Result<NumericResult> {
-    let mut g = gather(access, tags)?;
-    let stages = fit(chain, &g.values[..g.n_train]);
-    let n_train = g.n_train;
-    let (train, val) = g.values.split_at_mut(n_train);
-    let (train_m, val_m) = rayon::join(|| Moments::of(train), || Moments::of(val));
-    let all_m = train_m.merge(&val_m);
-    let (train_num, val_num) = rayon::join(
-        || stats::numeric(train, &train_m),
-        || stats::numeric(val, &val_m),
-    );
-    let all_num = stats::numeric(&mut g.values, &all_m);
-    let sum = |a: [u64; 3], b: [u64; 3]| [a[0] + b[0], a[1] + b[1], a[2] + b[2]];
-    let mut all = empty_stats(access, sum(g.counts[0], g.counts[1]), g.values.len() as u64);
-    all.numeric = all_num;
-    let mut tr = empty_stats(access, g.counts[0], n_train as u64);
-    tr.numeric = train_num;
-    let mut va = empty_stats(access, g.counts[1], (g.values.len() - n_train) as u64);
-    va.numeric = val_num;
-    for s in [&all, &tr, &va] {
+    let mut g = gather(access, tags, splits)?;
+    let stages = fit(chain, &g.values[..g.bounds[1]]);
+    let counts = g.counts.clone();
+    let (moments, per_split): (Vec<Moments>, Vec<_>) = g
+        .split_values()
+        .into_par_iter()
+        .map(|values| {
+            let m = Moments::of(values);
+            let num = stats::numeric(values, &m);
+            (m, num)
+        })
+        .unzip();
+    // Merged in split order: the same sums whatever the thread count.
+    let all_m = moments[1..].iter().fold(moments[0], |a, b| a.merge(b));
+    let mut all_counts = [0u64; 3];
+    for c in &counts {
+        for (t, x) in all_counts.iter_mut().zip(c) {
+            *t += x;
+        }
+    }
+    let mut all = empty_stats(access, all_counts, g.values.len() as u64);
+    all.numeric = stats::numeric(&mut g.values, &all_m);
+    let mut out = vec![all];
+    for (s, num) in per_split.into_iter().enumerate() {
+        let mut st = empty_stats(access, counts[s], (g.bounds[s + 1] - g.bounds[s]) as u64);
+        st.numeric = num;
+        out.push(st);
+    }
+    for s in &out {
         let finite = s.numeric.as_ref().is_none_or(|n| {
             [n.min, n.max, n.mean, n.std].iter().all(|v| v.is_finite())
                 && n.histogram
@@ -239,17 +264,17 @@ pub(crate) fn numeric_column(
     }
     // Stages are monotonic, so the encoded range is that of the encoded extremes: if either
     // end leaves f32, some rows cannot be stored and must be looked for.
-    let out_of_f32 = all.numeric.as_ref().is_some_and(|n| {
+    let out_of_f32 = out[0].numeric.as_ref().is_some_and(|n| {
         [n.min, n.max]
             .iter()
             .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
     });
-    let has_bad = out_of_f32 || g.counts.iter().flatten().any(|&c| c > 0);
+    let has_bad = out_of_f32 || counts.iter().flatten().any(|&c| c > 0);
     Ok(NumericResult {
         has_bad,
-        stats: [all, tr, va],
+        stats: out,
         stages,
-        train_mean: train_m.mean,
+        train_mean: moments[0].mean,
     })
 }
 
@@ -324,11 +349,11 @@ fn dense_slots(col: &Column) -> Option<(i64, usize)> {
     }
 }
 
-type Counts = [HashMap<CatKey, u64>; 2];
+type Counts = Vec<HashMap<CatKey, u64>>;
 
 /// Counts each value per split, in parallel over fixed chunks of rows (dense tables when the
 /// values are compact); returns the counts and the nulls per split.
-fn count_categories(access: &Access, tags: &[u8]) -> Result<(Counts, [u64; 2])> {
+fn count_categories(access: &Access, tags: &[u8], splits: usize) -> Result<(Counts, Vec<u64>)> {
     let dense = dense_slots(access.column);
     let slot_key = |slot: usize| match &access.column.values {
         Values::Str { .. } => CatKey::Str(slot as u32),
@@ -338,14 +363,14 @@ fn count_categories(access: &Access, tags: &[u8]) -> Result<(Counts, [u64; 2])> 
         CatKey::Str(c) => c as usize,
         CatKey::Int(v) => (v - dense.expect("dense").0) as usize,
     };
-    let parts: Vec<(Vec<u64>, Counts, [u64; 2])> = tags
+    let size = dense.map_or(0, |d| d.1);
+    let parts: Vec<(Vec<u64>, Counts, Vec<u64>)> = tags
         .par_chunks(1 << 16)
         .enumerate()
         .map(|(c, chunk)| {
-            let size = dense.map_or(0, |d| d.1);
-            let mut table = vec![0u64; 2 * size];
-            let mut maps: Counts = [HashMap::new(), HashMap::new()];
-            let mut nulls = [0u64; 2];
+            let mut table = vec![0u64; splits * size];
+            let mut maps: Counts = vec![HashMap::new(); splits];
+            let mut nulls = vec![0u64; splits];
             for (i, &tag) in chunk.iter().enumerate() {
                 if tag == DROPPED {
                     continue;
@@ -365,13 +390,12 @@ fn count_categories(access: &Access, tags: &[u8]) -> Result<(Counts, [u64; 2])> 
         .collect::<Vec<Result<_>>>()
         .into_iter()
         .collect::<Result<_>>()?;
-    let mut counts: Counts = [HashMap::new(), HashMap::new()];
-    let mut nulls = [0u64; 2];
-    let size = dense.map_or(0, |d| d.1);
-    let mut table = vec![0u64; 2 * size];
+    let mut counts: Counts = vec![HashMap::new(); splits];
+    let mut nulls = vec![0u64; splits];
+    let mut table = vec![0u64; splits * size];
     for (t, maps, n) in parts {
         table.iter_mut().zip(&t).for_each(|(a, b)| *a += b);
-        for s in 0..2 {
+        for s in 0..splits {
             nulls[s] += n[s];
             for (k, c) in &maps[s] {
                 *counts[s].entry(*k).or_insert(0) += c;
@@ -389,13 +413,14 @@ fn count_categories(access: &Access, tags: &[u8]) -> Result<(Counts, [u64; 2])> 
     Ok((counts, nulls))
 }
 
-/// Counts a categorical column per split, builds its statistics and its coder (vocabulary: train
-/// values ascending).
+/// Counts a categorical column per split (split 0 is train), builds its statistics (`all`, then
+/// each split) and its coder (vocabulary: train values ascending).
 pub(crate) fn categorical_column<'a>(
     access: Access<'a>,
     tags: &[u8],
-) -> Result<([ColumnStats; 3], Encoding, CategoryCoder<'a>)> {
-    let (counts, nulls) = count_categories(&access, tags)?;
+    splits: usize,
+) -> Result<(Vec<ColumnStats>, Encoding, CategoryCoder<'a>)> {
+    let (counts, nulls) = count_categories(&access, tags, splits)?;
     let mut vocab: Vec<CatKey> = counts[0].keys().copied().collect();
     vocab.sort_unstable();
     let codes: HashMap<CatKey, i32> = vocab
@@ -419,8 +444,10 @@ pub(crate) fn categorical_column<'a>(
         vocabulary: vocab.iter().map(|&k| cat_json(access.column, k)).collect(),
     };
     let mut all_counts = counts[0].clone();
-    for (k, c) in &counts[1] {
-        *all_counts.entry(*k).or_insert(0) += c;
+    for split in &counts[1..] {
+        for (k, c) in split {
+            *all_counts.entry(*k).or_insert(0) += c;
+        }
     }
     let build = |m: &HashMap<CatKey, u64>, nulls: u64| {
         let mut entries: Vec<(CatKey, u64)> = m.iter().map(|(k, c)| (*k, *c)).collect();
@@ -438,11 +465,8 @@ pub(crate) fn categorical_column<'a>(
         );
         s
     };
-    let stats = [
-        build(&all_counts, nulls[0] + nulls[1]),
-        build(&counts[0], nulls[0]),
-        build(&counts[1], nulls[1]),
-    ];
+    let mut stats = vec![build(&all_counts, nulls.iter().sum())];
+    stats.extend(counts.iter().zip(&nulls).map(|(m, &n)| build(m, n)));
     Ok((
         stats,
         encoding,

@@ -20,6 +20,7 @@ mod pipeline;
 mod plan;
 mod progress;
 mod read;
+mod split;
 mod stats;
 mod write;
 

@@ -2,16 +2,17 @@
 //! encodings → shuffle → shards → stats.json → manifest.json → commit.
 
 use crate::column::Values;
-use crate::encode::{self, Access, CategoryCoder, NumericEncoder, DROPPED, TRAIN, VAL};
+use crate::encode::{self, Access, CategoryCoder, NumericEncoder, DROPPED, TRAIN};
 use crate::error::{CompileError, Result};
 use crate::group::{self, Group};
 use crate::lookup::{self, Keyed};
 use crate::plan::{self, Source};
 use crate::read::{self, Role, Want};
+use crate::split;
 use crate::write::{ShardWriter, Staging};
 use crate::Progress;
 use dsc_format::manifest::{CompileSummary, InputFile, Inputs};
-use dsc_format::rng::{split_unit, stream, Xoshiro256};
+use dsc_format::rng::{stream, Xoshiro256};
 use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, SplitStats, QUANTILE_LEVELS};
 use dsc_format::{
@@ -121,8 +122,8 @@ impl Timer {
 
 /// A per-row column after its statistics pass.
 enum Fitted<'a> {
-    Categorical([ColumnStats; 3], CategoryCoder<'a>, ColumnSpec),
-    Numeric([ColumnStats; 3], NumericEncoder<'a>, ColumnSpec),
+    Categorical(Vec<ColumnStats>, CategoryCoder<'a>, ColumnSpec),
+    Numeric(Vec<ColumnStats>, NumericEncoder<'a>, ColumnSpec),
 }
 
 /// One stored context.
@@ -132,8 +133,6 @@ struct Context {
     ctx_row: Option<u32>,
     split: u8,
 }
-
-const SPLIT_NAMES: [&str; 2] = ["train", "val"];
 
 /// Runs a compile.
 pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
@@ -189,7 +188,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let context: Option<Keyed> = match &spec.context {
         None => None,
         Some(path) => {
-            let wants: Vec<Want> = spec
+            let mut wants: Vec<Want> = spec
                 .targets
                 .iter()
                 .chain(&spec.context_features)
@@ -198,6 +197,10 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
                     role: Role::Numeric,
                 })
                 .collect();
+            wants.extend(spec.split_by.iter().map(|n| Want {
+                name: n.clone(),
+                role: Role::Split,
+            }));
             Some(lookup::read_keyed(
                 Path::new(path),
                 spec.context_key(),
@@ -234,13 +237,18 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     // `truncate` rewrote the groups in `grouped`; refresh the copies held by contexts.
     refresh_groups(&mut contexts, &grouped.groups);
     summary.contexts_truncated = contexts.iter().filter(|c| c.group.len > max_len).count();
-    for c in &mut contexts {
-        c.split = if split_unit(c.group.key, spec.split_seed) < spec.val_fraction {
-            VAL
-        } else {
-            TRAIN
-        };
+    let members: Vec<split::Member> = contexts
+        .iter()
+        .map(|c| split::Member {
+            key: c.group.key,
+            ctx_row: c.ctx_row,
+        })
+        .collect();
+    let splits = split::assign(spec, &members, context.as_ref())?;
+    for (c, &s) in contexts.iter_mut().zip(&splits.of) {
+        c.split = s;
     }
+    let n_splits = splits.names.len();
     let mut row_tags = vec![DROPPED; rows.rows()];
     for c in &contexts {
         for &r in &grouped.perm[c.group.start..c.group.start + c.group.len] {
@@ -265,7 +273,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         "statistics",
         (plan.row_columns.len() + spec.targets.len() + spec.context_features.len()) as u64,
     );
-    let mut column_stats: Vec<[ColumnStats; 3]> = Vec::new();
+    let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
     let mut features: Vec<(NumericEncoder, ColumnSpec)> = Vec::new();
     let mut categoricals: Vec<(CategoryCoder, ColumnSpec)> = Vec::new();
     // Columns are independent: fit them in parallel, then take results (and the first error)
@@ -300,12 +308,13 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
                 join,
             };
             let result = if rc.categorical {
-                let (stats, encoding, coder) = encode::categorical_column(access, &row_tags)?;
+                let (stats, encoding, coder) =
+                    encode::categorical_column(access, &row_tags, n_splits)?;
                 let spec_col = column_spec(&rc.name, source, column, encoding);
                 Fitted::Categorical(stats, coder, spec_col)
             } else {
                 let chain = chain_of(spec, &rc.name)?;
-                let fitted = encode::numeric_column(&access, &row_tags, &chain)?;
+                let fitted = encode::numeric_column(&access, &row_tags, n_splits, &chain)?;
                 let encoder = NumericEncoder::new(access, &fitted, spec.nan);
                 encoder.check_rows(&fitted, &row_tags)?;
                 let spec_col = column_spec(&rc.name, source, column, encoder.encoding());
@@ -343,7 +352,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
                 join: None,
             };
             let chain = chain_of(spec, name)?;
-            let fitted = encode::numeric_column(&access, &ctx_tags, &chain)?;
+            let fitted = encode::numeric_column(&access, &ctx_tags, n_splits, &chain)?;
             let encoder = NumericEncoder::new(access, &fitted, spec.nan);
             encoder.check_rows(&fitted, &ctx_tags)?;
             let mut stats = fitted.stats.clone();
@@ -354,7 +363,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             progress.advance(1);
         }
     }
-    let stats = build_stats(&contexts, spec.val_fraction > 0.0, max_len, column_stats);
+    let stats = build_stats(&contexts, &splits.names, max_len, column_stats);
     timer.lap("statistics");
 
     let key_column = column_spec(&spec.key, ColumnSource::Rows, key_col, Encoding::Raw);
@@ -367,13 +376,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     );
     let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / per_context.max(1)).max(1);
-    let splits_present: Vec<u8> = if spec.val_fraction > 0.0 {
-        vec![TRAIN, VAL]
-    } else {
-        vec![TRAIN]
-    };
     let mut jobs: Vec<ShardJob> = Vec::new();
-    for &split in &splits_present {
+    for split in 0..n_splits as u8 {
         let mut order: Vec<usize> = (0..contexts.len())
             .filter(|&i| contexts[i].split == split)
             .collect();
@@ -393,6 +397,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     progress.stage("writing shards", jobs.len() as u64);
     let filled = AtomicU64::new(0);
     let writer = ShardContext {
+        split_names: &splits.names,
         tensors: &tensors,
         fills: &fills,
         contexts: &contexts,
@@ -425,15 +430,19 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         inputs,
         resolved_spec(spec, max_len),
     );
-    for &s in &splits_present {
-        let name = SPLIT_NAMES[s as usize];
+    for (s, name) in splits.names.iter().enumerate() {
+        let s = s as u8;
         let rows_stored: u64 = contexts
             .iter()
             .filter(|c| c.split == s)
             .map(|c| c.group.kept as u64)
             .sum();
         summary.rows_stored += rows_stored;
-        let mine = shards.iter().filter(|e| e.split == name).cloned().collect();
+        let mine = shards
+            .iter()
+            .filter(|e| e.split == *name)
+            .cloned()
+            .collect();
         builder = builder.split(name, rows_stored, mine);
     }
     let manifest = builder.summary(summary);
@@ -629,6 +638,9 @@ fn input_files<'a>(spec: &CompileSpec, rows_files: &[PathBuf]) -> Vec<(PathBuf, 
     for j in &spec.joins {
         named.push((PathBuf::from(&j.file), "join"));
     }
+    for file in spec.split_keys.values() {
+        named.push((PathBuf::from(file), "split_keys"));
+    }
     named
 }
 
@@ -717,23 +729,21 @@ pub(crate) fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
 
 fn build_stats(
     contexts: &[Context],
-    has_val: bool,
+    split_names: &[String],
     max_len: usize,
-    columns: Vec<[ColumnStats; 3]>,
+    columns: Vec<Vec<ColumnStats>>,
 ) -> Stats {
     let mut splits = Vec::new();
-    for (i, name) in ["all", "train", "val"].iter().enumerate() {
+    let names = std::iter::once("all").chain(split_names.iter().map(String::as_str));
+    for (i, name) in names.enumerate() {
         let mut lengths: Vec<f64> = contexts
             .iter()
             .filter(|c| i == 0 || c.split as usize == i - 1)
             .map(|c| c.group.len as f64)
             .collect();
-        if i == 2 && !has_val {
-            continue;
-        }
         let rows = lengths.iter().sum::<f64>() as u64;
         splits.push(SplitStats {
-            split: (*name).into(),
+            split: name.into(),
             contexts: lengths.len() as u64,
             rows,
             lengths: length_stats(&mut lengths, max_len),
@@ -850,6 +860,7 @@ struct ShardJob {
 }
 
 struct ShardContext<'a> {
+    split_names: &'a [String],
     tensors: &'a [TensorSpec],
     fills: &'a [Fill],
     contexts: &'a [Context],
@@ -866,7 +877,7 @@ const CHUNK: usize = 256;
 
 impl ShardContext<'_> {
     fn write(&self, job: &ShardJob, dir: &Path) -> Result<ShardEntry> {
-        let split = SPLIT_NAMES[job.split as usize];
+        let split = self.split_names[job.split as usize].as_str();
         let file = shard::shard_file_name(split, job.index);
         let n = job.members.len();
         let meta = shard::ShardMeta {

@@ -105,6 +105,18 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     check_unique("--categorical", &spec.categorical)?;
     check_unique("--targets", &spec.targets)?;
     check_unique("--context-features", &spec.context_features)?;
+    if let Some(column) = &spec.split_by {
+        if spec.context.is_none() {
+            return Err(CompileError::Spec(
+                "--split-by reads a column of the context table: give --context".into(),
+            ));
+        }
+        if spec.targets.contains(column) || spec.context_features.contains(column) {
+            return Err(CompileError::Spec(format!(
+                "--split-by {column}: the split column cannot also be a target or context feature"
+            )));
+        }
+    }
     if let Some(both) = spec.features.iter().find(|f| spec.categorical.contains(f)) {
         return Err(CompileError::Spec(format!(
             "column {both:?} is in both --features and --categorical"

@@ -153,6 +153,12 @@ pub struct CompileSpec {
     /// `seed`, so a reshuffle keeps the same split and the same rows.
     #[serde(default)]
     pub split_seed: u64,
+    /// A context-table column naming each context's split (`train`, `val`, `test`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_by: Option<String>,
+    /// Split name → a file of keys, one per line; unlisted keys are `train`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub split_keys: BTreeMap<String, String>,
     /// Seed of the global shuffle.
     #[serde(default)]
     pub seed: u64,
@@ -211,6 +217,8 @@ impl CompileSpec {
             profile: None,
             val_keys: None,
             partitions: None,
+            split_by: None,
+            split_keys: BTreeMap::new(),
         }
     }
 

@@ -38,27 +38,6 @@ pub const CTX_STATS_FILE: &str = "ctx-stats.json";
 
 const SPLITS: [&str; 2] = ["train", "val"];
 
-/// Reads the validation keys: one integer per line; blank lines are skipped.
-fn read_val_keys(path: &Path) -> Result<Vec<(i64, usize)>> {
-    let text = std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?;
-    let mut keys = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if t.is_empty() {
-            continue;
-        }
-        let k: i64 = t.parse().map_err(|_| CompileError::BadCsv {
-            path: path.into(),
-            reason: format!(
-                "line {}: {t:?} is not an integer key (the file lists one validation key per line)",
-                i + 1
-            ),
-        })?;
-        keys.push((k, i + 1));
-    }
-    Ok(keys)
-}
-
 /// The context table and partition count of a spec, refusing what the profile does not use.
 fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
     let ctx_path = spec.context.as_ref().ok_or_else(|| {
@@ -80,6 +59,11 @@ fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
         ("--truncate", spec.truncate != Default::default()),
         ("--val-fraction (give --val-keys)", spec.val_fraction != 0.0),
         ("--split-seed (give --val-keys)", spec.split_seed != 0),
+        ("--split-by (give --val-keys)", spec.split_by.is_some()),
+        (
+            "--split-keys (give --val-keys)",
+            !spec.split_keys.is_empty(),
+        ),
         ("--nan", spec.nan != Default::default()),
         (
             "--unmatched-rows",
@@ -154,7 +138,7 @@ fn val_assignment(
 ) -> Result<Vec<bool>> {
     let mut is_val = vec![false; contexts];
     if let Some(path) = &spec.val_keys {
-        for (k, line) in read_val_keys(Path::new(path))? {
+        for (k, line) in crate::split::read_key_list(Path::new(path))? {
             match ctx_index.get(&k) {
                 Some(&c) => is_val[c as usize] = true,
                 None => {
