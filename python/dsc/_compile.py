@@ -98,6 +98,8 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     empty_contexts: Optional[str] = None,
     val_fraction: Optional[float] = None,
     split_seed: Optional[int] = None,
+    split_by: Optional[str] = None,
+    split_keys: Optional[Mapping[str, PathLike]] = None,
     seed: Optional[int] = None,
     shard_size: Union[int, str, None] = None,
     profile: Optional[str] = None,
@@ -113,7 +115,8 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     ``order_by``); lists may be Python lists or comma-separated strings, ``encode`` a dict
     ``{"charge": "log1p,zscore"}`` (or ``["charge=log1p,zscore"]``), lookup tables
     ``join="geometry.csv", on="sensor_id"`` or ``joins=[("geometry.csv", "sensor_id"), ...]``,
-    ``shard_size`` bytes or a string such as ``"64MiB"``. ``spec`` reads a ``dsc.toml`` spec
+    ``shard_size`` bytes or a string such as ``"64MiB"``, ``split_keys`` a dict
+    ``{"test": "test_ids.txt"}``. ``spec`` reads a ``dsc.toml`` spec
     file first; the keyword arguments given override it. The cache is byte-identical to the
     CLI's for the same options. ``progress`` shows bars on stderr (default: when stderr is a
     terminal).
@@ -126,7 +129,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         rows_list = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
         fields["rows"] = [os.fspath(r) for r in rows_list]
     for name, value in (("key", key), ("order_by", order_by), ("context_key", context_key),
-                        ("profile", profile)):
+                        ("profile", profile), ("split_by", split_by)):
         if value is not None:
             fields[name] = str(value)
     for name, value in (("context", context), ("val_keys", val_keys)):
@@ -159,6 +162,13 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         if not 0.0 <= float(val_fraction) < 1.0:
             raise OptionsError(f"val_fraction={val_fraction!r}: expected a fraction in [0, 1)")
         fields["val_fraction"] = float(val_fraction)
+    if split_keys is not None:
+        if not isinstance(split_keys, Mapping):
+            raise OptionsError(
+                f"split_keys={split_keys!r}: expected a dict of split name to key file, "
+                "e.g. {'test': 'test_ids.txt'}"
+            )
+        fields["split_keys"] = {str(k): os.fspath(v) for k, v in split_keys.items()}
     if shard_size is not None:
         fields["shard_size"] = (
             _dsc.parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)

@@ -126,3 +126,24 @@ def test_decode_matches_dsc_show(cache_dir: Path) -> None:
         charge = cache.decode("x", batch["x"][i, :n, 4], column="charge")
         np.testing.assert_allclose(charge, shown["columns"]["charge"], rtol=1e-12)
     assert cache.decode("sensor_id", np.array([0, 1]))[0] is None
+
+
+def test_an_official_test_split_from_key_files(in_workdir: Path, tmp_path: Path) -> None:
+    # Take 37 keys of the cache as the "official" test set.
+    first = next(iter(dsc.Loader(in_workdir / "cache", batch_size=37, seed=5)))
+    test_keys = sorted(first["key"].tolist())
+    ids = tmp_path / "test_ids.txt"
+    ids.write_text("".join(f"{k}\n" for k in test_keys))
+    run_dsc("compile", "data/train/batch_*.parquet", *COMPILE_FLAGS, "--split-keys",
+            f"test={ids}", "--out", str(tmp_path / "cli"), "-q", cwd=in_workdir)
+    cache = dsc.compile("data/train/batch_*.parquet", out=tmp_path / "py",
+                        split_keys={"test": ids}, **COMPILE_KWARGS)
+    assert tree(tmp_path / "cli") == tree(tmp_path / "py")
+    assert [s["name"] for s in json.loads((tmp_path / "py" / "manifest.json").read_text())["splits"]] \
+        == ["train", "test", "val"]
+    got = sorted(k for b in dsc.Loader(cache.path, split="test", batch_size=8, drop_last=False)
+                 for k in b["key"].tolist())
+    assert sorted(set(got)) == test_keys
+    with pytest.raises(dsc.OptionsError):
+        dsc.compile("data/train/batch_*.parquet", out=tmp_path / "bad", split_keys=["test"],
+                    **COMPILE_KWARGS)
