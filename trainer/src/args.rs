@@ -115,6 +115,12 @@ pub struct Cli {
     #[arg(long)]
     pub no_normalise: bool,
 
+    /// The split evaluated after each epoch (for choosing a model); every other split but
+    /// train is evaluated once at the end, e.g. an official test split (dsc compile
+    /// --split-by/--split-keys).
+    #[arg(long, value_name = "NAME", default_value = defaults::EVAL_SPLIT)]
+    pub eval_split: String,
+
     /// `auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -231,6 +237,7 @@ impl Cli {
             seed: self.seed,
             normalise: !self.no_normalise,
             scale_targets: true,
+            eval_split: self.eval_split.clone(),
         };
         cfg.validate()?;
         Ok(cfg)

@@ -18,6 +18,12 @@ pub mod defaults {
     pub const CLIP: f64 = 1.0;
     pub const LOG_EVERY: u64 = 50;
     pub const PREFETCH: usize = 3;
+    /// The split evaluated after each epoch.
+    pub const EVAL_SPLIT: &str = "val";
+
+    pub(crate) fn eval_split() -> String {
+        EVAL_SPLIT.into()
+    }
 }
 
 /// What is learned from the cache's `y` tensor.
@@ -86,6 +92,11 @@ pub struct RunConfig {
     /// stays in stored units). Always on for new runs; `false` for checkpoints from before.
     #[serde(default)]
     pub scale_targets: bool,
+    /// The split whose loss and metric are reported after each epoch (model selection); every
+    /// other non-train split is evaluated once at the end. Checkpoints from before the option
+    /// existed evaluated `val`.
+    #[serde(default = "defaults::eval_split")]
+    pub eval_split: String,
 }
 
 impl RunConfig {
@@ -114,6 +125,7 @@ impl RunConfig {
             seed: 0,
             normalise: true,
             scale_targets: true,
+            eval_split: defaults::eval_split(),
         }
     }
 

@@ -17,6 +17,15 @@ pub struct EpochReport {
     pub compute_share: f64,
 }
 
+/// The final model on one split.
+#[derive(Debug, Clone, Serialize)]
+pub struct SplitEvaluation {
+    pub split: String,
+    pub contexts: usize,
+    pub loss: f64,
+    pub metric: f64,
+}
+
 /// One logged window of training (every `--log-every` optimizer steps).
 #[derive(Debug, Clone, Serialize)]
 pub struct StepReport {
@@ -76,6 +85,12 @@ pub struct Summary {
     pub overfit_passed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// The split behind each epoch's `val_loss` and `val_metric`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_split: Option<String>,
+    /// The final model on every split but train (after the last epoch).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evaluation: Vec<SplitEvaluation>,
 }
 
 /// `--find-batch-size`: one size tried.

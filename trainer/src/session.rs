@@ -408,6 +408,8 @@ impl Summary {
             },
             overfit_passed: None,
             checkpoint: None,
+            eval_split: None,
+            evaluation: Vec::new(),
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::checkpoint::{self, Checkpoint, Position};
 use crate::feed::Feed;
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
-use crate::report::{EpochReport, StepReport, Summary};
+use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
 use crate::session::{named_weights, Session};
 use crate::timing::{Clock, Totals};
 use anyhow::Context;
@@ -17,7 +17,6 @@ use tch::{Kind, Tensor};
 
 /// Copies kept queued on the device before their host slots are recycled.
 const IN_FLIGHT: usize = 1;
-const VAL_SPLIT: &str = "val";
 
 /// Options that are not part of the run's arithmetic.
 #[derive(Debug)]
@@ -64,6 +63,7 @@ pub fn run(
 ) -> anyhow::Result<Summary> {
     std::fs::create_dir_all(&opts.out)
         .with_context(|| format!("creating {}", opts.out.display()))?;
+    check_eval_split(&s)?;
     let micro_epoch = micro_per_epoch(&s)?;
     let steps_epoch = micro_epoch / s.cfg.accumulate as u64;
     let total_steps = steps_epoch * s.cfg.epochs;
@@ -195,7 +195,7 @@ pub fn run(
             compute_share: sh.compute_share,
         };
         if !opts.quiet {
-            eprintln!("{}", epoch_line(&report, s.task.metric));
+            eprintln!("{}", epoch_line(&report, s.task.metric, &s.cfg.eval_split));
         }
         pos.history.push(report);
         pos.epoch += 1;
@@ -204,6 +204,11 @@ pub fn run(
         checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
     }
     save_weights(&s, &opts.out.join("model.safetensors"))?;
+    let evaluation = if stopped {
+        Vec::new()
+    } else {
+        final_evaluation(&mut s, opts.quiet)?
+    };
     let mut summary = Summary::new(
         &s,
         "train",
@@ -213,6 +218,8 @@ pub fn run(
     );
     summary.epochs = pos.history;
     summary.checkpoint = Some(ckpt_path.display().to_string());
+    summary.eval_split = Some(s.cfg.eval_split.clone());
+    summary.evaluation = evaluation;
     Ok(summary)
 }
 
@@ -232,26 +239,34 @@ fn loader_state(s: &Session, epoch: u64, micro: u64) -> State {
     }
 }
 
-/// Validation loss and metric over the whole `val` split (each context once), and the epoch's
-/// mean training loss over its `trained` micro-batches, read back together in one transfer.
-fn validate(
-    s: &mut Session,
-    epoch_loss: &Tensor,
-    trained: u64,
-) -> anyhow::Result<(Option<f64>, Option<f64>, f64)> {
-    let accumulate = s.cfg.accumulate as f64;
-    let train_loss = |v: f64| v * accumulate / trained.max(1) as f64;
-    let contexts = s
-        .cache
-        .manifest()
-        .split(VAL_SPLIT)
-        .map_or(0, |v| v.contexts);
+/// `--eval-split` must name a split of the cache; only the default `val` may be absent (then
+/// epochs report no validation, as a cache compiled without one has none).
+fn check_eval_split(s: &Session) -> anyhow::Result<()> {
+    let name = &s.cfg.eval_split;
+    let m = s.cache.manifest();
+    let known: Vec<&str> = m.splits().iter().map(|x| x.name.as_str()).collect();
+    anyhow::ensure!(
+        name != "train",
+        "--eval-split train: the split trained on says nothing about generalisation; the cache \
+         has {known:?}"
+    );
+    anyhow::ensure!(
+        m.split(name).is_some() || name == crate::config::defaults::EVAL_SPLIT,
+        "--eval-split {name}: the cache has no such split (it has {known:?})"
+    );
+    Ok(())
+}
+
+/// Sums of the per-context loss and metric over the whole of `split` (each context once), left
+/// on the device as one `[2]` tensor, and the contexts summed; `None` for an empty or absent
+/// split.
+fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, usize)>> {
+    let contexts = s.cache.manifest().split(split).map_or(0, |v| v.contexts);
     if contexts == 0 {
-        let v = readback::values(epoch_loss, Purpose::Other)[0];
-        return Ok((None, None, train_loss(v)));
+        return Ok(None);
     }
     let opts = LoaderOptions {
-        split: VAL_SPLIT.into(),
+        split: split.into(),
         batch_size: s.cfg.batch_size,
         shuffle: false,
         drop_last: false,
@@ -267,6 +282,7 @@ fn validate(
     let ring = s.ring.clone();
     let feed = Feed::start(loader, &ring);
     while let Some(filled) = feed.next()? {
+        // The last batch is completed with repeated contexts: count the real ones only.
         let rows = (contexts - seen).min(b);
         let batch = s.upload(filled, rows);
         let (l, m) = s.evaluate(&batch);
@@ -283,12 +299,63 @@ fn validate(
     for slot in s.release(None, 0)? {
         feed.release(slot);
     }
+    Ok(Some((Tensor::stack(&[loss_sum, metric_sum], 0), seen)))
+}
+
+/// Loss and metric over the whole `--eval-split`, and the epoch's mean training loss over its
+/// `trained` micro-batches, read back together in one transfer.
+fn validate(
+    s: &mut Session,
+    epoch_loss: &Tensor,
+    trained: u64,
+) -> anyhow::Result<(Option<f64>, Option<f64>, f64)> {
+    let accumulate = s.cfg.accumulate as f64;
+    let train_loss = |v: f64| v * accumulate / trained.max(1) as f64;
+    let split = s.cfg.eval_split.clone();
+    let Some((sums, seen)) = split_sums(s, &split)? else {
+        let v = readback::values(epoch_loss, Purpose::Other)[0];
+        return Ok((None, None, train_loss(v)));
+    };
     let v = readback::values(
-        &Tensor::stack(&[loss_sum, metric_sum, epoch_loss.shallow_clone()], 0),
+        &Tensor::cat(&[sums, epoch_loss.reshape([1])], 0),
         Purpose::Other,
     );
     let n = seen.max(1) as f64;
     Ok((Some(v[0] / n), Some(v[1] / n), train_loss(v[2])))
+}
+
+/// The final model on every split but train: what a held-out test split is for.
+fn final_evaluation(s: &mut Session, quiet: bool) -> anyhow::Result<Vec<SplitEvaluation>> {
+    let splits: Vec<String> = s
+        .cache
+        .manifest()
+        .splits()
+        .iter()
+        .filter(|x| x.name != "train")
+        .map(|x| x.name.clone())
+        .collect();
+    let mut out = Vec::new();
+    for split in splits {
+        let Some((sums, seen)) = split_sums(s, &split)? else {
+            continue;
+        };
+        let v = readback::values(&sums, Purpose::Other);
+        let n = seen.max(1) as f64;
+        let e = SplitEvaluation {
+            split,
+            contexts: seen,
+            loss: v[0] / n,
+            metric: v[1] / n,
+        };
+        if !quiet {
+            eprintln!(
+                "final model · {} ({} contexts) · loss {:.4} · {} {:.4}",
+                e.split, e.contexts, e.loss, s.task.metric, e.metric
+            );
+        }
+        out.push(e);
+    }
+    Ok(out)
 }
 
 /// The position at the start of a run of `s`.
@@ -302,10 +369,10 @@ fn save_weights(s: &Session, path: &Path) -> anyhow::Result<()> {
     checkpoint::write(path, &start_position(s), &named_weights(&s.vs))
 }
 
-fn epoch_line(r: &EpochReport, metric: &str) -> String {
+fn epoch_line(r: &EpochReport, metric: &str, split: &str) -> String {
     let val = match (r.val_loss, r.val_metric) {
-        (Some(l), Some(m)) => format!("val loss {l:.4} · {metric} {m:.4}"),
-        _ => "no validation split".into(),
+        (Some(l), Some(m)) => format!("{split} loss {l:.4} · {metric} {m:.4}"),
+        _ => format!("no {split} split"),
     };
     format!(
         "epoch {} · train loss {:.4} · {val} · {:.0} samples/s · data wait {:.2}% · h2d {:.2}% · compute {:.1}%",

@@ -13,8 +13,29 @@ const BIN: &str = env!("CARGO_BIN_EXE_dsc-train");
 /// Caches shared by the tests: generated and compiled once per test binary.
 struct Fixture {
     _dir: tempfile::TempDir,
+    /// The generated IceCube-like data and its cache.
+    ice: PathBuf,
     icecube: PathBuf,
     sequences: PathBuf,
+}
+
+/// The fixture's compile of the IceCube-like data in `ice`.
+fn icecube_spec(ice: &Path) -> Value {
+    serde_json::json!({
+        "rows": [ice.join("train/batch_*.parquet").display().to_string()],
+        "key": "event_id",
+        "order_by": "time",
+        "context": ice.join("train_meta.parquet").display().to_string(),
+        "targets": ["azimuth", "zenith"],
+        "joins": [{"file": ice.join("sensor_geometry.csv").display().to_string(), "on": "sensor_id"}],
+        "features": ["x", "y", "z", "time", "charge", "auxiliary"],
+        "categorical": ["sensor_id"],
+        // The README's encodings: x, y, z stay in metres (the trainer normalises them).
+        "encode": {"time": "zscore", "charge": "log1p"},
+        "max_len": 48,
+        "val_fraction": 0.2,
+        "seed": 5,
+    })
 }
 
 fn fixture() -> &'static Fixture {
@@ -31,23 +52,8 @@ fn fixture() -> &'static Fixture {
         };
         dsc_compiler::gen::icecube::generate(&root.join("ice"), &opts).expect("generate icecube");
         let ice = root.join("ice");
-        let spec = serde_json::json!({
-            "rows": [ice.join("train/batch_*.parquet").display().to_string()],
-            "key": "event_id",
-            "order_by": "time",
-            "context": ice.join("train_meta.parquet").display().to_string(),
-            "targets": ["azimuth", "zenith"],
-            "joins": [{"file": ice.join("sensor_geometry.csv").display().to_string(), "on": "sensor_id"}],
-            "features": ["x", "y", "z", "time", "charge", "auxiliary"],
-            "categorical": ["sensor_id"],
-            // The README's encodings: x, y, z stay in metres (the trainer normalises them).
-            "encode": {"time": "zscore", "charge": "log1p"},
-            "max_len": 48,
-            "val_fraction": 0.2,
-            "seed": 5,
-        });
         let icecube = root.join("ice-cache");
-        compile(spec, &icecube);
+        compile(icecube_spec(&ice), &icecube);
 
         let seq = root.join("seq");
         let sopts = dsc_compiler::gen::sequences::SequencesOptions {
@@ -78,6 +84,7 @@ fn fixture() -> &'static Fixture {
         compile(spec, &sequences);
         Fixture {
             _dir: dir,
+            ice,
             icecube,
             sequences,
         }
@@ -605,4 +612,62 @@ fn resuming_on_a_changed_cache_is_refused() {
     let r = train(&["--resume", &ckpt]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("fingerprint"), "{}", r.stderr);
+}
+
+#[test]
+fn a_held_out_test_split_is_evaluated_at_the_end_and_can_be_the_eval_split() {
+    let fx = fixture();
+    // Every fifth train key of the fixture's cache becomes the "official" test set.
+    let cache = dsc_loader::Cache::open(&fx.icecube).unwrap();
+    let opts = dsc_loader::LoaderOptions {
+        batch_size: 100,
+        shuffle: false,
+        drop_last: false,
+        ..Default::default()
+    };
+    let mut keys: Vec<i64> = Vec::new();
+    for b in cache.loader(opts).unwrap() {
+        keys.extend(b.unwrap().keys());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let test: Vec<i64> = keys.iter().copied().step_by(5).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("test_ids.txt");
+    let text: String = test.iter().map(|k| format!("{k}\n")).collect();
+    std::fs::write(&ids, text).unwrap();
+    let mut spec = icecube_spec(&fx.ice);
+    spec["split_keys"] = serde_json::json!({"test": path(&ids)});
+    let with_test = dir.path().join("cache");
+    compile(spec, &with_test);
+
+    let (j, _out) = small_run(
+        &with_test,
+        "--task direction --epochs 1 --batch-size 64 --eval-split test",
+    );
+    assert_eq!(j["eval_split"], "test");
+    let evaluation = j["evaluation"].as_array().unwrap();
+    let names: Vec<&str> = evaluation
+        .iter()
+        .map(|e| e["split"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["test", "val"]);
+    assert_eq!(evaluation[0]["contexts"], test.len());
+    // The epoch's number is the final model on the test split: the same weights, the same data.
+    let epoch = f(&j["epochs"][0]["val_metric"]);
+    assert!((epoch - f(&evaluation[0]["metric"])).abs() < 1e-6, "{j}");
+    let m = dsc_loader::Manifest::read(&with_test).unwrap();
+    assert_eq!(evaluation[1]["contexts"], m.split("val").unwrap().contexts);
+    assert!(f(&evaluation[1]["metric"]).is_finite());
+
+    let out = tempfile::tempdir().unwrap();
+    let (c, o) = (path(&with_test), path(out.path()));
+    let run = train(&["--cache", &c, "--out", &o, "--eval-split", "holdout"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("--eval-split holdout")
+            && run.stderr.contains(r#"["train", "test", "val"]"#),
+        "{}",
+        run.stderr
+    );
 }
