@@ -849,7 +849,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                       train_loss=epoch_loss.item() * args.accumulate / micro_epoch,
                       val_loss=val_loss, val_metric=val_metric, **shares(epoch_time))
         pos["history"].append(report)
-        val = (f"val loss {val_loss:.4f} · {task.metric} {val_metric:.4f}"
+        val = (f"{args.eval_split} loss {val_loss:.4f} · {task.metric} {val_metric:.4f}"
                if val_loss is not None else f"no {args.eval_split} split")
         say(f"epoch {epoch} · train loss {report['train_loss']:.4f} · {val} · "
             f"{report['samples_per_s']:.0f} samples/s · data wait "
