@@ -181,6 +181,13 @@ fn val_fraction_carves_val_out_of_train_and_leaves_test_alone() {
         )
         .ok();
     }
+    let shown = dsc(
+        dir.path(),
+        &["show", "carved", "--split", "test", "--index", "0"],
+    )
+    .ok();
+    assert!(shown.contains("split test"), "{shown}");
+    dsc(dir.path(), &["verify", "carved"]).ok();
     let inspect = dsc(dir.path(), &["inspect", "carved"]).ok();
     assert!(inspect.contains("test"), "{inspect}");
 }
