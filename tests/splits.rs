@@ -11,24 +11,32 @@ fn is_test(key: i64) -> bool {
     key % 5 == 0
 }
 
+/// What a context's split is, by key (`None`: null).
+type SplitOf = fn(i64) -> Option<&'static str>;
+
+/// Writes (or rewrites) the `split` column of the generated context table.
+fn write_split_column(dir: &Dir, split_of: SplitOf) {
+    replace_column(
+        &dir.join("data/train_meta.parquet"),
+        "split",
+        move |_, batch| {
+            let keys = batch
+                .column_by_name("event_id")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            let names: Vec<Option<&str>> = keys.values().iter().map(|&k| split_of(k)).collect();
+            arc(StringArray::from(names))
+        },
+    );
+}
+
 /// IceCube-like data whose context table has a `split` column (`train` or `test`).
 fn data_with_split_column() -> Dir {
     let dir = Dir::new();
     gen_icecube(&dir, 2, 60);
-    replace_column(&dir.join("data/train_meta.parquet"), "split", |_, batch| {
-        let keys = batch
-            .column_by_name("event_id")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        let names: Vec<&str> = keys
-            .values()
-            .iter()
-            .map(|&k| if is_test(k) { "test" } else { "train" })
-            .collect();
-        arc(StringArray::from(names))
-    });
+    write_split_column(&dir, |k| Some(if is_test(k) { "test" } else { "train" }));
     dir
 }
 
@@ -195,21 +203,6 @@ fn val_fraction_carves_val_out_of_train_and_leaves_test_alone() {
 #[test]
 fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
     let dir = data_with_split_column();
-    let meta = dir.join("data/train_meta.parquet");
-    let with_split = |f: SplitOf| {
-        replace_column(&meta, "split", move |_, batch| {
-            let keys = batch
-                .column_by_name("event_id")
-                .unwrap()
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            arc(StringArray::from(
-                keys.values().iter().map(|&k| f(k)).collect::<Vec<_>>(),
-            ))
-        });
-    };
-    type SplitOf = fn(i64) -> Option<&'static str>;
     let cases: Vec<(SplitOf, &[&str])> = vec![
         (
             |k| if k == 7 { None } else { Some("train") },
@@ -228,7 +221,7 @@ fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
         (|_| Some("test"), &["no context is in the split \"train\""]),
     ];
     for (f, needles) in cases {
-        with_split(f);
+        write_split_column(&dir, f);
         let err = dsc(dir.path(), &args("cache", &["--split-by", "split"])).fails(2);
         for n in needles {
             assert!(err.contains(n), "missing {n:?} in: {err}");
