@@ -644,9 +644,12 @@ def to_device(batch: dsc.Batch, names: List[str], device: torch.device) -> Dict[
 
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Namespace,
-             device: torch.device, names: List[str], autocast) -> Tuple[float, float]:
-    """Mean loss and metric over the whole evaluation split, each context counted once."""
-    loader = dsc.Loader(cache, split=args.eval_split, batch_size=args.batch_size, shuffle=False,
+             device: torch.device, names: List[str], autocast,
+             split: Optional[str] = None) -> Tuple[float, float]:
+    """Mean loss and metric over the whole of `split` (default: --eval-split), each context
+    counted once."""
+    loader = dsc.Loader(cache, split=split or args.eval_split, batch_size=args.batch_size,
+                        shuffle=False,
                         drop_last=False, trim=args.trim, num_threads=args.loader_threads,
                         pin_memory=device.type == "cuda")
     loss_sum = torch.zeros((), device=device)
@@ -859,6 +862,16 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         checkpoint()
 
     loader.close()
+    # The final model on every split but train (a held-out test split is for this only).
+    evaluation = []
+    if pos["epoch"] >= args.epochs:
+        for split, contexts in cache.splits.items():
+            if split == "train" or contexts == 0:
+                continue
+            loss, metric = evaluate(step_model, task, cache, args, device, names, autocast, split)
+            evaluation.append(dict(split=split, contexts=contexts, loss=loss, metric=metric))
+            say(f"final model · {split} ({contexts} contexts) · loss {loss:.4f} · "
+                f"{task.metric} {metric:.4f}")
     total = shares(timer.totals)
     history = pos["history"]
     return dict(
@@ -870,6 +883,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         samples_per_s=total["samples_per_s"], data_wait_share=total["data_wait_share"],
         h2d_share=total["h2d_share"], compute_share=total["compute_share"],
         wall_s=time.perf_counter() - start, checkpoint=ckpt_path,
+        eval_split=args.eval_split, evaluation=evaluation,
     )
 
 

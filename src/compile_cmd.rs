@@ -112,7 +112,11 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if let Some(v) = a.val_fraction {
         spec.val_fraction = v;
     }
-    set!(split_by);
+    // A split assignment given on the command line replaces the spec file's, whichever kind.
+    if a.split_by.is_some() || !a.split_keys.is_empty() {
+        spec.split_by = a.split_by.clone();
+        spec.split_keys.clear();
+    }
     for given in &a.split_keys {
         let Some((name, file)) = given.split_once('=') else {
             bail!("--split-keys {given:?}: expected NAME=FILE, e.g. test=test_ids.txt");

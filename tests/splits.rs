@@ -219,6 +219,10 @@ fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
             &["key 11", "\"Test set\"", "lower-case"],
         ),
         (|_| Some("test"), &["no context is in the split \"train\""]),
+        (
+            |k| Some(if k == 29 { "all" } else { "train" }),
+            &["key 29", "\"all\" is reserved"],
+        ),
     ];
     for (f, needles) in cases {
         write_split_column(&dir, f);
@@ -277,4 +281,65 @@ fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
         }
         assert!(!dir.join("cache").exists());
     }
+}
+
+#[test]
+fn a_csv_context_table_and_a_spec_file_take_splits_too() {
+    let dir = data_with_split_column();
+    // The same context table as CSV: the split column is read as strings.
+    let meta = Table::read(&dir.join("data/train_meta.parquet"));
+    let (keys, az, ze, split) = (
+        meta.i64s("event_id"),
+        meta.f64s("azimuth"),
+        meta.f64s("zenith"),
+        meta.strings("split"),
+    );
+    let mut csv = String::from("event_id,azimuth,zenith,split\n");
+    for i in 0..keys.len() {
+        let (a, z, sp) = (az[i].unwrap(), ze[i].unwrap(), split[i].as_deref().unwrap());
+        csv.push_str(&format!("{},{a:?},{z:?},{sp}\n", keys[i]));
+    }
+    std::fs::write(dir.join("meta.csv"), csv).unwrap();
+    dsc(dir.path(), &args("parquet", &["--split-by", "split"])).ok();
+    let mut from_csv = args("csv", &["--split-by", "split"]);
+    let at = from_csv
+        .iter()
+        .position(|a| *a == "data/train_meta.parquet")
+        .unwrap();
+    from_csv[at] = "meta.csv";
+    dsc(dir.path(), &from_csv).ok();
+    assert_eq!(
+        keys_of(&dir.join("csv"), "test"),
+        keys_of(&dir.join("parquet"), "test")
+    );
+
+    // A split assignment on the command line replaces the spec file's, whichever kind.
+    std::fs::write(dir.join("ids.txt"), "7\n").unwrap();
+    let mut print = args("unused", &["--split-keys", "holdout=ids.txt"]);
+    print.push("--print-spec");
+    std::fs::write(dir.join("dsc.toml"), dsc(dir.path(), &print).ok()).unwrap();
+    dsc(
+        dir.path(),
+        &[
+            "compile",
+            "--spec",
+            "dsc.toml",
+            "--split-by",
+            "split",
+            "--out",
+            "replaced",
+        ],
+    )
+    .ok();
+    assert_eq!(
+        keys_of(&dir.join("replaced"), "test"),
+        keys_of(&dir.join("parquet"), "test")
+    );
+
+    // Integers are not split names.
+    replace_column(&dir.join("data/train_meta.parquet"), "split", |_, batch| {
+        arc(Int64Array::from(vec![0i64; batch.num_rows()]))
+    });
+    let err = dsc(dir.path(), &args("ints", &["--split-by", "split"])).fails(2);
+    assert!(err.contains("strings naming splits"), "{err}");
 }

@@ -181,7 +181,7 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
         .iter()
         .map(|w| match w.role {
             Role::Key | Role::JoinOn => Column::new(info(Kind::Int, "Int64"), 0),
-            Role::Categorical => Column::new(info(Kind::Str, "Utf8"), 0),
+            Role::Categorical | Role::Split => Column::new(info(Kind::Str, "Utf8"), 0),
             _ => Column::new(info(Kind::F64, "Float64"), 0),
         })
         .collect();

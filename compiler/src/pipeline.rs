@@ -734,7 +734,8 @@ fn build_stats(
     columns: Vec<Vec<ColumnStats>>,
 ) -> Stats {
     let mut splits = Vec::new();
-    let names = std::iter::once("all").chain(split_names.iter().map(String::as_str));
+    let names = std::iter::once(dsc_format::stats::ALL_SPLITS)
+        .chain(split_names.iter().map(String::as_str));
     for (i, name) in names.enumerate() {
         let mut lengths: Vec<f64> = contexts
             .iter()

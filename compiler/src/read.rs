@@ -28,7 +28,7 @@ impl Role {
             Role::OrderBy => !matches!(kind, Kind::Str | Kind::Bool),
             Role::Numeric => kind != Kind::Str,
             Role::Categorical => matches!(kind, Kind::Int | Kind::Str | Kind::Bool),
-            Role::Split => matches!(kind, Kind::Int | Kind::Str),
+            Role::Split => kind == Kind::Str,
         }
     }
     fn describe(self) -> (&'static str, &'static str) {
@@ -44,7 +44,10 @@ impl Role {
                 "a number, boolean, timestamp or date (use --categorical for strings)",
             ),
             Role::Categorical => ("a categorical column", "an integer, string or boolean"),
-            Role::Split => ("the split column (--split-by)", "a string or integer"),
+            Role::Split => (
+                "the split column (--split-by)",
+                "strings naming splits (train, val, test, ...)",
+            ),
         }
     }
 }

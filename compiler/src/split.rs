@@ -58,9 +58,18 @@ pub(crate) fn assign(
     }
     let mut others: BTreeSet<&str> = explicit.iter().map(String::as_str).collect();
     if !others.remove(TRAIN) {
+        let why = if spec.split_by.is_some() || !spec.split_keys.is_empty() {
+            format!("the splits assigned are {others:?}")
+        } else if members.is_empty() {
+            "no context is left to store".to_string()
+        } else {
+            format!(
+                "--val-fraction {} put every context in val",
+                spec.val_fraction
+            )
+        };
         return Err(CompileError::Spec(format!(
-            "no context is in the split {TRAIN:?}: dsc fits encodings and statistics on it; \
-             the splits given are {others:?}"
+            "no context is in the split {TRAIN:?}, which dsc fits encodings and statistics on: {why}"
         )));
     }
     // The hash split's `val` exists whenever asked for, even if no key fell into it.
@@ -92,14 +101,18 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
+    if !ok {
+        return Err(format!(
             "split name {name:?} must be non-empty lower-case letters, digits or _ \
              (it becomes part of the shard file names)"
-        ))
+        ));
     }
+    if name == dsc_format::stats::ALL_SPLITS {
+        return Err(format!(
+            "split name {name:?} is reserved: stats.json uses it for every split together"
+        ));
+    }
+    Ok(())
 }
 
 fn by_column(column: &str, members: &[Member], context: Option<&Keyed>) -> Result<Vec<String>> {
@@ -130,11 +143,10 @@ fn by_column(column: &str, members: &[Member], context: Option<&Keyed>) -> Resul
             if null(row) {
                 return Err(bad("the split is null; every context needs one".into()));
             }
-            let name = match &col.values {
-                Values::Str { codes, dict, .. } => dict[codes[row as usize] as usize].clone(),
-                Values::Int(v) => v[row as usize].to_string(),
-                _ => unreachable!("the split column is read as strings or integers"),
+            let Values::Str { codes, dict, .. } = &col.values else {
+                unreachable!("the split column is read as strings")
             };
+            let name = dict[codes[row as usize] as usize].clone();
             check_name(&name).map_err(bad)?;
             Ok(name)
         })
@@ -155,13 +167,18 @@ fn by_key_files(spec: &CompileSpec, members: &[Member]) -> Result<Vec<String>> {
         check_name(name).map_err(|reason| CompileError::Spec(format!("--split-keys: {reason}")))?;
         for (key, line) in read_key_list(path)? {
             if let Some((other, other_line)) = listed.get(&key) {
-                return Err(CompileError::BadCsv {
-                    path: path.into(),
-                    reason: format!(
+                let reason = if other == name {
+                    format!("line {line}: key {key} is listed twice (also line {other_line})")
+                } else {
+                    format!(
                         "line {line}: key {key} is also listed for split {other:?} \
                          ({} line {other_line}); a context is in one split",
                         spec.split_keys[other]
-                    ),
+                    )
+                };
+                return Err(CompileError::BadCsv {
+                    path: path.into(),
+                    reason,
                 });
             }
             let Some(&i) = index.get(&key) else {

@@ -472,8 +472,11 @@ pub enum ManifestProblem {
         /// The tensor.
         tensor: &'static str,
     },
-    /// A split name is empty or outside the safe alphabet (it becomes part of file names).
-    #[error("split name {split:?} must be non-empty lower-case letters, digits or _")]
+    /// A split name is empty, outside the safe alphabet (it becomes part of file names), or the
+    /// name `stats.json` keeps for all splits together.
+    #[error(
+        "split name {split:?} must be non-empty lower-case letters, digits or _, and not \"all\""
+    )]
     SplitName {
         /// The name.
         split: String,
@@ -760,7 +763,7 @@ impl Manifest {
                 .name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if !safe {
+        if !safe || split.name == crate::stats::ALL_SPLITS {
             return Err(ManifestProblem::SplitName {
                 split: split.name.clone(),
             });

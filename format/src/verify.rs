@@ -99,7 +99,7 @@ fn stats_mismatch(manifest: &Manifest, stats: &crate::Stats, path: &Path) -> Vec
         }
     }
     let total: usize = manifest.splits().iter().map(|s| s.contexts).sum();
-    match stats.split("all") {
+    match stats.split(crate::stats::ALL_SPLITS) {
         Some(all) if all.contexts != total as u64 => out.push(problem(format!(
             "\"all\" has {} contexts in the statistics, the manifest's splits {total}",
             all.contexts

@@ -129,7 +129,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         rows_list = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
         fields["rows"] = [os.fspath(r) for r in rows_list]
     for name, value in (("key", key), ("order_by", order_by), ("context_key", context_key),
-                        ("profile", profile), ("split_by", split_by)):
+                        ("profile", profile)):
         if value is not None:
             fields[name] = str(value)
     for name, value in (("context", context), ("val_keys", val_keys)):
@@ -162,6 +162,10 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         if not 0.0 <= float(val_fraction) < 1.0:
             raise OptionsError(f"val_fraction={val_fraction!r}: expected a fraction in [0, 1)")
         fields["val_fraction"] = float(val_fraction)
+    # A split assignment given here replaces the spec file's, whichever kind.
+    if split_by is not None or split_keys is not None:
+        fields["split_by"] = None if split_by is None else str(split_by)
+        fields["split_keys"] = {}
     if split_keys is not None:
         if not isinstance(split_keys, Mapping):
             raise OptionsError(

@@ -204,7 +204,8 @@ pub fn run(
         checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
     }
     save_weights(&s, &opts.out.join("model.safetensors"))?;
-    let evaluation = if stopped {
+    // A run stopped by --max-steps before its last epoch ended resumes later; evaluate it then.
+    let evaluation = if pos.epoch < s.cfg.epochs {
         Vec::new()
     } else {
         final_evaluation(&mut s, opts.quiet)?
