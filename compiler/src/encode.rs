@@ -221,7 +221,7 @@ pub(crate) fn numeric_column(
 ) -> Result<NumericResult> {
     let mut g = gather(access, tags, splits)?;
     let stages = fit(chain, &g.values[..g.bounds[1]]);
-    let counts = g.counts.clone();
+    let counts = std::mem::take(&mut g.counts);
     let (moments, per_split): (Vec<Moments>, Vec<_>) = g
         .split_values()
         .into_par_iter()

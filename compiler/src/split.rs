@@ -39,7 +39,9 @@ pub(crate) fn assign(
     members: &[Member],
     context: Option<&Keyed>,
 ) -> Result<Assignment> {
-    let mut explicit: Vec<String> = match (&spec.split_by, spec.split_keys.is_empty()) {
+    // Names borrowed from the spec, the context table or the constants: one per context, none
+    // allocated.
+    let mut explicit: Vec<&str> = match (&spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {
             return Err(CompileError::Spec(
                 "--split-by and --split-keys both assign splits: give one of them".into(),
@@ -47,16 +49,16 @@ pub(crate) fn assign(
         }
         (Some(column), true) => by_column(column, members, context)?,
         (None, false) => by_key_files(spec, members)?,
-        (None, true) => vec![TRAIN.to_string(); members.len()],
+        (None, true) => vec![TRAIN; members.len()],
     };
     if spec.val_fraction > 0.0 {
         for (name, m) in explicit.iter_mut().zip(members) {
-            if name == TRAIN && split_unit(m.key, spec.split_seed) < spec.val_fraction {
-                *name = VAL.to_string();
+            if *name == TRAIN && split_unit(m.key, spec.split_seed) < spec.val_fraction {
+                *name = VAL;
             }
         }
     }
-    let mut others: BTreeSet<&str> = explicit.iter().map(String::as_str).collect();
+    let mut others: BTreeSet<&str> = explicit.iter().copied().collect();
     if !others.remove(TRAIN) {
         let why = if spec.split_by.is_some() || !spec.split_keys.is_empty() {
             format!("the splits assigned are {others:?}")
@@ -91,37 +93,32 @@ pub(crate) fn assign(
         .enumerate()
         .map(|(i, n)| (n.as_str(), i as u8))
         .collect();
-    let of = explicit.iter().map(|n| position[n.as_str()]).collect();
+    let of = explicit.iter().map(|n| position[n]).collect();
     Ok(Assignment { names, of })
 }
 
-/// A split name must name files: lower-case ASCII letters, digits and `_`.
+/// A split name must name files and not be `all`: the reason it cannot, in a message.
 fn check_name(name: &str) -> std::result::Result<(), String> {
-    let ok = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if !ok {
-        return Err(format!(
-            "split name {name:?} must be non-empty lower-case letters, digits or _ \
-             (it becomes part of the shard file names)"
-        ));
+    match dsc_format::manifest::split_name_problem(name) {
+        Some(problem) => Err(format!("split name {name:?} {problem}")),
+        None => Ok(()),
     }
-    if name == dsc_format::stats::ALL_SPLITS {
-        return Err(format!(
-            "split name {name:?} is reserved: stats.json uses it for every split together"
-        ));
-    }
-    Ok(())
 }
 
-fn by_column(column: &str, members: &[Member], context: Option<&Keyed>) -> Result<Vec<String>> {
+fn by_column<'a>(
+    column: &str,
+    members: &[Member],
+    context: Option<&'a Keyed>,
+) -> Result<Vec<&'a str>> {
     let ctx = context.ok_or_else(|| {
         CompileError::Spec("--split-by reads a column of the context table: give --context".into())
     })?;
     let col = ctx
         .column(column)
         .expect("the split column is read with the context");
+    let Values::Str { codes, dict, .. } = &col.values else {
+        unreachable!("the split column is read as strings")
+    };
     let null = |row: u32| col.valid.as_ref().is_some_and(|v| !v[row as usize]);
     members
         .iter()
@@ -143,30 +140,22 @@ fn by_column(column: &str, members: &[Member], context: Option<&Keyed>) -> Resul
             if null(row) {
                 return Err(bad("the split is null; every context needs one".into()));
             }
-            let Values::Str { codes, dict, .. } = &col.values else {
-                unreachable!("the split column is read as strings")
-            };
-            let name = dict[codes[row as usize] as usize].clone();
-            check_name(&name).map_err(bad)?;
+            let name = dict[codes[row as usize] as usize].as_str();
+            check_name(name).map_err(bad)?;
             Ok(name)
         })
         .collect()
 }
 
-fn by_key_files(spec: &CompileSpec, members: &[Member]) -> Result<Vec<String>> {
-    let index: HashMap<i64, usize> = members
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (m.key, i))
-        .collect();
-    let mut names = vec![TRAIN.to_string(); members.len()];
+fn by_key_files<'a>(spec: &'a CompileSpec, members: &[Member]) -> Result<Vec<&'a str>> {
+    let mut names = vec![TRAIN; members.len()];
     // Where each listed key was listed, to name both places of a key listed twice.
-    let mut listed: HashMap<i64, (String, usize)> = HashMap::new();
+    let mut listed: HashMap<i64, (&str, usize)> = HashMap::new();
     for (name, file) in &spec.split_keys {
         let path = Path::new(file);
         check_name(name).map_err(|reason| CompileError::Spec(format!("--split-keys: {reason}")))?;
         for (key, line) in read_key_list(path)? {
-            if let Some((other, other_line)) = listed.get(&key) {
+            if let Some(&(other, other_line)) = listed.get(&key) {
                 let reason = if other == name {
                     format!("line {line}: key {key} is listed twice (also line {other_line})")
                 } else {
@@ -181,7 +170,8 @@ fn by_key_files(spec: &CompileSpec, members: &[Member]) -> Result<Vec<String>> {
                     reason,
                 });
             }
-            let Some(&i) = index.get(&key) else {
+            // Members are ascending by key.
+            let Ok(i) = members.binary_search_by_key(&key, |m| m.key) else {
                 return Err(CompileError::BadCsv {
                     path: path.into(),
                     reason: format!(
@@ -189,8 +179,8 @@ fn by_key_files(spec: &CompileSpec, members: &[Member]) -> Result<Vec<String>> {
                     ),
                 });
             };
-            listed.insert(key, (name.clone(), line));
-            names[i].clone_from(name);
+            listed.insert(key, (name, line));
+            names[i] = name;
         }
     }
     Ok(names)

@@ -539,6 +539,23 @@ pub enum ManifestProblem {
     },
 }
 
+/// Why `name` cannot name a split, if it cannot: split names become part of shard file names
+/// (non-empty lower-case ASCII letters, digits and `_`), and `stats.json` keeps
+/// [`ALL_SPLITS`](crate::stats::ALL_SPLITS) for every split together.
+pub fn split_name_problem(name: &str) -> Option<&'static str> {
+    let safe = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !safe {
+        Some("must be non-empty lower-case letters, digits or _ (it becomes part of the shard file names)")
+    } else if name == crate::stats::ALL_SPLITS {
+        Some("is reserved: stats.json uses it for every split together")
+    } else {
+        None
+    }
+}
+
 /// Format versions this build reads.
 pub const SUPPORTED_VERSIONS: &[u32] = &[1];
 
@@ -757,13 +774,7 @@ impl Manifest {
     }
 
     fn validate_split(&self, split: &SplitInfo) -> Result<(), ManifestProblem> {
-        // Split names become file names: keep them to a safe alphabet.
-        let safe = !split.name.is_empty()
-            && split
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if !safe || split.name == crate::stats::ALL_SPLITS {
+        if split_name_problem(&split.name).is_some() {
             return Err(ManifestProblem::SplitName {
                 split: split.name.clone(),
             });

@@ -62,9 +62,19 @@ pub struct ShardMeta<'a> {
     pub profile: Option<&'a str>,
 }
 
-impl ShardMeta<'_> {
+impl<'a> ShardMeta<'a> {
+    /// What the shard listed as `entry` says about itself (its profile aside).
+    fn of(entry: &'a ShardEntry) -> ShardMeta<'a> {
+        ShardMeta {
+            split: &entry.split,
+            index: entry.index,
+            first_context: entry.first_context,
+            profile: None,
+        }
+    }
+
     /// The `__metadata__` entries, in the order of `docs/FORMAT.md` §6.1.
-    fn entries(&self) -> Vec<(&'static str, String)> {
+    fn entries(&self) -> Vec<(String, String)> {
         let mut out = vec![
             ("format", FORMAT_NAME.to_string()),
             ("format_version", FORMAT_VERSION.to_string()),
@@ -75,7 +85,7 @@ impl ShardMeta<'_> {
         if let Some(p) = self.profile {
             out.push(("profile", p.to_string()));
         }
-        out
+        out.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
 }
 
@@ -83,11 +93,7 @@ impl ShardMeta<'_> {
 /// extents. The format owns the header: writers say which shard it is, nothing more.
 pub fn build_header(tensors: &[TensorSpec], n: usize, meta: &ShardMeta) -> (Vec<u8>, ShardLayout) {
     let mut map = Map::new();
-    let metadata: Vec<(String, String)> = meta
-        .entries()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let metadata = meta.entries();
     let json_meta: Map<String, Value> = metadata
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
@@ -283,7 +289,8 @@ pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
 
 impl ShardLayout {
     /// Checks that the shard is the one `entry` of `manifest` lists: its `__metadata__` names
-    /// the same format, version, split, index and first context, its data starts aligned, and it
+    /// the same format, version (the manifest's, checked to be this build's), split, index and
+    /// first context, its data starts aligned, and it
     /// holds exactly the manifest's tensors with `entry.contexts` samples each, in manifest order.
     pub fn check(
         &self,
@@ -291,7 +298,7 @@ impl ShardLayout {
         entry: &ShardEntry,
         shard: &Path,
     ) -> Result<(), FormatError> {
-        self.check_metadata(manifest, entry, shard)?;
+        self.check_metadata(entry, shard)?;
         if !self.data_start.is_multiple_of(DATA_ALIGN as u64) {
             return Err(header_err(
                 shard,
@@ -327,24 +334,12 @@ impl ShardLayout {
         Ok(())
     }
 
-    fn check_metadata(
-        &self,
-        manifest: &Manifest,
-        entry: &ShardEntry,
-        shard: &Path,
-    ) -> Result<(), FormatError> {
-        let expected = [
-            ("format", FORMAT_NAME.to_string()),
-            ("format_version", manifest.format_version().to_string()),
-            ("split", entry.split.clone()),
-            ("shard", entry.index.to_string()),
-            ("first_context", entry.first_context.to_string()),
-        ];
-        for (key, want) in expected {
+    fn check_metadata(&self, entry: &ShardEntry, shard: &Path) -> Result<(), FormatError> {
+        for (key, want) in ShardMeta::of(entry).entries() {
             let found = self
                 .metadata
                 .iter()
-                .find(|(k, _)| k == key)
+                .find(|(k, _)| *k == key)
                 .map(|(_, v)| v.as_str());
             if found != Some(want.as_str()) {
                 let found = found.map_or("missing".to_string(), |v| format!("{v:?}"));

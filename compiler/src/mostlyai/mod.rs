@@ -18,8 +18,8 @@ use crate::pipeline::{CompileOptions, CompileReport};
 use crate::write::Staging;
 use analyze::{ColStats, Partition};
 use dsc_format::manifest::{
-    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, ManifestBuilder,
-    ShardEntry, TensorRole, TensorSpec,
+    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, ShardEntry, TensorRole,
+    TensorSpec,
 };
 use dsc_format::rng::{stream, Xoshiro256};
 use dsc_format::spec::CompileSpec;
@@ -174,6 +174,9 @@ fn group_by_context(tgt_ctx: &[u32], contexts: usize) -> (Vec<usize>, Vec<u32>) 
     (tgt_start, tgt_rows)
 }
 
+/// One split as written: its name, the source rows it stores and its shards in order.
+type WrittenSplit = (&'static str, u64, Vec<ShardEntry>);
+
 /// Shuffles each split's contexts with the compile shuffle and writes them as shards, in
 /// parallel (writing one shard overlaps filling the next).
 fn write_splits(
@@ -183,8 +186,8 @@ fn write_splits(
     is_val: &[bool],
     lengths: &[usize],
     per_shard: usize,
-    mut manifest: ManifestBuilder,
-) -> Result<(ManifestBuilder, Vec<SplitStats>)> {
+) -> Result<(Vec<WrittenSplit>, Vec<SplitStats>)> {
+    let mut written_splits = Vec::new();
     let mut split_stats = Vec::new();
     for (s, name) in SPLITS.iter().enumerate() {
         let mut order: Vec<u32> = (0..is_val.len() as u32)
@@ -196,7 +199,6 @@ fn write_splits(
         Xoshiro256::for_stream(input.seed, stream::COMPILE_SHUFFLE + 16 * s as u64)
             .shuffle(&mut order);
         let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
-        let count = chunks.len();
         let written: Vec<Result<ShardEntry>> = chunks
             .par_iter()
             .enumerate()
@@ -209,9 +211,8 @@ fn write_splits(
             })
             .collect();
         let shards = written.into_iter().collect::<Result<Vec<ShardEntry>>>()?;
-        debug_assert_eq!(shards.len(), count);
         let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
-        manifest = manifest.split(name, rows, shards);
+        written_splits.push((*name, rows, shards));
         let mut lens: Vec<f64> = order.iter().map(|&c| lengths[c as usize] as f64).collect();
         split_stats.push(SplitStats {
             split: (*name).into(),
@@ -221,7 +222,7 @@ fn write_splits(
             columns: Vec::new(),
         });
     }
-    Ok((manifest, split_stats))
+    Ok((written_splits, split_stats))
 }
 
 /// Runs the profile.
@@ -311,22 +312,24 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let bytes_per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / bytes_per_context.max(1)).max(1);
     opts.progress.stage("encoding", ctx.rows() as u64);
+    let (written, mut split_stats) =
+        write_splits(&input, &staging, opts, &is_val, &lengths, per_shard)?;
+    timer.lap("encode");
+
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
     resolved.partitions = Some(partitions);
     let inputs = crate::pipeline::fingerprint_files(&named, &stamps)?;
-    let manifest = Manifest::builder(
+    let mut manifest = Manifest::builder(
         env!("CARGO_PKG_VERSION"),
         max_len,
-        tensors.clone(),
+        tensors,
         inputs,
         resolved,
     );
-    let (manifest, mut split_stats) = write_splits(
-        &input, &staging, opts, &is_val, &lengths, per_shard, manifest,
-    )?;
-    timer.lap("encode");
-
+    for (name, rows, shards) in written {
+        manifest = manifest.split(name, rows, shards);
+    }
     let manifest = manifest.summary(CompileSummary {
         rows_read: tgt.rows() as u64,
         rows_stored: tgt.rows() as u64,
@@ -340,7 +343,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     split_stats.insert(
         0,
         SplitStats {
-            split: "all".into(),
+            split: dsc_format::stats::ALL_SPLITS.into(),
             contexts: ctx.rows() as u64,
             rows: tgt.rows() as u64,
             lengths: crate::pipeline::length_stats(&mut all_lengths, max_len),
