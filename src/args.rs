@@ -260,6 +260,15 @@ pub struct CompileArgs {
     /// Target shard size: bytes or with a unit (64MiB, 1GiB) [default: 256MiB].
     #[arg(long, value_name = "SIZE", help_heading = "Output")]
     pub shard_size: Option<String>,
+    /// Memory the compile may use, e.g. 4GiB [default: half of the machine's]. The input is
+    /// spilled beside --out in buckets and processed a few buckets at a time; the cache is
+    /// byte-identical whatever the budget.
+    #[arg(long, value_name = "SIZE", help_heading = "Output")]
+    pub max_memory: Option<String>,
+    /// Decoded input per bucket [default: 32MiB]: shards never span two buckets, so this shapes
+    /// shard boundaries (never the order or the values). One bucket must fit in --max-memory.
+    #[arg(long, value_name = "SIZE", help_heading = "Output")]
+    pub bucket_size: Option<String>,
     /// Print a JSON report instead of text.
     #[arg(long, help_heading = "Output")]
     pub json: bool,

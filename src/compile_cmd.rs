@@ -146,6 +146,10 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if let Some(s) = &a.shard_size {
         spec.shard_size = parse_size(s).map_err(|e| anyhow::anyhow!("--shard-size {s:?}: {e}"))?;
     }
+    if let Some(s) = &a.bucket_size {
+        spec.bucket_size =
+            Some(parse_size(s).map_err(|e| anyhow::anyhow!("--bucket-size {s:?}: {e}"))?);
+    }
     Ok(spec)
 }
 
@@ -190,6 +194,11 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         &CompileOptions {
             out,
             force: a.force,
+            max_memory: a
+                .max_memory
+                .as_deref()
+                .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
+                .transpose()?,
             progress: &bars,
         },
     )?;

@@ -347,6 +347,7 @@ fn an_input_changed_during_the_compile_stops_it_and_nothing_is_committed() {
     let opts = dsc_compiler::CompileOptions {
         out: dir.join("cache"),
         force: false,
+        max_memory: None,
         progress: &progress,
     };
     let err = dsc_compiler::compile(&spec, &opts).unwrap_err().to_string();
@@ -469,7 +470,11 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
             assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &rl), 0);
         }
-        let args = icecube_args("cache", &["--shard-size", "8KiB"]);
+        // Padded to 2048 steps, the one shard per split is far larger than any spill file,
+        // so that some limit lets the spill through and stops the shard writer.
+        let mut args = icecube_args("cache", &["--shard-size", "1GiB"]);
+        let l = args.iter().position(|a| *a == "--max-len").unwrap();
+        args[l + 1] = "2048";
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
             .args(&args)
             .current_dir(std::env::var("DSC_TEST_DIR").unwrap())
@@ -480,7 +485,7 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
     }
     let dir = data();
     let mut failed_on = std::collections::BTreeSet::new();
-    for limit in [512u64, 6 << 10, 24 << 10, 1 << 20] {
+    for limit in [512u64, 24 << 10, 2 << 20, 256 << 20] {
         let out = rerun_as_child(
             "hostile::a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly",
             &[
@@ -500,7 +505,7 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
                     .find(|l| l.starts_with("dsc: "))
                     .unwrap_or_else(|| panic!("limit {limit}: no error line in {err}"));
                 assert!(line.contains("File too large"), "limit {limit}: {line}");
-                let file = ["shards/", "stats.json", "manifest.json"]
+                let file = ["spill/", "shards/", "stats.json", "manifest.json"]
                     .into_iter()
                     .find(|f| line.contains(f))
                     .unwrap_or_else(|| panic!("limit {limit}: which file? {line}"));
@@ -517,11 +522,11 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
             other => panic!("limit {limit}: exit {other:?}: {err}"),
         }
     }
-    // The shard writer and the small-file writer (stats.json; manifest.json goes through the
-    // same `write_file` after it, and is smaller, so a per-file limit cannot stop it alone)
-    // were each hit by one of the limits.
+    // The spill writer (the input, bucketed beside the output) and the shard writer were each
+    // hit by one of the limits. The small-file writer (stats.json, manifest.json) writes less
+    // than any spill file, so a per-file limit cannot stop it alone any more.
     assert!(
-        failed_on.contains("shards/") && failed_on.contains("stats.json"),
+        failed_on.contains("spill/") && failed_on.contains("shards/"),
         "{failed_on:?}"
     );
 }

@@ -106,6 +106,7 @@ fn main() {
             &CompileOptions {
                 out: out.clone(),
                 force: false,
+                max_memory: None,
                 progress: &NoProgress,
             },
         )

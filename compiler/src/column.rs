@@ -199,6 +199,154 @@ impl Column {
         }
     }
 
+    /// Appends the rows `rows` of `src` (a column of the same kind), in that order.
+    pub fn push_rows(&mut self, src: &Column, rows: &[u32]) {
+        if src.valid.is_some() || self.valid.is_some() {
+            let len = self.len;
+            let valid = self.valid.get_or_insert_with(|| vec![true; len]);
+            valid.extend(rows.iter().map(|&r| src.is_valid(r as usize)));
+        }
+        self.len += rows.len();
+        match (&mut self.values, &src.values) {
+            (Values::Int(a), Values::Int(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
+            (Values::F64(a), Values::F64(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
+            (Values::F32(a), Values::F32(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
+            (Values::Bool(a), Values::Bool(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
+            (
+                Values::Str {
+                    codes,
+                    dict,
+                    lookup,
+                },
+                Values::Str {
+                    codes: src_codes,
+                    dict: src_dict,
+                    ..
+                },
+            ) => {
+                for &r in rows {
+                    let code = match src_dict.get(src_codes[r as usize] as usize) {
+                        Some(s) => match lookup.get(s) {
+                            Some(&c) => c,
+                            None => intern(dict, lookup, s.clone()),
+                        },
+                        // A null row of a column with no strings at all.
+                        None => 0,
+                    };
+                    codes.push(code);
+                }
+            }
+            _ => unreachable!("columns of one name share a kind; checked when files are opened"),
+        }
+    }
+
+    /// Bytes this column holds in memory, roughly: for memory budgets.
+    pub fn heap_bytes(&self) -> usize {
+        let values = match &self.values {
+            Values::Int(v) => v.len() * 8,
+            Values::F64(v) => v.len() * 8,
+            Values::F32(v) => v.len() * 4,
+            Values::Bool(v) => v.len(),
+            Values::Str { codes, dict, .. } => {
+                codes.len() * 4 + dict.iter().map(|s| s.len() + 48).sum::<usize>()
+            }
+        };
+        values + self.valid.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Appends this column to a spill: length, validity, then values (strings as their
+    /// dictionary and codes).
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.len as u64).to_le_bytes());
+        match &self.valid {
+            None => out.push(0),
+            Some(v) => {
+                out.push(1);
+                out.extend(v.iter().map(|&b| u8::from(b)));
+            }
+        }
+        match &self.values {
+            Values::Int(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Values::F64(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Values::F32(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Values::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+            Values::Str { codes, dict, .. } => {
+                out.extend_from_slice(&(dict.len() as u64).to_le_bytes());
+                for s in dict {
+                    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+                    out.extend_from_slice(s.as_bytes());
+                }
+                codes
+                    .iter()
+                    .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
+            }
+        }
+    }
+
+    /// Reads a column written by [`Column::write_to`] from the front of `bytes`, advancing it.
+    /// Spills are written and read by this process (or by the same version of dsc on the same
+    /// kind of machine); a malformed one is a bug, not bad input.
+    pub fn read_from(info: &TypeInfo, bytes: &mut &[u8]) -> Column {
+        fn take<'b>(bytes: &mut &'b [u8], n: usize) -> &'b [u8] {
+            let (head, tail) = bytes.split_at(n);
+            *bytes = tail;
+            head
+        }
+        fn u64_of(bytes: &mut &[u8]) -> u64 {
+            u64::from_le_bytes(take(bytes, 8).try_into().expect("8 bytes"))
+        }
+        let len = u64_of(bytes) as usize;
+        let valid = match take(bytes, 1)[0] {
+            0 => None,
+            _ => Some(take(bytes, len).iter().map(|&b| b != 0).collect()),
+        };
+        let mut col = Column::new(info.clone(), len);
+        match &mut col.values {
+            Values::Int(v) => v.extend(
+                take(bytes, len * 8)
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            ),
+            Values::F64(v) => v.extend(
+                take(bytes, len * 8)
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            ),
+            Values::F32(v) => v.extend(
+                take(bytes, len * 4)
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+            ),
+            Values::Bool(v) => v.extend(take(bytes, len).iter().map(|&b| b != 0)),
+            Values::Str {
+                codes,
+                dict,
+                lookup,
+            } => {
+                let n = u64_of(bytes) as usize;
+                for _ in 0..n {
+                    let l = u64_of(bytes) as usize;
+                    let s = String::from_utf8(take(bytes, l).to_vec()).expect("spilled UTF-8");
+                    intern(dict, lookup, s);
+                }
+                codes.extend(
+                    take(bytes, len * 4)
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))),
+                );
+            }
+        }
+        col.valid = valid;
+        col.len = len;
+        col
+    }
+
     /// Sorts a string dictionary so that codes follow value order; a no-op for other kinds.
     pub fn finish(&mut self) {
         if let Values::Str {

@@ -5,10 +5,9 @@ use crate::column::{Column, Kind, Values};
 use crate::error::{CompileError, Result};
 use crate::lookup::Keyed;
 use crate::read::RowsTable;
-use crate::stats::{self, Moments};
 use dsc_format::manifest::{CODE_FIRST, CODE_NULL, CODE_UNKNOWN};
 use dsc_format::spec::NanPolicy;
-use dsc_format::stats::{ColumnStats, VocabEntry};
+use dsc_format::stats::ColumnStats;
 use dsc_format::{Encoding, Stage};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -70,18 +69,18 @@ impl<'a> Access<'a> {
 }
 
 /// Finite values of a numeric column gathered by split, plus bad-value counts.
-struct Gathered {
+pub(crate) struct Gathered {
     /// The values of split 0 (train), then of split 1, …
-    values: Vec<f64>,
+    pub values: Vec<f64>,
     /// Where each split's values start in `values`, and the end: `splits + 1` offsets.
-    bounds: Vec<usize>,
+    pub bounds: Vec<usize>,
     /// Per split: null, NaN and inf counts.
-    counts: Vec<[u64; 3]>,
+    pub counts: Vec<[u64; 3]>,
 }
 
 impl Gathered {
     /// The values of each split, as disjoint mutable slices.
-    fn split_values(&mut self) -> Vec<&mut [f64]> {
+    pub fn split_values(&mut self) -> Vec<&mut [f64]> {
         let mut rest = self.values.as_mut_slice();
         let mut out = Vec::with_capacity(self.bounds.len() - 1);
         for w in self.bounds.windows(2) {
@@ -93,8 +92,14 @@ impl Gathered {
     }
 }
 
-/// `tags` holds each row's split (`0..splits`) or [`DROPPED`].
-fn gather(access: &Access, tags: &[u8], splits: usize) -> Result<Gathered> {
+/// `tags[i]` holds the split (`0..splits`) or [`DROPPED`] of row `rows[i]` (of row `i` when
+/// `rows` is `None`).
+pub(crate) fn gather(
+    access: &Access,
+    tags: &[u8],
+    rows: Option<&[u32]>,
+    splits: usize,
+) -> Result<Gathered> {
     // Chunks are collected in order and the first error taken, so the row an error names
     // does not depend on the thread count (here and in every parallel loop of the compiler).
     type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>);
@@ -109,7 +114,8 @@ fn gather(access: &Access, tags: &[u8], splits: usize) -> Result<Gathered> {
                     continue;
                 }
                 let s = tag as usize;
-                match access.f64_at(base + i)? {
+                let row = rows.map_or(base + i, |r| r[base + i] as usize);
+                match access.f64_at(row)? {
                     None => part.1[s][0] += 1,
                     Some(x) if x.is_nan() => part.1[s][1] += 1,
                     Some(x) if x.is_infinite() => part.1[s][2] += 1,
@@ -152,141 +158,15 @@ pub(crate) struct NumericResult {
     pub train_mean: f64,
 }
 
-fn empty_stats(access: &Access, counts: [u64; 3], count: u64) -> ColumnStats {
-    ColumnStats {
-        name: access.name.into(),
-        table: access.table_name().into(),
-        source_type: access.column.info.name.clone(),
-        count,
-        nulls: counts[0],
-        nan: counts[1],
-        inf: counts[2],
-        numeric: None,
-        distinct: None,
-        vocabulary: None,
-    }
-}
-
-/// Fits each stage of `chain` on the train values after the stages before it.
-fn fit(chain: &[Stage], train: &[f64]) -> Vec<Stage> {
-    let mut current: Option<Vec<f64>> = None;
-    let mut fitted = Vec::with_capacity(chain.len());
-    for (i, stage) in chain.iter().enumerate() {
-        let values: &[f64] = current.as_deref().unwrap_or(train);
-        let stage = match stage {
-            Stage::Zscore { .. } => {
-                let m = Moments::of(values);
-                let std = m.std();
-                Stage::Zscore {
-                    mean: m.mean,
-                    std: if std > 0.0 && std.is_finite() {
-                        std
-                    } else {
-                        1.0
-                    },
-                }
-            }
-            Stage::Minmax { .. } => {
-                let m = Moments::of(values);
-                let (min, max) = if m.n == 0 { (0.0, 1.0) } else { (m.min, m.max) };
-                Stage::Minmax {
-                    min,
-                    max: if max > min { max } else { min + 1.0 },
-                }
-            }
-            other => other.clone(),
-        };
-        if i + 1 < chain.len() {
-            // Values a stage cannot encode (log1p of x <= -1) are left out of the next fit;
-            // the NaN policy decides what is stored for them.
-            let next: Vec<f64> = values
-                .par_iter()
-                .map(|&x| stage.apply(x))
-                .filter(|v| v.is_finite())
-                .collect();
-            current = Some(next);
-        }
-        fitted.push(stage);
-    }
-    fitted
-}
-
-/// Gathers a numeric column, computes its statistics for `all` and each of `splits` splits
-/// (split 0 is train) and fits its encoding on train.
-pub(crate) fn numeric_column(
-    access: &Access,
-    tags: &[u8],
-    splits: usize,
-    chain: &[Stage],
-) -> Result<NumericResult> {
-    let mut g = gather(access, tags, splits)?;
-    let stages = fit(chain, &g.values[..g.bounds[1]]);
-    let counts = std::mem::take(&mut g.counts);
-    let (moments, per_split): (Vec<Moments>, Vec<_>) = g
-        .split_values()
-        .into_par_iter()
-        .map(|values| {
-            let m = Moments::of(values);
-            let num = stats::numeric(values, &m);
-            (m, num)
-        })
-        .unzip();
-    // Merged in split order: the same sums whatever the thread count.
-    let all_m = moments[1..].iter().fold(moments[0], |a, b| a.merge(b));
-    let mut all_counts = [0u64; 3];
-    for c in &counts {
-        for (t, x) in all_counts.iter_mut().zip(c) {
-            *t += x;
-        }
-    }
-    let mut all = empty_stats(access, all_counts, g.values.len() as u64);
-    all.numeric = stats::numeric(&mut g.values, &all_m);
-    let mut out = vec![all];
-    for (s, num) in per_split.into_iter().enumerate() {
-        let mut st = empty_stats(access, counts[s], (g.bounds[s + 1] - g.bounds[s]) as u64);
-        st.numeric = num;
-        out.push(st);
-    }
-    for s in &out {
-        let finite = s.numeric.as_ref().is_none_or(|n| {
-            [n.min, n.max, n.mean, n.std].iter().all(|v| v.is_finite())
-                && n.histogram
-                    .iter()
-                    .all(|b| b.lo.is_finite() && b.hi.is_finite())
-        });
-        if !finite {
-            let (lo, hi) = s.numeric.as_ref().map_or((0.0, 0.0), |n| (n.min, n.max));
-            return Err(CompileError::Spec(format!(
-                "column {:?}: values from {lo:e} to {hi:e} overflow its statistics; rescale the column",
-                access.name
-            )));
-        }
-    }
-    // Stages are monotonic, so the encoded range is that of the encoded extremes: if either
-    // end leaves f32, some rows cannot be stored and must be looked for.
-    let out_of_f32 = out[0].numeric.as_ref().is_some_and(|n| {
-        [n.min, n.max]
-            .iter()
-            .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
-    });
-    let has_bad = out_of_f32 || counts.iter().flatten().any(|&c| c > 0);
-    Ok(NumericResult {
-        has_bad,
-        stats: out,
-        stages,
-        train_mean: moments[0].mean,
-    })
-}
-
 /// A value of a categorical column, comparable across kinds of column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum CatKey {
+pub(crate) enum CatKey {
     Int(i64),
     /// A code into the column's sorted dictionary (so its order is the strings' order).
     Str(u32),
 }
 
-fn cat_key(col: &Column, row: usize) -> Option<CatKey> {
+pub(crate) fn cat_key(col: &Column, row: usize) -> Option<CatKey> {
     if !col.is_valid(row) {
         return None;
     }
@@ -298,15 +178,6 @@ fn cat_key(col: &Column, row: usize) -> Option<CatKey> {
             unreachable!("floats are not categorical; checked when opened")
         }
     })
-}
-
-fn cat_json(col: &Column, key: CatKey) -> serde_json::Value {
-    match (key, &col.values) {
-        (CatKey::Str(c), Values::Str { dict, .. }) => dict[c as usize].clone().into(),
-        (CatKey::Int(v), Values::Bool(_)) => (v != 0).into(),
-        (CatKey::Int(v), _) => v.into(),
-        (CatKey::Str(_), _) => unreachable!("string keys come from string columns"),
-    }
 }
 
 /// Maps a categorical column's values to codes.
@@ -349,11 +220,15 @@ fn dense_slots(col: &Column) -> Option<(i64, usize)> {
     }
 }
 
-type Counts = Vec<HashMap<CatKey, u64>>;
+pub(crate) type Counts = Vec<HashMap<CatKey, u64>>;
 
 /// Counts each value per split, in parallel over fixed chunks of rows (dense tables when the
 /// values are compact); returns the counts and the nulls per split.
-fn count_categories(access: &Access, tags: &[u8], splits: usize) -> Result<(Counts, Vec<u64>)> {
+pub(crate) fn count_categories(
+    access: &Access,
+    tags: &[u8],
+    splits: usize,
+) -> Result<(Counts, Vec<u64>)> {
     let dense = dense_slots(access.column);
     let slot_key = |slot: usize| match &access.column.values {
         Values::Str { .. } => CatKey::Str(slot as u32),
@@ -413,69 +288,71 @@ fn count_categories(access: &Access, tags: &[u8], splits: usize) -> Result<(Coun
     Ok((counts, nulls))
 }
 
-/// Counts a categorical column per split (split 0 is train), builds its statistics (`all`, then
-/// each split) and its coder (vocabulary: train values ascending).
-pub(crate) fn categorical_column<'a>(
-    access: Access<'a>,
-    tags: &[u8],
-    splits: usize,
-) -> Result<(Vec<ColumnStats>, Encoding, CategoryCoder<'a>)> {
-    let (counts, nulls) = count_categories(&access, tags, splits)?;
-    let mut vocab: Vec<CatKey> = counts[0].keys().copied().collect();
-    vocab.sort_unstable();
-    let codes: HashMap<CatKey, i32> = vocab
-        .iter()
-        .enumerate()
-        .map(|(i, &k)| (k, CODE_FIRST + i as i32))
-        .collect();
-    let dense = match &access.column.values {
-        Values::Str { dict, .. } => {
-            let mut table = vec![CODE_UNKNOWN; dict.len()];
-            for (k, &code) in &codes {
-                if let CatKey::Str(c) = k {
-                    table[*c as usize] = code;
+impl<'a> CategoryCoder<'a> {
+    /// The coder of one table's column for a vocabulary fitted on the whole input (train
+    /// values ascending: code [`CODE_FIRST`] + position).
+    pub fn new(access: Access<'a>, vocabulary: &[CatValue]) -> CategoryCoder<'a> {
+        let code_of = |v: &CatValue| {
+            vocabulary
+                .binary_search(v)
+                .map_or(CODE_UNKNOWN, |i| CODE_FIRST + i as i32)
+        };
+        match &access.column.values {
+            Values::Str { dict, .. } => {
+                let dense = dict
+                    .iter()
+                    .map(|s| code_of(&CatValue::Str(s.clone())))
+                    .collect();
+                CategoryCoder {
+                    access,
+                    codes: HashMap::new(),
+                    dense: Some(dense),
                 }
             }
-            Some(table)
-        }
-        _ => None,
-    };
-    let encoding = Encoding::Category {
-        vocabulary: vocab.iter().map(|&k| cat_json(access.column, k)).collect(),
-    };
-    let mut all_counts = counts[0].clone();
-    for split in &counts[1..] {
-        for (k, c) in split {
-            *all_counts.entry(*k).or_insert(0) += c;
+            _ => {
+                let codes = vocabulary
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, v)| match v {
+                        CatValue::Int(x) => Some((CatKey::Int(*x), CODE_FIRST + i as i32)),
+                        CatValue::Str(_) => None,
+                    })
+                    .collect();
+                CategoryCoder {
+                    access,
+                    codes,
+                    dense: None,
+                }
+            }
         }
     }
-    let build = |m: &HashMap<CatKey, u64>, nulls: u64| {
-        let mut entries: Vec<(CatKey, u64)> = m.iter().map(|(k, c)| (*k, *c)).collect();
-        entries.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut s = empty_stats(&access, [nulls, 0, 0], entries.iter().map(|e| e.1).sum());
-        s.distinct = Some(entries.len() as u64);
-        s.vocabulary = Some(
-            entries
-                .into_iter()
-                .map(|(k, count)| VocabEntry {
-                    value: cat_json(access.column, k),
-                    count,
-                })
-                .collect(),
-        );
-        s
-    };
-    let mut stats = vec![build(&all_counts, nulls.iter().sum())];
-    stats.extend(counts.iter().zip(&nulls).map(|(m, &n)| build(m, n)));
-    Ok((
-        stats,
-        encoding,
-        CategoryCoder {
-            access,
-            codes,
-            dense,
-        },
-    ))
+}
+
+/// A categorical value independent of any one table's string dictionary: what vocabularies
+/// are merged and sorted by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum CatValue {
+    Int(i64),
+    Str(String),
+}
+
+impl CatValue {
+    pub fn of(col: &Column, key: CatKey) -> CatValue {
+        match (key, &col.values) {
+            (CatKey::Str(c), Values::Str { dict, .. }) => CatValue::Str(dict[c as usize].clone()),
+            (CatKey::Int(v), _) => CatValue::Int(v),
+            (CatKey::Str(_), _) => unreachable!("string keys come from string columns"),
+        }
+    }
+
+    /// The value as the manifest and stats.json show it.
+    pub fn json(&self, kind: Kind) -> serde_json::Value {
+        match self {
+            CatValue::Str(s) => s.clone().into(),
+            CatValue::Int(v) if kind == Kind::Bool => (*v != 0).into(),
+            CatValue::Int(v) => (*v).into(),
+        }
+    }
 }
 
 /// Turns a numeric column's values into stored f32s.
@@ -491,7 +368,16 @@ impl NumericEncoder<'_> {
         fitted: &NumericResult,
         policy: NanPolicy,
     ) -> NumericEncoder<'a> {
-        let fill = match policy {
+        NumericEncoder {
+            access,
+            stages: fitted.stages.clone(),
+            fill: Self::fill_of(fitted, policy),
+        }
+    }
+
+    /// The value the NaN policy stores for a value that cannot be encoded.
+    fn fill_of(fitted: &NumericResult, policy: NanPolicy) -> Option<f64> {
+        match policy {
             NanPolicy::Error => None,
             NanPolicy::Zero => Some(0.0),
             NanPolicy::Mean => {
@@ -501,18 +387,29 @@ impl NumericEncoder<'_> {
                     .fold(fitted.train_mean, |x, s| s.apply(x));
                 Some(if v.is_finite() { v } else { 0.0 })
             }
-        };
-        NumericEncoder {
-            access,
+        }
+    }
+
+    /// The manifest encoding of a column of `kind` fitted as `fitted`.
+    pub fn encoding_of(kind: Kind, fitted: &NumericResult, policy: NanPolicy) -> Encoding {
+        if kind == Kind::Bool && fitted.stages.iter().all(|s| *s == Stage::Identity) {
+            return Encoding::Bool;
+        }
+        Encoding::Numeric {
             stages: fitted.stages.clone(),
-            fill,
+            fill: Self::fill_of(fitted, policy),
         }
     }
 
     /// Under `nan = error`, fails on the first row in file order whose value cannot be stored,
     /// so that the error names the same row whatever the shuffle or thread count. Only rows
     /// that can fail are scanned: columns with bad values, or chains with `log1p`.
-    pub fn check_rows(&self, fitted: &NumericResult, tags: &[u8]) -> Result<()> {
+    pub fn check_rows(
+        &self,
+        fitted: &NumericResult,
+        tags: &[u8],
+        rows: Option<&[u32]>,
+    ) -> Result<()> {
         let may_fail = fitted.has_bad || self.stages.contains(&Stage::Log1p);
         if self.fill.is_some() || !may_fail {
             return Ok(());
@@ -523,26 +420,14 @@ impl NumericEncoder<'_> {
             .map(|(c, chunk)| {
                 for (i, &tag) in chunk.iter().enumerate() {
                     if tag != DROPPED {
-                        self.encode((c << 16) + i)?;
+                        let i = (c << 16) + i;
+                        self.encode(rows.map_or(i, |r| r[i] as usize))?;
                     }
                 }
                 Ok(())
             })
             .collect();
         chunks.into_iter().collect()
-    }
-
-    /// The manifest encoding.
-    pub fn encoding(&self) -> Encoding {
-        if self.access.column.info.kind == Kind::Bool
-            && self.stages.iter().all(|s| *s == Stage::Identity)
-        {
-            return Encoding::Bool;
-        }
-        Encoding::Numeric {
-            stages: self.stages.clone(),
-            fill: self.fill,
-        }
     }
 
     /// The stored value of `row`, and whether it was filled by the NaN policy.

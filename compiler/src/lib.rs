@@ -12,6 +12,7 @@
 mod column;
 mod encode;
 mod error;
+mod fit;
 pub mod gen;
 mod group;
 mod lookup;
@@ -20,6 +21,7 @@ mod pipeline;
 mod plan;
 mod progress;
 mod read;
+mod spill;
 mod split;
 mod stats;
 mod write;

@@ -245,5 +245,6 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
         offsets: vec![0, rows as u64],
         columns,
         wants,
+        origin: None,
     })
 }

@@ -1,19 +1,24 @@
-//! The compile, stage by stage: plan → read → group → join contexts → split → statistics and
-//! encodings → shuffle → shards → stats.json → manifest.json → commit.
+//! The compile, stage by stage: plan → read and spill into buckets → per bucket: group, join
+//! contexts, split, partial statistics → merge statistics, fit encodings → per bucket: group
+//! again, encode, write its shards → stats.json → manifest.json → commit.
 
 use crate::column::Values;
-use crate::encode::{self, Access, CategoryCoder, NumericEncoder, DROPPED, TRAIN};
+use crate::encode::{
+    Access, CatValue, CategoryCoder, NumericEncoder, NumericResult, DROPPED, TRAIN,
+};
 use crate::error::{CompileError, Result};
+use crate::fit::{self, ColumnId, ValueRuns};
 use crate::group::{self, Group};
 use crate::lookup::{self, Keyed};
 use crate::plan::{self, Source};
-use crate::read::{self, Role, Want};
+use crate::read::{self, Role, RowsTable, Want};
+use crate::spill::{self, Buckets, Spill};
 use crate::split;
 use crate::write::{ShardWriter, Staging};
 use crate::Progress;
 use dsc_format::manifest::{CompileSummary, InputFile, Inputs};
-use dsc_format::rng::{stream, Xoshiro256};
-use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
+use dsc_format::rng::position_hash;
+use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows, DEFAULT_BUCKET_SIZE};
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, SplitStats, QUANTILE_LEVELS};
 use dsc_format::{
     shard, ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ManifestBuilder, ShardEntry, Stage,
@@ -24,12 +29,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+/// The folder inside the staging directory that holds a compile's spill files.
+const SPILL_DIR: &str = "spill";
+
 /// Where and how to write.
 pub struct CompileOptions<'a> {
     /// The cache directory to create.
     pub out: PathBuf,
     /// Replace `out` if it exists and is not empty.
     pub force: bool,
+    /// Memory the compile may use (bytes); `None`: half of the machine's. The cache does not
+    /// depend on it.
+    pub max_memory: Option<u64>,
     /// Progress receiver.
     pub progress: &'a dyn Progress,
 }
@@ -120,13 +131,6 @@ impl Timer {
     }
 }
 
-/// A per-row column after its statistics pass.
-enum Fitted<'a> {
-    Categorical(Vec<ColumnStats>, CategoryCoder<'a>, ColumnSpec),
-    Numeric(Vec<ColumnStats>, NumericEncoder<'a>, ColumnSpec),
-}
-
-/// One stored context.
 #[derive(Debug, Clone, Copy)]
 struct Context {
     group: Group,
@@ -154,6 +158,275 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
     result
 }
 
+/// The memory a compile may use when not told: half of the machine's, at least 256 MiB.
+#[allow(unsafe_code)]
+fn default_budget() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let total = if pages > 0 && size > 0 {
+        pages as u64 * size as u64
+    } else {
+        8 << 30
+    };
+    (total / 2).max(256 << 20)
+}
+
+/// A bucket in memory takes about this many times its decoded rows (the rows, the grouping,
+/// gathered values, encode buffers).
+const BUCKET_OVERHEAD: u64 = 4;
+
+/// One row column of the compile: where it comes from and how it is encoded.
+struct RowColumn<'a> {
+    name: &'a str,
+    join: Option<&'a Keyed>,
+    categorical: bool,
+    chain: Vec<Stage>,
+}
+
+/// Everything a bucket needs that is shared by all of them.
+struct Shared<'a> {
+    spec: &'a CompileSpec,
+    spill: &'a Spill,
+    context: Option<&'a Keyed>,
+    /// Context-table rows by bucket, ascending.
+    ctx_by_bucket: Vec<Vec<u32>>,
+    splits: &'a split::Splits<'a>,
+    columns: Vec<RowColumn<'a>>,
+    /// Targets, then context features: (name, is_target, chain).
+    context_columns: Vec<(&'a str, bool, Vec<Stage>)>,
+}
+
+/// What only the whole input shows is wrong: kept per bucket, decided after all of them.
+#[derive(Debug, Default)]
+struct Issues {
+    /// Contexts with rows but no context row: count, rows, and the smallest key's first row.
+    unmatched: (usize, u64, Option<(i64, PathBuf, u64)>),
+    /// Context rows with no rows: count and the first (row, key).
+    empty: (usize, Option<(u64, i64)>),
+    /// Listed keys (key files) that are contexts.
+    found: Vec<i64>,
+}
+
+/// One bucket grouped into contexts, each with its split.
+struct Prepared {
+    table: RowsTable,
+    grouped: group::Groups,
+    contexts: Vec<Context>,
+    row_tags: Vec<u8>,
+    /// Context-table rows of the stored contexts, ascending, with their splits.
+    ctx_rows: Vec<u32>,
+    ctx_tags: Vec<u8>,
+    issues: Issues,
+    truncated: usize,
+}
+
+impl Shared<'_> {
+    /// Loads bucket `b` and groups it; `max_len` truncates (none when `None`).
+    fn prepare(&self, b: usize, max_len: Option<usize>) -> Result<Prepared> {
+        let spec = self.spec;
+        let table = self.spill.load(b)?;
+        let Values::Int(keys) = &table.columns[0].values else {
+            unreachable!("the key is an integer column; checked when opened")
+        };
+        let order = spec.order_by.as_deref().and_then(|o| table.column(o));
+        let mut grouped = group::group(keys, order);
+        let mut issues = Issues::default();
+        let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());
+        match self.context {
+            None => contexts.extend(grouped.groups.iter().map(|&group| Context {
+                group,
+                ctx_row: None,
+                split: TRAIN,
+            })),
+            Some(ctx) => {
+                let mine = &self.ctx_by_bucket[b];
+                let mut seen = vec![false; mine.len()];
+                for g in &grouped.groups {
+                    match ctx.index.get(g.key) {
+                        Some(r) => {
+                            let i = mine.binary_search(&r).expect("a key's bucket is its own");
+                            seen[i] = true;
+                            contexts.push(Context {
+                                group: *g,
+                                ctx_row: Some(r),
+                                split: TRAIN,
+                            });
+                        }
+                        None => {
+                            let u = &mut issues.unmatched;
+                            u.0 += 1;
+                            u.1 += g.len as u64;
+                            if u.2.is_none() {
+                                // Groups are ascending by key: the first is the smallest.
+                                let (path, row) = table.locate(grouped.perm[g.start] as usize);
+                                u.2 = Some((g.key, path.into(), row));
+                            }
+                        }
+                    }
+                }
+                let Values::Int(ctx_keys) = &ctx.table.columns[0].values else {
+                    unreachable!("context keys are integers")
+                };
+                for (i, &r) in mine.iter().enumerate() {
+                    if seen[i] {
+                        continue;
+                    }
+                    issues.empty.0 += 1;
+                    if issues.empty.1.is_none() {
+                        issues.empty.1 = Some((u64::from(r), ctx_keys[r as usize]));
+                    }
+                    if spec.empty_contexts == EmptyContexts::Keep {
+                        contexts.push(Context {
+                            group: Group {
+                                key: ctx_keys[r as usize],
+                                start: 0,
+                                len: 0,
+                                kept_start: 0,
+                                kept: 0,
+                            },
+                            ctx_row: Some(r),
+                            split: TRAIN,
+                        });
+                    }
+                }
+                contexts.sort_by_key(|c| c.group.key);
+            }
+        }
+        let mut truncated = 0;
+        if let Some(max_len) = max_len {
+            // Sampling is seeded by the split seed, not the shuffle seed, so that a reshuffle
+            // stores exactly the same rows.
+            truncated = group::truncate(&mut grouped, max_len, spec.truncate, spec.split_seed);
+            refresh_groups(&mut contexts, &grouped.groups);
+        }
+        for c in &mut contexts {
+            c.split = self.splits.of(c.group.key, c.ctx_row)?;
+            if self.splits.is_listed(c.group.key) {
+                issues.found.push(c.group.key);
+            }
+        }
+        // Statistics describe every row of the stored contexts, also those cut by `max_len`.
+        let mut row_tags = vec![DROPPED; table.rows()];
+        for c in &contexts {
+            let g = &c.group;
+            for &r in &grouped.perm[g.start..g.start + g.len] {
+                row_tags[r as usize] = c.split;
+            }
+        }
+        let mut ctx: Vec<(u32, u8)> = contexts
+            .iter()
+            .filter_map(|c| c.ctx_row.map(|r| (r, c.split)))
+            .collect();
+        ctx.sort_unstable();
+        let (ctx_rows, ctx_tags) = ctx.into_iter().unzip();
+        Ok(Prepared {
+            table,
+            grouped,
+            contexts,
+            row_tags,
+            ctx_rows,
+            ctx_tags,
+            issues,
+            truncated,
+        })
+    }
+
+    /// The access to row column `i` in a bucket's table.
+    fn access<'t>(&'t self, i: usize, table: &'t RowsTable) -> Access<'t> {
+        let rc = &self.columns[i];
+        match rc.join {
+            None => Access {
+                name: rc.name,
+                table,
+                column: table.column(rc.name).expect("read"),
+                join: None,
+            },
+            Some(keyed) => Access {
+                name: rc.name,
+                table,
+                column: keyed.column(rc.name).expect("read"),
+                join: Some((table.column(&keyed.key).expect("join column read"), keyed)),
+            },
+        }
+    }
+
+    /// What row column `i` is, without a bucket at hand.
+    fn column_id(&self, i: usize) -> ColumnId {
+        let rc = &self.columns[i];
+        let info = match rc.join {
+            None => self.spill.type_of(rc.name),
+            Some(keyed) => &keyed.column(rc.name).expect("read").info,
+        };
+        ColumnId {
+            name: rc.name.into(),
+            table: if rc.join.is_some() { "join" } else { "rows" },
+            source_type: info.name.clone(),
+            kind: info.kind,
+        }
+    }
+
+    fn context_access(&self, i: usize) -> Access<'_> {
+        let k = self.context.expect("context columns need a context table");
+        let name = self.context_columns[i].0;
+        Access {
+            name,
+            table: &k.table,
+            column: k.column(name).expect("read"),
+            join: None,
+        }
+    }
+}
+
+/// A row column's statistics of one bucket.
+enum Partial {
+    Numeric(fit::NumericPartial),
+    Category(fit::CategoryPartial),
+}
+
+/// What the statistics pass learns from one bucket.
+struct BucketFit {
+    contexts: Vec<u64>,
+    lengths: Vec<fit::LengthCounts>,
+    longest: usize,
+    columns: Vec<Partial>,
+    context_columns: Vec<fit::NumericPartial>,
+    issues: Issues,
+}
+
+/// Runs `f` on every bucket, at most `at_once` of them in memory together; results in bucket
+/// order.
+fn for_buckets<T: Send>(
+    count: usize,
+    at_once: usize,
+    progress: &dyn Progress,
+    f: impl Fn(usize) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let mut out = Vec::with_capacity(count);
+    let all: Vec<usize> = (0..count).collect();
+    for chunk in all.chunks(at_once.max(1)) {
+        let done: Vec<Result<T>> = chunk
+            .par_iter()
+            .map(|&b| {
+                let r = f(b);
+                progress.advance(1);
+                r
+            })
+            .collect();
+        out.extend(done);
+    }
+    out
+}
+
+/// The first error in bucket order, or every result.
+fn all_ok<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    results.into_iter().collect()
+}
+
 fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let progress = opts.progress;
     let mut timer = Timer::start();
@@ -161,23 +434,36 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     if opts.force {
         refuse_inputs_inside(&opts.out, spec, &plan.rows_files)?;
     }
+    let mut columns: Vec<(usize, Vec<Stage>)> = Vec::new();
+    for (i, rc) in plan.row_columns.iter().enumerate() {
+        let chain = if rc.categorical {
+            Vec::new()
+        } else {
+            chain_of(spec, &rc.name)?
+        };
+        fit::unfitted_prefix(&rc.name, &chain)?;
+        columns.push((i, chain));
+    }
+    let mut context_chains = Vec::new();
+    for name in spec.targets.iter().chain(&spec.context_features) {
+        let chain = chain_of(spec, name)?;
+        fit::unfitted_prefix(name, &chain)?;
+        context_chains.push(chain);
+    }
     let staging = Staging::create(&opts.out, opts.force)?;
     let named_inputs = input_files(spec, &plan.rows_files);
     let stamps = stamp_files(&named_inputs)?;
 
     progress.stage("reading", plan.rows_files.len() as u64);
-    let rows = read::read_rows(&plan.rows_files, plan.rows_wants.clone())?;
-    let key_col = &rows.columns[0];
-    if let Some(valid) = &key_col.valid {
-        if let Some(row) = valid.iter().position(|v| !v) {
-            let (path, row) = rows.locate(row);
-            return Err(CompileError::NullKey {
-                path: path.into(),
-                column: spec.key.clone(),
-                row,
-            });
-        }
-    }
+    let inputs = read::open_all(&plan.rows_files, &plan.rows_wants)?;
+    let rows_read = *inputs.offsets.last().unwrap_or(&0);
+    let width = spill::row_width(&inputs.types);
+    let buckets = Buckets::for_size(
+        rows_read * width,
+        spec.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
+        spec.seed,
+    );
+    let budget = opts.max_memory.unwrap_or_else(default_budget);
     let joins: Vec<Keyed> = plan
         .joins
         .iter()
@@ -209,219 +495,337 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             )?)
         }
     };
-    progress.advance(plan.rows_files.len() as u64);
+    let splits = split::plan(spec, context.as_ref())?;
+    let n_splits = splits.names.len();
+    let threads = rayon::current_num_threads().max(1) as u64;
+    let spill_dir = staging.dir.join(SPILL_DIR);
+    std::fs::create_dir_all(&spill_dir).map_err(|e| CompileError::io(&spill_dir, e))?;
+    // Half the budget for reading, shared by the files read at once.
+    let read_share = (budget / 2 / threads).max(1 << 20) as usize;
+    let spill = spill::spill_rows(
+        inputs,
+        plan.rows_wants.clone(),
+        buckets,
+        read_share,
+        &spill_dir,
+        progress,
+    )?;
     timer.lap("read");
 
-    progress.stage("grouping", 0);
-    let Values::Int(keys) = &key_col.values else {
-        unreachable!("the key is an integer column; checked when opened")
-    };
-    let order = spec.order_by.as_deref().and_then(|o| rows.column(o));
-    let mut grouped = group::group(keys, order);
-    let mut summary = CompileSummary {
-        rows_read: rows.rows() as u64,
-        ..Default::default()
-    };
-    let mut contexts = match_contexts(spec, &rows, &grouped, context.as_ref(), &mut summary)?;
-    let max_len = plan.max_len_given.unwrap_or_else(|| {
-        contexts
-            .iter()
-            .map(|c| c.group.len)
-            .max()
-            .unwrap_or(1)
-            .clamp(1, plan::MAX_LEN)
-    });
-    // Sampling is seeded by the split seed, not the shuffle seed, so that a reshuffle stores
-    // exactly the same rows.
-    group::truncate(&mut grouped, max_len, spec.truncate, spec.split_seed);
-    // `truncate` rewrote the groups in `grouped`; refresh the copies held by contexts.
-    refresh_groups(&mut contexts, &grouped.groups);
-    summary.contexts_truncated = contexts.iter().filter(|c| c.group.len > max_len).count();
-    let members: Vec<split::Member> = contexts
-        .iter()
-        .map(|c| split::Member {
-            key: c.group.key,
-            ctx_row: c.ctx_row,
-        })
-        .collect();
-    let splits = split::assign(spec, &members, context.as_ref())?;
-    for (c, &s) in contexts.iter_mut().zip(&splits.of) {
-        c.split = s;
+    let largest = (0..buckets.count())
+        .map(|b| spill.rows(b))
+        .max()
+        .unwrap_or(0);
+    let bucket_bytes = (largest * width * BUCKET_OVERHEAD).max(1);
+    if bucket_bytes > budget {
+        return Err(CompileError::Spec(format!(
+            "--max-memory {} is too small: one bucket of this input holds {largest} rows and \
+             needs about {} in memory; give at least that, or a smaller --bucket-size",
+            human_bytes(budget),
+            human_bytes(bucket_bytes)
+        )));
     }
-    let n_splits = splits.names.len();
-    let mut row_tags = vec![DROPPED; rows.rows()];
-    for c in &contexts {
-        for &r in &grouped.perm[c.group.start..c.group.start + c.group.len] {
-            row_tags[r as usize] = c.split;
-        }
-    }
-    let ctx_tags: Vec<u8> = match &context {
-        None => Vec::new(),
-        Some(k) => {
-            let mut tags = vec![DROPPED; k.table.rows()];
-            for c in &contexts {
-                if let Some(r) = c.ctx_row {
-                    tags[r as usize] = c.split;
-                }
-            }
-            tags
-        }
-    };
-    timer.lap("group");
-
-    progress.stage(
-        "statistics",
-        (plan.row_columns.len() + spec.targets.len() + spec.context_features.len()) as u64,
-    );
-    let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
-    let mut features: Vec<(NumericEncoder, ColumnSpec)> = Vec::new();
-    let mut categoricals: Vec<(CategoryCoder, ColumnSpec)> = Vec::new();
-    // Columns are independent: fit them in parallel, then take results (and the first error)
-    // in column order so the outcome does not depend on scheduling.
-    let fitted: Vec<Result<Fitted>> = plan
-        .row_columns
-        .par_iter()
-        .map(|rc| {
-            let (column, join, source) = match rc.source {
-                Source::Rows => (
-                    rows.column(&rc.name).expect("read"),
-                    None,
-                    ColumnSource::Rows,
-                ),
-                Source::Join(j) => {
-                    let keyed = &joins[j];
-                    let on = rows.column(&keyed.key).expect("join column read");
-                    (
-                        keyed.column(&rc.name).expect("read"),
-                        Some((on, keyed)),
-                        ColumnSource::Join {
-                            file: keyed.path.display().to_string(),
-                            on: keyed.key.clone(),
-                        },
-                    )
-                }
-            };
-            let access = Access {
-                name: &rc.name,
-                table: &rows,
-                column,
-                join,
-            };
-            let result = if rc.categorical {
-                let (stats, encoding, coder) =
-                    encode::categorical_column(access, &row_tags, n_splits)?;
-                let spec_col = column_spec(&rc.name, source, column, encoding);
-                Fitted::Categorical(stats, coder, spec_col)
-            } else {
-                let chain = chain_of(spec, &rc.name)?;
-                let fitted = encode::numeric_column(&access, &row_tags, n_splits, &chain)?;
-                let encoder = NumericEncoder::new(access, &fitted, spec.nan);
-                encoder.check_rows(&fitted, &row_tags)?;
-                let spec_col = column_spec(&rc.name, source, column, encoder.encoding());
-                Fitted::Numeric(fitted.stats, encoder, spec_col)
-            };
-            progress.advance(1);
-            Ok(result)
-        })
-        .collect();
-    for f in fitted {
-        match f? {
-            Fitted::Categorical(stats, coder, spec_col) => {
-                column_stats.push(stats);
-                categoricals.push((coder, spec_col));
-            }
-            Fitted::Numeric(stats, encoder, spec_col) => {
-                column_stats.push(stats);
-                features.push((encoder, spec_col));
-            }
-        }
-    }
-    let mut context_encoders: Vec<(NumericEncoder, ColumnSpec, bool)> = Vec::new();
+    let at_once = ((budget / bucket_bytes) as usize).clamp(1, threads as usize);
+    let mut ctx_by_bucket: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
     if let Some(k) = &context {
-        let names = spec
+        let Values::Int(keys) = &k.table.columns[0].values else {
+            unreachable!("context keys are integers")
+        };
+        for (r, &key) in keys.iter().enumerate() {
+            ctx_by_bucket[buckets.of(key)].push(r as u32);
+        }
+    }
+    let shared = Shared {
+        spec,
+        spill: &spill,
+        context: context.as_ref(),
+        ctx_by_bucket,
+        splits: &splits,
+        columns: plan
+            .row_columns
+            .iter()
+            .zip(&columns)
+            .map(|(rc, (_, chain))| RowColumn {
+                name: &rc.name,
+                join: match rc.source {
+                    Source::Rows => None,
+                    Source::Join(j) => Some(&joins[j]),
+                },
+                categorical: rc.categorical,
+                chain: chain.clone(),
+            })
+            .collect(),
+        context_columns: spec
             .targets
             .iter()
-            .map(|n| (n, true))
-            .chain(spec.context_features.iter().map(|n| (n, false)));
-        for (name, is_target) in names {
-            let column = k.column(name).expect("read");
-            let access = Access {
-                name,
-                table: &k.table,
-                column,
-                join: None,
+            .map(|n| (n.as_str(), true))
+            .chain(spec.context_features.iter().map(|n| (n.as_str(), false)))
+            .zip(context_chains)
+            .map(|((n, t), c)| (n, t, c))
+            .collect(),
+    };
+
+    // The statistics pass: every bucket grouped, its columns gathered and summarised.
+    progress.stage("statistics", buckets.count() as u64);
+    let runs = ValueRuns::create(fit::runs_path(&spill_dir))?;
+    let fits = all_ok(for_buckets(buckets.count(), at_once, progress, |b| {
+        let p = shared.prepare(b, spec.max_len)?;
+        let mut contexts = vec![0u64; n_splits];
+        let mut lengths = vec![fit::LengthCounts::new(); n_splits];
+        let mut longest = 0;
+        for c in &p.contexts {
+            contexts[c.split as usize] += 1;
+            *lengths[c.split as usize]
+                .entry(c.group.len as u64)
+                .or_insert(0) += 1;
+            longest = longest.max(c.group.len);
+        }
+        let mut partials = Vec::with_capacity(shared.columns.len());
+        for (i, rc) in shared.columns.iter().enumerate() {
+            let access = shared.access(i, &p.table);
+            partials.push(if rc.categorical {
+                Partial::Category(fit::category_partial(&access, &p.row_tags, n_splits)?)
+            } else {
+                let prefix = fit::unfitted_prefix(rc.name, &rc.chain)?;
+                Partial::Numeric(fit::numeric_partial(
+                    &access,
+                    &p.row_tags,
+                    None,
+                    n_splits,
+                    prefix,
+                    &runs,
+                )?)
+            });
+        }
+        let mut context_partials = Vec::with_capacity(shared.context_columns.len());
+        for (i, (name, _, chain)) in shared.context_columns.iter().enumerate() {
+            let access = shared.context_access(i);
+            let prefix = fit::unfitted_prefix(name, chain)?;
+            context_partials.push(fit::numeric_partial(
+                &access,
+                &p.ctx_tags,
+                Some(&p.ctx_rows),
+                n_splits,
+                prefix,
+                &runs,
+            )?);
+        }
+        Ok(BucketFit {
+            contexts,
+            lengths,
+            longest,
+            columns: partials,
+            context_columns: context_partials,
+            issues: p.issues,
+        })
+    }))?;
+    let mut summary = CompileSummary {
+        rows_read,
+        ..Default::default()
+    };
+    check_issues(spec, &fits, context.as_ref(), &mut summary)?;
+    let per_split: Vec<u64> = (0..n_splits)
+        .map(|s| fits.iter().map(|f| f.contexts[s]).sum())
+        .collect();
+    let found: std::collections::HashSet<i64> = fits
+        .iter()
+        .flat_map(|f| f.issues.found.iter().copied())
+        .collect();
+    splits.check(&per_split, &found, per_split.iter().sum())?;
+    let longest = fits.iter().map(|f| f.longest).max().unwrap_or(0);
+    let max_len = spec
+        .max_len
+        .unwrap_or_else(|| longest.clamp(1, plan::MAX_LEN));
+
+    // Merge the buckets' statistics and fit the encodings on train.
+    let map = runs.map()?;
+    let map: &[u8] = map.as_deref().unwrap_or(&[]);
+    let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
+    let mut fitted_columns: Vec<FittedColumn> = Vec::new();
+    for (i, rc) in shared.columns.iter().enumerate() {
+        let id = shared.column_id(i);
+        let source = match rc.join {
+            None => ColumnSource::Rows,
+            Some(keyed) => ColumnSource::Join {
+                file: keyed.path.display().to_string(),
+                on: keyed.key.clone(),
+            },
+        };
+        if rc.categorical {
+            let parts: Vec<&fit::CategoryPartial> = fits
+                .iter()
+                .map(|f| match &f.columns[i] {
+                    Partial::Category(p) => p,
+                    Partial::Numeric(_) => unreachable!("column kinds agree across buckets"),
+                })
+                .collect();
+            let (stats, vocabulary) = fit::merge_categories(&id, &parts, n_splits);
+            let encoding = Encoding::Category {
+                vocabulary: vocabulary.iter().map(|v| v.json(id.kind)).collect(),
             };
-            let chain = chain_of(spec, name)?;
-            let fitted = encode::numeric_column(&access, &ctx_tags, n_splits, &chain)?;
-            let encoder = NumericEncoder::new(access, &fitted, spec.nan);
-            encoder.check_rows(&fitted, &ctx_tags)?;
-            let mut stats = fitted.stats.clone();
-            stats.iter_mut().for_each(|s| s.table = "context".into());
             column_stats.push(stats);
-            let spec_col = column_spec(name, ColumnSource::Context, column, encoder.encoding());
-            context_encoders.push((encoder, spec_col, is_target));
-            progress.advance(1);
+            fitted_columns.push(FittedColumn::Category(
+                vocabulary,
+                column_spec(rc.name, source, &id, encoding),
+            ));
+        } else {
+            let parts: Vec<&fit::NumericPartial> = fits
+                .iter()
+                .map(|f| match &f.columns[i] {
+                    Partial::Numeric(p) => p,
+                    Partial::Category(_) => unreachable!("column kinds agree across buckets"),
+                })
+                .collect();
+            let result = fit::merge_numeric(&id, &parts, n_splits, &rc.chain, map)?;
+            let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
+            column_stats.push(result.stats.clone());
+            fitted_columns.push(FittedColumn::Numeric(
+                result,
+                column_spec(rc.name, source, &id, encoding),
+            ));
         }
     }
-    let stats = build_stats(&contexts, &splits.names, max_len, column_stats);
+    let mut fitted_context: Vec<(NumericResult, ColumnSpec, bool)> = Vec::new();
+    for (i, (name, is_target, chain)) in shared.context_columns.iter().enumerate() {
+        let mut id = ColumnId::of(&shared.context_access(i));
+        id.table = "context";
+        let parts: Vec<&fit::NumericPartial> = fits.iter().map(|f| &f.context_columns[i]).collect();
+        let result = fit::merge_numeric(&id, &parts, n_splits, chain, map)?;
+        let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
+        column_stats.push(result.stats.clone());
+        fitted_context.push((
+            result,
+            column_spec(name, ColumnSource::Context, &id, encoding),
+            *is_target,
+        ));
+    }
+    let stats = build_stats(&fits, &splits.names, max_len, column_stats);
     timer.lap("statistics");
 
-    let key_column = column_spec(&spec.key, ColumnSource::Rows, key_col, Encoding::Raw);
+    let key_id = ColumnId {
+        name: spec.key.clone(),
+        table: "rows",
+        source_type: spill.type_of(&spec.key).name.clone(),
+        kind: spill.type_of(&spec.key).kind,
+    };
+    let key_column = column_spec(&spec.key, ColumnSource::Rows, &key_id, Encoding::Raw);
+    let features: Vec<ColumnSpec> = fitted_columns
+        .iter()
+        .filter_map(|f| match f {
+            FittedColumn::Numeric(_, c) => Some(c.clone()),
+            FittedColumn::Category(..) => None,
+        })
+        .collect();
+    let categoricals: Vec<ColumnSpec> = fitted_columns
+        .iter()
+        .filter_map(|f| match f {
+            FittedColumn::Category(_, c) => Some(c.clone()),
+            FittedColumn::Numeric(..) => None,
+        })
+        .collect();
+    let context_specs: Vec<(ColumnSpec, bool)> = fitted_context
+        .iter()
+        .map(|(_, c, t)| (c.clone(), *t))
+        .collect();
     let (tensors, fills) = tensor_layout(
         max_len,
         key_column,
         &features,
         &categoricals,
-        &context_encoders,
+        &context_specs,
     );
     let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
     let per_shard = ((spec.shard_size as usize) / per_context.max(1)).max(1);
-    let mut jobs: Vec<ShardJob> = Vec::new();
-    for split in 0..n_splits as u8 {
-        let mut order: Vec<usize> = (0..contexts.len())
-            .filter(|&i| contexts[i].split == split)
-            .collect();
-        Xoshiro256::for_stream(spec.seed, stream::COMPILE_SHUFFLE + 16 * u64::from(split))
-            .shuffle(&mut order);
-        for (index, members) in order.chunks(per_shard).enumerate() {
-            jobs.push(ShardJob {
-                split,
-                index,
-                first: index * per_shard,
-                members: members.to_vec(),
-            });
+    // Each bucket's first shard index and first position in every split: shards never span
+    // buckets, and a bucket's contexts follow those of the buckets before it.
+    let mut starts: Vec<Vec<(usize, usize)>> = Vec::with_capacity(buckets.count());
+    let mut next = vec![(0usize, 0usize); n_splits];
+    for f in &fits {
+        starts.push(next.clone());
+        for (s, n) in next.iter_mut().enumerate() {
+            let c = f.contexts[s] as usize;
+            n.0 += c.div_ceil(per_shard);
+            n.1 += c;
         }
     }
-    timer.lap("shuffle");
+    drop(fits);
+    timer.lap("layout");
 
-    progress.stage("writing shards", jobs.len() as u64);
+    // The write pass: every bucket grouped again, encoded and written as its own shards.
+    progress.stage("writing shards", buckets.count() as u64);
     let filled = AtomicU64::new(0);
-    let writer = ShardContext {
-        split_names: &splits.names,
-        tensors: &tensors,
-        fills: &fills,
-        contexts: &contexts,
-        perm: &grouped.perm,
-        features: &features,
-        categoricals: &categoricals,
-        context_encoders: &context_encoders,
-        max_len,
-        filled: &filled,
-    };
-    let shards: Vec<ShardEntry> = jobs
-        .par_iter()
-        .map(|job| {
-            let entry = writer.write(job, &staging.dir);
-            progress.advance(1);
-            entry
-        })
-        .collect::<Vec<Result<_>>>()
-        .into_iter()
-        .collect::<Result<_>>()?;
+    let written = all_ok(for_buckets(buckets.count(), at_once, progress, |b| {
+        let p = shared.prepare(b, Some(max_len))?;
+        let mut features = Vec::new();
+        let mut categoricals = Vec::new();
+        for (i, f) in fitted_columns.iter().enumerate() {
+            let access = shared.access(i, &p.table);
+            match f {
+                FittedColumn::Numeric(result, spec_col) => {
+                    let encoder = NumericEncoder::new(access, result, spec.nan);
+                    encoder.check_rows(result, &p.row_tags, None)?;
+                    features.push((encoder, spec_col.clone()));
+                }
+                FittedColumn::Category(vocabulary, spec_col) => {
+                    categoricals.push((CategoryCoder::new(access, vocabulary), spec_col.clone()));
+                }
+            }
+        }
+        let mut context_encoders = Vec::new();
+        for (i, (result, spec_col, is_target)) in fitted_context.iter().enumerate() {
+            let encoder = NumericEncoder::new(shared.context_access(i), result, spec.nan);
+            encoder.check_rows(result, &p.ctx_tags, Some(&p.ctx_rows))?;
+            context_encoders.push((encoder, spec_col.clone(), *is_target));
+        }
+        let mut jobs = Vec::new();
+        for (s, &(first_shard, first_context)) in starts[b].iter().enumerate() {
+            let mut order: Vec<(u64, i64, usize)> = p
+                .contexts
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.split as usize == s)
+                .map(|(i, c)| (position_hash(c.group.key, spec.seed), c.group.key, i))
+                .collect();
+            order.sort_unstable();
+            let members: Vec<usize> = order.into_iter().map(|o| o.2).collect();
+            for (j, chunk) in members.chunks(per_shard).enumerate() {
+                jobs.push(ShardJob {
+                    split: s as u8,
+                    index: first_shard + j,
+                    first: first_context + j * per_shard,
+                    members: chunk.to_vec(),
+                });
+            }
+        }
+        let writer = ShardContext {
+            split_names: &splits.names,
+            tensors: &tensors,
+            fills: &fills,
+            contexts: &p.contexts,
+            perm: &p.grouped.perm,
+            features: &features,
+            categoricals: &categoricals,
+            context_encoders: &context_encoders,
+            max_len,
+            filled: &filled,
+        };
+        let entries: Vec<ShardEntry> = all_ok(
+            jobs.par_iter()
+                .map(|job| writer.write(job, &staging.dir))
+                .collect(),
+        )?;
+        let mut rows_stored = vec![0u64; n_splits];
+        for c in &p.contexts {
+            rows_stored[c.split as usize] += c.group.kept as u64;
+        }
+        Ok((entries, rows_stored, p.truncated))
+    }))?;
     summary.values_filled = filled.load(Ordering::Relaxed);
     timer.lap("write");
+    std::fs::remove_dir_all(&spill_dir).map_err(|e| CompileError::io(&spill_dir, e))?;
 
-    summary.contexts = contexts.len();
+    summary.contexts = per_split.iter().sum::<u64>() as usize;
+    summary.contexts_truncated = written.iter().map(|w| w.2).sum();
     let inputs = fingerprint_files(&named_inputs, &stamps)?;
     let mut builder = Manifest::builder(
         env!("CARGO_PKG_VERSION"),
@@ -431,22 +835,96 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         resolved_spec(spec, max_len),
     );
     for (s, name) in splits.names.iter().enumerate() {
-        let s = s as u8;
-        let rows_stored: u64 = contexts
-            .iter()
-            .filter(|c| c.split == s)
-            .map(|c| c.group.kept as u64)
-            .sum();
+        let rows_stored: u64 = written.iter().map(|w| w.1[s]).sum();
         summary.rows_stored += rows_stored;
-        let mine = shards
+        let mut mine: Vec<ShardEntry> = written
             .iter()
-            .filter(|e| e.split == *name)
-            .cloned()
+            .flat_map(|w| w.0.iter().filter(|e| e.split == *name).cloned())
             .collect();
+        mine.sort_by_key(|e| e.index);
         builder = builder.split(name, rows_stored, mine);
     }
     let manifest = builder.summary(summary);
     commit_cache(staging, manifest, stats, timer)
+}
+
+/// A row column's fitted encoding.
+enum FittedColumn {
+    Numeric(NumericResult, ColumnSpec),
+    Category(Vec<CatValue>, ColumnSpec),
+}
+
+/// Turns what the buckets found missing into the errors or counts the policies ask for.
+fn check_issues(
+    spec: &CompileSpec,
+    fits: &[BucketFit],
+    context: Option<&Keyed>,
+    summary: &mut CompileSummary,
+) -> Result<()> {
+    let Some(ctx) = context else { return Ok(()) };
+    let unmatched: usize = fits.iter().map(|f| f.issues.unmatched.0).sum();
+    if unmatched > 0 {
+        if spec.unmatched_rows == UnmatchedRows::Error {
+            let (key, path, row) = fits
+                .iter()
+                .filter_map(|f| f.issues.unmatched.2.clone())
+                .min_by_key(|u| u.0)
+                .expect("counted above");
+            return Err(CompileError::UnmatchedRows {
+                path,
+                row,
+                key,
+                context: ctx.path.clone(),
+                others: unmatched - 1,
+            });
+        }
+        summary.contexts_without_context_row = unmatched;
+        summary.rows_without_context_row = fits.iter().map(|f| f.issues.unmatched.1).sum();
+    }
+    let empty: usize = fits.iter().map(|f| f.issues.empty.0).sum();
+    summary.contexts_without_rows = empty;
+    if empty > 0 {
+        match spec.empty_contexts {
+            EmptyContexts::Error => {
+                let (row, key) = fits
+                    .iter()
+                    .filter_map(|f| f.issues.empty.1)
+                    .min()
+                    .expect("counted above");
+                return Err(CompileError::EmptyContexts {
+                    context: ctx.path.clone(),
+                    row,
+                    key,
+                    others: empty - 1,
+                });
+            }
+            EmptyContexts::Drop => {}
+            EmptyContexts::Keep => summary.empty_contexts_kept = empty,
+        }
+    }
+    Ok(())
+}
+
+fn human_bytes(n: u64) -> String {
+    if n >= 1 << 30 {
+        format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{} MiB", n.div_ceil(1 << 20))
+    }
+}
+
+fn refresh_groups(contexts: &mut [Context], groups: &[Group]) {
+    // Both are ascending by key; kept-empty contexts have no group and keep their own.
+    let mut gi = 0;
+    for c in contexts.iter_mut() {
+        if c.group.len == 0 {
+            continue;
+        }
+        while groups[gi].key != c.group.key {
+            gi += 1;
+        }
+        c.group = groups[gi];
+    }
 }
 
 /// The end of every compile: checks the manifest, writes `stats.json`, then `manifest.json` (the
@@ -498,106 +976,6 @@ fn refuse_inputs_inside(out: &Path, spec: &CompileSpec, rows_files: &[PathBuf]) 
     Ok(())
 }
 
-fn refresh_groups(contexts: &mut [Context], groups: &[Group]) {
-    // Both are ascending by key; kept-empty contexts have no group and keep their own.
-    let mut gi = 0;
-    for c in contexts.iter_mut() {
-        if c.group.len == 0 {
-            continue;
-        }
-        while groups[gi].key != c.group.key {
-            gi += 1;
-        }
-        c.group = groups[gi];
-    }
-}
-
-fn match_contexts(
-    spec: &CompileSpec,
-    rows: &read::RowsTable,
-    grouped: &group::Groups,
-    context: Option<&Keyed>,
-    summary: &mut CompileSummary,
-) -> Result<Vec<Context>> {
-    let Some(ctx) = context else {
-        return Ok(grouped
-            .groups
-            .iter()
-            .map(|&group| Context {
-                group,
-                ctx_row: None,
-                split: TRAIN,
-            })
-            .collect());
-    };
-    let mut contexts = Vec::with_capacity(grouped.groups.len());
-    let mut seen = vec![false; ctx.table.rows()];
-    let mut unmatched: Vec<&Group> = Vec::new();
-    for g in &grouped.groups {
-        match ctx.index.get(g.key) {
-            Some(r) => {
-                seen[r as usize] = true;
-                contexts.push(Context {
-                    group: *g,
-                    ctx_row: Some(r),
-                    split: TRAIN,
-                });
-            }
-            None => unmatched.push(g),
-        }
-    }
-    if let Some(first) = unmatched.first() {
-        if spec.unmatched_rows == UnmatchedRows::Error {
-            let (path, row) = rows.locate(grouped.perm[first.start] as usize);
-            return Err(CompileError::UnmatchedRows {
-                path: path.into(),
-                row,
-                key: first.key,
-                context: ctx.path.clone(),
-                others: unmatched.len() - 1,
-            });
-        }
-        summary.contexts_without_context_row = unmatched.len();
-        summary.rows_without_context_row = unmatched.iter().map(|g| g.len as u64).sum();
-    }
-    let Values::Int(ctx_keys) = &ctx.table.columns[0].values else {
-        unreachable!("context keys are integers")
-    };
-    let empty: Vec<usize> = (0..seen.len()).filter(|&r| !seen[r]).collect();
-    summary.contexts_without_rows = empty.len();
-    if let Some(&first) = empty.first() {
-        match spec.empty_contexts {
-            EmptyContexts::Error => {
-                return Err(CompileError::EmptyContexts {
-                    context: ctx.path.clone(),
-                    row: first as u64,
-                    key: ctx_keys[first],
-                    others: empty.len() - 1,
-                })
-            }
-            EmptyContexts::Drop => {}
-            EmptyContexts::Keep => {
-                summary.empty_contexts_kept = empty.len();
-                for r in empty {
-                    contexts.push(Context {
-                        group: Group {
-                            key: ctx_keys[r],
-                            start: 0,
-                            len: 0,
-                            kept_start: 0,
-                            kept: 0,
-                        },
-                        ctx_row: Some(r as u32),
-                        split: TRAIN,
-                    });
-                }
-                contexts.sort_by_key(|c| c.group.key);
-            }
-        }
-    }
-    Ok(contexts)
-}
-
 fn chain_of(spec: &CompileSpec, name: &str) -> Result<Vec<Stage>> {
     match spec.encode.get(name) {
         Some(chain) => plan::parse_chain(name, chain),
@@ -605,16 +983,11 @@ fn chain_of(spec: &CompileSpec, name: &str) -> Result<Vec<Stage>> {
     }
 }
 
-fn column_spec(
-    name: &str,
-    source: ColumnSource,
-    column: &crate::column::Column,
-    encoding: Encoding,
-) -> ColumnSpec {
+fn column_spec(name: &str, source: ColumnSource, id: &ColumnId, encoding: Encoding) -> ColumnSpec {
     ColumnSpec {
         name: name.into(),
         source,
-        source_type: column.info.name.clone(),
+        source_type: id.source_type.clone(),
         encoding,
     }
 }
@@ -728,7 +1101,7 @@ pub(crate) fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
 }
 
 fn build_stats(
-    contexts: &[Context],
+    fits: &[BucketFit],
     split_names: &[String],
     max_len: usize,
     columns: Vec<Vec<ColumnStats>>,
@@ -737,17 +1110,21 @@ fn build_stats(
     let names = std::iter::once(dsc_format::stats::ALL_SPLITS)
         .chain(split_names.iter().map(String::as_str));
     for (i, name) in names.enumerate() {
-        let mut lengths: Vec<f64> = contexts
-            .iter()
-            .filter(|c| i == 0 || c.split as usize == i - 1)
-            .map(|c| c.group.len as f64)
-            .collect();
-        let rows = lengths.iter().sum::<f64>() as u64;
+        let mut lengths = fit::LengthCounts::new();
+        for f in fits {
+            for (s, counts) in f.lengths.iter().enumerate() {
+                if i == 0 || s == i - 1 {
+                    for (&l, &c) in counts {
+                        *lengths.entry(l).or_insert(0) += c;
+                    }
+                }
+            }
+        }
         splits.push(SplitStats {
             split: name.into(),
-            contexts: lengths.len() as u64,
-            rows,
-            lengths: length_stats(&mut lengths, max_len),
+            contexts: lengths.values().sum(),
+            rows: lengths.iter().map(|(&l, &c)| l * c).sum(),
+            lengths: fit::length_stats(&lengths, max_len),
             columns: columns.iter().map(|c| c[i].clone()).collect(),
         });
     }
@@ -772,9 +1149,9 @@ enum Fill {
 fn tensor_layout(
     max_len: usize,
     key_column: ColumnSpec,
-    features: &[(NumericEncoder, ColumnSpec)],
-    categoricals: &[(CategoryCoder, ColumnSpec)],
-    context: &[(NumericEncoder, ColumnSpec, bool)],
+    features: &[ColumnSpec],
+    categoricals: &[ColumnSpec],
+    context: &[(ColumnSpec, bool)],
 ) -> (Vec<TensorSpec>, Vec<Fill>) {
     let derived = |name: &str| ColumnSpec {
         name: name.into(),
@@ -797,11 +1174,11 @@ fn tensor_layout(
             dtype: Dtype::F32,
             role: TensorRole::Features,
             sample_shape: vec![max_len, features.len()],
-            columns: features.iter().map(|f| f.1.clone()).collect(),
+            columns: features.to_vec(),
         });
         fills.push(Fill::Features);
     }
-    for (i, (_, col)) in categoricals.iter().enumerate() {
+    for (i, col) in categoricals.iter().enumerate() {
         tensors.push(TensorSpec {
             name: col.name.clone(),
             dtype: Dtype::I32,
@@ -836,8 +1213,8 @@ fn tensor_layout(
     ] {
         let cols: Vec<ColumnSpec> = context
             .iter()
-            .filter(|c| c.2 == want)
-            .map(|c| c.1.clone())
+            .filter(|c| c.1 == want)
+            .map(|c| c.0.clone())
             .collect();
         if !cols.is_empty() {
             tensors.push(TensorSpec {

@@ -33,7 +33,6 @@ pub(crate) struct Plan {
     pub joins: Vec<(PathBuf, String, Vec<Want>)>,
     /// Rows-table columns to read, key first.
     pub rows_wants: Vec<Want>,
-    pub max_len_given: Option<usize>,
 }
 
 /// The longest sequence a cache may pad to: lengths are stored as i32, and one padded context
@@ -267,6 +266,5 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         row_columns,
         joins,
         rows_wants,
-        max_len_given: spec.max_len,
     })
 }

@@ -293,18 +293,24 @@ pub(crate) struct RowsTable {
     pub offsets: Vec<u64>,
     pub columns: Vec<Column>,
     pub wants: Vec<Want>,
+    /// For a table holding some rows of the input (one bucket): each row's global row, in
+    /// ascending order; `None` when the table holds every row.
+    pub origin: Option<Vec<u64>>,
 }
 
 impl RowsTable {
-    /// The file and the row within it of a global row, for error messages.
+    /// The file and the row within it of a row of this table, for error messages.
     pub fn locate(&self, row: usize) -> (&Path, u64) {
-        let row = row as u64;
+        let row = self.origin.as_ref().map_or(row as u64, |o| o[row]);
         let file = self.offsets.partition_point(|&o| o <= row) - 1;
         (&self.files[file], row - self.offsets[file])
     }
 
     pub fn rows(&self) -> usize {
-        *self.offsets.last().unwrap_or(&0) as usize
+        match &self.origin {
+            Some(o) => o.len(),
+            None => *self.offsets.last().unwrap_or(&0) as usize,
+        }
     }
 
     pub fn column(&self, name: &str) -> Option<&Column> {
@@ -315,9 +321,17 @@ impl RowsTable {
     }
 }
 
-/// Opens every file, checks the wanted columns and that all files agree on their types, then
-/// reads them in parallel and concatenates in file order.
-pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable> {
+/// Every input file opened (footer only) and checked: each holds rows and the wanted columns,
+/// all with the types of the first file.
+pub(crate) struct Inputs {
+    pub opened: Vec<Opened>,
+    pub types: Vec<TypeInfo>,
+    /// `offsets[i]` is the first global row of file `i`; one extra entry holds the total.
+    pub offsets: Vec<u64>,
+}
+
+/// Opens every file and checks the wanted columns and that all files agree on their types.
+pub(crate) fn open_all(files: &[PathBuf], wants: &[Want]) -> Result<Inputs> {
     let opened: Vec<Opened> = files
         .par_iter()
         .map(|p| open(p))
@@ -331,7 +345,7 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
                 path: o.path.clone(),
             });
         }
-        let types = check_columns(o, &wants)?;
+        let types = check_columns(o, wants)?;
         match &first_types {
             None => first_types = Some((o.path.clone(), types)),
             Some((first, expected)) => {
@@ -354,10 +368,25 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
     for o in &opened {
         offsets.push(offsets.last().expect("starts non-empty") + o.rows);
     }
+    Ok(Inputs {
+        opened,
+        types,
+        offsets,
+    })
+}
+
+/// Opens every file, checks the wanted columns and that all files agree on their types, then
+/// reads them in parallel and concatenates in file order.
+pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable> {
+    let Inputs {
+        opened,
+        types,
+        offsets,
+    } = open_all(files, &wants)?;
     let total = *offsets.last().expect("non-empty") as usize;
     if total > u32::MAX as usize {
         return Err(CompileError::Spec(format!(
-            "{total} rows in one compile; this version handles at most {} (split the input)",
+            "{total} rows in one table; this version handles at most {}",
             u32::MAX
         )));
     }
@@ -382,6 +411,7 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
         offsets,
         columns,
         wants,
+        origin: None,
     })
 }
 

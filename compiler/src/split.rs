@@ -8,7 +8,7 @@ use crate::error::{CompileError, Result};
 use crate::lookup::Keyed;
 use dsc_format::rng::split_unit;
 use dsc_format::CompileSpec;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 /// The split every statistic and encoding is fitted on.
@@ -18,83 +18,240 @@ pub(crate) const VAL: &str = "val";
 /// Split tags are bytes and one value marks dropped rows.
 const MAX_SPLITS: usize = u8::MAX as usize;
 
-/// The splits of a compile: their names in storage order (`train` first) and each context's
-/// position in that list.
-#[derive(Debug)]
-pub(crate) struct Assignment {
+/// The splits of a compile, decided before any row is grouped so that every bucket of the
+/// input agrees on them: their names in storage order (`train` first) and the rule that puts a
+/// context in one.
+pub(crate) struct Splits<'a> {
     pub names: Vec<String>,
-    pub of: Vec<u8>,
+    rule: Rule<'a>,
+    val_fraction: f64,
+    split_seed: u64,
+    /// Where `train` and `val` are in `names`.
+    train: u8,
+    val: Option<u8>,
 }
 
-/// One context as the split assignment sees it.
-pub(crate) struct Member {
-    pub key: i64,
-    /// Its row in the context table, where it has one.
-    pub ctx_row: Option<u32>,
+enum Rule<'a> {
+    /// Every context is in train (before `--val-fraction`).
+    Train,
+    /// A string column of the context table; `split_of[code]` is the split of a dictionary code.
+    Column {
+        name: &'a str,
+        ctx: &'a Keyed,
+        split_of: Vec<Option<u8>>,
+    },
+    /// Keys listed in files: split, file and line of each.
+    Keys(HashMap<i64, (u8, &'a str, usize)>),
 }
 
-/// Assigns every context of `members` (ascending by key) to a split.
-pub(crate) fn assign(
-    spec: &CompileSpec,
-    members: &[Member],
-    context: Option<&Keyed>,
-) -> Result<Assignment> {
-    // Names borrowed from the spec, the context table or the constants: one per context, none
-    // allocated.
-    let mut explicit: Vec<&str> = match (&spec.split_by, spec.split_keys.is_empty()) {
+/// Decides the splits of `spec`: reads key files (and checks them), or the split column's values.
+pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&'a Keyed>) -> Result<Splits<'a>> {
+    let mut others: BTreeSet<String> = BTreeSet::new();
+    let rule = match (&spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {
             return Err(CompileError::Spec(
                 "--split-by and --split-keys both assign splits: give one of them".into(),
             ))
         }
-        (Some(column), true) => by_column(column, members, context)?,
-        (None, false) => by_key_files(spec, members)?,
-        (None, true) => vec![TRAIN; members.len()],
-    };
-    if spec.val_fraction > 0.0 {
-        for (name, m) in explicit.iter_mut().zip(members) {
-            if *name == TRAIN && split_unit(m.key, spec.split_seed) < spec.val_fraction {
-                *name = VAL;
+        (Some(column), true) => {
+            let ctx = context.ok_or_else(|| {
+                CompileError::Spec(
+                    "--split-by reads a column of the context table: give --context".into(),
+                )
+            })?;
+            let col = ctx
+                .column(column)
+                .expect("the split column is read with the context");
+            let Values::Str { dict, .. } = &col.values else {
+                unreachable!("the split column is read as strings")
+            };
+            others.extend(dict.iter().filter(|n| check_name(n).is_ok()).cloned());
+            Rule::Column {
+                name: column,
+                ctx,
+                split_of: Vec::new(),
             }
         }
-    }
-    let mut others: BTreeSet<&str> = explicit.iter().copied().collect();
-    if !others.remove(TRAIN) {
-        let why = if spec.split_by.is_some() || !spec.split_keys.is_empty() {
-            format!("the splits assigned are {others:?}")
-        } else if members.is_empty() {
-            "no context is left to store".to_string()
-        } else {
-            format!(
-                "--val-fraction {} put every context in val",
-                spec.val_fraction
-            )
-        };
-        return Err(CompileError::Spec(format!(
-            "no context is in the split {TRAIN:?}, which dsc fits encodings and statistics on: {why}"
-        )));
-    }
-    // The hash split's `val` exists whenever asked for, even if no key fell into it.
+        (None, false) => {
+            for name in spec.split_keys.keys() {
+                check_name(name)
+                    .map_err(|reason| CompileError::Spec(format!("--split-keys: {reason}")))?;
+                others.insert(name.clone());
+            }
+            Rule::Keys(HashMap::new())
+        }
+        (None, true) => Rule::Train,
+    };
+    others.insert(TRAIN.into());
     if spec.val_fraction > 0.0 {
-        others.insert(VAL);
+        others.insert(VAL.into());
     }
-    let names: Vec<String> = std::iter::once(TRAIN)
-        .chain(others)
-        .map(String::from)
-        .collect();
+    others.remove(TRAIN);
+    let names: Vec<String> = std::iter::once(TRAIN.to_string()).chain(others).collect();
     if names.len() > MAX_SPLITS {
         return Err(CompileError::Spec(format!(
             "{} splits; dsc stores at most {MAX_SPLITS}",
             names.len()
         )));
     }
-    let position: HashMap<&str, u8> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.as_str(), i as u8))
-        .collect();
-    let of = explicit.iter().map(|n| position[n]).collect();
-    Ok(Assignment { names, of })
+    let position = |n: &str| names.iter().position(|x| x == n).map(|p| p as u8);
+    let rule = match rule {
+        Rule::Column { name, ctx, .. } => {
+            let col = ctx.column(name).expect("read");
+            let Values::Str { dict, .. } = &col.values else {
+                unreachable!("the split column is read as strings")
+            };
+            let split_of = dict.iter().map(|n| position(n)).collect();
+            Rule::Column {
+                name,
+                ctx,
+                split_of,
+            }
+        }
+        Rule::Keys(_) => Rule::Keys(read_key_files(spec, &position)?),
+        Rule::Train => Rule::Train,
+    };
+    Ok(Splits {
+        train: 0,
+        val: (spec.val_fraction > 0.0).then(|| position(VAL)).flatten(),
+        names,
+        rule,
+        val_fraction: spec.val_fraction,
+        split_seed: spec.split_seed,
+    })
+}
+
+fn read_key_files<'a>(
+    spec: &'a CompileSpec,
+    position: &dyn Fn(&str) -> Option<u8>,
+) -> Result<HashMap<i64, (u8, &'a str, usize)>> {
+    let mut listed: HashMap<i64, (u8, &'a str, usize)> = HashMap::new();
+    for (name, file) in &spec.split_keys {
+        let path = Path::new(file);
+        let split = position(name).expect("every key file names a split");
+        for (key, line) in read_key_list(path)? {
+            if let Some(&(other, other_file, other_line)) = listed.get(&key) {
+                let reason = if other == split {
+                    format!("line {line}: key {key} is listed twice (also line {other_line})")
+                } else {
+                    let other_name = spec
+                        .split_keys
+                        .iter()
+                        .find(|(_, f)| f.as_str() == other_file)
+                        .map_or("?", |(n, _)| n.as_str());
+                    format!(
+                        "line {line}: key {key} is also listed for split {other_name:?} \
+                         ({other_file} line {other_line}); a context is in one split"
+                    )
+                };
+                return Err(CompileError::BadCsv {
+                    path: path.into(),
+                    reason,
+                });
+            }
+            listed.insert(key, (split, file.as_str(), line));
+        }
+    }
+    Ok(listed)
+}
+
+impl Splits<'_> {
+    /// The split of the context `key` (with its context-table row, if any).
+    pub fn of(&self, key: i64, ctx_row: Option<u32>) -> Result<u8> {
+        let s = match &self.rule {
+            Rule::Train => self.train,
+            Rule::Keys(listed) => listed.get(&key).map_or(self.train, |l| l.0),
+            Rule::Column {
+                name: column,
+                ctx,
+                split_of,
+            } => {
+                let col = ctx.column(column).expect("read");
+                let Values::Str { codes, dict, .. } = &col.values else {
+                    unreachable!("the split column is read as strings")
+                };
+                let Some(row) = ctx_row else {
+                    return Err(CompileError::Spec(format!(
+                        "key {key}: no row in the context table {}, so no split (--split-by {column})",
+                        ctx.path.display()
+                    )));
+                };
+                let (path, file_row) = ctx.table.locate(row as usize);
+                let bad = |what: String| CompileError::BadValue {
+                    path: path.into(),
+                    column: column.to_string(),
+                    row: file_row,
+                    what: format!("key {key}: {what}"),
+                };
+                if !col.is_valid(row as usize) {
+                    return Err(bad("the split is null; every context needs one".into()));
+                }
+                let code = codes[row as usize] as usize;
+                match split_of[code] {
+                    Some(s) => s,
+                    None => return Err(bad(check_name(&dict[code]).expect_err("refused"))),
+                }
+            }
+        };
+        Ok(match self.val {
+            Some(val)
+                if s == self.train && split_unit(key, self.split_seed) < self.val_fraction =>
+            {
+                val
+            }
+            _ => s,
+        })
+    }
+
+    /// Keys listed in key files, to check that each is a context of the data.
+    pub fn is_listed(&self, key: i64) -> bool {
+        matches!(&self.rule, Rule::Keys(l) if l.contains_key(&key))
+    }
+
+    /// Checks what only the whole input shows: `train` holds contexts, and every listed key was
+    /// found (`found`: the listed keys that are contexts).
+    pub fn check(&self, contexts: &[u64], found: &HashSet<i64>, total: u64) -> Result<()> {
+        if let Rule::Keys(listed) = &self.rule {
+            let mut missing: Vec<(&str, usize, i64, u8)> = listed
+                .iter()
+                .filter(|(k, _)| !found.contains(k))
+                .map(|(&k, &(s, file, line))| (file, line, k, s))
+                .collect();
+            missing.sort_unstable();
+            if let Some(&(file, line, key, s)) = missing.first() {
+                return Err(CompileError::BadCsv {
+                    path: file.into(),
+                    reason: format!(
+                        "line {line}: key {key} (split {:?}) is not a context of the data",
+                        self.names[s as usize]
+                    ),
+                });
+            }
+        }
+        if contexts[self.train as usize] == 0 {
+            let present: Vec<&str> = self
+                .names
+                .iter()
+                .zip(contexts)
+                .filter(|(_, &c)| c > 0)
+                .map(|(n, _)| n.as_str())
+                .collect();
+            let why = if !matches!(self.rule, Rule::Train) {
+                format!("the splits assigned are {present:?}")
+            } else if total == 0 {
+                "no context is left to store".to_string()
+            } else {
+                format!(
+                    "--val-fraction {} put every context in val",
+                    self.val_fraction
+                )
+            };
+            return Err(CompileError::Spec(format!(
+                "no context is in the split {TRAIN:?}, which dsc fits encodings and statistics on: {why}"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A split name must name files and not be `all`: the reason it cannot, in a message.
@@ -103,87 +260,6 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
         Some(problem) => Err(format!("split name {name:?} {problem}")),
         None => Ok(()),
     }
-}
-
-fn by_column<'a>(
-    column: &str,
-    members: &[Member],
-    context: Option<&'a Keyed>,
-) -> Result<Vec<&'a str>> {
-    let ctx = context.ok_or_else(|| {
-        CompileError::Spec("--split-by reads a column of the context table: give --context".into())
-    })?;
-    let col = ctx
-        .column(column)
-        .expect("the split column is read with the context");
-    let Values::Str { codes, dict, .. } = &col.values else {
-        unreachable!("the split column is read as strings")
-    };
-    let null = |row: u32| col.valid.as_ref().is_some_and(|v| !v[row as usize]);
-    members
-        .iter()
-        .map(|m| {
-            let Some(row) = m.ctx_row else {
-                return Err(CompileError::Spec(format!(
-                    "key {}: no row in the context table {}, so no split (--split-by {column})",
-                    m.key,
-                    ctx.path.display()
-                )));
-            };
-            let (path, file_row) = ctx.table.locate(row as usize);
-            let bad = |what: String| CompileError::BadValue {
-                path: path.into(),
-                column: column.into(),
-                row: file_row,
-                what: format!("key {}: {what}", m.key),
-            };
-            if null(row) {
-                return Err(bad("the split is null; every context needs one".into()));
-            }
-            let name = dict[codes[row as usize] as usize].as_str();
-            check_name(name).map_err(bad)?;
-            Ok(name)
-        })
-        .collect()
-}
-
-fn by_key_files<'a>(spec: &'a CompileSpec, members: &[Member]) -> Result<Vec<&'a str>> {
-    let mut names = vec![TRAIN; members.len()];
-    // Where each listed key was listed, to name both places of a key listed twice.
-    let mut listed: HashMap<i64, (&str, usize)> = HashMap::new();
-    for (name, file) in &spec.split_keys {
-        let path = Path::new(file);
-        check_name(name).map_err(|reason| CompileError::Spec(format!("--split-keys: {reason}")))?;
-        for (key, line) in read_key_list(path)? {
-            if let Some(&(other, other_line)) = listed.get(&key) {
-                let reason = if other == name {
-                    format!("line {line}: key {key} is listed twice (also line {other_line})")
-                } else {
-                    format!(
-                        "line {line}: key {key} is also listed for split {other:?} \
-                         ({} line {other_line}); a context is in one split",
-                        spec.split_keys[other]
-                    )
-                };
-                return Err(CompileError::BadCsv {
-                    path: path.into(),
-                    reason,
-                });
-            }
-            // Members are ascending by key.
-            let Ok(i) = members.binary_search_by_key(&key, |m| m.key) else {
-                return Err(CompileError::BadCsv {
-                    path: path.into(),
-                    reason: format!(
-                        "line {line}: key {key} (split {name:?}) is not a context of the data"
-                    ),
-                });
-            };
-            listed.insert(key, (name, line));
-            names[i] = name;
-        }
-    }
-    Ok(names)
 }
 
 /// Reads a file of integer keys, one per line (blank lines and `#` comments skipped): each key

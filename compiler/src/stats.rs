@@ -1,8 +1,9 @@
 //! Statistics: moments by Welford's method merged with Chan's formula in a fixed order (so the
-//! result does not depend on the thread count), exact quantiles by selection, histograms and
-//! vocabularies.
+//! result does not depend on the thread count) and exact quantiles by selection.
 
-use dsc_format::stats::{Bin, NumericStats, Quantile, QUANTILE_LEVELS};
+use dsc_format::stats::Quantile;
+#[cfg(test)]
+use dsc_format::stats::QUANTILE_LEVELS;
 use rayon::prelude::*;
 
 /// Running count, mean and sum of squared deviations.
@@ -124,53 +125,6 @@ pub(crate) fn quantiles(values: &mut [f64], levels: &[f64]) -> Vec<Quantile> {
             Quantile { q, value }
         })
         .collect()
-}
-
-/// 20 equal-width bins over `[min, max]`.
-pub(crate) fn histogram(values: &[f64], min: f64, max: f64) -> Vec<Bin> {
-    const BINS: usize = 20;
-    let width = (max - min) / BINS as f64;
-    let mut counts = [0u64; BINS];
-    for &x in values {
-        let i = if width > 0.0 {
-            (((x - min) / width) as usize).min(BINS - 1)
-        } else {
-            0
-        };
-        counts[i] += 1;
-    }
-    counts
-        .iter()
-        .enumerate()
-        .map(|(i, &count)| Bin {
-            lo: min + width * i as f64,
-            hi: if i + 1 == BINS {
-                max
-            } else {
-                min + width * (i + 1) as f64
-            },
-            count,
-        })
-        .collect()
-}
-
-/// Quantiles and histogram of finite `values` (reordered in place) with their precomputed
-/// moments; `None` if empty. Moments come from the caller so that they are computed before any
-/// reordering and do not depend on the selection algorithm.
-pub(crate) fn numeric(values: &mut [f64], m: &Moments) -> Option<NumericStats> {
-    if values.is_empty() {
-        return None;
-    }
-    let histogram = histogram(values, m.min, m.max);
-    let quantiles = quantiles(values, &QUANTILE_LEVELS);
-    Some(NumericStats {
-        min: m.min,
-        max: m.max,
-        mean: m.mean,
-        std: m.std(),
-        quantiles,
-        histogram,
-    })
 }
 
 #[cfg(test)]

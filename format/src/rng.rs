@@ -113,6 +113,14 @@ pub fn split_unit(key: i64, split_seed: u64) -> f64 {
     (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
+/// A context's place in the stored order of its split (format version 2): a split's contexts are
+/// stored ascending by this value, ties (two keys with one 64-bit hash) by key. It depends only
+/// on the key and the shuffle seed, so the order is the same whoever read which file; its top
+/// bits are the compile's bucket, so each bucket holds one contiguous stretch of every split.
+pub fn position_hash(key: i64, seed: u64) -> u64 {
+    mix64((key as u64) ^ mix64(seed ^ 0xD6E8_FEB8_6659_FD93))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

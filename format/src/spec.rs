@@ -174,6 +174,11 @@ pub struct CompileSpec {
     /// Target shard size in bytes.
     #[serde(default = "default_shard_size")]
     pub shard_size: u64,
+    /// Decoded input bytes per compile bucket (default [`DEFAULT_BUCKET_SIZE`]). The compile
+    /// holds a few buckets in memory at a time; shards never span two, so this shapes shard
+    /// boundaries (never the order or the values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_size: Option<u64>,
     /// `mostlyai`: reproduce mostlyai-engine 2.7.3's statistics and sequential encoding
     /// (every non-key column of both tables; see `docs/COMPAT-mostlyai.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,6 +190,9 @@ pub struct CompileSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<usize>,
 }
+
+/// Decoded input bytes per compile bucket unless the spec says otherwise.
+pub const DEFAULT_BUCKET_SIZE: u64 = 32 << 20;
 
 fn default_shard_size() -> u64 {
     DEFAULT_SHARD_SIZE
@@ -214,6 +222,7 @@ impl CompileSpec {
             unmatched_rows: UnmatchedRows::Error,
             empty_contexts: EmptyContexts::Error,
             shard_size: DEFAULT_SHARD_SIZE,
+            bucket_size: None,
             profile: None,
             val_keys: None,
             partitions: None,

@@ -527,6 +527,7 @@ fn compile(
                 &CompileOptions {
                     out,
                     force,
+                    max_memory: None,
                     progress: &bars,
                 },
             )

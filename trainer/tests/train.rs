@@ -96,6 +96,7 @@ fn compile(spec: Value, out: &Path) {
     let opts = dsc_compiler::CompileOptions {
         out: out.to_path_buf(),
         force: false,
+        max_memory: None,
         progress: &dsc_compiler::NoProgress,
     };
     dsc_compiler::compile(&spec, &opts).expect("compile");

@@ -1,0 +1,351 @@
+//! Spilling the rows files: each file is read in batches, every row goes to the bucket of its
+//! key's position hash, and buffered buckets are written to a spill file beside the output
+//! whenever the file's share of the memory budget is full. A bucket is later read back whole
+//! (every file's pieces of it, in input order), so a compile holds a few buckets at a time
+//! instead of its whole input.
+
+use crate::column::{Column, TypeInfo};
+use crate::error::{CompileError, Result};
+use crate::read::{Inputs, Opened, RowsTable, Want};
+use crate::Progress;
+use dsc_format::rng::position_hash;
+use rayon::prelude::*;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// How keys are spread over buckets: by the top `bits` bits of their position hash, so that a
+/// bucket holds one contiguous stretch of every split's stored order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Buckets {
+    pub bits: u32,
+    pub seed: u64,
+}
+
+impl Buckets {
+    /// The fewest buckets (a power of two) in which `bytes` of decoded rows come to at most
+    /// `per_bucket` each.
+    pub fn for_size(bytes: u64, per_bucket: u64, seed: u64) -> Buckets {
+        let wanted = bytes.div_ceil(per_bucket.max(1)).max(1);
+        let bits = wanted.next_power_of_two().trailing_zeros().min(20);
+        Buckets { bits, seed }
+    }
+
+    pub fn count(&self) -> usize {
+        1 << self.bits
+    }
+
+    #[inline]
+    pub fn of(&self, key: i64) -> usize {
+        if self.bits == 0 {
+            0
+        } else {
+            (position_hash(key, self.seed) >> (64 - self.bits)) as usize
+        }
+    }
+}
+
+/// Decoded bytes per row of the wanted columns, estimated from their types alone (strings
+/// count 16): what sizes buckets, so that the bucket count depends on the input only.
+pub(crate) fn row_width(types: &[TypeInfo]) -> u64 {
+    use crate::column::Kind;
+    // The global row number each spilled row carries.
+    8 + types
+        .iter()
+        .map(|t| match t.kind {
+            Kind::Int | Kind::Time | Kind::F64 => 8,
+            Kind::F32 => 4,
+            Kind::Bool => 1,
+            Kind::Str => 16,
+        })
+        .sum::<u64>()
+}
+
+/// Where one bucket's rows of one flush lie in a spill file.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    bucket: u32,
+    first_row: u64,
+    run: u32,
+    offset: u64,
+    len: u64,
+    rows: u64,
+}
+
+/// The spilled rows files: which pieces of which spill file hold each bucket.
+pub(crate) struct Spill {
+    runs: Vec<PathBuf>,
+    /// Sorted by bucket, then by first row (input order).
+    pieces: Vec<Piece>,
+    /// `starts[b]..starts[b + 1]` are bucket `b`'s pieces.
+    starts: Vec<usize>,
+    files: Vec<PathBuf>,
+    offsets: Vec<u64>,
+    wants: Vec<Want>,
+    types: Vec<TypeInfo>,
+}
+
+/// One bucket's rows of one file, buffered until the next flush.
+struct Buffer {
+    origin: Vec<u64>,
+    columns: Vec<Column>,
+}
+
+/// Reads every file of `inputs`, sends each row to its bucket and writes the buckets to spill
+/// files in `dir`. Each file buffers at most `budget` bytes of rows between flushes. The first
+/// error in file order wins, whatever the thread count.
+pub(crate) fn spill_rows(
+    inputs: Inputs,
+    wants: Vec<Want>,
+    buckets: Buckets,
+    budget: usize,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<Spill> {
+    let Inputs {
+        opened,
+        types,
+        offsets,
+    } = inputs;
+    let files: Vec<PathBuf> = opened.iter().map(|o| o.path.clone()).collect();
+    let results: Vec<Result<(PathBuf, Vec<Piece>)>> = opened
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let run = dir.join(format!("rows-{i:06}.spill"));
+            let pieces = spill_file(
+                o, i as u32, offsets[i], &run, &wants, &types, buckets, budget,
+            )?;
+            progress.advance(1);
+            Ok((run, pieces))
+        })
+        .collect();
+    let mut runs = Vec::with_capacity(results.len());
+    let mut pieces = Vec::new();
+    for r in results {
+        let (run, mine) = r?;
+        runs.push(run);
+        pieces.extend(mine);
+    }
+    pieces.sort_unstable_by_key(|p| (p.bucket, p.first_row));
+    let mut starts = Vec::with_capacity(buckets.count() + 1);
+    for b in 0..=buckets.count() {
+        starts.push(pieces.partition_point(|p| (p.bucket as usize) < b));
+    }
+    Ok(Spill {
+        runs,
+        pieces,
+        starts,
+        files,
+        offsets,
+        wants,
+        types,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spill_file(
+    opened: Opened,
+    run: u32,
+    first_row: u64,
+    path: &Path,
+    wants: &[Want],
+    types: &[TypeInfo],
+    buckets: Buckets,
+    budget: usize,
+) -> Result<Vec<Piece>> {
+    let source = opened.path.clone();
+    let expected = opened.rows;
+    let indices: Vec<usize> = wants
+        .iter()
+        .map(|w| {
+            opened
+                .schema
+                .index_of(&w.name)
+                .expect("checked when opened")
+        })
+        .collect();
+    let reader = opened.into_reader(&indices)?;
+    let file = File::create(path).map_err(|e| CompileError::io(path, e))?;
+    let mut out = Writer {
+        path,
+        run,
+        file: BufWriter::with_capacity(1 << 20, file),
+        offset: 0,
+        pieces: Vec::new(),
+    };
+    let mut buffers: Vec<Option<Buffer>> = (0..buckets.count()).map(|_| None).collect();
+    let mut buffered = 0usize;
+    let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
+    let mut read = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| CompileError::BadParquet {
+            path: source.clone(),
+            reason: format!("after row {read}: {e}"),
+        })?;
+        let n = batch.num_rows();
+        let columns: Vec<Column> = types
+            .iter()
+            .zip(wants)
+            .map(|(t, w)| {
+                let mut c = Column::new(t.clone(), n);
+                c.push_array(batch.column_by_name(&w.name).expect("projected"));
+                c
+            })
+            .collect();
+        let key = &columns[0];
+        if let Some(valid) = &key.valid {
+            if let Some(r) = valid.iter().position(|v| !v) {
+                return Err(CompileError::NullKey {
+                    path: source.clone(),
+                    column: wants[0].name.clone(),
+                    row: read + r as u64,
+                });
+            }
+        }
+        let crate::column::Values::Int(keys) = &key.values else {
+            unreachable!("the key is an integer column; checked when opened")
+        };
+        for (r, &k) in keys.iter().enumerate() {
+            members[buckets.of(k)].push(r as u32);
+        }
+        for (b, rows) in members.iter_mut().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let buf = buffers[b].get_or_insert_with(|| Buffer {
+                origin: Vec::new(),
+                columns: types.iter().map(|t| Column::new(t.clone(), 0)).collect(),
+            });
+            let base = first_row + read;
+            buf.origin.extend(rows.iter().map(|&r| base + u64::from(r)));
+            for (dst, src) in buf.columns.iter_mut().zip(&columns) {
+                dst.push_rows(src, rows);
+            }
+            rows.clear();
+        }
+        buffered += columns.iter().map(Column::heap_bytes).sum::<usize>() + 8 * n;
+        read += n as u64;
+        if buffered >= budget {
+            out.flush(&mut buffers)?;
+            buffered = 0;
+        }
+    }
+    out.flush(&mut buffers)?;
+    if read != expected {
+        return Err(CompileError::BadParquet {
+            path: source,
+            reason: format!("the footer promises {expected} rows, {read} could be read"),
+        });
+    }
+    out.file
+        .flush()
+        .map_err(|e| CompileError::io(out.path, e))?;
+    Ok(out.pieces)
+}
+
+struct Writer<'a> {
+    path: &'a Path,
+    run: u32,
+    file: BufWriter<File>,
+    offset: u64,
+    pieces: Vec<Piece>,
+}
+
+impl Writer<'_> {
+    /// Writes every buffered bucket as one piece, in bucket order, and empties the buffers.
+    fn flush(&mut self, buffers: &mut [Option<Buffer>]) -> Result<()> {
+        let mut bytes = Vec::new();
+        for (b, slot) in buffers.iter_mut().enumerate() {
+            let Some(buf) = slot.take() else { continue };
+            bytes.clear();
+            buf.origin
+                .iter()
+                .for_each(|r| bytes.extend_from_slice(&r.to_le_bytes()));
+            buf.columns.iter().for_each(|c| c.write_to(&mut bytes));
+            self.file
+                .write_all(&bytes)
+                .map_err(|e| spill_err(self.path, e))?;
+            self.pieces.push(Piece {
+                bucket: b as u32,
+                first_row: buf.origin[0],
+                run: self.run,
+                offset: self.offset,
+                len: bytes.len() as u64,
+                rows: buf.origin.len() as u64,
+            });
+            self.offset += bytes.len() as u64;
+        }
+        Ok(())
+    }
+}
+
+/// A failed spill write: most often a full disk, which the message says.
+fn spill_err(path: &Path, e: std::io::Error) -> CompileError {
+    let what = if e.raw_os_error() == Some(libc::ENOSPC) {
+        "the disk beside --out is full: the compile spills its input there (about the size of \
+         the decoded columns); free space or choose another --out"
+            .to_string()
+    } else {
+        e.to_string()
+    };
+    CompileError::io(path, std::io::Error::new(e.kind(), what))
+}
+
+impl Spill {
+    /// The type of a spilled column.
+    pub fn type_of(&self, name: &str) -> &TypeInfo {
+        let i = self
+            .wants
+            .iter()
+            .position(|w| w.name == name)
+            .expect("a spilled column");
+        &self.types[i]
+    }
+
+    /// Rows in bucket `b`.
+    pub fn rows(&self, b: usize) -> u64 {
+        self.pieces[self.starts[b]..self.starts[b + 1]]
+            .iter()
+            .map(|p| p.rows)
+            .sum()
+    }
+
+    /// Reads bucket `b` back: its rows in input order, as a table that locates them in their
+    /// files.
+    pub fn load(&self, b: usize) -> Result<RowsTable> {
+        let pieces = &self.pieces[self.starts[b]..self.starts[b + 1]];
+        let total = pieces.iter().map(|p| p.rows as usize).sum();
+        let mut columns: Vec<Column> = self
+            .types
+            .iter()
+            .map(|t| Column::new(t.clone(), total))
+            .collect();
+        let mut origin = Vec::with_capacity(total);
+        let mut bytes = Vec::new();
+        for p in pieces {
+            let path = &self.runs[p.run as usize];
+            bytes.resize(p.len as usize, 0);
+            File::open(path)
+                .and_then(|f| f.read_exact_at(&mut bytes, p.offset))
+                .map_err(|e| CompileError::io(path, e))?;
+            let (head, mut rest) = bytes.split_at(p.rows as usize * 8);
+            origin.extend(
+                head.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            );
+            for (all, t) in columns.iter_mut().zip(&self.types) {
+                all.append(Column::read_from(t, &mut rest));
+            }
+        }
+        columns.iter_mut().for_each(Column::finish);
+        Ok(RowsTable {
+            files: self.files.clone(),
+            offsets: self.offsets.clone(),
+            columns,
+            wants: self.wants.clone(),
+            origin: Some(origin),
+        })
+    }
+}
