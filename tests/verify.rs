@@ -291,3 +291,24 @@ fn shards_swapped_between_places_are_caught_by_their_headers() {
     let err = dsc(dir.path(), &["bench", "cache", "--batch-size", "8"]).fails(2);
     assert!(err.contains("__metadata__"), "{err}");
 }
+
+/// A cache written by dsc 0.1 before format version 2 (`tests/fixtures/cache-v1`, compiled from
+/// `dsc gen icecube --files 2 --events-per-file 20 --seed 3`): version 2 changed how the compiler
+/// orders contexts and merges statistics, not what a reader sees, so it still verifies, inspects
+/// and loads.
+#[test]
+fn a_version_1_cache_is_still_read() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let out = dsc(&fixture, &["verify", "cache-v1"]).ok();
+    assert!(out.starts_with("ok: 2 shards"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&dsc(&fixture, &["inspect", "cache-v1", "--json"]).ok()).unwrap();
+    assert_eq!(json["format_version"], 1, "{json}");
+    let bench = dsc(
+        &fixture,
+        &["bench", "cache-v1", "--batch-size", "4", "--json"],
+    )
+    .ok();
+    let bench: serde_json::Value = serde_json::from_str(&bench).unwrap();
+    assert_eq!(bench["contexts"], 32, "{bench}");
+}

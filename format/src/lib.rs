@@ -27,7 +27,7 @@ pub use spec::CompileSpec;
 pub use stats::Stats;
 
 /// The format version this build writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The value of the manifest's `format` field.
 pub const FORMAT_NAME: &str = "dsc-cache";
 /// The manifest's file name inside a cache directory.

@@ -382,8 +382,8 @@ impl TryFrom<ManifestFields> for Manifest {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ManifestProblem {
-    /// `format` is not `dsc-cache`, or the version is not the one this build writes.
-    #[error("format {found:?} version {version} (expected {FORMAT_NAME:?} {FORMAT_VERSION})")]
+    /// `format` is not `dsc-cache`, or the version is not one this build reads.
+    #[error("format {found:?} version {version} (this dsc reads {FORMAT_NAME:?} versions {SUPPORTED_VERSIONS:?})")]
     NotThisFormat {
         /// The `format` field, if any.
         found: Option<String>,
@@ -557,7 +557,7 @@ pub fn split_name_problem(name: &str) -> Option<&'static str> {
 }
 
 /// Format versions this build reads.
-pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2];
 
 impl Manifest {
     /// Starts a manifest for the writers: the dsc release writing it, tensors padded to
@@ -661,7 +661,7 @@ impl Manifest {
     /// Checks the manifest's internal consistency: unique tensor names, shapes that match their
     /// roles and `max_len`, shard names and indices, and split counts equal to their shards' sums.
     fn validate(&self) -> Result<(), ManifestProblem> {
-        if self.format != FORMAT_NAME || self.format_version != FORMAT_VERSION {
+        if self.format != FORMAT_NAME || !SUPPORTED_VERSIONS.contains(&self.format_version) {
             return Err(ManifestProblem::NotThisFormat {
                 found: Some(self.format.clone()),
                 version: self.format_version,

@@ -73,11 +73,12 @@ impl<'a> ShardMeta<'a> {
         }
     }
 
-    /// The `__metadata__` entries, in the order of `docs/FORMAT.md` §6.1.
-    fn entries(&self) -> Vec<(String, String)> {
+    /// The `__metadata__` entries of a shard of format `version`, in the order of
+    /// `docs/FORMAT.md` §6.1.
+    fn entries(&self, version: u32) -> Vec<(String, String)> {
         let mut out = vec![
             ("format", FORMAT_NAME.to_string()),
-            ("format_version", FORMAT_VERSION.to_string()),
+            ("format_version", version.to_string()),
             ("split", self.split.to_string()),
             ("shard", self.index.to_string()),
             ("first_context", self.first_context.to_string()),
@@ -93,7 +94,7 @@ impl<'a> ShardMeta<'a> {
 /// extents. The format owns the header: writers say which shard it is, nothing more.
 pub fn build_header(tensors: &[TensorSpec], n: usize, meta: &ShardMeta) -> (Vec<u8>, ShardLayout) {
     let mut map = Map::new();
-    let metadata = meta.entries();
+    let metadata = meta.entries(FORMAT_VERSION);
     let json_meta: Map<String, Value> = metadata
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
@@ -298,7 +299,7 @@ impl ShardLayout {
         entry: &ShardEntry,
         shard: &Path,
     ) -> Result<(), FormatError> {
-        self.check_metadata(entry, shard)?;
+        self.check_metadata(entry, shard, manifest.format_version())?;
         if !self.data_start.is_multiple_of(DATA_ALIGN as u64) {
             return Err(header_err(
                 shard,
@@ -334,8 +335,13 @@ impl ShardLayout {
         Ok(())
     }
 
-    fn check_metadata(&self, entry: &ShardEntry, shard: &Path) -> Result<(), FormatError> {
-        for (key, want) in ShardMeta::of(entry).entries() {
+    fn check_metadata(
+        &self,
+        entry: &ShardEntry,
+        shard: &Path,
+        version: u32,
+    ) -> Result<(), FormatError> {
+        for (key, want) in ShardMeta::of(entry).entries(version) {
             let found = self
                 .metadata
                 .iter()
