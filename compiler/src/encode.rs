@@ -330,7 +330,9 @@ impl<'a> CategoryCoder<'a> {
 
 /// A categorical value independent of any one table's string dictionary: what vocabularies
 /// are merged and sorted by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub(crate) enum CatValue {
     Int(i64),
     Str(String),

@@ -4,16 +4,24 @@
 //! So the result is the same whatever the memory budget, the thread count or who computed
 //! which bucket.
 
+use crate::bucket::{Issues, Shared};
 use crate::column::Kind;
-use crate::encode::{self, Access, CatValue, Gathered, NumericResult};
+use crate::encode::{self, Access, CatValue, Gathered, NumericEncoder, NumericResult};
 use crate::error::{CompileError, Result};
 use crate::stats::Moments;
+use crate::Progress;
+use dsc_format::manifest::CompileSummary;
+use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
 use dsc_format::stats::QUANTILE_LEVELS;
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, NumericStats, Quantile, VocabEntry};
+use dsc_format::stats::{SplitStats, Stats};
 use dsc_format::Stage;
-use std::collections::{BTreeMap, HashMap};
+use dsc_format::{ColumnSource, ColumnSpec, Encoding};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -55,22 +63,26 @@ impl ColumnId {
 /// Sorted runs of finite values, one per (column, split, bucket), in one spill file.
 pub(crate) struct ValueRuns {
     path: PathBuf,
+    /// Which values file of the compile this is (one per statistics partition).
+    file: u32,
     out: Mutex<(File, u64)>,
 }
 
 /// Where one run lies.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct Run {
+    file: u32,
     offset: u64,
     len: u64,
 }
 
 impl ValueRuns {
-    pub fn create(path: PathBuf) -> Result<ValueRuns> {
-        let file = File::create(&path).map_err(|e| CompileError::io(&path, e))?;
+    pub fn create(path: PathBuf, file: u32) -> Result<ValueRuns> {
+        let f = File::create(&path).map_err(|e| CompileError::io(&path, e))?;
         Ok(ValueRuns {
             path,
-            out: Mutex::new((file, 0)),
+            file,
+            out: Mutex::new((f, 0)),
         })
     }
 
@@ -85,6 +97,7 @@ impl ValueRuns {
             .write_all(&bytes)
             .map_err(|e| CompileError::io(&self.path, e))?;
         let run = Run {
+            file: self.file,
             offset: out.1,
             len: values.len() as u64,
         };
@@ -113,7 +126,7 @@ impl ValueRuns {
 
 /// One numeric column of one bucket: per split the bad-value counts, the moments and the run
 /// of sorted values; and the moments of train after the chain's unfitted prefix.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct NumericPartial {
     counts: Vec<[u64; 3]>,
     moments: Vec<Moments>,
@@ -199,10 +212,10 @@ struct Sorted<'m> {
 }
 
 impl<'m> Sorted<'m> {
-    fn new(map: &'m [u8], runs: impl Iterator<Item = Run>) -> Sorted<'m> {
+    fn new(maps: &[&'m [u8]], runs: impl Iterator<Item = Run>) -> Sorted<'m> {
         let runs: Vec<&[u8]> = runs
             .filter(|r| r.len > 0)
-            .map(|r| &map[r.offset as usize..(r.offset + r.len * 8) as usize])
+            .map(|r| &maps[r.file as usize][r.offset as usize..(r.offset + r.len * 8) as usize])
             .collect();
         let n = runs.iter().map(|r| r.len() as u64 / 8).sum();
         Sorted { runs, n }
@@ -376,7 +389,7 @@ pub(crate) fn merge_numeric(
     parts: &[&NumericPartial],
     splits: usize,
     chain: &[Stage],
-    map: &[u8],
+    maps: &[&[u8]],
 ) -> Result<NumericResult> {
     let merge = |f: &dyn Fn(&NumericPartial) -> Moments| {
         parts
@@ -400,12 +413,12 @@ pub(crate) fn merge_numeric(
     for c in &counts {
         all_counts.iter_mut().zip(c).for_each(|(t, x)| *t += x);
     }
-    let all_runs = Sorted::new(map, parts.iter().flat_map(|p| p.runs.iter().copied()));
+    let all_runs = Sorted::new(maps, parts.iter().flat_map(|p| p.runs.iter().copied()));
     let mut all = id.empty_stats(all_counts, all_runs.n);
     all.numeric = all_runs.numeric(&all_m);
     let mut out = vec![all];
     for s in 0..splits {
-        let runs = Sorted::new(map, parts.iter().map(|p| p.runs[s]));
+        let runs = Sorted::new(maps, parts.iter().map(|p| p.runs[s]));
         let mut st = id.empty_stats(counts[s], runs.n);
         st.numeric = runs.numeric(&moments[s]);
         out.push(st);
@@ -441,11 +454,31 @@ pub(crate) fn merge_numeric(
     })
 }
 
-/// One categorical column of one bucket: per split the count of each value, and the nulls.
-#[derive(Debug, Clone)]
+/// One categorical column of some buckets: per split the count of each value (ascending by
+/// value), and the nulls. Counts add, so partials of any buckets merge in any order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct CategoryPartial {
-    counts: Vec<HashMap<CatValue, u64>>,
+    counts: Vec<Vec<(CatValue, u64)>>,
     nulls: Vec<u64>,
+}
+
+impl CategoryPartial {
+    /// Adds `other` to `self`.
+    fn add(&mut self, other: CategoryPartial) {
+        if self.counts.is_empty() {
+            *self = other;
+            return;
+        }
+        for (s, theirs) in other.counts.into_iter().enumerate() {
+            let mut m: BTreeMap<CatValue, u64> =
+                std::mem::take(&mut self.counts[s]).into_iter().collect();
+            for (k, c) in theirs {
+                *m.entry(k).or_insert(0) += c;
+            }
+            self.counts[s] = m.into_iter().collect();
+            self.nulls[s] += other.nulls[s];
+        }
+    }
 }
 
 pub(crate) fn category_partial(
@@ -457,9 +490,11 @@ pub(crate) fn category_partial(
     let counts = counts
         .into_iter()
         .map(|m| {
-            m.into_iter()
+            let sorted: BTreeMap<CatValue, u64> = m
+                .into_iter()
                 .map(|(k, c)| (CatValue::of(access.column, k), c))
-                .collect()
+                .collect();
+            sorted.into_iter().collect()
         })
         .collect();
     Ok(CategoryPartial { counts, nulls })
@@ -469,18 +504,14 @@ pub(crate) fn category_partial(
 /// its vocabulary (train values ascending).
 pub(crate) fn merge_categories(
     id: &ColumnId,
-    parts: &[&CategoryPartial],
+    part: &CategoryPartial,
     splits: usize,
 ) -> (Vec<ColumnStats>, Vec<CatValue>) {
     let mut counts: Vec<BTreeMap<CatValue, u64>> = vec![BTreeMap::new(); splits];
     let mut nulls = vec![0u64; splits];
-    for p in parts {
-        for s in 0..splits {
-            nulls[s] += p.nulls[s];
-            for (k, c) in &p.counts[s] {
-                *counts[s].entry(k.clone()).or_insert(0) += c;
-            }
-        }
+    for (s, split) in part.counts.iter().enumerate() {
+        nulls[s] = part.nulls[s];
+        counts[s] = split.iter().cloned().collect();
     }
     let vocabulary: Vec<CatValue> = counts[0].keys().cloned().collect();
     let mut all: BTreeMap<CatValue, u64> = BTreeMap::new();
@@ -589,7 +620,369 @@ pub(crate) fn length_stats(counts: &LengthCounts, max_len: usize) -> LengthStats
     }
 }
 
-/// Where the sorted values of a compile are spilled.
-pub(crate) fn runs_path(dir: &Path) -> PathBuf {
-    dir.join("values.spill")
+/// What the statistics pass learns from one bucket: what must merge in bucket order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BucketFit {
+    /// Contexts per split.
+    pub contexts: Vec<u64>,
+    /// The longest context (rows before truncation).
+    pub longest: usize,
+    /// Per row column: numeric partials (`None` for categorical columns).
+    columns: Vec<Option<NumericPartial>>,
+    context_columns: Vec<NumericPartial>,
+    pub issues: Issues,
+}
+
+/// The statistics of a range of buckets: per bucket what merges in order, summed what adds up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FitPart {
+    pub buckets: Vec<BucketFit>,
+    /// Per row column: categorical partials (`None` for numeric columns).
+    categories: Vec<Option<CategoryPartial>>,
+    /// Context lengths per split.
+    lengths: Vec<LengthCounts>,
+}
+
+/// Runs `f` on every bucket of `range`, at most `at_once` of them in memory together; results in
+/// bucket order, the first error in bucket order.
+pub(crate) fn for_buckets<T: Send>(
+    range: Range<usize>,
+    at_once: usize,
+    progress: &dyn Progress,
+    f: impl Fn(usize) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(range.len());
+    let all: Vec<usize> = range.collect();
+    for chunk in all.chunks(at_once.max(1)) {
+        let done: Vec<Result<T>> = chunk
+            .par_iter()
+            .map(|&b| {
+                let r = f(b);
+                progress.advance(1);
+                r
+            })
+            .collect();
+        for r in done {
+            out.push(r?);
+        }
+    }
+    Ok(out)
+}
+
+/// The statistics pass over the buckets of `range`: each grouped and its columns summarised;
+/// sorted values go to `runs`.
+pub(crate) fn fit_buckets(
+    shared: &Shared,
+    range: Range<usize>,
+    at_once: usize,
+    runs: &ValueRuns,
+    progress: &dyn Progress,
+) -> Result<FitPart> {
+    let n_splits = shared.splits.names.len();
+    let spec = shared.spec;
+    let summed = Mutex::new((
+        vec![None::<CategoryPartial>; shared.columns.len()],
+        vec![LengthCounts::new(); n_splits],
+    ));
+    let buckets = for_buckets(range, at_once, progress, |b| {
+        let p = shared.prepare(b, spec.max_len)?;
+        let mut contexts = vec![0u64; n_splits];
+        let mut lengths = vec![LengthCounts::new(); n_splits];
+        let mut longest = 0;
+        for c in &p.contexts {
+            contexts[c.split as usize] += 1;
+            *lengths[c.split as usize]
+                .entry(c.group.len as u64)
+                .or_insert(0) += 1;
+            longest = longest.max(c.group.len);
+        }
+        let mut columns = Vec::with_capacity(shared.columns.len());
+        let mut categories = Vec::with_capacity(shared.columns.len());
+        for (i, rc) in shared.columns.iter().enumerate() {
+            let access = shared.access(i, &p.table);
+            if rc.categorical {
+                columns.push(None);
+                categories.push(Some(category_partial(&access, &p.row_tags, n_splits)?));
+            } else {
+                let prefix = unfitted_prefix(rc.name, &rc.chain)?;
+                columns.push(Some(numeric_partial(
+                    &access,
+                    &p.row_tags,
+                    None,
+                    n_splits,
+                    prefix,
+                    runs,
+                )?));
+                categories.push(None);
+            }
+        }
+        let mut context_columns = Vec::with_capacity(shared.context_columns.len());
+        for (i, (name, _, chain)) in shared.context_columns.iter().enumerate() {
+            let access = shared.context_access(i);
+            let prefix = unfitted_prefix(name, chain)?;
+            context_columns.push(numeric_partial(
+                &access,
+                &p.ctx_tags,
+                Some(&p.ctx_rows),
+                n_splits,
+                prefix,
+                runs,
+            )?);
+        }
+        // What adds up is summed as buckets finish, so that it is held once, not per bucket.
+        let mut sums = summed.lock().expect("no panics while held");
+        for (sum, part) in sums.0.iter_mut().zip(categories) {
+            if let Some(part) = part {
+                sum.get_or_insert_with(CategoryPartial::default).add(part);
+            }
+        }
+        for (sum, part) in sums.1.iter_mut().zip(lengths) {
+            for (l, c) in part {
+                *sum.entry(l).or_insert(0) += c;
+            }
+        }
+        Ok(BucketFit {
+            contexts,
+            longest,
+            columns,
+            context_columns,
+            issues: p.issues,
+        })
+    })?;
+    let (categories, lengths) = summed.into_inner().expect("no panics while held");
+    Ok(FitPart {
+        buckets,
+        categories,
+        lengths,
+    })
+}
+
+/// A row column's fitted encoding.
+pub(crate) enum FittedColumn {
+    Numeric(NumericResult, ColumnSpec),
+    Category(Vec<CatValue>, ColumnSpec),
+}
+
+/// Every bucket's statistics merged: the encodings, `stats.json`, `L`, and what the shards pass
+/// needs to place each bucket's contexts.
+pub(crate) struct Merged {
+    pub columns: Vec<FittedColumn>,
+    /// Targets and context features: result, manifest column, is a target.
+    pub context: Vec<(NumericResult, ColumnSpec, bool)>,
+    pub stats: Stats,
+    pub max_len: usize,
+    /// Contexts per bucket per split.
+    pub bucket_contexts: Vec<Vec<u64>>,
+    /// The summary's counts known before writing.
+    pub summary: CompileSummary,
+}
+
+/// Merges the statistics of every bucket (`parts` in bucket order) and fits the encodings on
+/// train.
+pub(crate) fn merge(
+    shared: &Shared,
+    parts: &[FitPart],
+    maps: &[&[u8]],
+    rows_read: u64,
+) -> Result<Merged> {
+    let spec = shared.spec;
+    let n_splits = shared.splits.names.len();
+    let buckets: Vec<&BucketFit> = parts.iter().flat_map(|p| &p.buckets).collect();
+    let mut summary = CompileSummary {
+        rows_read,
+        ..Default::default()
+    };
+    check_issues(spec, &buckets, shared, &mut summary)?;
+    let per_split: Vec<u64> = (0..n_splits)
+        .map(|s| buckets.iter().map(|f| f.contexts[s]).sum())
+        .collect();
+    let found: std::collections::HashSet<i64> = buckets
+        .iter()
+        .flat_map(|f| f.issues.found.iter().copied())
+        .collect();
+    shared
+        .splits
+        .check(&per_split, &found, per_split.iter().sum())?;
+    summary.contexts = per_split.iter().sum::<u64>() as usize;
+    let longest = buckets.iter().map(|f| f.longest).max().unwrap_or(0);
+    let max_len = spec
+        .max_len
+        .unwrap_or_else(|| longest.clamp(1, crate::plan::MAX_LEN));
+
+    let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
+    let mut columns = Vec::new();
+    for (i, rc) in shared.columns.iter().enumerate() {
+        let id = shared.column_id(i);
+        let source = match rc.join {
+            None => ColumnSource::Rows,
+            Some(keyed) => ColumnSource::Join {
+                file: keyed.path.display().to_string(),
+                on: keyed.key.clone(),
+            },
+        };
+        if rc.categorical {
+            let mut sum = CategoryPartial::default();
+            for p in parts {
+                if let Some(c) = &p.categories[i] {
+                    sum.add(c.clone());
+                }
+            }
+            if sum.counts.is_empty() {
+                sum.counts = vec![Vec::new(); n_splits];
+                sum.nulls = vec![0; n_splits];
+            }
+            let (stats, vocabulary) = merge_categories(&id, &sum, n_splits);
+            let encoding = Encoding::Category {
+                vocabulary: vocabulary.iter().map(|v| v.json(id.kind)).collect(),
+            };
+            column_stats.push(stats);
+            columns.push(FittedColumn::Category(
+                vocabulary,
+                column_spec(rc.name, source, &id, encoding),
+            ));
+        } else {
+            let numeric: Vec<&NumericPartial> = buckets
+                .iter()
+                .map(|f| f.columns[i].as_ref().expect("a numeric column"))
+                .collect();
+            let result = merge_numeric(&id, &numeric, n_splits, &rc.chain, maps)?;
+            let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
+            column_stats.push(result.stats.clone());
+            columns.push(FittedColumn::Numeric(
+                result,
+                column_spec(rc.name, source, &id, encoding),
+            ));
+        }
+    }
+    let mut context = Vec::new();
+    for (i, (name, is_target, chain)) in shared.context_columns.iter().enumerate() {
+        let mut id = ColumnId::of(&shared.context_access(i));
+        id.table = "context";
+        let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
+        let result = merge_numeric(&id, &numeric, n_splits, chain, maps)?;
+        let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
+        column_stats.push(result.stats.clone());
+        context.push((
+            result,
+            column_spec(name, ColumnSource::Context, &id, encoding),
+            *is_target,
+        ));
+    }
+    let mut lengths = vec![LengthCounts::new(); n_splits];
+    for p in parts {
+        for (sum, part) in lengths.iter_mut().zip(&p.lengths) {
+            for (&l, &c) in part {
+                *sum.entry(l).or_insert(0) += c;
+            }
+        }
+    }
+    let stats = build_stats(&lengths, &shared.splits.names, max_len, column_stats);
+    Ok(Merged {
+        columns,
+        context,
+        stats,
+        max_len,
+        bucket_contexts: buckets.iter().map(|f| f.contexts.clone()).collect(),
+        summary,
+    })
+}
+
+pub(crate) fn column_spec(
+    name: &str,
+    source: ColumnSource,
+    id: &ColumnId,
+    encoding: Encoding,
+) -> ColumnSpec {
+    ColumnSpec {
+        name: name.into(),
+        source,
+        source_type: id.source_type.clone(),
+        encoding,
+    }
+}
+
+/// Turns what the buckets found missing into the errors or counts the policies ask for.
+fn check_issues(
+    spec: &CompileSpec,
+    buckets: &[&BucketFit],
+    shared: &Shared,
+    summary: &mut CompileSummary,
+) -> Result<()> {
+    let Some(ctx) = shared.context else {
+        return Ok(());
+    };
+    let unmatched: usize = buckets.iter().map(|f| f.issues.unmatched.0).sum();
+    if unmatched > 0 {
+        if spec.unmatched_rows == UnmatchedRows::Error {
+            let (key, path, row) = buckets
+                .iter()
+                .filter_map(|f| f.issues.unmatched.2.clone())
+                .min_by_key(|u| u.0)
+                .expect("counted above");
+            return Err(CompileError::UnmatchedRows {
+                path,
+                row,
+                key,
+                context: ctx.path.clone(),
+                others: unmatched - 1,
+            });
+        }
+        summary.contexts_without_context_row = unmatched;
+        summary.rows_without_context_row = buckets.iter().map(|f| f.issues.unmatched.1).sum();
+    }
+    let empty: usize = buckets.iter().map(|f| f.issues.empty.0).sum();
+    summary.contexts_without_rows = empty;
+    if empty > 0 {
+        match spec.empty_contexts {
+            EmptyContexts::Error => {
+                let (row, key) = buckets
+                    .iter()
+                    .filter_map(|f| f.issues.empty.1)
+                    .min()
+                    .expect("counted above");
+                return Err(CompileError::EmptyContexts {
+                    context: ctx.path.clone(),
+                    row,
+                    key,
+                    others: empty - 1,
+                });
+            }
+            EmptyContexts::Drop => {}
+            EmptyContexts::Keep => summary.empty_contexts_kept = empty,
+        }
+    }
+    Ok(())
+}
+
+fn build_stats(
+    lengths: &[LengthCounts],
+    split_names: &[String],
+    max_len: usize,
+    columns: Vec<Vec<ColumnStats>>,
+) -> Stats {
+    let mut splits = Vec::new();
+    let names = std::iter::once(dsc_format::stats::ALL_SPLITS)
+        .chain(split_names.iter().map(String::as_str));
+    for (i, name) in names.enumerate() {
+        let mut counts = LengthCounts::new();
+        for (s, split) in lengths.iter().enumerate() {
+            if i == 0 || s == i - 1 {
+                for (&l, &c) in split {
+                    *counts.entry(l).or_insert(0) += c;
+                }
+            }
+        }
+        splits.push(SplitStats {
+            split: name.into(),
+            contexts: counts.values().sum(),
+            rows: counts.iter().map(|(&l, &c)| l * c).sum(),
+            lengths: length_stats(&counts, max_len),
+            columns: columns.iter().map(|c| c[i].clone()).collect(),
+        });
+    }
+    Stats {
+        format_version: dsc_format::FORMAT_VERSION,
+        splits,
+    }
 }

@@ -9,6 +9,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
 
+mod bucket;
 mod column;
 mod encode;
 mod error;
@@ -21,6 +22,7 @@ mod pipeline;
 mod plan;
 mod progress;
 mod read;
+mod shards;
 mod spill;
 mod split;
 mod stats;

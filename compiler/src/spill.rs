@@ -10,8 +10,10 @@ use crate::read::{Inputs, Opened, RowsTable, Want};
 use crate::Progress;
 use dsc_format::rng::position_hash;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -63,7 +65,7 @@ pub(crate) fn row_width(types: &[TypeInfo]) -> u64 {
 }
 
 /// Where one bucket's rows of one flush lie in a spill file.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Piece {
     bucket: u32,
     first_row: u64,
@@ -71,6 +73,14 @@ struct Piece {
     offset: u64,
     len: u64,
     rows: u64,
+}
+
+/// The rows files as the spill knows them: paths, first global rows (and the total), types.
+#[derive(Debug, Clone)]
+pub(crate) struct Described {
+    pub files: Vec<PathBuf>,
+    pub offsets: Vec<u64>,
+    pub types: Vec<TypeInfo>,
 }
 
 /// The spilled rows files: which pieces of which spill file hold each bucket.
@@ -92,56 +102,64 @@ struct Buffer {
     columns: Vec<Column>,
 }
 
-/// Reads every file of `inputs`, sends each row to its bucket and writes the buckets to spill
-/// files in `dir`. Each file buffers at most `budget` bytes of rows between flushes. The first
-/// error in file order wins, whatever the thread count.
+/// What spilling some of the rows files wrote: spill file names (in the spill folder) and the
+/// pieces in them (`Piece::run` indexes `runs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SpillPart {
+    pub runs: Vec<String>,
+    pieces: Vec<Piece>,
+}
+
+/// Reads the files `files` of `inputs`, sends each row to its bucket and writes the buckets to
+/// spill files in `dir`. Each file buffers at most `budget` bytes of rows between flushes. The
+/// first error in file order wins, whatever the thread count.
 pub(crate) fn spill_rows(
     inputs: Inputs,
-    wants: Vec<Want>,
+    files: Range<usize>,
+    wants: &[Want],
     buckets: Buckets,
     budget: usize,
     dir: &Path,
     progress: &dyn Progress,
-) -> Result<Spill> {
+) -> Result<SpillPart> {
     let Inputs {
         opened,
         types,
         offsets,
     } = inputs;
-    let files: Vec<PathBuf> = opened.iter().map(|o| o.path.clone()).collect();
-    let results: Vec<Result<(PathBuf, Vec<Piece>)>> = opened
+    let results: Vec<Result<(String, Vec<Piece>)>> = opened
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| files.contains(i))
+        .collect::<Vec<_>>()
         .into_par_iter()
         .enumerate()
-        .map(|(i, o)| {
-            let run = dir.join(format!("rows-{i:06}.spill"));
+        .map(|(local, (i, o))| {
+            let name = format!("rows-{i:06}.spill");
             let pieces = spill_file(
-                o, i as u32, offsets[i], &run, &wants, &types, buckets, budget,
+                o,
+                local as u32,
+                offsets[i],
+                &dir.join(&name),
+                wants,
+                &types,
+                buckets,
+                budget,
             )?;
             progress.advance(1);
-            Ok((run, pieces))
+            Ok((name, pieces))
         })
         .collect();
-    let mut runs = Vec::with_capacity(results.len());
-    let mut pieces = Vec::new();
+    let mut part = SpillPart {
+        runs: Vec::with_capacity(results.len()),
+        pieces: Vec::new(),
+    };
     for r in results {
-        let (run, mine) = r?;
-        runs.push(run);
-        pieces.extend(mine);
+        let (name, pieces) = r?;
+        part.runs.push(name);
+        part.pieces.extend(pieces);
     }
-    pieces.sort_unstable_by_key(|p| (p.bucket, p.first_row));
-    let mut starts = Vec::with_capacity(buckets.count() + 1);
-    for b in 0..=buckets.count() {
-        starts.push(pieces.partition_point(|p| (p.bucket as usize) < b));
-    }
-    Ok(Spill {
-        runs,
-        pieces,
-        starts,
-        files,
-        offsets,
-        wants,
-        types,
-    })
+    Ok(part)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -167,9 +185,12 @@ fn spill_file(
         })
         .collect();
     let reader = opened.into_reader(&indices)?;
-    let file = File::create(path).map_err(|e| CompileError::io(path, e))?;
+    // Written under a temporary name and renamed when complete: a retried or duplicated task
+    // never leaves, nor reads, half a spill file.
+    let tmp = path.with_extension(format!("spill.{}.tmp", std::process::id()));
+    let file = File::create(&tmp).map_err(|e| spill_err(&tmp, e))?;
     let mut out = Writer {
-        path,
+        path: &tmp,
         run,
         file: BufWriter::with_capacity(1 << 20, file),
         offset: 0,
@@ -239,9 +260,8 @@ fn spill_file(
             reason: format!("the footer promises {expected} rows, {read} could be read"),
         });
     }
-    out.file
-        .flush()
-        .map_err(|e| CompileError::io(out.path, e))?;
+    out.file.flush().map_err(|e| spill_err(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| CompileError::io(path, e))?;
     Ok(out.pieces)
 }
 
@@ -294,6 +314,44 @@ fn spill_err(path: &Path, e: std::io::Error) -> CompileError {
 }
 
 impl Spill {
+    /// The spill of every part (in file order), read from `dir`.
+    pub fn from_parts(
+        dir: &Path,
+        parts: Vec<SpillPart>,
+        buckets: Buckets,
+        inputs: Described,
+        wants: Vec<Want>,
+    ) -> Spill {
+        let mut runs = Vec::new();
+        let mut pieces = Vec::new();
+        for part in parts {
+            let base = runs.len() as u32;
+            runs.extend(part.runs.iter().map(|r| dir.join(r)));
+            pieces.extend(part.pieces.into_iter().map(|p| Piece {
+                run: base + p.run,
+                ..p
+            }));
+        }
+        pieces.sort_unstable_by_key(|p| (p.bucket, p.first_row));
+        let starts = (0..=buckets.count())
+            .map(|b| pieces.partition_point(|p| (p.bucket as usize) < b))
+            .collect();
+        let Described {
+            files,
+            offsets,
+            types,
+        } = inputs;
+        Spill {
+            runs,
+            pieces,
+            starts,
+            files,
+            offsets,
+            wants,
+            types,
+        }
+    }
+
     /// The type of a spilled column.
     pub fn type_of(&self, name: &str) -> &TypeInfo {
         let i = self

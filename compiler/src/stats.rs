@@ -7,7 +7,7 @@ use dsc_format::stats::QUANTILE_LEVELS;
 use rayon::prelude::*;
 
 /// Running count, mean and sum of squared deviations.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Moments {
     pub n: u64,
     pub mean: f64,

@@ -1,0 +1,240 @@
+//! One bucket of the input as the compile sees it: its rows read back from the spill, grouped
+//! into contexts, matched with the context table, truncated and assigned to splits. Both passes
+//! over the buckets (statistics, then shards) prepare a bucket the same way.
+
+use crate::column::Values;
+use crate::encode::{Access, DROPPED, TRAIN};
+use crate::error::Result;
+use crate::fit::ColumnId;
+use crate::group::{self, Group};
+use crate::lookup::Keyed;
+use crate::read::RowsTable;
+use crate::spill::Spill;
+use crate::split;
+use dsc_format::spec::{CompileSpec, EmptyContexts};
+use dsc_format::Stage;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Context {
+    pub group: Group,
+    pub ctx_row: Option<u32>,
+    pub split: u8,
+}
+
+/// One row column of the compile: where it comes from and how it is encoded.
+pub(crate) struct RowColumn<'a> {
+    pub name: &'a str,
+    pub join: Option<&'a Keyed>,
+    pub categorical: bool,
+    pub chain: Vec<Stage>,
+}
+
+/// Everything a bucket needs that is shared by all of them.
+pub(crate) struct Shared<'a> {
+    pub spec: &'a CompileSpec,
+    pub spill: &'a Spill,
+    pub context: Option<&'a Keyed>,
+    /// Context-table rows by bucket, ascending.
+    pub ctx_by_bucket: Vec<Vec<u32>>,
+    pub splits: &'a split::Splits<'a>,
+    pub columns: Vec<RowColumn<'a>>,
+    /// Targets, then context features: (name, is_target, chain).
+    pub context_columns: Vec<(&'a str, bool, Vec<Stage>)>,
+}
+
+/// What only the whole input shows is wrong: kept per bucket, decided after all of them.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub(crate) struct Issues {
+    /// Contexts with rows but no context row: count, rows, and the smallest key's first row.
+    pub unmatched: (usize, u64, Option<(i64, PathBuf, u64)>),
+    /// Context rows with no rows: count and the first (row, key).
+    pub empty: (usize, Option<(u64, i64)>),
+    /// Listed keys (key files) that are contexts.
+    pub found: Vec<i64>,
+}
+
+/// One bucket grouped into contexts, each with its split.
+pub(crate) struct Prepared {
+    pub table: RowsTable,
+    pub grouped: group::Groups,
+    pub contexts: Vec<Context>,
+    pub row_tags: Vec<u8>,
+    /// Context-table rows of the stored contexts, ascending, with their splits.
+    pub ctx_rows: Vec<u32>,
+    pub ctx_tags: Vec<u8>,
+    pub issues: Issues,
+    pub truncated: usize,
+}
+
+impl Shared<'_> {
+    /// Loads bucket `b` and groups it; `max_len` truncates (none when `None`).
+    pub fn prepare(&self, b: usize, max_len: Option<usize>) -> Result<Prepared> {
+        let spec = self.spec;
+        let table = self.spill.load(b)?;
+        let Values::Int(keys) = &table.columns[0].values else {
+            unreachable!("the key is an integer column; checked when opened")
+        };
+        let order = spec.order_by.as_deref().and_then(|o| table.column(o));
+        let mut grouped = group::group(keys, order);
+        let mut issues = Issues::default();
+        let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());
+        match self.context {
+            None => contexts.extend(grouped.groups.iter().map(|&group| Context {
+                group,
+                ctx_row: None,
+                split: TRAIN,
+            })),
+            Some(ctx) => {
+                let mine = &self.ctx_by_bucket[b];
+                let mut seen = vec![false; mine.len()];
+                for g in &grouped.groups {
+                    match ctx.index.get(g.key) {
+                        Some(r) => {
+                            let i = mine.binary_search(&r).expect("a key's bucket is its own");
+                            seen[i] = true;
+                            contexts.push(Context {
+                                group: *g,
+                                ctx_row: Some(r),
+                                split: TRAIN,
+                            });
+                        }
+                        None => {
+                            let u = &mut issues.unmatched;
+                            u.0 += 1;
+                            u.1 += g.len as u64;
+                            if u.2.is_none() {
+                                // Groups are ascending by key: the first is the smallest.
+                                let (path, row) = table.locate(grouped.perm[g.start] as usize);
+                                u.2 = Some((g.key, path.into(), row));
+                            }
+                        }
+                    }
+                }
+                let Values::Int(ctx_keys) = &ctx.table.columns[0].values else {
+                    unreachable!("context keys are integers")
+                };
+                for (i, &r) in mine.iter().enumerate() {
+                    if seen[i] {
+                        continue;
+                    }
+                    issues.empty.0 += 1;
+                    if issues.empty.1.is_none() {
+                        issues.empty.1 = Some((u64::from(r), ctx_keys[r as usize]));
+                    }
+                    if spec.empty_contexts == EmptyContexts::Keep {
+                        contexts.push(Context {
+                            group: Group {
+                                key: ctx_keys[r as usize],
+                                start: 0,
+                                len: 0,
+                                kept_start: 0,
+                                kept: 0,
+                            },
+                            ctx_row: Some(r),
+                            split: TRAIN,
+                        });
+                    }
+                }
+                contexts.sort_by_key(|c| c.group.key);
+            }
+        }
+        let mut truncated = 0;
+        if let Some(max_len) = max_len {
+            // Sampling is seeded by the split seed, not the shuffle seed, so that a reshuffle
+            // stores exactly the same rows.
+            truncated = group::truncate(&mut grouped, max_len, spec.truncate, spec.split_seed);
+            refresh_groups(&mut contexts, &grouped.groups);
+        }
+        for c in &mut contexts {
+            c.split = self.splits.of(c.group.key, c.ctx_row)?;
+            if self.splits.is_listed(c.group.key) {
+                issues.found.push(c.group.key);
+            }
+        }
+        // Statistics describe every row of the stored contexts, also those cut by `max_len`.
+        let mut row_tags = vec![DROPPED; table.rows()];
+        for c in &contexts {
+            let g = &c.group;
+            for &r in &grouped.perm[g.start..g.start + g.len] {
+                row_tags[r as usize] = c.split;
+            }
+        }
+        let mut ctx: Vec<(u32, u8)> = contexts
+            .iter()
+            .filter_map(|c| c.ctx_row.map(|r| (r, c.split)))
+            .collect();
+        ctx.sort_unstable();
+        let (ctx_rows, ctx_tags) = ctx.into_iter().unzip();
+        Ok(Prepared {
+            table,
+            grouped,
+            contexts,
+            row_tags,
+            ctx_rows,
+            ctx_tags,
+            issues,
+            truncated,
+        })
+    }
+
+    /// The access to row column `i` in a bucket's table.
+    pub fn access<'t>(&'t self, i: usize, table: &'t RowsTable) -> Access<'t> {
+        let rc = &self.columns[i];
+        match rc.join {
+            None => Access {
+                name: rc.name,
+                table,
+                column: table.column(rc.name).expect("read"),
+                join: None,
+            },
+            Some(keyed) => Access {
+                name: rc.name,
+                table,
+                column: keyed.column(rc.name).expect("read"),
+                join: Some((table.column(&keyed.key).expect("join column read"), keyed)),
+            },
+        }
+    }
+
+    /// What row column `i` is, without a bucket at hand.
+    pub fn column_id(&self, i: usize) -> ColumnId {
+        let rc = &self.columns[i];
+        let info = match rc.join {
+            None => self.spill.type_of(rc.name),
+            Some(keyed) => &keyed.column(rc.name).expect("read").info,
+        };
+        ColumnId {
+            name: rc.name.into(),
+            table: if rc.join.is_some() { "join" } else { "rows" },
+            source_type: info.name.clone(),
+            kind: info.kind,
+        }
+    }
+
+    pub fn context_access(&self, i: usize) -> Access<'_> {
+        let k = self.context.expect("context columns need a context table");
+        let name = self.context_columns[i].0;
+        Access {
+            name,
+            table: &k.table,
+            column: k.column(name).expect("read"),
+            join: None,
+        }
+    }
+}
+
+fn refresh_groups(contexts: &mut [Context], groups: &[Group]) {
+    // Both are ascending by key; kept-empty contexts have no group and keep their own.
+    let mut gi = 0;
+    for c in contexts.iter_mut() {
+        if c.group.len == 0 {
+            continue;
+        }
+        while groups[gi].key != c.group.key {
+            gi += 1;
+        }
+        c.group = groups[gi];
+    }
+}

@@ -1,0 +1,395 @@
+//! The shards: the tensors every shard holds, and one bucket's contexts encoded and written as
+//! its own shards (shards never span buckets, so a bucket's writer owns its files).
+
+use crate::bucket::{Context, Shared};
+use crate::encode::{CategoryCoder, NumericEncoder};
+use crate::error::Result;
+use crate::fit::{self, ColumnId, FittedColumn, Merged};
+use crate::write::ShardWriter;
+use crate::Progress;
+use dsc_format::rng::position_hash;
+use dsc_format::{
+    shard, ColumnSource, ColumnSpec, Dtype, Encoding, ShardEntry, TensorRole, TensorSpec,
+};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where every bucket's contexts go: the tensors, and each bucket's first shard index and first
+/// position in every split (a bucket's contexts follow those of the buckets before it).
+pub(crate) struct Layout {
+    pub tensors: Vec<TensorSpec>,
+    fills: Vec<Fill>,
+    per_shard: usize,
+    starts: Vec<Vec<(usize, usize)>>,
+}
+
+impl Layout {
+    pub fn new(key: &ColumnId, merged: &Merged, shard_size: u64) -> Layout {
+        let key_column = fit::column_spec(&key.name, ColumnSource::Rows, key, Encoding::Raw);
+        let features: Vec<ColumnSpec> = merged
+            .columns
+            .iter()
+            .filter_map(|f| match f {
+                FittedColumn::Numeric(_, c) => Some(c.clone()),
+                FittedColumn::Category(..) => None,
+            })
+            .collect();
+        let categoricals: Vec<ColumnSpec> = merged
+            .columns
+            .iter()
+            .filter_map(|f| match f {
+                FittedColumn::Category(_, c) => Some(c.clone()),
+                FittedColumn::Numeric(..) => None,
+            })
+            .collect();
+        let context: Vec<(ColumnSpec, bool)> = merged
+            .context
+            .iter()
+            .map(|(_, c, t)| (c.clone(), *t))
+            .collect();
+        let (tensors, fills) = tensor_layout(
+            merged.max_len,
+            key_column,
+            &features,
+            &categoricals,
+            &context,
+        );
+        let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
+        let per_shard = ((shard_size as usize) / per_context.max(1)).max(1);
+        let splits = merged.bucket_contexts.first().map_or(0, Vec::len);
+        let mut starts = Vec::with_capacity(merged.bucket_contexts.len());
+        let mut next = vec![(0usize, 0usize); splits];
+        for contexts in &merged.bucket_contexts {
+            starts.push(next.clone());
+            for (n, &c) in next.iter_mut().zip(contexts) {
+                n.0 += (c as usize).div_ceil(per_shard);
+                n.1 += c as usize;
+            }
+        }
+        Layout {
+            tensors,
+            fills,
+            per_shard,
+            starts,
+        }
+    }
+}
+
+/// What the shards pass wrote for a range of buckets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WritePart {
+    pub entries: Vec<ShardEntry>,
+    /// Rows stored per split.
+    pub rows_stored: Vec<u64>,
+    /// Contexts cut to `max_len`.
+    pub truncated: usize,
+    /// Values filled by the NaN policy.
+    pub filled: u64,
+}
+
+/// The shards pass over the buckets of `range`: each grouped again, encoded with the merged
+/// encodings and written as its own shards into `dir`.
+pub(crate) fn write_buckets(
+    shared: &Shared,
+    merged: &Merged,
+    layout: &Layout,
+    range: Range<usize>,
+    at_once: usize,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<WritePart> {
+    let spec = shared.spec;
+    let n_splits = shared.splits.names.len();
+    let filled = AtomicU64::new(0);
+    let parts = fit::for_buckets(range, at_once, progress, |b| {
+        let p = shared.prepare(b, Some(merged.max_len))?;
+        let mut features = Vec::new();
+        let mut categoricals = Vec::new();
+        for (i, f) in merged.columns.iter().enumerate() {
+            let access = shared.access(i, &p.table);
+            match f {
+                FittedColumn::Numeric(result, spec_col) => {
+                    let encoder = NumericEncoder::new(access, result, spec.nan);
+                    encoder.check_rows(result, &p.row_tags, None)?;
+                    features.push((encoder, spec_col.clone()));
+                }
+                FittedColumn::Category(vocabulary, spec_col) => {
+                    categoricals.push((CategoryCoder::new(access, vocabulary), spec_col.clone()));
+                }
+            }
+        }
+        let mut context_encoders = Vec::new();
+        for (i, (result, spec_col, is_target)) in merged.context.iter().enumerate() {
+            let encoder = NumericEncoder::new(shared.context_access(i), result, spec.nan);
+            encoder.check_rows(result, &p.ctx_tags, Some(&p.ctx_rows))?;
+            context_encoders.push((encoder, spec_col.clone(), *is_target));
+        }
+        let mut jobs = Vec::new();
+        for (s, &(first_shard, first_context)) in layout.starts[b].iter().enumerate() {
+            // The split's stored order: ascending position hash, ties by key.
+            let mut order: Vec<(u64, i64, usize)> = p
+                .contexts
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.split as usize == s)
+                .map(|(i, c)| (position_hash(c.group.key, spec.seed), c.group.key, i))
+                .collect();
+            order.sort_unstable();
+            let members: Vec<usize> = order.into_iter().map(|o| o.2).collect();
+            for (j, chunk) in members.chunks(layout.per_shard).enumerate() {
+                jobs.push(ShardJob {
+                    split: s as u8,
+                    index: first_shard + j,
+                    first: first_context + j * layout.per_shard,
+                    members: chunk.to_vec(),
+                });
+            }
+        }
+        let writer = ShardContext {
+            split_names: &shared.splits.names,
+            tensors: &layout.tensors,
+            fills: &layout.fills,
+            contexts: &p.contexts,
+            perm: &p.grouped.perm,
+            features: &features,
+            categoricals: &categoricals,
+            context_encoders: &context_encoders,
+            max_len: merged.max_len,
+            filled: &filled,
+        };
+        let entries = jobs
+            .par_iter()
+            .map(|job| writer.write(job, dir))
+            .collect::<Vec<Result<_>>>()
+            .into_iter()
+            .collect::<Result<Vec<ShardEntry>>>()?;
+        let mut rows_stored = vec![0u64; n_splits];
+        for c in &p.contexts {
+            rows_stored[c.split as usize] += c.group.kept as u64;
+        }
+        Ok((entries, rows_stored, p.truncated))
+    })?;
+    let mut out = WritePart {
+        entries: Vec::new(),
+        rows_stored: vec![0; n_splits],
+        truncated: 0,
+        filled: filled.load(Ordering::Relaxed),
+    };
+    for (entries, rows, truncated) in parts {
+        out.entries.extend(entries);
+        out.rows_stored
+            .iter_mut()
+            .zip(rows)
+            .for_each(|(a, b)| *a += b);
+        out.truncated += truncated;
+    }
+    Ok(out)
+}
+
+/// What fills one tensor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fill {
+    Key,
+    Length,
+    FullLength,
+    Features,
+    Categorical(usize),
+    Targets,
+    ContextFeatures,
+}
+
+fn tensor_layout(
+    max_len: usize,
+    key_column: ColumnSpec,
+    features: &[ColumnSpec],
+    categoricals: &[ColumnSpec],
+    context: &[(ColumnSpec, bool)],
+) -> (Vec<TensorSpec>, Vec<Fill>) {
+    let derived = |name: &str| ColumnSpec {
+        name: name.into(),
+        source: ColumnSource::Rows,
+        source_type: "derived".into(),
+        encoding: Encoding::Raw,
+    };
+    let raw = |name: &str, dtype, role, column: ColumnSpec| TensorSpec {
+        name: name.into(),
+        dtype,
+        role,
+        sample_shape: vec![],
+        columns: vec![column],
+    };
+    let mut tensors = vec![raw("key", Dtype::I64, TensorRole::Key, key_column)];
+    let mut fills = vec![Fill::Key];
+    if !features.is_empty() {
+        tensors.push(TensorSpec {
+            name: "x".into(),
+            dtype: Dtype::F32,
+            role: TensorRole::Features,
+            sample_shape: vec![max_len, features.len()],
+            columns: features.to_vec(),
+        });
+        fills.push(Fill::Features);
+    }
+    for (i, col) in categoricals.iter().enumerate() {
+        tensors.push(TensorSpec {
+            name: col.name.clone(),
+            dtype: Dtype::I32,
+            role: TensorRole::Categorical,
+            sample_shape: vec![max_len],
+            columns: vec![col.clone()],
+        });
+        fills.push(Fill::Categorical(i));
+    }
+    tensors.push(raw(
+        "length",
+        Dtype::I32,
+        TensorRole::Length,
+        derived("length"),
+    ));
+    fills.push(Fill::Length);
+    tensors.push(raw(
+        "full_length",
+        Dtype::I32,
+        TensorRole::FullLength,
+        derived("full_length"),
+    ));
+    fills.push(Fill::FullLength);
+    for (name, role, fill, want) in [
+        ("y", TensorRole::Targets, Fill::Targets, true),
+        (
+            "c",
+            TensorRole::ContextFeatures,
+            Fill::ContextFeatures,
+            false,
+        ),
+    ] {
+        let cols: Vec<ColumnSpec> = context
+            .iter()
+            .filter(|c| c.1 == want)
+            .map(|c| c.0.clone())
+            .collect();
+        if !cols.is_empty() {
+            tensors.push(TensorSpec {
+                name: name.into(),
+                dtype: Dtype::F32,
+                role,
+                sample_shape: vec![cols.len()],
+                columns: cols,
+            });
+            fills.push(fill);
+        }
+    }
+    (tensors, fills)
+}
+
+struct ShardJob {
+    split: u8,
+    index: usize,
+    first: usize,
+    members: Vec<usize>,
+}
+
+struct ShardContext<'a> {
+    split_names: &'a [String],
+    tensors: &'a [TensorSpec],
+    fills: &'a [Fill],
+    contexts: &'a [Context],
+    perm: &'a [u32],
+    features: &'a [(NumericEncoder<'a>, ColumnSpec)],
+    categoricals: &'a [(CategoryCoder<'a>, ColumnSpec)],
+    context_encoders: &'a [(NumericEncoder<'a>, ColumnSpec, bool)],
+    max_len: usize,
+    filled: &'a AtomicU64,
+}
+
+/// Contexts encoded per buffer fill: bounds the writer's memory independently of shard size.
+const CHUNK: usize = 256;
+
+impl ShardContext<'_> {
+    fn write(&self, job: &ShardJob, dir: &Path) -> Result<ShardEntry> {
+        let split = self.split_names[job.split as usize].as_str();
+        let file = shard::shard_file_name(split, job.index);
+        let n = job.members.len();
+        let meta = shard::ShardMeta {
+            split,
+            index: job.index,
+            first_context: job.first,
+            profile: None,
+        };
+        let (header, _) = shard::build_header(self.tensors, n, &meta);
+        let mut out = ShardWriter::create(dir.join(&file))?;
+        out.write(&header)?;
+        let mut buf = Vec::new();
+        let mut filled = 0u64;
+        for (tensor, &fill) in self.tensors.iter().zip(self.fills) {
+            let sample = tensor.sample_bytes();
+            for chunk in job.members.chunks(CHUNK) {
+                buf.clear();
+                buf.resize(chunk.len() * sample, 0);
+                for (i, &c) in chunk.iter().enumerate() {
+                    let dst = &mut buf[i * sample..(i + 1) * sample];
+                    filled += self.fill_one(fill, &self.contexts[c], dst)?;
+                }
+                out.write(&buf)?;
+            }
+        }
+        self.filled.fetch_add(filled, Ordering::Relaxed);
+        let (bytes, xxh3) = out.finish()?;
+        Ok(ShardEntry {
+            file,
+            split: split.into(),
+            index: job.index,
+            contexts: n,
+            first_context: job.first,
+            bytes,
+            xxh3,
+        })
+    }
+
+    /// Writes one context's sample of one tensor into `dst` (zeroed); returns values filled.
+    fn fill_one(&self, fill: Fill, c: &Context, dst: &mut [u8]) -> Result<u64> {
+        let g = &c.group;
+        let rows = &self.perm[g.kept_start..g.kept_start + g.kept];
+        let mut filled = 0;
+        match fill {
+            Fill::Key => dst.copy_from_slice(&g.key.to_le_bytes()),
+            Fill::Length => dst.copy_from_slice(&(g.kept as i32).to_le_bytes()),
+            Fill::FullLength => dst.copy_from_slice(&(g.len as i32).to_le_bytes()),
+            Fill::Features => {
+                let width = self.features.len();
+                for (f, (enc, _)) in self.features.iter().enumerate() {
+                    for (t, &row) in rows.iter().enumerate() {
+                        let (v, was_filled) = enc.encode(row as usize)?;
+                        filled += u64::from(was_filled);
+                        let o = (t * width + f) * 4;
+                        dst[o..o + 4].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+            Fill::Categorical(i) => {
+                let coder = &self.categoricals[i].0;
+                for (t, &row) in rows.iter().enumerate() {
+                    let code = coder.code(row as usize)?;
+                    dst[t * 4..t * 4 + 4].copy_from_slice(&code.to_le_bytes());
+                }
+            }
+            Fill::Targets | Fill::ContextFeatures => {
+                let want = matches!(fill, Fill::Targets);
+                let Some(r) = c.ctx_row else {
+                    unreachable!("context tensors exist only with a context table")
+                };
+                let encoders = self.context_encoders.iter().filter(|e| e.2 == want);
+                for (j, (enc, _, _)) in encoders.enumerate() {
+                    let (v, was_filled) = enc.encode(r as usize)?;
+                    filled += u64::from(was_filled);
+                    dst[j * 4..j * 4 + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        debug_assert!(g.kept <= self.max_len);
+        Ok(filled)
+    }
+}
