@@ -40,6 +40,41 @@ pub enum Command {
     Order(OrderArgs),
     Bench(BenchArgs),
     DigitSplit(DigitSplitArgs),
+    Merge(MergeArgs),
+    Status(StatusArgs),
+}
+
+/// Commit a partitioned compile: once every partition has run every stage (scan, fit, write),
+/// check every part, write stats.json and manifest.json (the commit point) and move the cache
+/// into place. Parts that are missing, or from another spec or changed inputs, are named.
+///
+/// Example:
+///   dsc compile … --partition 0/2 --stage scan --out cache   # and 1/2; then fit, then write
+///   dsc merge cache
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct MergeArgs {
+    /// The output of the partitioned compile (its work folder lies beside it).
+    pub out: PathBuf,
+    /// Replace OUT if it holds a cache.
+    #[arg(long)]
+    pub force: bool,
+    /// Print a JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Show which stages and partitions of a partitioned compile into OUT are done.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The output of the partitioned compile.
+    pub out: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -103,6 +138,13 @@ pub enum NanArg {
 pub enum UnmatchedArg {
     Error,
     Drop,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StageArg {
+    Scan,
+    Fit,
+    Write,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -275,6 +317,22 @@ pub struct CompileArgs {
     /// No progress bars.
     #[arg(long, short, help_heading = "Output")]
     pub quiet: bool,
+    /// Run one stage of one partition of this compile (with --stage): `I/N`, or `auto` (`auto/N`)
+    /// to take I (and N) from a Slurm job array or a Kubernetes Indexed Job. Stages run in order,
+    /// each across all partitions, on machines sharing --out's file system; `dsc merge OUT`
+    /// commits. The cache is byte-identical to a compile in one process. See docs/SCALE.md.
+    #[arg(
+        long,
+        value_name = "I/N",
+        help_heading = "Partitions",
+        requires = "stage"
+    )]
+    pub partition: Option<String>,
+    /// The stage this partition runs: `scan` (read its share of the rows files into buckets),
+    /// `fit` (statistics of its buckets, after every scan), `write` (shards of its buckets,
+    /// after every fit).
+    #[arg(long, value_enum, help_heading = "Partitions", requires = "partition")]
+    pub stage: Option<StageArg>,
 }
 
 /// Summarize a cache: splits, shards, tensors, column statistics, lengths.

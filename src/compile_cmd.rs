@@ -1,9 +1,12 @@
 //! `dsc compile`: flags and spec file → `CompileSpec` → `dsc_compiler::compile` → report.
 
-use crate::args::{CompileArgs, EmptyArg, NanArg, TruncateArg, UnmatchedArg};
+use crate::args::{
+    CompileArgs, EmptyArg, MergeArgs, NanArg, StageArg, StatusArgs, TruncateArg, UnmatchedArg,
+};
 use crate::output::outln;
 use crate::output::{bytes, peak_rss_mib, thousands};
 use anyhow::{bail, Context as _};
+use dsc_compiler::partition::{self, Partition, Stage};
 use dsc_compiler::{CompileOptions, CompileSpec, TerminalBars};
 use dsc_format::spec::{parse_size, EmptyContexts, JoinSpec, NanPolicy, Truncate, UnmatchedRows};
 use serde::Serialize;
@@ -189,20 +192,141 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
     };
     let bars = TerminalBars::new(a.quiet || a.json);
     let start = Instant::now();
+    let max_memory = a
+        .max_memory
+        .as_deref()
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
+        .transpose()?;
+    if let (Some(p), Some(stage)) = (&a.partition, a.stage) {
+        let partition = parse_partition(p)?;
+        let stage = match stage {
+            StageArg::Scan => Stage::Scan,
+            StageArg::Fit => Stage::Fit,
+            StageArg::Write => Stage::Write,
+        };
+        let r = partition::run_stage(&spec, &out, max_memory, partition, stage, &bars)?;
+        if a.json {
+            crate::output::print_json(&r)?;
+        } else {
+            outln!(
+                "{} {}/{}: {} {} in {:.2} s{}",
+                r.stage.name(),
+                r.partition,
+                r.partitions,
+                r.items,
+                if r.stage == Stage::Scan {
+                    "rows files"
+                } else {
+                    "buckets"
+                },
+                r.seconds,
+                match r.stage {
+                    Stage::Write => format!(
+                        "; when every partition is written: dsc merge {}",
+                        out.display()
+                    ),
+                    _ => String::new(),
+                }
+            );
+        }
+        return Ok(0);
+    }
     let report = dsc_compiler::compile(
         &spec,
         &CompileOptions {
             out,
             force: a.force,
-            max_memory: a
-                .max_memory
-                .as_deref()
-                .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
-                .transpose()?,
+            max_memory,
             progress: &bars,
         },
     )?;
-    let seconds = start.elapsed().as_secs_f64();
+    print_report(&report, start.elapsed().as_secs_f64(), a.json)
+}
+
+/// `I/N`, `auto` or `auto/N`.
+fn parse_partition(text: &str) -> anyhow::Result<Partition> {
+    let parsed = match text.strip_prefix("auto") {
+        Some(rest) => {
+            let count =
+                match rest.strip_prefix('/') {
+                    Some(n) => Some(n.parse::<usize>().map_err(|_| {
+                        anyhow::anyhow!("--partition {text:?}: {n:?} is not a count")
+                    })?),
+                    None if rest.is_empty() => None,
+                    None => bail!("--partition {text:?}: expected auto or auto/N"),
+                };
+            Partition::from_env(count, |k| std::env::var(k).ok())
+        }
+        None => Partition::parse(text),
+    };
+    parsed.map_err(|e| anyhow::anyhow!("--partition {text:?}: {e}"))
+}
+
+/// `dsc merge`.
+pub fn merge(a: MergeArgs) -> anyhow::Result<u8> {
+    let bars = TerminalBars::new(a.quiet || a.json);
+    let start = Instant::now();
+    let report = partition::merge(&a.out, a.force, &bars)?;
+    print_report(&report, start.elapsed().as_secs_f64(), a.json)
+}
+
+/// `dsc status`.
+pub fn status(a: StatusArgs) -> anyhow::Result<u8> {
+    let s = partition::status(&a.out)?;
+    if a.json {
+        crate::output::print_json(&s)?;
+        return Ok(0);
+    }
+    match s.partitions {
+        None if s.committed => outln!(
+            "{}: a cache; no partitioned compile under way",
+            s.out.display()
+        ),
+        None => outln!(
+            "{}: no cache and no partitioned compile under way",
+            s.out.display()
+        ),
+        Some(n) => {
+            outln!(
+                "{}: partitioned compile in {n} partitions{}",
+                s.out.display(),
+                if s.committed {
+                    " (a committed cache is there too)"
+                } else {
+                    ""
+                }
+            );
+            for (stage, done) in &s.done {
+                let missing: Vec<String> = (0..n)
+                    .filter(|i| !done.contains(i))
+                    .map(|i| i.to_string())
+                    .collect();
+                outln!(
+                    "  {:<5} {}/{} done{}",
+                    stage.name(),
+                    done.len(),
+                    n,
+                    if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (missing: {})", missing.join(", "))
+                    }
+                );
+            }
+            let all = s.done.iter().all(|(_, d)| d.len() == n);
+            if all {
+                outln!("  ready: dsc merge {}", s.out.display());
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn print_report(
+    report: &dsc_compiler::CompileReport,
+    seconds: f64,
+    json: bool,
+) -> anyhow::Result<u8> {
     let m = &report.manifest;
     let r = Report {
         out: report.out.clone(),
@@ -228,7 +352,7 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         peak_rss_mib: peak_rss_mib(),
         inputs_fingerprint: m.inputs().fingerprint.clone(),
     };
-    if a.json {
+    if json {
         crate::output::print_json(&r)?;
         return Ok(0);
     }

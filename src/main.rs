@@ -44,6 +44,8 @@ fn main() -> ExitCode {
         args::Command::Order(a) => order_cmd::run(a),
         args::Command::Bench(a) => bench_cmd::run(a),
         args::Command::DigitSplit(a) => digits_cmd::run(a),
+        args::Command::Merge(a) => compile_cmd::merge(a),
+        args::Command::Status(a) => compile_cmd::status(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

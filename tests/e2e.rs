@@ -10,6 +10,7 @@ mod loader;
 mod mostlyai;
 mod parsers;
 mod python;
+mod scale;
 mod spec_file;
 mod splits;
 mod values;

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 /// What a statistic is about, for `stats.json`.

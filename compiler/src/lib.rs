@@ -18,6 +18,7 @@ pub mod gen;
 mod group;
 mod lookup;
 pub mod mostlyai;
+pub mod partition;
 mod pipeline;
 mod plan;
 mod progress;

@@ -146,7 +146,7 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
 
 /// The memory a compile may use when not told: half of the machine's, at least 256 MiB.
 #[allow(unsafe_code)]
-fn default_budget() -> u64 {
+pub(crate) fn default_budget() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, size) = unsafe {
         (
@@ -570,7 +570,19 @@ pub(crate) fn fingerprint_files(
     named: &[(PathBuf, &str)],
     stamps: &[read::Stamp],
 ) -> Result<Inputs> {
-    let files: Vec<InputFile> = named
+    let files = hash_files(named)?;
+    for s in stamps {
+        s.check()?;
+    }
+    Ok(Inputs {
+        fingerprint: combined_fingerprint(&files),
+        files,
+    })
+}
+
+/// Size and checksum of each file, with its role.
+pub(crate) fn hash_files(named: &[(PathBuf, &str)]) -> Result<Vec<InputFile>> {
+    named
         .par_iter()
         .map(|(path, role)| {
             let (bytes, xxh3) = dsc_format::checksum::hash_file(path)?;
@@ -583,18 +595,16 @@ pub(crate) fn fingerprint_files(
         })
         .collect::<Vec<Result<_>>>()
         .into_iter()
-        .collect::<Result<_>>()?;
-    for s in stamps {
-        s.check()?;
-    }
+        .collect()
+}
+
+/// One fingerprint over every input's role, size and checksum, in order.
+pub(crate) fn combined_fingerprint(files: &[InputFile]) -> String {
     let mut h = dsc_format::checksum::Hasher::new();
-    for f in &files {
+    for f in files {
         h.update(format!("{}\0{}\0{}\n", f.role, f.bytes, f.xxh3).as_bytes());
     }
-    Ok(Inputs {
-        fingerprint: h.hex(),
-        files,
-    })
+    h.hex()
 }
 
 pub(crate) fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {

@@ -18,7 +18,7 @@ pub(crate) struct Staging {
     _lock: OutputLock,
 }
 
-fn sibling(out: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sibling(out: &Path, suffix: &str) -> PathBuf {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -238,6 +238,9 @@ impl Drop for Staging {
 /// A shard file being written: bytes go through a hasher to disk.
 pub(crate) struct ShardWriter {
     path: PathBuf,
+    /// Written here, renamed to `path` when complete: two tasks writing the same shard (a
+    /// retried or duplicated partition) never interleave their bytes in one file.
+    tmp: PathBuf,
     out: BufWriter<File>,
     hasher: Hasher,
     bytes: u64,
@@ -245,9 +248,11 @@ pub(crate) struct ShardWriter {
 
 impl ShardWriter {
     pub fn create(path: PathBuf) -> Result<ShardWriter> {
-        let file = File::create(&path).map_err(|e| CompileError::io(&path, e))?;
+        let tmp = path.with_extension(format!("safetensors.{}.tmp", std::process::id()));
+        let file = File::create(&tmp).map_err(|e| CompileError::io(&tmp, e))?;
         Ok(ShardWriter {
             path,
+            tmp,
             out: BufWriter::with_capacity(1 << 20, file),
             hasher: Hasher::new(),
             bytes: 0,
@@ -259,17 +264,18 @@ impl ShardWriter {
         self.bytes += bytes.len() as u64;
         self.out
             .write_all(bytes)
-            .map_err(|e| CompileError::io(&self.path, e))
+            .map_err(|e| CompileError::io(&self.tmp, e))
     }
 
-    /// Flushes and returns (size, xxh3).
+    /// Flushes, renames into place and returns (size, xxh3).
     pub fn finish(self) -> Result<(u64, String)> {
         let file = self
             .out
             .into_inner()
-            .map_err(|e| CompileError::io(&self.path, e.into_error()))?;
+            .map_err(|e| CompileError::io(&self.tmp, e.into_error()))?;
         file.sync_all()
-            .map_err(|e| CompileError::io(&self.path, e))?;
+            .map_err(|e| CompileError::io(&self.tmp, e))?;
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| CompileError::io(&self.path, e))?;
         Ok((self.bytes, self.hasher.hex()))
     }
 }

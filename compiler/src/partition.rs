@@ -1,0 +1,581 @@
+//! Partitioned compiles: the stages of a compile run as separate tasks (a Slurm job array, a
+//! Kubernetes Indexed Job, Ray tasks) that share a file system, then `dsc merge` commits.
+//!
+//! - `scan I/N`: rows files `[I·F/N, (I+1)·F/N)` read and spilled into buckets;
+//! - `fit I/N`: buckets `[I·B/N, (I+1)·B/N)` grouped and summarised (after every scan);
+//! - `write I/N`: every fit merged (each task computes the same merge), the task's buckets
+//!   encoded and written as their shards (after every fit);
+//! - `merge`: every part checked, `stats.json`, then `manifest.json`, then one rename.
+//!
+//! Everything lives in a work folder beside the output (`.NAME.dsc-work`). Each part is written
+//! under a temporary name and renamed, under a fixed name: a retried or duplicated task writes
+//! the same bytes, a killed one leaves nothing a later stage would read. Every part carries the
+//! plan's fingerprint (spec, partition count, every input's size and modification time), so
+//! parts of another compile, or of inputs changed since, are refused by name. Nothing is a cache
+//! until `merge` writes the manifest; the cache is byte-identical to a compile in one process.
+
+use crate::error::{CompileError, Result};
+use crate::fit::{self, FitPart, ValueRuns};
+use crate::pipeline::{self, CompileReport, Setup, Timer};
+use crate::shards::{self, Layout, WritePart};
+use crate::spill::{self, Spill, SpillPart};
+use crate::write::{sibling, Staging};
+use crate::{split, Progress};
+use dsc_format::manifest::{InputFile, Inputs};
+use dsc_format::CompileSpec;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// The stages a partition runs, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Read rows files and spill them into buckets.
+    Scan,
+    /// Group buckets and summarise their statistics.
+    Fit,
+    /// Encode buckets and write their shards.
+    Write,
+}
+
+impl Stage {
+    /// Every stage, in the order they run.
+    pub const ALL: [Stage; 3] = [Stage::Scan, Stage::Fit, Stage::Write];
+
+    /// The stage's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Scan => "scan",
+            Stage::Fit => "fit",
+            Stage::Write => "write",
+        }
+    }
+}
+
+/// Partition `index` of `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    /// Which partition, from 0.
+    pub index: usize,
+    /// How many.
+    pub count: usize,
+}
+
+impl Partition {
+    /// Parses `I/N` (0 ≤ I < N).
+    pub fn parse(text: &str) -> std::result::Result<Partition, String> {
+        let (i, n) = text
+            .split_once('/')
+            .ok_or_else(|| format!("{text:?} is not I/N (e.g. 0/4)"))?;
+        let index: usize = i
+            .trim()
+            .parse()
+            .map_err(|_| format!("{i:?} is not a number"))?;
+        let count: usize = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("{n:?} is not a number"))?;
+        if count == 0 || index >= count {
+            return Err(format!("partition {index} of {count}: need 0 <= I < N"));
+        }
+        Ok(Partition { index, count })
+    }
+
+    /// The partition from the scheduler's environment: a Slurm job array
+    /// (`SLURM_ARRAY_TASK_ID` from `SLURM_ARRAY_TASK_MIN`, `SLURM_ARRAY_TASK_COUNT`) or a
+    /// Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`, with the count given as `count`).
+    pub fn from_env(
+        count: Option<usize>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> std::result::Result<Partition, String> {
+        let num = |name: &str| -> std::result::Result<Option<usize>, String> {
+            env(name)
+                .map(|v| {
+                    v.trim()
+                        .parse::<usize>()
+                        .map_err(|_| format!("{name}={v:?} is not a number"))
+                })
+                .transpose()
+        };
+        let (index, count) = if let Some(id) = num("SLURM_ARRAY_TASK_ID")? {
+            let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+            let n = match (num("SLURM_ARRAY_TASK_COUNT")?, count) {
+                (Some(n), Some(given)) if n != given => {
+                    return Err(format!(
+                        "SLURM_ARRAY_TASK_COUNT is {n} but auto/{given} was given"
+                    ))
+                }
+                (Some(n), _) => n,
+                (None, Some(given)) => given,
+                (None, None) => return Err("SLURM_ARRAY_TASK_COUNT is not set; give auto/N".into()),
+            };
+            if id < min {
+                return Err(format!(
+                    "SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}"
+                ));
+            }
+            (id - min, n)
+        } else if let Some(i) = num("JOB_COMPLETION_INDEX")? {
+            let n = count.ok_or(
+                "JOB_COMPLETION_INDEX gives the index only: give the count as auto/N \
+                 (the Job's spec.completions)",
+            )?;
+            (i, n)
+        } else {
+            return Err(
+                "--partition auto needs a Slurm job array (SLURM_ARRAY_TASK_ID) or a \
+                 Kubernetes Indexed Job (JOB_COMPLETION_INDEX) in the environment"
+                    .into(),
+            );
+        };
+        Partition::parse(&format!("{index}/{count}"))
+    }
+
+    /// This partition's share of `0..total`: contiguous, in order, every item once.
+    fn share(&self, total: usize) -> Range<usize> {
+        total * self.index / self.count..total * (self.index + 1) / self.count
+    }
+}
+
+/// The work folder of a partitioned compile into `out`.
+pub fn work_dir(out: &Path) -> PathBuf {
+    sibling(out, "dsc-work")
+}
+
+/// What every part of one partitioned compile agrees on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Plan {
+    spec: CompileSpec,
+    partitions: usize,
+    fingerprint: String,
+}
+
+/// One stage's part: the plan's fingerprint and what the stage computed.
+#[derive(Debug, Serialize, Deserialize)]
+struct Part<T> {
+    fingerprint: String,
+    partition: usize,
+    partitions: usize,
+    stage: Stage,
+    body: T,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ScanBody {
+    spill: SpillPart,
+    /// Size and checksum of each rows file read, in file order.
+    inputs: Vec<InputFile>,
+}
+
+/// The plan's fingerprint: the spec, the partition count and each input's size and modification
+/// time, so that parts of another compile, or of inputs changed since, never mix.
+fn fingerprint(spec: &CompileSpec, partitions: usize, setup: &Setup) -> Result<String> {
+    let mut h = dsc_format::checksum::Hasher::new();
+    h.update(&serde_json::to_vec(spec).expect("a spec serializes"));
+    h.update(format!("\n{partitions}\n").as_bytes());
+    for (path, role) in &setup.named_inputs {
+        let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
+        let mtime = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        h.update(format!("{role}\0{}\0{}\0{mtime}\n", path.display(), m.len()).as_bytes());
+    }
+    Ok(h.hex())
+}
+
+fn part_name(stage: Stage, p: Partition) -> String {
+    format!("{}-{}-of-{}.json", stage.name(), p.index, p.count)
+}
+
+/// Writes `bytes` to `path` through a temporary name (unique to this process) and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| CompileError::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| CompileError::io(&tmp, e))?;
+    f.sync_all().map_err(|e| CompileError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| CompileError::io(path, e))
+}
+
+/// Where a partitioned compile stands.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The output folder.
+    pub out: PathBuf,
+    /// Whether `out` holds a committed cache.
+    pub committed: bool,
+    /// The partition count of the work in progress, if any.
+    pub partitions: Option<usize>,
+    /// Per stage, the partitions whose part is written.
+    pub done: Vec<(Stage, Vec<usize>)>,
+}
+
+/// What a stage task did.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageReport {
+    /// The stage run.
+    pub stage: Stage,
+    /// The partition, from 0.
+    pub partition: usize,
+    /// The partition count.
+    pub partitions: usize,
+    /// Rows files (scan) or buckets (fit, write) this task handled.
+    pub items: usize,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// The work folder of one partitioned compile, with its plan.
+struct Work {
+    dir: PathBuf,
+    plan: Plan,
+}
+
+impl Work {
+    /// Opens (or starts) the work folder for `spec` in `partitions` parts; refuses one that
+    /// belongs to another compile.
+    fn open(out: &Path, spec: &CompileSpec, partitions: usize, setup: &Setup) -> Result<Work> {
+        let dir = work_dir(out);
+        for sub in ["scan", "fit", dsc_format::SHARDS_DIR] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| CompileError::io(&dir, e))?;
+        }
+        let plan = Plan {
+            spec: spec.clone(),
+            partitions,
+            fingerprint: fingerprint(spec, partitions, setup)?,
+        };
+        let path = dir.join("plan.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let theirs: Plan = serde_json::from_slice(&bytes).map_err(|e| {
+                    CompileError::Spec(format!("{}: not a dsc plan ({e})", path.display()))
+                })?;
+                if theirs != plan {
+                    let why = if theirs.partitions != partitions {
+                        format!("{} partitions, not {partitions}", theirs.partitions)
+                    } else if theirs.spec != plan.spec {
+                        "another spec".to_string()
+                    } else {
+                        "inputs that have changed since (size or modification time)".to_string()
+                    };
+                    return Err(CompileError::Spec(format!(
+                        "{} holds the work of another compile ({why}); finish or remove it, \
+                         or compile into another --out",
+                        dir.display()
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                write_atomic(
+                    &path,
+                    &serde_json::to_vec_pretty(&plan).expect("serializes"),
+                )?;
+            }
+            Err(e) => return Err(CompileError::io(&path, e)),
+        }
+        Ok(Work { dir, plan })
+    }
+
+    /// Reads the plan of the work folder beside `out`.
+    fn existing(out: &Path) -> Result<Work> {
+        let dir = work_dir(out);
+        let path = dir.join("plan.json");
+        let bytes = std::fs::read(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                CompileError::Spec(format!(
+                    "no partitioned compile into {} is under way ({} is missing): run the \
+                     stages first (dsc compile … --partition I/N --stage scan|fit|write)",
+                    out.display(),
+                    path.display()
+                ))
+            } else {
+                CompileError::io(&path, e)
+            }
+        })?;
+        let plan = serde_json::from_slice(&bytes)
+            .map_err(|e| CompileError::Spec(format!("{}: not a dsc plan ({e})", path.display())))?;
+        Ok(Work { dir, plan })
+    }
+
+    fn write_part<T: Serialize>(&self, stage: Stage, p: Partition, body: T) -> Result<()> {
+        let part = Part {
+            fingerprint: self.plan.fingerprint.clone(),
+            partition: p.index,
+            partitions: p.count,
+            stage,
+            body,
+        };
+        write_atomic(
+            &self.dir.join(part_name(stage, p)),
+            &serde_json::to_vec(&part).expect("a part serializes"),
+        )
+    }
+
+    /// Every partition's part of `stage`, in partition order; a missing or foreign one is an
+    /// error that names it and says what to run.
+    fn read_parts<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<T>> {
+        let n = self.plan.partitions;
+        (0..n)
+            .map(|i| {
+                let p = Partition { index: i, count: n };
+                let path = self.dir.join(part_name(stage, p));
+                let bytes = std::fs::read(&path).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        CompileError::Spec(format!(
+                            "partition {i}/{n} has not finished the {} stage ({} is missing): \
+                             run it (dsc compile … --partition {i}/{n} --stage {}) and try again",
+                            stage.name(),
+                            path.display(),
+                            stage.name()
+                        ))
+                    } else {
+                        CompileError::io(&path, e)
+                    }
+                })?;
+                let part: Part<T> = serde_json::from_slice(&bytes).map_err(|e| {
+                    CompileError::Spec(format!("{}: not a dsc part ({e})", path.display()))
+                })?;
+                if part.fingerprint != self.plan.fingerprint || part.partitions != n {
+                    return Err(CompileError::Spec(format!(
+                        "{} belongs to another compile (another spec, partition count or \
+                         inputs); rerun partition {i}/{n} of the {} stage",
+                        path.display(),
+                        stage.name()
+                    )));
+                }
+                Ok(part.body)
+            })
+            .collect()
+    }
+
+    /// The spilled rows of every scan part.
+    fn spill(&self, setup: &mut Setup) -> Result<Spill> {
+        let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
+        let (_, described) = setup.take_inputs();
+        Ok(Spill::from_parts(
+            &self.dir.join("scan"),
+            scans.into_iter().map(|s| s.spill).collect(),
+            setup.buckets,
+            described,
+            setup.plan.rows_wants.clone(),
+        ))
+    }
+
+    fn values_path(&self, i: usize) -> PathBuf {
+        self.dir.join("fit").join(format!("values-{i}.spill"))
+    }
+
+    /// Every fit part and its values, mapped.
+    fn fits(&self) -> Result<(Vec<FitPart>, Vec<Option<memmap2::Mmap>>)> {
+        let parts: Vec<FitPart> = self.read_parts(Stage::Fit)?;
+        let maps = (0..self.plan.partitions)
+            .map(|i| map_file(&self.values_path(i)))
+            .collect::<Result<_>>()?;
+        Ok((parts, maps))
+    }
+}
+
+#[allow(unsafe_code)]
+fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
+    let file = std::fs::File::open(path).map_err(|e| CompileError::io(path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| CompileError::io(path, e))?
+        .len();
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: values files are written once, renamed into place, and never written again.
+    unsafe { memmap2::Mmap::map(&file) }
+        .map(Some)
+        .map_err(|e| CompileError::io(path, e))
+}
+
+/// Runs one stage of one partition of a compile of `spec` into `out`.
+pub fn run_stage(
+    spec: &CompileSpec,
+    out: &Path,
+    max_memory: Option<u64>,
+    partition: Partition,
+    stage: Stage,
+    progress: &dyn Progress,
+) -> Result<StageReport> {
+    let start = std::time::Instant::now();
+    if spec.profile.is_some() {
+        return Err(CompileError::Spec(
+            "a partitioned compile runs dsc's own pipeline; profiles compile in one process".into(),
+        ));
+    }
+    let mut setup = Setup::new(spec)?;
+    setup.open()?;
+    let work = Work::open(out, spec, partition.count, &setup)?;
+    let budget = max_memory.unwrap_or_else(pipeline::default_budget);
+    let items = match stage {
+        Stage::Scan => {
+            let (inputs, _) = setup.take_inputs();
+            let files = partition.share(inputs.opened.len());
+            progress.stage("reading", files.len() as u64);
+            let named: Vec<(PathBuf, &str)> = setup.named_inputs[files.clone()].to_vec();
+            let spill = spill::spill_rows(
+                inputs,
+                files.clone(),
+                &setup.plan.rows_wants,
+                setup.buckets,
+                pipeline::read_share(budget),
+                &work.dir.join("scan"),
+                progress,
+            )?;
+            let inputs = pipeline::hash_files(&named)?;
+            work.write_part(Stage::Scan, partition, ScanBody { spill, inputs })?;
+            files.len()
+        }
+        Stage::Fit => {
+            let spill = work.spill(&mut setup)?;
+            let splits = split::plan(spec, setup.context.as_ref())?;
+            let at_once = setup.at_once(&spill, budget)?;
+            let shared = setup.shared(&spill, &splits);
+            let buckets = partition.share(setup.buckets.count());
+            progress.stage("statistics", buckets.len() as u64);
+            let final_path = work.values_path(partition.index);
+            let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
+            let runs = ValueRuns::create(tmp.clone(), partition.index as u32)?;
+            let part = fit::fit_buckets(&shared, buckets.clone(), at_once, &runs, progress)?;
+            runs.map()?;
+            std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
+            work.write_part(Stage::Fit, partition, part)?;
+            buckets.len()
+        }
+        Stage::Write => {
+            let spill = work.spill(&mut setup)?;
+            let splits = split::plan(spec, setup.context.as_ref())?;
+            let at_once = setup.at_once(&spill, budget)?;
+            let shared = setup.shared(&spill, &splits);
+            let (fits, maps) = work.fits()?;
+            let maps: Vec<&[u8]> = maps.iter().map(|m| m.as_deref().unwrap_or(&[])).collect();
+            let merged = fit::merge(&shared, &fits, &maps, setup.rows_read)?;
+            let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
+            let buckets = partition.share(setup.buckets.count());
+            progress.stage("writing shards", buckets.len() as u64);
+            let part = shards::write_buckets(
+                &shared,
+                &merged,
+                &layout,
+                buckets.clone(),
+                at_once,
+                &work.dir,
+                progress,
+            )?;
+            work.write_part(Stage::Write, partition, part)?;
+            buckets.len()
+        }
+    };
+    progress.finish();
+    Ok(StageReport {
+        stage,
+        partition: partition.index,
+        partitions: partition.count,
+        items,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Commits a partitioned compile into `out` once every partition has run every stage: checks
+/// every part, writes `stats.json` and `manifest.json`, moves the shards in and renames the
+/// cache into place; then removes the work folder.
+pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<CompileReport> {
+    let timer = Timer::start();
+    let work = Work::existing(out)?;
+    let spec = work.plan.spec.clone();
+    let mut setup = Setup::new(&spec)?;
+    setup.open()?;
+    if fingerprint(&spec, work.plan.partitions, &setup)? != work.plan.fingerprint {
+        return Err(CompileError::Spec(format!(
+            "the inputs of the compile in {} changed since its stages ran (size or modification \
+             time); run them again",
+            work.dir.display()
+        )));
+    }
+    // Every stage's parts, before anything is touched.
+    let scans: Vec<ScanBody> = work.read_parts(Stage::Scan)?;
+    let writes: Vec<WritePart> = work.read_parts(Stage::Write)?;
+    let staging = Staging::create(out, force)?;
+    progress.stage("merging", 1);
+    let (_, described) = setup.take_inputs();
+    let mut rows_inputs = Vec::new();
+    let mut spill_parts = Vec::new();
+    for s in scans {
+        rows_inputs.extend(s.inputs);
+        spill_parts.push(s.spill);
+    }
+    let spill = Spill::from_parts(
+        &work.dir.join("scan"),
+        spill_parts,
+        setup.buckets,
+        described,
+        setup.plan.rows_wants.clone(),
+    );
+    let splits = split::plan(&spec, setup.context.as_ref())?;
+    let shared = setup.shared(&spill, &splits);
+    let (fits, maps) = work.fits()?;
+    let maps: Vec<&[u8]> = maps.iter().map(|m| m.as_deref().unwrap_or(&[])).collect();
+    let merged = fit::merge(&shared, &fits, &maps, setup.rows_read)?;
+    let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
+    for w in &writes {
+        for e in &w.entries {
+            let from = work.dir.join(&e.file);
+            let to = staging.dir.join(&e.file);
+            std::fs::rename(&from, &to).map_err(|e| CompileError::io(&from, e))?;
+        }
+    }
+    let rows_files = rows_inputs.len();
+    let side = pipeline::hash_files(&setup.named_inputs[rows_files..])?;
+    let files: Vec<InputFile> = rows_inputs.into_iter().chain(side).collect();
+    let inputs = Inputs {
+        fingerprint: pipeline::combined_fingerprint(&files),
+        files,
+    };
+    let report = pipeline::finish(
+        &setup, &splits, merged, layout, writes, inputs, staging, timer,
+    )?;
+    progress.advance(1);
+    progress.finish();
+    std::fs::remove_dir_all(&work.dir).map_err(|e| CompileError::io(&work.dir, e))?;
+    Ok(report)
+}
+
+/// Which stages of a partitioned compile into `out` are done.
+pub fn status(out: &Path) -> Result<Status> {
+    let committed = out.join(dsc_format::MANIFEST_FILE).is_file();
+    let Ok(work) = Work::existing(out) else {
+        return Ok(Status {
+            out: out.into(),
+            committed,
+            partitions: None,
+            done: Vec::new(),
+        });
+    };
+    let n = work.plan.partitions;
+    let done = Stage::ALL
+        .iter()
+        .map(|&stage| {
+            let ready = (0..n)
+                .filter(|&i| {
+                    work.dir
+                        .join(part_name(stage, Partition { index: i, count: n }))
+                        .is_file()
+                })
+                .collect();
+            (stage, ready)
+        })
+        .collect();
+    Ok(Status {
+        out: out.into(),
+        committed,
+        partitions: Some(n),
+        done,
+    })
+}
