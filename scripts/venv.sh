@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the project-local Python environment .venv once: numpy, safetensors (used by the
 # interop test) and pytest, aeon and pyarrow (examples/uea.py: public data sets and the 1-NN DTW
-# baseline), and PyTorch 2.11.0, whose libtorch tch 0.24 links for dsc-train. The PyPI wheel
+# baseline), Ray (examples/ray_compile.py: a partitioned compile on a local Ray cluster), and
+# PyTorch 2.11.0, whose libtorch tch 0.24 links for dsc-train. The PyPI wheel
 # is the CUDA build: it runs on CPU-only machines too, and uses a GPU where there is one.
 # To build dsc-train against it:
 #   export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
@@ -16,6 +17,9 @@ if ! .venv/bin/python -c "import numpy, safetensors, pytest" 2>/dev/null; then
 fi
 if ! .venv/bin/python -c "import aeon, pyarrow" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check "aeon==1.6.0" pyarrow
+fi
+if ! .venv/bin/python -c "import ray" 2>/dev/null; then
+    .venv/bin/pip install --quiet --disable-pip-version-check "ray==2.60.0"
 fi
 if [ "$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "2.11.0" ]; then
     echo "installing torch 2.11.0 into .venv (about 4 GB with its CUDA libraries)"

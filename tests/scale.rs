@@ -343,3 +343,106 @@ fn a_budget_too_small_for_one_bucket_says_so_and_leaves_nothing() {
     )
     .ok();
 }
+
+/// The spec of the IceCube compile in `dir/dsc.toml` (with small buckets), and the plain cache
+/// compiled from it.
+fn spec_and_plain(dir: &Dir) {
+    let mut args = ice_args("unused");
+    args.extend(["--bucket-size", "16KiB", "--print-spec"].map(String::from));
+    let spec = run(dir.path(), &args, &[]).ok();
+    std::fs::write(dir.join("dsc.toml"), spec).unwrap();
+    dsc(
+        dir.path(),
+        &["compile", "--spec", "dsc.toml", "--out", "plain"],
+    )
+    .ok();
+}
+
+#[test]
+fn the_slurm_example_compiles_the_same_cache() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 60);
+    spec_and_plain(&dir);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/slurm/compile.sbatch");
+    // What Slurm does for `sbatch --array=0-1 compile.sbatch STAGE`, stage after stage.
+    for stage in ["scan", "fit", "write"] {
+        for id in 0..2 {
+            let out = std::process::Command::new("bash")
+                .arg(&script)
+                .arg(stage)
+                .current_dir(dir.path())
+                .env("DSC_BIN", env!("CARGO_BIN_EXE_dsc"))
+                .env("DSC_SPEC", "dsc.toml")
+                .env("DSC_OUT", "slurm")
+                .env("SLURM_ARRAY_TASK_ID", id.to_string())
+                .env("SLURM_ARRAY_TASK_MIN", "0")
+                .env("SLURM_ARRAY_TASK_COUNT", "2")
+                .env("SLURM_CPUS_PER_TASK", "1")
+                .env("SLURM_MEM_PER_NODE", "512")
+                .env_remove("JOB_COMPLETION_INDEX")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{stage} {id}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    dsc(dir.path(), &["merge", "slurm"]).ok();
+    assert_same(&dir, "plain", "slurm");
+}
+
+#[test]
+fn the_kubernetes_example_compiles_the_same_cache() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 60);
+    spec_and_plain(&dir);
+    let yaml = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/k8s/compile-job.yaml"),
+    )
+    .unwrap();
+    // Each Job's container command, run as its pods would: `completions` times, with
+    // JOB_COMPLETION_INDEX set, in the order of the documents (scan, fit, write, merge).
+    let mut jobs = 0;
+    for doc in yaml.split("\n---\n") {
+        let command = doc
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("command: "))
+            .expect("every Job has a command");
+        let command: Vec<String> = serde_json::from_str(command).unwrap();
+        let completions: Option<usize> = doc
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("completions: "))
+            .map(|n| n.parse().unwrap());
+        let work = format!("{}/", dir.path().display());
+        let args: Vec<String> = command[1..]
+            .iter()
+            .map(|a| a.replace("/work/", &work))
+            .collect();
+        assert_eq!(command[0], "dsc");
+        let indices: Vec<Option<usize>> = match completions {
+            Some(n) => (0..n).map(Some).collect(),
+            None => vec![None],
+        };
+        for index in indices {
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"));
+            cmd.args(&args)
+                .current_dir(dir.path())
+                .env_remove("SLURM_ARRAY_TASK_ID")
+                .env_remove("JOB_COMPLETION_INDEX");
+            if let Some(i) = index {
+                cmd.env("JOB_COMPLETION_INDEX", i.to_string());
+            }
+            let out = cmd.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?} {index:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        jobs += 1;
+    }
+    assert_eq!(jobs, 4);
+    assert_same(&dir, "plain", "cache");
+}

@@ -232,6 +232,18 @@ pub enum CompileError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The memory budget cannot hold what the compile must hold at once.
+    #[error("{0}")]
+    Budget(String),
+    /// A partitioned compile's parts do not fit together: one is missing, or belongs to another
+    /// compile. Names the part and what to run.
+    #[error("{}: {what}", path.display())]
+    Partition {
+        /// The part, or the work folder.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        what: String,
+    },
     /// A bug in dsc: what it assembled breaks a rule of its own format. Nothing was written.
     #[error("internal error, please report it: {0}")]
     Internal(String),

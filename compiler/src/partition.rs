@@ -251,9 +251,11 @@ impl Work {
         let path = dir.join("plan.json");
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let theirs: Plan = serde_json::from_slice(&bytes).map_err(|e| {
-                    CompileError::Spec(format!("{}: not a dsc plan ({e})", path.display()))
-                })?;
+                let theirs: Plan =
+                    serde_json::from_slice(&bytes).map_err(|e| CompileError::Partition {
+                        path: path.clone(),
+                        what: format!("not a dsc plan ({e})"),
+                    })?;
                 if theirs != plan {
                     let why = if theirs.partitions != partitions {
                         format!("{} partitions, not {partitions}", theirs.partitions)
@@ -262,11 +264,13 @@ impl Work {
                     } else {
                         "inputs that have changed since (size or modification time)".to_string()
                     };
-                    return Err(CompileError::Spec(format!(
-                        "{} holds the work of another compile ({why}); finish or remove it, \
-                         or compile into another --out",
-                        dir.display()
-                    )));
+                    return Err(CompileError::Partition {
+                        path: dir,
+                        what: format!(
+                            "holds the work of another compile ({why}); finish or remove it, \
+                             or compile into another --out"
+                        ),
+                    });
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -286,18 +290,22 @@ impl Work {
         let path = dir.join("plan.json");
         let bytes = std::fs::read(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                CompileError::Spec(format!(
-                    "no partitioned compile into {} is under way ({} is missing): run the \
-                     stages first (dsc compile … --partition I/N --stage scan|fit|write)",
-                    out.display(),
-                    path.display()
-                ))
+                CompileError::Partition {
+                    path: out.into(),
+                    what: format!(
+                        "no partitioned compile into it is under way ({} is missing): run the \
+                         stages first (dsc compile … --partition I/N --stage scan|fit|write)",
+                        path.display()
+                    ),
+                }
             } else {
                 CompileError::io(&path, e)
             }
         })?;
-        let plan = serde_json::from_slice(&bytes)
-            .map_err(|e| CompileError::Spec(format!("{}: not a dsc plan ({e})", path.display())))?;
+        let plan = serde_json::from_slice(&bytes).map_err(|e| CompileError::Partition {
+            path: path.clone(),
+            what: format!("not a dsc plan ({e})"),
+        })?;
         Ok(Work { dir, plan })
     }
 
@@ -325,27 +333,36 @@ impl Work {
                 let path = self.dir.join(part_name(stage, p));
                 let bytes = std::fs::read(&path).map_err(|e| {
                     if e.kind() == std::io::ErrorKind::NotFound {
-                        CompileError::Spec(format!(
-                            "partition {i}/{n} has not finished the {} stage ({} is missing): \
-                             run it (dsc compile … --partition {i}/{n} --stage {}) and try again",
-                            stage.name(),
-                            path.display(),
-                            stage.name()
-                        ))
+                        CompileError::Partition {
+                            path: path.clone(),
+                            what: format!(
+                                "partition {i}/{n} has not finished the {} stage: run it (dsc \
+                                 compile … --partition {i}/{n} --stage {}) and try again",
+                                stage.name(),
+                                stage.name()
+                            ),
+                        }
                     } else {
                         CompileError::io(&path, e)
                     }
                 })?;
-                let part: Part<T> = serde_json::from_slice(&bytes).map_err(|e| {
-                    CompileError::Spec(format!("{}: not a dsc part ({e})", path.display()))
-                })?;
+                let part: Part<T> =
+                    serde_json::from_slice(&bytes).map_err(|e| CompileError::Partition {
+                        path: path.clone(),
+                        what: format!(
+                            "not a dsc part ({e}); rerun partition {i}/{n} of the {} stage",
+                            stage.name()
+                        ),
+                    })?;
                 if part.fingerprint != self.plan.fingerprint || part.partitions != n {
-                    return Err(CompileError::Spec(format!(
-                        "{} belongs to another compile (another spec, partition count or \
-                         inputs); rerun partition {i}/{n} of the {} stage",
-                        path.display(),
-                        stage.name()
-                    )));
+                    return Err(CompileError::Partition {
+                        path,
+                        what: format!(
+                            "belongs to another compile (another spec, partition count or \
+                             inputs); rerun partition {i}/{n} of the {} stage",
+                            stage.name()
+                        ),
+                    });
                 }
                 Ok(part.body)
             })
@@ -493,11 +510,12 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
     let mut setup = Setup::new(&spec)?;
     setup.open()?;
     if fingerprint(&spec, work.plan.partitions, &setup)? != work.plan.fingerprint {
-        return Err(CompileError::Spec(format!(
-            "the inputs of the compile in {} changed since its stages ran (size or modification \
-             time); run them again",
-            work.dir.display()
-        )));
+        return Err(CompileError::Partition {
+            path: work.dir.clone(),
+            what: "the compile's inputs changed since its stages ran (size or modification \
+                   time); run them again"
+                .into(),
+        });
     }
     // Every stage's parts, before anything is touched.
     let scans: Vec<ScanBody> = work.read_parts(Stage::Scan)?;

@@ -330,7 +330,7 @@ impl<'s> Setup<'s> {
             .unwrap_or(0);
         let bucket_bytes = (largest * self.width * BUCKET_OVERHEAD).max(1);
         if bucket_bytes > budget {
-            return Err(CompileError::Spec(format!(
+            return Err(CompileError::Budget(format!(
                 "--max-memory {} is too small: one bucket of this input holds {largest} rows and \
                  needs about {} in memory; give at least that, or a smaller --bucket-size",
                 human_bytes(budget),

@@ -14,7 +14,7 @@ See docs/PYTHON.md for the whole API.
 from ._dsc import __version__
 from ._errors import CacheError, CompileError, Error, OptionsError, StateError, WorkerError
 from ._cache import Cache, TensorInfo, open
-from ._compile import compile
+from ._compile import compile, compile_stage, merge
 from ._loader import Batch, IterableDataset, Loader
 
 __all__ = [
@@ -31,5 +31,7 @@ __all__ = [
     "WorkerError",
     "__version__",
     "compile",
+    "compile_stage",
+    "merge",
     "open",
 ]

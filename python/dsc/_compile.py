@@ -75,10 +75,14 @@ def _joins(
     return out
 
 
-def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
+def _size(value: Union[int, str]) -> int:
+    """Bytes, from a number or a string such as ``"64MiB"``."""
+    return _dsc.parse_size(value) if isinstance(value, str) else int(value)
+
+
+def _fields(
     rows: Union[PathLike, Sequence[PathLike], None] = None,
     *,
-    out: PathLike,
     key: Optional[str] = None,
     order_by: Optional[str] = None,
     context: Optional[PathLike] = None,
@@ -105,25 +109,10 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     profile: Optional[str] = None,
     val_keys: Optional[PathLike] = None,
     partitions: Optional[int] = None,
+    bucket_size: Union[int, str, None] = None,
     spec: Optional[PathLike] = None,
-    force: bool = False,
-    progress: Optional[bool] = None,
-) -> Cache:
-    """Compiles Parquet rows into a cache at ``out`` and returns it opened (:class:`dsc.Cache`).
-
-    Every option of ``dsc compile`` is a keyword argument of the same name (``--order-by`` is
-    ``order_by``); lists may be Python lists or comma-separated strings, ``encode`` a dict
-    ``{"charge": "log1p,zscore"}`` (or ``["charge=log1p,zscore"]``), lookup tables
-    ``join="geometry.csv", on="sensor_id"`` or ``joins=[("geometry.csv", "sensor_id"), ...]``,
-    ``shard_size`` bytes or a string such as ``"64MiB"``, ``split_keys`` a dict
-    ``{"test": "test_ids.txt"}``. ``spec`` reads a ``dsc.toml`` spec
-    file first; the keyword arguments given override it. The cache is byte-identical to the
-    CLI's for the same options. ``progress`` shows bars on stderr (default: when stderr is a
-    terminal).
-
-    Bad input raises :class:`dsc.CompileError` carrying ``file``, ``column`` and ``row``; the
-    output is then left as it was (nothing half-written). The GIL is released while compiling.
-    """
+) -> Dict[str, Any]:
+    """The spec fields of ``dsc.compile``'s keyword arguments, checked."""
     fields: Dict[str, Any] = {}
     if rows is not None:
         rows_list = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
@@ -174,14 +163,47 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
             )
         fields["split_keys"] = {str(k): os.fspath(v) for k, v in split_keys.items()}
     if shard_size is not None:
-        fields["shard_size"] = (
-            _dsc.parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
-        )
+        fields["shard_size"] = _size(shard_size)
+    if bucket_size is not None:
+        fields["bucket_size"] = _size(bucket_size)
     if spec is None:
         if "rows" not in fields or not fields["rows"]:
             raise OptionsError("no rows files given: pass rows= (paths or globs) or a spec file")
         if "key" not in fields:
             raise OptionsError("key= is required (or give a spec file with spec=)")
+    return fields
+
+
+def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
+    rows: Union[PathLike, Sequence[PathLike], None] = None,
+    *,
+    out: PathLike,
+    spec: Optional[PathLike] = None,
+    force: bool = False,
+    max_memory: Union[int, str, None] = None,
+    progress: Optional[bool] = None,
+    **options: Any,
+) -> Cache:
+    """Compiles Parquet rows into a cache at ``out`` and returns it opened (:class:`dsc.Cache`).
+
+    Every option of ``dsc compile`` is a keyword argument of the same name (``--order-by`` is
+    ``order_by``); lists may be Python lists or comma-separated strings, ``encode`` a dict
+    ``{"charge": "log1p,zscore"}`` (or ``["charge=log1p,zscore"]``), lookup tables
+    ``join="geometry.csv", on="sensor_id"`` or ``joins=[("geometry.csv", "sensor_id"), ...]``,
+    ``shard_size`` bytes or a string such as ``"64MiB"``, ``split_keys`` a dict
+    ``{"test": "test_ids.txt"}``. ``spec`` reads a ``dsc.toml`` spec
+    file first; the keyword arguments given override it. The cache is byte-identical to the
+    CLI's for the same options. ``progress`` shows bars on stderr (default: when stderr is a
+    terminal).
+
+    ``max_memory`` (bytes or ``"4GiB"``; default half of the machine's) bounds the memory the
+    compile uses: the input is spilled beside ``out`` in buckets and processed a few at a time,
+    and the cache does not depend on it. ``bucket_size`` sets the decoded input per bucket.
+
+    Bad input raises :class:`dsc.CompileError` carrying ``file``, ``column`` and ``row``; the
+    output is then left as it was (nothing half-written). The GIL is released while compiling.
+    """
+    fields = _fields(rows, spec=spec, **options)
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
     _dsc.compile(
@@ -190,5 +212,73 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         os.fspath(out),
         bool(force),
         bool(progress),
+        None if max_memory is None else _size(max_memory),
     )
+    return Cache(out)
+
+
+_STAGES = ("scan", "fit", "write")
+
+
+def compile_stage(
+    stage: str,
+    partition: Union[str, Tuple[int, int]],
+    rows: Union[PathLike, Sequence[PathLike], None] = None,
+    *,
+    out: PathLike,
+    spec: Optional[PathLike] = None,
+    max_memory: Union[int, str, None] = None,
+    progress: bool = False,
+    **options: Any,
+) -> Dict[str, Any]:
+    """Runs one stage of one partition of a compile into ``out``, as
+    ``dsc compile … --partition I/N --stage STAGE`` does; returns the stage's report.
+
+    ``stage`` is ``"scan"`` (the partition's share of the rows files, spilled into buckets),
+    ``"fit"`` (statistics of its buckets) or ``"write"`` (shards of its buckets); each stage
+    must have run in every partition before the next starts, and :func:`dsc.merge` commits.
+    ``partition`` is ``(i, n)`` or ``"i/n"``. The other arguments are those of
+    :func:`dsc.compile` and must be the same for every task of one compile. Tasks may run on
+    any machines that share ``out``'s file system (Ray tasks, Slurm job arrays, Kubernetes
+    Indexed Jobs; see docs/SCALE.md); a repeated task writes the same bytes.
+    """
+    if stage not in _STAGES:
+        raise OptionsError(f"stage={stage!r}: expected one of {_STAGES}")
+    if isinstance(partition, str):
+        i_text, sep, n_text = partition.partition("/")
+        try:
+            if not sep:
+                raise ValueError
+            index, count = int(i_text), int(n_text)
+        except ValueError:
+            raise OptionsError(f"partition={partition!r}: expected 'I/N', e.g. '0/4'") from None
+    else:
+        try:
+            index, count = (int(v) for v in partition)
+        except (TypeError, ValueError):
+            raise OptionsError(f"partition={partition!r}: expected (i, n)") from None
+    if not 0 <= index < count:
+        raise OptionsError(f"partition={partition!r}: need 0 <= i < n")
+    fields = _fields(rows, spec=spec, **options)
+    report = _dsc.compile_stage(
+        json.dumps(fields),
+        None if spec is None else os.fspath(spec),
+        os.fspath(out),
+        stage,
+        index,
+        count,
+        None if max_memory is None else _size(max_memory),
+        bool(progress),
+    )
+    return json.loads(report)
+
+
+def merge(out: PathLike, *, force: bool = False, progress: Optional[bool] = None) -> Cache:
+    """Commits a partitioned compile into ``out`` once every partition has run every stage
+    (:func:`dsc.compile_stage`), as ``dsc merge`` does, and returns the cache opened. A missing
+    part, or one of another spec or of inputs changed since, raises :class:`dsc.CompileError`
+    naming it; nothing is a cache until this writes the manifest."""
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
+    _dsc.merge(os.fspath(out), bool(force), bool(progress))
     return Cache(out)

@@ -45,5 +45,23 @@ class LoaderHandle:
     def advance(self, n: int) -> None: ...
     def close(self) -> None: ...
 
-def compile(spec_json: str, spec_file: Optional[str], out: str, force: bool, progress: bool) -> str: ...
+def compile(
+    spec_json: str,
+    spec_file: Optional[str],
+    out: str,
+    force: bool,
+    progress: bool,
+    max_memory: Optional[int] = None,
+) -> str: ...
+def compile_stage(
+    spec_json: str,
+    spec_file: Optional[str],
+    out: str,
+    stage: str,
+    index: int,
+    count: int,
+    max_memory: Optional[int],
+    progress: bool,
+) -> str: ...
+def merge(out: str, force: bool, progress: bool) -> str: ...
 def parse_size(text: str) -> int: ...

@@ -52,7 +52,7 @@ pub fn options_error(py: Python<'_>, message: &str) -> PyErr {
 /// A compile failure: `dsc.CompileError` with the file, column, row or key it names.
 pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
     let message = e.to_string();
-    if let CompileError::Spec(_) = e {
+    if let CompileError::Spec(_) | CompileError::Budget(_) = e {
         // Options that do not fit together: the caller's arguments, not the input data.
         return raise(py, "OptionsError", message, Place::default());
     }
@@ -62,6 +62,7 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
         | CompileError::BadCsv { path, .. }
         | CompileError::EmptyFile { path }
         | CompileError::OutputExists { path }
+        | CompileError::Partition { path, .. }
         | CompileError::OutputNotWritable { path, .. } => Place {
             file: file(path),
             ..Place::default()

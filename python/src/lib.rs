@@ -9,6 +9,7 @@
 
 mod errors;
 
+use dsc_compiler::partition::{self, Partition, Stage};
 use dsc_compiler::{CompileOptions, CompileSpec, TerminalBars};
 use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 use dsc_loader::order::Steps;
@@ -483,19 +484,14 @@ impl LoaderHandle {
     }
 }
 
-/// Runs `dsc compile` for the spec given as JSON text (spec-file keys) and/or a spec file
-/// (TOML; keys given in `spec_json` override it); returns the manifest as JSON text.
-#[pyfunction]
-#[pyo3(signature = (spec_json, spec_file, out, force, progress))]
-fn compile(
+/// The spec of a compile: the spec file's keys (if any), overridden by the JSON object
+/// `spec_json` (what `dsc.compile`'s keyword arguments give).
+fn spec_from(
     py: Python<'_>,
     spec_json: &str,
-    spec_file: Option<std::path::PathBuf>,
-    out: std::path::PathBuf,
-    force: bool,
-    progress: bool,
-) -> PyResult<String> {
-    let mut merged = match &spec_file {
+    spec_file: Option<&std::path::Path>,
+) -> PyResult<CompileSpec> {
+    let mut merged = match spec_file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 options_error(
@@ -517,8 +513,22 @@ fn compile(
             base.insert(k.clone(), v.clone());
         }
     }
-    let spec: CompileSpec = serde_json::from_value(merged)
-        .map_err(|e| options_error(py, &format!("invalid spec: {e}")))?;
+    serde_json::from_value(merged).map_err(|e| options_error(py, &format!("invalid spec: {e}")))
+}
+
+/// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.
+#[pyfunction]
+#[pyo3(signature = (spec_json, spec_file, out, force, progress, max_memory=None))]
+fn compile(
+    py: Python<'_>,
+    spec_json: &str,
+    spec_file: Option<std::path::PathBuf>,
+    out: std::path::PathBuf,
+    force: bool,
+    progress: bool,
+    max_memory: Option<u64>,
+) -> PyResult<String> {
+    let spec = spec_from(py, spec_json, spec_file.as_deref())?;
     let bars = TerminalBars::new(!progress);
     let report = py
         .detach(|| {
@@ -527,12 +537,59 @@ fn compile(
                 &CompileOptions {
                     out,
                     force,
-                    max_memory: None,
+                    max_memory,
                     progress: &bars,
                 },
             )
             .map_err(Box::new)
         })
+        .map_err(|e| compile_error(py, *e))?;
+    Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
+}
+
+/// Runs one stage of one partition of a compile; returns the stage report as JSON.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn compile_stage(
+    py: Python<'_>,
+    spec_json: &str,
+    spec_file: Option<std::path::PathBuf>,
+    out: std::path::PathBuf,
+    stage: &str,
+    index: usize,
+    count: usize,
+    max_memory: Option<u64>,
+    progress: bool,
+) -> PyResult<String> {
+    let spec = spec_from(py, spec_json, spec_file.as_deref())?;
+    let stage = match stage {
+        "scan" => Stage::Scan,
+        "fit" => Stage::Fit,
+        "write" => Stage::Write,
+        other => {
+            return Err(options_error(
+                py,
+                &format!("stage={other:?}: expected \"scan\", \"fit\" or \"write\""),
+            ))
+        }
+    };
+    let partition = Partition::parse(&format!("{index}/{count}"))
+        .map_err(|e| options_error(py, &format!("partition: {e}")))?;
+    let bars = TerminalBars::new(!progress);
+    let report = py
+        .detach(|| {
+            partition::run_stage(&spec, &out, max_memory, partition, stage, &bars).map_err(Box::new)
+        })
+        .map_err(|e| compile_error(py, *e))?;
+    Ok(serde_json::to_string(&report).expect("a report serializes"))
+}
+
+/// Commits a partitioned compile into `out`; returns the manifest as JSON.
+#[pyfunction]
+fn merge(py: Python<'_>, out: std::path::PathBuf, force: bool, progress: bool) -> PyResult<String> {
+    let bars = TerminalBars::new(!progress);
+    let report = py
+        .detach(|| partition::merge(&out, force, &bars).map_err(Box::new))
         .map_err(|e| compile_error(py, *e))?;
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }
@@ -549,6 +606,8 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheHandle>()?;
     m.add_class::<LoaderHandle>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(compile_stage, m)?)?;
+    m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
