@@ -22,7 +22,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// What a statistic is about, for `stats.json`.
@@ -68,13 +69,17 @@ pub(crate) struct ValueRuns {
     out: Mutex<(File, u64)>,
 }
 
-/// Where one run lies.
+/// Where one run lies: its values, then every [`SAMPLE`]-th of them.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct Run {
     file: u32,
     offset: u64,
     len: u64,
 }
+
+/// One value in this many is kept as a run's sample: what rank queries search in memory before
+/// reading one block of the run.
+const SAMPLE: u64 = 256;
 
 impl ValueRuns {
     pub fn create(path: PathBuf, file: u32) -> Result<ValueRuns> {
@@ -86,11 +91,12 @@ impl ValueRuns {
         })
     }
 
-    /// Appends sorted values; returns where they lie.
+    /// Appends sorted values and their samples; returns where they lie.
     pub fn append(&self, values: &[f64]) -> Result<Run> {
-        let mut bytes = Vec::with_capacity(values.len() * 8);
+        let mut bytes = Vec::with_capacity(values.len() * 8 + values.len() / 32 + 8);
         values
             .iter()
+            .chain(values.iter().step_by(SAMPLE as usize))
             .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
         let mut out = self.out.lock().expect("no writer panics");
         out.0
@@ -105,22 +111,13 @@ impl ValueRuns {
         Ok(run)
     }
 
-    /// Maps the runs written so far for reading (`None` when there are none).
-    #[allow(unsafe_code)]
-    pub fn map(&self) -> Result<Option<memmap2::Mmap>> {
+    /// Makes what was written durable and opens it for reading.
+    pub fn finish(&self) -> Result<File> {
         let out = self.out.lock().expect("no writer panics");
         out.0
             .sync_data()
             .map_err(|e| CompileError::io(&self.path, e))?;
-        if out.1 == 0 {
-            return Ok(None);
-        }
-        let file = File::open(&self.path).map_err(|e| CompileError::io(&self.path, e))?;
-        // SAFETY: the file is private to this compile (inside its staging directory) and no
-        // longer written.
-        unsafe { memmap2::Mmap::map(&file) }
-            .map(Some)
-            .map_err(|e| CompileError::io(&self.path, e))
+        File::open(&self.path).map_err(|e| CompileError::io(&self.path, e))
     }
 }
 
@@ -187,7 +184,15 @@ pub(crate) fn numeric_partial(
     })
 }
 
-/// Order-preserving map of finite doubles onto integers, for rank queries by bisection.
+fn from_ord_key(k: u64) -> f64 {
+    if k >> 63 == 1 {
+        f64::from_bits(k & !(1 << 63))
+    } else {
+        f64::from_bits(!k)
+    }
+}
+
+/// Order-preserving map of finite doubles onto integers: rank queries compare these.
 fn ord_key(x: f64) -> u64 {
     let b = x.to_bits();
     if b >> 63 == 1 {
@@ -197,77 +202,151 @@ fn ord_key(x: f64) -> u64 {
     }
 }
 
-fn from_ord_key(k: u64) -> f64 {
-    if k >> 63 == 1 {
-        f64::from_bits(k & !(1 << 63))
-    } else {
-        f64::from_bits(!k)
+fn read_f64s(file: &File, offset: u64, n: usize) -> Result<Vec<f64>> {
+    let mut bytes = vec![0u8; n * 8];
+    file.read_exact_at(&mut bytes, offset)
+        .map_err(|e| CompileError::io(Path::new("values spill"), e))?;
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// One sorted run, with its samples in memory.
+struct Sample<'f> {
+    file: &'f File,
+    offset: u64,
+    len: u64,
+    /// `keys[j]` is the order key of value `j · SAMPLE`.
+    keys: Vec<u64>,
+}
+
+impl Sample<'_> {
+    /// Bounds on how many values are at most `t`, from the samples alone.
+    fn bounds(&self, t: u64) -> (u64, u64) {
+        let j = self.keys.partition_point(|&k| k <= t) as u64;
+        if j == 0 {
+            (0, 0)
+        } else {
+            ((j - 1) * SAMPLE + 1, (j * SAMPLE).min(self.len))
+        }
+    }
+
+    /// How many values are at most `t`: the samples narrow it to one block, which is read.
+    fn count_le(&self, t: u64) -> Result<u64> {
+        let (lo, hi) = self.bounds(t);
+        if lo == hi {
+            return Ok(lo);
+        }
+        let block = read_f64s(self.file, self.offset + lo * 8, (hi - lo) as usize)?;
+        Ok(lo + block.partition_point(|&v| ord_key(v) <= t) as u64)
+    }
+
+    /// The values at positions `from..to`.
+    fn range(&self, from: u64, to: u64) -> Result<Vec<f64>> {
+        read_f64s(self.file, self.offset + from * 8, (to - from) as usize)
     }
 }
 
-/// Sorted runs of one statistic, read in place.
-struct Sorted<'m> {
-    runs: Vec<&'m [u8]>,
+/// Sorted runs of one statistic, read through positioned reads (never mapped, so that they do
+/// not count in the compile's memory): the samples locate a rank to within a few blocks.
+struct Sorted<'f> {
+    runs: Vec<Sample<'f>>,
     n: u64,
 }
 
-impl<'m> Sorted<'m> {
-    fn new(maps: &[&'m [u8]], runs: impl Iterator<Item = Run>) -> Sorted<'m> {
-        let runs: Vec<&[u8]> = runs
+impl<'f> Sorted<'f> {
+    fn new(files: &'f [File], runs: impl Iterator<Item = Run>) -> Result<Sorted<'f>> {
+        let runs: Vec<Sample> = runs
             .filter(|r| r.len > 0)
-            .map(|r| &maps[r.file as usize][r.offset as usize..(r.offset + r.len * 8) as usize])
-            .collect();
-        let n = runs.iter().map(|r| r.len() as u64 / 8).sum();
-        Sorted { runs, n }
-    }
-
-    fn at(run: &[u8], i: usize) -> f64 {
-        f64::from_le_bytes(run[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
-    }
-
-    /// Values whose order key is at most `t`.
-    fn count_le(&self, t: u64) -> u64 {
-        self.runs
-            .iter()
-            .map(|run| {
-                let (mut lo, mut hi) = (0usize, run.len() / 8);
-                while lo < hi {
-                    let mid = (lo + hi) / 2;
-                    if ord_key(Self::at(run, mid)) <= t {
-                        lo = mid + 1;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                lo as u64
+            .map(|r| {
+                let file = &files[r.file as usize];
+                let keys = read_f64s(file, r.offset + r.len * 8, r.len.div_ceil(SAMPLE) as usize)?
+                    .into_iter()
+                    .map(ord_key)
+                    .collect();
+                Ok(Sample {
+                    file,
+                    offset: r.offset,
+                    len: r.len,
+                    keys,
+                })
             })
-            .sum()
+            .collect::<Result<_>>()?;
+        let n = runs.iter().map(|r| r.len).sum();
+        Ok(Sorted { runs, n })
+    }
+
+    fn count_le(&self, t: u64) -> Result<u64> {
+        self.runs.iter().map(|r| r.count_le(t)).sum()
     }
 
     /// Values strictly below `x`.
-    fn count_lt(&self, x: f64) -> u64 {
+    fn count_lt(&self, x: f64) -> Result<u64> {
         match ord_key(x).checked_sub(1) {
             Some(t) => self.count_le(t),
-            None => 0,
+            None => Ok(0),
         }
     }
 
-    /// The `k`-th smallest value (from 0).
-    fn kth(&self, k: u64) -> f64 {
-        let (mut lo, mut hi) = (0u64, u64::MAX);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.count_le(mid) > k {
-                hi = mid;
+    /// The `k`-th smallest value (from 0). Among the sample keys, find the smallest `hi` with
+    /// more than `k` values at or below it (the samples' bounds narrow the search, exact counts
+    /// finish it); the answer is `hi`'s value when fewer than `k + 1` values lie below it, else
+    /// it lies strictly between `hi` and the sample key before it, a stretch of less than one
+    /// sample interval per run, which is read. A value repeated across many rows costs nothing.
+    fn kth(&self, k: u64) -> Result<f64> {
+        let mut pooled: Vec<u64> = self
+            .runs
+            .iter()
+            .flat_map(|r| r.keys.iter().copied())
+            .collect();
+        pooled.sort_unstable();
+        pooled.dedup();
+        let lower = |t: u64| self.runs.iter().map(|r| r.bounds(t).0).sum::<u64>();
+        let upper = |t: u64| self.runs.iter().map(|r| r.bounds(t).1).sum::<u64>();
+        let mut a = pooled.partition_point(|&t| upper(t) <= k);
+        let mut b = pooled.partition_point(|&t| lower(t) <= k);
+        while a < b {
+            let m = (a + b) / 2;
+            if self.count_le(pooled[m])? > k {
+                b = m;
             } else {
-                lo = mid + 1;
+                a = m + 1;
             }
         }
-        from_ord_key(lo)
+        let hi = pooled.get(a).copied();
+        let lo = a.checked_sub(1).map(|i| pooled[i]);
+        if let Some(hi) = hi {
+            let below_hi = match hi.checked_sub(1) {
+                Some(t) => self.count_le(t)?,
+                None => 0,
+            };
+            if below_hi <= k {
+                return Ok(from_ord_key(hi));
+            }
+        }
+        let mut between = Vec::new();
+        let mut below = 0;
+        for r in &self.runs {
+            let from = match lo {
+                Some(lo) => r.count_le(lo)?,
+                None => 0,
+            };
+            let to = match hi.and_then(|h| h.checked_sub(1)) {
+                Some(t) => r.count_le(t)?,
+                None if hi.is_some() => 0,
+                None => r.len,
+            };
+            below += from;
+            between.extend(r.range(from, to)?);
+        }
+        let at = (k - below) as usize;
+        let (_, x, _) = between.select_nth_unstable_by(at, f64::total_cmp);
+        Ok(*x)
     }
 
     /// Quantiles by numpy's default linear rule, as [`crate::stats::quantiles`].
-    fn quantiles(&self) -> Vec<Quantile> {
+    fn quantiles(&self) -> Result<Vec<Quantile>> {
         let n = self.n;
         QUANTILE_LEVELS
             .iter()
@@ -275,20 +354,20 @@ impl<'m> Sorted<'m> {
                 let h = (n - 1) as f64 * q;
                 let k = (h.floor() as u64).min(n - 1);
                 let frac = h - k as f64;
-                let lo = self.kth(k);
+                let lo = self.kth(k)?;
                 let value = if frac > 0.0 && k + 1 < n {
-                    lo + frac * (self.kth(k + 1) - lo)
+                    lo + frac * (self.kth(k + 1)? - lo)
                 } else {
                     lo
                 };
-                Quantile { q, value }
+                Ok(Quantile { q, value })
             })
             .collect()
     }
 
     /// 20 equal-width bins over `[min, max]`, each counting the values from its lower edge up
     /// to (the last bin: including) its upper edge.
-    fn histogram(&self, min: f64, max: f64) -> Vec<Bin> {
+    fn histogram(&self, min: f64, max: f64) -> Result<Vec<Bin>> {
         const BINS: usize = 20;
         let width = (max - min) / BINS as f64;
         let edge = |i: usize| {
@@ -301,32 +380,35 @@ impl<'m> Sorted<'m> {
         let below: Vec<u64> = (0..=BINS)
             .map(|i| {
                 if i == BINS {
-                    self.n
+                    Ok(self.n)
                 } else if i == 0 || width <= 0.0 {
-                    0
+                    Ok(0)
                 } else {
                     self.count_lt(edge(i))
                 }
             })
-            .collect();
-        (0..BINS)
+            .collect::<Result<_>>()?;
+        Ok((0..BINS)
             .map(|i| Bin {
                 lo: edge(i),
                 hi: edge(i + 1),
                 count: below[i + 1] - below[i],
             })
-            .collect()
+            .collect())
     }
 
-    fn numeric(&self, m: &Moments) -> Option<NumericStats> {
-        (self.n > 0).then(|| NumericStats {
+    fn numeric(&self, m: &Moments) -> Result<Option<NumericStats>> {
+        if self.n == 0 {
+            return Ok(None);
+        }
+        Ok(Some(NumericStats {
             min: m.min,
             max: m.max,
             mean: m.mean,
             std: m.std(),
-            quantiles: self.quantiles(),
-            histogram: self.histogram(m.min, m.max),
-        })
+            quantiles: self.quantiles()?,
+            histogram: self.histogram(m.min, m.max)?,
+        }))
     }
 }
 
@@ -389,7 +471,7 @@ pub(crate) fn merge_numeric(
     parts: &[&NumericPartial],
     splits: usize,
     chain: &[Stage],
-    maps: &[&[u8]],
+    files: &[File],
 ) -> Result<NumericResult> {
     let merge = |f: &dyn Fn(&NumericPartial) -> Moments| {
         parts
@@ -413,14 +495,14 @@ pub(crate) fn merge_numeric(
     for c in &counts {
         all_counts.iter_mut().zip(c).for_each(|(t, x)| *t += x);
     }
-    let all_runs = Sorted::new(maps, parts.iter().flat_map(|p| p.runs.iter().copied()));
+    let all_runs = Sorted::new(files, parts.iter().flat_map(|p| p.runs.iter().copied()))?;
     let mut all = id.empty_stats(all_counts, all_runs.n);
-    all.numeric = all_runs.numeric(&all_m);
+    all.numeric = all_runs.numeric(&all_m)?;
     let mut out = vec![all];
     for s in 0..splits {
-        let runs = Sorted::new(maps, parts.iter().map(|p| p.runs[s]));
+        let runs = Sorted::new(files, parts.iter().map(|p| p.runs[s]))?;
         let mut st = id.empty_stats(counts[s], runs.n);
-        st.numeric = runs.numeric(&moments[s]);
+        st.numeric = runs.numeric(&moments[s])?;
         out.push(st);
     }
     for s in &out {
@@ -783,7 +865,7 @@ pub(crate) struct Merged {
 pub(crate) fn merge(
     shared: &Shared,
     parts: &[FitPart],
-    maps: &[&[u8]],
+    files: &[File],
     rows_read: u64,
 ) -> Result<Merged> {
     let spec = shared.spec;
@@ -846,7 +928,7 @@ pub(crate) fn merge(
                 .iter()
                 .map(|f| f.columns[i].as_ref().expect("a numeric column"))
                 .collect();
-            let result = merge_numeric(&id, &numeric, n_splits, &rc.chain, maps)?;
+            let result = merge_numeric(&id, &numeric, n_splits, &rc.chain, files)?;
             let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
             column_stats.push(result.stats.clone());
             columns.push(FittedColumn::Numeric(
@@ -860,7 +942,7 @@ pub(crate) fn merge(
         let mut id = ColumnId::of(&shared.context_access(i));
         id.table = "context";
         let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
-        let result = merge_numeric(&id, &numeric, n_splits, chain, maps)?;
+        let result = merge_numeric(&id, &numeric, n_splits, chain, files)?;
         let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
         column_stats.push(result.stats.clone());
         context.push((
@@ -984,5 +1066,60 @@ fn build_stats(
     Stats {
         format_version: dsc_format::FORMAT_VERSION,
         splits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsc_format::rng::Xoshiro256;
+
+    /// Runs of sorted values written through `ValueRuns`, read back by rank queries: every
+    /// order statistic and every bin count equals a full sort's, with spikes (one value in most
+    /// rows), signed zeros and runs of every size around the sample interval.
+    #[test]
+    fn rank_queries_over_runs_equal_a_full_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = ValueRuns::create(dir.path().join("v"), 0).unwrap();
+        let mut rng = Xoshiro256::seed_from(11);
+        let mut all = Vec::new();
+        let mut refs = Vec::new();
+        for (r, len) in [0usize, 1, 255, 256, 257, 5000, 70_000, 3]
+            .into_iter()
+            .enumerate()
+        {
+            let mut values: Vec<f64> = (0..len)
+                .map(|_| match rng.below(10) {
+                    0..=5 if r % 2 == 1 => 7.0,
+                    6 => -0.0,
+                    7 => 0.0,
+                    _ => (rng.unit_f64() - 0.3) * 1e3,
+                })
+                .collect();
+            values.sort_unstable_by(f64::total_cmp);
+            all.extend_from_slice(&values);
+            refs.push(runs.append(&values).unwrap());
+        }
+        let files = [runs.finish().unwrap()];
+        let sorted = Sorted::new(&files, refs.into_iter()).unwrap();
+        all.sort_unstable_by(f64::total_cmp);
+        assert_eq!(sorted.n, all.len() as u64);
+        for k in (0..all.len()).step_by(997).chain([0, all.len() - 1]) {
+            assert_eq!(
+                sorted.kth(k as u64).unwrap().to_bits(),
+                all[k].to_bits(),
+                "k = {k}"
+            );
+        }
+        let want = crate::stats::quantiles(&mut all.clone(), &QUANTILE_LEVELS);
+        assert_eq!(sorted.quantiles().unwrap(), want);
+        let (min, max) = (all[0], all[all.len() - 1]);
+        for b in sorted.histogram(min, max).unwrap() {
+            let count = all
+                .iter()
+                .filter(|&&x| x >= b.lo && (x < b.hi || (b.hi == max && x <= max)))
+                .count() as u64;
+            assert_eq!(b.count, count, "{b:?}");
+        }
     }
 }

@@ -386,30 +386,17 @@ impl Work {
         self.dir.join("fit").join(format!("values-{i}.spill"))
     }
 
-    /// Every fit part and its values, mapped.
-    fn fits(&self) -> Result<(Vec<FitPart>, Vec<Option<memmap2::Mmap>>)> {
+    /// Every fit part and its values file, opened.
+    fn fits(&self) -> Result<(Vec<FitPart>, Vec<std::fs::File>)> {
         let parts: Vec<FitPart> = self.read_parts(Stage::Fit)?;
-        let maps = (0..self.plan.partitions)
-            .map(|i| map_file(&self.values_path(i)))
+        let files = (0..self.plan.partitions)
+            .map(|i| {
+                let path = self.values_path(i);
+                std::fs::File::open(&path).map_err(|e| CompileError::io(&path, e))
+            })
             .collect::<Result<_>>()?;
-        Ok((parts, maps))
+        Ok((parts, files))
     }
-}
-
-#[allow(unsafe_code)]
-fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
-    let file = std::fs::File::open(path).map_err(|e| CompileError::io(path, e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| CompileError::io(path, e))?
-        .len();
-    if len == 0 {
-        return Ok(None);
-    }
-    // SAFETY: values files are written once, renamed into place, and never written again.
-    unsafe { memmap2::Mmap::map(&file) }
-        .map(Some)
-        .map_err(|e| CompileError::io(path, e))
 }
 
 /// Runs one stage of one partition of a compile of `spec` into `out`.
@@ -461,7 +448,7 @@ pub fn run_stage(
             let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
             let runs = ValueRuns::create(tmp.clone(), partition.index as u32)?;
             let part = fit::fit_buckets(&shared, buckets.clone(), at_once, &runs, progress)?;
-            runs.map()?;
+            runs.finish()?;
             std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
             work.write_part(Stage::Fit, partition, part)?;
             buckets.len()
@@ -471,9 +458,8 @@ pub fn run_stage(
             let splits = split::plan(spec, setup.context.as_ref())?;
             let at_once = setup.at_once(&spill, budget)?;
             let shared = setup.shared(&spill, &splits);
-            let (fits, maps) = work.fits()?;
-            let maps: Vec<&[u8]> = maps.iter().map(|m| m.as_deref().unwrap_or(&[])).collect();
-            let merged = fit::merge(&shared, &fits, &maps, setup.rows_read)?;
+            let (fits, values) = work.fits()?;
+            let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
             let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
             let buckets = partition.share(setup.buckets.count());
             progress.stage("writing shards", buckets.len() as u64);
@@ -538,9 +524,8 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
     );
     let splits = split::plan(&spec, setup.context.as_ref())?;
     let shared = setup.shared(&spill, &splits);
-    let (fits, maps) = work.fits()?;
-    let maps: Vec<&[u8]> = maps.iter().map(|m| m.as_deref().unwrap_or(&[])).collect();
-    let merged = fit::merge(&shared, &fits, &maps, setup.rows_read)?;
+    let (fits, values) = work.fits()?;
+    let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
     let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
     for w in &writes {
         for e in &w.entries {

@@ -401,9 +401,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     progress.stage("statistics", buckets.len() as u64);
     let runs = ValueRuns::create(spill_dir.join("values-0.spill"), 0)?;
     let part = fit::fit_buckets(&shared, buckets.clone(), at_once, &runs, progress)?;
-    let map = runs.map()?;
-    let maps: Vec<&[u8]> = vec![map.as_deref().unwrap_or(&[])];
-    let merged = fit::merge(&shared, &[part], &maps, setup.rows_read)?;
+    let values = runs.finish()?;
+    let merged = fit::merge(&shared, &[part], &[values], setup.rows_read)?;
     timer.lap("statistics");
 
     progress.stage("writing shards", buckets.len() as u64);
@@ -418,7 +417,6 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         progress,
     )?;
     timer.lap("write");
-    drop(map);
     std::fs::remove_dir_all(&spill_dir).map_err(|e| CompileError::io(&spill_dir, e))?;
     let inputs = fingerprint_files(&setup.named_inputs, &stamps)?;
     finish(
