@@ -253,10 +253,25 @@ impl Sample<'_> {
 struct Sorted<'f> {
     runs: Vec<Sample<'f>>,
     n: u64,
+    /// Sample keys of every run, ascending, distinct, at most [`POOLED`] of them: the
+    /// candidates rank queries search.
+    pooled: Vec<u64>,
 }
+
+/// At most this many candidate keys per statistic: about `n / POOLED` values lie between two
+/// neighbours, so a billion-row column still reads only a few thousand values per rank query.
+const POOLED: usize = 1 << 20;
 
 impl<'f> Sorted<'f> {
     fn new(files: &'f [File], runs: impl Iterator<Item = Run>) -> Result<Sorted<'f>> {
+        Self::with_candidates(files, runs, POOLED)
+    }
+
+    fn with_candidates(
+        files: &'f [File],
+        runs: impl Iterator<Item = Run>,
+        cap: usize,
+    ) -> Result<Sorted<'f>> {
         let runs: Vec<Sample> = runs
             .filter(|r| r.len > 0)
             .map(|r| {
@@ -274,7 +289,14 @@ impl<'f> Sorted<'f> {
             })
             .collect::<Result<_>>()?;
         let n = runs.iter().map(|r| r.len).sum();
-        Ok(Sorted { runs, n })
+        let mut pooled: Vec<u64> = runs.iter().flat_map(|r| r.keys.iter().copied()).collect();
+        pooled.sort_unstable();
+        pooled.dedup();
+        if pooled.len() > cap {
+            let step = pooled.len().div_ceil(cap);
+            pooled = pooled.into_iter().step_by(step).collect();
+        }
+        Ok(Sorted { runs, n, pooled })
     }
 
     fn count_le(&self, t: u64) -> Result<u64> {
@@ -292,16 +314,10 @@ impl<'f> Sorted<'f> {
     /// The `k`-th smallest value (from 0). Among the sample keys, find the smallest `hi` with
     /// more than `k` values at or below it (the samples' bounds narrow the search, exact counts
     /// finish it); the answer is `hi`'s value when fewer than `k + 1` values lie below it, else
-    /// it lies strictly between `hi` and the sample key before it, a stretch of less than one
-    /// sample interval per run, which is read. A value repeated across many rows costs nothing.
+    /// it lies strictly between `hi` and the candidate before it, a short stretch of each run,
+    /// which is read. A value repeated across many rows costs nothing.
     fn kth(&self, k: u64) -> Result<f64> {
-        let mut pooled: Vec<u64> = self
-            .runs
-            .iter()
-            .flat_map(|r| r.keys.iter().copied())
-            .collect();
-        pooled.sort_unstable();
-        pooled.dedup();
+        let pooled = &self.pooled;
         let lower = |t: u64| self.runs.iter().map(|r| r.bounds(t).0).sum::<u64>();
         let upper = |t: u64| self.runs.iter().map(|r| r.bounds(t).1).sum::<u64>();
         let mut a = pooled.partition_point(|&t| upper(t) <= k);
@@ -1101,8 +1117,17 @@ mod tests {
             refs.push(runs.append(&values).unwrap());
         }
         let files = [runs.finish().unwrap()];
-        let sorted = Sorted::new(&files, refs.into_iter()).unwrap();
         all.sort_unstable_by(f64::total_cmp);
+        // Every candidate sample, and few (as for a billion rows): the same answers.
+        for cap in [POOLED, 16] {
+            check(
+                &Sorted::with_candidates(&files, refs.iter().copied(), cap).unwrap(),
+                &all,
+            );
+        }
+    }
+
+    fn check(sorted: &Sorted, all: &[f64]) {
         assert_eq!(sorted.n, all.len() as u64);
         for k in (0..all.len()).step_by(997).chain([0, all.len() - 1]) {
             assert_eq!(
@@ -1111,7 +1136,7 @@ mod tests {
                 "k = {k}"
             );
         }
-        let want = crate::stats::quantiles(&mut all.clone(), &QUANTILE_LEVELS);
+        let want = crate::stats::quantiles(&mut all.to_vec(), &QUANTILE_LEVELS);
         assert_eq!(sorted.quantiles().unwrap(), want);
         let (min, max) = (all[0], all[all.len() - 1]);
         for b in sorted.histogram(min, max).unwrap() {
