@@ -304,7 +304,13 @@ fn missing_foreign_and_repeated_partitions() {
     }
     stage("write", "1/2").ok();
     stage("write", "1/2").ok();
-    dsc(dir.path(), &["merge", "cache"]).ok();
+    // A merge that fails leaves every part in place: it runs again once the cause is gone.
+    std::fs::create_dir(dir.join("cache")).unwrap();
+    std::fs::write(dir.join("cache/notes.txt"), "mine").unwrap();
+    let err = dsc(dir.path(), &["merge", "cache"]).fails(2);
+    assert!(err.contains("already exists and is not empty"), "{err}");
+    assert!(dir.join("cache/notes.txt").exists());
+    dsc(dir.path(), &["merge", "cache", "--force"]).ok();
     dsc(dir.path(), &["verify", "cache"]).ok();
     run(dir.path(), &ice_args("plain"), &["--bucket-size", "16KiB"]).ok();
     assert_same(&dir, "plain", "cache");

@@ -527,11 +527,15 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
     let (fits, values) = work.fits()?;
     let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
     let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
+    // Linked, not moved: a merge that fails (or is killed) before the commit leaves every part
+    // in the work folder, and can simply be run again.
     for w in &writes {
         for e in &w.entries {
             let from = work.dir.join(&e.file);
             let to = staging.dir.join(&e.file);
-            std::fs::rename(&from, &to).map_err(|e| CompileError::io(&from, e))?;
+            std::fs::hard_link(&from, &to)
+                .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
+                .map_err(|e| CompileError::io(&from, e))?;
         }
     }
     let rows_files = rows_inputs.len();

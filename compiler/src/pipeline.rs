@@ -134,6 +134,13 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
             ),
         )),
         None => run(spec, opts),
+        Some(crate::mostlyai::PROFILE) if opts.max_memory.is_some() => Err(CompileError::Spec(
+            format!(
+                "--max-memory bounds dsc's own pipeline; the {:?} profile compiles in memory \
+                 (leave --max-memory out)",
+                crate::mostlyai::PROFILE
+            ),
+        )),
         Some(crate::mostlyai::PROFILE) => crate::mostlyai::compile(spec, opts),
         Some(other) => Err(CompileError::Spec(format!(
             "unknown profile {other:?} (known: {:?})",

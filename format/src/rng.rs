@@ -168,6 +168,14 @@ mod tests {
         assert_ne!(a, c);
     }
 
+    /// Pins the compile order of format version 2 (docs/FORMAT.md §8.1 test vectors).
+    #[test]
+    fn position_hash_matches_the_specification() {
+        assert_eq!(position_hash(0, 0), 1448097806653121754);
+        assert_eq!(position_hash(1, 0), 13896895153406867052);
+        assert_eq!(position_hash(-1, 42), 14239214843730294295);
+    }
+
     #[test]
     fn split_unit_fraction_is_close_to_requested() {
         let n = 100_000;
