@@ -3,7 +3,7 @@
 use crate::args::{Dataset, GenArgs};
 use crate::output::outln;
 use crate::output::thousands;
-use dsc_compiler::gen::{icecube, sequences};
+use dsc_gen::{icecube, sequences};
 use serde::Serialize;
 
 #[derive(Serialize)]

@@ -7,9 +7,9 @@
 //! Peak memory is the process's `VmHWM`, reset through `/proc/self/clear_refs` before each
 //! measured step so that generating the data does not count.
 
-use dsc_compiler::gen::icecube::{generate, IcecubeOptions};
 use dsc_compiler::{compile, decode_parquet, CompileOptions, CompileSpec, NoProgress};
 use dsc_format::spec::JoinSpec;
+use dsc_gen::icecube::{generate, IcecubeOptions};
 use std::time::Instant;
 
 fn env_usize(name: &str, default: usize) -> usize {

@@ -1,10 +1,13 @@
 //! The dsc compiler: Parquet rows grouped by a context key become statistics, encodings, a global
-//! shuffle and padded safetensors shards.
+//! order and padded safetensors shards, in bounded memory.
 //!
-//! [`compile`] runs the whole job for a [`CompileSpec`]; [`gen`] writes the sample data sets used
-//! by the README, the tests and the benchmarks.
-// One exception, `write::exchange` (renameat2 with RENAME_EXCHANGE: the atomic replacement of a
-// cache, which std does not offer); everything else is safe code.
+//! [`compile`] runs the whole job for a [`CompileSpec`] in one process; [`partition`] runs it as
+//! stages on many machines and merges. The modules follow the data: `spill` (rows files into
+//! buckets), `bucket` (group, join contexts, split), `fit` (statistics, encodings), `shards`
+//! (layout, encode, write), `write` (staging and commit); `pipeline` orchestrates them.
+// Exceptions: `write::exchange` (renameat2 with RENAME_EXCHANGE: the atomic replacement of a
+// cache, which std does not offer) and `sysconf` for the machine's memory; everything else is
+// safe code.
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
@@ -14,7 +17,6 @@ mod column;
 mod encode;
 mod error;
 mod fit;
-pub mod gen;
 mod group;
 mod lookup;
 pub mod mostlyai;

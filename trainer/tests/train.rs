@@ -43,25 +43,25 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path();
-        let opts = dsc_compiler::gen::icecube::IcecubeOptions {
+        let opts = dsc_gen::icecube::IcecubeOptions {
             files: 2,
             events_per_file: 3000,
             seed: 11,
             median_pulses: 24.0,
             ..Default::default()
         };
-        dsc_compiler::gen::icecube::generate(&root.join("ice"), &opts).expect("generate icecube");
+        dsc_gen::icecube::generate(&root.join("ice"), &opts).expect("generate icecube");
         let ice = root.join("ice");
         let icecube = root.join("ice-cache");
         compile(icecube_spec(&ice), &icecube);
 
         let seq = root.join("seq");
-        let sopts = dsc_compiler::gen::sequences::SequencesOptions {
+        let sopts = dsc_gen::sequences::SequencesOptions {
             customers: 1500,
             files: 1,
             seed: 3,
         };
-        dsc_compiler::gen::sequences::generate(&seq, &sopts).expect("generate sequences");
+        dsc_gen::sequences::generate(&seq, &sopts).expect("generate sequences");
         let spec = serde_json::json!({
             "rows": [seq.join("transactions/part-*.parquet").display().to_string()],
             "key": "customer_id",
