@@ -7,7 +7,7 @@ use crate::encode::{Access, DROPPED, TRAIN};
 use crate::error::Result;
 use crate::fit::ColumnId;
 use crate::group::{self, Group};
-use crate::lookup::Keyed;
+use crate::lookup::{ContextSide, Keyed};
 use crate::read::RowsTable;
 use crate::spill::Spill;
 use crate::split;
@@ -35,9 +35,7 @@ pub(crate) struct RowColumn<'a> {
 pub(crate) struct Shared<'a> {
     pub spec: &'a CompileSpec,
     pub spill: &'a Spill,
-    pub context: Option<&'a Keyed>,
-    /// Context-table rows by bucket, ascending.
-    pub ctx_by_bucket: Vec<Vec<u32>>,
+    pub context: Option<&'a ContextSide>,
     pub splits: &'a split::Splits<'a>,
     pub columns: Vec<RowColumn<'a>>,
     /// Targets, then context features: (name, is_target, chain).
@@ -58,6 +56,8 @@ pub(crate) struct Issues {
 /// One bucket grouped into contexts, each with its split.
 pub(crate) struct Prepared {
     pub table: RowsTable,
+    /// The bucket's rows of the context table.
+    pub ctx: Option<Keyed>,
     pub grouped: group::Groups,
     pub contexts: Vec<Context>,
     pub row_tags: Vec<u8>,
@@ -80,20 +80,19 @@ impl Shared<'_> {
         let mut grouped = group::group(keys, order);
         let mut issues = Issues::default();
         let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());
-        match self.context {
+        let ctx = self.context.map(|c| c.load(b)).transpose()?;
+        match &ctx {
             None => contexts.extend(grouped.groups.iter().map(|&group| Context {
                 group,
                 ctx_row: None,
                 split: TRAIN,
             })),
             Some(ctx) => {
-                let mine = &self.ctx_by_bucket[b];
-                let mut seen = vec![false; mine.len()];
+                let mut seen = vec![false; ctx.table.rows()];
                 for g in &grouped.groups {
                     match ctx.index.get(g.key) {
                         Some(r) => {
-                            let i = mine.binary_search(&r).expect("a key's bucket is its own");
-                            seen[i] = true;
+                            seen[r as usize] = true;
                             contexts.push(Context {
                                 group: *g,
                                 ctx_row: Some(r),
@@ -115,13 +114,16 @@ impl Shared<'_> {
                 let Values::Int(ctx_keys) = &ctx.table.columns[0].values else {
                     unreachable!("context keys are integers")
                 };
-                for (i, &r) in mine.iter().enumerate() {
-                    if seen[i] {
+                for (r, &was_seen) in seen.iter().enumerate() {
+                    if was_seen {
                         continue;
                     }
+                    let r = r as u32;
                     issues.empty.0 += 1;
                     if issues.empty.1.is_none() {
-                        issues.empty.1 = Some((u64::from(r), ctx_keys[r as usize]));
+                        // The bucket's context rows are in file order: the first is the smallest.
+                        let row = ctx.table.locate(r as usize).1;
+                        issues.empty.1 = Some((row, ctx_keys[r as usize]));
                     }
                     if spec.empty_contexts == EmptyContexts::Keep {
                         contexts.push(Context {
@@ -148,7 +150,9 @@ impl Shared<'_> {
             refresh_groups(&mut contexts, &grouped.groups);
         }
         for c in &mut contexts {
-            c.split = self.splits.of(c.group.key, c.ctx_row)?;
+            c.split = self
+                .splits
+                .of(c.group.key, ctx.as_ref().map(|k| (k, c.ctx_row)))?;
             if self.splits.is_listed(c.group.key) {
                 issues.found.push(c.group.key);
             }
@@ -161,14 +165,15 @@ impl Shared<'_> {
                 row_tags[r as usize] = c.split;
             }
         }
-        let mut ctx: Vec<(u32, u8)> = contexts
+        let mut by_row: Vec<(u32, u8)> = contexts
             .iter()
             .filter_map(|c| c.ctx_row.map(|r| (r, c.split)))
             .collect();
-        ctx.sort_unstable();
-        let (ctx_rows, ctx_tags) = ctx.into_iter().unzip();
+        by_row.sort_unstable();
+        let (ctx_rows, ctx_tags) = by_row.into_iter().unzip();
         Ok(Prepared {
             table,
+            ctx,
             grouped,
             contexts,
             row_tags,
@@ -213,14 +218,29 @@ impl Shared<'_> {
         }
     }
 
-    pub fn context_access(&self, i: usize) -> Access<'_> {
-        let k = self.context.expect("context columns need a context table");
+    /// The access to context column `i` in a bucket's rows of the context table.
+    pub fn context_access<'t>(&'t self, i: usize, ctx: &'t Keyed) -> Access<'t> {
         let name = self.context_columns[i].0;
         Access {
             name,
-            table: &k.table,
-            column: k.column(name).expect("read"),
+            table: &ctx.table,
+            column: ctx.column(name).expect("read"),
             join: None,
+        }
+    }
+
+    /// What context column `i` is, without a bucket at hand.
+    pub fn context_column_id(&self, i: usize) -> ColumnId {
+        let name = self.context_columns[i].0;
+        let info = self
+            .context
+            .expect("context columns need a context table")
+            .type_of(name);
+        ColumnId {
+            name: name.into(),
+            table: "context",
+            source_type: info.name.clone(),
+            kind: info.kind,
         }
     }
 }

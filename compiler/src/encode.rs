@@ -57,15 +57,6 @@ impl<'a> Access<'a> {
     pub fn f64_at(&self, row: usize) -> Result<Option<f64>> {
         Ok(self.source_row(row)?.and_then(|r| self.column.f64_at(r)))
     }
-
-    /// The table name for the manifest and stats.
-    pub fn table_name(&self) -> &'static str {
-        if self.join.is_some() {
-            "join"
-        } else {
-            "rows"
-        }
-    }
 }
 
 /// Finite values of a numeric column gathered by split, plus bad-value counts.

@@ -36,15 +36,6 @@ pub(crate) struct ColumnId {
 }
 
 impl ColumnId {
-    pub fn of(access: &Access) -> ColumnId {
-        ColumnId {
-            name: access.name.into(),
-            table: access.table_name(),
-            source_type: access.column.info.name.clone(),
-            kind: access.column.info.kind,
-        }
-    }
-
     fn empty_stats(&self, counts: [u64; 3], count: u64) -> ColumnStats {
         ColumnStats {
             name: self.name.clone(),
@@ -817,7 +808,11 @@ pub(crate) fn fit_buckets(
         }
         let mut context_columns = Vec::with_capacity(shared.context_columns.len());
         for (i, (name, _, chain)) in shared.context_columns.iter().enumerate() {
-            let access = shared.context_access(i);
+            let ctx = p
+                .ctx
+                .as_ref()
+                .expect("context columns need a context table");
+            let access = shared.context_access(i, ctx);
             let prefix = unfitted_prefix(name, chain)?;
             context_columns.push(numeric_partial(
                 &access,
@@ -955,8 +950,7 @@ pub(crate) fn merge(
     }
     let mut context = Vec::new();
     for (i, (name, is_target, chain)) in shared.context_columns.iter().enumerate() {
-        let mut id = ColumnId::of(&shared.context_access(i));
-        id.table = "context";
+        let id = shared.context_column_id(i);
         let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
         let result = merge_numeric(&id, &numeric, n_splits, chain, files)?;
         let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);

@@ -4,6 +4,10 @@
 use crate::column::{Column, Kind, TypeInfo, Values};
 use crate::error::{CompileError, Result};
 use crate::read::{self, Role, RowsTable, Want};
+use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
+use crate::NoProgress;
+use dsc_format::CompileSpec;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -18,17 +22,22 @@ pub(crate) enum KeyIndex {
 const ABSENT: u32 = u32::MAX;
 
 impl KeyIndex {
-    /// Indexes `key` (which must not contain nulls), failing on a repeated key.
-    pub fn build(key: &Column, path: &Path, column: &str) -> Result<KeyIndex> {
+    /// Indexes the column `column` of `table` (which must not contain nulls), failing on a
+    /// repeated key with both rows as their files number them.
+    pub fn build(table: &RowsTable, column: &str) -> Result<KeyIndex> {
+        let key = table.column(column).expect("the key is wanted");
         let Values::Int(keys) = &key.values else {
             unreachable!("key columns are integers; checked when opened")
         };
-        let duplicate = |k: i64, first: u32, row: usize| CompileError::DuplicateKey {
-            path: path.into(),
-            column: column.into(),
-            key: k.to_string(),
-            first_row: u64::from(first),
-            row: row as u64,
+        let duplicate = |k: i64, first: u32, row: usize| {
+            let (path, row) = table.locate(row);
+            CompileError::DuplicateKey {
+                path: path.into(),
+                column: column.into(),
+                key: k.to_string(),
+                first_row: table.locate(first as usize).1,
+                row,
+            }
         };
         let (min, max) = keys
             .iter()
@@ -113,13 +122,162 @@ pub(crate) fn read_keyed(path: &Path, key: &str, role: Role, wants: &[Want]) -> 
         read::read_rows(&[path.to_path_buf()], all)?
     };
     check_no_null_keys(&table, key)?;
-    let index = KeyIndex::build(table.column(key).expect("wanted"), path, key)?;
+    let index = KeyIndex::build(&table, key)?;
     Ok(Keyed {
         path: path.into(),
         key: key.into(),
         table,
         index,
     })
+}
+
+fn is_csv(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+}
+
+/// The context table, spilled into the compile's buckets: a bucket reads its own contexts only,
+/// so a context table of any size costs one bucket's share of memory.
+pub(crate) struct ContextSide {
+    pub path: PathBuf,
+    pub key: String,
+    spill: Spill,
+    /// The distinct non-null values of the split column (`split_by`), ascending.
+    pub split_values: Vec<String>,
+}
+
+/// What spilling the context table wrote: enough for any later stage (or another machine) to
+/// read it back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ContextPart {
+    spill: SpillPart,
+    rows: u64,
+    split_values: Vec<String>,
+}
+
+/// The columns read from the context table: the key first, then targets, context features and
+/// the split column.
+pub(crate) fn context_wants(spec: &CompileSpec) -> Vec<Want> {
+    let key = spec.context_key();
+    let mut wants = vec![Want {
+        name: key.into(),
+        role: Role::Key,
+    }];
+    for n in spec.targets.iter().chain(&spec.context_features) {
+        if n != key {
+            wants.push(Want {
+                name: n.clone(),
+                role: Role::Numeric,
+            });
+        }
+    }
+    wants.extend(spec.split_by.iter().filter(|n| *n != key).map(|n| Want {
+        name: n.clone(),
+        role: Role::Split,
+    }));
+    wants
+}
+
+/// Reads the context table at `path` and spills it into `buckets` in `dir`.
+pub(crate) fn spill_context(
+    path: &Path,
+    wants: &[Want],
+    split_by: Option<&str>,
+    buckets: Buckets,
+    budget: usize,
+    dir: &Path,
+) -> Result<ContextPart> {
+    let mut split_values = std::collections::BTreeSet::new();
+    let (spill, rows) = if is_csv(path) {
+        let table = read_csv(path, wants.to_vec())?;
+        check_no_null_keys(&table, &wants[0].name)?;
+        if let Some(col) = split_by.and_then(|s| table.column(s)) {
+            if let Values::Str { dict, .. } = &col.values {
+                split_values.extend(dict.iter().cloned());
+            }
+        }
+        let rows = table.rows() as u64;
+        (spill::spill_table(&table, buckets, dir, "context")?, rows)
+    } else {
+        let inputs = read::open_all(&[path.to_path_buf()], wants)?;
+        let rows = *inputs.offsets.last().expect("one file");
+        let to = SpillTo {
+            dir,
+            name: "context",
+            buckets,
+            budget,
+        };
+        let part = spill::spill_rows(inputs, 0..1, wants, to, &NoProgress)?;
+        if let Some(column) = split_by {
+            split_values.extend(read::distinct_strings(path, column)?);
+        }
+        (part, rows)
+    };
+    Ok(ContextPart {
+        spill,
+        rows,
+        split_values: split_values.into_iter().collect(),
+    })
+}
+
+impl ContextSide {
+    /// The context table spilled as `part` in `dir`.
+    pub fn new(
+        path: &Path,
+        key: &str,
+        wants: Vec<Want>,
+        part: ContextPart,
+        buckets: Buckets,
+        dir: &Path,
+    ) -> Result<ContextSide> {
+        let types: Vec<TypeInfo> = if is_csv(path) {
+            wants.iter().map(|w| csv_type(w.role)).collect()
+        } else {
+            read::open_all(&[path.to_path_buf()], &wants)?.types
+        };
+        let described = Described {
+            files: vec![path.into()],
+            offsets: vec![0, part.rows],
+            types,
+        };
+        Ok(ContextSide {
+            path: path.into(),
+            key: key.into(),
+            spill: Spill::from_parts(dir, vec![part.spill], buckets, described, wants),
+            split_values: part.split_values,
+        })
+    }
+
+    /// Bucket `b`'s context rows, indexed by key.
+    pub fn load(&self, b: usize) -> Result<Keyed> {
+        let table = self.spill.load(b)?;
+        let index = KeyIndex::build(&table, &self.key)?;
+        Ok(Keyed {
+            path: self.path.clone(),
+            key: self.key.clone(),
+            table,
+            index,
+        })
+    }
+
+    /// The type of a column read from the context table.
+    pub fn type_of(&self, name: &str) -> &TypeInfo {
+        self.spill.type_of(name)
+    }
+}
+
+/// The type a CSV column is read as, by its role.
+fn csv_type(role: Role) -> TypeInfo {
+    let info = |kind, name: &str| TypeInfo {
+        kind,
+        scale: 1.0,
+        name: name.into(),
+    };
+    match role {
+        Role::Key | Role::JoinOn => info(Kind::Int, "Int64"),
+        Role::Categorical | Role::Split => info(Kind::Str, "Utf8"),
+        _ => info(Kind::F64, "Float64"),
+    }
 }
 
 /// Column names of a Parquet or CSV file, for resolving which table holds a column.
@@ -172,18 +330,9 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
                 })
         })
         .collect::<Result<_>>()?;
-    let info = |kind, name: &str| TypeInfo {
-        kind,
-        scale: 1.0,
-        name: name.into(),
-    };
     let mut columns: Vec<Column> = wants
         .iter()
-        .map(|w| match w.role {
-            Role::Key | Role::JoinOn => Column::new(info(Kind::Int, "Int64"), 0),
-            Role::Categorical | Role::Split => Column::new(info(Kind::Str, "Utf8"), 0),
-            _ => Column::new(info(Kind::F64, "Float64"), 0),
-        })
+        .map(|w| Column::new(csv_type(w.role), 0))
         .collect();
     let mut ints: Vec<Vec<Option<i64>>> = vec![Vec::new(); wants.len()];
     let mut floats: Vec<Vec<Option<f64>>> = vec![Vec::new(); wants.len()];

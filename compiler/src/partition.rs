@@ -16,9 +16,10 @@
 
 use crate::error::{CompileError, Result};
 use crate::fit::{self, FitPart, ValueRuns};
+use crate::lookup::ContextPart;
 use crate::pipeline::{self, CompileReport, Setup, Timer};
 use crate::shards::{self, Layout, WritePart};
-use crate::spill::{self, Spill, SpillPart};
+use crate::spill::{self, Spill, SpillPart, SpillTo};
 use crate::write::{sibling, Staging};
 use crate::{split, Progress};
 use dsc_format::manifest::{InputFile, Inputs};
@@ -167,6 +168,8 @@ struct ScanBody {
     spill: SpillPart,
     /// Size and checksum of each rows file read, in file order.
     inputs: Vec<InputFile>,
+    /// The context table's spill (the last partition's part only).
+    context: Option<ContextPart>,
 }
 
 /// The plan's fingerprint: the spec, the partition count and each input's size and modification
@@ -369,13 +372,25 @@ impl Work {
             .collect()
     }
 
-    /// The spilled rows of every scan part.
+    /// The spilled rows of every scan part; the context table attached to `setup`.
     fn spill(&self, setup: &mut Setup) -> Result<Spill> {
         let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
+        self.spill_of(setup, scans)
+    }
+
+    fn spill_of(&self, setup: &mut Setup, scans: Vec<ScanBody>) -> Result<Spill> {
+        let dir = self.dir.join("scan");
         let (_, described) = setup.take_inputs();
+        let mut parts = Vec::with_capacity(scans.len());
+        let mut context = None;
+        for s in scans {
+            parts.push(s.spill);
+            context = context.or(s.context);
+        }
+        setup.attach_context(&dir, context)?;
         Ok(Spill::from_parts(
-            &self.dir.join("scan"),
-            scans.into_iter().map(|s| s.spill).collect(),
+            &dir,
+            parts,
             setup.buckets,
             described,
             setup.plan.rows_wants.clone(),
@@ -428,13 +443,30 @@ pub fn run_stage(
                 inputs,
                 files.clone(),
                 &setup.plan.rows_wants,
-                setup.buckets,
-                pipeline::read_share(budget),
-                &work.dir.join("scan"),
+                SpillTo {
+                    dir: &work.dir.join("scan"),
+                    name: "rows",
+                    buckets: setup.buckets,
+                    budget: pipeline::read_share(budget),
+                },
                 progress,
             )?;
             let inputs = pipeline::hash_files(&named)?;
-            work.write_part(Stage::Scan, partition, ScanBody { spill, inputs })?;
+            // The last partition also spills the context table, once for every stage.
+            let context = if partition.index + 1 == partition.count {
+                setup.spill_context(&work.dir.join("scan"), budget)?
+            } else {
+                None
+            };
+            work.write_part(
+                Stage::Scan,
+                partition,
+                ScanBody {
+                    spill,
+                    inputs,
+                    context,
+                },
+            )?;
             files.len()
         }
         Stage::Fit => {
@@ -508,20 +540,8 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
     let writes: Vec<WritePart> = work.read_parts(Stage::Write)?;
     let staging = Staging::create(out, force)?;
     progress.stage("merging", 1);
-    let (_, described) = setup.take_inputs();
-    let mut rows_inputs = Vec::new();
-    let mut spill_parts = Vec::new();
-    for s in scans {
-        rows_inputs.extend(s.inputs);
-        spill_parts.push(s.spill);
-    }
-    let spill = Spill::from_parts(
-        &work.dir.join("scan"),
-        spill_parts,
-        setup.buckets,
-        described,
-        setup.plan.rows_wants.clone(),
-    );
+    let rows_inputs: Vec<InputFile> = scans.iter().flat_map(|s| s.inputs.clone()).collect();
+    let spill = work.spill_of(&mut setup, scans)?;
     let splits = split::plan(&spec, setup.context.as_ref())?;
     let shared = setup.shared(&spill, &splits);
     let (fits, values) = work.fits()?;

@@ -3,14 +3,13 @@
 //! again, encode, write its shards → stats.json → manifest.json → commit.
 
 use crate::bucket::{RowColumn, Shared};
-use crate::column::Values;
 use crate::error::{CompileError, Result};
 use crate::fit::{self, ColumnId, Merged, ValueRuns};
-use crate::lookup::{self, Keyed};
+use crate::lookup::{self, ContextPart, ContextSide, Keyed};
 use crate::plan::{self, Source};
-use crate::read::{self, Role, Want};
+use crate::read::{self, Role};
 use crate::shards::{self, Layout, WritePart};
-use crate::spill::{self, Buckets, Described, Spill};
+use crate::spill::{self, Buckets, Described, Spill, SpillTo};
 use crate::split;
 use crate::write::Staging;
 use crate::Progress;
@@ -181,7 +180,8 @@ pub(crate) struct Setup<'s> {
     pub named_inputs: Vec<(PathBuf, &'static str)>,
     pub inputs: Option<read::Inputs>,
     pub joins: Vec<Keyed>,
-    pub context: Option<Keyed>,
+    /// The context table, once spilled ([`Setup::spill_context`], [`Setup::attach_context`]).
+    pub context: Option<ContextSide>,
     pub buckets: Buckets,
     pub width: u64,
     pub rows_read: u64,
@@ -246,30 +246,6 @@ impl<'s> Setup<'s> {
             .collect::<Vec<Result<_>>>()
             .into_iter()
             .collect::<Result<_>>()?;
-        self.context = match &spec.context {
-            None => None,
-            Some(path) => {
-                let mut wants: Vec<Want> = spec
-                    .targets
-                    .iter()
-                    .chain(&spec.context_features)
-                    .map(|n| Want {
-                        name: n.clone(),
-                        role: Role::Numeric,
-                    })
-                    .collect();
-                wants.extend(spec.split_by.iter().map(|n| Want {
-                    name: n.clone(),
-                    role: Role::Split,
-                }));
-                Some(lookup::read_keyed(
-                    Path::new(path),
-                    spec.context_key(),
-                    Role::Key,
-                    &wants,
-                )?)
-            }
-        };
         Ok(())
     }
 
@@ -284,23 +260,44 @@ impl<'s> Setup<'s> {
         (inputs, described)
     }
 
+    /// Spills the context table (if any) into the buckets, in `dir`.
+    pub fn spill_context(&self, dir: &Path, budget: u64) -> Result<Option<ContextPart>> {
+        let Some(path) = &self.spec.context else {
+            return Ok(None);
+        };
+        lookup::spill_context(
+            Path::new(path),
+            &lookup::context_wants(self.spec),
+            self.spec.split_by.as_deref(),
+            self.buckets,
+            read_share(budget),
+            dir,
+        )
+        .map(Some)
+    }
+
+    /// Reads the context table back from what [`Setup::spill_context`] wrote in `dir`.
+    pub fn attach_context(&mut self, dir: &Path, part: Option<ContextPart>) -> Result<()> {
+        if let (Some(path), Some(part)) = (&self.spec.context, part) {
+            self.context = Some(ContextSide::new(
+                Path::new(path),
+                self.spec.context_key(),
+                lookup::context_wants(self.spec),
+                part,
+                self.buckets,
+                dir,
+            )?);
+        }
+        Ok(())
+    }
+
     /// What each bucket shares, over the spilled rows `spill`.
     pub fn shared<'a>(&'a self, spill: &'a Spill, splits: &'a split::Splits<'a>) -> Shared<'a> {
-        let mut ctx_by_bucket: Vec<Vec<u32>> = vec![Vec::new(); self.buckets.count()];
-        if let Some(k) = &self.context {
-            let Values::Int(keys) = &k.table.columns[0].values else {
-                unreachable!("context keys are integers")
-            };
-            for (r, &key) in keys.iter().enumerate() {
-                ctx_by_bucket[self.buckets.of(key)].push(r as u32);
-            }
-        }
         let spec = self.spec;
         Shared {
             spec,
             spill,
             context: self.context.as_ref(),
-            ctx_by_bucket,
             splits,
             columns: self
                 .plan
@@ -387,9 +384,12 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         inputs,
         files,
         &setup.plan.rows_wants,
-        setup.buckets,
-        read_share(budget),
-        &spill_dir,
+        SpillTo {
+            dir: &spill_dir,
+            name: "rows",
+            buckets: setup.buckets,
+            budget: read_share(budget),
+        },
         progress,
     )?;
     let spill = Spill::from_parts(
@@ -399,6 +399,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         described,
         setup.plan.rows_wants.clone(),
     );
+    let context = setup.spill_context(&spill_dir, budget)?;
+    setup.attach_context(&spill_dir, context)?;
     timer.lap("read");
 
     let splits = split::plan(spec, setup.context.as_ref())?;

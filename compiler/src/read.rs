@@ -415,6 +415,30 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
     })
 }
 
+/// The distinct non-null values of a string column of a Parquet file, read batch by batch.
+pub(crate) fn distinct_strings(path: &Path, column: &str) -> Result<Vec<String>> {
+    let opened = open(path)?;
+    let index = opened
+        .schema
+        .index_of(column)
+        .expect("the split column was checked when the table was opened");
+    let info = crate::column::classify(opened.schema.field(index).data_type())
+        .expect("checked when opened");
+    let mut seen = std::collections::BTreeSet::new();
+    for batch in opened.into_reader(&[index])? {
+        let batch = batch.map_err(|e| CompileError::BadParquet {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
+        let mut col = Column::new(info.clone(), batch.num_rows());
+        col.push_array(batch.column(0));
+        if let crate::column::Values::Str { dict, .. } = col.values {
+            seen.extend(dict);
+        }
+    }
+    Ok(seen.into_iter().collect())
+}
+
 impl Opened {
     /// A reader over the top-level columns at `indices`, for bare decoding.
     pub(crate) fn into_reader(

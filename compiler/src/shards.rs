@@ -123,7 +123,11 @@ pub(crate) fn write_buckets(
         }
         let mut context_encoders = Vec::new();
         for (i, (result, spec_col, is_target)) in merged.context.iter().enumerate() {
-            let encoder = NumericEncoder::new(shared.context_access(i), result, spec.nan);
+            let ctx = p
+                .ctx
+                .as_ref()
+                .expect("context columns need a context table");
+            let encoder = NumericEncoder::new(shared.context_access(i, ctx), result, spec.nan);
             encoder.check_rows(result, &p.ctx_tags, Some(&p.ctx_rows))?;
             context_encoders.push((encoder, spec_col.clone(), *is_target));
         }

@@ -96,6 +96,16 @@ pub(crate) struct Spill {
     types: Vec<TypeInfo>,
 }
 
+/// Where and how rows are spilled: spill files `NAME-FILE.spill` in `dir`, rows into `buckets`,
+/// each file buffering at most `budget` bytes between flushes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpillTo<'a> {
+    pub dir: &'a Path,
+    pub name: &'a str,
+    pub buckets: Buckets,
+    pub budget: usize,
+}
+
 /// One bucket's rows of one file, buffered until the next flush.
 struct Buffer {
     origin: Vec<u64>,
@@ -117,11 +127,15 @@ pub(crate) fn spill_rows(
     inputs: Inputs,
     files: Range<usize>,
     wants: &[Want],
-    buckets: Buckets,
-    budget: usize,
-    dir: &Path,
+    to: SpillTo,
     progress: &dyn Progress,
 ) -> Result<SpillPart> {
+    let SpillTo {
+        dir,
+        name,
+        buckets,
+        budget,
+    } = to;
     let Inputs {
         opened,
         types,
@@ -135,7 +149,7 @@ pub(crate) fn spill_rows(
         .into_par_iter()
         .enumerate()
         .map(|(local, (i, o))| {
-            let name = format!("rows-{i:06}.spill");
+            let name = format!("{name}-{i:06}.spill");
             let pieces = spill_file(
                 o,
                 local as u32,
@@ -311,6 +325,58 @@ fn spill_err(path: &Path, e: std::io::Error) -> CompileError {
         e.to_string()
     };
     CompileError::io(path, std::io::Error::new(e.kind(), what))
+}
+
+/// Spills a table already in memory (a CSV context table) into `buckets`, as one piece per
+/// bucket in the spill file `NAME.spill` in `dir`.
+pub(crate) fn spill_table(
+    table: &RowsTable,
+    buckets: Buckets,
+    dir: &Path,
+    name: &str,
+) -> Result<SpillPart> {
+    let crate::column::Values::Int(keys) = &table.columns[0].values else {
+        unreachable!("the key is an integer column")
+    };
+    let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
+    for (r, &k) in keys.iter().enumerate() {
+        members[buckets.of(k)].push(r as u32);
+    }
+    let name = format!("{name}.spill");
+    let path = dir.join(&name);
+    let tmp = path.with_extension(format!("spill.{}.tmp", std::process::id()));
+    let file = File::create(&tmp).map_err(|e| spill_err(&tmp, e))?;
+    let mut out = Writer {
+        path: &tmp,
+        run: 0,
+        file: BufWriter::with_capacity(1 << 20, file),
+        offset: 0,
+        pieces: Vec::new(),
+    };
+    let mut buffers: Vec<Option<Buffer>> = members
+        .iter()
+        .map(|rows| {
+            (!rows.is_empty()).then(|| Buffer {
+                origin: rows.iter().map(|&r| u64::from(r)).collect(),
+                columns: table
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        let mut col = Column::new(c.info.clone(), rows.len());
+                        col.push_rows(c, rows);
+                        col
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+    out.flush(&mut buffers)?;
+    out.file.flush().map_err(|e| spill_err(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| CompileError::io(&path, e))?;
+    Ok(SpillPart {
+        runs: vec![name],
+        pieces: out.pieces,
+    })
 }
 
 impl Spill {

@@ -5,7 +5,7 @@
 
 use crate::column::Values;
 use crate::error::{CompileError, Result};
-use crate::lookup::Keyed;
+use crate::lookup::{ContextSide, Keyed};
 use dsc_format::rng::split_unit;
 use dsc_format::CompileSpec;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -34,18 +34,20 @@ pub(crate) struct Splits<'a> {
 enum Rule<'a> {
     /// Every context is in train (before `--val-fraction`).
     Train,
-    /// A string column of the context table; `split_of[code]` is the split of a dictionary code.
+    /// A string column of the context table; each valid name's split.
     Column {
         name: &'a str,
-        ctx: &'a Keyed,
-        split_of: Vec<Option<u8>>,
+        split_of: HashMap<String, u8>,
     },
     /// Keys listed in files: split, file and line of each.
     Keys(HashMap<i64, (u8, &'a str, usize)>),
 }
 
 /// Decides the splits of `spec`: reads key files (and checks them), or the split column's values.
-pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&'a Keyed>) -> Result<Splits<'a>> {
+pub(crate) fn plan<'a>(
+    spec: &'a CompileSpec,
+    context: Option<&'a ContextSide>,
+) -> Result<Splits<'a>> {
     let mut others: BTreeSet<String> = BTreeSet::new();
     let rule = match (&spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {
@@ -59,17 +61,15 @@ pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&'a Keyed>) -> Res
                     "--split-by reads a column of the context table: give --context".into(),
                 )
             })?;
-            let col = ctx
-                .column(column)
-                .expect("the split column is read with the context");
-            let Values::Str { dict, .. } = &col.values else {
-                unreachable!("the split column is read as strings")
-            };
-            others.extend(dict.iter().filter(|n| check_name(n).is_ok()).cloned());
+            others.extend(
+                ctx.split_values
+                    .iter()
+                    .filter(|n| check_name(n).is_ok())
+                    .cloned(),
+            );
             Rule::Column {
                 name: column,
-                ctx,
-                split_of: Vec::new(),
+                split_of: HashMap::new(),
             }
         }
         (None, false) => {
@@ -96,17 +96,13 @@ pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&'a Keyed>) -> Res
     }
     let position = |n: &str| names.iter().position(|x| x == n).map(|p| p as u8);
     let rule = match rule {
-        Rule::Column { name, ctx, .. } => {
-            let col = ctx.column(name).expect("read");
-            let Values::Str { dict, .. } = &col.values else {
-                unreachable!("the split column is read as strings")
-            };
-            let split_of = dict.iter().map(|n| position(n)).collect();
-            Rule::Column {
-                name,
-                ctx,
-                split_of,
-            }
+        Rule::Column { name, .. } => {
+            let split_of = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), i as u8))
+                .collect();
+            Rule::Column { name, split_of }
         }
         Rule::Keys(_) => Rule::Keys(read_key_files(spec, &position)?),
         Rule::Train => Rule::Train,
@@ -156,16 +152,16 @@ fn read_key_files<'a>(
 }
 
 impl Splits<'_> {
-    /// The split of the context `key` (with its context-table row, if any).
-    pub fn of(&self, key: i64, ctx_row: Option<u32>) -> Result<u8> {
+    /// The split of the context `key`, with its row in (its bucket of) the context table.
+    pub fn of(&self, key: i64, ctx: Option<(&Keyed, Option<u32>)>) -> Result<u8> {
         let s = match &self.rule {
             Rule::Train => self.train,
             Rule::Keys(listed) => listed.get(&key).map_or(self.train, |l| l.0),
             Rule::Column {
                 name: column,
-                ctx,
                 split_of,
             } => {
+                let (ctx, ctx_row) = ctx.expect("--split-by needs the context table");
                 let col = ctx.column(column).expect("read");
                 let Values::Str { codes, dict, .. } = &col.values else {
                     unreachable!("the split column is read as strings")
@@ -186,10 +182,10 @@ impl Splits<'_> {
                 if !col.is_valid(row as usize) {
                     return Err(bad("the split is null; every context needs one".into()));
                 }
-                let code = codes[row as usize] as usize;
-                match split_of[code] {
-                    Some(s) => s,
-                    None => return Err(bad(check_name(&dict[code]).expect_err("refused"))),
+                let name = &dict[codes[row as usize] as usize];
+                match split_of.get(name) {
+                    Some(&s) => s,
+                    None => return Err(bad(check_name(name).expect_err("refused"))),
                 }
             }
         };
