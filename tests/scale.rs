@@ -5,41 +5,6 @@
 use crate::util::*;
 use std::path::Path;
 
-/// The sequences compile (keys scattered over every file), with its output.
-fn seq_args(out: &str) -> Vec<String> {
-    [
-        "compile",
-        "seq/transactions",
-        "--key",
-        "customer_id",
-        "--order-by",
-        "ts",
-        "--context",
-        "seq/customers.parquet",
-        "--targets",
-        "lifetime_value",
-        "--features",
-        "amount,items",
-        "--categorical",
-        "merchant_category",
-        "--encode",
-        "amount=log1p,zscore",
-        "--nan",
-        "mean",
-        "--empty-contexts",
-        "drop",
-        "--val-fraction",
-        "0.3",
-        "--shard-size",
-        "64KiB",
-        "--out",
-        out,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
 fn ice_args(out: &str) -> Vec<String> {
     icecube_args(out, &["--shard-size", "256KiB"])
         .iter()
@@ -89,7 +54,7 @@ fn one_cache_whatever_the_budget_the_threads_and_the_partitions() {
     let bucket = ["--bucket-size", "16KiB"];
     for (name, args) in [
         ("ice", ice_args as fn(&str) -> Vec<String>),
-        ("seq", seq_args),
+        ("seq", sequences_args),
     ] {
         let plain = format!("{name}-plain");
         run(dir.path(), &args(&plain), &bucket).ok();

@@ -352,24 +352,8 @@ impl<'f> Sorted<'f> {
         Ok(*x)
     }
 
-    /// Quantiles by numpy's default linear rule, as [`crate::stats::quantiles`].
     fn quantiles(&self) -> Result<Vec<Quantile>> {
-        let n = self.n;
-        QUANTILE_LEVELS
-            .iter()
-            .map(|&q| {
-                let h = (n - 1) as f64 * q;
-                let k = (h.floor() as u64).min(n - 1);
-                let frac = h - k as f64;
-                let lo = self.kth(k)?;
-                let value = if frac > 0.0 && k + 1 < n {
-                    lo + frac * (self.kth(k + 1)? - lo)
-                } else {
-                    lo
-                };
-                Ok(Quantile { q, value })
-            })
-            .collect()
+        linear_quantiles(self.n, |k| self.kth(k))
     }
 
     /// 20 equal-width bins over `[min, max]`, each counting the values from its lower edge up
@@ -633,6 +617,38 @@ pub(crate) fn merge_categories(
 /// Context lengths of one split as a count per length: exact, and mergeable by addition.
 pub(crate) type LengthCounts = BTreeMap<u64, u64>;
 
+/// The counts of `lengths`.
+pub(crate) fn length_counts(lengths: impl Iterator<Item = u64>) -> LengthCounts {
+    let mut counts = LengthCounts::new();
+    for l in lengths {
+        *counts.entry(l).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Quantiles at [`QUANTILE_LEVELS`] of `n` values by numpy's default linear rule (as
+/// [`crate::stats::quantiles`]), from `kth(k)`, the `k`-th smallest (from 0); empty when `n = 0`.
+fn linear_quantiles(n: u64, mut kth: impl FnMut(u64) -> Result<f64>) -> Result<Vec<Quantile>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    QUANTILE_LEVELS
+        .iter()
+        .map(|&q| {
+            let h = (n - 1) as f64 * q;
+            let k = (h.floor() as u64).min(n - 1);
+            let frac = h - k as f64;
+            let lo = kth(k)?;
+            let value = if frac > 0.0 && k + 1 < n {
+                lo + frac * (kth(k + 1)? - lo)
+            } else {
+                lo
+            };
+            Ok(Quantile { q, value })
+        })
+        .collect()
+}
+
 /// Statistics of context lengths from their counts (`truncated`: longer than `max_len`).
 pub(crate) fn length_stats(counts: &LengthCounts, max_len: usize) -> LengthStats {
     let n: u64 = counts.values().sum();
@@ -647,30 +663,12 @@ pub(crate) fn length_stats(counts: &LengthCounts, max_len: usize) -> LengthStats
         for (&l, &c) in counts {
             seen += c;
             if seen > k {
-                return l as f64;
+                return Ok(l as f64);
             }
         }
-        max as f64
+        Ok(max as f64)
     };
-    let quantiles = if n == 0 {
-        Vec::new()
-    } else {
-        QUANTILE_LEVELS
-            .iter()
-            .map(|&q| {
-                let h = (n - 1) as f64 * q;
-                let k = (h.floor() as u64).min(n - 1);
-                let frac = h - k as f64;
-                let lo = kth(k);
-                let value = if frac > 0.0 && k + 1 < n {
-                    lo + frac * (kth(k + 1) - lo)
-                } else {
-                    lo
-                };
-                Quantile { q, value }
-            })
-            .collect()
-    };
+    let quantiles = linear_quantiles(n, kth).expect("counting never fails");
     let mut histogram = vec![Bin {
         lo: 0.0,
         hi: 1.0,

@@ -15,7 +15,6 @@ use crate::write::Staging;
 use crate::Progress;
 use dsc_format::manifest::{InputFile, Inputs};
 use dsc_format::spec::{CompileSpec, DEFAULT_BUCKET_SIZE};
-use dsc_format::stats::{Bin, LengthStats, QUANTILE_LEVELS};
 use dsc_format::{Manifest, ManifestBuilder, ShardEntry, Stage, Stats};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -612,48 +611,4 @@ pub(crate) fn combined_fingerprint(files: &[InputFile]) -> String {
         h.update(format!("{}\0{}\0{}\n", f.role, f.bytes, f.xxh3).as_bytes());
     }
     h.hex()
-}
-
-pub(crate) fn length_stats(lengths: &mut [f64], max_len: usize) -> LengthStats {
-    let n = lengths.len();
-    let m = crate::stats::Moments::of(lengths);
-    let truncated = lengths.iter().filter(|&&l| l > max_len as f64).count() as u64;
-    let max = if n == 0 { 0 } else { m.max as u64 };
-    let mut histogram = vec![Bin {
-        lo: 0.0,
-        hi: 1.0,
-        count: 0,
-    }];
-    let mut lo = 1u64;
-    while lo <= max {
-        histogram.push(Bin {
-            lo: lo as f64,
-            hi: (lo * 2) as f64,
-            count: 0,
-        });
-        lo *= 2;
-    }
-    for &l in lengths.iter() {
-        let l = l as u64;
-        let bin = if l == 0 {
-            0
-        } else {
-            64 - l.leading_zeros() as usize
-        };
-        histogram[bin].count += 1;
-    }
-    let quantiles = crate::stats::quantiles(lengths, &QUANTILE_LEVELS);
-    LengthStats {
-        min: if n == 0 { 0 } else { m.min as u64 },
-        max,
-        mean: m.mean,
-        quantiles,
-        histogram,
-        truncated,
-        truncated_fraction: if n == 0 {
-            0.0
-        } else {
-            truncated as f64 / n as f64
-        },
-    }
 }

@@ -250,16 +250,7 @@ pub(crate) fn read_columns(
     types: &[TypeInfo],
 ) -> Result<Vec<Column>> {
     let (path, rows) = (opened.path.clone(), opened.rows);
-    let indices: Vec<usize> = wants
-        .iter()
-        .map(|w| {
-            opened
-                .schema
-                .index_of(&w.name)
-                .expect("checked by check_columns")
-        })
-        .collect();
-    let reader = opened.into_reader(&indices)?;
+    let reader = opened.into_wanted_reader(wants)?;
     let mut columns: Vec<Column> = types
         .iter()
         .map(|t| Column::new(t.clone(), rows as usize))
@@ -440,6 +431,22 @@ pub(crate) fn distinct_strings(path: &Path, column: &str) -> Result<Vec<String>>
 }
 
 impl Opened {
+    /// A reader over the wanted columns (checked by [`check_columns`]).
+    pub(crate) fn into_wanted_reader(
+        self,
+        wants: &[Want],
+    ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
+        let indices: Vec<usize> = wants
+            .iter()
+            .map(|w| {
+                self.schema
+                    .index_of(&w.name)
+                    .expect("checked by check_columns")
+            })
+            .collect();
+        self.into_reader(&indices)
+    }
+
     /// A reader over the top-level columns at `indices`, for bare decoding.
     pub(crate) fn into_reader(
         self,

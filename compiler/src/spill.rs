@@ -189,16 +189,7 @@ fn spill_file(
 ) -> Result<Vec<Piece>> {
     let source = opened.path.clone();
     let expected = opened.rows;
-    let indices: Vec<usize> = wants
-        .iter()
-        .map(|w| {
-            opened
-                .schema
-                .index_of(&w.name)
-                .expect("checked when opened")
-        })
-        .collect();
-    let reader = opened.into_reader(&indices)?;
+    let reader = opened.into_wanted_reader(wants)?;
     // Written under a temporary name and renamed when complete: a retried or duplicated task
     // never leaves, nor reads, half a spill file.
     let tmp = path.with_extension(format!("spill.{}.tmp", std::process::id()));

@@ -1,9 +1,9 @@
 //! Statistics: moments by Welford's method merged with Chan's formula in a fixed order (so the
-//! result does not depend on the thread count) and exact quantiles by selection.
+//! result does not depend on the thread count); exact quantiles by selection, the reference the
+//! rank queries over sorted runs (`fit`) are tested against.
 
-use dsc_format::stats::Quantile;
 #[cfg(test)]
-use dsc_format::stats::QUANTILE_LEVELS;
+use dsc_format::stats::{Quantile, QUANTILE_LEVELS};
 use rayon::prelude::*;
 
 /// Running count, mean and sum of squared deviations.
@@ -79,6 +79,7 @@ impl Moments {
 /// Moves the order statistics at positions `ks` (ascending, unique, offset by `offset`) into
 /// place: afterwards `values[k - offset]` is the k-th smallest. Recursing on the median index
 /// costs O(n log |ks|), against O(n |ks|) for one selection per index.
+#[cfg(test)]
 fn select_many(values: &mut [f64], ks: &[usize], offset: usize) {
     if ks.is_empty() || values.is_empty() {
         return;
@@ -92,6 +93,7 @@ fn select_many(values: &mut [f64], ks: &[usize], offset: usize) {
 
 /// Exact quantiles of `values` (reordered in place) with numpy's default linear rule:
 /// position `h = (n - 1) q`, value `v[floor h] + (h - floor h) (v[floor h + 1] - v[floor h])`.
+#[cfg(test)]
 pub(crate) fn quantiles(values: &mut [f64], levels: &[f64]) -> Vec<Quantile> {
     let n = values.len();
     if n == 0 {

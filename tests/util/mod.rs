@@ -152,6 +152,42 @@ pub fn gen_sequences(dir: &Dir, customers: usize, files: usize) {
 }
 
 /// The README's compile command on `data/`, writing to `out`, plus `extra` flags.
+/// The customer-transactions compile (keys scattered over every file, a context table, a
+/// log1p-zscore chain, a categorical, dropped empty contexts) on `gen_sequences` data.
+pub fn sequences_args(out: &str) -> Vec<String> {
+    [
+        "compile",
+        "seq/transactions",
+        "--key",
+        "customer_id",
+        "--order-by",
+        "ts",
+        "--context",
+        "seq/customers.parquet",
+        "--targets",
+        "lifetime_value",
+        "--features",
+        "amount,items",
+        "--categorical",
+        "merchant_category",
+        "--encode",
+        "amount=log1p,zscore",
+        "--nan",
+        "mean",
+        "--empty-contexts",
+        "drop",
+        "--val-fraction",
+        "0.3",
+        "--shard-size",
+        "64KiB",
+        "--out",
+        out,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 pub fn icecube_args<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "compile",

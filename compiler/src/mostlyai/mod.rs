@@ -213,12 +213,12 @@ fn write_splits(
         let shards = written.into_iter().collect::<Result<Vec<ShardEntry>>>()?;
         let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
         written_splits.push((*name, rows, shards));
-        let mut lens: Vec<f64> = order.iter().map(|&c| lengths[c as usize] as f64).collect();
+        let lens = crate::fit::length_counts(order.iter().map(|&c| lengths[c as usize] as u64));
         split_stats.push(SplitStats {
             split: (*name).into(),
             contexts: order.len() as u64,
             rows,
-            lengths: crate::pipeline::length_stats(&mut lens, input.max_len),
+            lengths: crate::fit::length_stats(&lens, input.max_len),
             columns: Vec::new(),
         });
     }
@@ -339,14 +339,14 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         ..CompileSummary::default()
     });
     // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
-    let mut all_lengths: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
+    let all_lengths = crate::fit::length_counts(lengths.iter().map(|&l| l as u64));
     split_stats.insert(
         0,
         SplitStats {
             split: dsc_format::stats::ALL_SPLITS.into(),
             contexts: ctx.rows() as u64,
             rows: tgt.rows() as u64,
-            lengths: crate::pipeline::length_stats(&mut all_lengths, max_len),
+            lengths: crate::fit::length_stats(&all_lengths, max_len),
             columns: Vec::new(),
         },
     );
