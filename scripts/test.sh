@@ -35,6 +35,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test (unit, doc and end-to-end tests)"
 cargo test --workspace --locked
 
+log "a partitioned compile on a real single-node Slurm (Debian's slurm-wlm, about 30 s)"
+scripts/slurm-test.sh "$PWD/target/debug/dsc"
+
 log "python package (pip install ./python into .venv: builds the extension with maturin)"
 .venv/bin/pip install --quiet --disable-pip-version-check ./python
 .venv/bin/python -c "import dsc; print('dsc', dsc.__version__, 'from', dsc.__file__)"
