@@ -2,8 +2,9 @@
 # Runs every test of the project on a fresh machine: formatting, lints, unit, end-to-end,
 # Python-interop and trainer tests, then the Python package's tests (pytest). Installs what it needs itself: a project-local .venv with
 # numpy and safetensors (the independent reader the interop test uses) and PyTorch 2.11.0 (the
-# libtorch that tch 0.24 links for dsc-train), and Debian's chromium (the real browser that
-# renders `dsc report` in its test).
+# libtorch that tch 0.24 links for dsc-train), Ray (a partitioned compile on a local Ray cluster),
+# Debian's chromium (the real browser that renders `dsc report` in its test) and Debian's
+# slurm-wlm (a partitioned compile on a real single-node Slurm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
