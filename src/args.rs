@@ -302,7 +302,8 @@ pub struct CompileArgs {
     /// Target shard size: bytes or with a unit (64MiB, 1GiB) [default: 256MiB].
     #[arg(long, value_name = "SIZE", help_heading = "Output")]
     pub shard_size: Option<String>,
-    /// Memory the compile may use, e.g. 4GiB [default: half of the machine's]. The input is
+    /// Memory the compile may use, e.g. 4GiB [default: half of the machine's, or of the
+    /// container's limit]. The input is
     /// spilled beside --out in buckets and processed a few buckets at a time; the cache is
     /// byte-identical whatever the budget.
     #[arg(long, value_name = "SIZE", help_heading = "Output")]

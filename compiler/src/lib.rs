@@ -5,9 +5,8 @@
 //! stages on many machines and merges. The modules follow the data: `spill` (rows files into
 //! buckets), `bucket` (group, join contexts, split), `fit` (statistics, encodings), `shards`
 //! (layout, encode, write), `write` (staging and commit); `pipeline` orchestrates them.
-// Exceptions: `write::exchange` (renameat2 with RENAME_EXCHANGE: the atomic replacement of a
-// cache, which std does not offer) and `sysconf` for the machine's memory; everything else is
-// safe code.
+// One exception, `write::exchange` (renameat2 with RENAME_EXCHANGE: the atomic replacement of a
+// cache, which std does not offer); everything else is safe code.
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]

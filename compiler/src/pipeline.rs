@@ -149,22 +149,10 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
     result
 }
 
-/// The memory a compile may use when not told: half of the machine's, at least 256 MiB.
-#[allow(unsafe_code)]
+/// The memory a compile may use when not told: half of what this process may use (the
+/// machine's memory, or its container's limit when lower), at least 256 MiB.
 pub(crate) fn default_budget() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    let total = if pages > 0 && size > 0 {
-        pages as u64 * size as u64
-    } else {
-        8 << 30
-    };
-    (total / 2).max(256 << 20)
+    (dsc_format::system::memory_limit() / 2).max(256 << 20)
 }
 
 /// A bucket in memory takes about this many times its decoded rows (the rows, the grouping,

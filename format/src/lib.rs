@@ -3,8 +3,8 @@
 //! A cache is a directory holding `manifest.json` (the commit point), `stats.json` and
 //! `shards/{split}-{NNNNN}.safetensors`. This crate owns the types of those files, the shard
 //! naming and layout, their validation and checksums, and the seeded generators that fix every
-//! order in a cache. The compiler writes through it and the loader reads through it; they never
-//! import each other. The normative description is `docs/FORMAT.md`.
+//! order in a cache (and, in `system`, the machine's memory both size themselves by). The compiler
+//! writes through it and the loader reads through it; they never import each other. The normative description is `docs/FORMAT.md`.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -16,6 +16,7 @@ pub mod sample;
 pub mod shard;
 pub mod spec;
 pub mod stats;
+pub mod system;
 pub mod verify;
 
 pub use error::FormatError;

@@ -171,30 +171,9 @@ fn resident_budget() -> usize {
     memory_limit() / 4
 }
 
-/// The memory this process may use: the machine's (`MemTotal`), or its container's limit
-/// (cgroup v2, then v1) when lower.
+/// The memory this process may use (the machine's, or its container's limit when lower).
 fn memory_limit() -> usize {
-    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        let total_kib = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemTotal:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-            })
-            .unwrap_or(4 << 20);
-        // "max" or a missing file means no limit.
-        let cgroup = [
-            "/sys/fs/cgroup/memory.max",
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-        ]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .find_map(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(usize::MAX);
-        total_kib.saturating_mul(1024).min(cgroup)
-    })
+    usize::try_from(dsc_format::system::memory_limit()).unwrap_or(usize::MAX)
 }
 
 impl Plan {

@@ -196,7 +196,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     CLI's for the same options. ``progress`` shows bars on stderr (default: when stderr is a
     terminal).
 
-    ``max_memory`` (bytes or ``"4GiB"``; default half of the machine's) bounds the memory the
+    ``max_memory`` (bytes or ``"4GiB"``; default half of the machine's or container's) bounds the memory the
     compile uses: the input is spilled beside ``out`` in buckets and processed a few at a time,
     and the cache does not depend on it. ``bucket_size`` sets the decoded input per bucket.
 
