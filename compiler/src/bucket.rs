@@ -2,10 +2,10 @@
 //! into contexts, matched with the context table, truncated and assigned to splits. Both passes
 //! over the buckets (statistics, then shards) prepare a bucket the same way.
 
+use crate::column::Kind;
 use crate::column::Values;
 use crate::encode::{Access, DROPPED, TRAIN};
 use crate::error::Result;
-use crate::fit::ColumnId;
 use crate::group::{self, Group};
 use crate::lookup::{ContextSide, Keyed};
 use crate::read::RowsTable;
@@ -51,6 +51,15 @@ pub(crate) struct Issues {
     pub empty: (usize, Option<(u64, i64)>),
     /// Listed keys (key files) that are contexts.
     pub found: Vec<i64>,
+}
+
+/// What a statistic is about, for `stats.json`.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnId {
+    pub name: String,
+    pub table: &'static str,
+    pub source_type: String,
+    pub kind: Kind,
 }
 
 /// One bucket grouped into contexts, each with its split.

@@ -24,6 +24,7 @@ mod pipeline;
 mod plan;
 mod progress;
 mod read;
+mod runs;
 mod shards;
 mod spill;
 mod split;

@@ -15,9 +15,10 @@
 //! until `merge` writes the manifest; the cache is byte-identical to a compile in one process.
 
 use crate::error::{CompileError, Result};
-use crate::fit::{self, FitPart, ValueRuns};
+use crate::fit::{self, FitPart};
 use crate::lookup::ContextPart;
 use crate::pipeline::{self, CompileReport, Setup, Timer};
+use crate::runs::ValueRuns;
 use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Spill, SpillPart, SpillTo};
 use crate::write::{sibling, Staging};

@@ -2,12 +2,14 @@
 //! contexts, split, partial statistics → merge statistics, fit encodings → per bucket: group
 //! again, encode, write its shards → stats.json → manifest.json → commit.
 
+use crate::bucket::ColumnId;
 use crate::bucket::{RowColumn, Shared};
 use crate::error::{CompileError, Result};
-use crate::fit::{self, ColumnId, Merged, ValueRuns};
+use crate::fit::{self, Merged};
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
 use crate::plan::{self, Source};
 use crate::read::{self, Role};
+use crate::runs::ValueRuns;
 use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Buckets, Described, Spill, SpillTo};
 use crate::split;

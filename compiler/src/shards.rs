@@ -1,10 +1,11 @@
 //! The shards: the tensors every shard holds, and one bucket's contexts encoded and written as
 //! its own shards (shards never span buckets, so a bucket's writer owns its files).
 
+use crate::bucket::ColumnId;
 use crate::bucket::{Context, Shared};
 use crate::encode::{CategoryCoder, NumericEncoder};
 use crate::error::Result;
-use crate::fit::{self, ColumnId, FittedColumn, Merged};
+use crate::fit::{self, FittedColumn, Merged};
 use crate::write::ShardWriter;
 use crate::Progress;
 use dsc_format::rng::position_hash;

@@ -2,7 +2,6 @@
 //! result does not depend on the thread count); exact quantiles by selection, the reference the
 //! rank queries over sorted runs (`fit`) are tested against.
 
-#[cfg(test)]
 use dsc_format::stats::{Quantile, QUANTILE_LEVELS};
 use rayon::prelude::*;
 
@@ -74,6 +73,32 @@ impl Moments {
             .collect();
         parts.iter().fold(Moments::default(), |acc, m| acc.merge(m))
     }
+}
+
+/// Quantiles at `QUANTILE_LEVELS` of `n` values by numpy's default linear rule (as
+/// [`crate::stats::quantiles`]), from `kth(k)`, the `k`-th smallest (from 0); empty when `n = 0`.
+pub(crate) fn linear_quantiles(
+    n: u64,
+    mut kth: impl FnMut(u64) -> crate::error::Result<f64>,
+) -> crate::error::Result<Vec<Quantile>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    QUANTILE_LEVELS
+        .iter()
+        .map(|&q| {
+            let h = (n - 1) as f64 * q;
+            let k = (h.floor() as u64).min(n - 1);
+            let frac = h - k as f64;
+            let lo = kth(k)?;
+            let value = if frac > 0.0 && k + 1 < n {
+                lo + frac * (kth(k + 1)? - lo)
+            } else {
+                lo
+            };
+            Ok(Quantile { q, value })
+        })
+        .collect()
 }
 
 /// Moves the order statistics at positions `ks` (ascending, unique, offset by `offset`) into

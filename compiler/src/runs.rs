@@ -1,0 +1,367 @@
+//! Sorted runs of values and exact rank queries over them: how exact quantiles and histograms
+//! merge across buckets without holding a column in memory. Each bucket appends each split's
+//! values, sorted, with every [`SAMPLE`]-th as a sample; a statistic's runs are read back by
+//! positioned reads (never mapped, so they do not count in the compile's memory).
+
+use crate::error::{CompileError, Result};
+use crate::stats::{linear_quantiles, Moments};
+use dsc_format::stats::{Bin, NumericStats, Quantile};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Sorted runs of finite values, one per (column, split, bucket), in one spill file.
+pub(crate) struct ValueRuns {
+    path: PathBuf,
+    /// Which values file of the compile this is (one per statistics partition).
+    file: u32,
+    out: Mutex<(File, u64)>,
+}
+
+/// Where one run lies: its values, then every [`SAMPLE`]-th of them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct Run {
+    file: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// One value in this many is kept as a run's sample: what rank queries search in memory before
+/// reading one block of the run.
+const SAMPLE: u64 = 256;
+
+impl ValueRuns {
+    pub fn create(path: PathBuf, file: u32) -> Result<ValueRuns> {
+        let f = File::create(&path).map_err(|e| CompileError::io(&path, e))?;
+        Ok(ValueRuns {
+            path,
+            file,
+            out: Mutex::new((f, 0)),
+        })
+    }
+
+    /// Appends sorted values and their samples; returns where they lie.
+    pub fn append(&self, values: &[f64]) -> Result<Run> {
+        let mut bytes = Vec::with_capacity(values.len() * 8 + values.len() / 32 + 8);
+        values
+            .iter()
+            .chain(values.iter().step_by(SAMPLE as usize))
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+        let mut out = self.out.lock().expect("no writer panics");
+        out.0
+            .write_all(&bytes)
+            .map_err(|e| CompileError::io(&self.path, e))?;
+        let run = Run {
+            file: self.file,
+            offset: out.1,
+            len: values.len() as u64,
+        };
+        out.1 += bytes.len() as u64;
+        Ok(run)
+    }
+
+    /// Makes what was written durable and opens it for reading.
+    pub fn finish(&self) -> Result<File> {
+        let out = self.out.lock().expect("no writer panics");
+        out.0
+            .sync_data()
+            .map_err(|e| CompileError::io(&self.path, e))?;
+        File::open(&self.path).map_err(|e| CompileError::io(&self.path, e))
+    }
+}
+
+fn from_ord_key(k: u64) -> f64 {
+    if k >> 63 == 1 {
+        f64::from_bits(k & !(1 << 63))
+    } else {
+        f64::from_bits(!k)
+    }
+}
+
+/// Order-preserving map of finite doubles onto integers: rank queries compare these.
+fn ord_key(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | 1 << 63
+    }
+}
+
+fn read_f64s(file: &File, offset: u64, n: usize) -> Result<Vec<f64>> {
+    let mut bytes = vec![0u8; n * 8];
+    file.read_exact_at(&mut bytes, offset)
+        .map_err(|e| CompileError::io(Path::new("values spill"), e))?;
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// One sorted run, with its samples in memory.
+struct Sample<'f> {
+    file: &'f File,
+    offset: u64,
+    len: u64,
+    /// `keys[j]` is the order key of value `j · SAMPLE`.
+    keys: Vec<u64>,
+}
+
+impl Sample<'_> {
+    /// Bounds on how many values are at most `t`, from the samples alone.
+    fn bounds(&self, t: u64) -> (u64, u64) {
+        let j = self.keys.partition_point(|&k| k <= t) as u64;
+        if j == 0 {
+            (0, 0)
+        } else {
+            ((j - 1) * SAMPLE + 1, (j * SAMPLE).min(self.len))
+        }
+    }
+
+    /// How many values are at most `t`: the samples narrow it to one block, which is read.
+    fn count_le(&self, t: u64) -> Result<u64> {
+        let (lo, hi) = self.bounds(t);
+        if lo == hi {
+            return Ok(lo);
+        }
+        let block = read_f64s(self.file, self.offset + lo * 8, (hi - lo) as usize)?;
+        Ok(lo + block.partition_point(|&v| ord_key(v) <= t) as u64)
+    }
+
+    /// The values at positions `from..to`.
+    fn range(&self, from: u64, to: u64) -> Result<Vec<f64>> {
+        read_f64s(self.file, self.offset + from * 8, (to - from) as usize)
+    }
+}
+
+/// Sorted runs of one statistic, read through positioned reads (never mapped, so that they do
+/// not count in the compile's memory): the samples locate a rank to within a few blocks.
+pub(crate) struct Sorted<'f> {
+    runs: Vec<Sample<'f>>,
+    pub n: u64,
+    /// Sample keys of every run, ascending, distinct, at most [`POOLED`] of them: the
+    /// candidates rank queries search.
+    pooled: Vec<u64>,
+}
+
+/// At most this many candidate keys per statistic: about `n / POOLED` values lie between two
+/// neighbours, so a billion-row column still reads only a few thousand values per rank query.
+const POOLED: usize = 1 << 20;
+
+impl<'f> Sorted<'f> {
+    pub fn new(files: &'f [File], runs: impl Iterator<Item = Run>) -> Result<Sorted<'f>> {
+        Self::with_candidates(files, runs, POOLED)
+    }
+
+    fn with_candidates(
+        files: &'f [File],
+        runs: impl Iterator<Item = Run>,
+        cap: usize,
+    ) -> Result<Sorted<'f>> {
+        let runs: Vec<Sample> = runs
+            .filter(|r| r.len > 0)
+            .map(|r| {
+                let file = &files[r.file as usize];
+                let keys = read_f64s(file, r.offset + r.len * 8, r.len.div_ceil(SAMPLE) as usize)?
+                    .into_iter()
+                    .map(ord_key)
+                    .collect();
+                Ok(Sample {
+                    file,
+                    offset: r.offset,
+                    len: r.len,
+                    keys,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let n = runs.iter().map(|r| r.len).sum();
+        let mut pooled: Vec<u64> = runs.iter().flat_map(|r| r.keys.iter().copied()).collect();
+        pooled.sort_unstable();
+        pooled.dedup();
+        if pooled.len() > cap {
+            let step = pooled.len().div_ceil(cap);
+            pooled = pooled.into_iter().step_by(step).collect();
+        }
+        Ok(Sorted { runs, n, pooled })
+    }
+
+    fn count_le(&self, t: u64) -> Result<u64> {
+        self.runs.iter().map(|r| r.count_le(t)).sum()
+    }
+
+    /// Values strictly below `x`.
+    fn count_lt(&self, x: f64) -> Result<u64> {
+        match ord_key(x).checked_sub(1) {
+            Some(t) => self.count_le(t),
+            None => Ok(0),
+        }
+    }
+
+    /// The `k`-th smallest value (from 0). Among the sample keys, find the smallest `hi` with
+    /// more than `k` values at or below it (the samples' bounds narrow the search, exact counts
+    /// finish it); the answer is `hi`'s value when fewer than `k + 1` values lie below it, else
+    /// it lies strictly between `hi` and the candidate before it, a short stretch of each run,
+    /// which is read. A value repeated across many rows costs nothing.
+    fn kth(&self, k: u64) -> Result<f64> {
+        let pooled = &self.pooled;
+        let lower = |t: u64| self.runs.iter().map(|r| r.bounds(t).0).sum::<u64>();
+        let upper = |t: u64| self.runs.iter().map(|r| r.bounds(t).1).sum::<u64>();
+        let mut a = pooled.partition_point(|&t| upper(t) <= k);
+        let mut b = pooled.partition_point(|&t| lower(t) <= k);
+        while a < b {
+            let m = (a + b) / 2;
+            if self.count_le(pooled[m])? > k {
+                b = m;
+            } else {
+                a = m + 1;
+            }
+        }
+        let hi = pooled.get(a).copied();
+        let lo = a.checked_sub(1).map(|i| pooled[i]);
+        if let Some(hi) = hi {
+            let below_hi = match hi.checked_sub(1) {
+                Some(t) => self.count_le(t)?,
+                None => 0,
+            };
+            if below_hi <= k {
+                return Ok(from_ord_key(hi));
+            }
+        }
+        let mut between = Vec::new();
+        let mut below = 0;
+        for r in &self.runs {
+            let from = match lo {
+                Some(lo) => r.count_le(lo)?,
+                None => 0,
+            };
+            let to = match hi.and_then(|h| h.checked_sub(1)) {
+                Some(t) => r.count_le(t)?,
+                None if hi.is_some() => 0,
+                None => r.len,
+            };
+            below += from;
+            between.extend(r.range(from, to)?);
+        }
+        let at = (k - below) as usize;
+        let (_, x, _) = between.select_nth_unstable_by(at, f64::total_cmp);
+        Ok(*x)
+    }
+
+    fn quantiles(&self) -> Result<Vec<Quantile>> {
+        linear_quantiles(self.n, |k| self.kth(k))
+    }
+
+    /// 20 equal-width bins over `[min, max]`, each counting the values from its lower edge up
+    /// to (the last bin: including) its upper edge.
+    fn histogram(&self, min: f64, max: f64) -> Result<Vec<Bin>> {
+        const BINS: usize = 20;
+        let width = (max - min) / BINS as f64;
+        let edge = |i: usize| {
+            if i == BINS {
+                max
+            } else {
+                min + width * i as f64
+            }
+        };
+        let below: Vec<u64> = (0..=BINS)
+            .map(|i| {
+                if i == BINS {
+                    Ok(self.n)
+                } else if i == 0 || width <= 0.0 {
+                    Ok(0)
+                } else {
+                    self.count_lt(edge(i))
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok((0..BINS)
+            .map(|i| Bin {
+                lo: edge(i),
+                hi: edge(i + 1),
+                count: below[i + 1] - below[i],
+            })
+            .collect())
+    }
+
+    pub fn numeric(&self, m: &Moments) -> Result<Option<NumericStats>> {
+        if self.n == 0 {
+            return Ok(None);
+        }
+        Ok(Some(NumericStats {
+            min: m.min,
+            max: m.max,
+            mean: m.mean,
+            std: m.std(),
+            quantiles: self.quantiles()?,
+            histogram: self.histogram(m.min, m.max)?,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsc_format::rng::Xoshiro256;
+    use dsc_format::stats::QUANTILE_LEVELS;
+
+    /// Runs of sorted values written through `ValueRuns`, read back by rank queries: every
+    /// order statistic and every bin count equals a full sort's, with spikes (one value in most
+    /// rows), signed zeros and runs of every size around the sample interval.
+    #[test]
+    fn rank_queries_over_runs_equal_a_full_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = ValueRuns::create(dir.path().join("v"), 0).unwrap();
+        let mut rng = Xoshiro256::seed_from(11);
+        let mut all = Vec::new();
+        let mut refs = Vec::new();
+        for (r, len) in [0usize, 1, 255, 256, 257, 5000, 70_000, 3]
+            .into_iter()
+            .enumerate()
+        {
+            let mut values: Vec<f64> = (0..len)
+                .map(|_| match rng.below(10) {
+                    0..=5 if r % 2 == 1 => 7.0,
+                    6 => -0.0,
+                    7 => 0.0,
+                    _ => (rng.unit_f64() - 0.3) * 1e3,
+                })
+                .collect();
+            values.sort_unstable_by(f64::total_cmp);
+            all.extend_from_slice(&values);
+            refs.push(runs.append(&values).unwrap());
+        }
+        let files = [runs.finish().unwrap()];
+        all.sort_unstable_by(f64::total_cmp);
+        // Every candidate sample, and few (as for a billion rows): the same answers.
+        for cap in [POOLED, 16] {
+            check(
+                &Sorted::with_candidates(&files, refs.iter().copied(), cap).unwrap(),
+                &all,
+            );
+        }
+    }
+
+    fn check(sorted: &Sorted, all: &[f64]) {
+        assert_eq!(sorted.n, all.len() as u64);
+        for k in (0..all.len()).step_by(997).chain([0, all.len() - 1]) {
+            assert_eq!(
+                sorted.kth(k as u64).unwrap().to_bits(),
+                all[k].to_bits(),
+                "k = {k}"
+            );
+        }
+        let want = crate::stats::quantiles(&mut all.to_vec(), &QUANTILE_LEVELS);
+        assert_eq!(sorted.quantiles().unwrap(), want);
+        let (min, max) = (all[0], all[all.len() - 1]);
+        for b in sorted.histogram(min, max).unwrap() {
+            let count = all
+                .iter()
+                .filter(|&&x| x >= b.lo && (x < b.hi || (b.hi == max && x <= max)))
+                .count() as u64;
+            assert_eq!(b.count, count, "{b:?}");
+        }
+    }
+}
