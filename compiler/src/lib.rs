@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod bucket;
+mod cache;
 mod column;
 mod encode;
 mod error;
@@ -31,9 +32,10 @@ mod split;
 mod stats;
 mod write;
 
+pub use cache::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{CompileError, Result};
-pub use pipeline::{compile, decode_parquet, CompileOptions, CompileReport};
+pub use pipeline::{compile, decode_parquet};
 #[cfg(feature = "progress-bar")]
 pub use progress::TerminalBars;
 pub use progress::{NoProgress, Progress};

@@ -14,10 +14,11 @@
 //! parts of another compile, or of inputs changed since, are refused by name. Nothing is a cache
 //! until `merge` writes the manifest; the cache is byte-identical to a compile in one process.
 
+use crate::cache::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, FitPart};
 use crate::lookup::ContextPart;
-use crate::pipeline::{self, CompileReport, Setup, Timer};
+use crate::pipeline::{self, Setup};
 use crate::runs::ValueRuns;
 use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Spill, SpillPart, SpillTo};
@@ -452,7 +453,7 @@ pub fn run_stage(
                 },
                 progress,
             )?;
-            let inputs = pipeline::hash_files(&named)?;
+            let inputs = cache::hash_files(&named)?;
             // The last partition also spills the context table, once for every stage.
             let context = if partition.index + 1 == partition.count {
                 setup.spill_context(&work.dir.join("scan"), budget)?
@@ -560,10 +561,10 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
         }
     }
     let rows_files = rows_inputs.len();
-    let side = pipeline::hash_files(&setup.named_inputs[rows_files..])?;
+    let side = cache::hash_files(&setup.named_inputs[rows_files..])?;
     let files: Vec<InputFile> = rows_inputs.into_iter().chain(side).collect();
     let inputs = Inputs {
-        fingerprint: pipeline::combined_fingerprint(&files),
+        fingerprint: cache::combined_fingerprint(&files),
         files,
     };
     let report = pipeline::finish(

@@ -4,6 +4,9 @@
 
 use crate::bucket::ColumnId;
 use crate::bucket::{RowColumn, Shared};
+use crate::cache::{
+    commit_cache, fingerprint_files, stamp_files, CompileOptions, CompileReport, Timer,
+};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, Merged};
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
@@ -14,53 +17,14 @@ use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Buckets, Described, Spill, SpillTo};
 use crate::split;
 use crate::write::Staging;
-use crate::Progress;
-use dsc_format::manifest::{InputFile, Inputs};
+use dsc_format::manifest::Inputs;
 use dsc_format::spec::{CompileSpec, DEFAULT_BUCKET_SIZE};
-use dsc_format::{Manifest, ManifestBuilder, ShardEntry, Stage, Stats};
+use dsc_format::{Manifest, ShardEntry, Stage};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// The folder inside the staging directory that holds a compile's spill files.
 const SPILL_DIR: &str = "spill";
-
-/// Where and how to write.
-pub struct CompileOptions<'a> {
-    /// The cache directory to create.
-    pub out: PathBuf,
-    /// Replace `out` if it exists and is not empty.
-    pub force: bool,
-    /// Memory the compile may use (bytes); `None`: half of the machine's. The cache does not
-    /// depend on it.
-    pub max_memory: Option<u64>,
-    /// Progress receiver.
-    pub progress: &'a dyn Progress,
-}
-
-impl std::fmt::Debug for CompileOptions<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompileOptions")
-            .field("out", &self.out)
-            .field("force", &self.force)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What a compile produced.
-#[derive(Debug)]
-pub struct CompileReport {
-    /// The cache directory.
-    pub out: PathBuf,
-    /// Its manifest.
-    pub manifest: Manifest,
-    /// Its statistics.
-    pub stats: Stats,
-    /// Bytes of all shards.
-    pub cache_bytes: u64,
-    /// Seconds spent per stage, in order.
-    pub timings: Vec<(String, f64)>,
-}
 
 /// Decodes the named columns of Parquet files and discards them: the floor a compile is
 /// measured against. Returns the rows decoded.
@@ -100,28 +64,6 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
         .into_iter()
         .collect::<Result<_>>()?;
     Ok(rows.iter().sum())
-}
-
-/// Wall time per compile stage, for the report.
-pub(crate) struct Timer {
-    last: Instant,
-    timings: Vec<(String, f64)>,
-}
-
-impl Timer {
-    pub(crate) fn start() -> Timer {
-        Timer {
-            last: Instant::now(),
-            timings: Vec::new(),
-        }
-    }
-
-    pub(crate) fn lap(&mut self, name: &str) {
-        let now = Instant::now();
-        self.timings
-            .push((name.into(), (now - self.last).as_secs_f64()));
-        self.last = now;
-    }
 }
 
 /// Runs a compile.
@@ -473,33 +415,6 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// The end of every compile: checks the manifest, writes `stats.json`, then `manifest.json` (the
-/// commit point), and moves the staging directory into place.
-pub(crate) fn commit_cache(
-    staging: Staging,
-    manifest: ManifestBuilder,
-    stats: Stats,
-    mut timer: Timer,
-) -> Result<CompileReport> {
-    let manifest = manifest.build().map_err(|problem| {
-        CompileError::Internal(format!("the manifest is inconsistent: {problem}"))
-    })?;
-    let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
-    stats_json.push(b'\n');
-    staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
-    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
-    let out = staging.commit()?;
-    timer.lap("commit");
-    let cache_bytes = manifest.shards().iter().map(|s| s.bytes).sum();
-    Ok(CompileReport {
-        out,
-        manifest,
-        stats,
-        cache_bytes,
-        timings: timer.timings,
-    })
-}
-
 /// `--force` replaces the output directory: refuse when that would delete an input.
 fn refuse_inputs_inside(out: &Path, spec: &CompileSpec, rows_files: &[PathBuf]) -> Result<()> {
     let Ok(out) = out.canonicalize() else {
@@ -552,53 +467,4 @@ fn input_files<'a>(spec: &CompileSpec, rows_files: &[PathBuf]) -> Vec<(PathBuf, 
         named.push((PathBuf::from(file), "split_keys"));
     }
     named
-}
-
-/// The state of every input before a compile reads it.
-pub(crate) fn stamp_files(named: &[(PathBuf, &str)]) -> Result<Vec<read::Stamp>> {
-    named.iter().map(|(p, _)| read::Stamp::take(p)).collect()
-}
-
-/// Sizes and checksums of every input file, with its role, and one fingerprint over them.
-/// `stamps` (from [`stamp_files`] before reading) must still hold after hashing: an input
-/// changed mid-compile is an error, not a manifest describing other bytes than the shards hold.
-pub(crate) fn fingerprint_files(
-    named: &[(PathBuf, &str)],
-    stamps: &[read::Stamp],
-) -> Result<Inputs> {
-    let files = hash_files(named)?;
-    for s in stamps {
-        s.check()?;
-    }
-    Ok(Inputs {
-        fingerprint: combined_fingerprint(&files),
-        files,
-    })
-}
-
-/// Size and checksum of each file, with its role.
-pub(crate) fn hash_files(named: &[(PathBuf, &str)]) -> Result<Vec<InputFile>> {
-    named
-        .par_iter()
-        .map(|(path, role)| {
-            let (bytes, xxh3) = dsc_format::checksum::hash_file(path)?;
-            Ok(InputFile {
-                path: path.display().to_string(),
-                role: (*role).into(),
-                bytes,
-                xxh3,
-            })
-        })
-        .collect::<Vec<Result<_>>>()
-        .into_iter()
-        .collect()
-}
-
-/// One fingerprint over every input's role, size and checksum, in order.
-pub(crate) fn combined_fingerprint(files: &[InputFile]) -> String {
-    let mut h = dsc_format::checksum::Hasher::new();
-    for f in files {
-        h.update(format!("{}\0{}\0{}\n", f.role, f.bytes, f.xxh3).as_bytes());
-    }
-    h.hex()
 }

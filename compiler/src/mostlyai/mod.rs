@@ -13,8 +13,8 @@ pub(crate) mod pyfmt;
 pub mod quantiles;
 mod table;
 
+use crate::cache::{CompileOptions, CompileReport};
 use crate::error::{CompileError, Result};
-use crate::pipeline::{CompileOptions, CompileReport};
 use crate::write::Staging;
 use analyze::{ColStats, Partition};
 use dsc_format::manifest::{
@@ -227,7 +227,7 @@ fn write_splits(
 
 /// Runs the profile.
 pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let mut timer = crate::pipeline::Timer::start();
+    let mut timer = crate::cache::Timer::start();
     let (ctx_path, partitions) = check_spec(spec)?;
     let tgt_files = crate::read::resolve(&spec.rows)?;
     let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
@@ -238,7 +238,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     if let Some(v) = &spec.val_keys {
         named.push((PathBuf::from(v), "val_keys"));
     }
-    let stamps = crate::pipeline::stamp_files(&named)?;
+    let stamps = crate::cache::stamp_files(&named)?;
     opts.progress.stage("reading", 2);
     let (tgt, ctx) = rayon::join(
         || table::load(&tgt_files, &spec.key),
@@ -319,7 +319,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
     resolved.partitions = Some(partitions);
-    let inputs = crate::pipeline::fingerprint_files(&named, &stamps)?;
+    let inputs = crate::cache::fingerprint_files(&named, &stamps)?;
     let mut manifest = Manifest::builder(
         env!("CARGO_PKG_VERSION"),
         max_len,
@@ -354,7 +354,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
     };
-    crate::pipeline::commit_cache(staging, manifest, stats, timer)
+    crate::cache::commit_cache(staging, manifest, stats, timer)
 }
 
 /// `key`, `length`, the context sub-columns, the positional and target sub-columns.

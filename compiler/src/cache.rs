@@ -1,0 +1,149 @@
+//! The two ends of every compile, whichever path it takes (the pipeline, its partitions, the
+//! mostlyai profile): what it promises before reading (options, the inputs' stamps), and how it
+//! commits (the inputs' checksums and fingerprint, `stats.json`, `manifest.json` last, one
+//! rename) and reports.
+
+use crate::error::{CompileError, Result};
+use crate::read;
+use crate::write::Staging;
+use crate::Progress;
+use dsc_format::manifest::{InputFile, Inputs};
+use dsc_format::{Manifest, ManifestBuilder, Stats};
+use rayon::prelude::*;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where and how to write.
+pub struct CompileOptions<'a> {
+    /// The cache directory to create.
+    pub out: PathBuf,
+    /// Replace `out` if it exists and is not empty.
+    pub force: bool,
+    /// Memory the compile may use (bytes); `None`: half of the machine's. The cache does not
+    /// depend on it.
+    pub max_memory: Option<u64>,
+    /// Progress receiver.
+    pub progress: &'a dyn Progress,
+}
+
+impl std::fmt::Debug for CompileOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompileOptions")
+            .field("out", &self.out)
+            .field("force", &self.force)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a compile produced.
+#[derive(Debug)]
+pub struct CompileReport {
+    /// The cache directory.
+    pub out: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its statistics.
+    pub stats: Stats,
+    /// Bytes of all shards.
+    pub cache_bytes: u64,
+    /// Seconds spent per stage, in order.
+    pub timings: Vec<(String, f64)>,
+}
+
+/// Wall time per compile stage, for the report.
+pub(crate) struct Timer {
+    last: Instant,
+    timings: Vec<(String, f64)>,
+}
+
+impl Timer {
+    pub(crate) fn start() -> Timer {
+        Timer {
+            last: Instant::now(),
+            timings: Vec::new(),
+        }
+    }
+
+    pub(crate) fn lap(&mut self, name: &str) {
+        let now = Instant::now();
+        self.timings
+            .push((name.into(), (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+}
+
+/// The end of every compile: checks the manifest, writes `stats.json`, then `manifest.json` (the
+/// commit point), and moves the staging directory into place.
+pub(crate) fn commit_cache(
+    staging: Staging,
+    manifest: ManifestBuilder,
+    stats: Stats,
+    mut timer: Timer,
+) -> Result<CompileReport> {
+    let manifest = manifest.build().map_err(|problem| {
+        CompileError::Internal(format!("the manifest is inconsistent: {problem}"))
+    })?;
+    let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
+    stats_json.push(b'\n');
+    staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
+    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
+    let out = staging.commit()?;
+    timer.lap("commit");
+    let cache_bytes = manifest.shards().iter().map(|s| s.bytes).sum();
+    Ok(CompileReport {
+        out,
+        manifest,
+        stats,
+        cache_bytes,
+        timings: timer.timings,
+    })
+}
+
+/// The state of every input before a compile reads it.
+pub(crate) fn stamp_files(named: &[(PathBuf, &str)]) -> Result<Vec<read::Stamp>> {
+    named.iter().map(|(p, _)| read::Stamp::take(p)).collect()
+}
+
+/// Sizes and checksums of every input file, with its role, and one fingerprint over them.
+/// `stamps` (from [`stamp_files`] before reading) must still hold after hashing: an input
+/// changed mid-compile is an error, not a manifest describing other bytes than the shards hold.
+pub(crate) fn fingerprint_files(
+    named: &[(PathBuf, &str)],
+    stamps: &[read::Stamp],
+) -> Result<Inputs> {
+    let files = hash_files(named)?;
+    for s in stamps {
+        s.check()?;
+    }
+    Ok(Inputs {
+        fingerprint: combined_fingerprint(&files),
+        files,
+    })
+}
+
+/// Size and checksum of each file, with its role.
+pub(crate) fn hash_files(named: &[(PathBuf, &str)]) -> Result<Vec<InputFile>> {
+    named
+        .par_iter()
+        .map(|(path, role)| {
+            let (bytes, xxh3) = dsc_format::checksum::hash_file(path)?;
+            Ok(InputFile {
+                path: path.display().to_string(),
+                role: (*role).into(),
+                bytes,
+                xxh3,
+            })
+        })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
+        .collect()
+}
+
+/// One fingerprint over every input's role, size and checksum, in order.
+pub(crate) fn combined_fingerprint(files: &[InputFile]) -> String {
+    let mut h = dsc_format::checksum::Hasher::new();
+    for f in files {
+        h.update(format!("{}\0{}\0{}\n", f.role, f.bytes, f.xxh3).as_bytes());
+    }
+    h.hex()
+}
