@@ -472,7 +472,18 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
         }
         // Padded to 2048 steps, the one shard per split is far larger than any spill file,
         // so that some limit lets the spill through and stops the shard writer.
-        let mut args = icecube_args("cache", &["--shard-size", "1GiB"]);
+        // A budget below the input, so that the rows are spilled to files, not kept in memory.
+        let mut args = icecube_args(
+            "cache",
+            &[
+                "--shard-size",
+                "1GiB",
+                "--max-memory",
+                "1MiB",
+                "--bucket-size",
+                "256KiB",
+            ],
+        );
         let l = args.iter().position(|a| *a == "--max-len").unwrap();
         args[l + 1] = "2048";
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
@@ -485,7 +496,7 @@ fn a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly() {
     }
     let dir = data();
     let mut failed_on = std::collections::BTreeSet::new();
-    for limit in [512u64, 24 << 10, 2 << 20, 256 << 20] {
+    for limit in [512u64, 24 << 10, 1 << 20, 2 << 20, 256 << 20] {
         let out = rerun_as_child(
             "hostile::a_compile_that_runs_out_of_space_at_any_stage_fails_cleanly",
             &[

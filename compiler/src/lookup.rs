@@ -206,6 +206,7 @@ pub(crate) fn spill_context(
             name: "context",
             buckets,
             budget,
+            in_memory: false,
         };
         let part = spill::spill_rows(inputs, 0..1, wants, to, &NoProgress)?;
         if let Some(column) = split_by {

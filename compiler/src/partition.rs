@@ -450,6 +450,8 @@ pub fn run_stage(
                     name: "rows",
                     buckets: setup.buckets,
                     budget: pipeline::read_share(budget),
+                    // Other stages, maybe on other machines, read it back.
+                    in_memory: false,
                 },
                 progress,
             )?;

@@ -320,6 +320,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             name: "rows",
             buckets: setup.buckets,
             budget: read_share(budget),
+            // A quarter of the budget may hold the whole spill: then nothing is written.
+            in_memory: setup.rows_read * setup.width <= budget / 4,
         },
         progress,
     )?;

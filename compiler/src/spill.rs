@@ -16,6 +16,7 @@ use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// How keys are spread over buckets: by the top `bits` bits of their position hash, so that a
 /// bucket holds one contiguous stretch of every split's stored order.
@@ -84,8 +85,14 @@ pub(crate) struct Described {
 }
 
 /// The spilled rows files: which pieces of which spill file hold each bucket.
+/// One spill file, or its bytes where the spill stayed in memory.
+enum RunData {
+    File(PathBuf),
+    Memory(Arc<Vec<u8>>),
+}
+
 pub(crate) struct Spill {
-    runs: Vec<PathBuf>,
+    runs: Vec<RunData>,
     /// Sorted by bucket, then by first row (input order).
     pieces: Vec<Piece>,
     /// `starts[b]..starts[b + 1]` are bucket `b`'s pieces.
@@ -104,6 +111,9 @@ pub(crate) struct SpillTo<'a> {
     pub name: &'a str,
     pub buckets: Buckets,
     pub budget: usize,
+    /// Keep the spill in memory instead of writing it (when the whole input fits the budget
+    /// several times over): the same pieces, without a write and a read of every byte.
+    pub in_memory: bool,
 }
 
 /// One bucket's rows of one file, buffered until the next flush.
@@ -118,6 +128,9 @@ struct Buffer {
 pub(crate) struct SpillPart {
     pub runs: Vec<String>,
     pieces: Vec<Piece>,
+    /// The runs' bytes, where the spill stayed in memory (never for partitions' parts).
+    #[serde(skip)]
+    memory: Vec<Option<Arc<Vec<u8>>>>,
 }
 
 /// Reads the files `files` of `inputs`, sends each row to its bucket and writes the buckets to
@@ -135,13 +148,15 @@ pub(crate) fn spill_rows(
         name,
         buckets,
         budget,
+        in_memory,
     } = to;
     let Inputs {
         opened,
         types,
         offsets,
     } = inputs;
-    let results: Vec<Result<(String, Vec<Piece>)>> = opened
+    type Spilled = (String, Vec<Piece>, Option<Vec<u8>>);
+    let results: Vec<Result<Spilled>> = opened
         .into_iter()
         .enumerate()
         .filter(|(i, _)| files.contains(i))
@@ -150,28 +165,30 @@ pub(crate) fn spill_rows(
         .enumerate()
         .map(|(local, (i, o))| {
             let name = format!("{name}-{i:06}.spill");
-            let pieces = spill_file(
+            let (pieces, memory) = spill_file(
                 o,
                 local as u32,
                 offsets[i],
-                &dir.join(&name),
+                (!in_memory).then(|| dir.join(&name)),
                 wants,
                 &types,
                 buckets,
                 budget,
             )?;
             progress.advance(1);
-            Ok((name, pieces))
+            Ok((name, pieces, memory))
         })
         .collect();
     let mut part = SpillPart {
         runs: Vec::with_capacity(results.len()),
         pieces: Vec::new(),
+        memory: Vec::new(),
     };
     for r in results {
-        let (name, pieces) = r?;
+        let (name, pieces, memory) = r?;
         part.runs.push(name);
         part.pieces.extend(pieces);
+        part.memory.push(memory.map(Arc::new));
     }
     Ok(part)
 }
@@ -181,23 +198,31 @@ fn spill_file(
     opened: Opened,
     run: u32,
     first_row: u64,
-    path: &Path,
+    path: Option<PathBuf>,
     wants: &[Want],
     types: &[TypeInfo],
     buckets: Buckets,
     budget: usize,
-) -> Result<Vec<Piece>> {
+) -> Result<(Vec<Piece>, Option<Vec<u8>>)> {
     let source = opened.path.clone();
     let expected = opened.rows;
     let reader = opened.into_wanted_reader(wants)?;
     // Written under a temporary name and renamed when complete: a retried or duplicated task
     // never leaves, nor reads, half a spill file.
-    let tmp = path.with_extension(format!("spill.{}.tmp", std::process::id()));
-    let file = File::create(&tmp).map_err(|e| spill_err(&tmp, e))?;
+    let tmp = path
+        .as_ref()
+        .map(|p| p.with_extension(format!("spill.{}.tmp", std::process::id())));
+    let sink = match &tmp {
+        Some(tmp) => Sink::File(BufWriter::with_capacity(
+            1 << 20,
+            File::create(tmp).map_err(|e| spill_err(tmp, e))?,
+        )),
+        None => Sink::Memory(Vec::new()),
+    };
     let mut out = Writer {
-        path: &tmp,
+        path: tmp.as_deref().unwrap_or(&source),
         run,
-        file: BufWriter::with_capacity(1 << 20, file),
+        sink,
         offset: 0,
         pieces: Vec::new(),
     };
@@ -265,15 +290,28 @@ fn spill_file(
             reason: format!("the footer promises {expected} rows, {read} could be read"),
         });
     }
-    out.file.flush().map_err(|e| spill_err(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| CompileError::io(path, e))?;
-    Ok(out.pieces)
+    let Writer { sink, pieces, .. } = out;
+    match (sink, &tmp, &path) {
+        (Sink::File(mut file), Some(tmp), Some(path)) => {
+            file.flush().map_err(|e| spill_err(tmp, e))?;
+            std::fs::rename(tmp, path).map_err(|e| CompileError::io(path, e))?;
+            Ok((pieces, None))
+        }
+        (Sink::Memory(bytes), _, _) => Ok((pieces, Some(bytes))),
+        _ => unreachable!("a file sink has a path"),
+    }
+}
+
+/// Where a spill's pieces go.
+enum Sink {
+    File(BufWriter<File>),
+    Memory(Vec<u8>),
 }
 
 struct Writer<'a> {
     path: &'a Path,
     run: u32,
-    file: BufWriter<File>,
+    sink: Sink,
     offset: u64,
     pieces: Vec<Piece>,
 }
@@ -289,9 +327,12 @@ impl Writer<'_> {
                 .iter()
                 .for_each(|r| bytes.extend_from_slice(&r.to_le_bytes()));
             buf.columns.iter().for_each(|c| c.write_to(&mut bytes));
-            self.file
-                .write_all(&bytes)
-                .map_err(|e| spill_err(self.path, e))?;
+            match &mut self.sink {
+                Sink::File(file) => file
+                    .write_all(&bytes)
+                    .map_err(|e| spill_err(self.path, e))?,
+                Sink::Memory(all) => all.extend_from_slice(&bytes),
+            }
             self.pieces.push(Piece {
                 bucket: b as u32,
                 first_row: buf.origin[0],
@@ -340,7 +381,7 @@ pub(crate) fn spill_table(
     let mut out = Writer {
         path: &tmp,
         run: 0,
-        file: BufWriter::with_capacity(1 << 20, file),
+        sink: Sink::File(BufWriter::with_capacity(1 << 20, file)),
         offset: 0,
         pieces: Vec::new(),
     };
@@ -362,11 +403,14 @@ pub(crate) fn spill_table(
         })
         .collect();
     out.flush(&mut buffers)?;
-    out.file.flush().map_err(|e| spill_err(&tmp, e))?;
+    if let Sink::File(mut file) = out.sink {
+        file.flush().map_err(|e| spill_err(&tmp, e))?;
+    }
     std::fs::rename(&tmp, &path).map_err(|e| CompileError::io(&path, e))?;
     Ok(SpillPart {
         runs: vec![name],
         pieces: out.pieces,
+        memory: Vec::new(),
     })
 }
 
@@ -383,7 +427,12 @@ impl Spill {
         let mut pieces = Vec::new();
         for part in parts {
             let base = runs.len() as u32;
-            runs.extend(part.runs.iter().map(|r| dir.join(r)));
+            for (i, r) in part.runs.iter().enumerate() {
+                runs.push(match part.memory.get(i).cloned().flatten() {
+                    Some(bytes) => RunData::Memory(bytes),
+                    None => RunData::File(dir.join(r)),
+                });
+            }
             pieces.extend(part.pieces.into_iter().map(|p| Piece {
                 run: base + p.run,
                 ..p
@@ -438,13 +487,18 @@ impl Spill {
             .map(|t| Column::new(t.clone(), total))
             .collect();
         let mut origin = Vec::with_capacity(total);
-        let mut bytes = Vec::new();
+        let mut read = Vec::new();
         for p in pieces {
-            let path = &self.runs[p.run as usize];
-            bytes.resize(p.len as usize, 0);
-            File::open(path)
-                .and_then(|f| f.read_exact_at(&mut bytes, p.offset))
-                .map_err(|e| CompileError::io(path, e))?;
+            let bytes: &[u8] = match &self.runs[p.run as usize] {
+                RunData::Memory(all) => &all[p.offset as usize..(p.offset + p.len) as usize],
+                RunData::File(path) => {
+                    read.resize(p.len as usize, 0);
+                    File::open(path)
+                        .and_then(|f| f.read_exact_at(&mut read, p.offset))
+                        .map_err(|e| CompileError::io(path, e))?;
+                    &read
+                }
+            };
             let (head, mut rest) = bytes.split_at(p.rows as usize * 8);
             origin.extend(
                 head.chunks_exact(8)
