@@ -8,57 +8,40 @@ fn same_seed_gives_identical_bytes_with_one_and_two_threads() {
     let dir = Dir::new();
     gen_icecube(&dir, 3, 200);
     gen_sequences(&dir, 200, 3);
-    let seq = |out: &'static str, threads: &'static str| {
-        vec![
-            "--threads",
-            threads,
-            "compile",
-            "seq/transactions",
-            "--key",
-            "customer_id",
-            "--order-by",
-            "ts",
-            "--context",
-            "seq/customers.parquet",
-            "--targets",
-            "lifetime_value",
-            "--features",
-            "amount,items",
-            "--categorical",
-            "merchant_category",
-            "--encode",
-            "amount=log1p,zscore",
-            "--nan",
-            "mean",
-            "--empty-contexts",
-            "drop",
-            "--val-fraction",
-            "0.3",
-            "--shard-size",
-            "64KiB",
-            "--out",
-            out,
-        ]
+    let with_threads = |threads: &str, args: Vec<String>| -> Vec<String> {
+        ["--threads", threads]
+            .map(String::from)
+            .into_iter()
+            .chain(args)
+            .collect()
+    };
+    let ice = |out: &str| -> Vec<String> {
+        icecube_args(out, &["--shard-size", "256KiB"])
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     };
     for (a, b, args_a, args_b) in [
         (
             "ice1",
             "ice2",
-            [
-                &["--threads", "1"][..],
-                &icecube_args("ice1", &["--shard-size", "256KiB"]),
-            ]
-            .concat(),
-            [
-                &["--threads", "2"][..],
-                &icecube_args("ice2", &["--shard-size", "256KiB"]),
-            ]
-            .concat(),
+            with_threads("1", ice("ice1")),
+            with_threads("2", ice("ice2")),
         ),
-        ("seq1", "seq2", seq("seq1", "1"), seq("seq2", "2")),
+        (
+            "seq1",
+            "seq2",
+            with_threads("1", sequences_args("seq1")),
+            with_threads("2", sequences_args("seq2")),
+        ),
     ] {
-        dsc(dir.path(), &args_a).ok();
-        dsc(dir.path(), &args_b).ok();
+        for args in [&args_a, &args_b] {
+            dsc(
+                dir.path(),
+                &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+            .ok();
+        }
         let (ta, tb) = (tree(&dir.join(a)), tree(&dir.join(b)));
         assert_eq!(ta.keys().collect::<Vec<_>>(), tb.keys().collect::<Vec<_>>());
         assert!(ta.len() > 3, "several shards: {:?}", ta.keys());
