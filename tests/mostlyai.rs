@@ -35,7 +35,7 @@ fn write_val_keys(run: &Path, to: &Path) {
     std::fs::write(to, lines).unwrap();
 }
 
-fn compile(dir: &Dir, data_set: &str, partitions: usize) -> PathBuf {
+fn compile(dir: &Dir, data_set: &str, partitions: usize, extra: &[&str]) -> PathBuf {
     let data = vectors().join(data_set).join("data");
     let run = vectors().join(data_set).join(format!("p{partitions}"));
     let val = dir.join("val-keys.txt");
@@ -43,27 +43,25 @@ fn compile(dir: &Dir, data_set: &str, partitions: usize) -> PathBuf {
     let out = dir.join("cache");
     let (tgt, ctx) = (data.join("tgt.parquet"), data.join("ctx.parquet"));
     let p = partitions.to_string();
-    dsc(
-        dir.path(),
-        &[
-            "compile",
-            tgt.to_str().unwrap(),
-            "--key",
-            "id",
-            "--context",
-            ctx.to_str().unwrap(),
-            "--profile",
-            "mostlyai",
-            "--val-keys",
-            val.to_str().unwrap(),
-            "--partitions",
-            &p,
-            "--out",
-            out.to_str().unwrap(),
-            "-q",
-        ],
-    )
-    .ok();
+    let mut args = vec![
+        "compile",
+        tgt.to_str().unwrap(),
+        "--key",
+        "id",
+        "--context",
+        ctx.to_str().unwrap(),
+        "--profile",
+        "mostlyai",
+        "--val-keys",
+        val.to_str().unwrap(),
+        "--partitions",
+        &p,
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    dsc(dir.path(), &args).ok();
     out
 }
 
@@ -148,9 +146,10 @@ mod arrow {
     }
 }
 
-fn check(data_set: &str, partitions: usize) {
+/// `extra`: more compile flags (the statistics and codes must not depend on them).
+fn check(data_set: &str, partitions: usize, extra: &[&str]) {
     let dir = Dir::new();
-    let cache = compile(&dir, data_set, partitions);
+    let cache = compile(&dir, data_set, partitions, extra);
     let run = vectors().join(data_set).join(format!("p{partitions}"));
     for f in ["tgt-stats.json", "ctx-stats.json"] {
         let ours = json(&cache.join(f));
@@ -237,22 +236,32 @@ fn check(data_set: &str, partitions: usize) {
 
 #[test]
 fn seq_one_partition_matches_the_engine() {
-    check("seq", 1);
+    check("seq", 1, &[]);
 }
 
 #[test]
 fn seq_two_partitions_matches_the_engine() {
-    check("seq", 2);
+    check("seq", 2, &[]);
 }
 
 #[test]
 fn seq_extra_one_partition_matches_the_engine() {
-    check("seq_extra", 1);
+    check("seq_extra", 1, &[]);
 }
 
 #[test]
 fn seq_extra_two_partitions_matches_the_engine() {
-    check("seq_extra", 2);
+    check("seq_extra", 2, &[]);
+}
+
+/// Buckets of 8 KiB cut these tables into 32 buckets, each partition's statistics merged from
+/// many pieces, in a budget that holds one bucket at a time: still the engine's output.
+#[test]
+fn many_buckets_in_a_small_budget_match_the_engine() {
+    let tight = ["--bucket-size", "8KiB", "--max-memory", "1MiB"];
+    check("seq", 2, &tight);
+    check("seq_extra", 1, &tight);
+    check("seq_extra", 2, &tight);
 }
 
 /// A small two-table data set written by the test: `ctx(id, age)`, `tgt(id, amount)`.

@@ -317,14 +317,6 @@ pub(crate) fn merge_categories(
 pub(crate) type LengthCounts = BTreeMap<u64, u64>;
 
 /// The counts of `lengths`.
-pub(crate) fn length_counts(lengths: impl Iterator<Item = u64>) -> LengthCounts {
-    let mut counts = LengthCounts::new();
-    for l in lengths {
-        *counts.entry(l).or_insert(0) += 1;
-    }
-    counts
-}
-
 /// Statistics of context lengths from their counts (`truncated`: longer than `max_len`).
 pub(crate) fn length_stats(counts: &LengthCounts, max_len: usize) -> LengthStats {
     let n: u64 = counts.values().sum();

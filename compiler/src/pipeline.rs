@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 /// The folder inside the staging directory that holds a compile's spill files.
-const SPILL_DIR: &str = "spill";
+pub(crate) const SPILL_DIR: &str = "spill";
 
 /// Decodes the named columns of Parquet files and discards them: the floor a compile is
 /// measured against. Returns the rows decoded.
@@ -76,13 +76,6 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
             ),
         )),
         None => run(spec, opts),
-        Some(crate::mostlyai::PROFILE) if opts.max_memory.is_some() => Err(CompileError::Spec(
-            format!(
-                "--max-memory bounds dsc's own pipeline; the {:?} profile compiles in memory \
-                 (leave --max-memory out)",
-                crate::mostlyai::PROFILE
-            ),
-        )),
         Some(crate::mostlyai::PROFILE) => crate::mostlyai::compile(spec, opts),
         Some(other) => Err(CompileError::Spec(format!(
             "unknown profile {other:?} (known: {:?})",
@@ -263,17 +256,7 @@ impl<'s> Setup<'s> {
             .map(|b| spill.rows(b))
             .max()
             .unwrap_or(0);
-        let bucket_bytes = (largest * self.width * BUCKET_OVERHEAD).max(1);
-        if bucket_bytes > budget {
-            return Err(CompileError::Budget(format!(
-                "--max-memory {} is too small: one bucket of this input holds {largest} rows and \
-                 needs about {} in memory; give at least that, or a smaller --bucket-size",
-                human_bytes(budget),
-                human_bytes(bucket_bytes)
-            )));
-        }
-        let threads = rayon::current_num_threads().max(1);
-        Ok(((budget / bucket_bytes) as usize).clamp(1, threads))
+        at_once(largest, largest * self.width, budget)
     }
 
     /// The key column, as the manifest describes it.
@@ -286,6 +269,22 @@ impl<'s> Setup<'s> {
             kind: info.kind,
         }
     }
+}
+
+/// How many buckets may be in memory at once under `budget`, the largest holding `rows` rows
+/// of `bytes` decoded bytes; an error when even one does not fit.
+pub(crate) fn at_once(rows: u64, bytes: u64, budget: u64) -> Result<usize> {
+    let bucket_bytes = (bytes * BUCKET_OVERHEAD).max(1);
+    if bucket_bytes > budget {
+        return Err(CompileError::Budget(format!(
+            "--max-memory {} is too small: one bucket of this input holds {rows} rows and \
+             needs about {} in memory; give at least that, or a smaller --bucket-size",
+            human_bytes(budget),
+            human_bytes(bucket_bytes)
+        )));
+    }
+    let threads = rayon::current_num_threads().max(1);
+    Ok(((budget / bucket_bytes) as usize).clamp(1, threads))
 }
 
 /// Half the budget reads, shared by the files read at once.

@@ -63,6 +63,22 @@ impl ValueRuns {
         Ok(run)
     }
 
+    /// Appends integers (datetime donors: written, never ranked, so no samples).
+    pub fn append_i64(&self, values: &[i64]) -> Result<Run> {
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut out = self.out.lock().expect("no writer panics");
+        out.0
+            .write_all(&bytes)
+            .map_err(|e| CompileError::io(&self.path, e))?;
+        let run = Run {
+            file: self.file,
+            offset: out.1,
+            len: values.len() as u64,
+        };
+        out.1 += bytes.len() as u64;
+        Ok(run)
+    }
+
     /// Makes what was written durable and opens it for reading.
     pub fn finish(&self) -> Result<File> {
         let out = self.out.lock().expect("no writer panics");
@@ -99,6 +115,45 @@ fn read_f64s(file: &File, offset: u64, n: usize) -> Result<Vec<f64>> {
         .chunks_exact(8)
         .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect())
+}
+
+/// Runs read as one sequence, in the order given: the `k`-th value by one positioned read. What
+/// a uniform draw over a statistic's values (in any order) needs, without holding them.
+pub(crate) struct Pool<'f> {
+    files: &'f [File],
+    runs: Vec<Run>,
+    /// `ends[i]`: values in runs `..=i`.
+    ends: Vec<u64>,
+}
+
+impl<'f> Pool<'f> {
+    pub fn new(files: &'f [File], runs: impl Iterator<Item = Run>) -> Pool<'f> {
+        let runs: Vec<Run> = runs.filter(|r| r.len > 0).collect();
+        let ends = runs
+            .iter()
+            .scan(0, |n, r| {
+                *n += r.len;
+                Some(*n)
+            })
+            .collect();
+        Pool { files, runs, ends }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    /// The 8 bytes of value `k` (`k < len`).
+    pub fn bytes_at(&self, k: u64) -> Result<[u8; 8]> {
+        let i = self.ends.partition_point(|&e| e <= k);
+        let before = if i == 0 { 0 } else { self.ends[i - 1] };
+        let r = self.runs[i];
+        let mut b = [0u8; 8];
+        self.files[r.file as usize]
+            .read_exact_at(&mut b, r.offset + (k - before) * 8)
+            .map_err(|e| CompileError::io(Path::new("values spill"), e))?;
+        Ok(b)
+    }
 }
 
 /// One sorted run, with its samples in memory.
@@ -205,7 +260,7 @@ impl<'f> Sorted<'f> {
     /// finish it); the answer is `hi`'s value when fewer than `k + 1` values lie below it, else
     /// it lies strictly between `hi` and the candidate before it, a short stretch of each run,
     /// which is read. A value repeated across many rows costs nothing.
-    fn kth(&self, k: u64) -> Result<f64> {
+    pub fn kth(&self, k: u64) -> Result<f64> {
         let pooled = &self.pooled;
         let lower = |t: u64| self.runs.iter().map(|r| r.bounds(t).0).sum::<u64>();
         let upper = |t: u64| self.runs.iter().map(|r| r.bounds(t).1).sum::<u64>();

@@ -23,8 +23,114 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Layout {
     pub tensors: Vec<TensorSpec>,
     fills: Vec<Fill>,
+    numbering: Numbering,
+}
+
+/// How each bucket's contexts of each split are cut into shards: a bucket's contexts follow
+/// those of the buckets before it, and its shards are numbered after theirs (shards never span
+/// buckets, so a bucket's writer owns its files).
+pub(crate) struct Numbering {
     per_shard: usize,
+    /// Per bucket, per split: its first shard index and first position.
     starts: Vec<Vec<(usize, usize)>>,
+}
+
+impl Numbering {
+    /// `bucket_contexts[b][s]`: bucket `b`'s contexts in split `s`.
+    pub fn new(bucket_contexts: &[Vec<u64>], per_shard: usize) -> Numbering {
+        let splits = bucket_contexts.first().map_or(0, Vec::len);
+        let mut starts = Vec::with_capacity(bucket_contexts.len());
+        let mut next = vec![(0usize, 0usize); splits];
+        for contexts in bucket_contexts {
+            starts.push(next.clone());
+            for (n, &c) in next.iter_mut().zip(contexts) {
+                n.0 += (c as usize).div_ceil(per_shard);
+                n.1 += c as usize;
+            }
+        }
+        Numbering { per_shard, starts }
+    }
+
+    /// Contexts per shard for `shard_size` bytes and `tensors`.
+    pub fn per_shard(tensors: &[TensorSpec], shard_size: u64) -> usize {
+        let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
+        ((shard_size as usize) / per_context.max(1)).max(1)
+    }
+
+    /// Bucket `b`'s shards of split `s`, its `members` in stored order: each shard's index,
+    /// first position in the split, and members.
+    pub fn shards<'m, T>(
+        &self,
+        b: usize,
+        s: usize,
+        members: &'m [T],
+    ) -> impl Iterator<Item = (usize, usize, &'m [T])> + 'm {
+        let (first_shard, first_context) = self.starts[b][s];
+        let per_shard = self.per_shard;
+        members
+            .chunks(per_shard)
+            .enumerate()
+            .map(move |(j, chunk)| (first_shard + j, first_context + j * per_shard, chunk))
+    }
+
+    pub fn splits(&self, b: usize) -> usize {
+        self.starts[b].len()
+    }
+}
+
+/// One shard file being written: its header, then each tensor's bytes in the tensors' order
+/// (the one writer of shard files, for dsc's own compile and for profiles).
+pub(crate) struct ShardFile {
+    out: ShardWriter,
+    entry: ShardEntry,
+}
+
+impl ShardFile {
+    pub fn create(
+        dir: &Path,
+        tensors: &[TensorSpec],
+        split: &str,
+        index: usize,
+        first_context: usize,
+        contexts: usize,
+        profile: Option<&'static str>,
+    ) -> Result<ShardFile> {
+        let file = shard::shard_file_name(split, index);
+        let meta = shard::ShardMeta {
+            split,
+            index,
+            first_context,
+            profile,
+        };
+        let (header, _) = shard::build_header(tensors, contexts, &meta);
+        let mut out = ShardWriter::create(dir.join(&file))?;
+        out.write(&header)?;
+        Ok(ShardFile {
+            out,
+            entry: ShardEntry {
+                file,
+                split: split.into(),
+                index,
+                contexts,
+                first_context,
+                bytes: 0,
+                xxh3: String::new(),
+            },
+        })
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out.write(bytes)
+    }
+
+    pub fn finish(self) -> Result<ShardEntry> {
+        let (bytes, xxh3) = self.out.finish()?;
+        Ok(ShardEntry {
+            bytes,
+            xxh3,
+            ..self.entry
+        })
+    }
 }
 
 impl Layout {
@@ -58,23 +164,11 @@ impl Layout {
             &categoricals,
             &context,
         );
-        let per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
-        let per_shard = ((shard_size as usize) / per_context.max(1)).max(1);
-        let splits = merged.bucket_contexts.first().map_or(0, Vec::len);
-        let mut starts = Vec::with_capacity(merged.bucket_contexts.len());
-        let mut next = vec![(0usize, 0usize); splits];
-        for contexts in &merged.bucket_contexts {
-            starts.push(next.clone());
-            for (n, &c) in next.iter_mut().zip(contexts) {
-                n.0 += (c as usize).div_ceil(per_shard);
-                n.1 += c as usize;
-            }
-        }
+        let per_shard = Numbering::per_shard(&tensors, shard_size);
         Layout {
+            numbering: Numbering::new(&merged.bucket_contexts, per_shard),
             tensors,
             fills,
-            per_shard,
-            starts,
         }
     }
 }
@@ -133,7 +227,7 @@ pub(crate) fn write_buckets(
             context_encoders.push((encoder, spec_col.clone(), *is_target));
         }
         let mut jobs = Vec::new();
-        for (s, &(first_shard, first_context)) in layout.starts[b].iter().enumerate() {
+        for s in 0..layout.numbering.splits(b) {
             // The split's stored order: ascending position hash, ties by key.
             let mut order: Vec<(u64, i64, usize)> = p
                 .contexts
@@ -144,11 +238,11 @@ pub(crate) fn write_buckets(
                 .collect();
             order.sort_unstable();
             let members: Vec<usize> = order.into_iter().map(|o| o.2).collect();
-            for (j, chunk) in members.chunks(layout.per_shard).enumerate() {
+            for (index, first, chunk) in layout.numbering.shards(b, s, &members) {
                 jobs.push(ShardJob {
                     split: s as u8,
-                    index: first_shard + j,
-                    first: first_context + j * layout.per_shard,
+                    index,
+                    first,
                     members: chunk.to_vec(),
                 });
             }
@@ -316,17 +410,8 @@ const CHUNK: usize = 256;
 impl ShardContext<'_> {
     fn write(&self, job: &ShardJob, dir: &Path) -> Result<ShardEntry> {
         let split = self.split_names[job.split as usize].as_str();
-        let file = shard::shard_file_name(split, job.index);
         let n = job.members.len();
-        let meta = shard::ShardMeta {
-            split,
-            index: job.index,
-            first_context: job.first,
-            profile: None,
-        };
-        let (header, _) = shard::build_header(self.tensors, n, &meta);
-        let mut out = ShardWriter::create(dir.join(&file))?;
-        out.write(&header)?;
+        let mut out = ShardFile::create(dir, self.tensors, split, job.index, job.first, n, None)?;
         let mut buf = Vec::new();
         let mut filled = 0u64;
         for (tensor, &fill) in self.tensors.iter().zip(self.fills) {
@@ -342,16 +427,7 @@ impl ShardContext<'_> {
             }
         }
         self.filled.fetch_add(filled, Ordering::Relaxed);
-        let (bytes, xxh3) = out.finish()?;
-        Ok(ShardEntry {
-            file,
-            split: split.into(),
-            index: job.index,
-            contexts: n,
-            first_context: job.first,
-            bytes,
-            xxh3,
-        })
+        out.finish()
     }
 
     /// Writes one context's sample of one tensor into `dst` (zeroed); returns values filled.

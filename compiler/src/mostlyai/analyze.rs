@@ -1,42 +1,25 @@
 //! The engine's partitioning, per-partition statistics and their reduction into
-//! `tgt-stats.json` / `ctx-stats.json`.
+//! `tgt-stats.json` / `ctx-stats.json`. A partition's statistics are merged from its pieces
+//! in every bucket, exactly: they never depend on how the rows were bucketed.
 
-use super::table::{Data, MTable};
+use super::table::{Data, Family, MTable};
 use super::{categorical, datetime, numeric};
-use rayon::prelude::*;
+use crate::error::Result;
+use crate::runs::{Run, Sorted, ValueRuns};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::fs::File;
 
-/// One stats partition (`part.{i:06d}-trn` or `-val`): its contexts (context-table rows, in
-/// table order) and target rows (in input order).
-#[derive(Debug, Default)]
-pub(crate) struct Partition {
-    pub ctx_rows: Vec<u32>,
-    pub tgt_rows: Vec<u32>,
-}
-
-/// The partitions in the engine's reduction order (sorted file names: trn 0, val 0, trn 1, ...).
-/// Partition `i` holds training contexts `[i::n]` and validation contexts `[i::n]`.
-pub(crate) fn partition(is_val: &[bool], tgt_ctx: &[u32], n: usize) -> (Vec<Partition>, Vec<u32>) {
-    let mut parts: Vec<Partition> = (0..2 * n).map(|_| Partition::default()).collect();
-    let mut part_of = vec![0u32; is_val.len()];
-    let (mut trn_seen, mut val_seen) = (0usize, 0usize);
-    for (row, &val) in is_val.iter().enumerate() {
-        let p = if val {
-            val_seen += 1;
-            2 * ((val_seen - 1) % n) + 1
-        } else {
-            trn_seen += 1;
-            2 * ((trn_seen - 1) % n)
-        };
-        part_of[row] = p as u32;
-        parts[p].ctx_rows.push(row as u32);
-    }
-    for (row, &c) in tgt_ctx.iter().enumerate() {
-        parts[part_of[c as usize] as usize]
-            .tgt_rows
-            .push(row as u32);
-    }
-    (parts, part_of)
+/// The engine partition (`part.{i:06d}-trn` / `-val`, in reduction order: trn 0, val 0,
+/// trn 1, …) of a context: training contexts `[i::n]` and validation contexts `[i::n]` in
+/// context-table order. `val_before`: validation contexts before it in the table.
+pub(crate) fn partition_of(ctx_row: u64, is_val: bool, val_before: u64, n: usize) -> u32 {
+    let ordinal = if is_val {
+        val_before
+    } else {
+        ctx_row - val_before
+    };
+    (2 * (ordinal % n as u64) + u64::from(is_val)) as u32
 }
 
 /// A column's reduced statistics.
@@ -68,10 +51,32 @@ impl ColStats {
     }
 }
 
-enum Partial {
-    Numeric(Option<numeric::Partial>),
-    Categorical(Option<categorical::Partial>),
-    Datetime(Option<datetime::Partial>),
+/// One bucket's rows of a column in one partition.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Piece {
+    Num(numeric::Piece),
+    Cat(categorical::Piece),
+    Time(datetime::Piece),
+}
+
+impl Piece {
+    /// Where its non-null values lie (numeric and datetime columns).
+    pub fn run(&self) -> Option<Run> {
+        match self {
+            Piece::Num(p) => p.run,
+            Piece::Time(p) => p.run,
+            Piece::Cat(_) => None,
+        }
+    }
+
+    /// Rows without a value.
+    fn nulls(&self) -> u64 {
+        match self {
+            Piece::Num(p) => p.rows - p.values,
+            Piece::Time(p) => p.rows - p.values,
+            Piece::Cat(_) => 0,
+        }
+    }
 }
 
 /// `cardinalities` as the engine writes it: sub-column name to number of codes.
@@ -84,82 +89,120 @@ pub(crate) fn cardinalities_json(cards: Vec<(String, usize)>) -> Value {
     )
 }
 
-/// The partitions' partial statistics of one family that are present (a partition without
-/// rows of the column has none).
-fn present<'p, T>(mine: &'p [Partial], pick: impl Fn(&'p Partial) -> Option<&'p T>) -> Vec<&'p T> {
-    mine.iter().filter_map(pick).collect()
-}
-
-/// Analyses and reduces every column of `table` over `parts`, in parallel over (column,
-/// partition); the result does not depend on the thread count.
-pub(crate) fn column_stats(table: &MTable, parts: &[Partition], tgt: bool) -> Vec<ColStats> {
-    fn rows_of(p: &Partition, tgt: bool) -> &[u32] {
-        if tgt {
-            &p.tgt_rows
-        } else {
-            &p.ctx_rows
-        }
-    }
-    let jobs: Vec<(usize, usize)> = (0..table.cols.len())
-        .flat_map(|c| (0..parts.len()).map(move |p| (c, p)))
-        .collect();
-    let partials: Vec<Partial> = jobs
-        .par_iter()
-        .map(|&(c, p)| {
-            let rows = rows_of(&parts[p], tgt);
-            match &table.cols[c].data {
-                Data::Num { vals, ints } => {
-                    Partial::Numeric(numeric::analyze(vals, ints.as_deref(), rows))
-                }
-                Data::Cat { codes, dict } => {
-                    Partial::Categorical(categorical::analyze(codes, dict.len(), rows))
-                }
-                Data::Time { us } => Partial::Datetime(datetime::analyze(us, rows)),
-            }
-        })
-        .collect();
-    let np = parts.len();
-    (0..table.cols.len())
-        .into_par_iter()
-        .map(|c| {
-            let mine = &partials[c * np..(c + 1) * np];
-            match &table.cols[c].data {
-                Data::Num { .. } => {
-                    let ps = present(mine, |p| match p {
-                        Partial::Numeric(Some(x)) => Some(x),
-                        _ => None,
-                    });
-                    if ps.is_empty() {
-                        ColStats::Empty("TABULAR_NUMERIC_AUTO")
-                    } else {
-                        ColStats::Numeric(numeric::reduce(&ps))
-                    }
-                }
-                Data::Cat { dict, .. } => {
-                    let ps = present(mine, |p| match p {
-                        Partial::Categorical(Some(x)) => Some(x),
-                        _ => None,
-                    });
-                    if ps.is_empty() {
-                        ColStats::Empty("TABULAR_CATEGORICAL")
-                    } else {
-                        ColStats::Categorical(categorical::reduce(&ps, dict))
-                    }
-                }
-                Data::Time { .. } => {
-                    let ps = present(mine, |p| match p {
-                        Partial::Datetime(Some(x)) => Some(x),
-                        _ => None,
-                    });
-                    if ps.is_empty() {
-                        ColStats::Empty("TABULAR_DATETIME")
-                    } else {
-                        ColStats::Datetime(datetime::reduce(&ps))
-                    }
-                }
-            }
+/// Every column's pieces in one bucket, `[column][partition]`: `rows_of[p]` are the bucket's
+/// rows in partition `p`, ascending. Sorted values go to `runs` (quantiles, donors).
+pub(crate) fn pieces(
+    table: &MTable,
+    rows_of: &[Vec<u32>],
+    runs: &ValueRuns,
+) -> Result<Vec<Vec<Piece>>> {
+    table
+        .cols
+        .iter()
+        .map(|col| {
+            rows_of
+                .iter()
+                .map(|rows| {
+                    Ok(match &col.data {
+                        Data::Num { vals, ints } => {
+                            let (mut p, sorted) = numeric::piece(vals, ints.as_deref(), rows);
+                            if !sorted.is_empty() {
+                                p.run = Some(runs.append(&sorted)?);
+                            }
+                            Piece::Num(p)
+                        }
+                        Data::Cat { codes, dict } => {
+                            Piece::Cat(categorical::piece(codes, dict, rows))
+                        }
+                        Data::Time { us } => {
+                            let (mut p, vals) = datetime::piece(us, rows);
+                            if !vals.is_empty() {
+                                p.run = Some(runs.append_i64(&vals)?);
+                            }
+                            Piece::Time(p)
+                        }
+                    })
+                })
+                .collect()
         })
         .collect()
+}
+
+/// Whether a column has a null anywhere, from every bucket's pieces of it.
+pub(crate) fn has_nulls<'p>(pieces: impl Iterator<Item = &'p Piece>) -> bool {
+    pieces.into_iter().any(|p| p.nulls() > 0)
+}
+
+/// Reduces one column over its partitions: `parts[p]` are partition `p`'s pieces (one per
+/// bucket, in bucket order), `files` the values files their runs lie in. `int_keys`: for an
+/// integer column, whether pandas keeps it int64 (no nulls anywhere).
+pub(crate) fn reduce(
+    family: Family,
+    parts: &[Vec<&Piece>],
+    files: &[File],
+    int_keys: Option<bool>,
+) -> Result<ColStats> {
+    Ok(match family {
+        Family::Num => {
+            let mut partials = Vec::new();
+            for pieces in parts {
+                let mine: Vec<&numeric::Piece> = pieces
+                    .iter()
+                    .map(|p| match p {
+                        Piece::Num(x) => x,
+                        _ => unreachable!("pieces follow the column's family"),
+                    })
+                    .collect();
+                let sorted = Sorted::new(files, mine.iter().filter_map(|p| p.run))?;
+                partials.extend(numeric::partial(&mine, int_keys, |k| sorted.kth(k))?);
+            }
+            if partials.is_empty() {
+                ColStats::Empty("TABULAR_NUMERIC_AUTO")
+            } else {
+                ColStats::Numeric(numeric::reduce(&partials.iter().collect::<Vec<_>>()))
+            }
+        }
+        Family::Cat => {
+            let partials: Vec<categorical::Partial> = parts
+                .iter()
+                .filter_map(|pieces| {
+                    let mine: Vec<&categorical::Piece> = pieces
+                        .iter()
+                        .map(|p| match p {
+                            Piece::Cat(x) => x,
+                            _ => unreachable!("pieces follow the column's family"),
+                        })
+                        .collect();
+                    categorical::partial(&mine)
+                })
+                .collect();
+            if partials.is_empty() {
+                ColStats::Empty("TABULAR_CATEGORICAL")
+            } else {
+                ColStats::Categorical(categorical::reduce(&partials.iter().collect::<Vec<_>>()))
+            }
+        }
+        Family::Time => {
+            let partials: Vec<datetime::Partial> = parts
+                .iter()
+                .filter_map(|pieces| {
+                    let mine: Vec<&datetime::Piece> = pieces
+                        .iter()
+                        .map(|p| match p {
+                            Piece::Time(x) => x,
+                            _ => unreachable!("pieces follow the column's family"),
+                        })
+                        .collect();
+                    datetime::partial(&mine)
+                })
+                .collect();
+            if partials.is_empty() {
+                ColStats::Empty("TABULAR_DATETIME")
+            } else {
+                ColStats::Datetime(datetime::reduce(&partials.iter().collect::<Vec<_>>()))
+            }
+        }
+    })
 }
 
 /// The engine's `seq_len` summary: events per context over every partition.
@@ -170,26 +213,35 @@ pub(crate) struct SeqLen {
     pub median: usize,
 }
 
-pub(crate) fn seq_len(lengths: &[usize]) -> SeqLen {
-    let mut v = lengths.to_vec();
-    v.sort_unstable();
-    if v.is_empty() {
+/// `seq_len` from the count of contexts of each length.
+pub(crate) fn seq_len(counts: &std::collections::BTreeMap<u64, u64>) -> SeqLen {
+    let n: u64 = counts.values().sum();
+    if n == 0 {
         return SeqLen {
             min: 0,
             max: 0,
             median: 0,
         };
     }
-    let n = v.len();
+    let kth = |k: u64| {
+        let mut seen = 0;
+        for (&l, &c) in counts {
+            seen += c;
+            if seen > k {
+                return l as usize;
+            }
+        }
+        unreachable!("k < n")
+    };
     // np.median averages the two middle values; int() truncates.
     let median = if n % 2 == 1 {
-        v[n / 2]
+        kth(n / 2)
     } else {
-        ((v[n / 2 - 1] + v[n / 2]) as f64 / 2.0) as usize
+        ((kth(n / 2 - 1) + kth(n / 2)) as f64 / 2.0) as usize
     };
     SeqLen {
-        min: v[0],
-        max: v[n - 1],
+        min: kth(0),
+        max: kth(n - 1),
         median,
     }
 }
@@ -217,11 +269,11 @@ fn argn_ids(names: &[&str]) -> Vec<(String, String)> {
 
 /// The engine's sub-column names of every column (`tgt:t0/c0__E1`), per column.
 pub(crate) fn sub_column_names(
-    table: &MTable,
+    names: &[String],
     stats: &[ColStats],
     processor: &str,
 ) -> Vec<Vec<(String, usize)>> {
-    let names: Vec<&str> = table.cols.iter().map(|c| c.name.as_str()).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     argn_ids(&names)
         .into_iter()
         .zip(stats)
@@ -235,10 +287,10 @@ pub(crate) fn sub_column_names(
 }
 
 /// The `columns` object of a stats file.
-fn columns_json(table: &MTable, stats: &[ColStats], processor: &str) -> Value {
-    let names: Vec<&str> = table.cols.iter().map(|c| c.name.as_str()).collect();
+fn columns_json(names: &[String], stats: &[ColStats], processor: &str) -> Value {
+    let ids = argn_ids(&names.iter().map(String::as_str).collect::<Vec<_>>());
     let mut cols = Map::new();
-    for ((col, s), (t, c)) in table.cols.iter().zip(stats).zip(argn_ids(&names)) {
+    for ((name, s), (t, c)) in names.iter().zip(stats).zip(ids) {
         let mut m = match s {
             ColStats::Numeric(s) => s.to_json(),
             ColStats::Categorical(s) => s.to_json(),
@@ -246,21 +298,21 @@ fn columns_json(table: &MTable, stats: &[ColStats], processor: &str) -> Value {
             ColStats::Empty(kind) => {
                 let mut m = Map::new();
                 m.insert("encoding_type".into(), (*kind).into());
-                cols.insert(col.name.clone(), Value::Object(m));
+                cols.insert(name.clone(), Value::Object(m));
                 continue;
             }
         };
         m.insert("argn_processor".into(), processor.into());
         m.insert("argn_table".into(), t.into());
         m.insert("argn_column".into(), c.into());
-        cols.insert(col.name.clone(), Value::Object(m));
+        cols.insert(name.clone(), Value::Object(m));
     }
     Value::Object(cols)
 }
 
 /// `tgt-stats.json` as the engine writes it (value protection off).
 pub(crate) fn tgt_stats_json(
-    table: &MTable,
+    names: &[String],
     stats: &[ColStats],
     trn: usize,
     val: usize,
@@ -268,7 +320,7 @@ pub(crate) fn tgt_stats_json(
     key: &str,
 ) -> Value {
     let mut m = Map::new();
-    m.insert("columns".into(), columns_json(table, stats, "tgt"));
+    m.insert("columns".into(), columns_json(names, stats, "tgt"));
     m.insert("no_of_training_records".into(), trn.into());
     m.insert("no_of_validation_records".into(), val.into());
     let mut s = Map::new();
@@ -289,9 +341,9 @@ pub(crate) fn tgt_stats_json(
 }
 
 /// `ctx-stats.json` as the engine writes it.
-pub(crate) fn ctx_stats_json(table: &MTable, stats: &[ColStats], key: &str) -> Value {
+pub(crate) fn ctx_stats_json(names: &[String], stats: &[ColStats], key: &str) -> Value {
     let mut m = Map::new();
-    m.insert("columns".into(), columns_json(table, stats, "ctxflt"));
+    m.insert("columns".into(), columns_json(names, stats, "ctxflt"));
     let mut keys = Map::new();
     keys.insert("primary_key".into(), key.into());
     m.insert("keys".into(), Value::Object(keys));

@@ -3,29 +3,58 @@
 //! partition has a null, then every value in code-point order.
 
 use super::table::CAT_NULL;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
-/// One partition: whether it has a null, and which dictionary entries occur.
-#[derive(Debug, Clone)]
-pub(crate) struct Partial {
+/// One bucket's rows of a column in one partition: how many, whether one is null, and which
+/// values occur. Merges exactly: a partition's [`Partial`] is the union of its buckets' pieces.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct Piece {
+    rows: u64,
     has_nan: bool,
-    present: Vec<bool>,
+    present: BTreeSet<String>,
 }
 
-pub(crate) fn analyze(codes: &[u32], dict_len: usize, rows: &[u32]) -> Option<Partial> {
-    if rows.is_empty() {
-        return None;
-    }
-    let mut present = vec![false; dict_len];
+pub(crate) fn piece(codes: &[u32], dict: &[String], rows: &[u32]) -> Piece {
+    let mut seen = vec![false; dict.len()];
     let mut has_nan = false;
     for &r in rows {
         match codes[r as usize] {
             CAT_NULL => has_nan = true,
-            c => present[c as usize] = true,
+            c => seen[c as usize] = true,
         }
     }
-    Some(Partial { has_nan, present })
+    Piece {
+        rows: rows.len() as u64,
+        has_nan,
+        present: dict
+            .iter()
+            .zip(seen)
+            .filter(|&(_, here)| here)
+            .map(|(v, _)| v.clone())
+            .collect(),
+    }
+}
+
+/// One partition: whether it has a null, and which values occur (`None` without rows).
+#[derive(Debug, Clone)]
+pub(crate) struct Partial {
+    has_nan: bool,
+    present: BTreeSet<String>,
+}
+
+pub(crate) fn partial(pieces: &[&Piece]) -> Option<Partial> {
+    if pieces.iter().all(|p| p.rows == 0) {
+        return None;
+    }
+    Some(Partial {
+        has_nan: pieces.iter().any(|p| p.has_nan),
+        present: pieces
+            .iter()
+            .flat_map(|p| p.present.iter().cloned())
+            .collect(),
+    })
 }
 
 /// The reduced codes: `codes[i]` is the key of code `i`.
@@ -34,15 +63,11 @@ pub(crate) struct Stats {
     pub codes: Vec<String>,
 }
 
-pub(crate) fn reduce(parts: &[&Partial], dict: &[String]) -> Stats {
-    let mut values = BTreeSet::new();
-    for p in parts {
-        for (i, &here) in p.present.iter().enumerate() {
-            if here {
-                values.insert(dict[i].as_str());
-            }
-        }
-    }
+pub(crate) fn reduce(parts: &[&Partial]) -> Stats {
+    let values: BTreeSet<&str> = parts
+        .iter()
+        .flat_map(|p| p.present.iter().map(String::as_str))
+        .collect();
     let mut codes = vec!["_RARE_".to_string()];
     if parts.iter().any(|p| p.has_nan) {
         codes.push("<<NULL>>".into());

@@ -2,6 +2,8 @@
 //! millisecond digits, each encoded as `part - min`.
 
 use super::pyfmt::{civil_from_days, TimeSpelling};
+use crate::runs::Run;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub(crate) const PARTS: [&str; 9] = [
@@ -32,6 +34,47 @@ pub(crate) fn parts(us: i64) -> [i64; 9] {
 /// the 1000 smallest / largest values of a partition.
 const TOP_N: usize = 1000;
 
+/// One bucket's rows of a datetime column in one partition: what merges exactly across buckets
+/// into the partition's [`Partial`] (the `TOP_N` smallest and largest values decide the
+/// spelling). Its non-null values go to a values file (`run`), as imputation donors.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Piece {
+    pub rows: u64,
+    /// Non-null rows.
+    pub values: u64,
+    min_values: [i64; 9],
+    max_values: [i64; 9],
+    /// Up to `TOP_N` smallest values, ascending, and up to `TOP_N` largest.
+    head: Vec<i64>,
+    tail: Vec<i64>,
+    pub run: Option<Run>,
+}
+
+/// The piece of `rows` of a column, and its non-null values, ascending (for `run`).
+pub(crate) fn piece(us: &[Option<i64>], rows: &[u32]) -> (Piece, Vec<i64>) {
+    let mut vals: Vec<i64> = rows.iter().filter_map(|&r| us[r as usize]).collect();
+    vals.sort_unstable();
+    let mut min_values = [i64::MAX; 9];
+    let mut max_values = [i64::MIN; 9];
+    for &v in &vals {
+        let p = parts(v);
+        for i in 0..9 {
+            min_values[i] = min_values[i].min(p[i]);
+            max_values[i] = max_values[i].max(p[i]);
+        }
+    }
+    let piece = Piece {
+        rows: rows.len() as u64,
+        values: vals.len() as u64,
+        min_values,
+        max_values,
+        head: vals[..vals.len().min(TOP_N)].to_vec(),
+        tail: vals[vals.len() - vals.len().min(TOP_N)..].to_vec(),
+        run: None,
+    };
+    (piece, vals)
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Partial {
     has_nan: bool,
@@ -41,13 +84,15 @@ pub(crate) struct Partial {
     max: Option<String>,
 }
 
-pub(crate) fn analyze(us: &[Option<i64>], rows: &[u32]) -> Option<Partial> {
-    if rows.is_empty() {
+/// `analyze_datetime` of one partition from its pieces (`None` when it has no rows).
+pub(crate) fn partial(pieces: &[&Piece]) -> Option<Partial> {
+    let rows: u64 = pieces.iter().map(|p| p.rows).sum();
+    if rows == 0 {
         return None;
     }
-    let mut vals: Vec<i64> = rows.iter().filter_map(|&r| us[r as usize]).collect();
-    let has_nan = vals.len() < rows.len();
-    if vals.is_empty() {
+    let n: u64 = pieces.iter().map(|p| p.values).sum();
+    let has_nan = n < rows;
+    if n == 0 {
         // The engine's defaults for a partition without values (they enter the reduction).
         let mut v = [0i64; 9];
         v[0] = 2022;
@@ -63,14 +108,19 @@ pub(crate) fn analyze(us: &[Option<i64>], rows: &[u32]) -> Option<Partial> {
     }
     let mut min_values = [i64::MAX; 9];
     let mut max_values = [i64::MIN; 9];
-    for &v in &vals {
-        let p = parts(v);
+    for p in pieces.iter().filter(|p| p.values > 0) {
         for i in 0..9 {
-            min_values[i] = min_values[i].min(p[i]);
-            max_values[i] = max_values[i].max(p[i]);
+            min_values[i] = min_values[i].min(p.min_values[i]);
+            max_values[i] = max_values[i].max(p.max_values[i]);
         }
     }
-    vals.sort_unstable();
+    // Every piece keeps its own TOP_N extremes, so together they hold the partition's.
+    let mut head: Vec<i64> = pieces.iter().flat_map(|p| p.head.iter().copied()).collect();
+    head.sort_unstable();
+    head.truncate(TOP_N);
+    let mut tail: Vec<i64> = pieces.iter().flat_map(|p| p.tail.iter().copied()).collect();
+    tail.sort_unstable();
+    let tail = &tail[tail.len() - tail.len().min(TOP_N)..];
     let spell = |slice: &[i64]| {
         slice
             .iter()
@@ -78,14 +128,12 @@ pub(crate) fn analyze(us: &[Option<i64>], rows: &[u32]) -> Option<Partial> {
             .max()
             .expect("non-empty")
     };
-    let head = &vals[..vals.len().min(TOP_N)];
-    let tail = &vals[vals.len() - vals.len().min(TOP_N)..];
     Some(Partial {
         has_nan,
         min_values,
         max_values,
-        min: Some(spell(head).format(vals[0])),
-        max: Some(spell(tail).format(vals[vals.len() - 1])),
+        min: Some(spell(&head).format(head[0])),
+        max: Some(spell(tail).format(tail[tail.len() - 1])),
     })
 }
 

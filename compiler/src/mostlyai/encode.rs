@@ -6,7 +6,8 @@ use super::analyze::ColStats;
 use super::table::{Data, MTable};
 use super::{categorical, datetime, numeric};
 use crate::error::Result;
-use crate::write::ShardWriter;
+use crate::runs::Pool;
+use crate::shards::ShardFile;
 use dsc_format::manifest::{ShardEntry, TensorSpec};
 use dsc_format::rng::mix64;
 use rayon::prelude::*;
@@ -21,8 +22,8 @@ pub(crate) enum ColEncoder<'a> {
         enc: numeric::Encoder,
         vals: &'a [f64],
         ints: Option<&'a [i64]>,
-        /// Per partition, the non-null rows a null row draws its imputed value from.
-        donors: Option<Vec<Vec<u32>>>,
+        /// Per partition, the non-null values a null row draws its imputed value from.
+        donors: Option<&'a [Pool<'a>]>,
     },
     Cat {
         enc: categorical::Encoder,
@@ -31,7 +32,7 @@ pub(crate) enum ColEncoder<'a> {
     Time {
         enc: datetime::Encoder,
         us: &'a [Option<i64>],
-        donors: Option<Vec<Vec<u32>>>,
+        donors: Option<&'a [Pool<'a>]>,
     },
     /// A column the engine does not encode (all partitions empty).
     Skip,
@@ -46,37 +47,52 @@ pub(crate) struct DrawKey {
 }
 
 impl DrawKey {
-    /// The index of the donor drawn for `row`: a pure function of (seed, column, row), so the
-    /// draw does not depend on thread count or order. Uniform over the donors (multiply-shift).
-    fn pick(self, row: u32, donors: usize) -> usize {
+    /// The index of the donor drawn for global row `row`: a pure function of (seed, column,
+    /// row), so the draw depends on neither thread count nor order. Uniform over the donors
+    /// (multiply-shift).
+    fn pick(self, row: u64, donors: u64) -> u64 {
         let h = mix64(
             mix64(self.seed ^ mix64(dsc_format::rng::stream::MOSTLYAI_IMPUTE))
                 ^ mix64(self.column)
-                ^ u64::from(row),
+                ^ row,
         );
-        ((u128::from(h) * donors as u128) >> 64) as usize
+        ((u128::from(h) * u128::from(donors)) >> 64) as u64
+    }
+
+    /// The donor value (8 bytes) for `row` from `pools[part]`, if the partition has any.
+    fn draw(self, pools: Option<&[Pool]>, part: u32, row: u64) -> Result<Option<[u8; 8]>> {
+        let Some(pool) = pools.map(|p| &p[part as usize]) else {
+            return Ok(None);
+        };
+        if pool.len() == 0 {
+            return Ok(None);
+        }
+        pool.bytes_at(self.pick(row, pool.len())).map(Some)
     }
 }
 
-fn donors_of(parts_rows: &[&[u32]], is_null: impl Fn(u32) -> bool) -> Vec<Vec<u32>> {
-    parts_rows
-        .iter()
-        .map(|rows| rows.iter().copied().filter(|&r| !is_null(r)).collect())
-        .collect()
-}
-
 impl<'a> ColEncoder<'a> {
-    /// The encoder of column `c`; `parts_rows[p]` are the column's rows in partition `p`.
-    pub fn new(table: &'a MTable, c: usize, stats: &ColStats, parts_rows: &[&[u32]]) -> Self {
-        let imputes = stats.imputes();
+    /// The encoder of column `c` of a bucket. `donors`: the column's donor pools per partition
+    /// (where it imputes); `int64`: pandas keeps the column int64 (an integer column without
+    /// nulls anywhere), so its exact integers are encoded.
+    pub fn new(
+        table: &'a MTable,
+        c: usize,
+        stats: &ColStats,
+        donors: Option<&'a [Pool<'a>]>,
+        int64: bool,
+    ) -> Self {
         match (&table.cols[c].data, stats) {
             (_, ColStats::Empty(_)) => ColEncoder::Skip,
-            (Data::Num { vals, ints }, ColStats::Numeric(s)) => ColEncoder::Num {
-                enc: numeric::Encoder::new(s, vals, ints.as_deref()),
-                vals,
-                ints: ints.as_deref(),
-                donors: imputes.then(|| donors_of(parts_rows, |r| vals[r as usize].is_nan())),
-            },
+            (Data::Num { vals, ints }, ColStats::Numeric(s)) => {
+                let ints = ints.as_deref().filter(|_| int64);
+                ColEncoder::Num {
+                    enc: numeric::Encoder::new(s, vals, ints),
+                    vals,
+                    ints,
+                    donors: donors.filter(|_| stats.imputes()),
+                }
+            }
             (Data::Cat { codes, dict }, ColStats::Categorical(s)) => ColEncoder::Cat {
                 enc: s.encoder(dict),
                 codes,
@@ -84,7 +100,7 @@ impl<'a> ColEncoder<'a> {
             (Data::Time { us }, ColStats::Datetime(s)) => ColEncoder::Time {
                 enc: s.encoder(),
                 us,
-                donors: imputes.then(|| donors_of(parts_rows, |r| us[r as usize].is_none())),
+                donors: donors.filter(|_| stats.imputes()),
             },
             _ => unreachable!("statistics follow the column's family"),
         }
@@ -100,7 +116,7 @@ impl<'a> ColEncoder<'a> {
     }
 
     /// The column's values at `rows`, in that order. A tight loop of independent loads: the
-    /// rows of a shard are scattered over the input, and gathering them first lets the CPU
+    /// rows of a shard are scattered over the bucket, and gathering them first lets the CPU
     /// overlap the cache misses that would otherwise stall each encode.
     fn gather(&self, rows: &[u32]) -> Gathered {
         match self {
@@ -118,34 +134,33 @@ impl<'a> ColEncoder<'a> {
         }
     }
 
-    /// Codes of the `k`-th gathered value (input row `row`, in partition `part`) into
+    /// Codes of the `k`-th gathered value (global row `row`, in partition `part`) into
     /// `out[..width]`.
     #[inline]
-    fn encode(&self, g: &Gathered, k: usize, row: u32, part: u32, key: DrawKey, out: &mut [i32]) {
-        let draw = |donors: &Option<Vec<Vec<u32>>>| -> Option<u32> {
-            let d = &donors.as_ref()?[part as usize];
-            (!d.is_empty()).then(|| d[key.pick(row, d.len())])
-        };
+    fn encode(
+        &self,
+        g: &Gathered,
+        k: usize,
+        row: u64,
+        part: u32,
+        key: DrawKey,
+        out: &mut [i32],
+    ) -> Result<()> {
         match (self, g) {
-            (
-                ColEncoder::Num {
-                    enc, vals, donors, ..
-                },
-                Gathered::Num { x, int },
-            ) => {
+            (ColEncoder::Num { enc, donors, .. }, Gathered::Num { x, int }) => {
                 let x = x[k];
                 let imputed = if x.is_nan() {
-                    draw(donors).map(|r| vals[r as usize])
+                    key.draw(*donors, part, row)?.map(f64::from_le_bytes)
                 } else {
                     None
                 };
                 enc.encode(x, int.as_ref().map(|iv| iv[k]), imputed, out);
             }
             (ColEncoder::Cat { enc, .. }, Gathered::Cat(codes)) => out[0] = enc.encode(codes[k]),
-            (ColEncoder::Time { enc, us, donors }, Gathered::Time(v)) => {
+            (ColEncoder::Time { enc, donors, .. }, Gathered::Time(v)) => {
                 let v = v[k];
                 let imputed = if v.is_none() {
-                    draw(donors).and_then(|r| us[r as usize])
+                    key.draw(*donors, part, row)?.map(i64::from_le_bytes)
                 } else {
                     None
                 };
@@ -153,6 +168,7 @@ impl<'a> ColEncoder<'a> {
             }
             _ => {}
         }
+        Ok(())
     }
 }
 
@@ -186,25 +202,22 @@ pub(crate) fn positional_columns(max_len: usize) -> Vec<(String, usize)> {
     out
 }
 
-/// Everything a shard needs.
+/// Everything a bucket's shards need.
 pub(crate) struct ShardInput<'a> {
     pub tensors: &'a [TensorSpec],
     pub max_len: usize,
+    /// The bucket's contexts (its rows of the context table): keys, global rows, partitions.
     pub ctx_keys: &'a [i64],
+    pub ctx_origin: &'a [u64],
+    pub part_of: &'a [u32],
     /// Target rows of context `c`: `tgt_rows[tgt_start[c]..tgt_start[c + 1]]`, input order.
     pub tgt_start: &'a [usize],
     pub tgt_rows: &'a [u32],
-    /// Partition of each context-table row.
-    pub part_of: &'a [u32],
+    /// Global row of each of the bucket's target rows.
+    pub tgt_origin: &'a [u64],
     pub tgt_cols: &'a [ColEncoder<'a>],
     pub ctx_cols: &'a [ColEncoder<'a>],
     pub seed: u64,
-}
-
-/// A tensor's buffer.
-enum Buf {
-    I64(Vec<i64>),
-    I32(Vec<i32>),
 }
 
 impl ShardInput<'_> {
@@ -214,17 +227,19 @@ impl ShardInput<'_> {
         &rows[..rows.len().min(self.max_len)]
     }
 
-    /// Fills every tensor for the contexts `members` (context-table rows, in stored order).
-    fn fill(&self, members: &[u32]) -> Vec<Buf> {
+    /// Every tensor's values for the contexts `members` (the bucket's context rows, in stored
+    /// order), in the tensors' order.
+    fn fill(&self, members: &[u32]) -> Result<Vec<Vec<u8>>> {
         let n = members.len();
         let steps = self.max_len + 1;
-        let key = Buf::I64(members.iter().map(|&c| self.ctx_keys[c as usize]).collect());
-        let length = Buf::I32(
-            members
-                .iter()
-                .map(|&c| self.events(c).len() as i32)
-                .collect(),
-        );
+        let key: Vec<u8> = members
+            .iter()
+            .flat_map(|&c| self.ctx_keys[c as usize].to_le_bytes())
+            .collect();
+        let length: Vec<u8> = members
+            .iter()
+            .flat_map(|&c| (self.events(c).len() as i32).to_le_bytes())
+            .collect();
         // Jobs: context columns, positional columns, target columns; each fills its own
         // tensors, in parallel.
         enum Job {
@@ -242,56 +257,66 @@ impl ShardInput<'_> {
         jobs.extend((0..self.tgt_cols.len()).map(Job::Tgt));
         let filled: Vec<Vec<Vec<i32>>> = jobs
             .par_iter()
-            .map(|job| match *job {
-                Job::Ctx(j) => {
-                    let col = &self.ctx_cols[j];
-                    let w = col.width();
-                    let mut bufs = vec![vec![0i32; n]; w];
-                    let mut tmp = vec![0i32; w];
-                    let dk = DrawKey {
-                        seed: self.seed,
-                        column: (1 << 32) | j as u64,
-                    };
-                    let g = col.gather(members);
-                    for (i, &c) in members.iter().enumerate() {
-                        col.encode(&g, i, c, self.part_of[c as usize], dk, &mut tmp);
-                        for (b, &v) in bufs.iter_mut().zip(&tmp) {
-                            b[i] = v;
-                        }
-                    }
-                    bufs
-                }
-                Job::Positional => self.positional(members),
-                Job::Tgt(j) => {
-                    let col = &self.tgt_cols[j];
-                    let w = col.width();
-                    let mut bufs = vec![vec![0i32; n * steps]; w];
-                    let mut tmp = vec![0i32; w];
-                    let dk = DrawKey {
-                        seed: self.seed,
-                        column: j as u64,
-                    };
-                    let g = col.gather(&events);
-                    let mut k = 0;
-                    for (i, &c) in members.iter().enumerate() {
-                        let part = self.part_of[c as usize];
-                        for (t, &row) in self.events(c).iter().enumerate() {
-                            col.encode(&g, k, row, part, dk, &mut tmp);
+            .map(|job| -> Result<Vec<Vec<i32>>> {
+                Ok(match *job {
+                    Job::Ctx(j) => {
+                        let col = &self.ctx_cols[j];
+                        let w = col.width();
+                        let mut bufs = vec![vec![0i32; n]; w];
+                        let mut tmp = vec![0i32; w];
+                        let dk = DrawKey {
+                            seed: self.seed,
+                            column: (1 << 32) | j as u64,
+                        };
+                        let g = col.gather(members);
+                        for (i, &c) in members.iter().enumerate() {
+                            let (row, part) =
+                                (self.ctx_origin[c as usize], self.part_of[c as usize]);
+                            col.encode(&g, i, row, part, dk, &mut tmp)?;
                             for (b, &v) in bufs.iter_mut().zip(&tmp) {
-                                b[i * steps + t] = v;
+                                b[i] = v;
                             }
-                            k += 1;
                         }
+                        bufs
                     }
-                    bufs
-                }
+                    Job::Positional => self.positional(members),
+                    Job::Tgt(j) => {
+                        let col = &self.tgt_cols[j];
+                        let w = col.width();
+                        let mut bufs = vec![vec![0i32; n * steps]; w];
+                        let mut tmp = vec![0i32; w];
+                        let dk = DrawKey {
+                            seed: self.seed,
+                            column: j as u64,
+                        };
+                        let g = col.gather(&events);
+                        let mut k = 0;
+                        for (i, &c) in members.iter().enumerate() {
+                            let part = self.part_of[c as usize];
+                            for (t, &row) in self.events(c).iter().enumerate() {
+                                let global = self.tgt_origin[row as usize];
+                                col.encode(&g, k, global, part, dk, &mut tmp)?;
+                                for (b, &v) in bufs.iter_mut().zip(&tmp) {
+                                    b[i * steps + t] = v;
+                                }
+                                k += 1;
+                            }
+                        }
+                        bufs
+                    }
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut out = vec![key, length];
         // Context sub-columns come first in the tensor list, then positional, then target:
         // the order of `jobs`.
-        out.extend(filled.into_iter().flatten().map(Buf::I32));
-        out
+        out.extend(
+            filled
+                .into_iter()
+                .flatten()
+                .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        );
+        Ok(out)
     }
 
     /// `sidx`, `slen`, `ridx` over the stored steps and the padding step: at step `t` of a
@@ -326,54 +351,29 @@ impl ShardInput<'_> {
         bufs
     }
 
-    /// Writes one shard of `members` as `file` in `dir`.
+    /// Writes one shard of `members`.
     pub fn write(
         &self,
         dir: &Path,
-        file: &str,
         split: &str,
         index: usize,
         first: usize,
         members: &[u32],
     ) -> Result<ShardEntry> {
-        let meta = dsc_format::shard::ShardMeta {
+        let bufs = self.fill(members)?;
+        debug_assert_eq!(bufs.len(), self.tensors.len());
+        let mut out = ShardFile::create(
+            dir,
+            self.tensors,
             split,
             index,
-            first_context: first,
-            profile: Some("mostlyai"),
-        };
-        let (header, _) = dsc_format::shard::build_header(self.tensors, members.len(), &meta);
-        let bufs = self.fill(members);
-        debug_assert_eq!(bufs.len(), self.tensors.len());
-        let mut out = ShardWriter::create(dir.join(file))?;
-        out.write(&header)?;
-        let mut bytes = Vec::new();
+            first,
+            members.len(),
+            Some(super::PROFILE),
+        )?;
         for b in &bufs {
-            match b {
-                Buf::I64(v) => {
-                    bytes.resize(v.len() * 8, 0);
-                    for (dst, x) in bytes.chunks_exact_mut(8).zip(v) {
-                        dst.copy_from_slice(&x.to_le_bytes());
-                    }
-                }
-                Buf::I32(v) => {
-                    bytes.resize(v.len() * 4, 0);
-                    for (dst, x) in bytes.chunks_exact_mut(4).zip(v) {
-                        dst.copy_from_slice(&x.to_le_bytes());
-                    }
-                }
-            }
-            out.write(&bytes)?;
+            out.write(b)?;
         }
-        let (bytes, xxh3) = out.finish()?;
-        Ok(ShardEntry {
-            file: file.into(),
-            split: split.into(),
-            index,
-            contexts: members.len(),
-            first_context: first,
-            bytes,
-            xxh3,
-        })
+        out.finish()
     }
 }

@@ -4,6 +4,7 @@
 //! sub-column codes. What is identical and what differs: `docs/COMPAT-mostlyai.md`.
 
 pub(crate) mod analyze;
+pub(crate) mod bucket;
 mod categorical;
 mod datetime;
 pub mod digits;
@@ -13,21 +14,32 @@ pub(crate) mod pyfmt;
 pub mod quantiles;
 mod table;
 
-use crate::cache::{CompileOptions, CompileReport};
+use crate::cache::{self, CompileOptions, CompileReport, Timer};
 use crate::error::{CompileError, Result};
+use crate::fit::{self, LengthCounts};
+use crate::pipeline;
+use crate::read::Inputs as ReadInputs;
+use crate::runs::{Pool, Run, ValueRuns};
+use crate::shards::{Numbering, WritePart};
+use crate::spill::{self, SpillPart, SpillTo};
 use crate::write::Staging;
-use analyze::{ColStats, Partition};
+use crate::Progress;
+use analyze::{ColStats, Piece};
+use bucket::{Setup, Side, Spills, Unmatched};
 use dsc_format::manifest::{
-    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Manifest, ShardEntry, TensorRole,
-    TensorSpec,
+    ColumnSource, ColumnSpec, CompileSummary, Dtype, Encoding, Inputs, Manifest, ShardEntry,
+    TensorRole, TensorSpec,
 };
-use dsc_format::rng::{stream, Xoshiro256};
+use dsc_format::rng::position_hash;
 use dsc_format::spec::CompileSpec;
 use dsc_format::stats::{SplitStats, Stats};
 use encode::{ColEncoder, ShardInput};
 use rayon::prelude::*;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+use table::MTable;
 
 /// The profile name.
 pub const PROFILE: &str = "mostlyai";
@@ -39,7 +51,7 @@ pub const CTX_STATS_FILE: &str = "ctx-stats.json";
 const SPLITS: [&str; 2] = ["train", "val"];
 
 /// The context table and partition count of a spec, refusing what the profile does not use.
-fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
+pub(crate) fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
     let ctx_path = spec.context.as_ref().ok_or_else(|| {
         CompileError::Spec("--profile mostlyai needs a context table (--context FILE)".into())
     })?;
@@ -83,186 +95,153 @@ fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
     Ok((ctx_path, partitions))
 }
 
-/// The context-table row of each context key (keys must be unique), and of each target row
-/// (every target row must name a context: the engine raises otherwise).
-fn link_keys(
-    tgt: &table::MTable,
-    ctx: &table::MTable,
-    spec: &CompileSpec,
-    ctx_path: &str,
-) -> Result<(HashMap<i64, u32>, Vec<u32>)> {
-    let mut ctx_index: HashMap<i64, u32> = HashMap::with_capacity(ctx.rows());
-    for (row, &k) in ctx.keys.iter().enumerate() {
-        if let Some(&first) = ctx_index.get(&k) {
-            let (path, row) = ctx.locate(row);
-            return Err(CompileError::DuplicateKey {
-                path: path.into(),
-                column: spec.context_key().into(),
-                key: k.to_string(),
-                first_row: ctx.locate(first as usize).1,
-                row,
-            });
+/// What the statistics pass found in one bucket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BucketFit {
+    /// Each column's pieces, `[column][partition]`.
+    tgt: Vec<Vec<Piece>>,
+    ctx: Vec<Vec<Piece>>,
+    /// Contexts of each length, per split (train, val).
+    lengths: [LengthCounts; 2],
+    unmatched: Unmatched,
+}
+
+/// The statistics pass over a range of buckets, in bucket order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FitPart {
+    buckets: Vec<BucketFit>,
+}
+
+/// The statistics pass over the buckets of `range`: each prepared and summarised per column
+/// and engine partition; sorted values go to `runs`.
+pub(crate) fn fit_buckets(
+    setup: &Setup,
+    spills: &Spills,
+    range: Range<usize>,
+    at_once: usize,
+    runs: &ValueRuns,
+    progress: &dyn Progress,
+) -> Result<FitPart> {
+    let parts = 2 * setup.partitions;
+    let buckets = fit::for_buckets(range, at_once, progress, |b| {
+        let bucket = setup.prepare(spills, b)?;
+        let (tgt_rows, ctx_rows) = bucket.rows_by_part(parts);
+        let (tgt, ctx) = rayon::join(
+            || analyze::pieces(&bucket.tgt, &tgt_rows, runs),
+            || analyze::pieces(&bucket.ctx, &ctx_rows, runs),
+        );
+        let mut lengths = [LengthCounts::new(), LengthCounts::new()];
+        for c in 0..bucket.ctx.rows() {
+            let split = usize::from(bucket.is_val(c));
+            *lengths[split].entry(bucket.length(c) as u64).or_insert(0) += 1;
         }
-        ctx_index.insert(k, row as u32);
+        Ok(BucketFit {
+            tgt: tgt?,
+            ctx: ctx?,
+            lengths,
+            unmatched: bucket.unmatched,
+        })
+    })?;
+    Ok(FitPart { buckets })
+}
+
+/// One table's reduced statistics, and what encoding needs besides them.
+struct Reduction {
+    stats: Vec<ColStats>,
+    /// Per column: pandas keeps it int64 (an integer column without nulls).
+    int64: Vec<bool>,
+    /// Per column, per partition: the runs of its non-null values, in bucket order (the
+    /// imputation donors).
+    donors: Vec<Vec<Vec<Run>>>,
+}
+
+/// Every bucket's statistics merged, the engine's reduction, and the layout they decide.
+pub(crate) struct Reduced {
+    tgt: Reduction,
+    ctx: Reduction,
+    tgt_json: Vec<u8>,
+    ctx_json: Vec<u8>,
+    max_len: usize,
+    tensors: Vec<TensorSpec>,
+    /// The splits that have contexts (0 train, 1 val), in order.
+    splits: Vec<usize>,
+    numbering: Numbering,
+    /// Contexts of each length, per split.
+    lengths: [LengthCounts; 2],
+}
+
+/// Reduces one table's columns over every bucket's pieces (`pick` chooses the table).
+fn reduce_side(
+    side: &Side,
+    buckets: &[BucketFit],
+    pick: impl Fn(&BucketFit) -> &Vec<Vec<Piece>> + Sync,
+    parts: usize,
+    files: &[File],
+) -> Result<Reduction> {
+    let columns: Vec<(ColStats, bool, Vec<Vec<Run>>)> = (0..side.names.len())
+        .into_par_iter()
+        .map(|c| {
+            let by_part: Vec<Vec<&Piece>> = (0..parts)
+                .map(|p| buckets.iter().map(|bf| &pick(bf)[c][p]).collect())
+                .collect();
+            let int64 = side.integer[c] && !analyze::has_nulls(by_part.iter().flatten().copied());
+            let int_keys = side.integer[c].then_some(int64);
+            let stats = analyze::reduce(side.families[c], &by_part, files, int_keys)?;
+            let donors = by_part
+                .iter()
+                .map(|pieces| pieces.iter().filter_map(|p| p.run()).collect())
+                .collect();
+            Ok((stats, int64, donors))
+        })
+        .collect::<Result<_>>()?;
+    let mut out = Reduction {
+        stats: Vec::new(),
+        int64: Vec::new(),
+        donors: Vec::new(),
+    };
+    for (s, i, d) in columns {
+        out.stats.push(s);
+        out.int64.push(i);
+        out.donors.push(d);
     }
-    let mut tgt_ctx = Vec::with_capacity(tgt.rows());
-    let mut unmatched = None;
-    for (row, k) in tgt.keys.iter().enumerate() {
-        match ctx_index.get(k) {
-            Some(&c) => tgt_ctx.push(c),
-            None => {
-                let e = unmatched.get_or_insert((row, *k, 0usize));
-                e.2 += 1;
-            }
-        }
+    Ok(out)
+}
+
+/// Merges every fit part (in partition order: every bucket once, in bucket order) into the
+/// engine's statistics and the cache's layout; `files` are the values files, in order.
+pub(crate) fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
+    let spec = setup.spec;
+    let buckets: Vec<BucketFit> = fits.into_iter().flat_map(|f| f.buckets).collect();
+    let mut unmatched = Unmatched::default();
+    for bf in &buckets {
+        unmatched.add(bf.unmatched);
     }
-    if let Some((row, key, count)) = unmatched {
-        let (path, row) = tgt.locate(row);
+    if let Some((row, key)) = unmatched.first {
+        let t = &setup.tgt;
+        let file = t.offsets.partition_point(|&o| o <= row) - 1;
         return Err(CompileError::UnmatchedRows {
-            path: path.into(),
+            path: t.files[file].clone(),
             key,
-            row,
-            context: ctx_path.into(),
-            others: count - 1,
+            row: row - t.offsets[file],
+            context: spec.context.clone().unwrap_or_default().into(),
+            others: (unmatched.rows - 1) as usize,
         });
     }
-    Ok((ctx_index, tgt_ctx))
-}
-
-/// Which context-table rows are validation contexts (`--val-keys`; none without it).
-fn val_assignment(
-    spec: &CompileSpec,
-    ctx_index: &HashMap<i64, u32>,
-    contexts: usize,
-    ctx_path: &str,
-) -> Result<Vec<bool>> {
-    let mut is_val = vec![false; contexts];
-    if let Some(path) = &spec.val_keys {
-        for (k, line) in crate::split::read_key_list(Path::new(path))? {
-            match ctx_index.get(&k) {
-                Some(&c) => is_val[c as usize] = true,
-                None => {
-                    return Err(CompileError::BadCsv {
-                        path: path.into(),
-                        reason: format!(
-                            "line {line}: key {k} is not in the context table {ctx_path}"
-                        ),
-                    })
-                }
-            }
-        }
-    }
-    Ok(is_val)
-}
-
-/// Target rows grouped by context, in input order (a stable counting sort): the rows of
-/// context `c` are `rows[start[c]..start[c + 1]]`.
-fn group_by_context(tgt_ctx: &[u32], contexts: usize) -> (Vec<usize>, Vec<u32>) {
-    let mut tgt_start = vec![0usize; contexts + 1];
-    for &c in tgt_ctx {
-        tgt_start[c as usize + 1] += 1;
-    }
-    for i in 0..contexts {
-        tgt_start[i + 1] += tgt_start[i];
-    }
-    let mut fill = tgt_start.clone();
-    let mut tgt_rows = vec![0u32; tgt_ctx.len()];
-    for (row, &c) in tgt_ctx.iter().enumerate() {
-        tgt_rows[fill[c as usize]] = row as u32;
-        fill[c as usize] += 1;
-    }
-    (tgt_start, tgt_rows)
-}
-
-/// One split as written: its name, the source rows it stores and its shards in order.
-type WrittenSplit = (&'static str, u64, Vec<ShardEntry>);
-
-/// Shuffles each split's contexts with the compile shuffle and writes them as shards, in
-/// parallel (writing one shard overlaps filling the next).
-fn write_splits(
-    input: &ShardInput,
-    staging: &Staging,
-    opts: &CompileOptions,
-    is_val: &[bool],
-    lengths: &[usize],
-    per_shard: usize,
-) -> Result<(Vec<WrittenSplit>, Vec<SplitStats>)> {
-    let mut written_splits = Vec::new();
-    let mut split_stats = Vec::new();
-    for (s, name) in SPLITS.iter().enumerate() {
-        let mut order: Vec<u32> = (0..is_val.len() as u32)
-            .filter(|&c| is_val[c as usize] == (s == 1))
-            .collect();
-        if order.is_empty() {
-            continue;
-        }
-        Xoshiro256::for_stream(input.seed, stream::COMPILE_SHUFFLE + 16 * s as u64)
-            .shuffle(&mut order);
-        let chunks: Vec<&[u32]> = order.chunks(per_shard).collect();
-        let written: Vec<Result<ShardEntry>> = chunks
-            .par_iter()
-            .enumerate()
-            .map(|(index, members)| {
-                let file = dsc_format::shard::shard_file_name(name, index);
-                let entry =
-                    input.write(&staging.dir, &file, name, index, index * per_shard, members);
-                opts.progress.advance(members.len() as u64);
-                entry
-            })
-            .collect();
-        let shards = written.into_iter().collect::<Result<Vec<ShardEntry>>>()?;
-        let rows: u64 = order.iter().map(|&c| lengths[c as usize] as u64).sum();
-        written_splits.push((*name, rows, shards));
-        let lens = crate::fit::length_counts(order.iter().map(|&c| lengths[c as usize] as u64));
-        split_stats.push(SplitStats {
-            split: (*name).into(),
-            contexts: order.len() as u64,
-            rows,
-            lengths: crate::fit::length_stats(&lens, input.max_len),
-            columns: Vec::new(),
-        });
-    }
-    Ok((written_splits, split_stats))
-}
-
-/// Runs the profile.
-pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let mut timer = crate::cache::Timer::start();
-    let (ctx_path, partitions) = check_spec(spec)?;
-    let tgt_files = crate::read::resolve(&spec.rows)?;
-    let ctx_files = crate::read::resolve(std::slice::from_ref(ctx_path))?;
-    let staging = Staging::create(&opts.out, opts.force)?;
-    // Every file the output depends on: the resolved tables and the validation keys.
-    let mut named: Vec<(PathBuf, &str)> = tgt_files.iter().map(|p| (p.clone(), "rows")).collect();
-    named.extend(ctx_files.iter().map(|p| (p.clone(), "context")));
-    if let Some(v) = &spec.val_keys {
-        named.push((PathBuf::from(v), "val_keys"));
-    }
-    let stamps = crate::cache::stamp_files(&named)?;
-    opts.progress.stage("reading", 2);
+    let parts = 2 * setup.partitions;
     let (tgt, ctx) = rayon::join(
-        || table::load(&tgt_files, &spec.key),
-        || table::load(&ctx_files, spec.context_key()),
+        || reduce_side(&setup.tgt, &buckets, |bf| &bf.tgt, parts, files),
+        || reduce_side(&setup.ctx, &buckets, |bf| &bf.ctx, parts, files),
     );
     let (tgt, ctx) = (tgt?, ctx?);
-    timer.lap("read");
-
-    let (ctx_index, tgt_ctx) = link_keys(&tgt, &ctx, spec, ctx_path)?;
-
-    let is_val = val_assignment(spec, &ctx_index, ctx.rows(), ctx_path)?;
-    let (parts, part_of) = analyze::partition(&is_val, &tgt_ctx, partitions);
-    timer.lap("partition");
-
-    opts.progress.stage("statistics", 2);
-    let (tgt_stats, ctx_stats) = rayon::join(
-        || analyze::column_stats(&tgt, &parts, true),
-        || analyze::column_stats(&ctx, &parts, false),
-    );
-    let mut lengths = vec![0usize; ctx.rows()];
-    for &c in &tgt_ctx {
-        lengths[c as usize] += 1;
+    let mut lengths = [LengthCounts::new(), LengthCounts::new()];
+    for bf in &buckets {
+        for (all, mine) in lengths.iter_mut().zip(&bf.lengths) {
+            for (&l, &n) in mine {
+                *all.entry(l).or_insert(0) += n;
+            }
+        }
     }
-    let seq = analyze::seq_len(&lengths);
+    let seq = analyze::seq_len(&all_lengths(&lengths));
     if seq.min == 1 && seq.max == 1 {
         return Err(CompileError::Spec(
             "every context has exactly one target row: the engine treats that as flat \
@@ -270,83 +249,212 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
                 .into(),
         ));
     }
-    let n_val = is_val.iter().filter(|&&v| v).count();
-    let n_trn = ctx.rows() - n_val;
-    let tgt_json = analyze::tgt_stats_json(&tgt, &tgt_stats, n_trn, n_val, seq, &spec.key);
-    let ctx_json = analyze::ctx_stats_json(&ctx, &ctx_stats, spec.context_key());
-    staging.write_file(TGT_STATS_FILE, &analyze::to_engine_json(&tgt_json))?;
-    staging.write_file(CTX_STATS_FILE, &analyze::to_engine_json(&ctx_json))?;
-    timer.lap("statistics");
-
-    // Encoders and the tensor list.
+    let contexts = |s: usize| lengths[s].values().sum::<u64>() as usize;
+    let tgt_json = analyze::tgt_stats_json(
+        &setup.tgt.names,
+        &tgt.stats,
+        contexts(0),
+        contexts(1),
+        seq,
+        &spec.key,
+    );
+    let ctx_json = analyze::ctx_stats_json(&setup.ctx.names, &ctx.stats, spec.context_key());
     let max_len = seq.max;
-    let tgt_refs: Vec<&[u32]> = parts
+    let tensors = tensor_list(setup, &tgt.stats, &ctx.stats, max_len);
+    let splits: Vec<usize> = (0..SPLITS.len()).filter(|&s| contexts(s) > 0).collect();
+    let bucket_contexts: Vec<Vec<u64>> = buckets
         .iter()
-        .map(|p: &Partition| p.tgt_rows.as_slice())
+        .map(|bf| {
+            splits
+                .iter()
+                .map(|&s| bf.lengths[s].values().sum())
+                .collect()
+        })
         .collect();
-    let ctx_refs: Vec<&[u32]> = parts
-        .iter()
-        .map(|p: &Partition| p.ctx_rows.as_slice())
-        .collect();
-    let tgt_enc: Vec<ColEncoder> = (0..tgt.cols.len())
-        .map(|c| ColEncoder::new(&tgt, c, &tgt_stats[c], &tgt_refs))
-        .collect();
-    let ctx_enc: Vec<ColEncoder> = (0..ctx.cols.len())
-        .map(|c| ColEncoder::new(&ctx, c, &ctx_stats[c], &ctx_refs))
-        .collect();
-    let tensors = tensor_list(&tgt, &tgt_stats, &ctx, &ctx_stats, max_len, &spec.key);
-
-    let (tgt_start, tgt_rows) = group_by_context(&tgt_ctx, ctx.rows());
-
-    let input = ShardInput {
-        tensors: &tensors,
+    let numbering = Numbering::new(
+        &bucket_contexts,
+        Numbering::per_shard(&tensors, spec.shard_size),
+    );
+    Ok(Reduced {
+        tgt,
+        ctx,
+        tgt_json: analyze::to_engine_json(&tgt_json),
+        ctx_json: analyze::to_engine_json(&ctx_json),
         max_len,
-        ctx_keys: &ctx.keys,
-        tgt_start: &tgt_start,
-        tgt_rows: &tgt_rows,
-        part_of: &part_of,
-        tgt_cols: &tgt_enc,
-        ctx_cols: &ctx_enc,
-        seed: spec.seed,
-    };
-    let bytes_per_context: usize = tensors.iter().map(TensorSpec::sample_bytes).sum();
-    let per_shard = ((spec.shard_size as usize) / bytes_per_context.max(1)).max(1);
-    opts.progress.stage("encoding", ctx.rows() as u64);
-    let (written, mut split_stats) =
-        write_splits(&input, &staging, opts, &is_val, &lengths, per_shard)?;
-    timer.lap("encode");
+        tensors,
+        splits,
+        numbering,
+        lengths,
+    })
+}
 
+fn all_lengths(per_split: &[LengthCounts; 2]) -> LengthCounts {
+    let mut all = per_split[0].clone();
+    for (&l, &n) in &per_split[1] {
+        *all.entry(l).or_insert(0) += n;
+    }
+    all
+}
+
+/// One bucket's encoders of one table's columns.
+fn encoders<'a>(
+    table: &'a MTable,
+    r: &Reduction,
+    pools: &'a [Vec<Pool<'a>>],
+) -> Vec<ColEncoder<'a>> {
+    (0..r.stats.len())
+        .map(|c| ColEncoder::new(table, c, &r.stats[c], Some(&pools[c][..]), r.int64[c]))
+        .collect()
+}
+
+/// One table's donor pools, per column and partition.
+fn pools<'f>(r: &Reduction, files: &'f [File]) -> Vec<Vec<Pool<'f>>> {
+    r.donors
+        .iter()
+        .map(|parts| {
+            parts
+                .iter()
+                .map(|runs| Pool::new(files, runs.iter().copied()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The shards pass over the buckets of `range`: each prepared again, encoded with the reduced
+/// statistics and written as its own shards into `dir`. Each split is stored ascending by
+/// `(position_hash(key, seed), key)`, as dsc's own compile stores it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_buckets(
+    setup: &Setup,
+    spills: &Spills,
+    reduced: &Reduced,
+    files: &[File],
+    range: Range<usize>,
+    at_once: usize,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<WritePart> {
+    let seed = setup.spec.seed;
+    let (tgt_pools, ctx_pools) = (pools(&reduced.tgt, files), pools(&reduced.ctx, files));
+    let done = fit::for_buckets(range, at_once, progress, |b| {
+        let bucket = setup.prepare(spills, b)?;
+        let tgt_cols = encoders(&bucket.tgt, &reduced.tgt, &tgt_pools);
+        let ctx_cols = encoders(&bucket.ctx, &reduced.ctx, &ctx_pools);
+        let input = ShardInput {
+            tensors: &reduced.tensors,
+            max_len: reduced.max_len,
+            ctx_keys: &bucket.ctx.keys,
+            ctx_origin: &bucket.ctx.origin,
+            part_of: &bucket.part_of,
+            tgt_start: &bucket.tgt_start,
+            tgt_rows: &bucket.tgt_rows,
+            tgt_origin: &bucket.tgt.origin,
+            tgt_cols: &tgt_cols,
+            ctx_cols: &ctx_cols,
+            seed,
+        };
+        let mut jobs = Vec::new();
+        let mut rows_stored = vec![0u64; reduced.splits.len()];
+        for (s, &split) in reduced.splits.iter().enumerate() {
+            let mut order: Vec<(u64, i64, u32)> = (0..bucket.ctx.rows())
+                .filter(|&c| usize::from(bucket.is_val(c)) == split)
+                .map(|c| {
+                    let key = bucket.ctx.keys[c];
+                    rows_stored[s] += bucket.length(c) as u64;
+                    (position_hash(key, seed), key, c as u32)
+                })
+                .collect();
+            order.sort_unstable();
+            let members: Vec<u32> = order.into_iter().map(|o| o.2).collect();
+            for (index, first, chunk) in reduced.numbering.shards(b, s, &members) {
+                jobs.push((SPLITS[split], index, first, chunk.to_vec()));
+            }
+        }
+        let entries = jobs
+            .par_iter()
+            .map(|(split, index, first, members)| input.write(dir, split, *index, *first, members))
+            .collect::<Result<Vec<ShardEntry>>>()?;
+        Ok((entries, rows_stored))
+    })?;
+    let mut out = WritePart {
+        entries: Vec::new(),
+        rows_stored: vec![0; reduced.splits.len()],
+        truncated: 0,
+        filled: 0,
+    };
+    for (entries, rows) in done {
+        out.entries.extend(entries);
+        out.rows_stored
+            .iter_mut()
+            .zip(rows)
+            .for_each(|(a, b)| *a += b);
+    }
+    Ok(out)
+}
+
+/// Writes the engine's statistics files, `stats.json` and the manifest from what the shards
+/// passes wrote, and commits the cache.
+pub(crate) fn finish(
+    setup: &Setup,
+    reduced: Reduced,
+    written: Vec<WritePart>,
+    inputs: Inputs,
+    staging: Staging,
+    timer: Timer,
+) -> Result<CompileReport> {
+    let spec = setup.spec;
+    staging.write_file(TGT_STATS_FILE, &reduced.tgt_json)?;
+    staging.write_file(CTX_STATS_FILE, &reduced.ctx_json)?;
     let mut resolved = spec.clone();
     resolved.context_key = Some(spec.context_key().to_string());
-    resolved.partitions = Some(partitions);
-    let inputs = crate::cache::fingerprint_files(&named, &stamps)?;
+    resolved.partitions = Some(setup.partitions);
+    let max_len = reduced.max_len;
     let mut manifest = Manifest::builder(
         env!("CARGO_PKG_VERSION"),
         max_len,
-        tensors,
+        reduced.tensors,
         inputs,
         resolved,
     );
-    for (name, rows, shards) in written {
-        manifest = manifest.split(name, rows, shards);
+    let mut split_stats = Vec::new();
+    for (s, &split) in reduced.splits.iter().enumerate() {
+        let name = SPLITS[split];
+        let rows: u64 = written.iter().map(|w| w.rows_stored[s]).sum();
+        let mut mine: Vec<ShardEntry> = written
+            .iter()
+            .flat_map(|w| w.entries.iter().filter(|e| e.split == name).cloned())
+            .collect();
+        mine.sort_by_key(|e| e.index);
+        manifest = manifest.split(name, rows, mine);
+        let lens = &reduced.lengths[split];
+        split_stats.push(SplitStats {
+            split: name.into(),
+            contexts: lens.values().sum(),
+            rows,
+            lengths: fit::length_stats(lens, max_len),
+            columns: Vec::new(),
+        });
     }
+    let all = all_lengths(&reduced.lengths);
+    let contexts: u64 = all.values().sum();
+    let without_rows = all.get(&0).copied().unwrap_or(0) as usize;
+    let rows = setup.tgt.rows();
     let manifest = manifest.summary(CompileSummary {
-        rows_read: tgt.rows() as u64,
-        rows_stored: tgt.rows() as u64,
-        contexts: ctx.rows(),
-        contexts_without_rows: lengths.iter().filter(|&&l| l == 0).count(),
-        empty_contexts_kept: lengths.iter().filter(|&&l| l == 0).count(),
+        rows_read: rows,
+        rows_stored: rows,
+        contexts: contexts as usize,
+        contexts_without_rows: without_rows,
+        empty_contexts_kept: without_rows,
         ..CompileSummary::default()
     });
     // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
-    let all_lengths = crate::fit::length_counts(lengths.iter().map(|&l| l as u64));
     split_stats.insert(
         0,
         SplitStats {
             split: dsc_format::stats::ALL_SPLITS.into(),
-            contexts: ctx.rows() as u64,
-            rows: tgt.rows() as u64,
-            lengths: crate::fit::length_stats(&all_lengths, max_len),
+            contexts,
+            rows,
+            lengths: fit::length_stats(&all, max_len),
             columns: Vec::new(),
         },
     );
@@ -354,18 +462,99 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
     };
-    crate::cache::commit_cache(staging, manifest, stats, timer)
+    cache::commit_cache(staging, manifest, stats, timer)
+}
+
+/// Spills files `files` of one table into the buckets.
+pub(crate) fn spill_side(
+    setup: &Setup,
+    inputs: ReadInputs,
+    files: Range<usize>,
+    context: bool,
+    to: SpillTo,
+    progress: &dyn Progress,
+) -> Result<SpillPart> {
+    let side = if context { &setup.ctx } else { &setup.tgt };
+    spill::spill_rows(inputs, files, &side.wants, to, progress)
+}
+
+/// How many buckets may be in memory at once under `budget`.
+pub(crate) fn at_once(setup: &Setup, spills: &Spills, budget: u64) -> Result<usize> {
+    let (largest, bytes) = (0..setup.buckets.count())
+        .map(|b| {
+            (
+                spills.tgt.rows(b) + spills.ctx.rows(b),
+                setup.bucket_bytes(spills, b),
+            )
+        })
+        .max_by_key(|x| x.1)
+        .unwrap_or((0, 0));
+    pipeline::at_once(largest, bytes, budget)
+}
+
+/// Runs the profile in one process.
+pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
+    let progress = opts.progress;
+    let mut timer = Timer::start();
+    let (setup, tgt_in, ctx_in) = Setup::new(spec)?;
+    let staging = Staging::create(&opts.out, opts.force)?;
+    let stamps = cache::stamp_files(&setup.named)?;
+    let budget = opts.max_memory.unwrap_or_else(pipeline::default_budget);
+    let dir = staging.dir.join(pipeline::SPILL_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
+    let (tgt_files, ctx_files) = (tgt_in.opened.len(), ctx_in.opened.len());
+    progress.stage("reading", (tgt_files + ctx_files) as u64);
+    // A quarter of the budget may hold both spills: then nothing is written.
+    let in_memory =
+        setup.tgt.rows() * setup.tgt.width + setup.ctx.rows() * setup.ctx.width <= budget / 4;
+    let to = |name| SpillTo {
+        dir: &dir,
+        name,
+        buckets: setup.buckets,
+        budget: pipeline::read_share(budget),
+        in_memory,
+    };
+    let tgt = spill_side(&setup, tgt_in, 0..tgt_files, false, to("rows"), progress)?;
+    let ctx = spill_side(&setup, ctx_in, 0..ctx_files, true, to("context"), progress)?;
+    let spills = setup.spills(&dir, vec![tgt], ctx);
+    timer.lap("read");
+
+    let at_once = at_once(&setup, &spills, budget)?;
+    let buckets = 0..setup.buckets.count();
+    progress.stage("statistics", buckets.len() as u64);
+    let runs = ValueRuns::create(dir.join("values-0.spill"), 0)?;
+    let fit = fit_buckets(&setup, &spills, buckets.clone(), at_once, &runs, progress)?;
+    let files = vec![runs.finish()?];
+    let reduced = reduce(&setup, vec![fit], &files)?;
+    timer.lap("statistics");
+
+    progress.stage("writing shards", buckets.len() as u64);
+    let written = write_buckets(
+        &setup,
+        &spills,
+        &reduced,
+        &files,
+        buckets,
+        at_once,
+        &staging.dir,
+        progress,
+    )?;
+    timer.lap("encode");
+    drop(files);
+    drop(spills);
+    std::fs::remove_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
+    let inputs = cache::fingerprint_files(&setup.named, &stamps)?;
+    finish(&setup, reduced, vec![written], inputs, staging, timer)
 }
 
 /// `key`, `length`, the context sub-columns, the positional and target sub-columns.
 fn tensor_list(
-    tgt: &table::MTable,
+    setup: &Setup,
     tgt_stats: &[ColStats],
-    ctx: &table::MTable,
     ctx_stats: &[ColStats],
     max_len: usize,
-    key: &str,
 ) -> Vec<TensorSpec> {
+    let (tgt, ctx, key) = (&setup.tgt, &setup.ctx, &setup.spec.key);
     let derived = |name: &str, source: ColumnSource, ty: &str| ColumnSpec {
         name: name.into(),
         source,
@@ -418,19 +607,19 @@ fn tensor_list(
             },
         }],
     };
-    let ctx_names = analyze::sub_column_names(ctx, ctx_stats, "ctxflt");
-    for (col, subs) in ctx.cols.iter().zip(ctx_names) {
+    let ctx_names = analyze::sub_column_names(&ctx.names, ctx_stats, "ctxflt");
+    for ((col, t), subs) in ctx.names.iter().zip(&ctx.types[1..]).zip(ctx_names) {
         for (name, card) in subs {
-            out.push(sub(&name, card, &col.name, &col.source_type, true));
+            out.push(sub(&name, card, col, &t.name, true));
         }
     }
     for (name, card) in encode::positional_columns(max_len) {
         out.push(sub(&name, card, "(position)", "derived", false));
     }
-    let tgt_names = analyze::sub_column_names(tgt, tgt_stats, "tgt");
-    for (col, subs) in tgt.cols.iter().zip(tgt_names) {
+    let tgt_names = analyze::sub_column_names(&tgt.names, tgt_stats, "tgt");
+    for ((col, t), subs) in tgt.names.iter().zip(&tgt.types[1..]).zip(tgt_names) {
         for (name, card) in subs {
-            out.push(sub(&name, card, &col.name, &col.source_type, false));
+            out.push(sub(&name, card, col, &t.name, false));
         }
     }
     out

@@ -3,7 +3,9 @@
 
 use super::digits::{self, Digits, MAX_DECIMAL};
 use super::pyfmt::float_repr;
-use super::quantiles::{closest_observation, find_distinct_bins, linspace01};
+use super::quantiles::{closest_observation_index, find_distinct_bins, linspace01};
+use crate::runs::Run;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 /// The engine's thresholds.
@@ -31,31 +33,59 @@ pub(crate) struct Partial {
     quantiles: Vec<f64>,
 }
 
-/// `analyze_numeric` on the rows `rows` of a column (`None` for an empty partition).
-pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Option<Partial> {
-    if rows.is_empty() {
-        return None;
-    }
+/// Distinct values a [`Piece`] lists before it gives up (far above the 100 a discrete
+/// column may have, so that giving up always means "not discrete").
+const PIECE_DISTINCT: usize = 1024;
+
+/// One bucket's rows of a numeric column in one partition: what merges exactly across buckets
+/// into the partition's [`Partial`]. Its sorted non-null values go to a values file (`run`):
+/// the partition's quantiles are rank queries over its pieces' runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Piece {
+    pub rows: u64,
+    /// Non-null rows.
+    pub values: u64,
+    has_neg: bool,
+    low: i32,
+    /// Digit ranges over the non-null values, positions `E18..E{low}` (empty without values).
+    min_d: Vec<u8>,
+    max_d: Vec<u8>,
+    /// Bits of the smallest and largest value (total order: `-0.0` below `0.0`).
+    min: Option<u64>,
+    max: Option<u64>,
+    /// The distinct values, ascending: integers for an integer column, else `f64` bits;
+    /// `None` past [`PIECE_DISTINCT`].
+    distinct: Option<Vec<i64>>,
+    /// Where the sorted non-null values lie.
+    pub run: Option<Run>,
+}
+
+/// The piece of `rows` (ascending) of a column, and its sorted non-null values (for `run`).
+/// `ints`: the column's exact integers (an integer column), nulls marked NaN in `vals`.
+pub(crate) fn piece(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> (Piece, Vec<f64>) {
     let mut sorted: Vec<f64> = rows
         .iter()
         .map(|&r| vals[r as usize])
         .filter(|x| !x.is_nan())
         .collect();
-    let has_nan = sorted.len() < rows.len();
     sorted.sort_unstable_by(f64::total_cmp);
     // Digits depend on the value only: split each distinct value once (the values are sorted
     // for the quantiles anyway; a column typically repeats its values many times).
     let mut split: Vec<Digits> = Vec::new();
-    let mut previous: Option<u64> = None;
+    let mut bits: Vec<i64> = Vec::new();
     for &x in &sorted {
-        if previous != Some(x.to_bits()) {
+        if bits.last() != Some(&(x.to_bits() as i64)) {
             split.push(digits::split(x));
-            previous = Some(x.to_bits());
+            bits.push(x.to_bits() as i64);
         }
     }
     let max_scale = split.iter().map(|d| d.scale).max().unwrap_or(0);
     let low = DEFAULT_MIN_DECIMAL.min(-(max_scale.min(digits::MAX_SCALE) as i32));
-    let width = (MAX_DECIMAL - low + 1) as usize;
+    let width = if split.is_empty() {
+        0
+    } else {
+        (MAX_DECIMAL - low + 1) as usize
+    };
     let mut min_d = vec![9u8; width];
     let mut max_d = vec![0u8; width];
     let mut has_neg = false;
@@ -69,38 +99,142 @@ pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Optio
             max_d[i] = max_d[i].max(all[i]);
         }
     }
-    if split.is_empty() {
-        min_d.fill(0);
-    }
-    let quantiles = if sorted.is_empty() {
-        Vec::new()
-    } else {
-        closest_observation(&sorted, &linspace01(BINNED_MAX_QUANTILES))
-    };
-    let cnt_keys = match ints {
+    let distinct = match ints {
         Some(ints) => {
-            let mut v: Vec<i64> = rows.iter().map(|&r| ints[r as usize]).collect();
+            let mut v: Vec<i64> = rows
+                .iter()
+                .filter(|&&r| !vals[r as usize].is_nan())
+                .map(|&r| ints[r as usize])
+                .collect();
             v.sort_unstable();
             v.dedup();
-            (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(i64::to_string).collect())
+            v
         }
-        None => {
-            let mut v = sorted.clone();
-            v.dedup_by(|a, b| a == b);
-            (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(|&x| float_repr(x)).collect())
-        }
+        None => bits,
     };
-    Some(Partial {
-        has_nan,
+    let piece = Piece {
+        rows: rows.len() as u64,
+        values: sorted.len() as u64,
         has_neg,
         low,
         min_d,
         max_d,
-        min: sorted.first().copied(),
-        max: sorted.last().copied(),
+        min: sorted.first().map(|x| x.to_bits()),
+        max: sorted.last().map(|x| x.to_bits()),
+        distinct: (distinct.len() <= PIECE_DISTINCT).then_some(distinct),
+        run: None,
+    };
+    (piece, sorted)
+}
+
+/// `analyze_numeric` of one partition from its pieces (`None` when it has no rows).
+/// `int_keys`: the pieces list integers, and the column is int64 for pandas (no nulls
+/// anywhere), so its value keys are spelled as integers. `kth(k)` is the partition's `k`-th
+/// smallest non-null value.
+pub(crate) fn partial(
+    pieces: &[&Piece],
+    int_keys: Option<bool>,
+    kth: impl Fn(u64) -> crate::error::Result<f64>,
+) -> crate::error::Result<Option<Partial>> {
+    let rows: u64 = pieces.iter().map(|p| p.rows).sum();
+    if rows == 0 {
+        return Ok(None);
+    }
+    let n: u64 = pieces.iter().map(|p| p.values).sum();
+    let with_values: Vec<&&Piece> = pieces.iter().filter(|p| p.values > 0).collect();
+    let low = pieces
+        .iter()
+        .map(|p| p.low)
+        .min()
+        .expect("a partition with rows has pieces");
+    let width = (MAX_DECIMAL - low + 1) as usize;
+    // Positions below a piece's window are 0 in all its values.
+    let digit = |d: &[u8], i: usize| if i < d.len() { d[i] } else { 0 };
+    let (min_d, max_d) = if with_values.is_empty() {
+        (vec![0u8; width], vec![0u8; width])
+    } else {
+        (
+            (0..width)
+                .map(|i| {
+                    with_values
+                        .iter()
+                        .map(|p| digit(&p.min_d, i))
+                        .min()
+                        .unwrap_or(0)
+                })
+                .collect(),
+            (0..width)
+                .map(|i| {
+                    with_values
+                        .iter()
+                        .map(|p| digit(&p.max_d, i))
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect(),
+        )
+    };
+    let total_min = |a: f64, b: f64| if b.total_cmp(&a).is_lt() { b } else { a };
+    let total_max = |a: f64, b: f64| if b.total_cmp(&a).is_gt() { b } else { a };
+    let min = pieces
+        .iter()
+        .filter_map(|p| p.min.map(f64::from_bits))
+        .reduce(total_min);
+    let max = pieces
+        .iter()
+        .filter_map(|p| p.max.map(f64::from_bits))
+        .reduce(total_max);
+    let quantiles = if n == 0 {
+        Vec::new()
+    } else {
+        linspace01(BINNED_MAX_QUANTILES)
+            .into_iter()
+            .map(|q| kth(closest_observation_index(n as usize, q) as u64))
+            .collect::<crate::error::Result<_>>()?
+    };
+    let cnt_keys = distinct_keys(pieces, int_keys);
+    Ok(Some(Partial {
+        has_nan: n < rows,
+        has_neg: pieces.iter().any(|p| p.has_neg),
+        low,
+        min_d,
+        max_d,
+        min,
+        max,
         cnt_keys,
         quantiles,
-    })
+    }))
+}
+
+/// The partition's value keys, ascending, when it has fewer than 100 distinct values.
+/// `int_keys`: `Some(true)` integers of an int64 column, `Some(false)` integers of an integer
+/// column that pandas made float64 (it has nulls), `None` doubles.
+fn distinct_keys(pieces: &[&Piece], int_keys: Option<bool>) -> Option<Vec<String>> {
+    let mut all: Vec<i64> = Vec::new();
+    for p in pieces {
+        all.extend(p.distinct.as_ref()?);
+    }
+    all.sort_unstable();
+    all.dedup();
+    if int_keys == Some(true) {
+        return (all.len() < DISCRETE_MAX_VALUES).then(|| all.iter().map(i64::to_string).collect());
+    }
+    let mut v: Vec<f64> = match int_keys {
+        Some(_) => all.iter().map(|&i| i as f64).collect(),
+        None => all.iter().map(|&b| f64::from_bits(b as u64)).collect(),
+    };
+    v.sort_unstable_by(f64::total_cmp);
+    v.dedup_by(|a, b| a == b);
+    (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(|&x| float_repr(x)).collect())
+}
+
+/// `analyze_numeric` on the rows `rows` of a column held in memory (`None` for an empty
+/// partition): one piece, its quantiles read from its sorted values.
+#[cfg(test)]
+pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Option<Partial> {
+    let (p, sorted) = piece(vals, ints, rows);
+    partial(&[&p], ints.map(|_| true), |k| Ok(sorted[k as usize]))
+        .expect("in-memory quantiles never fail")
 }
 
 /// The resolved encoding of a numeric column (`analyze_reduce_numeric`, value protection off).

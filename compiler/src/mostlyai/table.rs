@@ -1,7 +1,7 @@
 //! A table as the engine sees it after `pd.read_parquet`: the key plus every other column, each
 //! resolved to the engine's default encoding family (numeric, categorical, datetime).
 
-use crate::column::{Kind, Values};
+use crate::column::{Kind, TypeInfo, Values};
 use crate::error::{CompileError, Result};
 use crate::read::{self, Role, RowsTable, Want};
 use std::path::{Path, PathBuf};
@@ -9,17 +9,15 @@ use std::path::{Path, PathBuf};
 /// One non-key column.
 #[derive(Debug)]
 pub(crate) struct MCol {
-    pub name: String,
-    /// Arrow type name, for the manifest.
-    pub source_type: String,
     pub data: Data,
 }
 
 /// Column values by family.
 #[derive(Debug)]
 pub(crate) enum Data {
-    /// Numbers; NaN marks null. `ints` holds the exact integers of an integer column without
-    /// nulls (pandas keeps it int64; with nulls pandas makes it float64).
+    /// Numbers; NaN marks null. `ints` holds the exact integers of an integer column (the
+    /// values at null rows are meaningless). pandas keeps an integer column without nulls
+    /// int64 and makes one with nulls float64: only the whole table decides which.
     Num {
         vals: Vec<f64>,
         ints: Option<Vec<i64>>,
@@ -33,25 +31,60 @@ pub(crate) enum Data {
 /// Code of a null categorical value.
 pub(crate) const CAT_NULL: u32 = u32::MAX;
 
-/// A loaded table.
+/// One bucket of a table (its rows in input order).
 #[derive(Debug)]
 pub(crate) struct MTable {
     pub keys: Vec<i64>,
     pub cols: Vec<MCol>,
     files: Vec<PathBuf>,
     offsets: Vec<u64>,
+    /// Each row's global row in the table, ascending.
+    pub origin: Vec<u64>,
 }
 
 impl MTable {
-    /// The file and in-file row of a global row, for errors.
+    /// The file and in-file row of a row of this bucket, for errors.
     pub fn locate(&self, row: usize) -> (&Path, u64) {
-        let row = row as u64;
+        let row = self.origin[row];
         let file = self.offsets.partition_point(|&o| o <= row) - 1;
         (&self.files[file], row - self.offsets[file])
     }
     pub fn rows(&self) -> usize {
         self.keys.len()
     }
+}
+
+/// A column's encoding family, decided by its type alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    Num,
+    Cat,
+    Time,
+}
+
+/// The family of every non-key column (`types` after the key's), refusing date columns.
+pub(crate) fn families(wants: &[Want], types: &[TypeInfo], first: &Path) -> Result<Vec<Family>> {
+    wants
+        .iter()
+        .zip(types)
+        .skip(1)
+        .map(|(want, t)| match t.kind {
+            Kind::Int | Kind::F64 | Kind::F32 => Ok(Family::Num),
+            Kind::Bool | Kind::Str => Ok(Family::Cat),
+            Kind::Time if t.name.starts_with("Date") => Err(CompileError::Incompatible {
+                path: first.into(),
+                column: want.name.clone(),
+                row: 0,
+                what: format!(
+                    "a {} column: pandas reads dates as Python objects and the engine encodes \
+                     them as categorical strings; the mostlyai profile accepts timestamps (cast \
+                     the column to timestamp[us])",
+                    t.name
+                ),
+            }),
+            Kind::Time => Ok(Family::Time),
+        })
+        .collect()
 }
 
 /// The engine's escaping of categorical values: a leading `\x01` is doubled, and the reserved
@@ -66,14 +99,14 @@ pub(crate) fn escape(s: &str) -> String {
     }
 }
 
-/// Reads `files` (all columns), with `key` as the key column.
-pub(crate) fn load(files: &[PathBuf], key: &str) -> Result<MTable> {
-    let first = read::open(&files[0])?;
+/// Every column of the table in `first`, `key` first: the engine reads them all.
+pub(crate) fn wants(first: &Path, key: &str) -> Result<Vec<Want>> {
+    let opened = read::open(first)?;
     let mut wants = vec![Want {
         name: key.to_string(),
         role: Role::Key,
     }];
-    for f in first.schema.fields() {
+    for f in opened.schema.fields() {
         if f.name() == key {
             continue;
         }
@@ -86,12 +119,11 @@ pub(crate) fn load(files: &[PathBuf], key: &str) -> Result<MTable> {
             role,
         });
     }
-    drop(first);
-    let table = read::read_rows(files, wants)?;
-    convert(table)
+    Ok(wants)
 }
 
-fn convert(mut t: RowsTable) -> Result<MTable> {
+/// One bucket of a table as the engine sees it.
+pub(crate) fn convert(mut t: RowsTable) -> Result<MTable> {
     let mut columns = std::mem::take(&mut t.columns).into_iter();
     let key_col = columns.next().expect("the key is the first want");
     let mut keys = Vec::with_capacity(t.rows());
@@ -112,28 +144,17 @@ fn convert(mut t: RowsTable) -> Result<MTable> {
     for (col, want) in columns.zip(&t.wants[1..]) {
         let n = col.len();
         let valid = |i: usize| col.valid.as_ref().is_none_or(|v| v[i]);
-        let source_type = col.info.name.clone();
         let data = match (&col.values, col.info.kind) {
             (Values::Int(v), Kind::Int) => {
                 let vals: Vec<f64> = (0..n)
                     .map(|i| if valid(i) { v[i] as f64 } else { f64::NAN })
                     .collect();
-                let ints = col.valid.is_none().then(|| v.clone());
-                Data::Num { vals, ints }
+                Data::Num {
+                    vals,
+                    ints: Some(v.clone()),
+                }
             }
             (Values::Int(v), Kind::Time) => {
-                if source_type.starts_with("Date") {
-                    return Err(unsupported(
-                        &t,
-                        &want.name,
-                        0,
-                        format!(
-                            "a {source_type} column: pandas reads dates as Python objects and the \
-                             engine encodes them as categorical strings; the mostlyai profile \
-                             accepts timestamps (cast the column to timestamp[us])"
-                        ),
-                    ));
-                }
                 let per_us = col.info.scale * 1e6;
                 let mut us = Vec::with_capacity(n);
                 for (i, &x) in v.iter().enumerate().take(n) {
@@ -198,17 +219,14 @@ fn convert(mut t: RowsTable) -> Result<MTable> {
                 ));
             }
         }
-        cols.push(MCol {
-            name: want.name.clone(),
-            source_type,
-            data,
-        });
+        cols.push(MCol { data });
     }
     Ok(MTable {
         keys,
         cols,
-        files: t.files.clone(),
-        offsets: t.offsets.clone(),
+        files: t.files,
+        offsets: t.offsets,
+        origin: t.origin.expect("a bucket locates its rows"),
     })
 }
 
