@@ -87,6 +87,77 @@ fn one_cache_whatever_the_budget_the_threads_and_the_partitions() {
     }
 }
 
+/// Every fifth customer of `gen_sequences` data, as a validation key list.
+fn write_val_keys(dir: &Dir) -> String {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    let file = std::fs::File::open(dir.join("seq/customers.parquet")).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut keys = String::new();
+    let mut i = 0;
+    for batch in reader {
+        let batch = batch.unwrap();
+        let ids = batch.column_by_name("customer_id").unwrap();
+        for k in ids.as_primitive::<Int64Type>().values() {
+            if i % 5 == 0 {
+                keys.push_str(&format!("{k}\n"));
+            }
+            i += 1;
+        }
+    }
+    std::fs::write(dir.join("val-keys.txt"), keys).unwrap();
+    "val-keys.txt".into()
+}
+
+#[test]
+fn the_mostlyai_profile_gives_one_cache_whatever_the_budget_and_the_partitions() {
+    let dir = Dir::new();
+    gen_sequences(&dir, 400, 4);
+    let val = write_val_keys(&dir);
+    let args = |out: &str| -> Vec<String> {
+        [
+            "compile",
+            "seq/transactions",
+            "--key",
+            "customer_id",
+            "--context",
+            "seq/customers.parquet",
+            "--profile",
+            "mostlyai",
+            "--partitions",
+            "2",
+            "--val-keys",
+            &val,
+            "--seed",
+            "5",
+            "--bucket-size",
+            "16KiB",
+            "--out",
+            out,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    run(dir.path(), &args("plain"), &["-q"]).ok();
+    let m = manifest(&dir.join("plain"));
+    assert!(m["shards"].as_array().unwrap().len() > 8, "few buckets");
+    assert!(dir.join("plain/tgt-stats.json").is_file());
+    let mut tight = vec!["--threads", "1"];
+    let tight_args = args("tight");
+    tight.extend(tight_args.iter().map(String::as_str));
+    tight.extend_from_slice(&["--max-memory", "2MiB", "-q"]);
+    dsc(dir.path(), &tight).ok();
+    assert_same(&dir, "plain", "tight");
+    for n in [2, 3] {
+        let out = format!("p{n}");
+        partitioned(dir.path(), &args(&out), &out, n, &[]);
+        assert_same(&dir, "plain", &out);
+    }
+}
+
 #[test]
 fn the_default_bucket_size_gives_the_same_cache_in_one_or_many_partitions() {
     let dir = Dir::new();

@@ -178,6 +178,21 @@ pub(crate) fn context_wants(spec: &CompileSpec) -> Vec<Want> {
     wants
 }
 
+impl ContextPart {
+    /// A context table spilled as `spill` (`rows` rows, no split column).
+    pub fn of_spill(spill: SpillPart, rows: u64) -> ContextPart {
+        ContextPart {
+            spill,
+            rows,
+            split_values: Vec::new(),
+        }
+    }
+
+    pub fn into_spill(self) -> SpillPart {
+        self.spill
+    }
+}
+
 /// Reads the context table at `path` and spills it into `buckets` in `dir`.
 pub(crate) fn spill_context(
     path: &Path,

@@ -18,6 +18,7 @@ use crate::cache::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, FitPart};
 use crate::lookup::ContextPart;
+use crate::mostlyai::{self, bucket as profile};
 use crate::pipeline::{self, Setup};
 use crate::runs::ValueRuns;
 use crate::shards::{self, Layout, WritePart};
@@ -176,11 +177,11 @@ struct ScanBody {
 
 /// The plan's fingerprint: the spec, the partition count and each input's size and modification
 /// time, so that parts of another compile, or of inputs changed since, never mix.
-fn fingerprint(spec: &CompileSpec, partitions: usize, setup: &Setup) -> Result<String> {
+fn fingerprint(spec: &CompileSpec, partitions: usize, named: &[(PathBuf, &str)]) -> Result<String> {
     let mut h = dsc_format::checksum::Hasher::new();
     h.update(&serde_json::to_vec(spec).expect("a spec serializes"));
     h.update(format!("\n{partitions}\n").as_bytes());
-    for (path, role) in &setup.named_inputs {
+    for (path, role) in named {
         let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
         let mtime = m
             .modified()
@@ -237,13 +238,20 @@ pub struct StageReport {
 /// The work folder of one partitioned compile, with its plan.
 struct Work {
     dir: PathBuf,
+    /// Where the scans' spill files lie.
+    scan: PathBuf,
     plan: Plan,
 }
 
 impl Work {
     /// Opens (or starts) the work folder for `spec` in `partitions` parts; refuses one that
     /// belongs to another compile.
-    fn open(out: &Path, spec: &CompileSpec, partitions: usize, setup: &Setup) -> Result<Work> {
+    fn open(
+        out: &Path,
+        spec: &CompileSpec,
+        partitions: usize,
+        named: &[(PathBuf, &str)],
+    ) -> Result<Work> {
         let dir = work_dir(out);
         for sub in ["scan", "fit", dsc_format::SHARDS_DIR] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| CompileError::io(&dir, e))?;
@@ -251,7 +259,7 @@ impl Work {
         let plan = Plan {
             spec: spec.clone(),
             partitions,
-            fingerprint: fingerprint(spec, partitions, setup)?,
+            fingerprint: fingerprint(spec, partitions, named)?,
         };
         let path = dir.join("plan.json");
         match std::fs::read(&path) {
@@ -286,7 +294,11 @@ impl Work {
             }
             Err(e) => return Err(CompileError::io(&path, e)),
         }
-        Ok(Work { dir, plan })
+        Ok(Work {
+            scan: dir.join("scan"),
+            dir,
+            plan,
+        })
     }
 
     /// Reads the plan of the work folder beside `out`.
@@ -311,7 +323,11 @@ impl Work {
             path: path.clone(),
             what: format!("not a dsc plan ({e})"),
         })?;
-        Ok(Work { dir, plan })
+        Ok(Work {
+            scan: dir.join("scan"),
+            dir,
+            plan,
+        })
     }
 
     fn write_part<T: Serialize>(&self, stage: Stage, p: Partition, body: T) -> Result<()> {
@@ -403,9 +419,34 @@ impl Work {
         self.dir.join("fit").join(format!("values-{i}.spill"))
     }
 
+    /// The profile's two spilled tables, from every scan part.
+    fn profile_spills(
+        &self,
+        setup: &profile::Setup,
+        scans: Vec<ScanBody>,
+    ) -> Result<profile::Spills> {
+        let mut parts = Vec::with_capacity(scans.len());
+        let mut context = None;
+        for s in scans {
+            parts.push(s.spill);
+            context = context.or(s.context);
+        }
+        let context = context.ok_or_else(|| CompileError::Partition {
+            path: self.dir.join(part_name(
+                Stage::Scan,
+                Partition {
+                    index: self.plan.partitions - 1,
+                    count: self.plan.partitions,
+                },
+            )),
+            what: "the last scan part holds no context table; rerun that partition".into(),
+        })?;
+        Ok(setup.spills(&self.dir.join("scan"), parts, context.into_spill()))
+    }
+
     /// Every fit part and its values file, opened.
-    fn fits(&self) -> Result<(Vec<FitPart>, Vec<std::fs::File>)> {
-        let parts: Vec<FitPart> = self.read_parts(Stage::Fit)?;
+    fn fits<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<std::fs::File>)> {
+        let parts: Vec<T> = self.read_parts(Stage::Fit)?;
         let files = (0..self.plan.partitions)
             .map(|i| {
                 let path = self.values_path(i);
@@ -426,16 +467,64 @@ pub fn run_stage(
     progress: &dyn Progress,
 ) -> Result<StageReport> {
     let start = std::time::Instant::now();
-    if spec.profile.is_some() {
-        return Err(CompileError::Spec(
-            "a partitioned compile runs dsc's own pipeline; profiles compile in one process".into(),
-        ));
+    let budget = max_memory.unwrap_or_else(pipeline::default_budget);
+    pipeline::check_profile(spec)?;
+    let items = if spec.profile.is_some() {
+        profile_stage(spec, out, budget, partition, stage, progress)?
+    } else {
+        own_stage(spec, out, budget, partition, stage, progress)?
+    };
+    progress.finish();
+    Ok(StageReport {
+        stage,
+        partition: partition.index,
+        partitions: partition.count,
+        items,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Where one partition's scan writes its part of the spill.
+fn scan_to<'a>(
+    work: &'a Work,
+    setup_buckets: spill::Buckets,
+    name: &'a str,
+    budget: u64,
+) -> SpillTo<'a> {
+    SpillTo {
+        dir: work.scan_dir(),
+        name,
+        buckets: setup_buckets,
+        budget: pipeline::read_share(budget),
+        // Other stages, maybe on other machines, read it back.
+        in_memory: false,
     }
+}
+
+/// Runs `f` writing partition `i`'s values file under a temporary name, renamed when done.
+fn with_values<T>(work: &Work, i: usize, f: impl FnOnce(&ValueRuns) -> Result<T>) -> Result<T> {
+    let final_path = work.values_path(i);
+    let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
+    let runs = ValueRuns::create(tmp.clone(), i as u32)?;
+    let out = f(&runs)?;
+    runs.finish()?;
+    std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
+    Ok(out)
+}
+
+/// One stage of dsc's own compile; returns the items (files or buckets) it handled.
+fn own_stage(
+    spec: &CompileSpec,
+    out: &Path,
+    budget: u64,
+    partition: Partition,
+    stage: Stage,
+    progress: &dyn Progress,
+) -> Result<usize> {
     let mut setup = Setup::new(spec)?;
     setup.open()?;
-    let work = Work::open(out, spec, partition.count, &setup)?;
-    let budget = max_memory.unwrap_or_else(pipeline::default_budget);
-    let items = match stage {
+    let work = Work::open(out, spec, partition.count, &setup.named_inputs)?;
+    Ok(match stage {
         Stage::Scan => {
             let (inputs, _) = setup.take_inputs();
             let files = partition.share(inputs.opened.len());
@@ -445,14 +534,7 @@ pub fn run_stage(
                 inputs,
                 files.clone(),
                 &setup.plan.rows_wants,
-                SpillTo {
-                    dir: &work.dir.join("scan"),
-                    name: "rows",
-                    buckets: setup.buckets,
-                    budget: pipeline::read_share(budget),
-                    // Other stages, maybe on other machines, read it back.
-                    in_memory: false,
-                },
+                scan_to(&work, setup.buckets, "rows", budget),
                 progress,
             )?;
             let inputs = cache::hash_files(&named)?;
@@ -480,12 +562,9 @@ pub fn run_stage(
             let shared = setup.shared(&spill, &splits);
             let buckets = partition.share(setup.buckets.count());
             progress.stage("statistics", buckets.len() as u64);
-            let final_path = work.values_path(partition.index);
-            let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
-            let runs = ValueRuns::create(tmp.clone(), partition.index as u32)?;
-            let part = fit::fit_buckets(&shared, buckets.clone(), at_once, &runs, progress)?;
-            runs.finish()?;
-            std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
+            let part = with_values(&work, partition.index, |runs| {
+                fit::fit_buckets(&shared, buckets.clone(), at_once, runs, progress)
+            })?;
             work.write_part(Stage::Fit, partition, part)?;
             buckets.len()
         }
@@ -494,7 +573,7 @@ pub fn run_stage(
             let splits = split::plan(spec, setup.context.as_ref())?;
             let at_once = setup.at_once(&spill, budget)?;
             let shared = setup.shared(&spill, &splits);
-            let (fits, values) = work.fits()?;
+            let (fits, values) = work.fits::<FitPart>()?;
             let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
             let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
             let buckets = partition.share(setup.buckets.count());
@@ -511,14 +590,75 @@ pub fn run_stage(
             work.write_part(Stage::Write, partition, part)?;
             buckets.len()
         }
-    };
-    progress.finish();
-    Ok(StageReport {
-        stage,
-        partition: partition.index,
-        partitions: partition.count,
-        items,
-        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// One stage of a profile's compile (`--profile mostlyai`): the same stages over both tables.
+fn profile_stage(
+    spec: &CompileSpec,
+    out: &Path,
+    budget: u64,
+    partition: Partition,
+    stage: Stage,
+    progress: &dyn Progress,
+) -> Result<usize> {
+    let (setup, tgt_in, ctx_in) = profile::Setup::new(spec)?;
+    let work = Work::open(out, spec, partition.count, &setup.named)?;
+    let buckets = partition.share(setup.buckets.count());
+    Ok(match stage {
+        Stage::Scan => {
+            let files = partition.share(tgt_in.opened.len());
+            progress.stage("reading", files.len() as u64);
+            let named: Vec<(PathBuf, &str)> = setup.named[files.clone()].to_vec();
+            let to = scan_to(&work, setup.buckets, "rows", budget);
+            let spill = mostlyai::spill_side(&setup, tgt_in, files.clone(), false, to, progress)?;
+            let inputs = cache::hash_files(&named)?;
+            // The last partition also spills the context table, once for every stage.
+            let context = if partition.index + 1 == partition.count {
+                let to = scan_to(&work, setup.buckets, "context", budget);
+                let all = 0..ctx_in.opened.len();
+                let spill = mostlyai::spill_side(&setup, ctx_in, all, true, to, progress)?;
+                Some(ContextPart::of_spill(spill, setup.ctx.rows()))
+            } else {
+                None
+            };
+            let body = ScanBody {
+                spill,
+                inputs,
+                context,
+            };
+            work.write_part(Stage::Scan, partition, body)?;
+            files.len()
+        }
+        Stage::Fit => {
+            let spills = work.profile_spills(&setup, work.read_parts(Stage::Scan)?)?;
+            let at_once = mostlyai::at_once(&setup, &spills, budget)?;
+            progress.stage("statistics", buckets.len() as u64);
+            let part = with_values(&work, partition.index, |runs| {
+                mostlyai::fit_buckets(&setup, &spills, buckets.clone(), at_once, runs, progress)
+            })?;
+            work.write_part(Stage::Fit, partition, part)?;
+            buckets.len()
+        }
+        Stage::Write => {
+            let spills = work.profile_spills(&setup, work.read_parts(Stage::Scan)?)?;
+            let at_once = mostlyai::at_once(&setup, &spills, budget)?;
+            let (fits, values) = work.fits::<mostlyai::FitPart>()?;
+            let reduced = mostlyai::reduce(&setup, fits, &values)?;
+            progress.stage("writing shards", buckets.len() as u64);
+            let part = mostlyai::write_buckets(
+                &setup,
+                &spills,
+                &reduced,
+                &values,
+                buckets.clone(),
+                at_once,
+                &work.dir,
+                progress,
+            )?;
+            work.write_part(Stage::Write, partition, part)?;
+            buckets.len()
+        }
     })
 }
 
@@ -529,53 +669,94 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
     let timer = Timer::start();
     let work = Work::existing(out)?;
     let spec = work.plan.spec.clone();
-    let mut setup = Setup::new(&spec)?;
-    setup.open()?;
-    if fingerprint(&spec, work.plan.partitions, &setup)? != work.plan.fingerprint {
-        return Err(CompileError::Partition {
-            path: work.dir.clone(),
-            what: "the compile's inputs changed since its stages ran (size or modification \
-                   time); run them again"
-                .into(),
-        });
-    }
-    // Every stage's parts, before anything is touched.
-    let scans: Vec<ScanBody> = work.read_parts(Stage::Scan)?;
-    let writes: Vec<WritePart> = work.read_parts(Stage::Write)?;
-    let staging = Staging::create(out, force)?;
-    progress.stage("merging", 1);
-    let rows_inputs: Vec<InputFile> = scans.iter().flat_map(|s| s.inputs.clone()).collect();
-    let spill = work.spill_of(&mut setup, scans)?;
-    let splits = split::plan(&spec, setup.context.as_ref())?;
-    let shared = setup.shared(&spill, &splits);
-    let (fits, values) = work.fits()?;
-    let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
-    let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
-    // Linked, not moved: a merge that fails (or is killed) before the commit leaves every part
-    // in the work folder, and can simply be run again.
-    for w in &writes {
-        for e in &w.entries {
-            let from = work.dir.join(&e.file);
-            let to = staging.dir.join(&e.file);
-            std::fs::hard_link(&from, &to)
-                .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
-                .map_err(|e| CompileError::io(&from, e))?;
-        }
-    }
-    let rows_files = rows_inputs.len();
-    let side = cache::hash_files(&setup.named_inputs[rows_files..])?;
-    let files: Vec<InputFile> = rows_inputs.into_iter().chain(side).collect();
-    let inputs = Inputs {
-        fingerprint: cache::combined_fingerprint(&files),
-        files,
+    let report = if spec.profile.is_some() {
+        let (setup, _, _) = profile::Setup::new(&spec)?;
+        let (scans, writes, staging) = work.start_merge(out, force, &setup.named, progress)?;
+        let inputs = work.merge_inputs(&scans, &writes, &staging, &setup.named)?;
+        let spills = work.profile_spills(&setup, scans)?;
+        let (fits, values) = work.fits::<mostlyai::FitPart>()?;
+        let reduced = mostlyai::reduce(&setup, fits, &values)?;
+        drop(spills);
+        mostlyai::finish(&setup, reduced, writes, inputs, staging, timer)?
+    } else {
+        let mut setup = Setup::new(&spec)?;
+        setup.open()?;
+        let (scans, writes, staging) =
+            work.start_merge(out, force, &setup.named_inputs, progress)?;
+        let inputs = work.merge_inputs(&scans, &writes, &staging, &setup.named_inputs)?;
+        let spill = work.spill_of(&mut setup, scans)?;
+        let splits = split::plan(&spec, setup.context.as_ref())?;
+        let shared = setup.shared(&spill, &splits);
+        let (fits, values) = work.fits::<FitPart>()?;
+        let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
+        let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
+        pipeline::finish(
+            &setup, &splits, merged, layout, writes, inputs, staging, timer,
+        )?
     };
-    let report = pipeline::finish(
-        &setup, &splits, merged, layout, writes, inputs, staging, timer,
-    )?;
     progress.advance(1);
     progress.finish();
     std::fs::remove_dir_all(&work.dir).map_err(|e| CompileError::io(&work.dir, e))?;
     Ok(report)
+}
+
+impl Work {
+    /// Checks the inputs against the plan and reads every scan and write part, before anything
+    /// is touched; then takes the output lock and starts the staging folder.
+    fn start_merge(
+        &self,
+        out: &Path,
+        force: bool,
+        named: &[(PathBuf, &str)],
+        progress: &dyn Progress,
+    ) -> Result<(Vec<ScanBody>, Vec<WritePart>, Staging)> {
+        if fingerprint(&self.plan.spec, self.plan.partitions, named)? != self.plan.fingerprint {
+            return Err(CompileError::Partition {
+                path: self.dir.clone(),
+                what: "the compile's inputs changed since its stages ran (size or modification \
+                       time); run them again"
+                    .into(),
+            });
+        }
+        let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
+        let writes: Vec<WritePart> = self.read_parts(Stage::Write)?;
+        let staging = Staging::create(out, force)?;
+        progress.stage("merging", 1);
+        Ok((scans, writes, staging))
+    }
+
+    /// Links every written shard into `staging` and describes the inputs: the rows files as
+    /// their scans hashed them, the other files (`named` after the rows files) hashed now.
+    fn merge_inputs(
+        &self,
+        scans: &[ScanBody],
+        writes: &[WritePart],
+        staging: &Staging,
+        named: &[(PathBuf, &str)],
+    ) -> Result<Inputs> {
+        // Linked, not moved: a merge that fails (or is killed) before the commit leaves every
+        // part in the work folder, and can simply be run again.
+        for w in writes {
+            for e in &w.entries {
+                let from = self.dir.join(&e.file);
+                let to = staging.dir.join(&e.file);
+                std::fs::hard_link(&from, &to)
+                    .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
+                    .map_err(|e| CompileError::io(&from, e))?;
+            }
+        }
+        let rows_inputs: Vec<InputFile> = scans.iter().flat_map(|s| s.inputs.clone()).collect();
+        let side = cache::hash_files(&named[rows_inputs.len()..])?;
+        let files: Vec<InputFile> = rows_inputs.into_iter().chain(side).collect();
+        Ok(Inputs {
+            fingerprint: cache::combined_fingerprint(&files),
+            files,
+        })
+    }
+
+    fn scan_dir(&self) -> &Path {
+        &self.scan
+    }
 }
 
 /// Which stages of a partitioned compile into `out` are done.

@@ -68,22 +68,29 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
 
 /// Runs a compile.
 pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let result = match spec.profile.as_deref() {
+    let result = check_profile(spec).and_then(|()| match spec.profile {
+        None => run(spec, opts),
+        Some(_) => crate::mostlyai::compile(spec, opts),
+    });
+    opts.progress.finish();
+    result
+}
+
+/// Refuses an unknown profile, and the profile's options without it.
+pub(crate) fn check_profile(spec: &CompileSpec) -> Result<()> {
+    match spec.profile.as_deref() {
         None if spec.val_keys.is_some() || spec.partitions.is_some() => Err(CompileError::Spec(
             format!(
                 "val_keys (--val-keys) and partitions (--partitions) only apply with the {:?} profile",
                 crate::mostlyai::PROFILE
             ),
         )),
-        None => run(spec, opts),
-        Some(crate::mostlyai::PROFILE) => crate::mostlyai::compile(spec, opts),
+        None | Some(crate::mostlyai::PROFILE) => Ok(()),
         Some(other) => Err(CompileError::Spec(format!(
             "unknown profile {other:?} (known: {:?})",
             crate::mostlyai::PROFILE
         ))),
-    };
-    opts.progress.finish();
-    result
+    }
 }
 
 /// The memory a compile may use when not told: half of what this process may use (the

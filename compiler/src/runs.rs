@@ -143,6 +143,19 @@ impl<'f> Pool<'f> {
         self.ends.last().copied().unwrap_or(0)
     }
 
+    /// Every value, in order.
+    pub fn f64s(&self) -> Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(self.len() as usize);
+        for r in &self.runs {
+            out.extend(read_f64s(
+                &self.files[r.file as usize],
+                r.offset,
+                r.len as usize,
+            )?);
+        }
+        Ok(out)
+    }
+
     /// The 8 bytes of value `k` (`k < len`).
     pub fn bytes_at(&self, k: u64) -> Result<[u8; 8]> {
         let i = self.ends.partition_point(|&e| e <= k);

@@ -5,7 +5,7 @@
 use super::table::{Data, Family, MTable};
 use super::{categorical, datetime, numeric};
 use crate::error::Result;
-use crate::runs::{Run, Sorted, ValueRuns};
+use crate::runs::{Pool, Run, Sorted, ValueRuns};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fs::File;
@@ -50,6 +50,10 @@ impl ColStats {
         }
     }
 }
+
+/// A partition with at most this many values of a binned column has them sorted in memory
+/// (32 MiB) for its quantiles rather than answering 1001 rank queries over its runs.
+const SORT_IN_MEMORY: u64 = 1 << 22;
 
 /// One bucket's rows of a column in one partition.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -145,6 +149,7 @@ pub(crate) fn reduce(
     Ok(match family {
         Family::Num => {
             let mut partials = Vec::new();
+            let mut runs = Vec::new();
             for pieces in parts {
                 let mine: Vec<&numeric::Piece> = pieces
                     .iter()
@@ -153,14 +158,32 @@ pub(crate) fn reduce(
                         _ => unreachable!("pieces follow the column's family"),
                     })
                     .collect();
-                let sorted = Sorted::new(files, mine.iter().filter_map(|p| p.run))?;
-                partials.extend(numeric::partial(&mine, int_keys, |k| sorted.kth(k))?);
+                if let Some(partial) = numeric::partial(&mine, int_keys) {
+                    partials.push(partial);
+                    runs.push(mine.iter().filter_map(|p| p.run).collect::<Vec<_>>());
+                }
             }
             if partials.is_empty() {
-                ColStats::Empty("TABULAR_NUMERIC_AUTO")
-            } else {
-                ColStats::Numeric(numeric::reduce(&partials.iter().collect::<Vec<_>>()))
+                return Ok(ColStats::Empty("TABULAR_NUMERIC_AUTO"));
             }
+            let mut stats = numeric::reduce(&partials.iter().collect::<Vec<_>>());
+            if matches!(stats, numeric::Stats::Binned { .. }) {
+                // Only bins read the quantiles, 1001 ranks per partition: from its values
+                // sorted in memory when they are few, else by rank queries over its runs.
+                for (partial, runs) in partials.iter_mut().zip(runs) {
+                    let pool = Pool::new(files, runs.iter().copied());
+                    if pool.len() <= SORT_IN_MEMORY {
+                        let mut all = pool.f64s()?;
+                        all.sort_unstable_by(f64::total_cmp);
+                        partial.add_quantiles(|k| Ok(all[k as usize]))?;
+                    } else {
+                        let sorted = Sorted::new(files, runs.into_iter())?;
+                        partial.add_quantiles(|k| sorted.kth(k))?;
+                    }
+                }
+                stats = numeric::reduce(&partials.iter().collect::<Vec<_>>());
+            }
+            ColStats::Numeric(stats)
         }
         Family::Cat => {
             let partials: Vec<categorical::Partial> = parts

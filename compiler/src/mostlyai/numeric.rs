@@ -19,6 +19,8 @@ const DEFAULT_MIN_DECIMAL: i32 = -8;
 /// reduction reads when value protection is off.
 #[derive(Debug, Clone)]
 pub(crate) struct Partial {
+    /// Non-null rows.
+    values: u64,
     has_nan: bool,
     has_neg: bool,
     /// Lowest digit position analysed (`E18..E{low}`).
@@ -127,18 +129,13 @@ pub(crate) fn piece(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> (Piece,
     (piece, sorted)
 }
 
-/// `analyze_numeric` of one partition from its pieces (`None` when it has no rows).
-/// `int_keys`: the pieces list integers, and the column is int64 for pandas (no nulls
-/// anywhere), so its value keys are spelled as integers. `kth(k)` is the partition's `k`-th
-/// smallest non-null value.
-pub(crate) fn partial(
-    pieces: &[&Piece],
-    int_keys: Option<bool>,
-    kth: impl Fn(u64) -> crate::error::Result<f64>,
-) -> crate::error::Result<Option<Partial>> {
+/// `analyze_numeric` of one partition from its pieces (`None` when it has no rows), without
+/// its quantiles: only a binned column needs them ([`Partial::add_quantiles`]). `int_keys`:
+/// see [`distinct_keys`].
+pub(crate) fn partial(pieces: &[&Piece], int_keys: Option<bool>) -> Option<Partial> {
     let rows: u64 = pieces.iter().map(|p| p.rows).sum();
     if rows == 0 {
-        return Ok(None);
+        return None;
     }
     let n: u64 = pieces.iter().map(|p| p.values).sum();
     let with_values: Vec<&&Piece> = pieces.iter().filter(|p| p.values > 0).collect();
@@ -184,16 +181,9 @@ pub(crate) fn partial(
         .iter()
         .filter_map(|p| p.max.map(f64::from_bits))
         .reduce(total_max);
-    let quantiles = if n == 0 {
-        Vec::new()
-    } else {
-        linspace01(BINNED_MAX_QUANTILES)
-            .into_iter()
-            .map(|q| kth(closest_observation_index(n as usize, q) as u64))
-            .collect::<crate::error::Result<_>>()?
-    };
     let cnt_keys = distinct_keys(pieces, int_keys);
-    Ok(Some(Partial {
+    Some(Partial {
+        values: n,
         has_nan: n < rows,
         has_neg: pieces.iter().any(|p| p.has_neg),
         low,
@@ -202,8 +192,25 @@ pub(crate) fn partial(
         min,
         max,
         cnt_keys,
-        quantiles,
-    }))
+        quantiles: Vec::new(),
+    })
+}
+
+impl Partial {
+    /// The partition's 1001 quantiles (numpy's `closest_observation`), `kth(k)` being its
+    /// `k`-th smallest non-null value.
+    pub fn add_quantiles(
+        &mut self,
+        kth: impl Fn(u64) -> crate::error::Result<f64>,
+    ) -> crate::error::Result<()> {
+        if self.values > 0 {
+            self.quantiles = linspace01(BINNED_MAX_QUANTILES)
+                .into_iter()
+                .map(|q| kth(closest_observation_index(self.values as usize, q) as u64))
+                .collect::<crate::error::Result<_>>()?;
+        }
+        Ok(())
+    }
 }
 
 /// The partition's value keys, ascending, when it has fewer than 100 distinct values.
@@ -233,8 +240,11 @@ fn distinct_keys(pieces: &[&Piece], int_keys: Option<bool>) -> Option<Vec<String
 #[cfg(test)]
 pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Option<Partial> {
     let (p, sorted) = piece(vals, ints, rows);
-    partial(&[&p], ints.map(|_| true), |k| Ok(sorted[k as usize]))
-        .expect("in-memory quantiles never fail")
+    let mut partial = partial(&[&p], ints.map(|_| true))?;
+    partial
+        .add_quantiles(|k| Ok(sorted[k as usize]))
+        .expect("in-memory quantiles never fail");
+    Some(partial)
 }
 
 /// The resolved encoding of a numeric column (`analyze_reduce_numeric`, value protection off).
