@@ -64,12 +64,22 @@ pub(crate) enum Piece {
 }
 
 impl Piece {
-    /// Where its non-null values lie (numeric and datetime columns).
-    pub fn run(&self) -> Option<Run> {
+    /// Where its non-null values lie (numeric and datetime columns), bucket by bucket.
+    pub fn runs(&self) -> &[Run] {
         match self {
-            Piece::Num(p) => p.run,
-            Piece::Time(p) => p.run,
-            Piece::Cat(_) => None,
+            Piece::Num(p) => &p.runs,
+            Piece::Time(p) => &p.runs,
+            Piece::Cat(_) => &[],
+        }
+    }
+
+    /// Adds `o`, the piece of the same column and partition in a later bucket.
+    pub fn merge(&mut self, o: Piece) {
+        match (self, o) {
+            (Piece::Num(a), Piece::Num(b)) => a.merge(b),
+            (Piece::Cat(a), Piece::Cat(b)) => a.merge(b),
+            (Piece::Time(a), Piece::Time(b)) => a.merge(b),
+            _ => unreachable!("pieces follow the column's family"),
         }
     }
 
@@ -111,7 +121,7 @@ pub(crate) fn pieces(
                         Data::Num { vals, ints } => {
                             let (mut p, sorted) = numeric::piece(vals, ints.as_deref(), rows);
                             if !sorted.is_empty() {
-                                p.run = Some(runs.append(&sorted)?);
+                                p.runs.push(runs.append(&sorted)?);
                             }
                             Piece::Num(p)
                         }
@@ -121,7 +131,7 @@ pub(crate) fn pieces(
                         Data::Time { us } => {
                             let (mut p, vals) = datetime::piece(us, rows);
                             if !vals.is_empty() {
-                                p.run = Some(runs.append_i64(&vals)?);
+                                p.runs.push(runs.append_i64(&vals)?);
                             }
                             Piece::Time(p)
                         }
@@ -132,37 +142,43 @@ pub(crate) fn pieces(
         .collect()
 }
 
+/// The piece of a partition without rows in this bucket.
+pub(crate) fn empty_piece(family: Family) -> Piece {
+    match family {
+        Family::Num => Piece::Num(numeric::piece(&[], None, &[]).0),
+        Family::Cat => Piece::Cat(categorical::piece(&[], &[], &[])),
+        Family::Time => Piece::Time(datetime::piece(&[], &[]).0),
+    }
+}
+
 /// Whether a column has a null anywhere, from every bucket's pieces of it.
 pub(crate) fn has_nulls<'p>(pieces: impl Iterator<Item = &'p Piece>) -> bool {
     pieces.into_iter().any(|p| p.nulls() > 0)
 }
 
-/// Reduces one column over its partitions: `parts[p]` are partition `p`'s pieces (one per
-/// bucket, in bucket order), `files` the values files their runs lie in. `int_keys`: for an
-/// integer column, whether pandas keeps it int64 (no nulls anywhere).
+/// Reduces one column over its partitions: `parts[p]` is partition `p`'s piece, merged over
+/// every bucket; `files` the values files its runs lie in. `int_keys`: for an integer column,
+/// whether pandas keeps it int64 (no nulls anywhere).
 pub(crate) fn reduce(
     family: Family,
-    parts: &[Vec<&Piece>],
+    parts: &[&Piece],
     files: &[File],
     int_keys: Option<bool>,
 ) -> Result<ColStats> {
     Ok(match family {
         Family::Num => {
-            let mut partials = Vec::new();
-            let mut runs = Vec::new();
-            for pieces in parts {
-                let mine: Vec<&numeric::Piece> = pieces
-                    .iter()
-                    .map(|p| match p {
-                        Piece::Num(x) => x,
-                        _ => unreachable!("pieces follow the column's family"),
-                    })
-                    .collect();
-                if let Some(partial) = numeric::partial(&mine, int_keys) {
-                    partials.push(partial);
-                    runs.push(mine.iter().filter_map(|p| p.run).collect::<Vec<_>>());
-                }
-            }
+            let with_rows: Vec<&numeric::Piece> = parts
+                .iter()
+                .map(|p| match p {
+                    Piece::Num(x) => x,
+                    _ => unreachable!("pieces follow the column's family"),
+                })
+                .filter(|p| p.rows > 0)
+                .collect();
+            let mut partials: Vec<numeric::Partial> = with_rows
+                .iter()
+                .filter_map(|p| numeric::partial(p, int_keys))
+                .collect();
             if partials.is_empty() {
                 return Ok(ColStats::Empty("TABULAR_NUMERIC_AUTO"));
             }
@@ -170,14 +186,14 @@ pub(crate) fn reduce(
             if matches!(stats, numeric::Stats::Binned { .. }) {
                 // Only bins read the quantiles, 1001 ranks per partition: from its values
                 // sorted in memory when they are few, else by rank queries over its runs.
-                for (partial, runs) in partials.iter_mut().zip(runs) {
-                    let pool = Pool::new(files, runs.iter().copied());
+                for (partial, piece) in partials.iter_mut().zip(&with_rows) {
+                    let pool = Pool::new(files, piece.runs.iter().copied());
                     if pool.len() <= SORT_IN_MEMORY {
                         let mut all = pool.f64s()?;
                         all.sort_unstable_by(f64::total_cmp);
                         partial.add_quantiles(|k| Ok(all[k as usize]))?;
                     } else {
-                        let sorted = Sorted::new(files, runs.into_iter())?;
+                        let sorted = Sorted::new(files, piece.runs.iter().copied())?;
                         partial.add_quantiles(|k| sorted.kth(k))?;
                     }
                 }
@@ -188,15 +204,9 @@ pub(crate) fn reduce(
         Family::Cat => {
             let partials: Vec<categorical::Partial> = parts
                 .iter()
-                .filter_map(|pieces| {
-                    let mine: Vec<&categorical::Piece> = pieces
-                        .iter()
-                        .map(|p| match p {
-                            Piece::Cat(x) => x,
-                            _ => unreachable!("pieces follow the column's family"),
-                        })
-                        .collect();
-                    categorical::partial(&mine)
+                .filter_map(|p| match p {
+                    Piece::Cat(x) => categorical::partial(x),
+                    _ => unreachable!("pieces follow the column's family"),
                 })
                 .collect();
             if partials.is_empty() {
@@ -208,15 +218,9 @@ pub(crate) fn reduce(
         Family::Time => {
             let partials: Vec<datetime::Partial> = parts
                 .iter()
-                .filter_map(|pieces| {
-                    let mine: Vec<&datetime::Piece> = pieces
-                        .iter()
-                        .map(|p| match p {
-                            Piece::Time(x) => x,
-                            _ => unreachable!("pieces follow the column's family"),
-                        })
-                        .collect();
-                    datetime::partial(&mine)
+                .filter_map(|p| match p {
+                    Piece::Time(x) => datetime::partial(x),
+                    _ => unreachable!("pieces follow the column's family"),
                 })
                 .collect();
             if partials.is_empty() {

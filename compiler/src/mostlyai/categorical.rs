@@ -37,23 +37,27 @@ pub(crate) fn piece(codes: &[u32], dict: &[String], rows: &[u32]) -> Piece {
     }
 }
 
-/// One partition: whether it has a null, and which values occur (`None` without rows).
+impl Piece {
+    /// Adds `o`, the piece of the same column and partition in a later bucket.
+    pub fn merge(&mut self, o: Piece) {
+        self.rows += o.rows;
+        self.has_nan |= o.has_nan;
+        self.present.extend(o.present);
+    }
+}
+
+/// One partition: whether it has a null, and which values occur.
 #[derive(Debug, Clone)]
 pub(crate) struct Partial {
     has_nan: bool,
     present: BTreeSet<String>,
 }
 
-pub(crate) fn partial(pieces: &[&Piece]) -> Option<Partial> {
-    if pieces.iter().all(|p| p.rows == 0) {
-        return None;
-    }
-    Some(Partial {
-        has_nan: pieces.iter().any(|p| p.has_nan),
-        present: pieces
-            .iter()
-            .flat_map(|p| p.present.iter().cloned())
-            .collect(),
+/// The partition's statistics from its piece, merged over every bucket (`None` without rows).
+pub(crate) fn partial(p: &Piece) -> Option<Partial> {
+    (p.rows > 0).then(|| Partial {
+        has_nan: p.has_nan,
+        present: p.present.clone(),
     })
 }
 

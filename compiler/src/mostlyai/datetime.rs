@@ -47,7 +47,31 @@ pub(crate) struct Piece {
     /// Up to `TOP_N` smallest values, ascending, and up to `TOP_N` largest.
     head: Vec<i64>,
     tail: Vec<i64>,
-    pub run: Option<Run>,
+    /// Where the non-null values lie: one run per bucket, in bucket order.
+    pub runs: Vec<Run>,
+}
+
+impl Piece {
+    /// Adds `o`, the piece of the same column and partition in a later bucket.
+    pub fn merge(&mut self, o: Piece) {
+        if o.values > 0 {
+            for i in 0..9 {
+                self.min_values[i] = self.min_values[i].min(o.min_values[i]);
+                self.max_values[i] = self.max_values[i].max(o.max_values[i]);
+            }
+        }
+        self.rows += o.rows;
+        self.values += o.values;
+        // Each keeps its own TOP_N extremes, so together they hold those of both.
+        self.head.extend(o.head);
+        self.head.sort_unstable();
+        self.head.truncate(TOP_N);
+        self.tail.extend(o.tail);
+        self.tail.sort_unstable();
+        let cut = self.tail.len() - self.tail.len().min(TOP_N);
+        self.tail.drain(..cut);
+        self.runs.extend(o.runs);
+    }
 }
 
 /// The piece of `rows` of a column, and its non-null values, ascending (for `run`).
@@ -70,7 +94,7 @@ pub(crate) fn piece(us: &[Option<i64>], rows: &[u32]) -> (Piece, Vec<i64>) {
         max_values,
         head: vals[..vals.len().min(TOP_N)].to_vec(),
         tail: vals[vals.len() - vals.len().min(TOP_N)..].to_vec(),
-        run: None,
+        runs: Vec::new(),
     };
     (piece, vals)
 }
@@ -84,15 +108,14 @@ pub(crate) struct Partial {
     max: Option<String>,
 }
 
-/// `analyze_datetime` of one partition from its pieces (`None` when it has no rows).
-pub(crate) fn partial(pieces: &[&Piece]) -> Option<Partial> {
-    let rows: u64 = pieces.iter().map(|p| p.rows).sum();
-    if rows == 0 {
+/// `analyze_datetime` of one partition from its piece, merged over every bucket (`None` when
+/// it has no rows).
+pub(crate) fn partial(p: &Piece) -> Option<Partial> {
+    if p.rows == 0 {
         return None;
     }
-    let n: u64 = pieces.iter().map(|p| p.values).sum();
-    let has_nan = n < rows;
-    if n == 0 {
+    let has_nan = p.values < p.rows;
+    if p.values == 0 {
         // The engine's defaults for a partition without values (they enter the reduction).
         let mut v = [0i64; 9];
         v[0] = 2022;
@@ -106,21 +129,6 @@ pub(crate) fn partial(pieces: &[&Piece]) -> Option<Partial> {
             max: None,
         });
     }
-    let mut min_values = [i64::MAX; 9];
-    let mut max_values = [i64::MIN; 9];
-    for p in pieces.iter().filter(|p| p.values > 0) {
-        for i in 0..9 {
-            min_values[i] = min_values[i].min(p.min_values[i]);
-            max_values[i] = max_values[i].max(p.max_values[i]);
-        }
-    }
-    // Every piece keeps its own TOP_N extremes, so together they hold the partition's.
-    let mut head: Vec<i64> = pieces.iter().flat_map(|p| p.head.iter().copied()).collect();
-    head.sort_unstable();
-    head.truncate(TOP_N);
-    let mut tail: Vec<i64> = pieces.iter().flat_map(|p| p.tail.iter().copied()).collect();
-    tail.sort_unstable();
-    let tail = &tail[tail.len() - tail.len().min(TOP_N)..];
     let spell = |slice: &[i64]| {
         slice
             .iter()
@@ -130,10 +138,10 @@ pub(crate) fn partial(pieces: &[&Piece]) -> Option<Partial> {
     };
     Some(Partial {
         has_nan,
-        min_values,
-        max_values,
-        min: Some(spell(&head).format(head[0])),
-        max: Some(spell(tail).format(tail[tail.len() - 1])),
+        min_values: p.min_values,
+        max_values: p.max_values,
+        min: Some(spell(&p.head).format(p.head[0])),
+        max: Some(spell(&p.tail).format(p.tail[p.tail.len() - 1])),
     })
 }
 

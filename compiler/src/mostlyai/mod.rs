@@ -95,25 +95,42 @@ pub(crate) fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
     Ok((ctx_path, partitions))
 }
 
-/// What the statistics pass found in one bucket.
+/// What the statistics pass found in a range of buckets: each column's piece per engine
+/// partition, merged over the buckets in bucket order (so its size does not grow with them).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct BucketFit {
-    /// Each column's pieces, `[column][partition]`.
+pub(crate) struct FitPart {
+    /// `[column][partition]`.
     tgt: Vec<Vec<Piece>>,
     ctx: Vec<Vec<Piece>>,
     /// Contexts of each length, per split (train, val).
     lengths: [LengthCounts; 2],
+    /// Each bucket's contexts per split, in bucket order (where its shards start).
+    bucket_contexts: Vec<[u64; 2]>,
     unmatched: Unmatched,
 }
 
-/// The statistics pass over a range of buckets, in bucket order.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct FitPart {
-    buckets: Vec<BucketFit>,
+impl FitPart {
+    /// Adds `o`, the part of later buckets.
+    fn merge(&mut self, o: FitPart) {
+        for (mine, theirs) in [(&mut self.tgt, o.tgt), (&mut self.ctx, o.ctx)] {
+            for (a, b) in mine.iter_mut().zip(theirs) {
+                for (pa, pb) in a.iter_mut().zip(b) {
+                    pa.merge(pb);
+                }
+            }
+        }
+        for (all, mine) in self.lengths.iter_mut().zip(o.lengths) {
+            for (l, n) in mine {
+                *all.entry(l).or_insert(0) += n;
+            }
+        }
+        self.bucket_contexts.extend(o.bucket_contexts);
+        self.unmatched.add(o.unmatched);
+    }
 }
 
 /// The statistics pass over the buckets of `range`: each prepared and summarised per column
-/// and engine partition; sorted values go to `runs`.
+/// and engine partition, folded in bucket order; sorted values go to `runs`.
 pub(crate) fn fit_buckets(
     setup: &Setup,
     spills: &Spills,
@@ -123,7 +140,7 @@ pub(crate) fn fit_buckets(
     progress: &dyn Progress,
 ) -> Result<FitPart> {
     let parts = 2 * setup.partitions;
-    let buckets = fit::for_buckets(range, at_once, progress, |b| {
+    let fit_one = |b: usize| -> Result<FitPart> {
         let bucket = setup.prepare(spills, b)?;
         let (tgt_rows, ctx_rows) = bucket.rows_by_part(parts);
         let (tgt, ctx) = rayon::join(
@@ -131,18 +148,47 @@ pub(crate) fn fit_buckets(
             || analyze::pieces(&bucket.ctx, &ctx_rows, runs),
         );
         let mut lengths = [LengthCounts::new(), LengthCounts::new()];
+        let mut contexts = [0u64; 2];
         for c in 0..bucket.ctx.rows() {
             let split = usize::from(bucket.is_val(c));
             *lengths[split].entry(bucket.length(c) as u64).or_insert(0) += 1;
+            contexts[split] += 1;
         }
-        Ok(BucketFit {
+        Ok(FitPart {
             tgt: tgt?,
             ctx: ctx?,
             lengths,
+            bucket_contexts: vec![contexts],
             unmatched: bucket.unmatched,
         })
-    })?;
-    Ok(FitPart { buckets })
+    };
+    // A few buckets at a time, each folded in as soon as its turn comes.
+    let mut all: Option<FitPart> = None;
+    let step = at_once.max(1);
+    for start in range.clone().step_by(step) {
+        let end = (start + step).min(range.end);
+        for part in fit::for_buckets(start..end, at_once, progress, fit_one)? {
+            match &mut all {
+                None => all = Some(part),
+                Some(a) => a.merge(part),
+            }
+        }
+    }
+    Ok(all.unwrap_or_else(|| FitPart {
+        tgt: empty_pieces(&setup.tgt, parts),
+        ctx: empty_pieces(&setup.ctx, parts),
+        lengths: Default::default(),
+        bucket_contexts: Vec::new(),
+        unmatched: Unmatched::default(),
+    }))
+}
+
+/// A partition task with no buckets: every piece empty.
+fn empty_pieces(side: &Side, parts: usize) -> Vec<Vec<Piece>> {
+    side.families
+        .iter()
+        .map(|&f| (0..parts).map(|_| analyze::empty_piece(f)).collect())
+        .collect()
 }
 
 /// One table's reduced statistics, and what encoding needs besides them.
@@ -170,27 +216,16 @@ pub(crate) struct Reduced {
     lengths: [LengthCounts; 2],
 }
 
-/// Reduces one table's columns over every bucket's pieces (`pick` chooses the table).
-fn reduce_side(
-    side: &Side,
-    buckets: &[BucketFit],
-    pick: impl Fn(&BucketFit) -> &Vec<Vec<Piece>> + Sync,
-    parts: usize,
-    files: &[File],
-) -> Result<Reduction> {
+/// Reduces one table's columns from their merged pieces, `[column][partition]`.
+fn reduce_side(side: &Side, pieces: &[Vec<Piece>], files: &[File]) -> Result<Reduction> {
     let columns: Vec<(ColStats, bool, Vec<Vec<Run>>)> = (0..side.names.len())
         .into_par_iter()
         .map(|c| {
-            let by_part: Vec<Vec<&Piece>> = (0..parts)
-                .map(|p| buckets.iter().map(|bf| &pick(bf)[c][p]).collect())
-                .collect();
-            let int64 = side.integer[c] && !analyze::has_nulls(by_part.iter().flatten().copied());
+            let by_part: Vec<&Piece> = pieces[c].iter().collect();
+            let int64 = side.integer[c] && !analyze::has_nulls(by_part.iter().copied());
             let int_keys = side.integer[c].then_some(int64);
             let stats = analyze::reduce(side.families[c], &by_part, files, int_keys)?;
-            let donors = by_part
-                .iter()
-                .map(|pieces| pieces.iter().filter_map(|p| p.run()).collect())
-                .collect();
+            let donors = by_part.iter().map(|p| p.runs().to_vec()).collect();
             Ok((stats, int64, donors))
         })
         .collect::<Result<_>>()?;
@@ -211,11 +246,12 @@ fn reduce_side(
 /// engine's statistics and the cache's layout; `files` are the values files, in order.
 pub(crate) fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
     let spec = setup.spec;
-    let buckets: Vec<BucketFit> = fits.into_iter().flat_map(|f| f.buckets).collect();
-    let mut unmatched = Unmatched::default();
-    for bf in &buckets {
-        unmatched.add(bf.unmatched);
+    let mut fits = fits.into_iter();
+    let mut fit = fits.next().expect("at least one fit part");
+    for f in fits {
+        fit.merge(f);
     }
+    let unmatched = fit.unmatched;
     if let Some((row, key)) = unmatched.first {
         let t = &setup.tgt;
         let file = t.offsets.partition_point(|&o| o <= row) - 1;
@@ -227,20 +263,12 @@ pub(crate) fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Resul
             others: (unmatched.rows - 1) as usize,
         });
     }
-    let parts = 2 * setup.partitions;
     let (tgt, ctx) = rayon::join(
-        || reduce_side(&setup.tgt, &buckets, |bf| &bf.tgt, parts, files),
-        || reduce_side(&setup.ctx, &buckets, |bf| &bf.ctx, parts, files),
+        || reduce_side(&setup.tgt, &fit.tgt, files),
+        || reduce_side(&setup.ctx, &fit.ctx, files),
     );
     let (tgt, ctx) = (tgt?, ctx?);
-    let mut lengths = [LengthCounts::new(), LengthCounts::new()];
-    for bf in &buckets {
-        for (all, mine) in lengths.iter_mut().zip(&bf.lengths) {
-            for (&l, &n) in mine {
-                *all.entry(l).or_insert(0) += n;
-            }
-        }
-    }
+    let lengths = fit.lengths;
     let seq = analyze::seq_len(&all_lengths(&lengths));
     if seq.min == 1 && seq.max == 1 {
         return Err(CompileError::Spec(
@@ -262,14 +290,10 @@ pub(crate) fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Resul
     let max_len = seq.max;
     let tensors = tensor_list(setup, &tgt.stats, &ctx.stats, max_len);
     let splits: Vec<usize> = (0..SPLITS.len()).filter(|&s| contexts(s) > 0).collect();
-    let bucket_contexts: Vec<Vec<u64>> = buckets
+    let bucket_contexts: Vec<Vec<u64>> = fit
+        .bucket_contexts
         .iter()
-        .map(|bf| {
-            splits
-                .iter()
-                .map(|&s| bf.lengths[s].values().sum())
-                .collect()
-        })
+        .map(|c| splits.iter().map(|&s| c[s]).collect())
         .collect();
     let numbering = Numbering::new(
         &bucket_contexts,

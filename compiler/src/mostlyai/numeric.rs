@@ -37,7 +37,7 @@ pub(crate) struct Partial {
 
 /// Distinct values a [`Piece`] lists before it gives up (far above the 100 a discrete
 /// column may have, so that giving up always means "not discrete").
-const PIECE_DISTINCT: usize = 1024;
+const PIECE_DISTINCT: usize = 128;
 
 /// One bucket's rows of a numeric column in one partition: what merges exactly across buckets
 /// into the partition's [`Partial`]. Its sorted non-null values go to a values file (`run`):
@@ -58,8 +58,52 @@ pub(crate) struct Piece {
     /// The distinct values, ascending: integers for an integer column, else `f64` bits;
     /// `None` past [`PIECE_DISTINCT`].
     distinct: Option<Vec<i64>>,
-    /// Where the sorted non-null values lie.
-    pub run: Option<Run>,
+    /// Where the sorted non-null values lie: one run per bucket, in bucket order.
+    pub runs: Vec<Run>,
+}
+
+impl Piece {
+    /// Adds `o`, the piece of the same column and partition in a later bucket.
+    pub fn merge(&mut self, o: Piece) {
+        if o.values > 0 {
+            if self.values == 0 {
+                (self.min_d, self.max_d) = (o.min_d, o.max_d);
+            } else {
+                // Positions below a piece's window are 0 in all its values.
+                let width = (MAX_DECIMAL - self.low.min(o.low) + 1) as usize;
+                let at = |d: &[u8], i: usize| d.get(i).copied().unwrap_or(0);
+                self.min_d = (0..width)
+                    .map(|i| at(&self.min_d, i).min(at(&o.min_d, i)))
+                    .collect();
+                self.max_d = (0..width)
+                    .map(|i| at(&self.max_d, i).max(at(&o.max_d, i)))
+                    .collect();
+            }
+        }
+        self.low = self.low.min(o.low);
+        self.rows += o.rows;
+        self.values += o.values;
+        self.has_neg |= o.has_neg;
+        let pick = |a: Option<u64>, b: Option<u64>, lower: bool| match (a, b) {
+            (Some(x), Some(y)) => {
+                let less = f64::from_bits(y).total_cmp(&f64::from_bits(x)).is_lt();
+                Some(if less == lower { y } else { x })
+            }
+            (x, y) => x.or(y),
+        };
+        self.min = pick(self.min, o.min, true);
+        self.max = pick(self.max, o.max, false);
+        self.distinct = match (self.distinct.take(), o.distinct) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                a.sort_unstable();
+                a.dedup();
+                (a.len() <= PIECE_DISTINCT).then_some(a)
+            }
+            _ => None,
+        };
+        self.runs.extend(o.runs);
+    }
 }
 
 /// The piece of `rows` (ascending) of a column, and its sorted non-null values (for `run`).
@@ -124,76 +168,57 @@ pub(crate) fn piece(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> (Piece,
         min: sorted.first().map(|x| x.to_bits()),
         max: sorted.last().map(|x| x.to_bits()),
         distinct: (distinct.len() <= PIECE_DISTINCT).then_some(distinct),
-        run: None,
+        runs: Vec::new(),
     };
     (piece, sorted)
 }
 
-/// `analyze_numeric` of one partition from its pieces (`None` when it has no rows), without
-/// its quantiles: only a binned column needs them ([`Partial::add_quantiles`]). `int_keys`:
-/// see [`distinct_keys`].
-pub(crate) fn partial(pieces: &[&Piece], int_keys: Option<bool>) -> Option<Partial> {
-    let rows: u64 = pieces.iter().map(|p| p.rows).sum();
-    if rows == 0 {
+/// `analyze_numeric` of one partition from its piece, merged over every bucket (`None` when
+/// it has no rows), without its quantiles: only a binned column needs them
+/// ([`Partial::add_quantiles`]). `int_keys`: see [`distinct_keys`].
+pub(crate) fn partial(p: &Piece, int_keys: Option<bool>) -> Option<Partial> {
+    if p.rows == 0 {
         return None;
     }
-    let n: u64 = pieces.iter().map(|p| p.values).sum();
-    let with_values: Vec<&&Piece> = pieces.iter().filter(|p| p.values > 0).collect();
-    let low = pieces
-        .iter()
-        .map(|p| p.low)
-        .min()
-        .expect("a partition with rows has pieces");
-    let width = (MAX_DECIMAL - low + 1) as usize;
-    // Positions below a piece's window are 0 in all its values.
-    let digit = |d: &[u8], i: usize| if i < d.len() { d[i] } else { 0 };
-    let (min_d, max_d) = if with_values.is_empty() {
+    let width = (MAX_DECIMAL - p.low + 1) as usize;
+    let (min_d, max_d) = if p.values == 0 {
         (vec![0u8; width], vec![0u8; width])
     } else {
+        let at = |d: &[u8], i: usize| d.get(i).copied().unwrap_or(0);
         (
-            (0..width)
-                .map(|i| {
-                    with_values
-                        .iter()
-                        .map(|p| digit(&p.min_d, i))
-                        .min()
-                        .unwrap_or(0)
-                })
-                .collect(),
-            (0..width)
-                .map(|i| {
-                    with_values
-                        .iter()
-                        .map(|p| digit(&p.max_d, i))
-                        .max()
-                        .unwrap_or(0)
-                })
-                .collect(),
+            (0..width).map(|i| at(&p.min_d, i)).collect(),
+            (0..width).map(|i| at(&p.max_d, i)).collect(),
         )
     };
-    let total_min = |a: f64, b: f64| if b.total_cmp(&a).is_lt() { b } else { a };
-    let total_max = |a: f64, b: f64| if b.total_cmp(&a).is_gt() { b } else { a };
-    let min = pieces
-        .iter()
-        .filter_map(|p| p.min.map(f64::from_bits))
-        .reduce(total_min);
-    let max = pieces
-        .iter()
-        .filter_map(|p| p.max.map(f64::from_bits))
-        .reduce(total_max);
-    let cnt_keys = distinct_keys(pieces, int_keys);
     Some(Partial {
-        values: n,
-        has_nan: n < rows,
-        has_neg: pieces.iter().any(|p| p.has_neg),
-        low,
+        values: p.values,
+        has_nan: p.values < p.rows,
+        has_neg: p.has_neg,
+        low: p.low,
         min_d,
         max_d,
-        min,
-        max,
-        cnt_keys,
+        min: p.min.map(f64::from_bits),
+        max: p.max.map(f64::from_bits),
+        cnt_keys: distinct_keys(p, int_keys),
         quantiles: Vec::new(),
     })
+}
+
+/// The partition's value keys, ascending, when it has fewer than 100 distinct values.
+/// `int_keys`: `Some(true)` integers of an int64 column, `Some(false)` integers of an integer
+/// column that pandas made float64 (it has nulls), `None` doubles.
+fn distinct_keys(p: &Piece, int_keys: Option<bool>) -> Option<Vec<String>> {
+    let all = p.distinct.as_ref()?;
+    if int_keys == Some(true) {
+        return (all.len() < DISCRETE_MAX_VALUES).then(|| all.iter().map(i64::to_string).collect());
+    }
+    let mut v: Vec<f64> = match int_keys {
+        Some(_) => all.iter().map(|&i| i as f64).collect(),
+        None => all.iter().map(|&b| f64::from_bits(b as u64)).collect(),
+    };
+    v.sort_unstable_by(f64::total_cmp);
+    v.dedup_by(|a, b| a == b);
+    (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(|&x| float_repr(x)).collect())
 }
 
 impl Partial {
@@ -213,34 +238,12 @@ impl Partial {
     }
 }
 
-/// The partition's value keys, ascending, when it has fewer than 100 distinct values.
-/// `int_keys`: `Some(true)` integers of an int64 column, `Some(false)` integers of an integer
-/// column that pandas made float64 (it has nulls), `None` doubles.
-fn distinct_keys(pieces: &[&Piece], int_keys: Option<bool>) -> Option<Vec<String>> {
-    let mut all: Vec<i64> = Vec::new();
-    for p in pieces {
-        all.extend(p.distinct.as_ref()?);
-    }
-    all.sort_unstable();
-    all.dedup();
-    if int_keys == Some(true) {
-        return (all.len() < DISCRETE_MAX_VALUES).then(|| all.iter().map(i64::to_string).collect());
-    }
-    let mut v: Vec<f64> = match int_keys {
-        Some(_) => all.iter().map(|&i| i as f64).collect(),
-        None => all.iter().map(|&b| f64::from_bits(b as u64)).collect(),
-    };
-    v.sort_unstable_by(f64::total_cmp);
-    v.dedup_by(|a, b| a == b);
-    (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(|&x| float_repr(x)).collect())
-}
-
 /// `analyze_numeric` on the rows `rows` of a column held in memory (`None` for an empty
 /// partition): one piece, its quantiles read from its sorted values.
 #[cfg(test)]
 pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Option<Partial> {
     let (p, sorted) = piece(vals, ints, rows);
-    let mut partial = partial(&[&p], ints.map(|_| true))?;
+    let mut partial = partial(&p, ints.map(|_| true))?;
     partial
         .add_quantiles(|k| Ok(sorted[k as usize]))
         .expect("in-memory quantiles never fail");
