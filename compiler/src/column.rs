@@ -240,18 +240,18 @@ impl Column {
         }
     }
 
-    /// Bytes this column holds in memory, roughly: for memory budgets.
+    /// Bytes this column holds in memory, roughly: for memory budgets. Vectors count what they
+    /// have reserved (growing doubles it); a string counts about 128 bytes (held in the
+    /// dictionary and as the lookup's key, each with its allocation and map overhead).
     pub fn heap_bytes(&self) -> usize {
         let values = match &self.values {
-            Values::Int(v) => v.len() * 8,
-            Values::F64(v) => v.len() * 8,
-            Values::F32(v) => v.len() * 4,
-            Values::Bool(v) => v.len(),
-            Values::Str { codes, dict, .. } => {
-                codes.len() * 4 + dict.iter().map(|s| s.len() + 48).sum::<usize>()
-            }
+            Values::Int(v) => v.capacity() * 8,
+            Values::F64(v) => v.capacity() * 8,
+            Values::F32(v) => v.capacity() * 4,
+            Values::Bool(v) => v.capacity(),
+            Values::Str { codes, dict, .. } => codes.capacity() * 4 + dict.len() * 128,
         };
-        values + self.valid.as_ref().map_or(0, Vec::len)
+        values + self.valid.as_ref().map_or(0, Vec::capacity)
     }
 
     /// Appends this column to a spill: length, validity, then values (strings as their

@@ -431,6 +431,27 @@ pub(crate) fn distinct_strings(path: &Path, column: &str) -> Result<Vec<String>>
 }
 
 impl Opened {
+    /// Rows of each row group, in order.
+    pub(crate) fn row_group_rows(&self) -> Vec<u64> {
+        self.builder
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| g.num_rows().max(0) as u64)
+            .collect()
+    }
+
+    /// The same file restricted to the row groups `groups` (ascending, contiguous): what one of
+    /// several readers of a large file reads.
+    pub(crate) fn row_groups(self, groups: std::ops::Range<usize>) -> Opened {
+        let all = self.row_group_rows();
+        Opened {
+            rows: all[groups.clone()].iter().sum(),
+            builder: self.builder.with_row_groups(groups.collect()),
+            ..self
+        }
+    }
+
     /// A reader over the wanted columns (checked by [`check_columns`]).
     pub(crate) fn into_wanted_reader(
         self,

@@ -156,26 +156,25 @@ pub(crate) fn spill_rows(
         offsets,
     } = inputs;
     type Spilled = (String, Vec<Piece>, Option<Vec<u8>>);
-    let results: Vec<Result<Spilled>> = opened
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| files.contains(i))
-        .collect::<Vec<_>>()
+    let chunks = read_chunks(opened, files, &offsets)?;
+    let results: Vec<Result<Spilled>> = chunks
         .into_par_iter()
         .enumerate()
-        .map(|(local, (i, o))| {
-            let name = format!("{name}-{i:06}.spill");
+        .map(|(local, chunk)| {
+            let name = format!("{name}-{:06}-{:03}.spill", chunk.file, chunk.index);
             let (pieces, memory) = spill_file(
-                o,
+                chunk.opened,
                 local as u32,
-                offsets[i],
+                (chunk.first_row, chunk.first_row - offsets[chunk.file]),
                 (!in_memory).then(|| dir.join(&name)),
                 wants,
                 &types,
                 buckets,
                 budget,
             )?;
-            progress.advance(1);
+            if chunk.last {
+                progress.advance(1);
+            }
             Ok((name, pieces, memory))
         })
         .collect();
@@ -193,11 +192,62 @@ pub(crate) fn spill_rows(
     Ok(part)
 }
 
+/// A stretch of one rows file read by one thread: some of its row groups.
+struct Chunk {
+    file: usize,
+    index: usize,
+    last: bool,
+    first_row: u64,
+    opened: Opened,
+}
+
+/// The files `files` of `opened`, each cut into contiguous runs of row groups so that every
+/// thread has a stretch to read when there are fewer files than threads. Which rows a chunk
+/// holds changes nothing but the spill's layout: its pieces carry their first global row.
+fn read_chunks(opened: Vec<Opened>, files: Range<usize>, offsets: &[u64]) -> Result<Vec<Chunk>> {
+    let threads = rayon::current_num_threads().max(1);
+    let per_file = threads.div_ceil(files.len().max(1));
+    let mut chunks = Vec::new();
+    for (i, o) in opened.into_iter().enumerate() {
+        if !files.contains(&i) {
+            continue;
+        }
+        let groups = o.row_group_rows();
+        let n = per_file.min(groups.len()).max(1);
+        if n == 1 {
+            chunks.push(Chunk {
+                file: i,
+                index: 0,
+                last: true,
+                first_row: offsets[i],
+                opened: o,
+            });
+            continue;
+        }
+        let path = o.path.clone();
+        drop(o);
+        let mut first_row = offsets[i];
+        for j in 0..n {
+            let range = groups.len() * j / n..groups.len() * (j + 1) / n;
+            let rows: u64 = groups[range.clone()].iter().sum();
+            chunks.push(Chunk {
+                file: i,
+                index: j,
+                last: j + 1 == n,
+                first_row,
+                opened: crate::read::open(&path)?.row_groups(range),
+            });
+            first_row += rows;
+        }
+    }
+    Ok(chunks)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn spill_file(
     opened: Opened,
     run: u32,
-    first_row: u64,
+    (first_row, row_in_file): (u64, u64),
     path: Option<PathBuf>,
     wants: &[Want],
     types: &[TypeInfo],
@@ -227,13 +277,12 @@ fn spill_file(
         pieces: Vec::new(),
     };
     let mut buffers: Vec<Option<Buffer>> = (0..buckets.count()).map(|_| None).collect();
-    let mut buffered = 0usize;
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
     let mut read = 0u64;
     for batch in reader {
         let batch = batch.map_err(|e| CompileError::BadParquet {
             path: source.clone(),
-            reason: format!("after row {read}: {e}"),
+            reason: format!("after row {}: {e}", row_in_file + read),
         })?;
         let n = batch.num_rows();
         let columns: Vec<Column> = types
@@ -251,7 +300,7 @@ fn spill_file(
                 return Err(CompileError::NullKey {
                     path: source.clone(),
                     column: wants[0].name.clone(),
-                    row: read + r as u64,
+                    row: row_in_file + read + r as u64,
                 });
             }
         }
@@ -276,18 +325,30 @@ fn spill_file(
             }
             rows.clear();
         }
-        buffered += columns.iter().map(Column::heap_bytes).sum::<usize>() + 8 * n;
         read += n as u64;
+        // What the buffers hold now, each bucket's dictionaries included, and the batch.
+        let buffered: usize = buffers
+            .iter()
+            .flatten()
+            .map(|b| {
+                b.origin.capacity() * 8 + b.columns.iter().map(Column::heap_bytes).sum::<usize>()
+            })
+            .sum::<usize>()
+            + columns.iter().map(Column::heap_bytes).sum::<usize>();
         if buffered >= budget {
             out.flush(&mut buffers)?;
-            buffered = 0;
         }
     }
     out.flush(&mut buffers)?;
     if read != expected {
+        let from = if row_in_file > 0 {
+            format!(" from row {row_in_file}")
+        } else {
+            String::new()
+        };
         return Err(CompileError::BadParquet {
             path: source,
-            reason: format!("the footer promises {expected} rows, {read} could be read"),
+            reason: format!("the footer promises {expected} rows{from}, {read} could be read"),
         });
     }
     let Writer { sink, pieces, .. } = out;

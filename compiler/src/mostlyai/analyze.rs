@@ -6,6 +6,7 @@ use super::table::{Data, Family, MTable};
 use super::{categorical, datetime, numeric};
 use crate::error::Result;
 use crate::runs::{Pool, Run, Sorted, ValueRuns};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fs::File;
@@ -112,7 +113,7 @@ pub(crate) fn pieces(
 ) -> Result<Vec<Vec<Piece>>> {
     table
         .cols
-        .iter()
+        .par_iter()
         .map(|col| {
             rows_of
                 .iter()
