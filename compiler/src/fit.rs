@@ -91,7 +91,7 @@ pub(crate) fn numeric_partial(
     let mut split_runs = Vec::with_capacity(splits);
     for values in g.split_values() {
         moments.push(Moments::of(values));
-        values.sort_unstable_by(f64::total_cmp);
+        crate::runs::sort_total(values);
         split_runs.push(runs.append(values)?);
     }
     Ok(NumericPartial {

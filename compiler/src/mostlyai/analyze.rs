@@ -191,7 +191,7 @@ pub(crate) fn reduce(
                     let pool = Pool::new(files, piece.runs.iter().copied());
                     if pool.len() <= SORT_IN_MEMORY {
                         let mut all = pool.f64s()?;
-                        all.sort_unstable_by(f64::total_cmp);
+                        crate::runs::sort_total(&mut all);
                         partial.add_quantiles(|k| Ok(all[k as usize]))?;
                     } else {
                         let sorted = Sorted::new(files, piece.runs.iter().copied())?;

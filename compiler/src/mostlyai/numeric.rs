@@ -114,7 +114,7 @@ pub(crate) fn piece(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> (Piece,
         .map(|&r| vals[r as usize])
         .filter(|x| !x.is_nan())
         .collect();
-    sorted.sort_unstable_by(f64::total_cmp);
+    crate::runs::sort_total(&mut sorted);
     // Digits depend on the value only: split each distinct value once (the values are sorted
     // for the quantiles anyway; a column typically repeats its values many times).
     let mut split: Vec<Digits> = Vec::new();
