@@ -153,19 +153,6 @@ impl<'f> Pool<'f> {
         self.ends.last().copied().unwrap_or(0)
     }
 
-    /// Every value, in order.
-    pub fn f64s(&self) -> Result<Vec<f64>> {
-        let mut out = Vec::with_capacity(self.len() as usize);
-        for r in &self.runs {
-            out.extend(read_f64s(
-                &self.files[r.file as usize],
-                r.offset,
-                r.len as usize,
-            )?);
-        }
-        Ok(out)
-    }
-
     /// The 8 bytes of value `k` (`k < len`).
     pub fn bytes_at(&self, k: u64) -> Result<[u8; 8]> {
         let i = self.ends.partition_point(|&e| e <= k);
@@ -177,6 +164,71 @@ impl<'f> Pool<'f> {
             .map_err(|e| CompileError::io(Path::new("values spill"), e))?;
         Ok(b)
     }
+}
+
+/// The values at `ranks` (ascending, each below the runs' total) of the union of sorted
+/// `runs`, by one merge of the runs read block by block: what many ranks of one statistic
+/// cost, in a few blocks of memory per run, whatever the values' count.
+pub(crate) fn ranks_by_merge(files: &[File], runs: &[Run], ranks: &[u64]) -> Result<Vec<f64>> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    const BLOCK: u64 = 8192;
+    struct Cursor {
+        run: Run,
+        read: u64,
+        block: Vec<f64>,
+        at: usize,
+    }
+    impl Cursor {
+        /// The next value's order key, reading the next block when this one is used up.
+        fn next_key(&mut self, files: &[File]) -> Result<Option<u64>> {
+            if self.at == self.block.len() {
+                if self.read == self.run.len {
+                    return Ok(None);
+                }
+                let n = BLOCK.min(self.run.len - self.read);
+                let file = &files[self.run.file as usize];
+                self.block = read_f64s(file, self.run.offset + self.read * 8, n as usize)?;
+                self.read += n;
+                self.at = 0;
+            }
+            self.at += 1;
+            Ok(Some(ord_key(self.block[self.at - 1])))
+        }
+    }
+    let mut cursors: Vec<Cursor> = runs
+        .iter()
+        .map(|&run| Cursor {
+            run,
+            read: 0,
+            block: Vec::new(),
+            at: 0,
+        })
+        .collect();
+    let mut heap = BinaryHeap::with_capacity(cursors.len());
+    for (i, c) in cursors.iter_mut().enumerate() {
+        if let Some(k) = c.next_key(files)? {
+            heap.push(Reverse((k, i)));
+        }
+    }
+    let mut out = Vec::with_capacity(ranks.len());
+    let mut rank = 0u64;
+    while out.len() < ranks.len() {
+        let Some(Reverse((key, i))) = heap.pop() else {
+            return Err(CompileError::Spec(format!(
+                "rank {} asked of {rank} values",
+                ranks[out.len()]
+            )));
+        };
+        while out.len() < ranks.len() && ranks[out.len()] == rank {
+            out.push(from_ord_key(key));
+        }
+        rank += 1;
+        if let Some(k) = cursors[i].next_key(files)? {
+            heap.push(Reverse((k, i)));
+        }
+    }
+    Ok(out)
 }
 
 /// One sorted run, with its samples in memory.
@@ -388,6 +440,37 @@ mod tests {
     /// Runs of sorted values written through `ValueRuns`, read back by rank queries: every
     /// order statistic and every bin count equals a full sort's, with spikes (one value in most
     /// rows), signed zeros and runs of every size around the sample interval.
+    #[test]
+    fn ranks_by_merge_equal_a_full_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = ValueRuns::create(dir.path().join("v"), 0).unwrap();
+        let mut rng = dsc_format::rng::Xoshiro256::for_stream(9, 0);
+        let mut all = Vec::new();
+        let mut written = Vec::new();
+        // Runs of every size around the block, with repeated values and signed zeros.
+        for len in [0usize, 1, 3, 8191, 8192, 8193, 20_000] {
+            let mut v: Vec<f64> = (0..len)
+                .map(|_| match rng.below(10) {
+                    0 => -0.0,
+                    1 => 0.0,
+                    2 => 7.5,
+                    _ => (rng.below(1 << 20) as f64 - 5e5) / 3.0,
+                })
+                .collect();
+            sort_total(&mut v);
+            all.extend_from_slice(&v);
+            written.push(runs.append(&v).unwrap());
+        }
+        let files = vec![runs.finish().unwrap()];
+        sort_total(&mut all);
+        let n = all.len() as u64;
+        let ranks: Vec<u64> = (0..1001).map(|i| (n - 1) * i / 1000).collect();
+        let got = ranks_by_merge(&files, &written, &ranks).unwrap();
+        for (r, g) in ranks.iter().zip(&got) {
+            assert_eq!(g.to_bits(), all[*r as usize].to_bits(), "rank {r}");
+        }
+    }
+
     #[test]
     fn rank_queries_over_runs_equal_a_full_sort() {
         let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,7 @@
 use super::table::{Data, Family, MTable};
 use super::{categorical, datetime, numeric};
 use crate::error::Result;
-use crate::runs::{Pool, Run, Sorted, ValueRuns};
+use crate::runs::{ranks_by_merge, Run, ValueRuns};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -51,10 +51,6 @@ impl ColStats {
         }
     }
 }
-
-/// A partition with at most this many values of a binned column has them sorted in memory
-/// (32 MiB) for its quantiles rather than answering 1001 rank queries over its runs.
-const SORT_IN_MEMORY: u64 = 1 << 22;
 
 /// One bucket's rows of a column in one partition.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -185,18 +181,10 @@ pub(crate) fn reduce(
             }
             let mut stats = numeric::reduce(&partials.iter().collect::<Vec<_>>());
             if matches!(stats, numeric::Stats::Binned { .. }) {
-                // Only bins read the quantiles, 1001 ranks per partition: from its values
-                // sorted in memory when they are few, else by rank queries over its runs.
+                // Only bins read the quantiles, 1001 ranks per partition: one merge of its
+                // sorted runs.
                 for (partial, piece) in partials.iter_mut().zip(&with_rows) {
-                    let pool = Pool::new(files, piece.runs.iter().copied());
-                    if pool.len() <= SORT_IN_MEMORY {
-                        let mut all = pool.f64s()?;
-                        crate::runs::sort_total(&mut all);
-                        partial.add_quantiles(|k| Ok(all[k as usize]))?;
-                    } else {
-                        let sorted = Sorted::new(files, piece.runs.iter().copied())?;
-                        partial.add_quantiles(|k| sorted.kth(k))?;
-                    }
+                    partial.add_quantiles(|ranks| ranks_by_merge(files, &piece.runs, ranks))?;
                 }
                 stats = numeric::reduce(&partials.iter().collect::<Vec<_>>());
             }

@@ -10,7 +10,6 @@ use crate::runs::Pool;
 use crate::shards::ShardFile;
 use dsc_format::manifest::{ShardEntry, TensorSpec};
 use dsc_format::rng::mix64;
-use rayon::prelude::*;
 use std::path::Path;
 
 /// The engine switches positional columns from one code to decimal digits at this length.
@@ -227,96 +226,81 @@ impl ShardInput<'_> {
         &rows[..rows.len().min(self.max_len)]
     }
 
-    /// Every tensor's values for the contexts `members` (the bucket's context rows, in stored
-    /// order), in the tensors' order.
-    fn fill(&self, members: &[u32]) -> Result<Vec<Vec<u8>>> {
+    /// Writes the tensors of the contexts `members` (the bucket's context rows, in stored
+    /// order) to `out`, in the tensors' order: `key`, `length`, the context sub-columns, the
+    /// positional ones, the target ones. One column's sub-columns are held at a time, so a
+    /// shard's writer holds a fraction of the shard.
+    fn write_tensors(&self, members: &[u32], out: &mut ShardFile) -> Result<()> {
         let n = members.len();
         let steps = self.max_len + 1;
-        let key: Vec<u8> = members
+        let mut bytes: Vec<u8> = members
             .iter()
             .flat_map(|&c| self.ctx_keys[c as usize].to_le_bytes())
             .collect();
-        let length: Vec<u8> = members
-            .iter()
-            .flat_map(|&c| (self.events(c).len() as i32).to_le_bytes())
-            .collect();
-        // Jobs: context columns, positional columns, target columns; each fills its own
-        // tensors, in parallel.
-        enum Job {
-            Ctx(usize),
-            Positional,
-            Tgt(usize),
+        out.write(&bytes)?;
+        bytes.clear();
+        bytes.extend(
+            members
+                .iter()
+                .flat_map(|&c| (self.events(c).len() as i32).to_le_bytes()),
+        );
+        out.write(&bytes)?;
+        let mut emit = |bufs: Vec<Vec<i32>>| -> Result<()> {
+            for b in bufs {
+                bytes.clear();
+                bytes.extend(b.iter().flat_map(|x| x.to_le_bytes()));
+                out.write(&bytes)?;
+            }
+            Ok(())
+        };
+        for (j, col) in self.ctx_cols.iter().enumerate() {
+            let w = col.width();
+            let mut bufs = vec![vec![0i32; n]; w];
+            let mut tmp = vec![0i32; w];
+            let dk = DrawKey {
+                seed: self.seed,
+                column: (1 << 32) | j as u64,
+            };
+            let g = col.gather(members);
+            for (i, &c) in members.iter().enumerate() {
+                let (row, part) = (self.ctx_origin[c as usize], self.part_of[c as usize]);
+                col.encode(&g, i, row, part, dk, &mut tmp)?;
+                for (b, &v) in bufs.iter_mut().zip(&tmp) {
+                    b[i] = v;
+                }
+            }
+            emit(bufs)?;
         }
-        // The stored events of every member, in shard order: what the target jobs gather.
+        emit(self.positional(members))?;
+        // The stored events of every member, in shard order: what the target columns gather.
         let events: Vec<u32> = members
             .iter()
             .flat_map(|&c| self.events(c).iter().copied())
             .collect();
-        let mut jobs: Vec<Job> = (0..self.ctx_cols.len()).map(Job::Ctx).collect();
-        jobs.push(Job::Positional);
-        jobs.extend((0..self.tgt_cols.len()).map(Job::Tgt));
-        let filled: Vec<Vec<Vec<i32>>> = jobs
-            .par_iter()
-            .map(|job| -> Result<Vec<Vec<i32>>> {
-                Ok(match *job {
-                    Job::Ctx(j) => {
-                        let col = &self.ctx_cols[j];
-                        let w = col.width();
-                        let mut bufs = vec![vec![0i32; n]; w];
-                        let mut tmp = vec![0i32; w];
-                        let dk = DrawKey {
-                            seed: self.seed,
-                            column: (1 << 32) | j as u64,
-                        };
-                        let g = col.gather(members);
-                        for (i, &c) in members.iter().enumerate() {
-                            let (row, part) =
-                                (self.ctx_origin[c as usize], self.part_of[c as usize]);
-                            col.encode(&g, i, row, part, dk, &mut tmp)?;
-                            for (b, &v) in bufs.iter_mut().zip(&tmp) {
-                                b[i] = v;
-                            }
-                        }
-                        bufs
+        for (j, col) in self.tgt_cols.iter().enumerate() {
+            let w = col.width();
+            let mut bufs = vec![vec![0i32; n * steps]; w];
+            let mut tmp = vec![0i32; w];
+            let dk = DrawKey {
+                seed: self.seed,
+                column: j as u64,
+            };
+            let g = col.gather(&events);
+            let mut k = 0;
+            for (i, &c) in members.iter().enumerate() {
+                let part = self.part_of[c as usize];
+                for (t, &row) in self.events(c).iter().enumerate() {
+                    let global = self.tgt_origin[row as usize];
+                    col.encode(&g, k, global, part, dk, &mut tmp)?;
+                    for (b, &v) in bufs.iter_mut().zip(&tmp) {
+                        b[i * steps + t] = v;
                     }
-                    Job::Positional => self.positional(members),
-                    Job::Tgt(j) => {
-                        let col = &self.tgt_cols[j];
-                        let w = col.width();
-                        let mut bufs = vec![vec![0i32; n * steps]; w];
-                        let mut tmp = vec![0i32; w];
-                        let dk = DrawKey {
-                            seed: self.seed,
-                            column: j as u64,
-                        };
-                        let g = col.gather(&events);
-                        let mut k = 0;
-                        for (i, &c) in members.iter().enumerate() {
-                            let part = self.part_of[c as usize];
-                            for (t, &row) in self.events(c).iter().enumerate() {
-                                let global = self.tgt_origin[row as usize];
-                                col.encode(&g, k, global, part, dk, &mut tmp)?;
-                                for (b, &v) in bufs.iter_mut().zip(&tmp) {
-                                    b[i * steps + t] = v;
-                                }
-                                k += 1;
-                            }
-                        }
-                        bufs
-                    }
-                })
-            })
-            .collect::<Result<_>>()?;
-        let mut out = vec![key, length];
-        // Context sub-columns come first in the tensor list, then positional, then target:
-        // the order of `jobs`.
-        out.extend(
-            filled
-                .into_iter()
-                .flatten()
-                .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        );
-        Ok(out)
+                    k += 1;
+                }
+            }
+            emit(bufs)?;
+        }
+        Ok(())
     }
 
     /// `sidx`, `slen`, `ridx` over the stored steps and the padding step: at step `t` of a
@@ -360,8 +344,6 @@ impl ShardInput<'_> {
         first: usize,
         members: &[u32],
     ) -> Result<ShardEntry> {
-        let bufs = self.fill(members)?;
-        debug_assert_eq!(bufs.len(), self.tensors.len());
         let mut out = ShardFile::create(
             dir,
             self.tensors,
@@ -371,9 +353,7 @@ impl ShardInput<'_> {
             members.len(),
             Some(super::PROFILE),
         )?;
-        for b in &bufs {
-            out.write(b)?;
-        }
+        self.write_tensors(members, &mut out)?;
         out.finish()
     }
 }

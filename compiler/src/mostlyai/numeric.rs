@@ -222,17 +222,18 @@ fn distinct_keys(p: &Piece, int_keys: Option<bool>) -> Option<Vec<String>> {
 }
 
 impl Partial {
-    /// The partition's 1001 quantiles (numpy's `closest_observation`), `kth(k)` being its
-    /// `k`-th smallest non-null value.
+    /// The partition's 1001 quantiles (numpy's `closest_observation`), `at(ranks)` giving its
+    /// non-null values at those ranks (ascending, from 0).
     pub fn add_quantiles(
         &mut self,
-        kth: impl Fn(u64) -> crate::error::Result<f64>,
+        at: impl FnOnce(&[u64]) -> crate::error::Result<Vec<f64>>,
     ) -> crate::error::Result<()> {
         if self.values > 0 {
-            self.quantiles = linspace01(BINNED_MAX_QUANTILES)
+            let ranks: Vec<u64> = linspace01(BINNED_MAX_QUANTILES)
                 .into_iter()
-                .map(|q| kth(closest_observation_index(self.values as usize, q) as u64))
-                .collect::<crate::error::Result<_>>()?;
+                .map(|q| closest_observation_index(self.values as usize, q) as u64)
+                .collect();
+            self.quantiles = at(&ranks)?;
         }
         Ok(())
     }
@@ -245,7 +246,7 @@ pub(crate) fn analyze(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> Optio
     let (p, sorted) = piece(vals, ints, rows);
     let mut partial = partial(&p, ints.map(|_| true))?;
     partial
-        .add_quantiles(|k| Ok(sorted[k as usize]))
+        .add_quantiles(|ranks| Ok(ranks.iter().map(|&k| sorted[k as usize]).collect()))
         .expect("in-memory quantiles never fail");
     Some(partial)
 }
