@@ -50,30 +50,25 @@ impl ValueRuns {
             .iter()
             .chain(values.iter().step_by(SAMPLE as usize))
             .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
-        let mut out = self.out.lock().expect("no writer panics");
-        out.0
-            .write_all(&bytes)
-            .map_err(|e| CompileError::io(&self.path, e))?;
-        let run = Run {
-            file: self.file,
-            offset: out.1,
-            len: values.len() as u64,
-        };
-        out.1 += bytes.len() as u64;
-        Ok(run)
+        self.write_run(&bytes, values.len())
     }
 
     /// Appends integers (datetime donors: written, never ranked, so no samples).
     pub fn append_i64(&self, values: &[i64]) -> Result<Run> {
         let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.write_run(&bytes, values.len())
+    }
+
+    /// Writes a run of `len` values (and whatever follows them in `bytes`) at the end.
+    fn write_run(&self, bytes: &[u8], len: usize) -> Result<Run> {
         let mut out = self.out.lock().expect("no writer panics");
         out.0
-            .write_all(&bytes)
+            .write_all(bytes)
             .map_err(|e| CompileError::io(&self.path, e))?;
         let run = Run {
             file: self.file,
             offset: out.1,
-            len: values.len() as u64,
+            len: len as u64,
         };
         out.1 += bytes.len() as u64;
         Ok(run)
