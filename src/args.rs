@@ -192,7 +192,8 @@ pub struct CompileArgs {
     /// Column ordering the rows of a context (number, timestamp or date); file order if absent.
     #[arg(long, value_name = "COL", help_heading = "Grouping")]
     pub order_by: Option<String>,
-    /// Padded sequence length L [default: the longest sequence].
+    /// Longest padded sequence: longer ones are cut to L rows (--truncate); the cache pads to the
+    /// longest stored sequence when that is shorter [default: the longest sequence].
     #[arg(long, value_name = "L", help_heading = "Grouping")]
     pub max_len: Option<usize>,
     /// Which rows of a longer sequence are kept [default: head].

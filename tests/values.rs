@@ -394,3 +394,28 @@ fn scattered_sequences_match_source_rows() {
         "customers without transactions are kept as empty sequences"
     );
 }
+
+/// `--max-len` beyond the longest sequence pads to the longest, not to `--max-len`: the cache is
+/// the one compiled without it, byte for byte; a `--max-len` below the longest still cuts.
+#[test]
+fn a_max_len_beyond_the_longest_sequence_pads_only_to_the_longest() {
+    let dir = Dir::new();
+    gen_sequences(&dir, 300, 2);
+    let run = |out: &str, extra: &[&str]| {
+        let mut args = sequences_args(out);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        dsc(dir.path(), &args).ok();
+    };
+    run("natural", &[]);
+    run("huge", &["--max-len", "100000"]);
+    run("cut", &["--max-len", "8"]);
+    let longest = manifest(&dir.join("natural"))["max_len"].as_u64().unwrap();
+    assert!(longest > 8 && longest < 100_000, "longest {longest}");
+    assert_eq!(manifest(&dir.join("huge"))["max_len"], longest);
+    assert!(
+        tree(&dir.join("natural")) == tree(&dir.join("huge")),
+        "--max-len past the longest sequence changed the cache"
+    );
+    assert_eq!(manifest(&dir.join("cut"))["max_len"], 8);
+}

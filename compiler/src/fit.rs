@@ -565,9 +565,12 @@ pub(crate) fn merge(
         .check(&per_split, &found, per_split.iter().sum())?;
     summary.contexts = per_split.iter().sum::<u64>() as usize;
     let longest = buckets.iter().map(|f| f.longest).max().unwrap_or(0);
+    // Steps past the longest stored sequence would hold padding only: `--max-len` caps L, it
+    // never stretches it (`--max-len 100000` on short sequences wrote 1.1 GiB of zeros).
     let max_len = spec
         .max_len
-        .unwrap_or_else(|| longest.clamp(1, crate::plan::MAX_LEN));
+        .map_or(longest, |m| m.min(longest))
+        .clamp(1, crate::plan::MAX_LEN);
 
     let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
     let mut columns = Vec::new();
