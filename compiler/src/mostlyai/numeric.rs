@@ -55,9 +55,12 @@ pub(crate) struct Piece {
     /// Bits of the smallest and largest value (total order: `-0.0` below `0.0`).
     min: Option<u64>,
     max: Option<u64>,
-    /// The distinct values, ascending: integers for an integer column, else `f64` bits;
-    /// `None` past [`PIECE_DISTINCT`].
+    /// The distinct values as doubles (their bits, ascending), and for an integer column as
+    /// integers (ascending); `None` past [`PIECE_DISTINCT`]. Both are kept because integers
+    /// past 2^53 that differ can be the same double, which is what pandas counts once an
+    /// integer column has a null.
     distinct: Option<Vec<i64>>,
+    distinct_ints: Option<Vec<i64>>,
     /// Where the sorted non-null values lie: one run per bucket, in bucket order.
     pub runs: Vec<Run>,
 }
@@ -93,7 +96,7 @@ impl Piece {
         };
         self.min = pick(self.min, o.min, true);
         self.max = pick(self.max, o.max, false);
-        self.distinct = match (self.distinct.take(), o.distinct) {
+        let union = |a: Option<Vec<i64>>, b: Option<Vec<i64>>| match (a, b) {
             (Some(mut a), Some(b)) => {
                 a.extend(b);
                 a.sort_unstable();
@@ -102,6 +105,8 @@ impl Piece {
             }
             _ => None,
         };
+        self.distinct = union(self.distinct.take(), o.distinct);
+        self.distinct_ints = union(self.distinct_ints.take(), o.distinct_ints);
         self.runs.extend(o.runs);
     }
 }
@@ -145,19 +150,16 @@ pub(crate) fn piece(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> (Piece,
             max_d[i] = max_d[i].max(all[i]);
         }
     }
-    let distinct = match ints {
-        Some(ints) => {
-            let mut v: Vec<i64> = rows
-                .iter()
-                .filter(|&&r| !vals[r as usize].is_nan())
-                .map(|&r| ints[r as usize])
-                .collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        }
-        None => bits,
-    };
+    let distinct_ints = ints.map(|ints| {
+        let mut v: Vec<i64> = rows
+            .iter()
+            .filter(|&&r| !vals[r as usize].is_nan())
+            .map(|&r| ints[r as usize])
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    });
     let piece = Piece {
         rows: rows.len() as u64,
         values: sorted.len() as u64,
@@ -167,7 +169,8 @@ pub(crate) fn piece(vals: &[f64], ints: Option<&[i64]>, rows: &[u32]) -> (Piece,
         max_d,
         min: sorted.first().map(|x| x.to_bits()),
         max: sorted.last().map(|x| x.to_bits()),
-        distinct: (distinct.len() <= PIECE_DISTINCT).then_some(distinct),
+        distinct: (bits.len() <= PIECE_DISTINCT).then_some(bits),
+        distinct_ints: distinct_ints.filter(|v| v.len() <= PIECE_DISTINCT),
         runs: Vec::new(),
     };
     (piece, sorted)
@@ -205,18 +208,22 @@ pub(crate) fn partial(p: &Piece, int_keys: Option<bool>) -> Option<Partial> {
 }
 
 /// The partition's value keys, ascending, when it has fewer than 100 distinct values.
-/// `int_keys`: `Some(true)` integers of an int64 column, `Some(false)` integers of an integer
-/// column that pandas made float64 (it has nulls), `None` doubles.
+/// `int_keys`: `Some(true)` the integers of an int64 column; otherwise the doubles (of a float
+/// column, or of an integer column that pandas made float64 because it has nulls).
 fn distinct_keys(p: &Piece, int_keys: Option<bool>) -> Option<Vec<String>> {
-    let all = p.distinct.as_ref()?;
     if int_keys == Some(true) {
+        let all = p.distinct_ints.as_ref()?;
         return (all.len() < DISCRETE_MAX_VALUES).then(|| all.iter().map(i64::to_string).collect());
     }
-    let mut v: Vec<f64> = match int_keys {
-        Some(_) => all.iter().map(|&i| i as f64).collect(),
-        None => all.iter().map(|&b| f64::from_bits(b as u64)).collect(),
-    };
-    v.sort_unstable_by(f64::total_cmp);
+    let mut v: Vec<f64> = p
+        .distinct
+        .as_ref()?
+        .iter()
+        .map(|&b| f64::from_bits(b as u64))
+        .collect();
+    // Ascending bits are not ascending doubles (negatives): the total order, then `==`
+    // (which keeps `-0.0` before `0.0`, as numpy's sorted unique values do).
+    crate::runs::sort_total(&mut v);
     v.dedup_by(|a, b| a == b);
     (v.len() < DISCRETE_MAX_VALUES).then(|| v.iter().map(|&x| float_repr(x)).collect())
 }
@@ -726,5 +733,38 @@ impl Encoder {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod piece_tests {
+    use super::*;
+
+    /// An integer column with a null is float64 for pandas: integers past 2^53 that round to
+    /// the same double are one value, so 200 of them just above 2^60 are still discrete, in one
+    /// piece or merged from many.
+    #[test]
+    fn integers_equal_as_doubles_count_once_when_the_column_has_nulls() {
+        let ints: Vec<i64> = (0..200).map(|k| (1i64 << 60) + k).chain([0]).collect();
+        let mut vals: Vec<f64> = ints.iter().map(|&i| i as f64).collect();
+        *vals.last_mut().unwrap() = f64::NAN;
+        let rows: Vec<u32> = (0..ints.len() as u32).collect();
+        let as_doubles = partial(&piece(&vals, None, &rows).0, None).unwrap();
+        // Doubles are 256 apart there: 2^60 and 2^60 + 256.
+        assert_eq!(as_doubles.cnt_keys.as_ref().map(Vec::len), Some(2));
+        let whole = partial(&piece(&vals, Some(&ints), &rows).0, Some(false)).unwrap();
+        assert_eq!(whole.cnt_keys, as_doubles.cnt_keys);
+        let mut merged = piece(&vals, Some(&ints), &rows[..50]).0;
+        for chunk in rows[50..].chunks(50) {
+            merged.merge(piece(&vals, Some(&ints), chunk).0);
+        }
+        assert_eq!(
+            partial(&merged, Some(false)).unwrap().cnt_keys,
+            as_doubles.cnt_keys
+        );
+        // Without nulls the column stays int64 and its 200 integers are not discrete.
+        let rows = &rows[..200];
+        let exact = partial(&piece(&vals, Some(&ints), rows).0, Some(true)).unwrap();
+        assert_eq!(exact.cnt_keys, None);
     }
 }
