@@ -2,6 +2,12 @@
 //! sequential target table (`split` -> `analyze` -> `encode`), reproduced exactly and written
 //! as a dsc cache: the engine's `tgt-stats.json` and `ctx-stats.json`, and shards of its
 //! sub-column codes. What is identical and what differs: `docs/COMPAT-mostlyai.md`.
+//!
+//! It runs dsc's bucketed passes over both tables: spill (`crate::spill`) → per bucket:
+//! link rows to contexts and engine partitions (`bucket`), one piece per column and partition
+//! (`analyze`), folded in bucket order → the engine's reduction → per bucket: encode and write
+//! its shards (`encode`, `crate::shards`) → `crate::cache` commits. Each step is here as a
+//! function the one-process compile and the partitioned stages (`crate::partition`) share.
 
 pub(crate) mod analyze;
 pub(crate) mod bucket;
