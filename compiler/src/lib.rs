@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod bucket;
+mod budget;
 mod cache;
 mod column;
 mod encode;

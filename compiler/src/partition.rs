@@ -14,6 +14,7 @@
 //! parts of another compile, or of inputs changed since, are refused by name. Nothing is a cache
 //! until `merge` writes the manifest; the cache is byte-identical to a compile in one process.
 
+use crate::budget;
 use crate::cache::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, FitPart};
@@ -467,7 +468,7 @@ pub fn run_stage(
     progress: &dyn Progress,
 ) -> Result<StageReport> {
     let start = std::time::Instant::now();
-    let budget = max_memory.unwrap_or_else(pipeline::default_budget);
+    let budget = max_memory.unwrap_or_else(budget::default_budget);
     pipeline::check_profile(spec)?;
     let items = if spec.profile.is_some() {
         profile_stage(spec, out, budget, partition, stage, progress)?
@@ -495,7 +496,7 @@ fn scan_to<'a>(
         dir: work.scan_dir(),
         name,
         buckets: setup_buckets,
-        budget: pipeline::read_share(budget),
+        budget: budget::read_share(budget),
         // Other stages, maybe on other machines, read it back.
         in_memory: false,
     }

@@ -4,6 +4,7 @@
 
 use crate::bucket::ColumnId;
 use crate::bucket::{RowColumn, Shared};
+use crate::budget;
 use crate::cache::{
     commit_cache, fingerprint_files, stamp_files, CompileOptions, CompileReport, Timer,
 };
@@ -22,9 +23,6 @@ use dsc_format::spec::{CompileSpec, DEFAULT_BUCKET_SIZE};
 use dsc_format::{Manifest, ShardEntry, Stage};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
-
-/// The folder inside the staging directory that holds a compile's spill files.
-pub(crate) const SPILL_DIR: &str = "spill";
 
 /// Decodes the named columns of Parquet files and discards them: the floor a compile is
 /// measured against. Returns the rows decoded.
@@ -92,16 +90,6 @@ pub(crate) fn check_profile(spec: &CompileSpec) -> Result<()> {
         ))),
     }
 }
-
-/// The memory a compile may use when not told: half of what this process may use (the
-/// machine's memory, or its container's limit when lower), at least 256 MiB.
-pub(crate) fn default_budget() -> u64 {
-    (dsc_format::system::memory_limit() / 2).max(256 << 20)
-}
-
-/// A bucket in memory takes about this many times its decoded rows (the rows, the grouping,
-/// gathered values, encode buffers).
-const BUCKET_OVERHEAD: u64 = 4;
 
 /// Everything every stage of a compile reads the same way, before any bucket is touched: the
 /// plan, the inputs' footers, the side tables (context table, joins) and the buckets.
@@ -201,7 +189,7 @@ impl<'s> Setup<'s> {
             &lookup::context_wants(self.spec),
             self.spec.split_by.as_deref(),
             self.buckets,
-            read_share(budget),
+            budget::read_share(budget),
             dir,
         )
         .map(Some)
@@ -263,7 +251,7 @@ impl<'s> Setup<'s> {
             .map(|b| spill.rows(b))
             .max()
             .unwrap_or(0);
-        at_once(largest, largest * self.width, budget)
+        budget::at_once(largest, largest * self.width, budget)
     }
 
     /// The key column, as the manifest describes it.
@@ -278,28 +266,6 @@ impl<'s> Setup<'s> {
     }
 }
 
-/// How many buckets may be in memory at once under `budget`, the largest holding `rows` rows
-/// of `bytes` decoded bytes; an error when even one does not fit.
-pub(crate) fn at_once(rows: u64, bytes: u64, budget: u64) -> Result<usize> {
-    let bucket_bytes = (bytes * BUCKET_OVERHEAD).max(1);
-    if bucket_bytes > budget {
-        return Err(CompileError::Budget(format!(
-            "--max-memory {} is too small: one bucket of this input holds {rows} rows and \
-             needs about {} in memory; give at least that, or a smaller --bucket-size",
-            human_bytes(budget),
-            human_bytes(bucket_bytes)
-        )));
-    }
-    let threads = rayon::current_num_threads().max(1);
-    Ok(((budget / bucket_bytes) as usize).clamp(1, threads))
-}
-
-/// Half the budget reads, shared by the files read at once.
-pub(crate) fn read_share(budget: u64) -> usize {
-    let threads = rayon::current_num_threads().max(1) as u64;
-    (budget / 2 / threads).max(1 << 20) as usize
-}
-
 fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     let progress = opts.progress;
     let mut timer = Timer::start();
@@ -312,8 +278,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
 
     progress.stage("reading", setup.plan.rows_files.len() as u64);
     setup.open()?;
-    let budget = opts.max_memory.unwrap_or_else(default_budget);
-    let spill_dir = staging.dir.join(SPILL_DIR);
+    let budget = opts.max_memory.unwrap_or_else(budget::default_budget);
+    let spill_dir = staging.dir.join(spill::SPILL_DIR);
     std::fs::create_dir_all(&spill_dir).map_err(|e| CompileError::io(&spill_dir, e))?;
     let (inputs, described) = setup.take_inputs();
     let files = 0..inputs.opened.len();
@@ -325,7 +291,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
             dir: &spill_dir,
             name: "rows",
             buckets: setup.buckets,
-            budget: read_share(budget),
+            budget: budget::read_share(budget),
             // A quarter of the budget may hold the whole spill: then nothing is written.
             in_memory: setup.rows_read * setup.width <= budget / 4,
         },
@@ -413,14 +379,6 @@ pub(crate) fn finish(
     }
     let manifest = builder.summary(summary);
     commit_cache(staging, manifest, merged.stats, timer)
-}
-
-fn human_bytes(n: u64) -> String {
-    if n >= 1 << 30 {
-        format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64)
-    } else {
-        format!("{} MiB", n.div_ceil(1 << 20))
-    }
 }
 
 /// `--force` replaces the output directory: refuse when that would delete an input.

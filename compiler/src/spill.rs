@@ -18,6 +18,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The folder inside the staging directory that holds a compile's spill files.
+pub(crate) const SPILL_DIR: &str = "spill";
+
 /// How keys are spread over buckets: by the top `bits` bits of their position hash, so that a
 /// bucket holds one contiguous stretch of every split's stored order.
 #[derive(Debug, Clone, Copy)]

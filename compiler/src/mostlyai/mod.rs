@@ -20,10 +20,10 @@ pub(crate) mod pyfmt;
 pub mod quantiles;
 mod table;
 
+use crate::budget;
 use crate::cache::{self, CompileOptions, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, LengthCounts};
-use crate::pipeline;
 use crate::read::Inputs as ReadInputs;
 use crate::runs::{Pool, Run, ValueRuns};
 use crate::shards::{Numbering, WritePart};
@@ -519,7 +519,7 @@ pub(crate) fn at_once(setup: &Setup, spills: &Spills, budget: u64) -> Result<usi
         })
         .max_by_key(|x| x.1)
         .unwrap_or((0, 0));
-    pipeline::at_once(largest, bytes, budget)
+    budget::at_once(largest, bytes, budget)
 }
 
 /// Runs the profile in one process.
@@ -529,8 +529,8 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let (setup, tgt_in, ctx_in) = Setup::new(spec)?;
     let staging = Staging::create(&opts.out, opts.force)?;
     let stamps = cache::stamp_files(&setup.named)?;
-    let budget = opts.max_memory.unwrap_or_else(pipeline::default_budget);
-    let dir = staging.dir.join(pipeline::SPILL_DIR);
+    let budget = opts.max_memory.unwrap_or_else(budget::default_budget);
+    let dir = staging.dir.join(spill::SPILL_DIR);
     std::fs::create_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
     let (tgt_files, ctx_files) = (tgt_in.opened.len(), ctx_in.opened.len());
     progress.stage("reading", (tgt_files + ctx_files) as u64);
@@ -541,7 +541,7 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
         dir: &dir,
         name,
         buckets: setup.buckets,
-        budget: pipeline::read_share(budget),
+        budget: budget::read_share(budget),
         in_memory,
     };
     let tgt = spill_side(&setup, tgt_in, 0..tgt_files, false, to("rows"), progress)?;
