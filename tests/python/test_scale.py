@@ -5,6 +5,7 @@ for byte; a bounded memory budget changes nothing either."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -77,3 +78,29 @@ def test_stage_errors_name_the_partition_and_the_option(in_workdir: Path):
     with pytest.raises(dsc.OptionsError, match="need 0 <= i < n"):
         dsc.compile_stage("scan", (2, 2), ROWS, out=out, **OPTIONS)
     assert not os.path.exists(out)
+
+
+def test_the_mostlyai_profile_compiles_bounded_and_partitioned(tmp_path: Path):
+    """--profile mostlyai from Python: in a tight budget and as partitions, the same cache as a
+    plain compile, whose statistics are mostlyai-engine's own (tests/vectors/mostlyai)."""
+    vectors = REPO / "tests/vectors/mostlyai/seq_extra"
+    parts = json.loads((vectors / "p2/partitions.json").read_text())
+    val_keys = tmp_path / "val-keys.txt"
+    val_keys.write_text("".join(f"{k}\n" for name, part in parts.items() if name.endswith("-val")
+                                for k in part["context_ids"]))
+    rows = str(vectors / "data/tgt.parquet")
+    options = dict(key="id", context=str(vectors / "data/ctx.parquet"), profile="mostlyai",
+                   partitions=2, val_keys=str(val_keys), bucket_size="8KiB", seed=3)
+    dsc.compile(rows, out=tmp_path / "plain", **options)
+    dsc.compile(rows, out=tmp_path / "tight", max_memory="1MiB", **options)
+    out = str(tmp_path / "parts")
+    for stage in ("scan", "fit", "write"):
+        for i in (1, 0):
+            dsc.compile_stage(stage, (i, 2), rows, out=out, **options)
+    dsc.merge(out)
+    want = files(tmp_path / "plain")
+    assert len([k for k in want if k.startswith("shards/")]) > 8
+    assert files(tmp_path / "tight") == want
+    assert files(tmp_path / "parts") == want
+    for name in ("tgt-stats.json", "ctx-stats.json"):
+        assert json.loads(want[name]) == json.loads((vectors / "p2" / name).read_text()), name
