@@ -330,7 +330,7 @@ impl<'f> Sorted<'f> {
     /// finish it); the answer is `hi`'s value when fewer than `k + 1` values lie below it, else
     /// it lies strictly between `hi` and the candidate before it, a short stretch of each run,
     /// which is read. A value repeated across many rows costs nothing.
-    pub fn kth(&self, k: u64) -> Result<f64> {
+    fn kth(&self, k: u64) -> Result<f64> {
         let pooled = &self.pooled;
         let lower = |t: u64| self.runs.iter().map(|r| r.bounds(t).0).sum::<u64>();
         let upper = |t: u64| self.runs.iter().map(|r| r.bounds(t).1).sum::<u64>();
