@@ -460,6 +460,9 @@ pub struct OrderArgs {
     /// Cache order: no shuffle.
     #[arg(long)]
     pub no_shuffle: bool,
+    /// Length-bucketed batches (see above).
+    #[arg(long)]
+    pub bucket: bool,
     /// Keep the last partial global batch, completed by repeating the first contexts.
     #[arg(long)]
     pub keep_last: bool,
@@ -506,8 +509,14 @@ pub struct BenchArgs {
     /// Shards read side by side in the shuffled passes.
     #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
     pub interleave: usize,
+    /// Also time a shuffled epoch with length-bucketed, trimmed batches (`dsc order --bucket`)
+    /// and report its contexts/s and padding efficiency next to the plain one.
+    #[arg(long)]
+    pub bucket: bool,
     /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy,
-    /// open_ms, peak_rss_mib, …).
+    /// shuffled_over_memcpy, open_ms, peak_rss_mib, …; with --bucket also
+    /// contexts_per_s_bucketed, gbps_bucketed, bucketed_over_shuffled,
+    /// padding_efficiency_bucketed, padding_efficiency_shuffled; docs/PERFORMANCE.md lists all).
     #[arg(long)]
     pub json: bool,
 }

@@ -2,6 +2,7 @@
 
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
+use dsc_loader::order::{padding, Padding, Steps};
 use dsc_loader::{Cache, LoaderOptions};
 use serde::Serialize;
 use std::time::Instant;
@@ -23,6 +24,23 @@ struct Report {
     contexts_per_s_shuffled: f64,
     shuffled_over_memcpy: f64,
     peak_rss_mib: Option<f64>,
+    /// With --bucket: the shuffled pass on N threads with length-bucketed, trimmed batches.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    bucketed: Option<Bucketed>,
+}
+
+#[derive(Serialize)]
+struct Bucketed {
+    /// Contexts per second of the bucketed pass.
+    contexts_per_s_bucketed: f64,
+    /// Bytes per second of the trimmed batches it yields.
+    gbps_bucketed: f64,
+    /// Its contexts per second ÷ the plain shuffled pass's.
+    bucketed_over_shuffled: f64,
+    /// Stored values ÷ values in its trimmed batches (`dsc order --bucket`).
+    padding_efficiency_bucketed: f64,
+    /// The same for the plain shuffled order, whose batches are not trimmed.
+    padding_efficiency_shuffled: f64,
 }
 
 /// Reads every byte (so that a zero-copy view costs what reading it costs).
@@ -54,6 +72,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         window: a.window,
         interleave: a.interleave,
         ..Default::default()
+    };
+    let bucketed_opts = LoaderOptions {
+        bucket: true,
+        ..opts(true, threads)
     };
     let (contexts, steps) = {
         let probe = cache.loader(opts(false, 0))?;
@@ -102,17 +124,26 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     }
     let sequential_s = t.elapsed().as_secs_f64();
 
-    let shuffled = |threads: usize| -> anyhow::Result<f64> {
+    // Seconds and bytes yielded of one epoch.
+    let pass = |o: LoaderOptions| -> anyhow::Result<(f64, u64)> {
         let t = Instant::now();
         let mut n = 0u64;
-        for batch in cache.loader(opts(true, threads))? {
-            n += batch?.size as u64;
+        for batch in cache.loader(o)? {
+            n += batch?
+                .tensors()
+                .iter()
+                .map(|t| t.bytes().len() as u64)
+                .sum::<u64>();
         }
-        std::hint::black_box(n);
-        Ok(t.elapsed().as_secs_f64())
+        Ok((t.elapsed().as_secs_f64(), std::hint::black_box(n)))
     };
-    let one_s = shuffled(1)?;
-    let many_s = shuffled(threads)?;
+    let (one_s, _) = pass(opts(true, 1))?;
+    let (many_s, _) = pass(opts(true, threads))?;
+    let bucketed_pass = if a.bucket {
+        Some(pass(bucketed_opts.clone())?)
+    } else {
+        None
+    };
     let peak_rss_mib = crate::output::peak_rss_mib();
     std::hint::black_box(sink);
 
@@ -134,6 +165,27 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         contexts_per_s_shuffled: epoch_contexts / many_s,
         shuffled_over_memcpy: memcpy_s / many_s,
         peak_rss_mib,
+        bucketed: match bucketed_pass {
+            Some((seconds, yielded)) => {
+                let lengths = cache.lengths(&a.split)?;
+                let max_len = cache.manifest().max_len();
+                let figures = |o: LoaderOptions| -> anyhow::Result<Padding> {
+                    let loader = cache.loader(LoaderOptions { threads: 0, ..o })?;
+                    let steps = Steps::new(loader.order().len(), a.batch_size, 1, true);
+                    Ok(padding(loader.order(), &steps, &lengths, max_len))
+                };
+                Some(Bucketed {
+                    contexts_per_s_bucketed: epoch_contexts / seconds,
+                    gbps_bucketed: yielded as f64 / 1e9 / seconds,
+                    bucketed_over_shuffled: many_s / seconds,
+                    padding_efficiency_bucketed: figures(bucketed_opts)?.padding_efficiency,
+                    // The plain passes above yield untrimmed batches.
+                    padding_efficiency_shuffled: figures(opts(true, 0))?
+                        .padding_efficiency_untrimmed,
+                })
+            }
+            None => None,
+        },
     };
     if a.json {
         crate::output::print_json(&r)?;
@@ -179,6 +231,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             r.gbps_shuffled
         )
     );
+    if let Some(b) = &r.bucketed {
+        outln!(
+            "{:<34} {:>10.2} {:>14.0} {:>10}",
+            format!("bucketed, {threads} threads (trimmed)"),
+            b.gbps_bucketed,
+            b.contexts_per_s_bucketed,
+            "-"
+        );
+        outln!(
+            "bucketed: {:.2}x the shuffled contexts/s; padding efficiency {:.3} (shuffled: {:.3})",
+            b.bucketed_over_shuffled,
+            b.padding_efficiency_bucketed,
+            b.padding_efficiency_shuffled
+        );
+    }
     if let Some(mib) = r.peak_rss_mib {
         outln!("peak resident memory while loading: {mib:.0} MiB");
     }

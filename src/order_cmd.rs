@@ -3,7 +3,8 @@
 use crate::args::OrderArgs;
 use crate::output::{bold, bytes, outln};
 use anyhow::Context as _;
-use dsc_loader::{Cache, LoaderOptions, State};
+use dsc_loader::order::{padding, Padding, Quality};
+use dsc_loader::{Cache, Loader, LoaderOptions, State};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -12,13 +13,36 @@ struct Report {
     epoch: u64,
     seed: u64,
     shuffle: bool,
+    bucket: bool,
     batch_size: usize,
     world_size: usize,
     batches_per_rank: usize,
     contexts: usize,
     #[serde(flatten)]
-    quality: dsc_loader::order::Quality,
+    figures: Figures,
     window_bytes: u64,
+    /// With --bucket: the same epoch without bucketing, for comparison.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unbucketed: Option<Figures>,
+}
+
+/// Shuffle quality and padding of one epoch order.
+#[derive(Serialize)]
+struct Figures {
+    #[serde(flatten)]
+    quality: Quality,
+    #[serde(flatten)]
+    padding: Padding,
+}
+
+fn figures(cache: &Cache, loader: &Loader, lengths: &[u32]) -> Figures {
+    let o = loader.options();
+    let order = loader.order();
+    let steps = dsc_loader::order::Steps::new(order.len(), o.batch_size, o.world_size, o.drop_last);
+    Figures {
+        quality: order.quality(o.batch_size * o.world_size),
+        padding: padding(order, &steps, lengths, cache.manifest().max_len()),
+    }
 }
 
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
@@ -35,6 +59,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         threads: 0,
         window: a.window,
         interleave: a.interleave,
+        bucket: a.bucket,
         ..Default::default()
     };
     let mut loader = match &a.from_state {
@@ -72,22 +97,34 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
+    let lengths = cache.lengths(&loader.options().split)?;
     let order = loader.order();
-    let quality = order.quality(a.batch_size * a.world_size);
+    let unbucketed = if order.is_bucketed() {
+        let plain = cache.loader(LoaderOptions {
+            bucket: false,
+            ..loader.options().clone()
+        })?;
+        Some(figures(&cache, &plain, &lengths))
+    } else {
+        None
+    };
+    let figures = figures(&cache, &loader, &lengths);
     let per_context = cache.manifest().bytes_per_context() as u64;
     let report = Report {
         split: a.split.clone(),
         epoch: loader.options().epoch,
         seed: loader.options().seed,
         shuffle: loader.options().shuffle,
+        bucket: order.is_bucketed(),
         batch_size: a.batch_size,
         world_size: a.world_size,
         batches_per_rank: loader.steps(),
         contexts: order.len(),
         // The window being read, the one before (released when the next begins) and the one
         // read ahead.
-        window_bytes: 3 * quality.window.min(order.len()) as u64 * per_context,
-        quality,
+        window_bytes: 3 * figures.quality.window.min(order.len()) as u64 * per_context,
+        figures,
+        unbucketed,
     };
     if a.json {
         crate::output::print_json(&report)?;
@@ -105,14 +142,32 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         report.batch_size,
         report.world_size
     );
-    let q = &report.quality;
+    print_figures(&report.figures, if report.bucket { "bucketed" } else { "" })?;
+    if let Some(plain) = &report.unbucketed {
+        print_figures(plain, "plain")?;
+    }
     outln!(
-        "distinct shards per global batch {:.2} (of {} shards)",
+        "window {} contexts: about {} resident while reading",
+        report.figures.quality.window,
+        bytes(report.window_bytes)
+    );
+    Ok(0)
+}
+
+fn print_figures(f: &Figures, label: &str) -> anyhow::Result<()> {
+    let (q, p) = (&f.quality, &f.padding);
+    let label = if label.is_empty() {
+        String::new()
+    } else {
+        format!("{label}: ")
+    };
+    outln!(
+        "{label}distinct shards per global batch {:.2} (of {} shards)",
         q.distinct_shards_per_batch,
         q.shards
     );
     outln!(
-        "neighbour-distance entropy {:.3} bits; a uniform shuffle gives {:.3} ({:.1}%)",
+        "{label}neighbour-distance entropy {:.3} bits; a uniform shuffle gives {:.3} ({:.1}%)",
         q.neighbour_entropy,
         q.uniform_entropy,
         if q.uniform_entropy > 0.0 {
@@ -122,9 +177,14 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         }
     );
     outln!(
-        "window {} contexts: about {} resident while reading",
-        q.window,
-        bytes(report.window_bytes)
+        "{label}padding efficiency {:.3} trimmed, {:.3} untrimmed; mean batch length {:.1}",
+        p.padding_efficiency,
+        p.padding_efficiency_untrimmed,
+        p.mean_batch_len
     );
-    Ok(0)
+    outln!(
+        "{label}length spread in a batch {:.3} of the split's (random batches: about 1)",
+        p.length_spread_in_batch
+    );
+    Ok(())
 }

@@ -47,7 +47,7 @@ fn every_context_once_per_epoch_across_ranks() {
         cache.manifest().shards_of("train").count() > 5,
         "several shards"
     );
-    for drop_last in [true, false] {
+    for (drop_last, bucket) in [(true, false), (false, false), (true, true), (false, true)] {
         let mut all = Vec::new();
         let mut per_rank = Vec::new();
         for rank in 0..3 {
@@ -55,6 +55,7 @@ fn every_context_once_per_epoch_across_ranks() {
                 rank,
                 world_size: 3,
                 drop_last,
+                bucket,
                 ..opts(7)
             };
             let keys: Vec<i64> = keys_by_step(&cache, o).concat();
@@ -86,7 +87,17 @@ fn every_context_once_per_epoch_across_ranks() {
 
 #[test]
 fn order_is_a_function_of_seed_and_epoch() {
+    for bucket in [false, true] {
+        order_is_a_function_of_seed_and_epoch_with(bucket);
+    }
+}
+
+fn order_is_a_function_of_seed_and_epoch_with(bucket: bool) {
     let cache = Cache::open(cache_dir()).unwrap();
+    let opts = |batch| LoaderOptions {
+        bucket,
+        ..opts(batch)
+    };
     let a = keys_by_step(&cache, opts(16));
     assert_eq!(a, keys_by_step(&cache, opts(16)));
     assert_ne!(
@@ -131,6 +142,9 @@ fn order_is_a_function_of_seed_and_epoch() {
             }
         )
     );
+    if bucket {
+        return;
+    }
     // Unshuffled is the compiled order.
     let (_, compiled) = read_cache(cache_dir());
     let flat: Vec<i64> = keys_by_step(
@@ -148,7 +162,7 @@ fn order_is_a_function_of_seed_and_epoch() {
 #[test]
 fn the_global_order_does_not_depend_on_world_size() {
     let cache = Cache::open(cache_dir()).unwrap();
-    let global = |world: usize| -> Vec<Vec<i64>> {
+    let global = |world: usize, bucket: bool| -> Vec<Vec<i64>> {
         let ranks: Vec<Vec<Vec<i64>>> = (0..world)
             .map(|rank| {
                 keys_by_step(
@@ -156,6 +170,7 @@ fn the_global_order_does_not_depend_on_world_size() {
                     LoaderOptions {
                         rank,
                         world_size: world,
+                        bucket,
                         ..opts(12 / world)
                     },
                 )
@@ -165,9 +180,11 @@ fn the_global_order_does_not_depend_on_world_size() {
             .map(|s| ranks.iter().flat_map(|r| r[s].clone()).collect())
             .collect()
     };
-    let one = global(1);
-    assert_eq!(one, global(2));
-    assert_eq!(one, global(4));
+    for bucket in [false, true] {
+        let one = global(1, bucket);
+        assert_eq!(one, global(2, bucket));
+        assert_eq!(one, global(4, bucket));
+    }
     // Rank slices of one step are disjoint.
     let two: Vec<Vec<i64>> = (0..2)
         .map(|rank| {
@@ -228,6 +245,112 @@ fn trimmed_batches_equal_untrimmed_ones_cut_to_length() {
         }
     }
     assert!(shorter > 0, "trimming shortened some batches");
+}
+
+fn lengths_of(batch: &dsc_loader::Batch) -> Vec<i32> {
+    batch
+        .tensor("length")
+        .unwrap()
+        .bytes()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Bucketing regroups each window's contexts: the global batches of a window are its contexts
+/// sorted by length and cut into whole batches (in some order), each trimmed to its longest,
+/// with the same bytes as an unbucketed batch of those contexts; and the batches' order
+/// differs between epochs.
+#[test]
+fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let window = 60; // rounded up to 64 for global batches of 8 (4 x 2 ranks)
+    let o = |rank, epoch| LoaderOptions {
+        rank,
+        world_size: 2,
+        window,
+        epoch,
+        bucket: true,
+        ..opts(4)
+    };
+    let ranks: Vec<Vec<dsc_loader::Batch>> = (0..2)
+        .map(|r| cache.loader(o(r, 0)).unwrap().map(Result::unwrap).collect())
+        .collect();
+    let global: Vec<Vec<i32>> = (0..ranks[0].len())
+        .map(|s| [lengths_of(&ranks[0][s]), lengths_of(&ranks[1][s])].concat())
+        .collect();
+    for (s, batches) in ranks.iter().map(|r| r.iter()).flatten().enumerate() {
+        let longest = *lengths_of(batches).iter().max().unwrap() as usize;
+        assert_eq!(
+            batches.seq_len,
+            longest.max(1),
+            "batch {s} trimmed to its longest"
+        );
+    }
+    let per_window = 64 / 8;
+    let mut spread = 0;
+    for (w, chunk) in global.chunks(per_window).enumerate() {
+        let mut all: Vec<i32> = chunk.concat();
+        all.sort_unstable();
+        let mut expect: Vec<Vec<i32>> = all.chunks(8).map(<[i32]>::to_vec).collect();
+        let mut got: Vec<Vec<i32>> = chunk
+            .iter()
+            .map(|b| {
+                let mut b = b.clone();
+                b.sort_unstable();
+                b
+            })
+            .collect();
+        if chunk.len() == per_window {
+            expect.sort();
+            got.sort();
+            assert_eq!(
+                got, expect,
+                "window {w}: batches are its sorted lengths, cut"
+            );
+        }
+        spread += got.iter().map(|b| b[7] - b[0]).sum::<i32>();
+    }
+    let plain: Vec<Vec<i32>> = cache
+        .loader(LoaderOptions {
+            bucket: false,
+            rank: 0,
+            world_size: 1,
+            ..opts(8)
+        })
+        .unwrap()
+        .map(|b| lengths_of(&b.unwrap()))
+        .collect();
+    let plain_spread: i32 = plain
+        .iter()
+        .map(|b| b.iter().max().unwrap() - b.iter().min().unwrap())
+        .sum();
+    assert!(spread * 4 < plain_spread, "{spread} vs {plain_spread}");
+    // The same contexts with bucketing off give the same bytes, cut to the batch's length.
+    let all_bytes: BTreeMap<i64, Vec<u8>> = cache
+        .loader(LoaderOptions {
+            shuffle: false,
+            drop_last: false,
+            ..opts(1)
+        })
+        .unwrap()
+        .map(|b| {
+            let b = b.unwrap();
+            (b.keys()[0], b.tensor("x").unwrap().bytes().to_vec())
+        })
+        .collect();
+    let l = cache.manifest().max_len();
+    for b in &ranks[0] {
+        let x = b.tensor("x").unwrap().bytes();
+        let per = x.len() / b.size;
+        for (i, k) in b.keys().iter().enumerate() {
+            let full = &all_bytes[k];
+            let step = full.len() / l;
+            assert_eq!(&x[i * per..(i + 1) * per], &full[..b.seq_len * step]);
+        }
+    }
+    let epoch = |e| keys_by_step(&cache, o(0, e));
+    assert_ne!(epoch(0), epoch(1));
 }
 
 #[test]
@@ -427,9 +550,9 @@ proptest! {
     /// Stopping after any number of batches and resuming from the state (on any rank layout
     /// with the same global batch) continues with exactly the batches of an uninterrupted run.
     #[test]
-    fn resume_anywhere_equals_the_uninterrupted_run(stop in 0usize..60, epoch in 0u64..3, threads in 0usize..3, world in prop::sample::select(vec![1usize, 2, 4])) {
+    fn resume_anywhere_equals_the_uninterrupted_run(stop in 0usize..60, epoch in 0u64..3, threads in 0usize..3, world in prop::sample::select(vec![1usize, 2, 4]), bucket in any::<bool>()) {
         let cache = Cache::open(cache_dir()).unwrap();
-        let base = LoaderOptions { epoch, threads, window: 64, ..opts(8) };
+        let base = LoaderOptions { epoch, threads, window: 64, bucket, ..opts(8) };
         let straight: Vec<Vec<i64>> = keys_by_step(&cache, base.clone());
         let stop = stop.min(straight.len());
         let mut first = cache.loader(base.clone()).unwrap();
@@ -567,6 +690,39 @@ fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
     let text = run(&base);
     assert!(
         text.contains("neighbour-distance entropy")
+            && text.lines().all(|l| l.chars().count() <= 100),
+        "{text}"
+    );
+    // Bucketed: the loader's keys, and a report against the plain order.
+    let bucketed = [&base[..], &["--bucket"]].concat();
+    let keys = run(&[&bucketed[..], &["--keys", "--json"]].concat());
+    let printed: Vec<Vec<i64>> = serde_json::from_str(&keys).unwrap();
+    let lib = keys_by_step(
+        &Cache::open(&cache).unwrap(),
+        LoaderOptions {
+            epoch: 2,
+            bucket: true,
+            ..opts(16)
+        },
+    );
+    assert_eq!(printed, lib);
+    let r: serde_json::Value =
+        serde_json::from_str(&run(&[&bucketed[..], &["--json"]].concat())).unwrap();
+    assert_eq!(r["bucket"], true);
+    let (b, p) = (
+        &r["padding_efficiency"],
+        &r["unbucketed"]["padding_efficiency"],
+    );
+    assert!(b.as_f64().unwrap() > p.as_f64().unwrap() + 0.1, "{r}");
+    assert!(
+        r["length_spread_in_batch"].as_f64().unwrap()
+            < r["unbucketed"]["length_spread_in_batch"].as_f64().unwrap() / 2.0,
+        "{r}"
+    );
+    let text = run(&bucketed);
+    assert!(
+        text.contains("bucketed: padding efficiency")
+            && text.contains("plain: padding efficiency")
             && text.lines().all(|l| l.chars().count() <= 100),
         "{text}"
     );

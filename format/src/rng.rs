@@ -103,6 +103,9 @@ pub mod stream {
     /// `--profile mostlyai`: the donor row drawn for a null value of a digit or datetime
     /// column (the engine's random imputation).
     pub const MOSTLYAI_IMPUTE: u64 = 4;
+    /// The loader's length-bucketed batches: window `w`'s batches are permuted with stream
+    /// `BUCKET_ORDER + w` (far from `EPOCH_ORDER + 1 + w`, the windows' own streams).
+    pub const BUCKET_ORDER: u64 = 1 << 62;
 }
 
 /// The position of `key` in `[0, 1)` used for the train/validation split: a context is in the

@@ -4,7 +4,7 @@ use crate::error::LoadError;
 use crate::loader::{Loader, LoaderOptions, State};
 use crate::mmap::Mapped;
 use dsc_format::shard::read_layout;
-use dsc_format::{Manifest, ShardEntry, TensorSpec};
+use dsc_format::{Manifest, ShardEntry, TensorRole, TensorSpec};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -141,6 +141,35 @@ impl Cache {
             .collect()
     }
 
+    /// The stored length of every context of `split`, in compiled order (4 bytes per context
+    /// read from each shard's `length` tensor).
+    pub fn lengths(&self, split: &str) -> Result<Vec<u32>, LoadError> {
+        let Some((_, shards)) = self.inner.splits.iter().find(|(name, _)| name == split) else {
+            return Err(LoadError::Options(format!(
+                "{}: no split {split:?}",
+                self.inner.dir.display()
+            )));
+        };
+        let slot = self
+            .inner
+            .manifest
+            .tensors()
+            .iter()
+            .position(|t| t.role == TensorRole::Length)
+            .expect("a validated manifest has a length tensor");
+        let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
+        for shard in shards {
+            let start = shard.tensor_starts[slot];
+            let bytes = &shard.map.bytes()[start..start + 4 * shard.entry.contexts];
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as u32),
+            );
+        }
+        Ok(out)
+    }
+
     /// The tensors of every batch, in order.
     pub fn tensors(&self) -> &[TensorSpec] {
         self.inner.manifest.tensors()
@@ -166,6 +195,7 @@ impl Cache {
         opts.window = state.window;
         opts.interleave = state.interleave;
         opts.drop_last = state.drop_last;
+        opts.bucket = state.bucket;
         let global = opts.batch_size * opts.world_size;
         Loader::new(self.clone(), opts, state.samples / global.max(1))
     }

@@ -46,6 +46,12 @@ pub struct LoaderOptions {
     pub window: usize,
     /// Shards read side by side, so that each window mixes this many shards [default: 8].
     pub interleave: usize,
+    /// Length-bucketed batches: inside each window, contexts of similar stored length form a
+    /// global batch, the batches come in random order, and each is trimmed to its longest
+    /// sequence (implies `trim`). The window is rounded up to a multiple of the global batch.
+    /// Still one pass over every context, exact resume and equal batches per rank
+    /// [default: false].
+    pub bucket: bool,
     /// The tensors to load, by name, in manifest order whatever the order given; empty loads
     /// every tensor [default: empty]. Leaving out tensors the model does not read saves their
     /// gather.
@@ -68,6 +74,7 @@ impl Default for LoaderOptions {
             trim: false,
             window: DEFAULT_WINDOW,
             interleave: DEFAULT_INTERLEAVE,
+            bucket: false,
             columns: Vec::new(),
         }
     }
@@ -107,6 +114,9 @@ pub struct State {
     pub drop_last: bool,
     /// `batch_size * world_size` of the run.
     pub global_batch: usize,
+    /// Whether batches are length-bucketed (absent in states from before bucketing: false).
+    #[serde(default)]
+    pub bucket: bool,
 }
 
 impl State {
@@ -184,13 +194,7 @@ impl Plan {
     fn samples(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Vec<Sample> {
         self.steps
             .positions(step, self.rank)
-            .map(|p| {
-                let w = p / self.order.window();
-                if cache.0 != w || cache.1.is_empty() {
-                    *cache = (w, self.order.window_perm(w));
-                }
-                self.order.position_in(&cache.1, p)
-            })
+            .map(|p| self.order.sample_at(p, cache))
             .collect()
     }
 
@@ -508,14 +512,27 @@ impl Loader {
             .iter()
             .map(|s| s.entry.bytes)
             .sum();
-        let order = EpochOrder::new(
-            &sizes,
-            opts.shuffle,
-            opts.seed,
-            opts.epoch,
-            opts.window,
-            opts.interleave,
-        );
+        let order = if opts.bucket {
+            EpochOrder::bucketed(
+                &sizes,
+                opts.shuffle,
+                opts.seed,
+                opts.epoch,
+                opts.window,
+                opts.interleave,
+                cache.lengths(&opts.split)?.into(),
+                opts.global_batch()?,
+            )
+        } else {
+            EpochOrder::new(
+                &sizes,
+                opts.shuffle,
+                opts.seed,
+                opts.epoch,
+                opts.window,
+                opts.interleave,
+            )
+        };
         let steps = Steps::new(
             order.len(),
             opts.batch_size,
@@ -548,7 +565,7 @@ impl Loader {
             order,
             steps,
             rank: opts.rank,
-            trim: opts.trim,
+            trim: opts.trim || opts.bucket,
             pool: Pool::new((opts.prefetch + 2) * (opts.threads + 1) * tensors.len()),
             tensors,
             slots,
@@ -643,6 +660,7 @@ impl Loader {
             interleave: self.opts.interleave,
             drop_last: self.opts.drop_last,
             global_batch: self.opts.batch_size * self.opts.world_size,
+            bucket: self.opts.bucket,
         }
     }
 

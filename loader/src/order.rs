@@ -12,6 +12,14 @@
 //! 3. cuts that sequence into windows of `window` contexts and permutes window `w` with
 //!    `Xoshiro256::for_stream(epoch_seed, EPOCH_ORDER + 1 + w)`.
 //!
+//! With **length bucketing** (`EpochOrder::bucketed`), the window is rounded up to a whole number
+//! of global batches; each window's permutation is then sorted by stored length (stably, so
+//! equal lengths keep their shuffled order), cut into global batches, and those batches are
+//! permuted with `Xoshiro256::for_stream(epoch_seed, BUCKET_ORDER + w)` (a partial batch, only
+//! possible in the last window, stays last). Each batch then holds contexts of similar length
+//! and is trimmed to its longest one, while the batches still come in random order and every
+//! context still appears once per epoch.
+//!
 //! Reads stay inside one window (about `window` × bytes per context resident), batches mix the
 //! window's shards, and as the cache was shuffled at compile time the result is close to a
 //! uniform permutation (see [`EpochOrder::quality`]). Any position is found by a binary search
@@ -20,6 +28,7 @@
 //! implementations.
 
 use dsc_format::rng::{mix64, stream, Xoshiro256};
+use std::sync::Arc;
 
 /// Default window: contexts permuted together.
 pub const DEFAULT_WINDOW: usize = 4096;
@@ -51,6 +60,16 @@ pub struct EpochOrder {
     window: usize,
     seed: u64,
     epoch: u64,
+    buckets: Option<Buckets>,
+}
+
+/// Length bucketing of an epoch.
+#[derive(Debug, Clone)]
+struct Buckets {
+    /// Stored length of every context, by compiled position.
+    lengths: Arc<[u32]>,
+    /// Contexts per bucket: the global batch.
+    batch: usize,
 }
 
 impl EpochOrder {
@@ -118,7 +137,39 @@ impl EpochOrder {
             window,
             seed,
             epoch,
+            buckets: None,
         }
+    }
+
+    /// The order of `epoch` with length bucketing for global batches of `global_batch`
+    /// contexts: `lengths` holds every context's stored length in compiled order. The window is
+    /// rounded up to a multiple of `global_batch`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bucketed(
+        sizes: &[usize],
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        window: usize,
+        interleave: usize,
+        lengths: Arc<[u32]>,
+        global_batch: usize,
+    ) -> Self {
+        let batch = global_batch.max(1);
+        let window = window.max(1).div_ceil(batch).saturating_mul(batch);
+        let mut order = Self::new(sizes, shuffle, seed, epoch, window, interleave);
+        assert_eq!(
+            lengths.len(),
+            order.total,
+            "one stored length per context of the split"
+        );
+        order.buckets = Some(Buckets { lengths, batch });
+        order
+    }
+
+    /// Whether batches are length-bucketed.
+    pub fn is_bucketed(&self) -> bool {
+        self.buckets.is_some()
     }
 
     /// Contexts in the epoch.
@@ -160,7 +211,45 @@ impl EpochOrder {
             )
             .shuffle(&mut perm);
         }
-        perm
+        match &self.buckets {
+            Some(b) => self.bucket(w, perm, b),
+            None => perm,
+        }
+    }
+
+    /// Window `w`'s permutation `perm` sorted by length, cut into global batches, and those
+    /// batches permuted.
+    fn bucket(&self, w: usize, mut perm: Vec<u32>, b: &Buckets) -> Vec<u32> {
+        let start = w * self.window;
+        perm.sort_by_cached_key(|&i| {
+            let (shard, offset) = self.locate(start + i as usize);
+            b.lengths[self.starts[shard] + offset]
+        });
+        let whole = perm.len() / b.batch;
+        let mut batches: Vec<usize> = (0..whole).collect();
+        if self.shuffle {
+            Xoshiro256::for_stream(
+                epoch_seed(self.seed, self.epoch),
+                stream::BUCKET_ORDER + w as u64,
+            )
+            .shuffle(&mut batches);
+        }
+        let mut out = Vec::with_capacity(perm.len());
+        for k in batches {
+            out.extend_from_slice(&perm[k * b.batch..(k + 1) * b.batch]);
+        }
+        out.extend_from_slice(&perm[whole * b.batch..]);
+        out
+    }
+
+    /// Where epoch position `p` lives, keeping the last window permutation computed in
+    /// `cache` (`(window, permutation)`; start with `(usize::MAX, vec![])`).
+    pub fn sample_at(&self, p: usize, cache: &mut (usize, Vec<u32>)) -> Sample {
+        let w = p / self.window;
+        if cache.0 != w || cache.1.is_empty() {
+            *cache = (w, self.window_perm(w));
+        }
+        self.position_in(&cache.1, p)
     }
 
     /// The compiled position (split-local) at epoch position `p`, given window `w`'s
@@ -369,6 +458,69 @@ impl EpochOrder {
     }
 }
 
+/// What padding costs in an epoch's batches, and how length-homogeneous they are.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Padding {
+    /// Stored values ÷ values in the batches when each is trimmed to its longest sequence
+    /// (1 means no padding at all).
+    pub padding_efficiency: f64,
+    /// Stored values ÷ values in batches padded to the cache's L (no trimming).
+    pub padding_efficiency_untrimmed: f64,
+    /// Mean over batches of the spread (standard deviation) of the lengths inside a batch,
+    /// ÷ the spread of all lengths: about 1 for batches drawn at random, 0 when every batch
+    /// holds a single length. What bucketing gives up in randomness of a batch's make-up.
+    pub length_spread_in_batch: f64,
+    /// Mean trimmed sequence length of a batch.
+    pub mean_batch_len: f64,
+}
+
+/// The padding of every rank's batch of an epoch (`steps` cut from `order`), from each
+/// context's stored length (`lengths`, compiled order) and the cache's `max_len`.
+pub fn padding(order: &EpochOrder, steps: &Steps, lengths: &[u32], max_len: usize) -> Padding {
+    let (mut stored, mut trimmed, mut untrimmed) = (0u64, 0u64, 0u64);
+    let (mut spread, mut batch_len, mut batches) = (0f64, 0f64, 0usize);
+    let mut cache = (usize::MAX, Vec::new());
+    let mut batch: Vec<f64> = Vec::with_capacity(steps.batch_size);
+    for step in 0..steps.steps {
+        for rank in 0..steps.world_size {
+            batch.clear();
+            batch.extend(
+                steps
+                    .positions(step, rank)
+                    .map(|p| f64::from(lengths[order.sample_at(p, &mut cache).position])),
+            );
+            let longest = batch
+                .iter()
+                .copied()
+                .fold(0f64, f64::max)
+                .clamp(1.0, max_len as f64);
+            stored += batch.iter().sum::<f64>() as u64;
+            trimmed += (longest as usize * batch.len()) as u64;
+            untrimmed += (max_len.max(1) * batch.len()) as u64;
+            spread += std_dev(&batch);
+            batch_len += longest;
+            batches += 1;
+        }
+    }
+    let all: Vec<f64> = lengths.iter().map(|&l| f64::from(l)).collect();
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    Padding {
+        padding_efficiency: ratio(stored as f64, trimmed as f64),
+        padding_efficiency_untrimmed: ratio(stored as f64, untrimmed as f64),
+        length_spread_in_batch: ratio(ratio(spread, batches as f64), std_dev(&all)),
+        mean_batch_len: ratio(batch_len, batches as f64),
+    }
+}
+
+/// Population standard deviation (0 for fewer than two values).
+fn std_dev(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64).sqrt()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,5 +596,54 @@ mod tests {
         assert!(q.neighbour_entropy > 0.8 * q.uniform_entropy, "{q:?}");
         let flat = EpochOrder::new(&sizes, false, 1, 0, 4000, 8).quality(64);
         assert!(flat.neighbour_entropy < 0.1, "{flat:?}");
+    }
+
+    #[test]
+    fn a_bucketed_epoch_is_a_permutation_of_length_sorted_batches() {
+        let sizes = [100, 37, 250, 1, 64];
+        let n: usize = sizes.iter().sum();
+        // Lengths with many ties, in compiled order.
+        let lengths: Arc<[u32]> = (0..n as u32).map(|i| (i * 7919) % 50).collect();
+        let o = EpochOrder::bucketed(&sizes, true, 7, 0, 50, 3, lengths.clone(), 16);
+        assert_eq!(o.window(), 64, "rounded up to whole global batches");
+        let a = all(&o);
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+        for (w, window) in a.chunks(64).enumerate() {
+            let mut lens: Vec<u32> = window.iter().map(|&p| lengths[p]).collect();
+            let batches: Vec<Vec<u32>> = lens.chunks(16).map(<[u32]>::to_vec).collect();
+            lens.sort_unstable();
+            let mut expect: Vec<Vec<u32>> = lens.chunks(16).map(<[u32]>::to_vec).collect();
+            if window.len() < 64 {
+                // The last window's partial batch holds its longest contexts and comes last.
+                assert_eq!(batches.last(), expect.last(), "window {w}");
+            }
+            let mut got = batches.clone();
+            got.sort();
+            expect.sort();
+            assert_eq!(got, expect, "window {w}");
+        }
+        // Resuming anywhere needs no replay.
+        for start in [0, 1, 63, 64, 300, n - 1] {
+            let tail: Vec<usize> = o.iter_from(start).map(|s| s.position).collect();
+            assert_eq!(tail, a[start..]);
+        }
+        let other = EpochOrder::bucketed(&sizes, true, 7, 1, 50, 3, lengths.clone(), 16);
+        assert_ne!(a, all(&other));
+        // Unshuffled: each window sorted by length, batches in order.
+        let flat = all(&EpochOrder::bucketed(
+            &sizes,
+            false,
+            7,
+            0,
+            50,
+            3,
+            lengths.clone(),
+            16,
+        ));
+        for window in flat.chunks(64) {
+            assert!(window.windows(2).all(|p| lengths[p[0]] <= lengths[p[1]]));
+        }
     }
 }

@@ -90,6 +90,12 @@ pub struct Cli {
     #[arg(long, default_value_t = defaults::BATCH_SIZE)]
     pub batch_size: usize,
 
+    /// Length-bucketed batches: contexts of similar length train together and each batch is
+    /// cut to its longest sequence, so little of a step computes on padding (the batches
+    /// still come in random order; see `dsc order --bucket`).
+    #[arg(long)]
+    pub bucket: bool,
+
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
@@ -225,6 +231,7 @@ impl Cli {
             dropout: self.dropout,
             epochs: self.epochs.unwrap_or(1),
             batch_size: self.batch_size,
+            bucket: self.bucket,
             accumulate: self.accumulate,
             lr: self.lr,
             weight_decay: self.weight_decay,

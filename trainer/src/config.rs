@@ -72,6 +72,10 @@ pub struct RunConfig {
     pub dropout: f64,
     pub epochs: u64,
     pub batch_size: usize,
+    /// Length-bucketed batches (train and evaluation). Checkpoints from before the option
+    /// existed trained without it.
+    #[serde(default)]
+    pub bucket: bool,
     pub accumulate: usize,
     pub lr: f64,
     pub weight_decay: f64,
@@ -113,6 +117,7 @@ impl RunConfig {
             dropout: 0.0,
             epochs: 1,
             batch_size: defaults::BATCH_SIZE,
+            bucket: false,
             accumulate: 1,
             lr: defaults::LR,
             weight_decay: defaults::WEIGHT_DECAY,

@@ -38,6 +38,7 @@ pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
         drop_last: true,
         threads: 0,
         trim: true,
+        bucket: s.cfg.bucket,
         ..Default::default()
     }
 }
@@ -237,6 +238,7 @@ fn loader_state(s: &Session, epoch: u64, micro: u64) -> State {
         interleave: o.interleave,
         drop_last: o.drop_last,
         global_batch: o.batch_size * o.world_size,
+        bucket: o.bucket,
     }
 }
 
@@ -273,6 +275,7 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
         drop_last: false,
         threads: 0,
         trim: true,
+        bucket: s.cfg.bucket,
         ..Default::default()
     };
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
