@@ -31,6 +31,7 @@ class CacheHandle:
         trim: bool,
         window: int,
         interleave: int,
+        bucket: bool,
         columns: List[str],
         writable: bool,
     ) -> LoaderHandle: ...

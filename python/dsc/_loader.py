@@ -158,6 +158,11 @@ class Loader:
         num_threads: loading threads (Rust threads; 0 loads in the calling thread).
         prefetch: batches prepared ahead per thread.
         trim: cut sequence tensors to the longest stored length in each batch.
+        bucket: length-bucketed batches: inside each shuffle window, contexts of similar length
+            form a (global) batch, the batches come in random order, and each is trimmed to its
+            longest sequence (implies ``trim``), so little of a batch is padding. Still every
+            context once per epoch, exact resume, equal batches per rank. ``dsc order --bucket``
+            reports the padding efficiency and what it costs in randomness.
         columns: load only these tensors (names), e.g. ``["x", "length", "y"]``.
         pin_memory: gather into page-locked memory (with CUDA torch; ignored, with a warning,
             where there is no GPU).
@@ -191,6 +196,7 @@ class Loader:
         format: Optional[str] = None,  # noqa: A002 (the natural keyword)
         window: int = 4096,
         interleave: int = 8,
+        bucket: bool = False,
     ) -> None:
         self.cache = cache if isinstance(cache, Cache) else Cache(cache)
         self.split = str(split)
@@ -210,7 +216,8 @@ class Loader:
             raise OptionsError(f"rank={self.rank} with world_size={self.world_size}: need rank < world_size")
         self.num_threads = _check_int("num_threads", num_threads, 0, 1024)
         self.prefetch = _check_int("prefetch", prefetch, 1, 65536)
-        self.trim = bool(trim)
+        self.bucket = bool(bucket)
+        self.trim = bool(trim) or self.bucket
         self.window = _check_int("window", window, 1)
         self.interleave = _check_int("interleave", interleave, 1)
         self.copy = bool(copy)
@@ -301,6 +308,7 @@ class Loader:
             "drop_last": self.drop_last,
             "window": self.window,
             "interleave": self.interleave,
+            "bucket": self.bucket,
             "global_batch": self.batch_size * self.world_size,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
@@ -325,7 +333,9 @@ class Loader:
                 f"the state is for another cache (fingerprint {state['fingerprint']}, "
                 f"{self.cache.path} has {mine['fingerprint']})"
             )
-        for k in ("split", "seed", "shuffle", "drop_last", "window", "interleave"):
+        # States saved before bucketing existed were not bucketed.
+        state = {"bucket": False, **state}
+        for k in ("split", "seed", "shuffle", "drop_last", "window", "interleave", "bucket"):
             if state[k] != mine[k]:
                 raise StateError(f"the state has {k}={state[k]!r}, this loader {k}={mine[k]!r}")
         if state["global_batch"] != mine["global_batch"]:
@@ -370,7 +380,7 @@ class Loader:
         return (
             f"dsc.Loader({self.cache.path!r}, split={self.split!r}, batch_size={self.batch_size}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
-            f"world_size={self.world_size}, steps={self._len})"
+            f"world_size={self.world_size}, bucket={self.bucket}, steps={self._len})"
         )
 
     # -- internals -------------------------------------------------------------------------
@@ -386,6 +396,7 @@ class Loader:
             self.split, self.batch_size, self.shuffle, self.seed, self._epoch,
             self._step * self.batch_size * self.world_size, self.rank, self.world_size,
             self.drop_last, self.prefetch, threads, self.trim, self.window, self.interleave,
+            self.bucket,
             # Writable (private) zero-copy views only for torch tensors that stay views.
             self.columns, self.format == "torch" and not self.copy,
         )

@@ -214,7 +214,8 @@ impl CacheHandle {
     /// 0 leaves the gathering to `LoaderHandle.fill`.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (split, batch_size, shuffle, seed, epoch, samples, rank, world_size,
-                        drop_last, prefetch, threads, trim, window, interleave, columns, writable))]
+                        drop_last, prefetch, threads, trim, window, interleave, bucket, columns,
+                        writable))]
     fn loader(
         &self,
         py: Python<'_>,
@@ -232,6 +233,7 @@ impl CacheHandle {
         trim: bool,
         window: usize,
         interleave: usize,
+        bucket: bool,
         columns: Vec<String>,
         writable: bool,
     ) -> PyResult<LoaderHandle> {
@@ -249,6 +251,7 @@ impl CacheHandle {
             trim,
             window,
             interleave,
+            bucket,
             columns,
         };
         let state = State {
@@ -261,6 +264,7 @@ impl CacheHandle {
             interleave,
             drop_last,
             global_batch: batch_size.saturating_mul(world_size),
+            bucket,
         };
         let cache = self.cache.clone();
         let loader = py

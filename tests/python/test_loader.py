@@ -26,12 +26,15 @@ def keys_of(loader, epochs: int = 1) -> list[list[int]]:
 
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_order_equals_dsc_order(cache_dir: Path, shuffle: bool, world_size: int) -> None:
+@pytest.mark.parametrize("bucket", [False, True])
+def test_order_equals_dsc_order(cache_dir: Path, shuffle: bool, world_size: int, bucket: bool) -> None:
     # Small windows so that an epoch spans several windows and shards.
-    loader_args = dict(batch_size=24, seed=5, window=100, interleave=2, shuffle=shuffle)
+    loader_args = dict(batch_size=24, seed=5, window=100, interleave=2, shuffle=shuffle, bucket=bucket)
     cli_args = ["--batch-size", "24", "--seed", "5", "--window", "100", "--interleave", "2"]
     if not shuffle:
         cli_args.append("--no-shuffle")
+    if bucket:
+        cli_args.append("--bucket")
     for rank in range(world_size):
         loader = dsc.Loader(cache_dir, rank=rank, world_size=world_size, **loader_args)
         for epoch in range(3):
@@ -86,6 +89,34 @@ def test_trim_cuts_to_the_longest_sequence(cache_dir: Path) -> None:
         assert batch["x"].shape[1] == batch["sensor_id"].shape[1] == max(1, int(batch["length"].max()))
 
 
+def test_bucket_groups_similar_lengths_and_trims(cache_dir: Path) -> None:
+    plain = dsc.Loader(cache_dir, batch_size=16, seed=3, trim=True)
+    bucketed = dsc.Loader(cache_dir, batch_size=16, seed=3, bucket=True)
+    assert bucketed.trim and len(bucketed) == len(plain)
+    padded = {}
+    for name, loader in (("plain", plain), ("bucketed", bucketed)):
+        stored = values = 0
+        keys = []
+        for batch in loader:
+            lengths = batch["length"]
+            assert batch["x"].shape[1] == batch.seq_len == max(1, int(lengths.max()))
+            stored += int(lengths.sum())
+            values += batch.seq_len * len(lengths)
+            keys += batch["key"].tolist()
+        assert len(set(keys)) == len(keys), "each context at most once"
+        padded[name] = stored / values
+    assert padded["bucketed"] > 0.85 and padded["bucketed"] > padded["plain"] + 0.2, padded
+    # A bucketed state resumes a bucketed loader only.
+    state = bucketed.state_dict()
+    assert state["bucket"] is True
+    with pytest.raises(dsc.StateError, match="bucket"):
+        dsc.Loader(cache_dir, batch_size=16, seed=3).load_state_dict(state)
+    # States from before bucketing existed lack the field: they were not bucketed.
+    old = plain.state_dict()
+    del old["bucket"]
+    dsc.Loader(cache_dir, batch_size=16, seed=3, trim=True).load_state_dict(old)
+
+
 def test_columns_load_a_subset(cache_dir: Path) -> None:
     full = next(iter(dsc.Loader(cache_dir, batch_size=8, seed=2)))
     part = next(iter(dsc.Loader(cache_dir, batch_size=8, seed=2, columns=["y", "x", "length"])))
@@ -95,8 +126,9 @@ def test_columns_load_a_subset(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("threads", [0, 1, 3])
-def test_resume_after_k_batches_continues_the_same_order(cache_dir: Path, threads: int) -> None:
-    args = dict(batch_size=16, seed=9, window=64, num_threads=threads)
+@pytest.mark.parametrize("bucket", [False, True])
+def test_resume_after_k_batches_continues_the_same_order(cache_dir: Path, threads: int, bucket: bool) -> None:
+    args = dict(batch_size=16, seed=9, window=64, num_threads=threads, bucket=bucket)
     full = dsc.Loader(cache_dir, **args)
     whole = [b["key"].tolist() for _ in range(2) for b in full]
     steps = len(full)
@@ -218,9 +250,10 @@ def test_batches_stay_valid_while_later_batches_are_loaded(cache_dir: Path) -> N
 
 def test_the_fill_path_gives_the_same_batches(cache_dir: Path) -> None:
     """The pinned path (Python threads gathering into torch buffers), run without pinning."""
-    for threads in (1, 3):
-        plain = dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True)
-        filled = dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True, num_threads=threads)
+    for threads, bucket in ((1, False), (3, False), (2, True)):
+        plain = dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True, bucket=bucket)
+        filled = dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True, num_threads=threads,
+                            bucket=bucket)
         filled._fill_path = True
         a, b = list(plain), list(filled)
         assert len(a) == len(b) == len(plain)
