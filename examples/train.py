@@ -127,6 +127,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
     p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
                    help="cut each batch to its longest stored sequence")
+    p.add_argument("--bucket", action="store_true",
+                   help="length-bucketed batches: similar lengths train together, little padding")
     p.add_argument("--normalise", action=argparse.BooleanOptionalAction, default=True,
                    help="scale raw feature columns with the cache's train statistics")
     p.add_argument("--eval-split", default="val", help="split validated after each epoch")
@@ -651,7 +653,7 @@ def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Name
     loader = dsc.Loader(cache, split=split or args.eval_split, batch_size=args.batch_size,
                         shuffle=False,
                         drop_last=False, trim=args.trim, num_threads=args.loader_threads,
-                        pin_memory=device.type == "cuda")
+                        bucket=args.bucket, pin_memory=device.type == "cuda")
     loss_sum = torch.zeros((), device=device)
     metric_sum = torch.zeros((), device=device)
     seen = 0
@@ -727,7 +729,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
     loader = dsc.Loader(cache, split="train", batch_size=args.batch_size, shuffle=True,
                         seed=args.seed, drop_last=True, num_threads=args.loader_threads,
-                        prefetch=args.prefetch, trim=args.trim, pin_memory=on_cuda)
+                        prefetch=args.prefetch, trim=args.trim, bucket=args.bucket,
+                        pin_memory=on_cuda)
     # Whole optimizer steps only: leftover micro-batches of an epoch are not trained.
     micro_epoch = len(loader) // args.accumulate * args.accumulate
     if micro_epoch == 0:

@@ -13,7 +13,8 @@ The plain loop uses no dsc code to read data: it loads every shard of the cache 
 each batch to its longest sequence, the way a user without dsc's loader would. Its network,
 loss and optimizer come from ``examples/train.py`` (plain ``torch.nn`` modules), so the two
 Python-side programs cannot drift apart. ``--with-example`` also runs ``examples/train.py``
-itself (dsc's Python loader).
+itself (dsc's Python loader). ``--bucket`` also runs ``dsc-train --bucket`` (length-bucketed
+batches) and compares its error and speed with plain ``dsc-train``.
 
     .venv/bin/python scripts/bench_learning.py --cache demo/cache --epochs 3 --with-example
 
@@ -59,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dsc-train", default=str(ROOT / "target/release/dsc-train"))
     p.add_argument("--with-example", action="store_true",
                    help="also run examples/train.py (dsc's Python loader)")
+    p.add_argument("--bucket", action="store_true",
+                   help="also run dsc-train --bucket and compare it with dsc-train")
     p.add_argument("--speed-repeats", type=int, default=3,
                    help="extra one-epoch runs of each program, alternating, for the speed "
                         "medians (a shared machine's noise is larger than the difference)")
@@ -201,24 +204,32 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = {"cache": args.cache, "settings": {k: v for k, v in vars(args).items()
-                                                 if k not in ("dsc_train", "with_example")},
+                                                 if k not in ("dsc_train", "with_example", "bucket")},
                "torch_threads": torch.get_num_threads()}
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_learning_{os.getpid()}"
     results["dsc_train"] = per_epoch(run_json(
         [args.dsc_train, *common_flags(args), "--out", str(tmp / "dsc-train")]))
+    bucketed = [args.dsc_train, *common_flags(args), "--bucket"]
+    if args.bucket:
+        results["dsc_train_bucketed"] = per_epoch(run_json(
+            [*bucketed, "--out", str(tmp / "dsc-train-bucketed")]))
     results["plain_torch"] = plain_loop(args)["epochs"]
     if args.with_example:
         results["examples_train_py"] = per_epoch(run_json(
             [sys.executable, str(ROOT / "examples/train.py"), *common_flags(args)]))
     # Speed: every training epoch of every run counts; the programs alternate so that a slow
     # spell of the machine hits both.
-    speeds = {"dsc_train": [e["samples_per_s"] for e in results["dsc_train"]],
-              "plain_torch": [e["samples_per_s"] for e in results["plain_torch"]]}
+    speeds = {k: [e["samples_per_s"] for e in results[k]]
+              for k in ("dsc_train", "plain_torch", "dsc_train_bucketed") if k in results}
     one = argparse.Namespace(**{**vars(args), "epochs": 1})
     for _ in range(args.speed_repeats):
         speeds["dsc_train"] += [e["samples_per_s"] for e in per_epoch(run_json(
             [args.dsc_train, *common_flags(one), "--out", str(tmp / "dsc-train-speed")]))]
         speeds["plain_torch"] += [e["samples_per_s"] for e in plain_loop(one)["epochs"]]
+        if args.bucket:
+            speeds["dsc_train_bucketed"] += [e["samples_per_s"] for e in per_epoch(run_json(
+                [args.dsc_train, *common_flags(one), "--bucket",
+                 "--out", str(tmp / "dsc-train-bucketed-speed")]))]
     median = {k: statistics.median(v) for k, v in speeds.items()}
     results["samples_per_s"] = {k: {"median": median[k], "all": v} for k, v in speeds.items()}
     results["dsc_train_over_plain"] = {
@@ -226,6 +237,12 @@ def main() -> None:
                                 zip(results["dsc_train"], results["plain_torch"])],
         "samples_per_s_median": median["dsc_train"] / median["plain_torch"],
     }
+    if args.bucket:
+        results["bucketed_over_dsc_train"] = {
+            "val_metric_by_epoch": [a["val_metric"] / b["val_metric"] for a, b in
+                                    zip(results["dsc_train_bucketed"], results["dsc_train"])],
+            "samples_per_s_median": median["dsc_train_bucketed"] / median["dsc_train"],
+        }
     print(json.dumps(results, indent=1))
 
 
