@@ -41,6 +41,8 @@ pub enum Command {
     Bench(BenchArgs),
     DigitSplit(DigitSplitArgs),
     Merge(MergeArgs),
+    Compress(CompressArgs),
+    Decompress(DecompressArgs),
     Status(StatusArgs),
 }
 
@@ -59,7 +61,99 @@ pub struct MergeArgs {
     /// Replace OUT if it holds a cache.
     #[arg(long)]
     pub force: bool,
+    #[command(flatten)]
+    pub storage: StorageArgs,
     /// Print a JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// How the shards are stored (`--compress`).
+#[derive(Debug, Args)]
+pub struct StorageArgs {
+    /// Store the shards compressed, for cold storage: zstd (one frame per shard, typically a
+    /// fifth of the hot size on padded caches). The loader (Rust and Python), verify, inspect
+    /// and show read it, decompressing a shard into memory on first use; batches are the same
+    /// bytes in the same order. `dsc decompress` turns it back into a hot (mapped) cache.
+    #[arg(long, value_name = "CODEC", help_heading = "Output")]
+    pub compress: Option<Codec>,
+    /// zstd level, 1 (fastest) to 22 (smallest) [default: 3].
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "compress",
+        help_heading = "Output",
+        allow_negative_numbers = true
+    )]
+    pub compress_level: Option<i32>,
+}
+
+impl StorageArgs {
+    pub fn storage(&self) -> dsc_compiler::Storage {
+        match self.compress {
+            None => dsc_compiler::Storage::Hot,
+            Some(Codec::Zstd) => dsc_compiler::Storage::Zstd {
+                level: self
+                    .compress_level
+                    .unwrap_or(dsc_format::stored::DEFAULT_ZSTD_LEVEL),
+            },
+        }
+    }
+}
+
+/// A shard compression codec.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Codec {
+    /// Zstandard.
+    Zstd,
+}
+
+/// Compress a cache's shards for cold storage (zstd), in place and atomically.
+///
+/// Every shard becomes one zstd frame (`shards/NAME.safetensors.zst`) with its own checksum in
+/// the manifest; the safetensors bytes inside are unchanged, so loaders, `verify`, `inspect`
+/// and `show` give the same results, and `dsc decompress` gives back the hot cache byte for
+/// byte. Each shard is checked against the manifest while it is read: a damaged shard stops the
+/// conversion with the cache untouched. The converted cache is written beside CACHE and
+/// replaces it in one step (room for it is needed until then).
+///
+/// Example:
+///   dsc compress cache                  (zstd level 3)
+///   dsc compress cache --level 19 --json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct CompressArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// zstd level, 1 (fastest) to 22 (smallest).
+    #[arg(long, default_value_t = dsc_format::stored::DEFAULT_ZSTD_LEVEL,
+          allow_negative_numbers = true)]
+    pub level: i32,
+    /// Print a JSON report (shards, shards_converted, bytes_before, bytes_after, bytes_hot,
+    /// seconds).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Decompress a compressed cache back into a hot (memory-mapped) one, in place and atomically.
+///
+/// The result is byte for byte the cache that was compressed. Each shard's checksums (of the
+/// compressed file and of what it decompresses to) are checked on the way.
+///
+/// Example:
+///   dsc decompress cache
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct DecompressArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// Print a JSON report (as for `dsc compress`).
     #[arg(long)]
     pub json: bool,
     /// No progress bars.
@@ -309,6 +403,8 @@ pub struct CompileArgs {
     /// byte-identical whatever the budget.
     #[arg(long, value_name = "SIZE", help_heading = "Output")]
     pub max_memory: Option<String>,
+    #[command(flatten)]
+    pub storage: StorageArgs,
     /// Decoded input per bucket [default: 32MiB]: shards never span two buckets, so this shapes
     /// shard boundaries (never the order or the values). One bucket must fit in --max-memory.
     #[arg(long, value_name = "SIZE", help_heading = "Output")]

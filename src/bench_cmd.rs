@@ -24,6 +24,12 @@ struct Report {
     contexts_per_s_shuffled: f64,
     shuffled_over_memcpy: f64,
     peak_rss_mib: Option<f64>,
+    /// Whether the shards are compressed (zstd).
+    compressed: bool,
+    /// A compressed cache: its shards' safetensors bytes decompressed per second (reading
+    /// and checking included), one shard at a time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gbps_decompress: Option<f64>,
     /// With --bucket: the shuffled pass on N threads with length-bucketed, trimmed batches.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     bucketed: Option<Bucketed>,
@@ -96,23 +102,37 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     // A second mapping, dropped afterwards, so that the pages it touches do not count in the
     // loader's resident memory measured below.
     let copy_of = Cache::open(&a.cache)?;
-    let shards = copy_of.shard_bytes(&a.split);
-    let shard_total: usize = shards.iter().map(|s| s.len()).sum();
+    let count = copy_of.manifest().shards_of(&a.split).count();
+    let mut shard_total = 0usize;
     let mut buf = vec![0u8; 1 << 20];
     let mut memcpy_s = f64::INFINITY;
-    for _ in 0..2 {
-        let t = Instant::now();
-        for shard in &shards {
+    // A compressed cache: its shards' decompression, timed on its own (one shard at a time,
+    // so that the whole cache never needs to be in memory).
+    let mut decompress_s = 0.0;
+    for pass in 0..2 {
+        let mut copy_s = 0.0;
+        for k in 0..count {
+            let t = Instant::now();
+            let shard = copy_of.shard_bytes(&a.split, k)?;
+            if pass == 0 {
+                decompress_s += t.elapsed().as_secs_f64();
+                shard_total += shard.len();
+            }
+            let t = Instant::now();
             for piece in shard.chunks(buf.len()) {
                 buf[..piece.len()].copy_from_slice(piece);
                 sink = sink.wrapping_add(u64::from(buf[piece.len() / 2]));
             }
+            copy_s += t.elapsed().as_secs_f64();
         }
-        memcpy_s = memcpy_s.min(t.elapsed().as_secs_f64());
+        memcpy_s = memcpy_s.min(copy_s);
     }
     // Per epoch byte, as the other passes move `bytes`.
     let memcpy_s = memcpy_s * bytes as f64 / shard_total as f64;
-    drop(shards);
+    let compressed = copy_of
+        .manifest()
+        .shards_of(&a.split)
+        .any(|s| s.compressed.is_some());
     drop(copy_of);
 
     reset_peak();
@@ -165,6 +185,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         contexts_per_s_shuffled: epoch_contexts / many_s,
         shuffled_over_memcpy: memcpy_s / many_s,
         peak_rss_mib,
+        compressed,
+        gbps_decompress: compressed.then(|| shard_total as f64 / 1e9 / decompress_s),
         bucketed: match bucketed_pass {
             Some((seconds, yielded)) => {
                 let lengths = cache.lengths(&a.split)?;
@@ -245,6 +267,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             b.padding_efficiency_bucketed,
             b.padding_efficiency_shuffled
         );
+    }
+    if let Some(gbps) = r.gbps_decompress {
+        outln!("compressed shards: decompressed at {gbps:.2} GB/s (of safetensors bytes)");
     }
     if let Some(mib) = r.peak_rss_mib {
         outln!("peak resident memory while loading: {mib:.0} MiB");

@@ -237,6 +237,7 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
             out,
             force: a.force,
             max_memory,
+            storage: a.storage.storage(),
             progress: &bars,
         },
     )?;
@@ -266,7 +267,7 @@ fn parse_partition(text: &str) -> anyhow::Result<Partition> {
 pub fn merge(a: MergeArgs) -> anyhow::Result<u8> {
     let bars = TerminalBars::new(a.quiet || a.json);
     let start = Instant::now();
-    let report = partition::merge(&a.out, a.force, &bars)?;
+    let report = partition::merge(&a.out, a.force, a.storage.storage(), &bars)?;
     print_report(&report, start.elapsed().as_secs_f64(), a.json)
 }
 

@@ -11,6 +11,7 @@ mod order_cmd;
 mod output;
 mod report_cmd;
 mod show_cmd;
+mod storage_cmd;
 mod verify_cmd;
 
 use clap::Parser;
@@ -45,6 +46,8 @@ fn main() -> ExitCode {
         args::Command::Bench(a) => bench_cmd::run(a),
         args::Command::DigitSplit(a) => digits_cmd::run(a),
         args::Command::Merge(a) => compile_cmd::merge(a),
+        args::Command::Compress(a) => storage_cmd::compress(a),
+        args::Command::Decompress(a) => storage_cmd::decompress(a),
         args::Command::Status(a) => compile_cmd::status(a),
     };
     match result {

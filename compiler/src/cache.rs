@@ -22,6 +22,9 @@ pub struct CompileOptions<'a> {
     /// Memory the compile may use (bytes); `None`: half of the machine's. The cache does not
     /// depend on it.
     pub max_memory: Option<u64>,
+    /// How the shards are stored: hot, or compressed for cold storage (`--compress`). The
+    /// shards' content does not depend on it.
+    pub storage: crate::Storage,
     /// Progress receiver.
     pub progress: &'a dyn Progress,
 }
@@ -79,17 +82,22 @@ pub(crate) fn commit_cache(
     manifest: ManifestBuilder,
     stats: Stats,
     mut timer: Timer,
+    progress: &dyn Progress,
 ) -> Result<CompileReport> {
     let manifest = manifest.build().map_err(|problem| {
         CompileError::Internal(format!("the manifest is inconsistent: {problem}"))
     })?;
+    let manifest = crate::storage::store_staged(&staging, manifest, staging.storage, progress)?;
+    if staging.storage != crate::Storage::Hot {
+        timer.lap("compress");
+    }
     let mut stats_json = serde_json::to_vec_pretty(&stats).expect("stats serialize");
     stats_json.push(b'\n');
     staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
     let out = staging.commit()?;
     timer.lap("commit");
-    let cache_bytes = manifest.shards().iter().map(|s| s.bytes).sum();
+    let cache_bytes = manifest.shards().iter().map(|s| s.stored_bytes()).sum();
     Ok(CompileReport {
         out,
         manifest,

@@ -31,6 +31,7 @@ mod shards;
 mod spill;
 mod split;
 mod stats;
+mod storage;
 mod write;
 
 pub use cache::{CompileOptions, CompileReport};
@@ -40,3 +41,4 @@ pub use pipeline::{compile, decode_parquet};
 #[cfg(feature = "progress-bar")]
 pub use progress::TerminalBars;
 pub use progress::{NoProgress, Progress};
+pub use storage::{restore, Storage, StorageReport};

@@ -666,24 +666,32 @@ fn profile_stage(
 /// Commits a partitioned compile into `out` once every partition has run every stage: checks
 /// every part, writes `stats.json` and `manifest.json`, moves the shards in and renames the
 /// cache into place; then removes the work folder.
-pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<CompileReport> {
+pub fn merge(
+    out: &Path,
+    force: bool,
+    storage: crate::Storage,
+    progress: &dyn Progress,
+) -> Result<CompileReport> {
+    let storage = storage.check()?;
     let timer = Timer::start();
     let work = Work::existing(out)?;
     let spec = work.plan.spec.clone();
     let report = if spec.profile.is_some() {
         let (setup, _, _) = profile::Setup::new(&spec)?;
-        let (scans, writes, staging) = work.start_merge(out, force, &setup.named, progress)?;
+        let (scans, writes, mut staging) = work.start_merge(out, force, &setup.named, progress)?;
+        staging.storage = storage;
         let inputs = work.merge_inputs(&scans, &writes, &staging, &setup.named)?;
         let spills = work.profile_spills(&setup, scans)?;
         let (fits, values) = work.fits::<mostlyai::FitPart>()?;
         let reduced = mostlyai::reduce(&setup, fits, &values)?;
         drop(spills);
-        mostlyai::finish(&setup, reduced, writes, inputs, staging, timer)?
+        mostlyai::finish(&setup, reduced, writes, inputs, staging, timer, progress)?
     } else {
         let mut setup = Setup::new(&spec)?;
         setup.open()?;
-        let (scans, writes, staging) =
+        let (scans, writes, mut staging) =
             work.start_merge(out, force, &setup.named_inputs, progress)?;
+        staging.storage = storage;
         let inputs = work.merge_inputs(&scans, &writes, &staging, &setup.named_inputs)?;
         let spill = work.spill_of(&mut setup, scans)?;
         let splits = split::plan(&spec, setup.context.as_ref())?;
@@ -692,7 +700,7 @@ pub fn merge(out: &Path, force: bool, progress: &dyn Progress) -> Result<Compile
         let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
         let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
         pipeline::finish(
-            &setup, &splits, merged, layout, writes, inputs, staging, timer,
+            &setup, &splits, merged, layout, writes, inputs, staging, timer, progress,
         )?
     };
     progress.advance(1);

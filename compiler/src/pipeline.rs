@@ -273,7 +273,8 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
     if opts.force {
         refuse_inputs_inside(&opts.out, spec, &setup.plan.rows_files)?;
     }
-    let staging = Staging::create(&opts.out, opts.force)?;
+    let mut staging = Staging::create(&opts.out, opts.force)?;
+    staging.storage = opts.storage.check()?;
     let stamps = stamp_files(&setup.named_inputs)?;
 
     progress.stage("reading", setup.plan.rows_files.len() as u64);
@@ -342,6 +343,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         inputs,
         staging,
         timer,
+        progress,
     )
 }
 
@@ -356,6 +358,7 @@ pub(crate) fn finish(
     inputs: Inputs,
     staging: Staging,
     timer: Timer,
+    progress: &dyn crate::Progress,
 ) -> Result<CompileReport> {
     let mut summary = merged.summary;
     summary.values_filled = written.iter().map(|w| w.filled).sum();
@@ -378,7 +381,7 @@ pub(crate) fn finish(
         builder = builder.split(name, rows_stored, mine);
     }
     let manifest = builder.summary(summary);
-    commit_cache(staging, manifest, merged.stats, timer)
+    commit_cache(staging, manifest, merged.stats, timer, progress)
 }
 
 /// `--force` replaces the output directory: refuse when that would delete an input.

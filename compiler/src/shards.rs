@@ -115,6 +115,7 @@ impl ShardFile {
                 first_context,
                 bytes: 0,
                 xxh3: String::new(),
+                compressed: None,
             },
         })
     }

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub(crate) struct Staging {
     pub dir: PathBuf,
+    /// How the shards are stored once committed (converted just before the commit).
+    pub storage: crate::Storage,
     out: PathBuf,
     committed: bool,
     /// Released after `Drop` has removed an uncommitted staging directory.
@@ -129,6 +131,7 @@ impl Staging {
             .map_err(|e| output_err(&dir, "create the staging directory", e))?;
         Ok(Staging {
             dir,
+            storage: crate::Storage::Hot,
             out: out.into(),
             committed: false,
             _lock: lock,

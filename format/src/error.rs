@@ -91,6 +91,14 @@ pub enum FormatError {
         /// Hash of the file.
         found: String,
     },
+    /// A compressed shard does not decompress to the safetensors file the manifest describes.
+    #[error("{shard}: cannot decompress: {reason}")]
+    Decompress {
+        /// The shard file.
+        shard: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     /// `stats.json` does not describe the cache its manifest describes.
     #[error("{path}: {reason}")]
     StatsMismatch {

@@ -16,13 +16,14 @@ pub mod sample;
 pub mod shard;
 pub mod spec;
 pub mod stats;
+pub mod stored;
 pub mod system;
 pub mod verify;
 
 pub use error::FormatError;
 pub use manifest::{
-    ColumnSource, ColumnSpec, Dtype, Encoding, Manifest, ManifestBuilder, ManifestProblem,
-    ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
+    Codec, ColumnSource, ColumnSpec, Compressed, Dtype, Encoding, Manifest, ManifestBuilder,
+    ManifestProblem, ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
 };
 pub use spec::CompileSpec;
 pub use stats::Stats;

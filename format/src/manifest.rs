@@ -248,7 +248,8 @@ impl TensorSpec {
 /// One shard file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardEntry {
-    /// Path relative to the cache directory, `shards/{split}-{NNNNN}.safetensors`.
+    /// Path relative to the cache directory, `shards/{split}-{NNNNN}.safetensors`, with `.zst`
+    /// appended when the shard is stored compressed.
     pub file: String,
     /// The split it belongs to.
     pub split: String,
@@ -258,10 +259,59 @@ pub struct ShardEntry {
     pub contexts: usize,
     /// Position of its first context in the split's compiled order.
     pub first_context: usize,
-    /// File size in bytes.
+    /// Size in bytes of the safetensors file (decompressed, when `compressed`).
     pub bytes: u64,
-    /// xxh3-64 of the whole file, 16 hex digits.
+    /// xxh3-64 of the whole safetensors file (decompressed, when `compressed`), 16 hex digits.
     pub xxh3: String,
+    /// Set when the shard is stored compressed: `file` then holds the safetensors file that
+    /// `bytes` and `xxh3` describe as one frame of this codec (FORMAT.md §3.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed: Option<Compressed>,
+}
+
+/// How a compressed shard is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compressed {
+    /// The codec.
+    pub codec: Codec,
+    /// Size in bytes of the stored (compressed) file.
+    pub bytes: u64,
+    /// xxh3-64 of the stored (compressed) file, 16 hex digits.
+    pub xxh3: String,
+}
+
+/// A shard compression codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    /// Zstandard (RFC 8878), one frame holding the whole safetensors file.
+    Zstd,
+}
+
+impl Codec {
+    /// The suffix appended to the shard's file name.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Codec::Zstd => ".zst",
+        }
+    }
+}
+
+impl ShardEntry {
+    /// The file name this entry must have: `shards/{split}-{NNNNN}.safetensors`, plus the
+    /// codec's suffix when compressed.
+    pub fn expected_file(&self) -> String {
+        let hot = crate::shard::shard_file_name(&self.split, self.index);
+        match &self.compressed {
+            Some(c) => hot + c.codec.suffix(),
+            None => hot,
+        }
+    }
+
+    /// Bytes the file takes on disk: the compressed size when compressed.
+    pub fn stored_bytes(&self) -> u64 {
+        self.compressed.as_ref().map_or(self.bytes, |c| c.bytes)
+    }
 }
 
 /// One split.
@@ -789,7 +839,12 @@ impl Manifest {
         }
         let mut next_first = 0usize;
         for (i, s) in self.shards_of(&split.name).enumerate() {
-            let expected = crate::shard::shard_file_name(&split.name, i);
+            let expected = ShardEntry {
+                index: i,
+                split: split.name.clone(),
+                ..s.clone()
+            }
+            .expected_file();
             if s.index != i || s.file != expected {
                 return Err(ManifestProblem::ShardName {
                     file: s.file.clone(),
@@ -875,6 +930,14 @@ impl Manifest {
     /// The shards of one split, in order.
     pub fn shards_of<'a>(&'a self, split: &'a str) -> impl Iterator<Item = &'a ShardEntry> + 'a {
         self.shards.iter().filter(move |s| s.split == split)
+    }
+
+    /// The same manifest over `shards` (the same shards stored another way: compressed or
+    /// not), validated.
+    pub fn with_shards(mut self, shards: Vec<ShardEntry>) -> Result<Manifest, ManifestProblem> {
+        self.shards = shards;
+        self.validate()?;
+        Ok(self)
     }
 
     /// Bytes per context across all tensors.

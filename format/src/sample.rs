@@ -2,7 +2,7 @@
 //! units: what `dsc show` prints and what tests compare against the source data.
 
 use crate::manifest::{Encoding, Manifest, ShardEntry, TensorRole, CODE_FIRST, CODE_NULL};
-use crate::shard::read_layout;
+use crate::stored::read_layout;
 use crate::FormatError;
 use serde_json::Value;
 use std::io::{Read, Seek, SeekFrom};
@@ -26,17 +26,42 @@ fn io(path: &Path, e: std::io::Error) -> FormatError {
     }
 }
 
-fn read_at(
-    file: &mut std::fs::File,
-    path: &Path,
-    offset: u64,
-    len: usize,
-) -> Result<Vec<u8>, FormatError> {
-    let mut buf = vec![0u8; len];
-    file.seek(SeekFrom::Start(offset))
-        .map_err(|e| io(path, e))?;
-    file.read_exact(&mut buf).map_err(|e| io(path, e))?;
-    Ok(buf)
+/// Byte ranges of one shard's safetensors file: read from the file when hot; from the
+/// decompressed file, held whole, when compressed (a compressed frame has no random access).
+enum Ranges {
+    Hot {
+        file: std::fs::File,
+        path: std::path::PathBuf,
+    },
+    Cold(Vec<u8>),
+}
+
+impl Ranges {
+    fn open(dir: &Path, entry: &ShardEntry) -> Result<Ranges, FormatError> {
+        let path = dir.join(&entry.file);
+        if entry.compressed.is_some() {
+            return Ok(Ranges::Cold(crate::stored::read(dir, entry)?));
+        }
+        let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        Ok(Ranges::Hot { file, path })
+    }
+
+    fn read_at(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, FormatError> {
+        match self {
+            Ranges::Hot { file, path } => {
+                let mut buf = vec![0u8; len];
+                file.seek(SeekFrom::Start(offset))
+                    .map_err(|e| io(path, e))?;
+                file.read_exact(&mut buf).map_err(|e| io(path, e))?;
+                Ok(buf)
+            }
+            Ranges::Cold(bytes) => Ok(usize::try_from(offset)
+                .ok()
+                .and_then(|o| bytes.get(o..o.checked_add(len)?))
+                .expect("ranges come from a layout checked against the file")
+                .to_vec()),
+        }
+    }
 }
 
 fn shard_for<'a>(manifest: &'a Manifest, split: &'a str, index: usize) -> Option<&'a ShardEntry> {
@@ -56,14 +81,14 @@ pub fn read_context(
         return Ok(None);
     };
     let path = dir.join(&entry.file);
-    let layout = read_layout(&path)?;
+    let layout = read_layout(entry, &path)?;
     layout.check(manifest, entry, &path)?;
-    let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+    let mut file = Ranges::open(dir, entry)?;
     let i = index - entry.first_context;
     let mut tensors = Vec::with_capacity(manifest.tensors().len());
     for (spec, extent) in manifest.tensors().iter().zip(&layout.tensors) {
         let size = spec.sample_bytes();
-        let bytes = read_at(&mut file, &path, extent.start + (i * size) as u64, size)?;
+        let bytes = file.read_at(extent.start + (i * size) as u64, size)?;
         tensors.push((spec.name.clone(), bytes));
     }
     Ok(Some(RawContext {
@@ -82,16 +107,11 @@ pub fn find_key(
 ) -> Result<Option<usize>, FormatError> {
     for entry in manifest.shards_of(split) {
         let path = dir.join(&entry.file);
-        let layout = read_layout(&path)?;
+        let layout = read_layout(entry, &path)?;
         layout.check(manifest, entry, &path)?;
         let extent = layout.tensor("key").expect("checked against the manifest");
-        let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
-        let keys = read_at(
-            &mut file,
-            &path,
-            extent.start,
-            (extent.end - extent.start) as usize,
-        )?;
+        let keys = Ranges::open(dir, entry)?
+            .read_at(extent.start, (extent.end - extent.start) as usize)?;
         if let Some(pos) = keys
             .chunks_exact(8)
             .position(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) == key)

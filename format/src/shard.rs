@@ -266,6 +266,18 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
 pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
     let mut file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    read_header(&mut file, file_len, path, |e| FormatError::io(path, e))
+}
+
+/// Reads and parses a safetensors header from the start of `reader`, a file of `file_len`
+/// bytes; `read_err` turns a read failure into the caller's error (I/O, or a decompression
+/// failure for a compressed shard).
+pub(crate) fn read_header(
+    reader: &mut impl Read,
+    file_len: u64,
+    path: &Path,
+    read_err: impl Fn(std::io::Error) -> FormatError,
+) -> Result<ShardLayout, FormatError> {
     let mut len_bytes = [0u8; 8];
     if file_len < 8 {
         return Err(header_err(
@@ -273,8 +285,7 @@ pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
             format!("file has {file_len} bytes, too short for a header"),
         ));
     }
-    file.read_exact(&mut len_bytes)
-        .map_err(|e| FormatError::io(path, e))?;
+    reader.read_exact(&mut len_bytes).map_err(&read_err)?;
     let n = u64::from_le_bytes(len_bytes);
     if n > MAX_HEADER_BYTES || n > file_len - 8 {
         return Err(header_err(
@@ -283,8 +294,7 @@ pub fn read_layout(path: &Path) -> Result<ShardLayout, FormatError> {
         ));
     }
     let mut json = vec![0u8; n as usize];
-    file.read_exact(&mut json)
-        .map_err(|e| FormatError::io(path, e))?;
+    reader.read_exact(&mut json).map_err(&read_err)?;
     parse_header(&json, file_len, path)
 }
 
@@ -410,6 +420,7 @@ mod tests {
             first_context: 0,
             bytes: 0,
             xxh3: String::new(),
+            compressed: None,
         };
         let mut tensors = specs();
         tensors[1].columns = (0..2)

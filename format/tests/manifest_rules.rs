@@ -35,6 +35,7 @@ fn shard(split: &str, index: usize, first: usize, contexts: usize) -> ShardEntry
         first_context: first,
         bytes: 1,
         xxh3: "0".repeat(16),
+        compressed: None,
     }
 }
 

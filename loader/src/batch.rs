@@ -52,6 +52,12 @@ enum Data {
     },
     /// Gathered bytes, returned to the pool on drop.
     Owned { buf: Vec<u8>, pool: Arc<Pool> },
+    /// A range of a compressed shard's decompressed bytes (no copy).
+    Shared {
+        bytes: Arc<Vec<u8>>,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// One tensor of a batch.
@@ -83,6 +89,22 @@ impl BatchTensor {
                 start,
                 len,
             },
+        }
+    }
+
+    pub(crate) fn shared(
+        spec: &dsc_format::TensorSpec,
+        shape: Vec<usize>,
+        bytes: Arc<Vec<u8>>,
+        start: usize,
+        len: usize,
+    ) -> Self {
+        BatchTensor {
+            name: spec.name.clone(),
+            dtype: spec.dtype,
+            role: spec.role,
+            shape,
+            data: Data::Shared { bytes, start, len },
         }
     }
 
@@ -127,16 +149,20 @@ impl BatchTensor {
                 start,
                 len,
             } => Some((&cache.splits[*split].1[*shard], *start, *len)),
-            Data::Owned { .. } => None,
+            Data::Owned { .. } | Data::Shared { .. } => None,
         }
     }
     /// The bytes, little-endian, row-major.
     pub fn bytes(&self) -> &[u8] {
         match (&self.data, self.view()) {
             (Data::Owned { buf, .. }, _) => buf,
+            (Data::Shared { bytes, start, len }, _) => &bytes[*start..*start + *len],
             (Data::Mapped { .. }, view) => {
                 let (shard, start, len) = view.expect("a mapped tensor has a view");
-                &shard.map.bytes()[start..start + len]
+                match &shard.body {
+                    crate::body::Body::Mapped(map) => &map.bytes()[start..start + len],
+                    crate::body::Body::Cold(_) => unreachable!("views are of hot shards only"),
+                }
             }
         }
     }
@@ -151,9 +177,10 @@ impl BatchTensor {
     pub fn mapped_path(&self) -> Option<&std::path::Path> {
         self.view().map(|(shard, _, _)| shard.path.as_path())
     }
-    /// True when the bytes are a view into the mapped shard (no copy was made).
+    /// True when the bytes are a view into the shard (no copy was made): its map, or the
+    /// decompressed bytes of a compressed shard.
     pub fn is_zero_copy(&self) -> bool {
-        matches!(self.data, Data::Mapped { .. })
+        matches!(self.data, Data::Mapped { .. } | Data::Shared { .. })
     }
 }
 

@@ -1,13 +1,14 @@
 //! Opening a cache: read the manifest, validate every shard's size and header, map it.
 
+use crate::body::{Body, Cold, Resident, ShardBytes};
 use crate::error::LoadError;
 use crate::loader::{Loader, LoaderOptions, State};
 use crate::mmap::Mapped;
-use dsc_format::shard::read_layout;
+use dsc_format::stored::read_layout;
 use dsc_format::{Manifest, ShardEntry, TensorRole, TensorSpec};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One validated, mapped shard.
 #[derive(Debug)]
@@ -15,7 +16,8 @@ pub(crate) struct Shard {
     pub entry: ShardEntry,
     /// Start of each tensor's data in the file, in manifest tensor order.
     pub tensor_starts: Vec<usize>,
-    pub map: Mapped,
+    /// The bytes: mapped, or decompressed on use.
+    pub body: Body,
     /// The open file behind `map`: the validated inode, whatever later happens to the path.
     pub file: std::fs::File,
     /// Where `file` was opened, for messages.
@@ -32,6 +34,10 @@ pub(crate) struct Inner {
     pub manifest: Manifest,
     /// Shards by split name, in index order.
     pub splits: Vec<(String, Vec<Shard>)>,
+    /// The decompressed shards of a compressed cache.
+    pub resident: Resident,
+    /// Each split's stored lengths, once read (for length bucketing).
+    pub lengths: Vec<OnceLock<Arc<[u32]>>>,
 }
 
 /// An open cache. Cheap to clone; loaders share it.
@@ -65,37 +71,44 @@ impl Cache {
                     source,
                 })?
                 .len();
-            if size != entry.bytes {
+            if size != entry.stored_bytes() {
                 return Err(dsc_format::FormatError::ShardSize {
                     shard: path,
-                    expected: entry.bytes,
+                    expected: entry.stored_bytes(),
                     found: size,
                 }
                 .into());
             }
-            let layout = read_layout(&path)?;
+            let layout = read_layout(entry, &path)?;
             layout.check(&manifest, entry, &path)?;
-            let map = Mapped::map(&file, size, &path).map_err(|source| {
-                if source.raw_os_error() == Some(libc::ENOMEM) {
-                    LoadError::OutOfMaps {
-                        path: path.clone(),
-                        source,
-                        mapped,
-                        shards: manifest.shards().len(),
-                        max_map_count: std::fs::read_to_string("/proc/sys/vm/max_map_count")
-                            .map_or_else(|_| "an unknown number of".into(), |s| s.trim().into()),
+            let body = if entry.compressed.is_some() {
+                Body::Cold(Cold::default())
+            } else {
+                Body::Mapped(Mapped::map(&file, size, &path).map_err(|source| {
+                    if source.raw_os_error() == Some(libc::ENOMEM) {
+                        LoadError::OutOfMaps {
+                            path: path.clone(),
+                            source,
+                            mapped,
+                            shards: manifest.shards().len(),
+                            max_map_count: std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                                .map_or_else(
+                                    |_| "an unknown number of".into(),
+                                    |s| s.trim().into(),
+                                ),
+                        }
+                    } else {
+                        LoadError::Map {
+                            path: path.clone(),
+                            source,
+                        }
                     }
-                } else {
-                    LoadError::Map {
-                        path: path.clone(),
-                        source,
-                    }
-                }
-            })?;
+                })?)
+            };
             let shard = Shard {
                 entry: entry.clone(),
                 tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
-                map,
+                body,
                 file,
                 path: path.clone(),
                 populated: manifest
@@ -115,7 +128,9 @@ impl Cache {
             inner: Arc::new(Inner {
                 dir: dir.into(),
                 manifest,
+                lengths: splits.iter().map(|_| OnceLock::new()).collect(),
                 splits,
+                resident: Resident::default(),
             }),
         })
     }
@@ -130,44 +145,51 @@ impl Cache {
         &self.inner.dir
     }
 
-    /// The mapped bytes of every shard of `split`, whole files in index order: for measuring
-    /// (e.g. memcpy of the same bytes) and for tools that read shards directly.
-    pub fn shard_bytes<'a>(&'a self, split: &str) -> Vec<&'a [u8]> {
-        self.inner
-            .splits
-            .iter()
-            .filter(|(name, _)| name == split)
-            .flat_map(|(_, shards)| shards.iter().map(|s| s.map.bytes()))
-            .collect()
+    /// The safetensors bytes of shard `index` of `split` (mapped, or decompressed and kept
+    /// among the resident shards): for measuring (e.g. memcpy of the same bytes) and for tools
+    /// that read shards directly.
+    pub fn shard_bytes(&self, split: &str, index: usize) -> Result<ShardBytes<'_>, LoadError> {
+        match self.inner.splits.iter().position(|(name, _)| name == split) {
+            Some(s) if index < self.inner.splits[s].1.len() => self.inner.shard_bytes(s, index),
+            _ => Err(LoadError::Options(format!(
+                "{}: split {split:?} has no shard {index}",
+                self.inner.dir.display()
+            ))),
+        }
     }
 
-    /// The stored length of every context of `split`, in compiled order (4 bytes per context
-    /// read from each shard's `length` tensor).
-    pub fn lengths(&self, split: &str) -> Result<Vec<u32>, LoadError> {
-        let Some((_, shards)) = self.inner.splits.iter().find(|(name, _)| name == split) else {
+    /// The stored length of every context of `split`, in compiled order: 4 bytes per context
+    /// read from each shard's `length` tensor (each shard of a compressed cache is decompressed
+    /// for it), once per open cache.
+    pub fn lengths(&self, split: &str) -> Result<Arc<[u32]>, LoadError> {
+        let inner = &self.inner;
+        let Some(index) = inner.splits.iter().position(|(name, _)| name == split) else {
             return Err(LoadError::Options(format!(
                 "{}: no split {split:?}",
-                self.inner.dir.display()
+                inner.dir.display()
             )));
         };
-        let slot = self
-            .inner
+        if let Some(lengths) = inner.lengths[index].get() {
+            return Ok(lengths.clone());
+        }
+        let slot = inner
             .manifest
             .tensors()
             .iter()
             .position(|t| t.role == TensorRole::Length)
             .expect("a validated manifest has a length tensor");
+        let shards = &inner.splits[index].1;
         let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
-        for shard in shards {
+        for (k, shard) in shards.iter().enumerate() {
+            let bytes = inner.shard_bytes(index, k)?;
             let start = shard.tensor_starts[slot];
-            let bytes = &shard.map.bytes()[start..start + 4 * shard.entry.contexts];
             out.extend(
-                bytes
+                bytes[start..start + 4 * shard.entry.contexts]
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as u32),
             );
         }
-        Ok(out)
+        Ok(inner.lengths[index].get_or_init(|| out.into()).clone())
     }
 
     /// The tensors of every batch, in order.

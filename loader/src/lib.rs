@@ -26,6 +26,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod batch;
+mod body;
 mod cache;
 mod error;
 mod loader;
@@ -34,6 +35,7 @@ pub mod order;
 pub mod sigbus;
 
 pub use batch::{Batch, BatchTensor};
+pub use body::ShardBytes;
 pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::LoadError;

@@ -2,8 +2,10 @@
 //! background threads, with a resume state of a few numbers.
 
 use crate::batch::{Batch, BatchTensor, Pool};
+use crate::body::{Body, ShardBytes};
 use crate::cache::{Cache, Inner, Shard};
 use crate::error::LoadError;
+use crate::mmap::Mapped;
 use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spec::format_size;
 use dsc_format::{TensorRole, TensorSpec};
@@ -160,6 +162,8 @@ struct Plan {
     /// The manifest index of `length`, read for trimming whether or not it is loaded.
     length_index: usize,
     pool: Arc<Pool>,
+    /// Whether the split's shards are compressed (decompressed on use, not mapped).
+    cold: bool,
     /// Whether the split's pages stay in the process's page tables between windows and epochs
     /// (the split fits [`resident_budget`]) instead of being released behind the reader.
     keep_resident: bool,
@@ -198,28 +202,46 @@ impl Plan {
             .collect()
     }
 
+    /// The bytes of the shards of a compressed cache that `samples` lie in (nothing for a hot
+    /// cache, whose maps are read directly), held for one batch.
+    fn resolve(&self, samples: &[Sample]) -> Result<Resolved<'_>, LoadError> {
+        let mut held: Vec<(usize, ShardBytes<'_>)> = Vec::new();
+        for s in samples {
+            if matches!(self.shards()[s.shard].body, Body::Cold(_))
+                && !held.iter().any(|(k, _)| *k == s.shard)
+            {
+                held.push((s.shard, self.cache.shard_bytes(self.split_index, s.shard)?));
+            }
+        }
+        Ok(Resolved(held))
+    }
+
     /// The bytes of sample `s` of the manifest's tensor `slot`.
-    fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize) -> &'a [u8] {
+    fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize, held: &'a Resolved<'a>) -> &'a [u8] {
         let shard = &self.shards()[s.shard];
         let size = self.cache.manifest.tensors()[slot].sample_bytes();
         let start = shard.tensor_starts[slot] + s.offset * size;
-        &shard.map.bytes()[start..start + size]
+        let bytes: &[u8] = match &shard.body {
+            Body::Mapped(map) => map.bytes(),
+            Body::Cold(_) => held.get(s.shard),
+        };
+        &bytes[start..start + size]
     }
 
-    fn stored_length(&self, s: &Sample) -> usize {
-        let b = self.sample_bytes(s, self.length_index);
+    fn stored_length(&self, s: &Sample, held: &Resolved<'_>) -> usize {
+        let b = self.sample_bytes(s, self.length_index, held);
         i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as usize
     }
 
     /// The trimmed sequence length of a batch: its longest stored length, at least 1.
-    fn seq_len(&self, samples: &[Sample]) -> usize {
+    fn seq_len(&self, samples: &[Sample], held: &Resolved<'_>) -> usize {
         let max_len = self.cache.manifest.max_len();
         if !self.trim {
             return max_len;
         }
         samples
             .iter()
-            .map(|s| self.stored_length(s))
+            .map(|s| self.stored_length(s, held))
             .max()
             .unwrap_or(0)
             .clamp(1, max_len)
@@ -247,60 +269,69 @@ impl Plan {
 
     /// Copies the batch of `samples` into `dst` (one slice per tensor, each at least the
     /// batch's bytes); returns the sequence length used.
-    fn gather_into(&self, samples: &[Sample], dst: &mut [&mut [u8]]) -> usize {
-        let seq_len = self.seq_len(samples);
+    fn gather_into(&self, samples: &[Sample], dst: &mut [&mut [u8]]) -> Result<usize, LoadError> {
+        let held = self.resolve(samples)?;
+        let seq_len = self.seq_len(samples, &held);
         for (t, out) in dst.iter_mut().enumerate() {
             let n = self.copy_bytes(t, seq_len);
             let slot = self.slots[t];
             for (i, s) in samples.iter().enumerate() {
-                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, slot)[..n]);
+                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, slot, &held)[..n]);
             }
         }
-        seq_len
+        Ok(seq_len)
     }
 
-    fn build(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Batch {
+    fn build(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Result<Batch, LoadError> {
         let samples = self.samples(step, cache);
         let n = samples.len();
         let contiguous = samples
             .windows(2)
             .all(|w| w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1);
         if !self.trim && contiguous && n > 0 {
+            // A view: of the map of a hot shard, of the decompressed bytes of a cold one.
             let first = samples[0];
             let shard = &self.shards()[first.shard];
+            let cold = match &shard.body {
+                Body::Cold(_) => Some(self.cache.shard_bytes(self.split_index, first.shard)?),
+                Body::Mapped(_) => None,
+            };
             let tensors = self
                 .tensors
                 .iter()
                 .enumerate()
                 .map(|(t, spec)| {
                     let size = spec.sample_bytes();
-                    let range = (
-                        self.split_index,
-                        first.shard,
-                        shard.tensor_starts[self.slots[t]] + first.offset * size,
-                        n * size,
-                    );
-                    BatchTensor::mapped(
-                        spec,
-                        self.shape(t, n, self.cache.manifest.max_len()),
-                        self.cache.clone(),
-                        range,
-                    )
+                    let start = shard.tensor_starts[self.slots[t]] + first.offset * size;
+                    let shape = self.shape(t, n, self.cache.manifest.max_len());
+                    match &cold {
+                        Some(ShardBytes::Cold(bytes)) => {
+                            BatchTensor::shared(spec, shape, bytes.clone(), start, n * size)
+                        }
+                        _ => BatchTensor::mapped(
+                            spec,
+                            shape,
+                            self.cache.clone(),
+                            (self.split_index, first.shard, start, n * size),
+                        ),
+                    }
                 })
                 .collect();
-            return Batch {
+            return Ok(Batch {
                 step,
                 size: n,
                 seq_len: self.cache.manifest.max_len(),
                 tensors,
-            };
+            });
         }
-        let seq_len = self.seq_len(&samples);
+        let held = self.resolve(&samples)?;
+        let seq_len = self.seq_len(&samples, &held);
+        drop(held);
         let mut bufs: Vec<Vec<u8>> = (0..self.tensors.len())
             .map(|t| self.pool.take(n * self.copy_bytes(t, seq_len)))
             .collect();
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
-        self.gather_into(&samples, &mut slices);
+        self.gather_into(&samples, &mut slices)?;
         let tensors = bufs
             .into_iter()
             .enumerate()
@@ -313,12 +344,12 @@ impl Plan {
                 )
             })
             .collect();
-        Batch {
+        Ok(Batch {
             step,
             size: n,
             seq_len,
             tensors,
-        }
+        })
     }
 
     /// Page-cache hints for the window after `w` (read ahead) and the one before `w - 1`
@@ -327,39 +358,65 @@ impl Plan {
         let window = self.order.window();
         let total = self.order.len();
         let ahead = ((w + 1) * window).min(total)..((w + 2) * window).min(total);
+        if self.cold {
+            // Decompress the next window's shards here, off the gathering threads; a failure
+            // is reported by the gather that needs the shard.
+            for (shard, _, _) in self.order.spans(ahead) {
+                let _ = self.cache.shard_bytes(self.split_index, shard);
+            }
+            return;
+        }
         if self.keep_resident {
             // Fault each loaded tensor of a shard in once, whole, ahead of its first use; it
             // then stays mapped.
             for (shard, _, _) in self.order.spans(ahead) {
                 let shard = &self.shards()[shard];
+                let Body::Mapped(map) = &shard.body else {
+                    continue;
+                };
                 for (spec, &slot) in self.tensors.iter().zip(&self.slots) {
                     if !shard.populated[slot].swap(true, Ordering::Relaxed) {
                         let len = spec.sample_bytes() * shard.entry.contexts;
-                        shard.map.will_need(shard.tensor_starts[slot], len);
+                        map.will_need(shard.tensor_starts[slot], len);
                     }
                 }
             }
             return;
         }
-        self.for_spans(ahead, |shard, start, len| shard.map.will_need(start, len));
+        self.for_spans(ahead, |map, start, len| map.will_need(start, len));
         if w >= 2 {
             let behind = (w - 2) * window..(w - 1) * window;
-            self.for_spans(behind, |shard, start, len| shard.map.release(start, len));
+            self.for_spans(behind, |map, start, len| map.release(start, len));
         }
     }
 
-    fn for_spans(&self, virtual_range: std::ops::Range<usize>, f: impl Fn(&Shard, usize, usize)) {
+    /// Calls `f` with the map and byte range of every loaded tensor of the hot shards in
+    /// `virtual_range`.
+    fn for_spans(&self, virtual_range: std::ops::Range<usize>, f: impl Fn(&Mapped, usize, usize)) {
         for (shard, lo, hi) in self.order.spans(virtual_range) {
             let shard = &self.shards()[shard];
+            let Body::Mapped(map) = &shard.body else {
+                continue;
+            };
             for (spec, &slot) in self.tensors.iter().zip(&self.slots) {
                 let size = spec.sample_bytes();
-                f(
-                    shard,
-                    shard.tensor_starts[slot] + lo * size,
-                    (hi - lo) * size,
-                );
+                f(map, shard.tensor_starts[slot] + lo * size, (hi - lo) * size);
             }
         }
+    }
+}
+
+/// The bytes of the compressed shards one batch reads, held while it is gathered.
+struct Resolved<'a>(Vec<(usize, ShardBytes<'a>)>);
+
+impl Resolved<'_> {
+    fn get(&self, shard: usize) -> &[u8] {
+        &self
+            .0
+            .iter()
+            .find(|(k, _)| *k == shard)
+            .expect("resolved before the gather")
+            .1
     }
 }
 
@@ -374,7 +431,7 @@ pub struct Loader {
     opts: LoaderOptions,
     first_step: usize,
     next_step: usize,
-    workers: Vec<(Receiver<Batch>, JoinHandle<()>)>,
+    workers: Vec<(Receiver<Result<Batch, LoadError>>, JoinHandle<()>)>,
     /// Page-cache hints run on their own thread so that populating the next window never
     /// stalls the consumer.
     advisor: Option<JoinHandle<()>>,
@@ -437,7 +494,7 @@ impl Filler {
         check_buffers(dst, &self.batch_bytes)?;
         let samples = plan.samples(step, &mut (usize::MAX, Vec::new()));
         self.hints.hint(step, self.rank);
-        Ok(plan.gather_into(&samples, dst))
+        plan.gather_into(&samples, dst)
     }
 }
 
@@ -507,6 +564,12 @@ impl Loader {
             .iter()
             .map(|s| s.entry.contexts)
             .collect();
+        let cold = inner.splits[split_index]
+            .1
+            .iter()
+            .any(|s| matches!(s.body, Body::Cold(_)));
+        // The shards of the group being read and of the next one stay decompressed.
+        inner.resident.at_least(2 * opts.interleave.max(1));
         let split_bytes: u64 = inner.splits[split_index]
             .1
             .iter()
@@ -571,6 +634,7 @@ impl Loader {
             slots,
             length_index,
             keep_resident: split_bytes <= resident_budget() as u64,
+            cold,
         });
         let first_step = first_step.min(steps.steps);
         let mut loader = Loader {
@@ -607,7 +671,7 @@ impl Loader {
         *self.hints.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let threads = self.opts.threads;
         for k in 0..threads {
-            let (tx, rx) = sync_channel::<Batch>(self.opts.prefetch.max(1));
+            let (tx, rx) = sync_channel::<Result<Batch, LoadError>>(self.opts.prefetch.max(1));
             let plan = self.hints.plan.clone();
             let (first, total) = (self.first_step, self.hints.plan.steps.steps);
             let handle = std::thread::Builder::new()
@@ -689,7 +753,7 @@ impl Loader {
             .plan
             .samples(self.next_step, &mut self.window_cache);
         self.hints.hint(self.next_step, self.opts.rank);
-        let seq_len = self.hints.plan.gather_into(&samples, dst);
+        let seq_len = self.hints.plan.gather_into(&samples, dst)?;
         self.next_step += 1;
         Ok(Some(seq_len))
     }
@@ -724,14 +788,15 @@ impl Iterator for Loader {
             return None;
         }
         let batch = if self.workers.is_empty() {
-            let b = self
-                .hints
+            self.hints
                 .plan
-                .build(self.next_step, &mut self.window_cache);
-            Ok(b)
+                .build(self.next_step, &mut self.window_cache)
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
-            self.workers[k].0.recv().map_err(|_| LoadError::WorkerLost)
+            self.workers[k]
+                .0
+                .recv()
+                .unwrap_or(Err(LoadError::WorkerLost))
         };
         self.hints.hint(self.next_step, self.opts.rank);
         match batch {

@@ -252,6 +252,7 @@ fn write_cache(dir: &Path, s: &Shape) -> (Manifest, Vec<Samples>) {
                 first_context: index * s.per_shard,
                 bytes: bytes.len() as u64,
                 xxh3: checksum::xxh3_hex(&bytes),
+                compressed: None,
             });
         }
         builder = builder.split(name, rows, shards);

@@ -10,7 +10,7 @@
 mod errors;
 
 use dsc_compiler::partition::{self, Partition, Stage};
-use dsc_compiler::{CompileOptions, CompileSpec, TerminalBars};
+use dsc_compiler::{CompileOptions, CompileSpec, Storage, TerminalBars};
 use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 use dsc_loader::order::Steps;
 use dsc_loader::{BatchTensor, Cache, Filler, LoaderOptions, State};
@@ -522,7 +522,9 @@ fn spec_from(
 
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.
 #[pyfunction]
-#[pyo3(signature = (spec_json, spec_file, out, force, progress, max_memory=None))]
+#[pyo3(signature = (spec_json, spec_file, out, force, progress, max_memory=None, compress=None,
+                    compress_level=None))]
+#[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
     spec_json: &str,
@@ -531,8 +533,11 @@ fn compile(
     force: bool,
     progress: bool,
     max_memory: Option<u64>,
+    compress: Option<String>,
+    compress_level: Option<i32>,
 ) -> PyResult<String> {
     let spec = spec_from(py, spec_json, spec_file.as_deref())?;
+    let storage = storage_of(py, compress.as_deref(), compress_level)?;
     let bars = TerminalBars::new(!progress);
     let report = py
         .detach(|| {
@@ -542,6 +547,7 @@ fn compile(
                     out,
                     force,
                     max_memory,
+                    storage,
                     progress: &bars,
                 },
             )
@@ -588,12 +594,38 @@ fn compile_stage(
     Ok(serde_json::to_string(&report).expect("a report serializes"))
 }
 
+/// `compress=` and `compress_level=` of `dsc.compile` as a shard storage.
+fn storage_of(py: Python<'_>, codec: Option<&str>, level: Option<i32>) -> PyResult<Storage> {
+    match codec {
+        None if level.is_some() => {
+            Err(options_error(py, "compress_level= needs compress=\"zstd\""))
+        }
+        None => Ok(Storage::Hot),
+        Some("zstd") => Ok(Storage::Zstd {
+            level: level.unwrap_or(dsc_format::stored::DEFAULT_ZSTD_LEVEL),
+        }),
+        Some(other) => Err(options_error(
+            py,
+            &format!("compress={other:?}: the codec is \"zstd\" (or None for hot shards)"),
+        )),
+    }
+}
+
 /// Commits a partitioned compile into `out`; returns the manifest as JSON.
 #[pyfunction]
-fn merge(py: Python<'_>, out: std::path::PathBuf, force: bool, progress: bool) -> PyResult<String> {
+#[pyo3(signature = (out, force, progress, compress=None, compress_level=None))]
+fn merge(
+    py: Python<'_>,
+    out: std::path::PathBuf,
+    force: bool,
+    progress: bool,
+    compress: Option<String>,
+    compress_level: Option<i32>,
+) -> PyResult<String> {
+    let storage = storage_of(py, compress.as_deref(), compress_level)?;
     let bars = TerminalBars::new(!progress);
     let report = py
-        .detach(|| partition::merge(&out, force, &bars).map_err(Box::new))
+        .detach(|| partition::merge(&out, force, storage, &bars).map_err(Box::new))
         .map_err(|e| compile_error(py, *e))?;
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }

@@ -431,6 +431,7 @@ pub(crate) fn finish(
     inputs: Inputs,
     staging: Staging,
     timer: Timer,
+    progress: &dyn Progress,
 ) -> Result<CompileReport> {
     let spec = setup.spec;
     staging.write_file(TGT_STATS_FILE, &reduced.tgt_json)?;
@@ -492,7 +493,7 @@ pub(crate) fn finish(
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
     };
-    cache::commit_cache(staging, manifest, stats, timer)
+    cache::commit_cache(staging, manifest, stats, timer, progress)
 }
 
 /// Spills files `files` of one table into the buckets.
@@ -527,7 +528,8 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     let progress = opts.progress;
     let mut timer = Timer::start();
     let (setup, tgt_in, ctx_in) = Setup::new(spec)?;
-    let staging = Staging::create(&opts.out, opts.force)?;
+    let mut staging = Staging::create(&opts.out, opts.force)?;
+    staging.storage = opts.storage.check()?;
     let stamps = cache::stamp_files(&setup.named)?;
     let budget = opts.max_memory.unwrap_or_else(budget::default_budget);
     let dir = staging.dir.join(spill::SPILL_DIR);
@@ -574,7 +576,15 @@ pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<Compi
     drop(spills);
     std::fs::remove_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
     let inputs = cache::fingerprint_files(&setup.named, &stamps)?;
-    finish(&setup, reduced, vec![written], inputs, staging, timer)
+    finish(
+        &setup,
+        reduced,
+        vec![written],
+        inputs,
+        staging,
+        timer,
+        progress,
+    )
 }
 
 /// `key`, `length`, the context sub-columns, the positional and target sub-columns.

@@ -1,0 +1,314 @@
+//! How a cache's shards are stored: hot (safetensors files, mapped by the loader) or
+//! compressed (one zstd frame per shard, for cold storage). A compile writes hot shards and,
+//! with `--compress`, converts them in its staging directory before the commit;
+//! `dsc compress` / `dsc decompress` convert a committed cache through a staging copy,
+//! committed like a compile, so that a failed or killed conversion leaves the cache as it was.
+
+use crate::error::{CompileError, Result};
+use crate::write::{ShardWriter, Staging};
+use crate::Progress;
+use dsc_format::checksum::{hash_file, Hasher};
+use dsc_format::{Codec, Compressed, FormatError, Manifest, ShardEntry};
+use rayon::prelude::*;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+/// The form of a cache's shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Storage {
+    /// Safetensors files, mapped by the loader.
+    #[default]
+    Hot,
+    /// One zstd frame per shard, at this level (1–22).
+    Zstd {
+        /// The zstd compression level.
+        level: i32,
+    },
+}
+
+impl Storage {
+    fn codec(self) -> Option<Codec> {
+        match self {
+            Storage::Hot => None,
+            Storage::Zstd { .. } => Some(Codec::Zstd),
+        }
+    }
+
+    /// Refuses a level zstd does not have.
+    pub fn check(self) -> Result<Storage> {
+        if let Storage::Zstd { level } = self {
+            let range = zstd::compression_level_range();
+            if !range.contains(&level) {
+                return Err(CompileError::Spec(format!(
+                    "zstd level {level}: zstd has levels {} to {}",
+                    range.start(),
+                    range.end()
+                )));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// What a conversion did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StorageReport {
+    /// Shards rewritten (the others were already in the asked form).
+    pub shards_converted: usize,
+    /// Shards in the cache.
+    pub shards: usize,
+    /// Bytes of the shard files before.
+    pub bytes_before: u64,
+    /// Bytes of the shard files after.
+    pub bytes_after: u64,
+    /// Bytes of the shards' safetensors files (what a hot cache holds).
+    pub bytes_hot: u64,
+    /// Seconds of the whole conversion.
+    pub seconds: f64,
+}
+
+/// Counts and hashes what passes through.
+struct Hashing<R> {
+    inner: R,
+    hasher: Hasher,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// A [`ShardWriter`] as an `io::Write`, for the encoder.
+struct Sink(ShardWriter);
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .write(buf)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes shard `entry` of the cache in `from` into `to` in `storage`'s form and returns the
+/// entry describing the new file. The source is checked on the way: its safetensors bytes
+/// must have the manifest's size and xxh3 (and a compressed file its own), so that a damaged
+/// shard is refused, never re-encoded under a fresh checksum.
+fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Result<ShardEntry> {
+    let src = from.join(&entry.file);
+    if let Some(c) = &entry.compressed {
+        let (bytes, xxh3) = hash_file(&src)?;
+        if bytes != c.bytes {
+            return Err(FormatError::ShardSize {
+                shard: src,
+                expected: c.bytes,
+                found: bytes,
+            }
+            .into());
+        }
+        if xxh3 != c.xxh3 {
+            return Err(FormatError::Checksum {
+                shard: src,
+                expected: c.xxh3.clone(),
+                found: xxh3,
+            }
+            .into());
+        }
+    }
+    let file = std::fs::File::open(&src).map_err(|e| CompileError::io(&src, e))?;
+    let hot: Box<dyn Read> = match entry.compressed.as_ref().map(|c| c.codec) {
+        None => Box::new(std::io::BufReader::with_capacity(1 << 20, file)),
+        Some(Codec::Zstd) => {
+            Box::new(zstd::stream::read::Decoder::new(file).map_err(|e| CompileError::io(&src, e))?)
+        }
+    };
+    let mut hot = Hashing {
+        inner: hot,
+        hasher: Hasher::new(),
+        bytes: 0,
+    };
+    let mut out = ShardEntry {
+        compressed: storage.codec().map(|codec| Compressed {
+            codec,
+            bytes: 0,
+            xxh3: String::new(),
+        }),
+        ..entry.clone()
+    };
+    out.file = out.expected_file();
+    let dst = to.join(&out.file);
+    let read_err = |e: std::io::Error| -> CompileError {
+        match entry.compressed {
+            Some(_) => FormatError::Decompress {
+                shard: src.clone(),
+                reason: e.to_string(),
+            }
+            .into(),
+            None => CompileError::io(&src, e),
+        }
+    };
+    let writer = ShardWriter::create(dst.clone())?;
+    let (bytes, xxh3) = match storage {
+        Storage::Hot => {
+            let mut sink = Sink(writer);
+            std::io::copy(&mut hot, &mut sink).map_err(read_err)?;
+            sink.0.finish()?
+        }
+        Storage::Zstd { level } => {
+            let mut enc = zstd::stream::write::Encoder::new(Sink(writer), level)
+                .map_err(|e| CompileError::io(&dst, e))?;
+            // The frame records the size it holds, for any zstd tool; no frame checksum: the
+            // manifest holds one for the file and one for what it decompresses to.
+            enc.set_pledged_src_size(Some(entry.bytes))
+                .map_err(|e| CompileError::io(&dst, e))?;
+            std::io::copy(&mut hot, &mut enc).map_err(read_err)?;
+            enc.finish()
+                .map_err(|e| CompileError::io(&dst, e))?
+                .0
+                .finish()?
+        }
+    };
+    if hot.bytes != entry.bytes || hot.hasher.hex() != entry.xxh3 {
+        let _ = std::fs::remove_file(&dst);
+        return Err(FormatError::Checksum {
+            shard: src,
+            expected: format!("{} ({} bytes)", entry.xxh3, entry.bytes),
+            found: format!("{} ({} bytes)", hot.hasher.hex(), hot.bytes),
+        }
+        .into());
+    }
+    match &mut out.compressed {
+        Some(c) => {
+            c.bytes = bytes;
+            c.xxh3 = xxh3;
+        }
+        None => debug_assert_eq!((bytes, &xxh3), (entry.bytes, &entry.xxh3)),
+    }
+    Ok(out)
+}
+
+fn shards_in(manifest: &Manifest, storage: Storage) -> usize {
+    manifest
+        .shards()
+        .iter()
+        .filter(|s| s.compressed.as_ref().map(|c| c.codec) != storage.codec())
+        .count()
+}
+
+/// Converts the hot shards a compile wrote into `staging` to `storage`, in place, and returns
+/// the manifest describing them.
+pub(crate) fn store_staged(
+    staging: &Staging,
+    manifest: Manifest,
+    storage: Storage,
+    progress: &dyn Progress,
+) -> Result<Manifest> {
+    if storage == Storage::Hot {
+        return Ok(manifest);
+    }
+    progress.stage("compress", shards_in(&manifest, storage) as u64);
+    let dir = &staging.dir;
+    let shards = manifest
+        .shards()
+        .par_iter()
+        .map(|entry| {
+            let out = convert(dir, dir, entry, storage)?;
+            std::fs::remove_file(dir.join(&entry.file))
+                .map_err(|e| CompileError::io(dir.join(&entry.file), e))?;
+            progress.advance(1);
+            Ok(out)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    with_shards(manifest, shards)
+}
+
+fn with_shards(manifest: Manifest, shards: Vec<ShardEntry>) -> Result<Manifest> {
+    manifest
+        .with_shards(shards)
+        .map_err(|p| CompileError::Internal(format!("the manifest is inconsistent: {p}")))
+}
+
+/// Rewrites the cache in `dir` with its shards in `storage`'s form (`dsc compress`,
+/// `dsc decompress`): shards already in that form and every other file are linked into a
+/// staging copy, the others converted into it, and the copy replaces the cache in one step.
+/// Needs room for the converted shards beside the cache until then.
+pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<StorageReport> {
+    let start = Instant::now();
+    let storage = storage.check()?;
+    let manifest = Manifest::read(dir)?;
+    let staging = Staging::create(dir, true)?;
+    link_others(dir, &staging.dir, &manifest)?;
+    progress.stage("convert shards", shards_in(&manifest, storage) as u64);
+    let shards = manifest
+        .shards()
+        .par_iter()
+        .map(|entry| {
+            if entry.compressed.as_ref().map(|c| c.codec) == storage.codec() {
+                link_or_copy(&dir.join(&entry.file), &staging.dir.join(&entry.file))?;
+                return Ok(entry.clone());
+            }
+            let out = convert(dir, &staging.dir, entry, storage)?;
+            progress.advance(1);
+            Ok(out)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let report = StorageReport {
+        shards_converted: shards_in(&manifest, storage),
+        shards: shards.len(),
+        bytes_before: manifest.shards().iter().map(ShardEntry::stored_bytes).sum(),
+        bytes_after: shards.iter().map(ShardEntry::stored_bytes).sum(),
+        bytes_hot: shards.iter().map(|s| s.bytes).sum(),
+        seconds: 0.0,
+    };
+    let manifest = with_shards(manifest, shards)?;
+    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
+    staging.commit()?;
+    progress.finish();
+    Ok(StorageReport {
+        seconds: start.elapsed().as_secs_f64(),
+        ..report
+    })
+}
+
+/// Links every file of the cache except its manifest and shards into `to`, keeping folders.
+fn link_others(dir: &Path, to: &Path, manifest: &Manifest) -> Result<()> {
+    let shards: std::collections::HashSet<&str> =
+        manifest.shards().iter().map(|s| s.file.as_str()).collect();
+    let mut stack = vec![std::path::PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let here = dir.join(&rel);
+        for item in std::fs::read_dir(&here).map_err(|e| CompileError::io(&here, e))? {
+            let item = item.map_err(|e| CompileError::io(&here, e))?;
+            let rel = rel.join(item.file_name());
+            let kind = item
+                .file_type()
+                .map_err(|e| CompileError::io(item.path(), e))?;
+            let name = rel.to_string_lossy();
+            if kind.is_dir() {
+                std::fs::create_dir_all(to.join(&rel))
+                    .map_err(|e| CompileError::io(to.join(&rel), e))?;
+                stack.push(rel);
+            } else if name != dsc_format::MANIFEST_FILE && !shards.contains(name.as_ref()) {
+                link_or_copy(&item.path(), &to.join(&rel))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+    if std::fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(from, to).map_err(|e| CompileError::io(to, e))?;
+    Ok(())
+}
