@@ -24,6 +24,10 @@ struct Inspect {
     contexts: usize,
     shards: usize,
     bytes: u64,
+    /// The codec of compressed shards (`zstd`), or null for a hot cache.
+    compression: Option<dsc_format::Codec>,
+    /// Bytes of the shard files on disk (`bytes` when hot).
+    stored_bytes: u64,
     padding_efficiency: f64,
     splits: Vec<SplitRow>,
     tensors: Vec<TensorRow>,
@@ -159,6 +163,11 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
         contexts: m.summary().contexts,
         shards: m.shards().len(),
         bytes: m.shards().iter().map(|s| s.bytes).sum(),
+        compression: m
+            .shards()
+            .iter()
+            .find_map(|s| s.compressed.as_ref().map(|c| c.codec)),
+        stored_bytes: m.shards().iter().map(|s| s.stored_bytes()).sum(),
         padding_efficiency: if slots > 0.0 {
             stored as f64 / slots
         } else {
@@ -266,6 +275,16 @@ fn print_human(i: &Inspect) -> anyhow::Result<()> {
         i.max_len,
         100.0 * i.padding_efficiency
     );
+    if let Some(codec) = i.compression {
+        outln!(
+            "{} {:?} shards, {} on disk ({:.3} of the safetensors bytes); `dsc decompress` \
+             makes it hot (mapped)",
+            bold("stored"),
+            codec,
+            bytes(i.stored_bytes),
+            i.stored_bytes as f64 / i.bytes.max(1) as f64
+        );
+    }
     outln!();
     outln!(
         "{}",

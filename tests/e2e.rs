@@ -3,6 +3,7 @@
 mod util;
 
 mod bad_input;
+mod cold;
 mod determinism;
 mod hostile;
 mod inspection;

@@ -348,6 +348,7 @@ fn an_input_changed_during_the_compile_stops_it_and_nothing_is_committed() {
         out: dir.join("cache"),
         force: false,
         max_memory: None,
+        storage: Default::default(),
         progress: &progress,
     };
     let err = dsc_compiler::compile(&spec, &opts).unwrap_err().to_string();

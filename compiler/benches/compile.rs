@@ -107,6 +107,7 @@ fn main() {
                 out: out.clone(),
                 force: false,
                 max_memory: None,
+                storage: Default::default(),
                 progress: &NoProgress,
             },
         )

@@ -182,6 +182,8 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     force: bool = False,
     max_memory: Union[int, str, None] = None,
     progress: Optional[bool] = None,
+    compress: Optional[str] = None,
+    compress_level: Optional[int] = None,
     **options: Any,
 ) -> Cache:
     """Compiles Parquet rows into a cache at ``out`` and returns it opened (:class:`dsc.Cache`).
@@ -200,6 +202,10 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     compile uses: the input is spilled beside ``out`` in buckets and processed a few at a time,
     and the cache does not depend on it. ``bucket_size`` sets the decoded input per bucket.
 
+    ``compress="zstd"`` stores the shards compressed for cold storage (``compress_level`` 1–22,
+    default 3), as ``dsc compile --compress zstd``: :class:`dsc.Loader` reads such a cache,
+    decompressing a shard into memory on first use, with the same batches.
+
     Bad input raises :class:`dsc.CompileError` carrying ``file``, ``column`` and ``row``; the
     output is then left as it was (nothing half-written). The GIL is released while compiling.
     """
@@ -213,6 +219,8 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         bool(force),
         bool(progress),
         None if max_memory is None else _size(max_memory),
+        compress,
+        compress_level,
     )
     return Cache(out)
 
@@ -273,12 +281,14 @@ def compile_stage(
     return json.loads(report)
 
 
-def merge(out: PathLike, *, force: bool = False, progress: Optional[bool] = None) -> Cache:
+def merge(out: PathLike, *, force: bool = False, progress: Optional[bool] = None,
+          compress: Optional[str] = None, compress_level: Optional[int] = None) -> Cache:
     """Commits a partitioned compile into ``out`` once every partition has run every stage
     (:func:`dsc.compile_stage`), as ``dsc merge`` does, and returns the cache opened. A missing
     part, or one of another spec or of inputs changed since, raises :class:`dsc.CompileError`
-    naming it; nothing is a cache until this writes the manifest."""
+    naming it; nothing is a cache until this writes the manifest. ``compress`` and
+    ``compress_level`` as for :func:`dsc.compile`."""
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
-    _dsc.merge(os.fspath(out), bool(force), bool(progress))
+    _dsc.merge(os.fspath(out), bool(force), bool(progress), compress, compress_level)
     return Cache(out)

@@ -53,6 +53,8 @@ def compile(
     force: bool,
     progress: bool,
     max_memory: Optional[int] = None,
+    compress: Optional[str] = None,
+    compress_level: Optional[int] = None,
 ) -> str: ...
 def compile_stage(
     spec_json: str,
@@ -64,5 +66,11 @@ def compile_stage(
     max_memory: Optional[int],
     progress: bool,
 ) -> str: ...
-def merge(out: str, force: bool, progress: bool) -> str: ...
+def merge(
+    out: str,
+    force: bool,
+    progress: bool,
+    compress: Optional[str] = None,
+    compress_level: Optional[int] = None,
+) -> str: ...
 def parse_size(text: str) -> int: ...

@@ -41,6 +41,9 @@ enum Bytes {
         map: memmap2::MmapMut,
         skip: usize,
     },
+    /// A view of a compressed shard's decompressed bytes (shared with the loader) asked for
+    /// writable: copied, so that a write never reaches what other batches read.
+    Copied(Vec<u8>),
 }
 
 impl Buffer {
@@ -67,6 +70,7 @@ impl Buffer {
                     .map(|p| dsc_loader::sigbus::register(map.as_ptr(), map.len(), p));
                 Bytes::Private { _guard, map, skip }
             }
+            None if writable && tensor.is_zero_copy() => Bytes::Copied(tensor.bytes().to_vec()),
             _ => Bytes::Loader {
                 // Gathered bytes belong to this buffer alone; views of the shared map are read-only.
                 writable: !tensor.is_zero_copy(),
@@ -89,6 +93,7 @@ impl Buffer {
                 // SAFETY: `skip < PAGE <= map.len()` by construction in `Buffer::new`.
                 (unsafe { base.add(*skip) }, map.len() - skip, true)
             }
+            Bytes::Copied(buf) => (buf.as_ptr().cast_mut(), buf.len(), true),
         }
     }
 }
@@ -105,6 +110,7 @@ impl Buffer {
         match &self.bytes {
             Bytes::Loader { tensor, .. } => tensor.is_zero_copy(),
             Bytes::Private { .. } => true,
+            Bytes::Copied(_) => false,
         }
     }
 

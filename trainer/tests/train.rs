@@ -97,6 +97,7 @@ fn compile(spec: Value, out: &Path) {
         out: out.to_path_buf(),
         force: false,
         max_memory: None,
+        storage: Default::default(),
         progress: &dsc_compiler::NoProgress,
     };
     dsc_compiler::compile(&spec, &opts).expect("compile");
