@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import threading
 import time
 import weakref
@@ -15,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import dsc
-from conftest import COMPILE_KWARGS, order_keys
+from conftest import COMPILE_KWARGS, order_keys, run_dsc
 
 torch = pytest.importorskip("torch")
 
@@ -543,3 +544,38 @@ def test_a_shard_cut_short_under_a_zero_copy_tensor_is_named(private_cache: Path
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr)
     assert "train-00000.safetensors: the shard changed under the reader" in r.stderr, r.stderr
+
+
+def test_a_compressed_cache_loads_the_same_batches(cache_dir: Path, workdir: Path, tmp_path: Path,
+                                                   monkeypatch) -> None:
+    """A zstd cache, compiled from Python and converted by the CLI, gives the hot cache's
+    batches: shuffled, bucketed, on the fill path and in cache order (where the zero-copy
+    views of decompressed bytes are handed to torch as copies, so writes stay private)."""
+    cold = tmp_path / "cold"
+    shutil.copytree(cache_dir, cold)
+    run_dsc("compress", str(cold))
+    manifest = json.loads((cold / "manifest.json").read_text())
+    assert all(s["file"].endswith(".zst") for s in manifest["shards"])
+    monkeypatch.chdir(workdir)
+    compiled = dsc.compile("data/train/batch_*.parquet", out=tmp_path / "compiled",
+                           compress="zstd", shard_size="256KiB", **COMPILE_KWARGS)
+    for args in (dict(seed=4), dict(seed=4, bucket=True), dict(shuffle=False, drop_last=False)):
+        hot = list(dsc.Loader(cache_dir, batch_size=24, **args))
+        for path in (cold, compiled.path):
+            got = list(dsc.Loader(path, batch_size=24, **args))
+            assert len(got) == len(hot) > 0
+            for a, b in zip(hot, got):
+                assert a.seq_len == b.seq_len
+                for k in a:
+                    assert torch.equal(a[k], b[k]), (args, k)
+    filled = dsc.Loader(cold, batch_size=24, seed=6, trim=True, num_threads=2)
+    filled._fill_path = True
+    for a, b in zip(dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True), filled):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    first = next(iter(dsc.Loader(cold, batch_size=8, shuffle=False)))
+    again = next(iter(dsc.Loader(cold, batch_size=8, shuffle=False)))
+    first["x"].add_(1.0)
+    assert not torch.equal(first["x"], again["x"]), "a write stays in its own tensor"
+    with pytest.raises(dsc.OptionsError, match="zstd"):
+        dsc.compile("data/train/batch_*.parquet", out=tmp_path / "bad", compress="lz4",
+                    **COMPILE_KWARGS)
