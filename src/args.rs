@@ -580,11 +580,14 @@ pub struct OrderArgs {
 ///
 /// In one run: open time; an epoch in cache order (zero-copy views, every byte read); shuffled
 /// epochs with 1 and N threads (one gather copy per byte); memcpy of the same bytes; and the
-/// peak resident memory while loading. Ratios are within the run, so machine noise cancels.
+/// peak resident memory while loading. Each figure is the fastest of --repeat epochs, and ratios
+/// are within the run, so machine noise mostly cancels. With --bucket, also a shuffled epoch of
+/// length-bucketed, trimmed batches. A compressed cache also reports its decompression speed.
 ///
 /// Example:
 ///   dsc bench cache
 ///   dsc bench cache --batch-size 512 --json
+///   dsc bench cache --bucket --repeat 5
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
@@ -605,6 +608,10 @@ pub struct BenchArgs {
     /// Shards read side by side in the shuffled passes.
     #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
     pub interleave: usize,
+    /// Each pass (and memcpy) is the fastest of N epochs: short passes on a shared machine
+    /// vary by tens of percent from run to run.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub repeat: usize,
     /// Also time a shuffled epoch with length-bucketed, trimmed batches (`dsc order --bucket`)
     /// and report its contexts/s and padding efficiency next to the plain one.
     #[arg(long)]

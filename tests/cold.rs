@@ -42,7 +42,10 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
     let m = manifest(&cold);
     let shards = m["shards"].as_array().unwrap();
     let train = shards.iter().filter(|s| s["split"] == "train").count();
-    assert!(train > 16, "more shards ({train}) than stay decompressed (16)");
+    assert!(
+        train > 16,
+        "more shards ({train}) than stay decompressed (16)"
+    );
     assert!(shards.iter().all(
         |s| s["file"].as_str().unwrap().ends_with(".safetensors.zst")
             && s["compressed"]["codec"] == "zstd"

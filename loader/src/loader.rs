@@ -327,19 +327,26 @@ impl Plan {
         let held = self.resolve(&samples)?;
         let seq_len = self.seq_len(&samples, &held);
         drop(held);
-        let mut bufs: Vec<Vec<u8>> = (0..self.tensors.len())
-            .map(|t| self.pool.take(n * self.copy_bytes(t, seq_len)))
+        let lens: Vec<usize> = (0..self.tensors.len())
+            .map(|t| n * self.copy_bytes(t, seq_len))
             .collect();
-        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&len| self.pool.take(len)).collect();
+        let mut slices: Vec<&mut [u8]> = bufs
+            .iter_mut()
+            .zip(&lens)
+            .map(|(b, &len)| &mut b[..len])
+            .collect();
         self.gather_into(&samples, &mut slices)?;
         let tensors = bufs
             .into_iter()
+            .zip(lens)
             .enumerate()
-            .map(|(t, buf)| {
+            .map(|(t, (buf, len))| {
                 BatchTensor::owned(
                     &self.tensors[t],
                     self.shape(t, n, seq_len),
                     buf,
+                    len,
                     self.pool.clone(),
                 )
             })
