@@ -18,7 +18,10 @@ fn caches(dir: &Dir) -> (PathBuf, PathBuf) {
     (dir.join("hot"), dir.join("cold"))
 }
 
-fn batches(cache: &Path, o: LoaderOptions) -> Vec<(usize, Vec<(String, Vec<u8>)>)> {
+/// A batch as its sequence length and its tensors' names and bytes.
+type Copied = (usize, Vec<(String, Vec<u8>)>);
+
+fn batches(cache: &Path, o: LoaderOptions) -> Vec<Copied> {
     Cache::open(cache)
         .unwrap()
         .loader(o)

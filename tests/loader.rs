@@ -279,7 +279,7 @@ fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
     let global: Vec<Vec<i32>> = (0..ranks[0].len())
         .map(|s| [lengths_of(&ranks[0][s]), lengths_of(&ranks[1][s])].concat())
         .collect();
-    for (s, batches) in ranks.iter().map(|r| r.iter()).flatten().enumerate() {
+    for (s, batches) in ranks.iter().flatten().enumerate() {
         let longest = *lengths_of(batches).iter().max().unwrap() as usize;
         assert_eq!(
             batches.seq_len,

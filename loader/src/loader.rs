@@ -431,6 +431,10 @@ fn is_sequence(spec: &TensorSpec) -> bool {
     matches!(spec.role, TensorRole::Features | TensorRole::Categorical)
 }
 
+/// A batch a loader thread prepared, or why it could not (a compressed shard that does not
+/// decompress).
+type Built = Result<Batch, LoadError>;
+
 /// Batches of one epoch of one split for one rank. Iterate it; take [`Loader::state`] at any
 /// point to resume later with [`Cache::loader_from_state`].
 #[derive(Debug)]
@@ -438,7 +442,7 @@ pub struct Loader {
     opts: LoaderOptions,
     first_step: usize,
     next_step: usize,
-    workers: Vec<(Receiver<Result<Batch, LoadError>>, JoinHandle<()>)>,
+    workers: Vec<(Receiver<Built>, JoinHandle<()>)>,
     /// Page-cache hints run on their own thread so that populating the next window never
     /// stalls the consumer.
     advisor: Option<JoinHandle<()>>,
@@ -590,7 +594,7 @@ impl Loader {
                 opts.epoch,
                 opts.window,
                 opts.interleave,
-                cache.lengths(&opts.split)?.into(),
+                cache.lengths(&opts.split)?,
                 opts.global_batch()?,
             )
         } else {
@@ -678,7 +682,7 @@ impl Loader {
         *self.hints.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let threads = self.opts.threads;
         for k in 0..threads {
-            let (tx, rx) = sync_channel::<Result<Batch, LoadError>>(self.opts.prefetch.max(1));
+            let (tx, rx) = sync_channel::<Built>(self.opts.prefetch.max(1));
             let plan = self.hints.plan.clone();
             let (first, total) = (self.first_step, self.hints.plan.steps.steps);
             let handle = std::thread::Builder::new()
