@@ -74,6 +74,9 @@ def parse_args() -> argparse.Namespace:
 
 def read_split(cache: Path, manifest: dict, split: str) -> dict:
     """Every tensor of a split, all shards concatenated, via safetensors alone."""
+    if any("compressed" in s for s in manifest["shards"]):
+        sys.exit(f"{cache}: compressed shards; the plain loop reads safetensors files: "
+                 f"run it on a hot cache (dsc decompress {cache})")
     parts = [load_file(str(cache / s["file"])) for s in manifest["shards"] if s["split"] == split]
     return {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
 

@@ -51,6 +51,9 @@ def numpy_rate(cache: dsc.Cache, split: str, batch: int, epochs: int) -> float:
     from safetensors.numpy import load_file
 
     shards = [s for s in cache.manifest["shards"] if s["split"] == split]
+    if any("compressed" in s for s in shards):
+        raise SystemExit(f"{cache.path}: compressed shards; the NumPy baseline reads safetensors "
+                         f"files: run it on a hot cache (dsc decompress {cache.path})")
     parts = [load_file(str(Path(cache.path) / s["file"])) for s in shards]
     arrays = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     total = len(arrays["key"])

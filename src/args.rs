@@ -128,7 +128,8 @@ pub enum Codec {
 pub struct CompressArgs {
     /// The cache directory.
     pub cache: PathBuf,
-    /// zstd level, 1 (fastest) to 22 (smallest).
+    /// zstd level, 1 (fastest) to 22 (smallest). Shards already compressed are kept as they
+    /// are: `dsc decompress` first to change the level.
     #[arg(long, default_value_t = dsc_format::stored::DEFAULT_ZSTD_LEVEL,
           allow_negative_numbers = true)]
     pub level: i32,
@@ -609,7 +610,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
     pub interleave: usize,
     /// Each pass (and memcpy) is the fastest of N epochs: short passes on a shared machine
-    /// vary by tens of percent from run to run.
+    /// vary by tens of percent from run to run. (A compressed cache's decompression is timed
+    /// once, on the first memcpy pass.)
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub repeat: usize,
     /// Also time a shuffled epoch with length-bucketed, trimmed batches (`dsc order --bucket`)

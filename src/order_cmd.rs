@@ -68,6 +68,12 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                 .with_context(|| format!("cannot read {}", path.display()))?;
             let state: State = serde_json::from_str(&text)
                 .with_context(|| format!("{}: not a loader state", path.display()))?;
+            anyhow::ensure!(
+                !a.bucket || state.bucket,
+                "--bucket with --from-state {}: that state is of an unbucketed order (drop \
+                 --bucket; the state's order continues)",
+                path.display()
+            );
             cache.loader_from_state(opts, &state)?
         }
         None => cache.loader(opts)?,

@@ -268,6 +268,12 @@ fn a_bad_level_or_codec_is_refused_before_anything_is_written() {
     )
     .fails(2);
     assert!(err.contains("zstd level 99"), "{err}");
+    let err = dsc(
+        dir.path(),
+        &icecube_args("c", &["--compress", "zstd", "--compress-level", "0"]),
+    )
+    .fails(2);
+    assert!(err.contains("use 1 (fastest)"), "{err}");
     assert!(!dir.join("c").exists());
     let err = dsc(dir.path(), &icecube_args("c", &["--compress", "lz4"])).fails(2);
     assert!(err.contains("zstd"), "{err}");

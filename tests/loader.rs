@@ -693,6 +693,21 @@ fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
             && text.lines().all(|l| l.chars().count() <= 100),
         "{text}"
     );
+    // A bucketed order cannot continue an unbucketed state.
+    let err = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "16",
+            "--bucket",
+            "--from-state",
+            "state.json",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("unbucketed"), "{err}");
     // Bucketed: the loader's keys, and a report against the plain order.
     let bucketed = [&base[..], &["--bucket"]].concat();
     let keys = run(&[&bucketed[..], &["--keys", "--json"]].concat());

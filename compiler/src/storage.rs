@@ -38,12 +38,10 @@ impl Storage {
     /// Refuses a level zstd does not have.
     pub fn check(self) -> Result<Storage> {
         if let Storage::Zstd { level } = self {
-            let range = zstd::compression_level_range();
-            if !range.contains(&level) {
+            let max = *zstd::compression_level_range().end();
+            if !(1..=max).contains(&level) {
                 return Err(CompileError::Spec(format!(
-                    "zstd level {level}: zstd has levels {} to {}",
-                    range.start(),
-                    range.end()
+                    "zstd level {level}: use 1 (fastest) to {max} (smallest)"
                 )));
             }
         }
@@ -68,16 +66,18 @@ pub struct StorageReport {
     pub seconds: f64,
 }
 
-/// Counts and hashes what passes through.
+/// Counts and hashes what passes through, and remembers whether reading failed (so that a
+/// failed copy blames the right file).
 struct Hashing<R> {
     inner: R,
     hasher: Hasher,
     bytes: u64,
+    failed: bool,
 }
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+        let n = self.inner.read(buf).inspect_err(|_| self.failed = true)?;
         self.hasher.update(&buf[..n]);
         self.bytes += n as u64;
         Ok(n)
@@ -105,24 +105,11 @@ impl Write for Sink {
 /// shard is refused, never re-encoded under a fresh checksum.
 fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Result<ShardEntry> {
     let src = from.join(&entry.file);
+    dsc_format::stored::check_size(entry, &src)?;
     if let Some(c) = &entry.compressed {
-        let (bytes, xxh3) = hash_file(&src)?;
-        if bytes != c.bytes {
-            return Err(FormatError::ShardSize {
-                shard: src,
-                expected: c.bytes,
-                found: bytes,
-            }
-            .into());
-        }
-        if xxh3 != c.xxh3 {
-            return Err(FormatError::Checksum {
-                shard: src,
-                expected: c.xxh3.clone(),
-                found: xxh3,
-            }
-            .into());
-        }
+        // The size was checked just above; a file rewritten since fails its hash.
+        let (_, xxh3) = hash_file(&src)?;
+        dsc_format::checksum::check(xxh3, &c.xxh3, &src)?;
     }
     let file = std::fs::File::open(&src).map_err(|e| CompileError::io(&src, e))?;
     let hot: Box<dyn Read> = match entry.compressed.as_ref().map(|c| c.codec) {
@@ -131,10 +118,13 @@ fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Resu
             Box::new(zstd::stream::read::Decoder::new(file).map_err(|e| CompileError::io(&src, e))?)
         }
     };
+    // Never more than one byte past the manifest's size: a frame that holds more is refused
+    // below, not written out until the disk is full.
     let mut hot = Hashing {
-        inner: hot,
+        inner: hot.take(entry.bytes.saturating_add(1)),
         hasher: Hasher::new(),
         bytes: 0,
+        failed: false,
     };
     let mut out = ShardEntry {
         compressed: storage.codec().map(|codec| Compressed {
@@ -146,21 +136,22 @@ fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Resu
     };
     out.file = out.expected_file();
     let dst = to.join(&out.file);
-    let read_err = |e: std::io::Error| -> CompileError {
-        match entry.compressed {
-            Some(_) => FormatError::Decompress {
+    let copy_err = |e: std::io::Error, failed_reading: bool| -> CompileError {
+        match (failed_reading, &entry.compressed) {
+            (false, _) => CompileError::io(&dst, e),
+            (true, Some(_)) => FormatError::Decompress {
                 shard: src.clone(),
                 reason: e.to_string(),
             }
             .into(),
-            None => CompileError::io(&src, e),
+            (true, None) => CompileError::io(&src, e),
         }
     };
     let writer = ShardWriter::create(dst.clone())?;
     let (bytes, xxh3) = match storage {
         Storage::Hot => {
             let mut sink = Sink(writer);
-            std::io::copy(&mut hot, &mut sink).map_err(read_err)?;
+            std::io::copy(&mut hot, &mut sink).map_err(|e| copy_err(e, hot.failed))?;
             sink.0.finish()?
         }
         Storage::Zstd { level } => {
@@ -170,7 +161,7 @@ fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Resu
             // manifest holds one for the file and one for what it decompresses to.
             enc.set_pledged_src_size(Some(entry.bytes))
                 .map_err(|e| CompileError::io(&dst, e))?;
-            std::io::copy(&mut hot, &mut enc).map_err(read_err)?;
+            std::io::copy(&mut hot, &mut enc).map_err(|e| copy_err(e, hot.failed))?;
             enc.finish()
                 .map_err(|e| CompileError::io(&dst, e))?
                 .0
@@ -244,8 +235,10 @@ fn with_shards(manifest: Manifest, shards: Vec<ShardEntry>) -> Result<Manifest> 
 pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<StorageReport> {
     let start = Instant::now();
     let storage = storage.check()?;
-    let manifest = Manifest::read(dir)?;
+    // The manifest is read under the output's lock: a compile or conversion committing at the
+    // same time cannot change the cache between reading it and replacing it.
     let staging = Staging::create(dir, true)?;
+    let manifest = Manifest::read(dir)?;
     link_others(dir, &staging.dir, &manifest)?;
     progress.stage("convert shards", shards_in(&manifest, storage) as u64);
     let shards = manifest

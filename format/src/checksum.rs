@@ -10,6 +10,18 @@ pub fn xxh3_hex(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
 }
 
+/// Checks that `found`, the hash of the file at `path`, is `expected`.
+pub fn check(found: String, expected: &str, path: &Path) -> Result<(), FormatError> {
+    if found == expected {
+        return Ok(());
+    }
+    Err(FormatError::Checksum {
+        shard: path.into(),
+        expected: expected.into(),
+        found,
+    })
+}
+
 /// An incremental xxh3-64 hasher, for data written in pieces.
 #[derive(Default, Clone)]
 pub struct Hasher(Xxh3);

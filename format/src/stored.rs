@@ -6,6 +6,7 @@
 use crate::manifest::{Codec, ShardEntry};
 use crate::shard::{read_header, ShardLayout};
 use crate::{checksum, FormatError};
+use std::io::Read;
 use std::path::Path;
 
 /// The zstd level `--compress zstd` uses unless told otherwise: fast to write, and on dsc's
@@ -40,19 +41,16 @@ pub fn decode(entry: &ShardEntry, stored: Vec<u8>, path: &Path) -> Result<Vec<u8
     let Some(c) = &entry.compressed else {
         return Ok(stored);
     };
-    let found = checksum::xxh3_hex(&stored);
-    if found != c.xxh3 {
-        return Err(FormatError::Checksum {
-            shard: path.into(),
-            expected: c.xxh3.clone(),
-            found,
-        });
-    }
+    checksum::check(checksum::xxh3_hex(&stored), &c.xxh3, path)?;
     let want = usize::try_from(entry.bytes)
         .map_err(|_| decompress_err(path, format!("{} bytes do not fit in memory", entry.bytes)))?;
-    let hot = match c.codec {
-        // A frame that would decompress past `want` is an error, not an allocation.
-        Codec::Zstd => zstd::bulk::decompress(&stored, want)
+    // Memory grows with what the frame actually holds, never with what the manifest claims
+    // (a crafted entry could claim terabytes): sized for this codec's usual ratio up front,
+    // and reading stops one byte past `want`.
+    let mut hot = Vec::with_capacity(want.min(stored.len().saturating_mul(32).max(1 << 16)));
+    match c.codec {
+        Codec::Zstd => zstd::stream::read::Decoder::new(&stored[..])
+            .and_then(|d| d.take(want as u64 + 1).read_to_end(&mut hot))
             .map_err(|e| decompress_err(path, format!("{e} (expected {want} bytes)")))?,
     };
     if hot.len() != want {
@@ -100,6 +98,55 @@ pub fn read_layout(entry: &ShardEntry, path: &Path) -> Result<ShardLayout, Forma
             let mut frame =
                 zstd::stream::read::Decoder::new(file).map_err(|e| decompress_err(path, e))?;
             read_header(&mut frame, entry.bytes, path, |e| decompress_err(path, e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Compressed;
+
+    fn entry(hot: &[u8], stored: &[u8], claimed: u64) -> ShardEntry {
+        ShardEntry {
+            file: "shards/train-00000.safetensors.zst".into(),
+            split: "train".into(),
+            index: 0,
+            contexts: 1,
+            first_context: 0,
+            bytes: claimed,
+            xxh3: checksum::xxh3_hex(hot),
+            compressed: Some(Compressed {
+                codec: Codec::Zstd,
+                bytes: stored.len() as u64,
+                xxh3: checksum::xxh3_hex(stored),
+            }),
+        }
+    }
+
+    #[test]
+    fn decode_gives_back_the_bytes_and_refuses_any_other_size() {
+        let hot: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let stored = compress(Codec::Zstd, &hot, DEFAULT_ZSTD_LEVEL).unwrap();
+        let path = Path::new("s.zst");
+        let e = entry(&hot, &stored, hot.len() as u64);
+        assert_eq!(decode(&e, stored.clone(), path).unwrap(), hot);
+        // A manifest claiming far more (or less) than the frame holds is an error naming the
+        // file, without allocating what it claims.
+        for claimed in [1u64 << 50, hot.len() as u64 - 1, hot.len() as u64 + 1] {
+            let err = decode(&entry(&hot, &stored, claimed), stored.clone(), path).unwrap_err();
+            assert!(
+                matches!(err, FormatError::Decompress { .. }) && err.to_string().contains("s.zst"),
+                "{claimed}: {err}"
+            );
+        }
+        // A frame cut short or not zstd at all.
+        for bad in [
+            stored[..stored.len() / 2].to_vec(),
+            b"not a zstd frame".to_vec(),
+        ] {
+            let err = decode(&entry(&hot, &bad, hot.len() as u64), bad.clone(), path).unwrap_err();
+            assert!(matches!(err, FormatError::Decompress { .. }), "{err}");
         }
     }
 }

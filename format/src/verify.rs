@@ -129,14 +129,7 @@ fn verify_shard(
     // A compressed shard's own checksum is checked before it is decompressed; the
     // safetensors file it holds is then checked like a hot one.
     let bytes = crate::stored::decode(entry, stored, path)?;
-    let found = checksum::xxh3_hex(&bytes);
-    if found != entry.xxh3 {
-        return Err(FormatError::Checksum {
-            shard: path.into(),
-            expected: entry.xxh3.clone(),
-            found,
-        });
-    }
+    checksum::check(checksum::xxh3_hex(&bytes), &entry.xxh3, path)?;
     let layout = layout_of(&bytes, path)?;
     layout.check(manifest, entry, path)?;
     check_values(manifest, &layout, &bytes, entry.contexts, path)?;

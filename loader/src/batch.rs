@@ -85,27 +85,34 @@ pub struct BatchTensor {
 }
 
 impl BatchTensor {
+    fn new(spec: &dsc_format::TensorSpec, shape: Vec<usize>, data: Data) -> Self {
+        BatchTensor {
+            name: spec.name.clone(),
+            dtype: spec.dtype,
+            role: spec.role,
+            shape,
+            data,
+        }
+    }
+
+    /// A view of `len` bytes at `start` of shard `shard` of split `split`, a hot (mapped) one.
     pub(crate) fn mapped(
         spec: &dsc_format::TensorSpec,
         shape: Vec<usize>,
         cache: Arc<Inner>,
         (split, shard, start, len): (usize, usize, usize, usize),
     ) -> Self {
-        BatchTensor {
-            name: spec.name.clone(),
-            dtype: spec.dtype,
-            role: spec.role,
-            shape,
-            data: Data::Mapped {
-                cache,
-                split,
-                shard,
-                start,
-                len,
-            },
-        }
+        let data = Data::Mapped {
+            cache,
+            split,
+            shard,
+            start,
+            len,
+        };
+        Self::new(spec, shape, data)
     }
 
+    /// A view of `len` bytes at `start` of a compressed shard's decompressed bytes.
     pub(crate) fn shared(
         spec: &dsc_format::TensorSpec,
         shape: Vec<usize>,
@@ -113,13 +120,7 @@ impl BatchTensor {
         start: usize,
         len: usize,
     ) -> Self {
-        BatchTensor {
-            name: spec.name.clone(),
-            dtype: spec.dtype,
-            role: spec.role,
-            shape,
-            data: Data::Shared { bytes, start, len },
-        }
+        Self::new(spec, shape, Data::Shared { bytes, start, len })
     }
 
     /// A tensor of the first `len` bytes of `buf`, a buffer of `pool`.
@@ -130,13 +131,7 @@ impl BatchTensor {
         len: usize,
         pool: Arc<Pool>,
     ) -> Self {
-        BatchTensor {
-            name: spec.name.clone(),
-            dtype: spec.dtype,
-            role: spec.role,
-            shape,
-            data: Data::Owned { buf, len, pool },
-        }
+        Self::new(spec, shape, Data::Owned { buf, len, pool })
     }
 
     /// The tensor's name (`x`, `length`, a categorical column, …).

@@ -104,7 +104,7 @@ impl Inner {
         let mut stored = vec![0u8; s.entry.stored_bytes() as usize];
         s.file
             .read_exact_at(&mut stored, 0)
-            .map_err(|source| LoadError::Map {
+            .map_err(|source| dsc_format::FormatError::Io {
                 path: s.path.clone(),
                 source,
             })?;

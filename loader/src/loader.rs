@@ -272,14 +272,26 @@ impl Plan {
     fn gather_into(&self, samples: &[Sample], dst: &mut [&mut [u8]]) -> Result<usize, LoadError> {
         let held = self.resolve(samples)?;
         let seq_len = self.seq_len(samples, &held);
+        self.gather(samples, &held, seq_len, dst);
+        Ok(seq_len)
+    }
+
+    /// Copies `samples`, cut to `seq_len`, from their shards (`held`: the compressed ones)
+    /// into `dst`.
+    fn gather(
+        &self,
+        samples: &[Sample],
+        held: &Resolved<'_>,
+        seq_len: usize,
+        dst: &mut [&mut [u8]],
+    ) {
         for (t, out) in dst.iter_mut().enumerate() {
             let n = self.copy_bytes(t, seq_len);
             let slot = self.slots[t];
             for (i, s) in samples.iter().enumerate() {
-                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, slot, &held)[..n]);
+                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, slot, held)[..n]);
             }
         }
-        Ok(seq_len)
     }
 
     fn build(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Result<Batch, LoadError> {
@@ -326,7 +338,6 @@ impl Plan {
         }
         let held = self.resolve(&samples)?;
         let seq_len = self.seq_len(&samples, &held);
-        drop(held);
         let lens: Vec<usize> = (0..self.tensors.len())
             .map(|t| n * self.copy_bytes(t, seq_len))
             .collect();
@@ -336,7 +347,8 @@ impl Plan {
             .zip(&lens)
             .map(|(b, &len)| &mut b[..len])
             .collect();
-        self.gather_into(&samples, &mut slices)?;
+        self.gather(&samples, &held, seq_len, &mut slices);
+        drop(held);
         let tensors = bufs
             .into_iter()
             .zip(lens)
@@ -579,34 +591,26 @@ impl Loader {
             .1
             .iter()
             .any(|s| matches!(s.body, Body::Cold(_)));
-        // The shards of the group being read and of the next one stay decompressed.
-        inner.resident.at_least(2 * opts.interleave.max(1));
         let split_bytes: u64 = inner.splits[split_index]
             .1
             .iter()
             .map(|s| s.entry.bytes)
             .sum();
-        let order = if opts.bucket {
-            EpochOrder::bucketed(
-                &sizes,
-                opts.shuffle,
-                opts.seed,
-                opts.epoch,
-                opts.window,
-                opts.interleave,
-                cache.lengths(&opts.split)?,
-                opts.global_batch()?,
-            )
-        } else {
-            EpochOrder::new(
-                &sizes,
-                opts.shuffle,
-                opts.seed,
-                opts.epoch,
-                opts.window,
-                opts.interleave,
-            )
-        };
+        let mut order = EpochOrder::new(
+            &sizes,
+            opts.shuffle,
+            opts.seed,
+            opts.epoch,
+            opts.window,
+            opts.interleave,
+        );
+        if opts.bucket {
+            order = order.bucketed(cache.lengths(&opts.split)?, opts.global_batch()?);
+        }
+        if cold {
+            // The shards of the window being read and of the next one stay decompressed.
+            inner.resident.at_least(order.shards_in_reach());
+        }
         let steps = Steps::new(
             order.len(),
             opts.batch_size,

@@ -58,6 +58,7 @@ pub struct EpochOrder {
     total: usize,
     shuffle: bool,
     window: usize,
+    interleave: usize,
     seed: u64,
     epoch: u64,
     buckets: Option<Buckets>,
@@ -135,29 +136,31 @@ impl EpochOrder {
             total: acc,
             shuffle,
             window,
+            interleave,
             seed,
             epoch,
             buckets: None,
         }
     }
 
-    /// The order of `epoch` with length bucketing for global batches of `global_batch`
-    /// contexts: `lengths` holds every context's stored length in compiled order. The window is
-    /// rounded up to a multiple of `global_batch`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bucketed(
-        sizes: &[usize],
-        shuffle: bool,
-        seed: u64,
-        epoch: u64,
-        window: usize,
-        interleave: usize,
-        lengths: Arc<[u32]>,
-        global_batch: usize,
-    ) -> Self {
+    /// This order with length bucketing for global batches of `global_batch` contexts:
+    /// `lengths` holds every context's stored length in compiled order. The window is rounded
+    /// up to a multiple of `global_batch` (the virtual sequence is rebuilt for it).
+    pub fn bucketed(self, lengths: Arc<[u32]>, global_batch: usize) -> Self {
         let batch = global_batch.max(1);
-        let window = window.max(1).div_ceil(batch).saturating_mul(batch);
-        let mut order = Self::new(sizes, shuffle, seed, epoch, window, interleave);
+        let window = self.window.div_ceil(batch).saturating_mul(batch);
+        let mut order = if window == self.window {
+            self
+        } else {
+            Self::new(
+                &self.sizes,
+                self.shuffle,
+                self.seed,
+                self.epoch,
+                window,
+                self.interleave,
+            )
+        };
         assert_eq!(
             lengths.len(),
             order.total,
@@ -282,6 +285,29 @@ impl EpochOrder {
                 (s.shard, s.offset + lo, s.offset + hi)
             })
             .collect()
+    }
+
+    /// The most distinct shards any two consecutive windows read: what must stay resident so
+    /// that a pass over this order never goes back to a shard it has let go of (a compressed
+    /// shard would be decompressed again).
+    pub fn shards_in_reach(&self) -> usize {
+        let windows = self.total.div_ceil(self.window).max(1);
+        let mut seen: Vec<usize> = Vec::new();
+        (0..windows)
+            .map(|w| {
+                let start = w * self.window;
+                seen.clear();
+                seen.extend(
+                    self.spans(start..start.saturating_add(2 * self.window))
+                        .into_iter()
+                        .map(|(shard, _, _)| shard),
+                );
+                seen.sort_unstable();
+                seen.dedup();
+                seen.len()
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Contexts per shard.
@@ -604,7 +630,7 @@ mod tests {
         let n: usize = sizes.iter().sum();
         // Lengths with many ties, in compiled order.
         let lengths: Arc<[u32]> = (0..n as u32).map(|i| (i * 7919) % 50).collect();
-        let o = EpochOrder::bucketed(&sizes, true, 7, 0, 50, 3, lengths.clone(), 16);
+        let o = EpochOrder::new(&sizes, true, 7, 0, 50, 3).bucketed(lengths.clone(), 16);
         assert_eq!(o.window(), 64, "rounded up to whole global batches");
         let a = all(&o);
         let mut sorted = a.clone();
@@ -629,21 +655,46 @@ mod tests {
             let tail: Vec<usize> = o.iter_from(start).map(|s| s.position).collect();
             assert_eq!(tail, a[start..]);
         }
-        let other = EpochOrder::bucketed(&sizes, true, 7, 1, 50, 3, lengths.clone(), 16);
+        let other = EpochOrder::new(&sizes, true, 7, 1, 50, 3).bucketed(lengths.clone(), 16);
         assert_ne!(a, all(&other));
         // Unshuffled: each window sorted by length, batches in order.
-        let flat = all(&EpochOrder::bucketed(
-            &sizes,
-            false,
-            7,
-            0,
-            50,
-            3,
-            lengths.clone(),
-            16,
-        ));
+        let flat = all(&EpochOrder::new(&sizes, false, 7, 0, 50, 3).bucketed(lengths.clone(), 16));
         for window in flat.chunks(64) {
             assert!(window.windows(2).all(|p| lengths[p[0]] <= lengths[p[1]]));
+        }
+    }
+
+    #[test]
+    fn shards_in_reach_covers_any_two_consecutive_windows() {
+        for (sizes, window, interleave) in [
+            (vec![10usize; 40], 64, 2),
+            (vec![100, 3, 50, 7, 80, 1, 64], 16, 3),
+            (vec![5; 9], 1000, 8),
+        ] {
+            let o = EpochOrder::new(&sizes, true, 9, 1, window, interleave);
+            let shards: Vec<usize> = o.iter_from(0).map(|s| s.shard).collect();
+            let brute = shards
+                .chunks(o.window())
+                .collect::<Vec<_>>()
+                .windows(2)
+                .map(|pair| {
+                    let mut d = pair.concat();
+                    d.sort_unstable();
+                    d.dedup();
+                    d.len()
+                })
+                .max()
+                .unwrap_or_else(|| {
+                    let mut d = shards.clone();
+                    d.sort_unstable();
+                    d.dedup();
+                    d.len()
+                });
+            assert_eq!(
+                o.shards_in_reach(),
+                brute,
+                "{sizes:?} {window} {interleave}"
+            );
         }
     }
 }
