@@ -251,6 +251,8 @@ struct Inspect {
     contexts: usize,
     shards: usize,
     bytes: u64,
+    compression: Option<String>,
+    stored_bytes: u64,
     padding_efficiency: f64,
     splits: Vec<InspectSplit>,
     tensors: Vec<InspectTensor>,
@@ -313,6 +315,7 @@ fn inspect_json_is_the_documented_interface() {
         i.contexts
     );
     assert!(i.compiled_at.unwrap().ends_with('Z'));
+    assert_eq!((i.compression, i.stored_bytes), (None, i.bytes), "a hot cache");
     let channel = i.columns.iter().find(|c| c.name == "channel").unwrap();
     assert_eq!(channel.distinct, Some(3));
     let docs =
