@@ -315,7 +315,11 @@ fn inspect_json_is_the_documented_interface() {
         i.contexts
     );
     assert!(i.compiled_at.unwrap().ends_with('Z'));
-    assert_eq!((i.compression, i.stored_bytes), (None, i.bytes), "a hot cache");
+    assert_eq!(
+        (i.compression, i.stored_bytes),
+        (None, i.bytes),
+        "a hot cache"
+    );
     let channel = i.columns.iter().find(|c| c.name == "channel").unwrap();
     assert_eq!(channel.distinct, Some(3));
     let docs =
