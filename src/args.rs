@@ -609,6 +609,10 @@ pub struct BenchArgs {
     /// Shards read side by side in the shuffled passes.
     #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
     pub interleave: usize,
+    /// Load only these tensors, comma-separated (e.g. x,length,y) [default: all]; memcpy then
+    /// counts their bytes only.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub columns: Vec<String>,
     /// Each pass (and memcpy) is the fastest of N epochs: short passes on a shared machine
     /// vary by tens of percent from run to run. (A compressed cache's decompression is timed
     /// once, on the first memcpy pass.)

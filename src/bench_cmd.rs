@@ -79,17 +79,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         threads,
         window: a.window,
         interleave: a.interleave,
+        columns: a.columns.clone(),
         ..Default::default()
     };
     let bucketed_opts = LoaderOptions {
         bucket: true,
         ..opts(true, threads)
     };
-    let (contexts, steps) = {
+    let (contexts, steps, per_context) = {
         let probe = cache.loader(opts(false, 0))?;
-        (probe.order().len(), probe.steps())
+        let loaded: usize = probe.tensor_specs().iter().map(|t| t.sample_bytes()).sum();
+        (probe.order().len(), probe.steps(), loaded)
     };
-    let per_context = cache.manifest().bytes_per_context();
     let bytes = (steps * a.batch_size * per_context) as u64;
     anyhow::ensure!(
         steps > 0,
