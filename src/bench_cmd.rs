@@ -2,7 +2,6 @@
 
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
-use dsc_loader::order::{padding, Padding, Steps};
 use dsc_loader::{Cache, LoaderOptions};
 use serde::Serialize;
 use std::time::Instant;
@@ -205,13 +204,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         gbps_decompress: compressed.then(|| shard_total as f64 / 1e9 / decompress_s),
         bucketed: match bucketed_pass {
             Some((seconds, yielded)) => {
-                let lengths = cache.lengths(&a.split)?;
-                let max_len = cache.manifest().max_len();
-                let figures = |o: LoaderOptions| -> anyhow::Result<Padding> {
-                    let loader = cache.loader(LoaderOptions { threads: 0, ..o })?;
-                    let steps = Steps::new(loader.order().len(), a.batch_size, 1, true);
-                    Ok(padding(loader.order(), &steps, &lengths, max_len))
-                };
+                let figures =
+                    |o: LoaderOptions| cache.loader(LoaderOptions { threads: 0, ..o })?.padding();
                 Some(Bucketed {
                     contexts_per_s_bucketed: epoch_contexts / seconds,
                     gbps_bucketed: yielded as f64 / 1e9 / seconds,

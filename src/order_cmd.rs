@@ -3,7 +3,7 @@
 use crate::args::OrderArgs;
 use crate::output::{bold, bytes, outln};
 use anyhow::Context as _;
-use dsc_loader::order::{padding, Padding, Quality};
+use dsc_loader::order::{Padding, Quality};
 use dsc_loader::{Cache, Loader, LoaderOptions, State};
 use serde::Serialize;
 
@@ -35,14 +35,12 @@ struct Figures {
     padding: Padding,
 }
 
-fn figures(cache: &Cache, loader: &Loader, lengths: &[u32]) -> Figures {
+fn figures(loader: &Loader) -> anyhow::Result<Figures> {
     let o = loader.options();
-    let order = loader.order();
-    let steps = dsc_loader::order::Steps::new(order.len(), o.batch_size, o.world_size, o.drop_last);
-    Figures {
-        quality: order.quality(o.batch_size * o.world_size),
-        padding: padding(order, &steps, lengths, cache.manifest().max_len()),
-    }
+    Ok(Figures {
+        quality: loader.order().quality(o.batch_size * o.world_size),
+        padding: loader.padding()?,
+    })
 }
 
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
@@ -103,18 +101,17 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
-    let lengths = cache.lengths(&loader.options().split)?;
     let order = loader.order();
     let unbucketed = if order.is_bucketed() {
         let plain = cache.loader(LoaderOptions {
             bucket: false,
             ..loader.options().clone()
         })?;
-        Some(figures(&cache, &plain, &lengths))
+        Some(figures(&plain)?)
     } else {
         None
     };
-    let figures = figures(&cache, &loader, &lengths);
+    let figures = figures(&loader)?;
     let per_context = cache.manifest().bytes_per_context() as u64;
     let report = Report {
         split: a.split.clone(),

@@ -187,11 +187,17 @@ fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Resu
     Ok(out)
 }
 
+/// Whether shard `entry` is stored in `storage`'s form already.
+fn stored_as(entry: &ShardEntry, storage: Storage) -> bool {
+    entry.compressed.as_ref().map(|c| c.codec) == storage.codec()
+}
+
+/// Shards of `manifest` a conversion to `storage` rewrites.
 fn shards_in(manifest: &Manifest, storage: Storage) -> usize {
     manifest
         .shards()
         .iter()
-        .filter(|s| s.compressed.as_ref().map(|c| c.codec) != storage.codec())
+        .filter(|s| !stored_as(s, storage))
         .count()
 }
 
@@ -245,7 +251,7 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
         .shards()
         .par_iter()
         .map(|entry| {
-            if entry.compressed.as_ref().map(|c| c.codec) == storage.codec() {
+            if stored_as(entry, storage) {
                 link_or_copy(&dir.join(&entry.file), &staging.dir.join(&entry.file))?;
                 return Ok(entry.clone());
             }

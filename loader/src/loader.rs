@@ -717,6 +717,22 @@ impl Loader {
         &self.hints.plan.order
     }
 
+    /// What padding costs in this epoch's batches, every rank's ([`crate::order::padding`]),
+    /// from the split's stored lengths.
+    pub fn padding(&self) -> Result<crate::order::Padding, LoadError> {
+        let plan = &self.hints.plan;
+        let cache = Cache {
+            inner: plan.cache.clone(),
+        };
+        let lengths = cache.lengths(&self.opts.split)?;
+        Ok(crate::order::padding(
+            &plan.order,
+            &plan.steps,
+            &lengths,
+            plan.cache.manifest.max_len(),
+        ))
+    }
+
     /// The tensors each batch holds (the `columns` asked for, in manifest order).
     pub fn tensor_specs(&self) -> &[TensorSpec] {
         &self.hints.plan.tensors
