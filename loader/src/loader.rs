@@ -11,9 +11,10 @@ use dsc_format::spec::format_size;
 use dsc_format::{TensorRole, TensorSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// What to load. Every field has a documented default (`LoaderOptions::default()`).
 #[derive(Debug, Clone, PartialEq)]
@@ -216,16 +217,19 @@ impl Plan {
         Ok(Resolved(held))
     }
 
+    /// The bytes of shard `shard`: its map, or (compressed) its bytes in `held`.
+    fn shard_bytes<'a>(&'a self, shard: usize, held: &'a Resolved<'a>) -> &'a [u8] {
+        match &self.shards()[shard].body {
+            Body::Mapped(map) => map.bytes(),
+            Body::Cold(_) => held.get(shard),
+        }
+    }
+
     /// The bytes of sample `s` of the manifest's tensor `slot`.
     fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize, held: &'a Resolved<'a>) -> &'a [u8] {
-        let shard = &self.shards()[s.shard];
         let size = self.cache.manifest.tensors()[slot].sample_bytes();
-        let start = shard.tensor_starts[slot] + s.offset * size;
-        let bytes: &[u8] = match &shard.body {
-            Body::Mapped(map) => map.bytes(),
-            Body::Cold(_) => held.get(s.shard),
-        };
-        &bytes[start..start + size]
+        let start = self.shards()[s.shard].tensor_starts[slot] + s.offset * size;
+        &self.shard_bytes(s.shard, held)[start..start + size]
     }
 
     fn stored_length(&self, s: &Sample, held: &Resolved<'_>) -> usize {
@@ -285,11 +289,24 @@ impl Plan {
         seq_len: usize,
         dst: &mut [&mut [u8]],
     ) {
+        // Everything but the copies is looked up once per batch or tensor: at a few dozen
+        // nanoseconds per sample and tensor, the lookups cost a sixth of the gather.
+        let shards = self.shards();
+        let bodies: Vec<&[u8]> = samples
+            .iter()
+            .map(|s| self.shard_bytes(s.shard, held))
+            .collect();
         for (t, out) in dst.iter_mut().enumerate() {
             let n = self.copy_bytes(t, seq_len);
+            if n == 0 {
+                continue;
+            }
             let slot = self.slots[t];
-            for (i, s) in samples.iter().enumerate() {
-                out[i * n..(i + 1) * n].copy_from_slice(&self.sample_bytes(s, slot, held)[..n]);
+            let size = self.tensors[t].sample_bytes();
+            let rows = out.chunks_exact_mut(n);
+            for ((s, bytes), row) in samples.iter().zip(&bodies).zip(rows) {
+                let start = shards[s.shard].tensor_starts[slot] + s.offset * size;
+                row.copy_from_slice(&bytes[start..start + n]);
             }
         }
     }
@@ -460,6 +477,8 @@ pub struct Loader {
     advisor: Option<JoinHandle<()>>,
     hints: Arc<Hints>,
     window_cache: (usize, Vec<u32>),
+    /// Poll for batches before sleeping: the loader threads leave this thread a core.
+    poll: bool,
 }
 
 /// The page-cache hints of one loader, shared with its [`Filler`]s.
@@ -652,6 +671,8 @@ impl Loader {
             cold,
         });
         let first_step = first_step.min(steps.steps);
+        let poll = opts.threads > 0
+            && opts.threads < std::thread::available_parallelism().map_or(1, usize::from);
         let mut loader = Loader {
             opts,
             first_step,
@@ -664,6 +685,7 @@ impl Loader {
                 advised: AtomicUsize::new(usize::MAX),
             }),
             window_cache: (usize::MAX, Vec::new()),
+            poll,
         };
         loader.spawn()?;
         Ok(loader)
@@ -824,10 +846,7 @@ impl Iterator for Loader {
                 .build(self.next_step, &mut self.window_cache)
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
-            self.workers[k]
-                .0
-                .recv()
-                .unwrap_or(Err(LoadError::WorkerLost))
+            receive(&self.workers[k].0, self.poll)
         };
         self.hints.hint(self.next_step, self.opts.rank);
         match batch {
@@ -841,6 +860,31 @@ impl Iterator for Loader {
             }
         }
     }
+}
+
+/// How long a consumer with a core to spare polls for its next batch before it sleeps.
+///
+/// A sleeping consumer has to be woken by the worker that sends it the batch, and on a virtual
+/// machine waking an idle core is an interrupt the hypervisor delivers: measured on a 2-core VM,
+/// those wake-ups took a quarter of a lone loader thread's time (docs/PERFORMANCE.md, "Handing
+/// batches over"). A batch takes a few hundred microseconds to gather, so most waits end inside
+/// this time.
+const POLL: Duration = Duration::from_micros(300);
+
+/// The next batch of a worker: polled for up to [`POLL`] first when `poll`, then waited for.
+fn receive(rx: &Receiver<Built>, poll: bool) -> Built {
+    if poll {
+        let start = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(built) => return built,
+                Err(TryRecvError::Disconnected) => return Err(LoadError::WorkerLost),
+                Err(TryRecvError::Empty) if start.elapsed() < POLL => std::hint::spin_loop(),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+    }
+    rx.recv().unwrap_or(Err(LoadError::WorkerLost))
 }
 
 impl Drop for Loader {
