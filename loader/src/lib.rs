@@ -29,6 +29,7 @@ mod batch;
 mod body;
 mod cache;
 mod error;
+mod handoff;
 mod loader;
 mod mmap;
 pub mod order;

@@ -5,13 +5,14 @@ use crate::batch::{Batch, BatchTensor, Pool};
 use crate::body::{Body, ShardBytes};
 use crate::cache::{Cache, Inner, Shard};
 use crate::error::LoadError;
+use crate::handoff::{handoff, Receiver};
 use crate::mmap::Mapped;
 use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spec::format_size;
 use dsc_format::{TensorRole, TensorSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -708,7 +709,7 @@ impl Loader {
         *self.hints.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let threads = self.opts.threads;
         for k in 0..threads {
-            let (tx, rx) = sync_channel::<Built>(self.opts.prefetch.max(1));
+            let (tx, rx) = handoff::<Built>(self.opts.prefetch.max(1));
             let plan = self.hints.plan.clone();
             let (first, total) = (self.first_step, self.hints.plan.steps.steps);
             let handle = std::thread::Builder::new()
@@ -878,9 +879,9 @@ fn receive(rx: &Receiver<Built>, poll: bool) -> Built {
         loop {
             match rx.try_recv() {
                 Ok(built) => return built,
-                Err(TryRecvError::Disconnected) => return Err(LoadError::WorkerLost),
-                Err(TryRecvError::Empty) if start.elapsed() < POLL => std::hint::spin_loop(),
-                Err(TryRecvError::Empty) => break,
+                Err(true) => return Err(LoadError::WorkerLost),
+                Err(false) if start.elapsed() < POLL => std::hint::spin_loop(),
+                Err(false) => break,
             }
         }
     }

@@ -1,0 +1,253 @@
+//! Batches from a loader thread to the consumer: a bounded queue that wakes a waiting consumer
+//! once per full queue, not once per batch.
+//!
+//! A consumer faster than its loader threads finds the queue empty at every batch and sleeps;
+//! with a plain channel each batch sent then wakes it, and on a virtual machine that wake-up (an
+//! interrupt to a sleeping vCPU) costs the sending thread a large share of its time
+//! (docs/PERFORMANCE.md, "Handing batches over"). Here a consumer that finds the queue empty
+//! sleeps until the queue is one short of full or the thread is done, and then takes what is
+//! queued without sleeping again: one wake-up per `capacity - 1` batches. A consumer slower than
+//! its threads never finds the queue empty and never waits; it wakes a thread blocked on a full
+//! queue once per batch, as before, at its own cost.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+#[derive(Debug)]
+struct State<T> {
+    items: VecDeque<T>,
+    /// The consumer sleeps until the queue reaches `wake_at` or the sender is gone.
+    consumer_waiting: bool,
+    /// The sender sleeps until the queue has room or the receiver is gone.
+    sender_waiting: bool,
+    sender_gone: bool,
+    receiver_gone: bool,
+    /// The consumer has taken an item: before that it is woken by the first one, so that an
+    /// epoch's first batch is not held back waiting for the queue to fill.
+    started: bool,
+}
+
+#[derive(Debug)]
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    filled: Condvar,
+    emptied: Condvar,
+    capacity: usize,
+    /// Queue length at which a sleeping consumer is woken: one short of full, so that the
+    /// sender can queue one more batch while the consumer wakes instead of waiting for it
+    /// (waking at full measured no better than waking per batch).
+    wake_at: usize,
+}
+
+impl<T> Shared<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // Neither side panics while holding the lock; recover the state if one ever did.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The loader thread's end.
+#[derive(Debug)]
+pub(crate) struct Sender<T>(Arc<Shared<T>>);
+
+/// The consumer's end.
+#[derive(Debug)]
+pub(crate) struct Receiver<T>(Arc<Shared<T>>);
+
+/// A queue of at most `capacity` (at least 1) items.
+pub(crate) fn handoff<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            items: VecDeque::new(),
+            consumer_waiting: false,
+            sender_waiting: false,
+            sender_gone: false,
+            receiver_gone: false,
+            started: false,
+        }),
+        filled: Condvar::new(),
+        emptied: Condvar::new(),
+        capacity: capacity.max(1),
+        wake_at: capacity.saturating_sub(1).max(1),
+    });
+    (Sender(shared.clone()), Receiver(shared))
+}
+
+impl<T> Sender<T> {
+    /// Queues `item`, waiting while the queue is full; gives it back when the receiver is gone.
+    pub fn send(&self, item: T) -> Result<(), T> {
+        let shared = &*self.0;
+        let mut state = shared.lock();
+        while state.items.len() >= shared.capacity && !state.receiver_gone {
+            state.sender_waiting = true;
+            state = shared
+                .emptied
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        state.sender_waiting = false;
+        if state.receiver_gone {
+            return Err(item);
+        }
+        state.items.push_back(item);
+        let wake_at = if state.started { shared.wake_at } else { 1 };
+        if state.consumer_waiting && state.items.len() >= wake_at {
+            state.consumer_waiting = false;
+            shared.filled.notify_one();
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.sender_gone = true;
+        state.consumer_waiting = false;
+        self.0.filled.notify_one();
+    }
+}
+
+impl<T> Receiver<T> {
+    /// The next item, if one is queued; `Err(true)` when none is and none will come.
+    pub fn try_recv(&self) -> Result<T, bool> {
+        let mut state = self.0.lock();
+        self.take(&mut state).ok_or(state.sender_gone)
+    }
+
+    /// The next item, waiting for the sender when the queue is empty (until it is one short of
+    /// full, or the sender is gone); `None` when the sender is gone and the queue is empty.
+    pub fn recv(&self) -> Option<T> {
+        let shared = &*self.0;
+        let mut state = shared.lock();
+        loop {
+            if let Some(item) = self.take(&mut state) {
+                return Some(item);
+            }
+            if state.sender_gone {
+                return None;
+            }
+            state.consumer_waiting = true;
+            while state.consumer_waiting && !state.sender_gone {
+                state = shared.filled.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+    }
+
+    fn take(&self, state: &mut State<T>) -> Option<T> {
+        let item = state.items.pop_front()?;
+        state.started = true;
+        if state.sender_waiting {
+            state.sender_waiting = false;
+            self.0.emptied.notify_one();
+        }
+        Some(item)
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.receiver_gone = true;
+        state.items.clear();
+        self.0.emptied.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_arrive_in_order_and_the_end_is_seen() {
+        for capacity in [1, 2, 4, 7] {
+            let (tx, rx) = handoff(capacity);
+            let sender = std::thread::spawn(move || {
+                for i in 0..1000u32 {
+                    tx.send(i).expect("receiver alive");
+                }
+            });
+            let got: Vec<u32> = std::iter::from_fn(|| rx.recv()).collect();
+            sender.join().expect("sender");
+            assert_eq!(got, (0..1000).collect::<Vec<_>>(), "capacity {capacity}");
+            assert_eq!(rx.try_recv(), Err(true));
+        }
+    }
+
+    #[test]
+    fn a_waiting_consumer_is_woken_by_the_first_item_then_by_groups() {
+        let (tx, rx) = handoff(4);
+        let consumer = std::thread::spawn(move || {
+            let first = rx.recv();
+            // Waits with an empty queue: only the third queued item may wake it.
+            let second = rx.recv();
+            (first, second, std::iter::from_fn(|| rx.recv()).count())
+        });
+        let wait_for_sleep = || std::thread::sleep(std::time::Duration::from_millis(30));
+        wait_for_sleep();
+        tx.send(0u32).expect("alive");
+        wait_for_sleep();
+        tx.send(1).expect("alive");
+        wait_for_sleep();
+        tx.send(2).expect("alive");
+        wait_for_sleep();
+        {
+            let state = tx.0.lock();
+            assert!(state.consumer_waiting, "woken before the queue held three");
+            assert_eq!(state.items.len(), 2);
+        }
+        tx.send(3).expect("alive");
+        drop(tx);
+        let (first, second, rest) = consumer.join().expect("consumer");
+        assert_eq!((first, second, rest), (Some(0), Some(1), 2));
+    }
+
+    #[test]
+    fn a_short_stream_ends_without_filling_the_queue() {
+        let (tx, rx) = handoff(8);
+        let sender = std::thread::spawn(move || {
+            tx.send(1).expect("alive");
+            tx.send(2).expect("alive");
+        });
+        assert_eq!(rx.recv(), Some(1));
+        assert_eq!(rx.recv(), Some(2));
+        assert_eq!(rx.recv(), None);
+        sender.join().expect("sender");
+    }
+
+    #[test]
+    fn the_queue_never_holds_more_than_its_capacity() {
+        let (tx, rx) = handoff(3);
+        let sender = std::thread::spawn(move || {
+            for i in 0..10u32 {
+                tx.send(i).expect("alive");
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(rx.0.lock().items.len(), 3);
+        assert_eq!(std::iter::from_fn(|| rx.recv()).count(), 10);
+        sender.join().expect("sender");
+    }
+
+    #[test]
+    fn a_sender_blocked_on_a_full_queue_is_released_when_the_receiver_goes() {
+        let (tx, rx) = handoff(1);
+        let sender = std::thread::spawn(move || {
+            tx.send(0u32).expect("alive");
+            tx.send(1)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(rx);
+        assert_eq!(sender.join().expect("sender"), Err(1));
+    }
+
+    #[test]
+    fn try_recv_tells_empty_from_finished() {
+        let (tx, rx) = handoff::<u32>(2);
+        assert_eq!(rx.try_recv(), Err(false));
+        tx.send(5).expect("alive");
+        drop(tx);
+        assert_eq!(rx.try_recv(), Ok(5));
+        assert_eq!(rx.try_recv(), Err(true));
+    }
+}
