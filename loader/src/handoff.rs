@@ -46,6 +46,15 @@ impl<T> Shared<T> {
     }
 }
 
+/// Why [`Receiver::try_recv`] has no item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Empty {
+    /// None is queued yet.
+    Waiting,
+    /// None is queued and the sender is gone.
+    Finished,
+}
+
 /// The loader thread's end.
 #[derive(Debug)]
 pub(crate) struct Sender<T>(Arc<Shared<T>>);
@@ -109,10 +118,14 @@ impl<T> Drop for Sender<T> {
 }
 
 impl<T> Receiver<T> {
-    /// The next item, if one is queued; `Err(true)` when none is and none will come.
-    pub fn try_recv(&self) -> Result<T, bool> {
+    /// The next item, if one is queued; else whether one may still come.
+    pub fn try_recv(&self) -> Result<T, Empty> {
         let mut state = self.0.lock();
-        self.take(&mut state).ok_or(state.sender_gone)
+        self.take(&mut state).ok_or(if state.sender_gone {
+            Empty::Finished
+        } else {
+            Empty::Waiting
+        })
     }
 
     /// The next item, waiting for the sender when the queue is empty (until it is one short of
@@ -170,7 +183,7 @@ mod tests {
             let got: Vec<u32> = std::iter::from_fn(|| rx.recv()).collect();
             sender.join().expect("sender");
             assert_eq!(got, (0..1000).collect::<Vec<_>>(), "capacity {capacity}");
-            assert_eq!(rx.try_recv(), Err(true));
+            assert_eq!(rx.try_recv(), Err(Empty::Finished));
         }
     }
 
@@ -244,10 +257,10 @@ mod tests {
     #[test]
     fn try_recv_tells_empty_from_finished() {
         let (tx, rx) = handoff::<u32>(2);
-        assert_eq!(rx.try_recv(), Err(false));
+        assert_eq!(rx.try_recv(), Err(Empty::Waiting));
         tx.send(5).expect("alive");
         drop(tx);
         assert_eq!(rx.try_recv(), Ok(5));
-        assert_eq!(rx.try_recv(), Err(true));
+        assert_eq!(rx.try_recv(), Err(Empty::Finished));
     }
 }

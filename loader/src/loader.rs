@@ -5,7 +5,7 @@ use crate::batch::{Batch, BatchTensor, Pool};
 use crate::body::{Body, ShardBytes};
 use crate::cache::{Cache, Inner, Shard};
 use crate::error::LoadError;
-use crate::handoff::{handoff, Receiver};
+use crate::handoff::{handoff, Empty, Receiver};
 use crate::mmap::Mapped;
 use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spec::format_size;
@@ -879,9 +879,9 @@ fn receive(rx: &Receiver<Built>, poll: bool) -> Built {
         loop {
             match rx.try_recv() {
                 Ok(built) => return built,
-                Err(true) => return Err(LoadError::WorkerLost),
-                Err(false) if start.elapsed() < POLL => std::hint::spin_loop(),
-                Err(false) => break,
+                Err(Empty::Finished) => return Err(LoadError::WorkerLost),
+                Err(Empty::Waiting) if start.elapsed() < POLL => std::hint::spin_loop(),
+                Err(Empty::Waiting) => break,
             }
         }
     }
