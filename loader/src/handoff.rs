@@ -187,6 +187,16 @@ mod tests {
         }
     }
 
+    /// Polls until `cond` holds of the queue's state: the tests wait for a state, never for a
+    /// time, so that a slow machine cannot make them fail.
+    fn wait_until<T>(shared: &Shared<T>, cond: impl Fn(&State<T>) -> bool) {
+        let start = std::time::Instant::now();
+        while !cond(&shared.lock()) {
+            assert!(start.elapsed().as_secs() < 60, "never reached");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn a_waiting_consumer_is_woken_by_the_first_item_then_by_groups() {
         let (tx, rx) = handoff(4);
@@ -196,14 +206,11 @@ mod tests {
             let second = rx.recv();
             (first, second, std::iter::from_fn(|| rx.recv()).count())
         });
-        let wait_for_sleep = || std::thread::sleep(std::time::Duration::from_millis(30));
-        wait_for_sleep();
+        wait_until(&tx.0, |s| s.consumer_waiting);
         tx.send(0u32).expect("alive");
-        wait_for_sleep();
+        wait_until(&tx.0, |s| s.consumer_waiting && s.started);
         tx.send(1).expect("alive");
-        wait_for_sleep();
         tx.send(2).expect("alive");
-        wait_for_sleep();
         {
             let state = tx.0.lock();
             assert!(state.consumer_waiting, "woken before the queue held three");
@@ -236,7 +243,7 @@ mod tests {
                 tx.send(i).expect("alive");
             }
         });
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        wait_until(&rx.0, |s| s.sender_waiting);
         assert_eq!(rx.0.lock().items.len(), 3);
         assert_eq!(std::iter::from_fn(|| rx.recv()).count(), 10);
         sender.join().expect("sender");
@@ -249,7 +256,7 @@ mod tests {
             tx.send(0u32).expect("alive");
             tx.send(1)
         });
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        wait_until(&rx.0, |s| s.sender_waiting);
         drop(rx);
         assert_eq!(sender.join().expect("sender"), Err(1));
     }
