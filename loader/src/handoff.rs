@@ -5,13 +5,18 @@
 //! with a plain channel each batch sent then wakes it, and on a virtual machine that wake-up (an
 //! interrupt to a sleeping vCPU) costs the sending thread a large share of its time
 //! (docs/PERFORMANCE.md, "Handing batches over"). Here a consumer that finds the queue empty
-//! sleeps until the queue is one short of full or the thread is done, and then takes what is
-//! queued without sleeping again: one wake-up per `capacity - 1` batches. A consumer slower than
-//! its threads never finds the queue empty and never waits; it wakes a thread blocked on a full
-//! queue once per batch, as before, at its own cost.
+//! sleeps until the queue is one short of full (three batches at most) or the thread is done,
+//! and then takes what is queued without sleeping again: one wake-up per `capacity - 1`
+//! batches. A consumer slower than its threads never finds the queue empty and never waits; it
+//! wakes a thread blocked on a full queue once per batch, as before, at its own cost.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// The most batches a sleeping consumer waits for. A wake-up per three batches already saves
+/// two thirds of the cost; a larger group would only let a loader's other threads fill their
+/// queues and stop while the consumer waits on one of them.
+const MAX_GROUP: usize = 3;
 
 #[derive(Debug)]
 struct State<T> {
@@ -33,9 +38,9 @@ struct Shared<T> {
     filled: Condvar,
     emptied: Condvar,
     capacity: usize,
-    /// Queue length at which a sleeping consumer is woken: one short of full, so that the
-    /// sender can queue one more batch while the consumer wakes instead of waiting for it
-    /// (waking at full measured no better than waking per batch).
+    /// Queue length at which a sleeping consumer is woken: one short of full (at most
+    /// [`MAX_GROUP`]), so that the sender can queue one more batch while the consumer wakes
+    /// instead of waiting for it (waking at full measured no better than waking per batch).
     wake_at: usize,
 }
 
@@ -77,7 +82,7 @@ pub(crate) fn handoff<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         filled: Condvar::new(),
         emptied: Condvar::new(),
         capacity: capacity.max(1),
-        wake_at: capacity.saturating_sub(1).max(1),
+        wake_at: capacity.saturating_sub(1).clamp(1, MAX_GROUP),
     });
     (Sender(shared.clone()), Receiver(shared))
 }
