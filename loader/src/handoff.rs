@@ -1,5 +1,5 @@
 //! Batches from a loader thread to the consumer: a bounded queue that wakes a waiting consumer
-//! once per full queue, not once per batch.
+//! once per few batches, not once per batch.
 //!
 //! A consumer faster than its loader threads finds the queue empty at every batch and sleeps;
 //! with a plain channel each batch sent then wakes it, and on a virtual machine that wake-up (an
