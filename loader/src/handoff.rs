@@ -117,7 +117,6 @@ impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         let mut state = self.0.lock();
         state.sender_gone = true;
-        state.consumer_waiting = false;
         self.0.filled.notify_one();
     }
 }
