@@ -406,6 +406,37 @@ fn batch_bytes_equal_the_shard_bytes_of_those_contexts() {
     }
 }
 
+/// A cache's loaders hand their gather buffers on: the second epoch (a new loader) allocates
+/// none, so it does not fault in and zero fresh pages again.
+#[test]
+fn later_epochs_reuse_the_gather_buffers() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let epoch = |epoch: u64| {
+        // Gathered in this thread (threads: 0), so that its allocations are the loader's.
+        let loader = cache
+            .loader(LoaderOptions {
+                epoch,
+                threads: 0,
+                ..opts(64)
+            })
+            .unwrap();
+        // Counted from the first batch on: building a loader copies the manifest's tensor
+        // specs (a vocabulary among them), which is not what this test is about.
+        let before = large_allocations_on_this_thread();
+        let mut batches = 0;
+        for batch in loader {
+            let batch = batch.unwrap();
+            assert!(batch.tensor("x").unwrap().bytes().len() >= 64 << 10);
+            batches += 1;
+        }
+        assert!(batches > 3);
+        large_allocations_on_this_thread() - before
+    };
+    assert!(epoch(0) > 0, "the first epoch allocates its buffers");
+    assert_eq!(epoch(1), 0, "the next epoch's loader reuses them");
+    assert_eq!(epoch(2), 0);
+}
+
 #[test]
 fn next_into_fills_caller_buffers_like_the_iterator() {
     let cache = Cache::open(cache_dir()).unwrap();

@@ -3,21 +3,28 @@
 
 use crate::cache::{Inner, Shard};
 use dsc_format::{Dtype, TensorRole};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Reusable gather buffers shared by a loader's threads.
+/// Reusable gather buffers, one pool per open cache: shared by a loader's threads and kept
+/// from one loader (epoch) to the next.
+///
+/// Why per cache and not per loader: a loader's first batches would otherwise fault in and zero
+/// fresh pages for every buffer, and dropping the loader unmap them again (TLB shootdowns on
+/// every core): measured at 30,000 page faults in 20 two-thread epochs of `dsc bench`'s cache,
+/// against 13,000 when each epoch reuses the last one's buffers.
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
     free: Mutex<Vec<Vec<u8>>>,
-    limit: usize,
+    /// Freed buffers kept: the most any loader of the cache has asked for (so the memory held
+    /// between epochs is what one epoch's loader needed anyway).
+    limit: AtomicUsize,
 }
 
 impl Pool {
-    pub fn new(limit: usize) -> Arc<Pool> {
-        Arc::new(Pool {
-            free: Mutex::new(Vec::new()),
-            limit,
-        })
+    /// Keeps at least `n` freed buffers from now on.
+    pub fn keep_at_least(&self, n: usize) {
+        self.limit.fetch_max(n, Ordering::Relaxed);
     }
 
     /// A buffer of at least `len` bytes (contents unspecified): the smallest freed one that
@@ -43,7 +50,7 @@ impl Pool {
 
     fn give(&self, buf: Vec<u8>) {
         let mut free = self.free.lock().expect("pool lock");
-        if free.len() < self.limit {
+        if free.len() < self.limit.load(Ordering::Relaxed) {
             free.push(buf);
         }
     }

@@ -1,5 +1,6 @@
 //! Opening a cache: read the manifest, validate every shard's size and header, map it.
 
+use crate::batch::Pool;
 use crate::body::{Body, Cold, Resident, ShardBytes};
 use crate::error::LoadError;
 use crate::loader::{Loader, LoaderOptions, State};
@@ -38,6 +39,8 @@ pub(crate) struct Inner {
     pub resident: Resident,
     /// Each split's stored lengths, once read (for length bucketing).
     pub lengths: Vec<OnceLock<Arc<[u32]>>>,
+    /// Gather buffers, shared by this cache's loaders.
+    pub pool: Arc<Pool>,
 }
 
 /// An open cache. Cheap to clone; loaders share it.
@@ -131,6 +134,7 @@ impl Cache {
                 lengths: splits.iter().map(|_| OnceLock::new()).collect(),
                 splits,
                 resident: Resident::default(),
+                pool: Arc::default(),
             }),
         })
     }

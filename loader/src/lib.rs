@@ -33,6 +33,7 @@ mod handoff;
 mod loader;
 mod mmap;
 pub mod order;
+mod rows;
 pub mod sigbus;
 
 pub use batch::{Batch, BatchTensor};

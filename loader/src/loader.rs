@@ -8,6 +8,7 @@ use crate::error::LoadError;
 use crate::handoff::{handoff, Empty, Receiver};
 use crate::mmap::Mapped;
 use crate::order::{EpochOrder, Sample, Steps, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use crate::rows;
 use dsc_format::spec::format_size;
 use dsc_format::{TensorRole, TensorSpec};
 use serde::{Deserialize, Serialize};
@@ -304,11 +305,11 @@ impl Plan {
             }
             let slot = self.slots[t];
             let size = self.tensors[t].sample_bytes();
-            let rows = out.chunks_exact_mut(n);
-            for ((s, bytes), row) in samples.iter().zip(&bodies).zip(rows) {
-                let start = shards[s.shard].tensor_starts[slot] + s.offset * size;
-                row.copy_from_slice(&bytes[start..start + n]);
-            }
+            let count = samples.len();
+            rows::gather(&mut out[..count * n], n, count, |i| {
+                let start = shards[samples[i].shard].tensor_starts[slot] + samples[i].offset * size;
+                &bodies[i][start..start + n]
+            });
         }
     }
 
@@ -664,7 +665,13 @@ impl Loader {
             steps,
             rank: opts.rank,
             trim: opts.trim || opts.bucket,
-            pool: Pool::new((opts.prefetch + 2) * (opts.threads + 1) * tensors.len()),
+            pool: {
+                // What one loader can have in flight: each thread's queue and the batch it
+                // builds, and the consumer's, per tensor.
+                let pool = cache.inner.pool.clone();
+                pool.keep_at_least((opts.prefetch + 2) * (opts.threads + 1) * tensors.len());
+                pool
+            },
             tensors,
             slots,
             length_index,

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+mod allocations;
+pub use allocations::large_allocations_on_this_thread;
+
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, TimestampMicrosecondType,
