@@ -171,6 +171,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         }
         Ok(best)
     };
+    // The threads that run: a resident split starts at most one per core.
+    let threads = cache.loader(opts(true, threads))?.threads();
     let (one_s, _) = pass(opts(true, 1))?;
     let (many_s, _) = pass(opts(true, threads))?;
     let bucketed_pass = if a.bucket {

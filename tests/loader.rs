@@ -437,6 +437,25 @@ fn later_epochs_reuse_the_gather_buffers() {
     assert_eq!(epoch(2), 0);
 }
 
+/// Threads beyond the cores only take turns on them where the gather never waits on the
+/// disk: a resident split runs one per core at most, and yields the same batches.
+#[test]
+fn a_resident_split_runs_at_most_one_thread_per_core() {
+    let cache = Cache::open(cache_dir()).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let with = |threads: usize| LoaderOptions {
+        threads,
+        ..opts(16)
+    };
+    assert_eq!(cache.loader(with(cores + 3)).unwrap().threads(), cores);
+    assert_eq!(cache.loader(with(1)).unwrap().threads(), 1);
+    assert_eq!(cache.loader(with(0)).unwrap().threads(), 0);
+    assert_eq!(
+        keys_by_step(&cache, with(cores + 3)),
+        keys_by_step(&cache, with(1))
+    );
+}
+
 #[test]
 fn next_into_fills_caller_buffers_like_the_iterator() {
     let cache = Cache::open(cache_dir()).unwrap();

@@ -41,7 +41,10 @@ pub struct LoaderOptions {
     /// Batches prepared ahead per thread [default: 4].
     pub prefetch: usize,
     /// Background threads preparing batches; 0 prepares them in the caller's thread
-    /// [default: 1].
+    /// [default: 1]. A hot split kept resident in memory (one that fits a quarter of it) runs
+    /// at most one thread per core the process may use: its gather never waits on the disk,
+    /// so further threads only take turns on the same cores (3 threads on 2 cores gathered
+    /// a fifth slower than 2). [`Loader::threads`] says how many run.
     pub threads: usize,
     /// Cut sequence tensors to the longest stored length in the batch [default: false].
     pub trim: bool,
@@ -471,6 +474,8 @@ type Built = Result<Batch, LoadError>;
 #[derive(Debug)]
 pub struct Loader {
     opts: LoaderOptions,
+    /// Background threads started (`opts.threads`, or fewer: see [`LoaderOptions::threads`]).
+    threads: usize,
     first_step: usize,
     next_step: usize,
     workers: Vec<(Receiver<Built>, JoinHandle<()>)>,
@@ -654,6 +659,13 @@ impl Loader {
             .filter(|&i| opts.columns.is_empty() || opts.columns.contains(&all[i].name))
             .collect();
         let tensors: Vec<TensorSpec> = slots.iter().map(|&i| all[i].clone()).collect();
+        let keep_resident = split_bytes <= resident_budget() as u64;
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads = if keep_resident && !cold {
+            opts.threads.min(cores)
+        } else {
+            opts.threads
+        };
         let length_index = all
             .iter()
             .position(|t| t.role == TensorRole::Length)
@@ -669,20 +681,20 @@ impl Loader {
                 // What one loader can have in flight: each thread's queue and the batch it
                 // builds, and the consumer's, per tensor.
                 let pool = cache.inner.pool.clone();
-                pool.keep_at_least((opts.prefetch + 2) * (opts.threads + 1) * tensors.len());
+                pool.keep_at_least((opts.prefetch + 2) * (threads + 1) * tensors.len());
                 pool
             },
             tensors,
             slots,
             length_index,
-            keep_resident: split_bytes <= resident_budget() as u64,
+            keep_resident,
             cold,
         });
         let first_step = first_step.min(steps.steps);
-        let poll = opts.threads > 0
-            && opts.threads < std::thread::available_parallelism().map_or(1, usize::from);
+        let poll = threads > 0 && threads < cores;
         let mut loader = Loader {
             opts,
+            threads,
             first_step,
             next_step: first_step,
             workers: Vec::new(),
@@ -714,7 +726,7 @@ impl Loader {
             .map_err(LoadError::Threads)?;
         self.advisor = Some(handle);
         *self.hints.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-        let threads = self.opts.threads;
+        let threads = self.threads;
         for k in 0..threads {
             let (tx, rx) = handoff::<Built>(self.opts.prefetch.max(1));
             let plan = self.hints.plan.clone();
@@ -735,6 +747,12 @@ impl Loader {
             self.workers.push((rx, handle));
         }
         Ok(())
+    }
+
+    /// Background threads preparing batches: the `threads` asked for, or one per core for a
+    /// hot split kept resident ([`LoaderOptions::threads`]).
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// Steps (batches per rank) in this epoch.
