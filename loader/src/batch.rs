@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 ///
 /// Why per cache and not per loader: a loader's first batches would otherwise fault in and zero
 /// fresh pages for every buffer, and dropping the loader unmap them again (TLB shootdowns on
-/// every core): measured at 30,000 page faults in 20 two-thread epochs of `dsc bench`'s cache,
-/// against 13,000 when each epoch reuses the last one's buffers.
+/// every core): 30 paired rounds of two-thread epochs on `dsc bench`'s cache took 59,337 page
+/// faults with a pool per loader and 8,745 with one per cache (docs/PERFORMANCE.md).
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
     free: Mutex<Vec<Vec<u8>>>,

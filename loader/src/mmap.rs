@@ -1,4 +1,5 @@
-//! The loader's only `unsafe` code: mapping shard files and advising the kernel about them.
+//! Mapping shard files and advising the kernel about them: with `sigbus`, the loader's `unsafe`
+//! code (besides a prefetch hint in `rows`).
 //!
 //! Safety argument. A memory map is only sound while nobody changes the file underneath it.
 //! We map read-only, privately, only files whose size and safetensors header were validated
