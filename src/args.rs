@@ -600,8 +600,8 @@ pub struct BenchArgs {
     /// Contexts per batch.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
-    /// Loader threads for the multi-threaded run [default: all cores; a split that fits a
-    /// quarter of memory runs at most one per core].
+    /// Loader threads for the multi-threaded run [default: all cores; an uncompressed split
+    /// that fits a quarter of memory runs at most one per core].
     #[arg(long)]
     pub loader_threads: Option<usize>,
     /// Contexts permuted together in the shuffled passes.

@@ -14,7 +14,10 @@ struct Report {
     /// Each pass is the fastest of this many epochs.
     repeat: usize,
     batch_size: usize,
+    /// Loader threads asked for.
     threads: usize,
+    /// Loader threads that ran: fewer for a hot resident split (one per core at most).
+    threads_running: usize,
     bytes_per_epoch: u64,
     open_ms: f64,
     gbps_memcpy: f64,
@@ -150,14 +153,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         sequential_s = sequential_s.min(t.elapsed().as_secs_f64());
     }
 
-    // The fastest of `repeat` epochs (epochs 0, 1, …: each its own order), in seconds, and
-    // the bytes one yields.
-    let pass = |o: LoaderOptions| -> anyhow::Result<(f64, u64)> {
-        let mut best = (f64::INFINITY, 0);
+    // The fastest of `repeat` epochs (epochs 0, 1, …: each its own order), in seconds, the
+    // bytes one yields, and the loader threads that ran.
+    let pass = |o: LoaderOptions| -> anyhow::Result<(f64, u64, usize)> {
+        let mut best = (f64::INFINITY, 0, 0);
         for epoch in 0..repeat as u64 {
             let t = Instant::now();
             let mut n = 0u64;
-            for batch in cache.loader(LoaderOptions { epoch, ..o.clone() })? {
+            let loader = cache.loader(LoaderOptions { epoch, ..o.clone() })?;
+            let running = loader.threads();
+            for batch in loader {
                 n += batch?
                     .tensors()
                     .iter()
@@ -166,15 +171,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             }
             let s = t.elapsed().as_secs_f64();
             if s < best.0 {
-                best = (s, std::hint::black_box(n));
+                best = (s, std::hint::black_box(n), running);
             }
         }
         Ok(best)
     };
-    // The threads that run: a resident split starts at most one per core.
-    let threads = cache.loader(opts(true, threads))?.threads();
-    let (one_s, _) = pass(opts(true, 1))?;
-    let (many_s, _) = pass(opts(true, threads))?;
+    let (one_s, _, _) = pass(opts(true, 1))?;
+    let (many_s, _, running) = pass(opts(true, threads))?;
     let bucketed_pass = if a.bucket {
         Some(pass(bucketed_opts.clone())?)
     } else {
@@ -192,6 +195,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         repeat,
         batch_size: a.batch_size,
         threads,
+        threads_running: running,
         bytes_per_epoch: bytes,
         open_ms,
         gbps_memcpy: gb / memcpy_s,
@@ -205,7 +209,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         compressed,
         gbps_decompress: compressed.then(|| shard_total as f64 / 1e9 / decompress_s),
         bucketed: match bucketed_pass {
-            Some((seconds, yielded)) => {
+            Some((seconds, yielded, _)) => {
                 let figures =
                     |o: LoaderOptions| cache.loader(LoaderOptions { threads: 0, ..o })?.padding();
                 Some(Bucketed {
@@ -261,14 +265,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     outln!(
         "{}",
         row(
-            &format!("shuffled, {threads} threads (one copy)"),
+            &format!("shuffled, {running} threads (one copy)"),
             r.gbps_shuffled
         )
     );
     if let Some(b) = &r.bucketed {
         outln!(
             "{:<34} {:>10.2} {:>14.0} {:>10}",
-            format!("bucketed, {threads} threads (trimmed)"),
+            format!("bucketed, {running} threads (trimmed)"),
             b.gbps_bucketed,
             b.contexts_per_s_bucketed,
             "-"

@@ -799,10 +799,22 @@ fn dsc_bench_reports_throughput_against_memcpy() {
     copy_cache(&dir);
     let out = dsc(
         dir.path(),
-        &["bench", "cache", "--batch-size", "16", "--json"],
+        &[
+            "bench",
+            "cache",
+            "--batch-size",
+            "16",
+            "--loader-threads",
+            "64",
+            "--json",
+        ],
     )
     .ok();
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // The small cache stays resident: at most one loader thread per core runs.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    assert_eq!(r["threads"], 64, "{r}");
+    assert_eq!(r["threads_running"], cores.min(64), "{r}");
     for field in [
         "contexts_per_s_shuffled",
         "gbps_shuffled",

@@ -9,8 +9,8 @@
 //! cargo run --release -p dsc-loader --example paired -- CACHE ROUNDS SETTING...
 //!
 //! SETTING: `T` (T loader threads), `T/P` (and P batches prefetched per thread), or `rN`
-//! (N threads each gathering its own rank's half in its own thread, no hand-over: what the
-//! gather alone can do). Set `COLUMNS=x,sensor_id` to load only those tensors.
+//! (N ranks, each gathering its share of every batch in its own thread, no hand-over: what
+//! the gather alone can do). Set `COLUMNS=x,sensor_id` to load only those tensors.
 
 use dsc_loader::{Cache, LoaderOptions};
 use std::time::Instant;
@@ -69,11 +69,23 @@ fn main() -> Result<(), String> {
         return Err("usage: paired CACHE ROUNDS SETTING... (SETTING: T, T/P or rN)".into());
     }
     let cache = Cache::open(&args[0]).map_err(|e| e.to_string())?;
-    let rounds: usize = args[1].parse().map_err(|_| "ROUNDS: a number")?;
+    let rounds: usize = match args[1].parse() {
+        Ok(n) if n > 0 => n,
+        _ => return Err("ROUNDS: a number of at least 1".into()),
+    };
     let settings = args[2..]
         .iter()
         .map(|s| parse(s))
         .collect::<Result<Vec<_>, _>>()?;
+    let batch_size = LoaderOptions::default().batch_size;
+    if settings
+        .iter()
+        .any(|s| matches!(s, Setting::Ranks(n) if *n > batch_size))
+    {
+        return Err(format!(
+            "rN: at most {batch_size} ranks (the batch is split between them)"
+        ));
+    }
     let columns: Vec<String> = std::env::var("COLUMNS")
         .map(|c| c.split(',').map(String::from).collect())
         .unwrap_or_default();

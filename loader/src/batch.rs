@@ -11,20 +11,49 @@ use std::sync::{Arc, Mutex};
 ///
 /// Why per cache and not per loader: a loader's first batches would otherwise fault in and zero
 /// fresh pages for every buffer, and dropping the loader unmap them again (TLB shootdowns on
-/// every core): 30 paired rounds of two-thread epochs on `dsc bench`'s cache took 59,337 page
+/// every core): 30 paired rounds of two loader settings on `dsc bench`'s cache took 59,337 page
 /// faults with a pool per loader and 8,745 with one per cache (docs/PERFORMANCE.md).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Pool {
-    free: Mutex<Vec<Vec<u8>>>,
-    /// Freed buffers kept: the most any loader of the cache has asked for (so the memory held
-    /// between epochs is what one epoch's loader needed anyway).
-    limit: AtomicUsize,
+    free: Mutex<Free>,
+    /// Freed bytes kept: what the most demanding loader of the cache can have in flight
+    /// ([`Pool::keep_at_least`]), so that the memory held between epochs is what one loader
+    /// needed anyway.
+    keep: AtomicUsize,
+    /// The process that made the pool: a forked child must not take its lock, which a thread
+    /// of the parent (absent in the child) may have held at the fork.
+    pid: u32,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool {
+            free: Mutex::default(),
+            keep: AtomicUsize::new(0),
+            pid: std::process::id(),
+        }
+    }
 }
 
 impl Pool {
-    /// Keeps at least `n` freed buffers from now on.
-    pub fn keep_at_least(&self, n: usize) {
-        self.limit.fetch_max(n, Ordering::Relaxed);
+    /// This pool, or a fresh one in a forked child (see `pid`).
+    pub fn for_this_process(self: &Arc<Pool>) -> Arc<Pool> {
+        if self.pid == std::process::id() {
+            self.clone()
+        } else {
+            Arc::default()
+        }
+    }
+
+    /// Keeps up to `bytes` of freed buffers from now on (at least).
+    pub fn keep_at_least(&self, bytes: usize) {
+        self.keep.fetch_max(bytes, Ordering::Relaxed);
     }
 
     /// A buffer of at least `len` bytes (contents unspecified): the smallest freed one that
@@ -34,13 +63,18 @@ impl Pool {
     pub fn take(&self, len: usize) -> Vec<u8> {
         let mut free = self.free.lock().expect("pool lock");
         let best = free
+            .buffers
             .iter()
             .enumerate()
             .filter(|(_, b)| b.len() >= len)
             .min_by_key(|(_, b)| b.len())
             .map(|(i, _)| i);
         match best {
-            Some(i) => free.swap_remove(i),
+            Some(i) => {
+                let buf = free.buffers.swap_remove(i);
+                free.bytes -= buf.len();
+                buf
+            }
             None => {
                 drop(free);
                 vec![0; len]
@@ -49,9 +83,13 @@ impl Pool {
     }
 
     fn give(&self, buf: Vec<u8>) {
+        if self.pid != std::process::id() {
+            return; // a batch dropped in a forked child: freed, not pooled (see `pid`)
+        }
         let mut free = self.free.lock().expect("pool lock");
-        if free.len() < self.limit.load(Ordering::Relaxed) {
-            free.push(buf);
+        if free.bytes + buf.len() <= self.keep.load(Ordering::Relaxed) {
+            free.bytes += buf.len();
+            free.buffers.push(buf);
         }
     }
 }
@@ -250,5 +288,40 @@ impl Batch {
     /// True when every tensor is a view into mapped memory.
     pub fn is_zero_copy(&self) -> bool {
         self.tensors.iter().all(BatchTensor::is_zero_copy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_freed_buffers_up_to_the_bytes_asked_for_and_hands_out_the_best_fit() {
+        let pool = Pool::default();
+        pool.keep_at_least(1000);
+        pool.keep_at_least(10); // never lowers it
+        for len in [400, 300, 500] {
+            pool.give(vec![7; len]);
+        }
+        // 400 + 300 kept; 500 more would pass the 1000 bytes.
+        assert_eq!(pool.free.lock().unwrap().bytes, 700);
+        assert_eq!(pool.take(350).len(), 400);
+        assert_eq!(pool.take(100).len(), 300);
+        assert_eq!(pool.take(100), vec![0; 100], "empty: a new zeroed buffer");
+        assert_eq!(pool.free.lock().unwrap().bytes, 0);
+    }
+
+    #[test]
+    fn a_forked_child_neither_pools_into_nor_reuses_its_parents_pool() {
+        let parent = Arc::new(Pool {
+            pid: std::process::id().wrapping_add(1),
+            ..Pool::default()
+        });
+        parent.keep_at_least(1 << 20);
+        parent.give(vec![1; 64]);
+        assert!(parent.free.lock().unwrap().buffers.is_empty());
+        let ours = parent.for_this_process();
+        assert!(!Arc::ptr_eq(&ours, &parent));
+        assert!(Arc::ptr_eq(&ours.for_this_process(), &ours));
     }
 }

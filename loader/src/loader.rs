@@ -41,7 +41,7 @@ pub struct LoaderOptions {
     /// Batches prepared ahead per thread [default: 4].
     pub prefetch: usize,
     /// Background threads preparing batches; 0 prepares them in the caller's thread
-    /// [default: 1]. A hot split kept resident in memory (one that fits a quarter of it) runs
+    /// [default: 1]. An uncompressed split kept resident (one that fits a quarter of memory) runs
     /// at most one thread per core the process may use: its gather never waits on the disk,
     /// so further threads only take turns on the same cores (3 threads on 2 cores gathered
     /// a fifth slower than 2). [`Loader::threads`] says how many run.
@@ -662,6 +662,7 @@ impl Loader {
         let keep_resident = split_bytes <= resident_budget() as u64;
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads = if keep_resident && !cold {
+            // Hot and resident: the gather never waits on a read (LoaderOptions::threads).
             opts.threads.min(cores)
         } else {
             opts.threads
@@ -678,10 +679,16 @@ impl Loader {
             rank: opts.rank,
             trim: opts.trim || opts.bucket,
             pool: {
-                // What one loader can have in flight: each thread's queue and the batch it
-                // builds, and the consumer's, per tensor.
-                let pool = cache.inner.pool.clone();
-                pool.keep_at_least((opts.prefetch + 2) * (threads + 1) * tensors.len());
+                // What this loader can have in flight: each thread's queue and the batch it
+                // builds, and the consumer's.
+                let pool = cache.inner.pool.for_this_process();
+                let batch = tensors.iter().map(|t| t.sample_bytes()).sum::<usize>();
+                pool.keep_at_least(
+                    (opts.prefetch + 2)
+                        .saturating_mul(threads + 1)
+                        .saturating_mul(batch)
+                        .saturating_mul(opts.batch_size),
+                );
                 pool
             },
             tensors,

@@ -156,7 +156,7 @@ class Loader:
         rank, world_size: this process's slice; default from ``torch.distributed`` when it is
             initialised, else the ``RANK`` / ``WORLD_SIZE`` variables, else 0 and 1.
         num_threads: loading threads (Rust threads; 0 loads in the calling thread). On the
-            host path a split that fits a quarter of memory runs at most one per core: more
+            host path an uncompressed split that fits a quarter of memory runs at most one per core: more
             would only take turns on the same cores.
         prefetch: batches prepared ahead per thread.
         trim: cut sequence tensors to the longest stored length in each batch.

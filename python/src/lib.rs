@@ -29,7 +29,7 @@ struct Buffer {
 
 /// Where a [`Buffer`]'s bytes live.
 enum Bytes {
-    /// Gathered into a buffer this object owns (returned to the loader's pool when it dies), or
+    /// Gathered into a buffer this object owns (returned to the cache's pool when it dies), or
     /// a read-only view of the loader's shared shard mapping (exported read-only: NumPy).
     Loader { tensor: BatchTensor, writable: bool },
     /// A zero-copy view given to torch, which has no read-only tensors: a private,
