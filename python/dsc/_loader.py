@@ -156,8 +156,8 @@ class Loader:
         rank, world_size: this process's slice; default from ``torch.distributed`` when it is
             initialised, else the ``RANK`` / ``WORLD_SIZE`` variables, else 0 and 1.
         num_threads: loading threads (Rust threads; 0 loads in the calling thread). On the
-            host path an uncompressed split that fits a quarter of memory runs at most one per core: more
-            would only take turns on the same cores.
+            host path an uncompressed split that fits a quarter of memory runs at most one
+            per core: more would only take turns on the same cores.
         prefetch: batches prepared ahead per thread.
         trim: cut sequence tensors to the longest stored length in each batch.
         bucket: length-bucketed batches: inside each shuffle window, contexts of similar length
