@@ -9,6 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
+# A whole run needs about N GB of disk (the .venv's PyTorch with its CUDA libraries, and
+# target/); saying what is free up front makes "No space left on device" easy to read.
+log "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free here"
+# One build from scratch gains nothing from incremental compilation, whose caches would take
+# another GB of target/.
+export CARGO_INCREMENTAL=0
 
 log "python environment (.venv: numpy, safetensors, torch 2.11.0)"
 scripts/venv.sh

@@ -13,15 +13,15 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 if ! .venv/bin/python -c "import numpy, safetensors, pytest" 2>/dev/null; then
-    .venv/bin/pip install --quiet --disable-pip-version-check numpy safetensors pytest
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir numpy safetensors pytest
 fi
 if ! .venv/bin/python -c "import aeon, pyarrow" 2>/dev/null; then
-    .venv/bin/pip install --quiet --disable-pip-version-check "aeon==1.6.0" pyarrow
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "aeon==1.6.0" pyarrow
 fi
 if ! .venv/bin/python -c "import ray" 2>/dev/null; then
-    .venv/bin/pip install --quiet --disable-pip-version-check "ray==2.60.0"
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "ray==2.60.0"
 fi
 if [ "$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "2.11.0" ]; then
     echo "installing torch 2.11.0 into .venv (about 4 GB with its CUDA libraries)"
-    .venv/bin/pip install --quiet --disable-pip-version-check torch==2.11.0
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir torch==2.11.0
 fi
