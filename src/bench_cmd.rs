@@ -90,7 +90,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     };
     let (contexts, steps, per_context) = {
         let probe = cache.loader(opts(false, 0))?;
-        let loaded: usize = probe.tensor_specs().iter().map(|t| t.sample_bytes()).sum();
+        let loaded: usize = probe.tensor_specs().map(|t| t.sample_bytes()).sum();
         (probe.order().len(), probe.steps(), loaded)
     };
     let bytes = (steps * a.batch_size * per_context) as u64;

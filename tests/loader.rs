@@ -412,6 +412,9 @@ fn batch_bytes_equal_the_shard_bytes_of_those_contexts() {
 fn later_epochs_reuse_the_gather_buffers() {
     let cache = Cache::open(cache_dir()).unwrap();
     let epoch = |epoch: u64| {
+        // Counted from before the loader is built: it must not copy the manifest's specs
+        // either, whose sensor vocabulary is this cache's largest piece of metadata.
+        let before = large_allocations_on_this_thread();
         // Gathered in this thread (threads: 0), so that its allocations are the loader's.
         let loader = cache
             .loader(LoaderOptions {
@@ -420,9 +423,6 @@ fn later_epochs_reuse_the_gather_buffers() {
                 ..opts(64)
             })
             .unwrap();
-        // Counted from the first batch on: building a loader copies the manifest's tensor
-        // specs (a vocabulary among them), which is not what this test is about.
-        let before = large_allocations_on_this_thread();
         let mut batches = 0;
         for batch in loader {
             let batch = batch.unwrap();

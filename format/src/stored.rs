@@ -102,6 +102,52 @@ pub fn read_layout(entry: &ShardEntry, path: &Path) -> Result<ShardLayout, Forma
     }
 }
 
+/// The first `len` bytes of shard `entry`'s safetensors file, read from `file` (stored at
+/// `path`): for a compressed shard only the start of the frame is decompressed. Unlike
+/// [`decode`] nothing is checked beyond the stored size and the length: for metadata that sits
+/// at the start of a shard (its keys and lengths) and is read before the shard's data, which is
+/// checked when it is read whole.
+pub fn read_prefix(
+    entry: &ShardEntry,
+    file: &std::fs::File,
+    path: &Path,
+    len: usize,
+) -> Result<Vec<u8>, FormatError> {
+    use std::os::unix::fs::FileExt;
+    /// `file` read from its start with `pread`, so that the file's cursor (shared with other
+    /// readers of the same handle) is neither used nor moved.
+    struct ReadAt<'a>(&'a std::fs::File, u64);
+    impl Read for ReadAt<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.read_at(buf, self.1)?;
+            self.1 += n as u64;
+            Ok(n)
+        }
+    }
+    let stored = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    if stored != entry.stored_bytes() {
+        return Err(FormatError::ShardSize {
+            shard: path.into(),
+            expected: entry.stored_bytes(),
+            found: stored,
+        });
+    }
+    if len as u64 > entry.bytes {
+        return Err(decompress_err(
+            path,
+            format!("{len} bytes asked of a {}-byte shard", entry.bytes),
+        ));
+    }
+    let mut out = vec![0; len];
+    let read = match entry.compressed.as_ref().map(|c| c.codec) {
+        None => ReadAt(file, 0).read_exact(&mut out),
+        Some(Codec::Zstd) => zstd::stream::read::Decoder::new(ReadAt(file, 0))
+            .and_then(|mut frame| frame.read_exact(&mut out)),
+    };
+    read.map_err(|e| decompress_err(path, format!("{e} (reading its first {len} bytes)")))?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +194,26 @@ mod tests {
             let err = decode(&entry(&hot, &bad, hot.len() as u64), bad.clone(), path).unwrap_err();
             assert!(matches!(err, FormatError::Decompress { .. }), "{err}");
         }
+    }
+
+    #[test]
+    fn read_prefix_decompresses_the_start_only_and_refuses_a_short_file() {
+        let hot: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+        let stored = compress(Codec::Zstd, &hot, DEFAULT_ZSTD_LEVEL).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.zst");
+        std::fs::write(&path, &stored).unwrap();
+        let e = entry(&hot, &stored, hot.len() as u64);
+        let file = std::fs::File::open(&path).unwrap();
+        for len in [0, 1, 4096, 200_001, hot.len()] {
+            assert_eq!(read_prefix(&e, &file, &path, len).unwrap(), hot[..len]);
+        }
+        let err = read_prefix(&e, &file, &path, hot.len() + 1).unwrap_err();
+        assert!(err.to_string().contains("s.zst"), "{err}");
+        // A file cut short is refused by its size before anything is decompressed.
+        std::fs::write(&path, &stored[..stored.len() - 1]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let err = read_prefix(&e, &file, &path, 10).unwrap_err();
+        assert!(matches!(err, FormatError::ShardSize { .. }), "{err}");
     }
 }

@@ -86,11 +86,29 @@ impl Pool {
         if self.pid != std::process::id() {
             return; // a batch dropped in a forked child: freed, not pooled (see `pid`)
         }
+        let keep = self.keep.load(Ordering::Relaxed);
         let mut free = self.free.lock().expect("pool lock");
-        if free.bytes + buf.len() <= self.keep.load(Ordering::Relaxed) {
-            free.bytes += buf.len();
-            free.buffers.push(buf);
+        // When full, a larger buffer displaces smaller ones: it serves every request they
+        // could, so loaders that alternate small and large batches (trimmed, bucketed) stop
+        // allocating once the largest sizes are pooled.
+        let smaller: usize = free
+            .buffers
+            .iter()
+            .map(Vec::len)
+            .filter(|&l| l < buf.len())
+            .sum();
+        if free.bytes - smaller + buf.len() > keep {
+            return;
         }
+        while free.bytes + buf.len() > keep {
+            let smallest = (0..free.buffers.len())
+                .min_by_key(|&i| free.buffers[i].len())
+                .expect("the smaller buffers make room");
+            let dropped = free.buffers.swap_remove(smallest);
+            free.bytes -= dropped.len();
+        }
+        free.bytes += buf.len();
+        free.buffers.push(buf);
     }
 }
 
@@ -300,15 +318,33 @@ mod tests {
         let pool = Pool::default();
         pool.keep_at_least(1000);
         pool.keep_at_least(10); // never lowers it
-        for len in [400, 300, 500] {
+        for len in [400, 300, 500, 200] {
             pool.give(vec![7; len]);
         }
-        // 400 + 300 kept; 500 more would pass the 1000 bytes.
-        assert_eq!(pool.free.lock().unwrap().bytes, 700);
+        // 400 + 300 kept; 500 more would pass the 1000 bytes, so it displaces the 300 (the
+        // larger buffer serves every request the smaller could); 200 is smaller than all
+        // kept and is let go.
+        assert_eq!(pool.free.lock().unwrap().bytes, 900);
         assert_eq!(pool.take(350).len(), 400);
-        assert_eq!(pool.take(100).len(), 300);
+        assert_eq!(pool.take(100).len(), 500);
         assert_eq!(pool.take(100), vec![0; 100], "empty: a new zeroed buffer");
         assert_eq!(pool.free.lock().unwrap().bytes, 0);
+    }
+
+    #[test]
+    fn a_full_pool_trades_its_smallest_buffers_for_a_larger_one_and_only_then() {
+        let pool = Pool::default();
+        pool.keep_at_least(1000);
+        pool.give(vec![1; 600]);
+        pool.give(vec![1; 1001]); // more than the pool may keep at all: let go
+        pool.give(vec![1; 700]); // displaces the 600
+        pool.give(vec![1; 250]);
+        pool.give(vec![1; 300]); // displaces the 250, not the 700
+        pool.give(vec![1; 200]); // smaller than all kept: let go, the pool unchanged
+        let free = pool.free.lock().unwrap();
+        let mut kept: Vec<usize> = free.buffers.iter().map(Vec::len).collect();
+        kept.sort_unstable();
+        assert_eq!((free.bytes, kept), (1000, vec![300, 700]));
     }
 
     #[test]

@@ -163,8 +163,8 @@ impl Cache {
     }
 
     /// The stored length of every context of `split`, in compiled order: 4 bytes per context
-    /// read from each shard's `length` tensor (each shard of a compressed cache is decompressed
-    /// for it), once per open cache.
+    /// read from each shard's `length` tensor (of a compressed shard, the start of its frame is
+    /// decompressed up to them), once per open cache.
     pub fn lengths(&self, split: &str) -> Result<Arc<[u32]>, LoadError> {
         let inner = &self.inner;
         let Some(index) = inner.splits.iter().position(|(name, _)| name == split) else {
@@ -184,11 +184,27 @@ impl Cache {
             .expect("a validated manifest has a length tensor");
         let shards = &inner.splits[index].1;
         let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
-        for (k, shard) in shards.iter().enumerate() {
-            let bytes = inner.shard_bytes(index, k)?;
+        for shard in shards {
             let start = shard.tensor_starts[slot];
+            let end = start + 4 * shard.entry.contexts;
+            let prefix;
+            let bytes: &[u8] = match &shard.body {
+                Body::Mapped(map) => map.bytes(),
+                // Only the start of the frame, up to the lengths: decompressing every shard
+                // whole, before the first batch, took as long as a shuffled epoch. The data is
+                // decompressed and checked when its batches are read.
+                Body::Cold(_) => {
+                    prefix = dsc_format::stored::read_prefix(
+                        &shard.entry,
+                        &shard.file,
+                        &shard.path,
+                        end,
+                    )?;
+                    &prefix
+                }
+            };
             out.extend(
-                bytes[start..start + 4 * shard.entry.contexts]
+                bytes[start..end]
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as u32),
             );

@@ -161,9 +161,9 @@ struct Plan {
     steps: Steps,
     rank: usize,
     trim: bool,
-    /// The loaded tensors, in manifest order.
-    tensors: Vec<TensorSpec>,
-    /// Each loaded tensor's index among the manifest's (and so among a shard's tensors).
+    /// Each loaded tensor's index among the manifest's (and so among a shard's tensors), in
+    /// manifest order. The specs stay in the manifest: a categorical column's vocabulary can
+    /// be hundreds of KB, and a loader is built every epoch.
     slots: Vec<usize>,
     /// The manifest index of `length`, read for trimming whether or not it is loaded.
     length_index: usize,
@@ -199,6 +199,18 @@ fn memory_limit() -> usize {
 impl Plan {
     fn shards(&self) -> &[Shard] {
         &self.cache.splits[self.split_index].1
+    }
+
+    /// The spec of loaded tensor `t`.
+    fn spec(&self, t: usize) -> &TensorSpec {
+        &self.cache.manifest.tensors()[self.slots[t]]
+    }
+
+    /// The loaded tensors' specs, in manifest order.
+    fn specs(&self) -> impl ExactSizeIterator<Item = &TensorSpec> {
+        self.slots
+            .iter()
+            .map(|&i| &self.cache.manifest.tensors()[i])
     }
 
     fn samples(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Vec<Sample> {
@@ -257,7 +269,7 @@ impl Plan {
     }
 
     fn shape(&self, t: usize, n: usize, seq_len: usize) -> Vec<usize> {
-        let spec = &self.tensors[t];
+        let spec = self.spec(t);
         let mut shape = vec![n];
         shape.extend_from_slice(&spec.sample_shape);
         if is_sequence(spec) {
@@ -268,7 +280,7 @@ impl Plan {
 
     /// Bytes of one sample of tensor `t` after trimming.
     fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
-        let spec = &self.tensors[t];
+        let spec = self.spec(t);
         if is_sequence(spec) {
             spec.sample_bytes() / self.cache.manifest.max_len().max(1) * seq_len
         } else {
@@ -307,7 +319,7 @@ impl Plan {
                 continue;
             }
             let slot = self.slots[t];
-            let size = self.tensors[t].sample_bytes();
+            let size = self.spec(t).sample_bytes();
             let count = samples.len();
             rows::gather(&mut out[..count * n], n, count, |i| {
                 let start = shards[samples[i].shard].tensor_starts[slot] + samples[i].offset * size;
@@ -331,8 +343,7 @@ impl Plan {
                 Body::Mapped(_) => None,
             };
             let tensors = self
-                .tensors
-                .iter()
+                .specs()
                 .enumerate()
                 .map(|(t, spec)| {
                     let size = spec.sample_bytes();
@@ -360,7 +371,7 @@ impl Plan {
         }
         let held = self.resolve(&samples)?;
         let seq_len = self.seq_len(&samples, &held);
-        let lens: Vec<usize> = (0..self.tensors.len())
+        let lens: Vec<usize> = (0..self.slots.len())
             .map(|t| n * self.copy_bytes(t, seq_len))
             .collect();
         let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&len| self.pool.take(len)).collect();
@@ -377,7 +388,7 @@ impl Plan {
             .enumerate()
             .map(|(t, (buf, len))| {
                 BatchTensor::owned(
-                    &self.tensors[t],
+                    self.spec(t),
                     self.shape(t, n, seq_len),
                     buf,
                     len,
@@ -415,7 +426,7 @@ impl Plan {
                 let Body::Mapped(map) = &shard.body else {
                     continue;
                 };
-                for (spec, &slot) in self.tensors.iter().zip(&self.slots) {
+                for (spec, &slot) in self.specs().zip(&self.slots) {
                     if !shard.populated[slot].swap(true, Ordering::Relaxed) {
                         let len = spec.sample_bytes() * shard.entry.contexts;
                         map.will_need(shard.tensor_starts[slot], len);
@@ -439,7 +450,7 @@ impl Plan {
             let Body::Mapped(map) = &shard.body else {
                 continue;
             };
-            for (spec, &slot) in self.tensors.iter().zip(&self.slots) {
+            for (spec, &slot) in self.specs().zip(&self.slots) {
                 let size = spec.sample_bytes();
                 f(map, shard.tensor_starts[slot] + lo * size, (hi - lo) * size);
             }
@@ -658,7 +669,6 @@ impl Loader {
         let slots: Vec<usize> = (0..all.len())
             .filter(|&i| opts.columns.is_empty() || opts.columns.contains(&all[i].name))
             .collect();
-        let tensors: Vec<TensorSpec> = slots.iter().map(|&i| all[i].clone()).collect();
         let keep_resident = split_bytes <= resident_budget() as u64;
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads = if keep_resident && !cold {
@@ -671,6 +681,7 @@ impl Loader {
             .iter()
             .position(|t| t.role == TensorRole::Length)
             .expect("validated manifest has length");
+        let loaded_per_context: usize = slots.iter().map(|&i| all[i].sample_bytes()).sum();
         let plan = Arc::new(Plan {
             cache: inner,
             split_index,
@@ -682,16 +693,14 @@ impl Loader {
                 // What this loader can have in flight: each thread's queue and the batch it
                 // builds, and the consumer's.
                 let pool = cache.inner.pool.for_this_process();
-                let batch = tensors.iter().map(|t| t.sample_bytes()).sum::<usize>();
                 pool.keep_at_least(
                     (opts.prefetch + 2)
                         .saturating_mul(threads + 1)
-                        .saturating_mul(batch)
+                        .saturating_mul(loaded_per_context)
                         .saturating_mul(opts.batch_size),
                 );
                 pool
             },
-            tensors,
             slots,
             length_index,
             keep_resident,
@@ -789,8 +798,8 @@ impl Loader {
     }
 
     /// The tensors each batch holds (the `columns` asked for, in manifest order).
-    pub fn tensor_specs(&self) -> &[TensorSpec] {
-        &self.hints.plan.tensors
+    pub fn tensor_specs(&self) -> impl ExactSizeIterator<Item = &TensorSpec> {
+        self.hints.plan.specs()
     }
 
     /// The options in force.
@@ -818,8 +827,7 @@ impl Loader {
     pub fn batch_bytes(&self) -> Vec<usize> {
         self.hints
             .plan
-            .tensors
-            .iter()
+            .specs()
             .map(|t| t.sample_bytes() * self.opts.batch_size)
             .collect()
     }

@@ -379,7 +379,6 @@ impl LoaderHandle {
     fn tensors(&self, py: Python<'_>) -> PyResult<Vec<TensorInfo>> {
         self.with(py, |l| {
             l.tensor_specs()
-                .iter()
                 .map(|t| {
                     (
                         t.name.clone(),
