@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
-# A whole run needs about N GB of disk (the .venv's PyTorch with its CUDA libraries, and
-# target/); saying what is free up front makes "No space left on device" easy to read.
+# A whole run needs about 9 GB of disk at its peak, while PyTorch installs (the .venv ends at
+# 5.7 GB with its CUDA libraries, target/ at 1.7 GB); saying what is free up front makes
+# "No space left on device" easy to read.
 log "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free here"
 # One build from scratch gains nothing from incremental compilation, whose caches would take
 # another GB of target/.

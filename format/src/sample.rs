@@ -98,7 +98,10 @@ pub fn read_context(
     }))
 }
 
-/// Finds the context with `key` in `split` by reading the shards' `key` tensors.
+/// Finds the context with `key` in `split` by reading the shards' `key` tensors. `key` is
+/// every shard's first tensor, so only the start of each file is read (of a compressed one,
+/// the start of its frame decompressed): looking through a compressed split no longer
+/// decompresses it whole.
 pub fn find_key(
     dir: &Path,
     manifest: &Manifest,
@@ -110,9 +113,10 @@ pub fn find_key(
         let layout = read_layout(entry, &path)?;
         layout.check(manifest, entry, &path)?;
         let extent = layout.tensor("key").expect("checked against the manifest");
-        let keys = Ranges::open(dir, entry)?
-            .read_at(extent.start, (extent.end - extent.start) as usize)?;
-        if let Some(pos) = keys
+        let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        let start = extent.start as usize;
+        let prefix = crate::stored::read_prefix(entry, &file, &path, extent.end as usize)?;
+        if let Some(pos) = prefix[start..]
             .chunks_exact(8)
             .position(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) == key)
         {
