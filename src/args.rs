@@ -128,8 +128,8 @@ pub enum Codec {
 pub struct CompressArgs {
     /// The cache directory.
     pub cache: PathBuf,
-    /// zstd level, 1 (fastest) to 22 (smallest). Shards already compressed are kept as they
-    /// are: `dsc decompress` first to change the level.
+    /// zstd level, 1 (fastest) to 22 (smallest). Shards already compressed at this level are
+    /// kept; shards at another level are rewritten at this one.
     #[arg(long, default_value_t = dsc_format::stored::DEFAULT_ZSTD_LEVEL,
           allow_negative_numbers = true)]
     pub level: i32,

@@ -35,6 +35,13 @@ impl Storage {
         }
     }
 
+    fn level(self) -> Option<i32> {
+        match self {
+            Storage::Hot => None,
+            Storage::Zstd { level } => Some(level),
+        }
+    }
+
     /// Refuses a level zstd does not have.
     pub fn check(self) -> Result<Storage> {
         if let Storage::Zstd { level } = self {
@@ -129,6 +136,7 @@ fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Resu
     let mut out = ShardEntry {
         compressed: storage.codec().map(|codec| Compressed {
             codec,
+            level: storage.level(),
             bytes: 0,
             xxh3: String::new(),
         }),
@@ -187,9 +195,16 @@ fn convert(from: &Path, to: &Path, entry: &ShardEntry, storage: Storage) -> Resu
     Ok(out)
 }
 
-/// Whether shard `entry` is stored in `storage`'s form already.
+/// Whether shard `entry` is stored in `storage`'s form already: hot, or with the same codec
+/// at the same level. A shard whose level was not recorded (compressed by an older dsc) is
+/// taken as it is.
 fn stored_as(entry: &ShardEntry, storage: Storage) -> bool {
-    entry.compressed.as_ref().map(|c| c.codec) == storage.codec()
+    match &entry.compressed {
+        None => storage == Storage::Hot,
+        Some(c) => {
+            Some(c.codec) == storage.codec() && c.level.is_none_or(|l| Some(l) == storage.level())
+        }
+    }
 }
 
 /// Shards of `manifest` a conversion to `storage` rewrites.

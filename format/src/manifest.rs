@@ -274,6 +274,10 @@ pub struct ShardEntry {
 pub struct Compressed {
     /// The codec.
     pub codec: Codec,
+    /// The level the file was written at (absent in caches compressed before it was
+    /// recorded): what `dsc compress --level` compares, to rewrite shards at another level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<i32>,
     /// Size in bytes of the stored (compressed) file.
     pub bytes: u64,
     /// xxh3-64 of the stored (compressed) file, 16 hex digits.

@@ -164,6 +164,7 @@ mod tests {
             xxh3: checksum::xxh3_hex(hot),
             compressed: Some(Compressed {
                 codec: Codec::Zstd,
+                level: Some(DEFAULT_ZSTD_LEVEL),
                 bytes: stored.len() as u64,
                 xxh3: checksum::xxh3_hex(stored),
             }),
