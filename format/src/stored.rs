@@ -31,13 +31,7 @@ fn decompress_err(path: &Path, reason: impl std::fmt::Display) -> FormatError {
 /// the file itself when hot (its size checked); decompressed when compressed, after checking
 /// the stored size and xxh3, and checked to be exactly `entry.bytes` long.
 pub fn decode(entry: &ShardEntry, stored: Vec<u8>, path: &Path) -> Result<Vec<u8>, FormatError> {
-    if stored.len() as u64 != entry.stored_bytes() {
-        return Err(FormatError::ShardSize {
-            shard: path.into(),
-            expected: entry.stored_bytes(),
-            found: stored.len() as u64,
-        });
-    }
+    check_stored_size(entry, stored.len() as u64, path)?;
     let Some(c) = &entry.compressed else {
         return Ok(stored);
     };
@@ -75,11 +69,16 @@ pub fn check_size(entry: &ShardEntry, path: &Path) -> Result<(), FormatError> {
     let size = std::fs::metadata(path)
         .map_err(|e| FormatError::io(path, e))?
         .len();
-    if size != entry.stored_bytes() {
+    check_stored_size(entry, size, path)
+}
+
+/// `found`, the size of shard `entry`'s file at `path`, checked against the manifest.
+fn check_stored_size(entry: &ShardEntry, found: u64, path: &Path) -> Result<(), FormatError> {
+    if found != entry.stored_bytes() {
         return Err(FormatError::ShardSize {
             shard: path.into(),
             expected: entry.stored_bytes(),
-            found: size,
+            found,
         });
     }
     Ok(())
@@ -125,13 +124,7 @@ pub fn read_prefix(
         }
     }
     let stored = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
-    if stored != entry.stored_bytes() {
-        return Err(FormatError::ShardSize {
-            shard: path.into(),
-            expected: entry.stored_bytes(),
-            found: stored,
-        });
-    }
+    check_stored_size(entry, stored, path)?;
     if len as u64 > entry.bytes {
         return Err(decompress_err(
             path,

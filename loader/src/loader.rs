@@ -208,9 +208,13 @@ impl Plan {
 
     /// The loaded tensors' specs, in manifest order.
     fn specs(&self) -> impl ExactSizeIterator<Item = &TensorSpec> {
-        self.slots
-            .iter()
-            .map(|&i| &self.cache.manifest.tensors()[i])
+        self.loaded().map(|(_, spec)| spec)
+    }
+
+    /// The loaded tensors as (manifest index, spec), in manifest order.
+    fn loaded(&self) -> impl ExactSizeIterator<Item = (usize, &TensorSpec)> {
+        let all = self.cache.manifest.tensors();
+        self.slots.iter().map(move |&i| (i, &all[i]))
     }
 
     fn samples(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Vec<Sample> {
@@ -426,7 +430,7 @@ impl Plan {
                 let Body::Mapped(map) = &shard.body else {
                     continue;
                 };
-                for (spec, &slot) in self.specs().zip(&self.slots) {
+                for (slot, spec) in self.loaded() {
                     if !shard.populated[slot].swap(true, Ordering::Relaxed) {
                         let len = spec.sample_bytes() * shard.entry.contexts;
                         map.will_need(shard.tensor_starts[slot], len);
@@ -450,7 +454,7 @@ impl Plan {
             let Body::Mapped(map) = &shard.body else {
                 continue;
             };
-            for (spec, &slot) in self.specs().zip(&self.slots) {
+            for (slot, spec) in self.loaded() {
                 let size = spec.sample_bytes();
                 f(map, shard.tensor_starts[slot] + lo * size, (hi - lo) * size);
             }
