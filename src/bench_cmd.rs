@@ -2,7 +2,7 @@
 
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
-use dsc_loader::{Cache, LoaderOptions};
+use dsc_loader::{Cache, LoaderOptions, OrderSpec};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -75,17 +75,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let cache = Cache::open(&a.cache)?;
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
     let opts = |shuffle: bool, threads: usize| LoaderOptions {
-        split: a.split.clone(),
+        order: OrderSpec {
+            split: a.split.clone(),
+            shuffle,
+            window: a.window,
+            interleave: a.interleave,
+            ..Default::default()
+        },
         batch_size: a.batch_size,
-        shuffle,
         threads,
-        window: a.window,
-        interleave: a.interleave,
         columns: a.columns.clone(),
         ..Default::default()
     };
     let bucketed_opts = LoaderOptions {
-        bucket: true,
+        order: OrderSpec {
+            bucket: true,
+            ..opts(true, threads).order
+        },
         ..opts(true, threads)
     };
     let (contexts, steps, per_context) = {

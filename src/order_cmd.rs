@@ -4,7 +4,7 @@ use crate::args::OrderArgs;
 use crate::output::{bold, bytes, outln};
 use anyhow::Context as _;
 use dsc_loader::order::{Padding, Quality};
-use dsc_loader::{Cache, Loader, LoaderOptions, State};
+use dsc_loader::{Cache, Loader, LoaderOptions, OrderSpec, State};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -46,18 +46,21 @@ fn figures(loader: &Loader) -> anyhow::Result<Figures> {
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let cache = Cache::open(&a.cache)?;
     let opts = LoaderOptions {
-        split: a.split.clone(),
+        order: OrderSpec {
+            split: a.split.clone(),
+            shuffle: !a.no_shuffle,
+            seed: a.seed,
+            drop_last: !a.keep_last,
+            window: a.window,
+            interleave: a.interleave,
+            bucket: a.bucket,
+            ..Default::default()
+        },
         batch_size: a.batch_size,
-        shuffle: !a.no_shuffle,
-        seed: a.seed,
         epoch: a.epoch,
         rank: a.rank,
         world_size: a.world_size,
-        drop_last: !a.keep_last,
         threads: 0,
-        window: a.window,
-        interleave: a.interleave,
-        bucket: a.bucket,
         ..Default::default()
     };
     let mut loader = match &a.from_state {
@@ -67,7 +70,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             let state: State = serde_json::from_str(&text)
                 .with_context(|| format!("{}: not a loader state", path.display()))?;
             anyhow::ensure!(
-                !a.bucket || state.bucket,
+                !a.bucket || state.order.bucket,
                 "--bucket with --from-state {}: that state is of an unbucketed order (drop \
                  --bucket; the state's order continues)",
                 path.display()
@@ -104,7 +107,10 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let order = loader.order();
     let unbucketed = if order.is_bucketed() {
         let plain = cache.loader(LoaderOptions {
-            bucket: false,
+            order: OrderSpec {
+                bucket: false,
+                ..loader.options().clone().order
+            },
             ..loader.options().clone()
         })?;
         Some(figures(&plain)?)
@@ -116,8 +122,8 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let report = Report {
         split: a.split.clone(),
         epoch: loader.options().epoch,
-        seed: loader.options().seed,
-        shuffle: loader.options().shuffle,
+        seed: loader.options().order.seed,
+        shuffle: loader.options().order.shuffle,
         bucket: order.is_bucketed(),
         batch_size: a.batch_size,
         world_size: a.world_size,

@@ -2,7 +2,7 @@
 //! round-trip byte for byte and leave nothing wrong behind, damage named.
 
 use crate::util::*;
-use dsc_loader::{Cache, LoaderOptions};
+use dsc_loader::{Cache, LoaderOptions, OrderSpec};
 use std::path::{Path, PathBuf};
 
 /// A hot cache of many small shards (more than the loader keeps decompressed at once) and the
@@ -54,20 +54,29 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
             && s["compressed"]["codec"] == "zstd"
     ));
     let base = LoaderOptions {
+        order: OrderSpec {
+            window: 64,
+            interleave: 3,
+            ..Default::default()
+        },
         batch_size: 8,
-        window: 64,
-        interleave: 3,
         ..Default::default()
     };
     for o in [
         base.clone(),
         LoaderOptions {
-            shuffle: false,
-            drop_last: false,
+            order: OrderSpec {
+                shuffle: false,
+                drop_last: false,
+                ..base.clone().order
+            },
             ..base.clone()
         },
         LoaderOptions {
-            bucket: true,
+            order: OrderSpec {
+                bucket: true,
+                ..base.clone().order
+            },
             epoch: 2,
             ..base.clone()
         },
@@ -79,7 +88,10 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
             ..base.clone()
         },
         LoaderOptions {
-            split: "val".into(),
+            order: OrderSpec {
+                split: "val".into(),
+                ..base.clone().order
+            },
             trim: true,
             ..base.clone()
         },
@@ -131,8 +143,11 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
         let key = Cache::open(&hot)
             .unwrap()
             .loader(LoaderOptions {
-                split: "val".into(),
-                shuffle: false,
+                order: OrderSpec {
+                    split: "val".into(),
+                    shuffle: false,
+                    ..Default::default()
+                },
                 batch_size: 1,
                 ..Default::default()
             })
@@ -247,8 +262,11 @@ fn damaged_shards_are_named_and_conversions_leave_the_cache_as_it_was() {
     let cache = Cache::open(&cold).unwrap();
     let errors: Vec<String> = cache
         .loader(LoaderOptions {
+            order: OrderSpec {
+                shuffle: false,
+                ..Default::default()
+            },
             batch_size: 4,
-            shuffle: false,
             ..Default::default()
         })
         .unwrap()

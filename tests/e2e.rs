@@ -9,6 +9,7 @@ mod hostile;
 mod inspection;
 mod loader;
 mod mostlyai;
+mod pack;
 mod parsers;
 mod python;
 mod scale;

@@ -2,7 +2,7 @@
 //! and damaged shards.
 
 use crate::util::*;
-use dsc_loader::{Cache, LoadError, LoaderOptions};
+use dsc_loader::{Cache, LoadError, LoaderOptions, OrderSpec};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -26,7 +26,10 @@ fn cache_dir() -> &'static std::path::Path {
 fn opts(batch: usize) -> LoaderOptions {
     LoaderOptions {
         batch_size: batch,
-        window: 100,
+        order: OrderSpec {
+            window: 100,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -52,10 +55,13 @@ fn every_context_once_per_epoch_across_ranks() {
         let mut per_rank = Vec::new();
         for rank in 0..3 {
             let o = LoaderOptions {
+                order: OrderSpec {
+                    drop_last,
+                    bucket,
+                    ..opts(7).order
+                },
                 rank,
                 world_size: 3,
-                drop_last,
-                bucket,
                 ..opts(7)
             };
             let keys: Vec<i64> = keys_by_step(&cache, o).concat();
@@ -95,7 +101,10 @@ fn order_is_a_function_of_seed_and_epoch() {
 fn order_is_a_function_of_seed_and_epoch_with(bucket: bool) {
     let cache = Cache::open(cache_dir()).unwrap();
     let opts = |batch| LoaderOptions {
-        bucket,
+        order: OrderSpec {
+            bucket,
+            ..opts(batch).order
+        },
         ..opts(batch)
     };
     let a = keys_by_step(&cache, opts(16));
@@ -115,7 +124,10 @@ fn order_is_a_function_of_seed_and_epoch_with(bucket: bool) {
         keys_by_step(
             &cache,
             LoaderOptions {
-                seed: 5,
+                order: OrderSpec {
+                    seed: 5,
+                    ..opts(16).order
+                },
                 ..opts(16)
             }
         )
@@ -150,8 +162,11 @@ fn order_is_a_function_of_seed_and_epoch_with(bucket: bool) {
     let flat: Vec<i64> = keys_by_step(
         &cache,
         LoaderOptions {
-            shuffle: false,
-            drop_last: false,
+            order: OrderSpec {
+                shuffle: false,
+                drop_last: false,
+                ..opts(16).order
+            },
             ..opts(16)
         },
     )
@@ -168,9 +183,12 @@ fn the_global_order_does_not_depend_on_world_size() {
                 keys_by_step(
                     &cache,
                     LoaderOptions {
+                        order: OrderSpec {
+                            bucket,
+                            ..opts(12 / world).order
+                        },
                         rank,
                         world_size: world,
-                        bucket,
                         ..opts(12 / world)
                     },
                 )
@@ -229,7 +247,7 @@ fn trimmed_batches_equal_untrimmed_ones_cut_to_length() {
         for (ft, tt) in f.tensors().iter().zip(t.tensors()) {
             let seq = matches!(
                 ft.role(),
-                dsc_loader::TensorRole::Features | dsc_loader::TensorRole::Categorical
+                Some(dsc_loader::TensorRole::Features | dsc_loader::TensorRole::Categorical)
             );
             if !seq {
                 assert_eq!(ft.bytes(), tt.bytes(), "{}", ft.name());
@@ -266,11 +284,14 @@ fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
     let cache = Cache::open(cache_dir()).unwrap();
     let window = 60; // rounded up to 64 for global batches of 8 (4 x 2 ranks)
     let o = |rank, epoch| LoaderOptions {
+        order: OrderSpec {
+            window,
+            bucket: true,
+            ..opts(4).order
+        },
         rank,
         world_size: 2,
-        window,
         epoch,
-        bucket: true,
         ..opts(4)
     };
     let ranks: Vec<Vec<dsc_loader::Batch>> = (0..2)
@@ -313,7 +334,10 @@ fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
     }
     let plain: Vec<Vec<i32>> = cache
         .loader(LoaderOptions {
-            bucket: false,
+            order: OrderSpec {
+                bucket: false,
+                ..opts(8).order
+            },
             rank: 0,
             world_size: 1,
             ..opts(8)
@@ -329,8 +353,11 @@ fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
     // The same contexts with bucketing off give the same bytes, cut to the batch's length.
     let all_bytes: BTreeMap<i64, Vec<u8>> = cache
         .loader(LoaderOptions {
-            shuffle: false,
-            drop_last: false,
+            order: OrderSpec {
+                shuffle: false,
+                drop_last: false,
+                ..opts(1).order
+            },
             ..opts(1)
         })
         .unwrap()
@@ -376,7 +403,10 @@ fn batch_bytes_equal_the_shard_bytes_of_those_contexts() {
         let mut zero_copy = 0;
         for batch in cache
             .loader(LoaderOptions {
-                shuffle,
+                order: OrderSpec {
+                    shuffle,
+                    ..opts(10).order
+                },
                 ..opts(10)
             })
             .unwrap()
@@ -514,7 +544,7 @@ fn fillers_on_several_threads_give_the_iterators_batches() {
                                 sizes.iter().map(|&n| vec![0; n]).collect();
                             let mut slices: Vec<&mut [u8]> =
                                 bufs.iter_mut().map(Vec::as_mut_slice).collect();
-                            let seq_len = filler.fill(step, &mut slices).unwrap();
+                            let seq_len = filler.fill(step, &mut slices).unwrap().seq_len;
                             (step, seq_len, bufs)
                         })
                         .collect::<Vec<_>>()
@@ -602,7 +632,7 @@ proptest! {
     #[test]
     fn resume_anywhere_equals_the_uninterrupted_run(stop in 0usize..60, epoch in 0u64..3, threads in 0usize..3, world in prop::sample::select(vec![1usize, 2, 4]), bucket in any::<bool>()) {
         let cache = Cache::open(cache_dir()).unwrap();
-        let base = LoaderOptions { epoch, threads, window: 64, bucket, ..opts(8) };
+        let base = LoaderOptions { order: OrderSpec { window: 64, bucket, ..opts(8).order }, epoch, threads, ..opts(8) };
         let straight: Vec<Vec<i64>> = keys_by_step(&cache, base.clone());
         let stop = stop.min(straight.len());
         let mut first = cache.loader(base.clone()).unwrap();
@@ -765,8 +795,11 @@ fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
     let lib = keys_by_step(
         &Cache::open(&cache).unwrap(),
         LoaderOptions {
+            order: OrderSpec {
+                bucket: true,
+                ..opts(16).order
+            },
             epoch: 2,
-            bucket: true,
             ..opts(16)
         },
     );

@@ -96,7 +96,7 @@ fn main() -> Result<(), String> {
     let mut buf = vec![0u8; 1 << 20];
     let mut ratios = vec![Vec::new(); settings.len()];
     let mut rates = vec![Vec::new(); settings.len()];
-    let mut before = memcpy(&cache, &base.split, &mut buf);
+    let mut before = memcpy(&cache, &base.order.split, &mut buf);
     for round in 0..rounds as u64 {
         for (k, setting) in settings.iter().enumerate() {
             let t = Instant::now();
@@ -129,7 +129,7 @@ fn main() -> Result<(), String> {
                 }),
             };
             let seconds = t.elapsed().as_secs_f64();
-            let after = memcpy(&cache, &base.split, &mut buf);
+            let after = memcpy(&cache, &base.order.split, &mut buf);
             ratios[k].push((before + after) / 2.0 * bytes as f64 / seconds);
             rates[k].push(bytes as f64 / seconds / 1e9);
             before = after;

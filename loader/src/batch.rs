@@ -2,6 +2,7 @@
 //! order, no copy) or gathered once into a pooled buffer.
 
 use crate::cache::{Inner, Shard};
+use crate::pack::PackInfo;
 use dsc_format::{Dtype, TensorRole};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -137,22 +138,48 @@ enum Data {
     },
 }
 
+/// One tensor of every batch of a loader: its name, element type and the shape of a whole
+/// batch (for callers that bring their own buffers, e.g. pinned memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// The tensor's name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// What a stored tensor means; `None` for the tensors a packed batch adds (`cu_seqlens`,
+    /// `seq_idx`, `position`, `num_seqs`, `num_tokens`).
+    pub role: Option<TensorRole>,
+    /// Shape of a whole batch: `[batch_size, ..]` padded to `L`, or a pack's `[T, ..]` /
+    /// `[S, ..]`.
+    pub shape: Vec<usize>,
+    /// The axis a trimmed batch cuts to its sequence length (`Some(1)` for per-step tensors of
+    /// padded batches).
+    pub trimmed_axis: Option<usize>,
+}
+
+impl TensorLayout {
+    /// Bytes of a whole batch of this tensor.
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
 /// One tensor of a batch.
 #[derive(Debug)]
 pub struct BatchTensor {
     name: String,
     dtype: Dtype,
-    role: TensorRole,
+    role: Option<TensorRole>,
     shape: Vec<usize>,
     data: Data,
 }
 
 impl BatchTensor {
-    fn new(spec: &dsc_format::TensorSpec, shape: Vec<usize>, data: Data) -> Self {
+    fn new(layout: &TensorLayout, shape: Vec<usize>, data: Data) -> Self {
         BatchTensor {
-            name: spec.name.clone(),
-            dtype: spec.dtype,
-            role: spec.role,
+            name: layout.name.clone(),
+            dtype: layout.dtype,
+            role: layout.role,
             shape,
             data,
         }
@@ -160,7 +187,7 @@ impl BatchTensor {
 
     /// A view of `len` bytes at `start` of shard `shard` of split `split`, a hot (mapped) one.
     pub(crate) fn mapped(
-        spec: &dsc_format::TensorSpec,
+        layout: &TensorLayout,
         shape: Vec<usize>,
         cache: Arc<Inner>,
         (split, shard, start, len): (usize, usize, usize, usize),
@@ -172,29 +199,29 @@ impl BatchTensor {
             start,
             len,
         };
-        Self::new(spec, shape, data)
+        Self::new(layout, shape, data)
     }
 
     /// A view of `len` bytes at `start` of a compressed shard's decompressed bytes.
     pub(crate) fn shared(
-        spec: &dsc_format::TensorSpec,
+        layout: &TensorLayout,
         shape: Vec<usize>,
         bytes: Arc<Vec<u8>>,
         start: usize,
         len: usize,
     ) -> Self {
-        Self::new(spec, shape, Data::Shared { bytes, start, len })
+        Self::new(layout, shape, Data::Shared { bytes, start, len })
     }
 
     /// A tensor of the first `len` bytes of `buf`, a buffer of `pool`.
     pub(crate) fn owned(
-        spec: &dsc_format::TensorSpec,
+        layout: &TensorLayout,
         shape: Vec<usize>,
         buf: Vec<u8>,
         len: usize,
         pool: Arc<Pool>,
     ) -> Self {
-        Self::new(spec, shape, Data::Owned { buf, len, pool })
+        Self::new(layout, shape, Data::Owned { buf, len, pool })
     }
 
     /// The tensor's name (`x`, `length`, a categorical column, …).
@@ -205,11 +232,12 @@ impl BatchTensor {
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
-    /// What the tensor means.
-    pub fn role(&self) -> TensorRole {
+    /// What a stored tensor means; `None` for the tensors a packed batch adds.
+    pub fn role(&self) -> Option<TensorRole> {
         self.role
     }
-    /// Shape: `[batch, ..]`, with the sequence axis trimmed when the loader trims.
+    /// Shape: `[batch, ..]`, with the sequence axis trimmed when the loader trims; a pack's
+    /// `[T, ..]` (per-step tensors) or `[S, ..]` (per-context tensors).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -271,10 +299,14 @@ impl Drop for BatchTensor {
 pub struct Batch {
     /// The step of the epoch this batch belongs to.
     pub step: usize,
-    /// Contexts in the batch.
+    /// Contexts in the batch (a pack's sequences).
     pub size: usize,
-    /// Sequence length of the sequence tensors (the longest stored length when trimmed).
+    /// Sequence length of the sequence tensors (the longest stored length when trimmed); a
+    /// pack's longest sequence.
     pub seq_len: usize,
+    /// For a packed batch: its sequences, tokens, longest sequence and whether it repeats an
+    /// earlier pack.
+    pub pack: Option<PackInfo>,
     pub(crate) tensors: Vec<BatchTensor>,
 }
 
@@ -287,12 +319,13 @@ impl Batch {
     pub fn tensors(&self) -> &[BatchTensor] {
         &self.tensors
     }
-    /// The context keys, in batch order.
+    /// The context keys, in batch order (a pack's sequences only, not its unused rows).
     pub fn keys(&self) -> Vec<i64> {
         self.tensor("key")
             .map(|t| {
                 t.bytes()
                     .chunks_exact(8)
+                    .take(self.size)
                     .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
                     .collect()
             })

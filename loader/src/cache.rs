@@ -1,10 +1,12 @@
 //! Opening a cache: read the manifest, validate every shard's size and header, map it.
 
 use crate::batch::Pool;
+use crate::batch::TensorLayout;
 use crate::body::{Body, Cold, Resident, ShardBytes};
 use crate::error::LoadError;
-use crate::loader::{Loader, LoaderOptions, State};
+use crate::loader::Loader;
 use crate::mmap::Mapped;
+use crate::options::{LoaderOptions, State};
 use dsc_format::stored::read_layout;
 use dsc_format::{Manifest, ShardEntry, TensorRole, TensorSpec};
 use std::path::{Path, PathBuf};
@@ -223,23 +225,34 @@ impl Cache {
         Loader::new(self.clone(), opts, 0)
     }
 
-    /// A loader that continues exactly where `state` was taken. The options must describe the
-    /// same split and global batch (`batch_size * world_size`); `rank` and `world_size` may
-    /// differ, so a run can resume on another number of GPUs.
+    /// A loader that starts at step `step` of its epoch (as [`Cache::loader_from_state`] does
+    /// for a state `step` global batches into the epoch).
+    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
+        Loader::new(self.clone(), opts, step)
+    }
+
+    /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
+    /// its batches, without starting one: the options are checked and the epoch planned as the
+    /// loader would (for packed batches, a pass over the epoch's order).
+    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
+        let (gather, _) = crate::loader::prepare(self, opts)?;
+        Ok((gather.steps(), gather.layout))
+    }
+
+    /// A loader that continues exactly where `state` was taken: the state's order (seed,
+    /// shuffle, window, bucketing, packing, …) and epoch replace those of `opts`. The options
+    /// must name the same split and give the same global batch (`batch_size * world_size`, or
+    /// `world_size` packs); `rank` and `world_size` may differ, so a run can resume on another
+    /// number of GPUs. To refuse a state whose order differs from the options instead, check it
+    /// first with [`State::check`].
     pub fn loader_from_state(
         &self,
         mut opts: LoaderOptions,
         state: &State,
     ) -> Result<Loader, LoadError> {
-        state.check(&opts)?;
+        let first_step = state.first_step(&opts)?;
+        opts.order = state.order.clone();
         opts.epoch = state.epoch;
-        opts.seed = state.seed;
-        opts.shuffle = state.shuffle;
-        opts.window = state.window;
-        opts.interleave = state.interleave;
-        opts.drop_last = state.drop_last;
-        opts.bucket = state.bucket;
-        let global = opts.batch_size * opts.world_size;
-        Loader::new(self.clone(), opts, state.samples / global.max(1))
+        Loader::new(self.clone(), opts, first_step)
     }
 }

@@ -13,7 +13,7 @@ use dsc_format::{
     checksum, ColumnSource, ColumnSpec, CompileSpec, Encoding, Manifest, Stats, TensorRole,
     TensorSpec,
 };
-use dsc_loader::{Cache, LoaderOptions};
+use dsc_loader::{Cache, LoaderOptions, OrderSpec};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -320,16 +320,7 @@ proptest! {
 
         let cache = Cache::open(&dir).unwrap();
         for (split, samples) in ["train", "val"].iter().zip(&written) {
-            let opts = LoaderOptions {
-                split: split.to_string(),
-                batch_size: batch,
-                drop_last: false,
-                threads,
-                epoch,
-                trim,
-                seed: s.seed,
-                ..LoaderOptions::default()
-            };
+            let opts = LoaderOptions { order: OrderSpec { split: split.to_string(), drop_last: false, seed: s.seed, ..Default::default() }, batch_size: batch, threads, epoch, trim, ..LoaderOptions::default() };
             let mut seen = HashMap::new();
             for b in cache.loader(opts).unwrap() {
                 let b = b.unwrap();

@@ -144,8 +144,14 @@ class Cache:
         raise OptionsError(f"{self.path}: no statistics for split {split!r} (splits: {names})")
 
     def steps(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
-        """Batches per rank in one epoch of ``split``."""
-        return self._handle.steps(split, batch_size, world_size, drop_last)
+        """Batches per rank in one epoch of ``split`` (padded batches; a packed loader's
+        ``len()`` gives its own)."""
+        for name, value in (("batch_size", batch_size), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+                raise OptionsError(f"{name}={value!r}: expected a positive integer")
+        options = dict(order=dict(split=split, drop_last=bool(drop_last), shuffle=False),
+                       batch_size=batch_size, world_size=world_size, threads=0)
+        return self._handle.plan(json.dumps(options))[0]
 
     def loader(self, **kwargs: Any) -> "Loader":  # noqa: F821 (imported lazily below)
         """``dsc.Loader(self, **kwargs)``."""

@@ -15,6 +15,7 @@ stays valid for as long as you hold it.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -47,29 +48,45 @@ class Batch(dict):
     DataLoader's pin thread calls ``pin_memory`` on custom types).
 
     Attributes: ``epoch``, ``step`` (the batch's index in the epoch), ``seq_len`` (the length of
-    the sequence axis), ``valid`` (how many leading rows are contexts seen for the first time
-    this epoch: all of them, except in the last batches of a ``drop_last=False`` epoch, which
-    are completed with the epoch's first contexts; evaluate on ``batch["y"][:batch.valid]`` to
-    count every context once)."""
+    the sequence axis; for a pack, its longest sequence), ``valid`` (how many leading rows are
+    contexts seen for the first time this epoch: all of them, except in the last batches of a
+    ``drop_last=False`` epoch, which are completed with the epoch's first contexts; evaluate on
+    ``batch["y"][:batch.valid]`` to count every context once).
+
+    A packed batch (``Loader(pack=T)``) also has ``seqs`` and ``tokens`` (the sequences and
+    tokens it holds: the leading rows of its ``[S, ...]`` and ``[T, ...]`` tensors) and
+    ``max_seqlen`` (its longest sequence); ``valid`` is ``seqs``, or 0 for a pack repeated to
+    complete the last global step. They are ``None`` for padded batches."""
 
     epoch: int
     step: int
     seq_len: int
     valid: int
+    seqs: Optional[int]
+    tokens: Optional[int]
+    max_seqlen: Optional[int]
 
     def __init__(self, tensors: Dict[str, Any], epoch: int = 0, step: int = 0, seq_len: int = 0,
-                 valid: Optional[int] = None):
+                 valid: Optional[int] = None, pack: Optional[Tuple[int, int, int]] = None):
         super().__init__(tensors)
         self.epoch = epoch
         self.step = step
         self.seq_len = seq_len
+        self.seqs, self.tokens, self.max_seqlen = pack if pack is not None else (None, None, None)
         if valid is None:
-            first = next(iter(tensors.values()), None)
-            valid = 0 if first is None else len(first)
+            if self.seqs is not None:
+                valid = self.seqs
+            else:
+                first = next(iter(tensors.values()), None)
+                valid = 0 if first is None else len(first)
         self.valid = valid
 
+    @property
+    def _pack(self) -> Optional[Tuple[int, int, int]]:
+        return None if self.seqs is None else (self.seqs, self.tokens, self.max_seqlen)
+
     def _like(self, tensors: Dict[str, Any]) -> "Batch":
-        return Batch(tensors, self.epoch, self.step, self.seq_len, self.valid)
+        return Batch(tensors, self.epoch, self.step, self.seq_len, self.valid, self._pack)
 
     def to(self, *args: Any, **kwargs: Any) -> "Batch":
         """``tensor.to(*args, **kwargs)`` for every tensor, e.g. ``batch.to("cuda",
@@ -81,7 +98,7 @@ class Batch(dict):
         return self._like({k: v.pin_memory(*args) for k, v in self.items()})
 
     def __reduce__(self):
-        return (Batch, (dict(self), self.epoch, self.step, self.seq_len, self.valid))
+        return (Batch, (dict(self), self.epoch, self.step, self.seq_len, self.valid, self._pack))
 
 
 def _default_rank_world() -> Tuple[int, int]:
@@ -147,7 +164,7 @@ class Loader:
     Args:
         cache: a cache directory or a :class:`dsc.Cache`.
         split: the split to read (``train``, ``val``, …).
-        batch_size: contexts per batch on this rank.
+        batch_size: contexts per batch on this rank [default: 256]; not used with ``pack``.
         shuffle: window-shuffle each epoch (off: compiled order, batches are zero-copy views).
         seed: the order seed; must be equal on every rank.
         epoch: the first epoch.
@@ -165,6 +182,17 @@ class Loader:
             longest sequence (implies ``trim``), so little of a batch is padding. Still every
             context once per epoch, exact resume, equal batches per rank. ``dsc order --bucket``
             reports the padding efficiency and what it costs in randomness.
+        pack: packed batches of this many tokens ``T`` (at least the cache's ``L``): whole
+            sequences laid end to end, so that every batch has the same shapes (what
+            ``torch.compile`` and CUDA graphs need) and almost no padding. Per-step tensors are
+            ``[T, ...]``, per-context ones ``[S, ...]``, and each batch adds ``cu_seqlens``
+            ``[S+1]`` (offsets; unused entries repeat the last), ``seq_idx`` ``[T]`` (the
+            sequence of each token; ``S`` for the unused tail, which is zero), ``position``
+            ``[T]`` (step within its sequence), ``num_seqs`` and ``num_tokens`` (``[1]``). One
+            pack per rank per step; the packs are planned from the stored lengths inside the
+            shuffled order, with exact resume. See docs/PYTHON.md, "Packed batches".
+        max_seqs: ``S``, the most sequences in a pack [default: derived from ``pack`` and the
+            cache's lengths so that it almost never binds].
         columns: load only these tensors (names), e.g. ``["x", "length", "y"]``.
         pin_memory: gather into page-locked memory (with CUDA torch; ignored, with a warning,
             where there is no GPU).
@@ -180,7 +208,7 @@ class Loader:
         self,
         cache: Union[PathLike, Cache],
         split: str = "train",
-        batch_size: int = 256,
+        batch_size: Optional[int] = None,
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -199,10 +227,21 @@ class Loader:
         window: int = 4096,
         interleave: int = 8,
         bucket: bool = False,
+        pack: Optional[int] = None,
+        max_seqs: Optional[int] = None,
     ) -> None:
         self.cache = cache if isinstance(cache, Cache) else Cache(cache)
         self.split = str(split)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.pack = None if pack is None else _check_int("pack", pack, 1)
+        self.max_seqs = None if max_seqs is None else _check_int("max_seqs", max_seqs, 1)
+        if self.pack is None and self.max_seqs is not None:
+            raise OptionsError("max_seqs= sizes packed batches: pass pack= too")
+        if self.pack is not None and batch_size is not None:
+            raise OptionsError(
+                "batch_size= and pack= exclude each other: a packed batch holds as many "
+                f"sequences as fit {self.pack} tokens (max_seqs= bounds them)"
+            )
+        self.batch_size = _check_int("batch_size", 256 if batch_size is None else batch_size, 1)
         self.shuffle = bool(shuffle)
         self.seed = _check_int("seed", seed, 0, 2**64 - 1)
         self.drop_last = bool(drop_last)
@@ -220,6 +259,11 @@ class Loader:
         self.prefetch = _check_int("prefetch", prefetch, 1, 65536)
         self.bucket = bool(bucket)
         self.trim = bool(trim) or self.bucket
+        if self.pack is not None and (self.bucket or bool(trim)):
+            raise OptionsError(
+                f"pack= with {'bucket' if self.bucket else 'trim'}=True: a packed batch holds no "
+                "padding to bucket or trim"
+            )
         self.window = _check_int("window", window, 1)
         self.interleave = _check_int("interleave", interleave, 1)
         self.copy = bool(copy)
@@ -269,7 +313,8 @@ class Loader:
         # The running iterator, weakly: an iterator keeps its loader alive, not the other way
         # round, so that neither forms a cycle that only the garbage collector could free.
         self._active: Optional["weakref.ref[_Epoch]"] = None
-        self._len = self.cache.steps(self.split, self.batch_size, self.world_size, self.drop_last)
+        self._planned: Optional[Tuple[int, int, List[Any]]] = None  # (epoch, steps, layout)
+        self._plan()  # checks the options against the cache now, not at the first batch
         self._contexts = self.cache.splits[self.split]
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.
@@ -278,8 +323,9 @@ class Loader:
     # -- PyTorch's vocabulary --------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (equal on every rank)."""
-        return self._len
+        """Batches per epoch on this rank (equal on every rank). The same every epoch, except
+        packed batches with ``drop_last=False``, whose last step depends on the epoch's plan."""
+        return self._plan()[0]
 
     @property
     def epoch(self) -> int:
@@ -296,22 +342,15 @@ class Loader:
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands, as a small JSON-able dict: the batches consumed so far
-        (counted over all ranks), the epoch, the order's parameters and the cache's fingerprint.
-        Save it with the model; :meth:`load_state_dict` continues the same order exactly, also
-        on another number of ranks with the same global batch."""
+        (``samples``, counted over all ranks: contexts, or packs), the epoch, the order's
+        parameters and the cache's fingerprint. Save it with the model; :meth:`load_state_dict`
+        continues the same order exactly, also on another number of ranks with the same global
+        batch. The order's fields and position come from the Rust loader's state."""
+        state = json.loads(self.cache._handle.state(self._options(0), self._step))
         return {
             "version": STATE_VERSION,
             "fingerprint": self.cache.fingerprint,
-            "split": self.split,
-            "epoch": self._epoch,
-            "samples": self._step * self.batch_size * self.world_size,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "window": self.window,
-            "interleave": self.interleave,
-            "bucket": self.bucket,
-            "global_batch": self.batch_size * self.world_size,
+            **state,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
         }
@@ -329,30 +368,18 @@ class Loader:
             raise StateError(f"not a dsc loader state: it lacks {missing}")
         if state["version"] != STATE_VERSION:
             raise StateError(f"loader state version {state['version']!r}; this dsc reads {STATE_VERSION}")
-        mine = self.state_dict()
-        if state["fingerprint"] != mine["fingerprint"]:
+        if state["fingerprint"] != self.cache.fingerprint:
             raise StateError(
                 f"the state is for another cache (fingerprint {state['fingerprint']}, "
-                f"{self.cache.path} has {mine['fingerprint']})"
+                f"{self.cache.path} has {self.cache.fingerprint})"
             )
-        # States saved before bucketing existed were not bucketed.
-        state = {"bucket": False, **state}
-        for k in ("split", "seed", "shuffle", "drop_last", "window", "interleave", "bucket"):
-            if state[k] != mine[k]:
-                raise StateError(f"the state has {k}={state[k]!r}, this loader {k}={mine[k]!r}")
-        if state["global_batch"] != mine["global_batch"]:
-            raise StateError(
-                f"the state's global batch is {state['global_batch']}, this loader's is "
-                f"{mine['global_batch']} ({self.batch_size} x {self.world_size} ranks); keep "
-                "batch_size x world_size fixed"
-            )
-        epoch, samples = state["epoch"], state["samples"]
-        if (not isinstance(epoch, int) or epoch < 0 or not isinstance(samples, int) or samples < 0
-                or samples % mine["global_batch"] != 0
-                or samples // mine["global_batch"] > self._len):
-            raise StateError(f"epoch {epoch!r} / samples {samples!r} do not fit this loader")
+        try:
+            text = json.dumps(state)
+        except (TypeError, ValueError) as e:
+            raise StateError(f"not a dsc loader state: {e}") from None
+        epoch, step = self.cache._handle.resume(self._options(0), text)
         self._close_active()
-        self._epoch, self._step = epoch, samples // mine["global_batch"]
+        self._epoch, self._step = epoch, step
 
     def __iter__(self) -> Iterator[Batch]:
         if os.getpid() != self._pid or _in_worker_process():
@@ -382,7 +409,8 @@ class Loader:
         return (
             f"dsc.Loader({self.cache.path!r}, split={self.split!r}, batch_size={self.batch_size}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
-            f"world_size={self.world_size}, bucket={self.bucket}, steps={self._len})"
+            f"world_size={self.world_size}, bucket={self.bucket}, pack={self.pack}, "
+            f"steps={len(self)})"
         )
 
     # -- internals -------------------------------------------------------------------------
@@ -393,14 +421,31 @@ class Loader:
             epoch.close()
         self._active = None
 
+    def _options(self, threads: int) -> str:
+        """The Rust loader's options (JSON) for the current epoch."""
+        order: Dict[str, Any] = dict(
+            split=self.split, seed=self.seed, shuffle=self.shuffle, window=self.window,
+            interleave=self.interleave, drop_last=self.drop_last, bucket=self.bucket,
+        )
+        if self.pack is not None:
+            order["pack"] = {"tokens": self.pack, "max_seqs": self.max_seqs}
+        return json.dumps(dict(
+            order=order, batch_size=self.batch_size, epoch=self._epoch, rank=self.rank,
+            world_size=self.world_size, prefetch=self.prefetch, threads=threads, trim=self.trim,
+            columns=self.columns,
+        ))
+
+    def _plan(self) -> Tuple[int, List[Any]]:
+        """Steps and batch layout of the current epoch (planned once per epoch)."""
+        if self._planned is None or self._planned[0] != self._epoch:
+            steps, layout = self.cache._handle.plan(self._options(0))
+            self._planned = (self._epoch, steps, layout)
+        return self._planned[1], self._planned[2]
+
     def _handle(self, threads: int):
+        # Writable (private) zero-copy views only for torch tensors that stay views.
         return self.cache._handle.loader(
-            self.split, self.batch_size, self.shuffle, self.seed, self._epoch,
-            self._step * self.batch_size * self.world_size, self.rank, self.world_size,
-            self.drop_last, self.prefetch, threads, self.trim, self.window, self.interleave,
-            self.bucket,
-            # Writable (private) zero-copy views only for torch tensors that stay views.
-            self.columns, self.format == "torch" and not self.copy,
+            self._options(threads), self._step, self.format == "torch" and not self.copy,
         )
 
     def _consumed(self, epoch: "_Epoch") -> None:
@@ -408,9 +453,12 @@ class Loader:
         if self._active is not None and epoch is self._active():
             self._step += 1
 
-    def _valid(self, step: int) -> int:
+    def _valid(self, step: int, pack: Optional[Tuple[int, int, int, bool]] = None) -> int:
         """Rows of this rank's batch ``step`` before the epoch wraps around (ranks take
-        consecutive slices of each global batch)."""
+        consecutive slices of each global batch); a pack's sequences, none if it repeats."""
+        if pack is not None:
+            seqs, _, _, repeated = pack
+            return 0 if repeated else seqs
         start = step * self.batch_size * self.world_size + self.rank * self.batch_size
         return max(0, min(self.batch_size, self._contexts - start))
 
@@ -479,10 +527,10 @@ class _Epoch:
         return batch
 
     def _batch(self, loader: Loader, item) -> Batch:
-        step, seq_len, tensors = item
+        step, (seq_len, pack), tensors = item
         batch = Batch(
             {name: _wrap(loader, buf, dtype, shape) for name, dtype, shape, buf in tensors},
-            self.epoch, step, seq_len, loader._valid(step),
+            self.epoch, step, seq_len, loader._valid(step, pack), pack and pack[:3],
         )
         if loader.device is not None:
             # Not pinned memory: a non-blocking copy could still be reading the buffer when
@@ -517,8 +565,8 @@ def _produce(handle, queues: List[queue.Queue], stop: threading.Event, k: int, f
             if stop.is_set():
                 return
             bufs = [torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin) for n in sizes]
-            seq_len = handle.fill(step, [b.numpy()[:n] for b, n in zip(bufs, sizes)])
-            put((step, seq_len, bufs))
+            info = handle.fill(step, [b.numpy()[:n] for b, n in zip(bufs, sizes)])
+            put((step, info, bufs))
     except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
         put(e)
 
@@ -575,14 +623,13 @@ class _PinnedEpoch(_Epoch):
         return item
 
     def _batch(self, loader: Loader, item) -> Batch:
-        step, seq_len, bufs = item
+        step, (seq_len, pack), bufs = item
         torch = _torch()
-        n = loader.batch_size
         tensors = {}
-        for (name, dtype, sample_shape, is_seq), buf in zip(self.infos, bufs):
-            shape = [n, *sample_shape]
-            if is_seq:
-                shape[1] = seq_len
+        for (name, dtype, whole, trimmed_axis), buf in zip(self.infos, bufs):
+            shape = list(whole)
+            if trimmed_axis is not None:
+                shape[trimmed_axis] = seq_len
             count = int(np.prod(shape))
             t = buf.view(getattr(torch, dtype))[:count].view(shape)
             if loader.device is not None:
@@ -590,7 +637,8 @@ class _PinnedEpoch(_Epoch):
             tensors[name] = t
         self.handle.advance(1)
         self.next_step += 1
-        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step))
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                     pack and pack[:3])
 
     def close(self) -> None:
         self.stop.set()

@@ -11,9 +11,9 @@ mod errors;
 
 use dsc_compiler::partition::{self, Partition, Stage};
 use dsc_compiler::{CompileOptions, CompileSpec, Storage, TerminalBars};
-use dsc_format::{Dtype, Manifest, Stats, TensorRole};
-use dsc_loader::order::Steps;
-use dsc_loader::{BatchTensor, Cache, Filler, LoaderOptions, State};
+use dsc_format::{Dtype, Stats};
+use dsc_loader::pack::PackInfo;
+use dsc_loader::{BatchTensor, Cache, Filler, LoadError, LoaderOptions, State, TensorLayout};
 use errors::{compile_error, format_error, load_error, options_error};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyBufferError;
@@ -160,10 +160,6 @@ fn dtype_name(d: Dtype) -> &'static str {
     }
 }
 
-fn is_sequence(role: TensorRole) -> bool {
-    matches!(role, TensorRole::Features | TensorRole::Categorical)
-}
-
 /// An open cache.
 #[pyclass(frozen, module = "dsc._dsc")]
 struct CacheHandle {
@@ -192,95 +188,31 @@ impl CacheHandle {
         Ok(serde_json::to_string(&stats).expect("stats serialise"))
     }
 
-    /// Batches per rank of one epoch (equal on every rank).
-    fn steps(
-        &self,
-        py: Python<'_>,
-        split: &str,
-        batch_size: usize,
-        world_size: usize,
-        drop_last: bool,
-    ) -> PyResult<usize> {
-        let Some(info) = self.cache.manifest().split(split) else {
-            return Err(options_error(
-                py,
-                &unknown_split(self.cache.manifest(), &self.cache, split),
-            ));
-        };
-        if batch_size == 0 || batch_size.checked_mul(world_size).is_none() {
-            return Err(options_error(
-                py,
-                &format!("batch_size {batch_size} x world_size {world_size}: not a global batch"),
-            ));
-        }
-        Ok(Steps::new(info.contexts, batch_size, world_size, drop_last).steps)
+    /// Steps (batches per rank) of the epoch that a loader with `options` (the JSON of the
+    /// Rust `LoaderOptions`) would run, and its batches' tensors as
+    /// `(name, dtype, whole-batch shape, trimmed axis or None)`. Packed orders plan the epoch.
+    fn plan(&self, py: Python<'_>, options: &str) -> PyResult<(usize, Vec<LayoutInfo>)> {
+        let opts = parse_options(py, options)?;
+        let cache = self.cache.clone();
+        let (steps, layout) = py
+            .detach(|| cache.plan(&opts))
+            .map_err(|e| load_error(py, e))?;
+        Ok((steps, layout.iter().map(layout_info).collect()))
     }
 
-    /// A loader over `split` from the state given as JSON (`epoch`, `samples`, …); `threads`
-    /// 0 leaves the gathering to `LoaderHandle.fill`.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (split, batch_size, shuffle, seed, epoch, samples, rank, world_size,
-                        drop_last, prefetch, threads, trim, window, interleave, bucket, columns,
-                        writable))]
+    /// A loader with `options` (JSON) starting at step `step` of its epoch; `threads` 0 in the
+    /// options leaves the gathering to `LoaderHandle.fill`.
     fn loader(
         &self,
         py: Python<'_>,
-        split: String,
-        batch_size: usize,
-        shuffle: bool,
-        seed: u64,
-        epoch: u64,
-        samples: usize,
-        rank: usize,
-        world_size: usize,
-        drop_last: bool,
-        prefetch: usize,
-        threads: usize,
-        trim: bool,
-        window: usize,
-        interleave: usize,
-        bucket: bool,
-        columns: Vec<String>,
+        options: &str,
+        step: usize,
         writable: bool,
     ) -> PyResult<LoaderHandle> {
-        let opts = LoaderOptions {
-            split: split.clone(),
-            batch_size,
-            shuffle,
-            seed,
-            epoch,
-            rank,
-            world_size,
-            drop_last,
-            prefetch,
-            threads,
-            trim,
-            window,
-            interleave,
-            bucket,
-            columns,
-        };
-        let state = State {
-            split,
-            epoch,
-            samples,
-            seed,
-            shuffle,
-            window,
-            interleave,
-            drop_last,
-            global_batch: batch_size.saturating_mul(world_size),
-            bucket,
-        };
+        let opts = parse_options(py, options)?;
         let cache = self.cache.clone();
         let loader = py
-            .detach(|| {
-                if samples == 0 {
-                    cache.loader(opts)
-                } else {
-                    cache.loader_from_state(opts, &state)
-                }
-            })
+            .detach(|| cache.loader_at(opts, step))
             .map_err(|e| load_error(py, e))?;
         Ok(LoaderHandle {
             filler: loader.filler(),
@@ -289,13 +221,63 @@ impl CacheHandle {
             pid: std::process::id(),
         })
     }
+
+    /// The resume state (JSON) of a loader with `options` after `step` batches of its epoch:
+    /// the Rust `State`, which `resume` reads back.
+    fn state(&self, py: Python<'_>, options: &str, step: usize) -> PyResult<String> {
+        let opts = parse_options(py, options)?;
+        let state = State::new(&opts, step).map_err(|e| load_error(py, e))?;
+        Ok(serde_json::to_string(&state).expect("a state serialises"))
+    }
+
+    /// Where a loader with `options` continues from `state` (JSON): `(epoch, step)`. Refuses
+    /// (`dsc.StateError`) a state whose order differs from the options in any field, another
+    /// global batch, or a position outside the state's epoch.
+    fn resume(&self, py: Python<'_>, options: &str, state: &str) -> PyResult<(u64, usize)> {
+        let mut opts = parse_options(py, options)?;
+        let state: State = serde_json::from_str(state).map_err(|e| {
+            load_error(py, LoadError::State(format!("not a dsc loader state: {e}")))
+        })?;
+        let step = state.check(&opts).map_err(|e| load_error(py, e))?;
+        opts.epoch = state.epoch;
+        let cache = self.cache.clone();
+        let (steps, _) = py
+            .detach(|| cache.plan(&opts))
+            .map_err(|e| load_error(py, e))?;
+        if step > steps {
+            return Err(load_error(
+                py,
+                LoadError::State(format!(
+                    "epoch {} / samples {} do not fit this loader: its epoch has {steps} steps \
+                     of {}",
+                    state.epoch, state.samples, state.global_batch
+                )),
+            ));
+        }
+        Ok((state.epoch, step))
+    }
 }
 
-fn unknown_split(m: &Manifest, cache: &Cache, split: &str) -> String {
-    let names: Vec<&str> = m.splits().iter().map(|s| s.name.as_str()).collect();
-    format!(
-        "{}: no split {split:?} (splits: {names:?})",
-        cache.dir().display()
+/// The Rust `LoaderOptions` from the JSON that `dsc.Loader` builds.
+fn parse_options(py: Python<'_>, json: &str) -> PyResult<LoaderOptions> {
+    serde_json::from_str(json).map_err(|e| options_error(py, &format!("loader options: {e}")))
+}
+
+/// `(name, dtype, whole-batch shape, trimmed axis)` of one tensor of a loader's batches.
+type LayoutInfo = (String, &'static str, Vec<usize>, Option<usize>);
+
+fn layout_info(t: &TensorLayout) -> LayoutInfo {
+    (t.name.clone(), dtype_name(t.dtype), t.shape.clone(), t.trimmed_axis)
+}
+
+/// What a batch is beyond its tensors: `(seq_len, pack)`, `pack` being `None` for a padded
+/// batch and `(seqs, tokens, max_seqlen, repeated)` for a packed one.
+type Info = (usize, Option<(usize, usize, usize, bool)>);
+
+fn info(seq_len: usize, pack: Option<PackInfo>) -> Info {
+    (
+        seq_len,
+        pack.map(|p| (p.seqs, p.tokens, p.max_seqlen, p.repeated)),
     )
 }
 
@@ -326,8 +308,6 @@ impl Drop for LoaderHandle {
         }
     }
 }
-
-type TensorInfo = (String, &'static str, Vec<usize>, bool);
 
 impl LoaderHandle {
     /// Refuses use in a forked child, where the loader's threads (and maybe its lock's owner)
@@ -375,45 +355,28 @@ impl LoaderHandle {
         self.with(py, |l| l.next_step())
     }
 
-    /// The loaded tensors: `(name, dtype, sample shape, is a sequence tensor)`.
-    fn tensors(&self, py: Python<'_>) -> PyResult<Vec<TensorInfo>> {
-        self.with(py, |l| {
-            l.tensor_specs()
-                .map(|t| {
-                    (
-                        t.name.clone(),
-                        dtype_name(t.dtype),
-                        t.sample_shape.clone(),
-                        is_sequence(t.role),
-                    )
-                })
-                .collect()
-        })
+    /// The tensors of every batch: `(name, dtype, whole-batch shape, trimmed axis or None)`.
+    fn tensors(&self, py: Python<'_>) -> PyResult<Vec<LayoutInfo>> {
+        self.with(py, |l| l.layout().iter().map(layout_info).collect())
     }
 
-    /// Bytes of one untrimmed batch per loaded tensor.
+    /// Bytes of one whole (untrimmed) batch per tensor.
     fn batch_bytes(&self, py: Python<'_>) -> PyResult<Vec<usize>> {
         self.with(py, |l| l.batch_bytes())
     }
 
-    /// The next batch as `(step, seq_len, [(name, dtype, shape, Buffer)])`, or `None` at the end
-    /// of the epoch. Waits for the prefetch threads with the GIL released.
+    /// The next batch as `(step, (seq_len, pack), [(name, dtype, shape, Buffer)])`, or `None` at
+    /// the end of the epoch. Waits for the prefetch threads with the GIL released.
     #[allow(clippy::type_complexity)]
     fn next(
         &self,
         py: Python<'_>,
-    ) -> PyResult<
-        Option<(
-            usize,
-            usize,
-            Vec<(String, &'static str, Vec<usize>, Py<Buffer>)>,
-        )>,
-    > {
+    ) -> PyResult<Option<(usize, Info, Vec<(String, &'static str, Vec<usize>, Py<Buffer>)>)>> {
         let Some(batch) = self.with(py, |l| l.next())? else {
             return Ok(None);
         };
         let batch = batch.map_err(|e| load_error(py, e))?;
-        let (step, seq_len) = (batch.step, batch.seq_len);
+        let (step, meta) = (batch.step, info(batch.seq_len, batch.pack));
         let tensors = batch.into_tensors();
         let mut out = Vec::with_capacity(tensors.len());
         for tensor in tensors {
@@ -426,14 +389,14 @@ impl LoaderHandle {
             let buffer = Py::new(py, buffer)?;
             out.push((name, dtype, shape, buffer));
         }
-        Ok(Some((step, seq_len, out)))
+        Ok(Some((step, meta, out)))
     }
 
     /// Gathers batch `step` into the caller's buffers (writable, C-contiguous objects of the
-    /// buffer protocol, one per loaded tensor, e.g. the NumPy views of pinned uint8 torch
-    /// tensors); returns the sequence length. The GIL is released while copying, so several
-    /// Python threads can fill different steps at once.
-    fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<usize> {
+    /// buffer protocol, one per tensor of `tensors()`, e.g. the NumPy views of pinned uint8
+    /// torch tensors); returns `(seq_len, pack)` as `next` does. The GIL is released while
+    /// copying, so several Python threads can fill different steps at once.
+    fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Info> {
         self.check_process(py)?;
         let mut views = Vec::with_capacity(buffers.len());
         for b in &buffers {
@@ -469,7 +432,8 @@ impl LoaderHandle {
             self.filler.fill(step, &mut slices)
         });
         drop(views);
-        result.map_err(|e| load_error(py, e))
+        let filled = result.map_err(|e| load_error(py, e))?;
+        Ok(info(filled.seq_len, filled.pack))
     }
 
     /// Marks `n` batches filled by `fill` as consumed.

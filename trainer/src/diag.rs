@@ -8,7 +8,7 @@ use crate::report::{BatchSizeReport, BatchTrial, StepReport, Summary};
 use crate::session::Session;
 use crate::timing::{Clock, Totals};
 use crate::train::train_options;
-use dsc_loader::LoaderOptions;
+use dsc_loader::{LoaderOptions, OrderSpec};
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Instant;
 use tch::Device;
@@ -19,7 +19,10 @@ use tch::Device;
 pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
     // Not `drop_last`: a split smaller than one batch still gives one.
     let loader = s.cache.loader(LoaderOptions {
-        drop_last: false,
+        order: OrderSpec {
+            drop_last: false,
+            ..train_options(&s, 0).order
+        },
         ..train_options(&s, 0)
     })?;
     let ring = s.ring.clone();

@@ -6,7 +6,7 @@ use crate::normalise::Scaling;
 use anyhow::{bail, Context};
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, Stage, TensorRole};
-use dsc_loader::{Cache, LoaderOptions};
+use dsc_loader::{Cache, LoaderOptions, OrderSpec};
 use tch::nn::{self, Module};
 use tch::{Kind, Reduction, Tensor};
 
@@ -180,8 +180,11 @@ fn count_classes(cache: &Cache, column: i64, name: &str) -> anyhow::Result<i64> 
         .expect("resolved above");
     let width = cache.tensors()[y].sample_elems();
     let opts = LoaderOptions {
-        shuffle: false,
-        drop_last: false,
+        order: OrderSpec {
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
         batch_size: 4096,
         threads: 0,
         ..Default::default()

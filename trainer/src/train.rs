@@ -9,7 +9,7 @@ use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
 use crate::session::{named_weights, Session};
 use crate::timing::{Clock, Totals};
 use anyhow::Context;
-use dsc_loader::{LoaderOptions, State};
+use dsc_loader::{LoaderOptions, OrderSpec, State};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -269,13 +269,16 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
         return Ok(None);
     }
     let opts = LoaderOptions {
-        split: split.into(),
+        order: OrderSpec {
+            split: split.into(),
+            shuffle: false,
+            drop_last: false,
+            bucket: s.cfg.bucket,
+            ..Default::default()
+        },
         batch_size: s.cfg.batch_size,
-        shuffle: false,
-        drop_last: false,
         threads: 0,
         trim: true,
-        bucket: s.cfg.bucket,
         ..Default::default()
     };
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));

@@ -622,9 +622,12 @@ fn a_held_out_test_split_is_evaluated_at_the_end_and_can_be_the_eval_split() {
     // Every fifth train key of the fixture's cache becomes the "official" test set.
     let cache = dsc_loader::Cache::open(&fx.icecube).unwrap();
     let opts = dsc_loader::LoaderOptions {
+        order: OrderSpec {
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
         batch_size: 100,
-        shuffle: false,
-        drop_last: false,
         ..Default::default()
     };
     let mut keys: Vec<i64> = Vec::new();

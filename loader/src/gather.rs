@@ -1,0 +1,603 @@
+//! Building one batch: which contexts a rank's step holds, and one copy of their bytes from the
+//! shards into the batch, padded (to `L`, or trimmed to the batch's longest sequence) or packed
+//! (sequences end to end, [`crate::pack`]). Shared by a loader's threads and its fillers.
+
+use crate::batch::{Batch, BatchTensor, Pool, TensorLayout};
+use crate::body::{Body, ShardBytes};
+use crate::cache::{Inner, Shard};
+use crate::error::LoadError;
+use crate::mmap::Mapped;
+use crate::order::{EpochOrder, Sample, Steps};
+use crate::pack::{PackInfo, Packs};
+use crate::rows;
+use dsc_format::{Dtype, TensorRole, TensorSpec};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// How an epoch's order is cut into batches.
+#[derive(Debug)]
+pub(crate) enum Batching {
+    /// `batch_size` contexts per rank and step, padded to `L` or (`trim`) cut to the batch's
+    /// longest stored sequence.
+    Padded { steps: Steps, trim: bool },
+    /// One pack per rank and step.
+    Packed {
+        packs: Packs,
+        /// Each context's stored length, compiled order.
+        lengths: Arc<[u32]>,
+    },
+}
+
+impl Batching {
+    /// Steps (batches per rank) in the epoch.
+    pub fn steps(&self) -> usize {
+        match self {
+            Batching::Padded { steps, .. } => steps.steps,
+            Batching::Packed { packs, .. } => packs.steps(),
+        }
+    }
+
+    /// The epoch position of the first context of rank `rank`'s batch at `step`.
+    pub fn first_position(&self, step: usize, rank: usize) -> usize {
+        match self {
+            Batching::Padded { steps, .. } => steps.positions(step, rank).next().unwrap_or(0),
+            Batching::Packed { packs, .. } => packs.positions(packs.pack_at(step, rank).0).start,
+        }
+    }
+}
+
+/// What a filled batch is, beyond its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchInfo {
+    /// Length of the sequence axis of padded per-step tensors (`L`, or the batch's longest
+    /// stored sequence when trimmed); for a pack, its longest sequence.
+    pub seq_len: usize,
+    /// For a packed batch: its sequences, tokens and whether it repeats an earlier pack.
+    pub pack: Option<PackInfo>,
+}
+
+/// The names of the tensors a packed batch adds to the cache's.
+pub const PACK_TENSORS: [&str; 5] = [
+    "cu_seqlens",
+    "seq_idx",
+    "position",
+    "num_seqs",
+    "num_tokens",
+];
+
+/// Everything a batch is built from.
+#[derive(Debug)]
+pub(crate) struct Gather {
+    pub cache: Arc<Inner>,
+    pub split_index: usize,
+    pub order: EpochOrder,
+    pub batching: Batching,
+    pub rank: usize,
+    /// Each loaded tensor's index among the manifest's (and so among a shard's tensors), in
+    /// manifest order. The specs stay in the manifest: a categorical column's vocabulary can
+    /// be hundreds of KB, and a loader is built every epoch.
+    pub slots: Vec<usize>,
+    /// The tensors of every batch, whole (untrimmed): the loaded ones, then a pack's own.
+    pub layout: Vec<TensorLayout>,
+    /// The manifest index of `length`, read for trimming whether or not it is loaded.
+    pub length_index: usize,
+    pub pool: Arc<Pool>,
+    /// Whether the split's shards are compressed (decompressed on use, not mapped).
+    pub cold: bool,
+    /// Whether the split's pages stay in the process's page tables between windows and epochs
+    /// (the split fits the loader's resident budget) instead of being released behind the
+    /// reader.
+    pub keep_resident: bool,
+}
+
+/// The layout of the batches of `slots` (manifest indices): padded batches of `batch_size`, or
+/// packs of (`T`, `S`).
+pub(crate) fn layout(
+    tensors: &[TensorSpec],
+    slots: &[usize],
+    batch_size: usize,
+    pack: Option<(usize, usize)>,
+) -> Vec<TensorLayout> {
+    let mut out: Vec<TensorLayout> = slots
+        .iter()
+        .map(|&i| {
+            let spec = &tensors[i];
+            let (shape, trimmed_axis) = match pack {
+                None => {
+                    let mut shape = vec![batch_size];
+                    shape.extend_from_slice(&spec.sample_shape);
+                    (shape, is_sequence(spec).then_some(1))
+                }
+                Some((tokens, _)) if is_sequence(spec) => {
+                    let mut shape = vec![tokens];
+                    shape.extend_from_slice(&spec.sample_shape[1..]);
+                    (shape, None)
+                }
+                Some((_, seqs)) => {
+                    let mut shape = vec![seqs];
+                    shape.extend_from_slice(&spec.sample_shape);
+                    (shape, None)
+                }
+            };
+            TensorLayout {
+                name: spec.name.clone(),
+                dtype: spec.dtype,
+                role: Some(spec.role),
+                shape,
+                trimmed_axis,
+            }
+        })
+        .collect();
+    if let Some((tokens, seqs)) = pack {
+        for (name, len) in PACK_TENSORS.iter().zip([seqs + 1, tokens, tokens, 1, 1]) {
+            out.push(TensorLayout {
+                name: (*name).into(),
+                dtype: Dtype::I32,
+                role: None,
+                shape: vec![len],
+                trimmed_axis: None,
+            });
+        }
+    }
+    out
+}
+
+/// Whether a stored tensor has a step axis (`[n, L, ..]`), trimmed or packed by the loader.
+pub(crate) fn is_sequence(spec: &TensorSpec) -> bool {
+    matches!(spec.role, TensorRole::Features | TensorRole::Categorical)
+}
+
+impl Gather {
+    pub fn shards(&self) -> &[Shard] {
+        &self.cache.splits[self.split_index].1
+    }
+
+    /// The spec of loaded tensor `t`.
+    fn spec(&self, t: usize) -> &TensorSpec {
+        &self.cache.manifest.tensors()[self.slots[t]]
+    }
+
+    /// The loaded tensors' specs, in manifest order.
+    pub fn specs(&self) -> impl ExactSizeIterator<Item = &TensorSpec> {
+        self.loaded().map(|(_, spec)| spec)
+    }
+
+    /// The loaded tensors as (manifest index, spec), in manifest order.
+    fn loaded(&self) -> impl ExactSizeIterator<Item = (usize, &TensorSpec)> {
+        let all = self.cache.manifest.tensors();
+        self.slots.iter().map(move |&i| (i, &all[i]))
+    }
+
+    fn max_len(&self) -> usize {
+        self.cache.manifest.max_len()
+    }
+
+    /// Steps (batches per rank) in the epoch.
+    pub fn steps(&self) -> usize {
+        self.batching.steps()
+    }
+
+    /// The contexts of this rank's batch at `step` (keeping the last window permutation in
+    /// `cache`), and whether the batch repeats an earlier pack.
+    pub fn samples(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> (Vec<Sample>, bool) {
+        match &self.batching {
+            Batching::Padded { steps, .. } => (
+                steps
+                    .positions(step, self.rank)
+                    .map(|p| self.order.sample_at(p, cache))
+                    .collect(),
+                false,
+            ),
+            Batching::Packed { packs, .. } => {
+                let (q, repeated) = packs.pack_at(step, self.rank);
+                let samples = packs
+                    .positions(q)
+                    .map(|p| self.order.sample_at(p, cache))
+                    .collect();
+                (samples, repeated)
+            }
+        }
+    }
+
+    /// The bytes of the shards of a compressed cache that `samples` lie in (nothing for a hot
+    /// cache, whose maps are read directly), held for one batch.
+    fn resolve(&self, samples: &[Sample]) -> Result<Resolved<'_>, LoadError> {
+        let mut held: Vec<(usize, ShardBytes<'_>)> = Vec::new();
+        for s in samples {
+            if matches!(self.shards()[s.shard].body, Body::Cold(_))
+                && !held.iter().any(|(k, _)| *k == s.shard)
+            {
+                held.push((s.shard, self.cache.shard_bytes(self.split_index, s.shard)?));
+            }
+        }
+        Ok(Resolved(held))
+    }
+
+    /// The bytes of shard `shard`: its map, or (compressed) its bytes in `held`.
+    fn shard_bytes<'a>(&'a self, shard: usize, held: &'a Resolved<'a>) -> &'a [u8] {
+        match &self.shards()[shard].body {
+            Body::Mapped(map) => map.bytes(),
+            Body::Cold(_) => held.get(shard),
+        }
+    }
+
+    /// The bytes of sample `s` of the manifest's tensor `slot`.
+    fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize, held: &'a Resolved<'a>) -> &'a [u8] {
+        let size = self.cache.manifest.tensors()[slot].sample_bytes();
+        let start = self.shards()[s.shard].tensor_starts[slot] + s.offset * size;
+        &self.shard_bytes(s.shard, held)[start..start + size]
+    }
+
+    fn stored_length(&self, s: &Sample, held: &Resolved<'_>) -> usize {
+        let b = self.sample_bytes(s, self.length_index, held);
+        i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as usize
+    }
+
+    /// The sequence length of a padded batch: `L`, or trimmed its longest stored length, at
+    /// least 1.
+    fn seq_len(&self, samples: &[Sample], held: &Resolved<'_>) -> usize {
+        if !matches!(self.batching, Batching::Padded { trim: true, .. }) {
+            return self.max_len();
+        }
+        samples
+            .iter()
+            .map(|s| self.stored_length(s, held))
+            .max()
+            .unwrap_or(0)
+            .clamp(1, self.max_len())
+    }
+
+    /// Bytes of loaded tensor `t` in a padded batch of `n` contexts cut to `seq_len`, or of a
+    /// pack.
+    fn tensor_bytes(&self, t: usize, n: usize, seq_len: usize) -> usize {
+        match &self.batching {
+            Batching::Padded { .. } => n * self.copy_bytes(t, seq_len),
+            Batching::Packed { .. } => self.layout[t].bytes(),
+        }
+    }
+
+    /// Bytes of one sample of loaded tensor `t` cut to `seq_len` steps.
+    fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
+        let spec = self.spec(t);
+        if is_sequence(spec) {
+            spec.sample_bytes() / self.max_len().max(1) * seq_len
+        } else {
+            spec.sample_bytes()
+        }
+    }
+
+    /// The shape of tensor `t` of a batch of `n` contexts at `seq_len` (a pack's are fixed).
+    fn shape(&self, t: usize, n: usize, seq_len: usize) -> Vec<usize> {
+        let l = &self.layout[t];
+        let mut shape = l.shape.clone();
+        if matches!(self.batching, Batching::Padded { .. }) {
+            shape[0] = n;
+            if let Some(axis) = l.trimmed_axis {
+                shape[axis] = seq_len;
+            }
+        }
+        shape
+    }
+
+    /// Copies the batch of `samples` into `dst` (one slice per tensor of the layout, each at
+    /// least its bytes).
+    pub fn gather_into(
+        &self,
+        (samples, repeated): (&[Sample], bool),
+        dst: &mut [&mut [u8]],
+    ) -> Result<BatchInfo, LoadError> {
+        let held = self.resolve(samples)?;
+        match &self.batching {
+            Batching::Padded { .. } => {
+                let seq_len = self.seq_len(samples, &held);
+                self.gather(samples, &held, seq_len, dst);
+                Ok(BatchInfo {
+                    seq_len,
+                    pack: None,
+                })
+            }
+            Batching::Packed { lengths, .. } => {
+                let pack = self.gather_pack(samples, repeated, lengths, &held, dst);
+                Ok(BatchInfo {
+                    seq_len: pack.max_seqlen,
+                    pack: Some(pack),
+                })
+            }
+        }
+    }
+
+    /// Copies `samples`, cut to `seq_len`, from their shards (`held`: the compressed ones)
+    /// into `dst`.
+    fn gather(
+        &self,
+        samples: &[Sample],
+        held: &Resolved<'_>,
+        seq_len: usize,
+        dst: &mut [&mut [u8]],
+    ) {
+        // Everything but the copies is looked up once per batch or tensor: at a few dozen
+        // nanoseconds per sample and tensor, the lookups cost a sixth of the gather.
+        let shards = self.shards();
+        let bodies: Vec<&[u8]> = samples
+            .iter()
+            .map(|s| self.shard_bytes(s.shard, held))
+            .collect();
+        for (t, out) in dst.iter_mut().enumerate() {
+            let n = self.copy_bytes(t, seq_len);
+            if n == 0 {
+                continue;
+            }
+            let slot = self.slots[t];
+            let size = self.spec(t).sample_bytes();
+            let count = samples.len();
+            rows::gather(&mut out[..count * n], n, count, |i| {
+                let start = shards[samples[i].shard].tensor_starts[slot] + samples[i].offset * size;
+                &bodies[i][start..start + n]
+            });
+        }
+    }
+
+    /// Lays `samples` end to end into the pack buffers `dst` (the layout's: loaded tensors,
+    /// then the pack's own); the unused tail of every tensor is zeroed, the tail tokens belong
+    /// to sequence `S` (one past the last).
+    fn gather_pack(
+        &self,
+        samples: &[Sample],
+        repeated: bool,
+        lengths: &[u32],
+        held: &Resolved<'_>,
+        dst: &mut [&mut [u8]],
+    ) -> PackInfo {
+        let max_len = self.max_len().max(1);
+        let lens: Vec<usize> = samples
+            .iter()
+            .map(|s| (lengths[s.position] as usize).min(max_len))
+            .collect();
+        let tokens: usize = lens.iter().sum();
+        let seqs = samples.len();
+        let shards = self.shards();
+        let bodies: Vec<&[u8]> = samples
+            .iter()
+            .map(|s| self.shard_bytes(s.shard, held))
+            .collect();
+        let (capacity, max_seqs) = match &self.batching {
+            Batching::Packed { packs, .. } => (packs.tokens(), packs.max_seqs()),
+            Batching::Padded { .. } => unreachable!("a pack gather of a padded loader"),
+        };
+        for (t, out) in dst.iter_mut().take(self.slots.len()).enumerate() {
+            let slot = self.slots[t];
+            let size = self.spec(t).sample_bytes();
+            let start_of =
+                |i: usize| shards[samples[i].shard].tensor_starts[slot] + samples[i].offset * size;
+            if is_sequence(self.spec(t)) {
+                // Each sequence's stored steps are the first bytes of its sample: one copy.
+                let step = size / max_len;
+                let mut at = 0;
+                for (i, &len) in lens.iter().enumerate() {
+                    let n = len * step;
+                    out[at..at + n].copy_from_slice(&bodies[i][start_of(i)..start_of(i) + n]);
+                    at += n;
+                }
+                out[at..capacity * step].fill(0);
+            } else {
+                rows::gather(&mut out[..seqs * size], size, seqs, |i| {
+                    &bodies[i][start_of(i)..start_of(i) + size]
+                });
+                out[seqs * size..max_seqs * size].fill(0);
+            }
+        }
+        let [cu, seq_idx, position, num_seqs, num_tokens] = &mut dst[self.slots.len()..] else {
+            unreachable!("the layout ends with the pack's five tensors");
+        };
+        let mut offsets = Vec::with_capacity(max_seqs + 1);
+        offsets.push(0usize);
+        for &len in &lens {
+            offsets.push(offsets.last().expect("non-empty") + len);
+        }
+        offsets.resize(max_seqs + 1, tokens);
+        write_i32(cu, offsets.iter().map(|&o| o as i32));
+        let owners = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &len)| std::iter::repeat_n(i as i32, len));
+        write_i32(
+            seq_idx,
+            owners.chain(std::iter::repeat_n(max_seqs as i32, capacity - tokens)),
+        );
+        let steps = lens.iter().flat_map(|&len| 0..len as i32);
+        write_i32(
+            position,
+            steps.chain(std::iter::repeat_n(0, capacity - tokens)),
+        );
+        write_i32(num_seqs, std::iter::once(seqs as i32));
+        write_i32(num_tokens, std::iter::once(tokens as i32));
+        PackInfo {
+            seqs,
+            tokens,
+            max_seqlen: lens.iter().copied().max().unwrap_or(0),
+            repeated,
+        }
+    }
+
+    /// Rank `rank`'s batch at `step`: a view of the shard where the contexts lie in cache order
+    /// and nothing is trimmed or packed, otherwise one gather into pooled buffers.
+    pub fn build(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Result<Batch, LoadError> {
+        let (samples, repeated) = self.samples(step, cache);
+        let n = samples.len();
+        let contiguous = samples
+            .windows(2)
+            .all(|w| w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1);
+        if matches!(self.batching, Batching::Padded { trim: false, .. }) && contiguous && n > 0 {
+            return self.view(step, &samples);
+        }
+        let held = self.resolve(&samples)?;
+        let seq_len = self.seq_len(&samples, &held);
+        let lens: Vec<usize> = (0..self.layout.len())
+            .map(|t| {
+                if t < self.slots.len() {
+                    self.tensor_bytes(t, n, seq_len)
+                } else {
+                    self.layout[t].bytes()
+                }
+            })
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&len| self.pool.take(len)).collect();
+        let mut slices: Vec<&mut [u8]> = bufs
+            .iter_mut()
+            .zip(&lens)
+            .map(|(b, &len)| &mut b[..len])
+            .collect();
+        let info = match &self.batching {
+            Batching::Padded { .. } => {
+                self.gather(&samples, &held, seq_len, &mut slices);
+                BatchInfo {
+                    seq_len,
+                    pack: None,
+                }
+            }
+            Batching::Packed { lengths, .. } => {
+                let pack = self.gather_pack(&samples, repeated, lengths, &held, &mut slices);
+                BatchInfo {
+                    seq_len: pack.max_seqlen,
+                    pack: Some(pack),
+                }
+            }
+        };
+        drop(held);
+        let tensors = bufs
+            .into_iter()
+            .zip(lens)
+            .enumerate()
+            .map(|(t, (buf, len))| {
+                BatchTensor::owned(
+                    &self.layout[t],
+                    self.shape(t, n, seq_len),
+                    buf,
+                    len,
+                    self.pool.clone(),
+                )
+            })
+            .collect();
+        Ok(Batch {
+            step,
+            size: info.pack.map_or(n, |p| p.seqs),
+            seq_len: info.seq_len,
+            pack: info.pack,
+            tensors,
+        })
+    }
+
+    /// A batch of `samples`, consecutive contexts of one shard, as views: of the map of a hot
+    /// shard, of the decompressed bytes of a cold one.
+    fn view(&self, step: usize, samples: &[Sample]) -> Result<Batch, LoadError> {
+        let n = samples.len();
+        let first = samples[0];
+        let shard = &self.shards()[first.shard];
+        let cold = match &shard.body {
+            Body::Cold(_) => Some(self.cache.shard_bytes(self.split_index, first.shard)?),
+            Body::Mapped(_) => None,
+        };
+        let max_len = self.max_len();
+        let tensors = self
+            .specs()
+            .enumerate()
+            .map(|(t, spec)| {
+                let size = spec.sample_bytes();
+                let start = shard.tensor_starts[self.slots[t]] + first.offset * size;
+                let shape = self.shape(t, n, max_len);
+                match &cold {
+                    Some(ShardBytes::Cold(bytes)) => {
+                        BatchTensor::shared(&self.layout[t], shape, bytes.clone(), start, n * size)
+                    }
+                    _ => BatchTensor::mapped(
+                        &self.layout[t],
+                        shape,
+                        self.cache.clone(),
+                        (self.split_index, first.shard, start, n * size),
+                    ),
+                }
+            })
+            .collect();
+        Ok(Batch {
+            step,
+            size: n,
+            seq_len: max_len,
+            pack: None,
+            tensors,
+        })
+    }
+
+    /// Page-cache hints for the window after `w` (read ahead) and the one before `w - 1`
+    /// (release from this process's resident set).
+    pub fn advise(&self, w: usize) {
+        let window = self.order.window();
+        let total = self.order.len();
+        let ahead = ((w + 1) * window).min(total)..((w + 2) * window).min(total);
+        if self.cold {
+            // Decompress the next window's shards here, off the gathering threads; a failure
+            // is reported by the gather that needs the shard.
+            for (shard, _, _) in self.order.spans(ahead) {
+                let _ = self.cache.shard_bytes(self.split_index, shard);
+            }
+            return;
+        }
+        if self.keep_resident {
+            // Fault each loaded tensor of a shard in once, whole, ahead of its first use; it
+            // then stays mapped.
+            for (shard, _, _) in self.order.spans(ahead) {
+                let shard = &self.shards()[shard];
+                let Body::Mapped(map) = &shard.body else {
+                    continue;
+                };
+                for (slot, spec) in self.loaded() {
+                    if !shard.populated[slot].swap(true, Ordering::Relaxed) {
+                        let len = spec.sample_bytes() * shard.entry.contexts;
+                        map.will_need(shard.tensor_starts[slot], len);
+                    }
+                }
+            }
+            return;
+        }
+        self.for_spans(ahead, |map, start, len| map.will_need(start, len));
+        if w >= 2 {
+            let behind = (w - 2) * window..(w - 1) * window;
+            self.for_spans(behind, |map, start, len| map.release(start, len));
+        }
+    }
+
+    /// Calls `f` with the map and byte range of every loaded tensor of the hot shards in
+    /// `virtual_range`.
+    fn for_spans(&self, virtual_range: std::ops::Range<usize>, f: impl Fn(&Mapped, usize, usize)) {
+        for (shard, lo, hi) in self.order.spans(virtual_range) {
+            let shard = &self.shards()[shard];
+            let Body::Mapped(map) = &shard.body else {
+                continue;
+            };
+            for (slot, spec) in self.loaded() {
+                let size = spec.sample_bytes();
+                f(map, shard.tensor_starts[slot] + lo * size, (hi - lo) * size);
+            }
+        }
+    }
+}
+
+/// Writes `values` as little-endian i32 into `out`, front to back.
+fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
+    for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The bytes of the compressed shards one batch reads, held while it is gathered.
+struct Resolved<'a>(Vec<(usize, ShardBytes<'a>)>);
+
+impl Resolved<'_> {
+    fn get(&self, shard: usize) -> &[u8] {
+        &self
+            .0
+            .iter()
+            .find(|(k, _)| *k == shard)
+            .expect("resolved before the gather")
+            .1
+    }
+}

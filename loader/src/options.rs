@@ -1,0 +1,325 @@
+//! What a loader is asked for, and where it stands.
+//!
+//! [`OrderSpec`] holds every option that decides which contexts an epoch's batches hold and in
+//! which order (the split, the seed, the shuffle window, bucketing, packing, …). A resume state
+//! ([`State`]) is that spec plus a position, so an option added to the order is kept by every
+//! checkpoint without further code: [`LoaderOptions`] contains the spec, [`State`] contains it,
+//! and [`State::new`] is the one place a state is made.
+
+use crate::error::LoadError;
+use crate::order::{DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use serde::{Deserialize, Serialize};
+
+/// Everything that decides an epoch's batches apart from the epoch number and the global
+/// batch: what a resume state keeps. Every field has a documented default.
+///
+/// Unknown fields are ignored when read: a [`State`] holds these fields flattened beside its
+/// own, and a caller may keep more keys in the same JSON object (Python adds its own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderSpec {
+    /// Split to read [default: `train`].
+    pub split: String,
+    /// Seed of the epoch order [default: 0].
+    pub seed: u64,
+    /// Shuffle the epoch (window shuffle) [default: true].
+    pub shuffle: bool,
+    /// Contexts permuted together in a shuffled epoch; resident memory is about
+    /// `3 * window * bytes per context` (the window read, the one before, the one ahead)
+    /// [default: 4096].
+    pub window: usize,
+    /// Shards read side by side, so that each window mixes this many shards [default: 8].
+    pub interleave: usize,
+    /// Drop the last partial global batch; otherwise complete it by repeating the epoch's first
+    /// contexts (with `pack`: its first packs) [default: true].
+    pub drop_last: bool,
+    /// Length-bucketed batches: inside each window, contexts of similar stored length form a
+    /// global batch, the batches come in random order, and each is trimmed to its longest
+    /// sequence (implies `trim`). The window is rounded up to a multiple of the global batch.
+    /// Still one pass over every context, exact resume and equal batches per rank. Absent in
+    /// states from before bucketing: false [default: false].
+    #[serde(default)]
+    pub bucket: bool,
+    /// Packed batches: whole sequences laid end to end in a fixed budget of tokens, so that
+    /// every batch has the same shapes and almost no padding (see [`crate::pack`]). A batch is
+    /// one pack per rank; `batch_size` is not used [default: none, padded batches].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<Pack>,
+}
+
+impl Default for OrderSpec {
+    fn default() -> Self {
+        OrderSpec {
+            split: "train".into(),
+            seed: 0,
+            shuffle: true,
+            window: DEFAULT_WINDOW,
+            interleave: DEFAULT_INTERLEAVE,
+            drop_last: true,
+            bucket: false,
+            pack: None,
+        }
+    }
+}
+
+/// The size of a packed batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pack {
+    /// Tokens (stored steps) per pack, `T`: the length of every per-step tensor. At least the
+    /// cache's `L`, so that any sequence fits.
+    pub tokens: usize,
+    /// Sequences per pack at most, `S`: the length of every per-context tensor. `None` derives
+    /// it from `tokens` and the cache's stored lengths ([`crate::pack::default_max_seqs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seqs: Option<usize>,
+}
+
+impl Pack {
+    /// Packs of `tokens` tokens, the sequence count derived from the lengths.
+    pub fn tokens(tokens: usize) -> Pack {
+        Pack {
+            tokens,
+            max_seqs: None,
+        }
+    }
+}
+
+/// What to load. Every field has a documented default (`LoaderOptions::default()`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoaderOptions {
+    /// The order of the epochs: split, seed, shuffle, bucketing, packing, …
+    pub order: OrderSpec,
+    /// Contexts per batch per rank [default: 256]; not used with `order.pack`.
+    pub batch_size: usize,
+    /// Epoch number: each epoch has its own order [default: 0].
+    pub epoch: u64,
+    /// This process's rank [default: 0].
+    pub rank: usize,
+    /// Number of ranks [default: 1].
+    pub world_size: usize,
+    /// Batches prepared ahead per thread [default: 4].
+    pub prefetch: usize,
+    /// Background threads preparing batches; 0 prepares them in the caller's thread
+    /// [default: 1]. An uncompressed split kept resident (one that fits a quarter of memory) runs
+    /// at most one thread per core the process may use: its gather never waits on the disk,
+    /// so further threads only take turns on the same cores (3 threads on 2 cores gathered
+    /// a fifth slower than 2). [`crate::Loader::threads`] says how many run.
+    pub threads: usize,
+    /// Cut sequence tensors to the longest stored length in the batch [default: false]. A
+    /// packed batch has no padding to cut: refused with `order.pack`.
+    pub trim: bool,
+    /// The tensors to load, by name, in manifest order whatever the order given; empty loads
+    /// every tensor [default: empty]. Leaving out tensors the model does not read saves their
+    /// gather.
+    pub columns: Vec<String>,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            order: OrderSpec::default(),
+            batch_size: 256,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            prefetch: 4,
+            threads: 1,
+            trim: false,
+            columns: Vec::new(),
+        }
+    }
+}
+
+impl LoaderOptions {
+    /// Units (contexts, or packs with `order.pack`) per global step, or an error where that
+    /// product overflows.
+    pub fn global_batch(&self) -> Result<usize, LoadError> {
+        global_batch(&self.order, self.batch_size, self.world_size)
+    }
+}
+
+/// Units per global step of `order` at `batch_size` x `world_size`.
+fn global_batch(
+    order: &OrderSpec,
+    batch_size: usize,
+    world_size: usize,
+) -> Result<usize, LoadError> {
+    if order.pack.is_some() {
+        return Ok(world_size);
+    }
+    batch_size.checked_mul(world_size).ok_or_else(|| {
+        LoadError::Options(format!(
+            "batch_size {batch_size} x world_size {world_size}: the global batch overflows"
+        ))
+    })
+}
+
+/// Where a loader stands: its order and a position in it, enough to continue exactly, on any
+/// number of ranks with the same global batch. The JSON is flat: the order's fields beside
+/// `epoch`, `samples` and `global_batch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// The order.
+    #[serde(flatten)]
+    pub order: OrderSpec,
+    /// The epoch.
+    pub epoch: u64,
+    /// Units of the epoch consumed by all ranks together, a multiple of `global_batch`:
+    /// contexts, or packs for a packed order.
+    pub samples: usize,
+    /// Units per global step: `batch_size * world_size`, or `world_size` packs.
+    pub global_batch: usize,
+}
+
+impl State {
+    /// The state of a loader with `opts` after `step` batches of its epoch.
+    pub fn new(opts: &LoaderOptions, step: usize) -> Result<State, LoadError> {
+        let global = opts.global_batch()?;
+        Ok(State {
+            order: opts.order.clone(),
+            epoch: opts.epoch,
+            samples: step.saturating_mul(global),
+            global_batch: global,
+        })
+    }
+
+    /// Checks that this state resumes a loader with `opts` as they are: the same order in every
+    /// field and the same global batch. Returns the step to start from.
+    pub fn check(&self, opts: &LoaderOptions) -> Result<usize, LoadError> {
+        if self.order != opts.order {
+            let field = differing_field(&self.order, &opts.order);
+            return Err(LoadError::State(format!(
+                "the state has {field}={}, the options {field}={}",
+                field_value(&self.order, &field),
+                field_value(&opts.order, &field)
+            )));
+        }
+        self.first_step(opts)
+    }
+
+    /// The step of `opts`'s epoch this state continues from: the split and the global batch
+    /// must be the same (the rest of the order comes from the state).
+    pub(crate) fn first_step(&self, opts: &LoaderOptions) -> Result<usize, LoadError> {
+        if opts.order.split != self.order.split {
+            return Err(LoadError::State(format!(
+                "the state is for split {:?}, the options ask for {:?}",
+                self.order.split, opts.order.split
+            )));
+        }
+        let global = global_batch(&self.order, opts.batch_size, opts.world_size)?;
+        if global != self.global_batch {
+            let fix = if self.order.pack.is_some() {
+                format!("{} packs a step, one per rank", opts.world_size)
+            } else {
+                format!(
+                    "{} x {} ranks); keep batch_size x world_size fixed",
+                    opts.batch_size, opts.world_size
+                )
+            };
+            return Err(LoadError::State(format!(
+                "the state's global batch is {}, the options give {global} ({fix}",
+                self.global_batch
+            )));
+        }
+        if !self.samples.is_multiple_of(global.max(1)) {
+            return Err(LoadError::State(format!(
+                "epoch {} / samples {} do not fit: not a whole number of global batches of {global}",
+                self.epoch,
+                self.samples
+            )));
+        }
+        Ok(self.samples / global.max(1))
+    }
+}
+
+/// The name of the first field in which `a` and `b` differ (they differ).
+fn differing_field(a: &OrderSpec, b: &OrderSpec) -> String {
+    let (a, b) = (json_fields(a), json_fields(b));
+    a.iter()
+        .chain(b.iter())
+        .map(|(k, _)| k)
+        .find(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .unwrap_or_else(|| "order".into())
+}
+
+fn field_value(order: &OrderSpec, field: &str) -> String {
+    json_fields(order)
+        .get(field)
+        .map_or_else(|| "none".into(), ToString::to_string)
+}
+
+fn json_fields(order: &OrderSpec) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(order) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => unreachable!("an OrderSpec serialises to an object"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_is_flat_json_and_reads_states_from_before_bucketing_and_packing() {
+        let opts = LoaderOptions {
+            order: OrderSpec {
+                seed: 5,
+                ..OrderSpec::default()
+            },
+            batch_size: 4,
+            world_size: 2,
+            ..LoaderOptions::default()
+        };
+        let state = State::new(&opts, 3).unwrap();
+        let json = serde_json::to_value(&state).unwrap();
+        assert_eq!(json["seed"], 5);
+        assert_eq!(json["samples"], 24);
+        assert_eq!(json["global_batch"], 8);
+        assert!(
+            json.get("pack").is_none(),
+            "unpacked orders keep the old JSON"
+        );
+        let mut old = json.as_object().unwrap().clone();
+        old.remove("bucket");
+        let read: State = serde_json::from_value(old.into()).unwrap();
+        assert_eq!(read, state);
+        assert_eq!(read.check(&opts).unwrap(), 3);
+    }
+
+    #[test]
+    fn check_names_the_first_field_that_differs() {
+        let opts = LoaderOptions::default();
+        let state = State::new(&opts, 0).unwrap();
+        let other = LoaderOptions {
+            order: OrderSpec {
+                pack: Some(Pack::tokens(4096)),
+                ..OrderSpec::default()
+            },
+            ..LoaderOptions::default()
+        };
+        let err = state.check(&other).unwrap_err().to_string();
+        assert!(err.contains("pack=none") && err.contains("4096"), "{err}");
+        let other = LoaderOptions {
+            batch_size: 128,
+            ..LoaderOptions::default()
+        };
+        let err = state.check(&other).unwrap_err().to_string();
+        assert!(err.contains("global batch is 256"), "{err}");
+    }
+
+    #[test]
+    fn a_packed_order_steps_one_pack_per_rank() {
+        let opts = LoaderOptions {
+            order: OrderSpec {
+                pack: Some(Pack::tokens(1024)),
+                ..OrderSpec::default()
+            },
+            world_size: 3,
+            ..LoaderOptions::default()
+        };
+        assert_eq!(opts.global_batch().unwrap(), 3);
+        assert_eq!(State::new(&opts, 7).unwrap().samples, 21);
+    }
+}

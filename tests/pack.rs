@@ -1,0 +1,304 @@
+//! Packed batches on real compiled caches: every context of an epoch exactly once, each
+//! sequence byte-identical to the same context of a padded batch (hot and zstd caches, any
+//! thread count, several ranks, resumed mid-epoch), and the options a pack refuses.
+
+use crate::util::*;
+use dsc_loader::{Batch, Cache, LoadError, LoaderOptions, OrderSpec, Pack};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A hot cache of small shards and the same compiled compressed.
+fn caches(dir: &Dir) -> (PathBuf, PathBuf) {
+    gen_icecube(dir, 2, 300);
+    dsc(dir.path(), &icecube_args("hot", &["--shard-size", "48KiB"])).ok();
+    dsc(
+        dir.path(),
+        &icecube_args("cold", &["--shard-size", "48KiB", "--compress", "zstd"]),
+    )
+    .ok();
+    (dir.join("hot"), dir.join("cold"))
+}
+
+fn packed(tokens: usize, max_seqs: Option<usize>) -> LoaderOptions {
+    LoaderOptions {
+        order: OrderSpec {
+            window: 96,
+            interleave: 3,
+            seed: 11,
+            pack: Some(Pack { tokens, max_seqs }),
+            ..Default::default()
+        },
+        epoch: 2,
+        ..Default::default()
+    }
+}
+
+/// Every context of `split` as it is stored, padded: key → tensor name → one sample's bytes.
+type Padded = BTreeMap<i64, BTreeMap<String, Vec<u8>>>;
+
+fn padded_contexts(cache: &Path, split: &str) -> Padded {
+    let cache = Cache::open(cache).unwrap();
+    let opts = LoaderOptions {
+        order: OrderSpec {
+            split: split.into(),
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
+        batch_size: 50,
+        ..Default::default()
+    };
+    let mut out = Padded::new();
+    for batch in cache.loader(opts).unwrap() {
+        let batch = batch.unwrap();
+        for (i, key) in batch.keys().into_iter().enumerate() {
+            let row = batch
+                .tensors()
+                .iter()
+                .map(|t| {
+                    let size = t.bytes().len() / t.shape()[0];
+                    (
+                        t.name().to_string(),
+                        t.bytes()[i * size..(i + 1) * size].to_vec(),
+                    )
+                })
+                .collect();
+            out.entry(key).or_insert(row);
+        }
+    }
+    out
+}
+
+fn i32s(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Checks one pack against the padded contexts: every tensor's rows, the unused tails, and the
+/// pack's own tensors. Returns the pack's keys.
+fn check_pack(batch: &Batch, padded: &Padded, max_len: usize) -> Vec<i64> {
+    let info = batch.pack.expect("a packed batch");
+    let keys = batch.keys();
+    assert_eq!(keys.len(), info.seqs);
+    let tensor = |name: &str| batch.tensor(name).unwrap_or_else(|| panic!("no {name}"));
+    let (tokens, seqs) = (
+        tensor("seq_idx").shape()[0],
+        tensor("cu_seqlens").shape()[0] - 1,
+    );
+    let cu = i32s(tensor("cu_seqlens").bytes());
+    let seq_idx = i32s(tensor("seq_idx").bytes());
+    let position = i32s(tensor("position").bytes());
+    assert_eq!(i32s(tensor("num_seqs").bytes()), [info.seqs as i32]);
+    assert_eq!(i32s(tensor("num_tokens").bytes()), [info.tokens as i32]);
+    assert_eq!(cu[0], 0);
+    assert!(cu[info.seqs..].iter().all(|&c| c as usize == info.tokens));
+    let mut longest = 0;
+    for (i, key) in keys.iter().enumerate() {
+        let row = &padded[key];
+        let len = i32s(&row["length"])[0] as usize;
+        longest = longest.max(len);
+        let (lo, hi) = (cu[i] as usize, cu[i + 1] as usize);
+        assert_eq!(hi - lo, len, "sequence {i} (key {key}) is its stored length");
+        assert!(seq_idx[lo..hi].iter().all(|&s| s == i as i32));
+        assert_eq!(position[lo..hi], (0..len as i32).collect::<Vec<_>>()[..]);
+        for t in batch.tensors() {
+            let Some(stored) = row.get(t.name()) else {
+                continue;
+            };
+            let per_row = t.bytes().len() / t.shape()[0];
+            if t.shape()[0] == tokens && per_row * max_len == stored.len() {
+                // Per-step: the stored steps, end to end.
+                assert_eq!(
+                    &t.bytes()[lo * per_row..hi * per_row],
+                    &stored[..len * per_row],
+                    "{} of key {key}",
+                    t.name()
+                );
+            } else {
+                assert_eq!(
+                    &t.bytes()[i * per_row..(i + 1) * per_row],
+                    &stored[..],
+                    "{} of key {key}",
+                    t.name()
+                );
+            }
+        }
+    }
+    assert_eq!(info.max_seqlen, longest);
+    assert!(seq_idx[info.tokens..].iter().all(|&s| s == seqs as i32));
+    assert!(position[info.tokens..].iter().all(|&p| p == 0));
+    for t in batch.tensors() {
+        let per_row = t.bytes().len() / t.shape()[0];
+        let used = if t.shape()[0] == tokens && t.name() != "seq_idx" && t.name() != "position" {
+            info.tokens
+        } else if t.shape()[0] == seqs {
+            info.seqs
+        } else {
+            continue;
+        };
+        assert!(
+            t.bytes()[used * per_row..].iter().all(|&b| b == 0),
+            "the unused tail of {} is zero",
+            t.name()
+        );
+    }
+    keys
+}
+
+fn steps(cache: &Path, o: LoaderOptions) -> Vec<Batch> {
+    Cache::open(cache)
+        .unwrap()
+        .loader(o)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn every_context_is_packed_once_with_the_bytes_of_its_padded_batch() {
+    let dir = Dir::new();
+    let (hot, cold) = caches(&dir);
+    let padded = padded_contexts(&hot, "train");
+    let max_len = Cache::open(&hot).unwrap().manifest().max_len();
+    let keep_last = |mut o: LoaderOptions| {
+        o.order.drop_last = false;
+        o
+    };
+    let reference: Vec<Vec<i64>> = steps(&hot, keep_last(packed(1024, None)))
+        .iter()
+        .map(|b| check_pack(b, &padded, max_len))
+        .collect();
+    let mut all: Vec<i64> = reference.concat();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all,
+        padded.keys().copied().collect::<Vec<_>>(),
+        "every context once"
+    );
+    assert_eq!(reference.concat().len(), padded.len(), "none twice");
+    assert!(reference.len() > 10, "{} packs", reference.len());
+    for cache in [&hot, &cold] {
+        for threads in [0, 1, 3] {
+            for world in [1usize, 3] {
+                let ranks: Vec<Vec<Vec<i64>>> = (0..world)
+                    .map(|rank| {
+                        let o = LoaderOptions {
+                            rank,
+                            world_size: world,
+                            threads,
+                            ..keep_last(packed(1024, None))
+                        };
+                        let batches = steps(cache, o);
+                        let repeated = batches.iter().filter(|b| b.pack.unwrap().repeated);
+                        assert!(repeated.count() <= 1, "only the last global step repeats");
+                        batches
+                            .iter()
+                            .map(|b| check_pack(b, &padded, max_len))
+                            .collect()
+                    })
+                    .collect();
+                // Rank r's step k is pack k * world + r of the one plan; the last global
+                // step is completed with the epoch's first packs.
+                let lens: Vec<usize> = ranks.iter().map(Vec::len).collect();
+                assert!(lens.iter().all(|&l| l == lens[0]), "{lens:?}");
+                for (k, rank) in ranks.iter().enumerate() {
+                    for (step, keys) in rank.iter().enumerate() {
+                        let q = (step * world + k) % reference.len();
+                        assert_eq!(keys, &reference[q], "{cache:?} t{threads} rank {k} step {step}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_packed_epoch_resumes_mid_epoch_from_its_state() {
+    let dir = Dir::new();
+    let (hot, cold) = caches(&dir);
+    for cache in [&hot, &cold] {
+        let c = Cache::open(cache).unwrap();
+        let straight: Vec<Vec<i64>> = steps(cache, packed(2048, Some(24)))
+            .iter()
+            .map(Batch::keys)
+            .collect();
+        assert!(straight.len() > 4);
+        for stop in [0, 1, straight.len() / 2, straight.len()] {
+            let mut first = c.loader(packed(2048, Some(24))).unwrap();
+            for _ in 0..stop {
+                first.next().unwrap().unwrap();
+            }
+            let json = serde_json::to_string(&first.state()).unwrap();
+            assert!(json.contains("\"pack\":{\"tokens\":2048,\"max_seqs\":24}"), "{json}");
+            let state: dsc_loader::State = serde_json::from_str(&json).unwrap();
+            assert_eq!(state.samples, stop);
+            // The state's order wins over the options' (other seed, no pack).
+            let resumed: Vec<Vec<i64>> = c
+                .loader_from_state(LoaderOptions::default(), &state)
+                .unwrap()
+                .map(|b| b.unwrap().keys())
+                .collect();
+            assert_eq!(resumed, straight[stop..], "{cache:?} from step {stop}");
+        }
+    }
+}
+
+#[test]
+fn a_pack_holds_at_most_its_tokens_and_sequences_and_the_steps_are_fixed() {
+    let dir = Dir::new();
+    let (hot, _) = caches(&dir);
+    let c = Cache::open(&hot).unwrap();
+    let mut lens = Vec::new();
+    for epoch in 0..3 {
+        let loader = c
+            .loader(LoaderOptions {
+                epoch,
+                ..packed(600, Some(7))
+            })
+            .unwrap();
+        lens.push(loader.steps());
+        let packs = loader.packs().unwrap();
+        assert_eq!((packs.tokens(), packs.max_seqs()), (600, 7));
+        for batch in loader {
+            let p = batch.unwrap().pack.unwrap();
+            assert!(p.tokens <= 600 && p.seqs <= 7 && p.seqs > 0 && !p.repeated);
+        }
+    }
+    assert!(lens.iter().all(|&l| l == lens[0]), "{lens:?}");
+}
+
+#[test]
+fn packing_refuses_what_it_cannot_do_and_says_why() {
+    let dir = Dir::new();
+    let (hot, _) = caches(&dir);
+    let c = Cache::open(&hot).unwrap();
+    let max_len = c.manifest().max_len();
+    let refused = |o: LoaderOptions| match c.loader(o) {
+        Err(LoadError::Options(m)) => m,
+        other => panic!("expected an options error, got {other:?}"),
+    };
+    let m = refused(packed(max_len - 1, None));
+    assert!(m.contains(&format!("L = {max_len}")), "{m}");
+    let mut o = packed(1024, None);
+    o.order.bucket = true;
+    assert!(refused(o).contains("bucketing"));
+    let o = LoaderOptions {
+        trim: true,
+        ..packed(1024, None)
+    };
+    assert!(refused(o).contains("trim"));
+    assert!(refused(packed(1024, Some(0))).contains("max_seqs"));
+    let o = LoaderOptions {
+        columns: vec!["x".into(), "nope".into()],
+        ..packed(1024, None)
+    };
+    assert!(refused(o).contains("nope"));
+    // A padded state does not resume as packed by Python's strict check.
+    let mut padded = packed(1024, None);
+    padded.order.pack = None;
+    let state = c.loader(padded).unwrap().state();
+    let err = state.check(&packed(1024, None)).unwrap_err().to_string();
+    assert!(err.contains("pack=none"), "{err}");
+}
