@@ -520,9 +520,15 @@ pub struct ReportArgs {
 /// disjoint slices of one global order, so for a fixed global batch (batch size x world size)
 /// the order does not depend on the number of ranks.
 ///
+/// With --pack T, batches are packs: whole sequences laid end to end in T tokens (at most
+/// --max-seqs sequences), one pack per rank and step, cut from the same shuffled order; the
+/// report gives the token efficiency of the packs beside the padding efficiency of padded and
+/// length-bucketed batches of --batch-size over the same epoch.
+///
 /// Example:
 ///   dsc order cache --epoch 3 --batch-size 256              (quality report)
 ///   dsc order cache --epoch 3 --batch-size 64 --keys | head
+///   dsc order cache --pack 32768 --json                     (token efficiency of packs)
 ///   dsc order cache --batch-size 64 --state-after 100 > state.json
 ///   dsc order cache --batch-size 32 --world-size 2 --rank 1 --from-state state.json --keys
 #[derive(Debug, Args)]
@@ -558,9 +564,16 @@ pub struct OrderArgs {
     #[arg(long)]
     pub no_shuffle: bool,
     /// Length-bucketed batches (see above).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "pack")]
     pub bucket: bool,
-    /// Keep the last partial global batch, completed by repeating the first contexts.
+    /// Packed batches of T tokens (at least the cache's L): see above.
+    #[arg(long, value_name = "T")]
+    pub pack: Option<usize>,
+    /// The most sequences in a pack [default: from T and the stored lengths, so that it almost
+    /// never binds].
+    #[arg(long, value_name = "S", requires = "pack")]
+    pub max_seqs: Option<usize>,
+    /// Keep the last partial global batch, completed by repeating the first contexts (packs).
     #[arg(long)]
     pub keep_last: bool,
     /// Print the keys of each batch, one batch per line.
@@ -583,12 +596,13 @@ pub struct OrderArgs {
 /// epochs with 1 and N threads (one gather copy per byte); memcpy of the same bytes; and the
 /// peak resident memory while loading. Each figure is the fastest of --repeat epochs, and ratios
 /// are within the run, so machine noise mostly cancels. With --bucket, also a shuffled epoch of
-/// length-bucketed, trimmed batches. A compressed cache also reports its decompression speed.
+/// length-bucketed, trimmed batches; with --pack T, a shuffled epoch of packed batches of T
+/// tokens. A compressed cache also reports its decompression speed.
 ///
 /// Example:
 ///   dsc bench cache
 ///   dsc bench cache --batch-size 512 --json
-///   dsc bench cache --bucket --repeat 5
+///   dsc bench cache --bucket --pack 32768 --repeat 5
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
@@ -623,10 +637,16 @@ pub struct BenchArgs {
     /// and report its contexts/s and padding efficiency next to the plain one.
     #[arg(long)]
     pub bucket: bool,
+    /// Also time a shuffled epoch of packed batches of T tokens (`dsc order --pack`) and report
+    /// its contexts/s and token efficiency next to the plain one.
+    #[arg(long, value_name = "T")]
+    pub pack: Option<usize>,
     /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy,
     /// shuffled_over_memcpy, open_ms, peak_rss_mib, …; with --bucket also
     /// contexts_per_s_bucketed, gbps_bucketed, bucketed_over_shuffled,
-    /// padding_efficiency_bucketed, padding_efficiency_shuffled; docs/PERFORMANCE.md lists all).
+    /// padding_efficiency_bucketed, padding_efficiency_shuffled; with --pack also
+    /// contexts_per_s_packed, gbps_packed, packed_over_shuffled, token_efficiency_packed;
+    /// docs/PERFORMANCE.md lists all).
     #[arg(long)]
     pub json: bool,
 }

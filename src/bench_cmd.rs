@@ -2,7 +2,7 @@
 
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
-use dsc_loader::{Cache, LoaderOptions, OrderSpec};
+use dsc_loader::{Cache, LoaderOptions, OrderSpec, Pack};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -37,6 +37,23 @@ struct Report {
     /// With --bucket: the shuffled pass on N threads with length-bucketed, trimmed batches.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     bucketed: Option<Bucketed>,
+    /// With --pack: the shuffled pass on N threads with packed batches.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    packed: Option<Packed>,
+}
+
+#[derive(Serialize)]
+struct Packed {
+    /// Tokens per pack.
+    pack_tokens: usize,
+    /// Contexts (sequences) per second of the packed pass.
+    contexts_per_s_packed: f64,
+    /// Bytes per second of the packs it yields (the pack's own tensors included).
+    gbps_packed: f64,
+    /// Its contexts per second ÷ the plain shuffled pass's.
+    packed_over_shuffled: f64,
+    /// Stored tokens ÷ tokens of the packs (`dsc order --pack`).
+    token_efficiency_packed: f64,
 }
 
 #[derive(Serialize)]
@@ -189,6 +206,27 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
+    let packed_opts = a.pack.map(|tokens| LoaderOptions {
+        order: OrderSpec {
+            pack: Some(Pack::tokens(tokens)),
+            ..opts(true, threads).order
+        },
+        ..opts(true, threads)
+    });
+    let packed_pass = match &packed_opts {
+        Some(o) => {
+            let (seconds, yielded, _) = pass(o.clone())?;
+            let probe = cache.loader(LoaderOptions {
+                threads: 0,
+                ..o.clone()
+            })?;
+            let packs = probe.packs().expect("a packed loader");
+            let lengths = cache.lengths(&a.split)?;
+            let f = packs.figures(probe.order(), &lengths, cache.manifest().max_len());
+            Some((seconds, yielded, f))
+        }
+        None => None,
+    };
     let peak_rss_mib = crate::output::peak_rss_mib();
     std::hint::black_box(sink);
 
@@ -230,6 +268,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             }
             None => None,
         },
+        packed: packed_pass.map(|(seconds, yielded, f)| {
+            let contexts = f.sequences_per_pack * f.packs_trained as f64;
+            Packed {
+                pack_tokens: f.tokens,
+                contexts_per_s_packed: contexts / seconds,
+                gbps_packed: yielded as f64 / 1e9 / seconds,
+                packed_over_shuffled: contexts / seconds / (epoch_contexts / many_s),
+                token_efficiency_packed: f.token_efficiency,
+            }
+        }),
     };
     if a.json {
         crate::output::print_json(&r)?;
@@ -288,6 +336,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             b.bucketed_over_shuffled,
             b.padding_efficiency_bucketed,
             b.padding_efficiency_shuffled
+        );
+    }
+    if let Some(p) = &r.packed {
+        outln!(
+            "{:<34} {:>10.2} {:>14.0} {:>10}",
+            format!("packed, {running} threads ({} tokens)", p.pack_tokens),
+            p.gbps_packed,
+            p.contexts_per_s_packed,
+            "-"
+        );
+        outln!(
+            "packed: {:.2}x the shuffled contexts/s; token efficiency {:.4}",
+            p.packed_over_shuffled,
+            p.token_efficiency_packed
         );
     }
     if let Some(gbps) = r.gbps_decompress {

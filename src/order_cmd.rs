@@ -4,7 +4,8 @@ use crate::args::OrderArgs;
 use crate::output::{bold, bytes, outln};
 use anyhow::Context as _;
 use dsc_loader::order::{Padding, Quality};
-use dsc_loader::{Cache, Loader, LoaderOptions, OrderSpec, State};
+use dsc_loader::pack::PackFigures;
+use dsc_loader::{Cache, Loader, LoaderOptions, OrderSpec, Pack, State};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -18,12 +19,19 @@ struct Report {
     world_size: usize,
     batches_per_rank: usize,
     contexts: usize,
+    /// With --pack: the packs' figures (token efficiency, …); `figures` are then those of
+    /// padded batches of --batch-size over the same epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pack: Option<PackFigures>,
     #[serde(flatten)]
     figures: Figures,
     window_bytes: u64,
     /// With --bucket: the same epoch without bucketing, for comparison.
     #[serde(skip_serializing_if = "Option::is_none")]
     unbucketed: Option<Figures>,
+    /// With --pack: the same epoch in length-bucketed batches of --batch-size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bucketed: Option<Figures>,
 }
 
 /// Shuffle quality and padding of one epoch order.
@@ -43,6 +51,19 @@ fn figures(loader: &Loader) -> anyhow::Result<Figures> {
     })
 }
 
+/// The figures of the same epoch as `opts` in padded batches of `batch_size`, bucketed or not.
+fn padded_figures(cache: &Cache, opts: &LoaderOptions, bucket: bool) -> anyhow::Result<Figures> {
+    let padded = cache.loader(LoaderOptions {
+        order: OrderSpec {
+            bucket,
+            pack: None,
+            ..opts.order.clone()
+        },
+        ..opts.clone()
+    })?;
+    figures(&padded)
+}
+
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let cache = Cache::open(&a.cache)?;
     let opts = LoaderOptions {
@@ -54,6 +75,10 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             window: a.window,
             interleave: a.interleave,
             bucket: a.bucket,
+            pack: a.pack.map(|tokens| Pack {
+                tokens,
+                max_seqs: a.max_seqs,
+            }),
             ..Default::default()
         },
         batch_size: a.batch_size,
@@ -73,6 +98,12 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                 !a.bucket || state.order.bucket,
                 "--bucket with --from-state {}: that state is of an unbucketed order (drop \
                  --bucket; the state's order continues)",
+                path.display()
+            );
+            anyhow::ensure!(
+                a.pack.is_none() || state.order.pack.is_some(),
+                "--pack with --from-state {}: that state is of an unpacked order (drop --pack; \
+                 the state's order continues)",
                 path.display()
             );
             cache.loader_from_state(opts, &state)?
@@ -105,19 +136,26 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     let order = loader.order();
+    let opts = loader.options().clone();
     let unbucketed = if order.is_bucketed() {
-        let plain = cache.loader(LoaderOptions {
-            order: OrderSpec {
-                bucket: false,
-                ..loader.options().clone().order
-            },
-            ..loader.options().clone()
-        })?;
-        Some(figures(&plain)?)
+        Some(padded_figures(&cache, &opts, false)?)
     } else {
         None
     };
-    let figures = figures(&loader)?;
+    let (figures, pack, bucketed) = match loader.packs() {
+        Some(packs) => {
+            let lengths = cache.lengths(&opts.order.split)?;
+            let pack = packs.figures(order, &lengths, cache.manifest().max_len());
+            let mut padded = padded_figures(&cache, &opts, false)?;
+            // The packs' global batch in contexts, for the shuffle quality.
+            padded.quality = order.quality(
+                ((pack.sequences_per_pack * opts.world_size as f64).round() as usize).max(1),
+            );
+            let bucketed = padded_figures(&cache, &opts, true)?;
+            (padded, Some(pack), Some(bucketed))
+        }
+        None => (figures(&loader)?, None, None),
+    };
     let per_context = cache.manifest().bytes_per_context() as u64;
     let report = Report {
         split: a.split.clone(),
@@ -129,6 +167,8 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         world_size: a.world_size,
         batches_per_rank: loader.steps(),
         contexts: order.len(),
+        pack,
+        bucketed,
         // The window being read, the one before (released when the next begins) and the one
         // read ahead.
         window_bytes: 3 * figures.quality.window.min(order.len()) as u64 * per_context,
@@ -148,12 +188,51 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         if report.shuffle { "" } else { " (cache order)" },
         report.contexts,
         report.batches_per_rank,
-        report.batch_size,
+        match report.pack {
+            Some(_) => "one pack".to_string(),
+            None => report.batch_size.to_string(),
+        },
         report.world_size
     );
+    if let Some(p) = &report.pack {
+        outln!(
+            "{}: {} tokens a pack, at most {} sequences; {} packs, {} trained ({} per rank)",
+            bold("packed"),
+            p.tokens,
+            p.max_seqs,
+            p.packs,
+            p.packs_trained,
+            report.batches_per_rank
+        );
+        outln!(
+            "packed: token efficiency {:.4} (stored tokens ÷ tokens of the packs trained); \
+             {:.1} sequences a pack, {:.3} of the sequence slots used",
+            p.token_efficiency,
+            p.sequences_per_pack,
+            p.sequence_slot_use
+        );
+        outln!(
+            "packed: {} contexts left out past the last step; {} packs closed by the sequence \
+             limit",
+            p.contexts_left_out,
+            p.closed_by_sequence_limit
+        );
+        outln!(
+            "the same epoch in batches of {} (token efficiency of padded batches is their \
+             padding efficiency):",
+            report.batch_size
+        );
+    }
     print_figures(&report.figures, if report.bucket { "bucketed" } else { "" })?;
     if let Some(plain) = &report.unbucketed {
         print_figures(plain, "plain")?;
+    }
+    if let Some(bucketed) = &report.bucketed {
+        outln!(
+            "bucketed: padding efficiency {:.3}; mean batch length {:.1}",
+            bucketed.padding.padding_efficiency,
+            bucketed.padding.mean_batch_len
+        );
     }
     outln!(
         "window {} contexts: about {} resident while reading",

@@ -15,13 +15,15 @@
 //! million); the resume state stays a number of packs.
 //!
 //! **Steps.** Rank `r` of `R` takes pack `k * R + r` at step `k`. With `drop_last`, an epoch
-//! has `floor(P_min / R)` steps for every epoch, where `P_min = max(ceil(stored tokens / T),
-//! ceil(contexts / S))` is a bound no epoch's plan can go below (a pack holds at most `T`
-//! tokens and `S` sequences): `len()` is the same every epoch, and the packs past the last
-//! step (typically one or two: the last, partial one and a few that next fit's waste added)
-//! are left out of that epoch, as `drop_last` leaves out the last partial batch of padded
-//! batches. Without `drop_last` every pack is trained: `ceil(P / R)` steps, the last global
-//! step completed by repeating the epoch's first packs ([`PackInfo::repeated`]).
+//! has `floor(P_min / R)` steps, the same for every epoch, where `P_min = max(floor(stored
+//! tokens / T), floor(contexts / S))` is a count of packs no epoch's plan can go below (a pack
+//! holds at most `T` tokens and `S` sequences). So `len()` is fixed, and what is left out of an
+//! epoch is the packs past its last step: the last, partial pack and the one or two that next
+//! fit's waste added, about a pack of contexts, as `drop_last` leaves out the last partial
+//! batch of padded batches (different contexts every epoch: the order is reshuffled). Without
+//! `drop_last` every pack is trained: `ceil(P / R)` steps, which can differ by one between
+//! epochs, the last global step completed by repeating the epoch's first packs
+//! ([`PackInfo::repeated`]).
 //!
 //! **S.** Unless given, `S` is set from `T` and the cache's stored lengths (mean `μ`, standard
 //! deviation `σ`, all splits): the number of sequences whose lengths add up to `T` is about
@@ -99,8 +101,7 @@ impl Packs {
         let packs = starts.len() - 1;
         let world = world_size.max(1);
         let steps = if drop_last {
-            let bound =
-                (total.div_ceil(tokens as u64) as usize).max(order.len().div_ceil(max_seqs));
+            let bound = ((total / tokens as u64) as usize).max(order.len() / max_seqs);
             bound.min(packs) / world
         } else {
             packs.div_ceil(world)
@@ -299,7 +300,7 @@ mod tests {
             assert_eq!(f.packs_trained, packs.steps() * 3);
         }
         assert!(steps.iter().all(|&s| s == steps[0]), "{steps:?}");
-        assert_eq!(steps[0], (total.div_ceil(1024) as usize) / 3);
+        assert_eq!(steps[0], (total / 1024) as usize / 3);
     }
 
     #[test]
