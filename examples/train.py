@@ -41,6 +41,21 @@ own ``stats.json``, train split (never validation data):
 The shift and scale are buffers of the model, so they are saved in checkpoints and the trained
 model carries its own preprocessing.
 
+Packed batches (``--pack T``). Instead of padded batches of ``--batch-size`` contexts, each step
+trains one pack: whole sequences laid end to end in ``T`` tokens (``dsc.Loader(pack=T)``), so
+every step has the same shapes and almost no padding. The networks read the per-step tensors
+as ``[T, ...]`` and keep each sequence to itself: attention runs per sequence
+(``torch.nn.attention.varlen.varlen_attn`` over ``cu_seqlens`` on CUDA; elsewhere, and with
+dropout, the packed tokens are scattered into a ``[S, L]`` view and attend with the same
+padding mask as padded batches, which keeps memory linear in ``T``: a dense ``[T, T]`` mask
+would not be); the GRU runs over the same view; pooling sums each sequence's tokens with
+``index_add_`` over ``seq_idx``. The loss is the mean over the pack's sequences (masked by
+``num_seqs``), so a step's weight is per context, as with padded batches; a pack holds a
+varying number of contexts (about ``T`` / mean length; choose ``T`` near ``--batch-size`` x
+the mean stored length to keep the steps per epoch). With ``--compile`` the step is compiled
+once for the pack's static shapes (``dynamic=False``) and, on CUDA, captured as CUDA graphs
+(``mode="reduce-overhead"``), beside fused AdamW.
+
 Data path. On CUDA the loader gathers each batch straight into page-locked memory
 (``pin_memory=True``) and the loop copies it with ``batch.to(device, non_blocking=True)``:
 exactly what ``dsc.Loader(..., device="cuda")`` does inside ``next()``, written out here so that
@@ -129,6 +144,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="cut each batch to its longest stored sequence")
     p.add_argument("--bucket", action="store_true",
                    help="length-bucketed batches: similar lengths train together, little padding")
+    p.add_argument("--pack", type=int, default=None, metavar="T",
+                   help="packed batches of T tokens (one static shape, almost no padding) "
+                        "instead of --batch-size contexts")
+    p.add_argument("--max-seqs", type=int, default=None, metavar="S",
+                   help="the most sequences in a pack [default: from T and the lengths]")
+    p.add_argument("--attention", choices=["auto", "varlen", "padded"], default="auto",
+                   help="attention over packed batches: varlen_attn (CUDA, bf16/fp16), or the "
+                        "padded view [S, L] [default: varlen where it runs]")
     p.add_argument("--normalise", action=argparse.BooleanOptionalAction, default=True,
                    help="scale raw feature columns with the cache's train statistics")
     p.add_argument("--eval-split", default="val", help="split validated after each epoch")
@@ -155,6 +178,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.dropout < 1:
         p.error("--dropout must be in [0, 1)")
+    if args.pack is not None and (args.bucket or args.pack < 1):
+        p.error("--pack T takes a positive T and excludes --bucket (a pack has no padding)")
+    if args.max_seqs is not None and args.pack is None:
+        p.error("--max-seqs sizes packs: give --pack too")
     return args
 
 
@@ -388,9 +415,77 @@ def step_mask(length: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.arange(steps, device=length.device) < length.clamp(min=1).unsqueeze(1)
 
 
+def is_packed(batch: Dict[str, torch.Tensor]) -> bool:
+    return "cu_seqlens" in batch
+
+
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class PackedView:
+    """How one packed batch's tokens (``[T, ...]``) map to its sequences: the ``[S, L]`` view
+    (sequence ``seq_idx``, step ``position``) that keeps each sequence to itself.
+
+    Scattering into the view and gathering back are one index each; the unused tail of the
+    pack (``seq_idx == S``) goes to a spare row that is dropped, and comes back as zeros."""
+
+    def __init__(self, batch: Dict[str, torch.Tensor], max_len: int, attention: str):
+        self.seq = batch["seq_idx"].long()                     # [T], S for the unused tail
+        self.length = batch["length"]                          # [S] (0 for unused rows)
+        self.seqs, self.max_len = self.length.shape[0], max_len
+        self.tokens = self.seq.shape[0]
+        spare = self.seqs * max_len
+        self.index = torch.where(self.seq < self.seqs, self.seq * max_len + batch["position"].long(),
+                                 torch.full_like(self.seq, spare))
+        self.mask = step_mask(self.length, max_len)            # [S, L]
+        self.attention = attention
+        if attention == "varlen":
+            # varlen_attn writes only tokens inside a segment, and garbage in the tail would
+            # reach the weight gradients as NaN: cover the tail with segments of at most L
+            # tokens (max_seqlen stays L; the tail's values are zeros, so its outputs are finite).
+            tail = batch["num_tokens"].to(torch.int32) + max_len * torch.arange(
+                1, -(-self.tokens // max_len) + 1, device=self.seq.device, dtype=torch.int32)
+            self.cu = torch.cat([batch["cu_seqlens"], tail.clamp(max=self.tokens)])
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, ...] tokens to the [S, L, ...] view (zeros where no token is)."""
+        out = x.new_zeros((self.seqs * self.max_len + 1, *x.shape[1:]))
+        out = out.index_copy(0, self.index, x)
+        return out[:-1].view(self.seqs, self.max_len, *x.shape[1:])
+
+    def gather(self, v: torch.Tensor) -> torch.Tensor:
+        """The [S, L, ...] view back to [T, ...] tokens (the tail gets zeros)."""
+        flat = v.reshape(self.seqs * self.max_len, *v.shape[2:])
+        flat = torch.cat([flat, flat.new_zeros((1, *flat.shape[1:]))])
+        return flat.index_select(0, self.index)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               dropout: float) -> torch.Tensor:
+        """Attention of each token to the tokens of its own sequence; q, k, v [T, heads, dh]."""
+        if self.attention == "varlen" and dropout == 0.0:
+            from torch.nn.attention.varlen import varlen_attn
+            return varlen_attn(q, k, v, self.cu, self.cu, self.max_len, self.max_len)
+        # [S, heads, L, dh] with the padding mask of padded batches.
+        qs, ks, vs = (self.scatter(t).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=self.mask[:, None, None, :],
+                                           dropout_p=dropout)
+        return self.gather(a.transpose(1, 2))
+
+    def pool(self, h: torch.Tensor) -> torch.Tensor:
+        """Mean over each sequence's tokens: [T, D] to [S, D] (float32 sums)."""
+        sums = h.new_zeros((self.seqs + 1, h.shape[-1]), dtype=torch.float32)
+        sums = sums.index_add(0, self.seq, h.float())[: self.seqs]
+        return sums / self.length.clamp(min=1).unsqueeze(1).float()
+
+
 class Embed(nn.Module):
-    """Per-step inputs to [B, S, dim]: normalised features projected, plus one embedding per
-    categorical tensor."""
+    """Per-step inputs to [B, S, dim] (a pack's to [T, dim]): normalised features projected,
+    plus one embedding per categorical tensor."""
 
     def __init__(self, inp: Inputs, dim: int):
         super().__init__()
@@ -411,7 +506,9 @@ class Embed(nn.Module):
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         h = None
         if self.proj is not None:
-            h = self.proj((batch[self.inp.x] - self.x_shift) / self.x_scale)
+            # The buffers are [1, 1, F] (as checkpoints hold them); [F] fits [B, S, F] and [T, F].
+            x = (batch[self.inp.x] - self.x_shift.view(-1)) / self.x_scale.view(-1)
+            h = self.proj(x)
         for name, emb in zip(self.inp.categorical, self.cats):
             e = emb(batch[name])  # int32 codes index directly
             h = e if h is None else h + e
@@ -457,18 +554,30 @@ class Block(nn.Module):
         h = h + self.drop(self.proj(a.transpose(1, 2).reshape(b, s, d)))
         return h + self.drop(self.mlp(self.norm2(h)))
 
+    def forward_packed(self, h: torch.Tensor, view: PackedView) -> torch.Tensor:
+        """The same layer on a pack's tokens [T, D]: every product but attention runs on the
+        tokens alone, none on padding."""
+        t, d = h.shape
+        q, k, v = self.qkv(self.norm1(h)).view(t, 3, self.heads, d // self.heads).unbind(1)
+        a = view.attend(q, k, v, self.dropout if self.training else 0.0)
+        h = h + self.drop(self.proj(a.reshape(t, d)))
+        return h + self.drop(self.mlp(self.norm2(h)))
+
 
 class Transformer(nn.Module):
     def __init__(self, inp: Inputs, dim: int, layers: int, heads: int, dropout: float,
-                 outputs: int):
+                 outputs: int, attention: str = "padded"):
         super().__init__()
         self.embed = Embed(inp, dim)
         self.positions = nn.Parameter(torch.randn(inp.max_len, dim) * 0.02)
         self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.head = Head(inp, dim, outputs)
+        self.max_len, self.attention = inp.max_len, attention
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        if is_packed(batch):
+            return self.forward_packed(batch)
         h = self.embed(batch)
         s = h.shape[1]  # trimmed batches have S <= L
         h = h + self.positions[:s]
@@ -482,6 +591,16 @@ class Transformer(nn.Module):
         pooled = (h * w).sum(1, dtype=torch.float32) / w.sum(1, dtype=torch.float32)
         return self.head(pooled.to(h.dtype), batch)
 
+    def forward_packed(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """[S, outputs] for a pack: rows past ``num_seqs`` are unused (their inputs are
+        zeros)."""
+        view = PackedView(batch, self.max_len, self.attention)
+        h = self.embed(batch) + self.positions[batch["position"].long()]
+        for blk in self.blocks:
+            h = blk.forward_packed(h, view)
+        h = self.norm(h)
+        return self.head(view.pool(h).to(h.dtype), batch)
+
 
 class GRU(nn.Module):
     def __init__(self, inp: Inputs, dim: int, layers: int, dropout: float, outputs: int):
@@ -490,9 +609,13 @@ class GRU(nn.Module):
         self.gru = nn.GRU(dim, dim, num_layers=layers, batch_first=True,
                           dropout=dropout if layers > 1 else 0.0)
         self.head = Head(inp, dim, outputs)
+        self.max_len = inp.max_len
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         h = self.embed(batch)
+        if is_packed(batch):
+            # The pack's sequences as a [S, L] view; the GRU reads it as it reads a padded batch.
+            h = PackedView(batch, self.max_len, "padded").scatter(h)
         # The recurrence runs in float32 whatever --amp says (as in dsc-train): errors would
         # compound over up to L steps, and the GRU is a small share of the work.
         with torch.autocast(h.device.type, enabled=False):
@@ -505,11 +628,25 @@ class GRU(nn.Module):
         return self.head(pooled, batch)
 
 
-def build_model(args: argparse.Namespace, inp: Inputs, outputs: int) -> nn.Module:
+def attention_kind(args: argparse.Namespace, device: torch.device, amp: str) -> str:
+    """``varlen`` or ``padded``: how packed batches attend (see the module docstring)."""
+    choice = getattr(args, "attention", "auto")
+    runs = device.type == "cuda" and amp in ("bf16", "fp16") and varlen_available()
+    if choice == "varlen" and not runs:
+        raise SystemExit("--attention varlen needs CUDA, --amp bf16 or fp16 and "
+                         "torch.nn.attention.varlen (PyTorch 2.9 or later)")
+    if choice == "auto":
+        return "varlen" if runs else "padded"
+    return choice
+
+
+def build_model(args: argparse.Namespace, inp: Inputs, outputs: int,
+                attention: str = "padded") -> nn.Module:
     if args.model == "transformer":
         if args.dim % args.heads:
             raise SystemExit(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
-        return Transformer(inp, args.dim, args.layers, args.heads, args.dropout, outputs)
+        return Transformer(inp, args.dim, args.layers, args.heads, args.dropout, outputs,
+                           attention)
     return GRU(inp, args.dim, args.layers, args.dropout, outputs)
 
 
@@ -644,23 +781,50 @@ def to_device(batch: dsc.Batch, names: List[str], device: torch.device) -> Dict[
     return {n: batch[n].to(device, non_blocking=True) for n in names}
 
 
+PACK_TENSORS = ["cu_seqlens", "seq_idx", "position", "num_seqs", "num_tokens"]
+
+
+def batching(args: argparse.Namespace) -> Dict[str, Any]:
+    """The loader's keywords for padded (trimmed, bucketed) or packed batches."""
+    if getattr(args, "pack", None):
+        return dict(pack=args.pack, max_seqs=args.max_seqs)
+    return dict(batch_size=args.batch_size, trim=args.trim, bucket=args.bucket)
+
+
+def mean_loss(task: Task, pred: torch.Tensor, b: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """The mean loss over the batch's contexts: for a pack, over its ``num_seqs`` leading rows
+    (the rest are unused), so that a step weighs each context as a padded batch does."""
+    per = task(pred, b["y"])[0]
+    if not is_packed(b):
+        return per.mean()
+    n = b["num_seqs"].squeeze(0)
+    used = torch.arange(per.shape[0], device=per.device) < n
+    return torch.where(used, per, 0.0).sum() / n.clamp(min=1)
+
+
+def compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process (a recompile counts again)."""
+    from torch._dynamo.utils import counters
+    return int(counters["frames"]["ok"])
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Namespace,
              device: torch.device, names: List[str], autocast,
              split: Optional[str] = None) -> Tuple[float, float]:
     """Mean loss and metric over the whole of `split` (default: --eval-split), each context
     counted once."""
-    loader = dsc.Loader(cache, split=split or args.eval_split, batch_size=args.batch_size,
-                        shuffle=False,
-                        drop_last=False, trim=args.trim, num_threads=args.loader_threads,
-                        bucket=args.bucket, pin_memory=device.type == "cuda")
+    loader = dsc.Loader(cache, split=split or args.eval_split, shuffle=False, drop_last=False,
+                        num_threads=args.loader_threads, pin_memory=device.type == "cuda",
+                        **batching(args))
     loss_sum = torch.zeros((), device=device)
     metric_sum = torch.zeros((), device=device)
     seen = 0
     model.eval()
     for batch in loader:
-        # drop_last=False fills the last batch up with the split's first contexts, so that every
-        # batch is full: count only the `valid` rows, seen for the first time.
+        # drop_last=False fills the last batch up with the split's first contexts (a packed
+        # epoch repeats its first packs), so that every batch is full: count only the `valid`
+        # rows, seen for the first time (a pack's leading rows are its sequences).
         rows = batch.valid
         b = to_device(batch, names, device)
         with autocast():
@@ -688,6 +852,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                 saved[k] = getattr(args, k)
         if args.out is None:  # keep writing next to the checkpoint resumed from
             saved["out"] = os.path.dirname(args.resume) or "."
+        # Checkpoints from before packing trained padded batches.
+        for k, v in (("pack", None), ("max_seqs", None), ("attention", "auto")):
+            saved.setdefault(k, v)
         args = argparse.Namespace(**saved)
     if args.epochs is None:
         args.epochs = 1
@@ -713,13 +880,20 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     cache = dsc.open(args.cache)
     task = resolve_task(cache, args.task, args.target).to(device)
     inp = resolve_inputs(cache, args.normalise)
-    names = inp.names + ["y"]
+    names = inp.names + ["y"] + (PACK_TENSORS if args.pack else [])
 
     # Same seed, same initial weights; the data order has its own seed inside the loader.
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    model = build_model(args, inp, task.outputs).to(device)
-    step_model = torch.compile(model) if args.compile else model
+    attention = attention_kind(args, device, amp)
+    model = build_model(args, inp, task.outputs, attention).to(device)
+    if args.compile and args.pack:
+        # One static shape: compile it once, never for dynamic sizes, and on CUDA replay the
+        # step's kernels as CUDA graphs (one launch instead of hundreds).
+        step_model = torch.compile(model, dynamic=False,
+                                   mode="reduce-overhead" if on_cuda else None)
+    else:
+        step_model = torch.compile(model) if args.compile else model
     optimizer = build_optimizer(model, args, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     if amp == "fp16":
@@ -727,14 +901,14 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         # it finds its scale), and torch then warns that the schedule stepped alone: expected.
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
 
-    loader = dsc.Loader(cache, split="train", batch_size=args.batch_size, shuffle=True,
-                        seed=args.seed, drop_last=True, num_threads=args.loader_threads,
-                        prefetch=args.prefetch, trim=args.trim, bucket=args.bucket,
-                        pin_memory=on_cuda)
+    loader = dsc.Loader(cache, split="train", shuffle=True, seed=args.seed, drop_last=True,
+                        num_threads=args.loader_threads, prefetch=args.prefetch,
+                        pin_memory=on_cuda, **batching(args))
     # Whole optimizer steps only: leftover micro-batches of an epoch are not trained.
     micro_epoch = len(loader) // args.accumulate * args.accumulate
     if micro_epoch == 0:
-        raise SystemExit(f"the train split has {len(loader)} full batches of {args.batch_size}, "
+        unit = f"packs of {args.pack} tokens" if args.pack else f"batches of {args.batch_size}"
+        raise SystemExit(f"the train split has {len(loader)} full {unit}, "
                          f"fewer than --accumulate {args.accumulate}")
     steps_epoch = micro_epoch // args.accumulate
     total_steps = steps_epoch * args.epochs
@@ -756,8 +930,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
     params = sum(p.numel() for p in model.parameters())
     say(f"{args.model} · {params:,} parameters · task {args.task} ({task.metric}) · "
-        f"device {device} · amp {amp} · {len(loader)} batches of {args.batch_size}/epoch · "
-        f"{steps_epoch} optimizer steps/epoch")
+        f"device {device} · amp {amp} · {len(loader)} "
+        + (f"packs of {args.pack} tokens ({attention} attention)" if args.pack
+           else f"batches of {args.batch_size}")
+        + f"/epoch · {steps_epoch} optimizer steps/epoch")
     ckpt_path = os.path.join(args.out, "last.pt") if args.out else None
     if ckpt_path:
         os.makedirs(args.out, exist_ok=True)
@@ -812,7 +988,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             with autocast():
                 pred = step_model(b)
             # Dividing by --accumulate makes the summed gradients those of the mean loss.
-            loss = task(pred, b["y"])[0].mean() / args.accumulate
+            loss = mean_loss(task, pred, b) / args.accumulate
             scaler.scale(loss).backward()
             window_loss += loss.detach()
             epoch_loss += loss.detach()
@@ -828,7 +1004,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                 schedule.step()
                 pos["optimizer_steps"] += 1
                 window_steps += 1
-            timer.step_done(args.batch_size)
+            # A pack's sequence count is known on the host: no read-back.
+            timer.step_done(batch.seqs if args.pack else args.batch_size)
 
             if pos["micro"] % args.accumulate == 0:
                 if pos["optimizer_steps"] % args.log_every == 0:
@@ -854,6 +1031,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         report = dict(epoch=epoch, steps=steps_epoch,
                       train_loss=epoch_loss.item() * args.accumulate / micro_epoch,
                       val_loss=val_loss, val_metric=val_metric, **shares(epoch_time))
+        if args.compile:
+            # Compiled frames so far: a static-shape run adds none after its first epoch.
+            report["compiled_frames"] = compiled_frames()
         pos["history"].append(report)
         val = (f"{args.eval_split} loss {val_loss:.4f} · {task.metric} {val_metric:.4f}"
                if val_loss is not None else f"no {args.eval_split} split")

@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch")
 
 
 def keys_of(loader, epochs: int = 1) -> list[list[int]]:
-    return [b["key"].tolist() for _ in range(epochs) for b in loader]
+    """The keys of each batch (of a pack, its sequences'), `epochs` epochs on."""
+    return [b["key"][: b.seqs].tolist() for _ in range(epochs) for b in loader]
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -579,3 +580,98 @@ def test_a_compressed_cache_loads_the_same_batches(cache_dir: Path, workdir: Pat
     with pytest.raises(dsc.OptionsError, match="zstd"):
         dsc.compile("data/train/batch_*.parquet", out=tmp_path / "bad", compress="lz4",
                     **COMPILE_KWARGS)
+
+
+def padded_contexts(cache_dir: Path, split: str = "train") -> dict:
+    """Every context of ``split`` from padded batches: key -> {tensor name: one row}."""
+    out = {}
+    for batch in dsc.Loader(cache_dir, split=split, batch_size=64, shuffle=False, drop_last=False):
+        for i, key in enumerate(batch["key"][: batch.valid].tolist()):
+            out[key] = {name: t[i] for name, t in batch.items()}
+    return out
+
+
+def check_pack(batch, padded: dict) -> list:
+    """A pack's sequences equal their padded contexts; its tails are empty. Returns its keys."""
+    cu, seq_idx, position = batch["cu_seqlens"], batch["seq_idx"], batch["position"]
+    seqs, tokens = batch.seqs, batch.tokens
+    assert (seqs, tokens) == (int(batch["num_seqs"][0]), int(batch["num_tokens"][0]))
+    assert int(cu[0]) == 0 and bool((cu[seqs:] == tokens).all())
+    keys = batch["key"][:seqs].tolist()
+    longest = 0
+    for i, key in enumerate(keys):
+        row = padded[key]
+        n = int(row["length"])
+        longest = max(longest, n)
+        lo, hi = int(cu[i]), int(cu[i + 1])
+        assert hi - lo == n
+        assert torch.equal(batch["x"][lo:hi], row["x"][:n])
+        assert torch.equal(batch["sensor_id"][lo:hi], row["sensor_id"][:n])
+        assert bool((seq_idx[lo:hi] == i).all())
+        assert torch.equal(position[lo:hi], torch.arange(n, dtype=torch.int32))
+        for name in ("y", "length", "key"):
+            assert torch.equal(batch[name][i], row[name]), name
+    assert batch.max_seqlen == longest
+    assert bool((seq_idx[tokens:] == len(batch["length"])).all())
+    assert not batch["x"][tokens:].any() and not batch["y"][seqs:].any()
+    return keys
+
+
+def test_packed_batches_have_one_shape_and_the_padded_values(cache_dir: Path) -> None:
+    padded = padded_contexts(cache_dir)
+    cache = dsc.open(cache_dir)
+    for fill_path, threads in ((False, 1), (False, 3), (True, 2)):
+        loader = dsc.Loader(cache, pack=1024, seed=3, window=100, drop_last=False,
+                            num_threads=threads)
+        loader._fill_path = fill_path  # the pinned path, without pinning
+        shapes, keys = set(), []
+        for batch in loader:
+            shapes.add(tuple((name, tuple(t.shape)) for name, t in batch.items()))
+            got = check_pack(batch, padded)
+            keys += got[: batch.valid]
+        assert len(shapes) == 1, shapes
+        assert sorted(keys) == sorted(padded), "every context exactly once"
+        (shape,) = shapes
+        shape = dict(shape)
+        assert shape["x"][0] == shape["seq_idx"][0] == 1024
+        assert shape["cu_seqlens"][0] == shape["y"][0] + 1
+    # The order is the Rust loader's, rank by rank.
+    for rank in range(2):
+        got = keys_of(dsc.Loader(cache, pack=1024, seed=3, rank=rank, world_size=2))
+        want = order_keys(cache_dir, "--pack", "1024", "--seed", "3", "--rank", str(rank),
+                          "--world-size", "2")
+        assert got == want
+
+
+def test_packed_resume_len_and_options(cache_dir: Path) -> None:
+    loader = dsc.Loader(cache_dir, pack=2048, max_seqs=40, seed=4)
+    lens = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        lens.append(len(loader))
+    assert len(set(lens)) == 1 and lens[0] > 3, "drop_last: the same steps every epoch"
+    loader.set_epoch(1)
+    straight = keys_of(loader)
+    first = dsc.Loader(cache_dir, pack=2048, max_seqs=40, seed=4, epoch=1)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["pack"] == {"tokens": 2048, "max_seqs": 40} and state["samples"] == 2
+    resumed = dsc.Loader(cache_dir, pack=2048, max_seqs=40, seed=4)
+    resumed.load_state_dict(state)
+    assert keys_of(resumed) == straight[2:]
+    with pytest.raises(dsc.StateError, match="pack"):
+        dsc.Loader(cache_dir, seed=4).load_state_dict(state)
+    with pytest.raises(dsc.StateError, match="max_seqs"):
+        dsc.Loader(cache_dir, pack=2048, seed=4).load_state_dict(state)
+    for kwargs, pattern in [
+        (dict(pack=1024, batch_size=8), "exclude"),
+        (dict(pack=1024, bucket=True), "bucket"),
+        (dict(pack=1024, trim=True), "trim"),
+        (dict(max_seqs=8), "pack="),
+        (dict(pack=16), "L = 64"),
+        (dict(pack=0), "pack=0"),
+    ]:
+        with pytest.raises(dsc.OptionsError, match=pattern):
+            dsc.Loader(cache_dir, **kwargs)
