@@ -99,7 +99,11 @@ fn check_pack(batch: &Batch, padded: &Padded, max_len: usize) -> Vec<i64> {
         let len = i32s(&row["length"])[0] as usize;
         longest = longest.max(len);
         let (lo, hi) = (cu[i] as usize, cu[i + 1] as usize);
-        assert_eq!(hi - lo, len, "sequence {i} (key {key}) is its stored length");
+        assert_eq!(
+            hi - lo,
+            len,
+            "sequence {i} (key {key}) is its stored length"
+        );
         assert!(seq_idx[lo..hi].iter().all(|&s| s == i as i32));
         assert_eq!(position[lo..hi], (0..len as i32).collect::<Vec<_>>()[..]);
         for t in batch.tensors() {
@@ -206,7 +210,10 @@ fn every_context_is_packed_once_with_the_bytes_of_its_padded_batch() {
                 for (k, rank) in ranks.iter().enumerate() {
                     for (step, keys) in rank.iter().enumerate() {
                         let q = (step * world + k) % reference.len();
-                        assert_eq!(keys, &reference[q], "{cache:?} t{threads} rank {k} step {step}");
+                        assert_eq!(
+                            keys, &reference[q],
+                            "{cache:?} t{threads} rank {k} step {step}"
+                        );
                     }
                 }
             }
@@ -231,7 +238,10 @@ fn a_packed_epoch_resumes_mid_epoch_from_its_state() {
                 first.next().unwrap().unwrap();
             }
             let json = serde_json::to_string(&first.state()).unwrap();
-            assert!(json.contains("\"pack\":{\"tokens\":2048,\"max_seqs\":24}"), "{json}");
+            assert!(
+                json.contains("\"pack\":{\"tokens\":2048,\"max_seqs\":24}"),
+                "{json}"
+            );
             let state: dsc_loader::State = serde_json::from_str(&json).unwrap();
             assert_eq!(state.samples, stop);
             // The state's order wins over the options' (other seed, no pack).

@@ -267,7 +267,12 @@ fn parse_options(py: Python<'_>, json: &str) -> PyResult<LoaderOptions> {
 type LayoutInfo = (String, &'static str, Vec<usize>, Option<usize>);
 
 fn layout_info(t: &TensorLayout) -> LayoutInfo {
-    (t.name.clone(), dtype_name(t.dtype), t.shape.clone(), t.trimmed_axis)
+    (
+        t.name.clone(),
+        dtype_name(t.dtype),
+        t.shape.clone(),
+        t.trimmed_axis,
+    )
 }
 
 /// What a batch is beyond its tensors: `(seq_len, pack)`, `pack` being `None` for a padded
@@ -371,7 +376,13 @@ impl LoaderHandle {
     fn next(
         &self,
         py: Python<'_>,
-    ) -> PyResult<Option<(usize, Info, Vec<(String, &'static str, Vec<usize>, Py<Buffer>)>)>> {
+    ) -> PyResult<
+        Option<(
+            usize,
+            Info,
+            Vec<(String, &'static str, Vec<usize>, Py<Buffer>)>,
+        )>,
+    > {
         let Some(batch) = self.with(py, |l| l.next())? else {
             return Ok(None);
         };

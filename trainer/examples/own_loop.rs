@@ -40,12 +40,9 @@ fn main() -> anyhow::Result<()> {
     let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
 
     const SLOTS: usize = 3;
-    let ring = HostRing::new(
-        cache.tensors(),
-        opts.batch_size,
-        SLOTS,
-        device.is_cuda().then_some(device),
-    )?;
+    let loader = cache.loader(opts)?;
+    // One buffer per tensor of the loader's batches, shaped as a whole batch.
+    let ring = HostRing::new(loader.layout(), SLOTS, device.is_cuda().then_some(device))?;
     let events: Vec<Event> = if device.is_cuda() {
         (0..SLOTS)
             .map(|_| Event::new())
@@ -54,7 +51,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let feed = Feed::start(cache.loader(opts)?, &ring);
+    let feed = Feed::start(loader, &ring);
     let mut queued = VecDeque::new();
     let mut running = Tensor::zeros([], (Kind::Float, device));
     let max_len = cache.manifest().max_len() as i64;

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 ///   dsc-train --cache cache --task direction --overfit-batch
 ///   dsc-train --cache cache --task classification --target churned --model gru
 ///   dsc-train --cache cache --task direction --device cuda --amp bf16 --json
+///   dsc-train --cache cache --task direction --pack 16384
 ///   dsc-train --cache cache --task direction --find-batch-size --json
 #[derive(Debug, Parser)]
 #[command(
@@ -93,8 +94,20 @@ pub struct Cli {
     /// Length-bucketed batches: contexts of similar length train together and each batch is
     /// cut to its longest sequence, so little of a step computes on padding (the batches
     /// still come in random order; see `dsc order --bucket`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "pack")]
     pub bucket: bool,
+
+    /// Packed batches of T tokens instead of --batch-size contexts: whole sequences end to
+    /// end, one static shape every step, almost no padding (see `dsc order --pack`). Attention
+    /// and pooling stay inside each sequence; the loss is the mean over the pack's sequences.
+    /// Choose T near --batch-size x the mean stored length to keep the steps per epoch.
+    #[arg(long, value_name = "T")]
+    pub pack: Option<usize>,
+
+    /// The most sequences in a pack [default: from T and the stored lengths, so that it almost
+    /// never binds].
+    #[arg(long, value_name = "S", requires = "pack")]
+    pub max_seqs: Option<usize>,
 
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
@@ -232,6 +245,8 @@ impl Cli {
             epochs: self.epochs.unwrap_or(1),
             batch_size: self.batch_size,
             bucket: self.bucket,
+            pack: self.pack,
+            max_seqs: self.max_seqs,
             accumulate: self.accumulate,
             lr: self.lr,
             weight_decay: self.weight_decay,

@@ -76,6 +76,13 @@ pub struct RunConfig {
     /// existed trained without it.
     #[serde(default)]
     pub bucket: bool,
+    /// Packed batches of this many tokens instead of `batch_size` padded contexts (`None`:
+    /// padded). Checkpoints from before the option existed trained padded batches.
+    #[serde(default)]
+    pub pack: Option<usize>,
+    /// The most sequences in a pack (`None`: derived from `pack` and the stored lengths).
+    #[serde(default)]
+    pub max_seqs: Option<usize>,
     pub accumulate: usize,
     pub lr: f64,
     pub weight_decay: f64,
@@ -118,6 +125,8 @@ impl RunConfig {
             epochs: 1,
             batch_size: defaults::BATCH_SIZE,
             bucket: false,
+            pack: None,
+            max_seqs: None,
             accumulate: 1,
             lr: defaults::LR,
             weight_decay: defaults::WEIGHT_DECAY,
@@ -138,6 +147,18 @@ impl RunConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.accumulate > 0, "--accumulate must be at least 1");
+        anyhow::ensure!(
+            self.pack != Some(0) && self.max_seqs != Some(0),
+            "--pack and --max-seqs must be at least 1"
+        );
+        anyhow::ensure!(
+            self.pack.is_none() || !self.bucket,
+            "--pack and --bucket exclude each other: a pack has no padding for bucketing to save"
+        );
+        anyhow::ensure!(
+            self.max_seqs.is_none() || self.pack.is_some(),
+            "--max-seqs sizes packed batches: give --pack too"
+        );
         anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
         anyhow::ensure!(self.epochs > 0, "--epochs must be at least 1");
         anyhow::ensure!(

@@ -4,8 +4,8 @@
 //! forth through two channels, so a slot is only ever touched by one side at a time.
 
 use anyhow::Context;
-use dsc_format::{Dtype, TensorSpec};
-use dsc_loader::{LoadError, Loader};
+use dsc_format::Dtype;
+use dsc_loader::{BatchInfo, LoadError, Loader, TensorLayout};
 use std::marker::PhantomData;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -20,28 +20,27 @@ pub fn kind_of(dtype: Dtype) -> Kind {
     }
 }
 
-/// Host buffers for `slots` batches: one tensor per manifest tensor, each shaped as a full
-/// untrimmed batch.
+/// Host buffers for `slots` batches: one tensor per tensor of the loader's batches, each shaped
+/// as a whole batch (untrimmed, or a pack).
 #[derive(Debug)]
 pub struct HostRing {
     slots: Vec<Vec<Tensor>>,
 }
 
 impl HostRing {
-    /// Allocates the ring; `pin_for` pins the memory for DMA to that CUDA device.
+    /// Allocates the ring for batches of `layout` (`Loader::layout`); `pin_for` pins the memory
+    /// for DMA to that CUDA device.
     pub fn new(
-        specs: &[TensorSpec],
-        batch_size: usize,
+        layout: &[TensorLayout],
         slots: usize,
         pin_for: Option<Device>,
     ) -> anyhow::Result<HostRing> {
         let slots = (0..slots)
             .map(|_| {
-                specs
+                layout
                     .iter()
                     .map(|s| {
-                        let mut shape = vec![batch_size as i64];
-                        shape.extend(s.sample_shape.iter().map(|&d| d as i64));
+                        let shape: Vec<i64> = s.shape.iter().map(|&d| d as i64).collect();
                         let t = Tensor::zeros(shape.as_slice(), (kind_of(s.dtype), Device::Cpu));
                         match pin_for {
                             Some(d) => t
@@ -89,11 +88,11 @@ struct SlotMemory(Vec<(*mut u8, usize)>);
 // the two threads never touch a slot at the same time.
 unsafe impl Send for SlotMemory {}
 
-/// A filled slot: which one, and the batch's sequence length (the loader's trim).
+/// A filled slot: which one, and what the batch is (its trimmed sequence length, or its pack).
 #[derive(Debug, Clone, Copy)]
 pub struct Filled {
     pub slot: usize,
-    pub seq_len: usize,
+    pub info: BatchInfo,
 }
 
 /// One epoch's producer thread.
@@ -129,7 +128,7 @@ impl<'ring> Feed<'ring> {
                         .map(|&(p, len)| unsafe { std::slice::from_raw_parts_mut(p, len) })
                         .collect();
                     let msg = match loader.next_into(&mut dst) {
-                        Ok(Some(seq_len)) => Ok(Filled { slot, seq_len }),
+                        Ok(Some(info)) => Ok(Filled { slot, info }),
                         Ok(None) => return, // end of epoch: dropping the sender says so
                         Err(e) => Err(e),
                     };

@@ -4,7 +4,7 @@
 use crate::config::{Amp, RunConfig, Task};
 use crate::cuda::Event;
 use crate::feed::{Filled, HostRing};
-use crate::model::{Inputs, SequenceModel, Shape};
+use crate::model::{Inputs, Packed, SequenceModel, Shape};
 use crate::normalise::Scaling;
 use crate::optim::{AdamW, LossScaler};
 use crate::readback::{self, Purpose};
@@ -14,12 +14,13 @@ use crate::timing::Shares;
 use anyhow::{bail, Context};
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, TensorRole};
-use dsc_loader::Cache;
+use dsc_loader::{Cache, TensorLayout};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use tch::{nn, Device, Tensor};
 
-/// Which manifest tensors feed which input.
+/// Which tensors of a batch (indices into the loader's layout, and so into a ring slot) feed
+/// which input.
 #[derive(Debug)]
 struct Layout {
     x: Option<usize>,
@@ -29,6 +30,8 @@ struct Layout {
     ctx: Option<usize>,
     /// Tensors with a sequence axis (trimmed by the loader).
     sequence: Vec<bool>,
+    /// A packed batch's `seq_idx`, `position` and `num_seqs`.
+    pack: Option<[usize; 3]>,
 }
 
 #[derive(Debug)]
@@ -75,7 +78,14 @@ impl Session {
         let vs = nn::VarStore::new(device);
         let task = TaskSpec::resolve(&cfg, &cache, stats.as_ref(), &vs.root())?;
         let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);
-        let (layout, shape) = layout(&cache, task.outputs, inputs_stats)?;
+        // Train and evaluation batches have the same layout (the same T and S when packed).
+        let (_, batch_layout) = cache.plan(&crate::train::loader_options(
+            &cfg,
+            cache.manifest(),
+            "train",
+            0,
+        ))?;
+        let (layout, shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
         tch::manual_seed(cfg.seed as i64);
         let net = cfg.model_config().build(&vs.root(), &shape, amp);
         let trainable = named_weights(&vs)
@@ -85,8 +95,7 @@ impl Session {
         let opt = AdamW::new(trainable, cfg.weight_decay, device);
         let scaler = (amp == Amp::Fp16).then(|| LossScaler::new(device));
         let ring = Rc::new(HostRing::new(
-            cache.tensors(),
-            cfg.batch_size,
+            &batch_layout,
             slots,
             device.is_cuda().then_some(device),
         )?);
@@ -125,15 +134,18 @@ impl Session {
     }
 
     /// The filled slot as device tensors, trimmed to its sequence length and to its first
-    /// `rows` contexts. On CUDA the copies are queued without blocking; [`Session::release`]
-    /// later hands the slot back once they are done.
+    /// `rows` contexts (a pack is taken whole: its shapes are fixed). On CUDA the copies are
+    /// queued without blocking; [`Session::release`] later hands the slot back once they are
+    /// done.
     pub fn upload(&mut self, f: Filled, rows: usize) -> DeviceBatch {
         let ring = self.ring.clone();
         let bufs = ring.slot(f.slot);
-        let s = f.seq_len as i64;
+        let s = f.info.seq_len as i64;
+        let padded = f.info.pack.is_none();
+        let cut_rows = (padded && rows < self.cfg.batch_size).then_some(rows as i64);
         let view = |i: usize| -> Tensor {
             let t = &bufs[i];
-            let t = if self.layout.sequence[i] {
+            let t = if self.layout.sequence[i] && padded {
                 let mut shape = t.size();
                 shape[1] = s;
                 let n: i64 = shape.iter().product();
@@ -141,10 +153,9 @@ impl Session {
             } else {
                 t.shallow_clone()
             };
-            let t = if rows < self.cfg.batch_size {
-                t.narrow(0, 0, rows as i64)
-            } else {
-                t
+            let t = match cut_rows {
+                Some(rows) => t.narrow(0, 0, rows),
+                None => t,
             };
             if self.device.is_cuda() {
                 // tch exposes no non-blocking `copy_` into an existing tensor (its `copy_` blocks,
@@ -163,6 +174,11 @@ impl Session {
                 cats: l.cats.iter().map(|&i| view(i)).collect(),
                 length: view(l.length),
                 ctx: l.ctx.map(view),
+                pack: l.pack.map(|[seq_idx, position, num_seqs]| Packed {
+                    seq_idx: view(seq_idx),
+                    position: view(position),
+                    num_seqs: view(num_seqs),
+                }),
             },
             y: view(l.y),
         };
@@ -201,7 +217,8 @@ impl Session {
     /// `1 / accumulate`), on the device.
     pub fn train_micro(&mut self, batch: &DeviceBatch) -> Tensor {
         let pred = self.net.forward_t(&batch.inputs, true);
-        let loss = self.task.loss(&pred, &batch.y) / self.cfg.accumulate as f64;
+        let seqs = batch.inputs.pack.as_ref().map(|p| &p.num_seqs);
+        let loss = self.task.loss(&pred, &batch.y, seqs) / self.cfg.accumulate as f64;
         match &self.scaler {
             Some(s) => (&loss * &s.scale).backward(),
             None => loss.backward(),
@@ -307,10 +324,11 @@ pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     named
 }
 
-/// Which tensors feed which input, and their scaling from `stats` (train split; `None`: the
-/// stored values as they are).
+/// Which tensors of the batches (`batch`, the loader's layout) feed which input, and their
+/// scaling from `stats` (train split; `None`: the stored values as they are).
 fn layout(
     cache: &Cache,
+    batch: &[TensorLayout],
     outputs: i64,
     stats: Option<&SplitStats>,
 ) -> anyhow::Result<(Layout, Shape)> {
@@ -327,6 +345,7 @@ fn layout(
         y: usize::MAX,
         ctx: None,
         sequence: Vec::new(),
+        pack: None,
     };
     let mut shape = Shape {
         features: 0,
@@ -337,9 +356,12 @@ fn layout(
         x_scaling: Scaling::identity(0),
         ctx_scaling: Scaling::identity(0),
     };
-    for (i, t) in m.tensors().iter().enumerate() {
-        let seq = matches!(t.role, TensorRole::Features | TensorRole::Categorical);
-        l.sequence.push(seq);
+    let find = |name: &str| batch.iter().position(|t| t.name == name);
+    for (i, tl) in batch.iter().enumerate() {
+        l.sequence.push(tl.trimmed_axis.is_some());
+        let Some(t) = m.tensor(&tl.name).filter(|_| tl.role.is_some()) else {
+            continue; // a pack's own tensors, found by name below
+        };
         match t.role {
             TensorRole::Features => {
                 l.x = Some(i);
@@ -369,6 +391,13 @@ fn layout(
             | TensorRole::FullLength
             | TensorRole::SubColumn
             | TensorRole::ContextSubColumn => {}
+        }
+    }
+    if let (Some(seq_idx), Some(position), Some(num_seqs)) =
+        (find("seq_idx"), find("position"), find("num_seqs"))
+    {
+        if batch[seq_idx].role.is_none() {
+            l.pack = Some([seq_idx, position, num_seqs]);
         }
     }
     if l.x.is_none() && l.cats.is_empty() {

@@ -121,9 +121,19 @@ impl TaskSpec {
         y.index_select(1, &self.index)
     }
 
-    /// Mean loss over the batch, an f32 scalar on the device.
-    pub fn loss(&self, pred: &Tensor, y: &Tensor) -> Tensor {
-        self.evaluate(pred, y, false).0.mean(Kind::Float)
+    /// Mean loss over the batch, an f32 scalar on the device; for a pack (`seqs`: its
+    /// `num_seqs`, `[1]`) over its leading `seqs` rows, the rest being unused, so that a step
+    /// weighs each context as a padded batch does.
+    pub fn loss(&self, pred: &Tensor, y: &Tensor, seqs: Option<&Tensor>) -> Tensor {
+        let per = self.evaluate(pred, y, false).0;
+        let Some(seqs) = seqs else {
+            return per.mean(Kind::Float);
+        };
+        let rows = Tensor::arange(per.size()[0], (Kind::Int64, per.device()));
+        let used = rows.lt_tensor(seqs);
+        let zero = Tensor::zeros_like(&per);
+        let count = seqs.clamp_min(1).to_kind(Kind::Float).reshape([]);
+        per.where_self(&used, &zero).sum(Kind::Float) / count
     }
 
     /// Per-sample loss and metric, f32 `[B]` each.

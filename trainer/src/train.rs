@@ -2,6 +2,7 @@
 //! once per logged window, validation and a checkpoint at each epoch's end.
 
 use crate::checkpoint::{self, Checkpoint, Position};
+use crate::config::RunConfig;
 use crate::feed::Feed;
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
@@ -9,7 +10,8 @@ use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
 use crate::session::{named_weights, Session};
 use crate::timing::{Clock, Totals};
 use anyhow::Context;
-use dsc_loader::{LoaderOptions, OrderSpec, State};
+use dsc_format::{Manifest, TensorRole};
+use dsc_loader::{LoaderOptions, OrderSpec, Pack, State};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -26,19 +28,48 @@ pub struct RunOptions {
     pub quiet: bool,
 }
 
-/// The training split's loader options for `epoch`: shuffled, trimmed, whole batches, filled in
-/// the calling (feed) thread.
+/// The training split's loader options for `epoch`: shuffled, whole batches (trimmed, or
+/// packs), filled in the calling (feed) thread.
 pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
+    loader_options(&s.cfg, s.cache.manifest(), "train", epoch)
+}
+
+/// The loader options of a run of `cfg` over `split`: the train split shuffled in whole
+/// batches; any other in cache order, every context once (the last batch completed).
+pub(crate) fn loader_options(
+    cfg: &RunConfig,
+    manifest: &Manifest,
+    split: &str,
+    epoch: u64,
+) -> LoaderOptions {
+    let train = split == "train";
     LoaderOptions {
-        split: "train".into(),
-        batch_size: s.cfg.batch_size,
-        shuffle: true,
-        seed: s.cfg.seed,
+        order: OrderSpec {
+            split: split.into(),
+            seed: cfg.seed,
+            shuffle: train,
+            drop_last: train,
+            bucket: cfg.bucket,
+            pack: cfg.pack.map(|tokens| Pack {
+                tokens,
+                max_seqs: cfg.max_seqs,
+            }),
+            ..Default::default()
+        },
+        batch_size: cfg.batch_size,
         epoch,
-        drop_last: true,
         threads: 0,
-        trim: true,
-        bucket: s.cfg.bucket,
+        trim: cfg.pack.is_none(),
+        // Packs have no layout for engine sub-columns (which the networks do not read).
+        columns: match cfg.pack {
+            Some(_) => manifest
+                .tensors()
+                .iter()
+                .filter(|t| t.role != TensorRole::SubColumn)
+                .map(|t| t.name.clone())
+                .collect(),
+            None => Vec::new(),
+        },
         ..Default::default()
     }
 }
@@ -49,8 +80,11 @@ fn micro_per_epoch(s: &Session) -> anyhow::Result<u64> {
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
     anyhow::ensure!(
         micro > 0,
-        "the training split has {steps} full batches of {}, fewer than --accumulate {}",
-        s.cfg.batch_size,
+        "the training split has {steps} full {}, fewer than --accumulate {}",
+        match s.cfg.pack {
+            Some(t) => format!("packs of {t} tokens"),
+            None => format!("batches of {}", s.cfg.batch_size),
+        },
         s.cfg.accumulate
     );
     Ok(micro)
@@ -113,6 +147,8 @@ pub fn run(
                 clock.step_start().map_err(anyhow::Error::msg)?;
                 let batch = s.upload(filled, s.cfg.batch_size);
                 clock.copied().map_err(anyhow::Error::msg)?;
+                // A pack's sequence count is known on the host: no read-back.
+                let samples = filled.info.pack.map_or(s.cfg.batch_size, |p| p.seqs);
                 let micro_global = epoch * micro_epoch + pos.micro_in_epoch;
                 s.seed_step(micro_global);
                 let loss = s.train_micro(&batch);
@@ -122,7 +158,7 @@ pub fn run(
                     let _ = epoch_loss.g_add_(&loss);
                 });
                 pos.micro_in_epoch += 1;
-                clock.samples(s.cfg.batch_size);
+                clock.samples(samples);
                 if pos.micro_in_epoch % s.cfg.accumulate as u64 == 0 {
                     let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, warmup, total_steps);
                     s.opt.step(lr, s.cfg.clip, s.scaler.as_mut());
@@ -152,7 +188,7 @@ pub fn run(
                         .checkpoint_every
                         .is_some_and(|n| pos.optimizer_steps % n == 0);
                     if (at_limit || periodic) && pos.micro_in_epoch < micro_epoch {
-                        pos.loader = Some(loader_state(&s, epoch, pos.micro_in_epoch));
+                        pos.loader = Some(loader_state(&s, epoch, pos.micro_in_epoch)?);
                         checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
                     }
                     if at_limit {
@@ -226,20 +262,8 @@ pub fn run(
 }
 
 /// The loader state after `micro` batches of `epoch` (what a resumed run starts from).
-fn loader_state(s: &Session, epoch: u64, micro: u64) -> State {
-    let o = train_options(s, epoch);
-    State {
-        split: o.split,
-        epoch,
-        samples: micro as usize * o.batch_size * o.world_size,
-        seed: o.seed,
-        shuffle: o.shuffle,
-        window: o.window,
-        interleave: o.interleave,
-        drop_last: o.drop_last,
-        global_batch: o.batch_size * o.world_size,
-        bucket: o.bucket,
-    }
+fn loader_state(s: &Session, epoch: u64, micro: u64) -> anyhow::Result<State> {
+    Ok(State::new(&train_options(s, epoch), micro as usize)?)
 }
 
 /// `--eval-split` must name a split of the cache; only the default `val` may be absent (then
@@ -268,19 +292,7 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
     if contexts == 0 {
         return Ok(None);
     }
-    let opts = LoaderOptions {
-        order: OrderSpec {
-            split: split.into(),
-            shuffle: false,
-            drop_last: false,
-            bucket: s.cfg.bucket,
-            ..Default::default()
-        },
-        batch_size: s.cfg.batch_size,
-        threads: 0,
-        trim: true,
-        ..Default::default()
-    };
+    let opts = loader_options(&s.cfg, s.cache.manifest(), split, 0);
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
     let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
     let loader = s.cache.loader(opts)?;
@@ -289,10 +301,16 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
     let ring = s.ring.clone();
     let feed = Feed::start(loader, &ring);
     while let Some(filled) = feed.next()? {
-        // The last batch is completed with repeated contexts: count the real ones only.
-        let rows = (contexts - seen).min(b);
+        // The last batch is completed with repeated contexts (packs): count the real ones only,
+        // a pack's leading rows.
+        let rows = match filled.info.pack {
+            Some(p) if p.repeated => 0,
+            Some(p) => p.seqs,
+            None => (contexts - seen).min(b),
+        };
         let batch = s.upload(filled, rows);
         let (l, m) = s.evaluate(&batch);
+        let (l, m) = (l.narrow(0, 0, rows as i64), m.narrow(0, 0, rows as i64));
         drop(batch);
         tch::no_grad(|| {
             let _ = loss_sum.g_add_(&l.sum(Kind::Float));

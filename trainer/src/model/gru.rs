@@ -1,7 +1,7 @@
 //! A GRU read at each context's last stored step.
 
 use super::embed::Embed;
-use super::{Head, Inputs, SequenceModel, Shape};
+use super::{Head, Inputs, PackedView, SequenceModel, Shape};
 use tch::nn;
 use tch::{Kind, Tensor};
 
@@ -30,6 +30,8 @@ pub struct Gru {
     dropout: f64,
     head: Head,
     ct: Kind,
+    /// The cache's `L`: the length of a pack's `[S, L]` view.
+    max_len: i64,
 }
 
 impl Gru {
@@ -66,6 +68,7 @@ impl Gru {
             dropout: c.dropout,
             head: Head::new(vs, c.dim, shape, c.dim),
             ct,
+            max_len: shape.max_len,
         }
     }
 }
@@ -73,6 +76,11 @@ impl Gru {
 impl SequenceModel for Gru {
     fn forward_t(&self, inp: &Inputs, train: bool) -> Tensor {
         let h = self.embed.forward(inp, self.ct);
+        // A pack's sequences as its [S, L] view: the recurrence reads them as a padded batch.
+        let h = match &inp.pack {
+            Some(p) => PackedView::new(p, &inp.length, self.max_len).scatter(&h),
+            None => h,
+        };
         let (b, _, d) = h.size3().expect("[B, S, D]");
         let h0 = Tensor::zeros([self.layers, b, d], (Kind::Float, h.device()));
         let (out, _) = h.gru(

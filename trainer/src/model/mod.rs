@@ -25,7 +25,9 @@ use crate::normalise::Scaling;
 use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
-/// One batch on the device, trimmed to its longest sequence `S`.
+/// One batch on the device, trimmed to its longest sequence `S`; or one pack, whose per-step
+/// tensors are `[T, ..]` instead of `[B, S, ..]` and per-context ones `[S, ..]` (`S` its
+/// sequence slots).
 #[derive(Debug)]
 pub struct Inputs {
     /// f32 `[B, S, F]` per-step features, if the cache has any.
@@ -36,6 +38,85 @@ pub struct Inputs {
     pub length: Tensor,
     /// f32 `[B, C]` per-context features, if any.
     pub ctx: Option<Tensor>,
+    /// For a packed batch: where each token belongs.
+    pub pack: Option<Packed>,
+}
+
+/// What a packed batch says of its tokens (the loader's `seq_idx`, `position`, `num_seqs`).
+#[derive(Debug)]
+pub struct Packed {
+    /// i32 `[T]`: the sequence of each token; `S` for the unused tail.
+    pub seq_idx: Tensor,
+    /// i32 `[T]`: each token's step within its sequence.
+    pub position: Tensor,
+    /// i32 `[1]`: the sequences in the pack (its leading per-context rows).
+    pub num_seqs: Tensor,
+}
+
+/// A pack's tokens mapped onto its sequences: the `[S, L]` view in which every sequence sits
+/// at its own row, as in a padded batch. Attention and the GRU run on the view, so that no
+/// sequence sees another; memory stays linear in `T` (a dense `[T, T]` mask would not).
+/// libtorch's varlen attention (`_flash_attention_forward` with `cu_seqlens`) has no binding
+/// in tch 0.24, so CUDA uses the view too.
+pub(crate) struct PackedView {
+    /// i64 `[T]`: each token's row in the flattened view; `S * L` (a spare row) for the tail.
+    index: Tensor,
+    /// i64 `[T]`: each token's sequence (`S` for the tail).
+    seq: Tensor,
+    seqs: i64,
+    max_len: i64,
+}
+
+impl PackedView {
+    pub(crate) fn new(pack: &Packed, length: &Tensor, max_len: i64) -> PackedView {
+        let seqs = length.size()[0];
+        let seq = pack.seq_idx.to_kind(Kind::Int64);
+        let spare = Tensor::full_like(&seq, seqs * max_len);
+        let index =
+            (&seq * max_len + pack.position.to_kind(Kind::Int64)).where_self(&seq.lt(seqs), &spare);
+        PackedView {
+            index,
+            seq,
+            seqs,
+            max_len,
+        }
+    }
+
+    /// `[T, ..]` tokens to the `[S, L, ..]` view (zeros where no token is).
+    pub(crate) fn scatter(&self, x: &Tensor) -> Tensor {
+        let mut size = x.size();
+        size[0] = self.seqs * self.max_len + 1;
+        let out =
+            Tensor::zeros(size.as_slice(), (x.kind(), x.device())).index_copy(0, &self.index, x);
+        size[0] = self.seqs * self.max_len;
+        let mut view = vec![self.seqs, self.max_len];
+        view.extend_from_slice(&size[1..]);
+        out.narrow(0, 0, size[0]).view(view.as_slice())
+    }
+
+    /// The `[S, L, ..]` view back to `[T, ..]` tokens (the tail gets zeros).
+    pub(crate) fn gather(&self, v: &Tensor) -> Tensor {
+        let mut size = v.size();
+        let rest = size.split_off(2);
+        let mut flat = vec![self.seqs * self.max_len];
+        flat.extend_from_slice(&rest);
+        let flat = v.reshape(flat.as_slice());
+        let mut zero = vec![1];
+        zero.extend_from_slice(&rest);
+        let spare = Tensor::zeros(zero.as_slice(), (v.kind(), v.device()));
+        Tensor::cat(&[flat, spare], 0).index_select(0, &self.index)
+    }
+
+    /// The mean of each sequence's tokens `[T, D]`, f32 `[S, D]`.
+    pub(crate) fn pool(&self, h: &Tensor, length: &Tensor) -> Tensor {
+        let d = h.size()[1];
+        let sums = Tensor::zeros([self.seqs + 1, d], (Kind::Float, h.device())).index_add(
+            0,
+            &self.seq,
+            &h.to_kind(Kind::Float),
+        );
+        sums.narrow(0, 0, self.seqs) / length.clamp_min(1).to_kind(Kind::Float).unsqueeze(1)
+    }
 }
 
 /// What the network sees of the cache.

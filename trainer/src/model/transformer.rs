@@ -1,7 +1,9 @@
 //! A pre-norm transformer encoder with learned positions and masked mean pooling.
 
 use super::embed::Embed;
-use super::{linear, step_mask, torch_linear, Head, Inputs, Mlp, SequenceModel, Shape};
+use super::{
+    linear, step_mask, torch_linear, Head, Inputs, Mlp, Packed, PackedView, SequenceModel, Shape,
+};
 use tch::nn::{self, ModuleT};
 use tch::{Kind, Tensor};
 
@@ -81,6 +83,9 @@ impl SequenceModel for Transformer {
     // `h` for the backward pass.
     #[allow(clippy::assign_op_pattern)]
     fn forward_t(&self, inp: &Inputs, train: bool) -> Tensor {
+        if let Some(pack) = &inp.pack {
+            return self.forward_packed(inp, pack, train);
+        }
         let mut h = self.embed.forward(inp, self.ct);
         let (b, s, d) = h.size3().expect("[B, S, D]");
         h = h + self.positions.narrow(0, 0, s).unsqueeze(0);
@@ -115,5 +120,50 @@ impl SequenceModel for Transformer {
         let pooled = (h * &w).sum_dim_intlist(1, false, Kind::Float)
             / w.sum_dim_intlist(1, false, Kind::Float);
         self.head.forward(&pooled, inp.ctx.as_ref())
+    }
+}
+
+impl Transformer {
+    /// The same network on a pack's tokens `[T, D]`: every product but attention runs on the
+    /// tokens alone, none on padding; attention runs in the pack's `[S, L]` view with the
+    /// padded batches' mask, so each sequence sees only itself. `[S, outputs]`; rows past the
+    /// pack's sequences are unused.
+    #[allow(clippy::assign_op_pattern)]
+    fn forward_packed(&self, inp: &Inputs, pack: &Packed, train: bool) -> Tensor {
+        let max_len = self.positions.size()[0];
+        let view = PackedView::new(pack, &inp.length, max_len);
+        let mut h = self.embed.forward(inp, self.ct);
+        let (t, d) = h.size2().expect("[T, D]");
+        h = h + self
+            .positions
+            .index_select(0, &pack.position.to_kind(Kind::Int64));
+        let mask = step_mask(&inp.length, max_len);
+        let seqs = mask.size()[0];
+        let attn_mask = mask.view([seqs, 1, 1, max_len]);
+        let dh = d / self.heads;
+        let p = if train { self.dropout } else { 0.0 };
+        for blk in &self.blocks {
+            let qkv = linear(&h.apply(&blk.norm1), &blk.qkv, self.ct).view([t, 3, self.heads, dh]);
+            // [S, heads, L, dh] each.
+            let part = |i: i64| view.scatter(&qkv.select(1, i)).permute([0, 2, 1, 3]);
+            let a = Tensor::scaled_dot_product_attention(
+                &part(0),
+                &part(1),
+                &part(2),
+                Some(&attn_mask),
+                p,
+                false,
+                None,
+                false,
+            );
+            let a = view.gather(&a.permute([0, 2, 1, 3])).reshape([t, d]);
+            let a = linear(&a, &blk.proj, self.ct).to_kind(Kind::Float);
+            h = h + a.dropout(p, train);
+            let f = blk.ff.forward_t(&h.apply(&blk.norm2), train);
+            h = h + f.dropout(p, train);
+        }
+        let h = h.apply(&self.norm);
+        self.head
+            .forward(&view.pool(&h, &inp.length), inp.ctx.as_ref())
     }
 }
