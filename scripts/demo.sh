@@ -40,6 +40,9 @@ $dsc verify demo/cache
 
 step "load: shuffle quality of epoch 0, then loader throughput"
 $dsc order demo/cache --epoch 0 --batch-size 256
+
+step "packed batches: the same epoch as packs of 32,768 tokens (one static shape), token efficiency beside padded and bucketed batches"
+$dsc order demo/cache --epoch 0 --batch-size 256 --pack 32768
 $dsc bench demo/cache
 
 step "train: two epochs of a small transformer, direction task (CUDA when present); the validation error (rad) falls from 1.57"

@@ -396,19 +396,30 @@ impl Gather {
         }
         offsets.resize(max_seqs + 1, tokens);
         write_i32(cu, offsets.iter().map(|&o| o as i32));
-        let owners = lens
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &len)| std::iter::repeat_n(i as i32, len));
-        write_i32(
-            seq_idx,
-            owners.chain(std::iter::repeat_n(max_seqs as i32, capacity - tokens)),
-        );
-        let steps = lens.iter().flat_map(|&len| 0..len as i32);
-        write_i32(
-            position,
-            steps.chain(std::iter::repeat_n(0, capacity - tokens)),
-        );
+        // Each token's sequence and step, sequence by sequence (a plain loop per sequence: the
+        // iterator chain it replaces took a quarter of a pack's gather).
+        let mut at = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            let owner = (i as i32).to_le_bytes();
+            let (owners, steps) = (
+                &mut seq_idx[at * 4..(at + len) * 4],
+                &mut position[at * 4..(at + len) * 4],
+            );
+            for (k, (o, p)) in owners
+                .chunks_exact_mut(4)
+                .zip(steps.chunks_exact_mut(4))
+                .enumerate()
+            {
+                o.copy_from_slice(&owner);
+                p.copy_from_slice(&(k as i32).to_le_bytes());
+            }
+            at += len;
+        }
+        let spare = (max_seqs as i32).to_le_bytes();
+        for o in seq_idx[tokens * 4..capacity * 4].chunks_exact_mut(4) {
+            o.copy_from_slice(&spare);
+        }
+        position[tokens * 4..capacity * 4].fill(0);
         write_i32(num_seqs, std::iter::once(seqs as i32));
         write_i32(num_tokens, std::iter::once(tokens as i32));
         PackInfo {

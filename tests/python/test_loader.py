@@ -675,3 +675,27 @@ def test_packed_resume_len_and_options(cache_dir: Path) -> None:
     ]:
         with pytest.raises(dsc.OptionsError, match=pattern):
             dsc.Loader(cache_dir, **kwargs)
+
+
+def test_the_packed_batches_example_in_python_md_runs(cache_dir: Path, tmp_path: Path) -> None:
+    """docs/PYTHON.md's example of packed batches, run as written on a cache named `cache`."""
+    from conftest import REPO
+
+    text = (REPO / "docs" / "PYTHON.md").read_text()
+    section = text[text.index("### Packed batches"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[: code.index("```")]
+    (tmp_path / "cache").symlink_to(cache_dir)
+    import contextlib
+    import io
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            exec(compile(code, "PYTHON.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    seqs, tokens, longest = (int(v) for v in out.getvalue().split())
+    assert 0 < seqs and 0 < tokens <= 32768 and 0 < longest <= 64
