@@ -79,7 +79,6 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                 tokens,
                 max_seqs: a.max_seqs,
             }),
-            ..Default::default()
         },
         batch_size: a.batch_size,
         epoch: a.epoch,

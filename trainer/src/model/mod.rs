@@ -297,13 +297,18 @@ mod tests {
         seq_idx.resize(tokens as usize, slots as i32);
         position.resize(tokens as usize, 0);
         let idx = Tensor::from_slice(&rows);
-        let pad_rows = |t: &Tensor, n: i64| Tensor::cat(&[t, &t.zeros_like().narrow(0, 0, 1).repeat([n, 1])], 0);
+        let pad_rows = |t: &Tensor, n: i64| {
+            Tensor::cat(&[t, &t.zeros_like().narrow(0, 0, 1).repeat([n, 1])], 0)
+        };
         let xs = x.view([4 * l, f]).index_select(0, &idx);
         let cs = codes.view([4 * l, 1]).index_select(0, &idx);
         let packed = Inputs {
             x: Some(pad_rows(&xs, tokens - used)),
             cats: vec![pad_rows(&cs, tokens - used).view([tokens])],
-            length: Tensor::cat(&[&len, &Tensor::zeros([slots - 4], (Kind::Int, Device::Cpu))], 0),
+            length: Tensor::cat(
+                &[&len, &Tensor::zeros([slots - 4], (Kind::Int, Device::Cpu))],
+                0,
+            ),
             ctx: Some(pad_rows(&ctx, slots - 4)),
             pack: Some(Packed {
                 seq_idx: Tensor::from_slice(&seq_idx),
