@@ -3,20 +3,7 @@
 
 use crate::util::*;
 use dsc_loader::{Cache, LoaderOptions, OrderSpec};
-use std::path::{Path, PathBuf};
-
-/// A hot cache of many small shards (more than the loader keeps decompressed at once) and the
-/// same cache compressed by `dsc compile --compress zstd`.
-fn caches(dir: &Dir) -> (PathBuf, PathBuf) {
-    gen_icecube(dir, 2, 300);
-    dsc(dir.path(), &icecube_args("hot", &["--shard-size", "48KiB"])).ok();
-    dsc(
-        dir.path(),
-        &icecube_args("cold", &["--shard-size", "48KiB", "--compress", "zstd"]),
-    )
-    .ok();
-    (dir.join("hot"), dir.join("cold"))
-}
+use std::path::Path;
 
 /// A batch as its sequence length and its tensors' names and bytes.
 type Copied = (usize, Vec<(String, Vec<u8>)>);
@@ -41,7 +28,7 @@ fn batches(cache: &Path, o: LoaderOptions) -> Vec<Copied> {
 #[test]
 fn a_compressed_cache_yields_the_hot_caches_batches() {
     let dir = Dir::new();
-    let (hot, cold) = caches(&dir);
+    let (hot, cold) = hot_and_cold_caches(&dir);
     let m = manifest(&cold);
     let shards = m["shards"].as_array().unwrap();
     let train = shards.iter().filter(|s| s["split"] == "train").count();
@@ -194,7 +181,7 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
 #[test]
 fn compress_and_decompress_round_trip_byte_for_byte() {
     let dir = Dir::new();
-    let (hot, cold) = caches(&dir);
+    let (hot, cold) = hot_and_cold_caches(&dir);
     let original = tree(&hot);
     let out = dsc(dir.path(), &["compress", "hot", "--json"]).ok();
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -250,7 +237,7 @@ fn damage(path: &Path) {
 #[test]
 fn damaged_shards_are_named_and_conversions_leave_the_cache_as_it_was() {
     let dir = Dir::new();
-    let (hot, cold) = caches(&dir);
+    let (hot, cold) = hot_and_cold_caches(&dir);
     let shard = |c: &Path, k: usize| c.join(manifest(c)["shards"][k]["file"].as_str().unwrap());
     // A damaged compressed shard: verify names it; the loader's batch that needs it fails
     // naming it (no panic, no wrong bytes); decompress refuses and changes nothing.

@@ -5,19 +5,7 @@
 use crate::util::*;
 use dsc_loader::{Batch, Cache, LoadError, LoaderOptions, OrderSpec, Pack};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-/// A hot cache of small shards and the same compiled compressed.
-fn caches(dir: &Dir) -> (PathBuf, PathBuf) {
-    gen_icecube(dir, 2, 300);
-    dsc(dir.path(), &icecube_args("hot", &["--shard-size", "48KiB"])).ok();
-    dsc(
-        dir.path(),
-        &icecube_args("cold", &["--shard-size", "48KiB", "--compress", "zstd"]),
-    )
-    .ok();
-    (dir.join("hot"), dir.join("cold"))
-}
+use std::path::Path;
 
 fn packed(tokens: usize, max_seqs: Option<usize>) -> LoaderOptions {
     LoaderOptions {
@@ -162,7 +150,7 @@ fn steps(cache: &Path, o: LoaderOptions) -> Vec<Batch> {
 #[test]
 fn every_context_is_packed_once_with_the_bytes_of_its_padded_batch() {
     let dir = Dir::new();
-    let (hot, cold) = caches(&dir);
+    let (hot, cold) = hot_and_cold_caches(&dir);
     let padded = padded_contexts(&hot, "train");
     let max_len = Cache::open(&hot).unwrap().manifest().max_len();
     let keep_last = |mut o: LoaderOptions| {
@@ -224,7 +212,7 @@ fn every_context_is_packed_once_with_the_bytes_of_its_padded_batch() {
 #[test]
 fn a_packed_epoch_resumes_mid_epoch_from_its_state() {
     let dir = Dir::new();
-    let (hot, cold) = caches(&dir);
+    let (hot, cold) = hot_and_cold_caches(&dir);
     for cache in [&hot, &cold] {
         let c = Cache::open(cache).unwrap();
         let straight: Vec<Vec<i64>> = steps(cache, packed(2048, Some(24)))
@@ -258,7 +246,7 @@ fn a_packed_epoch_resumes_mid_epoch_from_its_state() {
 #[test]
 fn a_pack_holds_at_most_its_tokens_and_sequences_and_the_steps_are_fixed() {
     let dir = Dir::new();
-    let (hot, _) = caches(&dir);
+    let (hot, _) = hot_and_cold_caches(&dir);
     let c = Cache::open(&hot).unwrap();
     let mut lens = Vec::new();
     for epoch in 0..3 {
@@ -282,7 +270,7 @@ fn a_pack_holds_at_most_its_tokens_and_sequences_and_the_steps_are_fixed() {
 #[test]
 fn packing_refuses_what_it_cannot_do_and_says_why() {
     let dir = Dir::new();
-    let (hot, _) = caches(&dir);
+    let (hot, _) = hot_and_cold_caches(&dir);
     let c = Cache::open(&hot).unwrap();
     let max_len = c.manifest().max_len();
     let refused = |o: LoaderOptions| match c.loader(o) {

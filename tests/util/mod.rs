@@ -134,6 +134,19 @@ pub fn small_icecube_cache() -> Dir {
 }
 
 /// Generates the customer/transaction data under `dir/seq`.
+/// A hot cache of many small shards (more than the loader keeps decompressed at once) and the
+/// same cache compressed by `dsc compile --compress zstd`, in `dir/hot` and `dir/cold`.
+pub fn hot_and_cold_caches(dir: &Dir) -> (PathBuf, PathBuf) {
+    gen_icecube(dir, 2, 300);
+    dsc(dir.path(), &icecube_args("hot", &["--shard-size", "48KiB"])).ok();
+    dsc(
+        dir.path(),
+        &icecube_args("cold", &["--shard-size", "48KiB", "--compress", "zstd"]),
+    )
+    .ok();
+    (dir.join("hot"), dir.join("cold"))
+}
+
 pub fn gen_sequences(dir: &Dir, customers: usize, files: usize) {
     let (customers, files) = (customers.to_string(), files.to_string());
     dsc(

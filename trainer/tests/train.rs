@@ -294,6 +294,20 @@ fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
     common::f32_tensors(path)
 }
 
+/// The runs written into `a` and `b` ended with the same weights (to 1e-6).
+fn assert_same_weights(a: &Path, b: &Path) {
+    let wa = weights(&a.join("model.safetensors"));
+    let wb = weights(&b.join("model.safetensors"));
+    assert_eq!(wa.len(), wb.len());
+    assert!(!wa.is_empty());
+    for ((na, va), (nb, vb)) in wa.iter().zip(&wb) {
+        assert_eq!(na, nb);
+        for (x, y) in va.iter().zip(vb) {
+            assert!((x - y).abs() <= 1e-6, "{na}: {x} vs {y}");
+        }
+    }
+}
+
 #[test]
 fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
     let fx = fixture();
@@ -344,16 +358,7 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
         "history survives the restart"
     );
 
-    let wa = weights(&straight.path().join("model.safetensors"));
-    let wb = weights(&split.path().join("model.safetensors"));
-    assert_eq!(wa.len(), wb.len());
-    assert!(!wa.is_empty());
-    for ((na, va), (nb, vb)) in wa.iter().zip(&wb) {
-        assert_eq!(na, nb);
-        for (x, y) in va.iter().zip(vb) {
-            assert!((x - y).abs() <= 1e-6, "{na}: {x} vs {y}");
-        }
-    }
+    assert_same_weights(straight.path(), split.path());
     // The same validation numbers, too.
     let (va, vb) = (
         &full["epochs"][1]["val_loss"],
@@ -756,12 +761,5 @@ fn a_packed_run_resumes_with_the_weights_of_an_uninterrupted_one() {
     let ckpt = path(&split.path().join("last.ckpt"));
     let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
-    let wa = weights(&straight.path().join("model.safetensors"));
-    let wb = weights(&split.path().join("model.safetensors"));
-    assert_eq!(wa.len(), wb.len());
-    for ((na, va), (_, vb)) in wa.iter().zip(&wb) {
-        for (x, y) in va.iter().zip(vb) {
-            assert!((x - y).abs() <= 1e-6, "{na}: {x} vs {y}");
-        }
-    }
+    assert_same_weights(straight.path(), split.path());
 }
