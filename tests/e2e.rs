@@ -12,6 +12,7 @@ mod mostlyai;
 mod pack;
 mod parsers;
 mod python;
+mod replace;
 mod scale;
 mod spec_file;
 mod splits;

@@ -123,7 +123,8 @@ pub enum FormatError {
 }
 
 impl FormatError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// An I/O failure on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         FormatError::Io {
             path: path.into(),
             source,

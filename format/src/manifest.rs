@@ -641,6 +641,16 @@ impl Manifest {
     /// Reads and validates `DIR/manifest.json`. Refuses a compile's staging directory, whatever
     /// it holds: only a renamed, committed directory is a cache.
     pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
+        Self::read_with(dir, |name| std::fs::read(dir.join(name)))
+    }
+
+    /// [`Manifest::read`] with the file's bytes read by `read` from a name relative to `dir`
+    /// (e.g. through a directory held open, so that the manifest comes from the directory the
+    /// caller holds whatever later happens to the path).
+    pub fn read_with(
+        dir: &Path,
+        read: impl FnOnce(&str) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Manifest, FormatError> {
         let staging = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
             n.starts_with('.')
                 && [crate::STAGING_SUFFIX, crate::REPLACED_SUFFIX]
@@ -651,7 +661,7 @@ impl Manifest {
             return Err(FormatError::NotCommitted { dir: dir.into() });
         }
         let path = dir.join(MANIFEST_FILE);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match read(MANIFEST_FILE) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(if dir.is_dir() {
@@ -663,6 +673,18 @@ impl Manifest {
             Err(e) => return Err(FormatError::io(&path, e)),
         };
         Self::from_json(&bytes, &path)
+    }
+
+    /// An identity of the cache's data: a hash over every shard's file name and checksum, in
+    /// order. Two caches with the same identity hold the same bytes in the same shards, so the
+    /// same loader order; a recompile with another seed, shard size or input changes it (unlike
+    /// `inputs.fingerprint`, which names the input files alone).
+    pub fn content_id(&self) -> String {
+        let mut h = crate::checksum::Hasher::new();
+        for s in &self.shards {
+            h.update(format!("{}\0{}\n", s.file, s.xxh3).as_bytes());
+        }
+        h.hex()
     }
 
     /// Parses and validates manifest JSON; `path` is used in errors.

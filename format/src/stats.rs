@@ -138,7 +138,15 @@ impl Stats {
             path: path.clone(),
             source: e,
         })?;
-        serde_json::from_slice(&bytes).map_err(|source| crate::FormatError::Json { path, source })
+        Self::from_json(&bytes, &path)
+    }
+
+    /// Parses `stats.json` bytes; `path` is used in errors.
+    pub fn from_json(bytes: &[u8], path: &std::path::Path) -> Result<Stats, crate::FormatError> {
+        serde_json::from_slice(bytes).map_err(|source| crate::FormatError::Json {
+            path: path.into(),
+            source,
+        })
     }
 
     /// The statistics of `split` (`all` for every split together).

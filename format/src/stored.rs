@@ -87,17 +87,44 @@ fn check_stored_size(entry: &ShardEntry, found: u64, path: &Path) -> Result<(), 
 /// The header of shard `entry` at `path` without reading its data: for a compressed shard,
 /// only the start of the frame is decompressed.
 pub fn read_layout(entry: &ShardEntry, path: &Path) -> Result<ShardLayout, FormatError> {
-    let Some(c) = &entry.compressed else {
-        return crate::shard::read_layout(path);
-    };
-    check_size(entry, path)?;
     let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+    read_layout_of(entry, &file, path)
+}
+
+/// [`read_layout`] of the shard already open as `file` (stored at `path`, for messages): its
+/// stored size checked, its header read from the start with `pread` (the file's cursor is
+/// neither used nor moved).
+pub fn read_layout_of(
+    entry: &ShardEntry,
+    file: &std::fs::File,
+    path: &Path,
+) -> Result<ShardLayout, FormatError> {
+    let stored = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    let Some(c) = &entry.compressed else {
+        return crate::shard::read_header(&mut ReadAt(file, 0), stored, path, |e| {
+            FormatError::io(path, e)
+        });
+    };
+    check_stored_size(entry, stored, path)?;
     match c.codec {
         Codec::Zstd => {
-            let mut frame =
-                zstd::stream::read::Decoder::new(file).map_err(|e| decompress_err(path, e))?;
+            let mut frame = zstd::stream::read::Decoder::new(ReadAt(file, 0))
+                .map_err(|e| decompress_err(path, e))?;
             read_header(&mut frame, entry.bytes, path, |e| decompress_err(path, e))
         }
+    }
+}
+
+/// A file read from an offset with `pread`, so that the file's cursor (shared with other
+/// readers of the same handle) is neither used nor moved.
+struct ReadAt<'a>(&'a std::fs::File, u64);
+
+impl Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.0.read_at(buf, self.1)?;
+        self.1 += n as u64;
+        Ok(n)
     }
 }
 
@@ -112,17 +139,6 @@ pub fn read_prefix(
     path: &Path,
     len: usize,
 ) -> Result<Vec<u8>, FormatError> {
-    use std::os::unix::fs::FileExt;
-    /// `file` read from its start with `pread`, so that the file's cursor (shared with other
-    /// readers of the same handle) is neither used nor moved.
-    struct ReadAt<'a>(&'a std::fs::File, u64);
-    impl Read for ReadAt<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            let n = self.0.read_at(buf, self.1)?;
-            self.1 += n as u64;
-            Ok(n)
-        }
-    }
     let stored = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     check_stored_size(entry, stored, path)?;
     if len as u64 > entry.bytes {

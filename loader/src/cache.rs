@@ -1,4 +1,12 @@
 //! Opening a cache: read the manifest, validate every shard's size and header, map it.
+//!
+//! Every file of the cache is opened relative to its directory, held open for as long as the
+//! cache (`Folder`): `dsc compile --force` replaces a cache by swapping whole directories, so a
+//! reader that holds one directory reads one version of the cache, never the manifest of one
+//! and the shards of the other (shards of the same inputs compiled with another seed pass every
+//! size and header check, and an epoch of both would hold some contexts twice and miss others).
+//! A version removed while it is being opened makes the open fail on a missing file; the open
+//! is then retried on the directory now at the path.
 
 use crate::batch::Pool;
 use crate::batch::TensorLayout;
@@ -7,8 +15,9 @@ use crate::error::LoadError;
 use crate::loader::Loader;
 use crate::mmap::Mapped;
 use crate::options::{LoaderOptions, State};
-use dsc_format::stored::read_layout;
-use dsc_format::{Manifest, ShardEntry, TensorRole, TensorSpec};
+use dsc_format::stored::read_layout_of;
+use dsc_format::{FormatError, Manifest, ShardEntry, Stats, TensorRole, TensorSpec};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
@@ -31,9 +40,68 @@ pub(crate) struct Shard {
     pub populated: Vec<AtomicBool>,
 }
 
+/// A cache's directory, held open: its files are opened relative to it (`openat`), whatever
+/// later happens to its path.
+#[derive(Debug)]
+pub(crate) struct Folder {
+    handle: std::fs::File,
+    path: PathBuf,
+}
+
+impl Folder {
+    fn open(path: &Path) -> std::io::Result<Folder> {
+        let handle = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(path)?;
+        Ok(Folder {
+            handle,
+            path: path.into(),
+        })
+    }
+
+    /// The file `name` (relative, e.g. `shards/train-00000.safetensors`) of this directory.
+    fn open_file(&self, name: &str) -> std::io::Result<std::fs::File> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let c = std::ffi::CString::new(name)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: `openat` with a directory descriptor this struct owns (open for its lifetime)
+        // and a NUL-terminated name; it only opens a file, read-only.
+        let fd = unsafe {
+            libc::openat(
+                self.handle.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a descriptor `openat` just returned, owned by nothing else.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+
+    fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut self.open_file(name)?, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Whether the path now names another directory than the one held: the cache was replaced
+    /// (or removed) since it was opened.
+    fn replaced(&self) -> bool {
+        match (self.handle.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(held), Ok(now)) => (held.dev(), held.ino()) != (now.dev(), now.ino()),
+            _ => true,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub dir: PathBuf,
+    /// The directory every file was opened from.
+    folder: Folder,
     pub manifest: Manifest,
     /// Shards by split name, in index order.
     pub splits: Vec<(String, Vec<Shard>)>,
@@ -54,84 +122,54 @@ pub struct Cache {
 impl Cache {
     /// Opens the cache in `dir`: reads and validates the manifest, then checks every shard's size
     /// and safetensors header against it before mapping it. Costs O(shards): the header of each
-    /// shard is read, its data is not.
+    /// shard is read, its data is not. The manifest and the shards come from one version of the
+    /// cache even while `dsc compile --force` replaces it (see the module documentation).
     pub fn open(dir: impl AsRef<Path>) -> Result<Cache, LoadError> {
         let dir = dir.as_ref();
-        let manifest = Manifest::read(dir)?;
+        // A replace swaps directories and then removes the old one: an open that loses that
+        // race finds files missing from the directory it holds. Three replaces in a row within
+        // one open would be a loop of compiles, not a replace; its error is then returned.
+        let mut tries = 0;
+        loop {
+            let folder = Folder::open(dir).map_err(|e| FormatError::io(dir, e))?;
+            match Self::open_in(dir, folder) {
+                Err((e, folder)) if tries < 3 && folder.replaced() => {
+                    tries += 1;
+                    drop(e);
+                }
+                Err((e, _)) => return Err(e),
+                Ok(cache) => return Ok(cache),
+            }
+        }
+    }
+
+    /// Opens the cache held as `folder` (at `dir`); on failure gives the folder back, so that
+    /// the caller can tell a replaced cache from a broken one.
+    fn open_in(dir: &Path, folder: Folder) -> Result<Cache, (LoadError, Folder)> {
+        let manifest = match Manifest::read_with(dir, |name| folder.read(name)) {
+            Ok(m) => m,
+            Err(e) => return Err((e.into(), folder)),
+        };
         let mut splits: Vec<(String, Vec<Shard>)> = manifest
             .splits()
             .iter()
             .map(|s| (s.name.clone(), Vec::with_capacity(s.shards)))
             .collect();
         for (mapped, entry) in manifest.shards().iter().enumerate() {
-            let path = dir.join(&entry.file);
-            let file = std::fs::File::open(&path).map_err(|source| LoadError::Map {
-                path: path.clone(),
-                source,
-            })?;
-            let size = file
-                .metadata()
-                .map_err(|source| LoadError::Map {
-                    path: path.clone(),
-                    source,
-                })?
-                .len();
-            if size != entry.stored_bytes() {
-                return Err(dsc_format::FormatError::ShardSize {
-                    shard: path,
-                    expected: entry.stored_bytes(),
-                    found: size,
-                }
-                .into());
+            match open_shard(dir, &folder, &manifest, entry, mapped) {
+                Ok(shard) => splits
+                    .iter_mut()
+                    .find(|(name, _)| *name == entry.split)
+                    .expect("validated: every shard names a listed split")
+                    .1
+                    .push(shard),
+                Err(e) => return Err((e, folder)),
             }
-            let layout = read_layout(entry, &path)?;
-            layout.check(&manifest, entry, &path)?;
-            let body = if entry.compressed.is_some() {
-                Body::Cold(Cold::default())
-            } else {
-                Body::Mapped(Mapped::map(&file, size, &path).map_err(|source| {
-                    if source.raw_os_error() == Some(libc::ENOMEM) {
-                        LoadError::OutOfMaps {
-                            path: path.clone(),
-                            source,
-                            mapped,
-                            shards: manifest.shards().len(),
-                            max_map_count: std::fs::read_to_string("/proc/sys/vm/max_map_count")
-                                .map_or_else(
-                                    |_| "an unknown number of".into(),
-                                    |s| s.trim().into(),
-                                ),
-                        }
-                    } else {
-                        LoadError::Map {
-                            path: path.clone(),
-                            source,
-                        }
-                    }
-                })?)
-            };
-            let shard = Shard {
-                entry: entry.clone(),
-                tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
-                body,
-                file,
-                path: path.clone(),
-                populated: manifest
-                    .tensors()
-                    .iter()
-                    .map(|_| AtomicBool::new(false))
-                    .collect(),
-            };
-            splits
-                .iter_mut()
-                .find(|(name, _)| *name == entry.split)
-                .expect("validated: every shard names a listed split")
-                .1
-                .push(shard);
         }
         Ok(Cache {
             inner: Arc::new(Inner {
                 dir: dir.into(),
+                folder,
                 manifest,
                 lengths: splits.iter().map(|_| OnceLock::new()).collect(),
                 splits,
@@ -139,6 +177,18 @@ impl Cache {
                 pool: Arc::default(),
             }),
         })
+    }
+
+    /// `stats.json`, read from the directory the cache was opened from (the statistics of the
+    /// same version as the shards, whatever replaced the cache since).
+    pub fn stats(&self) -> Result<Stats, LoadError> {
+        let path = self.inner.dir.join(dsc_format::STATS_FILE);
+        let bytes = self
+            .inner
+            .folder
+            .read(dsc_format::STATS_FILE)
+            .map_err(|e| FormatError::io(&path, e))?;
+        Ok(Stats::from_json(&bytes, &path)?)
     }
 
     /// The manifest.
@@ -255,4 +305,64 @@ impl Cache {
         opts.epoch = state.epoch;
         Loader::new(self.clone(), opts, first_step)
     }
+}
+
+/// Opens, checks and maps shard `entry` (the `mapped`-th of the manifest) from `folder`.
+fn open_shard(
+    dir: &Path,
+    folder: &Folder,
+    manifest: &Manifest,
+    entry: &ShardEntry,
+    mapped: usize,
+) -> Result<Shard, LoadError> {
+    let path = dir.join(&entry.file);
+    let map_err = |source| LoadError::Map {
+        path: path.clone(),
+        source,
+    };
+    let file = folder.open_file(&entry.file).map_err(map_err)?;
+    let size = file.metadata().map_err(map_err)?.len();
+    if size != entry.stored_bytes() {
+        return Err(FormatError::ShardSize {
+            shard: path,
+            expected: entry.stored_bytes(),
+            found: size,
+        }
+        .into());
+    }
+    let layout = read_layout_of(entry, &file, &path)?;
+    layout.check(manifest, entry, &path)?;
+    let body = if entry.compressed.is_some() {
+        Body::Cold(Cold::default())
+    } else {
+        Body::Mapped(Mapped::map(&file, size, &path).map_err(|source| {
+            if source.raw_os_error() == Some(libc::ENOMEM) {
+                LoadError::OutOfMaps {
+                    path: path.clone(),
+                    source,
+                    mapped,
+                    shards: manifest.shards().len(),
+                    max_map_count: std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                        .map_or_else(|_| "an unknown number of".into(), |s| s.trim().into()),
+                }
+            } else {
+                LoadError::Map {
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?)
+    };
+    Ok(Shard {
+        entry: entry.clone(),
+        tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
+        body,
+        file,
+        path,
+        populated: manifest
+            .tensors()
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    })
 }

@@ -48,4 +48,5 @@ class StateError(Error, ValueError):
 
 
 class WorkerError(Error, RuntimeError):
-    """A loader used in a process it was not made in (a DataLoader worker, a fork)."""
+    """A loader used in a process it was not made in (a DataLoader worker, a fork), or by two
+    threads at once (one iterator at a time)."""

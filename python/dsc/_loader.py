@@ -387,6 +387,17 @@ class Loader:
                 f"dsc.Loader was made in process {self._pid} and used in process {os.getpid()} "
                 f"(a DataLoader worker or a fork). {_FORK_ADVICE}"
             )
+        active = self._active() if self._active is not None else None
+        if (active is not None and active.handle is not None
+                and active.thread != threading.get_ident()):
+            # Two threads each taking "the rest of the epoch" would both read it, or end each
+            # other's iterator: refused rather than given a meaning no one expects.
+            raise WorkerError(
+                f"this dsc.Loader is being iterated in thread {active.thread}: one iterator at a "
+                "time. Give each thread its own dsc.Loader (rank= and world_size= split the "
+                "data between them), hand batches to other threads through a queue, or call "
+                "loader.close() to end the running iterator first"
+            )
         self._close_active()
         epoch = _PinnedEpoch(self) if self._fill_path else _Epoch(self)
         self._active = weakref.ref(epoch)
@@ -492,6 +503,8 @@ class _Epoch:
         self.loader = loader
         self.pid = loader._pid
         self.epoch = loader._epoch
+        self.thread = threading.get_ident()
+        self._busy = threading.Lock()
         self.handle = loader._handle(loader.num_threads)
 
     def __iter__(self) -> "_Epoch":
@@ -510,6 +523,18 @@ class _Epoch:
 
     def __next__(self) -> Batch:
         loader = self._owner()
+        if not self._busy.acquire(blocking=False):
+            raise WorkerError(
+                "two threads called next() on one dsc.Loader iterator at once: each batch goes "
+                "to one caller. Take batches in one thread (and hand them on through a queue), "
+                "or give each thread its own dsc.Loader"
+            )
+        try:
+            return self._next_locked(loader)
+        finally:
+            self._busy.release()
+
+    def _next_locked(self, loader: Loader) -> Batch:
         if self.handle is None:
             raise StopIteration
         try:
@@ -582,6 +607,8 @@ class _PinnedEpoch(_Epoch):
         self.loader = loader
         self.pid = loader._pid
         self.epoch = loader._epoch
+        self.thread = threading.get_ident()
+        self._busy = threading.Lock()
         self.handle = loader._handle(0)
         self.first = self.handle.position()
         self.total = self.handle.steps()

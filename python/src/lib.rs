@@ -11,10 +11,10 @@ mod errors;
 
 use dsc_compiler::partition::{self, Partition, Stage};
 use dsc_compiler::{CompileOptions, CompileSpec, Storage, TerminalBars};
-use dsc_format::{Dtype, Stats};
+use dsc_format::Dtype;
 use dsc_loader::pack::PackInfo;
 use dsc_loader::{BatchTensor, Cache, Filler, LoadError, LoaderOptions, State, TensorLayout};
-use errors::{compile_error, format_error, load_error, options_error};
+use errors::{compile_error, load_error, options_error};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -182,9 +182,10 @@ impl CacheHandle {
         String::from_utf8(self.cache.manifest().to_json()).expect("serde_json writes UTF-8")
     }
 
-    /// `stats.json` as JSON text (validated by parsing it).
+    /// `stats.json` as JSON text (validated by parsing it), from the directory the cache was
+    /// opened from: the statistics of the same version as its shards.
     fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
-        let stats = Stats::read(self.cache.dir()).map_err(|e| format_error(py, e))?;
+        let stats = self.cache.stats().map_err(|e| load_error(py, e))?;
         Ok(serde_json::to_string(&stats).expect("stats serialise"))
     }
 

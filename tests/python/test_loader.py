@@ -699,3 +699,51 @@ def test_the_packed_batches_example_in_python_md_runs(cache_dir: Path, tmp_path:
         os.chdir(cwd)
     seqs, tokens, longest = (int(v) for v in out.getvalue().split())
     assert 0 < seqs and 0 < tokens <= 32768 and 0 < longest <= 64
+
+
+def test_one_iterator_at_a_time_across_threads(cache_dir: Path) -> None:
+    """A Loader has one iterator at a time: another thread's iter() while it runs, or a second
+    next() while one is under way, is a dsc.WorkerError; the running iterator is unharmed and
+    the epoch is counted once."""
+    loader = dsc.Loader(cache_dir, batch_size=8, seed=1)
+    it = iter(loader)
+    first = next(it)
+    errors: list = []
+
+    def in_thread(fn) -> None:
+        try:
+            fn()
+        except dsc.WorkerError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=in_thread, args=(lambda: iter(loader),))
+    t.start()
+    t.join()
+    assert len(errors) == 1 and "one iterator at a time" in str(errors[0])
+    # A next() while another is under way in another thread.
+    started, release = threading.Event(), threading.Event()
+    original = it._next_item
+
+    def slow():
+        started.set()
+        release.wait(5)
+        return original()
+
+    it._next_item = slow
+    t = threading.Thread(target=lambda: next(it))
+    t.start()
+    started.wait(5)
+    in_thread(lambda: next(it))
+    release.set()
+    t.join()
+    it._next_item = original
+    assert len(errors) == 2 and "at once" in str(errors[1])
+    rest = list(it)
+    assert 2 + len(rest) == len(loader) and first.step == 0
+    assert loader.epoch == 1 and loader.state_dict()["samples"] == 0
+    # Once the iterator is done, another thread may iterate.
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(sum(1 for _ in loader)))
+    t.start()
+    t.join()
+    assert got == [len(loader)]
