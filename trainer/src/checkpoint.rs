@@ -34,13 +34,20 @@ pub struct Position {
     pub history: Vec<EpochReport>,
     /// The cache's input fingerprint: a resumed run must read the same data.
     pub cache_fingerprint: String,
+    /// The cache's content identity (`Manifest::content_id`: its shards' names and checksums):
+    /// a resumed run must read the same shards, or the saved position would continue another
+    /// order. Absent in checkpoints from before it was recorded.
+    #[serde(default)]
+    pub cache_content: Option<String>,
 }
 
 impl Position {
-    /// The start of a run on a cache with input fingerprint `cache_fingerprint`.
-    pub fn start(config: RunConfig, cache_fingerprint: String) -> Position {
+    /// The start of a run on a cache with input fingerprint `cache_fingerprint` and content
+    /// identity `cache_content`.
+    pub fn start(config: RunConfig, cache_fingerprint: String, cache_content: String) -> Position {
         Position {
             cache_fingerprint,
+            cache_content: Some(cache_content),
             config,
             epoch: 0,
             micro_in_epoch: 0,

@@ -6,6 +6,13 @@ use crate::model::{GruConfig, ModelConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The widest network, the most layers and the most batches prefetched a run accepts.
+pub const MAX_DIM: i64 = 1 << 16;
+/// See [`MAX_DIM`].
+pub const MAX_LAYERS: i64 = 1024;
+/// See [`MAX_DIM`].
+pub const MAX_PREFETCH: usize = 1024;
+
 /// `dsc-train`'s defaults: a small network that learns on the CPU in minutes and keeps a GPU
 /// busy at batch 256.
 pub mod defaults {
@@ -164,6 +171,45 @@ impl RunConfig {
         anyhow::ensure!(
             self.dim > 0 && self.layers > 0 && self.heads > 0,
             "--dim, --layers and --heads must be positive"
+        );
+        // Far beyond any use, and small enough that nothing below overflows or runs for hours
+        // before failing (a checkpoint's config is read back through here too).
+        anyhow::ensure!(
+            self.dim <= MAX_DIM && self.layers <= MAX_LAYERS && self.heads <= self.dim,
+            "--dim {} / --layers {} / --heads {}: at most {MAX_DIM} wide, {MAX_LAYERS} layers \
+             and as many heads as --dim",
+            self.dim,
+            self.layers,
+            self.heads
+        );
+        anyhow::ensure!(
+            (1..=MAX_PREFETCH).contains(&self.prefetch),
+            "--prefetch {} must be between 1 and {MAX_PREFETCH}",
+            self.prefetch
+        );
+        anyhow::ensure!(
+            self.checkpoint_every != Some(0),
+            "--checkpoint-every must be at least 1"
+        );
+        anyhow::ensure!(
+            self.warmup.is_none_or(|w| w < u64::MAX / 2) && self.epochs < u64::MAX / 2,
+            "--epochs {} / --warmup {:?}: too large to count",
+            self.epochs,
+            self.warmup
+        );
+        // Weights, gradients and two AdamW moments of f32: refuse a network that cannot fit
+        // before libtorch tries to allocate it.
+        let (d, l) = (self.dim as f64, self.layers as f64);
+        let bytes = 16.0 * (12.0 * d * d + 13.0 * d) * l;
+        let limit = dsc_format::system::memory_limit() as f64 / 2.0;
+        anyhow::ensure!(
+            bytes <= limit,
+            "--dim {} x --layers {}: the network's weights and optimizer state need about {:.0} \
+             GiB, more than half of this machine's memory ({:.0} GiB)",
+            self.dim,
+            self.layers,
+            bytes / f64::from(1u32 << 30),
+            limit / f64::from(1u32 << 30)
         );
         anyhow::ensure!(
             self.model != ModelKind::Transformer || self.dim % self.heads == 0,

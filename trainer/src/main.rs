@@ -39,13 +39,16 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         Some(path) => {
             let ck = checkpoint::Checkpoint::read(path)?;
             let mut cfg = ck.position.config.clone();
-            // Before anything reads the cache: a resumed run must see the same data.
-            let now = dsc_format::Manifest::read(&cfg.cache)
-                .with_context(|| format!("opening the cache {}", cfg.cache.display()))?
-                .inputs()
-                .fingerprint
-                .clone();
-            if now != ck.position.cache_fingerprint {
+            // The same rules as the command line: a checkpoint is a file anyone can edit.
+            cfg.validate()
+                .with_context(|| format!("{}: the saved run configuration", path.display()))?;
+            // Before anything reads the cache: a resumed run must see the same data, in the
+            // same shards (a recompile with another --seed or --shard-size keeps the inputs'
+            // fingerprint but not the order the saved position counts in).
+            let manifest = dsc_format::Manifest::read(&cfg.cache)
+                .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
+            let now = &manifest.inputs().fingerprint;
+            if *now != ck.position.cache_fingerprint {
                 bail!(
                     "the cache {} was compiled from other inputs (fingerprint {now}) than when \
                      {} was written ({}); resume on the same cache",
@@ -53,6 +56,23 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                     path.display(),
                     ck.position.cache_fingerprint
                 );
+            }
+            match &ck.position.cache_content {
+                Some(then) if *then != manifest.content_id() => bail!(
+                    "the cache {} holds other shards (content {}) than when {} was written \
+                     ({then}): it was recompiled from the same inputs with another --seed, \
+                     --shard-size or option, so the saved position would continue a different \
+                     order; resume on the cache the run started on, or start a new run",
+                    cfg.cache.display(),
+                    manifest.content_id(),
+                    path.display()
+                ),
+                Some(_) => {}
+                None => eprintln!(
+                    "dsc-train: {} predates content checks: resuming on the inputs' \
+                     fingerprint alone (a recompile with another seed would not be noticed)",
+                    path.display()
+                ),
             }
             if let Some(e) = cli.epochs {
                 cfg.epochs = e;

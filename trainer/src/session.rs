@@ -63,6 +63,7 @@ pub struct DeviceBatch {
 
 impl Session {
     pub fn new(cfg: RunConfig, device: Device, slots: usize) -> anyhow::Result<Session> {
+        cfg.validate()?;
         let cache = Cache::open(&cfg.cache)
             .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
         let amp = cfg.amp.unwrap_or(if device.is_cuda() {

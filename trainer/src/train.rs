@@ -385,8 +385,12 @@ fn final_evaluation(s: &mut Session, quiet: bool) -> anyhow::Result<Vec<SplitEva
 
 /// The position at the start of a run of `s`.
 fn start_position(s: &Session) -> Position {
-    let fingerprint = s.cache.manifest().inputs().fingerprint.clone();
-    Position::start(s.cfg.clone(), fingerprint)
+    let m = s.cache.manifest();
+    Position::start(
+        s.cfg.clone(),
+        m.inputs().fingerprint.clone(),
+        m.content_id(),
+    )
 }
 
 /// Saves the weights alone, for inference and other tools.

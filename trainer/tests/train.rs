@@ -763,3 +763,114 @@ fn a_packed_run_resumes_with_the_weights_of_an_uninterrupted_one() {
     assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
     assert_same_weights(straight.path(), split.path());
 }
+
+#[test]
+fn resuming_on_a_cache_recompiled_with_another_seed_is_refused() {
+    let fx = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    copy_dir(&fx.icecube, &cache);
+    let (_, out) = small_run(&cache, "--task direction --batch-size 32 --max-steps 2");
+    // The same inputs compiled again with another shuffle seed: the inputs' fingerprint is the
+    // same, the order the saved position counts in is not.
+    std::fs::remove_dir_all(&cache).unwrap();
+    let mut spec = icecube_spec(&fx.ice);
+    spec["seed"] = 6.into();
+    compile(spec, &cache);
+    let ckpt = path(&out.path().join("last.ckpt"));
+    let r = train(&["--resume", &ckpt]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("other shards") && r.stderr.contains("--seed"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Runs dsc-train with `args`, killed after `limit`: `None` when it had to be killed.
+fn train_within(args: &[&str], limit: std::time::Duration) -> Option<Run> {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("OMP_NUM_THREADS", "2")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run dsc-train");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    Some(Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// A copy of checkpoint `from` at `to` whose saved run configuration has `field` set to
+/// `value` (a checkpoint is a file anyone can edit).
+fn edit_config(from: &Path, to: &Path, field: &str, value: Value) {
+    let bytes = std::fs::read(from).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = meta.metadata().clone().unwrap();
+    let mut position: Value = serde_json::from_str(&meta["dsc_train"]).unwrap();
+    position["config"][field] = value;
+    meta.insert("dsc_train".into(), position.to_string());
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
+    safetensors::serialize_to_file(tensors, Some(meta), to).unwrap();
+}
+
+#[test]
+fn a_checkpoint_with_hostile_numbers_is_refused_not_a_panic_or_a_hang() {
+    let fx = fixture();
+    let (_, out) = small_run(
+        &fx.icecube,
+        "--task direction --batch-size 32 --max-steps 1",
+    );
+    let ckpt = out.path().join("last.ckpt");
+    let hostile: Vec<(&str, Value)> = vec![
+        ("heads", 0.into()),
+        ("heads", 3.into()),
+        ("accumulate", 0.into()),
+        ("log_every", 0.into()),
+        ("checkpoint_every", 0.into()),
+        ("dim", 1_000_000_000i64.into()),
+        ("dim", (-16).into()),
+        ("layers", 1_000_000.into()),
+        ("batch_size", (1u64 << 40).into()),
+        ("prefetch", 1_000_000_000_000u64.into()),
+        ("dropout", 5.0.into()),
+        ("lr", (-1.0).into()),
+        ("pack", 0.into()),
+        ("epochs", u64::MAX.into()),
+    ];
+    for (field, value) in hostile {
+        let edited = out.path().join(format!("{field}.ckpt"));
+        edit_config(&ckpt, &edited, field, value.clone());
+        let limit = std::time::Duration::from_secs(60);
+        let r = train_within(&["--resume", &path(&edited), "--json"], limit)
+            .unwrap_or_else(|| panic!("{field} = {value}: still running after a minute"));
+        assert_eq!(
+            r.code, 2,
+            "{field} = {value}: exit {}\n{}",
+            r.code, r.stderr
+        );
+        assert!(
+            !r.stderr.contains("panicked"),
+            "{field} = {value}: {}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains(&edited.display().to_string()) || r.stderr.contains("batch_size"),
+            "{field} = {value}: {}",
+            r.stderr
+        );
+    }
+}
