@@ -620,3 +620,27 @@ fn a_read_only_output_fails_with_a_message_and_changes_nothing() {
     dsc(dir.path(), &["verify", "ro/cache"]).ok();
     assert_eq!(content(&dir.join("ro/cache")), before);
 }
+
+#[test]
+fn a_bucket_size_too_small_to_mean_anything_is_refused_at_once() {
+    // Issue 27: `--bucket-size 1` with a `--max-memory` split the input into 2^20 buckets and
+    // ran on for minutes at gigabytes of memory.
+    let dir = data();
+    for size in ["0", "1", "4095"] {
+        let err = dsc(
+            dir.path(),
+            &icecube_args("cache", &["--bucket-size", size, "--max-memory", "64MiB"]),
+        )
+        .fails(2);
+        assert!(
+            err.contains("--bucket-size") && err.contains("4KiB"),
+            "{err}"
+        );
+    }
+    assert!(!dir.join("cache").exists());
+    dsc(
+        dir.path(),
+        &icecube_args("cache", &["--bucket-size", "4KiB", "--max-memory", "64MiB"]),
+    )
+    .ok();
+}

@@ -363,7 +363,7 @@ fn a_budget_too_small_for_one_bucket_says_so_and_leaves_nothing() {
     gen_icecube(&dir, 2, 200);
     let err = run(dir.path(), &ice_args("cache"), &["--max-memory", "1MiB"]).fails(2);
     assert!(
-        err.contains("--max-memory 1 MiB is too small")
+        err.contains("--max-memory 1.0 MiB is too small")
             && err.contains("needs about")
             && err.contains("--bucket-size"),
         "{err}"
@@ -487,4 +487,13 @@ fn the_kubernetes_example_compiles_the_same_cache() {
     }
     assert_eq!(jobs, 4);
     assert_same(&dir, "plain", "cache");
+}
+
+#[test]
+fn a_budget_is_printed_as_given_not_rounded_up() {
+    // Issue 27: `--max-memory 1` (one byte) was printed as "1 MiB".
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 50);
+    let err = run(dir.path(), &ice_args("cache"), &["--max-memory", "1"]).fails(2);
+    assert!(err.contains("--max-memory 1 B is too small"), "{err}");
 }

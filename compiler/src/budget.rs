@@ -2,6 +2,7 @@
 //! how many buckets are worked on at once. Shared by dsc's own passes and the profile's.
 
 use crate::error::{CompileError, Result};
+use dsc_format::spec::format_size;
 
 /// The memory a compile may use when not told: half of what this process may use (the
 /// machine's memory, or its container's limit when lower), at least 256 MiB.
@@ -21,8 +22,8 @@ pub(crate) fn at_once(rows: u64, bytes: u64, budget: u64) -> Result<usize> {
         return Err(CompileError::Budget(format!(
             "--max-memory {} is too small: one bucket of this input holds {rows} rows and \
              needs about {} in memory; give at least that, or a smaller --bucket-size",
-            human_bytes(budget),
-            human_bytes(bucket_bytes)
+            format_size(budget),
+            format_size(bucket_bytes)
         )));
     }
     let threads = rayon::current_num_threads().max(1);
@@ -33,12 +34,4 @@ pub(crate) fn at_once(rows: u64, bytes: u64, budget: u64) -> Result<usize> {
 pub(crate) fn read_share(budget: u64) -> usize {
     let threads = rayon::current_num_threads().max(1) as u64;
     (budget / 2 / threads).max(1 << 20) as usize
-}
-
-fn human_bytes(n: u64) -> String {
-    if n >= 1 << 30 {
-        format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64)
-    } else {
-        format!("{} MiB", n.div_ceil(1 << 20))
-    }
 }

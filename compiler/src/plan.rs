@@ -68,6 +68,22 @@ fn check_unique(what: &str, names: &[String]) -> Result<()> {
 }
 
 /// Validates the spec and resolves every column to its table.
+/// The smallest `--bucket-size`: a bucket is the unit the input is spilled and processed in,
+/// and at one byte the compile split a small input into 2^20 buckets and ran for minutes at
+/// gigabytes of memory (the same input compiles in 0.4 s by default).
+pub(crate) const MIN_BUCKET_SIZE: u64 = 4 << 10;
+
+/// Refuses a bucket size below [`MIN_BUCKET_SIZE`].
+pub(crate) fn check_bucket_size(spec: &CompileSpec) -> Result<()> {
+    match spec.bucket_size {
+        Some(b) if b < MIN_BUCKET_SIZE => Err(CompileError::Spec(format!(
+            "--bucket-size {b} bytes: at least 4KiB (a bucket is the unit the input is spilled \
+             and processed in; the default is 32MiB)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     if spec.rows.is_empty() {
         return Err(CompileError::Spec("no rows files given".into()));
@@ -95,6 +111,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     if spec.shard_size == 0 {
         return Err(CompileError::Spec("--shard-size must be positive".into()));
     }
+    check_bucket_size(spec)?;
     if spec.context.is_none() && !(spec.targets.is_empty() && spec.context_features.is_empty()) {
         return Err(CompileError::Spec(
             "--targets and --context-features need a context table (--context)".into(),

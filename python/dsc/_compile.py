@@ -5,6 +5,7 @@ Rust compiler."""
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -75,9 +76,25 @@ def _joins(
     return out
 
 
-def _size(value: Union[int, str]) -> int:
-    """Bytes, from a number or a string such as ``"64MiB"``."""
-    return _dsc.parse_size(value) if isinstance(value, str) else int(value)
+def _int(name: str, value: Any, low: int = 0, high: int = 2**64 - 1) -> int:
+    """An integer keyword in ``[low, high]``: never a bool, a float or a string, which would
+    otherwise be truncated or fail in the extension as TypeError or OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        raise OptionsError(f"{name}={value!r}: expected an integer in [{low}, {high}]")
+    return int(value)
+
+
+def _size(name: str, value: Any) -> int:
+    """Bytes, from a whole number or a string such as ``"64MiB"``."""
+    if isinstance(value, str):
+        try:
+            return _dsc.parse_size(value)
+        except OptionsError as e:
+            raise OptionsError(f"{name}={value!r}: {e}") from None
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
+        raise OptionsError(f"{name}={value!r}: a size is a whole number of bytes or a string "
+                           "such as \"64MiB\"")
+    return _int(name, value, 0, 2**63 - 1)
 
 
 def _fields(
@@ -144,11 +161,10 @@ def _fields(
     for name, value in (("max_len", max_len), ("split_seed", split_seed), ("seed", seed),
                         ("partitions", partitions)):
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise OptionsError(f"{name}={value!r}: expected a non-negative integer")
-            fields[name] = value
+            fields[name] = _int(name, value)
     if val_fraction is not None:
-        if not 0.0 <= float(val_fraction) < 1.0:
+        if (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)
+                or not 0.0 <= float(val_fraction) < 1.0):
             raise OptionsError(f"val_fraction={val_fraction!r}: expected a fraction in [0, 1)")
         fields["val_fraction"] = float(val_fraction)
     # A split assignment given here replaces the spec file's, whichever kind.
@@ -163,9 +179,9 @@ def _fields(
             )
         fields["split_keys"] = {str(k): os.fspath(v) for k, v in split_keys.items()}
     if shard_size is not None:
-        fields["shard_size"] = _size(shard_size)
+        fields["shard_size"] = _size("shard_size", shard_size)
     if bucket_size is not None:
-        fields["bucket_size"] = _size(bucket_size)
+        fields["bucket_size"] = _size("bucket_size", bucket_size)
     if spec is None:
         if "rows" not in fields or not fields["rows"]:
             raise OptionsError("no rows files given: pass rows= (paths or globs) or a spec file")
@@ -218,9 +234,9 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         os.fspath(out),
         bool(force),
         bool(progress),
-        None if max_memory is None else _size(max_memory),
+        None if max_memory is None else _size("max_memory", max_memory),
         compress,
-        compress_level,
+        None if compress_level is None else _int("compress_level", compress_level, -(2**31), 2**31 - 1),
     )
     return Cache(out)
 
@@ -275,7 +291,7 @@ def compile_stage(
         stage,
         index,
         count,
-        None if max_memory is None else _size(max_memory),
+        None if max_memory is None else _size("max_memory", max_memory),
         bool(progress),
     )
     return json.loads(report)
@@ -290,5 +306,6 @@ def merge(out: PathLike, *, force: bool = False, progress: Optional[bool] = None
     ``compress_level`` as for :func:`dsc.compile`."""
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
-    _dsc.merge(os.fspath(out), bool(force), bool(progress), compress, compress_level)
+    level = None if compress_level is None else _int("compress_level", compress_level, -(2**31), 2**31 - 1)
+    _dsc.merge(os.fspath(out), bool(force), bool(progress), compress, level)
     return Cache(out)

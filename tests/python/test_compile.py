@@ -147,3 +147,29 @@ def test_an_official_test_split_from_key_files(in_workdir: Path, tmp_path: Path)
     with pytest.raises(dsc.OptionsError):
         dsc.compile("data/train/batch_*.parquet", out=tmp_path / "bad", split_keys=["test"],
                     **COMPILE_KWARGS)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(shard_size=1.5), "shard_size"),
+    (dict(shard_size=True), "shard_size"),
+    (dict(shard_size=-1), "shard_size"),
+    (dict(shard_size=2**70), "shard_size"),
+    (dict(bucket_size=0.5), "bucket_size"),
+    (dict(max_memory=1.5), "max_memory"),
+    (dict(max_memory=[1]), "max_memory"),
+    (dict(max_len=2**70), "max_len"),
+    (dict(seed=2**64), "seed"),
+    (dict(seed=1.0), "seed"),
+    (dict(compress="zstd", compress_level="high"), "compress_level"),
+    (dict(compress="zstd", compress_level=2**40), "compress_level"),
+    (dict(val_fraction="a tenth"), "val_fraction"),
+    (dict(partitions=2**64), "partitions"),
+])
+def test_compile_keywords_of_the_wrong_kind_are_options_errors(in_workdir: Path, tmp_path: Path,
+                                                                kwargs: dict, pattern: str) -> None:
+    """Issue 27: a float shard size was truncated (1.5 meant 1 byte), and other values of the
+    wrong type or range raised TypeError or OverflowError from the extension."""
+    with pytest.raises(dsc.OptionsError, match=pattern):
+        dsc.compile("data/train/batch_*.parquet", out=tmp_path / "c", key="event_id",
+                    features="charge", **kwargs)
+    assert not (tmp_path / "c").exists()

@@ -65,6 +65,7 @@ pub(crate) fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
     if partitions == 0 {
         return Err(CompileError::Spec("--partitions must be at least 1".into()));
     }
+    crate::plan::check_bucket_size(spec)?;
     let ignored = [
         ("--features", !spec.features.is_empty()),
         ("--categorical", !spec.categorical.is_empty()),
