@@ -190,7 +190,8 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
     let Some(out) = a.out.clone() else {
         bail!("--out is required: the cache directory to create");
     };
-    let bars = TerminalBars::new(a.quiet || a.json);
+    // Ctrl-C, SIGTERM: the compile stops, removes its staging folder and says so.
+    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
     let start = Instant::now();
     let max_memory = a
         .max_memory
@@ -265,7 +266,8 @@ fn parse_partition(text: &str) -> anyhow::Result<Partition> {
 
 /// `dsc merge`.
 pub fn merge(a: MergeArgs) -> anyhow::Result<u8> {
-    let bars = TerminalBars::new(a.quiet || a.json);
+    // Ctrl-C, SIGTERM: the compile stops, removes its staging folder and says so.
+    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
     let start = Instant::now();
     let report = partition::merge(&a.out, a.force, a.storage.storage(), &bars)?;
     print_report(&report, start.elapsed().as_secs_f64(), a.json)

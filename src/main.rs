@@ -57,7 +57,13 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("dsc: {}", output::error_chain(&e));
-            ExitCode::from(EXIT_ERROR)
+            // Stopped by a signal: the shell's convention, 128 + the signal.
+            match e.downcast_ref::<dsc_compiler::CompileError>() {
+                Some(dsc_compiler::CompileError::Interrupted { signal }) => {
+                    ExitCode::from((128 + signal) as u8)
+                }
+                _ => ExitCode::from(EXIT_ERROR),
+            }
         }
     }
 }

@@ -15,7 +15,8 @@ pub fn decompress(a: DecompressArgs) -> anyhow::Result<u8> {
 }
 
 fn run(cache: &Path, storage: Storage, json: bool, quiet: bool, done: &str) -> anyhow::Result<u8> {
-    let bars = TerminalBars::new(quiet || json);
+    // Ctrl-C, SIGTERM: the compile stops, removes its staging folder and says so.
+    let bars = TerminalBars::new(quiet || json).with_interrupt(dsc_compiler::stop_on_signals());
     let r: StorageReport = restore(cache, storage, &bars)?;
     if json {
         crate::output::print_json(&r)?;

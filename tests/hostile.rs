@@ -644,3 +644,82 @@ fn a_bucket_size_too_small_to_mean_anything_is_refused_at_once() {
     )
     .ok();
 }
+
+/// Starts the README compile into `cache` in `dir` as a child, waits until its staging folder
+/// exists (the compile is under way), sends `signal`, and returns its exit code and stderr.
+fn signal_a_compile(dir: &Dir, signal: i32) -> (i32, String) {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(icecube_args(
+            "cache",
+            &["--max-memory", "64MiB", "--bucket-size", "64KiB"],
+        ))
+        .current_dir(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let staging = dir.join(".cache.dsc-partial");
+    let start = std::time::Instant::now();
+    while !staging.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no staging folder"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // SAFETY: signals a child process this test started and still owns.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_compile_stopped_by_a_signal_says_so_and_leaves_nothing() {
+    // Issue 27: SIGINT (and SIGTERM) left `.cache.dsc-partial` behind, without a word.
+    let dir = Dir::new();
+    gen_icecube(&dir, 4, 3000);
+    for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let (code, err) = signal_a_compile(&dir, signal);
+        assert_eq!(code, 128 + signal, "{name}: {err}");
+        assert!(
+            err.contains(&format!("interrupted ({name})")) && err.contains("nothing was committed"),
+            "{err}"
+        );
+        let left: Vec<String> = listing(dir.path())
+            .into_iter()
+            .filter(|n| n.contains("cache") && !n.ends_with("dsc-lock"))
+            .collect();
+        assert!(left.is_empty(), "{name} left {left:?}");
+    }
+}
+
+#[test]
+fn a_compile_past_the_file_size_limit_says_so_and_leaves_nothing() {
+    // Issue 27: under `ulimit -f`, SIGXFSZ killed the compile without a message and left its
+    // staging folder (the full-disk test above ignores SIGXFSZ itself, so it never saw this).
+    let dir = data();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"));
+    cmd.args(icecube_args("cache", &[])).current_dir(dir.path());
+    // SAFETY: between fork and exec only setrlimit and signal, both async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let rl = libc::rlimit {
+                rlim_cur: 64 << 10,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &rl) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("file-size limit"), "{err}");
+    // The lock file stays by design (see "Concurrent writers" in docs/RELIABILITY.md).
+    assert_eq!(listing(dir.path()), [".cache.dsc-lock", "data"], "{err}");
+}

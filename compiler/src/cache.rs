@@ -95,6 +95,8 @@ pub(crate) fn commit_cache(
     stats_json.push(b'\n');
     staging.write_file(dsc_format::STATS_FILE, &stats_json)?;
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
+    // The last moment a stop request can keep the cache from being committed.
+    crate::progress::check(progress)?;
     let out = staging.commit()?;
     timer.lap("commit");
     let cache_bytes = manifest.shards().iter().map(|s| s.stored_bytes()).sum();

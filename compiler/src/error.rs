@@ -244,6 +244,13 @@ pub enum CompileError {
         /// What is wrong and what to do.
         what: String,
     },
+    /// A signal (SIGINT, SIGTERM) or Ctrl-C asked the compile to stop; it removed what it had
+    /// written and committed nothing.
+    #[error("interrupted ({}): the compile stopped and removed what it had written; nothing was committed", signal_name(*.signal))]
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+    },
     /// A bug in dsc: what it assembled breaks a rule of its own format. Nothing was written.
     #[error("internal error, please report it: {0}")]
     Internal(String),
@@ -254,6 +261,20 @@ pub enum CompileError {
 
 impl CompileError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        // A write past the file-size limit fails with EFBIG once SIGXFSZ is ignored (the CLI
+        // ignores it: the signal's default would kill the process without a word).
+        let source = if source.raw_os_error() == Some(libc::EFBIG) {
+            std::io::Error::new(
+                source.kind(),
+                format!(
+                    "{source}: the process's file-size limit (`ulimit -f`) stopped the write; \
+                     raise it (the largest files a compile writes are its shards, --shard-size, \
+                     and spill files of about --bucket-size)"
+                ),
+            )
+        } else {
+            source
+        };
         CompileError::Io {
             path: path.into(),
             source,
@@ -263,3 +284,13 @@ impl CompileError {
 
 /// `Result` with [`CompileError`].
 pub type Result<T, E = CompileError> = std::result::Result<T, E>;
+
+/// `SIGINT` and the like for the signals a compile stops on.
+pub fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        other => format!("signal {other}"),
+    }
+}

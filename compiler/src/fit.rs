@@ -413,6 +413,7 @@ pub(crate) fn for_buckets<T: Send>(
         let done: Vec<Result<T>> = chunk
             .par_iter()
             .map(|&b| {
+                crate::progress::check(progress)?;
                 let r = f(b);
                 progress.advance(1);
                 r

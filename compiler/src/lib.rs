@@ -36,9 +36,9 @@ mod write;
 
 pub use cache::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
-pub use error::{CompileError, Result};
+pub use error::{signal_name, CompileError, Result};
 pub use pipeline::{compile, decode_parquet};
 #[cfg(feature = "progress-bar")]
 pub use progress::TerminalBars;
-pub use progress::{NoProgress, Progress};
+pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};
 pub use storage::{restore, Storage, StorageReport};

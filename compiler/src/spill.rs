@@ -164,6 +164,7 @@ pub(crate) fn spill_rows(
         .into_par_iter()
         .enumerate()
         .map(|(local, chunk)| {
+            crate::progress::check(progress)?;
             let name = format!("{name}-{:06}-{:03}.spill", chunk.file, chunk.index);
             let (pieces, memory) = spill_file(
                 chunk.opened,

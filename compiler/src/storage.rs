@@ -233,6 +233,7 @@ pub(crate) fn store_staged(
         .shards()
         .par_iter()
         .map(|entry| {
+            crate::progress::check(progress)?;
             let out = convert(dir, dir, entry, storage)?;
             std::fs::remove_file(dir.join(&entry.file))
                 .map_err(|e| CompileError::io(dir.join(&entry.file), e))?;
@@ -266,6 +267,7 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
         .shards()
         .par_iter()
         .map(|entry| {
+            crate::progress::check(progress)?;
             if stored_as(entry, storage) {
                 link_or_copy(&dir.join(&entry.file), &staging.dir.join(&entry.file))?;
                 return Ok(entry.clone());
@@ -285,6 +287,7 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
     };
     let manifest = with_shards(manifest, shards)?;
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
+    crate::progress::check(progress)?;
     staging.commit()?;
     progress.finish();
     Ok(StorageReport {

@@ -132,51 +132,49 @@ impl Cache {
         let mut tries = 0;
         loop {
             let folder = Folder::open(dir).map_err(|e| FormatError::io(dir, e))?;
-            match Self::open_in(dir, folder) {
-                Err((e, folder)) if tries < 3 && folder.replaced() => {
-                    tries += 1;
-                    drop(e);
+            match Self::read_in(dir, &folder) {
+                Ok((manifest, splits)) => {
+                    return Ok(Cache {
+                        inner: Arc::new(Inner {
+                            dir: dir.into(),
+                            folder,
+                            manifest,
+                            lengths: splits.iter().map(|_| OnceLock::new()).collect(),
+                            splits,
+                            resident: Resident::default(),
+                            pool: Arc::default(),
+                        }),
+                    })
                 }
-                Err((e, _)) => return Err(e),
-                Ok(cache) => return Ok(cache),
+                Err(_) if tries < 3 && folder.replaced() => tries += 1,
+                Err(e) => return Err(e),
             }
         }
     }
 
-    /// Opens the cache held as `folder` (at `dir`); on failure gives the folder back, so that
-    /// the caller can tell a replaced cache from a broken one.
-    fn open_in(dir: &Path, folder: Folder) -> Result<Cache, (LoadError, Folder)> {
-        let manifest = match Manifest::read_with(dir, |name| folder.read(name)) {
-            Ok(m) => m,
-            Err(e) => return Err((e.into(), folder)),
-        };
+    /// The manifest of the cache held as `folder` (at `dir`), and its shards by split, each
+    /// checked and mapped.
+    #[allow(clippy::type_complexity)]
+    fn read_in(
+        dir: &Path,
+        folder: &Folder,
+    ) -> Result<(Manifest, Vec<(String, Vec<Shard>)>), LoadError> {
+        let manifest = Manifest::read_with(dir, |name| folder.read(name))?;
         let mut splits: Vec<(String, Vec<Shard>)> = manifest
             .splits()
             .iter()
             .map(|s| (s.name.clone(), Vec::with_capacity(s.shards)))
             .collect();
         for (mapped, entry) in manifest.shards().iter().enumerate() {
-            match open_shard(dir, &folder, &manifest, entry, mapped) {
-                Ok(shard) => splits
-                    .iter_mut()
-                    .find(|(name, _)| *name == entry.split)
-                    .expect("validated: every shard names a listed split")
-                    .1
-                    .push(shard),
-                Err(e) => return Err((e, folder)),
-            }
+            let shard = open_shard(dir, folder, &manifest, entry, mapped)?;
+            splits
+                .iter_mut()
+                .find(|(name, _)| *name == entry.split)
+                .expect("validated: every shard names a listed split")
+                .1
+                .push(shard);
         }
-        Ok(Cache {
-            inner: Arc::new(Inner {
-                dir: dir.into(),
-                folder,
-                manifest,
-                lengths: splits.iter().map(|_| OnceLock::new()).collect(),
-                splits,
-                resident: Resident::default(),
-                pool: Arc::default(),
-            }),
-        })
+        Ok((manifest, splits))
     }
 
     /// `stats.json`, read from the directory the cache was opened from (the statistics of the

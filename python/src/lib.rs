@@ -10,7 +10,7 @@
 mod errors;
 
 use dsc_compiler::partition::{self, Partition, Stage};
-use dsc_compiler::{CompileOptions, CompileSpec, Storage, TerminalBars};
+use dsc_compiler::{CompileOptions, CompileSpec, Interrupt, Storage, TerminalBars};
 use dsc_format::Dtype;
 use dsc_loader::pack::PackInfo;
 use dsc_loader::{BatchTensor, Cache, Filler, LoadError, LoaderOptions, State, TensorLayout};
@@ -19,7 +19,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use std::os::raw::c_int;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// One tensor's bytes, exported through the buffer protocol as a flat byte buffer.
 #[pyclass(frozen, module = "dsc._dsc")]
@@ -519,23 +519,72 @@ fn compile(
 ) -> PyResult<String> {
     let spec = spec_from(py, spec_json, spec_file.as_deref())?;
     let storage = storage_of(py, compress.as_deref(), compress_level)?;
-    let bars = TerminalBars::new(!progress);
-    let report = py
-        .detach(|| {
-            dsc_compiler::compile(
-                &spec,
-                &CompileOptions {
-                    out,
-                    force,
-                    max_memory,
-                    storage,
-                    progress: &bars,
-                },
-            )
-            .map_err(Box::new)
-        })
-        .map_err(|e| compile_error(py, *e))?;
+    let interrupt = Arc::new(Interrupt::new());
+    let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
+    let report = interruptible(py, &interrupt, || {
+        dsc_compiler::compile(
+            &spec,
+            &CompileOptions {
+                out,
+                force,
+                max_memory,
+                storage,
+                progress: &bars,
+            },
+        )
+        .map_err(Box::new)
+    })?
+    .map_err(|e| compile_error(py, *e))?;
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
+}
+
+/// Runs `work` (a compile) off the GIL in a thread of its own, while this thread looks for
+/// Python's signals (Ctrl-C) every 50 ms: with the GIL released the interpreter cannot run its
+/// handlers, and the compile used to run to its end and commit before `KeyboardInterrupt` came.
+/// A signal's exception asks the compile to stop through `interrupt`; it is raised once the
+/// compile has stopped and removed what it wrote.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    interrupt: &Interrupt,
+    work: impl FnOnce() -> T + Send,
+) -> PyResult<T> {
+    let (result, signalled) = py.detach(|| {
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            scope.spawn(move || {
+                let _ = tx.send(work());
+            });
+            let mut signalled = None;
+            loop {
+                match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                    Ok(result) => return (Some(result), signalled),
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        return (None, signalled)
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                if signalled.is_none() {
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        interrupt.request(libc_sigint());
+                        signalled = Some(e);
+                    }
+                }
+            }
+        })
+    });
+    match (signalled, result) {
+        (Some(e), _) => Err(e),
+        (None, Some(result)) => Ok(result),
+        (None, None) => Err(errors::worker_error(
+            py,
+            "the compile thread stopped unexpectedly",
+        )),
+    }
+}
+
+/// SIGINT, which a Python signal handler's exception stands for (Ctrl-C).
+fn libc_sigint() -> i32 {
+    2
 }
 
 /// Runs one stage of one partition of a compile; returns the stage report as JSON.
@@ -566,12 +615,12 @@ fn compile_stage(
     };
     let partition = Partition::parse(&format!("{index}/{count}"))
         .map_err(|e| options_error(py, &format!("partition: {e}")))?;
-    let bars = TerminalBars::new(!progress);
-    let report = py
-        .detach(|| {
-            partition::run_stage(&spec, &out, max_memory, partition, stage, &bars).map_err(Box::new)
-        })
-        .map_err(|e| compile_error(py, *e))?;
+    let interrupt = Arc::new(Interrupt::new());
+    let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
+    let report = interruptible(py, &interrupt, || {
+        partition::run_stage(&spec, &out, max_memory, partition, stage, &bars).map_err(Box::new)
+    })?
+    .map_err(|e| compile_error(py, *e))?;
     Ok(serde_json::to_string(&report).expect("a report serializes"))
 }
 
@@ -604,10 +653,12 @@ fn merge(
     compress_level: Option<i32>,
 ) -> PyResult<String> {
     let storage = storage_of(py, compress.as_deref(), compress_level)?;
-    let bars = TerminalBars::new(!progress);
-    let report = py
-        .detach(|| partition::merge(&out, force, storage, &bars).map_err(Box::new))
-        .map_err(|e| compile_error(py, *e))?;
+    let interrupt = Arc::new(Interrupt::new());
+    let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
+    let report = interruptible(py, &interrupt, || {
+        partition::merge(&out, force, storage, &bars).map_err(Box::new)
+    })?
+    .map_err(|e| compile_error(py, *e))?;
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }
 

@@ -173,3 +173,34 @@ def test_compile_keywords_of_the_wrong_kind_are_options_errors(in_workdir: Path,
         dsc.compile("data/train/batch_*.parquet", out=tmp_path / "c", key="event_id",
                     features="charge", **kwargs)
     assert not (tmp_path / "c").exists()
+
+
+def test_ctrl_c_stops_a_compile_within_a_second_and_commits_nothing(tmp_path: Path) -> None:
+    """Issue 27: Ctrl-C during dsc.compile did not stop it; the compile ran to the end and
+    committed, then KeyboardInterrupt was raised."""
+    import signal
+    import threading
+    import time
+
+    run_dsc("gen", "icecube", "--out", "data", "--files", "4", "--events-per-file", "3000",
+            "--seed", "7", cwd=tmp_path)
+    out, staging = tmp_path / "cache", tmp_path / ".cache.dsc-partial"
+    sent: list = []
+
+    def press_ctrl_c() -> None:
+        while not staging.exists():
+            time.sleep(0.002)
+        time.sleep(0.05)  # the compile is under way
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    kwargs = {**COMPILE_KWARGS, "context": str(tmp_path / "data/train_meta.parquet"),
+              "join": str(tmp_path / "data/sensor_geometry.csv")}
+    # Small buckets make the compile take seconds (a bucket is the unit it stops between).
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile(str(tmp_path / "data/train/batch_*.parquet"), out=out, bucket_size="64KiB",
+                    max_memory="64MiB", **kwargs)
+    stopped = time.perf_counter() - sent[0]
+    assert stopped < 1.0, f"{stopped:.2f} s from Ctrl-C to KeyboardInterrupt"
+    assert not out.exists() and not staging.exists()
