@@ -200,6 +200,12 @@ fn val_fraction_carves_val_out_of_train_and_leaves_test_alone() {
     assert!(inspect.contains("test"), "{inspect}");
 }
 
+/// A split name of 300 characters.
+fn long_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| "x".repeat(300))
+}
+
 #[test]
 fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
     let dir = data_with_split_column();
@@ -223,6 +229,12 @@ fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
             |k| Some(if k == 29 { "all" } else { "train" }),
             &["key 29", "\"all\" is reserved"],
         ),
+        // Issue 27: a 300-character name passed and failed at the shard write ("File name too
+        // long").
+        (
+            |k| Some(if k == 11 { long_name() } else { "train" }),
+            &["key 11", "longer than 64 characters"],
+        ),
     ];
     for (f, needles) in cases {
         write_split_column(&dir, f);
@@ -230,6 +242,8 @@ fn bad_split_assignments_name_what_is_wrong_and_write_nothing() {
         for n in needles {
             assert!(err.contains(n), "missing {n:?} in: {err}");
         }
+        // Issue 27: every split error advised `--nan zero`, which does not help.
+        assert!(!err.contains("--nan"), "{err}");
         assert!(!dir.join("cache").exists());
     }
 

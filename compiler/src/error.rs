@@ -163,6 +163,19 @@ pub enum CompileError {
         /// The lookup file.
         join: PathBuf,
     },
+    /// A context's split cannot be taken from the split column (null, or a name that cannot
+    /// name a split).
+    #[error("{path}: column {column:?} row {row}: {what}")]
+    BadSplit {
+        /// The context table.
+        path: PathBuf,
+        /// The split column.
+        column: String,
+        /// Row within the file.
+        row: u64,
+        /// What is wrong, with the key.
+        what: String,
+    },
     /// A null, NaN or infinite value under `nan = "error"`.
     #[error("{path}: column {column:?} row {row}: {what}; choose --nan zero or --nan mean to replace such values")]
     BadValue {

@@ -173,7 +173,7 @@ impl Splits<'_> {
                     )));
                 };
                 let (path, file_row) = ctx.table.locate(row as usize);
-                let bad = |what: String| CompileError::BadValue {
+                let bad = |what: String| CompileError::BadSplit {
                     path: path.into(),
                     column: column.to_string(),
                     row: file_row,
@@ -254,6 +254,11 @@ impl Splits<'_> {
 fn check_name(name: &str) -> std::result::Result<(), String> {
     match dsc_format::manifest::split_name_problem(name) {
         Some(problem) => Err(format!("split name {name:?} {problem}")),
+        None if name.len() > dsc_format::manifest::MAX_SPLIT_NAME => Err(format!(
+            "split name {name:?} is longer than {} characters (it becomes part of the shard \
+             file names, which file systems limit)",
+            dsc_format::manifest::MAX_SPLIT_NAME
+        )),
         None => Ok(()),
     }
 }

@@ -593,6 +593,10 @@ pub enum ManifestProblem {
     },
 }
 
+/// The longest split name a compile gives (shard file names hold it, and file systems cap a name
+/// at 255 bytes); caches are not refused for a longer one, which an older dsc may have written.
+pub const MAX_SPLIT_NAME: usize = 64;
+
 /// Why `name` cannot name a split, if it cannot: split names become part of shard file names
 /// (non-empty lower-case ASCII letters, digits and `_`), and `stats.json` keeps
 /// [`ALL_SPLITS`](crate::stats::ALL_SPLITS) for every split together.

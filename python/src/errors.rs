@@ -82,6 +82,9 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
         | CompileError::BadValue {
             path, column, row, ..
         }
+        | CompileError::BadSplit {
+            path, column, row, ..
+        }
         | CompileError::Incompatible {
             path, column, row, ..
         } => Place {
