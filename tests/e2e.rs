@@ -18,3 +18,4 @@ mod spec_file;
 mod splits;
 mod values;
 mod verify;
+mod work;

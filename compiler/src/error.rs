@@ -257,6 +257,15 @@ pub enum CompileError {
         /// What is wrong and what to do.
         what: String,
     },
+    /// A file the compile wrote for itself (a spill, a values file, a work shard or part)
+    /// no longer holds what was written: its checksum does not match.
+    #[error("{}: {what}", path.display())]
+    CorruptWork {
+        /// The file.
+        path: PathBuf,
+        /// What does not match, and what to run.
+        what: String,
+    },
     /// A signal (SIGINT, SIGTERM) or Ctrl-C asked the compile to stop; it removed what it had
     /// written and committed nothing.
     #[error("interrupted ({}): the compile stopped and removed what it had written; nothing was committed", signal_name(*.signal))]

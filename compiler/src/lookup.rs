@@ -200,7 +200,7 @@ pub(crate) fn spill_context(
     split_by: Option<&str>,
     buckets: Buckets,
     budget: usize,
-    dir: &Path,
+    (dir, name): (&Path, &str),
 ) -> Result<ContextPart> {
     let mut split_values = std::collections::BTreeSet::new();
     let (spill, rows) = if is_csv(path) {
@@ -212,13 +212,13 @@ pub(crate) fn spill_context(
             }
         }
         let rows = table.rows() as u64;
-        (spill::spill_table(&table, buckets, dir, "context")?, rows)
+        (spill::spill_table(&table, buckets, dir, name)?, rows)
     } else {
         let inputs = read::open_all(&[path.to_path_buf()], wants)?;
         let rows = *inputs.offsets.last().expect("one file");
         let to = SpillTo {
             dir,
-            name: "context",
+            name,
             buckets,
             budget,
             in_memory: false,

@@ -13,6 +13,14 @@
 //! plan's fingerprint (spec, partition count, every input's size and modification time), so
 //! parts of another compile, or of inputs changed since, are refused by name. Nothing is a cache
 //! until `merge` writes the manifest; the cache is byte-identical to a compile in one process.
+//!
+//! Nothing a stage reads is trusted: the plan and every part end in a checksum line; spill
+//! pieces carry checksums checked when read, a fit's values file and a write's shards are
+//! hashed whole against what their part recorded; the side files (context and join tables,
+//! key files) are hashed by the last scan and checked by every later stage, since their size
+//! and modification time can survive a rewrite. The files a scan or fit writes are named after
+//! their attempt and listed by its part, so a retried task killed after writing its files but
+//! before renaming its part leaves the earlier attempt's part with the earlier attempt's files.
 
 use crate::budget;
 use crate::cache::{self, CompileReport, Timer};
@@ -157,7 +165,8 @@ struct Plan {
     fingerprint: String,
 }
 
-/// One stage's part: the plan's fingerprint and what the stage computed.
+/// One stage's part: the plan's fingerprint, what the stage computed, and the work files it
+/// wrote that later stages read whole.
 #[derive(Debug, Serialize, Deserialize)]
 struct Part<T> {
     fingerprint: String,
@@ -165,6 +174,16 @@ struct Part<T> {
     partitions: usize,
     stage: Stage,
     body: T,
+    #[serde(default)]
+    files: Vec<WorkFile>,
+}
+
+/// A work file a part refers to: its name in the work folder, size and xxh3.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WorkFile {
+    name: String,
+    bytes: u64,
+    xxh3: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -174,6 +193,21 @@ struct ScanBody {
     inputs: Vec<InputFile>,
     /// The context table's spill (the last partition's part only).
     context: Option<ContextPart>,
+    /// Size and checksum of every side file (context and join tables, key files), as the last
+    /// partition's scan read them; later stages read them again and must find the same bytes.
+    #[serde(default)]
+    side: Vec<InputFile>,
+}
+
+/// A name for the files of this attempt at a stage: two attempts (a retry, a duplicated task)
+/// never write under one name.
+fn attempt() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = dsc_format::checksum::Hasher::new();
+    h.update(format!("{}:{nanos}", std::process::id()).as_bytes());
+    h.hex()[..12].to_string()
 }
 
 /// The plan's fingerprint: the spec, the partition count and each input's size and modification
@@ -198,14 +232,72 @@ fn part_name(stage: Stage, p: Partition) -> String {
     format!("{}-{}-of-{}.json", stage.name(), p.index, p.count)
 }
 
-/// Writes `bytes` to `path` through a temporary name (unique to this process) and a rename.
+/// Writes `bytes` to `path` through a temporary name (unique to this process) and a rename;
+/// the temporary file is removed when anything fails (a full disk, say).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| CompileError::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| CompileError::io(&tmp, e))?;
-    f.sync_all().map_err(|e| CompileError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| CompileError::io(path, e))
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| CompileError::io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| CompileError::io(&tmp, e))?;
+        f.sync_all().map_err(|e| CompileError::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| CompileError::io(path, e))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// What ends a checked file: this, then the xxh3 of everything before it.
+const CHECK_LINE: &[u8] = b"\n#xxh3 ";
+
+/// Writes `json` followed by a line holding its checksum (see [`write_atomic`]).
+fn write_checked(path: &Path, json: &[u8]) -> Result<()> {
+    let mut bytes = json.to_vec();
+    bytes.extend_from_slice(CHECK_LINE);
+    bytes.extend_from_slice(dsc_format::checksum::xxh3_hex(json).as_bytes());
+    bytes.push(b'\n');
+    write_atomic(path, &bytes)
+}
+
+/// The JSON of a file [`write_checked`] wrote, or what is wrong with it.
+fn checked(bytes: &[u8]) -> std::result::Result<&[u8], &'static str> {
+    let at = bytes
+        .windows(CHECK_LINE.len())
+        .rposition(|w| w == CHECK_LINE)
+        .ok_or("it has no checksum line, so dsc did not write it (or it was cut short)")?;
+    let (json, tail) = (&bytes[..at], &bytes[at + CHECK_LINE.len()..]);
+    let sum = tail.strip_suffix(b"\n").unwrap_or(tail);
+    if sum != dsc_format::checksum::xxh3_hex(json).as_bytes() {
+        return Err("its checksum does not match its contents: it changed after dsc wrote it");
+    }
+    Ok(json)
+}
+
+/// The size and xxh3 of the file `name` in the work folder `dir`, checked against `want`.
+fn check_work_file(dir: &Path, want: &WorkFile, rerun: &str) -> Result<PathBuf> {
+    let path = dir.join(&want.name);
+    let (bytes, xxh3) =
+        dsc_format::checksum::hash_file(&path).map_err(|e| CompileError::CorruptWork {
+            path: path.clone(),
+            what: format!("cannot be read ({e}); rerun it: {rerun}"),
+        })?;
+    if (bytes, xxh3.as_str()) != (want.bytes, want.xxh3.as_str()) {
+        return Err(CompileError::CorruptWork {
+            path,
+            what: format!(
+                "its checksum does not match what its part recorded: it changed after it was \
+                 written; rerun it: {rerun}"
+            ),
+        });
+    }
+    Ok(path)
+}
+
+/// The command that reruns `stage` of partition `i` of `n`.
+fn rerun(stage: Stage, i: usize, n: usize) -> String {
+    format!("dsc compile … --partition {i}/{n} --stage {}", stage.name())
 }
 
 /// Where a partitioned compile stands.
@@ -265,11 +357,7 @@ impl Work {
         let path = dir.join("plan.json");
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let theirs: Plan =
-                    serde_json::from_slice(&bytes).map_err(|e| CompileError::Partition {
-                        path: path.clone(),
-                        what: format!("not a dsc plan ({e})"),
-                    })?;
+                let theirs = parse_plan(&path, &bytes)?;
                 if theirs != plan {
                     let why = if theirs.partitions != partitions {
                         format!("{} partitions, not {partitions}", theirs.partitions)
@@ -288,7 +376,7 @@ impl Work {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                write_atomic(
+                write_checked(
                     &path,
                     &serde_json::to_vec_pretty(&plan).expect("serializes"),
                 )?;
@@ -304,50 +392,67 @@ impl Work {
 
     /// Reads the plan of the work folder beside `out`.
     fn existing(out: &Path) -> Result<Work> {
-        let dir = work_dir(out);
-        let path = dir.join("plan.json");
-        let bytes = std::fs::read(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CompileError::Partition {
-                    path: out.into(),
-                    what: format!(
-                        "no partitioned compile into it is under way ({} is missing): run the \
-                         stages first (dsc compile … --partition I/N --stage scan|fit|write)",
-                        path.display()
-                    ),
-                }
-            } else {
-                CompileError::io(&path, e)
-            }
-        })?;
-        let plan = serde_json::from_slice(&bytes).map_err(|e| CompileError::Partition {
-            path: path.clone(),
-            what: format!("not a dsc plan ({e})"),
-        })?;
-        Ok(Work {
-            scan: dir.join("scan"),
-            dir,
-            plan,
+        Self::existing_if_any(out)?.ok_or_else(|| CompileError::Partition {
+            path: out.into(),
+            what: format!(
+                "no partitioned compile into it is under way ({} is missing): run the stages \
+                 first (dsc compile … --partition I/N --stage scan|fit|write)",
+                work_dir(out).join("plan.json").display()
+            ),
         })
     }
 
-    fn write_part<T: Serialize>(&self, stage: Stage, p: Partition, body: T) -> Result<()> {
+    /// The work folder beside `out` with its plan, `None` where there is none; a plan that
+    /// cannot be read is an error.
+    fn existing_if_any(out: &Path) -> Result<Option<Work>> {
+        let dir = work_dir(out);
+        let path = dir.join("plan.json");
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(CompileError::io(&path, e)),
+        };
+        let plan = parse_plan(&path, &bytes)?;
+        Ok(Some(Work {
+            scan: dir.join("scan"),
+            dir,
+            plan,
+        }))
+    }
+
+    fn write_part<T: Serialize>(
+        &self,
+        stage: Stage,
+        p: Partition,
+        body: T,
+        files: Vec<WorkFile>,
+    ) -> Result<()> {
         let part = Part {
             fingerprint: self.plan.fingerprint.clone(),
             partition: p.index,
             partitions: p.count,
             stage,
             body,
+            files,
         };
-        write_atomic(
+        write_checked(
             &self.dir.join(part_name(stage, p)),
             &serde_json::to_vec(&part).expect("a part serializes"),
         )
     }
 
-    /// Every partition's part of `stage`, in partition order; a missing or foreign one is an
-    /// error that names it and says what to run.
+    /// Every partition's part body of `stage`, in partition order.
     fn read_parts<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<T>> {
+        Ok(self
+            .read_envelopes(stage)?
+            .into_iter()
+            .map(|p| p.body)
+            .collect())
+    }
+
+    /// Every partition's part of `stage`, in partition order; a missing, corrupt or foreign one
+    /// is an error that names it and says what to run.
+    fn read_envelopes<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<Part<T>>> {
         let n = self.plan.partitions;
         (0..n)
             .map(|i| {
@@ -368,13 +473,14 @@ impl Work {
                         CompileError::io(&path, e)
                     }
                 })?;
+                let json = checked(&bytes).map_err(|problem| CompileError::CorruptWork {
+                    path: path.clone(),
+                    what: format!("{problem}; rerun it: {}", rerun(stage, i, n)),
+                })?;
                 let part: Part<T> =
-                    serde_json::from_slice(&bytes).map_err(|e| CompileError::Partition {
+                    serde_json::from_slice(json).map_err(|e| CompileError::Partition {
                         path: path.clone(),
-                        what: format!(
-                            "not a dsc part ({e}); rerun partition {i}/{n} of the {} stage",
-                            stage.name()
-                        ),
+                        what: format!("not a dsc part ({e}); rerun it: {}", rerun(stage, i, n)),
                     })?;
                 if part.fingerprint != self.plan.fingerprint || part.partitions != n {
                     return Err(CompileError::Partition {
@@ -386,14 +492,34 @@ impl Work {
                         ),
                     });
                 }
-                Ok(part.body)
+                Ok(part)
             })
             .collect()
     }
 
+    /// Every scan part, after checking that the side files (`named` after its first `rows`
+    /// entries) still hold the bytes the last scan read.
+    fn scans(&self, named: &[(PathBuf, &str)], rows: usize) -> Result<Vec<ScanBody>> {
+        let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
+        let recorded = scans.iter().flat_map(|s| &s.side);
+        let now = cache::hash_files(&named[rows.min(named.len())..])?;
+        for (then, now) in recorded.zip(&now) {
+            if (then.bytes, &then.xxh3) != (now.bytes, &now.xxh3) {
+                return Err(CompileError::Partition {
+                    path: PathBuf::from(&now.path),
+                    what: "changed since the scan stage read it (its checksum differs, whatever \
+                           its size and modification time say): the stages would mix two \
+                           versions of it; put it back, or run every stage again from the scan"
+                        .into(),
+                });
+            }
+        }
+        Ok(scans)
+    }
+
     /// The spilled rows of every scan part; the context table attached to `setup`.
     fn spill(&self, setup: &mut Setup) -> Result<Spill> {
-        let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
+        let scans = self.scans(&setup.named_inputs, setup.plan.rows_files.len())?;
         self.spill_of(setup, scans)
     }
 
@@ -414,10 +540,6 @@ impl Work {
             described,
             setup.plan.rows_wants.clone(),
         ))
-    }
-
-    fn values_path(&self, i: usize) -> PathBuf {
-        self.dir.join("fit").join(format!("values-{i}.spill"))
     }
 
     /// The profile's two spilled tables, from every scan part.
@@ -445,15 +567,27 @@ impl Work {
         Ok(setup.spills(&self.dir.join("scan"), parts, context.into_spill()))
     }
 
-    /// Every fit part and its values file, opened.
+    /// Every fit part and its values file, checked whole and opened.
     fn fits<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<std::fs::File>)> {
-        let parts: Vec<T> = self.read_parts(Stage::Fit)?;
-        let files = (0..self.plan.partitions)
-            .map(|i| {
-                let path = self.values_path(i);
-                std::fs::File::open(&path).map_err(|e| CompileError::io(&path, e))
-            })
-            .collect::<Result<_>>()?;
+        let n = self.plan.partitions;
+        let mut parts = Vec::with_capacity(n);
+        let mut files = Vec::with_capacity(n);
+        for (i, part) in self
+            .read_envelopes::<T>(Stage::Fit)?
+            .into_iter()
+            .enumerate()
+        {
+            let rerun = rerun(Stage::Fit, i, n);
+            let values = part.files.first().ok_or_else(|| CompileError::Partition {
+                path: self
+                    .dir
+                    .join(part_name(Stage::Fit, Partition { index: i, count: n })),
+                what: format!("names no values file; rerun it: {rerun}"),
+            })?;
+            let path = check_work_file(&self.dir, values, &rerun)?;
+            files.push(std::fs::File::open(&path).map_err(|e| CompileError::io(&path, e))?);
+            parts.push(part.body);
+        }
         Ok((parts, files))
     }
 }
@@ -485,7 +619,7 @@ pub fn run_stage(
     })
 }
 
-/// Where one partition's scan writes its part of the spill.
+/// Where one partition's scan writes its part of the spill (`name`: unique to the attempt).
 fn scan_to<'a>(
     work: &'a Work,
     setup_buckets: spill::Buckets,
@@ -502,15 +636,44 @@ fn scan_to<'a>(
     }
 }
 
-/// Runs `f` writing partition `i`'s values file under a temporary name, renamed when done.
-fn with_values<T>(work: &Work, i: usize, f: impl FnOnce(&ValueRuns) -> Result<T>) -> Result<T> {
-    let final_path = work.values_path(i);
+/// Runs `f` writing partition `i`'s values file (named after this attempt) under a temporary
+/// name, renamed when done; returns what `f` returned and the file as its part records it. The
+/// temporary file is removed when anything fails.
+fn with_values<T>(
+    work: &Work,
+    i: usize,
+    f: impl FnOnce(&ValueRuns) -> Result<T>,
+) -> Result<(T, WorkFile)> {
+    let name = format!("fit/values-{i}-{}.spill", attempt());
+    let final_path = work.dir.join(&name);
     let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
-    let runs = ValueRuns::create(tmp.clone(), i as u32)?;
-    let out = f(&runs)?;
-    runs.finish()?;
-    std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
-    Ok(out)
+    let done = (|| {
+        let runs = ValueRuns::create(tmp.clone(), i as u32)?;
+        let out = f(&runs)?;
+        runs.finish()?;
+        let (bytes, xxh3) = runs.checksum();
+        std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
+        Ok((out, WorkFile { name, bytes, xxh3 }))
+    })();
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
+/// The plan in `bytes` (of the file at `path`), its checksum verified.
+fn parse_plan(path: &Path, bytes: &[u8]) -> Result<Plan> {
+    let dir = path.parent().unwrap_or(path).display().to_string();
+    let json = checked(bytes).map_err(|problem| CompileError::CorruptWork {
+        path: path.into(),
+        what: format!("{problem}; remove the work folder {dir} and run every stage again"),
+    })?;
+    serde_json::from_slice(json).map_err(|e| CompileError::Partition {
+        path: path.into(),
+        what: format!(
+            "not a dsc plan ({e}); remove the work folder {dir} and run every stage again"
+        ),
+    })
 }
 
 /// One stage of dsc's own compile; returns the items (files or buckets) it handled.
@@ -528,32 +691,40 @@ fn own_stage(
     Ok(match stage {
         Stage::Scan => {
             let (inputs, _) = setup.take_inputs();
-            let files = partition.share(inputs.opened.len());
+            let rows_files = inputs.opened.len();
+            let files = partition.share(rows_files);
             progress.stage("reading", files.len() as u64);
             let named: Vec<(PathBuf, &str)> = setup.named_inputs[files.clone()].to_vec();
+            let attempt = attempt();
+            let rows_name = format!("rows-{attempt}");
             let spill = spill::spill_rows(
                 inputs,
                 files.clone(),
                 &setup.plan.rows_wants,
-                scan_to(&work, setup.buckets, "rows", budget),
+                scan_to(&work, setup.buckets, &rows_name, budget),
                 progress,
             )?;
             let inputs = cache::hash_files(&named)?;
-            // The last partition also spills the context table, once for every stage.
-            let context = if partition.index + 1 == partition.count {
-                setup.spill_context(&work.dir.join("scan"), budget)?
-            } else {
-                None
-            };
-            work.write_part(
-                Stage::Scan,
-                partition,
-                ScanBody {
-                    spill,
-                    inputs,
+            // The last partition also spills the context table, once for every stage, and
+            // records what every side file holds.
+            let last = partition.index + 1 == partition.count;
+            let (context, side) = if last {
+                let to = (work.dir.join("scan"), format!("context-{attempt}"));
+                let context = setup.spill_context((&to.0, &to.1), budget)?;
+                (
                     context,
-                },
-            )?;
+                    cache::hash_files(&setup.named_inputs[rows_files..])?,
+                )
+            } else {
+                (None, Vec::new())
+            };
+            let body = ScanBody {
+                spill,
+                inputs,
+                context,
+                side,
+            };
+            work.write_part(Stage::Scan, partition, body, Vec::new())?;
             files.len()
         }
         Stage::Fit => {
@@ -563,10 +734,10 @@ fn own_stage(
             let shared = setup.shared(&spill, &splits);
             let buckets = partition.share(setup.buckets.count());
             progress.stage("statistics", buckets.len() as u64);
-            let part = with_values(&work, partition.index, |runs| {
+            let (part, values) = with_values(&work, partition.index, |runs| {
                 fit::fit_buckets(&shared, buckets.clone(), at_once, runs, progress)
             })?;
-            work.write_part(Stage::Fit, partition, part)?;
+            work.write_part(Stage::Fit, partition, part, vec![values])?;
             buckets.len()
         }
         Stage::Write => {
@@ -588,7 +759,7 @@ fn own_stage(
                 &work.dir,
                 progress,
             )?;
-            work.write_part(Stage::Write, partition, part)?;
+            work.write_part(Stage::Write, partition, part, Vec::new())?;
             buckets.len()
         }
     })
@@ -606,43 +777,50 @@ fn profile_stage(
     let (setup, tgt_in, ctx_in) = profile::Setup::new(spec)?;
     let work = Work::open(out, spec, partition.count, &setup.named)?;
     let buckets = partition.share(setup.buckets.count());
+    let rows_files = tgt_in.opened.len();
     Ok(match stage {
         Stage::Scan => {
-            let files = partition.share(tgt_in.opened.len());
+            let files = partition.share(rows_files);
             progress.stage("reading", files.len() as u64);
             let named: Vec<(PathBuf, &str)> = setup.named[files.clone()].to_vec();
-            let to = scan_to(&work, setup.buckets, "rows", budget);
+            let attempt = attempt();
+            let rows_name = format!("rows-{attempt}");
+            let to = scan_to(&work, setup.buckets, &rows_name, budget);
             let spill = mostlyai::spill_side(&setup, tgt_in, files.clone(), false, to, progress)?;
             let inputs = cache::hash_files(&named)?;
-            // The last partition also spills the context table, once for every stage.
-            let context = if partition.index + 1 == partition.count {
-                let to = scan_to(&work, setup.buckets, "context", budget);
+            // The last partition also spills the context table, once for every stage, and
+            // records what every side file holds.
+            let (context, side) = if partition.index + 1 == partition.count {
+                let context_name = format!("context-{attempt}");
+                let to = scan_to(&work, setup.buckets, &context_name, budget);
                 let all = 0..ctx_in.opened.len();
                 let spill = mostlyai::spill_side(&setup, ctx_in, all, true, to, progress)?;
-                Some(ContextPart::of_spill(spill, setup.ctx.rows()))
+                let side = cache::hash_files(&setup.named[rows_files..])?;
+                (Some(ContextPart::of_spill(spill, setup.ctx.rows())), side)
             } else {
-                None
+                (None, Vec::new())
             };
             let body = ScanBody {
                 spill,
                 inputs,
                 context,
+                side,
             };
-            work.write_part(Stage::Scan, partition, body)?;
+            work.write_part(Stage::Scan, partition, body, Vec::new())?;
             files.len()
         }
         Stage::Fit => {
-            let spills = work.profile_spills(&setup, work.read_parts(Stage::Scan)?)?;
+            let spills = work.profile_spills(&setup, work.scans(&setup.named, rows_files)?)?;
             let at_once = mostlyai::at_once(&setup, &spills, budget)?;
             progress.stage("statistics", buckets.len() as u64);
-            let part = with_values(&work, partition.index, |runs| {
+            let (part, values) = with_values(&work, partition.index, |runs| {
                 mostlyai::fit_buckets(&setup, &spills, buckets.clone(), at_once, runs, progress)
             })?;
-            work.write_part(Stage::Fit, partition, part)?;
+            work.write_part(Stage::Fit, partition, part, vec![values])?;
             buckets.len()
         }
         Stage::Write => {
-            let spills = work.profile_spills(&setup, work.read_parts(Stage::Scan)?)?;
+            let spills = work.profile_spills(&setup, work.scans(&setup.named, rows_files)?)?;
             let at_once = mostlyai::at_once(&setup, &spills, budget)?;
             let (fits, values) = work.fits::<mostlyai::FitPart>()?;
             let reduced = mostlyai::reduce(&setup, fits, &values)?;
@@ -657,7 +835,7 @@ fn profile_stage(
                 &work.dir,
                 progress,
             )?;
-            work.write_part(Stage::Write, partition, part)?;
+            work.write_part(Stage::Write, partition, part, Vec::new())?;
             buckets.len()
         }
     })
@@ -677,10 +855,12 @@ pub fn merge(
     let work = Work::existing(out)?;
     let spec = work.plan.spec.clone();
     let report = if spec.profile.is_some() {
-        let (setup, _, _) = profile::Setup::new(&spec)?;
-        let (scans, writes, mut staging) = work.start_merge(out, force, &setup.named, progress)?;
+        let (setup, tgt_in, _) = profile::Setup::new(&spec)?;
+        let rows = tgt_in.opened.len();
+        let (scans, writes, mut staging) =
+            work.start_merge(out, force, (&setup.named, rows), progress)?;
         staging.storage = storage;
-        let inputs = work.merge_inputs(&scans, &writes, &staging, &setup.named)?;
+        let inputs = work.merge_inputs(&scans, &writes, &staging)?;
         let spills = work.profile_spills(&setup, scans)?;
         let (fits, values) = work.fits::<mostlyai::FitPart>()?;
         let reduced = mostlyai::reduce(&setup, fits, &values)?;
@@ -689,10 +869,11 @@ pub fn merge(
     } else {
         let mut setup = Setup::new(&spec)?;
         setup.open()?;
+        let rows = setup.plan.rows_files.len();
         let (scans, writes, mut staging) =
-            work.start_merge(out, force, &setup.named_inputs, progress)?;
+            work.start_merge(out, force, (&setup.named_inputs, rows), progress)?;
         staging.storage = storage;
-        let inputs = work.merge_inputs(&scans, &writes, &staging, &setup.named_inputs)?;
+        let inputs = work.merge_inputs(&scans, &writes, &staging)?;
         let spill = work.spill_of(&mut setup, scans)?;
         let splits = split::plan(&spec, setup.context.as_ref())?;
         let shared = setup.shared(&spill, &splits);
@@ -716,7 +897,7 @@ impl Work {
         &self,
         out: &Path,
         force: bool,
-        named: &[(PathBuf, &str)],
+        (named, rows): (&[(PathBuf, &str)], usize),
         progress: &dyn Progress,
     ) -> Result<(Vec<ScanBody>, Vec<WritePart>, Staging)> {
         if fingerprint(&self.plan.spec, self.plan.partitions, named)? != self.plan.fingerprint {
@@ -727,36 +908,42 @@ impl Work {
                     .into(),
             });
         }
-        let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
+        let scans = self.scans(named, rows)?;
         let writes: Vec<WritePart> = self.read_parts(Stage::Write)?;
         let staging = Staging::create(out, force)?;
         progress.stage("merging", 1);
         Ok((scans, writes, staging))
     }
 
-    /// Links every written shard into `staging` and describes the inputs: the rows files as
-    /// their scans hashed them, the other files (`named` after the rows files) hashed now.
+    /// Links every written shard into `staging`, each checked whole against the checksum its
+    /// write stage recorded, and describes the inputs: the rows files as their scans hashed
+    /// them, the side files as the last scan hashed them (every stage since found the same).
     fn merge_inputs(
         &self,
         scans: &[ScanBody],
         writes: &[WritePart],
         staging: &Staging,
-        named: &[(PathBuf, &str)],
     ) -> Result<Inputs> {
+        let n = writes.len();
         // Linked, not moved: a merge that fails (or is killed) before the commit leaves every
         // part in the work folder, and can simply be run again.
-        for w in writes {
+        for (i, w) in writes.iter().enumerate() {
             for e in &w.entries {
-                let from = self.dir.join(&e.file);
+                let recorded = WorkFile {
+                    name: e.file.clone(),
+                    bytes: e.bytes,
+                    xxh3: e.xxh3.clone(),
+                };
+                let from = check_work_file(&self.dir, &recorded, &rerun(Stage::Write, i, n))?;
                 let to = staging.dir.join(&e.file);
                 std::fs::hard_link(&from, &to)
                     .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
                     .map_err(|e| CompileError::io(&from, e))?;
             }
         }
-        let rows_inputs: Vec<InputFile> = scans.iter().flat_map(|s| s.inputs.clone()).collect();
-        let side = cache::hash_files(&named[rows_inputs.len()..])?;
-        let files: Vec<InputFile> = rows_inputs.into_iter().chain(side).collect();
+        let rows_inputs = scans.iter().flat_map(|s| s.inputs.clone());
+        let side = scans.iter().flat_map(|s| s.side.clone());
+        let files: Vec<InputFile> = rows_inputs.chain(side).collect();
         Ok(Inputs {
             fingerprint: cache::combined_fingerprint(&files),
             files,
@@ -771,7 +958,7 @@ impl Work {
 /// Which stages of a partitioned compile into `out` are done.
 pub fn status(out: &Path) -> Result<Status> {
     let committed = out.join(dsc_format::MANIFEST_FILE).is_file();
-    let Ok(work) = Work::existing(out) else {
+    let Some(work) = Work::existing_if_any(out)? else {
         return Ok(Status {
             out: out.into(),
             committed,

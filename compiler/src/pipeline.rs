@@ -180,7 +180,11 @@ impl<'s> Setup<'s> {
     }
 
     /// Spills the context table (if any) into the buckets, in `dir`.
-    pub fn spill_context(&self, dir: &Path, budget: u64) -> Result<Option<ContextPart>> {
+    pub fn spill_context(
+        &self,
+        (dir, name): (&Path, &str),
+        budget: u64,
+    ) -> Result<Option<ContextPart>> {
         let Some(path) = &self.spec.context else {
             return Ok(None);
         };
@@ -190,7 +194,7 @@ impl<'s> Setup<'s> {
             self.spec.split_by.as_deref(),
             self.buckets,
             budget::read_share(budget),
-            dir,
+            (dir, name),
         )
         .map(Some)
     }
@@ -305,7 +309,7 @@ fn run(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
         described,
         setup.plan.rows_wants.clone(),
     );
-    let context = setup.spill_context(&spill_dir, budget)?;
+    let context = setup.spill_context((&spill_dir, "context"), budget)?;
     setup.attach_context(&spill_dir, context)?;
     timer.lap("read");
 

@@ -18,7 +18,8 @@ pub(crate) struct ValueRuns {
     path: PathBuf,
     /// Which values file of the compile this is (one per statistics partition).
     file: u32,
-    out: Mutex<(File, u64)>,
+    /// The file, the bytes written, and their checksum (runs are appended in order).
+    out: Mutex<(File, u64, dsc_format::checksum::Hasher)>,
 }
 
 /// Where one run lies: its values, then every [`SAMPLE`]-th of them.
@@ -39,7 +40,7 @@ impl ValueRuns {
         Ok(ValueRuns {
             path,
             file,
-            out: Mutex::new((f, 0)),
+            out: Mutex::new((f, 0, dsc_format::checksum::Hasher::new())),
         })
     }
 
@@ -65,6 +66,7 @@ impl ValueRuns {
         out.0
             .write_all(bytes)
             .map_err(|e| CompileError::io(&self.path, e))?;
+        out.2.update(bytes);
         let run = Run {
             file: self.file,
             offset: out.1,
@@ -81,6 +83,12 @@ impl ValueRuns {
             .sync_data()
             .map_err(|e| CompileError::io(&self.path, e))?;
         File::open(&self.path).map_err(|e| CompileError::io(&self.path, e))
+    }
+
+    /// The size and xxh3 (hex) of everything written so far.
+    pub fn checksum(&self) -> (u64, String) {
+        let out = self.out.lock().expect("no writer panics");
+        (out.1, out.2.hex())
     }
 }
 

@@ -77,6 +77,10 @@ struct Piece {
     offset: u64,
     len: u64,
     rows: u64,
+    /// The xxh3-64 of the piece's bytes, checked when it is read back: a spill file changed
+    /// after it was written (a byte flipped on disk, a retried task's file under this name) is
+    /// an error naming it, never wrong values.
+    xxh3: u64,
 }
 
 /// The rows files as the spill knows them: paths, first global rows (and the total), types.
@@ -405,6 +409,7 @@ impl Writer<'_> {
                 offset: self.offset,
                 len: bytes.len() as u64,
                 rows: buf.origin.len() as u64,
+                xxh3: dsc_format::checksum::xxh3(&bytes),
             });
             self.offset += bytes.len() as u64;
         }
@@ -561,6 +566,18 @@ impl Spill {
                     File::open(path)
                         .and_then(|f| f.read_exact_at(&mut read, p.offset))
                         .map_err(|e| CompileError::io(path, e))?;
+                    if dsc_format::checksum::xxh3(&read) != p.xxh3 {
+                        return Err(CompileError::CorruptWork {
+                            path: path.clone(),
+                            what: format!(
+                                "the piece of bucket {b} at byte {} does not match its checksum: \
+                                 the spill file changed after it was written; in a partitioned \
+                                 compile rerun the scan stage that read its rows file (dsc \
+                                 compile … --partition I/N --stage scan), else the compile",
+                                p.offset
+                            ),
+                        });
+                    }
                     &read
                 }
             };

@@ -5,6 +5,11 @@ use std::io::Read;
 use std::path::Path;
 use xxhash_rust::xxh3::Xxh3;
 
+/// The xxh3-64 of `bytes`.
+pub fn xxh3(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
 /// The xxh3-64 of `bytes` as 16 hex digits.
 pub fn xxh3_hex(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
