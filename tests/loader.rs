@@ -859,3 +859,63 @@ fn dsc_bench_reports_throughput_against_memcpy() {
         assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {r}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Any values of the loader's options (as a program, a resume state or Python may give
+    /// them) give a loader or an options error: never a panic, an abort or a hang. A loader
+    /// given yields its first batches and a state that resumes (issue 27, item 3).
+    #[test]
+    fn any_loader_options_give_a_loader_or_an_error(
+        batch in prop_oneof![0usize..40, Just(1usize << 40), Just(usize::MAX)],
+        world in 0usize..5,
+        rank in 0usize..6,
+        threads in 0usize..4,
+        prefetch in 0usize..6,
+        window in prop_oneof![0usize..300, Just(usize::MAX)],
+        interleave in prop_oneof![0usize..20, Just(usize::MAX)],
+        flags in any::<(bool, bool, bool, bool)>(),
+        pack in proptest::option::of((0usize..5000, proptest::option::of(0usize..200))),
+        epoch in any::<u64>(),
+        seed in any::<u64>(),
+    ) {
+        let cache = Cache::open(cache_dir()).unwrap();
+        let (shuffle, drop_last, bucket, trim) = flags;
+        let o = LoaderOptions {
+            order: OrderSpec {
+                seed,
+                shuffle,
+                drop_last,
+                window,
+                interleave,
+                bucket,
+                pack: pack.map(|(tokens, max_seqs)| dsc_loader::Pack { tokens, max_seqs }),
+                ..Default::default()
+            },
+            batch_size: batch,
+            epoch,
+            rank,
+            world_size: world,
+            prefetch,
+            threads,
+            trim,
+            ..Default::default()
+        };
+        match cache.loader(o.clone()) {
+            Err(LoadError::Options(m)) => prop_assert!(!m.is_empty()),
+            Err(e) => prop_assert!(false, "not an options error: {e}"),
+            Ok(mut loader) => {
+                for _ in 0..3 {
+                    if let Some(b) = loader.next() {
+                        b.unwrap();
+                    }
+                }
+                let state = loader.state();
+                drop(loader);
+                let again = cache.loader_from_state(o, &state);
+                prop_assert!(again.is_ok(), "{:?}", again.err());
+            }
+        }
+    }
+}

@@ -297,3 +297,29 @@ fn copy_tree(from: &Path, to: &Path) {
         std::fs::write(p, bytes).unwrap();
     }
 }
+
+#[test]
+fn a_missing_work_file_is_named_with_the_command_that_remakes_it() {
+    // Issue 27: a missing spill file was named without the command that would make it.
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 100);
+    all(dir.path(), "scan");
+    for f in files_ending(&work(&dir).join("scan"), ".spill") {
+        std::fs::remove_file(f).unwrap();
+    }
+    let err = stage(dir.path(), "fit", 0, &[]).fails(2);
+    assert!(
+        err.contains(".spill") && err.contains("--stage scan"),
+        "{err}"
+    );
+    all(dir.path(), "scan");
+    all(dir.path(), "fit");
+    for f in files_ending(&work(&dir).join("fit"), ".spill") {
+        std::fs::remove_file(f).unwrap();
+    }
+    let err = stage(dir.path(), "write", 0, &[]).fails(2);
+    assert!(
+        err.contains("values") && err.contains("--stage fit"),
+        "{err}"
+    );
+}

@@ -565,7 +565,20 @@ impl Spill {
                     read.resize(p.len as usize, 0);
                     File::open(path)
                         .and_then(|f| f.read_exact_at(&mut read, p.offset))
-                        .map_err(|e| CompileError::io(path, e))?;
+                        .map_err(|e| match e.kind() {
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::UnexpectedEof => {
+                                CompileError::CorruptWork {
+                                    path: path.clone(),
+                                    what: format!(
+                                        "{e}: the spill file is missing or cut short; in a \
+                                         partitioned compile rerun the scan stage that read its \
+                                         rows file (dsc compile … --partition I/N --stage scan), \
+                                         else the compile"
+                                    ),
+                                }
+                            }
+                            _ => CompileError::io(path, e),
+                        })?;
                     if dsc_format::checksum::xxh3(&read) != p.xxh3 {
                         return Err(CompileError::CorruptWork {
                             path: path.clone(),

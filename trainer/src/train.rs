@@ -121,7 +121,8 @@ pub fn run(
         Clock::new(if s.device.is_cuda() { log_micro } else { 0 }).map_err(anyhow::Error::msg)?;
     let device = s.device;
     let zero = || Tensor::zeros([], (Kind::Float, device));
-    let mut stopped = false;
+    // A run resumed with --max-steps at or below the steps already taken trains nothing more.
+    let mut stopped = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
 
     while pos.epoch < s.cfg.epochs && !stopped {
         let epoch = pos.epoch;

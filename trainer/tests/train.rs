@@ -874,3 +874,16 @@ fn a_checkpoint_with_hostile_numbers_is_refused_not_a_panic_or_a_hang() {
         );
     }
 }
+
+#[test]
+fn resuming_with_max_steps_already_reached_trains_nothing_more() {
+    // Issue 27: a resume with --max-steps at or below the steps taken trained one more step.
+    let fx = fixture();
+    let (_, out) = small_run(
+        &fx.icecube,
+        "--task direction --batch-size 32 --max-steps 3",
+    );
+    let ckpt = path(&out.path().join("last.ckpt"));
+    let r = train(&["--resume", &ckpt, "--max-steps", "3", "--json"]).json();
+    assert_eq!(r["optimizer_steps"], 3, "{r}");
+}
