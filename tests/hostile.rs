@@ -723,3 +723,64 @@ fn a_compile_past_the_file_size_limit_says_so_and_leaves_nothing() {
     // The lock file stays by design (see "Concurrent writers" in docs/RELIABILITY.md).
     assert_eq!(listing(dir.path()), [".cache.dsc-lock", "data"], "{err}");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+
+    /// Any numbers in a compile spec (as a spec file, `dsc.compile` or a program may give
+    /// them) give a cache or an error: never a panic, an abort or a run that goes on for
+    /// minutes (issue 27, item 3). Each case runs under a time limit in a thread.
+    #[test]
+    fn any_numbers_in_a_compile_spec_give_a_cache_or_an_error(
+        max_len in proptest::prop_oneof![0u64..300, proptest::strategy::Just(u64::MAX)],
+        shard_size in proptest::prop_oneof![0u64..5000, 4096u64..(1 << 30), proptest::strategy::Just(u64::MAX)],
+        bucket_size in proptest::option::of(proptest::prop_oneof![0u64..10_000, proptest::strategy::Just(u64::MAX)]),
+        val_fraction in proptest::prop_oneof![-1.0f64..2.0, proptest::strategy::Just(f64::NAN)],
+        seed in proptest::prelude::any::<u64>(),
+        split_seed in proptest::prelude::any::<u64>(),
+        max_memory in proptest::option::of(proptest::prop_oneof![0u64..(1 << 20), proptest::strategy::Just(u64::MAX)]),
+    ) {
+        static DATA: std::sync::OnceLock<Dir> = std::sync::OnceLock::new();
+        let dir = DATA.get_or_init(data);
+        let mut spec = serde_json::json!({
+            "rows": [dir.join("data/train/batch_*.parquet").display().to_string()],
+            "key": "event_id",
+            "order_by": "time",
+            "context": dir.join("data/train_meta.parquet").display().to_string(),
+            "targets": ["azimuth", "zenith"],
+            "features": ["time", "charge"],
+            "max_len": max_len,
+            "shard_size": shard_size,
+            "seed": seed,
+            "split_seed": split_seed,
+        });
+        if let Some(b) = bucket_size {
+            spec["bucket_size"] = b.into();
+        }
+        if val_fraction.is_finite() {
+            spec["val_fraction"] = val_fraction.into();
+        }
+        let Ok(spec) = serde_json::from_value::<dsc_compiler::CompileSpec>(spec) else {
+            return Ok(()); // refused by the parser: an error, which is allowed
+        };
+        let out = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let target = out.path().join("cache");
+        std::thread::spawn(move || {
+            let opts = dsc_compiler::CompileOptions {
+                out: target,
+                force: false,
+                max_memory,
+                storage: Default::default(),
+                progress: &dsc_compiler::NoProgress,
+            };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dsc_compiler::compile(&spec, &opts).map(|_| ())
+            }));
+            let _ = tx.send(r.map_err(|_| "panicked").map(|r| r.map_err(|e| e.to_string())));
+        });
+        let r = rx.recv_timeout(std::time::Duration::from_secs(60));
+        proptest::prop_assert!(r.is_ok(), "still compiling after a minute");
+        proptest::prop_assert!(r.unwrap().is_ok(), "the compile panicked");
+    }
+}

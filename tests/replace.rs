@@ -121,3 +121,46 @@ fn a_reader_sees_one_cache_whole_while_it_is_replaced() {
     // An error is allowed by the promise, but a replace should rarely cost one.
     assert!(refused * 10 <= opens, "{refused} of {opens} opens refused");
 }
+
+#[test]
+fn a_reader_opens_a_cache_being_compressed_and_decompressed() {
+    // Issue 27: a loader opened during `dsc compress` failed with a bare "No such file or
+    // directory".
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 150);
+    compile(dir.path(), "cache", "1", false);
+    let want = contexts(&Cache::open(dir.join("cache")).unwrap()).unwrap();
+    let stop = AtomicBool::new(false);
+    let (mut opens, mut failed) = (0usize, Vec::new());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for round in 0..8 {
+                let verb = if round % 2 == 0 {
+                    "compress"
+                } else {
+                    "decompress"
+                };
+                dsc(dir.path(), &[verb, "cache", "-q"]).ok();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        while !stop.load(Ordering::Relaxed) {
+            opens += 1;
+            match Cache::open(dir.join("cache")).map_err(|e| e.to_string()) {
+                Ok(cache) => match contexts(&cache) {
+                    Ok(got) if got == want => {}
+                    Ok(_) => failed.push("other contexts".to_string()),
+                    Err(e) => failed.push(e),
+                },
+                Err(e) => failed.push(e),
+            }
+        }
+    });
+    assert!(opens > 10, "{opens} opens");
+    assert!(
+        failed.is_empty(),
+        "{} of {opens} opens failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+}

@@ -384,6 +384,9 @@ def test_bad_states_raise_state_errors(cache_dir: Path, workdir: Path) -> None:
         ({"fingerprint": "0" * 16}, "another cache"),
         ({"samples": 7}, "do not fit"),
         ({"version": 99}, "version"),
+        # Issue 27: accepted, then the next iter() raised OverflowError.
+        ({"epoch": 2**64}, "not a dsc loader state"),
+        ({"samples": -16}, "not a dsc loader state"),
     ]:
         with pytest.raises(dsc.StateError, match=pattern):
             loader.load_state_dict({**good, **change})
