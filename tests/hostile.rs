@@ -775,9 +775,11 @@ proptest::proptest! {
                 progress: &dsc_compiler::NoProgress,
             };
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                dsc_compiler::compile(&spec, &opts).map(|_| ())
+                dsc_compiler::compile(&spec, &opts)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }));
-            let _ = tx.send(r.map_err(|_| "panicked").map(|r| r.map_err(|e| e.to_string())));
+            let _ = tx.send(r.map_err(|_| "panicked"));
         });
         let r = rx.recv_timeout(std::time::Duration::from_secs(60));
         proptest::prop_assert!(r.is_ok(), "still compiling after a minute");
