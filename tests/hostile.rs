@@ -325,19 +325,24 @@ impl dsc_compiler::Progress for ChangeAt {
     }
 }
 
-#[test]
-fn an_input_changed_during_the_compile_stops_it_and_nothing_is_committed() {
-    let dir = data();
-    let spec: dsc_compiler::CompileSpec = serde_json::from_value(serde_json::json!({
+/// A compile spec of `data()`'s files: two features and the direction targets.
+fn small_spec(dir: &Dir) -> serde_json::Value {
+    serde_json::json!({
         "rows": [dir.join("data/train/batch_*.parquet").display().to_string()],
         "key": "event_id",
         "order_by": "time",
         "context": dir.join("data/train_meta.parquet").display().to_string(),
         "targets": ["azimuth", "zenith"],
         "features": ["time", "charge"],
-        "max_len": 64,
-    }))
-    .unwrap();
+    })
+}
+
+#[test]
+fn an_input_changed_during_the_compile_stops_it_and_nothing_is_committed() {
+    let dir = data();
+    let mut spec = small_spec(&dir);
+    spec["max_len"] = 64.into();
+    let spec: dsc_compiler::CompileSpec = serde_json::from_value(spec).unwrap();
     // Read already, then rewritten before the shards are written (a writer still appending).
     let changed = dir.join("data/train/batch_2.parquet");
     let progress = ChangeAt {
@@ -742,18 +747,11 @@ proptest::proptest! {
     ) {
         static DATA: std::sync::OnceLock<Dir> = std::sync::OnceLock::new();
         let dir = DATA.get_or_init(data);
-        let mut spec = serde_json::json!({
-            "rows": [dir.join("data/train/batch_*.parquet").display().to_string()],
-            "key": "event_id",
-            "order_by": "time",
-            "context": dir.join("data/train_meta.parquet").display().to_string(),
-            "targets": ["azimuth", "zenith"],
-            "features": ["time", "charge"],
-            "max_len": max_len,
-            "shard_size": shard_size,
-            "seed": seed,
-            "split_seed": split_seed,
-        });
+        let mut spec = small_spec(dir);
+        spec["max_len"] = max_len.into();
+        spec["shard_size"] = shard_size.into();
+        spec["seed"] = seed.into();
+        spec["split_seed"] = split_seed.into();
         if let Some(b) = bucket_size {
             spec["bucket_size"] = b.into();
         }

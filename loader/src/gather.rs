@@ -247,8 +247,8 @@ impl Gather {
             .clamp(1, self.max_len())
     }
 
-    /// Bytes of loaded tensor `t` in a padded batch of `n` contexts cut to `seq_len`, or of a
-    /// pack.
+    /// Bytes of tensor `t` of the layout in a padded batch of `n` contexts cut to `seq_len`, or
+    /// in a pack (whose layout ends with its own tensors).
     fn tensor_bytes(&self, t: usize, n: usize, seq_len: usize) -> usize {
         match &self.batching {
             Batching::Padded { .. } => n * self.copy_bytes(t, seq_len),
@@ -283,25 +283,38 @@ impl Gather {
     /// least its bytes).
     pub fn gather_into(
         &self,
-        (samples, repeated): (&[Sample], bool),
+        batch: (&[Sample], bool),
         dst: &mut [&mut [u8]],
     ) -> Result<BatchInfo, LoadError> {
-        let held = self.resolve(samples)?;
+        let held = self.resolve(batch.0)?;
+        let seq_len = self.seq_len(batch.0, &held);
+        Ok(self.fill(batch, &held, seq_len, dst))
+    }
+
+    /// Copies `samples` (`held`: the compressed shards they lie in) into `dst` as this epoch
+    /// cuts them: a padded batch at `seq_len` steps, or a pack (`repeated`: a repeat of an
+    /// earlier one).
+    fn fill(
+        &self,
+        (samples, repeated): (&[Sample], bool),
+        held: &Resolved<'_>,
+        seq_len: usize,
+        dst: &mut [&mut [u8]],
+    ) -> BatchInfo {
         match &self.batching {
             Batching::Padded { .. } => {
-                let seq_len = self.seq_len(samples, &held);
-                self.gather(samples, &held, seq_len, dst);
-                Ok(BatchInfo {
+                self.gather(samples, held, seq_len, dst);
+                BatchInfo {
                     seq_len,
                     pack: None,
-                })
+                }
             }
-            Batching::Packed { lengths, .. } => {
-                let pack = self.gather_pack(samples, repeated, lengths, &held, dst);
-                Ok(BatchInfo {
+            Batching::Packed { packs, lengths } => {
+                let pack = self.gather_pack(packs, lengths, (samples, repeated), held, dst);
+                BatchInfo {
                     seq_len: pack.max_seqlen,
                     pack: Some(pack),
-                })
+                }
             }
         }
     }
@@ -342,9 +355,9 @@ impl Gather {
     /// to sequence `S` (one past the last).
     fn gather_pack(
         &self,
-        samples: &[Sample],
-        repeated: bool,
+        packs: &Packs,
         lengths: &[u32],
+        (samples, repeated): (&[Sample], bool),
         held: &Resolved<'_>,
         dst: &mut [&mut [u8]],
     ) -> PackInfo {
@@ -360,10 +373,7 @@ impl Gather {
             .iter()
             .map(|s| self.shard_bytes(s.shard, held))
             .collect();
-        let (capacity, max_seqs) = match &self.batching {
-            Batching::Packed { packs, .. } => (packs.tokens(), packs.max_seqs()),
-            Batching::Padded { .. } => unreachable!("a pack gather of a padded loader"),
-        };
+        let (capacity, max_seqs) = (packs.tokens(), packs.max_seqs());
         for (t, out) in dst.iter_mut().take(self.slots.len()).enumerate() {
             let slot = self.slots[t];
             let size = self.spec(t).sample_bytes();
@@ -444,13 +454,7 @@ impl Gather {
         let held = self.resolve(&samples)?;
         let seq_len = self.seq_len(&samples, &held);
         let lens: Vec<usize> = (0..self.layout.len())
-            .map(|t| {
-                if t < self.slots.len() {
-                    self.tensor_bytes(t, n, seq_len)
-                } else {
-                    self.layout[t].bytes()
-                }
-            })
+            .map(|t| self.tensor_bytes(t, n, seq_len))
             .collect();
         let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&len| self.pool.take(len)).collect();
         let mut slices: Vec<&mut [u8]> = bufs
@@ -458,22 +462,7 @@ impl Gather {
             .zip(&lens)
             .map(|(b, &len)| &mut b[..len])
             .collect();
-        let info = match &self.batching {
-            Batching::Padded { .. } => {
-                self.gather(&samples, &held, seq_len, &mut slices);
-                BatchInfo {
-                    seq_len,
-                    pack: None,
-                }
-            }
-            Batching::Packed { lengths, .. } => {
-                let pack = self.gather_pack(&samples, repeated, lengths, &held, &mut slices);
-                BatchInfo {
-                    seq_len: pack.max_seqlen,
-                    pack: Some(pack),
-                }
-            }
-        };
+        let info = self.fill((&samples, repeated), &held, seq_len, &mut slices);
         drop(held);
         let tensors = bufs
             .into_iter()

@@ -337,24 +337,13 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
         .position(|t| t.role == TensorRole::Length)
         .expect("validated manifest has length");
     let layout = gather::layout(all, &slots, opts.batch_size, pack);
-    let whole_batch: usize = layout.iter().map(TensorLayout::bytes).sum();
     let gather = Gather {
+        pool: inner.pool.for_this_process(),
         cache: inner,
         split_index,
         order,
         batching,
         rank: opts.rank,
-        pool: {
-            // What this loader can have in flight: each thread's queue and the batch it
-            // builds, and the consumer's.
-            let pool = cache.inner.pool.for_this_process();
-            pool.keep_at_least(
-                (opts.prefetch + 2)
-                    .saturating_mul(threads + 1)
-                    .saturating_mul(whole_batch),
-            );
-            pool
-        },
         slots,
         layout,
         length_index,
@@ -371,6 +360,14 @@ impl Loader {
         first_step: usize,
     ) -> Result<Loader, LoadError> {
         let (gather, threads) = prepare(&cache, &opts)?;
+        // What this loader can have in flight: each thread's queue and the batch it builds,
+        // and the consumer's.
+        let whole_batch: usize = gather.layout.iter().map(TensorLayout::bytes).sum();
+        gather.pool.keep_at_least(
+            (opts.prefetch + 2)
+                .saturating_mul(threads + 1)
+                .saturating_mul(whole_batch),
+        );
         let steps = gather.steps();
         let gather = Arc::new(gather);
         let cores = std::thread::available_parallelism().map_or(1, usize::from);

@@ -313,8 +313,8 @@ class Loader:
         # The running iterator, weakly: an iterator keeps its loader alive, not the other way
         # round, so that neither forms a cycle that only the garbage collector could free.
         self._active: Optional["weakref.ref[_Epoch]"] = None
-        self._planned: Optional[Tuple[int, int, List[Any]]] = None  # (epoch, steps, layout)
-        self._plan()  # checks the options against the cache now, not at the first batch
+        self._planned: Optional[Tuple[int, int]] = None  # (epoch, its steps)
+        self._steps()  # checks the options against the cache now, not at the first batch
         self._contexts = self.cache.splits[self.split]
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.
@@ -325,7 +325,7 @@ class Loader:
     def __len__(self) -> int:
         """Batches per epoch on this rank (equal on every rank). The same every epoch, except
         packed batches with ``drop_last=False``, whose last step depends on the epoch's plan."""
-        return self._plan()[0]
+        return self._steps()
 
     @property
     def epoch(self) -> int:
@@ -446,12 +446,11 @@ class Loader:
             columns=self.columns,
         ))
 
-    def _plan(self) -> Tuple[int, List[Any]]:
-        """Steps and batch layout of the current epoch (planned once per epoch)."""
+    def _steps(self) -> int:
+        """Steps of the current epoch (planned once per epoch: packs depend on it)."""
         if self._planned is None or self._planned[0] != self._epoch:
-            steps, layout = self.cache._handle.plan(self._options(0))
-            self._planned = (self._epoch, steps, layout)
-        return self._planned[1], self._planned[2]
+            self._planned = (self._epoch, self.cache._handle.plan(self._options(0))[0])
+        return self._planned[1]
 
     def _handle(self, threads: int):
         # Writable (private) zero-copy views only for torch tensors that stay views.
@@ -499,13 +498,14 @@ class _Epoch:
     """An iterator over the rest of the loader's current epoch (host path). It holds its
     loader (``next(iter(dsc.Loader(...)))`` works); the loader refers to it weakly."""
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: Loader, threads: Optional[int] = None) -> None:
+        """``threads``: the Rust loader's own threads (default: the loader's ``num_threads``)."""
         self.loader = loader
         self.pid = loader._pid
         self.epoch = loader._epoch
         self.thread = threading.get_ident()
         self._busy = threading.Lock()
-        self.handle = loader._handle(loader.num_threads)
+        self.handle = loader._handle(loader.num_threads if threads is None else threads)
 
     def __iter__(self) -> "_Epoch":
         return self
@@ -604,12 +604,7 @@ class _PinnedEpoch(_Epoch):
     takes the steps in order and starts their copies to the device."""
 
     def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-        self.pid = loader._pid
-        self.epoch = loader._epoch
-        self.thread = threading.get_ident()
-        self._busy = threading.Lock()
-        self.handle = loader._handle(0)
+        super().__init__(loader, threads=0)  # the Python threads below fill the batches
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first

@@ -143,13 +143,16 @@ impl Transformer {
         let dh = d / self.heads;
         let p = if train { self.dropout } else { 0.0 };
         for blk in &self.blocks {
-            let qkv = linear(&h.apply(&blk.norm1), &blk.qkv, self.ct).view([t, 3, self.heads, dh]);
-            // [S, heads, L, dh] each.
-            let part = |i: i64| view.scatter(&qkv.select(1, i)).permute([0, 2, 1, 3]);
+            // One scatter of q, k and v together into the [S, L] view: [3, S, heads, L, dh].
+            let qkv = view
+                .scatter(
+                    &linear(&h.apply(&blk.norm1), &blk.qkv, self.ct).view([t, 3, self.heads, dh]),
+                )
+                .permute([2, 0, 3, 1, 4]);
             let a = Tensor::scaled_dot_product_attention(
-                &part(0),
-                &part(1),
-                &part(2),
+                &qkv.get(0),
+                &qkv.get(1),
+                &qkv.get(2),
                 Some(&attn_mask),
                 p,
                 false,
