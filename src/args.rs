@@ -641,8 +641,10 @@ pub struct BenchArgs {
     /// its contexts/s and token efficiency next to the plain one.
     #[arg(long, value_name = "T")]
     pub pack: Option<usize>,
-    /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy,
-    /// shuffled_over_memcpy, open_ms, peak_rss_mib, …; with --bucket also
+    /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy
+    /// (1 thread), gbps_memcpy_threads (as many threads as the loader ran),
+    /// shuffled_over_memcpy_threads, shuffled_1_thread_over_memcpy, open_ms, peak_rss_mib, …;
+    /// with --bucket also
     /// contexts_per_s_bucketed, gbps_bucketed, bucketed_over_shuffled,
     /// padding_efficiency_bucketed, padding_efficiency_shuffled; with --pack also
     /// contexts_per_s_packed, gbps_packed, packed_over_shuffled, token_efficiency_packed;

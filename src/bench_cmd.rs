@@ -20,12 +20,23 @@ struct Report {
     threads_running: usize,
     bytes_per_epoch: u64,
     open_ms: f64,
+    /// memcpy of the same bytes on one thread.
     gbps_memcpy: f64,
+    /// memcpy of the same bytes on `memcpy_threads` threads: the loader's running threads, so
+    /// that the shuffled pass is compared with memory bandwidth at the same parallelism.
+    gbps_memcpy_threads: f64,
+    memcpy_threads: usize,
     gbps_sequential: f64,
     contexts_per_s_sequential: f64,
     gbps_shuffled_1_thread: f64,
     gbps_shuffled: f64,
     contexts_per_s_shuffled: f64,
+    /// The shuffled pass on 1 thread ÷ memcpy on 1 thread.
+    shuffled_1_thread_over_memcpy: f64,
+    /// The shuffled pass on `threads_running` threads ÷ memcpy on as many: like with like.
+    shuffled_over_memcpy_threads: f64,
+    /// Kept for older scripts: the shuffled pass on N threads ÷ memcpy on one thread, which
+    /// says little on a machine with many cores (use `shuffled_over_memcpy_threads`).
     shuffled_over_memcpy: f64,
     peak_rss_mib: Option<f64>,
     /// Whether the shards are compressed (zstd).
@@ -78,6 +89,34 @@ fn touch(bytes: &[u8]) -> u64 {
         .fold(0u64, u64::wrapping_add)
 }
 
+/// Copies `bytes` in 1 MiB pieces, one contiguous run of pieces per buffer, each on a thread
+/// of its own when there are several; returns a byte of each piece so that no copy is elided.
+fn copy_pieces(bytes: &[u8], buffers: &mut [Vec<u8>]) -> u64 {
+    let piece = buffers[0].len();
+    let pieces = bytes.len().div_ceil(piece);
+    let per = pieces.div_ceil(buffers.len()).max(1) * piece;
+    let copy = |part: &[u8], buf: &mut Vec<u8>| {
+        part.chunks(piece).fold(0u64, |sink, p| {
+            buf[..p.len()].copy_from_slice(p);
+            sink.wrapping_add(u64::from(buf[p.len() / 2]))
+        })
+    };
+    if buffers.len() == 1 {
+        return copy(bytes, &mut buffers[0]);
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = bytes
+            .chunks(per)
+            .zip(buffers.iter_mut())
+            .map(|(part, buf)| scope.spawn(move || copy(part, buf)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a memcpy thread does not panic"))
+            .fold(0u64, u64::wrapping_add)
+    })
+}
+
 fn reset_peak() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
@@ -124,22 +163,25 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         a.batch_size
     );
 
-    // memcpy of the same bytes: every shard's mapped data copied in 1 MiB pieces into one
-    // buffer, twice; the first pass also brings the shards into the page cache.
+    // The loader's threads that will run, probed without starting them: memcpy runs on as many.
+    let running = cache.loader(opts(true, threads))?.threads();
+    // memcpy of the same bytes: every shard's mapped data copied in 1 MiB pieces, on one
+    // thread and on `running` threads (each into its own buffer), `repeat` times at least
+    // twice; the first pass also brings the shards into the page cache.
     let mut sink = 0u64;
     // A second mapping, dropped afterwards, so that the pages it touches do not count in the
     // loader's resident memory measured below.
     let copy_of = Cache::open(&a.cache)?;
     let count = copy_of.manifest().shards_of(&a.split).count();
     let mut shard_total = 0usize;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut memcpy_s = f64::INFINITY;
+    let mut buffers = vec![vec![0u8; 1 << 20]; running.max(1)];
+    let (mut memcpy_s, mut memcpy_n_s) = (f64::INFINITY, f64::INFINITY);
     // A compressed cache: its shards' decompression, timed on its own (one shard at a time,
     // so that the whole cache never needs to be in memory).
     let mut decompress_s = 0.0;
     let repeat = a.repeat.max(1);
     for pass in 0..repeat.max(2) {
-        let mut copy_s = 0.0;
+        let (mut one_s, mut many_s) = (0.0, 0.0);
         for k in 0..count {
             let t = Instant::now();
             let shard = copy_of.shard_bytes(&a.split, k)?;
@@ -148,16 +190,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
                 shard_total += shard.len();
             }
             let t = Instant::now();
-            for piece in shard.chunks(buf.len()) {
-                buf[..piece.len()].copy_from_slice(piece);
-                sink = sink.wrapping_add(u64::from(buf[piece.len() / 2]));
-            }
-            copy_s += t.elapsed().as_secs_f64();
+            sink = sink.wrapping_add(copy_pieces(&shard[..], &mut buffers[..1]));
+            one_s += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            sink = sink.wrapping_add(copy_pieces(&shard[..], &mut buffers));
+            many_s += t.elapsed().as_secs_f64();
         }
-        memcpy_s = memcpy_s.min(copy_s);
+        memcpy_s = memcpy_s.min(one_s);
+        memcpy_n_s = memcpy_n_s.min(many_s);
     }
     // Per epoch byte, as the other passes move `bytes`.
     let memcpy_s = memcpy_s * bytes as f64 / shard_total as f64;
+    let memcpy_n_s = memcpy_n_s * bytes as f64 / shard_total as f64;
     let compressed = copy_of
         .manifest()
         .shards_of(&a.split)
@@ -200,7 +244,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         Ok(best)
     };
     let (one_s, _, _) = pass(opts(true, 1))?;
-    let (many_s, _, running) = pass(opts(true, threads))?;
+    let (many_s, _, _) = pass(opts(true, threads))?;
     let bucketed_pass = if a.bucket {
         Some(pass(bucketed_opts.clone())?)
     } else {
@@ -243,11 +287,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         bytes_per_epoch: bytes,
         open_ms,
         gbps_memcpy: gb / memcpy_s,
+        gbps_memcpy_threads: gb / memcpy_n_s,
+        memcpy_threads: buffers.len(),
         gbps_sequential: gb / sequential_s,
         contexts_per_s_sequential: epoch_contexts / sequential_s,
         gbps_shuffled_1_thread: gb / one_s,
         gbps_shuffled: gb / many_s,
         contexts_per_s_shuffled: epoch_contexts / many_s,
+        shuffled_1_thread_over_memcpy: memcpy_s / one_s,
+        shuffled_over_memcpy_threads: memcpy_n_s / many_s,
         shuffled_over_memcpy: memcpy_s / many_s,
         peak_rss_mib,
         compressed,
@@ -300,27 +348,38 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             "pass", "GB/s", "contexts/s", "÷ memcpy"
         ))
     );
-    let row = |name: &str, gbps: f64| {
+    // Each pass against memcpy on as many threads as it ran.
+    let row = |name: &str, gbps: f64, memcpy: f64| {
         format!(
             "{name:<34} {gbps:>10.2} {:>14.0} {:>10.2}",
             gbps * 1e9 / per_context as f64,
-            gbps / r.gbps_memcpy
+            gbps / memcpy
         )
     };
-    outln!("{}", row("memcpy of the same bytes", r.gbps_memcpy));
+    let (one, many) = (r.gbps_memcpy, r.gbps_memcpy_threads);
+    outln!("{}", row("memcpy of the same bytes, 1 thread", one, one));
+    if r.memcpy_threads > 1 {
+        let name = format!("memcpy of the same bytes, {} threads", r.memcpy_threads);
+        outln!("{}", row(&name, many, many));
+    }
     outln!(
         "{}",
-        row("cache order (views, bytes read)", r.gbps_sequential)
+        row("cache order (views, bytes read)", r.gbps_sequential, one)
     );
     outln!(
         "{}",
-        row("shuffled, 1 thread (one copy)", r.gbps_shuffled_1_thread)
+        row(
+            "shuffled, 1 thread (one copy)",
+            r.gbps_shuffled_1_thread,
+            one
+        )
     );
     outln!(
         "{}",
         row(
             &format!("shuffled, {running} threads (one copy)"),
-            r.gbps_shuffled
+            r.gbps_shuffled,
+            many
         )
     );
     if let Some(b) = &r.bucketed {

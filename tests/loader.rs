@@ -848,11 +848,17 @@ fn dsc_bench_reports_throughput_against_memcpy() {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     assert_eq!(r["threads"], 64, "{r}");
     assert_eq!(r["threads_running"], cores.min(64), "{r}");
+    // memcpy runs on as many threads as the shuffled pass, so that their ratio compares like
+    // with like (issue 28, item 6).
+    assert_eq!(r["memcpy_threads"], r["threads_running"], "{r}");
     for field in [
         "contexts_per_s_shuffled",
         "gbps_shuffled",
         "gbps_sequential",
         "gbps_memcpy",
+        "gbps_memcpy_threads",
+        "shuffled_1_thread_over_memcpy",
+        "shuffled_over_memcpy_threads",
         "open_ms",
         "peak_rss_mib",
     ] {
