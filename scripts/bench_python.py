@@ -47,6 +47,29 @@ def loader_rate(cache: dsc.Cache, split: str, batch: int, epochs: int, **kwargs)
     return n / (time.perf_counter() - start)
 
 
+def consumer_cost(cache: dsc.Cache, split: str, batch: int, fmt: str, batches: int = 150) -> float:
+    """Microseconds the consumer spends per batch when every batch is ready: the loader's
+    queues are filled first (threads keep gathering ahead, `prefetch` per thread), then
+    `batches` of them are taken. What Python adds per batch, which bounds the loader's rate
+    once its threads are faster than the consumer (issue 28, item 3)."""
+    per_thread = batches // 2 + 8
+    loader = dsc.Loader(cache, split=split, batch_size=batch, seed=0, num_threads=2,
+                        prefetch=per_thread, format=fmt)
+    steps = len(loader)
+    if steps < 2 * per_thread:
+        raise SystemExit(f"{cache.path}: {steps} batches of {batch} in {split!r}; the consumer "
+                         f"cost needs {2 * per_thread}: use a smaller --batch-size")
+    it = iter(loader)
+    next(it)
+    time.sleep(1.0)  # both queues fill (a batch of 64 gathers in well under 1 ms)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    cost = (time.perf_counter() - start) / batches * 1e6
+    loader.close()
+    return cost
+
+
 def numpy_rate(cache: dsc.Cache, split: str, batch: int, epochs: int) -> float:
     from safetensors.numpy import load_file
 
@@ -97,6 +120,9 @@ def main() -> int:
             r[f"python_{fmt}_{threads}t_contexts_per_s"] = best_of(
                 a.passes, lambda: loader_rate(cache, a.split, a.batch_size, a.epochs,
                                               format=fmt, num_threads=threads))
+    for fmt in ("torch", "numpy"):
+        r[f"python_{fmt}_consumer_us_per_batch"] = min(
+            consumer_cost(cache, a.split, 64, fmt) for _ in range(a.passes))
     r["python_cache_order_contexts_per_s"] = best_of(
         a.passes, lambda: loader_rate(cache, a.split, a.batch_size, a.epochs, shuffle=False))
     r["numpy_fancy_index_contexts_per_s"] = best_of(
@@ -115,6 +141,8 @@ def main() -> int:
     for k, v in r.items():
         if k.endswith("_per_s"):
             print(f"  {k[:-len('_contexts_per_s')]:<28} {v / 1e6:8.3f} M contexts/s")
+    for fmt in ("torch", "numpy"):
+        print(f"  {fmt} consumer, batch 64     {r[f'python_{fmt}_consumer_us_per_batch']:8.1f} us/batch")
     print(f"  dsc.Loader / Rust shuffled  {r['python_over_rust']:8.2f}")
     print(f"  dsc.Loader / NumPy indexing {r['python_over_numpy']:8.2f}")
     return 0

@@ -7,8 +7,11 @@
 //! (docs/PERFORMANCE.md, "Handing batches over"). Here a consumer that finds the queue empty
 //! sleeps until the queue is one short of full (three batches at most) or the thread is done,
 //! and then takes what is queued without sleeping again: one wake-up per `capacity - 1`
-//! batches. A consumer slower than its threads never finds the queue empty and never waits; it
-//! wakes a thread blocked on a full queue once per batch, as before, at its own cost.
+//! batches. A consumer slower than its threads never finds the queue empty and never waits; a
+//! thread blocked on its full queue is woken once room for a group is free (half the queue,
+//! three batches at most), not once per batch: that wake-up is a system call made by the
+//! consumer, which is then the slowest part of the pipeline (issue 28, item 3: the Python
+//! consumer's cost bounds the loader's rate on many cores).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -42,6 +45,9 @@ struct Shared<T> {
     /// [`MAX_GROUP`]), so that the sender can queue one more batch while the consumer wakes
     /// instead of waiting for it (waking at full measured no better than waking per batch).
     wake_at: usize,
+    /// Queue length at or below which a sender blocked on a full queue is woken: `capacity`
+    /// less a group of half the queue (at most [`MAX_GROUP`], at least one).
+    room_at: usize,
 }
 
 impl<T> Shared<T> {
@@ -83,6 +89,7 @@ pub(crate) fn handoff<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         emptied: Condvar::new(),
         capacity: capacity.max(1),
         wake_at: capacity.saturating_sub(1).clamp(1, MAX_GROUP),
+        room_at: capacity.max(1) - (capacity / 2).clamp(1, MAX_GROUP),
     });
     (Sender(shared.clone()), Receiver(shared))
 }
@@ -154,7 +161,7 @@ impl<T> Receiver<T> {
     fn take(&self, state: &mut State<T>) -> Option<T> {
         let item = state.items.pop_front()?;
         state.started = true;
-        if state.sender_waiting {
+        if state.sender_waiting && state.items.len() <= self.0.room_at {
             state.sender_waiting = false;
             self.0.emptied.notify_one();
         }
@@ -224,6 +231,31 @@ mod tests {
         drop(tx);
         let (first, second, rest) = consumer.join().expect("consumer");
         assert_eq!((first, second, rest), (Some(0), Some(1), 2));
+    }
+
+    #[test]
+    fn a_blocked_sender_is_woken_once_a_group_is_free() {
+        let (tx, rx) = handoff(4);
+        let sender = std::thread::spawn(move || {
+            for i in 0..6u32 {
+                tx.send(i).expect("alive");
+            }
+        });
+        wait_until(&rx.0, |s| s.sender_waiting && s.items.len() == 4);
+        assert_eq!(rx.recv(), Some(0));
+        {
+            let state = rx.0.lock();
+            assert!(state.sender_waiting, "woken with room for one batch only");
+            assert_eq!(state.items.len(), 3);
+        }
+        // Two free (half the queue): woken, it fills the queue again.
+        assert_eq!(rx.recv(), Some(1));
+        wait_until(&rx.0, |s| s.items.len() == 4);
+        assert_eq!(
+            std::iter::from_fn(|| rx.recv()).collect::<Vec<_>>(),
+            [2, 3, 4, 5]
+        );
+        sender.join().expect("sender");
     }
 
     #[test]

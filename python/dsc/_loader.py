@@ -478,20 +478,43 @@ class Loader:
             self._active = None
 
 
-def _wrap(loader: Loader, buffer: Any, dtype: str, shape: Sequence[int]):
-    """A tensor or array over ``buffer`` (which it keeps alive), copied when asked to."""
-    if loader.copy and buffer.zero_copy:
-        # One copy straight from the loader's read-only view (with copy=True no private map
-        # is made for torch): the result owns its memory.
-        array = np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype]).reshape(shape).copy()
-        return array if loader.format == "numpy" else _torch().from_numpy(array)
-    if loader.format == "numpy":
-        return np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype]).reshape(shape)
-    torch = _torch()
-    tdtype = getattr(torch, dtype)
-    if len(buffer) == 0:
-        return torch.empty(tuple(shape), dtype=tdtype)
-    return torch.frombuffer(buffer, dtype=tdtype).view(tuple(shape))
+class _Tensor:
+    """One tensor of an epoch's batches, worked out once per epoch, so that a batch costs one
+    array and one tensor over each buffer (what Python spends per batch bounds the loader's
+    rate on many cores: issue 28, item 3)."""
+
+    __slots__ = ("name", "dtype", "before", "after", "whole", "make")
+
+    def __init__(self, loader: Loader, name: str, dtype: str, whole: Sequence[int],
+                 axis: Optional[int]) -> None:
+        self.name, self.dtype = name, dtype
+        self.whole = tuple(whole)
+        # The shape around the trimmed axis (None: the shape is always `whole`).
+        self.before = None if axis is None else self.whole[:axis]
+        self.after = None if axis is None else self.whole[axis + 1:]
+        # The buffer exports its typed, shaped array: `numpy.asarray` takes it in one call.
+        asarray = np.asarray
+        if loader.format == "numpy":
+            if loader.copy:
+                def make(buffer: Any):
+                    return asarray(buffer).copy() if buffer.zero_copy else asarray(buffer)
+            else:
+                make = asarray
+        else:
+            from_numpy = _torch().from_numpy
+            if loader.copy:
+                def make(buffer: Any):
+                    # A view of the loader's read-only mapping (with copy=True no private map
+                    # is made): one copy, which the tensor then owns.
+                    array = asarray(buffer)
+                    return from_numpy(array.copy() if buffer.zero_copy else array)
+            else:
+                def make(buffer: Any):
+                    return from_numpy(asarray(buffer))
+        self.make = make
+
+    def shape(self, seq_len: int) -> Tuple[int, ...]:
+        return self.whole if self.before is None else self.before + (seq_len,) + self.after
 
 
 class _Epoch:
@@ -506,6 +529,7 @@ class _Epoch:
         self.thread = threading.get_ident()
         self._busy = threading.Lock()
         self.handle = loader._handle(loader.num_threads if threads is None else threads)
+        self.layout = [_Tensor(loader, *t) for t in self.handle.tensors()]
 
     def __iter__(self) -> "_Epoch":
         return self
@@ -552,9 +576,9 @@ class _Epoch:
         return batch
 
     def _batch(self, loader: Loader, item) -> Batch:
-        step, (seq_len, pack), tensors = item
+        step, (seq_len, pack), buffers = item
         batch = Batch(
-            {name: _wrap(loader, buf, dtype, shape) for name, dtype, shape, buf in tensors},
+            {t.name: t.make(buf) for t, buf in zip(self.layout, buffers)},
             self.epoch, step, seq_len, loader._valid(step, pack), pack and pack[:3],
         )
         if loader.device is not None:
@@ -608,7 +632,6 @@ class _PinnedEpoch(_Epoch):
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
-        self.infos = self.handle.tensors()
         sizes = self.handle.batch_bytes()
         self.stop = threading.Event()
         threads = max(1, loader.num_threads)
@@ -648,15 +671,13 @@ class _PinnedEpoch(_Epoch):
         step, (seq_len, pack), bufs = item
         torch = _torch()
         tensors = {}
-        for (name, dtype, whole, trimmed_axis), buf in zip(self.infos, bufs):
-            shape = list(whole)
-            if trimmed_axis is not None:
-                shape[trimmed_axis] = seq_len
+        for layout, buf in zip(self.layout, bufs):
+            shape = layout.shape(seq_len)
             count = int(np.prod(shape))
-            t = buf.view(getattr(torch, dtype))[:count].view(shape)
+            t = buf.view(getattr(torch, layout.dtype))[:count].view(shape)
             if loader.device is not None:
                 t = t.to(loader.device, non_blocking=loader.pin_memory)
-            tensors[name] = t
+            tensors[layout.name] = t
         self.handle.advance(1)
         self.next_step += 1
         return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),

@@ -21,10 +21,19 @@ use pyo3::prelude::*;
 use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 
-/// One tensor's bytes, exported through the buffer protocol as a flat byte buffer.
+/// One tensor's bytes, exported through the buffer protocol: as its typed, shaped array to a
+/// consumer that asks for format and shape (`numpy.asarray`), else as flat bytes
+/// (`torch.frombuffer`, `numpy.frombuffer`).
 #[pyclass(frozen, module = "dsc._dsc")]
 struct Buffer {
     bytes: Bytes,
+    /// The element's struct format (a C string).
+    format: &'static std::ffi::CStr,
+    itemsize: isize,
+    /// Shape and C-order strides in bytes, as the buffer protocol wants them (they live as
+    /// long as the exporter, which every export keeps alive).
+    shape: Vec<isize>,
+    strides: Vec<isize>,
 }
 
 /// Where a [`Buffer`]'s bytes live.
@@ -49,6 +58,12 @@ enum Bytes {
 impl Buffer {
     /// A buffer over `tensor`; `writable` asks for memory a consumer may write into.
     fn new(tensor: BatchTensor, writable: bool) -> std::io::Result<Buffer> {
+        let (format, itemsize) = buffer_format(tensor.dtype());
+        let shape: Vec<isize> = tensor.shape().iter().map(|&d| d as isize).collect();
+        let mut strides = vec![itemsize; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
         let bytes = match tensor.mapped_source() {
             Some((file, start, len)) if writable && len > 0 => {
                 // mmap offsets are page-aligned: map from the page holding `start`.
@@ -77,7 +92,13 @@ impl Buffer {
                 tensor,
             },
         };
-        Ok(Buffer { bytes })
+        Ok(Buffer {
+            bytes,
+            format,
+            itemsize,
+            shape,
+            strides,
+        })
     }
 
     /// The exported address, length and whether consumers may write.
@@ -95,6 +116,16 @@ impl Buffer {
             }
             Bytes::Copied(buf) => (buf.as_ptr().cast_mut(), buf.len(), true),
         }
+    }
+}
+
+/// The struct format and size of an element of `dtype` (native byte order: dsc's shards are
+/// little-endian, as every platform it runs on).
+fn buffer_format(dtype: Dtype) -> (&'static std::ffi::CStr, isize) {
+    match dtype {
+        Dtype::F32 => (c"f", 4),
+        Dtype::I32 => (c"i", 4),
+        Dtype::I64 => (c"q", 8),
     }
 }
 
@@ -125,28 +156,60 @@ impl Buffer {
         view: *mut pyo3::ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let (ptr, len, writable) = slf.get().region();
-        // SAFETY: `view` comes from CPython. The pointer stays valid while the exporter lives:
-        // FillInfo takes a reference to `slf`, and `slf` owns the bytes (a gather buffer, a
-        // private mapping, or a reference to the cache that keeps the shared mapping). Writable
-        // exports are only memory no Rust code reads while Python holds it: a gather buffer
-        // owned by this object, or this object's private mapping.
-        let rc = unsafe {
-            pyo3::ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr.cast(),
-                len as pyo3::ffi::Py_ssize_t,
-                c_int::from(!writable),
-                flags,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(PyErr::take(slf.py())
-                .unwrap_or_else(|| PyBufferError::new_err("cannot export the batch buffer")))
+        use pyo3::ffi;
+        let this = slf.get();
+        let (ptr, len, writable) = this.region();
+        let typed = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT
+            && flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
+        if !typed {
+            // SAFETY: `view` comes from CPython. The pointer stays valid while the exporter
+            // lives: FillInfo takes a reference to `slf`, and `slf` owns the bytes (a gather
+            // buffer, a private mapping, or a reference to the cache that keeps the shared
+            // mapping). Writable exports are only memory no Rust code reads while Python holds
+            // it: a gather buffer owned by this object, or this object's private mapping.
+            let rc = unsafe {
+                ffi::PyBuffer_FillInfo(
+                    view,
+                    slf.as_ptr(),
+                    ptr.cast(),
+                    len as ffi::Py_ssize_t,
+                    c_int::from(!writable),
+                    flags,
+                )
+            };
+            return if rc == 0 {
+                Ok(())
+            } else {
+                Err(PyErr::take(slf.py())
+                    .unwrap_or_else(|| PyBufferError::new_err("cannot export the batch buffer")))
+            };
         }
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE && !writable {
+            return Err(PyBufferError::new_err("the batch buffer is read-only"));
+        }
+        // The typed export: one call gives NumPy the batch's array with its dtype and shape
+        // (and `torch.from_numpy` a tensor over it), where bytes need a cast and a view each.
+        // SAFETY: `view` comes from CPython and is ours to fill. `obj` holds a new reference to
+        // the exporter, so the bytes (as above), `format` (static) and `shape`/`strides` (owned
+        // by the frozen exporter, never changed) outlive the export.
+        unsafe {
+            (*view).obj = slf.clone().into_any().unbind().into_ptr();
+            (*view).buf = ptr.cast();
+            (*view).len = len as ffi::Py_ssize_t;
+            (*view).readonly = c_int::from(!writable);
+            (*view).itemsize = this.itemsize;
+            (*view).format = this.format.as_ptr().cast_mut();
+            (*view).ndim = this.shape.len() as c_int;
+            (*view).shape = this.shape.as_ptr().cast_mut();
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                this.strides.as_ptr().cast_mut()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
@@ -371,19 +434,12 @@ impl LoaderHandle {
         self.with(py, |l| l.batch_bytes())
     }
 
-    /// The next batch as `(step, (seq_len, pack), [(name, dtype, shape, Buffer)])`, or `None` at
-    /// the end of the epoch. Waits for the prefetch threads with the GIL released.
-    #[allow(clippy::type_complexity)]
-    fn next(
-        &self,
-        py: Python<'_>,
-    ) -> PyResult<
-        Option<(
-            usize,
-            Info,
-            Vec<(String, &'static str, Vec<usize>, Py<Buffer>)>,
-        )>,
-    > {
+    /// The next batch as `(step, (seq_len, pack), [Buffer])`, one buffer per tensor of
+    /// `tensors()` in its order (each tensor's shape is its whole-batch shape with the trimmed
+    /// axis, if any, at `seq_len`), or `None` at the end of the epoch. Waits for the prefetch
+    /// threads with the GIL released. Names, dtypes and shapes are not repeated per batch:
+    /// the objects Python makes per batch are most of its cost (issue 28, item 3).
+    fn next(&self, py: Python<'_>) -> PyResult<Option<(usize, Info, Vec<Py<Buffer>>)>> {
         let Some(batch) = self.with(py, |l| l.next())? else {
             return Ok(None);
         };
@@ -392,14 +448,10 @@ impl LoaderHandle {
         let tensors = batch.into_tensors();
         let mut out = Vec::with_capacity(tensors.len());
         for tensor in tensors {
-            let name = tensor.name().to_string();
-            let dtype = dtype_name(tensor.dtype());
-            let shape = tensor.shape().to_vec();
             let buffer = Buffer::new(tensor, self.writable).map_err(|e| {
                 errors::cache_io_error(py, &format!("cannot map a zero-copy view privately: {e}"))
             })?;
-            let buffer = Py::new(py, buffer)?;
-            out.push((name, dtype, shape, buffer));
+            out.push(Py::new(py, buffer)?);
         }
         Ok(Some((step, meta, out)))
     }

@@ -346,6 +346,35 @@ def test_numpy_format(cache_dir: Path) -> None:
     assert batch["key"].tolist() == order_keys(cache_dir, "--batch-size", "8")[0]
 
 
+def test_batch_buffers_export_typed_arrays_and_bytes(cache_dir: Path) -> None:
+    """The extension's buffers give NumPy the tensor's dtype and shape in one call (what makes a
+    batch cheap for Python, issue 28 item 3) and byte consumers the same bytes."""
+    cache = dsc.open(cache_dir)
+    loader = dsc.Loader(cache, batch_size=8, seed=0, trim=True)
+    handle = cache._handle.loader(loader._options(0), 0, True)
+    layout = handle.tensors()
+    step, (seq_len, _), buffers = handle.next()
+    assert step == 0 and len(buffers) == len(layout)
+    for (name, dtype, whole, axis), buf in zip(layout, buffers):
+        typed = np.asarray(buf)
+        shape = list(whole)
+        if axis is not None:
+            shape[axis] = seq_len
+        assert typed.dtype == np.dtype(dtype) and list(typed.shape) == shape, name
+        assert typed.flags.c_contiguous and typed.flags.writeable, name
+        view = memoryview(buf)
+        assert view.format == typed.dtype.char and view.shape == tuple(shape), name
+        assert np.frombuffer(buf, dtype=np.uint8).tobytes() == typed.tobytes(), name
+        assert torch.frombuffer(buf, dtype=getattr(torch, dtype)).view(shape).equal(
+            torch.from_numpy(typed)), name
+    handle.close()
+    # Read-only views of the cache (NumPy, cache order) stay read-only through the typed export.
+    view = next(iter(dsc.Loader(cache, batch_size=8, shuffle=False, format="numpy")))["x"]
+    assert not view.flags.writeable
+    with pytest.raises(ValueError):
+        view[0, 0, 0] = 1.0
+
+
 def test_rank_defaults_come_from_the_environment(cache_dir: Path, monkeypatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
