@@ -350,6 +350,9 @@ fn info(seq_len: usize, pack: Option<PackInfo>) -> Info {
     )
 }
 
+/// A batch as `next` gives it: `(step, (seq_len, pack), one buffer per tensor)`.
+type Delivered = (usize, Info, Vec<Py<Buffer>>);
+
 /// One epoch of one split for one rank.
 #[pyclass(frozen, module = "dsc._dsc")]
 struct LoaderHandle {
@@ -439,7 +442,7 @@ impl LoaderHandle {
     /// axis, if any, at `seq_len`), or `None` at the end of the epoch. Waits for the prefetch
     /// threads with the GIL released. Names, dtypes and shapes are not repeated per batch:
     /// the objects Python makes per batch are most of its cost (issue 28, item 3).
-    fn next(&self, py: Python<'_>) -> PyResult<Option<(usize, Info, Vec<Py<Buffer>>)>> {
+    fn next(&self, py: Python<'_>) -> PyResult<Option<Delivered>> {
         let Some(batch) = self.with(py, |l| l.next())? else {
             return Ok(None);
         };
