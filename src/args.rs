@@ -529,6 +529,7 @@ pub struct ReportArgs {
 ///   dsc order cache --epoch 3 --batch-size 256              (quality report)
 ///   dsc order cache --epoch 3 --batch-size 64 --keys | head
 ///   dsc order cache --pack 32768 --json                     (token efficiency of packs)
+///   dsc order cache --bucket --trim-multiple 32              (the batch shapes on a GPU)
 ///   dsc order cache --batch-size 64 --state-after 100 > state.json
 ///   dsc order cache --batch-size 32 --world-size 2 --rank 1 --from-state state.json --keys
 #[derive(Debug, Args)]
@@ -573,6 +574,12 @@ pub struct OrderArgs {
     /// never binds].
     #[arg(long, value_name = "S", requires = "pack")]
     pub max_seqs: Option<usize>,
+    /// Trimmed batch lengths round up the ladder of M (M, 2M, 3M, 4M, then four sizes per
+    /// doubling, at most L), as dsc-train and dsc.Loader do on a GPU: the report's padding
+    /// efficiency and batch lengths (the shapes a run sees) are for that ladder [default: 1,
+    /// exact lengths].
+    #[arg(long, value_name = "M", default_value_t = 1, conflicts_with = "pack")]
+    pub trim_multiple: usize,
     /// Keep the last partial global batch, completed by repeating the first contexts (packs).
     #[arg(long)]
     pub keep_last: bool,

@@ -85,6 +85,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         rank: a.rank,
         world_size: a.world_size,
         threads: 0,
+        trim_multiple: a.trim_multiple,
         ..Default::default()
     };
     let mut loader = match &a.from_state {
@@ -273,5 +274,27 @@ fn print_figures(f: &Figures, label: &str) -> anyhow::Result<()> {
         "{label}length spread in a batch {:.3} of the split's (random batches: about 1)",
         p.length_spread_in_batch
     );
+    let shapes: Vec<String> = p
+        .batch_lens
+        .iter()
+        .map(|(len, n)| format!("{len} ({n})"))
+        .collect();
+    outln!(
+        "{label}batch lengths: {} shapes: {}",
+        shapes.len(),
+        abbreviate(&shapes, 6)
+    );
     Ok(())
+}
+
+/// The first `keep` items, then how many more.
+fn abbreviate(items: &[String], keep: usize) -> String {
+    if items.len() <= keep {
+        return items.join(", ");
+    }
+    format!(
+        "{}, … {} more",
+        items[..keep].join(", "),
+        items.len() - keep
+    )
 }

@@ -817,10 +817,34 @@ fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
             < r["unbucketed"]["length_spread_in_batch"].as_f64().unwrap() / 2.0,
         "{r}"
     );
+    // --trim-multiple: the shapes of the epoch's batches, fewer than one per length.
+    let shapes = |r: &serde_json::Value| -> Vec<usize> {
+        let m = r["batch_lens"].as_object().expect("batch_lens");
+        let batches: u64 = m.values().map(|n| n.as_u64().unwrap()).sum();
+        assert_eq!(batches, r["batches_per_rank"].as_u64().unwrap(), "{r}");
+        m.keys().map(|k| k.parse().unwrap()).collect()
+    };
+    let rounded: serde_json::Value =
+        serde_json::from_str(&run(
+            &[&bucketed[..], &["--trim-multiple", "8", "--json"]].concat()
+        ))
+        .unwrap();
+    let (exact, ladder) = (shapes(&r), shapes(&rounded));
+    assert!(ladder.len() < exact.len(), "{ladder:?} {exact:?}");
+    let max_len = Cache::open(&cache).unwrap().manifest().max_len();
+    assert!(
+        ladder.iter().all(|&l| l % 8 == 0 || l == max_len),
+        "{ladder:?}"
+    );
+    assert!(
+        rounded["padding_efficiency"].as_f64().unwrap() <= b.as_f64().unwrap(),
+        "{rounded}"
+    );
     let text = run(&bucketed);
     assert!(
         text.contains("bucketed: padding efficiency")
             && text.contains("plain: padding efficiency")
+            && text.contains("bucketed: batch lengths:")
             && text.lines().all(|l| l.chars().count() <= 100),
         "{text}"
     );

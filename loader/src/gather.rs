@@ -7,7 +7,7 @@ use crate::body::{Body, ShardBytes};
 use crate::cache::{Inner, Shard};
 use crate::error::LoadError;
 use crate::mmap::Mapped;
-use crate::order::{EpochOrder, Sample, Steps};
+use crate::order::{trimmed_len, EpochOrder, Sample, Steps};
 use crate::pack::{PackInfo, Packs};
 use crate::rows;
 use dsc_format::{Dtype, TensorRole, TensorSpec};
@@ -17,9 +17,9 @@ use std::sync::Arc;
 /// How an epoch's order is cut into batches.
 #[derive(Debug)]
 pub(crate) enum Batching {
-    /// `batch_size` contexts per rank and step, padded to `L` or (`trim`) cut to the batch's
-    /// longest stored sequence.
-    Padded { steps: Steps, trim: bool },
+    /// `batch_size` contexts per rank and step, padded to `L` or (`trim: Some(m)`) cut to the
+    /// batch's longest stored sequence rounded up the ladder of `m` ([`trimmed_len`]).
+    Padded { steps: Steps, trim: Option<usize> },
     /// One pack per rank and step.
     Packed {
         packs: Packs,
@@ -233,18 +233,22 @@ impl Gather {
         i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as usize
     }
 
-    /// The sequence length of a padded batch: `L`, or trimmed its longest stored length, at
-    /// least 1.
+    /// The sequence length of a padded batch: `L`, or trimmed its longest stored length
+    /// rounded up the ladder ([`trimmed_len`]).
     fn seq_len(&self, samples: &[Sample], held: &Resolved<'_>) -> usize {
-        if !matches!(self.batching, Batching::Padded { trim: true, .. }) {
+        let Batching::Padded {
+            trim: Some(multiple),
+            ..
+        } = self.batching
+        else {
             return self.max_len();
-        }
-        samples
+        };
+        let longest = samples
             .iter()
             .map(|s| self.stored_length(s, held))
             .max()
-            .unwrap_or(0)
-            .clamp(1, self.max_len())
+            .unwrap_or(0);
+        trimmed_len(longest, multiple, self.max_len())
     }
 
     /// Bytes of tensor `t` of the layout in a padded batch of `n` contexts cut to `seq_len`, or
@@ -448,7 +452,7 @@ impl Gather {
         let contiguous = samples
             .windows(2)
             .all(|w| w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1);
-        if matches!(self.batching, Batching::Padded { trim: false, .. }) && contiguous && n > 0 {
+        if matches!(self.batching, Batching::Padded { trim: None, .. }) && contiguous && n > 0 {
             return self.view(step, &samples);
         }
         let held = self.resolve(&samples)?;

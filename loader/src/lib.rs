@@ -46,4 +46,4 @@ pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::LoadError;
 pub use gather::{BatchInfo, PACK_TENSORS};
 pub use loader::{Filler, Loader};
-pub use options::{LoaderOptions, OrderSpec, Pack, State};
+pub use options::{LoaderOptions, OrderSpec, Pack, State, MAX_TRIM_MULTIPLE};

@@ -7,7 +7,7 @@ use crate::cache::Cache;
 use crate::error::LoadError;
 use crate::gather::{self, BatchInfo, Batching, Gather, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
-use crate::options::{LoaderOptions, State};
+use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
 use crate::order::{EpochOrder, Sample, Steps};
 use crate::pack::{self, Packs};
 use dsc_format::spec::format_size;
@@ -223,6 +223,12 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
             opts.batch_size, opts.rank, opts.world_size
         )));
     }
+    if !(1..=MAX_TRIM_MULTIPLE).contains(&opts.trim_multiple) {
+        return Err(LoadError::Options(format!(
+            "trim_multiple {}: between 1 (exact lengths) and {MAX_TRIM_MULTIPLE}",
+            opts.trim_multiple
+        )));
+    }
     if opts.threads > MAX_THREADS || opts.prefetch > MAX_PREFETCH {
         return Err(LoadError::Options(format!(
                 "threads {} / prefetch {}: at most {MAX_THREADS} threads and {MAX_PREFETCH} batches ahead",
@@ -309,7 +315,7 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
     let batching = match pack {
         None => Batching::Padded {
             steps: Steps::new(order.len(), opts.batch_size, opts.world_size, o.drop_last),
-            trim: opts.trim || o.bucket,
+            trim: (opts.trim || o.bucket).then_some(opts.trim_multiple),
         },
         Some(size) => {
             let lengths = cache.lengths(&o.split)?;
@@ -459,17 +465,19 @@ impl Loader {
     /// ([`Packs::figures`]) is asked of [`Loader::packs`] instead.
     pub fn padding(&self) -> Result<crate::order::Padding, LoadError> {
         let gather = &self.hints.gather;
-        let Batching::Padded { steps, .. } = &gather.batching else {
+        let Batching::Padded { steps, trim } = &gather.batching else {
             return Err(LoadError::Options(
                 "a packed loader has no padded batches: ask its packs for their figures".into(),
             ));
         };
         let lengths = self.cache().lengths(&self.opts.order.split)?;
+        // An untrimmed loader's figures say what trimming with its multiple would give.
         Ok(crate::order::padding(
             &gather.order,
             steps,
             &lengths,
             gather.cache.manifest.max_len(),
+            trim.unwrap_or(self.opts.trim_multiple),
         ))
     }
 

@@ -109,6 +109,12 @@ pub struct LoaderOptions {
     /// Cut sequence tensors to the longest stored length in the batch [default: false]. A
     /// packed batch has no padding to cut: refused with `order.pack`.
     pub trim: bool,
+    /// With `trim` (or `order.bucket`): round each batch's trimmed length up the ladder of
+    /// this multiple ([`crate::order::trimmed_len`]: 1, 2, 3, 4 times it, then four sizes per doubling,
+    /// never past `L`), so that a run sees a handful of shapes instead of one per length
+    /// [default: 1, exact lengths]. A GPU pays for every new shape (allocator blocks, kernel
+    /// choices, a recompile under `torch.compile`); a CPU pays only for the padding.
+    pub trim_multiple: usize,
     /// The tensors to load, by name, in manifest order whatever the order given; empty loads
     /// every tensor [default: empty]. Leaving out tensors the model does not read saves their
     /// gather.
@@ -126,10 +132,14 @@ impl Default for LoaderOptions {
             prefetch: 4,
             threads: 1,
             trim: false,
+            trim_multiple: 1,
             columns: Vec::new(),
         }
     }
 }
+
+/// The most a trimmed length may be rounded by ([`LoaderOptions::trim_multiple`]).
+pub const MAX_TRIM_MULTIPLE: usize = 1 << 16;
 
 impl LoaderOptions {
     /// Units (contexts, or packs with `order.pack`) per global step, or an error where that

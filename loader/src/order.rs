@@ -484,6 +484,32 @@ impl EpochOrder {
     }
 }
 
+/// The length a trimmed batch whose longest stored sequence is `longest` is cut to: `longest`
+/// (at least 1) rounded up the ladder of `multiple` (m, 2m, 3m, 4m, then four sizes per
+/// doubling: 5m, 6m, 7m, 8m, 10m, 12m, 14m, 16m, 20m, …), at most `max_len`. Every size of the
+/// ladder wastes at most a quarter of a batch past 4m, and lengths up to `L` meet about
+/// `4 + 4·log2(L / 4m)` sizes of it. A `multiple` of 1 (or 0) keeps exact lengths.
+pub fn trimmed_len(longest: usize, multiple: usize, max_len: usize) -> usize {
+    let longest = longest.max(1);
+    let rounded = if multiple <= 1 {
+        longest
+    } else {
+        let units = longest.div_ceil(multiple);
+        // Above 4 units, a step of 2^(floor(log2(units - 1)) - 2) units: 1 up to 8, 2 up to
+        // 16, 4 up to 32, …
+        let step = if units <= 4 {
+            1
+        } else {
+            1usize << ((usize::BITS - 1 - (units - 1).leading_zeros()) - 2)
+        };
+        units
+            .div_ceil(step)
+            .saturating_mul(step)
+            .saturating_mul(multiple)
+    };
+    rounded.min(max_len.max(1))
+}
+
 /// What padding costs in an epoch's batches, and how length-homogeneous they are.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Padding {
@@ -498,11 +524,22 @@ pub struct Padding {
     pub length_spread_in_batch: f64,
     /// Mean trimmed sequence length of a batch.
     pub mean_batch_len: f64,
+    /// The trimmed lengths of the epoch's batches (every rank's), each with how many batches
+    /// have it: the shapes a trimmed run sees.
+    pub batch_lens: std::collections::BTreeMap<usize, usize>,
 }
 
 /// The padding of every rank's batch of an epoch (`steps` cut from `order`), from each
-/// context's stored length (`lengths`, compiled order) and the cache's `max_len`.
-pub fn padding(order: &EpochOrder, steps: &Steps, lengths: &[u32], max_len: usize) -> Padding {
+/// context's stored length (`lengths`, compiled order) and the cache's `max_len`, batches
+/// trimmed up the ladder of `multiple` ([`trimmed_len`]).
+pub fn padding(
+    order: &EpochOrder,
+    steps: &Steps,
+    lengths: &[u32],
+    max_len: usize,
+    multiple: usize,
+) -> Padding {
+    let mut batch_lens = std::collections::BTreeMap::new();
     let (mut stored, mut trimmed, mut untrimmed) = (0u64, 0u64, 0u64);
     let (mut spread, mut batch_len, mut batches) = (0f64, 0f64, 0usize);
     let mut cache = (usize::MAX, Vec::new());
@@ -515,11 +552,13 @@ pub fn padding(order: &EpochOrder, steps: &Steps, lengths: &[u32], max_len: usiz
                     .positions(step, rank)
                     .map(|p| f64::from(lengths[order.sample_at(p, &mut cache).position])),
             );
-            let longest = batch
-                .iter()
-                .copied()
-                .fold(0f64, f64::max)
-                .clamp(1.0, max_len as f64);
+            let longest = trimmed_len(
+                batch.iter().copied().fold(0f64, f64::max) as usize,
+                multiple,
+                max_len,
+            );
+            *batch_lens.entry(longest).or_insert(0) += 1;
+            let longest = longest as f64;
             stored += batch.iter().sum::<f64>() as u64;
             trimmed += (longest as usize * batch.len()) as u64;
             untrimmed += (max_len.max(1) * batch.len()) as u64;
@@ -535,6 +574,7 @@ pub fn padding(order: &EpochOrder, steps: &Steps, lengths: &[u32], max_len: usiz
         padding_efficiency_untrimmed: ratio(stored as f64, untrimmed as f64),
         length_spread_in_batch: ratio(ratio(spread, batches as f64), std_dev(&all)),
         mean_batch_len: ratio(batch_len, batches as f64),
+        batch_lens,
     }
 }
 
@@ -550,6 +590,46 @@ fn std_dev(v: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trimmed_lengths_climb_a_ladder_of_few_sizes() {
+        let ladder = |m: usize, max_len: usize| {
+            (0..=max_len)
+                .map(|l| trimmed_len(l, m, max_len))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ladder(32, 128), [32, 64, 96, 128]);
+        assert_eq!(ladder(16, 128), [16, 32, 48, 64, 80, 96, 112, 128]);
+        assert_eq!(
+            ladder(1, 5),
+            [1, 2, 3, 4, 5],
+            "a multiple of 1 keeps lengths"
+        );
+        assert_eq!(ladder(8, 100)[..9], [8, 16, 24, 32, 40, 48, 56, 64, 80]);
+        assert_eq!(*ladder(8, 100).last().unwrap(), 100, "capped at L");
+        // Logarithmic in L: 4 + 4·log2(L / 4m) sizes.
+        assert_eq!(ladder(32, 4096).len(), 4 + 4 * 5);
+        for m in [1, 2, 16, 32, 48] {
+            let mut last = 0;
+            for l in 0..5000 {
+                let t = trimmed_len(l, m, 4096);
+                assert!(
+                    t >= l.clamp(1, 4096) && t <= 4096 && t >= last,
+                    "{l} {m} -> {t}"
+                );
+                if l > 4 * m && t < 4096 {
+                    assert!(
+                        t * 4 <= l * 5 + 4 * m,
+                        "more than a quarter wasted: {l} {m} -> {t}"
+                    );
+                }
+                last = t;
+            }
+        }
+        assert_eq!(trimmed_len(usize::MAX, 1 << 16, usize::MAX), usize::MAX);
+    }
 
     fn all(order: &EpochOrder) -> Vec<usize> {
         order.iter_from(0).map(|s| s.position).collect()

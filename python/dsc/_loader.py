@@ -31,6 +31,10 @@ from ._errors import Error, OptionsError, StateError, WorkerError
 
 STATE_VERSION = 1
 
+# Trimmed lengths round up to multiples of 16 (then four sizes per doubling) when batches go to
+# a GPU: L = 128 gives 8 shapes, and 16 keeps bf16 tensor-core tiles whole.
+GPU_TRIM_MULTIPLE = 16
+
 _NUMPY_DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
 
 
@@ -177,6 +181,12 @@ class Loader:
             per core: more would only take turns on the same cores.
         prefetch: batches prepared ahead per thread.
         trim: cut sequence tensors to the longest stored length in each batch.
+        trim_multiple: with ``trim`` or ``bucket``, round each batch's length up the ladder of
+            this multiple (m, 2m, 3m, 4m, then four sizes per doubling, at most ``L``), so that
+            a run sees a handful of shapes instead of one per length: a GPU pays for each new
+            shape (allocator, kernel choice, a ``torch.compile`` recompile), a CPU only for
+            the padding [default: 16 with a CUDA ``device``, else 1 (exact lengths)].
+            ``dsc order --bucket --trim-multiple M`` lists the shapes of an epoch.
         bucket: length-bucketed batches: inside each shuffle window, contexts of similar length
             form a (global) batch, the batches come in random order, and each is trimmed to its
             longest sequence (implies ``trim``), so little of a batch is padding. Still every
@@ -219,6 +229,7 @@ class Loader:
         num_threads: int = 1,
         prefetch: int = 4,
         trim: bool = False,
+        trim_multiple: Optional[int] = None,
         columns: Optional[Sequence[str]] = None,
         pin_memory: bool = False,
         device: Any = None,
@@ -307,6 +318,10 @@ class Loader:
                     stacklevel=2,
                 )
                 self.pin_memory = False
+        on_gpu = self.device is not None and self.device.type == "cuda"
+        self.trim_multiple = _check_int(
+            "trim_multiple", (GPU_TRIM_MULTIPLE if on_gpu else 1) if trim_multiple is None
+            else trim_multiple, 1, 65536)
         self._epoch = _check_int("epoch", epoch, 0)
         self._step = 0  # batches of the current epoch consumed on this rank
         self._pid = os.getpid()
@@ -443,7 +458,7 @@ class Loader:
         return json.dumps(dict(
             order=order, batch_size=self.batch_size, epoch=self._epoch, rank=self.rank,
             world_size=self.world_size, prefetch=self.prefetch, threads=threads, trim=self.trim,
-            columns=self.columns,
+            trim_multiple=self.trim_multiple, columns=self.columns,
         ))
 
     def _steps(self) -> int:

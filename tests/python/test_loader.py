@@ -119,6 +119,42 @@ def test_bucket_groups_similar_lengths_and_trims(cache_dir: Path) -> None:
     dsc.Loader(cache_dir, batch_size=16, seed=3, trim=True).load_state_dict(old)
 
 
+def ladder_len(longest: int, multiple: int, max_len: int) -> int:
+    """The documented ladder (m, 2m, 3m, 4m, then four sizes per doubling, at most L), written
+    out independently of the Rust code."""
+    longest = max(1, longest)
+    if multiple > 1:
+        sizes = [multiple * k for k in (1, 2, 3, 4)]
+        while sizes[-1] < longest:
+            step = sizes[-1] // 4
+            sizes += [sizes[-1] + step * k for k in (1, 2, 3, 4)]
+        longest = min(size for size in sizes if size >= longest)
+    return min(longest, max_len)
+
+
+def test_trim_multiple_rounds_batch_lengths_to_few_shapes(cache_dir: Path) -> None:
+    """Bucketed batches on a GPU see a handful of shapes, not one per length (issue 28 item 2):
+    each batch's length is its longest sequence rounded up the ladder; values and order are the
+    exact run's, the extra steps are padding."""
+    max_len = dsc.open(cache_dir).max_len
+    exact = dsc.Loader(cache_dir, batch_size=16, seed=3, bucket=True)
+    rounded = dsc.Loader(cache_dir, batch_size=16, seed=3, bucket=True, trim_multiple=16)
+    shapes = {e: set() for e in ("exact", "rounded")}
+    for a, b in zip(exact, rounded, strict=True):
+        assert a["key"].equal(b["key"])
+        longest = max(1, int(a["length"].max()))
+        assert a.seq_len == longest
+        assert b.seq_len == b["x"].shape[1] == ladder_len(longest, 16, max_len)
+        assert b["x"][:, :longest].equal(a["x"]) and not b["x"][:, longest:].any()
+        shapes["exact"].add(a.seq_len)
+        shapes["rounded"].add(b.seq_len)
+    assert len(shapes["rounded"]) <= len(range(16, max_len + 16, 16)) < len(shapes["exact"]), shapes
+    # The default: exact on the CPU; a CUDA device rounds to 16 (not testable without one).
+    assert exact.trim_multiple == 1 and dsc._loader.GPU_TRIM_MULTIPLE == 16
+    with pytest.raises(dsc.OptionsError, match="trim_multiple"):
+        dsc.Loader(cache_dir, trim=True, trim_multiple=0)
+
+
 def test_columns_load_a_subset(cache_dir: Path) -> None:
     full = next(iter(dsc.Loader(cache_dir, batch_size=8, seed=2)))
     part = next(iter(dsc.Loader(cache_dir, batch_size=8, seed=2, columns=["y", "x", "length"])))

@@ -109,6 +109,13 @@ pub struct Cli {
     #[arg(long, value_name = "S", requires = "pack")]
     pub max_seqs: Option<usize>,
 
+    /// Round each trimmed batch's length up the ladder of M (M, 2M, 3M, 4M, then four sizes
+    /// per doubling, at most L), so that a run sees a handful of batch shapes; the summary
+    /// lists them (`batch_lens`) [default: 16 on CUDA, 1 (exact) on the CPU]. See `dsc order
+    /// --bucket --trim-multiple M`.
+    #[arg(long, value_name = "M", conflicts_with = "pack")]
+    pub trim_multiple: Option<usize>,
+
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
@@ -247,6 +254,7 @@ impl Cli {
             bucket: self.bucket,
             pack: self.pack,
             max_seqs: self.max_seqs,
+            trim_multiple: self.trim_multiple,
             accumulate: self.accumulate,
             lr: self.lr,
             weight_decay: self.weight_decay,

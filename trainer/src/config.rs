@@ -3,6 +3,7 @@
 //! program using the library builds it directly.
 
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
+use dsc_loader::MAX_TRIM_MULTIPLE;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -25,6 +26,10 @@ pub mod defaults {
     pub const CLIP: f64 = 1.0;
     pub const LOG_EVERY: u64 = 50;
     pub const PREFETCH: usize = 3;
+    /// Trimmed lengths on CUDA round up the ladder of 16 (`dsc_loader::order::trimmed_len`):
+    /// L = 128 gives 8 shapes instead of up to 128, each reused step after step (a GPU pays
+    /// for every new shape: allocator blocks, kernel choice), and bf16 tiles stay whole.
+    pub const GPU_TRIM_MULTIPLE: usize = 16;
     /// The split evaluated after each epoch.
     pub const EVAL_SPLIT: &str = "val";
 
@@ -90,6 +95,11 @@ pub struct RunConfig {
     /// The most sequences in a pack (`None`: derived from `pack` and the stored lengths).
     #[serde(default)]
     pub max_seqs: Option<usize>,
+    /// Trimmed batch lengths round up the ladder of this multiple (`None`:
+    /// [`defaults::GPU_TRIM_MULTIPLE`] on CUDA, exact on the CPU). Shapes only: the order and
+    /// the values are the same whatever it is, so a run may resume with another.
+    #[serde(default)]
+    pub trim_multiple: Option<usize>,
     pub accumulate: usize,
     pub lr: f64,
     pub weight_decay: f64,
@@ -134,6 +144,7 @@ impl RunConfig {
             bucket: false,
             pack: None,
             max_seqs: None,
+            trim_multiple: None,
             accumulate: 1,
             lr: defaults::LR,
             weight_decay: defaults::WEIGHT_DECAY,
@@ -165,6 +176,15 @@ impl RunConfig {
         anyhow::ensure!(
             self.max_seqs.is_none() || self.pack.is_some(),
             "--max-seqs sizes packed batches: give --pack too"
+        );
+        anyhow::ensure!(
+            self.trim_multiple
+                .is_none_or(|m| (1..=MAX_TRIM_MULTIPLE).contains(&m)),
+            "--trim-multiple must be between 1 and {MAX_TRIM_MULTIPLE}"
+        );
+        anyhow::ensure!(
+            self.trim_multiple.is_none() || self.pack.is_none(),
+            "--trim-multiple rounds trimmed lengths; packed batches have one shape already"
         );
         anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
         anyhow::ensure!(self.epochs > 0, "--epochs must be at least 1");

@@ -145,6 +145,19 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             summary.readbacks.training,
             summary.checkpoint.as_deref().unwrap_or("")
         );
+        if summary.batch_lens.len() > 1 {
+            let lens: Vec<String> = summary.batch_lens.keys().map(|l| l.to_string()).collect();
+            eprintln!(
+                "batch shapes: {} sequence lengths ({}){}",
+                lens.len(),
+                lens.join(", "),
+                if summary.batch_lens.len() > 16 {
+                    "; --trim-multiple 16 rounds them to a few"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     Ok(0)
 }

@@ -91,6 +91,10 @@ pub struct Summary {
     /// The final model on every split but train (after the last epoch).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub evaluation: Vec<SplitEvaluation>,
+    /// Padded training batches by sequence length (packs have one shape): the batch shapes the
+    /// steps saw, each a new allocation and kernel choice on a GPU (`--trim-multiple`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub batch_lens: std::collections::BTreeMap<usize, u64>,
 }
 
 /// `--find-batch-size`: one size tried.

@@ -40,6 +40,8 @@ pub struct Session {
     pub cache: Cache,
     pub device: Device,
     pub amp: Amp,
+    /// `cfg.trim_multiple` resolved for the device.
+    pub trim_multiple: usize,
     pub task: TaskSpec,
     pub vs: nn::VarStore,
     pub net: Box<dyn SequenceModel>,
@@ -71,6 +73,11 @@ impl Session {
         } else {
             Amp::None
         });
+        let trim_multiple = cfg.trim_multiple.unwrap_or(if device.is_cuda() {
+            crate::config::defaults::GPU_TRIM_MULTIPLE
+        } else {
+            1
+        });
         let targets_scaled = cfg.task == Task::Regression && cfg.scale_targets;
         let stats = match cfg.normalise || targets_scaled {
             true => Some(crate::normalise::train_stats(cache.dir())?),
@@ -85,6 +92,7 @@ impl Session {
             cache.manifest(),
             "train",
             0,
+            trim_multiple,
         ))?;
         let (layout, shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
         tch::manual_seed(cfg.seed as i64);
@@ -113,6 +121,7 @@ impl Session {
             cache,
             device,
             amp,
+            trim_multiple,
             task,
             vs,
             net,
@@ -440,6 +449,7 @@ impl Summary {
             checkpoint: None,
             eval_split: None,
             evaluation: Vec::new(),
+            batch_lens: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -31,7 +31,7 @@ pub struct RunOptions {
 /// The training split's loader options for `epoch`: shuffled, whole batches (trimmed, or
 /// packs), filled in the calling (feed) thread.
 pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
-    loader_options(&s.cfg, s.cache.manifest(), "train", epoch)
+    loader_options(&s.cfg, s.cache.manifest(), "train", epoch, s.trim_multiple)
 }
 
 /// The loader options of a run of `cfg` over `split`: the train split shuffled in whole
@@ -41,6 +41,7 @@ pub(crate) fn loader_options(
     manifest: &Manifest,
     split: &str,
     epoch: u64,
+    trim_multiple: usize,
 ) -> LoaderOptions {
     let train = split == "train";
     LoaderOptions {
@@ -60,6 +61,7 @@ pub(crate) fn loader_options(
         epoch,
         threads: 0,
         trim: cfg.pack.is_none(),
+        trim_multiple,
         // Packs have no layout for engine sub-columns (which the networks do not read).
         columns: match cfg.pack {
             Some(_) => manifest
@@ -116,6 +118,8 @@ pub fn run(
     let ckpt_path = opts.out.join("last.ckpt");
     let mut logged = Vec::new();
     let mut run_totals = Totals::default();
+    // Training batches by sequence length: the shapes the run's steps saw.
+    let mut batch_lens = std::collections::BTreeMap::<usize, u64>::new();
     let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
     let mut clock =
         Clock::new(if s.device.is_cuda() { log_micro } else { 0 }).map_err(anyhow::Error::msg)?;
@@ -145,6 +149,9 @@ pub fn run(
                 let t0 = Instant::now();
                 let Some(filled) = feed.next()? else { break };
                 clock.waited(t0.elapsed());
+                if filled.info.pack.is_none() {
+                    *batch_lens.entry(filled.info.seq_len).or_insert(0) += 1;
+                }
                 clock.step_start().map_err(anyhow::Error::msg)?;
                 let batch = s.upload(filled, s.cfg.batch_size);
                 clock.copied().map_err(anyhow::Error::msg)?;
@@ -259,6 +266,7 @@ pub fn run(
     summary.checkpoint = Some(ckpt_path.display().to_string());
     summary.eval_split = Some(s.cfg.eval_split.clone());
     summary.evaluation = evaluation;
+    summary.batch_lens = batch_lens;
     Ok(summary)
 }
 
@@ -293,7 +301,7 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
     if contexts == 0 {
         return Ok(None);
     }
-    let opts = loader_options(&s.cfg, s.cache.manifest(), split, 0);
+    let opts = loader_options(&s.cfg, s.cache.manifest(), split, 0, s.trim_multiple);
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
     let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
     let loader = s.cache.loader(opts)?;

@@ -887,3 +887,67 @@ fn resuming_with_max_steps_already_reached_trains_nothing_more() {
     let r = train(&["--resume", &ckpt, "--max-steps", "3", "--json"]).json();
     assert_eq!(r["optimizer_steps"], 3, "{r}");
 }
+
+/// Bucketed batches on a GPU must not see a new shape every step (issue 28, item 2): with
+/// `--trim-multiple` each batch's length climbs a ladder of a few sizes, the summary lists the
+/// lengths the steps saw, and the padding added changes no arithmetic (masked steps).
+#[test]
+fn trim_multiple_gives_a_run_a_handful_of_batch_shapes() {
+    let cache = &fixture().icecube;
+    let flags = "--task direction --batch-size 32 --max-steps 30 --log-every 10 --bucket";
+    let (exact, _o1) = small_run(cache, flags);
+    let (rounded, _o2) = small_run(cache, &format!("{flags} --trim-multiple 16"));
+    let lens = |s: &Value| -> Vec<u64> {
+        let m = s["batch_lens"]
+            .as_object()
+            .expect("batch_lens in the summary");
+        assert_eq!(
+            m.values().map(|n| n.as_u64().unwrap()).sum::<u64>(),
+            30,
+            "{m:?}"
+        );
+        m.keys().map(|k| k.parse().unwrap()).collect()
+    };
+    // L = 48: the ladder of 16 is 16, 32, 48.
+    let rounded_lens = lens(&rounded);
+    assert!(
+        rounded_lens.iter().all(|l| [16, 32, 48].contains(l)),
+        "{rounded_lens:?}"
+    );
+    assert!(
+        lens(&exact).len() > rounded_lens.len(),
+        "{:?}",
+        lens(&exact)
+    );
+    for (a, b) in exact["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(rounded["steps"].as_array().unwrap())
+    {
+        let (a, b) = (f(&a["train_loss"]), f(&b["train_loss"]));
+        assert!(
+            (a - b).abs() <= 1e-3 * a.abs().max(1.0),
+            "padding changed the loss: {a} vs {b}"
+        );
+    }
+    // A packed run has one shape: the flag is refused there.
+    let out = tempfile::tempdir().unwrap();
+    let r = train(&[
+        "--cache",
+        &path(cache),
+        "--out",
+        &path(out.path()),
+        "--task",
+        "direction",
+        "--pack",
+        "512",
+        "--trim-multiple",
+        "16",
+    ]);
+    assert!(
+        r.code != 0 && r.stderr.contains("--trim-multiple"),
+        "{}",
+        r.stderr
+    );
+}
