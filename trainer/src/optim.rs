@@ -29,69 +29,141 @@ pub fn learning_rate(peak: f64, step: u64, warmup: u64, total: u64) -> f64 {
 /// (`tests/adamw_parity.rs` compares the two). Weight decay applies to matrices only (linear
 /// weights, embeddings, positions): decaying biases and layer-norm gains towards zero only
 /// fights the normalisation, which is the usual parameter grouping of PyTorch code.
+///
+/// The parameters, their gradients and both moments each live in one flat f32 buffer (every
+/// parameter a view of its span), so that a step is a score of whole-buffer ops whatever the
+/// number of parameters. Per-parameter ops made a step of a small network on a GPU a few
+/// hundred kernel launches, most of the gap to PyTorch's fused AdamW measured on an H100
+/// (docs/PERFORMANCE.md; tch exposes neither `_fused_adamw_` nor the `_foreach_` ops).
+/// Gradients join their buffer at the first step that finds them defined: each parameter's
+/// gradient is re-seated onto its span, and autograd accumulates into it in place from then on
+/// (it adds into a defined gradient when the backward pass does not build a graph).
 #[derive(Debug)]
 pub struct AdamW {
     params: Vec<(String, Tensor)>,
+    /// Each parameter's place in the flat buffers.
+    spans: Vec<Span>,
+    /// Whether a parameter's gradient is a view of `grads` yet.
+    seated: Vec<bool>,
     /// Per parameter: whether weight decay applies.
     decays: Vec<bool>,
-    exp_avg: Vec<Tensor>,
-    exp_avg_sq: Vec<Tensor>,
+    flat: Tensor,
+    grads: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// 1 over the elements that decay (matrices whose gradient is seated), 0 elsewhere.
+    decay_mask: Tensor,
     /// Applied updates (skipped fp16 steps do not count), f32 scalar on the device.
     steps: Tensor,
     weight_decay: f64,
 }
 
+#[derive(Debug, Clone)]
+struct Span {
+    start: i64,
+    len: i64,
+    shape: Vec<i64>,
+}
+
+impl Span {
+    fn of(&self, flat: &Tensor) -> Tensor {
+        flat.narrow(0, self.start, self.len)
+            .view(self.shape.as_slice())
+    }
+}
+
 impl AdamW {
+    /// Takes `params` (f32, on `device`) into one flat buffer: each becomes a view of it.
     pub fn new(params: Vec<(String, Tensor)>, weight_decay: f64, device: Device) -> AdamW {
-        let zeros = |p: &Tensor| p.zeros_like();
+        let mut spans = Vec::with_capacity(params.len());
+        let mut start = 0;
+        for (name, p) in &params {
+            assert!(
+                p.kind() == Kind::Float && p.device() == device,
+                "parameter {name} is {:?} on {:?}: the optimizer keeps f32 on {device:?}",
+                p.kind(),
+                p.device()
+            );
+            let len = p.numel() as i64;
+            spans.push(Span {
+                start,
+                len,
+                shape: p.size(),
+            });
+            start += len;
+        }
+        let zeros = || Tensor::zeros([start], (Kind::Float, device));
+        let flat = zeros();
+        tch::no_grad(|| {
+            for ((_, p), span) in params.iter().zip(&spans) {
+                span.of(&flat).copy_(p);
+                p.shallow_clone().set_data(&span.of(&flat));
+            }
+        });
         AdamW {
             decays: params.iter().map(|(_, p)| p.dim() >= 2).collect(),
-            exp_avg: params.iter().map(|(_, p)| zeros(p)).collect(),
-            exp_avg_sq: params.iter().map(|(_, p)| zeros(p)).collect(),
+            seated: vec![false; params.len()],
+            grads: zeros(),
+            exp_avg: zeros(),
+            exp_avg_sq: zeros(),
+            decay_mask: zeros(),
+            flat,
+            spans,
             params,
             steps: Tensor::zeros([], (Kind::Float, device)),
             weight_decay,
         }
     }
 
+    /// Moves every newly defined gradient onto its span of `grads` (once per parameter).
+    fn seat_gradients(&mut self) {
+        for (i, (_, p)) in self.params.iter().enumerate() {
+            if self.seated[i] {
+                continue;
+            }
+            let mut g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            let mut span = self.spans[i].of(&self.grads);
+            span.copy_(&g);
+            g.set_data(&span);
+            if self.decays[i] {
+                let _ = self.spans[i].of(&self.decay_mask).fill_(1.0);
+            }
+            self.seated[i] = true;
+        }
+    }
+
     /// Zeroes the gradients for the next accumulation.
     pub fn zero_grad(&mut self) {
-        for (_, p) in &mut self.params {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.zero_();
+        tch::no_grad(|| {
+            let _ = self.grads.zero_();
+            // Gradients defined since the last step are not seated yet.
+            for (i, (_, p)) in self.params.iter().enumerate() {
+                let mut g = p.grad();
+                if !self.seated[i] && g.defined() {
+                    let _ = g.zero_();
+                }
             }
-        }
+        });
     }
 
     /// Unscales (fp16), clips to `max_norm` (0: off) and applies one update with learning rate
     /// `lr`. With a scaler, a step whose gradients overflowed changes nothing but the scale.
     pub fn step(&mut self, lr: f64, max_norm: f64, scaler: Option<&mut LossScaler>) {
         tch::no_grad(|| {
-            let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
+            self.seat_gradients();
             if let Some(s) = &scaler {
-                let inv = s.scale.reciprocal();
-                for g in &grads {
-                    let _ = g.shallow_clone().g_mul_(&inv);
-                }
+                let _ = self.grads.g_mul_(&s.scale.reciprocal());
             }
             // The global norm is needed to clip and, with fp16, to detect an overflow.
-            let norm = (max_norm > 0.0 || scaler.is_some()).then(|| {
-                let norm_sq: Vec<Tensor> = grads
-                    .iter()
-                    .filter(|g| g.defined())
-                    .map(|g| g.square().sum(Kind::Float))
-                    .collect();
-                Tensor::stack(&norm_sq, 0).sum(Kind::Float).sqrt()
-            });
+            let norm = (max_norm > 0.0 || scaler.is_some())
+                .then(|| self.grads.square().sum(Kind::Float).sqrt());
             // 1 when the step applies, 0 when fp16 gradients overflowed.
             let ok = match (&scaler, &norm) {
                 (Some(_), Some(n)) => n.isfinite().to_kind(Kind::Float),
                 _ => Tensor::ones([], (Kind::Float, self.steps.device())),
-            };
-            let factor = match &norm {
-                Some(n) if max_norm > 0.0 => Some((max_norm / (n + 1e-6)).clamp_max(1.0)),
-                _ => None,
             };
             let _ = self.steps.g_add_(&ok);
             let t = self.steps.clamp_min(1.0);
@@ -99,32 +171,26 @@ impl AdamW {
             let bias1 = 1.0 - Tensor::pow_scalar(BETA1, &t);
             let bias2 = 1.0 - Tensor::pow_scalar(BETA2, &t);
             let step_size = &ok * lr / &bias1;
-            let decay = 1.0 - &ok * (lr * self.weight_decay);
             let (rate1, rate2) = (&ok * (1.0 - BETA1), &ok * (1.0 - BETA2));
-            for (i, (_, p)) in self.params.iter_mut().enumerate() {
-                let g = &grads[i];
-                if !g.defined() {
-                    continue;
-                }
-                // An overflowed gradient is zeroed so that `ok * (g - m)` stays finite.
-                let g = match &scaler {
-                    Some(_) => g.nan_to_num(0.0, 0.0, 0.0),
-                    None => g.shallow_clone(),
-                };
-                let g = match &factor {
-                    Some(f) => (g * f).to_kind(Kind::Float),
-                    None => g.to_kind(Kind::Float),
-                };
-                let m = &mut self.exp_avg[i];
-                let _ = m.g_add_(&((&g - &*m) * &rate1));
-                let v = &mut self.exp_avg_sq[i];
-                let _ = v.g_add_(&((g.square() - &*v) * &rate2));
-                let denom = (&*v / &bias2).sqrt() + EPS;
-                if self.decays[i] {
-                    let _ = p.g_mul_(&decay);
-                }
-                let _ = p.g_sub_(&(&*m / denom * &step_size));
+            // An overflowed gradient is zeroed so that `ok * (g - m)` stays finite.
+            let g = match &scaler {
+                Some(_) => self.grads.nan_to_num(0.0, 0.0, 0.0),
+                None => self.grads.shallow_clone(),
+            };
+            let g = match &norm {
+                Some(n) if max_norm > 0.0 => g * (max_norm / (n + 1e-6)).clamp_max(1.0),
+                _ => g,
+            };
+            let _ = self.exp_avg.g_add_(&((&g - &self.exp_avg) * &rate1));
+            let _ = self
+                .exp_avg_sq
+                .g_add_(&((g.square() - &self.exp_avg_sq) * &rate2));
+            let denom = (&self.exp_avg_sq / &bias2).sqrt() + EPS;
+            if self.weight_decay != 0.0 {
+                let decay = 1.0 - &self.decay_mask * (&ok * (lr * self.weight_decay));
+                let _ = self.flat.g_mul_(&decay);
             }
+            let _ = self.flat.g_sub_(&(&self.exp_avg / denom * &step_size));
             if let Some(s) = scaler {
                 s.update(&ok);
             }
@@ -134,9 +200,9 @@ impl AdamW {
     /// Named state for checkpoints: `m.<param>`, `v.<param>`, `steps`.
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::with_capacity(2 * self.params.len() + 1);
-        for (i, (name, _)) in self.params.iter().enumerate() {
-            out.push((format!("m.{name}"), self.exp_avg[i].shallow_clone()));
-            out.push((format!("v.{name}"), self.exp_avg_sq[i].shallow_clone()));
+        for ((name, _), span) in self.params.iter().zip(&self.spans) {
+            out.push((format!("m.{name}"), span.of(&self.exp_avg)));
+            out.push((format!("v.{name}"), span.of(&self.exp_avg_sq)));
         }
         out.push(("steps".into(), self.steps.shallow_clone()));
         out
@@ -145,9 +211,9 @@ impl AdamW {
     /// Restores [`AdamW::state`]; `get` returns the saved tensor of a name.
     pub fn load(&mut self, get: impl Fn(&str) -> anyhow::Result<Tensor>) -> anyhow::Result<()> {
         tch::no_grad(|| {
-            for (i, (name, _)) in self.params.iter().enumerate() {
-                self.exp_avg[i].copy_(&get(&format!("m.{name}"))?);
-                self.exp_avg_sq[i].copy_(&get(&format!("v.{name}"))?);
+            for ((name, _), span) in self.params.iter().zip(&self.spans) {
+                span.of(&self.exp_avg).copy_(&get(&format!("m.{name}"))?);
+                span.of(&self.exp_avg_sq).copy_(&get(&format!("v.{name}"))?);
             }
             self.steps.copy_(&get("steps")?);
             Ok(())
@@ -217,6 +283,43 @@ mod tests {
         for (g, w) in got.iter().zip(want) {
             assert!((f64::from(*g) - w).abs() < 1e-6, "{got:?} vs {want:?}");
         }
+    }
+
+    /// The flat buffers are what the network trains: parameters are views of one buffer, and
+    /// after the first step autograd accumulates every gradient into its span in place (if it
+    /// made a new gradient tensor instead, the optimizer would step on stale gradients).
+    #[test]
+    fn gradients_accumulate_into_the_flat_buffer_after_the_first_step() {
+        let w = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 4.0])
+            .view([2, 2])
+            .set_requires_grad(true);
+        let b = Tensor::from_slice(&[0.25f32, 0.5]).set_requires_grad(true);
+        let x = Tensor::from_slice(&[1.0f32, 3.0]).view([1, 2]);
+        let loss = |w: &Tensor, b: &Tensor| (x.matmul(w) + b).square().sum(Kind::Float);
+        let named = vec![
+            ("w".to_string(), w.shallow_clone()),
+            ("b".to_string(), b.shallow_clone()),
+        ];
+        let mut opt = AdamW::new(named, 0.1, Device::Cpu);
+        loss(&w, &b).backward();
+        opt.step(0.01, 1.0, None);
+        for _ in 0..3 {
+            opt.zero_grad();
+            // Two micro-batches: accumulation adds into the same spans.
+            loss(&w, &b).backward();
+            loss(&w, &b).backward();
+            let flat: Vec<f32> = Vec::try_from(&opt.grads).unwrap();
+            let mut each: Vec<f32> = Vec::try_from(&w.grad().view([-1])).unwrap();
+            each.extend(Vec::<f32>::try_from(&b.grad()).unwrap());
+            assert_eq!(flat, each, "autograd wrote outside the flat gradients");
+            assert!(flat.iter().any(|&g| g != 0.0));
+            opt.step(0.01, 1.0, None);
+        }
+        // The parameters the network holds are the flat buffer's views.
+        let flat: Vec<f32> = Vec::try_from(&opt.flat).unwrap();
+        let mut each: Vec<f32> = Vec::try_from(&w.view([-1])).unwrap();
+        each.extend(Vec::<f32>::try_from(&b).unwrap());
+        assert_eq!(flat, each);
     }
 
     #[test]
