@@ -5,7 +5,7 @@
 //! `Cuda::is_available()` says false on a GPU machine. Loading the library ourselves before the
 //! first tch call registers it; where it is absent or cannot load (a CPU-only libtorch, or no
 //! CUDA runtime), training runs on the CPU. With `feed.rs` (the producer's view of the pinned
-//! slots) it is one of the two modules with `unsafe`.
+//! slots) and [`crate::nvml`] it is one of the three modules with `unsafe`.
 //!
 //! Events come from the CUDA runtime that `libtorch_cuda` itself loaded (tch has no event API).
 //! They are recorded on the legacy default stream, the stream every libtorch op of this program
@@ -46,7 +46,7 @@ pub fn backend_status() -> String {
     }
 }
 
-fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, String> {
+pub(crate) fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(name).expect("library names have no NUL");
     // SAFETY: `c` is a valid NUL-terminated string; dlopen has no other preconditions. Loading
     // runs the library's static constructors, which is the point (backend registration).
@@ -79,6 +79,7 @@ type RecordFn = unsafe extern "C" fn(RawEvent, *mut c_void) -> CudaError;
 type EventFn = unsafe extern "C" fn(RawEvent) -> CudaError;
 type ElapsedFn = unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> CudaError;
 type ErrorStringFn = unsafe extern "C" fn(CudaError) -> *const c_char;
+type PciBusIdFn = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CudaError;
 
 struct Runtime {
     set_device: SetDeviceFn,
@@ -88,6 +89,7 @@ struct Runtime {
     elapsed: ElapsedFn,
     destroy: EventFn,
     error_string: ErrorStringFn,
+    pci_bus_id: PciBusIdFn,
 }
 
 // SAFETY: the struct holds only function pointers into a library that stays loaded for the life
@@ -137,6 +139,9 @@ fn find_runtime() -> Result<Runtime, String> {
             error_string: std::mem::transmute::<*mut c_void, ErrorStringFn>(sym(
                 "cudaGetErrorString",
             )?),
+            pci_bus_id: std::mem::transmute::<*mut c_void, PciBusIdFn>(sym(
+                "cudaDeviceGetPCIBusId",
+            )?),
         })
     }
 }
@@ -156,6 +161,20 @@ pub fn set_device(index: usize) -> Result<(), String> {
     // SAFETY: plain runtime call with an integer argument.
     let code = unsafe { (rt.set_device)(index as c_int) };
     check(rt, code, "cudaSetDevice")
+}
+
+/// The PCI bus id of CUDA device `index` (`0000:3b:00.0`), which names the same GPU to NVML
+/// whatever `CUDA_VISIBLE_DEVICES` renumbers.
+pub fn pci_bus_id(index: usize) -> Result<String, String> {
+    let rt = runtime()?;
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: `buf` is writable for the length given; the runtime writes a NUL-terminated id.
+    let code = unsafe { (rt.pci_bus_id)(buf.as_mut_ptr(), buf.len() as c_int, index as c_int) };
+    check(rt, code, "cudaDeviceGetPCIBusId")?;
+    // SAFETY: on success `buf` holds a NUL-terminated string (zero-filled beyond it).
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// A CUDA event with timing, recorded on the default stream.

@@ -5,7 +5,7 @@
 //! (pinned) host buffers; [`session`] copies them to the device as [`model::Inputs`] and owns
 //! the network ([`model`], its inputs scaled by [`normalise`]), the loss ([`task`]) and the
 //! optimizer ([`optim`]); [`train`] and [`diag`] drive a session; [`checkpoint`], [`report`],
-//! [`timing`] and [`readback`] record what happened. [`device`] and [`cuda`] pick the device and
+//! [`timing`], [`readback`] and [`nvml`] (GPU busy) record what happened. [`device`] and [`cuda`] pick the device and
 //! make libtorch's CUDA backend usable; [`alloc`] keeps freed step memory for the next step.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -18,6 +18,7 @@ pub mod diag;
 pub mod feed;
 pub mod model;
 pub mod normalise;
+pub mod nvml;
 pub mod optim;
 pub mod readback;
 pub mod report;

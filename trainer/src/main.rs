@@ -145,6 +145,13 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             summary.readbacks.training,
             summary.checkpoint.as_deref().unwrap_or("")
         );
+        if let Some(busy) = summary.gpu_busy_nvml {
+            eprintln!(
+                "GPU busy {:.0}% (NVML, while training; the compute share above is the \
+                 trainer's own event split, not GPU busy)",
+                100.0 * busy
+            );
+        }
         if summary.batch_lens.len() > 1 {
             let lens: Vec<String> = summary.batch_lens.keys().map(|l| l.to_string()).collect();
             eprintln!(

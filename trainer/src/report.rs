@@ -77,8 +77,13 @@ pub struct Summary {
     pub epochs: Vec<EpochReport>,
     pub steps: Vec<StepReport>,
     pub optimizer_steps: u64,
-    /// Shares over the whole run.
+    /// Shares over the whole run: the trainer's own split of its wall time (CUDA events), not
+    /// how busy the GPU was: see `gpu_busy_nvml`.
     pub total: Shares,
+    /// The share of the training time a kernel ran on the GPU, as NVML (`nvidia-smi`) measures
+    /// it, sampled every 100 ms; absent without a GPU or without the driver's NVML library.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_busy_nvml: Option<f64>,
     pub readbacks: Readbacks,
     /// `--overfit-batch`: whether the loss fell by over 90%.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -441,6 +441,7 @@ impl Summary {
             steps,
             optimizer_steps,
             total,
+            gpu_busy_nvml: None,
             readbacks: Readbacks {
                 training: readback::training_reads(),
                 other: readback::other_reads(),

@@ -127,6 +127,12 @@ pub fn run(
     let zero = || Tensor::zeros([], (Kind::Float, device));
     // A run resumed with --max-steps at or below the steps already taken trains nothing more.
     let mut stopped = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
+    let busy = match s.device {
+        tch::Device::Cuda(i) => crate::cuda::pci_bus_id(i)
+            .ok()
+            .and_then(|id| crate::nvml::sample(&id)),
+        _ => None,
+    };
 
     while pos.epoch < s.cfg.epochs && !stopped {
         let epoch = pos.epoch;
@@ -248,6 +254,7 @@ pub fn run(
         pos.loader = None;
         checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
     }
+    let gpu_busy = busy.and_then(crate::nvml::Busy::finish);
     save_weights(&s, &opts.out.join("model.safetensors"))?;
     // A run stopped by --max-steps before its last epoch ended resumes later; evaluate it then.
     let evaluation = if pos.epoch < s.cfg.epochs {
@@ -267,6 +274,7 @@ pub fn run(
     summary.eval_split = Some(s.cfg.eval_split.clone());
     summary.evaluation = evaluation;
     summary.batch_lens = batch_lens;
+    summary.gpu_busy_nvml = gpu_busy;
     Ok(summary)
 }
 
