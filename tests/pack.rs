@@ -302,3 +302,134 @@ fn packing_refuses_what_it_cannot_do_and_says_why() {
     let err = state.check(&packed(1024, None)).unwrap_err().to_string();
     assert!(err.contains("pack=none"), "{err}");
 }
+
+/// A consumer holding the split's tensors (a GPU) gathers every batch itself from
+/// `Filler::fill_index`: the positions pick the same contexts, the batch description is the
+/// same, and a pack's own tensors are the same bytes as the loader's, for padded, trimmed,
+/// bucketed (rounded) and packed epochs, the last batch completed, on two ranks (issue 28,
+/// item 5). The split is read in compiled order once; each batch is rebuilt from it here as
+/// `dsc.Loader(resident=True)` does with torch.
+#[test]
+fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
+    let dir = Dir::new();
+    let (hot, cold) = hot_and_cold_caches(&dir);
+    let cache = Cache::open(&hot).unwrap();
+    let max_len = cache.manifest().max_len();
+    // Every context's bytes per tensor, in compiled order.
+    let compiled: Vec<BTreeMap<String, Vec<u8>>> = {
+        let opts = LoaderOptions {
+            order: OrderSpec {
+                shuffle: false,
+                drop_last: false,
+                ..Default::default()
+            },
+            batch_size: 1,
+            threads: 0,
+            ..Default::default()
+        };
+        cache
+            .loader(opts)
+            .unwrap()
+            .map(|b| {
+                let b = b.unwrap();
+                let tensors = b.tensors();
+                tensors
+                    .iter()
+                    .map(|t| (t.name().to_string(), t.bytes().to_vec()))
+                    .collect()
+            })
+            .collect()
+    };
+    let padded = |trim: bool, bucket: bool, multiple: usize| LoaderOptions {
+        order: OrderSpec {
+            window: 96,
+            seed: 5,
+            bucket,
+            drop_last: false,
+            ..Default::default()
+        },
+        batch_size: 24,
+        trim,
+        trim_multiple: multiple,
+        epoch: 1,
+        ..Default::default()
+    };
+    let mut keep_last = packed(1024, None);
+    keep_last.order.drop_last = false;
+    for path in [&hot, &cold] {
+        let cache = Cache::open(path).unwrap();
+        for base in [
+            padded(false, false, 1),
+            padded(true, false, 1),
+            padded(false, true, 16),
+            keep_last.clone(),
+        ] {
+            for (rank, world_size) in [(0, 1), (1, 2)] {
+                let opts = LoaderOptions {
+                    rank,
+                    world_size,
+                    threads: 0,
+                    ..base.clone()
+                };
+                let loader = cache.loader(opts.clone()).unwrap();
+                let (filler, rows) = (loader.filler(), loader.index_rows());
+                let layout = loader.layout().to_vec();
+                let sizes = loader.batch_bytes();
+                let own = if opts.order.pack.is_some() { 5 } else { 0 };
+                for step in 0..loader.steps() {
+                    let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+                    let mut slices: Vec<&mut [u8]> =
+                        bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                    let info = filler.fill(step, &mut slices).unwrap();
+                    let mut positions = vec![0u8; rows * 8];
+                    let mut pack: Vec<Vec<u8>> = sizes[sizes.len() - own..]
+                        .iter()
+                        .map(|&n| vec![0xAAu8; n])
+                        .collect();
+                    let mut pack_slices: Vec<&mut [u8]> =
+                        pack.iter_mut().map(|b| b.as_mut_slice()).collect();
+                    let index = filler
+                        .fill_index(step, &mut positions, &mut pack_slices)
+                        .unwrap();
+                    let what = format!("{path:?} {opts:?} step {step}");
+                    assert_eq!(index, info, "{what}");
+                    let positions: Vec<usize> = positions
+                        .chunks_exact(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as usize)
+                        .collect();
+                    let used = info.pack.map_or(rows, |p| p.seqs);
+                    assert!(positions[used..].iter().all(|&p| p == 0), "{what}");
+                    for (k, own_bytes) in pack.iter().enumerate() {
+                        let t = sizes.len() - own + k;
+                        assert_eq!(
+                            own_bytes,
+                            &bufs[t][..own_bytes.len()],
+                            "{what}: {}",
+                            layout[t].name
+                        );
+                    }
+                    // Per-context tensors: the rows at the positions, cut to the batch.
+                    for (t, l) in layout.iter().enumerate().take(layout.len() - own) {
+                        if l.shape[0] != rows {
+                            continue; // a pack's tokens: checked against padded batches above
+                        }
+                        let per_step = compiled[0][&l.name].len() / max_len;
+                        for (row, &p) in positions[..used].iter().enumerate() {
+                            let stored = &compiled[p][&l.name];
+                            let want = match l.trimmed_axis {
+                                Some(_) => &stored[..per_step * info.seq_len],
+                                None => &stored[..],
+                            };
+                            let n = want.len();
+                            assert!(
+                                &bufs[t][row * n..(row + 1) * n] == want,
+                                "{what}: {} row {row} differs",
+                                l.name
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

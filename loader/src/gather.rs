@@ -29,6 +29,14 @@ pub(crate) enum Batching {
 }
 
 impl Batching {
+    /// Rows of a batch's per-context tensors: `batch_size`, or a pack's `S`.
+    pub fn rows(&self) -> usize {
+        match self {
+            Batching::Padded { steps, .. } => steps.batch_size,
+            Batching::Packed { packs, .. } => packs.max_seqs(),
+        }
+    }
+
     /// Steps (batches per rank) in the epoch.
     pub fn steps(&self) -> usize {
         match self {
@@ -366,10 +374,7 @@ impl Gather {
         dst: &mut [&mut [u8]],
     ) -> PackInfo {
         let max_len = self.max_len().max(1);
-        let lens: Vec<usize> = samples
-            .iter()
-            .map(|s| (lengths[s.position] as usize).min(max_len))
-            .collect();
+        let lens = self.pack_lens(lengths, samples);
         let tokens: usize = lens.iter().sum();
         let seqs = samples.len();
         let shards = self.shards();
@@ -400,47 +405,72 @@ impl Gather {
                 out[seqs * size..max_seqs * size].fill(0);
             }
         }
-        let [cu, seq_idx, position, num_seqs, num_tokens] = &mut dst[self.slots.len()..] else {
-            unreachable!("the layout ends with the pack's five tensors");
-        };
-        let mut offsets = Vec::with_capacity(max_seqs + 1);
-        offsets.push(0usize);
-        for &len in &lens {
-            offsets.push(offsets.last().expect("non-empty") + len);
-        }
-        offsets.resize(max_seqs + 1, tokens);
-        write_i32(cu, offsets.iter().map(|&o| o as i32));
-        // Each token's sequence and step, sequence by sequence (a plain loop per sequence: the
-        // iterator chain it replaces took a quarter of a pack's gather).
-        let mut at = 0;
-        for (i, &len) in lens.iter().enumerate() {
-            let owner = (i as i32).to_le_bytes();
-            let (owners, steps) = (
-                &mut seq_idx[at * 4..(at + len) * 4],
-                &mut position[at * 4..(at + len) * 4],
-            );
-            for (k, (o, p)) in owners
-                .chunks_exact_mut(4)
-                .zip(steps.chunks_exact_mut(4))
-                .enumerate()
-            {
-                o.copy_from_slice(&owner);
-                p.copy_from_slice(&(k as i32).to_le_bytes());
-            }
-            at += len;
-        }
-        let spare = (max_seqs as i32).to_le_bytes();
-        for o in seq_idx[tokens * 4..capacity * 4].chunks_exact_mut(4) {
-            o.copy_from_slice(&spare);
-        }
-        position[tokens * 4..capacity * 4].fill(0);
-        write_i32(num_seqs, std::iter::once(seqs as i32));
-        write_i32(num_tokens, std::iter::once(tokens as i32));
+        write_pack_index(packs, &lens, &mut dst[self.slots.len()..]);
         PackInfo {
             seqs,
             tokens,
             max_seqlen: lens.iter().copied().max().unwrap_or(0),
             repeated,
+        }
+    }
+
+    /// The stored lengths of a pack's `samples`, at most `L`.
+    fn pack_lens(&self, lengths: &[u32], samples: &[Sample]) -> Vec<usize> {
+        let max_len = self.max_len().max(1);
+        samples
+            .iter()
+            .map(|s| (lengths[s.position] as usize).min(max_len))
+            .collect()
+    }
+
+    /// Batch `batch` as a consumer holding the split's tensors gathers it (a split resident on
+    /// a GPU): each row's position in the split's compiled order as i64 into `positions` (the
+    /// batch's contexts, or a pack's sequences then zeros up to `S`), and for a pack its own
+    /// five tensors into `pack` (`cu_seqlens`, `seq_idx`, `position`, `num_seqs`,
+    /// `num_tokens`, as in a gathered pack). Reads only the split's stored lengths, never the
+    /// shards; the batch it describes is the one [`Gather::gather_into`] copies.
+    pub fn index_into(
+        &self,
+        (samples, repeated): (&[Sample], bool),
+        lengths: &[u32],
+        positions: &mut [u8],
+        pack: &mut [&mut [u8]],
+    ) -> BatchInfo {
+        let rows = positions.len() / 8;
+        for (out, p) in positions.chunks_exact_mut(8).zip(
+            samples
+                .iter()
+                .map(|s| s.position as i64)
+                .chain(std::iter::repeat(0))
+                .take(rows),
+        ) {
+            out.copy_from_slice(&p.to_le_bytes());
+        }
+        match &self.batching {
+            Batching::Padded { trim, .. } => BatchInfo {
+                seq_len: match trim {
+                    Some(multiple) => {
+                        let longest = samples.iter().map(|s| lengths[s.position] as usize).max();
+                        trimmed_len(longest.unwrap_or(0), *multiple, self.max_len())
+                    }
+                    None => self.max_len(),
+                },
+                pack: None,
+            },
+            Batching::Packed { packs, .. } => {
+                let lens = self.pack_lens(lengths, samples);
+                write_pack_index(packs, &lens, pack);
+                let max_seqlen = lens.iter().copied().max().unwrap_or(0);
+                BatchInfo {
+                    seq_len: max_seqlen,
+                    pack: Some(PackInfo {
+                        seqs: samples.len(),
+                        tokens: lens.iter().sum(),
+                        max_seqlen,
+                        repeated,
+                    }),
+                }
+            }
         }
     }
 
@@ -586,6 +616,49 @@ impl Gather {
 }
 
 /// Writes `values` as little-endian i32 into `out`, front to back.
+/// Writes a pack's own tensors (`cu_seqlens`, `seq_idx`, `position`, `num_seqs`,
+/// `num_tokens`, in that order in `dst`) for sequences of `lens` stored steps.
+fn write_pack_index(packs: &Packs, lens: &[usize], dst: &mut [&mut [u8]]) {
+    let [cu, seq_idx, position, num_seqs, num_tokens] = dst else {
+        unreachable!("a pack has five tensors of its own");
+    };
+    let (capacity, max_seqs) = (packs.tokens(), packs.max_seqs());
+    let (tokens, seqs) = (lens.iter().sum::<usize>(), lens.len());
+    let mut offsets = Vec::with_capacity(max_seqs + 1);
+    offsets.push(0usize);
+    for &len in lens {
+        offsets.push(offsets.last().expect("non-empty") + len);
+    }
+    offsets.resize(max_seqs + 1, tokens);
+    write_i32(cu, offsets.iter().map(|&o| o as i32));
+    // Each token's sequence and step, sequence by sequence (a plain loop per sequence: the
+    // iterator chain it replaces took a quarter of a pack's gather).
+    let mut at = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        let owner = (i as i32).to_le_bytes();
+        let (owners, steps) = (
+            &mut seq_idx[at * 4..(at + len) * 4],
+            &mut position[at * 4..(at + len) * 4],
+        );
+        for (k, (o, p)) in owners
+            .chunks_exact_mut(4)
+            .zip(steps.chunks_exact_mut(4))
+            .enumerate()
+        {
+            o.copy_from_slice(&owner);
+            p.copy_from_slice(&(k as i32).to_le_bytes());
+        }
+        at += len;
+    }
+    let spare = (max_seqs as i32).to_le_bytes();
+    for o in seq_idx[tokens * 4..capacity * 4].chunks_exact_mut(4) {
+        o.copy_from_slice(&spare);
+    }
+    position[tokens * 4..capacity * 4].fill(0);
+    write_i32(num_seqs, std::iter::once(seqs as i32));
+    write_i32(num_tokens, std::iter::once(tokens as i32));
+}
+
 fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
     for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());

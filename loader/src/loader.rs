@@ -119,6 +119,45 @@ impl Filler {
         self.hints.hint(step, self.rank);
         gather.gather_into((&samples, repeated), dst)
     }
+
+    /// Writes batch `step`'s index for a consumer that holds the split's tensors itself (on a
+    /// GPU) and gathers the batch there: the compiled-order position of each of its
+    /// [`Loader::index_rows`] rows as little-endian i64 into `positions` (a pack's sequences,
+    /// then zeros), and for a pack its own five tensors into `pack` (the last five of
+    /// [`Loader::layout`], each at least its bytes; empty for padded batches). Returns what the
+    /// batch is, as [`Filler::fill`] would: the same batch, from the stored lengths alone.
+    pub fn fill_index(
+        &self,
+        step: usize,
+        positions: &mut [u8],
+        pack: &mut [&mut [u8]],
+    ) -> Result<BatchInfo, LoadError> {
+        let gather = &self.hints.gather;
+        if step >= gather.steps() {
+            return Err(LoadError::Options(format!(
+                "step {step} of an epoch of {} steps",
+                gather.steps()
+            )));
+        }
+        let rows = gather.batching.rows();
+        if positions.len() != rows * 8 {
+            return Err(LoadError::Options(format!(
+                "{} bytes of positions for {rows} rows of 8",
+                positions.len()
+            )));
+        }
+        let own = match gather.batching {
+            Batching::Packed { .. } => &self.batch_bytes[self.batch_bytes.len() - 5..],
+            Batching::Padded { .. } => &[][..],
+        };
+        check_buffers(pack, own)?;
+        let cache = Cache {
+            inner: gather.cache.clone(),
+        };
+        let lengths = cache.lengths(&gather.cache.splits[gather.split_index].0)?;
+        let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
+        Ok(gather.index_into((&samples, repeated), &lengths, positions, pack))
+    }
 }
 
 fn check_buffers(dst: &[&mut [u8]], need: &[usize]) -> Result<(), LoadError> {
@@ -508,6 +547,11 @@ impl Loader {
     /// The state after the batches yielded so far.
     pub fn state(&self) -> State {
         State::new(&self.opts, self.next_step).expect("validated when the loader was made")
+    }
+
+    /// Rows of a batch's index ([`Filler::fill_index`]): the batch size, or a pack's `S`.
+    pub fn index_rows(&self) -> usize {
+        self.hints.gather.batching.rows()
     }
 
     /// Bytes of one whole (untrimmed) batch per tensor of [`Loader::layout`], for callers

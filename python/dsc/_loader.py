@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _dsc
+from . import _dsc, _resident
 from ._cache import Cache, PathLike
 from ._errors import Error, OptionsError, StateError, WorkerError
 
@@ -212,6 +212,14 @@ class Loader:
             it to modify batches in place).
         format: ``"torch"`` (default when torch is installed) or ``"numpy"``.
         window, interleave: the epoch shuffle's window and shard interleave (see FORMAT.md).
+        resident: keep the split on the device: its tensors are uploaded once (in compiled
+            order) and every batch is gathered there by index, in the same order and with
+            the same bytes, trimming, bucketing and packing as the host path; only a small
+            index per step crosses to the device. ``None`` (default): on when ``device`` is a
+            GPU and the split fits ``resident_budget``; ``True``: always (with no ``device``,
+            in CPU memory), an error if it does not fit; ``False``: never.
+        resident_budget: the most bytes a resident split may take on the device (an int or a
+            size such as ``"8GiB"``) [default: a quarter of the device's memory].
     """
 
     def __init__(
@@ -240,6 +248,8 @@ class Loader:
         bucket: bool = False,
         pack: Optional[int] = None,
         max_seqs: Optional[int] = None,
+        resident: Optional[bool] = None,
+        resident_budget: Union[int, str, None] = None,
     ) -> None:
         self.cache = cache if isinstance(cache, Cache) else Cache(cache)
         self.split = str(split)
@@ -322,6 +332,8 @@ class Loader:
         self.trim_multiple = _check_int(
             "trim_multiple", (GPU_TRIM_MULTIPLE if on_gpu else 1) if trim_multiple is None
             else trim_multiple, 1, 65536)
+        self._resident_device = self._resident_choice(resident, resident_budget)
+        self._resident_split: Optional[_resident.ResidentSplit] = None
         self._epoch = _check_int("epoch", epoch, 0)
         self._step = 0  # batches of the current epoch consumed on this rank
         self._pid = os.getpid()
@@ -334,6 +346,50 @@ class Loader:
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.
         self._fill_path = self.pin_memory
+
+    def _resident_choice(self, resident: Optional[bool], budget: Union[int, str, None]):
+        """The device the split is kept on (``resident=``), or None for the host path."""
+        if resident is not None and not isinstance(resident, bool):
+            raise OptionsError(f"resident={resident!r}: expected True, False or None")
+        if budget is not None and not isinstance(budget, (str, int)) or isinstance(budget, bool):
+            raise OptionsError(f"resident_budget={budget!r}: expected bytes or a size like '8GiB'")
+        if resident is False:
+            return None
+        if self.format != "torch":
+            if resident:
+                raise OptionsError("resident=True needs format='torch'")
+            return None
+        torch = _torch()
+        device = self.device if self.device is not None else torch.device("cpu")
+        if resident is None and device.type != "cuda":
+            return None
+        if budget is None:
+            limit = _resident.default_budget(torch, device)
+        elif isinstance(budget, str):
+            limit = _dsc.parse_size(budget)
+        else:
+            limit = _check_int("resident_budget", budget, 0)
+        need = _resident.split_bytes(self)
+        if need > limit:
+            if resident:
+                raise OptionsError(
+                    f"resident=True: split {self.split!r} of {self.cache.path} takes {need:,} "
+                    f"bytes on {device}, more than resident_budget={limit:,}; raise the "
+                    "budget, load fewer columns=, or leave the split on the host (resident=False)"
+                )
+            return None
+        return device
+
+    @property
+    def resident(self) -> bool:
+        """Whether batches are gathered from a copy of the split on the device (``resident=``)."""
+        return self._resident_device is not None
+
+    def _resident(self) -> _resident.ResidentSplit:
+        """The split on its device, uploaded at the first iteration and kept for later epochs."""
+        if self._resident_split is None:
+            self._resident_split = _resident.ResidentSplit(self, _torch(), self._resident_device)
+        return self._resident_split
 
     # -- PyTorch's vocabulary --------------------------------------------------------------
 
@@ -414,7 +470,12 @@ class Loader:
                 "loader.close() to end the running iterator first"
             )
         self._close_active()
-        epoch = _PinnedEpoch(self) if self._fill_path else _Epoch(self)
+        if self._resident_device is not None:
+            epoch: _Epoch = _ResidentEpoch(self)
+        elif self._fill_path:
+            epoch = _PinnedEpoch(self)
+        else:
+            epoch = _Epoch(self)
         self._active = weakref.ref(epoch)
         return epoch
 
@@ -704,6 +765,41 @@ class _PinnedEpoch(_Epoch):
             if t is not threading.current_thread():
                 t.join()
         super().close()
+
+
+class _ResidentEpoch(_Epoch):
+    """The resident path: the consumer thread asks Rust for each step's index (positions, and
+    a pack's own tensors; no shard is read), copies it to the device in one transfer and
+    gathers the batch there from the resident split. No loading threads: the device does the
+    gather, asynchronously, in the order the steps are taken."""
+
+    def __init__(self, loader: Loader) -> None:
+        super().__init__(loader, threads=0)
+        self.split = loader._resident()
+        self.first = self.handle.position()
+        self.total = self.handle.steps()
+        self.next_step = self.first
+        self.rows = self.handle.index_rows()
+        sizes = self.handle.batch_bytes()
+        own = sizes[-5:] if loader.pack is not None else []
+        self.ring = _resident.IndexRing(_torch(), self.split.device, [self.rows * 8] + own)
+        self.sequence = {n: loader.cache.tensor(n).is_sequence for n in loader.columns}
+
+    def _next_item(self):
+        if self.next_step >= self.total:
+            return None
+        step = self.next_step
+        info, block = self.ring.fill(step, lambda views: self.handle.fill_index(step, views))
+        return step, info, block
+
+    def _batch(self, loader: Loader, item) -> Batch:
+        step, (seq_len, pack), block = item
+        tensors = _resident.gather(_torch(), self.split, self.layout, self.ring, block,
+                                   self.rows, seq_len, pack, loader.cache.max_len, self.sequence)
+        self.handle.advance(1)
+        self.next_step += 1
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                     pack and pack[:3])
 
 
 class IterableDataset:

@@ -465,41 +465,32 @@ impl LoaderHandle {
     /// copying, so several Python threads can fill different steps at once.
     fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Info> {
         self.check_process(py)?;
-        let mut views = Vec::with_capacity(buffers.len());
-        for b in &buffers {
-            let view = PyBuffer::<u8>::get(b)?;
-            if view.readonly() || !view.is_c_contiguous() {
-                return Err(options_error(
-                    py,
-                    "fill needs writable, contiguous byte buffers",
-                ));
-            }
-            views.push(view);
-        }
-        let regions: Vec<(usize, usize)> = views
-            .iter()
-            .map(|v| (v.buf_ptr() as usize, v.len_bytes()))
-            .collect();
-        let mut sorted = regions.clone();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err(options_error(
-                py,
-                "fill needs distinct buffers; two of them overlap",
-            ));
-        }
-        let result = py.detach(|| {
-            let mut slices: Vec<&mut [u8]> = regions
-                .iter()
-                // SAFETY: each region is a writable, contiguous buffer exported by an object
-                // that `views` holds (and so keeps alive and unresized) until after this call;
-                // the regions were checked not to overlap.
-                .map(|&(addr, len)| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) })
-                .collect();
-            self.filler.fill(step, &mut slices)
-        });
-        drop(views);
-        let filled = result.map_err(|e| load_error(py, e))?;
+        let filled = with_regions(py, &buffers, |slices| self.filler.fill(step, slices))?;
+        Ok(info(filled.seq_len, filled.pack))
+    }
+
+    /// Rows of a batch's index (`fill_index`): the batch size, or a pack's sequence slots.
+    fn index_rows(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |l| l.index_rows())
+    }
+
+    /// Writes batch `step`'s index for a consumer holding the split's tensors (on a GPU):
+    /// `buffers[0]` gets each row's compiled-order position (int64, `index_rows()` of them; a
+    /// pack's unused rows 0), and for a pack `buffers[1..6]` its own five tensors (the last
+    /// five of `tensors()`). Returns `(seq_len, pack)` as `fill` does. Reads no shard.
+    fn fill_index(
+        &self,
+        py: Python<'_>,
+        step: usize,
+        buffers: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Info> {
+        self.check_process(py)?;
+        let filled = with_regions(py, &buffers, |slices| match slices.split_first_mut() {
+            Some((positions, pack)) => self.filler.fill_index(step, positions, pack),
+            None => Err(LoadError::Options(
+                "fill_index needs a positions buffer".into(),
+            )),
+        })?;
         Ok(info(filled.seq_len, filled.pack))
     }
 
@@ -522,6 +513,51 @@ impl LoaderHandle {
             drop(taken);
         });
     }
+}
+
+/// Runs `work` on the memory of `buffers` (writable, C-contiguous objects of the buffer
+/// protocol, e.g. the NumPy views of pinned uint8 torch tensors) with the GIL released, so that
+/// several Python threads can fill at once. Refuses read-only, strided or overlapping buffers.
+fn with_regions<T: Send>(
+    py: Python<'_>,
+    buffers: &[Bound<'_, PyAny>],
+    work: impl FnOnce(&mut [&mut [u8]]) -> Result<T, LoadError> + Send,
+) -> PyResult<T> {
+    let mut views = Vec::with_capacity(buffers.len());
+    for b in buffers {
+        let view = PyBuffer::<u8>::get(b)?;
+        if view.readonly() || !view.is_c_contiguous() {
+            return Err(options_error(
+                py,
+                "fill needs writable, contiguous byte buffers",
+            ));
+        }
+        views.push(view);
+    }
+    let regions: Vec<(usize, usize)> = views
+        .iter()
+        .map(|v| (v.buf_ptr() as usize, v.len_bytes()))
+        .collect();
+    let mut sorted = regions.clone();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(options_error(
+            py,
+            "fill needs distinct buffers; two of them overlap",
+        ));
+    }
+    let result = py.detach(|| {
+        let mut slices: Vec<&mut [u8]> = regions
+            .iter()
+            // SAFETY: each region is a writable, contiguous buffer exported by an object that
+            // `views` holds (and so keeps alive and unresized) until after this call; the
+            // regions were checked not to overlap.
+            .map(|&(addr, len)| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) })
+            .collect();
+        work(&mut slices)
+    });
+    drop(views);
+    result.map_err(|e| load_error(py, e))
 }
 
 /// The spec of a compile: the spec file's keys (if any), overridden by the JSON object
