@@ -7,14 +7,17 @@ the batch's tensors taken into Python: each byte gathered once, as in `dsc bench
 (a) `dsc bench`'s Rust shuffled rate on the same cache, run as part of this script, and (b)
 NumPy fancy indexing of the same tensors held in RAM (every shard of the split read into memory
 first, then one `array[idx]` per tensor per batch with a random permutation). With a GPU and
-`--device cuda` it also times batches delivered to the device (pinned gather + non-blocking
-copy, synchronised at the end of each epoch).
+`--device cuda` it also times batches delivered to the device: the host path (a ring of pinned
+blocks, one copy per batch on a copy stream) on 2 to 16 threads, the resident split (gathered
+on the GPU), and pinned batch-sized copies in the same process (the PCIe rate), synchronised at
+the end of each epoch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -70,6 +73,28 @@ def consumer_cost(cache: dsc.Cache, split: str, batch: int, fmt: str, batches: i
     return cost
 
 
+def pinned_copy_rate(cache: dsc.Cache, split: str, batch: int, device: str,
+                     copies: int = 2000) -> float:
+    """Contexts per second that copies of one batch's bytes (every tensor, untrimmed) from
+    pinned memory to `device` move, one non-blocking copy per batch: the PCIe rate in this
+    process for the host path's transfers."""
+    import torch
+
+    loader = dsc.Loader(cache, split=split, batch_size=batch, seed=0, resident=False)
+    nbytes = sum(int(np.prod((batch, *t.shape))) * np.dtype(t.dtype).itemsize
+                 for t in cache.schema if t.name in loader.columns)
+    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    for _ in range(50):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(copies):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    return copies * batch / (time.perf_counter() - start)
+
+
 def numpy_rate(cache: dsc.Cache, split: str, batch: int, epochs: int) -> float:
     from safetensors.numpy import load_file
 
@@ -115,8 +140,10 @@ def main() -> int:
         "rust_shuffled_contexts_per_s": rust["contexts_per_s_shuffled"],
         "rust_sequential_contexts_per_s": rust["contexts_per_s_sequential"],
     }
+    # 1, 2 and every core: `dsc bench` runs one loader thread per core.
+    counts = sorted({1, 2, os.cpu_count() or 1})
     for fmt in ("torch", "numpy"):
-        for threads in (1, 2):
+        for threads in counts:
             r[f"python_{fmt}_{threads}t_contexts_per_s"] = best_of(
                 a.passes, lambda: loader_rate(cache, a.split, a.batch_size, a.epochs,
                                               format=fmt, num_threads=threads))
@@ -128,10 +155,21 @@ def main() -> int:
     r["numpy_fancy_index_contexts_per_s"] = best_of(
         a.passes, lambda: numpy_rate(cache, a.split, a.batch_size, a.epochs))
     if a.device:
-        r[f"python_{a.device}_contexts_per_s"] = best_of(
-            a.passes, lambda: loader_rate(cache, a.split, a.batch_size, a.epochs, device=a.device,
-                                          num_threads=2))
-    best = max(r["python_torch_1t_contexts_per_s"], r["python_torch_2t_contexts_per_s"])
+        # Host path to the device (pinned blocks, one copy per batch) at several thread counts,
+        # the resident split (gathered on the device), and pinned batch-sized copies in this
+        # process: the PCIe rate the host path is measured against (issue 28, item 4).
+        for threads in (2, 4, 8, 16):
+            r[f"python_{a.device}_{threads}t_contexts_per_s"] = best_of(
+                a.passes, lambda: loader_rate(cache, a.split, a.batch_size, a.epochs,
+                                              device=a.device, num_threads=threads,
+                                              resident=False))
+        r[f"python_{a.device}_resident_contexts_per_s"] = best_of(
+            a.passes, lambda: loader_rate(cache, a.split, a.batch_size, a.epochs,
+                                          device=a.device, resident=True))
+        r["pinned_copy_contexts_per_s"] = pinned_copy_rate(cache, a.split, a.batch_size, a.device)
+        best = max(r[f"python_{a.device}_{t}t_contexts_per_s"] for t in (2, 4, 8, 16))
+        r["host_path_over_pinned_copy"] = best / r["pinned_copy_contexts_per_s"]
+    best = max(r[f"python_torch_{t}t_contexts_per_s"] for t in counts)
     r["python_over_rust"] = best / r["rust_shuffled_contexts_per_s"]
     r["python_over_numpy"] = best / r["numpy_fancy_index_contexts_per_s"]
     if a.json:
@@ -144,6 +182,8 @@ def main() -> int:
     for fmt in ("torch", "numpy"):
         print(f"  {fmt} consumer, batch 64     {r[f'python_{fmt}_consumer_us_per_batch']:8.1f} us/batch")
     print(f"  dsc.Loader / Rust shuffled  {r['python_over_rust']:8.2f}")
+    if "host_path_over_pinned_copy" in r:
+        print(f"  to {a.device} / pinned copies {r['host_path_over_pinned_copy']:8.2f}")
     print(f"  dsc.Loader / NumPy indexing {r['python_over_numpy']:8.2f}")
     return 0
 

@@ -304,7 +304,7 @@ fn packing_refuses_what_it_cannot_do_and_says_why() {
 }
 
 /// A consumer holding the split's tensors (a GPU) gathers every batch itself from
-/// `Filler::fill_index`: the positions pick the same contexts, the batch description is the
+/// `Filler::fill_index`, and `Filler::fill_block` gives every batch as one block: the positions pick the same contexts, the batch description is the
 /// same, and a pack's own tensors are the same bytes as the loader's, for padded, trimmed,
 /// bucketed (rounded) and packed epochs, the last batch completed, on two ranks (issue 28,
 /// item 5). The split is read in compiled order once; each batch is rebuilt from it here as
@@ -393,6 +393,24 @@ fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
                         .unwrap();
                     let what = format!("{path:?} {opts:?} step {step}");
                     assert_eq!(index, info, "{what}");
+                    // One contiguous block (what one transfer to a GPU moves): the same bytes,
+                    // each tensor cut to the batch, at aligned offsets, one after another.
+                    let mut block = vec![0x55u8; loader.block_bytes()];
+                    let (block_info, ranges) = filler.fill_block(step, &mut block).unwrap();
+                    assert_eq!(block_info, info, "{what}");
+                    let mut end = 0;
+                    for (t, &(start, len)) in ranges.iter().enumerate() {
+                        assert!(
+                            start >= end && start % dsc_loader::BLOCK_ALIGN == 0,
+                            "{what}"
+                        );
+                        assert!(
+                            block[start..start + len] == bufs[t][..len],
+                            "{what}: {} differs in the block",
+                            layout[t].name
+                        );
+                        end = start + len;
+                    }
                     let positions: Vec<usize> = positions
                         .chunks_exact(8)
                         .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as usize)

@@ -64,6 +64,10 @@ pub struct BatchInfo {
     pub pack: Option<PackInfo>,
 }
 
+/// Tensors of a block ([`Gather::gather_block`]) start at multiples of this many bytes: any
+/// dtype's alignment, and a GPU's preferred access granularity.
+pub const BLOCK_ALIGN: usize = 256;
+
 /// The names of the tensors a packed batch adds to the cache's.
 pub const PACK_TENSORS: [&str; 5] = [
     "cu_seqlens",
@@ -301,6 +305,55 @@ impl Gather {
         let held = self.resolve(batch.0)?;
         let seq_len = self.seq_len(batch.0, &held);
         Ok(self.fill(batch, &held, seq_len, dst))
+    }
+
+    /// Copies the batch of `samples` into one `block`, its tensors one after another (layout
+    /// order) at offsets that are multiples of [`BLOCK_ALIGN`], each cut to this batch (a
+    /// trimmed batch's length; a pack's fixed shapes), so that the used bytes are one prefix of
+    /// the block: one transfer to a device moves the batch. Returns what the batch is and each
+    /// tensor's `(offset, bytes)` in the block; an error if the block is shorter than
+    /// [`Gather::block_bytes`] would need.
+    pub fn gather_block(
+        &self,
+        batch: (&[Sample], bool),
+        block: &mut [u8],
+    ) -> Result<(BatchInfo, Vec<(usize, usize)>), LoadError> {
+        let held = self.resolve(batch.0)?;
+        let seq_len = self.seq_len(batch.0, &held);
+        let n = batch.0.len();
+        let mut ranges = Vec::with_capacity(self.layout.len());
+        let mut end = 0usize;
+        for t in 0..self.layout.len() {
+            let start = end.next_multiple_of(BLOCK_ALIGN);
+            let len = self.tensor_bytes(t, n, seq_len);
+            ranges.push((start, len));
+            end = start + len;
+        }
+        if block.len() < end {
+            return Err(LoadError::Options(format!(
+                "a block of {} bytes for a batch of {end}",
+                block.len()
+            )));
+        }
+        let mut slices = Vec::with_capacity(ranges.len());
+        let mut rest = &mut block[..];
+        let mut at = 0;
+        for &(start, len) in &ranges {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
+            let (slice, tail) = tail.split_at_mut(len);
+            slices.push(slice);
+            rest = tail;
+            at = start + len;
+        }
+        Ok((self.fill(batch, &held, seq_len, &mut slices), ranges))
+    }
+
+    /// The most bytes [`Gather::gather_block`] needs: the whole (untrimmed) batch, each tensor
+    /// at an aligned offset.
+    pub fn block_bytes(&self) -> usize {
+        self.layout
+            .iter()
+            .fold(0, |end, t| end.next_multiple_of(BLOCK_ALIGN) + t.bytes())
     }
 
     /// Copies `samples` (`held`: the compressed shards they lie in) into `dst` as this epoch

@@ -44,6 +44,6 @@ pub use body::ShardBytes;
 pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::LoadError;
-pub use gather::{BatchInfo, PACK_TENSORS};
+pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
 pub use loader::{Filler, Loader};
 pub use options::{LoaderOptions, OrderSpec, Pack, State, MAX_TRIM_MULTIPLE};

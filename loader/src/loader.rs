@@ -120,6 +120,27 @@ impl Filler {
         gather.gather_into((&samples, repeated), dst)
     }
 
+    /// Copies batch `step` into one contiguous `block` (at least [`Loader::block_bytes`]): its
+    /// tensors one after another at aligned offsets, each cut to the batch, so that one
+    /// transfer moves it (to a GPU). Returns what the batch is and each tensor's `(offset,
+    /// bytes)` in the block, in [`Loader::layout`] order.
+    pub fn fill_block(
+        &self,
+        step: usize,
+        block: &mut [u8],
+    ) -> Result<(BatchInfo, Vec<(usize, usize)>), LoadError> {
+        let gather = &self.hints.gather;
+        if step >= gather.steps() {
+            return Err(LoadError::Options(format!(
+                "step {step} of an epoch of {} steps",
+                gather.steps()
+            )));
+        }
+        let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
+        self.hints.hint(step, self.rank);
+        gather.gather_block((&samples, repeated), block)
+    }
+
     /// Writes batch `step`'s index for a consumer that holds the split's tensors itself (on a
     /// GPU) and gathers the batch there: the compiled-order position of each of its
     /// [`Loader::index_rows`] rows as little-endian i64 into `positions` (a pack's sequences,
@@ -547,6 +568,11 @@ impl Loader {
     /// The state after the batches yielded so far.
     pub fn state(&self) -> State {
         State::new(&self.opts, self.next_step).expect("validated when the loader was made")
+    }
+
+    /// The bytes of a block that any batch of the epoch fits ([`Filler::fill_block`]).
+    pub fn block_bytes(&self) -> usize {
+        self.hints.gather.block_bytes()
     }
 
     /// Rows of a batch's index ([`Filler::fill_index`]): the batch size, or a pack's `S`.

@@ -346,6 +346,10 @@ class Loader:
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.
         self._fill_path = self.pin_memory
+        # To a GPU: a ring of pinned blocks, one copy per batch (tests set a _HostCopy).
+        self._staged: Any = None
+        if self.device is not None and self.device.type == "cuda" and self._resident_device is None:
+            self._staged = _CudaCopy(torch, self.device)
 
     def _resident_choice(self, resident: Optional[bool], budget: Union[int, str, None]):
         """The device the split is kept on (``resident=``), or None for the host path."""
@@ -472,6 +476,8 @@ class Loader:
         self._close_active()
         if self._resident_device is not None:
             epoch: _Epoch = _ResidentEpoch(self)
+        elif self._staged is not None:
+            epoch = _StagedEpoch(self, self._staged)
         elif self._fill_path:
             epoch = _PinnedEpoch(self)
         else:
@@ -669,8 +675,8 @@ class _Epoch:
             self.handle = None
 
 
-def _produce(handle, queues: List[queue.Queue], stop: threading.Event, k: int, first: int,
-             total: int, sizes: List[int], pin: bool) -> None:
+def _produce(handle, sizes: List[int], pin: bool, queues: List[queue.Queue],
+             stop: threading.Event, k: int, first: int, total: int) -> None:
     """A pinned-path producer: fills every ``len(queues)``-th step from ``first + k`` into fresh
     (pinned) torch buffers. It holds no reference to its epoch, so an abandoned epoch is
     collected, and its finaliser sets ``stop``."""
@@ -696,27 +702,24 @@ def _produce(handle, queues: List[queue.Queue], stop: threading.Event, k: int, f
         put(e)
 
 
-class _PinnedEpoch(_Epoch):
-    """The pinned path: ``max(1, num_threads)`` Python threads each fill every
-    ``num_threads``-th step into fresh page-locked tensors (from torch's caching host
-    allocator, which reuses a block only after the tensors over it are freed and the copies
-    from it have finished; the gather itself runs in Rust with the GIL released); the consumer
-    takes the steps in order and starts their copies to the device."""
+class _ThreadedEpoch(_Epoch):
+    """An epoch whose batches ``max(1, num_threads)`` Python threads prepare, thread ``k`` every
+    ``num_threads``-th step from the first (the gathers run in Rust with the GIL released); the
+    consumer takes the steps in order from the threads' queues."""
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: Loader, name: str, target: Any, args: Any) -> None:
+        """``target(*args(k), queues, stop, k, first, total)`` runs thread ``k``."""
         super().__init__(loader, threads=0)  # the Python threads below fill the batches
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
-        sizes = self.handle.batch_bytes()
         self.stop = threading.Event()
         threads = max(1, loader.num_threads)
         self.queues: List[queue.Queue] = [queue.Queue(maxsize=loader.prefetch) for _ in range(threads)]
         self.threads = [
             threading.Thread(
-                target=_produce, daemon=True, name=f"dsc-pin-{k}",
-                args=(self.handle, self.queues, self.stop, k, self.first, self.total, sizes,
-                      loader.pin_memory),
+                target=target, daemon=True, name=f"dsc-{name}-{k}",
+                args=(*args(k), self.queues, self.stop, k, self.first, self.total),
             )
             for k in range(threads)
         ]
@@ -743,6 +746,23 @@ class _PinnedEpoch(_Epoch):
             raise Error(f"loading batch {self.next_step} failed: {item}") from item
         return item
 
+    def close(self) -> None:
+        self.stop.set()
+        for t in getattr(self, "threads", []):
+            if t is not threading.current_thread():
+                t.join()
+        super().close()
+
+
+class _PinnedEpoch(_ThreadedEpoch):
+    """The pinned path: the threads fill each step into fresh page-locked tensors (from torch's
+    caching host allocator, which reuses a block only after the tensors over it are freed and
+    the copies from it have finished), which the batch then owns."""
+
+    def __init__(self, loader: Loader) -> None:
+        super().__init__(loader, "pin", _produce,
+                         lambda k: (self.handle, self.handle.batch_bytes(), loader.pin_memory))
+
     def _batch(self, loader: Loader, item) -> Batch:
         step, (seq_len, pack), bufs = item
         torch = _torch()
@@ -759,12 +779,111 @@ class _PinnedEpoch(_Epoch):
         return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
                      pack and pack[:3])
 
-    def close(self) -> None:
-        self.stop.set()
-        for t in getattr(self, "threads", []):
-            if t is not threading.current_thread():
-                t.join()
-        super().close()
+
+class _CudaCopy:
+    """Copies a batch's block to the GPU on a stream of its own, so that copies overlap the
+    consumer's work; the consumer's stream waits for each copy by event, never the host."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch, self.device = torch, device
+        self.stream = torch.cuda.Stream(device)
+
+    def __call__(self, view: Any) -> Tuple[Any, Any]:
+        torch = self.torch
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            on_device = view.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        consumer.wait_event(done)
+        # Memory allocated on the copy stream and used on the consumer's: the allocator must
+        # not hand it out again before the consumer's work on it has run.
+        on_device.record_stream(consumer)
+        return on_device, done
+
+
+class _HostCopy:
+    """The staged path with a CPU "device" (the tests' stand-in for a GPU): the block is
+    copied, and free again at once."""
+
+    def __call__(self, view: Any) -> Tuple[Any, Any]:
+        return view.clone(), None
+
+
+def _stage(handle, free: queue.Queue, queues: List[queue.Queue], stop: threading.Event, k: int,
+           first: int, total: int) -> None:
+    """A staged-path producer: fills every ``len(queues)``-th step from ``first + k`` into one of
+    its own blocks, once the last copy from that block has finished. It holds no reference to
+    its epoch, so an abandoned epoch is collected, and its finaliser sets ``stop``."""
+    threads = len(queues)
+
+    def wait(q: queue.Queue, item: Any = None, put: bool = False) -> Any:
+        while not stop.is_set():
+            try:
+                if put:
+                    q.put(item, timeout=0.1)
+                    return None
+                return q.get(timeout=0.1)
+            except (queue.Full, queue.Empty):
+                continue
+        return None
+
+    try:
+        for step in range(first + k, total, threads):
+            taken = wait(free)
+            if taken is None:
+                return
+            block, copied = taken
+            if copied is not None:
+                copied.synchronize()  # the block's last copy to the device has run
+            info, ranges = handle.fill_block(step, block.numpy())
+            wait(queues[k], (step, info, ranges, block), put=True)
+    except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
+        wait(queues[k], e, put=True)
+
+
+class _StagedEpoch(_ThreadedEpoch):
+    """The path to a GPU: the threads gather whole batches into a fixed ring of page-locked
+    blocks, ``prefetch + 1`` per thread, one contiguous block per batch with every tensor cut
+    to the batch; the consumer copies each block to the device in one transfer on a copy stream
+    and views the tensors there. A block is refilled only after its copy has run (an event,
+    waited for by its producer), so the batch a consumer holds is never overwritten, and
+    nothing is allocated per batch on the host."""
+
+    def __init__(self, loader: Loader, copy: Any) -> None:
+        torch = _torch()
+        self.copy = copy
+        pin = isinstance(copy, _CudaCopy)
+        self.free: List[queue.Queue] = []
+        for _ in range(max(1, loader.num_threads)):
+            blocks: queue.Queue = queue.Queue()
+            self.free.append(blocks)
+
+        def args(k: int) -> tuple:
+            if self.free[k].empty():
+                size = max(8, self.handle.block_bytes())
+                for _ in range(loader.prefetch + 1):
+                    self.free[k].put((torch.empty(size, dtype=torch.uint8, pin_memory=pin), None))
+            return self.handle, self.free[k]
+
+        super().__init__(loader, "stage", _stage, args)
+
+    def _batch(self, loader: Loader, item) -> Batch:
+        step, (seq_len, pack), ranges, block = item
+        torch = _torch()
+        end = max((o + n for o, n in ranges), default=0)
+        on_device, copied = self.copy(block[:end])
+        k = (step - self.first) % len(self.queues)
+        self.free[k].put((block, copied))
+        tensors = {}
+        for layout, (offset, n) in zip(self.layout, ranges):
+            tensors[layout.name] = (on_device[offset:offset + n]
+                                    .view(getattr(torch, layout.dtype))
+                                    .view(layout.shape(seq_len)))
+        self.handle.advance(1)
+        self.next_step += 1
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                     pack and pack[:3])
 
 
 class _ResidentEpoch(_Epoch):

@@ -469,6 +469,28 @@ impl LoaderHandle {
         Ok(info(filled.seq_len, filled.pack))
     }
 
+    /// Bytes of a block that any batch of the epoch fits (`fill_block`).
+    fn block_bytes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |l| l.block_bytes())
+    }
+
+    /// Gathers batch `step` into one contiguous block (a writable byte buffer of at least
+    /// `block_bytes()`): its tensors one after another at aligned offsets, each cut to the
+    /// batch, so that one transfer moves it to a GPU. Returns `((seq_len, pack), [(offset,
+    /// bytes)])`, the ranges in `tensors()` order. The GIL is released while copying.
+    fn fill_block(
+        &self,
+        py: Python<'_>,
+        step: usize,
+        block: Bound<'_, PyAny>,
+    ) -> PyResult<(Info, Vec<(usize, usize)>)> {
+        self.check_process(py)?;
+        let (filled, ranges) = with_regions(py, &[block], |slices| {
+            self.filler.fill_block(step, slices[0])
+        })?;
+        Ok((info(filled.seq_len, filled.pack), ranges))
+    }
+
     /// Rows of a batch's index (`fill_index`): the batch size, or a pack's sequence slots.
     fn index_rows(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |l| l.index_rows())

@@ -92,6 +92,26 @@ def test_resident_options_and_budget(cache_dir: Path) -> None:
         dsc.Loader(cache, batch_size=8, resident=True, resident_budget="lots")
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("kw", [dict(batch_size=24, trim=True), dict(batch_size=24, bucket=True),
+                                dict(pack=1024), dict(batch_size=20, drop_last=False)],
+                         ids=["trim", "bucket", "pack", "keep_last"])
+def test_the_staged_path_gives_the_same_batches(cache_dir: Path, threads: int, kw: dict) -> None:
+    """The path to a GPU (whole batches gathered into a ring of blocks, one copy per batch),
+    run with a CPU stand-in for the copy: the host path's batches, every step, in order."""
+    from dsc._loader import _HostCopy
+
+    host = dsc.Loader(cache_dir, seed=8, **kw)
+    staged = dsc.Loader(cache_dir, seed=8, num_threads=threads, prefetch=2, **kw)
+    staged._staged = _HostCopy()
+    for epoch in range(2):
+        steps = len(host)
+        got = list(staged)
+        assert len(got) == steps
+        for a, b in zip(host, got, strict=True):
+            assert_same_batch(a, b, f"{kw} t{threads} epoch {epoch} step {a.step}")
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
