@@ -56,11 +56,14 @@ the mean stored length to keep the steps per epoch). With ``--compile`` the step
 once for the pack's static shapes (``dynamic=False``) and, on CUDA, captured as CUDA graphs
 (``mode="reduce-overhead"``), beside fused AdamW.
 
-Data path. On CUDA the loader gathers each batch straight into page-locked memory
-(``pin_memory=True``) and the loop copies it with ``batch.to(device, non_blocking=True)``:
-exactly what ``dsc.Loader(..., device="cuda")`` does inside ``next()``, written out here so that
-the copy can be timed on its own with CUDA events. On the CPU the batches are used in place.
-``--trim`` (on by default) cuts every batch to its longest stored sequence.
+Data path. On CUDA the loader delivers batches on the GPU (``dsc.Loader(..., device="cuda")``):
+with ``--resident auto`` (the default) a split that fits a quarter of the GPU's memory is
+uploaded once and each batch gathered there by index, so nothing but a small index crosses PCIe
+per step; otherwise the loader's threads gather whole batches into pinned blocks, one copy per
+batch on a copy stream. On the CPU the batches are used in place. ``--trim`` (on by default)
+cuts every batch to its longest stored sequence, rounded on CUDA to a few lengths (multiples
+of 16, then four per doubling: ``dsc.Loader(trim_multiple=)``) so that a run sees a handful of
+shapes; the summary's ``batch_lens`` lists them.
 
 Time accounting, per logged window and for the run (``--json`` summary): ``data_wait`` is the
 host time blocked in ``next(loader)``; on CUDA ``h2d`` and ``compute`` are device times between
@@ -161,6 +164,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "physical core]; fewer on a machine shared with other work")
     p.add_argument("--loader-threads", type=int, default=1, help="dsc loading threads")
     p.add_argument("--prefetch", type=int, default=4, help="batches prepared ahead")
+    p.add_argument("--resident", choices=["auto", "on", "off"], default="auto",
+                   help="keep the splits on the device and gather batches there [default: "
+                        "auto, on CUDA when a split fits a quarter of the GPU's memory]")
     p.add_argument("--log-every", type=int, default=50,
                    help="read the loss back every N optimizer steps")
     p.add_argument("--max-steps", type=int, default=None,
@@ -784,6 +790,15 @@ def to_device(batch: dsc.Batch, names: List[str], device: torch.device) -> Dict[
 PACK_TENSORS = ["cu_seqlens", "seq_idx", "position", "num_seqs", "num_tokens"]
 
 
+def placement(args: argparse.Namespace, device: torch.device) -> Dict[str, Any]:
+    """Where the loader delivers batches: on the GPU (resident split or pinned blocks), or in
+    place on the CPU."""
+    resident = {"auto": None, "on": True, "off": False}[getattr(args, "resident", "auto")]
+    if device.type == "cpu":
+        return dict(resident=resident if resident else False)
+    return dict(device=device, resident=resident)
+
+
 def batching(args: argparse.Namespace) -> Dict[str, Any]:
     """The loader's keywords for padded (trimmed, bucketed) or packed batches."""
     if getattr(args, "pack", None):
@@ -815,7 +830,7 @@ def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Name
     """Mean loss and metric over the whole of `split` (default: --eval-split), each context
     counted once."""
     loader = dsc.Loader(cache, split=split or args.eval_split, shuffle=False, drop_last=False,
-                        num_threads=args.loader_threads, pin_memory=device.type == "cuda",
+                        num_threads=args.loader_threads, **placement(args, device),
                         **batching(args))
     loss_sum = torch.zeros((), device=device)
     metric_sum = torch.zeros((), device=device)
@@ -903,7 +918,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
     loader = dsc.Loader(cache, split="train", shuffle=True, seed=args.seed, drop_last=True,
                         num_threads=args.loader_threads, prefetch=args.prefetch,
-                        pin_memory=on_cuda, **batching(args))
+                        **placement(args, device), **batching(args))
     # Whole optimizer steps only: leftover micro-batches of an epoch are not trained.
     micro_epoch = len(loader) // args.accumulate * args.accumulate
     if micro_epoch == 0:
@@ -949,6 +964,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
     timer = StepTimer(device)
     logged: List[Dict[str, Any]] = []
+    # Padded training batches by sequence length: the shapes the steps saw (packs have one).
+    batch_lens: Dict[int, int] = {}
     zero = lambda: torch.zeros((), device=device)  # noqa: E731
     stopped = args.max_steps is not None and pos["optimizer_steps"] >= args.max_steps
     start = time.perf_counter()
@@ -981,6 +998,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             t0 = time.perf_counter()
             batch = next(batches)
             timer.cur["data_wait"] += time.perf_counter() - t0
+            if not args.pack:
+                batch_lens[batch.seq_len] = batch_lens.get(batch.seq_len, 0) + 1
             timer.before_copy()
             b = to_device(batch, names, device)
             timer.after_copy()
@@ -1067,6 +1086,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         h2d_share=total["h2d_share"], compute_share=total["compute_share"],
         wall_s=time.perf_counter() - start, checkpoint=ckpt_path,
         eval_split=args.eval_split, evaluation=evaluation,
+        batch_lens={str(k): v for k, v in sorted(batch_lens.items())},
+        resident=loader.resident,
     )
 
 

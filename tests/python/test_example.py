@@ -155,6 +155,22 @@ def test_resume_continues_exactly(train_script, icecube_cache, tmp_path):
     assert second["final_train_loss"] == whole["final_train_loss"]
 
 
+def test_a_resident_split_trains_the_same_run(train_script, icecube_cache, tmp_path):
+    """--resident on (the split gathered by index, what CUDA runs by default) gives the batches
+    of the host path, so the same run: the same weights bit for bit. The summary lists the
+    batch lengths the steps saw (one per distinct length here: exact on the CPU)."""
+    base = ["--cache", str(icecube_cache), "--epochs", "1", "--max-steps", "12", "--trim",
+            "--bucket", "--json", *SMALL]
+    host = train_script.main([*base, "--resident", "off", "--out", str(tmp_path / "host")])
+    kept = train_script.main([*base, "--resident", "on", "--out", str(tmp_path / "kept")])
+    assert kept["resident"] and not host["resident"]
+    a, b = _weights(tmp_path / "host" / "last.pt"), _weights(tmp_path / "kept" / "last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert host["batch_lens"] == kept["batch_lens"]
+    assert sum(host["batch_lens"].values()) == 12 and len(host["batch_lens"]) > 1
+
+
 def test_classification_learns_above_chance(train_script, churn_cache):
     cache = dsc.open(str(churn_cache))
     val = dsc.Loader(cache, split="val", batch_size=cache.splits["val"], shuffle=False)
