@@ -9,7 +9,11 @@ One model and step for every feed: the transformer of examples/train.py (``--dim
 - ``resident``: the whole train split already on the GPU as padded tensors; each step takes a
   random batch of ``--batch-size`` by index (no loader, no copy): the ceiling of the step.
 - ``padded``, ``trimmed``, ``bucketed``: ``dsc.Loader(device=...)`` with padded batches of
-  ``--batch-size`` (untrimmed; cut to the batch's longest; length-bucketed).
+  ``--batch-size`` (untrimmed; cut to the batch's longest, rounded to a few lengths; length-
+  bucketed and rounded). On CUDA the loader keeps a split that fits a quarter of the GPU's
+  memory resident and gathers each batch there (``resident=None``, its default).
+- ``padded_host``: the same padded batches through the host path (``resident=False``): the
+  loader's threads gather into pinned blocks, one copy per batch.
 - ``packed``: ``dsc.Loader(pack=T, device=...)``; ``T`` defaults to ``--batch-size`` times the
   split's mean stored length, so that a step trains about as many contexts as a padded one.
 - ``dataloader``: a plain ``torch.utils.data.DataLoader`` over the same split held in memory
@@ -194,6 +198,7 @@ def feeds(args, cache: dsc.Cache, names: List[str], device: torch.device, pack: 
     return [
         ("resident", True, resident),
         ("padded", True, dsc_feed(batch_size=args.batch_size)),
+        ("padded_host", True, dsc_feed(batch_size=args.batch_size, resident=False)),
         ("trimmed", False, dsc_feed(batch_size=args.batch_size, trim=True)),
         ("bucketed", False, dsc_feed(batch_size=args.batch_size, bucket=True)),
         ("packed", True, dsc_feed(pack=pack)),
@@ -248,7 +253,8 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     p.add_argument("--warmup", type=int, default=30, help="steps before timing (compiles too)")
     p.add_argument("--loader-threads", type=int, default=4)
     p.add_argument("--workers", type=int, default=8, help="DataLoader worker processes")
-    p.add_argument("--feeds", default="resident,padded,trimmed,bucketed,packed,dataloader")
+    p.add_argument("--feeds",
+                   default="resident,padded,padded_host,trimmed,bucketed,packed,dataloader")
     p.add_argument("--modes", default="eager,graphs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", action="store_true", help="print one JSON list of the runs")

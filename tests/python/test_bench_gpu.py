@@ -26,8 +26,8 @@ def test_every_feed_trains_and_is_reported(cache_dir: Path) -> None:
                            "--heads", "2", "--batch-size", "32", "--modes", "eager", "--json"])
     finally:
         sys.modules.pop(spec.name, None)
-    assert [r["feed"] for r in runs] == ["resident", "padded", "trimmed", "bucketed", "packed",
-                                         "dataloader"]
+    assert [r["feed"] for r in runs] == ["resident", "padded", "padded_host", "trimmed",
+                                         "bucketed", "packed", "dataloader"]
     for r in runs:
         assert r["samples_per_s"] > 0 and 0 <= r["data_wait_share"] < 1, r
         assert r["gpu_busy"] is None, "no NVML on a CPU run"
