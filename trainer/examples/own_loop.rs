@@ -5,7 +5,7 @@
 //!
 //! cargo run --release -p dsc-train --example own_loop -- demo/cache
 use dsc_train::cuda::{self, Event};
-use dsc_train::feed::{Feed, HostRing};
+use dsc_train::feed::{Feed, Fill, HostRing};
 use dsc_train::model::Standardise;
 use dsc_train::normalise::{self, Scaling};
 use std::collections::VecDeque;
@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let feed = Feed::start(loader, &ring);
+    let feed = Feed::start(loader, &ring, Fill::Batch);
     let mut queued = VecDeque::new();
     let mut running = Tensor::zeros([], (Kind::Float, device));
     let max_len = cache.manifest().max_len() as i64;

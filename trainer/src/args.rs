@@ -116,6 +116,13 @@ pub struct Cli {
     #[arg(long, value_name = "M", conflicts_with = "pack")]
     pub trim_multiple: Option<usize>,
 
+    /// Keep the train split on the device and gather each batch there by index (only a
+    /// small index per step crosses to the GPU): `auto` on CUDA when the split's tensors fit
+    /// a quarter of the GPU's memory, `on` always (an error if it does not fit), `off` never.
+    /// The batches are the same either way.
+    #[arg(long, value_enum, default_value_t = Resident::Auto)]
+    pub resident: Resident,
+
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
@@ -221,6 +228,14 @@ fn choice<T: Clone + Send + Sync + 'static>(
     PossibleValuesParser::new(names).map(move |s| map(&s))
 }
 
+/// `--resident`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Resident {
+    Auto,
+    On,
+    Off,
+}
+
 impl Cli {
     /// The output folder: `--out`, else the resumed checkpoint's folder, else `runs/latest`.
     pub fn out_dir(&self) -> PathBuf {
@@ -255,6 +270,11 @@ impl Cli {
             pack: self.pack,
             max_seqs: self.max_seqs,
             trim_multiple: self.trim_multiple,
+            resident: match self.resident {
+                Resident::Auto => None,
+                Resident::On => Some(true),
+                Resident::Off => Some(false),
+            },
             accumulate: self.accumulate,
             lr: self.lr,
             weight_decay: self.weight_decay,

@@ -100,6 +100,11 @@ pub struct RunConfig {
     /// the values are the same whatever it is, so a run may resume with another.
     #[serde(default)]
     pub trim_multiple: Option<usize>,
+    /// Keep the train split on the device and gather each batch there (`None`: on CUDA when
+    /// it fits a quarter of the GPU's memory). Where the batches are made, not what they are:
+    /// a run may resume with another setting.
+    #[serde(default)]
+    pub resident: Option<bool>,
     pub accumulate: usize,
     pub lr: f64,
     pub weight_decay: f64,
@@ -145,6 +150,7 @@ impl RunConfig {
             pack: None,
             max_seqs: None,
             trim_multiple: None,
+            resident: None,
             accumulate: 1,
             lr: defaults::LR,
             weight_decay: defaults::WEIGHT_DECAY,

@@ -80,6 +80,7 @@ type EventFn = unsafe extern "C" fn(RawEvent) -> CudaError;
 type ElapsedFn = unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> CudaError;
 type ErrorStringFn = unsafe extern "C" fn(CudaError) -> *const c_char;
 type PciBusIdFn = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CudaError;
+type MemInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CudaError;
 
 struct Runtime {
     set_device: SetDeviceFn,
@@ -90,6 +91,7 @@ struct Runtime {
     destroy: EventFn,
     error_string: ErrorStringFn,
     pci_bus_id: PciBusIdFn,
+    mem_info: MemInfoFn,
 }
 
 // SAFETY: the struct holds only function pointers into a library that stays loaded for the life
@@ -142,6 +144,7 @@ fn find_runtime() -> Result<Runtime, String> {
             pci_bus_id: std::mem::transmute::<*mut c_void, PciBusIdFn>(sym(
                 "cudaDeviceGetPCIBusId",
             )?),
+            mem_info: std::mem::transmute::<*mut c_void, MemInfoFn>(sym("cudaMemGetInfo")?),
         })
     }
 }
@@ -175,6 +178,16 @@ pub fn pci_bus_id(index: usize) -> Result<String, String> {
     Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned())
+}
+
+/// The calling thread's current device's total memory in bytes ([`set_device`]).
+pub fn memory_total() -> Result<usize, String> {
+    let rt = runtime()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both are valid out-pointers.
+    let code = unsafe { (rt.mem_info)(&mut free, &mut total) };
+    check(rt, code, "cudaMemGetInfo")?;
+    Ok(total)
 }
 
 /// A CUDA event with timing, recorded on the default stream.

@@ -2,7 +2,7 @@
 //! (how large a batch fits, and how fast is each size?).
 
 use crate::config::RunConfig;
-use crate::feed::Feed;
+use crate::feed::{Feed, Fill};
 use crate::readback::{self, Purpose};
 use crate::report::{BatchSizeReport, BatchTrial, StepReport, Summary};
 use crate::session::Session;
@@ -26,7 +26,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
         ..train_options(&s, 0)
     })?;
     let ring = s.ring.clone();
-    let feed = Feed::start(loader, &ring);
+    let feed = Feed::start(loader, &ring, Fill::Batch);
     let filled = feed
         .next()?
         .ok_or_else(|| anyhow::anyhow!("the training split is empty"))?;
@@ -163,7 +163,7 @@ fn trial(cfg: RunConfig, device: Device) -> anyhow::Result<f64> {
         s.cfg.batch_size
     );
     let ring = s.ring.clone();
-    let feed = Feed::start(loader, &ring);
+    let feed = Feed::start(loader, &ring, Fill::Batch);
     let mut start = Instant::now();
     for i in 0..=MEASURED {
         if i == 1 {

@@ -1,11 +1,14 @@
 //! The data path from page cache to the step: a ring of host buffers (pinned when the device is
 //! CUDA) that a producer thread fills with [`Loader::next_into`], one copy from the mapped shards
 //! into memory the GPU can read by DMA. Buffers are allocated once per run and handed back and
-//! forth through two channels, so a slot is only ever touched by one side at a time.
+//! forth through two channels, so a slot is only ever touched by one side at a time. With a
+//! split resident on the device, the slots hold only each batch's index
+//! ([`dsc_loader::Filler::fill_index`]: positions, and a pack's own tensors), which the session
+//! gathers by on the device.
 
 use anyhow::Context;
 use dsc_format::Dtype;
-use dsc_loader::{BatchInfo, LoadError, Loader, TensorLayout};
+use dsc_loader::{BatchInfo, Filler, LoadError, Loader, TensorLayout};
 use std::marker::PhantomData;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -27,7 +30,43 @@ pub struct HostRing {
     slots: Vec<Vec<Tensor>>,
 }
 
+/// What the producer writes into a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// The whole batch (one tensor per tensor of the loader's layout).
+    Batch,
+    /// Its index: positions (i64, [`Loader::index_rows`]), then a pack's five own tensors.
+    Index,
+}
+
 impl HostRing {
+    /// A ring for batch indices ([`Fill::Index`]): positions `[rows]` (i64), then the pack's
+    /// own tensors (the last five of `layout`) when `packed`.
+    pub fn index(
+        layout: &[TensorLayout],
+        rows: usize,
+        packed: bool,
+        slots: usize,
+        pin_for: Option<Device>,
+    ) -> anyhow::Result<HostRing> {
+        let positions = TensorLayout {
+            name: "positions".into(),
+            dtype: Dtype::I64,
+            role: None,
+            shape: vec![rows],
+            trimmed_axis: None,
+        };
+        let own = if packed {
+            &layout[layout.len() - 5..]
+        } else {
+            &[][..]
+        };
+        let index: Vec<TensorLayout> = std::iter::once(positions)
+            .chain(own.iter().cloned())
+            .collect();
+        HostRing::new(&index, slots, pin_for)
+    }
+
     /// Allocates the ring for batches of `layout` (`Loader::layout`); `pin_for` pins the memory
     /// for DMA to that CUDA device.
     pub fn new(
@@ -105,13 +144,15 @@ pub struct Feed<'ring> {
 }
 
 impl<'ring> Feed<'ring> {
-    /// Starts filling the ring from `loader` (which must have `threads: 0`); every slot starts
-    /// free. The borrow keeps the ring alive while the thread writes into it.
-    pub fn start(mut loader: Loader, ring: &'ring HostRing) -> Feed<'ring> {
+    /// Starts filling the ring from `loader` (which must have `threads: 0`) with whole batches
+    /// or (`Fill::Index`) their index; every slot starts free. The borrow keeps the ring alive
+    /// while the thread writes into it.
+    pub fn start(mut loader: Loader, ring: &'ring HostRing, fill: Fill) -> Feed<'ring> {
         let n = ring.len();
         let (free_tx, free_rx) = sync_channel::<usize>(n);
         let (ready_tx, ready_rx) = sync_channel::<Result<Filled, LoadError>>(n);
         let memory: Vec<SlotMemory> = (0..n).map(|s| ring.raw(s)).collect();
+        let filler = loader.filler();
         for s in 0..n {
             free_tx.send(s).expect("receiver alive");
         }
@@ -127,7 +168,11 @@ impl<'ring> Feed<'ring> {
                         .iter()
                         .map(|&(p, len)| unsafe { std::slice::from_raw_parts_mut(p, len) })
                         .collect();
-                    let msg = match loader.next_into(&mut dst) {
+                    let next = match fill {
+                        Fill::Batch => loader.next_into(&mut dst),
+                        Fill::Index => next_index(&mut loader, &filler, &mut dst),
+                    };
+                    let msg = match next {
                         Ok(Some(info)) => Ok(Filled { slot, info }),
                         Ok(None) => return, // end of epoch: dropping the sender says so
                         Err(e) => Err(e),
@@ -165,6 +210,23 @@ impl<'ring> Feed<'ring> {
             let _ = tx.send(slot);
         }
     }
+}
+
+/// The next batch's index into `dst` (positions, then a pack's own tensors), or `None` at the
+/// end of the epoch.
+fn next_index(
+    loader: &mut Loader,
+    filler: &Filler,
+    dst: &mut [&mut [u8]],
+) -> Result<Option<BatchInfo>, LoadError> {
+    let step = loader.next_step();
+    if step >= loader.steps() {
+        return Ok(None);
+    }
+    let (positions, pack) = dst.split_first_mut().expect("a positions buffer");
+    let info = filler.fill_index(step, positions, pack)?;
+    loader.advance(1);
+    Ok(Some(info))
 }
 
 impl Drop for Feed<'_> {

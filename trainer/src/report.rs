@@ -70,6 +70,8 @@ pub struct Summary {
     /// Whether libtorch's CUDA backend (`libtorch_cuda.so`) was loaded at start.
     pub cuda_backend: String,
     pub amp: String,
+    /// Whether training batches were gathered on the device from the resident train split.
+    pub resident: bool,
     pub task: String,
     pub model: String,
     pub parameters: i64,

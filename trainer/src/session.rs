@@ -30,6 +30,8 @@ struct Layout {
     ctx: Option<usize>,
     /// Tensors with a sequence axis (trimmed by the loader).
     sequence: Vec<bool>,
+    /// Tensors stored with a step axis (`[n, L, ..]`), packed or padded.
+    steps: Vec<bool>,
     /// A packed batch's `seq_idx`, `position` and `num_seqs`.
     pack: Option<[usize; 3]>,
 }
@@ -54,6 +56,19 @@ pub struct Session {
     copy_done: Vec<Event>,
     /// Slots whose copies are queued, oldest first.
     in_flight: VecDeque<usize>,
+    /// The train split on the device (`--resident`); `None`: batches come through `ring`.
+    pub resident: Option<Resident>,
+}
+
+/// The train split's tensors on the device, gathered into batches there by index.
+#[derive(Debug)]
+pub struct Resident {
+    /// Per tensor of the batch layout that the network reads: the split's `[contexts, ..]`.
+    tensors: Vec<Option<Tensor>>,
+    /// Index slots (pinned on CUDA), as many as `ring`'s: positions, then a pack's own tensors.
+    pub ring: Rc<HostRing>,
+    /// Rows of an index: the batch size, or a pack's `S`.
+    rows: i64,
 }
 
 /// A batch on the device, ready for the network.
@@ -108,6 +123,7 @@ impl Session {
             slots,
             device.is_cuda().then_some(device),
         )?);
+        let resident = resident_split(&cfg, &cache, &batch_layout, &layout, device, slots)?;
         let copy_done = if device.is_cuda() {
             (0..slots)
                 .map(|_| Event::new())
@@ -131,6 +147,7 @@ impl Session {
             ring,
             copy_done,
             in_flight: VecDeque::new(),
+            resident,
         })
     }
 
@@ -177,13 +194,89 @@ impl Session {
                 t
             }
         };
+        let batch = self.device_batch(view);
+        if let Some(e) = self.copy_done.get(f.slot) {
+            e.record().expect("recording a CUDA event");
+            self.in_flight.push_back(f.slot);
+        }
+        batch
+    }
+
+    /// A training batch from the feed: gathered on the device from the resident split when
+    /// there is one (the slot holds its index), else copied from the slot ([`Session::upload`]).
+    pub fn train_batch(&mut self, f: Filled) -> DeviceBatch {
+        match &self.resident {
+            Some(_) => self.gather(f),
+            None => self.upload(f, self.cfg.batch_size),
+        }
+    }
+
+    /// Batch `f` gathered from the resident split by its index (the slot): the tensors
+    /// [`Session::upload`] would give for the same batch, byte for byte.
+    fn gather(&mut self, f: Filled) -> DeviceBatch {
+        let r = self.resident.as_ref().expect("a resident split");
+        let idx = r.ring.slot(f.slot);
+        let to_device = |t: &Tensor| {
+            if self.device.is_cuda() {
+                t.to_device_(self.device, t.kind(), true, false)
+            } else {
+                t.shallow_clone()
+            }
+        };
+        let positions = to_device(&idx[0]);
+        let own: Vec<Tensor> = idx[1..].iter().map(to_device).collect();
+        let max_len = self.cache.manifest().max_len() as i64;
         let l = &self.layout;
-        let batch = DeviceBatch {
+        // A pack's tokens: each one's row in the flattened `[contexts * L, ..]` tensors.
+        let token_rows = f.info.pack.map(|_| {
+            let owner = own[1].clamp_max(r.rows - 1).to_kind(tch::Kind::Int64);
+            positions.index_select(0, &owner) * max_len + own[2].to_kind(tch::Kind::Int64)
+        });
+        let loaded = self.ring.slot(0).len() - own.len();
+        let view = |i: usize| -> Tensor {
+            if i >= loaded {
+                return own[i - loaded].shallow_clone();
+            }
+            let res = r.tensors[i].as_ref().expect("a tensor the network reads");
+            match (f.info.pack, &token_rows) {
+                (Some(p), Some(rows)) if l.steps[i] => {
+                    let mut shape = res.size();
+                    shape.remove(0);
+                    shape[0] = -1;
+                    let out = res.view(shape.as_slice()).index_select(0, rows);
+                    let _ = out
+                        .narrow(0, p.tokens as i64, out.size()[0] - p.tokens as i64)
+                        .zero_();
+                    out
+                }
+                (Some(p), _) => {
+                    let out = res.index_select(0, &positions);
+                    let _ = out.narrow(0, p.seqs as i64, r.rows - p.seqs as i64).zero_();
+                    out
+                }
+                (None, _) if l.sequence[i] && (f.info.seq_len as i64) < max_len => res
+                    .narrow(1, 0, f.info.seq_len as i64)
+                    .index_select(0, &positions),
+                (None, _) => res.index_select(0, &positions),
+            }
+        };
+        let batch = self.device_batch(view);
+        if let Some(e) = self.copy_done.get(f.slot) {
+            e.record().expect("recording a CUDA event");
+            self.in_flight.push_back(f.slot);
+        }
+        batch
+    }
+
+    /// The network's inputs and targets from `view` of each tensor of the batch layout.
+    fn device_batch(&self, view: impl Fn(usize) -> Tensor) -> DeviceBatch {
+        let l = &self.layout;
+        DeviceBatch {
             inputs: Inputs {
-                x: l.x.map(view),
+                x: l.x.map(&view),
                 cats: l.cats.iter().map(|&i| view(i)).collect(),
                 length: view(l.length),
-                ctx: l.ctx.map(view),
+                ctx: l.ctx.map(&view),
                 pack: l.pack.map(|[seq_idx, position, num_seqs]| Packed {
                     seq_idx: view(seq_idx),
                     position: view(position),
@@ -191,12 +284,7 @@ impl Session {
                 }),
             },
             y: view(l.y),
-        };
-        if let Some(e) = self.copy_done.get(f.slot) {
-            e.record().expect("recording a CUDA event");
-            self.in_flight.push_back(f.slot);
         }
-        batch
     }
 
     /// Slots that may be refilled now. On the CPU, `done`: the step has finished with it. On
@@ -334,6 +422,105 @@ pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     named
 }
 
+/// The train split on `device` when `cfg.resident` asks for it (or, unset, on CUDA when the
+/// tensors the network reads fit a quarter of the GPU's memory): read once in cache order and
+/// copied there, with an index ring of `slots` beside the batch ring.
+fn resident_split(
+    cfg: &RunConfig,
+    cache: &Cache,
+    batch: &[TensorLayout],
+    l: &Layout,
+    device: Device,
+    slots: usize,
+) -> anyhow::Result<Option<Resident>> {
+    if cfg.resident == Some(false) || (cfg.resident.is_none() && !device.is_cuda()) {
+        return Ok(None);
+    }
+    let m = cache.manifest();
+    let contexts = m.split("train").map_or(0, |s| s.contexts);
+    let mut used: Vec<usize> = [Some(l.length), Some(l.y), l.x, l.ctx]
+        .into_iter()
+        .flatten()
+        .chain(l.cats.iter().copied())
+        .collect();
+    used.sort_unstable();
+    let spec = |i: usize| m.tensor(&batch[i].name).expect("a stored tensor");
+    let need: usize = used
+        .iter()
+        .map(|&i| spec(i).sample_bytes() * contexts)
+        .sum();
+    let budget = if device.is_cuda() {
+        crate::cuda::memory_total().map_err(anyhow::Error::msg)? / 4
+    } else {
+        // SAFETY: sysconf has no preconditions.
+        let (page, pages) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PAGESIZE),
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+            )
+        };
+        (page.max(0) as usize).saturating_mul(pages.max(0) as usize) / 4
+    };
+    if need > budget {
+        anyhow::ensure!(
+            cfg.resident != Some(true),
+            "--resident on: the train split's tensors take {need} bytes, more than a quarter \
+             of the device's memory ({budget} bytes); use --resident auto or off"
+        );
+        return Ok(None);
+    }
+    // The split in cache order, padded, the tensors the batches load.
+    let opts = crate::train::loader_options(cfg, m, "train", 0, 1);
+    let reader = cache.loader(dsc_loader::LoaderOptions {
+        order: dsc_loader::OrderSpec {
+            split: "train".into(),
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
+        batch_size: 4096,
+        threads: 0,
+        columns: opts.columns.clone(),
+        ..Default::default()
+    })?;
+    let mut host: Vec<Vec<u8>> = vec![Vec::new(); batch.len()];
+    let mut read = 0;
+    for b in reader {
+        let b = b?;
+        let n = b.keys().len();
+        // The last batch is completed with the split's first contexts: not stored twice.
+        let rows = (contexts - read).min(n);
+        for &i in &used {
+            let bytes = b.tensors()[i].bytes();
+            host[i].extend_from_slice(&bytes[..bytes.len() / n * rows]);
+        }
+        read += rows;
+    }
+    let mut tensors: Vec<Option<Tensor>> = (0..batch.len()).map(|_| None).collect();
+    for &i in &used {
+        let s = spec(i);
+        let shape: Vec<i64> = std::iter::once(contexts as i64)
+            .chain(s.sample_shape.iter().map(|&d| d as i64))
+            .collect();
+        let t = Tensor::f_from_data_size(&host[i], &shape, crate::feed::kind_of(s.dtype))?;
+        tensors[i] = Some(t.to_device(device));
+    }
+    let probe = cache.loader(crate::train::loader_options(cfg, m, "train", 0, 1))?;
+    let rows = probe.index_rows();
+    let ring = Rc::new(HostRing::index(
+        batch,
+        rows,
+        cfg.pack.is_some(),
+        slots,
+        device.is_cuda().then_some(device),
+    )?);
+    Ok(Some(Resident {
+        tensors,
+        ring,
+        rows: rows as i64,
+    }))
+}
+
 /// Which tensors of the batches (`batch`, the loader's layout) feed which input, and their
 /// scaling from `stats` (train split; `None`: the stored values as they are).
 fn layout(
@@ -355,6 +542,7 @@ fn layout(
         y: usize::MAX,
         ctx: None,
         sequence: Vec::new(),
+        steps: Vec::new(),
         pack: None,
     };
     let mut shape = Shape {
@@ -369,6 +557,10 @@ fn layout(
     let find = |name: &str| batch.iter().position(|t| t.name == name);
     for (i, tl) in batch.iter().enumerate() {
         l.sequence.push(tl.trimmed_axis.is_some());
+        l.steps.push(matches!(
+            tl.role,
+            Some(TensorRole::Features | TensorRole::Categorical)
+        ));
         let Some(t) = m.tensor(&tl.name).filter(|_| tl.role.is_some()) else {
             continue; // a pack's own tensors, found by name below
         };
@@ -433,6 +625,7 @@ impl Summary {
             device: crate::device::describe(s.device),
             cuda_backend: crate::cuda::backend_status(),
             amp: format!("{:?}", s.amp).to_lowercase(),
+            resident: s.resident.is_some(),
             task: format!("{:?}", s.cfg.task).to_lowercase(),
             model: format!("{:?}", s.cfg.model).to_lowercase(),
             parameters: s.parameters(),

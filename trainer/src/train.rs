@@ -3,7 +3,7 @@
 
 use crate::checkpoint::{self, Checkpoint, Position};
 use crate::config::RunConfig;
-use crate::feed::Feed;
+use crate::feed::{Feed, Fill};
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
 use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
@@ -149,8 +149,11 @@ pub fn run(
         let mut epoch_totals = Totals::default();
         let mut window_steps = 0u64;
         {
-            let ring = s.ring.clone();
-            let feed = Feed::start(loader, &ring);
+            let (ring, fill) = match &s.resident {
+                Some(r) => (r.ring.clone(), Fill::Index),
+                None => (s.ring.clone(), Fill::Batch),
+            };
+            let feed = Feed::start(loader, &ring, fill);
             while pos.micro_in_epoch < micro_epoch {
                 let t0 = Instant::now();
                 let Some(filled) = feed.next()? else { break };
@@ -159,7 +162,7 @@ pub fn run(
                     *batch_lens.entry(filled.info.seq_len).or_insert(0) += 1;
                 }
                 clock.step_start().map_err(anyhow::Error::msg)?;
-                let batch = s.upload(filled, s.cfg.batch_size);
+                let batch = s.train_batch(filled);
                 clock.copied().map_err(anyhow::Error::msg)?;
                 // A pack's sequence count is known on the host: no read-back.
                 let samples = filled.info.pack.map_or(s.cfg.batch_size, |p| p.seqs);
@@ -316,7 +319,7 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
     let b = s.cfg.batch_size;
     let mut seen = 0usize;
     let ring = s.ring.clone();
-    let feed = Feed::start(loader, &ring);
+    let feed = Feed::start(loader, &ring, Fill::Batch);
     while let Some(filled) = feed.next()? {
         // The last batch is completed with repeated contexts (packs): count the real ones only,
         // a pack's leading rows.

@@ -951,3 +951,25 @@ fn trim_multiple_gives_a_run_a_handful_of_batch_shapes() {
         r.stderr
     );
 }
+
+/// `--resident on` (the train split on the device, each batch gathered there by index, what a
+/// GPU run does by default) trains on the batches of the host path: the same weights, for
+/// bucketed (rounded) and packed batches, here with the CPU as the device (issue 28, item 5).
+#[test]
+fn a_resident_split_trains_the_weights_of_the_host_path() {
+    let cache = &fixture().icecube;
+    for flags in [
+        "--task direction --batch-size 32 --max-steps 12 --bucket --trim-multiple 8",
+        "--task direction --pack 512 --max-steps 12",
+    ] {
+        let (host, host_out) = small_run(cache, &format!("{flags} --resident off"));
+        let (kept, kept_out) = small_run(cache, &format!("{flags} --resident on"));
+        assert_eq!(
+            (host["resident"].as_bool(), kept["resident"].as_bool()),
+            (Some(false), Some(true))
+        );
+        assert_eq!(host["optimizer_steps"], kept["optimizer_steps"]);
+        assert_eq!(host["batch_lens"], kept["batch_lens"], "{flags}");
+        assert_same_weights(host_out.path(), kept_out.path());
+    }
+}
