@@ -14,7 +14,17 @@
 //! copies and compute on the device without stopping the host.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+/// Host waits on CUDA events so far ([`Event::synchronize`]): with the read-backs, every time
+/// the host stops for the device (the summary reports both).
+static EVENT_WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// Host waits on CUDA events so far.
+pub fn event_waits() -> u64 {
+    EVENT_WAITS.load(Ordering::Relaxed)
+}
 
 /// Outcome of trying to load libtorch's CUDA backend.
 #[derive(Debug, Clone)]
@@ -220,6 +230,7 @@ impl Event {
 
     /// Blocks the host until the work queued before the last `record` has finished.
     pub fn synchronize(&self) -> Result<(), String> {
+        EVENT_WAITS.fetch_add(1, Ordering::Relaxed);
         let rt = runtime()?;
         // SAFETY: as in `record`.
         let code = unsafe { (rt.synchronize)(self.raw) };

@@ -60,6 +60,9 @@ pub struct Readbacks {
     pub training: u64,
     /// Validation, checkpoints, diagnostics.
     pub other: u64,
+    /// Host waits on CUDA events: one per step for the copy that frees a ring slot, one per
+    /// logged window for its timing events; none on the CPU.
+    pub event_waits: u64,
 }
 
 /// The final summary of `dsc-train` (training, or `--overfit-batch`).

@@ -638,6 +638,7 @@ impl Summary {
             readbacks: Readbacks {
                 training: readback::training_reads(),
                 other: readback::other_reads(),
+                event_waits: crate::cuda::event_waits(),
             },
             overfit_passed: None,
             checkpoint: None,
