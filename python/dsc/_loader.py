@@ -392,7 +392,14 @@ class Loader:
     def _resident(self) -> _resident.ResidentSplit:
         """The split on its device, uploaded at the first iteration and kept for later epochs."""
         if self._resident_split is None:
-            self._resident_split = _resident.ResidentSplit(self, _torch(), self._resident_device)
+            # The split in cache order, zero-copy views where the shards allow.
+            contexts = self.cache.splits[self.split]
+            reader = Loader(self.cache, self.split,
+                            batch_size=max(1, min(_resident.UPLOAD_PIECE, contexts)),
+                            shuffle=False, drop_last=False, rank=0, world_size=1,
+                            columns=self.columns, num_threads=1)
+            self._resident_split = _resident.ResidentSplit(self, reader, _torch(),
+                                                           self._resident_device)
         return self._resident_split
 
     # -- PyTorch's vocabulary --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Splits resident on the device: a split's tensors are uploaded once, in compiled order, and
+"""Splits resident on the device (used by ``_loader``, which it never imports): a split's tensors are uploaded once, in compiled order, and
 every batch is gathered there by index, so that no batch crosses PCIe.
 
 The Rust loader still decides every batch: for each step it writes the compiled-order positions
@@ -12,14 +12,11 @@ code runs with a CPU "device", which is how the tests run it without a GPU.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 
 from ._errors import OptionsError
-
-if TYPE_CHECKING:
-    from ._loader import Loader
 
 # Index blocks in flight: a block is refilled only after its copy to the device has finished,
 # which its event says; four steps back, that wait is never felt.
@@ -30,7 +27,7 @@ RING = 4
 UPLOAD_PIECE = 8192
 
 
-def split_bytes(loader: "Loader") -> int:
+def split_bytes(loader: Any) -> int:
     """Bytes the loader's tensors of its split take on the device."""
     per_context = sum(
         int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
@@ -50,11 +47,11 @@ def default_budget(torch: Any, device: Any) -> int:
 
 class ResidentSplit:
     """The loader's tensors of its split on ``device``, in compiled order: ``[contexts, ...]``
-    each, read once from the cache (zero-copy views in cache order) and copied there."""
+    each, copied there from ``reader``'s batches (the split in cache order, every context once:
+    ``batch.valid`` leading rows each)."""
 
-    def __init__(self, loader: "Loader", torch: Any, device: Any) -> None:
-        from ._loader import Loader
-
+    def __init__(self, loader: Any, reader: Iterable[Any], torch: Any,
+                 device: Any) -> None:
         cache, split = loader.cache, loader.split
         contexts = cache.splits[split]
         self.device = device
@@ -63,9 +60,6 @@ class ResidentSplit:
             info = cache.tensor(name)
             self.tensors[name] = torch.empty((contexts, *info.shape),
                                              dtype=getattr(torch, info.dtype), device=device)
-        reader = Loader(cache, split, batch_size=max(1, min(UPLOAD_PIECE, contexts)),
-                        shuffle=False, drop_last=False, rank=0, world_size=1,
-                        columns=loader.columns, num_threads=1)
         at = 0
         for batch in reader:
             n = batch.valid
