@@ -7,6 +7,7 @@ mod cold;
 mod determinism;
 mod hostile;
 mod inspection;
+mod layering;
 mod loader;
 mod mostlyai;
 mod pack;

@@ -16,10 +16,9 @@ pub const MAX_HEADER_BYTES: u64 = 16 << 20;
 /// Data start alignment.
 pub const DATA_ALIGN: usize = 64;
 
-/// `shards/{split}-{index:05}.safetensors`.
-pub fn shard_file_name(split: &str, index: usize) -> String {
-    format!("{}/{split}-{index:05}.safetensors", crate::SHARDS_DIR)
-}
+/// `shards/{split}-{index:05}.safetensors` (a manifest names its shards' files; re-exported
+/// here beside the rest of the shard layout).
+pub use crate::manifest::shard_file_name;
 
 /// Where one tensor's bytes lie in a shard file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,17 +2,35 @@
 //! into memory on first use and kept while it is among the most recently used, so that a
 //! window's shards are decompressed once per pass, not once per batch.
 
-use crate::cache::Inner;
 use crate::error::LoadError;
 use crate::mmap::Mapped;
+use dsc_format::ShardEntry;
 use std::ops::Deref;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Shards kept decompressed at least: two groups of the default interleave (the group being
 /// read and the next one, read ahead).
 pub(crate) const MIN_RESIDENT: usize = 2 * crate::order::DEFAULT_INTERLEAVE;
+
+/// One validated, mapped shard.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub entry: ShardEntry,
+    /// Start of each tensor's data in the file, in manifest tensor order.
+    pub tensor_starts: Vec<usize>,
+    /// The bytes: mapped, or decompressed on use.
+    pub body: Body,
+    /// The open file behind `map`: the validated inode, whatever later happens to the path.
+    pub file: std::fs::File,
+    /// Where `file` was opened, for messages.
+    pub path: std::path::PathBuf,
+    /// Per tensor (manifest order): set once the tensor's data was asked into this process's
+    /// page tables, for splits that stay resident (see `loader::resident_budget`), so that
+    /// later epochs skip the hint.
+    pub populated: Vec<AtomicBool>,
+}
 
 /// How a shard's bytes are held.
 #[derive(Debug)]
@@ -80,22 +98,26 @@ impl Deref for ShardBytes<'_> {
     }
 }
 
-impl Inner {
-    /// The safetensors bytes of shard `shard` of split `split`: mapped, or decompressed (read
-    /// from the validated open file, checked, decompressed: `dsc_format::stored::decode`),
-    /// after which the least recently used cold shards beyond the limit are let go (batches
-    /// that hold their bytes keep them alive until dropped).
-    pub(crate) fn shard_bytes(
+/// Shards by split: the open cache's (split name, shards in index order).
+pub(crate) type Splits = [(String, Vec<Shard>)];
+
+impl Resident {
+    /// The safetensors bytes of shard `shard` of split `split` of `splits`: mapped, or
+    /// decompressed (read from the validated open file, checked, decompressed:
+    /// `dsc_format::stored::decode`), after which the least recently used cold shards beyond
+    /// the limit are let go (batches that hold their bytes keep them alive until dropped).
+    pub(crate) fn shard_bytes<'a>(
         &self,
+        splits: &'a Splits,
         split: usize,
         shard: usize,
-    ) -> Result<ShardBytes<'_>, LoadError> {
-        let s = &self.splits[split].1[shard];
+    ) -> Result<ShardBytes<'a>, LoadError> {
+        let s = &splits[split].1[shard];
         let cold = match &s.body {
             Body::Mapped(map) => return Ok(ShardBytes::Mapped(map.bytes())),
             Body::Cold(cold) => cold,
         };
-        let tick = self.resident.tick.fetch_add(1, Ordering::Relaxed);
+        let tick = self.tick.fetch_add(1, Ordering::Relaxed);
         cold.last_use.store(tick, Ordering::Relaxed);
         let mut slot = cold.bytes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(bytes) = &*slot {
@@ -111,19 +133,19 @@ impl Inner {
         let bytes = Arc::new(dsc_format::stored::decode(&s.entry, stored, &s.path)?);
         *slot = Some(bytes.clone());
         drop(slot);
-        self.evict_beyond_limit((split, shard));
+        self.evict_beyond_limit(splits, (split, shard));
         Ok(ShardBytes::Cold(bytes))
     }
 
     /// Records `id` as resident and lets go of the least recently used shards beyond the limit.
-    fn evict_beyond_limit(&self, id: (usize, usize)) {
-        let cold = |(split, shard): (usize, usize)| match &self.splits[split].1[shard].body {
+    fn evict_beyond_limit(&self, splits: &Splits, id: (usize, usize)) {
+        let cold = |(split, shard): (usize, usize)| match &splits[split].1[shard].body {
             Body::Cold(c) => c,
             Body::Mapped(_) => unreachable!("only cold shards are resident"),
         };
-        let mut held = self.resident.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.push(id);
-        let limit = self.resident.limit.load(Ordering::Relaxed).max(1);
+        let limit = self.limit.load(Ordering::Relaxed).max(1);
         while held.len() > limit {
             let (oldest, _) = held
                 .iter()

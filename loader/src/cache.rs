@@ -8,37 +8,16 @@
 //! A version removed while it is being opened makes the open fail on a missing file; the open
 //! is then retried on the directory now at the path.
 
-use crate::batch::Pool;
-use crate::batch::TensorLayout;
-use crate::body::{Body, Cold, Resident, ShardBytes};
+use crate::body::{Body, Cold, Resident, Shard, ShardBytes};
 use crate::error::LoadError;
-use crate::loader::Loader;
 use crate::mmap::Mapped;
-use crate::options::{LoaderOptions, State};
+use crate::pool::Pool;
 use dsc_format::stored::read_layout_of;
 use dsc_format::{FormatError, Manifest, ShardEntry, Stats, TensorRole, TensorSpec};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
-
-/// One validated, mapped shard.
-#[derive(Debug)]
-pub(crate) struct Shard {
-    pub entry: ShardEntry,
-    /// Start of each tensor's data in the file, in manifest tensor order.
-    pub tensor_starts: Vec<usize>,
-    /// The bytes: mapped, or decompressed on use.
-    pub body: Body,
-    /// The open file behind `map`: the validated inode, whatever later happens to the path.
-    pub file: std::fs::File,
-    /// Where `file` was opened, for messages.
-    pub path: std::path::PathBuf,
-    /// Per tensor (manifest order): set once the tensor's data was asked into this process's
-    /// page tables, for splits that stay resident (see `loader::resident_budget`), so that
-    /// later epochs skip the hint.
-    pub populated: Vec<AtomicBool>,
-}
 
 /// A cache's directory, held open: its files are opened relative to it (`openat`), whatever
 /// later happens to its path.
@@ -111,6 +90,17 @@ pub(crate) struct Inner {
     pub lengths: Vec<OnceLock<Arc<[u32]>>>,
     /// Gather buffers, shared by this cache's loaders.
     pub pool: Arc<Pool>,
+}
+
+impl Inner {
+    /// The safetensors bytes of shard `shard` of split `split` ([`Resident::shard_bytes`]).
+    pub(crate) fn shard_bytes(
+        &self,
+        split: usize,
+        shard: usize,
+    ) -> Result<ShardBytes<'_>, LoadError> {
+        self.resident.shard_bytes(&self.splits, split, shard)
+    }
 }
 
 /// An open cache. Cheap to clone; loaders share it.
@@ -266,42 +256,6 @@ impl Cache {
     /// The tensors of every batch, in order.
     pub fn tensors(&self) -> &[TensorSpec] {
         self.inner.manifest.tensors()
-    }
-
-    /// A loader for one epoch of one split.
-    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
-        Loader::new(self.clone(), opts, 0)
-    }
-
-    /// A loader that starts at step `step` of its epoch (as [`Cache::loader_from_state`] does
-    /// for a state `step` global batches into the epoch).
-    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
-        Loader::new(self.clone(), opts, step)
-    }
-
-    /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
-    /// its batches, without starting one: the options are checked and the epoch planned as the
-    /// loader would (for packed batches, a pass over the epoch's order).
-    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-        let (gather, _) = crate::loader::prepare(self, opts)?;
-        Ok((gather.steps(), gather.layout))
-    }
-
-    /// A loader that continues exactly where `state` was taken: the state's order (seed,
-    /// shuffle, window, bucketing, packing, …) and epoch replace those of `opts`. The options
-    /// must name the same split and give the same global batch (`batch_size * world_size`, or
-    /// `world_size` packs); `rank` and `world_size` may differ, so a run can resume on another
-    /// number of GPUs. To refuse a state whose order differs from the options instead, check it
-    /// first with [`State::check`].
-    pub fn loader_from_state(
-        &self,
-        mut opts: LoaderOptions,
-        state: &State,
-    ) -> Result<Loader, LoadError> {
-        let first_step = state.first_step(&opts)?;
-        opts.order = state.order.clone();
-        opts.epoch = state.epoch;
-        Loader::new(self.clone(), opts, first_step)
     }
 }
 

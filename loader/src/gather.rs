@@ -2,13 +2,15 @@
 //! shards into the batch, padded (to `L`, or trimmed to the batch's longest sequence) or packed
 //! (sequences end to end, [`crate::pack`]). Shared by a loader's threads and its fillers.
 
-use crate::batch::{Batch, BatchTensor, Pool, TensorLayout};
+use crate::batch::{Batch, BatchTensor, TensorLayout};
+use crate::body::Shard;
 use crate::body::{Body, ShardBytes};
-use crate::cache::{Inner, Shard};
+use crate::cache::Inner;
 use crate::error::LoadError;
 use crate::mmap::Mapped;
 use crate::order::{trimmed_len, EpochOrder, Sample, Steps};
 use crate::pack::{PackInfo, Packs};
+use crate::pool::Pool;
 use crate::rows;
 use dsc_format::{Dtype, TensorRole, TensorSpec};
 use std::sync::atomic::Ordering;

@@ -36,6 +36,7 @@ mod mmap;
 mod options;
 pub mod order;
 pub mod pack;
+mod pool;
 mod rows;
 pub mod sigbus;
 

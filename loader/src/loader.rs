@@ -91,6 +91,46 @@ impl Hints {
     }
 }
 
+/// The loaders of an open cache (here rather than in `cache.rs`, which holds the open files
+/// and knows nothing of loading).
+impl Cache {
+    /// A loader for one epoch of one split.
+    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
+        Loader::new(self.clone(), opts, 0)
+    }
+
+    /// A loader that starts at step `step` of its epoch (as [`Cache::loader_from_state`] does
+    /// for a state `step` global batches into the epoch).
+    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
+        Loader::new(self.clone(), opts, step)
+    }
+
+    /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
+    /// its batches, without starting one: the options are checked and the epoch planned as the
+    /// loader would (for packed batches, a pass over the epoch's order).
+    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
+        let (gather, _) = prepare(self, opts)?;
+        Ok((gather.steps(), gather.layout))
+    }
+
+    /// A loader that continues exactly where `state` was taken: the state's order (seed,
+    /// shuffle, window, bucketing, packing, …) and epoch replace those of `opts`. The options
+    /// must name the same split and give the same global batch (`batch_size * world_size`, or
+    /// `world_size` packs); `rank` and `world_size` may differ, so a run can resume on another
+    /// number of GPUs. To refuse a state whose order differs from the options instead, check it
+    /// first with [`State::check`].
+    pub fn loader_from_state(
+        &self,
+        mut opts: LoaderOptions,
+        state: &State,
+    ) -> Result<Loader, LoadError> {
+        let first_step = state.first_step(&opts)?;
+        opts.order = state.order.clone();
+        opts.epoch = state.epoch;
+        Loader::new(self.clone(), opts, first_step)
+    }
+}
+
 /// Fills any batch of a loader's epoch into the caller's buffers, from any thread: for callers
 /// that gather several batches at once into memory of their own (pinned buffers) and order
 /// them themselves. Get one with [`Loader::filler`]; report consumed batches with

@@ -2,8 +2,10 @@
 //! that `--resume` needs nothing else. The binary's `args` builds it from the command line; a
 //! program using the library builds it directly.
 
+pub use crate::model::Amp;
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
-use dsc_loader::MAX_TRIM_MULTIPLE;
+use dsc_format::{Manifest, TensorRole};
+use dsc_loader::{LoaderOptions, OrderSpec, Pack, MAX_TRIM_MULTIPLE};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -56,18 +58,6 @@ pub enum Task {
 pub enum ModelKind {
     Transformer,
     Gru,
-}
-
-/// Mixed precision of the matrix products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Amp {
-    /// Full f32.
-    None,
-    /// bfloat16 products, f32 weights and reductions.
-    Bf16,
-    /// float16 products with dynamic loss scaling.
-    Fp16,
 }
 
 /// Everything that defines a run's arithmetic.
@@ -133,6 +123,48 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The loader options of this run over `split`: the train split shuffled in whole
+    /// batches; any other in cache order, every context once (the last batch completed).
+    pub fn loader_options(
+        &self,
+        manifest: &Manifest,
+        split: &str,
+        epoch: u64,
+        trim_multiple: usize,
+    ) -> LoaderOptions {
+        let train = split == "train";
+        LoaderOptions {
+            order: OrderSpec {
+                split: split.into(),
+                seed: self.seed,
+                shuffle: train,
+                drop_last: train,
+                bucket: self.bucket,
+                pack: self.pack.map(|tokens| Pack {
+                    tokens,
+                    max_seqs: self.max_seqs,
+                }),
+                ..Default::default()
+            },
+            batch_size: self.batch_size,
+            epoch,
+            threads: 0,
+            trim: self.pack.is_none(),
+            trim_multiple,
+            // Packs have no layout for engine sub-columns (which the networks do not read).
+            columns: match self.pack {
+                Some(_) => manifest
+                    .tensors()
+                    .iter()
+                    .filter(|t| t.role != TensorRole::SubColumn)
+                    .map(|t| t.name.clone())
+                    .collect(),
+                None => Vec::new(),
+            },
+            ..Default::default()
+        }
+    }
+
     /// The defaults of `dsc-train` for a cache and task.
     pub fn new(cache: impl Into<PathBuf>, task: Task) -> RunConfig {
         RunConfig {

@@ -102,13 +102,8 @@ impl Session {
         let task = TaskSpec::resolve(&cfg, &cache, stats.as_ref(), &vs.root())?;
         let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);
         // Train and evaluation batches have the same layout (the same T and S when packed).
-        let (_, batch_layout) = cache.plan(&crate::train::loader_options(
-            &cfg,
-            cache.manifest(),
-            "train",
-            0,
-            trim_multiple,
-        ))?;
+        let (_, batch_layout) =
+            cache.plan(&cfg.loader_options(cache.manifest(), "train", 0, trim_multiple))?;
         let (layout, shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
         tch::manual_seed(cfg.seed as i64);
         let net = cfg.model_config().build(&vs.root(), &shape, amp);
@@ -470,7 +465,7 @@ fn resident_split(
         return Ok(None);
     }
     // The split in cache order, padded, the tensors the batches load.
-    let opts = crate::train::loader_options(cfg, m, "train", 0, 1);
+    let opts = cfg.loader_options(m, "train", 0, 1);
     let reader = cache.loader(dsc_loader::LoaderOptions {
         order: dsc_loader::OrderSpec {
             split: "train".into(),
@@ -505,7 +500,7 @@ fn resident_split(
         let t = Tensor::f_from_data_size(&host[i], &shape, crate::feed::kind_of(s.dtype))?;
         tensors[i] = Some(t.to_device(device));
     }
-    let probe = cache.loader(crate::train::loader_options(cfg, m, "train", 0, 1))?;
+    let probe = cache.loader(cfg.loader_options(m, "train", 0, 1))?;
     let rows = probe.index_rows();
     let ring = Rc::new(HostRing::index(
         batch,

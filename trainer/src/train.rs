@@ -2,7 +2,6 @@
 //! once per logged window, validation and a checkpoint at each epoch's end.
 
 use crate::checkpoint::{self, Checkpoint, Position};
-use crate::config::RunConfig;
 use crate::feed::{Feed, Fill};
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
@@ -10,8 +9,7 @@ use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
 use crate::session::{named_weights, Session};
 use crate::timing::{Clock, Totals};
 use anyhow::Context;
-use dsc_format::{Manifest, TensorRole};
-use dsc_loader::{LoaderOptions, OrderSpec, Pack, State};
+use dsc_loader::{LoaderOptions, State};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -31,49 +29,8 @@ pub struct RunOptions {
 /// The training split's loader options for `epoch`: shuffled, whole batches (trimmed, or
 /// packs), filled in the calling (feed) thread.
 pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
-    loader_options(&s.cfg, s.cache.manifest(), "train", epoch, s.trim_multiple)
-}
-
-/// The loader options of a run of `cfg` over `split`: the train split shuffled in whole
-/// batches; any other in cache order, every context once (the last batch completed).
-pub(crate) fn loader_options(
-    cfg: &RunConfig,
-    manifest: &Manifest,
-    split: &str,
-    epoch: u64,
-    trim_multiple: usize,
-) -> LoaderOptions {
-    let train = split == "train";
-    LoaderOptions {
-        order: OrderSpec {
-            split: split.into(),
-            seed: cfg.seed,
-            shuffle: train,
-            drop_last: train,
-            bucket: cfg.bucket,
-            pack: cfg.pack.map(|tokens| Pack {
-                tokens,
-                max_seqs: cfg.max_seqs,
-            }),
-            ..Default::default()
-        },
-        batch_size: cfg.batch_size,
-        epoch,
-        threads: 0,
-        trim: cfg.pack.is_none(),
-        trim_multiple,
-        // Packs have no layout for engine sub-columns (which the networks do not read).
-        columns: match cfg.pack {
-            Some(_) => manifest
-                .tensors()
-                .iter()
-                .filter(|t| t.role != TensorRole::SubColumn)
-                .map(|t| t.name.clone())
-                .collect(),
-            None => Vec::new(),
-        },
-        ..Default::default()
-    }
+    s.cfg
+        .loader_options(s.cache.manifest(), "train", epoch, s.trim_multiple)
 }
 
 /// Micro-batches per epoch that are trained: whole optimizer steps only.
@@ -312,7 +269,9 @@ fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, us
     if contexts == 0 {
         return Ok(None);
     }
-    let opts = loader_options(&s.cfg, s.cache.manifest(), split, 0, s.trim_multiple);
+    let opts = s
+        .cfg
+        .loader_options(s.cache.manifest(), split, 0, s.trim_multiple);
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
     let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
     let loader = s.cache.loader(opts)?;

@@ -90,16 +90,6 @@ impl Piece {
     }
 }
 
-/// `cardinalities` as the engine writes it: sub-column name to number of codes.
-pub(crate) fn cardinalities_json(cards: Vec<(String, usize)>) -> Value {
-    Value::Object(
-        cards
-            .into_iter()
-            .map(|(k, v)| (k, Value::from(v)))
-            .collect(),
-    )
-}
-
 /// Every column's pieces in one bucket, `[column][partition]`: `rows_of[p]` are the bucket's
 /// rows in partition `p`, ascending. Sorted values go to `runs` (quantiles, donors).
 pub(crate) fn pieces(

@@ -219,7 +219,7 @@ impl Stats {
         m.insert("encoding_type".into(), "TABULAR_DATETIME".into());
         m.insert(
             "cardinalities".into(),
-            super::analyze::cardinalities_json(self.cardinalities()),
+            super::numeric::cardinalities_json(self.cardinalities()),
         );
         m.insert("has_nan".into(), self.has_nan.into());
         m.insert("has_time".into(), self.has_time.into());

@@ -246,6 +246,16 @@ impl Partial {
     }
 }
 
+/// `cardinalities` as the engine writes it: sub-column name to number of codes.
+pub(crate) fn cardinalities_json(cards: Vec<(String, usize)>) -> serde_json::Value {
+    serde_json::Value::Object(
+        cards
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::from(v)))
+            .collect(),
+    )
+}
+
 /// `analyze_numeric` on the rows `rows` of a column held in memory (`None` for an empty
 /// partition): one piece, its quantiles read from its sorted values.
 #[cfg(test)]
@@ -461,7 +471,7 @@ impl Stats {
         m.insert("encoding_type".into(), self.encoding_type().into());
         m.insert(
             "cardinalities".into(),
-            super::analyze::cardinalities_json(self.cardinalities()),
+            cardinalities_json(self.cardinalities()),
         );
         match self {
             Stats::Discrete { codes, min_decimal } => {

@@ -20,10 +20,21 @@ pub use embed::Standardise;
 pub use gru::{Gru, GruConfig};
 pub use transformer::{Transformer, TransformerConfig};
 
-use crate::config::Amp;
 use crate::normalise::Scaling;
 use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
+
+/// Mixed precision of the matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Amp {
+    /// Full f32.
+    None,
+    /// bfloat16 products, f32 weights and reductions.
+    Bf16,
+    /// float16 products with dynamic loss scaling.
+    Fp16,
+}
 
 /// One batch on the device, trimmed to its longest sequence `S`; or one pack, whose per-step
 /// tensors are `[T, ..]` instead of `[B, S, ..]` and per-context ones `[S, ..]` (`S` its

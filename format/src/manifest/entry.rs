@@ -1,0 +1,81 @@
+//! One shard file as the manifest records it: where it is, what it holds, how it is stored.
+
+use serde::{Deserialize, Serialize};
+
+/// One shard file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Path relative to the cache directory, `shards/{split}-{NNNNN}.safetensors`, with `.zst`
+    /// appended when the shard is stored compressed.
+    pub file: String,
+    /// The split it belongs to.
+    pub split: String,
+    /// Its position among the split's shards (0-based, equal to `NNNNN`).
+    pub index: usize,
+    /// Contexts stored.
+    pub contexts: usize,
+    /// Position of its first context in the split's compiled order.
+    pub first_context: usize,
+    /// Size in bytes of the safetensors file (decompressed, when `compressed`).
+    pub bytes: u64,
+    /// xxh3-64 of the whole safetensors file (decompressed, when `compressed`), 16 hex digits.
+    pub xxh3: String,
+    /// Set when the shard is stored compressed: `file` then holds the safetensors file that
+    /// `bytes` and `xxh3` describe as one frame of this codec (FORMAT.md §3.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed: Option<Compressed>,
+}
+
+/// How a compressed shard is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compressed {
+    /// The codec.
+    pub codec: Codec,
+    /// The level the file was written at (absent in caches compressed before it was
+    /// recorded): what `dsc compress --level` compares, to rewrite shards at another level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<i32>,
+    /// Size in bytes of the stored (compressed) file.
+    pub bytes: u64,
+    /// xxh3-64 of the stored (compressed) file, 16 hex digits.
+    pub xxh3: String,
+}
+
+/// A shard compression codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    /// Zstandard (RFC 8878), one frame holding the whole safetensors file.
+    Zstd,
+}
+
+impl Codec {
+    /// The suffix appended to the shard's file name.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Codec::Zstd => ".zst",
+        }
+    }
+}
+
+impl ShardEntry {
+    /// The file name this entry must have: `shards/{split}-{NNNNN}.safetensors`, plus the
+    /// codec's suffix when compressed.
+    pub fn expected_file(&self) -> String {
+        let hot = shard_file_name(&self.split, self.index);
+        match &self.compressed {
+            Some(c) => hot + c.codec.suffix(),
+            None => hot,
+        }
+    }
+
+    /// Bytes the file takes on disk: the compressed size when compressed.
+    pub fn stored_bytes(&self) -> u64 {
+        self.compressed.as_ref().map_or(self.bytes, |c| c.bytes)
+    }
+}
+
+/// `shards/{split}-{index:05}.safetensors`: the file of shard `index` of `split`.
+pub fn shard_file_name(split: &str, index: usize) -> String {
+    format!("{}/{split}-{index:05}.safetensors", crate::SHARDS_DIR)
+}

@@ -1,0 +1,494 @@
+//! `manifest.json`: what a cache holds and how it was made. Written last; its presence makes a
+//! directory a cache.
+
+use crate::spec::CompileSpec;
+use crate::{FormatError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+mod builder;
+mod entry;
+mod problem;
+mod tensor;
+
+pub use builder::ManifestBuilder;
+pub use entry::*;
+pub use problem::*;
+pub use tensor::*;
+
+/// One split.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitInfo {
+    /// `train` or `val`.
+    pub name: String,
+    /// Contexts in the split.
+    pub contexts: usize,
+    /// Source rows stored (after truncation).
+    pub rows_stored: u64,
+    /// Shards holding the split.
+    pub shards: usize,
+}
+
+/// One input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    /// The path as given to the compiler.
+    pub path: String,
+    /// What it was used as: `rows`, `context` or `join`.
+    pub role: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// xxh3-64 of its content.
+    pub xxh3: String,
+}
+
+/// The inputs and their combined fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inputs {
+    /// xxh3-64 over every input's role, size and hash, in order: equal fingerprints mean equal
+    /// inputs.
+    pub fingerprint: String,
+    /// The files, in the order read.
+    pub files: Vec<InputFile>,
+}
+
+/// Counts reported by the compile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CompileSummary {
+    /// Rows read from the rows files.
+    pub rows_read: u64,
+    /// Rows stored in shards (after truncation and dropping).
+    pub rows_stored: u64,
+    /// Contexts stored.
+    pub contexts: usize,
+    /// Contexts cut to `max_len`.
+    pub contexts_truncated: usize,
+    /// Contexts present in rows but not in the context table, dropped by policy.
+    pub contexts_without_context_row: usize,
+    /// Rows belonging to those contexts.
+    pub rows_without_context_row: u64,
+    /// Context-table keys with no rows.
+    pub contexts_without_rows: usize,
+    /// Of those, how many were kept as empty sequences.
+    pub empty_contexts_kept: usize,
+    /// Null/NaN/inf values replaced by the NaN policy.
+    pub values_filled: u64,
+}
+
+/// The manifest of a cache. Only ever holds a manifest that passed every rule of the format:
+/// it is built by [`ManifestBuilder::build`] (writers) or parsed by [`Manifest::from_json`]
+/// (readers), both of which validate, and its fields are read through accessors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ManifestFields")]
+pub struct Manifest {
+    format: String,
+    format_version: u32,
+    dsc_version: String,
+    max_len: usize,
+    splits: Vec<SplitInfo>,
+    tensors: Vec<TensorSpec>,
+    shards: Vec<ShardEntry>,
+    inputs: Inputs,
+    summary: CompileSummary,
+    spec: CompileSpec,
+}
+
+/// The JSON shape of a manifest, before validation: the only way from it to a [`Manifest`] is
+/// `TryFrom`, so no unchecked manifest exists outside this module.
+#[derive(Deserialize)]
+struct ManifestFields {
+    format: String,
+    format_version: u32,
+    dsc_version: String,
+    max_len: usize,
+    splits: Vec<SplitInfo>,
+    tensors: Vec<TensorSpec>,
+    shards: Vec<ShardEntry>,
+    inputs: Inputs,
+    summary: CompileSummary,
+    spec: CompileSpec,
+}
+
+impl TryFrom<ManifestFields> for Manifest {
+    type Error = ManifestProblem;
+
+    fn try_from(f: ManifestFields) -> Result<Manifest, ManifestProblem> {
+        let manifest = Manifest {
+            format: f.format,
+            format_version: f.format_version,
+            dsc_version: f.dsc_version,
+            max_len: f.max_len,
+            splits: f.splits,
+            tensors: f.tensors,
+            shards: f.shards,
+            inputs: f.inputs,
+            summary: f.summary,
+            spec: f.spec,
+        };
+        manifest.validate()?;
+        Ok(manifest)
+    }
+}
+
+/// Format versions this build reads.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2];
+
+impl Manifest {
+    /// Starts a manifest for the writers: the dsc release writing it, tensors padded to
+    /// `max_len`, the inputs they were compiled from and the resolved spec. Splits are added with their shards; [`build`]
+    /// derives the counts and validates.
+    ///
+    /// [`build`]: ManifestBuilder::build
+    pub fn builder(
+        dsc_version: &str,
+        max_len: usize,
+        tensors: Vec<TensorSpec>,
+        inputs: Inputs,
+        spec: CompileSpec,
+    ) -> ManifestBuilder {
+        ManifestBuilder {
+            dsc_version: dsc_version.into(),
+            max_len,
+            tensors,
+            inputs,
+            spec,
+            splits: Vec::new(),
+            shards: Vec::new(),
+            summary: CompileSummary::default(),
+        }
+    }
+
+    /// Reads and validates `DIR/manifest.json`. Refuses a compile's staging directory, whatever
+    /// it holds: only a renamed, committed directory is a cache.
+    pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
+        Self::read_with(dir, |name| std::fs::read(dir.join(name)))
+    }
+
+    /// [`Manifest::read`] with the file's bytes read by `read` from a name relative to `dir`
+    /// (e.g. through a directory held open, so that the manifest comes from the directory the
+    /// caller holds whatever later happens to the path).
+    pub fn read_with(
+        dir: &Path,
+        read: impl FnOnce(&str) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Manifest, FormatError> {
+        let staging = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.starts_with('.')
+                && [crate::STAGING_SUFFIX, crate::REPLACED_SUFFIX]
+                    .iter()
+                    .any(|s| n.ends_with(&format!(".{s}")))
+        });
+        if staging {
+            return Err(FormatError::NotCommitted { dir: dir.into() });
+        }
+        let path = dir.join(MANIFEST_FILE);
+        let bytes = match read(MANIFEST_FILE) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(if dir.is_dir() {
+                    FormatError::NotACache { dir: dir.into() }
+                } else {
+                    FormatError::io(dir, e)
+                })
+            }
+            Err(e) => return Err(FormatError::io(&path, e)),
+        };
+        Self::from_json(&bytes, &path)
+    }
+
+    /// An identity of the cache's data: a hash over every shard's file name and checksum, in
+    /// order. Two caches with the same identity hold the same bytes in the same shards, so the
+    /// same loader order; a recompile with another seed, shard size or input changes it (unlike
+    /// `inputs.fingerprint`, which names the input files alone).
+    pub fn content_id(&self) -> String {
+        let mut h = crate::checksum::Hasher::new();
+        for s in &self.shards {
+            h.update(format!("{}\0{}\n", s.file, s.xxh3).as_bytes());
+        }
+        h.hex()
+    }
+
+    /// Parses and validates manifest JSON; `path` is used in errors.
+    pub fn from_json(bytes: &[u8], path: &Path) -> Result<Manifest, FormatError> {
+        // Check the version before the full structure, so an old or new cache gets a version
+        // error rather than a confusing field error.
+        #[derive(Deserialize)]
+        struct Head {
+            format: Option<String>,
+            format_version: Option<u32>,
+        }
+        let json_err = |source| FormatError::Json {
+            path: path.into(),
+            source,
+        };
+        let head: Head = serde_json::from_slice(bytes).map_err(json_err)?;
+        let version = head.format_version.unwrap_or(0);
+        if head.format.as_deref() != Some(FORMAT_NAME) {
+            return Err(FormatError::InvalidManifest {
+                path: path.into(),
+                problem: ManifestProblem::NotThisFormat {
+                    found: head.format,
+                    version,
+                },
+            });
+        }
+        if !SUPPORTED_VERSIONS.contains(&version) {
+            return Err(FormatError::UnsupportedVersion {
+                path: path.into(),
+                found: version,
+                supported: format!("{SUPPORTED_VERSIONS:?}"),
+            });
+        }
+        // Parsed into the unchecked shape first, so that a rule broken is a typed problem
+        // rather than text inside a JSON error.
+        let fields: ManifestFields = serde_json::from_slice(bytes).map_err(json_err)?;
+        Manifest::try_from(fields).map_err(|problem| FormatError::InvalidManifest {
+            path: path.into(),
+            problem,
+        })
+    }
+
+    /// The manifest as pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("manifest serializes");
+        out.push(b'\n');
+        out
+    }
+
+    /// Checks the manifest's internal consistency: unique tensor names, shapes that match their
+    /// roles and `max_len`, shard names and indices, and split counts equal to their shards' sums.
+    fn validate(&self) -> Result<(), ManifestProblem> {
+        if self.format != FORMAT_NAME || !SUPPORTED_VERSIONS.contains(&self.format_version) {
+            return Err(ManifestProblem::NotThisFormat {
+                found: Some(self.format.clone()),
+                version: self.format_version,
+            });
+        }
+        let mut names = BTreeSet::new();
+        for t in &self.tensors {
+            if !names.insert(t.name.as_str()) {
+                return Err(ManifestProblem::DuplicateTensor {
+                    tensor: t.name.clone(),
+                });
+            }
+            self.validate_tensor(t)?;
+        }
+        for required in ["key", "length"] {
+            if !names.contains(required) {
+                return Err(ManifestProblem::MissingTensor { tensor: required });
+            }
+        }
+        let keys: Vec<&TensorSpec> = self
+            .tensors
+            .iter()
+            .filter(|t| t.role == TensorRole::Key)
+            .collect();
+        let first = &self.tensors[0];
+        if keys.len() != 1 || first.name != "key" || first.role != TensorRole::Key {
+            return Err(ManifestProblem::KeyNotFirst {
+                first: format!("{:?} ({:?})", first.name, first.role),
+                keys: keys.len(),
+            });
+        }
+        let mut split_names = BTreeSet::new();
+        for split in &self.splits {
+            if !split_names.insert(split.name.as_str()) {
+                return Err(ManifestProblem::DuplicateSplit {
+                    split: split.name.clone(),
+                });
+            }
+            self.validate_split(split)?;
+        }
+        if let Some(s) = self
+            .shards
+            .iter()
+            .find(|s| !split_names.contains(s.split.as_str()))
+        {
+            return Err(ManifestProblem::UnknownSplit {
+                file: s.file.clone(),
+                split: s.split.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn validate_tensor(&self, t: &TensorSpec) -> Result<(), ManifestProblem> {
+        let expected = t.role.rank();
+        if t.sample_shape.len() != expected {
+            return Err(ManifestProblem::Rank {
+                tensor: t.name.clone(),
+                role: t.role,
+                shape: t.sample_shape.clone(),
+                expected,
+            });
+        }
+        if t.dtype != t.role.dtype() {
+            return Err(ManifestProblem::Dtype {
+                tensor: t.name.clone(),
+                role: t.role,
+                found: t.dtype,
+                expected: t.role.dtype(),
+            });
+        }
+        let fits = t
+            .sample_shape
+            .iter()
+            .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d))
+            .is_some_and(|b| b < 1 << 40);
+        if !fits {
+            return Err(ManifestProblem::ImpossibleShape {
+                tensor: t.name.clone(),
+                shape: t.sample_shape.clone(),
+            });
+        }
+        // Engine sub-columns carry the engine's one padding step.
+        let seq_axis = match t.role {
+            TensorRole::Features | TensorRole::Categorical => Some(self.max_len),
+            TensorRole::SubColumn => Some(self.max_len.saturating_add(1)),
+            _ => None,
+        };
+        if let Some(expected) = seq_axis.filter(|&e| t.sample_shape[0] != e) {
+            return Err(ManifestProblem::SequenceAxis {
+                tensor: t.name.clone(),
+                found: t.sample_shape[0],
+                expected,
+                max_len: self.max_len,
+            });
+        }
+        let width = match t.role {
+            TensorRole::Features => t.sample_shape[1],
+            TensorRole::Targets | TensorRole::ContextFeatures => t.sample_shape[0],
+            _ => 1,
+        };
+        if t.columns.len() != width {
+            return Err(ManifestProblem::Columns {
+                tensor: t.name.clone(),
+                found: t.columns.len(),
+                width,
+            });
+        }
+        Ok(())
+    }
+
+    fn validate_split(&self, split: &SplitInfo) -> Result<(), ManifestProblem> {
+        if split_name_problem(&split.name).is_some() {
+            return Err(ManifestProblem::SplitName {
+                split: split.name.clone(),
+            });
+        }
+        let listed = self.shards_of(&split.name).count();
+        if listed != split.shards {
+            return Err(ManifestProblem::SplitShards {
+                split: split.name.clone(),
+                said: split.shards,
+                listed,
+            });
+        }
+        let mut next_first = 0usize;
+        for (i, s) in self.shards_of(&split.name).enumerate() {
+            let expected = ShardEntry {
+                index: i,
+                split: split.name.clone(),
+                ..s.clone()
+            }
+            .expected_file();
+            if s.index != i || s.file != expected {
+                return Err(ManifestProblem::ShardName {
+                    file: s.file.clone(),
+                    index: s.index,
+                    split: split.name.clone(),
+                    expected,
+                });
+            }
+            if s.first_context != next_first {
+                return Err(ManifestProblem::ShardStart {
+                    file: s.file.clone(),
+                    found: s.first_context,
+                    expected: next_first,
+                });
+            }
+            next_first = next_first.saturating_add(s.contexts);
+        }
+        if next_first != split.contexts {
+            return Err(ManifestProblem::SplitContexts {
+                split: split.name.clone(),
+                said: split.contexts,
+                held: next_first,
+            });
+        }
+        Ok(())
+    }
+
+    /// The format version (one of [`SUPPORTED_VERSIONS`]).
+    pub fn format_version(&self) -> u32 {
+        self.format_version
+    }
+
+    /// The dsc release that wrote the cache.
+    pub fn dsc_version(&self) -> &str {
+        &self.dsc_version
+    }
+
+    /// The padded sequence length `L`.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// The splits, `train` first.
+    pub fn splits(&self) -> &[SplitInfo] {
+        &self.splits
+    }
+
+    /// The tensors every shard holds, in storage order.
+    pub fn tensors(&self) -> &[TensorSpec] {
+        &self.tensors
+    }
+
+    /// Every shard, by split then index.
+    pub fn shards(&self) -> &[ShardEntry] {
+        &self.shards
+    }
+
+    /// The inputs and their fingerprint.
+    pub fn inputs(&self) -> &Inputs {
+        &self.inputs
+    }
+
+    /// Counts reported by the compile.
+    pub fn summary(&self) -> &CompileSummary {
+        &self.summary
+    }
+
+    /// The resolved compile spec.
+    pub fn spec(&self) -> &CompileSpec {
+        &self.spec
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorSpec> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The split called `name`.
+    pub fn split(&self, name: &str) -> Option<&SplitInfo> {
+        self.splits.iter().find(|s| s.name == name)
+    }
+
+    /// The shards of one split, in order.
+    pub fn shards_of<'a>(&'a self, split: &'a str) -> impl Iterator<Item = &'a ShardEntry> + 'a {
+        self.shards.iter().filter(move |s| s.split == split)
+    }
+
+    /// The same manifest over `shards` (the same shards stored another way: compressed or
+    /// not), validated.
+    pub fn with_shards(mut self, shards: Vec<ShardEntry>) -> Result<Manifest, ManifestProblem> {
+        self.shards = shards;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Bytes per context across all tensors.
+    pub fn bytes_per_context(&self) -> usize {
+        self.tensors.iter().map(TensorSpec::sample_bytes).sum()
+    }
+}
