@@ -96,9 +96,23 @@ class Cache:
         return int(self.manifest["max_len"])
 
     @functools.cached_property
+    def content_id(self) -> str:
+        """The identity of the cache's data: a hash over every shard's file name and checksum,
+        in order. Equal ids mean the same bytes in the same shards, so the same loader order;
+        a recompile with another seed or shard size changes it. Resume states record it (the
+        Rust loader's and dsc-train's checkpoints use the same id)."""
+        return self._handle.content_id()
+
+    @property
     def fingerprint(self) -> str:
-        """A hash of the cache's content (every shard's checksum, in order): equal fingerprints
-        mean the same shards. Resume states record it."""
+        """The inputs' fingerprint (``manifest.json``'s ``inputs.fingerprint``, what ``dsc
+        inspect`` prints): equal fingerprints mean the same input files, whatever the compile
+        made of them. For the identity of the cache's own bytes, see :attr:`content_id`."""
+        return str(self.manifest["inputs"]["fingerprint"])
+
+    def _legacy_content_hash(self) -> str:
+        """The content hash resume states recorded as ``fingerprint`` before ``content_id``
+        (dsc 0.1 states): read so that those states still resume."""
         h = hashlib.sha256()
         for shard in self.manifest["shards"]:
             h.update(f"{shard['file']}:{shard['xxh3']};".encode())
@@ -153,9 +167,11 @@ class Cache:
                        batch_size=batch_size, world_size=world_size, threads=0)
         return self._handle.plan(json.dumps(options))[0]
 
-    def loader(self, **kwargs: Any) -> "Loader":  # noqa: F821 (imported lazily below)
+    def loader(self, **kwargs: Any) -> Any:
         """``dsc.Loader(self, **kwargs)``."""
-        from ._loader import Loader
+        # Through the package's front door, at call time: `_loader` imports this module, and
+        # this module never imports `_loader` back.
+        from . import Loader
 
         return Loader(self, **kwargs)
 

@@ -425,13 +425,13 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands, as a small JSON-able dict: the batches consumed so far
         (``samples``, counted over all ranks: contexts, or packs), the epoch, the order's
-        parameters and the cache's fingerprint. Save it with the model; :meth:`load_state_dict`
+        parameters and the cache's ``content_id``. Save it with the model; :meth:`load_state_dict`
         continues the same order exactly, also on another number of ranks with the same global
         batch. The order's fields and position come from the Rust loader's state."""
         state = json.loads(self.cache._handle.state(self._options(0), self._step))
         return {
             "version": STATE_VERSION,
-            "fingerprint": self.cache.fingerprint,
+            "content_id": self.cache.content_id,
             **state,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
@@ -443,17 +443,21 @@ class Loader:
         :class:`dsc.StateError`."""
         if not isinstance(state, dict):
             raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
-        missing = [k for k in ("version", "fingerprint", "split", "epoch", "samples", "seed",
+        # States written before `content_id` carry the cache's content hash as `fingerprint`.
+        identity = "content_id" if "content_id" in state else "fingerprint"
+        missing = [k for k in ("version", identity, "split", "epoch", "samples", "seed",
                                "shuffle", "drop_last", "window", "interleave", "global_batch")
                    if k not in state]
         if missing:
             raise StateError(f"not a dsc loader state: it lacks {missing}")
         if state["version"] != STATE_VERSION:
             raise StateError(f"loader state version {state['version']!r}; this dsc reads {STATE_VERSION}")
-        if state["fingerprint"] != self.cache.fingerprint:
+        ours = (self.cache.content_id if identity == "content_id"
+                else self.cache._legacy_content_hash())
+        if state[identity] != ours:
             raise StateError(
-                f"the state is for another cache (fingerprint {state['fingerprint']}, "
-                f"{self.cache.path} has {self.cache.fingerprint})"
+                f"the state is for another cache ({identity} {state[identity]}, "
+                f"{self.cache.path} has {ours})"
             )
         try:
             text = json.dumps(state)

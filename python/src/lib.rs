@@ -240,6 +240,11 @@ impl CacheHandle {
         Ok(CacheHandle { cache })
     }
 
+    /// The identity of the cache's data (`Manifest::content_id`): shard names and checksums.
+    fn content_id(&self) -> String {
+        self.cache.manifest().content_id()
+    }
+
     /// The manifest as JSON text.
     fn manifest_json(&self) -> String {
         String::from_utf8(self.cache.manifest().to_json()).expect("serde_json writes UTF-8")

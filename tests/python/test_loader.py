@@ -439,6 +439,30 @@ def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None
     assert issubclass(dsc.OptionsError, ValueError)
 
 
+def test_one_meaning_of_fingerprint_and_old_states_still_resume(cache_dir: Path) -> None:
+    """`cache.fingerprint` is the inputs' fingerprint (what `dsc inspect` prints); the identity
+    of the cache's bytes is `content_id`, which states record. States written before it carry
+    the old content hash as `fingerprint` and still resume (issue 29, item 2)."""
+    cache = dsc.open(cache_dir)
+    inspect = json.loads(run_dsc("inspect", str(cache_dir), "--json"))
+    assert cache.fingerprint == inspect["inputs_fingerprint"]
+    loader = dsc.Loader(cache, batch_size=16, seed=1)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["content_id"] == cache.content_id and "fingerprint" not in state
+    old = {k: v for k, v in state.items() if k != "content_id"}
+    h = hashlib.sha256()
+    for shard in cache.manifest["shards"]:
+        h.update(f"{shard['file']}:{shard['xxh3']};".encode())
+    old["fingerprint"] = h.hexdigest()[:16]
+    again = dsc.Loader(cache, batch_size=16, seed=1)
+    again.load_state_dict(old)
+    assert next(iter(again))["key"].equal(next(it)["key"])
+    with pytest.raises(dsc.StateError, match="another cache"):
+        dsc.Loader(cache, batch_size=16, seed=1).load_state_dict({**old, "fingerprint": "0" * 16})
+
+
 def test_bad_states_raise_state_errors(cache_dir: Path, workdir: Path) -> None:
     loader = dsc.Loader(cache_dir, batch_size=16, seed=1)
     good = loader.state_dict()
@@ -446,7 +470,7 @@ def test_bad_states_raise_state_errors(cache_dir: Path, workdir: Path) -> None:
         ({"seed": 2}, "seed"),
         ({"split": "val"}, "split"),
         ({"global_batch": 32}, "global batch"),
-        ({"fingerprint": "0" * 16}, "another cache"),
+        ({"content_id": "0" * 16}, "another cache"),
         ({"samples": 7}, "do not fit"),
         ({"version": 99}, "version"),
         # Issue 27: accepted, then the next iter() raised OverflowError.
