@@ -143,10 +143,8 @@ pub struct Filler {
 }
 
 impl Filler {
-    /// Copies batch `step` of the epoch into `dst` (one slice per tensor of
-    /// [`Loader::layout`], each at least its [`Loader::batch_bytes`]) with one copy from the
-    /// mapped shards; returns what the batch is (its sequence length, or its pack).
-    pub fn fill(&self, step: usize, dst: &mut [&mut [u8]]) -> Result<BatchInfo, LoadError> {
+    /// The epoch's gather, if `step` is one of its steps.
+    fn step(&self, step: usize) -> Result<&Gather, LoadError> {
         let gather = &self.hints.gather;
         if step >= gather.steps() {
             return Err(LoadError::Options(format!(
@@ -154,6 +152,14 @@ impl Filler {
                 gather.steps()
             )));
         }
+        Ok(gather)
+    }
+
+    /// Copies batch `step` of the epoch into `dst` (one slice per tensor of
+    /// [`Loader::layout`], each at least its [`Loader::batch_bytes`]) with one copy from the
+    /// mapped shards; returns what the batch is (its sequence length, or its pack).
+    pub fn fill(&self, step: usize, dst: &mut [&mut [u8]]) -> Result<BatchInfo, LoadError> {
+        let gather = self.step(step)?;
         check_buffers(dst, &self.batch_bytes)?;
         let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
         self.hints.hint(step, self.rank);
@@ -169,13 +175,7 @@ impl Filler {
         step: usize,
         block: &mut [u8],
     ) -> Result<(BatchInfo, Vec<(usize, usize)>), LoadError> {
-        let gather = &self.hints.gather;
-        if step >= gather.steps() {
-            return Err(LoadError::Options(format!(
-                "step {step} of an epoch of {} steps",
-                gather.steps()
-            )));
-        }
+        let gather = self.step(step)?;
         let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
         self.hints.hint(step, self.rank);
         gather.gather_block((&samples, repeated), block)
@@ -193,13 +193,7 @@ impl Filler {
         positions: &mut [u8],
         pack: &mut [&mut [u8]],
     ) -> Result<BatchInfo, LoadError> {
-        let gather = &self.hints.gather;
-        if step >= gather.steps() {
-            return Err(LoadError::Options(format!(
-                "step {step} of an epoch of {} steps",
-                gather.steps()
-            )));
-        }
+        let gather = self.step(step)?;
         let rows = gather.batching.rows();
         if positions.len() != rows * 8 {
             return Err(LoadError::Options(format!(
