@@ -15,7 +15,8 @@ from ._dsc import __version__
 from ._errors import CacheError, CompileError, Error, OptionsError, StateError, WorkerError
 from ._cache import Cache, TensorInfo, open
 from ._compile import compile, compile_stage, merge
-from ._loader import Batch, IterableDataset, Loader
+from ._batch import Batch
+from ._loader import IterableDataset, Loader
 
 __all__ = [
     "Batch",

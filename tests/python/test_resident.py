@@ -99,7 +99,7 @@ def test_resident_options_and_budget(cache_dir: Path) -> None:
 def test_the_staged_path_gives_the_same_batches(cache_dir: Path, threads: int, kw: dict) -> None:
     """The path to a GPU (whole batches gathered into a ring of blocks, one copy per batch),
     run with a CPU stand-in for the copy: the host path's batches, every step, in order."""
-    from dsc._loader import _HostCopy
+    from dsc._epochs import _HostCopy
 
     host = dsc.Loader(cache_dir, seed=8, **kw)
     staged = dsc.Loader(cache_dir, seed=8, num_threads=threads, prefetch=2, **kw)

@@ -1,0 +1,391 @@
+"""The iterators behind `dsc.Loader`: one epoch each, by one of four paths.
+
+- **host** (`_Epoch`, the default): the Rust loader's own threads prepare batches ahead; a
+  batch in cache order is a view of the mapped shards (no copy), any other is one gather into a
+  buffer that the batch then owns. Waiting for a batch releases the GIL.
+- **pinned** (`_PinnedEpoch`, ``pin_memory=True`` without a device): Python threads gather each
+  batch straight into fresh page-locked tensors from torch's caching host allocator.
+- **to a GPU** (`_StagedEpoch`): Python threads gather whole batches into a fixed ring of
+  pinned blocks, one copy per batch on a copy stream.
+- **resident** (`_ResidentEpoch`): the split lives on the device; each batch is gathered there
+  by index.
+
+Either way a batch owns its memory: nothing is reused while a tensor of it is alive, so a batch
+stays valid for as long as you hold it. The epochs read their loader's settings and call back
+its bookkeeping (`_consumed`, `_finished`, `_valid`) without importing the loader's module.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _resident
+from ._batch import FORK_ADVICE, Batch, _torch
+from ._errors import Error, WorkerError
+
+
+class _Tensor:
+    """One tensor of an epoch's batches, worked out once per epoch, so that a batch costs one
+    array and one tensor over each buffer (what Python spends per batch bounds the loader's
+    rate on many cores: issue 28, item 3)."""
+
+    __slots__ = ("name", "dtype", "before", "after", "whole", "make")
+
+    def __init__(self, loader: Any, name: str, dtype: str, whole: Sequence[int],
+                 axis: Optional[int]) -> None:
+        self.name, self.dtype = name, dtype
+        self.whole = tuple(whole)
+        # The shape around the trimmed axis (None: the shape is always `whole`).
+        self.before = None if axis is None else self.whole[:axis]
+        self.after = None if axis is None else self.whole[axis + 1:]
+        # The buffer exports its typed, shaped array: `numpy.asarray` takes it in one call.
+        asarray = np.asarray
+        if loader.format == "numpy":
+            if loader.copy:
+                def make(buffer: Any):
+                    return asarray(buffer).copy() if buffer.zero_copy else asarray(buffer)
+            else:
+                make = asarray
+        else:
+            from_numpy = _torch().from_numpy
+            if loader.copy:
+                def make(buffer: Any):
+                    # A view of the loader's read-only mapping (with copy=True no private map
+                    # is made): one copy, which the tensor then owns.
+                    array = asarray(buffer)
+                    return from_numpy(array.copy() if buffer.zero_copy else array)
+            else:
+                def make(buffer: Any):
+                    return from_numpy(asarray(buffer))
+        self.make = make
+
+    def shape(self, seq_len: int) -> Tuple[int, ...]:
+        return self.whole if self.before is None else self.before + (seq_len,) + self.after
+
+
+class _Epoch:
+    """An iterator over the rest of the loader's current epoch (host path). It holds its
+    loader (``next(iter(dsc.Loader(...)))`` works); the loader refers to it weakly."""
+
+    def __init__(self, loader: Any, threads: Optional[int] = None) -> None:
+        """``threads``: the Rust loader's own threads (default: the loader's ``num_threads``)."""
+        self.loader = loader
+        self.pid = loader._pid
+        self.epoch = loader._epoch
+        self.thread = threading.get_ident()
+        self._busy = threading.Lock()
+        self.handle = loader._handle(loader.num_threads if threads is None else threads)
+        self.layout = [_Tensor(loader, *t) for t in self.handle.tensors()]
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def _owner(self) -> Any:
+        if os.getpid() != self.pid:
+            raise WorkerError(
+                f"a dsc.Loader iterator made in process {self.pid} was used in process "
+                f"{os.getpid()} (a fork). {FORK_ADVICE}"
+            )
+        return self.loader
+
+    def _next_item(self):
+        return self.handle.next()
+
+    def __next__(self) -> Batch:
+        loader = self._owner()
+        if not self._busy.acquire(blocking=False):
+            raise WorkerError(
+                "two threads called next() on one dsc.Loader iterator at once: each batch goes "
+                "to one caller. Take batches in one thread (and hand them on through a queue), "
+                "or give each thread its own dsc.Loader"
+            )
+        try:
+            return self._next_locked(loader)
+        finally:
+            self._busy.release()
+
+    def _next_locked(self, loader: Any) -> Batch:
+        if self.handle is None:
+            raise StopIteration
+        try:
+            item = self._next_item()
+        except BaseException:
+            # The position stays at the failed batch: a new iter() retries from there.
+            self.close()
+            raise
+        if item is None:
+            self.close()
+            loader._finished(self)
+            raise StopIteration
+        batch = self._batch(loader, item)
+        loader._consumed(self)
+        return batch
+
+    def _batch(self, loader: Any, item) -> Batch:
+        step, (seq_len, pack), buffers = item
+        batch = Batch(
+            {t.name: t.make(buf) for t, buf in zip(self.layout, buffers)},
+            self.epoch, step, seq_len, loader._valid(step, pack), pack and pack[:3],
+        )
+        if loader.device is not None:
+            # Not pinned memory: a non-blocking copy could still be reading the buffer when
+            # its tensor is freed and the buffer reused.
+            batch = batch.to(loader.device)
+        return batch
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+def _produce(handle, sizes: List[int], pin: bool, queues: List[queue.Queue],
+             stop: threading.Event, k: int, first: int, total: int) -> None:
+    """A pinned-path producer: fills every ``len(queues)``-th step from ``first + k`` into fresh
+    (pinned) torch buffers. It holds no reference to its epoch, so an abandoned epoch is
+    collected, and its finaliser sets ``stop``."""
+    torch = _torch()
+    threads = len(queues)
+
+    def put(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                queues[k].put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    try:
+        for step in range(first + k, total, threads):
+            if stop.is_set():
+                return
+            bufs = [torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin) for n in sizes]
+            info = handle.fill(step, [b.numpy()[:n] for b, n in zip(bufs, sizes)])
+            put((step, info, bufs))
+    except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
+        put(e)
+
+
+class _ThreadedEpoch(_Epoch):
+    """An epoch whose batches ``max(1, num_threads)`` Python threads prepare, thread ``k`` every
+    ``num_threads``-th step from the first (the gathers run in Rust with the GIL released); the
+    consumer takes the steps in order from the threads' queues."""
+
+    def __init__(self, loader: Any, name: str, target: Any, args: Any) -> None:
+        """``target(*args(k), queues, stop, k, first, total)`` runs thread ``k``."""
+        super().__init__(loader, threads=0)  # the Python threads below fill the batches
+        self.first = self.handle.position()
+        self.total = self.handle.steps()
+        self.next_step = self.first
+        self.stop = threading.Event()
+        threads = max(1, loader.num_threads)
+        self.queues: List[queue.Queue] = [queue.Queue(maxsize=loader.prefetch) for _ in range(threads)]
+        self.threads = [
+            threading.Thread(
+                target=target, daemon=True, name=f"dsc-{name}-{k}",
+                args=(*args(k), self.queues, self.stop, k, self.first, self.total),
+            )
+            for k in range(threads)
+        ]
+        # Dropped without close(): the producers stop on their own.
+        self._finalizer = weakref.finalize(self, self.stop.set)
+        for t in self.threads:
+            t.start()
+
+    def _next_item(self):
+        if self.next_step >= self.total:
+            return None
+        k = (self.next_step - self.first) % len(self.queues)
+        while True:
+            if self.stop.is_set():  # closed from another thread
+                raise StopIteration
+            try:
+                item = self.queues[k].get(timeout=0.1)
+                break
+            except queue.Empty:
+                continue
+        if isinstance(item, BaseException):
+            if isinstance(item, Error):
+                raise item
+            raise Error(f"loading batch {self.next_step} failed: {item}") from item
+        return item
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in getattr(self, "threads", []):
+            if t is not threading.current_thread():
+                t.join()
+        super().close()
+
+
+class _PinnedEpoch(_ThreadedEpoch):
+    """The pinned path: the threads fill each step into fresh page-locked tensors (from torch's
+    caching host allocator, which reuses a block only after the tensors over it are freed and
+    the copies from it have finished), which the batch then owns."""
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader, "pin", _produce,
+                         lambda k: (self.handle, self.handle.batch_bytes(), loader.pin_memory))
+
+    def _batch(self, loader: Any, item) -> Batch:
+        step, (seq_len, pack), bufs = item
+        torch = _torch()
+        tensors = {}
+        for layout, buf in zip(self.layout, bufs):
+            shape = layout.shape(seq_len)
+            count = int(np.prod(shape))
+            t = buf.view(getattr(torch, layout.dtype))[:count].view(shape)
+            if loader.device is not None:
+                t = t.to(loader.device, non_blocking=loader.pin_memory)
+            tensors[layout.name] = t
+        self.handle.advance(1)
+        self.next_step += 1
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                     pack and pack[:3])
+
+
+class _CudaCopy:
+    """Copies a batch's block to the GPU on a stream of its own, so that copies overlap the
+    consumer's work; the consumer's stream waits for each copy by event, never the host."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch, self.device = torch, device
+        self.stream = torch.cuda.Stream(device)
+
+    def __call__(self, view: Any) -> Tuple[Any, Any]:
+        torch = self.torch
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            on_device = view.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        consumer.wait_event(done)
+        # Memory allocated on the copy stream and used on the consumer's: the allocator must
+        # not hand it out again before the consumer's work on it has run.
+        on_device.record_stream(consumer)
+        return on_device, done
+
+
+class _HostCopy:
+    """The staged path with a CPU "device" (the tests' stand-in for a GPU): the block is
+    copied, and free again at once."""
+
+    def __call__(self, view: Any) -> Tuple[Any, Any]:
+        return view.clone(), None
+
+
+def _stage(handle, free: queue.Queue, queues: List[queue.Queue], stop: threading.Event, k: int,
+           first: int, total: int) -> None:
+    """A staged-path producer: fills every ``len(queues)``-th step from ``first + k`` into one of
+    its own blocks, once the last copy from that block has finished. It holds no reference to
+    its epoch, so an abandoned epoch is collected, and its finaliser sets ``stop``."""
+    threads = len(queues)
+
+    def wait(q: queue.Queue, item: Any = None, put: bool = False) -> Any:
+        while not stop.is_set():
+            try:
+                if put:
+                    q.put(item, timeout=0.1)
+                    return None
+                return q.get(timeout=0.1)
+            except (queue.Full, queue.Empty):
+                continue
+        return None
+
+    try:
+        for step in range(first + k, total, threads):
+            taken = wait(free)
+            if taken is None:
+                return
+            block, copied = taken
+            if copied is not None:
+                copied.synchronize()  # the block's last copy to the device has run
+            info, ranges = handle.fill_block(step, block.numpy())
+            wait(queues[k], (step, info, ranges, block), put=True)
+    except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
+        wait(queues[k], e, put=True)
+
+
+class _StagedEpoch(_ThreadedEpoch):
+    """The path to a GPU: the threads gather whole batches into a fixed ring of page-locked
+    blocks, ``prefetch + 1`` per thread, one contiguous block per batch with every tensor cut
+    to the batch; the consumer copies each block to the device in one transfer on a copy stream
+    and views the tensors there. A block is refilled only after its copy has run (an event,
+    waited for by its producer), so the batch a consumer holds is never overwritten, and
+    nothing is allocated per batch on the host."""
+
+    def __init__(self, loader: Any, copy: Any) -> None:
+        torch = _torch()
+        self.copy = copy
+        pin = isinstance(copy, _CudaCopy)
+        self.free: List[queue.Queue] = []
+        for _ in range(max(1, loader.num_threads)):
+            blocks: queue.Queue = queue.Queue()
+            self.free.append(blocks)
+
+        def args(k: int) -> tuple:
+            if self.free[k].empty():
+                size = max(8, self.handle.block_bytes())
+                for _ in range(loader.prefetch + 1):
+                    self.free[k].put((torch.empty(size, dtype=torch.uint8, pin_memory=pin), None))
+            return self.handle, self.free[k]
+
+        super().__init__(loader, "stage", _stage, args)
+
+    def _batch(self, loader: Any, item) -> Batch:
+        step, (seq_len, pack), ranges, block = item
+        torch = _torch()
+        end = max((o + n for o, n in ranges), default=0)
+        on_device, copied = self.copy(block[:end])
+        k = (step - self.first) % len(self.queues)
+        self.free[k].put((block, copied))
+        tensors = {}
+        for layout, (offset, n) in zip(self.layout, ranges):
+            tensors[layout.name] = (on_device[offset:offset + n]
+                                    .view(getattr(torch, layout.dtype))
+                                    .view(layout.shape(seq_len)))
+        self.handle.advance(1)
+        self.next_step += 1
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                     pack and pack[:3])
+
+
+class _ResidentEpoch(_Epoch):
+    """The resident path: the consumer thread asks Rust for each step's index (positions, and
+    a pack's own tensors; no shard is read), copies it to the device in one transfer and
+    gathers the batch there from the resident split. No loading threads: the device does the
+    gather, asynchronously, in the order the steps are taken."""
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader, threads=0)
+        self.split = loader._resident()
+        self.first = self.handle.position()
+        self.total = self.handle.steps()
+        self.next_step = self.first
+        self.rows = self.handle.index_rows()
+        sizes = self.handle.batch_bytes()
+        own = sizes[-5:] if loader.pack is not None else []
+        self.ring = _resident.IndexRing(_torch(), self.split.device, [self.rows * 8] + own)
+        self.sequence = {n: loader.cache.tensor(n).is_sequence for n in loader.columns}
+
+    def _next_item(self):
+        if self.next_step >= self.total:
+            return None
+        step = self.next_step
+        info, block = self.ring.fill(step, lambda views: self.handle.fill_index(step, views))
+        return step, info, block
+
+    def _batch(self, loader: Any, item) -> Batch:
+        step, (seq_len, pack), block = item
+        tensors = _resident.gather(_torch(), self.split, self.layout, self.ring, block,
+                                   self.rows, seq_len, pack, loader.cache.max_len, self.sequence)
+        self.handle.advance(1)
+        self.next_step += 1
+        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                     pack and pack[:3])
