@@ -1,6 +1,10 @@
 //! Command-line flags. Each flag's first doc line is its `-h` text; the rest shows in `--help`.
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use dsc_compiler::partition::Stage;
+use dsc_format::choice::Choice;
+use dsc_format::spec::{EmptyContexts, NanPolicy, Truncate, UnmatchedRows};
 use std::path::PathBuf;
 
 /// dsc, the dataset compiler: Parquet event and sequence data to pre-shuffled, padded
@@ -78,8 +82,8 @@ pub struct StorageArgs {
     /// fifth of the hot size on padded caches). The loader (Rust and Python), verify, inspect
     /// and show read it, decompressing a shard into memory on first use; batches are the same
     /// bytes in the same order. `dsc decompress` turns it back into a hot (mapped) cache.
-    #[arg(long, value_name = "CODEC", help_heading = "Output")]
-    pub compress: Option<Codec>,
+    #[arg(long, value_parser = choice::<dsc_format::Codec>(), value_name = "CODEC", help_heading = "Output")]
+    pub compress: Option<dsc_format::Codec>,
     /// zstd level, 1 (fastest) to 22 (smallest) [default: 3].
     #[arg(
         long,
@@ -91,24 +95,23 @@ pub struct StorageArgs {
     pub compress_level: Option<i32>,
 }
 
+/// A clap parser for a [`Choice`]: its names are the possible values (listed in `--help` and in
+/// the error for another), each spelled once, by the type.
+fn choice<T: Choice + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::NAMES).map(|s| T::parse_name(&s).expect("one of T::NAMES"))
+}
+
 impl StorageArgs {
     pub fn storage(&self) -> dsc_compiler::Storage {
         match self.compress {
             None => dsc_compiler::Storage::Hot,
-            Some(Codec::Zstd) => dsc_compiler::Storage::Zstd {
+            Some(dsc_format::Codec::Zstd) => dsc_compiler::Storage::Zstd {
                 level: self
                     .compress_level
                     .unwrap_or(dsc_format::stored::DEFAULT_ZSTD_LEVEL),
             },
         }
     }
-}
-
-/// A shard compression codec.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Codec {
-    /// Zstandard.
-    Zstd,
 }
 
 /// Compress a cache's shards for cold storage (zstd), in place and atomically.
@@ -215,40 +218,6 @@ pub struct GenArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum TruncateArg {
-    Head,
-    Tail,
-    Sample,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum NanArg {
-    Error,
-    Zero,
-    Mean,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum UnmatchedArg {
-    Error,
-    Drop,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum StageArg {
-    Scan,
-    Fit,
-    Write,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum EmptyArg {
-    Error,
-    Drop,
-    Keep,
-}
-
 /// Compile Parquet rows into a cache of safetensors shards.
 ///
 /// Rows are grouped into one sequence per --key value, ordered by --order-by, truncated to
@@ -292,8 +261,8 @@ pub struct CompileArgs {
     #[arg(long, value_name = "L", help_heading = "Grouping")]
     pub max_len: Option<usize>,
     /// Which rows of a longer sequence are kept [default: head].
-    #[arg(long, value_enum, help_heading = "Grouping")]
-    pub truncate: Option<TruncateArg>,
+    #[arg(long, value_parser = choice::<Truncate>(), help_heading = "Grouping")]
+    pub truncate: Option<Truncate>,
 
     /// Per-row numeric features stored in x [n, L, F], comma-separated, in order.
     #[arg(
@@ -345,11 +314,11 @@ pub struct CompileArgs {
     )]
     pub context_features: Vec<String>,
     /// Rows whose key has no context row: stop with an error, or drop them [default: error].
-    #[arg(long, value_enum, help_heading = "Context table")]
-    pub unmatched_rows: Option<UnmatchedArg>,
+    #[arg(long, value_parser = choice::<UnmatchedRows>(), help_heading = "Context table")]
+    pub unmatched_rows: Option<UnmatchedRows>,
     /// Context rows with no rows: error, drop, or keep as empty sequences [default: error].
-    #[arg(long, value_enum, help_heading = "Context table")]
-    pub empty_contexts: Option<EmptyArg>,
+    #[arg(long, value_parser = choice::<EmptyContexts>(), help_heading = "Context table")]
+    pub empty_contexts: Option<EmptyContexts>,
 
     /// Fraction of contexts in the validation split, chosen by a hash of the key [default: 0].
     /// With --split-by or --split-keys, carved out of the contexts they put in `train`.
@@ -386,8 +355,8 @@ pub struct CompileArgs {
 
     /// Null/NaN/inf in a numeric column: error (naming file, column, row), zero, or the
     /// train mean [default: error].
-    #[arg(long, value_enum, help_heading = "Values")]
-    pub nan: Option<NanArg>,
+    #[arg(long, value_parser = choice::<NanPolicy>(), help_heading = "Values")]
+    pub nan: Option<NanPolicy>,
 
     /// Cache directory to create.
     #[arg(long, value_name = "DIR", help_heading = "Output")]
@@ -430,8 +399,8 @@ pub struct CompileArgs {
     /// The stage this partition runs: `scan` (read its share of the rows files into buckets),
     /// `fit` (statistics of its buckets, after every scan), `write` (shards of its buckets,
     /// after every fit).
-    #[arg(long, value_enum, help_heading = "Partitions", requires = "partition")]
-    pub stage: Option<StageArg>,
+    #[arg(long, value_parser = choice::<Stage>(), help_heading = "Partitions", requires = "partition")]
+    pub stage: Option<Stage>,
 }
 
 /// Summarize a cache: splits, shards, tensors, column statistics, lengths.

@@ -1,14 +1,13 @@
 //! `dsc compile`: flags and spec file → `CompileSpec` → `dsc_compiler::compile` → report.
 
-use crate::args::{
-    CompileArgs, EmptyArg, MergeArgs, NanArg, StageArg, StatusArgs, TruncateArg, UnmatchedArg,
-};
+use crate::args::{CompileArgs, MergeArgs, StatusArgs};
 use crate::output::outln;
 use crate::output::{bytes, peak_rss_mib, thousands};
 use anyhow::{bail, Context as _};
 use dsc_compiler::partition::{self, Partition, Stage};
 use dsc_compiler::{CompileOptions, CompileSpec, TerminalBars};
-use dsc_format::spec::{parse_size, EmptyContexts, JoinSpec, NanPolicy, Truncate, UnmatchedRows};
+use dsc_format::choice::Choice as _;
+use dsc_format::spec::{parse_size, JoinSpec};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -86,31 +85,16 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
             .collect();
     }
     if let Some(t) = a.truncate {
-        spec.truncate = match t {
-            TruncateArg::Head => Truncate::Head,
-            TruncateArg::Tail => Truncate::Tail,
-            TruncateArg::Sample => Truncate::Sample,
-        };
+        spec.truncate = t;
     }
     if let Some(n) = a.nan {
-        spec.nan = match n {
-            NanArg::Error => NanPolicy::Error,
-            NanArg::Zero => NanPolicy::Zero,
-            NanArg::Mean => NanPolicy::Mean,
-        };
+        spec.nan = n;
     }
     if let Some(u) = a.unmatched_rows {
-        spec.unmatched_rows = match u {
-            UnmatchedArg::Error => UnmatchedRows::Error,
-            UnmatchedArg::Drop => UnmatchedRows::Drop,
-        };
+        spec.unmatched_rows = u;
     }
     if let Some(e) = a.empty_contexts {
-        spec.empty_contexts = match e {
-            EmptyArg::Error => EmptyContexts::Error,
-            EmptyArg::Drop => EmptyContexts::Drop,
-            EmptyArg::Keep => EmptyContexts::Keep,
-        };
+        spec.empty_contexts = e;
     }
     if let Some(v) = a.val_fraction {
         spec.val_fraction = v;
@@ -200,11 +184,6 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         .transpose()?;
     if let (Some(p), Some(stage)) = (&a.partition, a.stage) {
         let partition = parse_partition(p)?;
-        let stage = match stage {
-            StageArg::Scan => Stage::Scan,
-            StageArg::Fit => Stage::Fit,
-            StageArg::Write => Stage::Write,
-        };
         let r = partition::run_stage(&spec, &out, max_memory, partition, stage, &bars)?;
         if a.json {
             crate::output::print_json(&r)?;

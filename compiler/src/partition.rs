@@ -34,6 +34,7 @@ use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Spill, SpillPart, SpillTo};
 use crate::write::{sibling, Staging};
 use crate::{split, Progress};
+use dsc_format::choice::Choice;
 use dsc_format::manifest::{InputFile, Inputs};
 use dsc_format::CompileSpec;
 use serde::de::DeserializeOwned;
@@ -53,19 +54,7 @@ pub enum Stage {
     Write,
 }
 
-impl Stage {
-    /// Every stage, in the order they run.
-    pub const ALL: [Stage; 3] = [Stage::Scan, Stage::Fit, Stage::Write];
-
-    /// The stage's name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::Scan => "scan",
-            Stage::Fit => "fit",
-            Stage::Write => "write",
-        }
-    }
-}
+dsc_format::choice!(Stage, "stage", { Scan => "scan", Fit => "fit", Write => "write" });
 
 /// Partition `index` of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod checksum;
+pub mod choice;
 mod error;
 pub mod manifest;
 pub mod rng;

@@ -54,6 +54,15 @@ pub enum EmptyContexts {
     Keep,
 }
 
+crate::choice!(Truncate, "truncate", { Head => "head", Tail => "tail", Sample => "sample" });
+crate::choice!(NanPolicy, "nan", { Error => "error", Zero => "zero", Mean => "mean" });
+crate::choice!(UnmatchedRows, "unmatched_rows", { Error => "error", Drop => "drop" });
+crate::choice!(EmptyContexts, "empty_contexts", {
+    Error => "error",
+    Drop => "drop",
+    Keep => "keep",
+});
+
 /// A per-row lookup table joined on one column (e.g. sensor geometry on `sensor_id`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

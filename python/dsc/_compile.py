@@ -16,12 +16,9 @@ from ._errors import OptionsError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_CHOICES = {
-    "truncate": ("head", "tail", "sample"),
-    "nan": ("error", "zero", "mean"),
-    "unmatched_rows": ("error", "drop"),
-    "empty_contexts": ("error", "drop", "keep"),
-}
+# Each choice's names, from the Rust types that define them (the CLI and spec files use the
+# same): {"truncate": ("head", "tail", "sample"), "nan": ..., "codec": ..., "stage": ...}.
+_CHOICES = {what: tuple(names) for what, names in _dsc.choices()}
 
 
 def _names(value: Union[str, Iterable[str], None], what: str) -> Optional[List[str]]:
@@ -241,7 +238,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     return Cache(out)
 
 
-_STAGES = ("scan", "fit", "write")
+_STAGES = _CHOICES["stage"]
 
 
 def compile_stage(

@@ -13,7 +13,8 @@ mod errors;
 use buffer::Buffer;
 use dsc_compiler::partition::{self, Partition, Stage};
 use dsc_compiler::{CompileOptions, CompileSpec, Interrupt, Storage, TerminalBars};
-use dsc_format::Dtype;
+use dsc_format::choice::Choice;
+use dsc_format::{Codec, Dtype};
 use dsc_loader::pack::PackInfo;
 use dsc_loader::{Cache, Filler, LoadError, LoaderOptions, State, TensorLayout};
 use errors::{compile_error, load_error, options_error};
@@ -526,17 +527,9 @@ fn compile_stage(
     progress: bool,
 ) -> PyResult<String> {
     let spec = spec_from(py, spec_json, spec_file.as_deref())?;
-    let stage = match stage {
-        "scan" => Stage::Scan,
-        "fit" => Stage::Fit,
-        "write" => Stage::Write,
-        other => {
-            return Err(options_error(
-                py,
-                &format!("stage={other:?}: expected \"scan\", \"fit\" or \"write\""),
-            ))
-        }
-    };
+    let stage: Stage = stage
+        .parse()
+        .map_err(|e| options_error(py, &format!("{e}")))?;
     let partition = Partition::parse(&format!("{index}/{count}"))
         .map_err(|e| options_error(py, &format!("partition: {e}")))?;
     let interrupt = Arc::new(Interrupt::new());
@@ -550,18 +543,18 @@ fn compile_stage(
 
 /// `compress=` and `compress_level=` of `dsc.compile` as a shard storage.
 fn storage_of(py: Python<'_>, codec: Option<&str>, level: Option<i32>) -> PyResult<Storage> {
+    let codec = codec
+        .map(|c| c.parse::<Codec>())
+        .transpose()
+        .map_err(|e| options_error(py, &format!("compress: {e} (or None for hot shards)")))?;
     match codec {
         None if level.is_some() => {
             Err(options_error(py, "compress_level= needs compress=\"zstd\""))
         }
         None => Ok(Storage::Hot),
-        Some("zstd") => Ok(Storage::Zstd {
+        Some(Codec::Zstd) => Ok(Storage::Zstd {
             level: level.unwrap_or(dsc_format::stored::DEFAULT_ZSTD_LEVEL),
         }),
-        Some(other) => Err(options_error(
-            py,
-            &format!("compress={other:?}: the codec is \"zstd\" (or None for hot shards)"),
-        )),
     }
 }
 
@@ -586,6 +579,24 @@ fn merge(
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }
 
+/// The names of each choice of a compile spec (`truncate`, `nan`, …), as the CLI and spec files
+/// spell them: what `dsc.compile` checks its keywords against.
+#[pyfunction]
+fn choices() -> Vec<(&'static str, Vec<&'static str>)> {
+    use dsc_format::spec::{EmptyContexts, NanPolicy, Truncate, UnmatchedRows};
+    fn of<T: Choice>() -> (&'static str, Vec<&'static str>) {
+        (T::WHAT, T::NAMES.to_vec())
+    }
+    vec![
+        of::<Truncate>(),
+        of::<NanPolicy>(),
+        of::<UnmatchedRows>(),
+        of::<EmptyContexts>(),
+        of::<Codec>(),
+        of::<Stage>(),
+    ]
+}
+
 /// Parses a size such as `256MiB` into bytes.
 #[pyfunction]
 fn parse_size(py: Python<'_>, text: &str) -> PyResult<u64> {
@@ -601,6 +612,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile_stage, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(choices, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
+use dsc_format::choice::Choice;
 use dsc_train::config::{defaults, Amp, ModelKind, RunConfig, Task};
 use std::path::PathBuf;
 
@@ -47,11 +48,7 @@ pub struct Cli {
     /// stored units), `classification` (cross-entropy on one integer column, classes
     /// 0..K-1), `direction` (IceCube azimuth/zenith as a unit vector, cosine loss, mean angular
     /// error in radians).
-    #[arg(long, default_value = "regression", value_parser = choice(&["regression", "classification", "direction"], |s| match s {
-        "classification" => Task::Classification,
-        "direction" => Task::Direction,
-        _ => Task::Regression,
-    }))]
+    #[arg(long, default_value = "regression", value_parser = choice::<Task>())]
     pub task: Task,
 
     /// Target column(s) of `y`, comma-separated [default: all for regression; the only one
@@ -61,10 +58,7 @@ pub struct Cli {
 
     /// Network over the sequence: a pre-norm `transformer` encoder with masked mean pooling, or
     /// a `gru` read at the last stored step.
-    #[arg(long, default_value = "transformer", value_parser = choice(&["transformer", "gru"], |s| match s {
-        "gru" => ModelKind::Gru,
-        _ => ModelKind::Transformer,
-    }))]
+    #[arg(long, default_value = "transformer", value_parser = choice::<ModelKind>())]
     pub model: ModelKind,
 
     /// Width of the model (transformer d_model, GRU hidden size).
@@ -160,11 +154,7 @@ pub struct Cli {
 
     /// Mixed precision of the matrix products: `bf16`, `fp16` (with dynamic loss scaling) or
     /// `none` [default: bf16 on CUDA, none on CPU].
-    #[arg(long, value_parser = choice(&["none", "bf16", "fp16"], |s| match s {
-        "bf16" => Amp::Bf16,
-        "fp16" => Amp::Fp16,
-        _ => Amp::None,
-    }))]
+    #[arg(long, value_parser = choice::<Amp>())]
     pub amp: Option<Amp>,
 
     /// Read the loss back from the device every N steps (the only host sync in training).
@@ -220,12 +210,9 @@ pub struct Cli {
     pub json: bool,
 }
 
-/// A parser that lists `names` in `--help` and errors, mapped to the library's enum.
-fn choice<T: Clone + Send + Sync + 'static>(
-    names: &'static [&'static str],
-    map: fn(&str) -> T,
-) -> impl TypedValueParser<Value = T> {
-    PossibleValuesParser::new(names).map(move |s| map(&s))
+/// A parser that lists a [`Choice`]'s names in `--help` and errors, parsed by the type.
+fn choice<T: Choice + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::NAMES).map(|s| T::parse_name(&s).expect("one of T::NAMES"))
 }
 
 /// `--resident`.

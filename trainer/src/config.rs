@@ -52,6 +52,13 @@ pub enum Task {
     Direction,
 }
 
+dsc_format::choice!(Task, "task", {
+    Regression => "regression",
+    Classification => "classification",
+    Direction => "direction",
+});
+dsc_format::choice!(ModelKind, "model", { Transformer => "transformer", Gru => "gru" });
+
 /// The network over the sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -49,6 +49,8 @@ pub enum Codec {
     Zstd,
 }
 
+crate::choice!(Codec, "codec", { Zstd => "zstd" });
+
 impl Codec {
     /// The suffix appended to the shard's file name.
     pub fn suffix(self) -> &'static str {

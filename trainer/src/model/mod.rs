@@ -36,6 +36,8 @@ pub enum Amp {
     Fp16,
 }
 
+dsc_format::choice!(Amp, "amp", { None => "none", Bf16 => "bf16", Fp16 => "fp16" });
+
 /// One batch on the device, trimmed to its longest sequence `S`; or one pack, whose per-step
 /// tensors are `[T, ..]` instead of `[B, S, ..]` and per-context ones `[S, ..]` (`S` its
 /// sequence slots).
