@@ -8,7 +8,8 @@ import json
 import numbers
 import os
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict,
+                    Union, Unpack)
 
 from . import _dsc
 from ._cache import Cache
@@ -19,6 +20,41 @@ PathLike = Union[str, "os.PathLike[str]"]
 # Each choice's names, from the Rust types that define them (the CLI and spec files use the
 # same): {"truncate": ("head", "tail", "sample"), "nan": ..., "codec": ..., "stage": ...}.
 _CHOICES = {what: tuple(names) for what, names in _dsc.choices()}
+
+
+class CompileOptions(TypedDict, total=False):
+    """The spec keywords of :func:`dsc.compile` and :func:`dsc.compile_stage`, with their types
+    (``dsc compile``'s flags, ``--order-by`` as ``order_by``): what type checkers and editors
+    show for ``**options``. The names are checked at run time by ``_fields``, whose parameters a
+    test holds equal to these."""
+
+    key: str
+    order_by: str
+    context: PathLike
+    context_key: str
+    targets: Union[str, Sequence[str]]
+    context_features: Union[str, Sequence[str]]
+    features: Union[str, Sequence[str]]
+    categorical: Union[str, Sequence[str]]
+    encode: Union[Mapping[str, str], Sequence[str]]
+    joins: Sequence[Union[Tuple[PathLike, str], Mapping[str, str]]]
+    join: PathLike
+    on: str
+    max_len: int
+    truncate: str
+    nan: str
+    unmatched_rows: str
+    empty_contexts: str
+    val_fraction: float
+    split_seed: int
+    split_by: str
+    split_keys: Mapping[str, PathLike]
+    seed: int
+    shard_size: Union[int, str]
+    profile: str
+    val_keys: PathLike
+    partitions: int
+    bucket_size: Union[int, str]
 
 
 def _names(value: Union[str, Iterable[str], None], what: str) -> Optional[List[str]]:
@@ -197,7 +233,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     progress: Optional[bool] = None,
     compress: Optional[str] = None,
     compress_level: Optional[int] = None,
-    **options: Any,
+    **options: Unpack[CompileOptions],
 ) -> Cache:
     """Compiles Parquet rows into a cache at ``out`` and returns it opened (:class:`dsc.Cache`).
 
@@ -250,7 +286,7 @@ def compile_stage(
     spec: Optional[PathLike] = None,
     max_memory: Union[int, str, None] = None,
     progress: bool = False,
-    **options: Any,
+    **options: Unpack[CompileOptions],
 ) -> Dict[str, Any]:
     """Runs one stage of one partition of a compile into ``out``, as
     ``dsc compile … --partition I/N --stage STAGE`` does; returns the stage's report.

@@ -84,6 +84,19 @@ def test_bad_compile_options_are_options_errors(in_workdir: Path, tmp_path: Path
         dsc.compile("data/train/batch_*.parquet", out=out, key="event_id", featurs="x")
 
 
+def test_the_typed_keywords_are_the_checked_ones() -> None:
+    """`dsc.compile`'s `**options` are typed by `CompileOptions`; the names the run-time check
+    takes (`_fields`' parameters) are the same, so neither list drifts from the other."""
+    import inspect
+
+    from dsc._compile import CompileOptions, _fields
+
+    checked = set(inspect.signature(_fields).parameters) - {"rows", "spec"}
+    assert set(CompileOptions.__annotations__) == checked
+    for fn in (dsc.compile, dsc.compile_stage):
+        assert "Unpack[CompileOptions]" in str(inspect.signature(fn).parameters["options"])
+
+
 def test_the_mostlyai_profile_is_reachable(tmp_path: Path) -> None:
     data = REPO / "tests/vectors/mostlyai/seq/data"
     kwargs = dict(key="id", context=str(data / "ctx.parquet"), profile="mostlyai")
