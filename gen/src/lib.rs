@@ -14,6 +14,8 @@
 //! mistake for input. Files of an earlier run into the same folder are overwritten, not removed:
 //! use a fresh folder when the number of files shrinks.
 
+#![deny(missing_docs)]
+
 pub mod icecube;
 pub mod sequences;
 
