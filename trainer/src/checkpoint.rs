@@ -21,6 +21,7 @@ const META_KEY: &str = "dsc_train";
 /// Where the run stands; saved in the checkpoint's metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Position {
+    /// The run's configuration.
     pub config: RunConfig,
     /// Epoch in progress (or the next one when `loader` is `None`).
     pub epoch: u64,
@@ -61,6 +62,7 @@ impl Position {
 /// A loaded checkpoint.
 #[derive(Debug)]
 pub struct Checkpoint {
+    /// Where the run stands and how it got there.
     pub position: Position,
     tensors: HashMap<String, Tensor>,
     path: PathBuf,
@@ -75,6 +77,7 @@ impl Checkpoint {
             .with_context(|| format!("{}: no tensor {name:?}", self.path.display()))
     }
 
+    /// Reads and checks the checkpoint at `path`.
     pub fn read(path: &Path) -> anyhow::Result<Checkpoint> {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let (_, meta) = SafeTensors::read_metadata(&bytes)

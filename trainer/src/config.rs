@@ -19,14 +19,23 @@ pub const MAX_PREFETCH: usize = 1024;
 /// `dsc-train`'s defaults: a small network that learns on the CPU in minutes and keeps a GPU
 /// busy at batch 256.
 pub mod defaults {
+    /// Model width (transformer `d_model`, GRU hidden size).
     pub const DIM: i64 = 128;
+    /// Layers of the network.
     pub const LAYERS: i64 = 2;
+    /// Attention heads.
     pub const HEADS: i64 = 4;
+    /// Contexts per micro-batch.
     pub const BATCH_SIZE: usize = 256;
+    /// Peak learning rate.
     pub const LR: f64 = 1e-3;
+    /// AdamW decoupled weight decay (matrices only).
     pub const WEIGHT_DECAY: f64 = 0.01;
+    /// Global gradient-norm clip (0: off).
     pub const CLIP: f64 = 1.0;
+    /// Optimizer steps between loss read-backs.
     pub const LOG_EVERY: u64 = 50;
+    /// Host buffers the loader fills ahead (ring slots).
     pub const PREFETCH: usize = 3;
     /// Trimmed lengths on CUDA round up the ladder of 16 (`dsc_loader::order::trimmed_len`):
     /// L = 128 gives 8 shapes instead of up to 128, each reused step after step (a GPU pays
@@ -63,23 +72,34 @@ dsc_format::choice!(ModelKind, "model", { Transformer => "transformer", Gru => "
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
+    /// A pre-norm transformer encoder with masked mean pooling.
     Transformer,
+    /// A GRU read at each sequence's last stored step.
     Gru,
 }
 
 /// Everything that defines a run's arithmetic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunConfig {
+    /// The cache directory.
     pub cache: PathBuf,
+    /// What is learned from `y`.
     pub task: Task,
     /// Target columns of `y`; empty: the task's default.
     pub target: Vec<String>,
+    /// The network over the sequence.
     pub model: ModelKind,
+    /// Model width.
     pub dim: i64,
+    /// Layers.
     pub layers: i64,
+    /// Attention heads (transformer).
     pub heads: i64,
+    /// Dropout probability.
     pub dropout: f64,
+    /// Passes over the training split.
     pub epochs: u64,
+    /// Contexts per micro-batch.
     pub batch_size: usize,
     /// Length-bucketed batches (train and evaluation). Checkpoints from before the option
     /// existed trained without it.
@@ -102,17 +122,25 @@ pub struct RunConfig {
     /// a run may resume with another setting.
     #[serde(default)]
     pub resident: Option<bool>,
+    /// Micro-batches per optimizer step.
     pub accumulate: usize,
+    /// Peak learning rate (warmup, then cosine decay to a tenth).
     pub lr: f64,
+    /// AdamW decoupled weight decay (matrices only).
     pub weight_decay: f64,
     /// Warmup in optimizer steps; `None`: 5% of all steps.
     pub warmup: Option<u64>,
+    /// Global gradient-norm clip (0: off).
     pub clip: f64,
     /// `None`: bf16 on CUDA, none on the CPU.
     pub amp: Option<Amp>,
+    /// Optimizer steps between loss read-backs (and log lines).
     pub log_every: u64,
+    /// Optimizer steps between mid-epoch checkpoints (`None`: at epoch ends only).
     pub checkpoint_every: Option<u64>,
+    /// Host buffers the loader fills ahead.
     pub prefetch: usize,
+    /// Seed of the weights, dropout and data order.
     pub seed: u64,
     /// Scale the model's inputs with the cache's train statistics (`normalise`). Checkpoints
     /// written before the option existed trained without it, so a missing field reads `false`.

@@ -130,7 +130,9 @@ unsafe impl Send for SlotMemory {}
 /// A filled slot: which one, and what the batch is (its trimmed sequence length, or its pack).
 #[derive(Debug, Clone, Copy)]
 pub struct Filled {
+    /// The ring slot that holds it.
     pub slot: usize,
+    /// What the batch is: its sequence length, or its pack.
     pub info: BatchInfo,
 }
 

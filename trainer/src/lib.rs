@@ -7,6 +7,7 @@
 //! optimizer ([`optim`]); [`train`] and [`diag`] drive a session; [`checkpoint`], [`report`],
 //! [`timing`], [`readback`] and [`nvml`] (GPU busy) record what happened. [`device`] and [`cuda`] pick the device and
 //! make libtorch's CUDA backend usable; [`alloc`] keeps freed step memory for the next step.
+#![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod alloc;

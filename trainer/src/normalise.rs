@@ -38,7 +38,9 @@ pub fn train_stats(cache: &Path) -> anyhow::Result<SplitStats> {
 /// Shift and scale per column of a tensor's last axis: the network sees `(x - shift) / scale`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scaling {
+    /// Subtracted from each column.
     pub shift: Vec<f64>,
+    /// Each column is divided by it after the shift.
     pub scale: Vec<f64>,
 }
 
@@ -51,6 +53,7 @@ impl Scaling {
         }
     }
 
+    /// Whether it changes nothing (shift 0, scale 1).
     pub fn is_identity(&self) -> bool {
         self.shift.iter().all(|&s| s == 0.0) && self.scale.iter().all(|&s| s == 1.0)
     }

@@ -224,11 +224,14 @@ impl AdamW {
 /// Dynamic loss scale for fp16, kept on the device.
 #[derive(Debug)]
 pub struct LossScaler {
+    /// The current loss scale (f32 scalar on the device).
     pub scale: Tensor,
+    /// Clean steps since the scale last changed.
     pub growth_tracker: Tensor,
 }
 
 impl LossScaler {
+    /// A scaler at the initial scale on `device`.
     pub fn new(device: Device) -> LossScaler {
         LossScaler {
             scale: Tensor::full([], SCALE_INIT, (Kind::Float, device)),

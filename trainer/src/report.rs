@@ -6,23 +6,36 @@ use serde::{Deserialize, Serialize};
 /// One finished epoch.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochReport {
+    /// Epoch number (0-based).
     pub epoch: u64,
+    /// Optimizer steps in the epoch.
     pub steps: u64,
+    /// Mean training loss over the epoch's batches.
     pub train_loss: f64,
+    /// Loss on the evaluation split (`--eval-split`), if the cache has it.
     pub val_loss: Option<f64>,
+    /// The task's metric on the evaluation split.
     pub val_metric: Option<f64>,
+    /// Contexts trained per second of wall time.
     pub samples_per_s: f64,
+    /// Share of the wall time the step waited for the loader.
     pub data_wait_share: f64,
+    /// Share of the wall time the host-to-device copies took (device time; 0 on the CPU).
     pub h2d_share: f64,
+    /// Share of the wall time from a step's copy to its end (the trainer's own split, not GPU busy).
     pub compute_share: f64,
 }
 
 /// The final model on one split.
 #[derive(Debug, Clone, Serialize)]
 pub struct SplitEvaluation {
+    /// The split's name.
     pub split: String,
+    /// Contexts evaluated (each once).
     pub contexts: usize,
+    /// Mean loss over them.
     pub loss: f64,
+    /// The task's metric over them.
     pub metric: f64,
 }
 
@@ -31,15 +44,22 @@ pub struct SplitEvaluation {
 pub struct StepReport {
     /// Optimizer steps done at the end of the window.
     pub step: u64,
+    /// Mean training loss over the window.
     pub train_loss: f64,
+    /// Learning rate of the window's last step.
     pub lr: f64,
+    /// Contexts trained per second of wall time.
     pub samples_per_s: f64,
+    /// Share of the wall time the step waited for the loader.
     pub data_wait_share: f64,
+    /// Share of the wall time the host-to-device copies took.
     pub h2d_share: f64,
+    /// Share of the wall time from a step's copy to its end.
     pub compute_share: f64,
 }
 
 impl StepReport {
+    /// A report of the window ending at optimizer step `step`.
     pub fn new(step: u64, train_loss: f64, lr: f64, s: Shares) -> StepReport {
         StepReport {
             step,
@@ -68,19 +88,29 @@ pub struct Readbacks {
 /// The final summary of `dsc-train` (training, or `--overfit-batch`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// `train` or `overfit_batch`.
     pub mode: &'static str,
+    /// The device trained on (`cpu (N threads)`, `cuda:0`).
     pub device: String,
     /// Whether libtorch's CUDA backend (`libtorch_cuda.so`) was loaded at start.
     pub cuda_backend: String,
+    /// Mixed precision used: `none`, `bf16` or `fp16`.
     pub amp: String,
     /// Whether training batches were gathered on the device from the resident train split.
     pub resident: bool,
+    /// The task (`regression`, `classification`, `direction`).
     pub task: String,
+    /// The network (`transformer`, `gru`).
     pub model: String,
+    /// Trainable parameters.
     pub parameters: i64,
+    /// The task's metric (e.g. `mean_angular_error`).
     pub metric: String,
+    /// Each finished epoch.
     pub epochs: Vec<EpochReport>,
+    /// Each logged window.
     pub steps: Vec<StepReport>,
+    /// Optimizer steps taken in all.
     pub optimizer_steps: u64,
     /// Shares over the whole run: the trainer's own split of its wall time (CUDA events), not
     /// how busy the GPU was: see `gpu_busy_nvml`.
@@ -89,10 +119,12 @@ pub struct Summary {
     /// it, sampled every 100 ms; absent without a GPU or without the driver's NVML library.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_busy_nvml: Option<f64>,
+    /// Every time the host stopped for the device.
     pub readbacks: Readbacks,
     /// `--overfit-batch`: whether the loss fell by over 90%.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overfit_passed: Option<bool>,
+    /// The checkpoint written (`OUT/last.ckpt`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
     /// The split behind each epoch's `val_loss` and `val_metric`.
@@ -110,9 +142,13 @@ pub struct Summary {
 /// `--find-batch-size`: one size tried.
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchTrial {
+    /// Contexts per batch tried.
     pub batch_size: usize,
+    /// Whether a step of it ran within the device's memory.
     pub fits: bool,
+    /// Its contexts per second, when it fit.
     pub samples_per_s: Option<f64>,
+    /// Why it did not fit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -120,8 +156,12 @@ pub struct BatchTrial {
 /// `--find-batch-size` summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchSizeReport {
+    /// `find_batch_size`.
     pub mode: &'static str,
+    /// The device tried on.
     pub device: String,
+    /// The largest batch size that fit.
     pub largest: Option<usize>,
+    /// Each size tried, in order.
     pub trials: Vec<BatchTrial>,
 }

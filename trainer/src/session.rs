@@ -36,18 +36,28 @@ struct Layout {
     pack: Option<[usize; 3]>,
 }
 
+/// One run's cache, network, optimizer and buffers.
 #[derive(Debug)]
 pub struct Session {
+    /// What defines the run.
     pub cfg: RunConfig,
+    /// The open cache.
     pub cache: Cache,
+    /// Where the network runs.
     pub device: Device,
+    /// Mixed precision in use.
     pub amp: Amp,
     /// `cfg.trim_multiple` resolved for the device.
     pub trim_multiple: usize,
+    /// The task: loss, metric, targets.
     pub task: TaskSpec,
+    /// The network's variables.
     pub vs: nn::VarStore,
+    /// The network.
     pub net: Box<dyn SequenceModel>,
+    /// The optimizer.
     pub opt: AdamW,
+    /// The fp16 loss scaler, if fp16.
     pub scaler: Option<LossScaler>,
     layout: Layout,
     /// Host buffers; `ring.slot(i)` are pinned on CUDA.
@@ -74,11 +84,14 @@ pub struct Resident {
 /// A batch on the device, ready for the network.
 #[derive(Debug)]
 pub struct DeviceBatch {
+    /// What the network reads.
     pub inputs: Inputs,
+    /// The targets.
     pub y: Tensor,
 }
 
 impl Session {
+    /// Sets up a run of `cfg` on `device` with `slots` ring slots.
     pub fn new(cfg: RunConfig, device: Device, slots: usize) -> anyhow::Result<Session> {
         cfg.validate()?;
         let cache = Cache::open(&cfg.cache)

@@ -13,8 +13,11 @@ use tch::{Kind, Reduction, Tensor};
 /// A task resolved against a cache: which columns of `y`, and the network's output width.
 #[derive(Debug)]
 pub struct TaskSpec {
+    /// Which task.
     pub task: Task,
+    /// The target columns of `y` it reads.
     pub column_names: Vec<String>,
+    /// Outputs the network's head needs.
     pub outputs: i64,
     /// Name of the validation metric (lower is better except accuracy).
     pub metric: &'static str,

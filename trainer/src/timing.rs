@@ -12,16 +12,20 @@ use std::time::{Duration, Instant};
 /// Totals of one interval (a logged window, or an epoch).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Totals {
+    /// Wall time.
     pub wall: Duration,
+    /// Time blocked waiting for the loader.
     pub data_wait: Duration,
     /// Device time of copies (CUDA).
     pub h2d: Duration,
     /// Device time of forward, backward and update (CUDA); wall minus waits on the CPU.
     pub compute: Duration,
+    /// Contexts trained.
     pub samples: u64,
 }
 
 impl Totals {
+    /// Adds `o`'s times and counts.
     pub fn add(&mut self, o: &Totals) {
         self.wall += o.wall;
         self.data_wait += o.data_wait;
@@ -30,6 +34,7 @@ impl Totals {
         self.samples += o.samples;
     }
 
+    /// The times as shares of the wall time, and the rate.
     pub fn shares(&self) -> Shares {
         let w = self.wall.as_secs_f64().max(1e-12);
         Shares {
@@ -44,9 +49,13 @@ impl Totals {
 /// Shares of the wall time, as reported.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Shares {
+    /// Contexts trained per second of wall time.
     pub samples_per_s: f64,
+    /// Share of the wall time waiting for data.
     pub data_wait_share: f64,
+    /// Share of the wall time copying to the device.
     pub h2d_share: f64,
+    /// Share of the wall time computing (the rest, or device time on CUDA).
     pub compute_share: f64,
 }
 
@@ -87,10 +96,12 @@ impl Clock {
         })
     }
 
+    /// Adds a wait for data of `d`.
     pub fn waited(&mut self, d: Duration) {
         self.cur.data_wait += d;
     }
 
+    /// Counts `n` more contexts trained.
     pub fn samples(&mut self, n: usize) {
         self.cur.samples += n as u64;
     }

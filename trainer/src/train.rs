@@ -21,8 +21,11 @@ const IN_FLIGHT: usize = 1;
 /// Options that are not part of the run's arithmetic.
 #[derive(Debug)]
 pub struct RunOptions {
+    /// The run's output folder.
     pub out: PathBuf,
+    /// Stop after this many optimizer steps in all.
     pub max_steps: Option<u64>,
+    /// No progress bars or log lines (the `--json` mode).
     pub quiet: bool,
 }
 

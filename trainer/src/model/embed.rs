@@ -20,6 +20,7 @@ pub struct Standardise {
 }
 
 impl Standardise {
+    /// Shift and scale from `s` as non-trainable variables under `vs`.
     pub fn new(vs: nn::Path, s: &Scaling) -> Standardise {
         if s.is_identity() {
             return Standardise { shift_scale: None };

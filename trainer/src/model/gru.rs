@@ -35,6 +35,7 @@ pub struct Gru {
 }
 
 impl Gru {
+    /// A GRU for inputs of `shape` under `vs`, computing in `ct`.
     pub fn new(vs: &nn::Path, c: &GruConfig, shape: &Shape, ct: Kind) -> Gru {
         // torch.nn.GRU's initialisation: every weight and bias uniform in ±1/sqrt(hidden).
         let bound = 1.0 / (c.dim as f64).sqrt();

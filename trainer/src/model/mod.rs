@@ -135,11 +135,15 @@ impl PackedView {
 /// What the network sees of the cache.
 #[derive(Debug, Clone)]
 pub struct Shape {
+    /// Features per step (`x`'s last axis; 0 without `x`).
     pub features: i64,
     /// Number of codes of each categorical tensor (null, unknown and the vocabulary).
     pub vocabularies: Vec<i64>,
+    /// Context features per context (0 without them).
     pub context: i64,
+    /// The cache's `L`.
     pub max_len: i64,
+    /// Outputs of the head (the task's).
     pub outputs: i64,
     /// Shift and scale of each per-step feature (identity when not normalised).
     pub x_scaling: Scaling,
@@ -158,7 +162,9 @@ pub trait SequenceModel: std::fmt::Debug {
 /// Which network, with its configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelConfig {
+    /// A transformer encoder.
     Transformer(TransformerConfig),
+    /// A GRU.
     Gru(GruConfig),
 }
 

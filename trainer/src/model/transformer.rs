@@ -30,6 +30,7 @@ struct Block {
     ff: Mlp,
 }
 
+/// A pre-norm transformer encoder with masked mean pooling and a linear head.
 #[derive(Debug)]
 pub struct Transformer {
     embed: Embed,
@@ -43,6 +44,7 @@ pub struct Transformer {
 }
 
 impl Transformer {
+    /// A transformer for inputs of `shape` under `vs`, computing in `ct`.
     pub fn new(vs: &nn::Path, c: &TransformerConfig, shape: &Shape, ct: Kind) -> Transformer {
         let d = c.dim;
         let ln = Default::default();
