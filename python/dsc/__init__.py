@@ -2,11 +2,13 @@
 padded safetensors shards, and streamed into PyTorch at memory speed.
 
 >>> import dsc
->>> dsc.compile(rows="data/train/batch_*.parquet", key="event_id", order_by="time",
-...             features=["x", "y", "z"], out="cache")                      # doctest: +SKIP
->>> loader = dsc.Loader("cache", split="train", batch_size=256, seed=0)    # doctest: +SKIP
->>> for batch in loader:                                                     # doctest: +SKIP
-...     x, length = batch["x"], batch["length"]
+>>> cache = dsc.compile(rows="data/train/batch_*.parquet", key="event_id", order_by="time",
+...                     features=["time", "charge"], out="cache")     # data: dsc gen icecube
+>>> loader = dsc.Loader(cache, split="train", batch_size=256, seed=0)
+>>> for batch in loader:
+...     x, length = batch["x"], batch["length"]     # [256, L, 2] and [256]
+>>> x.shape[0], x.shape[2]
+(256, 2)
 
 See docs/PYTHON.md for the whole API.
 """

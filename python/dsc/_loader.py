@@ -66,11 +66,13 @@ def _in_worker_process() -> bool:
 class Loader:
     """Batches of a dsc cache for one rank, in PyTorch's vocabulary.
 
-    >>> loader = dsc.Loader("cache", split="train", batch_size=256, seed=0)  # doctest: +SKIP
-    >>> for epoch in range(10):                                              # doctest: +SKIP
+    >>> loader = dsc.Loader("cache", split="train", batch_size=256, seed=0)
+    >>> for epoch in range(10):
     ...     loader.set_epoch(epoch)
     ...     for batch in loader:             # dsc.Batch: name -> torch.Tensor
-    ...         ...
+    ...         x, length = batch["x"], batch["length"]   # your step here
+    >>> loader.epoch
+    10
 
     The order of an epoch is a pure function of (cache, seed, epoch, split, global batch):
     the keys of every batch equal ``dsc order CACHE --keys`` with the same arguments. ``len()``
