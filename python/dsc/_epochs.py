@@ -324,16 +324,13 @@ class _StagedEpoch(_ThreadedEpoch):
         torch = _torch()
         self.copy = copy
         pin = isinstance(copy, _CudaCopy)
-        self.free: List[queue.Queue] = []
-        for _ in range(max(1, loader.num_threads)):
-            blocks: queue.Queue = queue.Queue()
-            self.free.append(blocks)
+        self.free: List[queue.Queue] = [queue.Queue() for _ in range(max(1, loader.num_threads))]
 
         def args(k: int) -> tuple:
-            if self.free[k].empty():
-                size = max(8, self.handle.block_bytes())
-                for _ in range(loader.prefetch + 1):
-                    self.free[k].put((torch.empty(size, dtype=torch.uint8, pin_memory=pin), None))
+            # Called once per thread, once the handle exists: thread k's own blocks.
+            size = max(8, self.handle.block_bytes())
+            for _ in range(loader.prefetch + 1):
+                self.free[k].put((torch.empty(size, dtype=torch.uint8, pin_memory=pin), None))
             return self.handle, self.free[k]
 
         super().__init__(loader, "stage", _stage, args)

@@ -139,6 +139,9 @@ impl AdamW {
     pub fn zero_grad(&mut self) {
         tch::no_grad(|| {
             let _ = self.grads.zero_();
+            if self.seated.iter().all(|&s| s) {
+                return;
+            }
             // Gradients defined since the last step are not seated yet.
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let mut g = p.grad();

@@ -513,8 +513,9 @@ fn resident_split(
         let t = Tensor::f_from_data_size(&host[i], &shape, crate::feed::kind_of(s.dtype))?;
         tensors[i] = Some(t.to_device(device));
     }
-    let probe = cache.loader(cfg.loader_options(m, "train", 0, 1))?;
-    let rows = probe.index_rows();
+    // An index has a row per context of a batch (a pack's sequence slots): the rows of the
+    // per-context `length` tensor, read from the layout rather than from another loader.
+    let rows = batch[l.length].shape[0];
     let ring = Rc::new(HostRing::index(
         batch,
         rows,
