@@ -24,11 +24,11 @@ pub(crate) struct Context {
 }
 
 /// One row column of the compile: where it comes from and how it is encoded.
-pub(crate) struct RowColumn<'a> {
+pub(crate) struct BucketColumn<'a> {
     pub name: &'a str,
     pub join: Option<&'a Keyed>,
     pub categorical: bool,
-    pub chain: Vec<Stage>,
+    pub chain: &'a [Stage],
 }
 
 /// Everything a bucket needs that is shared by all of them.
@@ -37,9 +37,9 @@ pub(crate) struct Shared<'a> {
     pub spill: &'a Spill,
     pub context: Option<&'a ContextSide>,
     pub splits: &'a split::Splits<'a>,
-    pub columns: Vec<RowColumn<'a>>,
+    pub columns: Vec<BucketColumn<'a>>,
     /// Targets, then context features: (name, is_target, chain).
-    pub context_columns: Vec<(&'a str, bool, Vec<Stage>)>,
+    pub context_columns: Vec<(&'a str, bool, &'a [Stage])>,
 }
 
 /// What only the whole input shows is wrong: kept per bucket, decided after all of them.

@@ -461,7 +461,7 @@ pub(crate) fn fit_buckets(
                 columns.push(None);
                 categories.push(Some(category_partial(&access, &p.row_tags, n_splits)?));
             } else {
-                let prefix = unfitted_prefix(rc.name, &rc.chain)?;
+                let prefix = unfitted_prefix(rc.name, rc.chain)?;
                 columns.push(Some(numeric_partial(
                     &access,
                     &p.row_tags,
@@ -609,7 +609,7 @@ pub(crate) fn merge(
                 .iter()
                 .map(|f| f.columns[i].as_ref().expect("a numeric column"))
                 .collect();
-            let result = merge_numeric(&id, &numeric, n_splits, &rc.chain, files)?;
+            let result = merge_numeric(&id, &numeric, n_splits, rc.chain, files)?;
             let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
             column_stats.push(result.stats.clone());
             columns.push(FittedColumn::Numeric(

@@ -2,9 +2,11 @@
 //! order and padded safetensors shards, in bounded memory.
 //!
 //! [`compile`] runs the whole job for a [`CompileSpec`] in one process; [`partition`] runs it as
-//! stages on many machines and merges. The modules follow the data: `spill` (rows files into
-//! buckets), `bucket` (group, join contexts, split), `fit` (statistics, encodings), `shards`
-//! (layout, encode, write), `write` (staging and commit); `pipeline` orchestrates them.
+//! stages on many machines and merges. A compile is a recipe (`own`: dsc's own; [`mostlyai`]:
+//! the profile) run by a driver (`local`, [`partition`]); `job` picks the recipe and `recipe`
+//! names the steps every driver calls in the same order. The modules of dsc's own recipe follow
+//! the data: `spill` (rows files into buckets), `bucket` (group, join contexts, split), `fit`
+//! (statistics, encodings), `shards` (layout, encode, write), `write` (staging and commit).
 // One exception, `write::exchange` (renameat2 with RENAME_EXCHANGE: the atomic replacement of a
 // cache, which std does not offer); everything else is safe code.
 #![deny(unsafe_code)]
@@ -19,13 +21,16 @@ mod encode;
 mod error;
 mod fit;
 mod group;
+mod job;
+mod local;
 mod lookup;
 pub mod mostlyai;
+mod own;
 pub mod partition;
-mod pipeline;
 mod plan;
 mod progress;
 mod read;
+mod recipe;
 mod runs;
 mod shards;
 mod spill;
@@ -37,7 +42,8 @@ mod write;
 pub use cache::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{signal_name, CompileError, Result};
-pub use pipeline::{compile, decode_parquet};
+pub use local::compile;
+pub use own::decode_parquet;
 #[cfg(feature = "progress-bar")]
 pub use progress::TerminalBars;
 pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};

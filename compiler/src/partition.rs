@@ -25,15 +25,14 @@
 use crate::budget;
 use crate::cache::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
-use crate::fit::{self, FitPart};
+use crate::job::Job;
 use crate::lookup::ContextPart;
-use crate::mostlyai::{self, bucket as profile};
-use crate::pipeline::{self, Setup};
+use crate::recipe::Recipe;
 use crate::runs::ValueRuns;
-use crate::shards::{self, Layout, WritePart};
-use crate::spill::{self, Spill, SpillPart, SpillTo};
+use crate::shards::WritePart;
+use crate::spill::{self, SpillPart, SpillTo};
 use crate::write::{sibling, Staging};
-use crate::{split, Progress};
+use crate::Progress;
 use dsc_format::choice::Choice;
 use dsc_format::manifest::{InputFile, Inputs};
 use dsc_format::CompileSpec;
@@ -506,54 +505,30 @@ impl Work {
         Ok(scans)
     }
 
-    /// The spilled rows of every scan part; the context table attached to `setup`.
-    fn spill(&self, setup: &mut Setup) -> Result<Spill> {
-        let scans = self.scans(&setup.named_inputs, setup.plan.rows_files.len())?;
-        self.spill_of(setup, scans)
-    }
-
-    fn spill_of(&self, setup: &mut Setup, scans: Vec<ScanBody>) -> Result<Spill> {
-        let dir = self.dir.join("scan");
-        let (_, described) = setup.take_inputs();
+    /// What every scan part spilled, assembled by `recipe`; a compile with a context table
+    /// refuses scans whose last part holds none.
+    fn spilled<R: Recipe>(&self, recipe: &mut R, scans: Vec<ScanBody>) -> Result<R::Spilled> {
         let mut parts = Vec::with_capacity(scans.len());
         let mut context = None;
         for s in scans {
             parts.push(s.spill);
             context = context.or(s.context);
         }
-        setup.attach_context(&dir, context)?;
-        Ok(Spill::from_parts(
-            &dir,
-            parts,
-            setup.buckets,
-            described,
-            setup.plan.rows_wants.clone(),
-        ))
-    }
-
-    /// The profile's two spilled tables, from every scan part.
-    fn profile_spills(
-        &self,
-        setup: &profile::Setup,
-        scans: Vec<ScanBody>,
-    ) -> Result<profile::Spills> {
-        let mut parts = Vec::with_capacity(scans.len());
-        let mut context = None;
-        for s in scans {
-            parts.push(s.spill);
-            context = context.or(s.context);
+        if recipe.has_context() && context.is_none() {
+            let n = self.plan.partitions;
+            let last = Partition {
+                index: n - 1,
+                count: n,
+            };
+            return Err(CompileError::Partition {
+                path: self.dir.join(part_name(Stage::Scan, last)),
+                what: format!(
+                    "the last scan part holds no context table; rerun it: {}",
+                    rerun(Stage::Scan, n - 1, n)
+                ),
+            });
         }
-        let context = context.ok_or_else(|| CompileError::Partition {
-            path: self.dir.join(part_name(
-                Stage::Scan,
-                Partition {
-                    index: self.plan.partitions - 1,
-                    count: self.plan.partitions,
-                },
-            )),
-            what: "the last scan part holds no context table; rerun that partition".into(),
-        })?;
-        Ok(setup.spills(&self.dir.join("scan"), parts, context.into_spill()))
+        recipe.spilled(self.scan_dir(), parts, context)
     }
 
     /// Every fit part and its values file, checked whole and opened.
@@ -592,11 +567,9 @@ pub fn run_stage(
 ) -> Result<StageReport> {
     let start = std::time::Instant::now();
     let budget = max_memory.unwrap_or_else(budget::default_budget);
-    pipeline::check_profile(spec)?;
-    let items = if spec.profile.is_some() {
-        profile_stage(spec, out, budget, partition, stage, progress)?
-    } else {
-        own_stage(spec, out, budget, partition, stage, progress)?
+    let items = match Job::new(spec)? {
+        Job::Own(recipe) => self::stage(recipe, spec, out, budget, partition, stage, progress)?,
+        Job::Profile(recipe) => self::stage(recipe, spec, out, budget, partition, stage, progress)?,
     };
     progress.finish();
     Ok(StageReport {
@@ -665,8 +638,10 @@ fn parse_plan(path: &Path, bytes: &[u8]) -> Result<Plan> {
     })
 }
 
-/// One stage of dsc's own compile; returns the items (files or buckets) it handled.
-fn own_stage(
+/// One stage of one partition of a recipe's compile; returns the items (files or buckets) it
+/// handled.
+fn stage<R: Recipe>(
+    mut recipe: R,
     spec: &CompileSpec,
     out: &Path,
     budget: u64,
@@ -674,160 +649,61 @@ fn own_stage(
     stage: Stage,
     progress: &dyn Progress,
 ) -> Result<usize> {
-    let mut setup = Setup::new(spec)?;
-    setup.open()?;
-    let work = Work::open(out, spec, partition.count, &setup.named_inputs)?;
-    Ok(match stage {
-        Stage::Scan => {
-            let (inputs, _) = setup.take_inputs();
-            let rows_files = inputs.opened.len();
-            let files = partition.share(rows_files);
-            progress.stage("reading", files.len() as u64);
-            let named: Vec<(PathBuf, &str)> = setup.named_inputs[files.clone()].to_vec();
-            let attempt = attempt();
-            let rows_name = format!("rows-{attempt}");
-            let spill = spill::spill_rows(
-                inputs,
-                files.clone(),
-                &setup.plan.rows_wants,
-                scan_to(&work, setup.buckets, &rows_name, budget),
-                progress,
-            )?;
-            let inputs = cache::hash_files(&named)?;
-            // The last partition also spills the context table, once for every stage, and
-            // records what every side file holds.
-            let last = partition.index + 1 == partition.count;
-            let (context, side) = if last {
-                let to = (work.dir.join("scan"), format!("context-{attempt}"));
-                let context = setup.spill_context((&to.0, &to.1), budget)?;
-                (
-                    context,
-                    cache::hash_files(&setup.named_inputs[rows_files..])?,
-                )
-            } else {
-                (None, Vec::new())
-            };
-            let body = ScanBody {
-                spill,
-                inputs,
-                context,
-                side,
-            };
-            work.write_part(Stage::Scan, partition, body, Vec::new())?;
-            files.len()
-        }
-        Stage::Fit => {
-            let spill = work.spill(&mut setup)?;
-            let splits = split::plan(spec, setup.context.as_ref())?;
-            let at_once = setup.at_once(&spill, budget)?;
-            let shared = setup.shared(&spill, &splits);
-            let buckets = partition.share(setup.buckets.count());
-            progress.stage("statistics", buckets.len() as u64);
-            let (part, values) = with_values(&work, partition.index, |runs| {
-                fit::fit_buckets(&shared, buckets.clone(), at_once, runs, progress)
-            })?;
-            work.write_part(Stage::Fit, partition, part, vec![values])?;
-            buckets.len()
-        }
-        Stage::Write => {
-            let spill = work.spill(&mut setup)?;
-            let splits = split::plan(spec, setup.context.as_ref())?;
-            let at_once = setup.at_once(&spill, budget)?;
-            let shared = setup.shared(&spill, &splits);
-            let (fits, values) = work.fits::<FitPart>()?;
-            let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
-            let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
-            let buckets = partition.share(setup.buckets.count());
-            progress.stage("writing shards", buckets.len() as u64);
-            let part = shards::write_buckets(
-                &shared,
-                &merged,
-                &layout,
-                buckets.clone(),
-                at_once,
-                &work.dir,
-                progress,
-            )?;
-            work.write_part(Stage::Write, partition, part, Vec::new())?;
-            buckets.len()
-        }
-    })
-}
-
-/// One stage of a profile's compile (`--profile mostlyai`): the same stages over both tables.
-fn profile_stage(
-    spec: &CompileSpec,
-    out: &Path,
-    budget: u64,
-    partition: Partition,
-    stage: Stage,
-    progress: &dyn Progress,
-) -> Result<usize> {
-    let (setup, tgt_in, ctx_in) = profile::Setup::new(spec)?;
-    let work = Work::open(out, spec, partition.count, &setup.named)?;
-    let buckets = partition.share(setup.buckets.count());
-    let rows_files = tgt_in.opened.len();
-    Ok(match stage {
-        Stage::Scan => {
-            let files = partition.share(rows_files);
-            progress.stage("reading", files.len() as u64);
-            let named: Vec<(PathBuf, &str)> = setup.named[files.clone()].to_vec();
-            let attempt = attempt();
-            let rows_name = format!("rows-{attempt}");
-            let to = scan_to(&work, setup.buckets, &rows_name, budget);
-            let spill = mostlyai::spill_side(&setup, tgt_in, files.clone(), false, to, progress)?;
-            let inputs = cache::hash_files(&named)?;
-            // The last partition also spills the context table, once for every stage, and
-            // records what every side file holds.
-            let (context, side) = if partition.index + 1 == partition.count {
-                let context_name = format!("context-{attempt}");
-                let to = scan_to(&work, setup.buckets, &context_name, budget);
-                let all = 0..ctx_in.opened.len();
-                let spill = mostlyai::spill_side(&setup, ctx_in, all, true, to, progress)?;
-                let side = cache::hash_files(&setup.named[rows_files..])?;
-                (Some(ContextPart::of_spill(spill, setup.ctx.rows())), side)
-            } else {
-                (None, Vec::new())
-            };
-            let body = ScanBody {
-                spill,
-                inputs,
-                context,
-                side,
-            };
-            work.write_part(Stage::Scan, partition, body, Vec::new())?;
-            files.len()
-        }
-        Stage::Fit => {
-            let spills = work.profile_spills(&setup, work.scans(&setup.named, rows_files)?)?;
-            let at_once = mostlyai::at_once(&setup, &spills, budget)?;
-            progress.stage("statistics", buckets.len() as u64);
-            let (part, values) = with_values(&work, partition.index, |runs| {
-                mostlyai::fit_buckets(&setup, &spills, buckets.clone(), at_once, runs, progress)
-            })?;
-            work.write_part(Stage::Fit, partition, part, vec![values])?;
-            buckets.len()
-        }
-        Stage::Write => {
-            let spills = work.profile_spills(&setup, work.scans(&setup.named, rows_files)?)?;
-            let at_once = mostlyai::at_once(&setup, &spills, budget)?;
-            let (fits, values) = work.fits::<mostlyai::FitPart>()?;
-            let reduced = mostlyai::reduce(&setup, fits, &values)?;
-            progress.stage("writing shards", buckets.len() as u64);
-            let part = mostlyai::write_buckets(
-                &setup,
-                &spills,
-                &reduced,
-                &values,
-                buckets.clone(),
-                at_once,
-                &work.dir,
-                progress,
-            )?;
-            work.write_part(Stage::Write, partition, part, Vec::new())?;
-            buckets.len()
-        }
-    })
+    let work = Work::open(out, spec, partition.count, recipe.inputs())?;
+    let rows_files = recipe.rows_files();
+    if stage == Stage::Scan {
+        let files = partition.share(rows_files);
+        progress.stage("reading", files.len() as u64);
+        let attempt = attempt();
+        let rows_name = format!("rows-{attempt}");
+        let to = scan_to(&work, recipe.buckets(), &rows_name, budget);
+        let spill = recipe.scan(files.clone(), to, progress)?;
+        let inputs = cache::hash_files(&recipe.inputs()[files.clone()])?;
+        // The last partition also spills the context table, once for every stage, and records
+        // what every side file holds.
+        let (context, side) = if partition.index + 1 == partition.count {
+            let context_name = format!("context-{attempt}");
+            let to = scan_to(&work, recipe.buckets(), &context_name, budget);
+            let context = recipe.scan_context(to, progress)?;
+            (context, cache::hash_files(&recipe.inputs()[rows_files..])?)
+        } else {
+            (None, Vec::new())
+        };
+        let body = ScanBody {
+            spill,
+            inputs,
+            context,
+            side,
+        };
+        work.write_part(Stage::Scan, partition, body, Vec::new())?;
+        return Ok(files.len());
+    }
+    let scans = work.scans(recipe.inputs(), rows_files)?;
+    let spilled = work.spilled(&mut recipe, scans)?;
+    let at_once = recipe.at_once(&spilled, budget)?;
+    let buckets = partition.share(recipe.buckets().count());
+    if stage == Stage::Fit {
+        progress.stage("statistics", buckets.len() as u64);
+        let (part, values) = with_values(&work, partition.index, |runs| {
+            recipe.fit(&spilled, buckets.clone(), at_once, runs, progress)
+        })?;
+        work.write_part(Stage::Fit, partition, part, vec![values])?;
+    } else {
+        let (fits, values) = work.fits::<R::FitPart>()?;
+        let fitted = recipe.reduce(&spilled, fits, &values)?;
+        progress.stage("writing shards", buckets.len() as u64);
+        let part = recipe.write(
+            &spilled,
+            &fitted,
+            &values,
+            buckets.clone(),
+            at_once,
+            &work.dir,
+            progress,
+        )?;
+        work.write_part(Stage::Write, partition, part, Vec::new())?;
+    }
+    Ok(buckets.len())
 }
 
 /// Commits a partitioned compile into `out` once every partition has run every stage: checks
@@ -843,40 +719,36 @@ pub fn merge(
     let timer = Timer::start();
     let work = Work::existing(out)?;
     let spec = work.plan.spec.clone();
-    let report = if spec.profile.is_some() {
-        let (setup, tgt_in, _) = profile::Setup::new(&spec)?;
-        let rows = tgt_in.opened.len();
-        let (scans, writes, mut staging) =
-            work.start_merge(out, force, (&setup.named, rows), progress)?;
-        staging.storage = storage;
-        let inputs = work.merge_inputs(&scans, &writes, &staging)?;
-        let spills = work.profile_spills(&setup, scans)?;
-        let (fits, values) = work.fits::<mostlyai::FitPart>()?;
-        let reduced = mostlyai::reduce(&setup, fits, &values)?;
-        drop(spills);
-        mostlyai::finish(&setup, reduced, writes, inputs, staging, timer, progress)?
-    } else {
-        let mut setup = Setup::new(&spec)?;
-        setup.open()?;
-        let rows = setup.plan.rows_files.len();
-        let (scans, writes, mut staging) =
-            work.start_merge(out, force, (&setup.named_inputs, rows), progress)?;
-        staging.storage = storage;
-        let inputs = work.merge_inputs(&scans, &writes, &staging)?;
-        let spill = work.spill_of(&mut setup, scans)?;
-        let splits = split::plan(&spec, setup.context.as_ref())?;
-        let shared = setup.shared(&spill, &splits);
-        let (fits, values) = work.fits::<FitPart>()?;
-        let merged = fit::merge(&shared, &fits, &values, setup.rows_read)?;
-        let layout = Layout::new(&setup.key_id(&spill), &merged, spec.shard_size);
-        pipeline::finish(
-            &setup, &splits, merged, layout, writes, inputs, staging, timer, progress,
-        )?
+    let report = match Job::new(&spec)? {
+        Job::Own(recipe) => merge_with(recipe, &work, out, force, storage, timer, progress)?,
+        Job::Profile(recipe) => merge_with(recipe, &work, out, force, storage, timer, progress)?,
     };
     progress.advance(1);
     progress.finish();
     std::fs::remove_dir_all(&work.dir).map_err(|e| CompileError::io(&work.dir, e))?;
     Ok(report)
+}
+
+/// The merge of a recipe's parts: every part checked, then the recipe's statistics and
+/// manifest over them, committed.
+fn merge_with<R: Recipe>(
+    mut recipe: R,
+    work: &Work,
+    out: &Path,
+    force: bool,
+    storage: crate::Storage,
+    timer: Timer,
+    progress: &dyn Progress,
+) -> Result<CompileReport> {
+    let (scans, writes, mut staging) =
+        work.start_merge(out, force, (recipe.inputs(), recipe.rows_files()), progress)?;
+    staging.storage = storage;
+    let inputs = work.merge_inputs(&scans, &writes, &staging)?;
+    let spilled = work.spilled(&mut recipe, scans)?;
+    let (fits, values) = work.fits::<R::FitPart>()?;
+    let fitted = recipe.reduce(&spilled, fits, &values)?;
+    drop((spilled, values));
+    recipe.finish(fitted, writes, inputs, staging, timer, progress)
 }
 
 impl Work {

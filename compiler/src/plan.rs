@@ -5,7 +5,7 @@ use crate::lookup;
 use crate::read::{self, Role, Want};
 use dsc_format::spec::CompileSpec;
 use dsc_format::Stage;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 /// Where a per-row column lives.
@@ -22,6 +22,16 @@ pub(crate) struct RowColumn {
     pub name: String,
     pub source: Source,
     pub categorical: bool,
+    /// Its encoding chain, parsed once here (empty for a categorical column).
+    pub chain: Vec<Stage>,
+}
+
+/// A column of the context table to store: a target or a context feature.
+#[derive(Debug, Clone)]
+pub(crate) struct ContextColumn {
+    pub name: String,
+    pub target: bool,
+    pub chain: Vec<Stage>,
 }
 
 /// The resolved inputs of a compile.
@@ -33,6 +43,8 @@ pub(crate) struct Plan {
     pub joins: Vec<(PathBuf, String, Vec<Want>)>,
     /// Rows-table columns to read, key first.
     pub rows_wants: Vec<Want>,
+    /// Targets, then context features.
+    pub context_columns: Vec<ContextColumn>,
 }
 
 /// The longest sequence a cache may pad to: lengths are stored as i32, and one padded context
@@ -145,6 +157,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             )));
         }
     }
+    let mut encodings = BTreeMap::new();
     for (column, chain) in &spec.encode {
         let numeric = spec.features.contains(column)
             || spec.targets.contains(column)
@@ -155,7 +168,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
                 if spec.categorical.contains(column) { " (categorical columns are always coded)" } else { "" }
             )));
         }
-        parse_chain(column, chain)?;
+        encodings.insert(column.clone(), parse_chain(column, chain)?);
     }
 
     let rows_files = read::resolve(&spec.rows)?;
@@ -181,6 +194,13 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         join_names.push((path, names));
     }
 
+    // Each chain parsed once, above; a column without one is stored as it is.
+    let chain_of = |name: &str| {
+        encodings
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| vec![Stage::Identity])
+    };
     let mut row_columns = Vec::new();
     let mut joins: Vec<(PathBuf, String, Vec<Want>)> = spec
         .joins
@@ -237,6 +257,11 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             name: name.clone(),
             source,
             categorical,
+            chain: if categorical {
+                Vec::new()
+            } else {
+                chain_of(name)
+            },
         });
     }
 
@@ -283,5 +308,16 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         row_columns,
         joins,
         rows_wants,
+        context_columns: spec
+            .targets
+            .iter()
+            .map(|n| (n, true))
+            .chain(spec.context_features.iter().map(|n| (n, false)))
+            .map(|(name, target)| ContextColumn {
+                name: name.clone(),
+                target,
+                chain: chain_of(name),
+            })
+            .collect(),
     })
 }

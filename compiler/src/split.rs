@@ -44,10 +44,7 @@ enum Rule<'a> {
 }
 
 /// Decides the splits of `spec`: reads key files (and checks them), or the split column's values.
-pub(crate) fn plan<'a>(
-    spec: &'a CompileSpec,
-    context: Option<&'a ContextSide>,
-) -> Result<Splits<'a>> {
+pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&ContextSide>) -> Result<Splits<'a>> {
     let mut others: BTreeSet<String> = BTreeSet::new();
     let rule = match (&spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {

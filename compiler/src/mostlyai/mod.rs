@@ -6,8 +6,8 @@
 //! It runs dsc's bucketed passes over both tables: spill (`crate::spill`) → per bucket:
 //! link rows to contexts and engine partitions (`bucket`), one piece per column and partition
 //! (`analyze`), folded in bucket order → the engine's reduction → per bucket: encode and write
-//! its shards (`encode`, `crate::shards`) → `crate::cache` commits. Each step is here as a
-//! function the one-process compile and the partitioned stages (`crate::partition`) share.
+//! its shards (`encode`, `crate::shards`) → `crate::cache` commits. [`Profile`] supplies these
+//! steps as a `crate::recipe::Recipe` to the drivers (`crate::local`, `crate::partition`).
 
 pub(crate) mod analyze;
 pub(crate) mod bucket;
@@ -21,10 +21,12 @@ pub mod quantiles;
 mod table;
 
 use crate::budget;
-use crate::cache::{self, CompileOptions, CompileReport, Timer};
+use crate::cache::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, LengthCounts};
+use crate::lookup::ContextPart;
 use crate::read::Inputs as ReadInputs;
+use crate::recipe::Recipe;
 use crate::runs::{Pool, Run, ValueRuns};
 use crate::shards::{Numbering, WritePart};
 use crate::spill::{self, SpillPart, SpillTo};
@@ -138,7 +140,7 @@ impl FitPart {
 
 /// The statistics pass over the buckets of `range`: each prepared and summarised per column
 /// and engine partition, folded in bucket order; sorted values go to `runs`.
-pub(crate) fn fit_buckets(
+fn fit_buckets(
     setup: &Setup,
     spills: &Spills,
     range: Range<usize>,
@@ -251,7 +253,7 @@ fn reduce_side(side: &Side, pieces: &[Vec<Piece>], files: &[File]) -> Result<Red
 
 /// Merges every fit part (in partition order: every bucket once, in bucket order) into the
 /// engine's statistics and the cache's layout; `files` are the values files, in order.
-pub(crate) fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
+fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
     let spec = setup.spec;
     let mut fits = fits.into_iter();
     let mut fit = fits.next().expect("at least one fit part");
@@ -355,7 +357,7 @@ fn pools<'f>(r: &Reduction, files: &'f [File]) -> Vec<Vec<Pool<'f>>> {
 /// statistics and written as its own shards into `dir`. Each split is stored ascending by
 /// `(position_hash(key, seed), key)`, as dsc's own compile stores it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_buckets(
+fn write_buckets(
     setup: &Setup,
     spills: &Spills,
     reduced: &Reduced,
@@ -425,7 +427,7 @@ pub(crate) fn write_buckets(
 
 /// Writes the engine's statistics files, `stats.json` and the manifest from what the shards
 /// passes wrote, and commits the cache.
-pub(crate) fn finish(
+fn finish(
     setup: &Setup,
     reduced: Reduced,
     written: Vec<WritePart>,
@@ -497,95 +499,162 @@ pub(crate) fn finish(
     cache::commit_cache(staging, manifest, stats, timer, progress)
 }
 
-/// Spills files `files` of one table into the buckets.
-pub(crate) fn spill_side(
-    setup: &Setup,
-    inputs: ReadInputs,
-    files: Range<usize>,
-    context: bool,
-    to: SpillTo,
-    progress: &dyn Progress,
-) -> Result<SpillPart> {
-    let side = if context { &setup.ctx } else { &setup.tgt };
-    spill::spill_rows(inputs, files, &side.wants, to, progress)
+/// The profile's compile of a spec: both tables' footers open, the buckets sized and the
+/// validation contexts found.
+pub(crate) struct Profile<'s> {
+    setup: Setup<'s>,
+    /// The opened target and context files, until the scans read them.
+    tgt_in: Option<ReadInputs>,
+    ctx_in: Option<ReadInputs>,
+    rows_files: usize,
+    context_files: usize,
 }
 
-/// How many buckets may be in memory at once under `budget`.
-pub(crate) fn at_once(setup: &Setup, spills: &Spills, budget: u64) -> Result<usize> {
-    let (largest, bytes) = (0..setup.buckets.count())
-        .map(|b| {
-            (
-                spills.tgt.rows(b) + spills.ctx.rows(b),
-                setup.bucket_bytes(spills, b),
-            )
+impl<'s> Profile<'s> {
+    /// Checks `spec` and opens both tables.
+    pub fn new(spec: &'s CompileSpec) -> Result<Profile<'s>> {
+        let (setup, tgt_in, ctx_in) = Setup::new(spec)?;
+        Ok(Profile {
+            setup,
+            rows_files: tgt_in.opened.len(),
+            context_files: ctx_in.opened.len(),
+            tgt_in: Some(tgt_in),
+            ctx_in: Some(ctx_in),
         })
-        .max_by_key(|x| x.1)
-        .unwrap_or((0, 0));
-    budget::at_once(largest, bytes, budget)
+    }
 }
 
-/// Runs the profile in one process.
-pub(crate) fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileReport> {
-    let progress = opts.progress;
-    let mut timer = Timer::start();
-    let (setup, tgt_in, ctx_in) = Setup::new(spec)?;
-    let mut staging = Staging::create(&opts.out, opts.force)?;
-    staging.storage = opts.storage.check()?;
-    let stamps = cache::stamp_files(&setup.named)?;
-    let budget = opts.max_memory.unwrap_or_else(budget::default_budget);
-    let dir = staging.dir.join(spill::SPILL_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
-    let (tgt_files, ctx_files) = (tgt_in.opened.len(), ctx_in.opened.len());
-    progress.stage("reading", (tgt_files + ctx_files) as u64);
-    // A quarter of the budget may hold both spills: then nothing is written.
-    let in_memory =
-        setup.tgt.rows() * setup.tgt.width + setup.ctx.rows() * setup.ctx.width <= budget / 4;
-    let to = |name| SpillTo {
-        dir: &dir,
-        name,
-        buckets: setup.buckets,
-        budget: budget::read_share(budget),
-        in_memory,
-    };
-    let tgt = spill_side(&setup, tgt_in, 0..tgt_files, false, to("rows"), progress)?;
-    let ctx = spill_side(&setup, ctx_in, 0..ctx_files, true, to("context"), progress)?;
-    let spills = setup.spills(&dir, vec![tgt], ctx);
-    timer.lap("read");
+impl<'s> Recipe for Profile<'s> {
+    type Spilled = Spills;
+    type FitPart = FitPart;
+    type Fitted = Reduced;
 
-    let at_once = at_once(&setup, &spills, budget)?;
-    let buckets = 0..setup.buckets.count();
-    progress.stage("statistics", buckets.len() as u64);
-    let runs = ValueRuns::create(dir.join("values-0.spill"), 0)?;
-    let fit = fit_buckets(&setup, &spills, buckets.clone(), at_once, &runs, progress)?;
-    let files = vec![runs.finish()?];
-    let reduced = reduce(&setup, vec![fit], &files)?;
-    timer.lap("statistics");
+    fn inputs(&self) -> &[(std::path::PathBuf, &'static str)] {
+        &self.setup.named
+    }
 
-    progress.stage("writing shards", buckets.len() as u64);
-    let written = write_buckets(
-        &setup,
-        &spills,
-        &reduced,
-        &files,
-        buckets,
-        at_once,
-        &staging.dir,
-        progress,
-    )?;
-    timer.lap("encode");
-    drop(files);
-    drop(spills);
-    std::fs::remove_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
-    let inputs = cache::fingerprint_files(&setup.named, &stamps)?;
-    finish(
-        &setup,
-        reduced,
-        vec![written],
-        inputs,
-        staging,
-        timer,
-        progress,
-    )
+    fn rows_files(&self) -> usize {
+        self.rows_files
+    }
+
+    fn files_to_read(&self) -> usize {
+        self.rows_files + self.context_files
+    }
+
+    fn buckets(&self) -> crate::spill::Buckets {
+        self.setup.buckets
+    }
+
+    fn has_context(&self) -> bool {
+        true
+    }
+
+    fn decoded_bytes(&self) -> u64 {
+        let (tgt, ctx) = (&self.setup.tgt, &self.setup.ctx);
+        tgt.rows() * tgt.width + ctx.rows() * ctx.width
+    }
+
+    fn scan(
+        &mut self,
+        files: Range<usize>,
+        to: SpillTo,
+        progress: &dyn Progress,
+    ) -> Result<SpillPart> {
+        let inputs = self.tgt_in.take().expect("a recipe is scanned once");
+        spill::spill_rows(inputs, files, &self.setup.tgt.wants, to, progress)
+    }
+
+    fn scan_context(
+        &mut self,
+        to: SpillTo,
+        progress: &dyn Progress,
+    ) -> Result<Option<ContextPart>> {
+        let inputs = self.ctx_in.take().expect("a recipe is scanned once");
+        let all = 0..self.context_files;
+        let spill = spill::spill_rows(inputs, all, &self.setup.ctx.wants, to, progress)?;
+        Ok(Some(ContextPart::of_spill(spill, self.setup.ctx.rows())))
+    }
+
+    fn spilled(
+        &mut self,
+        dir: &Path,
+        rows: Vec<SpillPart>,
+        context: Option<ContextPart>,
+    ) -> Result<Spills> {
+        let context = context.expect("the drivers hand the profile its context table");
+        Ok(self.setup.spills(dir, rows, context.into_spill()))
+    }
+
+    fn at_once(&self, spills: &Spills, budget: u64) -> Result<usize> {
+        let setup = &self.setup;
+        let (largest, bytes) = (0..setup.buckets.count())
+            .map(|b| {
+                (
+                    spills.tgt.rows(b) + spills.ctx.rows(b),
+                    setup.bucket_bytes(spills, b),
+                )
+            })
+            .max_by_key(|x| x.1)
+            .unwrap_or((0, 0));
+        budget::at_once(largest, bytes, budget)
+    }
+
+    fn fit(
+        &self,
+        spills: &Spills,
+        buckets: Range<usize>,
+        at_once: usize,
+        runs: &ValueRuns,
+        progress: &dyn Progress,
+    ) -> Result<FitPart> {
+        fit_buckets(&self.setup, spills, buckets, at_once, runs, progress)
+    }
+
+    fn reduce(&self, _: &Spills, fits: Vec<FitPart>, values: &[File]) -> Result<Reduced> {
+        reduce(&self.setup, fits, values)
+    }
+
+    fn write(
+        &self,
+        spills: &Spills,
+        reduced: &Reduced,
+        values: &[File],
+        buckets: Range<usize>,
+        at_once: usize,
+        dir: &Path,
+        progress: &dyn Progress,
+    ) -> Result<WritePart> {
+        write_buckets(
+            &self.setup,
+            spills,
+            reduced,
+            values,
+            buckets,
+            at_once,
+            dir,
+            progress,
+        )
+    }
+
+    fn finish(
+        &self,
+        reduced: Reduced,
+        written: Vec<WritePart>,
+        inputs: Inputs,
+        staging: Staging,
+        timer: Timer,
+        progress: &dyn Progress,
+    ) -> Result<CompileReport> {
+        finish(
+            &self.setup,
+            reduced,
+            written,
+            inputs,
+            staging,
+            timer,
+            progress,
+        )
+    }
 }
 
 /// `key`, `length`, the context sub-columns, the positional and target sub-columns.

@@ -1,0 +1,389 @@
+//! dsc's own recipe: plan → read and spill into buckets → per bucket: group, join contexts,
+//! split, partial statistics → merge statistics, fit encodings → per bucket: group again,
+//! encode, write its shards → stats.json → manifest.json. The drivers (`local`, `partition`)
+//! call these steps in this order.
+
+use crate::bucket::{BucketColumn, ColumnId, Shared};
+use crate::budget;
+use crate::cache::{commit_cache, CompileReport, Timer};
+use crate::error::{CompileError, Result};
+use crate::fit::{self, FitPart, Merged};
+use crate::lookup::{self, ContextPart, ContextSide, Keyed};
+use crate::plan::{self, Source};
+use crate::read::{self, Role};
+use crate::recipe::Recipe;
+use crate::runs::ValueRuns;
+use crate::shards::{self, Layout, WritePart};
+use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
+use crate::split;
+use crate::write::Staging;
+use crate::Progress;
+use dsc_format::manifest::Inputs;
+use dsc_format::spec::{CompileSpec, DEFAULT_BUCKET_SIZE};
+use dsc_format::{Manifest, ShardEntry};
+use rayon::prelude::*;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Decodes the named columns of Parquet files and discards them: the floor a compile is
+/// measured against. Returns the rows decoded.
+pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
+    let rows: Vec<u64> = files
+        .par_iter()
+        .map(|path| {
+            let opened = read::open(path)?;
+            let indices: Vec<usize> = columns
+                .iter()
+                .map(|c| {
+                    opened
+                        .schema
+                        .index_of(c)
+                        .map_err(|_| CompileError::MissingColumn {
+                            path: path.clone(),
+                            column: c.clone(),
+                            role: "a decoded column".into(),
+                            available: read::column_list(&opened.schema),
+                        })
+                })
+                .collect::<Vec<Result<_>>>()
+                .into_iter()
+                .collect::<Result<_>>()?;
+            let mut n = 0u64;
+            for batch in opened.into_reader(&indices)? {
+                n += batch
+                    .map_err(|e| CompileError::BadParquet {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?
+                    .num_rows() as u64;
+            }
+            Ok(n)
+        })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
+        .collect::<Result<_>>()?;
+    Ok(rows.iter().sum())
+}
+
+/// dsc's own compile of `spec`: the plan, the inputs' footers, the side tables (context table,
+/// joins) and the buckets, read before any bucket is touched.
+pub(crate) struct Own<'s> {
+    spec: &'s CompileSpec,
+    plan: plan::Plan,
+    named_inputs: Vec<(PathBuf, &'static str)>,
+    /// The opened rows files, until the scan reads them.
+    inputs: Option<read::Inputs>,
+    /// What describes the rows files to the spill, until it is assembled.
+    described: Option<Described>,
+    joins: Vec<Keyed>,
+    /// The context table, once spilled and read back ([`Recipe::spilled`]).
+    context: Option<ContextSide>,
+    buckets: Buckets,
+    width: u64,
+    rows_read: u64,
+}
+
+/// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.
+pub(crate) struct OwnSpilled<'s> {
+    spill: Spill,
+    splits: split::Splits<'s>,
+}
+
+/// dsc's own fitted statistics and encodings, the shard layout, and the split names.
+pub(crate) struct OwnFitted {
+    merged: Merged,
+    layout: Layout,
+    splits: Vec<String>,
+}
+
+impl<'s> Own<'s> {
+    /// Plans `spec`, checks its encodings, opens every rows file's footer, sizes the buckets and
+    /// reads the join tables.
+    pub fn new(spec: &'s CompileSpec) -> Result<Own<'s>> {
+        let plan = plan::plan(spec)?;
+        for rc in &plan.row_columns {
+            fit::unfitted_prefix(&rc.name, &rc.chain)?;
+        }
+        for cc in &plan.context_columns {
+            fit::unfitted_prefix(&cc.name, &cc.chain)?;
+        }
+        let named_inputs = input_files(spec, &plan.rows_files);
+        let inputs = read::open_all(&plan.rows_files, &plan.rows_wants)?;
+        let rows_read = *inputs.offsets.last().unwrap_or(&0);
+        let width = spill::row_width(&inputs.types);
+        let buckets = Buckets::for_size(
+            rows_read * width,
+            spec.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
+            spec.seed,
+        );
+        let described = Described {
+            files: inputs.opened.iter().map(|o| o.path.clone()).collect(),
+            offsets: inputs.offsets.clone(),
+            types: inputs.types.clone(),
+        };
+        let joins = plan
+            .joins
+            .iter()
+            .map(|(path, on, wants)| lookup::read_keyed(path, on, Role::JoinOn, wants))
+            .collect::<Vec<Result<_>>>()
+            .into_iter()
+            .collect::<Result<_>>()?;
+        Ok(Own {
+            spec,
+            named_inputs,
+            inputs: Some(inputs),
+            described: Some(described),
+            joins,
+            context: None,
+            buckets,
+            width,
+            rows_read,
+            plan,
+        })
+    }
+
+    /// What each bucket shares, over the spilled rows.
+    fn shared<'a>(&'a self, spilled: &'a OwnSpilled<'s>) -> Shared<'a> {
+        let spec = self.spec;
+        Shared {
+            spec,
+            spill: &spilled.spill,
+            context: self.context.as_ref(),
+            splits: &spilled.splits,
+            columns: self
+                .plan
+                .row_columns
+                .iter()
+                .map(|rc| BucketColumn {
+                    name: &rc.name,
+                    join: match rc.source {
+                        Source::Rows => None,
+                        Source::Join(j) => Some(&self.joins[j]),
+                    },
+                    categorical: rc.categorical,
+                    chain: &rc.chain,
+                })
+                .collect(),
+            context_columns: self
+                .plan
+                .context_columns
+                .iter()
+                .map(|c| (c.name.as_str(), c.target, &c.chain[..]))
+                .collect(),
+        }
+    }
+
+    /// The key column, as the manifest describes it.
+    fn key_id(&self, spill: &Spill) -> ColumnId {
+        let info = spill.type_of(&self.spec.key);
+        ColumnId {
+            name: self.spec.key.clone(),
+            table: "rows",
+            source_type: info.name.clone(),
+            kind: info.kind,
+        }
+    }
+}
+
+impl<'s> Recipe for Own<'s> {
+    type Spilled = OwnSpilled<'s>;
+    type FitPart = FitPart;
+    type Fitted = OwnFitted;
+
+    fn inputs(&self) -> &[(PathBuf, &'static str)] {
+        &self.named_inputs
+    }
+
+    fn rows_files(&self) -> usize {
+        self.plan.rows_files.len()
+    }
+
+    fn files_to_read(&self) -> usize {
+        self.rows_files()
+    }
+
+    fn buckets(&self) -> Buckets {
+        self.buckets
+    }
+
+    fn has_context(&self) -> bool {
+        self.spec.context.is_some()
+    }
+
+    fn decoded_bytes(&self) -> u64 {
+        self.rows_read * self.width
+    }
+
+    fn scan(
+        &mut self,
+        files: Range<usize>,
+        to: SpillTo,
+        progress: &dyn Progress,
+    ) -> Result<SpillPart> {
+        let inputs = self.inputs.take().expect("a recipe is scanned once");
+        spill::spill_rows(inputs, files, &self.plan.rows_wants, to, progress)
+    }
+
+    fn scan_context(&mut self, to: SpillTo, _: &dyn Progress) -> Result<Option<ContextPart>> {
+        let Some(path) = &self.spec.context else {
+            return Ok(None);
+        };
+        lookup::spill_context(
+            Path::new(path),
+            &lookup::context_wants(self.spec),
+            self.spec.split_by.as_deref(),
+            to.buckets,
+            to.budget,
+            (to.dir, to.name),
+        )
+        .map(Some)
+    }
+
+    fn spilled(
+        &mut self,
+        dir: &Path,
+        rows: Vec<SpillPart>,
+        context: Option<ContextPart>,
+    ) -> Result<OwnSpilled<'s>> {
+        if let (Some(path), Some(part)) = (&self.spec.context, context) {
+            self.context = Some(ContextSide::new(
+                Path::new(path),
+                self.spec.context_key(),
+                lookup::context_wants(self.spec),
+                part,
+                self.buckets,
+                dir,
+            )?);
+        }
+        let described = self.described.take().expect("a recipe is spilled once");
+        let spill = Spill::from_parts(
+            dir,
+            rows,
+            self.buckets,
+            described,
+            self.plan.rows_wants.clone(),
+        );
+        let splits = split::plan(self.spec, self.context.as_ref())?;
+        Ok(OwnSpilled { spill, splits })
+    }
+
+    fn at_once(&self, spilled: &OwnSpilled<'s>, budget: u64) -> Result<usize> {
+        let largest = (0..self.buckets.count())
+            .map(|b| spilled.spill.rows(b))
+            .max()
+            .unwrap_or(0);
+        budget::at_once(largest, largest * self.width, budget)
+    }
+
+    fn fit(
+        &self,
+        spilled: &OwnSpilled<'s>,
+        buckets: Range<usize>,
+        at_once: usize,
+        runs: &ValueRuns,
+        progress: &dyn Progress,
+    ) -> Result<FitPart> {
+        fit::fit_buckets(&self.shared(spilled), buckets, at_once, runs, progress)
+    }
+
+    fn reduce(
+        &self,
+        spilled: &OwnSpilled<'s>,
+        fits: Vec<FitPart>,
+        values: &[File],
+    ) -> Result<OwnFitted> {
+        let merged = fit::merge(&self.shared(spilled), &fits, values, self.rows_read)?;
+        let layout = Layout::new(&self.key_id(&spilled.spill), &merged, self.spec.shard_size);
+        Ok(OwnFitted {
+            merged,
+            layout,
+            splits: spilled.splits.names.clone(),
+        })
+    }
+
+    fn write(
+        &self,
+        spilled: &OwnSpilled<'s>,
+        fitted: &OwnFitted,
+        _: &[File],
+        buckets: Range<usize>,
+        at_once: usize,
+        dir: &Path,
+        progress: &dyn Progress,
+    ) -> Result<WritePart> {
+        shards::write_buckets(
+            &self.shared(spilled),
+            &fitted.merged,
+            &fitted.layout,
+            buckets,
+            at_once,
+            dir,
+            progress,
+        )
+    }
+
+    fn finish(
+        &self,
+        fitted: OwnFitted,
+        written: Vec<WritePart>,
+        inputs: Inputs,
+        staging: Staging,
+        timer: Timer,
+        progress: &dyn Progress,
+    ) -> Result<CompileReport> {
+        let OwnFitted {
+            merged,
+            layout,
+            splits,
+        } = fitted;
+        let mut summary = merged.summary;
+        summary.values_filled = written.iter().map(|w| w.filled).sum();
+        summary.contexts_truncated = written.iter().map(|w| w.truncated).sum();
+        let mut builder = Manifest::builder(
+            env!("CARGO_PKG_VERSION"),
+            merged.max_len,
+            layout.tensors,
+            inputs,
+            resolved_spec(self.spec, merged.max_len),
+        );
+        for (s, name) in splits.iter().enumerate() {
+            let rows_stored: u64 = written.iter().map(|w| w.rows_stored[s]).sum();
+            summary.rows_stored += rows_stored;
+            let mut mine: Vec<ShardEntry> = written
+                .iter()
+                .flat_map(|w| w.entries.iter().filter(|e| e.split == *name).cloned())
+                .collect();
+            mine.sort_by_key(|e| e.index);
+            builder = builder.split(name, rows_stored, mine);
+        }
+        let manifest = builder.summary(summary);
+        commit_cache(staging, manifest, merged.stats, timer, progress)
+    }
+}
+
+fn resolved_spec(spec: &CompileSpec, max_len: usize) -> CompileSpec {
+    let mut resolved = spec.clone();
+    resolved.max_len = Some(max_len);
+    resolved.context_key = spec
+        .context
+        .as_ref()
+        .map(|_| spec.context_key().to_string());
+    resolved
+}
+
+/// Every file a compile of `spec` reads, with its role.
+fn input_files(spec: &CompileSpec, rows_files: &[PathBuf]) -> Vec<(PathBuf, &'static str)> {
+    let mut named: Vec<(PathBuf, &'static str)> =
+        rows_files.iter().map(|p| (p.clone(), "rows")).collect();
+    if let Some(c) = &spec.context {
+        named.push((PathBuf::from(c), "context"));
+    }
+    for j in &spec.joins {
+        named.push((PathBuf::from(&j.file), "join"));
+    }
+    for file in spec.split_keys.values() {
+        named.push((PathBuf::from(file), "split_keys"));
+    }
+    named
+}
