@@ -15,6 +15,7 @@ mod storage_cmd;
 mod verify_cmd;
 
 use clap::Parser;
+use dsc_format::spelling::{spell, Spelling};
 use std::process::ExitCode;
 
 /// Exit code for a failed check (`dsc verify` found problems).
@@ -56,7 +57,9 @@ fn main() -> ExitCode {
             if output::is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("dsc: {}", output::error_chain(&e));
+            // The libraries name options by their keys; the command line spells them as flags.
+            let message = spell(&output::error_chain(&e), Spelling::Cli);
+            eprintln!("dsc: {message}");
             // Stopped by a signal: the shell's convention, 128 + the signal.
             match e.downcast_ref::<dsc_compiler::CompileError>() {
                 Some(dsc_compiler::CompileError::Interrupted { signal }) => {

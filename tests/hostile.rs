@@ -117,7 +117,7 @@ fn absurd_batch_sizes_are_refused_before_anything_is_allocated() {
     .fails(2);
     assert_eq!(err.trim().lines().count(), 1, "one line:\n{err}");
     for needle in [
-        "batch_size 100000000000",
+        "--batch-size 100000000000",
         "more than half of this machine's memory",
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
@@ -453,7 +453,7 @@ fn a_cache_the_kernel_cannot_map_says_why_and_what_to_do() {
         "cannot map",
         "the kernel refused another memory map",
         "vm.max_map_count",
-        "larger --shard-size",
+        "larger `shard_size`", // the library's spelling: this reader is Rust, not the CLI
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }

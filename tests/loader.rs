@@ -660,7 +660,10 @@ fn resume_refuses_another_global_batch() {
     let cache = Cache::open(cache_dir()).unwrap();
     let state = cache.loader(opts(8)).unwrap().state();
     let err = cache.loader_from_state(opts(6), &state).unwrap_err();
-    assert!(matches!(err, LoadError::State(_)), "{err}");
+    assert!(
+        matches!(&err, LoadError::State { field, .. } if field == "global_batch"),
+        "{err}"
+    );
     assert!(err.to_string().contains("global batch is 8"), "{err}");
 }
 
@@ -933,7 +936,7 @@ proptest! {
             ..Default::default()
         };
         match cache.loader(o.clone()) {
-            Err(LoadError::Options(m)) => prop_assert!(!m.is_empty()),
+            Err(LoadError::Options(m)) => prop_assert!(!m.key.is_empty() && !m.problem.is_empty()),
             Err(e) => prop_assert!(false, "not an options error: {e}"),
             Ok(mut loader) => {
                 for _ in 0..3 {

@@ -439,7 +439,7 @@ fn missing_context_key_and_unknown_profile_are_clear() {
         ],
     )
     .fails(2);
-    assert!(err.contains("unknown profile"), "{err}");
+    assert!(err.contains("--profile \"nope\" is unknown"), "{err}");
     let err = dsc(
         dir.path(),
         &[

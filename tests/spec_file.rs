@@ -63,3 +63,59 @@ fn help_teaches_with_an_example() {
         );
     }
 }
+
+/// Issue 29, item 4: the compiler names an option by its spec key (a Rust caller matches on
+/// it), and each front end spells it its own way: the command line as its flag, a spec-file
+/// problem the same way, never a flag inside the library.
+#[test]
+fn a_bad_option_is_named_by_its_key_and_spelled_as_a_flag_on_the_command_line() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 1, 50);
+    let rows = dir.join("data/train/batch_*.parquet");
+    let spec: dsc_compiler::CompileSpec = serde_json::from_value(serde_json::json!({
+        "rows": [rows.display().to_string()],
+        "key": "event_id",
+        "features": ["charge"],
+        "max_len": 0,
+    }))
+    .unwrap();
+    let opts = dsc_compiler::CompileOptions {
+        out: dir.join("lib"),
+        force: false,
+        max_memory: None,
+        storage: dsc_compiler::Storage::Hot,
+        progress: &dsc_compiler::NoProgress,
+    };
+    match dsc_compiler::compile(&spec, &opts) {
+        Err(dsc_compiler::CompileError::Spec(e)) => {
+            assert_eq!(
+                (e.key, e.problem.as_str()),
+                ("max_len", "must be at least 1")
+            );
+            assert_eq!(e.to_string(), "`max_len` must be at least 1");
+        }
+        other => panic!("expected a spec error, got {other:?}"),
+    }
+    let bad_len = [
+        "compile",
+        "data/train/batch_*.parquet",
+        "--key",
+        "event_id",
+        "--features",
+        "charge",
+        "--max-len",
+        "0",
+        "--out",
+        "c",
+    ];
+    let err = dsc(dir.path(), &bad_len).fails(2);
+    assert!(err.contains("dsc: --max-len must be at least 1"), "{err}");
+    let mut no_context = bad_len;
+    no_context[6..8].copy_from_slice(&["--split-by", "x"]);
+    let err = dsc(dir.path(), &no_context).fails(2);
+    assert!(
+        err.contains("dsc: --split-by reads a column of the context table: give --context"),
+        "{err}"
+    );
+    assert!(!err.contains('`'), "every key spelled as a flag: {err}");
+}

@@ -2,7 +2,6 @@
 //! how many buckets are worked on at once. Shared by dsc's own passes and the profile's.
 
 use crate::error::{CompileError, Result};
-use dsc_format::spec::format_size;
 
 /// The memory a compile may use when not told: half of what this process may use (the
 /// machine's memory, or its container's limit when lower), at least 256 MiB.
@@ -19,12 +18,11 @@ const BUCKET_OVERHEAD: u64 = 4;
 pub(crate) fn at_once(rows: u64, bytes: u64, budget: u64) -> Result<usize> {
     let bucket_bytes = (bytes * BUCKET_OVERHEAD).max(1);
     if bucket_bytes > budget {
-        return Err(CompileError::Budget(format!(
-            "--max-memory {} is too small: one bucket of this input holds {rows} rows and \
-             needs about {} in memory; give at least that, or a smaller --bucket-size",
-            format_size(budget),
-            format_size(bucket_bytes)
-        )));
+        return Err(CompileError::Budget {
+            budget,
+            rows,
+            needed: bucket_bytes,
+        });
     }
     let threads = rayon::current_num_threads().max(1);
     Ok(((budget / bucket_bytes) as usize).clamp(1, threads))

@@ -1,6 +1,8 @@
 //! Errors of a compile. Every variant says where the problem is: file, column, row (0-based
 //! within the file) or context key, and what was expected and found.
 
+use dsc_format::spec::format_size;
+use dsc_format::spelling::OptionError;
 use std::path::PathBuf;
 
 /// Why a compile stopped.
@@ -26,8 +28,11 @@ pub enum CompileError {
     BadParquet {
         /// The file.
         path: PathBuf,
-        /// The decoder's reason.
+        /// What is wrong, with the decoder's reason and where it stopped.
         reason: String,
+        /// The decoder's error, where it raised one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// A CSV file could not be parsed.
     #[error("{path}: {reason}")]
@@ -36,6 +41,17 @@ pub enum CompileError {
         path: PathBuf,
         /// What is wrong, with the line.
         reason: String,
+    },
+    /// A file of keys (`split_keys`, `val_keys`) lists a key it cannot: not an integer, listed
+    /// twice, or not a context of the data.
+    #[error("{path}: line {line}: {what}")]
+    KeyList {
+        /// The key file.
+        path: PathBuf,
+        /// The line (1-based).
+        line: usize,
+        /// What is wrong, with the key.
+        what: String,
     },
     /// A file holds no rows.
     #[error("{path}: the file holds no rows")]
@@ -124,7 +140,7 @@ pub enum CompileError {
         row: u64,
     },
     /// Rows whose key the context table lacks, under `unmatched_rows = "error"`.
-    #[error("{path}: key {key} (row {row}) has no row in the context table {context}, nor do {others} other keys; pass --unmatched-rows drop to leave them out")]
+    #[error("{path}: key {key} (row {row}) has no row in the context table {context}, nor do {others} other keys; pass `unmatched_rows=drop` to leave them out")]
     UnmatchedRows {
         /// The rows file of the first such row.
         path: PathBuf,
@@ -138,7 +154,7 @@ pub enum CompileError {
         others: usize,
     },
     /// Context keys without rows, under `empty_contexts = "error"`.
-    #[error("{context}: key {key} (row {row}) has no rows in the rows files, nor do {others} other keys; pass --empty-contexts drop or keep")]
+    #[error("{context}: key {key} (row {row}) has no rows in the rows files, nor do {others} other keys; pass `empty_contexts=drop` or `empty_contexts=keep`")]
     EmptyContexts {
         /// The context table.
         context: PathBuf,
@@ -177,7 +193,7 @@ pub enum CompileError {
         what: String,
     },
     /// A null, NaN or infinite value under `nan = "error"`.
-    #[error("{path}: column {column:?} row {row}: {what}; choose --nan zero or --nan mean to replace such values")]
+    #[error("{path}: column {column:?} row {row}: {what}; choose `nan=zero` or `nan=mean` to replace such values")]
     BadValue {
         /// The file holding the value.
         path: PathBuf,
@@ -200,11 +216,11 @@ pub enum CompileError {
         /// What is wrong and what to do.
         what: String,
     },
-    /// The spec is invalid.
-    #[error("invalid spec: {0}")]
-    Spec(String),
+    /// The spec is invalid: the key it is about, and what is wrong.
+    #[error(transparent)]
+    Spec(#[from] OptionError),
     /// The output directory exists and is not empty.
-    #[error("{path}: already exists and is not empty; pass --force to replace it")]
+    #[error("{path}: already exists and is not empty; pass `force` to replace it")]
     OutputExists {
         /// The output directory.
         path: PathBuf,
@@ -223,7 +239,7 @@ pub enum CompileError {
     /// Another process holds the output's lock.
     #[error(
         "{path}: another dsc ({holder}) is writing this cache; wait for it to finish, or \
-         choose another --out"
+         choose another `out`"
     )]
     OutputLocked {
         /// The output directory.
@@ -234,7 +250,7 @@ pub enum CompileError {
     /// The output's folder (or the cache being replaced) refuses writes: permissions, a
     /// read-only mount, an immutable attribute. Nothing was changed.
     #[error(
-        "{path}: cannot {action} ({source}); the folder holding --out must be writable by this \
+        "{path}: cannot {action} ({source}); the folder holding `out` must be writable by this \
          user, and a replaced cache movable; nothing was changed"
     )]
     OutputNotWritable {
@@ -245,9 +261,63 @@ pub enum CompileError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// The memory budget cannot hold what the compile must hold at once.
-    #[error("{0}")]
-    Budget(String),
+    /// The memory budget cannot hold one bucket.
+    #[error(
+        "`max_memory={}` is too small: one bucket of this input holds {rows} rows and needs \
+         about {} in memory; give at least that, or a smaller `bucket_size`",
+        format_size(*budget), format_size(*needed)
+    )]
+    Budget {
+        /// The budget, in bytes.
+        budget: u64,
+        /// Rows of the largest bucket.
+        rows: u64,
+        /// Bytes it needs in memory.
+        needed: u64,
+    },
+    /// An input larger than this version handles.
+    #[error("{rows} rows in one table; this version handles at most {max}")]
+    TooManyRows {
+        /// Rows in the table.
+        rows: u64,
+        /// The most it handles.
+        max: u64,
+    },
+    /// A numeric column whose values overflow its statistics (sums of squares beyond f64).
+    #[error(
+        "column {column:?}: values from {min:e} to {max:e} overflow its statistics; rescale the \
+         column"
+    )]
+    Overflow {
+        /// The column.
+        column: String,
+        /// Its smallest value.
+        min: f64,
+        /// Its largest value.
+        max: f64,
+    },
+    /// No context is in the split `train`, which every encoding and statistic is fitted on.
+    #[error(
+        "no context is in the split \"train\", which dsc fits encodings and statistics on: {why}"
+    )]
+    NoTrain {
+        /// Why: the splits the contexts went to, or that none is left.
+        why: String,
+    },
+    /// A context with rows but no row in the context table, whose split comes from a column of
+    /// that table.
+    #[error(
+        "{}: key {key} has no row in it, so no split (`split_by={column}`)",
+        context.display()
+    )]
+    NoSplit {
+        /// The context table.
+        context: PathBuf,
+        /// The key.
+        key: i64,
+        /// The split column.
+        column: String,
+    },
     /// A partitioned compile's parts do not fit together: one is missing, or belongs to another
     /// compile. Names the part and what to run.
     #[error("{}: {what}", path.display())]
@@ -282,6 +352,22 @@ pub enum CompileError {
 }
 
 impl CompileError {
+    /// The Parquet decoder's error `e` on `path`, `at` a place in it where known.
+    pub(crate) fn parquet(
+        path: impl Into<PathBuf>,
+        at: Option<String>,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        CompileError::BadParquet {
+            path: path.into(),
+            reason: match at {
+                Some(at) => format!("{at}: {e}"),
+                None => e.to_string(),
+            },
+            source: Some(Box::new(e)),
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         // A write past the file-size limit fails with EFBIG once SIGXFSZ is ignored (the CLI
         // ignores it: the signal's default would kill the process without a word).
@@ -290,8 +376,8 @@ impl CompileError {
                 source.kind(),
                 format!(
                     "{source}: the process's file-size limit (`ulimit -f`) stopped the write; \
-                     raise it (the largest files a compile writes are its shards, --shard-size, \
-                     and spill files of about --bucket-size)"
+                     raise it (the largest files a compile writes are its shards, `shard_size`, \
+                     and spill files of about `bucket_size`)"
                 ),
             )
         } else {

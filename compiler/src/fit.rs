@@ -12,6 +12,7 @@ use crate::stats::Moments;
 use crate::Progress;
 use dsc_format::manifest::CompileSummary;
 use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
+use dsc_format::spelling::OptionError;
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, VocabEntry};
 use dsc_format::stats::{SplitStats, Stats};
 use dsc_format::Stage;
@@ -55,11 +56,15 @@ pub(crate) fn unfitted_prefix<'c>(column: &str, chain: &'c [Stage]) -> Result<&'
     let fitted = |s: &Stage| matches!(s, Stage::Zscore { .. } | Stage::Minmax { .. });
     let first = chain.iter().position(fitted).unwrap_or(chain.len());
     if let Some(s) = chain[first..].iter().find(|s| **s == Stage::Log1p) {
-        return Err(CompileError::Spec(format!(
-            "column {column:?}: {} after a fitted stage (zscore, minmax) cannot be fitted in \
-             one pass; put it first in the chain",
-            s.name()
-        )));
+        return Err(OptionError::new(
+            "encode",
+            format!(
+                "{column}: {} after a fitted stage (zscore, minmax) cannot be fitted in one \
+                 pass; put it first in the chain",
+                s.name()
+            ),
+        )
+        .into());
     }
     Ok(&chain[..first])
 }
@@ -204,10 +209,11 @@ pub(crate) fn merge_numeric(
         });
         if !finite {
             let (lo, hi) = s.numeric.as_ref().map_or((0.0, 0.0), |n| (n.min, n.max));
-            return Err(CompileError::Spec(format!(
-                "column {:?}: values from {lo:e} to {hi:e} overflow its statistics; rescale the column",
-                id.name
-            )));
+            return Err(CompileError::Overflow {
+                column: id.name.clone(),
+                min: lo,
+                max: hi,
+            });
         }
     }
     // Stages are monotonic, so the encoded range is that of the encoded extremes: if either

@@ -1,10 +1,11 @@
 //! Which recipe a spec asks for: the one place a compile looks at `profile`. Both drivers start
 //! here; each then runs the recipe it is handed through the same generic stage order.
 
-use crate::error::{CompileError, Result};
+use crate::error::Result;
 use crate::mostlyai::{self, Profile};
 use crate::own::Own;
 use dsc_format::spec::CompileSpec;
+use dsc_format::spelling::OptionError;
 
 /// A compile's recipe, checked and with its inputs open.
 pub(crate) enum Job<'s> {
@@ -20,18 +21,32 @@ impl<'s> Job<'s> {
     pub fn new(spec: &'s CompileSpec) -> Result<Job<'s>> {
         match spec.profile.as_deref() {
             None if spec.val_keys.is_some() || spec.partitions.is_some() => {
-                Err(CompileError::Spec(format!(
-                    "val_keys (--val-keys) and partitions (--partitions) only apply with the \
-                     {:?} profile",
-                    mostlyai::PROFILE
-                )))
+                let key = if spec.val_keys.is_some() {
+                    "val_keys"
+                } else {
+                    "partitions"
+                };
+                Err(OptionError::new(
+                    key,
+                    format!(
+                        "only applies with `profile={}` (as does `{}`)",
+                        mostlyai::PROFILE,
+                        if key == "val_keys" {
+                            "partitions"
+                        } else {
+                            "val_keys"
+                        }
+                    ),
+                )
+                .into())
             }
             None => Own::new(spec).map(Job::Own),
             Some(mostlyai::PROFILE) => Profile::new(spec).map(Job::Profile),
-            Some(other) => Err(CompileError::Spec(format!(
-                "unknown profile {other:?} (known: {:?})",
-                mostlyai::PROFILE
-            ))),
+            Some(other) => Err(OptionError::new(
+                "profile",
+                format!("{other:?} is unknown (known: {:?})", mostlyai::PROFILE),
+            )
+            .into()),
         }
     }
 }

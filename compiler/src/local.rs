@@ -10,6 +10,7 @@ use crate::runs::ValueRuns;
 use crate::spill::{self, SpillTo};
 use crate::write::Staging;
 use dsc_format::spec::CompileSpec;
+use dsc_format::spelling::OptionError;
 use std::path::{Path, PathBuf};
 
 /// Runs a compile of `spec` in this process.
@@ -83,11 +84,15 @@ fn refuse_inputs_inside(out: &Path, inputs: &[(PathBuf, &str)]) -> Result<()> {
     };
     for (input, _) in inputs {
         if input.canonicalize().is_ok_and(|p| p.starts_with(&out)) {
-            return Err(CompileError::Spec(format!(
-                "--force would replace {} but the input {} is inside it; choose another --out",
-                out.display(),
-                input.display()
-            )));
+            return Err(OptionError::new(
+                "force",
+                format!(
+                    "would replace {} but the input {} is inside it; choose another `out`",
+                    out.display(),
+                    input.display()
+                ),
+            )
+            .into());
         }
     }
     Ok(())

@@ -52,10 +52,7 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
             let mut n = 0u64;
             for batch in opened.into_reader(&indices)? {
                 n += batch
-                    .map_err(|e| CompileError::BadParquet {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?
+                    .map_err(|e| CompileError::parquet(path.clone(), None, e))?
                     .num_rows() as u64;
             }
             Ok(n)

@@ -126,7 +126,7 @@ impl Partition {
             (i, n)
         } else {
             return Err(
-                "--partition auto needs a Slurm job array (SLURM_ARRAY_TASK_ID) or a \
+                "`partition=auto` needs a Slurm job array (SLURM_ARRAY_TASK_ID) or a \
                  Kubernetes Indexed Job (JOB_COMPLETION_INDEX) in the environment"
                     .into(),
             );
@@ -358,7 +358,7 @@ impl Work {
                         path: dir,
                         what: format!(
                             "holds the work of another compile ({why}); finish or remove it, \
-                             or compile into another --out"
+                             or compile into another `out`"
                         ),
                     });
                 }

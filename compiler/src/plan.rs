@@ -4,6 +4,7 @@ use crate::error::{CompileError, Result};
 use crate::lookup;
 use crate::read::{self, Role, Want};
 use dsc_format::spec::CompileSpec;
+use dsc_format::spelling::OptionError;
 use dsc_format::Stage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -58,22 +59,28 @@ pub(crate) fn parse_chain(column: &str, chain: &str) -> Result<Vec<Stage>> {
         .map(|s| match s.trim() {
             "identity" => Ok(Stage::Identity),
             "log1p" => Ok(Stage::Log1p),
-            "zscore" => Ok(Stage::Zscore { mean: 0.0, std: 1.0 }),
+            "zscore" => Ok(Stage::Zscore {
+                mean: 0.0,
+                std: 1.0,
+            }),
             "minmax" => Ok(Stage::Minmax { min: 0.0, max: 1.0 }),
-            other => Err(CompileError::Spec(format!(
-                "encoding {other:?} for column {column:?} is unknown (identity, zscore, minmax, log1p, or a chain such as log1p,zscore)"
-            ))),
+            other => Err(OptionError::new(
+                "encode",
+                format!(
+                    "{column}={chain}: the encoding {other:?} is unknown (identity, zscore, \
+                     minmax, log1p, or a chain such as log1p,zscore)"
+                ),
+            )
+            .into()),
         })
         .collect()
 }
 
-fn check_unique(what: &str, names: &[String]) -> Result<()> {
+fn check_unique(key: &'static str, names: &[String]) -> Result<()> {
     let mut seen = BTreeSet::new();
     for n in names {
         if !seen.insert(n) {
-            return Err(CompileError::Spec(format!(
-                "column {n:?} is listed twice in {what}"
-            )));
+            return Err(OptionError::new(key, format!("lists column {n:?} twice")).into());
         }
     }
     Ok(())
@@ -88,73 +95,98 @@ pub(crate) const MIN_BUCKET_SIZE: u64 = 4 << 10;
 /// Refuses a bucket size below [`MIN_BUCKET_SIZE`].
 pub(crate) fn check_bucket_size(spec: &CompileSpec) -> Result<()> {
     match spec.bucket_size {
-        Some(b) if b < MIN_BUCKET_SIZE => Err(CompileError::Spec(format!(
-            "--bucket-size {b} bytes: at least 4KiB (a bucket is the unit the input is spilled \
-             and processed in; the default is 32MiB)"
-        ))),
+        Some(b) if b < MIN_BUCKET_SIZE => Err(OptionError::new(
+            "bucket_size",
+            format!(
+                "{b} bytes: at least 4KiB (a bucket is the unit the input is spilled and \
+                 processed in; the default is 32MiB)"
+            ),
+        )
+        .into()),
         _ => Ok(()),
     }
 }
 
 pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     if spec.rows.is_empty() {
-        return Err(CompileError::Spec("no rows files given".into()));
+        return Err(OptionError::new("rows", "names no files").into());
     }
     if spec.features.is_empty() && spec.categorical.is_empty() {
-        return Err(CompileError::Spec(
-            "nothing to store: give --features and/or --categorical".into(),
-        ));
+        return Err(OptionError::new(
+            "features",
+            "and `categorical` are both empty: nothing to store; give either or both",
+        )
+        .into());
     }
     if spec.max_len == Some(0) {
-        return Err(CompileError::Spec("--max-len must be at least 1".into()));
+        return Err(OptionError::new("max_len", "must be at least 1").into());
     }
     if spec.max_len.is_some_and(|l| l > MAX_LEN) {
-        return Err(CompileError::Spec(format!(
-            "--max-len {} is above the largest supported length {MAX_LEN}",
-            spec.max_len.unwrap_or_default()
-        )));
+        return Err(OptionError::new(
+            "max_len",
+            format!(
+                "{} is above the largest supported length {MAX_LEN}",
+                spec.max_len.unwrap_or_default()
+            ),
+        )
+        .into());
     }
     if !(0.0..1.0).contains(&spec.val_fraction) {
-        return Err(CompileError::Spec(format!(
-            "--val-fraction must be in [0, 1), got {}",
-            spec.val_fraction
-        )));
+        return Err(OptionError::new(
+            "val_fraction",
+            format!("must be in [0, 1), got {}", spec.val_fraction),
+        )
+        .into());
     }
     if spec.shard_size == 0 {
-        return Err(CompileError::Spec("--shard-size must be positive".into()));
+        return Err(OptionError::new("shard_size", "must be positive").into());
     }
     check_bucket_size(spec)?;
     if spec.context.is_none() && !(spec.targets.is_empty() && spec.context_features.is_empty()) {
-        return Err(CompileError::Spec(
-            "--targets and --context-features need a context table (--context)".into(),
-        ));
+        let key = if spec.targets.is_empty() {
+            "context_features"
+        } else {
+            "targets"
+        };
+        return Err(OptionError::new(key, "needs a context table (`context`)").into());
     }
-    check_unique("--features", &spec.features)?;
-    check_unique("--categorical", &spec.categorical)?;
-    check_unique("--targets", &spec.targets)?;
-    check_unique("--context-features", &spec.context_features)?;
+    check_unique("features", &spec.features)?;
+    check_unique("categorical", &spec.categorical)?;
+    check_unique("targets", &spec.targets)?;
+    check_unique("context_features", &spec.context_features)?;
     if let Some(column) = &spec.split_by {
         if spec.context.is_none() {
-            return Err(CompileError::Spec(
-                "--split-by reads a column of the context table: give --context".into(),
-            ));
+            return Err(OptionError::new(
+                "split_by",
+                "reads a column of the context table: give `context`",
+            )
+            .into());
         }
         if spec.targets.contains(column) || spec.context_features.contains(column) {
-            return Err(CompileError::Spec(format!(
-                "--split-by {column}: the split column cannot also be a target or context feature"
-            )));
+            return Err(OptionError::new(
+                "split_by",
+                format!("{column}: the split column cannot also be a target or context feature"),
+            )
+            .into());
         }
     }
     if let Some(both) = spec.features.iter().find(|f| spec.categorical.contains(f)) {
-        return Err(CompileError::Spec(format!(
-            "column {both:?} is in both --features and --categorical"
-        )));
+        return Err(OptionError::new(
+            "categorical",
+            format!("and `features` both list column {both:?}"),
+        )
+        .into());
     }
     for name in &spec.categorical {
         if ["key", "x", "length", "full_length", "y", "c"].contains(&name.as_str()) {
-            return Err(CompileError::Spec(format!(
-                "categorical column {name:?} would be stored as tensor {name:?}, a name dsc reserves (key, x, length, full_length, y, c); rename the column"
-            )));
+            return Err(OptionError::new(
+                "categorical",
+                format!(
+                    "column {name:?} would be stored as tensor {name:?}, a name dsc reserves \
+                     (key, x, length, full_length, y, c); rename the column"
+                ),
+            )
+            .into());
         }
     }
     let mut encodings = BTreeMap::new();
@@ -163,10 +195,18 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             || spec.targets.contains(column)
             || spec.context_features.contains(column);
         if !numeric {
-            return Err(CompileError::Spec(format!(
-                "--encode {column}={chain}: {column:?} is not a feature, target or context feature{}",
-                if spec.categorical.contains(column) { " (categorical columns are always coded)" } else { "" }
-            )));
+            return Err(OptionError::new(
+                "encode",
+                format!(
+                    "{column}={chain}: {column:?} is not a feature, target or context feature{}",
+                    if spec.categorical.contains(column) {
+                        " (categorical columns are always coded)"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+            .into());
         }
         encodings.insert(column.clone(), parse_chain(column, chain)?);
     }
@@ -228,18 +268,32 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
                 return Err(CompileError::MissingColumn {
                     path: rows_files[0].clone(),
                     column: name.clone(),
-                    role: if categorical { "a categorical column" } else { "a feature" }.into(),
+                    role: if categorical {
+                        "a categorical column"
+                    } else {
+                        "a feature"
+                    }
+                    .into(),
                     available: format!(
                         "{}{}",
                         read::column_list(&first.schema),
-                        if spec.joins.is_empty() { String::new() } else { " and no join file has it either".into() }
+                        if spec.joins.is_empty() {
+                            String::new()
+                        } else {
+                            " and no join file has it either".into()
+                        }
                     ),
                 })
             }
             (_, _) => {
-                return Err(CompileError::Spec(format!(
-                    "column {name:?} is in more than one of the rows files and join files; rename it in one"
-                )))
+                return Err(OptionError::new(
+                    "joins",
+                    format!(
+                        "give column {name:?} more than once (the rows files and join files); \
+                         rename it in one"
+                    ),
+                )
+                .into())
             }
         };
         let role = if categorical {

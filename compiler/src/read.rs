@@ -4,6 +4,7 @@
 use crate::column::{classify, Column, Kind, TypeInfo};
 use crate::error::{CompileError, Result};
 use arrow_schema::Schema;
+use dsc_format::spelling::OptionError;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use rayon::prelude::*;
@@ -41,11 +42,11 @@ impl Role {
             Role::OrderBy => ("the order-by column", "a number, timestamp or date"),
             Role::Numeric => (
                 "a numeric feature or target",
-                "a number, boolean, timestamp or date (use --categorical for strings)",
+                "a number, boolean, timestamp or date (use `categorical` for strings)",
             ),
             Role::Categorical => ("a categorical column", "an integer, string or boolean"),
             Role::Split => (
-                "the split column (--split-by)",
+                "the split column (`split_by`)",
                 "strings naming splits (train, val, test, ...)",
             ),
         }
@@ -91,7 +92,9 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
             continue;
         }
         let mut matched: Vec<PathBuf> = glob::glob(pattern)
-            .map_err(|e| CompileError::Spec(format!("bad glob pattern {pattern:?}: {e}")))?
+            .map_err(|e| {
+                OptionError::new("rows", format!("has a bad glob pattern {pattern:?}: {e}"))
+            })?
             .filter_map(std::result::Result::ok)
             .filter(|p| p.is_file())
             .collect();
@@ -161,13 +164,11 @@ pub(crate) fn open(path: &Path) -> Result<Opened> {
         return Err(CompileError::BadParquet {
             path: path.into(),
             reason: "the file is empty (0 bytes)".into(),
+            source: None,
         });
     }
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| CompileError::BadParquet {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| CompileError::parquet(path, None, e))?;
     let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
     let schema = builder.schema().clone();
     Ok(Opened {
@@ -256,9 +257,9 @@ pub(crate) fn read_columns(
         .map(|t| Column::new(t.clone(), rows as usize))
         .collect();
     for batch in reader {
-        let batch = batch.map_err(|e| CompileError::BadParquet {
-            path: path.clone(),
-            reason: format!("after row {}: {e}", columns.first().map_or(0, Column::len)),
+        let batch = batch.map_err(|e| {
+            let at = format!("after row {}", columns.first().map_or(0, Column::len));
+            CompileError::parquet(path.clone(), Some(at), e)
         })?;
         for (col, want) in columns.iter_mut().zip(wants) {
             let array = batch
@@ -272,6 +273,7 @@ pub(crate) fn read_columns(
         return Err(CompileError::BadParquet {
             path,
             reason: format!("the footer promises {rows} rows, {read} could be read"),
+            source: None,
         });
     }
     Ok(columns)
@@ -376,10 +378,10 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
     } = open_all(files, &wants)?;
     let total = *offsets.last().expect("non-empty") as usize;
     if total > u32::MAX as usize {
-        return Err(CompileError::Spec(format!(
-            "{total} rows in one table; this version handles at most {}",
-            u32::MAX
-        )));
+        return Err(CompileError::TooManyRows {
+            rows: total as u64,
+            max: u32::MAX.into(),
+        });
     }
     let per_file: Vec<Vec<Column>> = opened
         .into_par_iter()
@@ -417,10 +419,7 @@ pub(crate) fn distinct_strings(path: &Path, column: &str) -> Result<Vec<String>>
         .expect("checked when opened");
     let mut seen = std::collections::BTreeSet::new();
     for batch in opened.into_reader(&[index])? {
-        let batch = batch.map_err(|e| CompileError::BadParquet {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
+        let batch = batch.map_err(|e| CompileError::parquet(path, None, e))?;
         let mut col = Column::new(info.clone(), batch.num_rows());
         col.push_array(batch.column(0));
         if let crate::column::Values::Str { dict, .. } = col.values {
@@ -478,10 +477,7 @@ impl Opened {
             .with_projection(mask)
             .with_batch_size(64 * 1024)
             .build()
-            .map_err(|e| CompileError::BadParquet {
-                path: self.path.clone(),
-                reason: e.to_string(),
-            })
+            .map_err(|e| CompileError::parquet(self.path.clone(), None, e))
     }
 }
 

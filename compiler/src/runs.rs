@@ -218,7 +218,7 @@ pub(crate) fn ranks_by_merge(files: &[File], runs: &[Run], ranks: &[u64]) -> Res
     let mut rank = 0u64;
     while out.len() < ranks.len() {
         let Some(Reverse((key, i))) = heap.pop() else {
-            return Err(CompileError::Spec(format!(
+            return Err(CompileError::Internal(format!(
                 "rank {} asked of {rank} values",
                 ranks[out.len()]
             )));

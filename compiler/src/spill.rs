@@ -288,9 +288,9 @@ fn spill_file(
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
     let mut read = 0u64;
     for batch in reader {
-        let batch = batch.map_err(|e| CompileError::BadParquet {
-            path: source.clone(),
-            reason: format!("after row {}: {e}", row_in_file + read),
+        let batch = batch.map_err(|e| {
+            let at = format!("after row {}", row_in_file + read);
+            CompileError::parquet(source.clone(), Some(at), e)
         })?;
         let n = batch.num_rows();
         let columns: Vec<Column> = types
@@ -357,6 +357,7 @@ fn spill_file(
         return Err(CompileError::BadParquet {
             path: source,
             reason: format!("the footer promises {expected} rows{from}, {read} could be read"),
+            source: None,
         });
     }
     let Writer { sink, pieces, .. } = out;
@@ -420,8 +421,8 @@ impl Writer<'_> {
 /// A failed spill write: most often a full disk, which the message says.
 fn spill_err(path: &Path, e: std::io::Error) -> CompileError {
     let what = if e.raw_os_error() == Some(libc::ENOSPC) {
-        "the disk beside --out is full: the compile spills its input there (about the size of \
-         the decoded columns); free space or choose another --out"
+        "the disk beside `out` is full: the compile spills its input there (about the size of \
+         the decoded columns); free space or choose another `out`"
             .to_string()
     } else {
         e.to_string()

@@ -7,6 +7,7 @@ use crate::column::Values;
 use crate::error::{CompileError, Result};
 use crate::lookup::{ContextSide, Keyed};
 use dsc_format::rng::split_unit;
+use dsc_format::spelling::OptionError;
 use dsc_format::CompileSpec;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -48,14 +49,17 @@ pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&ContextSide>) -> 
     let mut others: BTreeSet<String> = BTreeSet::new();
     let rule = match (&spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {
-            return Err(CompileError::Spec(
-                "--split-by and --split-keys both assign splits: give one of them".into(),
-            ))
+            return Err(OptionError::new(
+                "split_by",
+                "and `split_keys` both assign splits: give one of them",
+            )
+            .into())
         }
         (Some(column), true) => {
             let ctx = context.ok_or_else(|| {
-                CompileError::Spec(
-                    "--split-by reads a column of the context table: give --context".into(),
+                OptionError::new(
+                    "split_by",
+                    "reads a column of the context table: give `context`",
                 )
             })?;
             others.extend(
@@ -72,7 +76,7 @@ pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&ContextSide>) -> 
         (None, false) => {
             for name in spec.split_keys.keys() {
                 check_name(name)
-                    .map_err(|reason| CompileError::Spec(format!("--split-keys: {reason}")))?;
+                    .map_err(|reason| OptionError::new("split_keys", format!("name {reason}")))?;
                 others.insert(name.clone());
             }
             Rule::Keys(HashMap::new())
@@ -86,10 +90,14 @@ pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&ContextSide>) -> 
     others.remove(TRAIN);
     let names: Vec<String> = std::iter::once(TRAIN.to_string()).chain(others).collect();
     if names.len() > MAX_SPLITS {
-        return Err(CompileError::Spec(format!(
-            "{} splits; dsc stores at most {MAX_SPLITS}",
-            names.len()
-        )));
+        return Err(OptionError::new(
+            "split_keys",
+            format!(
+                "and `split_by` give {} splits; dsc stores at most {MAX_SPLITS}",
+                names.len()
+            ),
+        )
+        .into());
     }
     let position = |n: &str| names.iter().position(|x| x == n).map(|p| p as u8);
     let rule = match rule {
@@ -125,7 +133,7 @@ fn read_key_files<'a>(
         for (key, line) in read_key_list(path)? {
             if let Some(&(other, other_file, other_line)) = listed.get(&key) {
                 let reason = if other == split {
-                    format!("line {line}: key {key} is listed twice (also line {other_line})")
+                    format!("key {key} is listed twice (also line {other_line})")
                 } else {
                     let other_name = spec
                         .split_keys
@@ -133,13 +141,14 @@ fn read_key_files<'a>(
                         .find(|(_, f)| f.as_str() == other_file)
                         .map_or("?", |(n, _)| n.as_str());
                     format!(
-                        "line {line}: key {key} is also listed for split {other_name:?} \
-                         ({other_file} line {other_line}); a context is in one split"
+                        "key {key} is also listed for split {other_name:?} ({other_file} line \
+                         {other_line}); a context is in one split"
                     )
                 };
-                return Err(CompileError::BadCsv {
+                return Err(CompileError::KeyList {
                     path: path.into(),
-                    reason,
+                    line,
+                    what: reason,
                 });
             }
             listed.insert(key, (split, file.as_str(), line));
@@ -164,10 +173,11 @@ impl Splits<'_> {
                     unreachable!("the split column is read as strings")
                 };
                 let Some(row) = ctx_row else {
-                    return Err(CompileError::Spec(format!(
-                        "key {key}: no row in the context table {}, so no split (--split-by {column})",
-                        ctx.path.display()
-                    )));
+                    return Err(CompileError::NoSplit {
+                        context: ctx.path.clone(),
+                        key,
+                        column: column.to_string(),
+                    });
                 };
                 let (path, file_row) = ctx.table.locate(row as usize);
                 let bad = |what: String| CompileError::BadSplit {
@@ -212,10 +222,11 @@ impl Splits<'_> {
                 .collect();
             missing.sort_unstable();
             if let Some(&(file, line, key, s)) = missing.first() {
-                return Err(CompileError::BadCsv {
+                return Err(CompileError::KeyList {
                     path: file.into(),
-                    reason: format!(
-                        "line {line}: key {key} (split {:?}) is not a context of the data",
+                    line,
+                    what: format!(
+                        "key {key} (split {:?}) is not a context of the data",
                         self.names[s as usize]
                     ),
                 });
@@ -235,13 +246,11 @@ impl Splits<'_> {
                 "no context is left to store".to_string()
             } else {
                 format!(
-                    "--val-fraction {} put every context in val",
+                    "`val_fraction={}` put every context in val",
                     self.val_fraction
                 )
             };
-            return Err(CompileError::Spec(format!(
-                "no context is in the split {TRAIN:?}, which dsc fits encodings and statistics on: {why}"
-            )));
+            return Err(CompileError::NoTrain { why });
         }
         Ok(())
     }
@@ -270,12 +279,10 @@ pub(crate) fn read_key_list(path: &Path) -> Result<Vec<(i64, usize)>> {
         if t.is_empty() || t.starts_with('#') {
             continue;
         }
-        let k: i64 = t.parse().map_err(|_| CompileError::BadCsv {
+        let k: i64 = t.parse().map_err(|_| CompileError::KeyList {
             path: path.into(),
-            reason: format!(
-                "line {}: {t:?} is not an integer key (the file lists one key per line)",
-                i + 1
-            ),
+            line: i + 1,
+            what: format!("{t:?} is not an integer key (the file lists one key per line)"),
         })?;
         keys.push((k, i + 1));
     }

@@ -8,6 +8,7 @@ use crate::error::{CompileError, Result};
 use crate::write::{ShardWriter, Staging};
 use crate::Progress;
 use dsc_format::checksum::{hash_file, Hasher};
+use dsc_format::spelling::OptionError;
 use dsc_format::{Codec, Compressed, FormatError, Manifest, ShardEntry};
 use rayon::prelude::*;
 use std::io::{Read, Write};
@@ -47,9 +48,11 @@ impl Storage {
         if let Storage::Zstd { level } = self {
             let max = *zstd::compression_level_range().end();
             if !(1..=max).contains(&level) {
-                return Err(CompileError::Spec(format!(
-                    "zstd level {level}: use 1 (fastest) to {max} (smallest)"
-                )));
+                return Err(OptionError::new(
+                    "compress_level",
+                    format!("{level}: use 1 (fastest) to {max} (smallest) for zstd"),
+                )
+                .into());
             }
         }
         Ok(self)

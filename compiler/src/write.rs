@@ -123,7 +123,7 @@ impl Staging {
         for left in [&dir, &sibling(out, dsc_format::REPLACED_SUFFIX)] {
             if left.exists() {
                 std::fs::remove_dir_all(left).map_err(|e| {
-                    output_err(left, "remove what an earlier compile left beside --out", e)
+                    output_err(left, "remove what an earlier compile left beside `out`", e)
                 })?;
             }
         }

@@ -27,7 +27,7 @@ pub enum FormatError {
     /// a committed cache: its contents may be half-written even where a manifest exists.
     #[error(
         "{dir}: the staging directory of an unfinished or killed dsc compile, not a cache; \
-         open the --out directory it was compiling (a new compile removes this one)"
+         open the `out` directory it was compiling (a new compile removes this one)"
     )]
     NotCommitted {
         /// The directory.

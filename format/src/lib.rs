@@ -16,6 +16,7 @@ pub mod rng;
 pub mod sample;
 pub mod shard;
 pub mod spec;
+pub mod spelling;
 pub mod stats;
 pub mod stored;
 pub mod system;

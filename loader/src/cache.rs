@@ -93,6 +93,15 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The error for a split this cache lacks, naming the ones it has.
+    pub(crate) fn no_split(&self, split: &str) -> LoadError {
+        LoadError::NoSplit {
+            dir: self.dir.clone(),
+            split: split.into(),
+            splits: self.splits.iter().map(|(n, _)| n.clone()).collect(),
+        }
+    }
+
     /// The safetensors bytes of shard `shard` of split `split` ([`Resident::shard_bytes`]).
     pub(crate) fn shard_bytes(
         &self,
@@ -195,10 +204,11 @@ impl Cache {
     pub fn shard_bytes(&self, split: &str, index: usize) -> Result<ShardBytes<'_>, LoadError> {
         match self.inner.splits.iter().position(|(name, _)| name == split) {
             Some(s) if index < self.inner.splits[s].1.len() => self.inner.shard_bytes(s, index),
-            _ => Err(LoadError::Options(format!(
-                "{}: split {split:?} has no shard {index}",
-                self.inner.dir.display()
-            ))),
+            _ => Err(LoadError::NoShard {
+                dir: self.inner.dir.clone(),
+                split: split.into(),
+                index,
+            }),
         }
     }
 
@@ -208,10 +218,7 @@ impl Cache {
     pub fn lengths(&self, split: &str) -> Result<Arc<[u32]>, LoadError> {
         let inner = &self.inner;
         let Some(index) = inner.splits.iter().position(|(name, _)| name == split) else {
-            return Err(LoadError::Options(format!(
-                "{}: no split {split:?}",
-                inner.dir.display()
-            )));
+            return Err(inner.no_split(split));
         };
         if let Some(lengths) = inner.lengths[index].get() {
             return Ok(lengths.clone());

@@ -1,5 +1,6 @@
 //! Errors of opening and reading a cache.
 
+use dsc_format::spelling::OptionError;
 use std::path::PathBuf;
 
 /// Why a cache could not be opened or read.
@@ -23,7 +24,7 @@ pub enum LoadError {
         "{path}: cannot map: {source}: the kernel refused another memory map, with {mapped} of \
          the cache's {shards} shards mapped (this system allows {max_map_count} maps per process, \
          `vm.max_map_count`; an address-space limit, `ulimit -v`, also counts); compile with a \
-         larger --shard-size for fewer shards, or raise the limit"
+         larger `shard_size` for fewer shards, or raise the limit"
     )]
     OutOfMaps {
         /// The shard that could not be mapped.
@@ -37,12 +38,52 @@ pub enum LoadError {
         /// `/proc/sys/vm/max_map_count`, or "an unknown number".
         max_map_count: String,
     },
-    /// The options do not fit the cache.
+    /// An option does not fit the cache or the other options: which, and why.
+    #[error(transparent)]
+    Options(#[from] OptionError),
+    /// The cache has no split of this name.
+    #[error("{}: no split {split:?} (splits: {splits:?})", dir.display())]
+    NoSplit {
+        /// The cache.
+        dir: PathBuf,
+        /// The split asked for.
+        split: String,
+        /// The cache's splits.
+        splits: Vec<String>,
+    },
+    /// The cache has no tensor of this name.
+    #[error("{}: no tensor {tensor:?} to load (tensors: {tensors:?})", dir.display())]
+    NoTensor {
+        /// The cache.
+        dir: PathBuf,
+        /// The tensor asked for.
+        tensor: String,
+        /// The cache's tensors.
+        tensors: Vec<String>,
+    },
+    /// A split has fewer shards than the index asked for.
+    #[error("{}: split {split:?} has no shard {index}", dir.display())]
+    NoShard {
+        /// The cache.
+        dir: PathBuf,
+        /// The split.
+        split: String,
+        /// The shard asked for.
+        index: usize,
+    },
+    /// A resume state does not fit the options or the cache: the field that differs (as the
+    /// state's JSON names it), and how.
+    #[error("cannot resume: {problem}")]
+    State {
+        /// The state's field (`seed`, `split`, `global_batch`, …).
+        field: String,
+        /// What differs.
+        problem: String,
+    },
+    /// A call that breaks the loader's contract (a step outside the epoch, a buffer of the wrong
+    /// size): a bug in the caller, not in the options or the cache.
     #[error("{0}")]
-    Options(String),
-    /// A resume state does not fit the options or the cache.
-    #[error("cannot resume: {0}")]
-    State(String),
+    Call(String),
     /// A loader thread could not be started (e.g. a process or container thread limit).
     #[error("cannot start a loader thread: {0}")]
     Threads(std::io::Error),

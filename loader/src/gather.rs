@@ -332,7 +332,7 @@ impl Gather {
             end = start + len;
         }
         if block.len() < end {
-            return Err(LoadError::Options(format!(
+            return Err(LoadError::Call(format!(
                 "a block of {} bytes for a batch of {end}",
                 block.len()
             )));

@@ -11,6 +11,7 @@ use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
 use crate::order::{EpochOrder, Sample, Steps};
 use crate::pack::{self, Packs};
 use dsc_format::spec::format_size;
+use dsc_format::spelling::OptionError;
 use dsc_format::{TensorRole, TensorSpec};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
@@ -147,7 +148,7 @@ impl Filler {
     fn step(&self, step: usize) -> Result<&Gather, LoadError> {
         let gather = &self.hints.gather;
         if step >= gather.steps() {
-            return Err(LoadError::Options(format!(
+            return Err(LoadError::Call(format!(
                 "step {step} of an epoch of {} steps",
                 gather.steps()
             )));
@@ -196,7 +197,7 @@ impl Filler {
         let gather = self.step(step)?;
         let rows = gather.batching.rows();
         if positions.len() != rows * 8 {
-            return Err(LoadError::Options(format!(
+            return Err(LoadError::Call(format!(
                 "{} bytes of positions for {rows} rows of 8",
                 positions.len()
             )));
@@ -217,7 +218,7 @@ impl Filler {
 
 fn check_buffers(dst: &[&mut [u8]], need: &[usize]) -> Result<(), LoadError> {
     if dst.len() != need.len() {
-        return Err(LoadError::Options(format!(
+        return Err(LoadError::Call(format!(
             "{} buffers for {} tensors",
             dst.len(),
             need.len()
@@ -225,7 +226,7 @@ fn check_buffers(dst: &[&mut [u8]], need: &[usize]) -> Result<(), LoadError> {
     }
     for (d, &need) in dst.iter().zip(need) {
         if d.len() < need {
-            return Err(LoadError::Options(format!(
+            return Err(LoadError::Call(format!(
                 "a buffer of {} bytes for a tensor of {need}",
                 d.len()
             )));
@@ -244,47 +245,57 @@ fn pack_size(
     let Some(pack) = opts.order.pack else {
         return Ok(None);
     };
-    let refuse = |why: String| Err(LoadError::Options(format!("pack: {why}")));
+    let refuse = |key, why: String| Err(OptionError::new(key, why).into());
     if opts.order.bucket {
         return refuse(
-            "packed batches and length bucketing exclude each other: a pack has no padding for \
-             bucketing to save"
-                .into(),
+            "pack",
+            "and `bucket` exclude each other: a pack has no padding for bucketing to save".into(),
         );
     }
     if opts.trim {
         return refuse(
-            "trim has no meaning for packed batches: a pack holds no padding to cut".into(),
+            "trim",
+            "has no meaning for packed batches (`pack`): a pack holds no padding to cut".into(),
         );
     }
     let max_len = cache.manifest().max_len();
     if pack.tokens < max_len.max(1) {
-        return refuse(format!(
-            "{} tokens per pack is fewer than the cache's L = {max_len}: a sequence of L steps \
-             would not fit; pack at least {max_len} tokens",
-            pack.tokens
-        ));
+        return refuse(
+            "pack",
+            format!(
+                "of {} tokens is fewer than the cache's L = {max_len}: a sequence of L steps \
+                 would not fit; pack at least {max_len} tokens",
+                pack.tokens
+            ),
+        );
     }
     if pack.max_seqs == Some(0) {
-        return refuse("max_seqs must be at least 1".into());
+        return refuse("max_seqs", "must be at least 1".into());
     }
     if let Some(t) = loaded.iter().find(|t| t.role == TensorRole::SubColumn) {
-        return refuse(format!(
-            "tensor {:?} holds engine sub-column codes of L + 1 steps, which have no packed \
-             layout; leave it out with columns",
-            t.name
-        ));
+        return refuse(
+            "columns",
+            format!(
+                "must leave out tensor {:?} for packed batches (`pack`): it holds engine \
+                 sub-column codes of L + 1 steps, which have no packed layout",
+                t.name
+            ),
+        );
     }
     if let Some(t) = cache
         .tensors()
         .iter()
         .find(|t| PACK_TENSORS.contains(&t.name.as_str()))
     {
-        return refuse(format!(
-            "the cache has a tensor named {:?}, the name of a tensor a packed batch adds ({})",
-            t.name,
-            PACK_TENSORS.join(", ")
-        ));
+        return refuse(
+            "pack",
+            format!(
+                "cannot be used: the cache has a tensor named {:?}, the name of a tensor a packed \
+                 batch adds ({})",
+                t.name,
+                PACK_TENSORS.join(", ")
+            ),
+        );
     }
     let max_seqs = match pack.max_seqs {
         Some(s) => s,
@@ -305,29 +316,44 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
     let inner = cache.inner.clone();
     let split_name = &opts.order.split;
     let Some(split_index) = inner.splits.iter().position(|(n, _)| n == split_name) else {
-        let names: Vec<&str> = inner.splits.iter().map(|(n, _)| n.as_str()).collect();
-        return Err(LoadError::Options(format!(
-            "{}: no split {split_name:?} (splits: {names:?})",
-            inner.dir.display(),
-        )));
+        return Err(inner.no_split(split_name));
     };
-    if opts.batch_size == 0 || opts.world_size == 0 || opts.rank >= opts.world_size {
-        return Err(LoadError::Options(format!(
-            "batch_size {} / rank {} / world_size {}: need batch_size >= 1 and rank < world_size",
-            opts.batch_size, opts.rank, opts.world_size
-        )));
+    let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
+    if opts.batch_size == 0 {
+        return bad("batch_size", "must be at least 1".into());
+    }
+    if opts.world_size == 0 {
+        return bad("world_size", "must be at least 1".into());
+    }
+    if opts.rank >= opts.world_size {
+        return bad(
+            "rank",
+            format!(
+                "{} must be below `world_size={}` (ranks count from 0)",
+                opts.rank, opts.world_size
+            ),
+        );
     }
     if !(1..=MAX_TRIM_MULTIPLE).contains(&opts.trim_multiple) {
-        return Err(LoadError::Options(format!(
-            "trim_multiple {}: between 1 (exact lengths) and {MAX_TRIM_MULTIPLE}",
-            opts.trim_multiple
-        )));
+        return bad(
+            "trim_multiple",
+            format!(
+                "{}: between 1 (exact lengths) and {MAX_TRIM_MULTIPLE}",
+                opts.trim_multiple
+            ),
+        );
     }
-    if opts.threads > MAX_THREADS || opts.prefetch > MAX_PREFETCH {
-        return Err(LoadError::Options(format!(
-                "threads {} / prefetch {}: at most {MAX_THREADS} threads and {MAX_PREFETCH} batches ahead",
-                opts.threads, opts.prefetch
-            )));
+    if opts.threads > MAX_THREADS {
+        return bad(
+            "threads",
+            format!("{}: at most {MAX_THREADS}", opts.threads),
+        );
+    }
+    if opts.prefetch > MAX_PREFETCH {
+        return bad(
+            "prefetch",
+            format!("{}: at most {MAX_PREFETCH} batches ahead", opts.prefetch),
+        );
     }
     let all = inner.manifest.tensors();
     if let Some(unknown) = opts
@@ -335,11 +361,11 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
         .iter()
         .find(|c| !all.iter().any(|t| &t.name == *c))
     {
-        let names: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
-        return Err(LoadError::Options(format!(
-            "{}: no tensor {unknown:?} to load (tensors: {names:?})",
-            inner.dir.display()
-        )));
+        return Err(LoadError::NoTensor {
+            dir: inner.dir.clone(),
+            tensor: unknown.clone(),
+            tensors: all.iter().map(|t| t.name.clone()).collect(),
+        });
     }
     let slots: Vec<usize> = (0..all.len())
         .filter(|&i| opts.columns.is_empty() || opts.columns.contains(&all[i].name))
@@ -374,17 +400,20 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
     };
     opts.global_batch()?;
     if batch_bytes.is_none_or(|b| b > memory_limit() / 2) {
-        let what = match opts.order.pack {
-            Some(p) => format!("pack of {} tokens", p.tokens),
-            None => format!("batch_size {}", opts.batch_size),
+        let (key, size) = match opts.order.pack {
+            Some(p) => ("pack", p.tokens),
+            None => ("batch_size", opts.batch_size),
         };
-        return Err(LoadError::Options(format!(
-            "{what}: one batch of this cache ({} bytes per context) needs {}, more than \
-                 half of this machine's memory ({}); use a smaller batch",
-            inner.manifest.bytes_per_context(),
-            batch_bytes.map_or("more than 16 EiB".into(), |b| format_size(b as u64)),
-            format_size(memory_limit() as u64)
-        )));
+        return bad(
+            key,
+            format!(
+                "{size}: one batch of this cache ({} bytes per context) needs {}, more than half \
+                 of this machine's memory ({}); use a smaller batch",
+                inner.manifest.bytes_per_context(),
+                batch_bytes.map_or("more than 16 EiB".into(), |b| format_size(b as u64)),
+                format_size(memory_limit() as u64)
+            ),
+        );
     }
     let shards = &inner.splits[split_index].1;
     let sizes: Vec<usize> = shards.iter().map(|s| s.entry.contexts).collect();
@@ -560,7 +589,7 @@ impl Loader {
     pub fn padding(&self) -> Result<crate::order::Padding, LoadError> {
         let gather = &self.hints.gather;
         let Batching::Padded { steps, trim } = &gather.batching else {
-            return Err(LoadError::Options(
+            return Err(LoadError::Call(
                 "a packed loader has no padded batches: ask its packs for their figures".into(),
             ));
         };

@@ -8,6 +8,7 @@
 
 use crate::error::LoadError;
 use crate::order::{DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use dsc_format::spelling::OptionError;
 use serde::{Deserialize, Serialize};
 
 /// Everything that decides an epoch's batches apart from the epoch number and the global
@@ -159,8 +160,9 @@ fn global_batch(
         return Ok(world_size);
     }
     batch_size.checked_mul(world_size).ok_or_else(|| {
-        LoadError::Options(format!(
-            "batch_size {batch_size} x world_size {world_size}: the global batch overflows"
+        LoadError::Options(OptionError::new(
+            "batch_size",
+            format!("{batch_size} x `world_size={world_size}`: the global batch overflows"),
         ))
     })
 }
@@ -199,11 +201,12 @@ impl State {
     pub fn check(&self, opts: &LoaderOptions) -> Result<usize, LoadError> {
         if self.order != opts.order {
             let field = differing_field(&self.order, &opts.order);
-            return Err(LoadError::State(format!(
+            let problem = format!(
                 "the state has {field}={}, the options {field}={}",
                 field_value(&self.order, &field),
                 field_value(&opts.order, &field)
-            )));
+            );
+            return Err(LoadError::State { field, problem });
         }
         self.first_step(opts)
     }
@@ -212,10 +215,13 @@ impl State {
     /// must be the same (the rest of the order comes from the state).
     pub(crate) fn first_step(&self, opts: &LoaderOptions) -> Result<usize, LoadError> {
         if opts.order.split != self.order.split {
-            return Err(LoadError::State(format!(
-                "the state is for split {:?}, the options ask for {:?}",
-                self.order.split, opts.order.split
-            )));
+            return Err(LoadError::State {
+                field: "split".into(),
+                problem: format!(
+                    "the state is for split {:?}, the options ask for {:?}",
+                    self.order.split, opts.order.split
+                ),
+            });
         }
         let global = global_batch(&self.order, opts.batch_size, opts.world_size)?;
         if global != self.global_batch {
@@ -227,17 +233,23 @@ impl State {
                     opts.batch_size, opts.world_size
                 )
             };
-            return Err(LoadError::State(format!(
-                "the state's global batch is {}, the options give {global} ({fix}",
-                self.global_batch
-            )));
+            return Err(LoadError::State {
+                field: "global_batch".into(),
+                problem: format!(
+                    "the state's global batch is {}, the options give {global} ({fix}",
+                    self.global_batch
+                ),
+            });
         }
         if !self.samples.is_multiple_of(global.max(1)) {
-            return Err(LoadError::State(format!(
-                "epoch {} / samples {} do not fit: not a whole number of global batches of {global}",
-                self.epoch,
-                self.samples
-            )));
+            return Err(LoadError::State {
+                field: "samples".into(),
+                problem: format!(
+                    "epoch {} / samples {} do not fit: not a whole number of global batches of \
+                     {global}",
+                    self.epoch, self.samples
+                ),
+            });
         }
         Ok(self.samples / global.max(1))
     }

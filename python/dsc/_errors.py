@@ -4,7 +4,7 @@ problem is, as far as it is known: ``file``, ``column``, ``row`` (0-based within
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 
 class Error(Exception):
@@ -40,7 +40,12 @@ class CacheError(Error):
 
 
 class OptionsError(Error, ValueError):
-    """Arguments that do not fit the cache or each other (batch size 0, unknown split, …)."""
+    """Arguments that do not fit the cache or each other (batch size 0, unknown split, …).
+    ``option`` names the keyword argument at fault where one is (``"max_len"``)."""
+
+    def __init__(self, message: str, *, option: Optional[str] = None, **place: Any) -> None:
+        super().__init__(message, **place)
+        self.option = option
 
 
 class StateError(Error, ValueError):

@@ -2,6 +2,7 @@
 //! problem is: `file`, `column`, `row`, `key`, `tensor`, `sample` (None where unknown).
 
 use dsc_compiler::CompileError;
+use dsc_format::spelling::{spell, OptionError, Spelling};
 use dsc_format::FormatError;
 use dsc_loader::LoadError;
 use pyo3::prelude::*;
@@ -11,6 +12,8 @@ use std::path::Path;
 /// Where an error happened, as Python attributes.
 #[derive(Default)]
 struct Place {
+    /// The keyword argument at fault (an `OptionsError`'s `option`).
+    option: Option<&'static str>,
     file: Option<String>,
     column: Option<String>,
     row: Option<u64>,
@@ -33,6 +36,11 @@ fn raise(py: Python<'_>, class: &str, message: String, place: Place) -> PyErr {
         kwargs.set_item("key", place.key)?;
         kwargs.set_item("tensor", place.tensor)?;
         kwargs.set_item("sample", place.sample)?;
+        if place.option.is_some() {
+            kwargs.set_item("option", place.option)?;
+        }
+        // The libraries name options by their keys; a Python caller reads keyword arguments.
+        let message = spell(&message, Spelling::Python);
         let err = module
             .getattr(class)?
             .call((message.clone(),), Some(&kwargs))?;
@@ -49,17 +57,35 @@ pub fn options_error(py: Python<'_>, message: &str) -> PyErr {
     raise(py, "OptionsError", message.to_string(), Place::default())
 }
 
+/// The keyword argument `e` names: `dsc.OptionsError` with its `option`.
+fn option_error(py: Python<'_>, e: &OptionError) -> PyErr {
+    let place = Place {
+        option: Some(e.key),
+        ..Place::default()
+    };
+    raise(py, "OptionsError", e.to_string(), place)
+}
+
 /// A compile failure: `dsc.CompileError` with the file, column, row or key it names.
 pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
     let message = e.to_string();
-    if let CompileError::Spec(_) | CompileError::Budget(_) = e {
-        // Options that do not fit together: the caller's arguments, not the input data.
-        return raise(py, "OptionsError", message, Place::default());
+    // Options that do not fit together: the caller's arguments, not the input data.
+    match &e {
+        CompileError::Spec(o) => return option_error(py, o),
+        CompileError::Budget { .. } => {
+            let place = Place {
+                option: Some("max_memory"),
+                ..Place::default()
+            };
+            return raise(py, "OptionsError", message, place);
+        }
+        _ => {}
     }
     let place = match &e {
         CompileError::Io { path, .. }
         | CompileError::BadParquet { path, .. }
         | CompileError::BadCsv { path, .. }
+        | CompileError::KeyList { path, .. }
         | CompileError::EmptyFile { path }
         | CompileError::OutputExists { path }
         | CompileError::Partition { path, .. }
@@ -186,8 +212,23 @@ pub fn format_error(py: Python<'_>, e: FormatError) -> PyErr {
 /// A loader failure: bad options, a resume state that does not fit, or an unreadable cache.
 pub fn load_error(py: Python<'_>, e: LoadError) -> PyErr {
     match e {
-        LoadError::Options(m) => options_error(py, &m),
-        LoadError::State(_) => raise(py, "StateError", e.to_string(), Place::default()),
+        LoadError::Options(m) => option_error(py, &m),
+        LoadError::NoSplit { .. } | LoadError::NoShard { .. } => {
+            let place = Place {
+                option: Some("split"),
+                ..Place::default()
+            };
+            raise(py, "OptionsError", e.to_string(), place)
+        }
+        LoadError::NoTensor { ref tensor, .. } => {
+            let place = Place {
+                option: Some("columns"),
+                tensor: Some(tensor.clone()),
+                ..Place::default()
+            };
+            raise(py, "OptionsError", e.to_string(), place)
+        }
+        LoadError::State { .. } => raise(py, "StateError", e.to_string(), Place::default()),
         LoadError::Format(f) => format_error(py, f),
         LoadError::Map { ref path, .. } | LoadError::OutOfMaps { ref path, .. } => {
             let place = Place {

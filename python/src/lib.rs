@@ -112,7 +112,14 @@ impl CacheHandle {
     fn resume(&self, py: Python<'_>, options: &str, state: &str) -> PyResult<(u64, usize)> {
         let mut opts = parse_options(py, options)?;
         let state: State = serde_json::from_str(state).map_err(|e| {
-            load_error(py, LoadError::State(format!("not a dsc loader state: {e}")))
+            let problem = format!("not a dsc loader state: {e}");
+            load_error(
+                py,
+                LoadError::State {
+                    field: String::new(),
+                    problem,
+                },
+            )
         })?;
         let step = state.check(&opts).map_err(|e| load_error(py, e))?;
         opts.epoch = state.epoch;
@@ -123,11 +130,14 @@ impl CacheHandle {
         if step > steps {
             return Err(load_error(
                 py,
-                LoadError::State(format!(
-                    "epoch {} / samples {} do not fit this loader: its epoch has {steps} steps \
-                     of {}",
-                    state.epoch, state.samples, state.global_batch
-                )),
+                LoadError::State {
+                    field: "samples".into(),
+                    problem: format!(
+                        "epoch {} / samples {} do not fit this loader: its epoch has {steps} \
+                         steps of {}",
+                        state.epoch, state.samples, state.global_batch
+                    ),
+                },
             ));
         }
         Ok((state.epoch, step))
@@ -321,7 +331,7 @@ impl LoaderHandle {
         self.check_process(py)?;
         let filled = with_regions(py, &buffers, |slices| match slices.split_first_mut() {
             Some((positions, pack)) => self.filler.fill_index(step, positions, pack),
-            None => Err(LoadError::Options(
+            None => Err(LoadError::Call(
                 "fill_index needs a positions buffer".into(),
             )),
         })?;

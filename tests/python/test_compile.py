@@ -73,7 +73,7 @@ def test_bad_compile_options_are_options_errors(in_workdir: Path, tmp_path: Path
         (dict(encode=["charge"]), "COLUMN=CHAIN"),
         (dict(shard_size="12 parsecs"), "unit"),
         (dict(join="data/sensor_geometry.csv"), "on="),
-        (dict(val_keys="keys.txt"), "only apply with"),
+        (dict(val_keys="keys.txt"), "only applies with"),
     ]:
         with pytest.raises(dsc.OptionsError, match=pattern):
             dsc.compile("data/train/batch_*.parquet", out=out, key="event_id", features="charge",
@@ -217,3 +217,26 @@ def test_ctrl_c_stops_a_compile_within_a_second_and_commits_nothing(tmp_path: Pa
     stopped = time.perf_counter() - sent[0]
     assert stopped < 1.0, f"{stopped:.2f} s from Ctrl-C to KeyboardInterrupt"
     assert not out.exists() and not staging.exists()
+
+
+def test_options_errors_name_the_keyword_not_a_flag(in_workdir: Path, tmp_path: Path,
+                                                    cache_dir: Path) -> None:
+    """Issue 29, item 4: the libraries name an option by its key; Python spells it as the
+    keyword argument (``split_by=``, ``profile="mostlyai"``) and says which in ``option``."""
+    with pytest.raises(dsc.OptionsError) as caught:
+        dsc.compile("data/train/batch_*.parquet", out=tmp_path / "c", key="event_id",
+                    features="charge", split_by="x")
+    e = caught.value
+    assert e.option == "split_by", e.option
+    assert str(e) == "split_by= reads a column of the context table: give context=", str(e)
+    with pytest.raises(dsc.OptionsError) as caught:
+        dsc.compile("data/train/batch_*.parquet", out=tmp_path / "c", key="event_id",
+                    profile="mostlyai", context="data/train_meta.parquet", features="charge")
+    assert caught.value.option == "features"
+    assert 'features= does not apply to profile="mostlyai"' in str(caught.value)
+    # The loader's options the same way.
+    with pytest.raises(dsc.OptionsError) as caught:
+        dsc.Loader(cache_dir, pack=16)
+    message = str(caught.value)
+    assert caught.value.option == "pack" and message.startswith("pack= of 16 tokens"), message
+    assert "--" not in message and "`" not in message, message

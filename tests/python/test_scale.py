@@ -60,7 +60,7 @@ def test_a_memory_budget_changes_nothing(in_workdir: Path):
     dsc.compile(ROWS, out=in_workdir / "plain", **OPTIONS)
     dsc.compile(ROWS, out=in_workdir / "tight", max_memory="8MiB", **OPTIONS)
     assert files(in_workdir / "plain") == files(in_workdir / "tight")
-    with pytest.raises(dsc.OptionsError, match="--max-memory 1.0 MiB is too small"):
+    with pytest.raises(dsc.OptionsError, match='max_memory="1.0 MiB" is too small'):
         dsc.compile(ROWS, out=in_workdir / "tiny", max_memory=1 << 20, **dict(OPTIONS, bucket_size="64MiB"))
     assert not (in_workdir / "tiny").exists()
 

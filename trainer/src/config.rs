@@ -4,6 +4,7 @@
 
 pub use crate::model::Amp;
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
+use dsc_format::spelling::OptionError;
 use dsc_format::{Manifest, TensorRole};
 use dsc_loader::{LoaderOptions, OrderSpec, Pack, MAX_TRIM_MULTIPLE};
 use serde::{Deserialize, Serialize};
@@ -234,60 +235,89 @@ impl RunConfig {
         }
     }
 
-    /// Refuses values no run can use, naming the flag.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
-        anyhow::ensure!(self.accumulate > 0, "--accumulate must be at least 1");
-        anyhow::ensure!(
-            self.pack != Some(0) && self.max_seqs != Some(0),
-            "--pack and --max-seqs must be at least 1"
-        );
-        anyhow::ensure!(
+    /// Refuses values no run can use, naming the option by its key (`dsc-train` spells it as
+    /// its flag).
+    pub fn validate(&self) -> Result<(), OptionError> {
+        macro_rules! ensure {
+            ($ok:expr, $key:literal, $($problem:tt)+) => {
+                let ok: bool = $ok;
+                if !ok {
+                    return Err(OptionError::new($key, format!($($problem)+)));
+                }
+            };
+        }
+        ensure!(self.batch_size > 0, "batch_size", "must be at least 1");
+        ensure!(self.accumulate > 0, "accumulate", "must be at least 1");
+        ensure!(self.pack != Some(0), "pack", "must be at least 1");
+        ensure!(self.max_seqs != Some(0), "max_seqs", "must be at least 1");
+        ensure!(
             self.pack.is_none() || !self.bucket,
-            "--pack and --bucket exclude each other: a pack has no padding for bucketing to save"
+            "pack",
+            "and `bucket` exclude each other: a pack has no padding for bucketing to save"
         );
-        anyhow::ensure!(
+        ensure!(
             self.max_seqs.is_none() || self.pack.is_some(),
-            "--max-seqs sizes packed batches: give --pack too"
+            "max_seqs",
+            "sizes packed batches: give `pack` too"
         );
-        anyhow::ensure!(
+        ensure!(
             self.trim_multiple
                 .is_none_or(|m| (1..=MAX_TRIM_MULTIPLE).contains(&m)),
-            "--trim-multiple must be between 1 and {MAX_TRIM_MULTIPLE}"
+            "trim_multiple",
+            "must be between 1 and {MAX_TRIM_MULTIPLE}"
         );
-        anyhow::ensure!(
+        ensure!(
             self.trim_multiple.is_none() || self.pack.is_none(),
-            "--trim-multiple rounds trimmed lengths; packed batches have one shape already"
+            "trim_multiple",
+            "rounds trimmed lengths; packed batches (`pack`) have one shape already"
         );
-        anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
-        anyhow::ensure!(self.epochs > 0, "--epochs must be at least 1");
-        anyhow::ensure!(
-            self.dim > 0 && self.layers > 0 && self.heads > 0,
-            "--dim, --layers and --heads must be positive"
-        );
+        ensure!(self.log_every > 0, "log_every", "must be at least 1");
+        ensure!(self.epochs > 0, "epochs", "must be at least 1");
+        ensure!(self.dim > 0, "dim", "must be positive");
+        ensure!(self.layers > 0, "layers", "must be positive");
+        ensure!(self.heads > 0, "heads", "must be positive");
         // Far beyond any use, and small enough that nothing below overflows or runs for hours
         // before failing (a checkpoint's config is read back through here too).
-        anyhow::ensure!(
-            self.dim <= MAX_DIM && self.layers <= MAX_LAYERS && self.heads <= self.dim,
-            "--dim {} / --layers {} / --heads {}: at most {MAX_DIM} wide, {MAX_LAYERS} layers \
-             and as many heads as --dim",
-            self.dim,
-            self.layers,
-            self.heads
+        ensure!(
+            self.dim <= MAX_DIM,
+            "dim",
+            "{}: at most {MAX_DIM}",
+            self.dim
         );
-        anyhow::ensure!(
+        ensure!(
+            self.layers <= MAX_LAYERS,
+            "layers",
+            "{}: at most {MAX_LAYERS}",
+            self.layers
+        );
+        ensure!(
+            self.heads <= self.dim,
+            "heads",
+            "{}: at most as many as `dim={}`",
+            self.heads,
+            self.dim
+        );
+        ensure!(
             (1..=MAX_PREFETCH).contains(&self.prefetch),
-            "--prefetch {} must be between 1 and {MAX_PREFETCH}",
+            "prefetch",
+            "{} must be between 1 and {MAX_PREFETCH}",
             self.prefetch
         );
-        anyhow::ensure!(
+        ensure!(
             self.checkpoint_every != Some(0),
-            "--checkpoint-every must be at least 1"
+            "checkpoint_every",
+            "must be at least 1"
         );
-        anyhow::ensure!(
-            self.warmup.is_none_or(|w| w < u64::MAX / 2) && self.epochs < u64::MAX / 2,
-            "--epochs {} / --warmup {:?}: too large to count",
-            self.epochs,
+        ensure!(
+            self.epochs < u64::MAX / 2,
+            "epochs",
+            "{}: too large to count",
+            self.epochs
+        );
+        ensure!(
+            self.warmup.is_none_or(|w| w < u64::MAX / 2),
+            "warmup",
+            "{:?}: too large to count",
             self.warmup
         );
         // Weights, gradients and two AdamW moments of f32: refuse a network that cannot fit
@@ -295,36 +325,42 @@ impl RunConfig {
         let (d, l) = (self.dim as f64, self.layers as f64);
         let bytes = 16.0 * (12.0 * d * d + 13.0 * d) * l;
         let limit = dsc_format::system::memory_limit() as f64 / 2.0;
-        anyhow::ensure!(
+        ensure!(
             bytes <= limit,
-            "--dim {} x --layers {}: the network's weights and optimizer state need about {:.0} \
-             GiB, more than half of this machine's memory ({:.0} GiB)",
+            "dim",
+            "{} x `layers={}`: the network's weights and optimizer state need about {:.0} GiB, \
+             more than half of this machine's memory ({:.0} GiB)",
             self.dim,
             self.layers,
             bytes / f64::from(1u32 << 30),
             limit / f64::from(1u32 << 30)
         );
-        anyhow::ensure!(
+        ensure!(
             self.model != ModelKind::Transformer || self.dim % self.heads == 0,
-            "--dim {} is not a multiple of --heads {}",
+            "dim",
+            "{} is not a multiple of `heads={}`",
             self.dim,
             self.heads
         );
-        anyhow::ensure!(
+        ensure!(
             (0.0..1.0).contains(&self.dropout),
-            "--dropout must be in [0, 1)"
+            "dropout",
+            "must be in [0, 1)"
         );
-        anyhow::ensure!(
+        ensure!(
             self.lr > 0.0 && self.lr.is_finite(),
-            "--lr must be positive"
+            "lr",
+            "must be positive"
         );
-        anyhow::ensure!(
+        ensure!(
             self.weight_decay >= 0.0 && self.weight_decay.is_finite(),
-            "--weight-decay must be zero or positive"
+            "weight_decay",
+            "must be zero or positive"
         );
-        anyhow::ensure!(
+        ensure!(
             self.clip >= 0.0 && self.clip.is_finite(),
-            "--clip must be zero (off) or positive"
+            "clip",
+            "must be zero (off) or positive"
         );
         Ok(())
     }

@@ -16,7 +16,7 @@ pub fn choose(want: &str, cuda: &CudaLoad) -> anyhow::Result<Device> {
         "cpu" => Ok(Device::Cpu),
         "cuda" | "gpu" => {
             if !tch::Cuda::is_available() {
-                bail!("--device cuda: {}", why());
+                bail!("`device=cuda`: {}", why());
             }
             Ok(Device::Cuda(0))
         }
@@ -25,12 +25,12 @@ pub fn choose(want: &str, cuda: &CudaLoad) -> anyhow::Result<Device> {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse::<usize>().ok())
             else {
-                bail!("--device {other:?}: expected auto, cpu, cuda or cuda:N");
+                bail!("`device` {other:?}: expected auto, cpu, cuda or cuda:N");
             };
             let n = tch::Cuda::device_count() as usize;
             if i >= n {
                 bail!(
-                    "--device {other}: {} CUDA device(s) visible; {}",
+                    "`device` {other}: {} CUDA device(s) visible; {}",
                     n,
                     if n == 0 { why() } else { String::new() }
                 );

@@ -5,6 +5,7 @@ mod args;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use dsc_format::spelling::{spell, Spelling};
 use dsc_train::{alloc, checkpoint, cuda, device, diag, session, train};
 use serde::Serialize;
 use std::process::ExitCode;
@@ -21,7 +22,8 @@ fn main() -> ExitCode {
     match run(cli, &cuda) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("dsc-train: {e:#}");
+            // The library names options by their keys; the command line spells them as flags.
+            eprintln!("dsc-train: {}", spell(&format!("{e:#}"), Spelling::Cli));
             ExitCode::from(EXIT_ERROR)
         }
     }

@@ -25,7 +25,7 @@ use std::path::Path;
 /// for a cache without a train split.
 pub fn train_stats(cache: &Path) -> anyhow::Result<SplitStats> {
     let stats = Stats::read(cache).context(
-        "reading the statistics that normalise the inputs (--no-normalise trains on the stored \
+        "reading the statistics that normalise the inputs (`normalise=false` trains on the stored \
          values as they are)",
     )?;
     stats

@@ -376,7 +376,7 @@ impl Session {
                     if scaling {
                         e.context(format!(
                             "the checkpoint has no {name}: it was trained on other input \
-                             scaling (--no-normalise, or a cache compiled with other --encode)"
+                             scaling (`normalise=false`, or a cache compiled with other `encode`)"
                         ))
                     } else {
                         e
@@ -401,7 +401,7 @@ impl Session {
                     if !same {
                         bail!(
                             "the cache's statistics give {name} = {now:?}, the checkpoint was \
-                             trained with {then:?}: the cache was recompiled (other --encode or \
+                             trained with {then:?}: the cache was recompiled (other `encode` or \
                              inputs) since; resume on the cache the run started on"
                         );
                     }
@@ -472,8 +472,8 @@ fn resident_split(
     if need > budget {
         anyhow::ensure!(
             cfg.resident != Some(true),
-            "--resident on: the train split's tensors take {need} bytes, more than a quarter \
-             of the device's memory ({budget} bytes); use --resident auto or off"
+            "`resident=on`: the train split's tensors take {need} bytes, more than a quarter \
+             of the device's memory ({budget} bytes); use `resident=auto` or off"
         );
         return Ok(None);
     }

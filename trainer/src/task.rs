@@ -46,7 +46,7 @@ impl TaskSpec {
             .find(|t| t.role == TensorRole::Targets)
         else {
             bail!(
-                "{}: the cache has no targets tensor `y`; compile it with --targets",
+                "{}: the cache has no targets tensor `y`; compile it with `targets`",
                 cache.dir().display()
             );
         };
@@ -65,7 +65,7 @@ impl TaskSpec {
             (Task::Classification, true) if names.len() == 1 => vec![names[0].to_string()],
             (Task::Classification, true) => {
                 bail!(
-                    "y has {} columns {names:?}; name the class column with --target",
+                    "y has {} columns {names:?}; name the class column with `target`",
                     names.len()
                 )
             }
@@ -78,7 +78,7 @@ impl TaskSpec {
             Task::Regression => (columns.len() as i64, "mae"),
             Task::Direction => {
                 if columns.len() != 2 {
-                    bail!("--task direction takes two target columns (azimuth, zenith), got {wanted:?}");
+                    bail!("`task=direction` takes two target columns (azimuth, zenith), got {wanted:?}");
                 }
                 for &c in &columns {
                     let col = &y.columns[c as usize];
@@ -86,8 +86,8 @@ impl TaskSpec {
                         if stages.iter().all(|s| *s == Stage::Identity));
                     if !identity {
                         bail!(
-                            "--task direction needs {} in radians as stored; it is encoded as {:?} \
-                             (compile it with --encode {}=identity)",
+                            "`task=direction` needs {} in radians as stored; it is encoded as {:?} \
+                             (compile it with `encode={}=identity`)",
                             col.name,
                             col.encoding,
                             col.name
@@ -98,7 +98,7 @@ impl TaskSpec {
             }
             Task::Classification => {
                 if columns.len() != 1 {
-                    bail!("--task classification takes one target column, got {wanted:?}");
+                    bail!("`task=classification` takes one target column, got {wanted:?}");
                 }
                 (count_classes(cache, columns[0], &wanted[0])?, "accuracy")
             }
@@ -212,7 +212,7 @@ fn count_classes(cache: &Cache, column: i64, name: &str) -> anyhow::Result<i64> 
             let v = f32::from_le_bytes(sample[at..at + 4].try_into().expect("4 bytes"));
             if !(v >= 0.0 && v.fract() == 0.0 && v < 1e6) {
                 bail!(
-                    "--task classification: target {name:?} of training context {} is {v}, \
+                    "`task=classification`: target {name:?} of training context {} is {v}, \
                      not a class number 0, 1, 2, …",
                     row + i
                 );
@@ -222,7 +222,7 @@ fn count_classes(cache: &Cache, column: i64, name: &str) -> anyhow::Result<i64> 
         row += batch.size;
     }
     if max < 1 {
-        bail!("--task classification: target {name:?} has a single class in the training split");
+        bail!("`task=classification`: target {name:?} has a single class in the training split");
     }
     Ok(max + 1)
 }

@@ -42,7 +42,7 @@ fn micro_per_epoch(s: &Session) -> anyhow::Result<u64> {
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
     anyhow::ensure!(
         micro > 0,
-        "the training split has {steps} full {}, fewer than --accumulate {}",
+        "the training split has {steps} full {}, fewer than `accumulate` {}",
         match s.cfg.pack {
             Some(t) => format!("packs of {t} tokens"),
             None => format!("batches of {}", s.cfg.batch_size),
@@ -85,7 +85,7 @@ pub fn run(
         Clock::new(if s.device.is_cuda() { log_micro } else { 0 }).map_err(anyhow::Error::msg)?;
     let device = s.device;
     let zero = || Tensor::zeros([], (Kind::Float, device));
-    // A run resumed with --max-steps at or below the steps already taken trains nothing more.
+    // A run resumed with `max_steps` at or below the steps already taken trains nothing more.
     let mut stopped = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
     let busy = match s.device {
         tch::Device::Cuda(i) => crate::cuda::pci_bus_id(i)
@@ -219,7 +219,7 @@ pub fn run(
     }
     let gpu_busy = busy.and_then(crate::nvml::Busy::finish);
     save_weights(&s, &opts.out.join("model.safetensors"))?;
-    // A run stopped by --max-steps before its last epoch ended resumes later; evaluate it then.
+    // A run stopped by `max_steps` before its last epoch ended resumes later; evaluate it then.
     let evaluation = if pos.epoch < s.cfg.epochs {
         Vec::new()
     } else {
@@ -254,12 +254,12 @@ fn check_eval_split(s: &Session) -> anyhow::Result<()> {
     let known: Vec<&str> = m.splits().iter().map(|x| x.name.as_str()).collect();
     anyhow::ensure!(
         name != "train",
-        "--eval-split train: the split trained on says nothing about generalisation; the cache \
+        "`eval_split=train`: the split trained on says nothing about generalisation; the cache \
          has {known:?}"
     );
     anyhow::ensure!(
         m.split(name).is_some() || name == crate::config::defaults::EVAL_SPLIT,
-        "--eval-split {name}: the cache has no such split (it has {known:?})"
+        "`eval_split` {name}: the cache has no such split (it has {known:?})"
     );
     Ok(())
 }

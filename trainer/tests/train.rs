@@ -871,7 +871,7 @@ fn a_checkpoint_with_hostile_numbers_is_refused_not_a_panic_or_a_hang() {
             r.stderr
         );
         assert!(
-            r.stderr.contains(&edited.display().to_string()) || r.stderr.contains("batch_size"),
+            r.stderr.contains(&edited.display().to_string()) || r.stderr.contains("--batch-size"),
             "{field} = {value}: {}",
             r.stderr
         );

@@ -287,10 +287,7 @@ fn val_rows(list: &Path, ctx: &Side, ctx_path: &str) -> Result<Vec<u64>> {
         let reader = read::open(path)?.into_wanted_reader(&key_want)?;
         let mut row = first;
         for batch in reader {
-            let batch = batch.map_err(|e| CompileError::BadParquet {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            let batch = batch.map_err(|e| CompileError::parquet(path.clone(), None, e))?;
             let mut keys = Column::new(ctx.types[0].clone(), batch.num_rows());
             keys.push_array(batch.column(0));
             for i in 0..keys.len() {
@@ -311,9 +308,10 @@ fn val_rows(list: &Path, ctx: &Side, ctx_path: &str) -> Result<Vec<u64>> {
         .map(|(e, _)| *e)
         .min_by_key(|e| e.1);
     if let Some((k, line)) = missing {
-        return Err(CompileError::BadCsv {
+        return Err(CompileError::KeyList {
             path: list.into(),
-            reason: format!("line {line}: key {k} is not in the context table {ctx_path}"),
+            line,
+            what: format!("key {k} is not in the context table {ctx_path}"),
         });
     }
     Ok(rows)

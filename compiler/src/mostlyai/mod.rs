@@ -40,6 +40,7 @@ use dsc_format::manifest::{
 };
 use dsc_format::rng::position_hash;
 use dsc_format::spec::CompileSpec;
+use dsc_format::spelling::OptionError;
 use dsc_format::stats::{SplitStats, Stats};
 use encode::{ColEncoder, ShardInput};
 use rayon::prelude::*;
@@ -58,48 +59,57 @@ pub const CTX_STATS_FILE: &str = "ctx-stats.json";
 
 const SPLITS: [&str; 2] = ["train", "val"];
 
+/// How the profile takes its validation split.
+const GIVE_VAL_KEYS: &str = " (give `val_keys`)";
+
 /// The context table and partition count of a spec, refusing what the profile does not use.
 pub(crate) fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
-    let ctx_path = spec.context.as_ref().ok_or_else(|| {
-        CompileError::Spec("--profile mostlyai needs a context table (--context FILE)".into())
-    })?;
+    let ctx_path = spec
+        .context
+        .as_ref()
+        .ok_or_else(|| OptionError::new("profile", "mostlyai needs a context table (`context`)"))?;
     let partitions = spec.partitions.unwrap_or(1);
     if partitions == 0 {
-        return Err(CompileError::Spec("--partitions must be at least 1".into()));
+        return Err(OptionError::new("partitions", "must be at least 1").into());
     }
     crate::plan::check_bucket_size(spec)?;
+    // The profile encodes what the engine encodes; every option of dsc's own recipe is refused
+    // by its key (the spec file and the command line share one set of keys).
     let ignored = [
-        ("--features", !spec.features.is_empty()),
-        ("--categorical", !spec.categorical.is_empty()),
-        ("--targets", !spec.targets.is_empty()),
-        ("--context-features", !spec.context_features.is_empty()),
-        ("--join", !spec.joins.is_empty()),
-        ("--order-by", spec.order_by.is_some()),
-        ("--max-len", spec.max_len.is_some()),
-        ("--encode", !spec.encode.is_empty()),
-        ("--truncate", spec.truncate != Default::default()),
-        ("--val-fraction (give --val-keys)", spec.val_fraction != 0.0),
-        ("--split-seed (give --val-keys)", spec.split_seed != 0),
-        ("--split-by (give --val-keys)", spec.split_by.is_some()),
+        ("features", !spec.features.is_empty(), ""),
+        ("categorical", !spec.categorical.is_empty(), ""),
+        ("targets", !spec.targets.is_empty(), ""),
+        ("context_features", !spec.context_features.is_empty(), ""),
+        ("joins", !spec.joins.is_empty(), ""),
+        ("order_by", spec.order_by.is_some(), ""),
+        ("max_len", spec.max_len.is_some(), ""),
+        ("encode", !spec.encode.is_empty(), ""),
+        ("truncate", spec.truncate != Default::default(), ""),
+        ("val_fraction", spec.val_fraction != 0.0, GIVE_VAL_KEYS),
+        ("split_seed", spec.split_seed != 0, GIVE_VAL_KEYS),
+        ("split_by", spec.split_by.is_some(), GIVE_VAL_KEYS),
+        ("split_keys", !spec.split_keys.is_empty(), GIVE_VAL_KEYS),
+        ("nan", spec.nan != Default::default(), ""),
         (
-            "--split-keys (give --val-keys)",
-            !spec.split_keys.is_empty(),
-        ),
-        ("--nan", spec.nan != Default::default()),
-        (
-            "--unmatched-rows",
+            "unmatched_rows",
             spec.unmatched_rows != Default::default(),
+            "",
         ),
         (
-            "--empty-contexts",
+            "empty_contexts",
             spec.empty_contexts != Default::default(),
+            "",
         ),
     ];
-    if let Some((flag, _)) = ignored.iter().find(|(_, set)| *set) {
-        return Err(CompileError::Spec(format!(
-            "{flag} does not apply to --profile mostlyai: the profile encodes every column of \
-             both tables as the engine does, in input order, up to the longest sequence"
-        )));
+    if let Some((key, _, advice)) = ignored.iter().find(|(_, set, _)| *set) {
+        return Err(OptionError::new(
+            key,
+            format!(
+                "does not apply to `profile=mostlyai`{advice}: the profile encodes every column \
+                 of both tables as the engine does, in input order, up to the longest sequence"
+            ),
+        )
+        .into());
     }
     Ok((ctx_path, partitions))
 }
@@ -280,11 +290,12 @@ fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> 
     let lengths = fit.lengths;
     let seq = analyze::seq_len(&all_lengths(&lengths));
     if seq.min == 1 && seq.max == 1 {
-        return Err(CompileError::Spec(
-            "every context has exactly one target row: the engine treats that as flat \
-             (non-sequential) data, which --profile mostlyai does not cover"
-                .into(),
-        ));
+        return Err(OptionError::new(
+            "profile",
+            "mostlyai does not cover flat data, and every context has exactly one target row \
+             (the engine treats that as non-sequential)",
+        )
+        .into());
     }
     let contexts = |s: usize| lengths[s].values().sum::<u64>() as usize;
     let tgt_json = analyze::tgt_stats_json(
