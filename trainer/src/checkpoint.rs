@@ -5,9 +5,9 @@
 //! checkpoint.
 
 use crate::config::RunConfig;
+use crate::error::{Result, TrainError};
 use crate::readback;
 use crate::report::EpochReport;
-use anyhow::Context;
 use dsc_loader::State;
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use safetensors::SafeTensors;
@@ -70,43 +70,43 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// The saved tensor `name` on `device`.
-    pub fn tensor(&self, name: &str, device: Device) -> anyhow::Result<Tensor> {
+    pub fn tensor(&self, name: &str, device: Device) -> Result<Tensor> {
         self.tensors
             .get(name)
             .map(|t| t.to_device(device))
-            .with_context(|| format!("{}: no tensor {name:?}", self.path.display()))
+            .ok_or_else(|| TrainError::checkpoint(&self.path, format!("no tensor {name:?}")))
     }
 
     /// Reads and checks the checkpoint at `path`.
-    pub fn read(path: &Path) -> anyhow::Result<Checkpoint> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    pub fn read(path: &Path) -> Result<Checkpoint> {
+        let bad = |what: String| TrainError::checkpoint(path, what);
+        let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
         let (_, meta) = SafeTensors::read_metadata(&bytes)
-            .with_context(|| format!("{}: not a safetensors checkpoint", path.display()))?;
+            .map_err(|e| bad(format!("not a safetensors checkpoint: {e}")))?;
         let json = meta
             .metadata()
             .as_ref()
             .and_then(|m| m.get(META_KEY))
-            .with_context(|| {
-                format!(
-                    "{}: not a dsc-train checkpoint (no {META_KEY} metadata)",
-                    path.display()
-                )
+            .ok_or_else(|| {
+                bad(format!(
+                    "not a dsc-train checkpoint (no {META_KEY} metadata)"
+                ))
             })?;
         let position: Position = serde_json::from_str(json)
-            .with_context(|| format!("{}: unreadable {META_KEY} metadata", path.display()))?;
-        let st = SafeTensors::deserialize(&bytes)
-            .with_context(|| format!("{}: corrupt tensors", path.display()))?;
+            .map_err(|e| bad(format!("unreadable {META_KEY} metadata: {e}")))?;
+        let st =
+            SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("corrupt tensors: {e}")))?;
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
             let kind = match view.dtype() {
                 StDtype::F32 => Kind::Float,
                 StDtype::I32 => Kind::Int,
                 StDtype::I64 => Kind::Int64,
-                other => anyhow::bail!("{}: tensor {name} has dtype {other:?}", path.display()),
+                other => return Err(bad(format!("tensor {name} has dtype {other:?}"))),
             };
             let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
             let t = Tensor::f_from_data_size(view.data(), &shape, kind)
-                .with_context(|| format!("{}: tensor {name}", path.display()))?;
+                .map_err(|e| bad(format!("tensor {name}: {e}")))?;
             tensors.insert(name, t);
         }
         Ok(Checkpoint {
@@ -118,7 +118,8 @@ impl Checkpoint {
 }
 
 /// Writes a checkpoint atomically.
-pub fn write(path: &Path, position: &Position, tensors: &[(String, Tensor)]) -> anyhow::Result<()> {
+pub fn write(path: &Path, position: &Position, tensors: &[(String, Tensor)]) -> Result<()> {
+    let bad = |what: String| TrainError::checkpoint(path, what);
     let host: Vec<(String, Vec<u8>, StDtype, Vec<usize>)> = tensors
         .iter()
         .map(|(name, t)| {
@@ -126,24 +127,25 @@ pub fn write(path: &Path, position: &Position, tensors: &[(String, Tensor)]) -> 
                 Kind::Float => StDtype::F32,
                 Kind::Int => StDtype::I32,
                 Kind::Int64 => StDtype::I64,
-                k => anyhow::bail!("cannot checkpoint {name} of kind {k:?}"),
+                k => return Err(bad(format!("cannot checkpoint {name} of kind {k:?}"))),
             };
             let shape = t.size().iter().map(|&d| d as usize).collect();
             Ok((name.clone(), readback::bytes(t), dtype, shape))
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_>>()?;
     let views = host
         .iter()
         .map(|(name, bytes, dtype, shape)| {
             TensorView::new(*dtype, shape.clone(), bytes)
                 .map(|v| (name.clone(), v))
-                .with_context(|| format!("tensor {name}"))
+                .map_err(|e| bad(format!("tensor {name}: {e}")))
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let meta = HashMap::from([(META_KEY.to_string(), serde_json::to_string(position)?)]);
+        .collect::<Result<Vec<_>>>()?;
+    let json = serde_json::to_string(position).expect("a position serialises");
+    let meta = HashMap::from([(META_KEY.to_string(), json)]);
     let tmp = path.with_extension("ckpt.partial");
     safetensors::serialize_to_file(views, Some(meta), &tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+        .map_err(|e| TrainError::checkpoint(&tmp, format!("cannot be written: {e}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| TrainError::io(path, e))?;
     Ok(())
 }

@@ -1,12 +1,14 @@
 //! Choosing the device a run uses, and naming it in reports.
 
 use crate::cuda::CudaLoad;
-use anyhow::bail;
+use crate::error::Result;
+use dsc_format::spelling::OptionError;
 use tch::Device;
 
 /// Resolves `auto` (CUDA when present), `cpu`, `cuda`/`gpu` or `cuda:N`; `cuda` says why a CUDA
 /// device is unusable when one was asked for.
-pub fn choose(want: &str, cuda: &CudaLoad) -> anyhow::Result<Device> {
+pub fn choose(want: &str, cuda: &CudaLoad) -> Result<Device> {
+    let bad = |problem: String| Err(OptionError::new("device", problem).into());
     let why = || match cuda {
         CudaLoad::Loaded => "libtorch's CUDA backend is loaded but sees no device".to_string(),
         CudaLoad::Unavailable(e) => format!("libtorch_cuda could not be loaded: {e}"),
@@ -16,7 +18,7 @@ pub fn choose(want: &str, cuda: &CudaLoad) -> anyhow::Result<Device> {
         "cpu" => Ok(Device::Cpu),
         "cuda" | "gpu" => {
             if !tch::Cuda::is_available() {
-                bail!("`device=cuda`: {}", why());
+                return bad(format!("cuda: {}", why()));
             }
             Ok(Device::Cuda(0))
         }
@@ -25,15 +27,14 @@ pub fn choose(want: &str, cuda: &CudaLoad) -> anyhow::Result<Device> {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse::<usize>().ok())
             else {
-                bail!("`device` {other:?}: expected auto, cpu, cuda or cuda:N");
+                return bad(format!("{other:?}: expected auto, cpu, cuda or cuda:N"));
             };
             let n = tch::Cuda::device_count() as usize;
             if i >= n {
-                bail!(
-                    "`device` {other}: {} CUDA device(s) visible; {}",
-                    n,
+                return bad(format!(
+                    "{other}: {n} CUDA device(s) visible; {}",
                     if n == 0 { why() } else { String::new() }
-                );
+                ));
             }
             Ok(Device::Cuda(i))
         }

@@ -2,6 +2,7 @@
 //! (how large a batch fits, and how fast is each size?).
 
 use crate::config::RunConfig;
+use crate::error::{Result, TrainError};
 use crate::feed::{Feed, Fill};
 use crate::readback::{self, Purpose};
 use crate::report::{BatchSizeReport, BatchTrial, StepReport, Summary};
@@ -16,7 +17,7 @@ use tch::Device;
 /// Trains up to `steps` optimizer steps on the first batch of epoch 0 at a constant learning
 /// rate. Passes, and stops, once a logged window's mean loss is under a tenth of the first
 /// step's (the loss is read every `--log-every` steps, so that is when it can tell).
-pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
+pub fn overfit_batch(mut s: Session, steps: u64) -> Result<Summary> {
     // Not `drop_last`: a split smaller than one batch still gives one.
     let loader = s.cache.loader(LoaderOptions {
         order: OrderSpec {
@@ -29,12 +30,12 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
     let feed = Feed::start(loader, &ring, Fill::Batch);
     let filled = feed
         .next()?
-        .ok_or_else(|| anyhow::anyhow!("the training split is empty"))?;
+        .ok_or_else(|| TrainError::cache(&s.cfg.cache, "the training split is empty"))?;
     let batch = s.upload(filled, s.cfg.batch_size);
     // The batch now lives on the device for good; the host slot is no longer needed.
     let _ = s.release(None, 0)?;
     drop(feed);
-    let mut clock = Clock::new(0).map_err(anyhow::Error::msg)?;
+    let mut clock = Clock::new(0)?;
     let mut logged = Vec::new();
     let mut totals = Totals::default();
     let mut window = tch::Tensor::zeros([], (tch::Kind::Float, s.device));
@@ -54,7 +55,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> anyhow::Result<Summary> {
         if step == 1 || step % s.cfg.log_every == 0 || step == steps {
             let loss = readback::values(&window, Purpose::Training)[0] / in_window as f64;
             let _ = window.zero_();
-            let t = clock.close().map_err(anyhow::Error::msg)?;
+            let t = clock.close()?;
             totals.add(&t);
             logged.push(StepReport::new(step, loss, s.cfg.lr, t.shares()));
             in_window = 0;
@@ -152,16 +153,18 @@ pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSize
 }
 
 /// Samples/s of a few training steps at the configured batch size (one warm-up step).
-fn trial(cfg: RunConfig, device: Device) -> anyhow::Result<f64> {
+fn trial(cfg: RunConfig, device: Device) -> Result<f64> {
     const MEASURED: usize = 3;
     let mut s = Session::new(cfg, device, 2)?;
     let loader = s.cache.loader(train_options(&s, 0))?;
-    anyhow::ensure!(
-        loader.steps() > MEASURED,
-        "the training split has fewer than {} batches of {}",
-        MEASURED + 1,
-        s.cfg.batch_size
-    );
+    if loader.steps() <= MEASURED {
+        let what = format!(
+            "the training split has fewer than {} batches of {}",
+            MEASURED + 1,
+            s.cfg.batch_size
+        );
+        return Err(TrainError::cache(&s.cfg.cache, what));
+    }
     let ring = s.ring.clone();
     let feed = Feed::start(loader, &ring, Fill::Batch);
     let mut start = Instant::now();
@@ -169,7 +172,9 @@ fn trial(cfg: RunConfig, device: Device) -> anyhow::Result<f64> {
         if i == 1 {
             start = Instant::now();
         }
-        let filled = feed.next()?.ok_or_else(|| anyhow::anyhow!("epoch ended"))?;
+        let filled = feed.next()?.ok_or_else(|| {
+            TrainError::cache(&s.cfg.cache, "the training split ended during a trial")
+        })?;
         let batch = s.upload(filled, s.cfg.batch_size);
         let loss = s.train_micro(&batch);
         s.opt.step(s.cfg.lr, s.cfg.clip, s.scaler.as_mut());

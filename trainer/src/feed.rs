@@ -6,7 +6,7 @@
 //! ([`dsc_loader::Filler::fill_index`]: positions, and a pack's own tensors), which the session
 //! gathers by on the device.
 
-use anyhow::Context;
+use crate::error::{Result, TrainError};
 use dsc_format::Dtype;
 use dsc_loader::{BatchInfo, Filler, LoadError, Loader, TensorLayout};
 use std::marker::PhantomData;
@@ -48,7 +48,7 @@ impl HostRing {
         packed: bool,
         slots: usize,
         pin_for: Option<Device>,
-    ) -> anyhow::Result<HostRing> {
+    ) -> Result<HostRing> {
         let positions = TensorLayout {
             name: "positions".into(),
             dtype: Dtype::I64,
@@ -69,11 +69,7 @@ impl HostRing {
 
     /// Allocates the ring for batches of `layout` (`Loader::layout`); `pin_for` pins the memory
     /// for DMA to that CUDA device.
-    pub fn new(
-        layout: &[TensorLayout],
-        slots: usize,
-        pin_for: Option<Device>,
-    ) -> anyhow::Result<HostRing> {
+    pub fn new(layout: &[TensorLayout], slots: usize, pin_for: Option<Device>) -> Result<HostRing> {
         let slots = (0..slots)
             .map(|_| {
                 layout
@@ -82,15 +78,16 @@ impl HostRing {
                         let shape: Vec<i64> = s.shape.iter().map(|&d| d as i64).collect();
                         let t = Tensor::zeros(shape.as_slice(), (kind_of(s.dtype), Device::Cpu));
                         match pin_for {
-                            Some(d) => t
-                                .f_pin_memory(d)
-                                .with_context(|| format!("pinning a host buffer for {}", s.name)),
+                            Some(d) => t.f_pin_memory(d).map_err(|source| TrainError::Torch {
+                                what: format!("pinning a host buffer for {}", s.name),
+                                source,
+                            }),
                             None => Ok(t),
                         }
                     })
-                    .collect::<anyhow::Result<Vec<Tensor>>>()
+                    .collect::<Result<Vec<Tensor>>>()
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         Ok(HostRing { slots })
     }
 
@@ -196,10 +193,10 @@ impl<'ring> Feed<'ring> {
 
     /// The next filled slot, or `None` at the end of the epoch. Blocks while the producer is
     /// behind (that time is the step's data wait).
-    pub fn next(&self) -> anyhow::Result<Option<Filled>> {
+    pub fn next(&self) -> Result<Option<Filled>> {
         match self.ready.recv() {
             Ok(Ok(f)) => Ok(Some(f)),
-            Ok(Err(e)) => Err(anyhow::Error::new(e).context("reading a batch from the cache")),
+            Ok(Err(e)) => Err(e.into()),
             Err(_) => Ok(None),
         }
     }

@@ -16,6 +16,7 @@ pub mod config;
 pub mod cuda;
 pub mod device;
 pub mod diag;
+pub mod error;
 pub mod feed;
 pub mod model;
 pub mod normalise;
@@ -29,4 +30,5 @@ pub mod timing;
 pub mod train;
 
 pub use config::{Amp, ModelKind, RunConfig, Task};
+pub use error::{Result, TrainError};
 pub use session::Session;

@@ -15,7 +15,7 @@
 //!
 //! `examples/train.py` applies the same rule, so the two reference trainers see the same inputs.
 
-use anyhow::Context;
+use crate::error::{Result, TrainError};
 use dsc_format::manifest::ColumnSource;
 use dsc_format::stats::{NumericStats, SplitStats};
 use dsc_format::{Encoding, Stage, Stats, TensorSpec};
@@ -23,16 +23,21 @@ use std::path::Path;
 
 /// The statistics of the cache's train split (never validation data); those of all contexts
 /// for a cache without a train split.
-pub fn train_stats(cache: &Path) -> anyhow::Result<SplitStats> {
-    let stats = Stats::read(cache).context(
-        "reading the statistics that normalise the inputs (`normalise=false` trains on the stored \
-         values as they are)",
-    )?;
+pub fn train_stats(cache: &Path) -> Result<SplitStats> {
+    let stats = Stats::read(cache).map_err(|e| {
+        TrainError::cache(
+            cache,
+            format!(
+                "cannot read the statistics that normalise the inputs (`normalise=false` trains \
+                 on the stored values as they are): {e}"
+            ),
+        )
+    })?;
     stats
         .split("train")
         .or_else(|| stats.split("all"))
         .cloned()
-        .with_context(|| format!("{}: stats.json has no train split", cache.display()))
+        .ok_or_else(|| TrainError::cache(cache, "stats.json has no train split"))
 }
 
 /// Shift and scale per column of a tensor's last axis: the network sees `(x - shift) / scale`.

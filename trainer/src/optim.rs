@@ -3,6 +3,7 @@
 //! theirs inside libtorch) and so that nothing in a step reads a value back to the host: the
 //! clip factor, the skip of an overflowed fp16 step and the loss scale stay on the device.
 
+use crate::error::Result;
 use tch::{Device, Kind, Tensor};
 
 const BETA1: f64 = 0.9;
@@ -212,7 +213,7 @@ impl AdamW {
     }
 
     /// Restores [`AdamW::state`]; `get` returns the saved tensor of a name.
-    pub fn load(&mut self, get: impl Fn(&str) -> anyhow::Result<Tensor>) -> anyhow::Result<()> {
+    pub fn load(&mut self, get: impl Fn(&str) -> Result<Tensor>) -> Result<()> {
         tch::no_grad(|| {
             for ((name, _), span) in self.params.iter().zip(&self.spans) {
                 span.of(&self.exp_avg).copy_(&get(&format!("m.{name}"))?);

@@ -3,6 +3,7 @@
 
 use crate::config::{Amp, RunConfig, Task};
 use crate::cuda::Event;
+use crate::error::{Result, TrainError};
 use crate::feed::{Filled, HostRing};
 use crate::model::{Inputs, Packed, SequenceModel, Shape};
 use crate::normalise::Scaling;
@@ -11,7 +12,7 @@ use crate::readback::{self, Purpose};
 use crate::report::{Readbacks, StepReport, Summary};
 use crate::task::TaskSpec;
 use crate::timing::Shares;
-use anyhow::{bail, Context};
+use dsc_format::spelling::OptionError;
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, TensorRole};
 use dsc_loader::{Cache, TensorLayout};
@@ -92,10 +93,9 @@ pub struct DeviceBatch {
 
 impl Session {
     /// Sets up a run of `cfg` on `device` with `slots` ring slots.
-    pub fn new(cfg: RunConfig, device: Device, slots: usize) -> anyhow::Result<Session> {
+    pub fn new(cfg: RunConfig, device: Device, slots: usize) -> Result<Session> {
         cfg.validate()?;
-        let cache = Cache::open(&cfg.cache)
-            .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
+        let cache = Cache::open(&cfg.cache)?;
         let amp = cfg.amp.unwrap_or(if device.is_cuda() {
             Amp::Bf16
         } else {
@@ -135,8 +135,7 @@ impl Session {
         let copy_done = if device.is_cuda() {
             (0..slots)
                 .map(|_| Event::new())
-                .collect::<Result<Vec<_>, String>>()
-                .map_err(anyhow::Error::msg)?
+                .collect::<Result<Vec<_>, String>>()?
         } else {
             Vec::new()
         };
@@ -297,16 +296,14 @@ impl Session {
 
     /// Slots that may be refilled now. On the CPU, `done`: the step has finished with it. On
     /// CUDA, the oldest queued copies are waited for, keeping `keep` in flight.
-    pub fn release(&mut self, done: Option<usize>, keep: usize) -> anyhow::Result<Vec<usize>> {
+    pub fn release(&mut self, done: Option<usize>, keep: usize) -> Result<Vec<usize>> {
         if !self.device.is_cuda() {
             return Ok(done.into_iter().collect());
         }
         let mut out = Vec::new();
         while self.in_flight.len() > keep {
             let slot = self.in_flight.pop_front().expect("non-empty");
-            self.copy_done[slot]
-                .synchronize()
-                .map_err(anyhow::Error::msg)?;
+            self.copy_done[slot].synchronize()?;
             out.push(slot);
         }
         Ok(out)
@@ -363,31 +360,28 @@ impl Session {
     }
 
     /// Restores [`Session::state_tensors`].
-    pub fn load_state(
-        &mut self,
-        get: impl Fn(&str) -> anyhow::Result<Tensor>,
-    ) -> anyhow::Result<()> {
-        tch::no_grad(|| -> anyhow::Result<()> {
+    pub fn load_state(&mut self, get: impl Fn(&str) -> Result<Tensor>) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
             for (name, mut var) in self.vs.variables() {
                 // Non-trainable variables are the input and target scalings, computed afresh
                 // from the cache's statistics: they must be what the checkpoint trained with.
                 let scaling = !var.requires_grad();
                 let saved = get(&format!("model.{name}")).map_err(|e| {
                     if scaling {
-                        e.context(format!(
-                            "the checkpoint has no {name}: it was trained on other input \
-                             scaling (`normalise=false`, or a cache compiled with other `encode`)"
+                        TrainError::Resume(format!(
+                            "{e}: the checkpoint was trained on other input scaling \
+                             (`normalise=false`, or a cache compiled with other `encode`)"
                         ))
                     } else {
                         e
                     }
                 })?;
                 if saved.size() != var.size() {
-                    bail!(
+                    return Err(TrainError::Resume(format!(
                         "checkpoint weight {name} has shape {:?}, the model {:?}",
                         saved.size(),
                         var.size()
-                    );
+                    )));
                 }
                 if scaling {
                     let (then, now) = (
@@ -399,11 +393,11 @@ impl Session {
                         .zip(&now)
                         .all(|(a, b)| (a - b).abs() <= 1e-6 * a.abs().max(1.0));
                     if !same {
-                        bail!(
+                        return Err(TrainError::Resume(format!(
                             "the cache's statistics give {name} = {now:?}, the checkpoint was \
                              trained with {then:?}: the cache was recompiled (other `encode` or \
                              inputs) since; resume on the cache the run started on"
-                        );
+                        )));
                     }
                 }
                 var.copy_(&saved);
@@ -412,7 +406,7 @@ impl Session {
         })?;
         self.opt.load(|n| get(&format!("optim.{n}")))?;
         if let Some(s) = &mut self.scaler {
-            tch::no_grad(|| -> anyhow::Result<()> {
+            tch::no_grad(|| -> Result<()> {
                 s.scale.copy_(&get("scaler.scale")?);
                 s.growth_tracker.copy_(&get("scaler.growth_tracker")?);
                 Ok(())
@@ -440,7 +434,7 @@ fn resident_split(
     l: &Layout,
     device: Device,
     slots: usize,
-) -> anyhow::Result<Option<Resident>> {
+) -> Result<Option<Resident>> {
     if cfg.resident == Some(false) || (cfg.resident.is_none() && !device.is_cuda()) {
         return Ok(None);
     }
@@ -458,7 +452,7 @@ fn resident_split(
         .map(|&i| spec(i).sample_bytes() * contexts)
         .sum();
     let budget = if device.is_cuda() {
-        crate::cuda::memory_total().map_err(anyhow::Error::msg)? / 4
+        crate::cuda::memory_total()? / 4
     } else {
         // SAFETY: sysconf has no preconditions.
         let (page, pages) = unsafe {
@@ -470,11 +464,16 @@ fn resident_split(
         (page.max(0) as usize).saturating_mul(pages.max(0) as usize) / 4
     };
     if need > budget {
-        anyhow::ensure!(
-            cfg.resident != Some(true),
-            "`resident=on`: the train split's tensors take {need} bytes, more than a quarter \
-             of the device's memory ({budget} bytes); use `resident=auto` or off"
-        );
+        if cfg.resident == Some(true) {
+            return Err(OptionError::new(
+                "resident",
+                format!(
+                    "on: the train split's tensors take {need} bytes, more than a quarter of the \
+                     device's memory ({budget} bytes); use `resident=auto` or off"
+                ),
+            )
+            .into());
+        }
         return Ok(None);
     }
     // The split in cache order, padded, the tensors the batches load.
@@ -510,7 +509,12 @@ fn resident_split(
         let shape: Vec<i64> = std::iter::once(contexts as i64)
             .chain(s.sample_shape.iter().map(|&d| d as i64))
             .collect();
-        let t = Tensor::f_from_data_size(&host[i], &shape, crate::feed::kind_of(s.dtype))?;
+        let t = Tensor::f_from_data_size(&host[i], &shape, crate::feed::kind_of(s.dtype)).map_err(
+            |source| TrainError::Torch {
+                what: format!("uploading the train split's {}", s.name),
+                source,
+            },
+        )?;
         tensors[i] = Some(t.to_device(device));
     }
     // An index has a row per context of a batch (a pack's sequence slots): the rows of the
@@ -537,7 +541,7 @@ fn layout(
     batch: &[TensorLayout],
     outputs: i64,
     stats: Option<&SplitStats>,
-) -> anyhow::Result<(Layout, Shape)> {
+) -> Result<(Layout, Shape)> {
     let m = cache.manifest();
     let scaling = |t: &dsc_format::TensorSpec| match stats {
         Some(s) => Scaling::from_stats(t, s),
@@ -612,10 +616,10 @@ fn layout(
         }
     }
     if l.x.is_none() && l.cats.is_empty() {
-        bail!(
-            "{}: the cache has no per-step tensor (features or categorical) to train on",
-            cache.dir().display()
-        );
+        return Err(TrainError::cache(
+            cache.dir(),
+            "the cache has no per-step tensor (features or categorical) to train on",
+        ));
     }
     Ok((l, shape))
 }

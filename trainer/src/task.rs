@@ -1,9 +1,9 @@
 //! What is learned from the cache's `y` tensor: the loss and the validation metric.
 
 use crate::config::{RunConfig, Task};
+use crate::error::{Result, TrainError};
 use crate::model::Standardise;
 use crate::normalise::Scaling;
-use anyhow::{bail, Context};
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, Stage, TensorRole};
 use dsc_loader::{Cache, LoaderOptions, OrderSpec};
@@ -37,7 +37,7 @@ impl TaskSpec {
         cache: &Cache,
         stats: Option<&SplitStats>,
         vs: &nn::Path,
-    ) -> anyhow::Result<TaskSpec> {
+    ) -> Result<TaskSpec> {
         let device = vs.device();
         let manifest = cache.manifest();
         let Some(y) = manifest
@@ -45,18 +45,23 @@ impl TaskSpec {
             .iter()
             .find(|t| t.role == TensorRole::Targets)
         else {
-            bail!(
-                "{}: the cache has no targets tensor `y`; compile it with `targets`",
-                cache.dir().display()
-            );
+            return Err(TrainError::cache(
+                cache.dir(),
+                "the cache has no targets tensor `y`; compile it with `targets`",
+            ));
         };
         let names: Vec<&str> = y.columns.iter().map(|c| c.name.as_str()).collect();
-        let find = |want: &str| -> anyhow::Result<i64> {
+        let bad = |what: String| TrainError::cache(cache.dir(), what);
+        let find = |want: &str| -> Result<i64> {
             names
                 .iter()
                 .position(|n| *n == want)
                 .map(|i| i as i64)
-                .with_context(|| format!("no target column {want:?} in y (columns: {names:?})"))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "no target column {want:?} in y (columns: {names:?})"
+                    ))
+                })
         };
         let wanted: Vec<String> = match (cfg.task, cfg.target.is_empty()) {
             (_, false) => cfg.target.clone(),
@@ -64,41 +69,41 @@ impl TaskSpec {
             (Task::Regression, true) => names.iter().map(|s| s.to_string()).collect(),
             (Task::Classification, true) if names.len() == 1 => vec![names[0].to_string()],
             (Task::Classification, true) => {
-                bail!(
+                return Err(bad(format!(
                     "y has {} columns {names:?}; name the class column with `target`",
                     names.len()
-                )
+                )))
             }
         };
-        let columns = wanted
-            .iter()
-            .map(|w| find(w))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let columns = wanted.iter().map(|w| find(w)).collect::<Result<Vec<_>>>()?;
         let (outputs, metric) = match cfg.task {
             Task::Regression => (columns.len() as i64, "mae"),
             Task::Direction => {
                 if columns.len() != 2 {
-                    bail!("`task=direction` takes two target columns (azimuth, zenith), got {wanted:?}");
+                    return Err(bad(format!(
+                        "`task=direction` takes two target columns (azimuth, zenith), got \
+                         {wanted:?}"
+                    )));
                 }
                 for &c in &columns {
                     let col = &y.columns[c as usize];
                     let identity = matches!(&col.encoding, Encoding::Numeric { stages, .. }
                         if stages.iter().all(|s| *s == Stage::Identity));
                     if !identity {
-                        bail!(
+                        return Err(bad(format!(
                             "`task=direction` needs {} in radians as stored; it is encoded as {:?} \
                              (compile it with `encode={}=identity`)",
-                            col.name,
-                            col.encoding,
-                            col.name
-                        );
+                            col.name, col.encoding, col.name
+                        )));
                     }
                 }
                 (3, "mean_angular_error_rad")
             }
             Task::Classification => {
                 if columns.len() != 1 {
-                    bail!("`task=classification` takes one target column, got {wanted:?}");
+                    return Err(bad(format!(
+                        "`task=classification` takes one target column, got {wanted:?}"
+                    )));
                 }
                 (count_classes(cache, columns[0], &wanted[0])?, "accuracy")
             }
@@ -185,7 +190,8 @@ impl TaskSpec {
 
 /// The number of classes of an integer target: its training-split maximum plus one. Every value
 /// must be a non-negative integer.
-fn count_classes(cache: &Cache, column: i64, name: &str) -> anyhow::Result<i64> {
+fn count_classes(cache: &Cache, column: i64, name: &str) -> Result<i64> {
+    let bad = |what: String| TrainError::cache(cache.dir(), what);
     let y = cache
         .tensors()
         .iter()
@@ -211,18 +217,20 @@ fn count_classes(cache: &Cache, column: i64, name: &str) -> anyhow::Result<i64> 
             let at = column as usize * 4;
             let v = f32::from_le_bytes(sample[at..at + 4].try_into().expect("4 bytes"));
             if !(v >= 0.0 && v.fract() == 0.0 && v < 1e6) {
-                bail!(
-                    "`task=classification`: target {name:?} of training context {} is {v}, \
-                     not a class number 0, 1, 2, …",
+                return Err(bad(format!(
+                    "`task=classification`: target {name:?} of training context {} is {v}, not a \
+                     class number 0, 1, 2, …",
                     row + i
-                );
+                )));
             }
             max = max.max(v as i64);
         }
         row += batch.size;
     }
     if max < 1 {
-        bail!("`task=classification`: target {name:?} has a single class in the training split");
+        return Err(bad(format!(
+            "`task=classification`: target {name:?} has a single class in the training split"
+        )));
     }
     Ok(max + 1)
 }

@@ -2,13 +2,14 @@
 //! once per logged window, validation and a checkpoint at each epoch's end.
 
 use crate::checkpoint::{self, Checkpoint, Position};
+use crate::error::{Result, TrainError};
 use crate::feed::{Feed, Fill};
 use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
 use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
 use crate::session::{named_weights, Session};
 use crate::timing::{Clock, Totals};
-use anyhow::Context;
+use dsc_format::spelling::OptionError;
 use dsc_loader::{LoaderOptions, State};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -37,29 +38,26 @@ pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
 }
 
 /// Micro-batches per epoch that are trained: whole optimizer steps only.
-fn micro_per_epoch(s: &Session) -> anyhow::Result<u64> {
+fn micro_per_epoch(s: &Session) -> Result<u64> {
     let steps = s.cache.loader(train_options(s, 0))?.steps() as u64;
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
-    anyhow::ensure!(
-        micro > 0,
-        "the training split has {steps} full {}, fewer than `accumulate` {}",
-        match s.cfg.pack {
-            Some(t) => format!("packs of {t} tokens"),
-            None => format!("batches of {}", s.cfg.batch_size),
-        },
-        s.cfg.accumulate
-    );
+    if micro == 0 {
+        let problem = format!(
+            "{}: more than the training split's {steps} full {}",
+            s.cfg.accumulate,
+            match s.cfg.pack {
+                Some(t) => format!("packs of {t} tokens"),
+                None => format!("batches of {}", s.cfg.batch_size),
+            }
+        );
+        return Err(OptionError::new("accumulate", problem).into());
+    }
     Ok(micro)
 }
 
 /// Trains (or continues `resume`) and returns the summary.
-pub fn run(
-    mut s: Session,
-    resume: Option<Checkpoint>,
-    opts: &RunOptions,
-) -> anyhow::Result<Summary> {
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("creating {}", opts.out.display()))?;
+pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Result<Summary> {
+    std::fs::create_dir_all(&opts.out).map_err(|e| TrainError::io(&opts.out, e))?;
     check_eval_split(&s)?;
     let micro_epoch = micro_per_epoch(&s)?;
     let steps_epoch = micro_epoch / s.cfg.accumulate as u64;
@@ -81,8 +79,7 @@ pub fn run(
     // Training batches by sequence length: the shapes the run's steps saw.
     let mut batch_lens = std::collections::BTreeMap::<usize, u64>::new();
     let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
-    let mut clock =
-        Clock::new(if s.device.is_cuda() { log_micro } else { 0 }).map_err(anyhow::Error::msg)?;
+    let mut clock = Clock::new(if s.device.is_cuda() { log_micro } else { 0 })?;
     let device = s.device;
     let zero = || Tensor::zeros([], (Kind::Float, device));
     // A run resumed with `max_steps` at or below the steps already taken trains nothing more.
@@ -121,9 +118,9 @@ pub fn run(
                 if filled.info.pack.is_none() {
                     *batch_lens.entry(filled.info.seq_len).or_insert(0) += 1;
                 }
-                clock.step_start().map_err(anyhow::Error::msg)?;
+                clock.step_start()?;
                 let batch = s.train_batch(filled);
-                clock.copied().map_err(anyhow::Error::msg)?;
+                clock.copied()?;
                 // A pack's sequence count is known on the host: no read-back.
                 let samples = filled.info.pack.map_or(s.cfg.batch_size, |p| p.seqs);
                 let micro_global = epoch * micro_epoch + pos.micro_in_epoch;
@@ -142,13 +139,13 @@ pub fn run(
                     s.opt.zero_grad();
                     pos.optimizer_steps += 1;
                     window_steps += 1;
-                    clock.step_done().map_err(anyhow::Error::msg)?;
+                    clock.step_done()?;
                     let end_of_window = pos.optimizer_steps % s.cfg.log_every == 0;
                     if end_of_window {
                         let loss = readback::values(&window_loss, Purpose::Training)[0]
                             / window_steps as f64;
                         let _ = window_loss.zero_();
-                        let t = clock.close().map_err(anyhow::Error::msg)?;
+                        let t = clock.close()?;
                         epoch_totals.add(&t);
                         let sh = t.shares();
                         bar.set_message(format!(
@@ -172,7 +169,7 @@ pub fn run(
                         stopped = true;
                     }
                 } else {
-                    clock.step_done().map_err(anyhow::Error::msg)?;
+                    clock.step_done()?;
                 }
                 for slot in s.release(Some(filled.slot), IN_FLIGHT)? {
                     feed.release(slot);
@@ -187,7 +184,7 @@ pub fn run(
                 feed.release(slot);
             }
         }
-        let t = clock.close().map_err(anyhow::Error::msg)?;
+        let t = clock.close()?;
         epoch_totals.add(&t);
         run_totals.add(&epoch_totals);
         bar.finish_and_clear();
@@ -242,32 +239,34 @@ pub fn run(
 }
 
 /// The loader state after `micro` batches of `epoch` (what a resumed run starts from).
-fn loader_state(s: &Session, epoch: u64, micro: u64) -> anyhow::Result<State> {
+fn loader_state(s: &Session, epoch: u64, micro: u64) -> Result<State> {
     Ok(State::new(&train_options(s, epoch), micro as usize)?)
 }
 
 /// `--eval-split` must name a split of the cache; only the default `val` may be absent (then
 /// epochs report no validation, as a cache compiled without one has none).
-fn check_eval_split(s: &Session) -> anyhow::Result<()> {
+fn check_eval_split(s: &Session) -> Result<()> {
     let name = &s.cfg.eval_split;
     let m = s.cache.manifest();
     let known: Vec<&str> = m.splits().iter().map(|x| x.name.as_str()).collect();
-    anyhow::ensure!(
-        name != "train",
-        "`eval_split=train`: the split trained on says nothing about generalisation; the cache \
-         has {known:?}"
-    );
-    anyhow::ensure!(
-        m.split(name).is_some() || name == crate::config::defaults::EVAL_SPLIT,
-        "`eval_split` {name}: the cache has no such split (it has {known:?})"
-    );
+    if name == "train" {
+        let problem = format!(
+            "train: the split trained on says nothing about generalisation; the cache has \
+             {known:?}"
+        );
+        return Err(OptionError::new("eval_split", problem).into());
+    }
+    if m.split(name).is_none() && name != crate::config::defaults::EVAL_SPLIT {
+        let problem = format!("{name}: the cache has no such split (it has {known:?})");
+        return Err(OptionError::new("eval_split", problem).into());
+    }
     Ok(())
 }
 
 /// Sums of the per-context loss and metric over the whole of `split` (each context once), left
 /// on the device as one `[2]` tensor, and the contexts summed; `None` for an empty or absent
 /// split.
-fn split_sums(s: &mut Session, split: &str) -> anyhow::Result<Option<(Tensor, usize)>> {
+fn split_sums(s: &mut Session, split: &str) -> Result<Option<(Tensor, usize)>> {
     let contexts = s.cache.manifest().split(split).map_or(0, |v| v.contexts);
     if contexts == 0 {
         return Ok(None);
@@ -315,7 +314,7 @@ fn validate(
     s: &mut Session,
     epoch_loss: &Tensor,
     trained: u64,
-) -> anyhow::Result<(Option<f64>, Option<f64>, f64)> {
+) -> Result<(Option<f64>, Option<f64>, f64)> {
     let accumulate = s.cfg.accumulate as f64;
     let train_loss = |v: f64| v * accumulate / trained.max(1) as f64;
     let split = s.cfg.eval_split.clone();
@@ -332,7 +331,7 @@ fn validate(
 }
 
 /// The final model on every split but train: what a held-out test split is for.
-fn final_evaluation(s: &mut Session, quiet: bool) -> anyhow::Result<Vec<SplitEvaluation>> {
+fn final_evaluation(s: &mut Session, quiet: bool) -> Result<Vec<SplitEvaluation>> {
     let splits: Vec<String> = s
         .cache
         .manifest()
@@ -376,7 +375,7 @@ fn start_position(s: &Session) -> Position {
 }
 
 /// Saves the weights alone, for inference and other tools.
-fn save_weights(s: &Session, path: &Path) -> anyhow::Result<()> {
+fn save_weights(s: &Session, path: &Path) -> Result<()> {
     checkpoint::write(path, &start_position(s), &named_weights(&s.vs))
 }
 

@@ -976,3 +976,21 @@ fn a_resident_split_trains_the_weights_of_the_host_path() {
         assert_same_weights(host_out.path(), kept_out.path());
     }
 }
+
+/// Issue 29, item 4: the library validates its configuration in `Session::new`, before it
+/// touches the cache, and names the option by its key (the binary spells it as a flag).
+#[test]
+fn a_session_refuses_a_bad_configuration_by_its_key() {
+    let mut cfg = dsc_train::RunConfig::new("/no/such/cache", dsc_train::Task::Regression);
+    cfg.accumulate = 0;
+    match dsc_train::Session::new(cfg, tch::Device::Cpu, 2) {
+        Err(dsc_train::TrainError::Config(e)) => {
+            assert_eq!(
+                (e.key, e.problem.as_str()),
+                ("accumulate", "must be at least 1")
+            );
+        }
+        Err(e) => panic!("expected a configuration error, got {e}"),
+        Ok(_) => panic!("a session with accumulate = 0 started"),
+    }
+}
