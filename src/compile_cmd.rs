@@ -9,62 +9,89 @@ use dsc_compiler::{CompileOptions, CompileSpec, TerminalBars};
 use dsc_format::choice::Choice as _;
 use dsc_format::spec::{parse_size, JoinSpec};
 use serde::Serialize;
+use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// The spec from `--spec` (if any) with every given flag applied on top.
+/// The spec from `--spec` (if any) with every given flag laid over it
+/// ([`CompileSpec::with_overrides`]: the rule Python's `dsc.compile` follows too).
 pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
-    let mut spec = match &a.spec {
+    let base = match &a.spec {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read spec file {}", path.display()))?;
-            toml::from_str::<CompileSpec>(&text)
-                .with_context(|| format!("{}: invalid spec", path.display()))?
-        }
-        None => {
-            let Some(key) = &a.key else {
-                bail!("--key is required (or give a spec file with --spec)");
-            };
-            CompileSpec::new(Vec::new(), key.clone())
-        }
-    };
-    if !a.rows.is_empty() {
-        spec.rows = a.rows.clone();
-    }
-    if spec.rows.is_empty() {
-        bail!("no rows files given: pass Parquet paths or globs, or `rows` in the spec file");
-    }
-    if let Some(k) = &a.key {
-        spec.key = k.clone();
-    }
-    macro_rules! set {
-        ($field:ident) => {
-            if a.$field.is_some() {
-                spec.$field = a.$field.clone();
+            // Parsed as a spec first, so a bad key or value is named with its line.
+            let file: CompileSpec = toml::from_str(&text)
+                .with_context(|| format!("{}: invalid spec", path.display()))?;
+            match serde_json::to_value(file).expect("a spec serialises") {
+                Value::Object(map) => map,
+                _ => unreachable!("a spec is a table"),
             }
-        };
+        }
+        None if a.key.is_none() => bail!("--key is required (or give a spec file with --spec)"),
+        None => Map::new(),
+    };
+    let given = given(a)?;
+    let rows = |m: &Map<String, Value>| m.get("rows").and_then(Value::as_array).map(Vec::len);
+    if rows(&given).or(rows(&base)).unwrap_or(0) == 0 {
+        bail!("no rows files given: pass Parquet paths or globs, or list them in the spec file (rows = [...])");
     }
-    set!(order_by);
-    set!(context);
-    set!(context_key);
-    set!(max_len);
+    Ok(CompileSpec::with_overrides(base, given).context("invalid spec")?)
+}
+
+/// The spec keys the flags give, as a spec file would hold them.
+fn given(a: &CompileArgs) -> anyhow::Result<Map<String, Value>> {
+    let mut out = Map::new();
+    let mut put = |key: &str, value: Value| {
+        out.insert(key.to_string(), value);
+    };
     let lists = [
-        (&a.features, &mut spec.features),
-        (&a.categorical, &mut spec.categorical),
-        (&a.targets, &mut spec.targets),
-        (&a.context_features, &mut spec.context_features),
+        ("rows", &a.rows),
+        ("features", &a.features),
+        ("categorical", &a.categorical),
+        ("targets", &a.targets),
+        ("context_features", &a.context_features),
     ];
-    for (flag, field) in lists {
-        if !flag.is_empty() {
-            field.clone_from(flag);
+    for (key, list) in lists {
+        if !list.is_empty() {
+            put(key, json!(list));
         }
     }
+    let options = [
+        ("key", a.key.as_ref().map(|v| json!(v))),
+        ("order_by", a.order_by.as_ref().map(|v| json!(v))),
+        ("context", a.context.as_ref().map(|v| json!(v))),
+        ("context_key", a.context_key.as_ref().map(|v| json!(v))),
+        ("max_len", a.max_len.map(|v| json!(v))),
+        ("truncate", a.truncate.map(|v| json!(v))),
+        ("nan", a.nan.map(|v| json!(v))),
+        ("unmatched_rows", a.unmatched_rows.map(|v| json!(v))),
+        ("empty_contexts", a.empty_contexts.map(|v| json!(v))),
+        ("val_fraction", a.val_fraction.map(|v| json!(v))),
+        ("split_by", a.split_by.as_ref().map(|v| json!(v))),
+        ("profile", a.profile.as_ref().map(|v| json!(v))),
+        (
+            "val_keys",
+            a.val_keys.as_ref().map(|v| json!(v.display().to_string())),
+        ),
+        ("partitions", a.partitions.map(|v| json!(v))),
+        ("split_seed", a.split_seed.map(|v| json!(v))),
+        ("seed", a.seed.map(|v| json!(v))),
+    ];
+    for (key, value) in options {
+        if let Some(v) = value {
+            put(key, v);
+        }
+    }
+    let mut encode = Map::new();
     for e in &a.encode {
         let Some((col, chain)) = e.split_once('=') else {
             bail!("--encode {e:?}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore");
         };
-        spec.encode
-            .insert(col.trim().to_string(), chain.trim().to_string());
+        encode.insert(col.trim().into(), json!(chain.trim()));
+    }
+    if !encode.is_empty() {
+        put("encode", Value::Object(encode));
     }
     if a.joins.len() != a.join_on.len() {
         bail!(
@@ -74,7 +101,7 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
         );
     }
     if !a.joins.is_empty() {
-        spec.joins = a
+        let joins: Vec<JoinSpec> = a
             .joins
             .iter()
             .zip(&a.join_on)
@@ -83,61 +110,29 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
                 on: on.clone(),
             })
             .collect();
+        put("joins", json!(joins));
     }
-    if let Some(t) = a.truncate {
-        spec.truncate = t;
-    }
-    if let Some(n) = a.nan {
-        spec.nan = n;
-    }
-    if let Some(u) = a.unmatched_rows {
-        spec.unmatched_rows = u;
-    }
-    if let Some(e) = a.empty_contexts {
-        spec.empty_contexts = e;
-    }
-    if let Some(v) = a.val_fraction {
-        spec.val_fraction = v;
-    }
-    // A split assignment given on the command line replaces the spec file's, whichever kind.
-    if a.split_by.is_some() || !a.split_keys.is_empty() {
-        spec.split_by = a.split_by.clone();
-        spec.split_keys.clear();
-    }
+    let mut split_keys = Map::new();
     for given in &a.split_keys {
         let Some((name, file)) = given.split_once('=') else {
             bail!("--split-keys {given:?}: expected NAME=FILE, e.g. test=test_ids.txt");
         };
-        let earlier = spec
-            .split_keys
-            .insert(name.trim().to_string(), file.trim().to_string());
-        if let Some(earlier) = earlier {
+        if let Some(earlier) = split_keys.insert(name.trim().into(), json!(file.trim())) {
             bail!("--split-keys names split {name:?} twice ({earlier} and {file}); list its keys in one file");
         }
     }
-    if a.profile.is_some() {
-        spec.profile.clone_from(&a.profile);
-    }
-    if let Some(v) = &a.val_keys {
-        spec.val_keys = Some(v.display().to_string());
-    }
-    if a.partitions.is_some() {
-        spec.partitions = a.partitions;
-    }
-    if let Some(v) = a.split_seed {
-        spec.split_seed = v;
-    }
-    if let Some(v) = a.seed {
-        spec.seed = v;
+    if !split_keys.is_empty() {
+        put("split_keys", Value::Object(split_keys));
     }
     if let Some(s) = &a.shard_size {
-        spec.shard_size = parse_size(s).map_err(|e| anyhow::anyhow!("--shard-size {s:?}: {e}"))?;
+        let bytes = parse_size(s).map_err(|e| anyhow::anyhow!("--shard-size {s:?}: {e}"))?;
+        put("shard_size", json!(bytes));
     }
     if let Some(s) = &a.bucket_size {
-        spec.bucket_size =
-            Some(parse_size(s).map_err(|e| anyhow::anyhow!("--bucket-size {s:?}: {e}"))?);
+        let bytes = parse_size(s).map_err(|e| anyhow::anyhow!("--bucket-size {s:?}: {e}"))?;
+        put("bucket_size", json!(bytes));
     }
-    Ok(spec)
+    Ok(out)
 }
 
 #[derive(Serialize)]

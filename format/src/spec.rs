@@ -244,6 +244,50 @@ impl CompileSpec {
     pub fn context_key(&self) -> &str {
         self.context_key.as_deref().unwrap_or(&self.key)
     }
+
+    /// A spec file's keys (`base`: a parsed `dsc.toml`, or empty) with `overrides` (the command
+    /// line's flags, `dsc.compile`'s keywords) laid over them, by the one rule every front end
+    /// follows: a key given replaces the file's, except `encode`, which merges column by column;
+    /// a split assignment given (`split_by` or `split_keys`) replaces the file's, whichever kind
+    /// it was.
+    ///
+    /// ```
+    /// use dsc_format::CompileSpec;
+    /// use serde_json::json;
+    ///
+    /// let file = json!({"rows": ["a.parquet"], "key": "id", "features": ["x", "y"],
+    ///                   "encode": {"x": "zscore", "y": "log1p"}, "split_by": "fold"});
+    /// let given = json!({"features": ["x"], "encode": {"y": "minmax"},
+    ///                    "split_keys": {"test": "test.txt"}});
+    /// let spec = CompileSpec::with_overrides(
+    ///     file.as_object().unwrap().clone(),
+    ///     given.as_object().unwrap().clone(),
+    /// )?;
+    /// assert_eq!(spec.features, ["x"]);
+    /// assert_eq!(spec.encode["x"], "zscore");
+    /// assert_eq!(spec.encode["y"], "minmax");
+    /// assert_eq!((spec.split_by, spec.split_keys.len()), (None, 1));
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn with_overrides(
+        mut base: serde_json::Map<String, serde_json::Value>,
+        overrides: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<CompileSpec, serde_json::Error> {
+        use serde_json::Value;
+        if overrides.contains_key("split_by") || overrides.contains_key("split_keys") {
+            base.remove("split_by");
+            base.remove("split_keys");
+        }
+        for (key, value) in overrides {
+            match (key.as_str(), base.get_mut(&key), value) {
+                ("encode", Some(Value::Object(mine)), Value::Object(given)) => mine.extend(given),
+                (_, _, value) => {
+                    base.insert(key, value);
+                }
+            }
+        }
+        serde_json::from_value(Value::Object(base))
+    }
 }
 
 #[cfg(test)]

@@ -404,14 +404,15 @@ fn with_regions<T: Send>(
     result.map_err(|e| load_error(py, e))
 }
 
-/// The spec of a compile: the spec file's keys (if any), overridden by the JSON object
-/// `spec_json` (what `dsc.compile`'s keyword arguments give).
+/// The spec of a compile: the spec file's keys (if any) with the JSON object `spec_json` (what
+/// `dsc.compile`'s keyword arguments give) laid over them, by the command line's rule
+/// ([`CompileSpec::with_overrides`]).
 fn spec_from(
     py: Python<'_>,
     spec_json: &str,
     spec_file: Option<&std::path::Path>,
 ) -> PyResult<CompileSpec> {
-    let mut merged = match spec_file {
+    let base = match spec_file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 options_error(
@@ -419,21 +420,21 @@ fn spec_from(
                     &format!("{}: cannot read the spec file: {e}", path.display()),
                 )
             })?;
-            let table: toml::Table = toml::from_str(&text).map_err(|e| {
+            // Parsed as a spec first, so a bad key or value is named with its line.
+            let file: CompileSpec = toml::from_str(&text).map_err(|e| {
                 options_error(py, &format!("{}: invalid spec file: {e}", path.display()))
             })?;
-            serde_json::to_value(table).expect("TOML values are JSON values")
+            match serde_json::to_value(file).expect("a spec serialises") {
+                serde_json::Value::Object(map) => map,
+                _ => unreachable!("a spec is a table"),
+            }
         }
-        None => serde_json::Value::Object(Default::default()),
+        None => serde_json::Map::new(),
     };
-    let overrides: serde_json::Value = serde_json::from_str(spec_json)
+    let overrides: serde_json::Map<String, serde_json::Value> = serde_json::from_str(spec_json)
         .map_err(|e| options_error(py, &format!("invalid spec: {e}")))?;
-    if let (Some(base), Some(extra)) = (merged.as_object_mut(), overrides.as_object()) {
-        for (k, v) in extra {
-            base.insert(k.clone(), v.clone());
-        }
-    }
-    serde_json::from_value(merged).map_err(|e| options_error(py, &format!("invalid spec: {e}")))
+    CompileSpec::with_overrides(base, overrides)
+        .map_err(|e| options_error(py, &format!("invalid spec: {e}")))
 }
 
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.

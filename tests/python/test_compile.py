@@ -47,6 +47,14 @@ def test_a_spec_file_with_overrides(in_workdir: Path, tmp_path: Path) -> None:
             cwd=in_workdir)
     dsc.compile(spec=spec, seed=3, out=tmp_path / "py")
     assert tree(tmp_path / "cli") == tree(tmp_path / "py")
+    # One rule for both (CompileSpec::with_overrides): a key given replaces the file's, and
+    # `encode` merges column by column.
+    run_dsc("compile", "--spec", str(spec), "--encode", "x=minmax", "--val-fraction", "0.2",
+            "--out", str(tmp_path / "cli2"), "-q", cwd=in_workdir)
+    dsc.compile(spec=spec, encode={"x": "minmax"}, val_fraction=0.2, out=tmp_path / "py2")
+    assert tree(tmp_path / "cli2") == tree(tmp_path / "py2")
+    encode = json.loads((tmp_path / "py2" / "manifest.json").read_text())["spec"]["encode"]
+    assert encode == {"charge": "log1p", "time": "zscore", "x": "minmax"}, encode
 
 
 def test_compile_errors_carry_file_column_and_row(in_workdir: Path, tmp_path: Path) -> None:
