@@ -36,7 +36,7 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if rows(&given).or(rows(&base)).unwrap_or(0) == 0 {
         bail!("no rows files given: pass Parquet paths or globs, or list them in the spec file (rows = [...])");
     }
-    Ok(CompileSpec::with_overrides(base, given).context("invalid spec")?)
+    CompileSpec::with_overrides(base, given).context("invalid spec")
 }
 
 /// The spec keys the flags give, as a spec file would hold them.
