@@ -7,6 +7,34 @@
 //! names the steps every driver calls in the same order. The modules of dsc's own recipe follow
 //! the data: `spill` (rows files into buckets), `bucket` (group, join contexts, split), `fit`
 //! (statistics, encodings), `shards` (layout, encode, write), `write` (staging and commit).
+//!
+//! ```
+//! use dsc_compiler::{compile, CompileOptions, CompileSpec, NoProgress, Storage};
+//!
+//! # let dir = tempfile::tempdir()?;
+//! # let sample = dsc_gen::icecube::IcecubeOptions {
+//! #     files: 2, events_per_file: 200, seed: 7, ..Default::default()
+//! # };
+//! # dsc_gen::icecube::generate(&dir.path().join("data"), &sample)?;
+//! // IceCube-like pulses: one row per pulse, grouped into events by `event_id`.
+//! let rows = dir.path().join("data/train/batch_*.parquet");
+//! let mut spec = CompileSpec::new(vec![rows.display().to_string()], "event_id");
+//! spec.features = vec!["time".into(), "charge".into()];
+//! spec.encode.insert("charge".into(), "log1p,zscore".into());
+//! spec.max_len = Some(64);
+//! spec.val_fraction = 0.1;
+//! let opts = CompileOptions {
+//!     out: dir.path().join("cache"),
+//!     force: false,
+//!     max_memory: None,
+//!     storage: Storage::Hot,
+//!     progress: &NoProgress,
+//! };
+//! let report = compile(&spec, &opts)?;
+//! assert_eq!(report.manifest.max_len(), 64);
+//! assert!(report.manifest.split("val").is_some());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 // One exception, `write::exchange` (renameat2 with RENAME_EXCHANGE: the atomic replacement of a
 // cache, which std does not offer); everything else is safe code.
 #![deny(unsafe_code)]

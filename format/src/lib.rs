@@ -5,6 +5,32 @@
 //! naming and layout, their validation and checksums, and the seeded generators that fix every
 //! order in a cache (and, in `system`, the machine's memory both size themselves by). The compiler
 //! writes through it and the loader reads through it; they never import each other. The normative description is `docs/FORMAT.md`.
+//!
+//! A shard is a safetensors file whose header this crate writes and reads back; every tensor
+//! holds `n` contexts of its sample shape:
+//!
+//! ```
+//! use dsc_format::shard::{build_header, read_layout, ShardMeta};
+//! use dsc_format::{Dtype, TensorRole, TensorSpec};
+//!
+//! // `x`: 3 steps of 2 features per context, 10 contexts.
+//! let x = TensorSpec {
+//!     name: "x".into(),
+//!     dtype: Dtype::F32,
+//!     role: TensorRole::Features,
+//!     sample_shape: vec![3, 2],
+//!     columns: Vec::new(),
+//! };
+//! let meta = ShardMeta { split: "train", index: 0, first_context: 0, profile: None };
+//! let (mut bytes, layout) = build_header(&[x], 10, &meta);
+//! assert_eq!(layout.tensors[0].shape, [10, 3, 2]);
+//! bytes.resize(bytes.len() + 10 * 3 * 2 * 4, 0);
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("train-00000.safetensors");
+//! std::fs::write(&path, &bytes)?;
+//! assert_eq!(read_layout(&path)?, layout);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -13,6 +13,17 @@
 //! complete: an interrupted run never leaves a half-written file that a later compile could
 //! mistake for input. Files of an earlier run into the same folder are overwritten, not removed:
 //! use a fresh folder when the number of files shrinks.
+//!
+//! ```
+//! use dsc_gen::icecube::{generate, IcecubeOptions};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let opts = IcecubeOptions { files: 2, events_per_file: 100, seed: 7, ..Default::default() };
+//! let written = generate(dir.path(), &opts)?;
+//! assert_eq!(written.contexts, 200);
+//! assert!(dir.path().join("train/batch_1.parquet").is_file());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 

@@ -1,17 +1,34 @@
 //! The dsc loader: opens a compiled cache by memory map and streams batches.
 //!
-//! ```no_run
+//! ```
 //! use dsc_loader::{Cache, LoaderOptions};
-//! let cache = Cache::open("cache")?;                       // O(shards); validates, then maps
+//! # let dir = tempfile::tempdir()?;
+//! # let sample = dsc_gen::icecube::IcecubeOptions {
+//! #     files: 2, events_per_file: 300, seed: 7, ..Default::default()
+//! # };
+//! # dsc_gen::icecube::generate(&dir.path().join("data"), &sample)?;
+//! # let rows = dir.path().join("data/train/batch_*.parquet");
+//! # let mut spec = dsc_compiler::CompileSpec::new(vec![rows.display().to_string()], "event_id");
+//! # spec.features = vec!["time".into(), "charge".into()];
+//! # spec.max_len = Some(64);
+//! # dsc_compiler::compile(&spec, &dsc_compiler::CompileOptions {
+//! #     out: dir.path().join("cache"), force: false, max_memory: None,
+//! #     storage: dsc_compiler::Storage::Hot, progress: &dsc_compiler::NoProgress,
+//! # })?;
+//! let cache = Cache::open(dir.path().join("cache"))?;      // O(shards); validates, then maps
 //! let mut loader = cache.loader(LoaderOptions { batch_size: 256, epoch: 0, ..Default::default() })?;
+//! let mut seen = 0;
 //! for batch in &mut loader {
 //!     let batch = batch?;
 //!     let x = batch.tensor("x").expect("features");       // f32 [256, L, F], little-endian
-//!     let _ = (x.shape(), x.bytes());
+//!     assert_eq!(x.shape(), [256, 64, 2]);
+//!     seen += batch.size;
 //! }
+//! assert_eq!(seen, 512);                                   // 600 events: two whole batches
 //! let state = loader.state();                              // a few numbers (serde)
-//! let _resumed = cache.loader_from_state(LoaderOptions::default(), &state)?;
-//! # Ok::<(), dsc_loader::LoadError>(())
+//! let resumed = cache.loader_from_state(LoaderOptions::default(), &state)?;
+//! assert_eq!(resumed.state(), state);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! - **Order**: a pure function of (manifest, seed, epoch, split): shards permuted per epoch and

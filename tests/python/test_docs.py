@@ -1,0 +1,131 @@
+"""The code in README.md, docs/GUIDE.md and docs/PYTHON.md runs (issue 29, item 6).
+
+Each document's ``sh`` blocks run in a fresh folder, in order: every ``dsc`` command as written
+(the CLI under test), so the commands a reader copies work and their flags exist. Other commands
+are run by other tests (``scripts/*.sh`` by CI itself, ``dsc-train`` by the trainer's tests,
+``examples/train.py`` by test_example.py) or install things (``pip``, ``cargo``); they must be
+among ``ELSEWHERE`` so that a new kind of command in the docs is a decision, not a silent skip.
+
+Each document's ``python`` blocks run in order in one namespace, in a fresh folder holding the
+sample data the docs use (``dsc gen icecube --out data``, smaller): a block may use what an
+earlier one made (``cache``, ``loader``). Without a GPU, ``device="cuda"`` runs as
+``device=None`` (the CPU path the text offers beside it); ``model`` is the reader's network,
+here a stand-in. A block preceded by ``<!-- not run by tests: REASON -->`` is skipped
+(multi-node launches, Ray) and must say why.
+
+``rust`` blocks are checked by tests/docs.rs: each is the visible part of a doctest that runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, dsc_bin
+
+DOCS = ["README.md", "docs/GUIDE.md", "docs/PYTHON.md"]
+SKIP = re.compile(r"<!-- not run by tests: (.+) -->")
+# Commands of the docs that other tests run, or that install things.
+ELSEWHERE = {"scripts/demo.sh", "scripts/test.sh", "scripts/venv.sh", "pip", "python", "export",
+             "cargo", "dsc-train", "target/release/dsc-train"}
+
+
+@dataclass
+class Block:
+    doc: str
+    line: int
+    lang: str
+    code: str
+    skip: str | None
+
+
+def blocks(doc: str) -> list[Block]:
+    lines = (REPO / doc).read_text().splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^```(\w+)", lines[i])
+        if not m:
+            i += 1
+            continue
+        start = i
+        i += 1
+        body = []
+        while not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        skip = SKIP.search(before)
+        out.append(Block(doc, start + 1, m.group(1), "\n".join(body) + "\n",
+                         skip.group(1) if skip else None))
+        i += 1
+    return out
+
+
+def commands(code: str) -> list[list[str]]:
+    """Each command of a shell block: continuations joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_shell_commands_of_the_docs_run(doc: str, tmp_path: Path) -> None:
+    ran = 0
+    for block in blocks(doc):
+        if block.lang != "sh" or block.skip:
+            continue
+        for words in commands(block.code):
+            if words[0] != "dsc":
+                assert words[0] in ELSEWHERE, f"{doc}:{block.line}: who runs {words[0]!r}?"
+                continue
+            args, into = words[1:], None
+            if len(args) > 2 and args[-2] == ">":  # `dsc … > state.json`
+                args, into = args[:-2], tmp_path / args[-1]
+            r = subprocess.run([dsc_bin(), *args], cwd=tmp_path, capture_output=True, text=True)
+            assert r.returncode == 0, f"{doc}:{block.line}: {shlex.join(words)}\n{r.stderr}"
+            if into is not None:
+                into.write_text(r.stdout)
+            ran += 1
+    assert ran > 0 or doc == "docs/PYTHON.md", f"{doc}: no dsc command ran"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_python_of_the_docs_runs(doc: str, tmp_path: Path) -> None:
+    python = [b for b in blocks(doc) if b.lang == "python"]
+    if not python:
+        pytest.skip(f"{doc} has no Python")
+    subprocess.run([dsc_bin(), "gen", "icecube", "--out", "data", "--files", "2",
+                    "--events-per-file", "500", "--seed", "7"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    namespace = {"__name__": "__doc__", "model": torch.nn.Linear(6, 3)}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        ran = 0
+        for block in python:
+            if block.skip:
+                continue
+            code = block.code
+            if not torch.cuda.is_available():
+                code = code.replace('device="cuda"', "device=None")
+            try:
+                exec(compile(code, f"{doc}:{block.line}", "exec"), namespace)
+            except Exception as e:
+                raise AssertionError(f"{doc}:{block.line}: {type(e).__name__}: {e}") from e
+            ran += 1
+        assert ran > 0
+    finally:
+        os.chdir(cwd)
+
+
+def test_every_skipped_block_says_why() -> None:
+    for doc in DOCS:
+        for block in blocks(doc):
+            if block.skip is not None:
+                assert len(block.skip.strip()) > 5, f"{doc}:{block.line}: say why it is not run"
