@@ -5,6 +5,7 @@ mod util;
 mod bad_input;
 mod cold;
 mod determinism;
+mod docs;
 mod hostile;
 mod inspection;
 mod layering;

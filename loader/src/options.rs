@@ -63,6 +63,47 @@ impl Default for OrderSpec {
 }
 
 /// The size of a packed batch.
+///
+/// Packed batches (docs/GUIDE.md, "Packed batches"):
+///
+/// ```
+/// # use dsc_loader::{Cache, LoaderOptions, OrderSpec, Pack};
+/// # let dir = tempfile::tempdir()?;
+/// # std::env::set_current_dir(dir.path())?;
+/// # let sample = dsc_gen::icecube::IcecubeOptions {
+/// #     files: 2, events_per_file: 300, seed: 7, ..Default::default()
+/// # };
+/// # dsc_gen::icecube::generate(std::path::Path::new("data"), &sample)?;
+/// # let mut spec = dsc_compiler::CompileSpec::new(vec!["data/train/batch_*.parquet".into()], "event_id");
+/// # spec.features = vec!["time".into(), "charge".into()];
+/// # spec.max_len = Some(64);
+/// # dsc_compiler::compile(&spec, &dsc_compiler::CompileOptions {
+/// #     out: "cache".into(), force: false, max_memory: None,
+/// #     storage: dsc_compiler::Storage::Hot, progress: &dsc_compiler::NoProgress,
+/// # })?;
+/// # let cache = Cache::open("cache")?;
+/// # let packed = OrderSpec { pack: Some(Pack::tokens(32_768)), ..Default::default() };
+/// # let all = cache.loader(LoaderOptions { order: packed, ..Default::default() })?.count();
+/// # fn i32s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
+/// #     b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+/// # }
+/// let opts = LoaderOptions {
+///     order: OrderSpec { pack: Some(Pack::tokens(32_768)), ..Default::default() },
+///     ..Default::default()
+/// };
+/// let mut loader = cache.loader(opts.clone())?;
+/// for batch in (&mut loader).take(2) {
+///     let batch = batch?;
+///     let pack = batch.pack.expect("packed");     // seqs, tokens, max_seqlen, repeated
+///     let x = batch.tensor("x").ok_or("no x")?;   // f32 [T, F]
+///     let cu: Vec<i32> = i32s(batch.tensor("cu_seqlens").ok_or("no cu")?.bytes()).collect();
+///     // sequence i: rows cu[i]..cu[i + 1] of x, row i of every per-context tensor
+/// }
+/// let state = loader.state();                     // the pack size is part of the order
+/// let rest = cache.loader_from_state(opts, &state)?.count();
+/// # assert_eq!(all.min(2) + rest, all); // the state continues with the packs not yet taken
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pack {
@@ -170,6 +211,63 @@ fn global_batch(
 /// Where a loader stands: its order and a position in it, enough to continue exactly, on any
 /// number of ranks with the same global batch. The JSON is flat: the order's fields beside
 /// `epoch`, `samples` and `global_batch`.
+///
+/// Resuming mid-epoch (the program of docs/GUIDE.md, "Rust"): half an epoch, the state, then
+/// the rest from the state, twice.
+///
+/// ```
+/// use dsc_loader::{Batch, Cache, LoaderOptions, State};
+///
+/// fn accumulate(batch: &Batch, sum: &mut [f64], steps: &mut usize) {
+///     let x = batch.tensor("x").expect("x");                       // f32 [n, l, F], little-endian
+///     let lengths = batch.tensor("length").expect("length").bytes(); // i32 [n]
+///     let (l, f) = (x.shape()[1], x.shape()[2]);
+///     for i in 0..batch.size {
+///         let len = i32::from_le_bytes(lengths[i * 4..i * 4 + 4].try_into().expect("i32")) as usize;
+///         for t in 0..len {
+///             for (k, s) in sum.iter_mut().enumerate() {
+///                 let o = ((i * l + t) * f + k) * 4;
+///                 *s += f64::from(f32::from_le_bytes(x.bytes()[o..o + 4].try_into().expect("f32")));
+///             }
+///         }
+///         *steps += len;
+///     }
+/// }
+///
+/// fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # std::env::set_current_dir(dir.path())?;
+/// # let sample = dsc_gen::icecube::IcecubeOptions {
+/// #     files: 2, events_per_file: 300, seed: 7, ..Default::default()
+/// # };
+/// # dsc_gen::icecube::generate(std::path::Path::new("data"), &sample)?;
+/// # let mut spec = dsc_compiler::CompileSpec::new(vec!["data/train/batch_*.parquet".into()], "event_id");
+/// # spec.features = vec!["time".into(), "charge".into()];
+/// # spec.max_len = Some(64);
+/// # dsc_compiler::compile(&spec, &dsc_compiler::CompileOptions {
+/// #     out: "cache".into(), force: false, max_memory: None,
+/// #     storage: dsc_compiler::Storage::Hot, progress: &dsc_compiler::NoProgress,
+/// # })?;
+///     let cache = Cache::open("cache")?;     // O(shards): validates sizes and headers, then maps
+///     let features = cache.manifest().tensor("x").ok_or("no x")?.sample_shape[1];
+///     for epoch in 0..2 {
+///         let opts = LoaderOptions { batch_size: 128, epoch, trim: true, ..Default::default() };
+///         let (mut sum, mut steps) = (vec![0f64; features], 0usize);
+///         let mut loader = cache.loader(opts.clone())?;
+///         let half = loader.steps() / 2;
+///         for batch in (&mut loader).take(half) {
+///             accumulate(&batch?, &mut sum, &mut steps);
+///         }
+///         let state: State = loader.state();  // store it in the checkpoint (serde)
+///         drop(loader);
+///         for batch in cache.loader_from_state(opts, &state)? {  // exact continuation
+///             accumulate(&batch?, &mut sum, &mut steps);
+///         }
+///         println!("epoch {epoch}: {steps} steps read");
+///     }
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
     /// The order.

@@ -134,6 +134,55 @@ pub struct Filled {
 }
 
 /// One epoch's producer thread.
+///
+/// Batches into the ring, in one's own loop (docs/GUIDE.md, "The loader in your own tch loop";
+/// the whole program is `trainer/examples/own_loop.rs`):
+///
+/// ```
+/// # use dsc_loader::{Cache, LoaderOptions};
+/// # use dsc_train::cuda::Event;
+/// # use dsc_train::feed::{Feed, Fill, HostRing};
+/// # use std::collections::VecDeque;
+/// # use tch::{Device, Kind};
+/// # let dir = tempfile::tempdir()?;
+/// # std::env::set_current_dir(dir.path())?;
+/// # let sample = dsc_gen::icecube::IcecubeOptions {
+/// #     files: 2, events_per_file: 300, seed: 7, ..Default::default()
+/// # };
+/// # dsc_gen::icecube::generate(std::path::Path::new("data"), &sample)?;
+/// # let mut spec = dsc_compiler::CompileSpec::new(vec!["data/train/batch_*.parquet".into()], "event_id");
+/// # spec.features = vec!["time".into(), "charge".into()];
+/// # spec.max_len = Some(64);
+/// # dsc_compiler::compile(&spec, &dsc_compiler::CompileOptions {
+/// #     out: "cache".into(), force: false, max_memory: None,
+/// #     storage: dsc_compiler::Storage::Hot, progress: &dsc_compiler::NoProgress,
+/// # })?;
+/// # let cache = Cache::open("cache")?;
+/// # let device = Device::Cpu;
+/// # let events: Vec<Event> = Vec::new();
+/// # let x = cache.tensors().iter().position(|t| t.name == "x").ok_or("no x")?;
+/// let loader = cache.loader(LoaderOptions { batch_size: 128, threads: 0, ..Default::default() })?;
+/// let ring = HostRing::new(loader.layout(), 3, device.is_cuda().then_some(device))?;
+/// let feed = Feed::start(loader, &ring, Fill::Batch);   // whole batches into the ring
+/// let mut queued = VecDeque::new();
+/// while let Some(filled) = feed.next()? {
+///     let host = ring.slot(filled.slot);            // filled in place: one copy from page cache
+///     let xs = host[x].to_device_(device, Kind::Float, true, false);   // non-blocking
+///     // ... forward, backward, step; read the loss back only every N steps ...
+///     if device.is_cuda() {
+///         events[filled.slot].record()?;            // after this slot's copies in the queue
+///         queued.push_back(filled.slot);
+///         while queued.len() > 1 {                  // keep one batch's copies in flight
+///             let slot = queued.pop_front().unwrap();
+///             events[slot].synchronize()?;          // its copy has run: the slot may be refilled
+///             feed.release(slot);
+///         }
+///     } else {
+///         feed.release(filled.slot);                // the CPU step read the slot in place
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Feed<'ring> {
     ring: PhantomData<&'ring HostRing>,
