@@ -8,7 +8,7 @@ set -euo pipefail
 OLD=$(realpath "$1"); NEW=$(realpath "$2"); REPO=$(cd "$(dirname "$0")/.." && pwd)
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT; cd "$W"
 $NEW gen icecube --out data --files 4 --events-per-file 1500 --seed 7 >/dev/null
-OWN=(compile 'data/train/batch_*.parquet' --key event_id --order-by time --context data/train_meta.parquet --targets azimuth,zenith --join data/sensor_geometry.csv --on sensor_id --features x,y,z,time,charge,auxiliary --categorical sensor_id --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 --seed 42)
+OWN=(compile 'data/train/batch_*.parquet' --key event_id --order-by time --context data/train_meta.parquet --targets azimuth,zenith --join data/sensor_geometry.csv --on sensor_id --features x,y,z,time,charge,auxiliary --categorical sensor_id --encode time=zscore --encode charge=log1p,zscore --encode x=minmax --max-len 128 --val-fraction 0.1 --seed 42)
 for b in old new; do
   BIN=$OLD; [ $b = new ] && BIN=$NEW
   $BIN "${OWN[@]}" --out $b-own >/dev/null

@@ -8,11 +8,11 @@ use crate::encode::{Access, DROPPED, TRAIN};
 use crate::error::Result;
 use crate::group::{self, Group};
 use crate::lookup::{ContextSide, Keyed};
+use crate::plan::Step;
 use crate::read::RowsTable;
 use crate::spill::Spill;
 use crate::split;
 use dsc_format::spec::{CompileSpec, EmptyContexts};
-use dsc_format::Stage;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -28,7 +28,7 @@ pub(crate) struct BucketColumn<'a> {
     pub name: &'a str,
     pub join: Option<&'a Keyed>,
     pub categorical: bool,
-    pub chain: &'a [Stage],
+    pub chain: &'a [Step],
 }
 
 /// Everything a bucket needs that is shared by all of them.
@@ -39,7 +39,7 @@ pub(crate) struct Shared<'a> {
     pub splits: &'a split::Splits<'a>,
     pub columns: Vec<BucketColumn<'a>>,
     /// Targets, then context features: (name, is_target, chain).
-    pub context_columns: Vec<(&'a str, bool, &'a [Stage])>,
+    pub context_columns: Vec<(&'a str, bool, &'a [Step])>,
 }
 
 /// What only the whole input shows is wrong: kept per bucket, decided after all of them.

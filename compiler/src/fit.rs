@@ -7,6 +7,7 @@
 use crate::bucket::{ColumnId, Issues, Shared};
 use crate::encode::{self, Access, CatValue, Gathered, NumericEncoder, NumericResult};
 use crate::error::{CompileError, Result};
+use crate::plan::Step;
 use crate::runs::{Run, Sorted, ValueRuns};
 use crate::stats::Moments;
 use crate::Progress;
@@ -50,12 +51,15 @@ pub(crate) struct NumericPartial {
     prefix: Moments,
 }
 
-/// The stages of `chain` before its first fitted one (they need no statistics), and checks that
-/// no non-linear stage follows a fitted one (whose input statistics would need a second pass).
-pub(crate) fn unfitted_prefix<'c>(column: &str, chain: &'c [Stage]) -> Result<&'c [Stage]> {
-    let fitted = |s: &Stage| matches!(s, Stage::Zscore { .. } | Stage::Minmax { .. });
-    let first = chain.iter().position(fitted).unwrap_or(chain.len());
-    if let Some(s) = chain[first..].iter().find(|s| **s == Stage::Log1p) {
+/// The stages of `chain` before its first fitted step (they need no statistics), and checks
+/// that no non-linear step follows a fitted one (whose input statistics would need a second
+/// pass).
+pub(crate) fn unfitted_prefix(column: &str, chain: &[Step]) -> Result<Vec<Stage>> {
+    let first = chain
+        .iter()
+        .position(|s| s.is_fitted())
+        .unwrap_or(chain.len());
+    if let Some(s) = chain[first..].iter().find(|s| **s == Step::Log1p) {
         return Err(OptionError::new(
             "encode",
             format!(
@@ -66,7 +70,10 @@ pub(crate) fn unfitted_prefix<'c>(column: &str, chain: &'c [Stage]) -> Result<&'
         )
         .into());
     }
-    Ok(&chain[..first])
+    Ok(chain[..first]
+        .iter()
+        .filter_map(|s| s.unfitted_stage())
+        .collect())
 }
 
 /// Gathers a numeric column of one bucket and records its partial statistics; its sorted values
@@ -124,15 +131,15 @@ fn through(m: Moments, stage: &Stage) -> Moments {
     }
 }
 
-/// Fits each fitted stage of `chain` on train: the first on the moments of the unfitted prefix's
-/// output, each later one on those moments carried through the stages fitted before it.
-fn fit_chain(chain: &[Stage], prefix: Moments) -> Vec<Stage> {
+/// Fits each fitted step of `chain` on train: the first on the moments of the unfitted prefix's
+/// output, each later one on those moments carried through the steps fitted before it.
+fn fit_chain(chain: &[Step], prefix: Moments) -> Vec<Stage> {
     let mut m = prefix;
     chain
         .iter()
-        .map(|stage| {
-            let fitted = match stage {
-                Stage::Zscore { .. } => {
+        .map(|&step| {
+            let fitted = match step {
+                Step::Zscore => {
                     let std = m.std();
                     Stage::Zscore {
                         mean: m.mean,
@@ -143,16 +150,17 @@ fn fit_chain(chain: &[Stage], prefix: Moments) -> Vec<Stage> {
                         },
                     }
                 }
-                Stage::Minmax { .. } => {
+                Step::Minmax => {
                     let (min, max) = if m.n == 0 { (0.0, 1.0) } else { (m.min, m.max) };
                     Stage::Minmax {
                         min,
                         max: if max > min { max } else { min + 1.0 },
                     }
                 }
-                other => other.clone(),
+                Step::Identity => Stage::Identity,
+                Step::Log1p => Stage::Log1p,
             };
-            if matches!(fitted, Stage::Zscore { .. } | Stage::Minmax { .. }) {
+            if step.is_fitted() {
                 m = through(m, &fitted);
             }
             fitted
@@ -165,7 +173,7 @@ pub(crate) fn merge_numeric(
     id: &ColumnId,
     parts: &[&NumericPartial],
     splits: usize,
-    chain: &[Stage],
+    chain: &[Step],
     files: &[File],
 ) -> Result<NumericResult> {
     let merge = |f: &dyn Fn(&NumericPartial) -> Moments| {
@@ -473,7 +481,7 @@ pub(crate) fn fit_buckets(
                     &p.row_tags,
                     None,
                     n_splits,
-                    prefix,
+                    &prefix,
                     runs,
                 )?));
                 categories.push(None);
@@ -492,7 +500,7 @@ pub(crate) fn fit_buckets(
                 &p.ctx_tags,
                 Some(&p.ctx_rows),
                 n_splits,
-                prefix,
+                &prefix,
                 runs,
             )?);
         }

@@ -24,7 +24,7 @@ pub(crate) struct RowColumn {
     pub source: Source,
     pub categorical: bool,
     /// Its encoding chain, parsed once here (empty for a categorical column).
-    pub chain: Vec<Stage>,
+    pub chain: Vec<Step>,
 }
 
 /// A column of the context table to store: a target or a context feature.
@@ -32,7 +32,7 @@ pub(crate) struct RowColumn {
 pub(crate) struct ContextColumn {
     pub name: String,
     pub target: bool,
-    pub chain: Vec<Stage>,
+    pub chain: Vec<Step>,
 }
 
 /// The resolved inputs of a compile.
@@ -52,18 +52,51 @@ pub(crate) struct Plan {
 /// must stay far below any shard size.
 pub(crate) const MAX_LEN: usize = 1 << 24;
 
-/// Parses an encoding chain such as `log1p,zscore` into stages with placeholder parameters.
-pub(crate) fn parse_chain(column: &str, chain: &str) -> Result<Vec<Stage>> {
+/// One step of an encoding chain as the spec names it, before any statistic is known: the
+/// fitted steps carry no parameters until `fit` turns the chain into the manifest's [`Stage`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Identity,
+    Log1p,
+    Zscore,
+    Minmax,
+}
+
+impl Step {
+    /// Whether the step is fitted on the train split's statistics.
+    pub fn is_fitted(self) -> bool {
+        matches!(self, Step::Zscore | Step::Minmax)
+    }
+
+    /// The stage of a step that needs no statistics; `None` for a fitted one.
+    pub fn unfitted_stage(self) -> Option<Stage> {
+        match self {
+            Step::Identity => Some(Stage::Identity),
+            Step::Log1p => Some(Stage::Log1p),
+            Step::Zscore | Step::Minmax => None,
+        }
+    }
+
+    /// Its name in a chain.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Identity => "identity",
+            Step::Log1p => "log1p",
+            Step::Zscore => "zscore",
+            Step::Minmax => "minmax",
+        }
+    }
+}
+
+/// Parses an encoding chain such as `log1p,zscore` into its steps.
+pub(crate) fn parse_chain(column: &str, chain: &str) -> Result<Vec<Step>> {
     chain
         .split(',')
         .map(|s| match s.trim() {
-            "identity" => Ok(Stage::Identity),
-            "log1p" => Ok(Stage::Log1p),
-            "zscore" => Ok(Stage::Zscore {
-                mean: 0.0,
-                std: 1.0,
-            }),
-            "minmax" => Ok(Stage::Minmax { min: 0.0, max: 1.0 }),
+            "identity" => Ok(Step::Identity),
+            "log1p" => Ok(Step::Log1p),
+            "zscore" => Ok(Step::Zscore),
+            "minmax" => Ok(Step::Minmax),
             other => Err(OptionError::new(
                 "encode",
                 format!(
@@ -239,7 +272,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         encodings
             .get(name)
             .cloned()
-            .unwrap_or_else(|| vec![Stage::Identity])
+            .unwrap_or_else(|| vec![Step::Identity])
     };
     let mut row_columns = Vec::new();
     let mut joins: Vec<(PathBuf, String, Vec<Want>)> = spec
