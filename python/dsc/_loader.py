@@ -416,6 +416,13 @@ class Loader:
         """Stops the loading threads now (they also stop when the loader is garbage)."""
         self._close_active()
 
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """``with dsc.Loader(...) as loader:`` stops the loading threads when the block ends."""
+        self.close()
+
     def __del__(self) -> None:
         try:
             self._close_active()

@@ -839,3 +839,16 @@ def test_one_iterator_at_a_time_across_threads(cache_dir: Path) -> None:
     t.start()
     t.join()
     assert got == [len(loader)]
+
+
+def test_a_loader_is_a_context_manager(cache_dir: Path) -> None:
+    """``with`` stops the loading threads when the block ends: the open epoch ends there."""
+    with dsc.Loader(cache_dir, batch_size=8, seed=0) as loader:
+        it = iter(loader)
+        first = next(it)["key"].tolist()
+    assert isinstance(loader, dsc.Loader)
+    with pytest.raises(StopIteration):
+        next(it)
+    # The position is kept: a new iteration continues with the next batch.
+    assert next(iter(loader))["key"].tolist() == order_keys(cache_dir, "--batch-size", "8")[1]
+    assert first == order_keys(cache_dir, "--batch-size", "8")[0]
