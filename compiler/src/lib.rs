@@ -43,8 +43,8 @@
 
 mod bucket;
 mod budget;
-mod cache;
 mod column;
+mod commit;
 mod encode;
 mod error;
 mod fit;
@@ -67,7 +67,7 @@ mod stats;
 mod storage;
 mod write;
 
-pub use cache::{CompileOptions, CompileReport};
+pub use commit::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{signal_name, CompileError, Result};
 pub use local::compile;

@@ -2,7 +2,7 @@
 //! staging folder (or memory, when a quarter of the budget holds the input), then one commit.
 
 use crate::budget;
-use crate::cache::{fingerprint_files, stamp_files, CompileOptions, CompileReport, Timer};
+use crate::commit::{fingerprint_files, stamp_files, CompileOptions, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::job::Job;
 use crate::recipe::Recipe;

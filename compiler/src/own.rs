@@ -5,7 +5,7 @@
 
 use crate::bucket::{BucketColumn, ColumnId, Shared};
 use crate::budget;
-use crate::cache::{commit_cache, CompileReport, Timer};
+use crate::commit::{commit_cache, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, FitPart, Merged};
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};

@@ -23,7 +23,7 @@
 //! before renaming its part leaves the earlier attempt's part with the earlier attempt's files.
 
 use crate::budget;
-use crate::cache::{self, CompileReport, Timer};
+use crate::commit::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::job::Job;
 use crate::lookup::ContextPart;
@@ -147,7 +147,7 @@ pub fn work_dir(out: &Path) -> PathBuf {
 
 /// What every part of one partitioned compile agrees on.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Plan {
+struct WorkPlan {
     spec: CompileSpec,
     partitions: usize,
     fingerprint: String,
@@ -321,7 +321,7 @@ struct Work {
     dir: PathBuf,
     /// Where the scans' spill files lie.
     scan: PathBuf,
-    plan: Plan,
+    plan: WorkPlan,
 }
 
 impl Work {
@@ -337,7 +337,7 @@ impl Work {
         for sub in ["scan", "fit", dsc_format::SHARDS_DIR] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| CompileError::io(&dir, e))?;
         }
-        let plan = Plan {
+        let plan = WorkPlan {
             spec: spec.clone(),
             partitions,
             fingerprint: fingerprint(spec, partitions, named)?,
@@ -490,7 +490,7 @@ impl Work {
     fn scans(&self, named: &[(PathBuf, &str)], rows: usize) -> Result<Vec<ScanBody>> {
         let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
         let recorded = scans.iter().flat_map(|s| &s.side);
-        let now = cache::hash_files(&named[rows.min(named.len())..])?;
+        let now = commit::hash_files(&named[rows.min(named.len())..])?;
         for (then, now) in recorded.zip(&now) {
             if (then.bytes, &then.xxh3) != (now.bytes, &now.xxh3) {
                 return Err(CompileError::Partition {
@@ -624,7 +624,7 @@ fn with_values<T>(
 }
 
 /// The plan in `bytes` (of the file at `path`), its checksum verified.
-fn parse_plan(path: &Path, bytes: &[u8]) -> Result<Plan> {
+fn parse_plan(path: &Path, bytes: &[u8]) -> Result<WorkPlan> {
     let dir = path.parent().unwrap_or(path).display().to_string();
     let json = checked(bytes).map_err(|problem| CompileError::CorruptWork {
         path: path.into(),
@@ -658,14 +658,14 @@ fn stage<R: Recipe>(
         let rows_name = format!("rows-{attempt}");
         let to = scan_to(&work, recipe.buckets(), &rows_name, budget);
         let spill = recipe.scan(files.clone(), to, progress)?;
-        let inputs = cache::hash_files(&recipe.inputs()[files.clone()])?;
+        let inputs = commit::hash_files(&recipe.inputs()[files.clone()])?;
         // The last partition also spills the context table, once for every stage, and records
         // what every side file holds.
         let (context, side) = if partition.index + 1 == partition.count {
             let context_name = format!("context-{attempt}");
             let to = scan_to(&work, recipe.buckets(), &context_name, budget);
             let context = recipe.scan_context(to, progress)?;
-            (context, cache::hash_files(&recipe.inputs()[rows_files..])?)
+            (context, commit::hash_files(&recipe.inputs()[rows_files..])?)
         } else {
             (None, Vec::new())
         };
@@ -806,7 +806,7 @@ impl Work {
         let side = scans.iter().flat_map(|s| s.side.clone());
         let files: Vec<InputFile> = rows_inputs.chain(side).collect();
         Ok(Inputs {
-            fingerprint: cache::combined_fingerprint(&files),
+            fingerprint: commit::combined_fingerprint(&files),
             files,
         })
     }

@@ -15,7 +15,7 @@
 //! 5. [`Recipe::write`] encodes a range of buckets and writes their shards;
 //! 6. [`Recipe::finish`] builds the statistics and manifest from every write and commits.
 
-use crate::cache::{CompileReport, Timer};
+use crate::commit::{CompileReport, Timer};
 use crate::error::Result;
 use crate::lookup::ContextPart;
 use crate::runs::ValueRuns;

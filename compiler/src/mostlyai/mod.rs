@@ -6,7 +6,7 @@
 //! It runs dsc's bucketed passes over both tables: spill (`crate::spill`) → per bucket:
 //! link rows to contexts and engine partitions (`bucket`), one piece per column and partition
 //! (`analyze`), folded in bucket order → the engine's reduction → per bucket: encode and write
-//! its shards (`encode`, `crate::shards`) → `crate::cache` commits. [`Profile`] supplies these
+//! its shards (`encode`, `crate::shards`) → `crate::commit` commits. [`Profile`] supplies these
 //! steps as a `crate::recipe::Recipe` to the drivers (`crate::local`, `crate::partition`).
 
 pub(crate) mod analyze;
@@ -21,7 +21,7 @@ pub mod quantiles;
 mod table;
 
 use crate::budget;
-use crate::cache::{self, CompileReport, Timer};
+use crate::commit::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, LengthCounts};
 use crate::lookup::ContextPart;
@@ -507,7 +507,7 @@ fn finish(
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
     };
-    cache::commit_cache(staging, manifest, stats, timer, progress)
+    commit::commit_cache(staging, manifest, stats, timer, progress)
 }
 
 /// The profile's compile of a spec: both tables' footers open, the buckets sized and the
