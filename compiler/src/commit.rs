@@ -1,7 +1,7 @@
-//! The two ends of every compile, whichever path it takes (the pipeline, its partitions, the
-//! mostlyai profile): what it promises before reading (options, the inputs' stamps), and how it
-//! commits (the inputs' checksums and fingerprint, `stats.json`, `manifest.json` last, one
-//! rename) and reports.
+//! The two ends of every compile, whichever recipe (dsc's own, the mostlyai profile) and driver
+//! (one process, partitions and a merge): what it promises before reading (options, the inputs'
+//! stamps), and how it commits (the inputs' checksums and fingerprint, `stats.json`,
+//! `manifest.json` last, one rename) and reports.
 
 use crate::error::{CompileError, Result};
 use crate::read;
