@@ -148,60 +148,6 @@ impl FitPart {
     }
 }
 
-/// The statistics pass over the buckets of `range`: each prepared and summarised per column
-/// and engine partition, folded in bucket order; sorted values go to `runs`.
-fn fit_buckets(
-    setup: &Setup,
-    spills: &Spills,
-    range: Range<usize>,
-    at_once: usize,
-    runs: &ValueRuns,
-    progress: &dyn Progress,
-) -> Result<FitPart> {
-    let parts = 2 * setup.partitions;
-    let fit_one = |b: usize| -> Result<FitPart> {
-        let bucket = setup.prepare(spills, b)?;
-        let (tgt_rows, ctx_rows) = bucket.rows_by_part(parts);
-        let (tgt, ctx) = rayon::join(
-            || analyze::pieces(&bucket.tgt, &tgt_rows, runs),
-            || analyze::pieces(&bucket.ctx, &ctx_rows, runs),
-        );
-        let mut lengths = [LengthCounts::new(), LengthCounts::new()];
-        let mut contexts = [0u64; 2];
-        for c in 0..bucket.ctx.rows() {
-            let split = usize::from(bucket.is_val(c));
-            *lengths[split].entry(bucket.length(c) as u64).or_insert(0) += 1;
-            contexts[split] += 1;
-        }
-        Ok(FitPart {
-            tgt: tgt?,
-            ctx: ctx?,
-            lengths,
-            bucket_contexts: vec![contexts],
-            unmatched: bucket.unmatched,
-        })
-    };
-    // A few buckets at a time, each folded in as soon as its turn comes.
-    let mut all: Option<FitPart> = None;
-    let step = at_once.max(1);
-    for start in range.clone().step_by(step) {
-        let end = (start + step).min(range.end);
-        for part in fit::for_buckets(start..end, at_once, progress, fit_one)? {
-            match &mut all {
-                None => all = Some(part),
-                Some(a) => a.merge(part),
-            }
-        }
-    }
-    Ok(all.unwrap_or_else(|| FitPart {
-        tgt: empty_pieces(&setup.tgt, parts),
-        ctx: empty_pieces(&setup.ctx, parts),
-        lengths: Default::default(),
-        bucket_contexts: Vec::new(),
-        unmatched: Unmatched::default(),
-    }))
-}
-
 /// A partition task with no buckets: every piece empty.
 fn empty_pieces(side: &Side, parts: usize) -> Vec<Vec<Piece>> {
     side.families
@@ -261,77 +207,6 @@ fn reduce_side(side: &Side, pieces: &[Vec<Piece>], files: &[File]) -> Result<Red
     Ok(out)
 }
 
-/// Merges every fit part (in partition order: every bucket once, in bucket order) into the
-/// engine's statistics and the cache's layout; `files` are the values files, in order.
-fn reduce(setup: &Setup, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
-    let spec = setup.spec;
-    let mut fits = fits.into_iter();
-    let mut fit = fits.next().expect("at least one fit part");
-    for f in fits {
-        fit.merge(f);
-    }
-    let unmatched = fit.unmatched;
-    if let Some((row, key)) = unmatched.first {
-        let t = &setup.tgt;
-        let file = t.offsets.partition_point(|&o| o <= row) - 1;
-        return Err(CompileError::UnmatchedRows {
-            path: t.files[file].clone(),
-            key,
-            row: row - t.offsets[file],
-            context: spec.context.clone().unwrap_or_default().into(),
-            others: (unmatched.rows - 1) as usize,
-        });
-    }
-    let (tgt, ctx) = rayon::join(
-        || reduce_side(&setup.tgt, &fit.tgt, files),
-        || reduce_side(&setup.ctx, &fit.ctx, files),
-    );
-    let (tgt, ctx) = (tgt?, ctx?);
-    let lengths = fit.lengths;
-    let seq = analyze::seq_len(&all_lengths(&lengths));
-    if seq.min == 1 && seq.max == 1 {
-        return Err(OptionError::new(
-            "profile",
-            "mostlyai does not cover flat data, and every context has exactly one target row \
-             (the engine treats that as non-sequential)",
-        )
-        .into());
-    }
-    let contexts = |s: usize| lengths[s].values().sum::<u64>() as usize;
-    let tgt_json = analyze::tgt_stats_json(
-        &setup.tgt.names,
-        &tgt.stats,
-        contexts(0),
-        contexts(1),
-        seq,
-        &spec.key,
-    );
-    let ctx_json = analyze::ctx_stats_json(&setup.ctx.names, &ctx.stats, spec.context_key());
-    let max_len = seq.max;
-    let tensors = tensor_list(setup, &tgt.stats, &ctx.stats, max_len);
-    let splits: Vec<usize> = (0..SPLITS.len()).filter(|&s| contexts(s) > 0).collect();
-    let bucket_contexts: Vec<Vec<u64>> = fit
-        .bucket_contexts
-        .iter()
-        .map(|c| splits.iter().map(|&s| c[s]).collect())
-        .collect();
-    let numbering = Numbering::new(
-        &bucket_contexts,
-        Numbering::per_shard(&tensors, spec.shard_size),
-    );
-    Ok(Reduced {
-        tgt,
-        ctx,
-        tgt_json: analyze::to_engine_json(&tgt_json),
-        ctx_json: analyze::to_engine_json(&ctx_json),
-        max_len,
-        tensors,
-        splits,
-        numbering,
-        lengths,
-    })
-}
-
 fn all_lengths(per_split: &[LengthCounts; 2]) -> LengthCounts {
     let mut all = per_split[0].clone();
     for (&l, &n) in &per_split[1] {
@@ -362,152 +237,6 @@ fn pools<'f>(r: &Reduction, files: &'f [File]) -> Vec<Vec<Pool<'f>>> {
                 .collect()
         })
         .collect()
-}
-
-/// The shards pass over the buckets of `range`: each prepared again, encoded with the reduced
-/// statistics and written as its own shards into `dir`. Each split is stored ascending by
-/// `(position_hash(key, seed), key)`, as dsc's own compile stores it.
-#[allow(clippy::too_many_arguments)]
-fn write_buckets(
-    setup: &Setup,
-    spills: &Spills,
-    reduced: &Reduced,
-    files: &[File],
-    range: Range<usize>,
-    at_once: usize,
-    dir: &Path,
-    progress: &dyn Progress,
-) -> Result<WritePart> {
-    let seed = setup.spec.seed;
-    let (tgt_pools, ctx_pools) = (pools(&reduced.tgt, files), pools(&reduced.ctx, files));
-    let done = fit::for_buckets(range, at_once, progress, |b| {
-        let bucket = setup.prepare(spills, b)?;
-        let tgt_cols = encoders(&bucket.tgt, &reduced.tgt, &tgt_pools);
-        let ctx_cols = encoders(&bucket.ctx, &reduced.ctx, &ctx_pools);
-        let input = ShardInput {
-            tensors: &reduced.tensors,
-            max_len: reduced.max_len,
-            ctx_keys: &bucket.ctx.keys,
-            ctx_origin: &bucket.ctx.origin,
-            part_of: &bucket.part_of,
-            tgt_start: &bucket.tgt_start,
-            tgt_rows: &bucket.tgt_rows,
-            tgt_origin: &bucket.tgt.origin,
-            tgt_cols: &tgt_cols,
-            ctx_cols: &ctx_cols,
-            seed,
-        };
-        let mut jobs = Vec::new();
-        let mut rows_stored = vec![0u64; reduced.splits.len()];
-        for (s, &split) in reduced.splits.iter().enumerate() {
-            let mut order: Vec<(u64, i64, u32)> = (0..bucket.ctx.rows())
-                .filter(|&c| usize::from(bucket.is_val(c)) == split)
-                .map(|c| {
-                    let key = bucket.ctx.keys[c];
-                    rows_stored[s] += bucket.length(c) as u64;
-                    (position_hash(key, seed), key, c as u32)
-                })
-                .collect();
-            order.sort_unstable();
-            let members: Vec<u32> = order.into_iter().map(|o| o.2).collect();
-            for (index, first, chunk) in reduced.numbering.shards(b, s, &members) {
-                jobs.push((SPLITS[split], index, first, chunk.to_vec()));
-            }
-        }
-        let entries = jobs
-            .par_iter()
-            .map(|(split, index, first, members)| input.write(dir, split, *index, *first, members))
-            .collect::<Result<Vec<ShardEntry>>>()?;
-        Ok((entries, rows_stored))
-    })?;
-    let mut out = WritePart {
-        entries: Vec::new(),
-        rows_stored: vec![0; reduced.splits.len()],
-        truncated: 0,
-        filled: 0,
-    };
-    for (entries, rows) in done {
-        out.entries.extend(entries);
-        out.rows_stored
-            .iter_mut()
-            .zip(rows)
-            .for_each(|(a, b)| *a += b);
-    }
-    Ok(out)
-}
-
-/// Writes the engine's statistics files, `stats.json` and the manifest from what the shards
-/// passes wrote, and commits the cache.
-fn finish(
-    setup: &Setup,
-    reduced: Reduced,
-    written: Vec<WritePart>,
-    inputs: Inputs,
-    staging: Staging,
-    timer: Timer,
-    progress: &dyn Progress,
-) -> Result<CompileReport> {
-    let spec = setup.spec;
-    staging.write_file(TGT_STATS_FILE, &reduced.tgt_json)?;
-    staging.write_file(CTX_STATS_FILE, &reduced.ctx_json)?;
-    let mut resolved = spec.clone();
-    resolved.context_key = Some(spec.context_key().to_string());
-    resolved.partitions = Some(setup.partitions);
-    let max_len = reduced.max_len;
-    let mut manifest = Manifest::builder(
-        env!("CARGO_PKG_VERSION"),
-        max_len,
-        reduced.tensors,
-        inputs,
-        resolved,
-    );
-    let mut split_stats = Vec::new();
-    for (s, &split) in reduced.splits.iter().enumerate() {
-        let name = SPLITS[split];
-        let rows: u64 = written.iter().map(|w| w.rows_stored[s]).sum();
-        let mut mine: Vec<ShardEntry> = written
-            .iter()
-            .flat_map(|w| w.entries.iter().filter(|e| e.split == name).cloned())
-            .collect();
-        mine.sort_by_key(|e| e.index);
-        manifest = manifest.split(name, rows, mine);
-        let lens = &reduced.lengths[split];
-        split_stats.push(SplitStats {
-            split: name.into(),
-            contexts: lens.values().sum(),
-            rows,
-            lengths: fit::length_stats(lens, max_len),
-            columns: Vec::new(),
-        });
-    }
-    let all = all_lengths(&reduced.lengths);
-    let contexts: u64 = all.values().sum();
-    let without_rows = all.get(&0).copied().unwrap_or(0) as usize;
-    let rows = setup.tgt.rows();
-    let manifest = manifest.summary(CompileSummary {
-        rows_read: rows,
-        rows_stored: rows,
-        contexts: contexts as usize,
-        contexts_without_rows: without_rows,
-        empty_contexts_kept: without_rows,
-        ..CompileSummary::default()
-    });
-    // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
-    split_stats.insert(
-        0,
-        SplitStats {
-            split: dsc_format::stats::ALL_SPLITS.into(),
-            contexts,
-            rows,
-            lengths: fit::length_stats(&all, max_len),
-            columns: Vec::new(),
-        },
-    );
-    let stats = Stats {
-        format_version: dsc_format::FORMAT_VERSION,
-        splits: split_stats,
-    };
-    commit::commit_cache(staging, manifest, stats, timer, progress)
 }
 
 /// The profile's compile of a spec: both tables' footers open, the buckets sized and the
@@ -610,43 +339,210 @@ impl<'s> Recipe for Profile<'s> {
         budget::at_once(largest, bytes, budget)
     }
 
+    /// The statistics pass over the buckets of `range`: each prepared and summarised per column
+    /// and engine partition, folded in bucket order; sorted values go to `runs`.
     fn fit(
         &self,
         spills: &Spills,
-        buckets: Range<usize>,
+        range: Range<usize>,
         at_once: usize,
         runs: &ValueRuns,
         progress: &dyn Progress,
     ) -> Result<FitPart> {
-        fit_buckets(&self.setup, spills, buckets, at_once, runs, progress)
+        let setup = &self.setup;
+        let parts = 2 * setup.partitions;
+        let fit_one = |b: usize| -> Result<FitPart> {
+            let bucket = setup.prepare(spills, b)?;
+            let (tgt_rows, ctx_rows) = bucket.rows_by_part(parts);
+            let (tgt, ctx) = rayon::join(
+                || analyze::pieces(&bucket.tgt, &tgt_rows, runs),
+                || analyze::pieces(&bucket.ctx, &ctx_rows, runs),
+            );
+            let mut lengths = [LengthCounts::new(), LengthCounts::new()];
+            let mut contexts = [0u64; 2];
+            for c in 0..bucket.ctx.rows() {
+                let split = usize::from(bucket.is_val(c));
+                *lengths[split].entry(bucket.length(c) as u64).or_insert(0) += 1;
+                contexts[split] += 1;
+            }
+            Ok(FitPart {
+                tgt: tgt?,
+                ctx: ctx?,
+                lengths,
+                bucket_contexts: vec![contexts],
+                unmatched: bucket.unmatched,
+            })
+        };
+        // A few buckets at a time, each folded in as soon as its turn comes.
+        let mut all: Option<FitPart> = None;
+        let step = at_once.max(1);
+        for start in range.clone().step_by(step) {
+            let end = (start + step).min(range.end);
+            for part in fit::for_buckets(start..end, at_once, progress, fit_one)? {
+                match &mut all {
+                    None => all = Some(part),
+                    Some(a) => a.merge(part),
+                }
+            }
+        }
+        Ok(all.unwrap_or_else(|| FitPart {
+            tgt: empty_pieces(&setup.tgt, parts),
+            ctx: empty_pieces(&setup.ctx, parts),
+            lengths: Default::default(),
+            bucket_contexts: Vec::new(),
+            unmatched: Unmatched::default(),
+        }))
     }
 
-    fn reduce(&self, _: &Spills, fits: Vec<FitPart>, values: &[File]) -> Result<Reduced> {
-        reduce(&self.setup, fits, values)
+    /// Merges every fit part (in partition order: every bucket once, in bucket order) into the
+    /// engine's statistics and the cache's layout; `files` are the values files, in order.
+    fn reduce(&self, _: &Spills, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
+        let setup = &self.setup;
+        let spec = setup.spec;
+        let mut fits = fits.into_iter();
+        let mut fit = fits.next().expect("at least one fit part");
+        for f in fits {
+            fit.merge(f);
+        }
+        let unmatched = fit.unmatched;
+        if let Some((row, key)) = unmatched.first {
+            let t = &setup.tgt;
+            let file = t.offsets.partition_point(|&o| o <= row) - 1;
+            return Err(CompileError::UnmatchedRows {
+                path: t.files[file].clone(),
+                key,
+                row: row - t.offsets[file],
+                context: spec.context.clone().unwrap_or_default().into(),
+                others: (unmatched.rows - 1) as usize,
+            });
+        }
+        let (tgt, ctx) = rayon::join(
+            || reduce_side(&setup.tgt, &fit.tgt, files),
+            || reduce_side(&setup.ctx, &fit.ctx, files),
+        );
+        let (tgt, ctx) = (tgt?, ctx?);
+        let lengths = fit.lengths;
+        let seq = analyze::seq_len(&all_lengths(&lengths));
+        if seq.min == 1 && seq.max == 1 {
+            return Err(OptionError::new(
+                "profile",
+                "mostlyai does not cover flat data, and every context has exactly one target row \
+                 (the engine treats that as non-sequential)",
+            )
+            .into());
+        }
+        let contexts = |s: usize| lengths[s].values().sum::<u64>() as usize;
+        let tgt_json = analyze::tgt_stats_json(
+            &setup.tgt.names,
+            &tgt.stats,
+            contexts(0),
+            contexts(1),
+            seq,
+            &spec.key,
+        );
+        let ctx_json = analyze::ctx_stats_json(&setup.ctx.names, &ctx.stats, spec.context_key());
+        let max_len = seq.max;
+        let tensors = tensor_list(setup, &tgt.stats, &ctx.stats, max_len);
+        let splits: Vec<usize> = (0..SPLITS.len()).filter(|&s| contexts(s) > 0).collect();
+        let bucket_contexts: Vec<Vec<u64>> = fit
+            .bucket_contexts
+            .iter()
+            .map(|c| splits.iter().map(|&s| c[s]).collect())
+            .collect();
+        let numbering = Numbering::new(
+            &bucket_contexts,
+            Numbering::per_shard(&tensors, spec.shard_size),
+        );
+        Ok(Reduced {
+            tgt,
+            ctx,
+            tgt_json: analyze::to_engine_json(&tgt_json),
+            ctx_json: analyze::to_engine_json(&ctx_json),
+            max_len,
+            tensors,
+            splits,
+            numbering,
+            lengths,
+        })
     }
 
+    /// The shards pass over the buckets of `range`: each prepared again, encoded with the reduced
+    /// statistics and written as its own shards into `dir`. Each split is stored ascending by
+    /// `(position_hash(key, seed), key)`, as dsc's own compile stores it.
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         spills: &Spills,
         reduced: &Reduced,
-        values: &[File],
-        buckets: Range<usize>,
+        files: &[File],
+        range: Range<usize>,
         at_once: usize,
         dir: &Path,
         progress: &dyn Progress,
     ) -> Result<WritePart> {
-        write_buckets(
-            &self.setup,
-            spills,
-            reduced,
-            values,
-            buckets,
-            at_once,
-            dir,
-            progress,
-        )
+        let setup = &self.setup;
+        let seed = setup.spec.seed;
+        let (tgt_pools, ctx_pools) = (pools(&reduced.tgt, files), pools(&reduced.ctx, files));
+        let done = fit::for_buckets(range, at_once, progress, |b| {
+            let bucket = setup.prepare(spills, b)?;
+            let tgt_cols = encoders(&bucket.tgt, &reduced.tgt, &tgt_pools);
+            let ctx_cols = encoders(&bucket.ctx, &reduced.ctx, &ctx_pools);
+            let input = ShardInput {
+                tensors: &reduced.tensors,
+                max_len: reduced.max_len,
+                ctx_keys: &bucket.ctx.keys,
+                ctx_origin: &bucket.ctx.origin,
+                part_of: &bucket.part_of,
+                tgt_start: &bucket.tgt_start,
+                tgt_rows: &bucket.tgt_rows,
+                tgt_origin: &bucket.tgt.origin,
+                tgt_cols: &tgt_cols,
+                ctx_cols: &ctx_cols,
+                seed,
+            };
+            let mut jobs = Vec::new();
+            let mut rows_stored = vec![0u64; reduced.splits.len()];
+            for (s, &split) in reduced.splits.iter().enumerate() {
+                let mut order: Vec<(u64, i64, u32)> = (0..bucket.ctx.rows())
+                    .filter(|&c| usize::from(bucket.is_val(c)) == split)
+                    .map(|c| {
+                        let key = bucket.ctx.keys[c];
+                        rows_stored[s] += bucket.length(c) as u64;
+                        (position_hash(key, seed), key, c as u32)
+                    })
+                    .collect();
+                order.sort_unstable();
+                let members: Vec<u32> = order.into_iter().map(|o| o.2).collect();
+                for (index, first, chunk) in reduced.numbering.shards(b, s, &members) {
+                    jobs.push((SPLITS[split], index, first, chunk.to_vec()));
+                }
+            }
+            let entries = jobs
+                .par_iter()
+                .map(|(split, index, first, members)| {
+                    input.write(dir, split, *index, *first, members)
+                })
+                .collect::<Result<Vec<ShardEntry>>>()?;
+            Ok((entries, rows_stored))
+        })?;
+        let mut out = WritePart {
+            entries: Vec::new(),
+            rows_stored: vec![0; reduced.splits.len()],
+            truncated: 0,
+            filled: 0,
+        };
+        for (entries, rows) in done {
+            out.entries.extend(entries);
+            out.rows_stored
+                .iter_mut()
+                .zip(rows)
+                .for_each(|(a, b)| *a += b);
+        }
+        Ok(out)
     }
 
+    /// Writes the engine's statistics files, `stats.json` and the manifest from what the shards
+    /// passes wrote, and commits the cache.
     fn finish(
         &self,
         reduced: Reduced,
@@ -656,15 +552,68 @@ impl<'s> Recipe for Profile<'s> {
         timer: Timer,
         progress: &dyn Progress,
     ) -> Result<CompileReport> {
-        finish(
-            &self.setup,
-            reduced,
-            written,
+        let setup = &self.setup;
+        let spec = setup.spec;
+        staging.write_file(TGT_STATS_FILE, &reduced.tgt_json)?;
+        staging.write_file(CTX_STATS_FILE, &reduced.ctx_json)?;
+        let mut resolved = spec.clone();
+        resolved.context_key = Some(spec.context_key().to_string());
+        resolved.partitions = Some(setup.partitions);
+        let max_len = reduced.max_len;
+        let mut manifest = Manifest::builder(
+            env!("CARGO_PKG_VERSION"),
+            max_len,
+            reduced.tensors,
             inputs,
-            staging,
-            timer,
-            progress,
-        )
+            resolved,
+        );
+        let mut split_stats = Vec::new();
+        for (s, &split) in reduced.splits.iter().enumerate() {
+            let name = SPLITS[split];
+            let rows: u64 = written.iter().map(|w| w.rows_stored[s]).sum();
+            let mut mine: Vec<ShardEntry> = written
+                .iter()
+                .flat_map(|w| w.entries.iter().filter(|e| e.split == name).cloned())
+                .collect();
+            mine.sort_by_key(|e| e.index);
+            manifest = manifest.split(name, rows, mine);
+            let lens = &reduced.lengths[split];
+            split_stats.push(SplitStats {
+                split: name.into(),
+                contexts: lens.values().sum(),
+                rows,
+                lengths: fit::length_stats(lens, max_len),
+                columns: Vec::new(),
+            });
+        }
+        let all = all_lengths(&reduced.lengths);
+        let contexts: u64 = all.values().sum();
+        let without_rows = all.get(&0).copied().unwrap_or(0) as usize;
+        let rows = setup.tgt.rows();
+        let manifest = manifest.summary(CompileSummary {
+            rows_read: rows,
+            rows_stored: rows,
+            contexts: contexts as usize,
+            contexts_without_rows: without_rows,
+            empty_contexts_kept: without_rows,
+            ..CompileSummary::default()
+        });
+        // dsc's own stats.json: lengths per split, with the "all" entry readers expect first.
+        split_stats.insert(
+            0,
+            SplitStats {
+                split: dsc_format::stats::ALL_SPLITS.into(),
+                contexts,
+                rows,
+                lengths: fit::length_stats(&all, max_len),
+                columns: Vec::new(),
+            },
+        );
+        let stats = Stats {
+            format_version: dsc_format::FORMAT_VERSION,
+            splits: split_stats,
+        };
+        commit::commit_cache(staging, manifest, stats, timer, progress)
     }
 }
 
