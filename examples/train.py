@@ -1064,6 +1064,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         checkpoint()
 
     loader.close()
+    ls = loader.stats()
+    say(f"loader · {ls['batches']} batches · {ls['bytes'] / 1e6:.1f} MB · waited "
+        f"{ls['wait_s']:.2f} s in next() · {ls['queue_mean']:.1f} ready ahead on average")
     # The final model on every split but train (a held-out test split is for this only).
     evaluation = []
     if pos["epoch"] >= args.epochs:
@@ -1087,7 +1090,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         wall_s=time.perf_counter() - start, checkpoint=ckpt_path,
         eval_split=args.eval_split, evaluation=evaluation,
         batch_lens={str(k): v for k, v in sorted(batch_lens.items())},
-        resident=loader.resident,
+        resident=loader.resident, loader=loader.stats(),
     )
 
 

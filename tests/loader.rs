@@ -952,3 +952,85 @@ proptest! {
         }
     }
 }
+
+/// Issue 30, item 4: a loader's telemetry counts what it handed over (batches, contexts, the
+/// bytes of their tensors, trimmed ones as trimmed), whichever way the consumer takes them, and
+/// what the cache read from disk: nothing for a hot cache, each compressed shard read and
+/// decompressed, with hits and evictions, for a cold one.
+#[test]
+fn loader_stats_count_what_was_handed_over_and_what_the_cache_read() {
+    let dir = Dir::new();
+    let (hot, cold) = hot_and_cold_caches(&dir);
+    for (path, compressed) in [(&hot, false), (&cold, true)] {
+        let cache = Cache::open(path).unwrap();
+        for threads in [0, 2] {
+            let o = LoaderOptions {
+                threads,
+                trim: true,
+                ..opts(16)
+            };
+            let mut loader = cache.loader(o).unwrap();
+            let (mut batches, mut contexts, mut bytes) = (0u64, 0u64, 0u64);
+            for b in &mut loader {
+                let b = b.unwrap();
+                batches += 1;
+                contexts += b.size as u64;
+                bytes += b
+                    .tensors()
+                    .iter()
+                    .map(|t| t.bytes().len() as u64)
+                    .sum::<u64>();
+            }
+            let s = loader.stats();
+            assert_eq!(
+                (s.batches, s.contexts, s.bytes),
+                (batches, contexts, bytes),
+                "{s:?}"
+            );
+            assert!(s.waits <= s.batches && s.wait_s >= 0.0, "{s:?}");
+            if threads == 0 {
+                // The consumer's own thread gathers every batch: each one a wait, none queued.
+                assert_eq!((s.waits, s.queued), (s.batches, 0), "{s:?}");
+            }
+            let shards = cache.manifest().split("train").unwrap().shards;
+            if compressed {
+                assert!(s.shard_reads >= shards as u64, "{s:?}");
+                assert!(s.stored_bytes_read > 0 && s.shard_hits > 0, "{s:?}");
+                assert!(
+                    s.shard_evictions > 0,
+                    "more shards than stay resident: {s:?}"
+                );
+            } else {
+                assert_eq!(
+                    (
+                        s.shard_reads,
+                        s.stored_bytes_read,
+                        s.shard_hits,
+                        s.shard_evictions
+                    ),
+                    (0, 0, 0, 0)
+                );
+            }
+        }
+    }
+    // A filler counts the batches it fills, in its callers' threads.
+    let cache = Cache::open(&hot).unwrap();
+    let loader = cache
+        .loader(LoaderOptions {
+            threads: 0,
+            ..opts(16)
+        })
+        .unwrap();
+    let filler = loader.filler();
+    let mut buffers: Vec<Vec<u8>> = loader.batch_bytes().iter().map(|&n| vec![0; n]).collect();
+    for step in 0..3 {
+        let mut dst: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+        filler.fill(step, &mut dst).unwrap();
+    }
+    let s = filler.stats();
+    assert_eq!((s.batches, s.contexts), (3, 48), "{s:?}");
+    assert_eq!(
+        s.bytes,
+        loader.batch_bytes().iter().sum::<usize>() as u64 * 3
+    );
+}

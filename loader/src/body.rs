@@ -4,6 +4,7 @@
 
 use crate::error::LoadError;
 use crate::mmap::Mapped;
+use crate::stats::ShardCounters;
 use dsc_format::ShardEntry;
 use std::ops::Deref;
 use std::os::unix::fs::FileExt;
@@ -59,6 +60,8 @@ pub(crate) struct Resident {
     /// Shards kept at most (raised by loaders that interleave more shards).
     limit: AtomicUsize,
     tick: AtomicU64,
+    /// Reads, hits and evictions, for loaders' telemetry.
+    pub counters: ShardCounters,
 }
 
 impl Default for Resident {
@@ -67,6 +70,7 @@ impl Default for Resident {
             held: Mutex::new(Vec::new()),
             limit: AtomicUsize::new(MIN_RESIDENT),
             tick: AtomicU64::new(0),
+            counters: ShardCounters::default(),
         }
     }
 }
@@ -121,6 +125,7 @@ impl Resident {
         cold.last_use.store(tick, Ordering::Relaxed);
         let mut slot = cold.bytes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(bytes) = &*slot {
+            self.counters.hit();
             return Ok(ShardBytes::Cold(bytes.clone()));
         }
         let mut stored = vec![0u8; s.entry.stored_bytes() as usize];
@@ -130,6 +135,7 @@ impl Resident {
                 path: s.path.clone(),
                 source,
             })?;
+        self.counters.read(stored.len());
         let bytes = Arc::new(dsc_format::stored::decode(&s.entry, stored, &s.path)?);
         *slot = Some(bytes.clone());
         drop(slot);
@@ -155,6 +161,7 @@ impl Resident {
                 .expect("more than one shard held");
             let gone = held.swap_remove(oldest);
             *cold(gone).bytes.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            self.counters.evicted();
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::order::{trimmed_len, EpochOrder, Sample, Steps};
 use crate::pack::{PackInfo, Packs};
 use crate::pool::Pool;
 use crate::rows;
+use crate::stats::Counters;
 use dsc_format::{Dtype, TensorRole, TensorSpec};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -102,6 +103,8 @@ pub(crate) struct Gather {
     /// (the split fits the loader's resident budget) instead of being released behind the
     /// reader.
     pub keep_resident: bool,
+    /// What this epoch's batches have cost and carried ([`crate::LoaderStats`]).
+    pub counters: Counters,
 }
 
 /// The layout of the batches of `slots` (manifest indices): padded batches of `batch_size`, or
@@ -267,6 +270,19 @@ impl Gather {
 
     /// Bytes of tensor `t` of the layout in a padded batch of `n` contexts cut to `seq_len`, or
     /// in a pack (whose layout ends with its own tensors).
+    /// Bytes of a batch of `info` (of `n` samples): every tensor cut as the batch is.
+    pub fn info_bytes(&self, n: usize, info: &BatchInfo) -> usize {
+        (0..self.layout.len())
+            .map(|t| self.tensor_bytes(t, n, info.seq_len))
+            .sum()
+    }
+
+    /// Records a batch of `n` samples handed over as `info`.
+    pub fn delivered(&self, n: usize, info: &BatchInfo) {
+        let contexts = info.pack.map_or(n, |p| p.seqs);
+        self.counters.delivered(contexts, self.info_bytes(n, info));
+    }
+
     fn tensor_bytes(&self, t: usize, n: usize, seq_len: usize) -> usize {
         match &self.batching {
             Batching::Padded { .. } => n * self.copy_bytes(t, seq_len),

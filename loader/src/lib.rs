@@ -56,6 +56,7 @@ pub mod pack;
 mod pool;
 mod rows;
 pub mod sigbus;
+mod stats;
 
 pub use batch::{Batch, BatchTensor, TensorLayout};
 pub use body::ShardBytes;
@@ -65,3 +66,4 @@ pub use error::LoadError;
 pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
 pub use loader::{Filler, Loader};
 pub use options::{LoaderOptions, OrderSpec, Pack, State, MAX_TRIM_MULTIPLE};
+pub use stats::LoaderStats;

@@ -10,6 +10,7 @@ use crate::handoff::{handoff, Empty, Receiver};
 use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
 use crate::order::{EpochOrder, Sample, Steps};
 use crate::pack::{self, Packs};
+use crate::stats::{Counters, LoaderStats};
 use dsc_format::spec::format_size;
 use dsc_format::spelling::OptionError;
 use dsc_format::{TensorRole, TensorSpec};
@@ -75,6 +76,11 @@ struct Hints {
 }
 
 impl Hints {
+    fn stats(&self) -> LoaderStats {
+        let g = &self.gather;
+        g.counters.snapshot(&g.cache.resident.counters)
+    }
+
     /// Advises the kernel once per window: read the next window ahead, release the one before
     /// last from the resident set.
     fn hint(&self, step: usize, rank: usize) {
@@ -95,6 +101,12 @@ impl Hints {
 /// The loaders of an open cache (here rather than in `cache.rs`, which holds the open files
 /// and knows nothing of loading).
 impl Cache {
+    /// What this cache's compressed shards have cost its loaders so far (reads, stored bytes
+    /// fetched, hits, evictions; the other fields of [`LoaderStats`] are zero).
+    pub fn shard_stats(&self) -> LoaderStats {
+        Counters::default().snapshot(&self.inner.resident.counters)
+    }
+
     /// A loader for one epoch of one split.
     pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
         Loader::new(self.clone(), opts, 0)
@@ -144,6 +156,18 @@ pub struct Filler {
 }
 
 impl Filler {
+    /// [`Loader::stats`] of the loader this filler fills for (it counts the batches filled).
+    pub fn stats(&self) -> LoaderStats {
+        self.hints.stats()
+    }
+
+    /// Records that the consumer of a queue this filler feeds (a ring of buffers) asked for a
+    /// batch with `queued` filled ahead, and waited `wait` when none was: [`LoaderStats`]'s
+    /// `waits`, `wait_s` and `queued` describe that consumer.
+    pub fn record_ask(&self, queued: usize, wait: Option<std::time::Duration>) {
+        self.hints.gather.counters.asked(queued, wait);
+    }
+
     /// The epoch's gather, if `step` is one of its steps.
     fn step(&self, step: usize) -> Result<&Gather, LoadError> {
         let gather = &self.hints.gather;
@@ -164,7 +188,9 @@ impl Filler {
         check_buffers(dst, &self.batch_bytes)?;
         let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
         self.hints.hint(step, self.rank);
-        gather.gather_into((&samples, repeated), dst)
+        let info = gather.gather_into((&samples, repeated), dst)?;
+        gather.delivered(samples.len(), &info);
+        Ok(info)
     }
 
     /// Copies batch `step` into one contiguous `block` (at least [`Loader::block_bytes`]): its
@@ -179,7 +205,9 @@ impl Filler {
         let gather = self.step(step)?;
         let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
         self.hints.hint(step, self.rank);
-        gather.gather_block((&samples, repeated), block)
+        let (info, ranges) = gather.gather_block((&samples, repeated), block)?;
+        gather.delivered(samples.len(), &info);
+        Ok((info, ranges))
     }
 
     /// Writes batch `step`'s index for a consumer that holds the split's tensors itself (on a
@@ -212,7 +240,9 @@ impl Filler {
         };
         let lengths = cache.lengths(&gather.cache.splits[gather.split_index].0)?;
         let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
-        Ok(gather.index_into((&samples, repeated), &lengths, positions, pack))
+        let info = gather.index_into((&samples, repeated), &lengths, positions, pack);
+        gather.delivered(samples.len(), &info);
+        Ok(info)
     }
 }
 
@@ -478,6 +508,7 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
         length_index,
         keep_resident,
         cold,
+        counters: Counters::default(),
     };
     Ok((gather, threads))
 }
@@ -663,6 +694,7 @@ impl Loader {
         let (samples, repeated) = gather.samples(self.next_step, &mut self.window_cache);
         self.hints.hint(self.next_step, self.opts.rank);
         let info = gather.gather_into((&samples, repeated), dst)?;
+        gather.delivered(samples.len(), &info);
         self.next_step += 1;
         Ok(Some(info))
     }
@@ -687,6 +719,18 @@ impl Loader {
     pub fn next_step(&self) -> usize {
         self.next_step
     }
+
+    /// What this loader (and its fillers) has handed over so far, how long its consumer
+    /// waited and how many batches were ready ahead of it; the shard counters are the open
+    /// cache's.
+    pub fn stats(&self) -> LoaderStats {
+        self.hints.stats()
+    }
+
+    /// Batches its threads have prepared ahead of the consumer now (0 without threads).
+    pub fn queued(&self) -> usize {
+        self.workers.iter().map(|(rx, _)| rx.len()).sum()
+    }
 }
 
 impl Iterator for Loader {
@@ -696,17 +740,28 @@ impl Iterator for Loader {
         if self.next_step >= self.steps() {
             return None;
         }
-        let batch = if self.workers.is_empty() {
-            self.hints
-                .gather
-                .build(self.next_step, &mut self.window_cache)
+        let asked = Instant::now();
+        let gather = &self.hints.gather;
+        let (batch, queued, ready) = if self.workers.is_empty() {
+            (
+                gather.build(self.next_step, &mut self.window_cache),
+                0,
+                false,
+            )
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
-            receive(&self.workers[k].0, self.poll)
+            let queued: usize = self.workers.iter().map(|(rx, _)| rx.len()).sum();
+            let ready = self.workers[k].0.len() > 0;
+            (receive(&self.workers[k].0, self.poll), queued, ready)
         };
+        gather
+            .counters
+            .asked(queued, (!ready).then(|| asked.elapsed()));
         self.hints.hint(self.next_step, self.opts.rank);
         match batch {
             Ok(b) => {
+                let bytes = b.tensors.iter().map(|t| t.bytes().len()).sum();
+                gather.counters.delivered(b.size, bytes);
                 self.next_step += 1;
                 Some(Ok(b))
             }

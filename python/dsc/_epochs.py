@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -97,6 +98,10 @@ class _Epoch:
     def _next_item(self):
         return self.handle.next()
 
+    def _queued(self) -> int:
+        """Batches prepared ahead of the consumer now."""
+        return self.handle.queued()
+
     def __next__(self) -> Batch:
         loader = self._owner()
         if not self._busy.acquire(blocking=False):
@@ -113,6 +118,8 @@ class _Epoch:
     def _next_locked(self, loader: Any) -> Batch:
         if self.handle is None:
             raise StopIteration
+        queued = self._queued()
+        asked = time.perf_counter()
         try:
             item = self._next_item()
         except BaseException:
@@ -123,8 +130,10 @@ class _Epoch:
             self.close()
             loader._finished(self)
             raise StopIteration
+        waited = time.perf_counter() - asked
         batch = self._batch(loader, item)
         loader._consumed(self)
+        loader._record(batch, waited, queued)
         return batch
 
     def _batch(self, loader: Any, item) -> Batch:
@@ -197,6 +206,9 @@ class _ThreadedEpoch(_Epoch):
         self._finalizer = weakref.finalize(self, self.stop.set)
         for t in self.threads:
             t.start()
+
+    def _queued(self) -> int:
+        return sum(q.qsize() for q in self.queues)
 
     def _next_item(self):
         if self.next_step >= self.total:
@@ -370,6 +382,9 @@ class _ResidentEpoch(_Epoch):
         own = sizes[-5:] if loader.pack is not None else []
         self.ring = _resident.IndexRing(_torch(), self.split.device, [self.rows * 8] + own)
         self.sequence = {n: loader.cache.tensor(n).is_sequence for n in loader.columns}
+
+    def _queued(self) -> int:
+        return 0  # each index is written when asked for
 
     def _next_item(self):
         if self.next_step >= self.total:

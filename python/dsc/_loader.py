@@ -252,6 +252,7 @@ class Loader:
         self._resident_split: Optional[_resident.ResidentSplit] = None
         self._epoch = _check_int("epoch", epoch, 0)
         self._step = 0  # batches of the current epoch consumed on this rank
+        self._counts: Dict[str, Any] = dict(batches=0, contexts=0, bytes=0, wait_s=0.0, queued=0)
         self._pid = os.getpid()
         # The running iterator, weakly: an iterator keeps its loader alive, not the other way
         # round, so that neither forms a cycle that only the garbage collector could free.
@@ -412,6 +413,25 @@ class Loader:
         self._active = weakref.ref(epoch)
         return epoch
 
+    def stats(self) -> Dict[str, Any]:
+        """What this loader has handed over since it was made, every epoch together:
+
+        - ``batches``, ``contexts`` (a pack's sequences) and ``bytes`` (of the batches'
+          tensors);
+        - ``wait_s``: seconds spent inside ``next()`` waiting for a batch to be ready (the data
+          stall; a loader that keeps up shows next to none);
+        - ``queue_mean``: the batches ready ahead of the consumer when it asked, on average (near
+          0 for a starved consumer, near ``prefetch`` per thread for one that is the bottleneck);
+        - ``shard_reads``, ``stored_bytes_read``, ``shard_hits``, ``shard_evictions``: what the
+          cache's compressed shards cost (every loader of the open cache; 0 for a hot cache,
+          which the page cache serves).
+        """
+        s = dict(self._counts)
+        s["queue_mean"] = s.pop("queued") / max(1, s["batches"])
+        names = ("shard_reads", "stored_bytes_read", "shard_hits", "shard_evictions")
+        s.update(zip(names, self.cache._handle.shard_stats()))
+        return s
+
     def close(self) -> None:
         """Stops the loading threads now (they also stop when the loader is garbage)."""
         self._close_active()
@@ -473,6 +493,16 @@ class Loader:
         return self.cache._handle.loader(
             self._options(threads), self._step, self.format == "torch" and not self.copy,
         )
+
+    def _record(self, batch: Batch, waited: float, queued: int) -> None:
+        """Counts a batch handed to the caller (:meth:`Loader.stats`)."""
+        c = self._counts
+        c["batches"] += 1
+        rows = next(iter(batch.values())).shape[0] if batch else 0
+        c["contexts"] += batch.seqs if batch.seqs is not None else rows
+        c["bytes"] += sum(t.nbytes for t in batch.values())
+        c["wait_s"] += waited
+        c["queued"] += queued
 
     def _consumed(self, epoch: "_Epoch") -> None:
         """One more batch handed to the caller by ``epoch`` (the active iterator)."""

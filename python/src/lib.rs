@@ -47,6 +47,18 @@ impl CacheHandle {
         Ok(CacheHandle { cache })
     }
 
+    /// What the cache's compressed shards have cost so far: `(reads, stored bytes read, hits,
+    /// evictions)`.
+    fn shard_stats(&self) -> (u64, u64, u64, u64) {
+        let s = self.cache.shard_stats();
+        (
+            s.shard_reads,
+            s.stored_bytes_read,
+            s.shard_hits,
+            s.shard_evictions,
+        )
+    }
+
     /// The identity of the cache's data (`Manifest::content_id`): shard names and checksums.
     fn content_id(&self) -> String {
         self.cache.manifest().content_id()
@@ -247,6 +259,11 @@ impl LoaderHandle {
     /// The step of the next batch.
     fn position(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |l| l.next_step())
+    }
+
+    /// Batches the loader's threads have prepared ahead now.
+    fn queued(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |l| l.queued())
     }
 
     /// The tensors of every batch: `(name, dtype, whole-batch shape, trimmed axis or None)`.

@@ -102,6 +102,9 @@ def test_trains_and_prints_one_json_summary(icecube_cache, tmp_path):
     assert 0 < s["val_metric"][0] < math.pi
     assert s["samples_per_s"] > 0 and 0 <= s["data_wait_share"] <= 1
     assert s["h2d_share"] == 0  # no copy on the CPU
+    # The loader's telemetry: every step's batch handed over, none read compressed.
+    assert s["loader"]["batches"] == s["optimizer_steps"], s["loader"]
+    assert s["loader"]["bytes"] > 0 and s["loader"]["shard_reads"] == 0, s["loader"]
     assert (tmp_path / "run" / "last.pt").exists()
 
 

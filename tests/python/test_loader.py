@@ -852,3 +852,36 @@ def test_a_loader_is_a_context_manager(cache_dir: Path) -> None:
     # The position is kept: a new iteration continues with the next batch.
     assert next(iter(loader))["key"].tolist() == order_keys(cache_dir, "--batch-size", "8")[1]
     assert first == order_keys(cache_dir, "--batch-size", "8")[0]
+
+
+@pytest.mark.parametrize("path", ["host", "host-no-threads", "resident"])
+def test_stats_count_what_the_loader_handed_over(cache_dir: Path, path: str) -> None:
+    """Issue 30, item 4: ``loader.stats()`` counts the batches, contexts and bytes handed over,
+    every epoch together, whichever path made them; a hot cache reads no compressed shard."""
+    kw = dict(batch_size=16, seed=0, trim=True)
+    if path == "host-no-threads":
+        kw["num_threads"] = 0
+    if path == "resident":
+        kw["resident"] = True
+    loader = dsc.Loader(cache_dir, **kw)
+    batches = list(loader)
+    s = loader.stats()
+    assert s["batches"] == len(batches), s
+    assert s["contexts"] == sum(len(b["key"]) for b in batches), s
+    assert s["bytes"] == sum(t.nbytes for b in batches for t in b.values()), s
+    assert s["wait_s"] >= 0 and s["queue_mean"] >= 0, s
+    assert (s["shard_reads"], s["shard_hits"], s["shard_evictions"]) == (0, 0, 0), s
+    list(loader)  # the next epoch adds to the counts
+    assert loader.stats()["batches"] == 2 * len(batches)
+
+
+def test_stats_show_what_a_compressed_cache_read(cache_dir: Path, tmp_path: Path) -> None:
+    cold = tmp_path / "cold"
+    shutil.copytree(cache_dir, cold)
+    run_dsc("compress", str(cold))
+    loader = dsc.Loader(cold, batch_size=16, seed=0)
+    list(loader)
+    s = loader.stats()
+    shards = len(dsc.open(cold).manifest["shards"])
+    assert s["shard_reads"] >= 1 and s["stored_bytes_read"] > 0, s
+    assert s["shard_reads"] + s["shard_hits"] >= shards // 2, s

@@ -8,10 +8,13 @@
 
 use crate::error::{Result, TrainError};
 use dsc_format::Dtype;
-use dsc_loader::{BatchInfo, Filler, LoadError, Loader, TensorLayout};
+use dsc_loader::{BatchInfo, Filler, LoadError, Loader, LoaderStats, TensorLayout};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 /// The tch element type of a stored dtype.
@@ -188,6 +191,10 @@ pub struct Feed<'ring> {
     ring: PhantomData<&'ring HostRing>,
     free: Option<SyncSender<usize>>,
     ready: Receiver<Result<Filled, LoadError>>,
+    /// Slots filled and not yet taken by the consumer.
+    filled: Arc<AtomicUsize>,
+    /// The loader's counters, which [`Feed::next`] adds the consumer's view to.
+    stats: Filler,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -201,6 +208,9 @@ impl<'ring> Feed<'ring> {
         let (ready_tx, ready_rx) = sync_channel::<Result<Filled, LoadError>>(n);
         let memory: Vec<SlotMemory> = (0..n).map(|s| ring.raw(s)).collect();
         let filler = loader.filler();
+        let stats = loader.filler();
+        let filled = Arc::new(AtomicUsize::new(0));
+        let filled_by_producer = filled.clone();
         for s in 0..n {
             free_tx.send(s).expect("receiver alive");
         }
@@ -226,6 +236,8 @@ impl<'ring> Feed<'ring> {
                         Err(e) => Err(e),
                     };
                     let failed = msg.is_err();
+                    // Counted before it is sent, so the consumer never takes more than counted.
+                    filled_by_producer.fetch_add(1, Ordering::Relaxed);
                     if ready_tx.send(msg).is_err() || failed {
                         return;
                     }
@@ -236,6 +248,8 @@ impl<'ring> Feed<'ring> {
             ring: PhantomData,
             free: Some(free_tx),
             ready: ready_rx,
+            filled,
+            stats,
             handle: Some(handle),
         }
     }
@@ -243,11 +257,25 @@ impl<'ring> Feed<'ring> {
     /// The next filled slot, or `None` at the end of the epoch. Blocks while the producer is
     /// behind (that time is the step's data wait).
     pub fn next(&self) -> Result<Option<Filled>> {
-        match self.ready.recv() {
+        let queued = self.filled.load(Ordering::Relaxed);
+        let asked = Instant::now();
+        let got = self.ready.recv();
+        if matches!(got, Ok(Ok(_))) {
+            self.filled.fetch_sub(1, Ordering::Relaxed);
+            let wait = (queued == 0).then(|| asked.elapsed());
+            self.stats.record_ask(queued, wait);
+        }
+        match got {
             Ok(Ok(f)) => Ok(Some(f)),
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Ok(None),
         }
+    }
+
+    /// What the epoch's loader has handed over so far, with this feed's consumer's waits and
+    /// the slots filled ahead of it.
+    pub fn stats(&self) -> LoaderStats {
+        self.stats.stats()
     }
 
     /// Gives a slot back to the producer; its contents must no longer be needed (on CUDA: its

@@ -154,6 +154,28 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                 100.0 * busy
             );
         }
+        if let Some(l) = &summary.loader {
+            let reads = if l.shard_reads > 0 {
+                format!(
+                    " · {} compressed shards read ({:.1} MB), {} hits, {} evictions",
+                    l.shard_reads,
+                    l.stored_bytes_read as f64 / 1e6,
+                    l.shard_hits,
+                    l.shard_evictions
+                )
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "loader: {} batches · {:.1} MB · the step found none ready {} times ({:.2} s) · \
+                 {:.1} ready ahead on average{reads}",
+                l.batches,
+                l.bytes as f64 / 1e6,
+                l.waits,
+                l.wait_s,
+                l.queue_mean()
+            );
+        }
         if summary.batch_lens.len() > 1 {
             let lens: Vec<String> = summary.batch_lens.keys().map(|l| l.to_string()).collect();
             eprintln!(

@@ -137,6 +137,11 @@ pub struct Summary {
     /// steps saw, each a new allocation and kernel choice on a GPU (`--trim-multiple`).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub batch_lens: std::collections::BTreeMap<usize, u64>,
+    /// What the training loader handed over in all (batches, contexts, bytes), how often the
+    /// step found no batch ready (`waits`, `wait_s`), how many were ready ahead of it
+    /// (`queued / batches`), and what a compressed cache read (`shard_reads`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loader: Option<dsc_loader::LoaderStats>,
 }
 
 /// `--find-batch-size`: one size tried.

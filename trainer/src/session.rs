@@ -658,6 +658,7 @@ impl Summary {
             eval_split: None,
             evaluation: Vec::new(),
             batch_lens: std::collections::BTreeMap::new(),
+            loader: None,
         }
     }
 }

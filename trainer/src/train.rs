@@ -78,6 +78,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     let mut run_totals = Totals::default();
     // Training batches by sequence length: the shapes the run's steps saw.
     let mut batch_lens = std::collections::BTreeMap::<usize, u64>::new();
+    let mut loader_stats: Option<dsc_loader::LoaderStats> = None;
     let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
     let mut clock = Clock::new(if s.device.is_cuda() { log_micro } else { 0 })?;
     let device = s.device;
@@ -183,6 +184,9 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
             for slot in s.release(None, 0)? {
                 feed.release(slot);
             }
+            loader_stats
+                .get_or_insert_with(Default::default)
+                .merge(&feed.stats());
         }
         let t = clock.close()?;
         epoch_totals.add(&t);
@@ -234,6 +238,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     summary.eval_split = Some(s.cfg.eval_split.clone());
     summary.evaluation = evaluation;
     summary.batch_lens = batch_lens;
+    summary.loader = loader_stats;
     summary.gpu_busy_nvml = gpu_busy;
     Ok(summary)
 }

@@ -199,6 +199,18 @@ fn a_short_run_learns_the_direction_and_reports_every_field() {
     // reached 0.34 rad when written (a plain PyTorch loop of the same size: about the same).
     assert!(f(&epochs[3]["val_metric"]) < 0.6, "{}", epochs[3]);
     assert!(s["device"].as_str().unwrap().starts_with("cpu"));
+    // The loader's telemetry (issue 30, item 4): every micro-batch trained was handed over, full
+    // (drop_last), from a hot cache that reads no compressed shard.
+    let l = &s["loader"];
+    let steps = s["optimizer_steps"].as_u64().unwrap();
+    assert_eq!(l["batches"].as_u64(), Some(steps), "{l}");
+    assert_eq!(l["contexts"].as_u64(), Some(steps * 64), "{l}");
+    assert!(
+        l["bytes"].as_u64().unwrap() > 0 && f(&l["wait_s"]) >= 0.0,
+        "{l}"
+    );
+    assert!(l["waits"].as_u64().unwrap() <= steps, "{l}");
+    assert_eq!(l["shard_reads"].as_u64(), Some(0), "{l}");
     // With PyTorch's CUDA wheel (the test script's .venv) libtorch_cuda.so is there and must be
     // loaded even on a machine without a GPU: `--as-needed` linking would have dropped it.
     let venv_cuda = std::env::var_os("VIRTUAL_ENV").and_then(|v| {
