@@ -129,10 +129,6 @@ impl<T> Drop for Sender<T> {
 }
 
 impl<T> Receiver<T> {
-    /// Items queued now.
-    pub fn len(&self) -> usize {
-        self.0.lock().items.len()
-    }
     /// The next item, if one is queued; else whether one may still come.
     pub fn try_recv(&self) -> Result<T, Empty> {
         let mut state = self.0.lock();

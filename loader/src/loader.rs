@@ -62,6 +62,9 @@ pub struct Loader {
     window_cache: (usize, Vec<u32>),
     /// Poll for batches before sleeping: the loader threads leave this thread a core.
     poll: bool,
+    /// Batches the threads have queued and the consumer not yet taken (a counter, so that
+    /// reading it costs no lock per queue).
+    ahead: Arc<AtomicUsize>,
 }
 
 /// The page-cache hints of one loader, shared with its [`Filler`]s.
@@ -547,6 +550,7 @@ impl Loader {
             }),
             window_cache: (usize::MAX, Vec::new()),
             poll,
+            ahead: Arc::new(AtomicUsize::new(0)),
         };
         loader.spawn()?;
         Ok(loader)
@@ -571,6 +575,7 @@ impl Loader {
         for k in 0..threads {
             let (tx, rx) = handoff::<Built>(self.opts.prefetch.max(1));
             let gather = self.hints.gather.clone();
+            let ahead = self.ahead.clone();
             let (first, total) = (self.first_step, self.hints.gather.steps());
             let handle = std::thread::Builder::new()
                 .name(format!("dsc-loader-{k}"))
@@ -578,7 +583,10 @@ impl Loader {
                     let mut cache = (usize::MAX, Vec::new());
                     let mut step = first + k;
                     while step < total {
-                        if tx.send(gather.build(step, &mut cache)).is_err() {
+                        let built = gather.build(step, &mut cache);
+                        // Counted before it is sent: the consumer never takes more than counted.
+                        ahead.fetch_add(1, Ordering::Relaxed);
+                        if tx.send(built).is_err() {
                             return; // the loader was dropped
                         }
                         step += threads;
@@ -729,7 +737,7 @@ impl Loader {
 
     /// Batches its threads have prepared ahead of the consumer now (0 without threads).
     pub fn queued(&self) -> usize {
-        self.workers.iter().map(|(rx, _)| rx.len()).sum()
+        self.ahead.load(Ordering::Relaxed)
     }
 }
 
@@ -750,9 +758,13 @@ impl Iterator for Loader {
             )
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
-            let queued: usize = self.workers.iter().map(|(rx, _)| rx.len()).sum();
-            let ready = self.workers[k].0.len() > 0;
-            (receive(&self.workers[k].0, self.poll), queued, ready)
+            let queued = self.ahead.load(Ordering::Relaxed);
+            let (built, ready) = receive(&self.workers[k].0, self.poll);
+            // Not below zero: a lost worker hands over nothing.
+            let _ = self
+                .ahead
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            (built, queued, ready)
         };
         gather
             .counters
@@ -782,8 +794,19 @@ impl Iterator for Loader {
 /// this time.
 const POLL: Duration = Duration::from_micros(300);
 
-/// The next batch of a worker: polled for up to [`POLL`] first when `poll`, then waited for.
-fn receive(rx: &Receiver<Built>, poll: bool) -> Built {
+/// The next batch of a worker: polled for up to [`POLL`] first when `poll`, then waited for;
+/// and whether it was ready at once.
+fn receive(rx: &Receiver<Built>, poll: bool) -> (Built, bool) {
+    match rx.try_recv() {
+        Ok(built) => return (built, true),
+        Err(Empty::Finished) => return (Err(LoadError::WorkerLost), true),
+        Err(Empty::Waiting) => {}
+    }
+    (wait_for(rx, poll), false)
+}
+
+/// [`receive`] once the queue was found empty.
+fn wait_for(rx: &Receiver<Built>, poll: bool) -> Built {
     if poll {
         let start = Instant::now();
         loop {
