@@ -26,19 +26,8 @@ impl<'s> Job<'s> {
                 } else {
                     "partitions"
                 };
-                Err(OptionError::new(
-                    key,
-                    format!(
-                        "only applies with `profile={}` (as does `{}`)",
-                        mostlyai::PROFILE,
-                        if key == "val_keys" {
-                            "partitions"
-                        } else {
-                            "val_keys"
-                        }
-                    ),
-                )
-                .into())
+                let problem = format!("only applies with `profile={}`", mostlyai::PROFILE);
+                Err(OptionError::new(key, problem).into())
             }
             None => Own::new(spec).map(Job::Own),
             Some(mostlyai::PROFILE) => Profile::new(spec).map(Job::Profile),

@@ -71,8 +71,8 @@ pub use commit::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{signal_name, CompileError, Result};
 pub use local::compile;
-pub use own::decode_parquet;
 #[cfg(feature = "progress-bar")]
 pub use progress::TerminalBars;
 pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};
+pub use read::decode_parquet;
 pub use storage::{restore, Storage, StorageReport};

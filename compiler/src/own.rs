@@ -6,7 +6,7 @@
 use crate::bucket::{BucketColumn, ColumnId, Shared};
 use crate::budget;
 use crate::commit::{commit_cache, CompileReport, Timer};
-use crate::error::{CompileError, Result};
+use crate::error::Result;
 use crate::fit::{self, FitPart, Merged};
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
 use crate::plan::{self, Source};
@@ -21,47 +21,9 @@ use crate::Progress;
 use dsc_format::manifest::Inputs;
 use dsc_format::spec::{CompileSpec, DEFAULT_BUCKET_SIZE};
 use dsc_format::{Manifest, ShardEntry};
-use rayon::prelude::*;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-
-/// Decodes the named columns of Parquet files and discards them: the floor a compile is
-/// measured against. Returns the rows decoded.
-pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
-    let rows: Vec<u64> = files
-        .par_iter()
-        .map(|path| {
-            let opened = read::open(path)?;
-            let indices: Vec<usize> = columns
-                .iter()
-                .map(|c| {
-                    opened
-                        .schema
-                        .index_of(c)
-                        .map_err(|_| CompileError::MissingColumn {
-                            path: path.clone(),
-                            column: c.clone(),
-                            role: "a decoded column".into(),
-                            available: read::column_list(&opened.schema),
-                        })
-                })
-                .collect::<Vec<Result<_>>>()
-                .into_iter()
-                .collect::<Result<_>>()?;
-            let mut n = 0u64;
-            for batch in opened.into_reader(&indices)? {
-                n += batch
-                    .map_err(|e| CompileError::parquet(path.clone(), None, e))?
-                    .num_rows() as u64;
-            }
-            Ok(n)
-        })
-        .collect::<Vec<Result<_>>>()
-        .into_iter()
-        .collect::<Result<_>>()?;
-    Ok(rows.iter().sum())
-}
 
 /// dsc's own compile of `spec`: the plan, the inputs' footers, the side tables (context table,
 /// joins) and the buckets, read before any bucket is touched.
