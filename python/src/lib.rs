@@ -1,11 +1,13 @@
 //! `dsc._dsc`: the Rust half of the Python package. It opens caches, runs loaders and compiles;
 //! the pure-Python half (`python/dsc/`) turns what it returns into NumPy arrays or torch tensors.
 //!
-//! Nothing here links libtorch: batches leave as [`Buffer`] objects (`buffer.rs`) that export their bytes
-//! through the buffer protocol, and Python wraps them with `numpy.frombuffer` or
-//! `torch.frombuffer`. A `Buffer` owns its bytes (a pooled gather buffer, or a range of the shard
+//! Nothing here links libtorch: batches leave as [`Buffer`] objects (`buffer.rs`) that export
+//! their bytes, typed and shaped, through the buffer protocol, and Python wraps them with
+//! `numpy.asarray` (and `torch.from_numpy`). A `Buffer` owns its bytes (a pooled gather buffer, or a range of the shard
 //! mapping with a reference to the whole cache), so any array or tensor over it stays valid for
 //! as long as it lives. Long work runs with the GIL released.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod buffer;
 mod errors;
