@@ -655,16 +655,96 @@ proptest! {
     }
 }
 
+/// Issue 30, item 2: a state saved at one global batch continues at another (more or fewer
+/// ranks, another batch size) from the same position of the same global order: what the ranks
+/// took before and after, in (step, rank) order, is the global order's prefix with nothing
+/// repeated or left out. A bucketed order, cut into global batches of its own size, refuses.
 #[test]
-fn resume_refuses_another_global_batch() {
+fn a_state_resumes_at_another_global_batch_from_the_same_position() {
     let cache = Cache::open(cache_dir()).unwrap();
-    let state = cache.loader(opts(8)).unwrap().state();
-    let err = cache.loader_from_state(opts(6), &state).unwrap_err();
+    let at = |batch: usize, world: usize| LoaderOptions {
+        world_size: world,
+        ..opts(batch)
+    };
+    // Every rank's batches of a loader, in (step, rank) order: the global order as taken.
+    let taken = |loaders: Vec<dsc_loader::Loader>, steps: Option<usize>| -> Vec<i64> {
+        let ranks: Vec<Vec<Vec<i64>>> = loaders
+            .into_iter()
+            .map(|l| {
+                l.take(steps.unwrap_or(usize::MAX))
+                    .map(|b| b.unwrap().keys())
+                    .collect()
+            })
+            .collect();
+        let n = ranks[0].len();
+        assert!(
+            ranks.iter().all(|r| r.len() == n),
+            "every rank takes the same steps"
+        );
+        (0..n)
+            .flat_map(|step| ranks.iter().flat_map(move |r| r[step].clone()))
+            .collect()
+    };
+    let global: Vec<i64> = keys_by_step(&cache, at(1, 1)).concat();
+    for ((b, w), (b2, w2), k) in [
+        ((8, 1), (3, 2), 5),
+        ((4, 2), (16, 1), 3),
+        ((6, 1), (5, 1), 7),
+    ] {
+        let before: Vec<_> = (0..w)
+            .map(|r| {
+                cache
+                    .loader(LoaderOptions {
+                        rank: r,
+                        ..at(b, w)
+                    })
+                    .unwrap()
+            })
+            .collect();
+        let mut first = cache.loader(at(b, w)).unwrap();
+        (&mut first).take(k).for_each(|b| drop(b.unwrap()));
+        let state = first.state();
+        assert_eq!(state.samples, k * b * w);
+        let after: Vec<_> = (0..w2)
+            .map(|r| {
+                let o = LoaderOptions {
+                    rank: r,
+                    ..at(b2, w2)
+                };
+                cache.loader_from_state(o, &state).unwrap()
+            })
+            .collect();
+        let mut seen = taken(before, Some(k));
+        let resumed = taken(after, None);
+        seen.extend(&resumed);
+        assert_eq!(
+            seen[..],
+            global[..seen.len()],
+            "{b}x{w} -> {b2}x{w2} after {k} steps"
+        );
+        assert!(
+            global.len() - seen.len() < b2 * w2,
+            "only a partial global batch is left"
+        );
+        // The state of the resumed loader counts from the same origin.
+        let mut again = cache.loader_from_state(at(b2, w2), &state).unwrap();
+        (&mut again).take(2).for_each(|b| drop(b.unwrap()));
+        assert_eq!(again.state().samples, k * b * w + 2 * b2 * w2);
+    }
+    let bucketed = |batch: usize| LoaderOptions {
+        order: OrderSpec {
+            bucket: true,
+            ..opts(batch).order
+        },
+        ..opts(batch)
+    };
+    let state = cache.loader(bucketed(8)).unwrap().state();
+    let err = cache.loader_from_state(bucketed(6), &state).unwrap_err();
     assert!(
         matches!(&err, LoadError::State { field, .. } if field == "global_batch"),
         "{err}"
     );
-    assert!(err.to_string().contains("global batch is 8"), "{err}");
+    assert!(err.to_string().contains("bucketed"), "{err}");
 }
 
 fn copy_cache(to: &Dir) -> std::path::PathBuf {

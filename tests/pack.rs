@@ -459,3 +459,57 @@ fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
         }
     }
 }
+
+/// Issue 30, item 2, for packs: a state saved on 2 ranks continues on 3 (and on 1) from the same
+/// pack of the same sequence of packs, nothing repeated or left out.
+#[test]
+fn a_packed_state_resumes_on_another_number_of_ranks() {
+    let dir = Dir::new();
+    let (hot, _) = hot_and_cold_caches(&dir);
+    let c = Cache::open(&hot).unwrap();
+    let on = |world: usize, rank: usize| LoaderOptions {
+        world_size: world,
+        rank,
+        ..packed(1024, None)
+    };
+    let packs = |l: dsc_loader::Loader, steps: usize| -> Vec<Vec<i64>> {
+        l.take(steps).map(|b| b.unwrap().keys()).collect()
+    };
+    let all = packs(c.loader(on(1, 0)).unwrap(), usize::MAX);
+    assert!(all.len() > 8, "enough packs to cut: {}", all.len());
+    let interleave = |per_rank: Vec<Vec<Vec<i64>>>| -> Vec<Vec<i64>> {
+        let n = per_rank[0].len();
+        (0..n)
+            .flat_map(|s| per_rank.iter().map(move |r| r[s].clone()))
+            .collect()
+    };
+    for world in [3, 1] {
+        let k = 2;
+        let before = interleave(
+            (0..2)
+                .map(|r| packs(c.loader(on(2, r)).unwrap(), k))
+                .collect(),
+        );
+        let mut first = c.loader(on(2, 0)).unwrap();
+        (&mut first).take(k).for_each(|b| drop(b.unwrap()));
+        let state = first.state();
+        assert_eq!(state.samples, 2 * k, "packs consumed by both ranks");
+        let after = interleave(
+            (0..world)
+                .map(|r| {
+                    packs(
+                        c.loader_from_state(on(world, r), &state).unwrap(),
+                        usize::MAX,
+                    )
+                })
+                .collect(),
+        );
+        let mut seen = before;
+        seen.extend(after);
+        assert_eq!(seen[..], all[..seen.len()], "2 ranks -> {world}");
+        assert!(
+            all.len() - seen.len() < world,
+            "only a partial step is left"
+        );
+    }
+}

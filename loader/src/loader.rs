@@ -140,10 +140,11 @@ impl Cache {
         mut opts: LoaderOptions,
         state: &State,
     ) -> Result<Loader, LoadError> {
-        let first_step = state.first_step(&opts)?;
+        let start = state.start(&opts)?;
         opts.order = state.order.clone();
         opts.epoch = state.epoch;
-        Loader::new(self.clone(), opts, first_step)
+        opts.skip = start.skip;
+        Loader::new(self.clone(), opts, start.step)
     }
 }
 
@@ -470,7 +471,8 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
     }
     let batching = match pack {
         None => Batching::Padded {
-            steps: Steps::new(order.len(), opts.batch_size, opts.world_size, o.drop_last),
+            steps: Steps::new(order.len(), opts.batch_size, opts.world_size, o.drop_last)
+                .after(opts.skip, o.drop_last),
             trim: (opts.trim || o.bucket).then_some(opts.trim_multiple),
         },
         Some(size) => {
@@ -482,7 +484,8 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
                 size,
                 opts.world_size,
                 o.drop_last,
-            );
+            )
+            .after(opts.skip, o.drop_last);
             Batching::Packed { packs, lengths }
         }
     };

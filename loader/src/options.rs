@@ -136,6 +136,10 @@ pub struct LoaderOptions {
     pub batch_size: usize,
     /// Epoch number: each epoch has its own order [default: 0].
     pub epoch: u64,
+    /// Units of the epoch (contexts, or packs) consumed before this loader's first step: its
+    /// step 0 starts there [default: 0]. [`crate::Cache::loader_from_state`] sets it to resume
+    /// at another global batch; with the same global batch a resume starts at a whole step.
+    pub skip: usize,
     /// This process's rank [default: 0].
     pub rank: usize,
     /// Number of ranks [default: 1].
@@ -169,6 +173,7 @@ impl Default for LoaderOptions {
             order: OrderSpec::default(),
             batch_size: 256,
             epoch: 0,
+            skip: 0,
             rank: 0,
             world_size: 1,
             prefetch: 4,
@@ -289,14 +294,14 @@ impl State {
         Ok(State {
             order: opts.order.clone(),
             epoch: opts.epoch,
-            samples: step.saturating_mul(global),
+            samples: opts.skip.saturating_add(step.saturating_mul(global)),
             global_batch: global,
         })
     }
 
     /// Checks that this state resumes a loader with `opts` as they are: the same order in every
-    /// field and the same global batch. Returns the step to start from.
-    pub fn check(&self, opts: &LoaderOptions) -> Result<usize, LoadError> {
+    /// field. Returns where to start ([`State::start`]).
+    pub fn check(&self, opts: &LoaderOptions) -> Result<Start, LoadError> {
         if self.order != opts.order {
             let field = differing_field(&self.order, &opts.order);
             let problem = format!(
@@ -306,12 +311,15 @@ impl State {
             );
             return Err(LoadError::State { field, problem });
         }
-        self.first_step(opts)
+        self.start(opts)
     }
 
-    /// The step of `opts`'s epoch this state continues from: the split and the global batch
-    /// must be the same (the rest of the order comes from the state).
-    pub(crate) fn first_step(&self, opts: &LoaderOptions) -> Result<usize, LoadError> {
+    /// Where a loader with `opts` continues this state: the same split (the rest of the order
+    /// comes from the state). At the state's global batch, at a whole step; at another one
+    /// (more or fewer ranks, another batch size), at the same position of the same global
+    /// order, the units consumed skipped: nothing repeated, nothing left out. A bucketed order
+    /// is cut into global batches of its own size, so it resumes at that size only.
+    pub fn start(&self, opts: &LoaderOptions) -> Result<Start, LoadError> {
         if opts.order.split != self.order.split {
             return Err(LoadError::State {
                 field: "split".into(),
@@ -321,36 +329,50 @@ impl State {
                 ),
             });
         }
-        let global = global_batch(&self.order, opts.batch_size, opts.world_size)?;
-        if global != self.global_batch {
-            let fix = if self.order.pack.is_some() {
-                format!("{} packs a step, one per rank", opts.world_size)
-            } else {
-                format!(
-                    "{} x {} ranks); keep batch_size x world_size fixed",
-                    opts.batch_size, opts.world_size
-                )
-            };
-            return Err(LoadError::State {
-                field: "global_batch".into(),
-                problem: format!(
-                    "the state's global batch is {}, the options give {global} ({fix}",
-                    self.global_batch
-                ),
-            });
-        }
-        if !self.samples.is_multiple_of(global.max(1)) {
+        // A state is taken at a whole step of its own global batch.
+        if !self.samples.is_multiple_of(self.global_batch.max(1)) {
             return Err(LoadError::State {
                 field: "samples".into(),
                 problem: format!(
                     "epoch {} / samples {} do not fit: not a whole number of global batches of \
-                     {global}",
-                    self.epoch, self.samples
+                     {}",
+                    self.epoch, self.samples, self.global_batch
                 ),
             });
         }
-        Ok(self.samples / global.max(1))
+        let global = global_batch(&self.order, opts.batch_size, opts.world_size)?;
+        if global != self.global_batch && self.order.bucket {
+            return Err(LoadError::State {
+                field: "global_batch".into(),
+                problem: format!(
+                    "the state's global batch is {}, the options give {global} ({} x {} ranks): \
+                     a bucketed order is cut into global batches of its own size, so it \
+                     resumes at that size only; keep batch_size x world_size at {}",
+                    self.global_batch, opts.batch_size, opts.world_size, self.global_batch
+                ),
+            });
+        }
+        if global != self.global_batch {
+            return Ok(Start {
+                step: 0,
+                skip: self.samples,
+            });
+        }
+        Ok(Start {
+            step: self.samples / global.max(1),
+            skip: 0,
+        })
     }
+}
+
+/// Where a resumed loader starts: at `step` of the epoch cut from `skip` units in
+/// ([`LoaderOptions::skip`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    /// The first step.
+    pub step: usize,
+    /// Units of the epoch skipped before step 0.
+    pub skip: usize,
 }
 
 /// The name of the first field in which `a` and `b` differ (they differ).
@@ -405,7 +427,7 @@ mod tests {
         old.remove("bucket");
         let read: State = serde_json::from_value(old.into()).unwrap();
         assert_eq!(read, state);
-        assert_eq!(read.check(&opts).unwrap(), 3);
+        assert_eq!(read.check(&opts).unwrap(), Start { step: 3, skip: 0 });
     }
 
     #[test]
@@ -421,12 +443,12 @@ mod tests {
         };
         let err = state.check(&other).unwrap_err().to_string();
         assert!(err.contains("pack=none") && err.contains("4096"), "{err}");
+        // Another global batch is no other order: the state continues there, at its position.
         let other = LoaderOptions {
             batch_size: 128,
             ..LoaderOptions::default()
         };
-        let err = state.check(&other).unwrap_err().to_string();
-        assert!(err.contains("global batch is 256"), "{err}");
+        assert_eq!(state.check(&other).unwrap(), Start { step: 0, skip: 0 });
     }
 
     #[test]

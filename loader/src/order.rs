@@ -378,6 +378,8 @@ pub struct Steps {
     pub steps: usize,
     /// Contexts in the epoch.
     pub contexts: usize,
+    /// Epoch positions before step 0 (a resume at another global batch starts there).
+    pub start: usize,
 }
 
 impl Steps {
@@ -396,12 +398,30 @@ impl Steps {
             world_size,
             steps,
             contexts,
+            start: 0,
+        }
+    }
+
+    /// The same cut, its step 0 `start` positions into the epoch: a resume at another global
+    /// batch continues the one global order from where it stood.
+    pub fn after(self, start: usize, drop_last: bool) -> Steps {
+        let start = start.min(self.contexts);
+        let rest = self.contexts - start;
+        let global = self.batch_size.saturating_mul(self.world_size).max(1);
+        Steps {
+            start,
+            steps: if drop_last {
+                rest / global
+            } else {
+                rest.div_ceil(global)
+            },
+            ..self
         }
     }
 
     /// Epoch positions of rank `rank`'s batch at `step` (positions past the end wrap around).
     pub fn positions(&self, step: usize, rank: usize) -> impl Iterator<Item = usize> + '_ {
-        let first = step * self.batch_size * self.world_size + rank * self.batch_size;
+        let first = self.start + step * self.batch_size * self.world_size + rank * self.batch_size;
         (first..first + self.batch_size).map(move |p| {
             if self.contexts == 0 {
                 0

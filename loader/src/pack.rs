@@ -46,6 +46,11 @@ pub struct Packs {
     max_seqs: usize,
     world_size: usize,
     steps: usize,
+    /// Packs the steps may use: all of them, or without `drop_last`'s repeats only as many as
+    /// the split's tokens fill (see [`Packs::plan`]).
+    usable: usize,
+    /// Packs before step 0 (a resume at another global batch starts there).
+    skip: usize,
     /// Packs closed by the sequence limit rather than by tokens.
     closed_by_count: usize,
 }
@@ -99,21 +104,36 @@ impl Packs {
         }
         starts.push(order.len());
         let packs = starts.len() - 1;
-        let world = world_size.max(1);
-        let steps = if drop_last {
+        let usable = if drop_last {
             let bound = ((total / tokens as u64) as usize).max(order.len() / max_seqs);
-            bound.min(packs) / world
+            bound.min(packs)
         } else {
-            packs.div_ceil(world)
+            packs
         };
         Packs {
             starts,
             tokens,
             max_seqs,
-            world_size: world,
-            steps,
+            world_size: world_size.max(1),
+            steps: 0,
+            usable,
+            skip: 0,
             closed_by_count,
         }
+        .after(0, drop_last)
+    }
+
+    /// The same packs, step 0 starting `skip` packs into the epoch: a resume at another world
+    /// size continues the one sequence of packs from where it stood.
+    pub fn after(mut self, skip: usize, drop_last: bool) -> Packs {
+        self.skip = skip.min(self.usable);
+        let rest = self.usable - self.skip;
+        self.steps = if drop_last {
+            rest / self.world_size
+        } else {
+            rest.div_ceil(self.world_size)
+        };
+        self
     }
 
     /// Packs in the epoch's plan, `P`.
@@ -143,7 +163,7 @@ impl Packs {
 
     /// The pack rank `rank` trains at `step`, and whether it is a repeat of an earlier one.
     pub fn pack_at(&self, step: usize, rank: usize) -> (usize, bool) {
-        let q = step * self.world_size + rank;
+        let q = self.skip + step * self.world_size + rank;
         match self.len() {
             0 => (0, false),
             p => (q % p, q >= p),

@@ -252,6 +252,9 @@ class Loader:
         self._resident_split: Optional[_resident.ResidentSplit] = None
         self._epoch = _check_int("epoch", epoch, 0)
         self._step = 0  # batches of the current epoch consumed on this rank
+        # Units of the epoch skipped before step 0: a state from another global batch resumes
+        # at its position, not at a whole step of this one (0 otherwise).
+        self._skip = 0
         self._counts: Dict[str, Any] = dict(batches=0, contexts=0, bytes=0, wait_s=0.0, queued=0)
         self._pid = os.getpid()
         # The running iterator, weakly: an iterator keeps its loader alive, not the other way
@@ -337,7 +340,8 @@ class Loader:
         epoch = _check_int("epoch", epoch, 0)
         if epoch != self._epoch:
             self._close_active()
-            self._epoch, self._step = epoch, 0
+            self._epoch, self._step, self._skip = epoch, 0, 0
+            self._planned = None
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands, as a small JSON-able dict: the batches consumed so far
@@ -380,9 +384,10 @@ class Loader:
             text = json.dumps(state)
         except (TypeError, ValueError) as e:
             raise StateError(f"not a dsc loader state: {e}") from None
-        epoch, step = self.cache._handle.resume(self._options(0), text)
+        epoch, step, skip = self.cache._handle.resume(self._options(0), text)
         self._close_active()
-        self._epoch, self._step = epoch, step
+        self._epoch, self._step, self._skip = epoch, step, skip
+        self._planned = None
 
     def __iter__(self) -> Iterator[Batch]:
         if os.getpid() != self._pid or _in_worker_process():
@@ -477,7 +482,8 @@ class Loader:
         if self.pack is not None:
             order["pack"] = {"tokens": self.pack, "max_seqs": self.max_seqs}
         return json.dumps(dict(
-            order=order, batch_size=self.batch_size, epoch=self._epoch, rank=self.rank,
+            order=order, batch_size=self.batch_size, epoch=self._epoch, skip=self._skip,
+            rank=self.rank,
             world_size=self.world_size, prefetch=self.prefetch, threads=threads, trim=self.trim,
             trim_multiple=self.trim_multiple, columns=self.columns,
         ))
@@ -515,12 +521,12 @@ class Loader:
         if pack is not None:
             seqs, _, _, repeated = pack
             return 0 if repeated else seqs
-        start = step * self.batch_size * self.world_size + self.rank * self.batch_size
+        start = self._skip + step * self.batch_size * self.world_size + self.rank * self.batch_size
         return max(0, min(self.batch_size, self._contexts - start))
 
     def _finished(self, epoch: "_Epoch") -> None:
         if self._active is not None and epoch is self._active():
-            self._epoch, self._step = self._epoch + 1, 0
+            self._epoch, self._step, self._skip = self._epoch + 1, 0, 0
             self._active = None
 
 

@@ -120,10 +120,11 @@ impl CacheHandle {
         Ok(serde_json::to_string(&state).expect("a state serialises"))
     }
 
-    /// Where a loader with `options` continues from `state` (JSON): `(epoch, step)`. Refuses
-    /// (`dsc.StateError`) a state whose order differs from the options in any field, another
-    /// global batch, or a position outside the state's epoch.
-    fn resume(&self, py: Python<'_>, options: &str, state: &str) -> PyResult<(u64, usize)> {
+    /// Where a loader with `options` continues from `state` (JSON): `(epoch, step, skip)`
+    /// (`State::start`: at another global batch, step 0 after `skip` units). Refuses
+    /// (`dsc.StateError`) a state whose order differs from the options in any field, a bucketed
+    /// state at another global batch, or a position outside the state's epoch.
+    fn resume(&self, py: Python<'_>, options: &str, state: &str) -> PyResult<(u64, usize, usize)> {
         let mut opts = parse_options(py, options)?;
         let state: State = serde_json::from_str(state).map_err(|e| {
             let problem = format!("not a dsc loader state: {e}");
@@ -135,13 +136,20 @@ impl CacheHandle {
                 },
             )
         })?;
-        let step = state.check(&opts).map_err(|e| load_error(py, e))?;
+        let start = state.check(&opts).map_err(|e| load_error(py, e))?;
+        let step = start.step;
         opts.epoch = state.epoch;
+        opts.skip = start.skip;
         let cache = self.cache.clone();
         let (steps, _) = py
             .detach(|| cache.plan(&opts))
             .map_err(|e| load_error(py, e))?;
-        if step > steps {
+        let contexts = self
+            .cache
+            .manifest()
+            .split(&opts.order.split)
+            .map_or(0, |s| s.contexts);
+        if step > steps || start.skip > contexts {
             return Err(load_error(
                 py,
                 LoadError::State {
@@ -154,7 +162,7 @@ impl CacheHandle {
                 },
             ));
         }
-        Ok((state.epoch, step))
+        Ok((state.epoch, step, start.skip))
     }
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import shutil
@@ -469,7 +470,8 @@ def test_bad_states_raise_state_errors(cache_dir: Path, workdir: Path) -> None:
     for change, pattern in [
         ({"seed": 2}, "seed"),
         ({"split": "val"}, "split"),
-        ({"global_batch": 32}, "global batch"),
+        # Another global batch resumes at the same position (test_a_state_resumes_at_...).
+        ({"global_batch": 32, "samples": 48}, "do not fit"),
         ({"content_id": "0" * 16}, "another cache"),
         ({"samples": 7}, "do not fit"),
         ({"version": 99}, "version"),
@@ -885,3 +887,40 @@ def test_stats_show_what_a_compressed_cache_read(cache_dir: Path, tmp_path: Path
     shards = len(dsc.open(cold).manifest["shards"])
     assert s["shard_reads"] >= 1 and s["stored_bytes_read"] > 0, s
     assert s["shard_reads"] + s["shard_hits"] >= shards // 2, s
+
+
+@pytest.mark.parametrize("before,after", [((8, 1), (3, 2)), ((4, 2), (16, 1))])
+def test_a_state_resumes_at_another_global_batch(cache_dir: Path, before, after) -> None:
+    """Issue 30, item 2: a state saved at one global batch (batch_size x world_size) continues
+    at another from the same position of the same global order: nothing repeated, nothing left
+    out; the resumed loader's own state counts from the same origin."""
+    (b, w), (b2, w2) = before, after
+
+    def taken(loaders, steps=None):
+        per_rank = [[batch["key"].tolist() for batch in itertools.islice(iter(l), steps)]
+                    for l in loaders]
+        return [k for step in zip(*per_rank) for keys in step for k in keys]
+
+    order = [k for batch in dsc.Loader(cache_dir, batch_size=1, seed=3) for k in batch["key"].tolist()]
+    first = [dsc.Loader(cache_dir, batch_size=b, world_size=w, rank=r, seed=3) for r in range(w)]
+    seen = taken(first, 5)
+    state = first[0].state_dict()
+    assert state["samples"] == 5 * b * w and state["global_batch"] == b * w
+    resumed = []
+    for r in range(w2):
+        loader = dsc.Loader(cache_dir, batch_size=b2, world_size=w2, rank=r, seed=3)
+        loader.load_state_dict(state)
+        resumed.append(loader)
+    seen += taken(resumed)
+    assert seen == order[:len(seen)]
+    assert len(order) - len(seen) < b2 * w2
+    again = dsc.Loader(cache_dir, batch_size=b2, world_size=w2, seed=3)
+    again.load_state_dict(state)
+    it = iter(again)
+    next(it), next(it)
+    assert again.state_dict()["samples"] == 5 * b * w + 2 * b2 * w2
+    # Bucketed orders are cut into global batches of their own size: refused elsewhere.
+    bucketed = dsc.Loader(cache_dir, batch_size=b, world_size=w, seed=3, bucket=True)
+    with pytest.raises(dsc.StateError, match="bucketed"):
+        dsc.Loader(cache_dir, batch_size=b2, world_size=w2, seed=3, bucket=True).load_state_dict(
+            bucketed.state_dict())
