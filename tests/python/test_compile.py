@@ -203,7 +203,9 @@ def test_ctrl_c_stops_a_compile_within_a_second_and_commits_nothing(tmp_path: Pa
     import threading
     import time
 
-    run_dsc("gen", "icecube", "--out", "data", "--files", "4", "--events-per-file", "3000",
+    # Enough input that the compile takes seconds (it stops within one): on a loaded machine
+    # the thread pressing Ctrl-C may start late, and a compile that ended first would pass it.
+    run_dsc("gen", "icecube", "--out", "data", "--files", "4", "--events-per-file", "8000",
             "--seed", "7", cwd=tmp_path)
     out, staging = tmp_path / "cache", tmp_path / ".cache.dsc-partial"
     sent: list = []
