@@ -347,8 +347,9 @@ class Loader:
         """Where the loader stands, as a small JSON-able dict: the batches consumed so far
         (``samples``, counted over all ranks: contexts, or packs), the epoch, the order's
         parameters and the cache's ``content_id``. Save it with the model; :meth:`load_state_dict`
-        continues the same order exactly, also on another number of ranks with the same global
-        batch. The order's fields and position come from the Rust loader's state."""
+        continues the same order exactly, also on another number of ranks or at another batch size
+        (from the same position of the same global order; a bucketed order resumes at its own
+        global batch only). The order's fields and position come from the Rust loader's state."""
         state = json.loads(self.cache._handle.state(self._options(0), self._step))
         return {
             "version": STATE_VERSION,
@@ -360,8 +361,8 @@ class Loader:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`state_dict`), before or between iterations.
-        A state from another cache, split, seed, order or global batch is a
-        :class:`dsc.StateError`."""
+        A state from another cache, split, seed or order (or a bucketed one at another global
+        batch) is a :class:`dsc.StateError`."""
         if not isinstance(state, dict):
             raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
         # States written before `content_id` carry the cache's content hash as `fingerprint`.
