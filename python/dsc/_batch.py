@@ -61,6 +61,17 @@ class Batch(dict):
                 valid = 0 if first is None else len(first)
         self.valid = valid
 
+    def __repr__(self) -> str:
+        """One line: where the batch sits and each tensor's shape and type, not its values
+        (a dict of tensors would print every number)."""
+        def kind(t: Any) -> str:
+            shape = "x".join(str(d) for d in t.shape)
+            return f"{str(t.dtype).replace('torch.', '')}[{shape}]"
+        tensors = ", ".join(f"{name}: {kind(t)}" for name, t in self.items())
+        pack = "" if self.seqs is None else f", seqs={self.seqs}, tokens={self.tokens}"
+        return (f"dsc.Batch(epoch={self.epoch}, step={self.step}, seq_len={self.seq_len}, "
+                f"valid={self.valid}{pack}; {tensors})")
+
     @property
     def _pack(self) -> Optional[Tuple[int, int, int]]:
         return None if self.seqs is None else (self.seqs, self.tokens, self.max_seqlen)

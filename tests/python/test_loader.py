@@ -924,3 +924,12 @@ def test_a_state_resumes_at_another_global_batch(cache_dir: Path, before, after)
     with pytest.raises(dsc.StateError, match="bucketed"):
         dsc.Loader(cache_dir, batch_size=b2, world_size=w2, seed=3, bucket=True).load_state_dict(
             bucketed.state_dict())
+
+
+def test_a_batch_prints_its_shapes_not_its_values(cache_dir: Path) -> None:
+    batch = next(iter(dsc.Loader(cache_dir, batch_size=4, seed=0)))
+    text = repr(batch)
+    assert text.startswith("dsc.Batch(epoch=0, step=0, seq_len=64, valid=4; "), text
+    assert "x: float32[4x64x6]" in text and "key: int64[4]" in text and len(text) < 400, text
+    packed = next(iter(dsc.Loader(cache_dir, pack=1024, seed=0)))
+    assert f"seqs={packed.seqs}, tokens={packed.tokens}" in repr(packed)

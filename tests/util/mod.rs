@@ -43,6 +43,8 @@ impl Dir {
 /// The result of running the binary, with everything needed to understand a failure.
 pub struct Run {
     pub cmd: String,
+    /// Where it ran.
+    pub cwd: PathBuf,
     pub out: Output,
 }
 
@@ -57,9 +59,19 @@ impl Run {
         self.out.status.code().unwrap_or(-1)
     }
     fn describe(&self) -> String {
+        // Where it ran and what was there: a failing compile is often a missing or stray file.
+        let listing: Vec<String> = std::fs::read_dir(&self.cwd)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
         format!(
-            "command: {}\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            "command: {}\nin: {} (holding {:?})\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}",
             self.cmd,
+            self.cwd.display(),
+            listing,
             self.out.status,
             self.stdout(),
             self.stderr()
@@ -95,6 +107,7 @@ pub fn dsc(cwd: &Path, args: &[&str]) -> Run {
         .expect("run dsc");
     Run {
         cmd: format!("dsc {}", args.join(" ")),
+        cwd: cwd.to_path_buf(),
         out,
     }
 }
