@@ -98,10 +98,7 @@ fn option(inner: &str) -> Option<(&str, Option<&str>)> {
 
 fn spelled(key: &str, value: Option<&str>, how: Spelling) -> String {
     match how {
-        Spelling::Spec => match value {
-            Some(v) => format!("`{key}={v}`"),
-            None => format!("`{key}`"),
-        },
+        Spelling::Spec => unreachable!("`spell` leaves a spec-file spelling as it is"),
         Spelling::Cli => {
             if let Some((_, name)) = CLI_POSITIONAL.iter().find(|(k, _)| *k == key) {
                 return match value {

@@ -107,7 +107,7 @@ impl Cache {
     /// What this cache's compressed shards have cost its loaders so far (reads, stored bytes
     /// fetched, hits, evictions; the other fields of [`LoaderStats`] are zero).
     pub fn shard_stats(&self) -> LoaderStats {
-        Counters::default().snapshot(&self.inner.resident.counters)
+        self.inner.resident.counters.snapshot()
     }
 
     /// A loader for one epoch of one split.

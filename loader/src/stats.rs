@@ -98,10 +98,7 @@ impl Counters {
             waits: get(&self.waits),
             wait_s: get(&self.wait_ns) as f64 * 1e-9,
             queued: get(&self.queued),
-            shard_reads: get(&shards.reads),
-            stored_bytes_read: get(&shards.stored_bytes),
-            shard_hits: get(&shards.hits),
-            shard_evictions: get(&shards.evictions),
+            ..shards.snapshot()
         }
     }
 }
@@ -116,6 +113,18 @@ pub(crate) struct ShardCounters {
 }
 
 impl ShardCounters {
+    /// The shard counts so far; the loader's own fields zero.
+    pub fn snapshot(&self) -> LoaderStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LoaderStats {
+            shard_reads: get(&self.reads),
+            stored_bytes_read: get(&self.stored_bytes),
+            shard_hits: get(&self.hits),
+            shard_evictions: get(&self.evictions),
+            ..LoaderStats::default()
+        }
+    }
+
     /// A compressed shard of `stored` bytes read and decompressed.
     pub fn read(&self, stored: usize) {
         self.reads.fetch_add(1, Ordering::Relaxed);
