@@ -494,6 +494,11 @@ pub struct ReportArgs {
 /// report gives the token efficiency of the packs beside the padding efficiency of padded and
 /// length-bucketed batches of --batch-size over the same epoch.
 ///
+/// With several caches, the order of their mix: every window of --window positions holds each
+/// cache in the proportions of --weights (default: their sizes); an epoch is --mix-samples
+/// positions (default: the caches' contexts together), and a cache that runs out continues
+/// with its own next epoch. The report gives each cache's realised share.
+///
 /// Example:
 ///   dsc order cache --epoch 3 --batch-size 256              (quality report)
 ///   dsc order cache --epoch 3 --batch-size 64 --keys | head
@@ -501,11 +506,20 @@ pub struct ReportArgs {
 ///   dsc order cache --bucket --trim-multiple 32              (the batch shapes on a GPU)
 ///   dsc order cache --batch-size 64 --state-after 100 > state.json
 ///   dsc order cache --batch-size 32 --world-size 2 --rank 1 --from-state state.json --keys
+///   dsc order web-cache books-cache --weights 0.7,0.3 --json  (a mix's realised shares)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct OrderArgs {
-    /// The cache directory.
-    pub cache: PathBuf,
+    /// The cache directory; several: their mix.
+    #[arg(required = true, value_name = "CACHE")]
+    pub caches: Vec<PathBuf>,
+    /// A mix's weights, one per cache, in their order (normalised) [default: the caches'
+    /// sizes].
+    #[arg(long, value_delimiter = ',', value_name = "W,W,..")]
+    pub weights: Vec<f64>,
+    /// Positions in an epoch of a mix [default: the caches' contexts together].
+    #[arg(long, value_name = "N")]
+    pub mix_samples: Option<usize>,
     /// The split.
     #[arg(long, default_value = "train")]
     pub split: String,

@@ -3,9 +3,10 @@
 use crate::args::OrderArgs;
 use crate::output::{bold, bytes, outln};
 use anyhow::Context as _;
+use dsc_loader::order::Order;
 use dsc_loader::order::{Padding, Quality};
 use dsc_loader::pack::PackFigures;
-use dsc_loader::{Cache, Loader, LoaderOptions, OrderSpec, Pack, State};
+use dsc_loader::{Cache, Loader, LoaderOptions, Mix, OrderSpec, Pack, State};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -32,6 +33,62 @@ struct Report {
     /// With --pack: the same epoch in length-bucketed batches of --batch-size.
     #[serde(skip_serializing_if = "Option::is_none")]
     bucketed: Option<Figures>,
+    /// With several caches: each one's share of the epoch.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mix: Vec<MixShare>,
+}
+
+/// One cache of a mix: what it was asked for and what the epoch holds of it.
+#[derive(Serialize)]
+struct MixShare {
+    cache: String,
+    /// Its weight, normalised.
+    weight: f64,
+    /// Contexts of its split.
+    contexts: usize,
+    /// Its positions in the epoch.
+    drawn: usize,
+    /// `drawn` ÷ the epoch's positions.
+    share: f64,
+    /// Its own epochs the mix has read so far by the end of this one (a cache drawn beyond its
+    /// size continues with its next epoch).
+    passes: f64,
+}
+
+/// Each cache's share of a mix's epoch.
+fn shares(loader: &Loader, paths: &[std::path::PathBuf]) -> anyhow::Result<Vec<MixShare>> {
+    let Order::Mix(order) = loader.order() else {
+        return Ok(Vec::new());
+    };
+    let o = &loader.options().order;
+    let sources = loader.sources();
+    let mut sizes = Vec::new();
+    for cache in &sources {
+        sizes.push(cache.lengths(&o.split)?.len());
+    }
+    let weights: Vec<f64> = if o.weights.is_empty() {
+        sizes.iter().map(|&n| n as f64).collect()
+    } else {
+        o.weights.clone()
+    };
+    let sum: f64 = weights.iter().sum();
+    let drawn = order.draws_before(order.len());
+    let total = order.len().max(1) as f64;
+    let epochs = loader.options().epoch as f64 + 1.0;
+    Ok(paths
+        .iter()
+        .zip(weights)
+        .zip(sizes)
+        .zip(drawn)
+        .map(|(((path, weight), contexts), drawn)| MixShare {
+            cache: path.display().to_string(),
+            weight: weight / sum,
+            contexts,
+            drawn,
+            share: drawn as f64 / total,
+            passes: epochs * drawn as f64 / contexts.max(1) as f64,
+        })
+        .collect())
 }
 
 /// Shuffle quality and padding of one epoch order.
@@ -52,8 +109,8 @@ fn figures(loader: &Loader) -> anyhow::Result<Figures> {
 }
 
 /// The figures of the same epoch as `opts` in padded batches of `batch_size`, bucketed or not.
-fn padded_figures(cache: &Cache, opts: &LoaderOptions, bucket: bool) -> anyhow::Result<Figures> {
-    let padded = cache.loader(LoaderOptions {
+fn padded_figures(mix: &Mix, opts: &LoaderOptions, bucket: bool) -> anyhow::Result<Figures> {
+    let padded = mix.loader(LoaderOptions {
         order: OrderSpec {
             bucket,
             pack: None,
@@ -65,7 +122,12 @@ fn padded_figures(cache: &Cache, opts: &LoaderOptions, bucket: bool) -> anyhow::
 }
 
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
-    let cache = Cache::open(&a.cache)?;
+    let mut caches = Vec::new();
+    for path in &a.caches {
+        caches.push(Cache::open(path)?);
+    }
+    let cache = caches[0].clone();
+    let mix = Mix::new(caches)?;
     let opts = LoaderOptions {
         order: OrderSpec {
             split: a.split.clone(),
@@ -79,6 +141,8 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                 tokens,
                 max_seqs: a.max_seqs,
             }),
+            weights: a.weights.clone(),
+            mix_samples: a.mix_samples,
         },
         batch_size: a.batch_size,
         epoch: a.epoch,
@@ -106,9 +170,9 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                  the state's order continues)",
                 path.display()
             );
-            cache.loader_from_state(opts, &state)?
+            mix.loader_from_state(opts, &state)?
         }
-        None => cache.loader(opts)?,
+        None => mix.loader(opts)?,
     };
     if let Some(n) = a.state_after {
         for _ in 0..n {
@@ -138,21 +202,26 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let order = loader.order();
     let opts = loader.options().clone();
     let unbucketed = if order.is_bucketed() {
-        Some(padded_figures(&cache, &opts, false)?)
+        Some(padded_figures(&mix, &opts, false)?)
     } else {
         None
     };
     let (figures, pack, bucketed) = match loader.packs() {
         Some(packs) => {
-            let lengths = cache.lengths(&opts.order.split)?;
-            let pack = packs.figures(order, &lengths, cache.manifest().max_len());
-            let mut padded = padded_figures(&cache, &opts, false)?;
+            let lengths = mix.lengths(&opts.order.split)?;
+            let max_len = mix.sources().iter().map(|c| c.manifest().max_len()).max();
+            let pack = packs.figures(order, &lengths, max_len.unwrap_or(0));
+            let mut padded = padded_figures(&mix, &opts, false)?;
             // The packs' global batch in contexts, for the shuffle quality.
             padded.quality = order.quality(
                 ((pack.sequences_per_pack * opts.world_size as f64).round() as usize).max(1),
             );
-            let bucketed = padded_figures(&cache, &opts, true)?;
-            (padded, Some(pack), Some(bucketed))
+            // A mix is not bucketed (buckets are cut from one cache's windows).
+            let bucketed = match order {
+                Order::One(_) => Some(padded_figures(&mix, &opts, true)?),
+                Order::Mix(_) => None,
+            };
+            (padded, Some(pack), bucketed)
         }
         None => (figures(&loader)?, None, None),
     };
@@ -174,6 +243,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         window_bytes: 3 * figures.quality.window.min(order.len()) as u64 * per_context,
         figures,
         unbucketed,
+        mix: shares(&loader, &a.caches)?,
     };
     if a.json {
         crate::output::print_json(&report)?;
@@ -221,6 +291,20 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             "the same epoch in batches of {} (token efficiency of padded batches is their \
              padding efficiency):",
             report.batch_size
+        );
+    }
+    for m in &report.mix {
+        outln!(
+            "{} {}: weight {:.4}, {} of {} positions, share {:.4}; {:.2} passes over its {} \
+             contexts by the end of this epoch",
+            bold("mix"),
+            m.cache,
+            m.weight,
+            m.drawn,
+            report.contexts,
+            m.share,
+            m.passes,
+            m.contexts
         );
     }
     print_figures(&report.figures, if report.bucket { "bucketed" } else { "" })?;

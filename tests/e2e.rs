@@ -10,6 +10,7 @@ mod hostile;
 mod inspection;
 mod layering;
 mod loader;
+mod mix;
 mod mostlyai;
 mod pack;
 mod parsers;

@@ -106,6 +106,12 @@ pub mod stream {
     /// The loader's length-bucketed batches: window `w`'s batches are permuted with stream
     /// `BUCKET_ORDER + w` (far from `EPOCH_ORDER + 1 + w`, the windows' own streams).
     pub const BUCKET_ORDER: u64 = 1 << 62;
+    /// A mix of caches: block `b` of an epoch places its sources with stream
+    /// `MIX_BLOCK + b` (far from the windows' and the buckets' streams).
+    pub const MIX_BLOCK: u64 = 1 << 61;
+    /// A mix of caches: source `s` reads its own epochs with the seed
+    /// `mix64(seed ^ mix64(MIX_SOURCE + s))`.
+    pub const MIX_SOURCE: u64 = 5;
 }
 
 /// The position of `key` in `[0, 1)` used for the train/validation split: a context is in the

@@ -61,6 +61,22 @@ pub enum LoadError {
         /// The cache's tensors.
         tensors: Vec<String>,
     },
+    /// A cache of a mix holds other tensors than the mix's first cache.
+    #[error(
+        "{}: cannot be mixed with {}: tensor {tensor:?} {problem}",
+        dir.display(),
+        first.display()
+    )]
+    Mismatch {
+        /// The cache refused.
+        dir: PathBuf,
+        /// The mix's first cache.
+        first: PathBuf,
+        /// The tensor that differs.
+        tensor: String,
+        /// How it differs.
+        problem: String,
+    },
     /// A split has fewer shards than the index asked for.
     #[error("{}: split {split:?} has no shard {index}", dir.display())]
     NoShard {

@@ -8,7 +8,7 @@ use crate::body::{Body, ShardBytes};
 use crate::cache::Inner;
 use crate::error::LoadError;
 use crate::mmap::Mapped;
-use crate::order::{trimmed_len, EpochOrder, Sample, Steps};
+use crate::order::{trimmed_len, Cursor, Order, Sample, Steps};
 use crate::pack::{PackInfo, Packs};
 use crate::pool::Pool;
 use crate::rows;
@@ -80,24 +80,59 @@ pub const PACK_TENSORS: [&str; 5] = [
     "num_tokens",
 ];
 
+/// One cache a loader reads: the only one, or one source of a mix.
+#[derive(Debug)]
+pub(crate) struct Source {
+    pub cache: Arc<Inner>,
+    pub split_index: usize,
+    /// Each loaded tensor's index among this cache's manifest tensors (and so among a shard's
+    /// tensors), in layout order. The specs stay in the manifest: a categorical column's
+    /// vocabulary can be hundreds of KB, and a loader is built every epoch.
+    pub slots: Vec<usize>,
+    /// The manifest index of `length`, read for trimming whether or not it is loaded.
+    pub length_index: usize,
+    /// This cache's `L` (a mix pads shorter sources to the longest).
+    pub max_len: usize,
+    /// Whether the split's shards are compressed (decompressed on use, not mapped).
+    pub cold: bool,
+}
+
+impl Source {
+    pub fn shards(&self) -> &[Shard] {
+        &self.cache.splits[self.split_index].1
+    }
+
+    /// The spec of loaded tensor `t` in this cache.
+    fn spec(&self, t: usize) -> &TensorSpec {
+        &self.cache.manifest.tensors()[self.slots[t]]
+    }
+
+    /// Where sample `s`'s bytes of loaded tensor `t` start in its shard, and their length.
+    fn range(&self, s: &Sample, t: usize) -> (usize, usize) {
+        let size = self.spec(t).sample_bytes();
+        (
+            self.shards()[s.shard].tensor_starts[self.slots[t]] + s.offset * size,
+            size,
+        )
+    }
+}
+
 /// Everything a batch is built from.
 #[derive(Debug)]
 pub(crate) struct Gather {
-    pub cache: Arc<Inner>,
-    pub split_index: usize,
-    pub order: EpochOrder,
+    /// The caches read: one, or a mix's sources.
+    pub sources: Vec<Source>,
+    pub order: Order,
     pub batching: Batching,
     pub rank: usize,
-    /// Each loaded tensor's index among the manifest's (and so among a shard's tensors), in
-    /// manifest order. The specs stay in the manifest: a categorical column's vocabulary can
-    /// be hundreds of KB, and a loader is built every epoch.
-    pub slots: Vec<usize>,
     /// The tensors of every batch, whole (untrimmed): the loaded ones, then a pack's own.
     pub layout: Vec<TensorLayout>,
-    /// The manifest index of `length`, read for trimming whether or not it is loaded.
-    pub length_index: usize,
+    /// Loaded tensors (the first entries of `layout`).
+    pub loaded: usize,
+    /// `L` of the batches: the longest of the sources'.
+    pub max_len: usize,
     pub pool: Arc<Pool>,
-    /// Whether the split's shards are compressed (decompressed on use, not mapped).
+    /// Whether any source's shards are compressed (decompressed on use, not mapped).
     pub cold: bool,
     /// Whether the split's pages stay in the process's page tables between windows and epochs
     /// (the split fits the loader's resident budget) instead of being released behind the
@@ -165,28 +200,22 @@ pub(crate) fn is_sequence(spec: &TensorSpec) -> bool {
 }
 
 impl Gather {
-    pub fn shards(&self) -> &[Shard] {
-        &self.cache.splits[self.split_index].1
+    fn source(&self, s: &Sample) -> &Source {
+        &self.sources[s.source]
     }
 
-    /// The spec of loaded tensor `t`.
+    /// The spec of loaded tensor `t` (the first source's, for a mix).
     fn spec(&self, t: usize) -> &TensorSpec {
-        &self.cache.manifest.tensors()[self.slots[t]]
+        self.sources[0].spec(t)
     }
 
-    /// The loaded tensors' specs, in manifest order.
+    /// The loaded tensors' specs, in manifest order (the first source's, for a mix).
     pub fn specs(&self) -> impl ExactSizeIterator<Item = &TensorSpec> {
-        self.loaded().map(|(_, spec)| spec)
-    }
-
-    /// The loaded tensors as (manifest index, spec), in manifest order.
-    fn loaded(&self) -> impl ExactSizeIterator<Item = (usize, &TensorSpec)> {
-        let all = self.cache.manifest.tensors();
-        self.slots.iter().map(move |&i| (i, &all[i]))
+        (0..self.loaded).map(|t| self.spec(t))
     }
 
     fn max_len(&self) -> usize {
-        self.cache.manifest.max_len()
+        self.max_len
     }
 
     /// Steps (batches per rank) in the epoch.
@@ -196,12 +225,12 @@ impl Gather {
 
     /// The contexts of this rank's batch at `step` (keeping the last window permutation in
     /// `cache`), and whether the batch repeats an earlier pack.
-    pub fn samples(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> (Vec<Sample>, bool) {
+    pub fn samples(&self, step: usize, cursor: &mut Cursor) -> (Vec<Sample>, bool) {
         match &self.batching {
             Batching::Padded { steps, .. } => (
                 steps
                     .positions(step, self.rank)
-                    .map(|p| self.order.sample_at(p, cache))
+                    .map(|p| self.order.sample_at(p, cursor))
                     .collect(),
                 false,
             ),
@@ -209,7 +238,7 @@ impl Gather {
                 let (q, repeated) = packs.pack_at(step, self.rank);
                 let samples = packs
                     .positions(q)
-                    .map(|p| self.order.sample_at(p, cache))
+                    .map(|p| self.order.sample_at(p, cursor))
                     .collect();
                 (samples, repeated)
             }
@@ -219,34 +248,32 @@ impl Gather {
     /// The bytes of the shards of a compressed cache that `samples` lie in (nothing for a hot
     /// cache, whose maps are read directly), held for one batch.
     fn resolve(&self, samples: &[Sample]) -> Result<Resolved<'_>, LoadError> {
-        let mut held: Vec<(usize, ShardBytes<'_>)> = Vec::new();
+        let mut held: Vec<((usize, usize), ShardBytes<'_>)> = Vec::new();
         for s in samples {
-            if matches!(self.shards()[s.shard].body, Body::Cold(_))
-                && !held.iter().any(|(k, _)| *k == s.shard)
+            let source = self.source(s);
+            let key = (s.source, s.shard);
+            if matches!(source.shards()[s.shard].body, Body::Cold(_))
+                && !held.iter().any(|(k, _)| *k == key)
             {
-                held.push((s.shard, self.cache.shard_bytes(self.split_index, s.shard)?));
+                held.push((key, source.cache.shard_bytes(source.split_index, s.shard)?));
             }
         }
         Ok(Resolved(held))
     }
 
-    /// The bytes of shard `shard`: its map, or (compressed) its bytes in `held`.
-    fn shard_bytes<'a>(&'a self, shard: usize, held: &'a Resolved<'a>) -> &'a [u8] {
-        match &self.shards()[shard].body {
+    /// The bytes of the shard sample `s` lies in: its map, or (compressed) its bytes in `held`.
+    fn shard_bytes<'a>(&'a self, s: &Sample, held: &'a Resolved<'a>) -> &'a [u8] {
+        match &self.source(s).shards()[s.shard].body {
             Body::Mapped(map) => map.bytes(),
-            Body::Cold(_) => held.get(shard),
+            Body::Cold(_) => held.get((s.source, s.shard)),
         }
     }
 
-    /// The bytes of sample `s` of the manifest's tensor `slot`.
-    fn sample_bytes<'a>(&'a self, s: &Sample, slot: usize, held: &'a Resolved<'a>) -> &'a [u8] {
-        let size = self.cache.manifest.tensors()[slot].sample_bytes();
-        let start = self.shards()[s.shard].tensor_starts[slot] + s.offset * size;
-        &self.shard_bytes(s.shard, held)[start..start + size]
-    }
-
     fn stored_length(&self, s: &Sample, held: &Resolved<'_>) -> usize {
-        let b = self.sample_bytes(s, self.length_index, held);
+        let source = self.source(s);
+        let size = 4;
+        let start = source.shards()[s.shard].tensor_starts[source.length_index] + s.offset * size;
+        let b = &self.shard_bytes(s, held)[start..start + size];
         i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as usize
     }
 
@@ -290,11 +317,12 @@ impl Gather {
         }
     }
 
-    /// Bytes of one sample of loaded tensor `t` cut to `seq_len` steps.
+    /// Bytes of one sample of loaded tensor `t` cut (or padded) to `seq_len` steps.
     fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
-        let spec = self.spec(t);
+        let source = &self.sources[0];
+        let spec = source.spec(t);
         if is_sequence(spec) {
-            spec.sample_bytes() / self.max_len().max(1) * seq_len
+            spec.sample_bytes() / source.max_len.max(1) * seq_len
         } else {
             spec.sample_bytes()
         }
@@ -413,22 +441,30 @@ impl Gather {
     ) {
         // Everything but the copies is looked up once per batch or tensor: at a few dozen
         // nanoseconds per sample and tensor, the lookups cost a sixth of the gather.
-        let shards = self.shards();
-        let bodies: Vec<&[u8]> = samples
-            .iter()
-            .map(|s| self.shard_bytes(s.shard, held))
-            .collect();
+        let bodies: Vec<&[u8]> = samples.iter().map(|s| self.shard_bytes(s, held)).collect();
+        let short = samples.iter().any(|s| self.source(s).max_len < seq_len);
         for (t, out) in dst.iter_mut().enumerate() {
             let n = self.copy_bytes(t, seq_len);
             if n == 0 {
                 continue;
             }
-            let slot = self.slots[t];
-            let size = self.spec(t).sample_bytes();
             let count = samples.len();
+            let starts: Vec<usize> = samples
+                .iter()
+                .map(|s| self.source(s).range(s, t).0)
+                .collect();
+            if short && is_sequence(self.spec(t)) {
+                // A mix's source of a shorter L: its steps, then zeros to `seq_len`.
+                let step = n / seq_len.max(1);
+                for (i, (row, s)) in out.chunks_exact_mut(n).zip(samples).enumerate() {
+                    let k = step * self.source(s).max_len.min(seq_len);
+                    row[..k].copy_from_slice(&bodies[i][starts[i]..starts[i] + k]);
+                    row[k..].fill(0);
+                }
+                continue;
+            }
             rows::gather(&mut out[..count * n], n, count, |i| {
-                let start = shards[samples[i].shard].tensor_starts[slot] + samples[i].offset * size;
-                &bodies[i][start..start + n]
+                &bodies[i][starts[i]..starts[i] + n]
             });
         }
     }
@@ -444,24 +480,18 @@ impl Gather {
         held: &Resolved<'_>,
         dst: &mut [&mut [u8]],
     ) -> PackInfo {
-        let max_len = self.max_len().max(1);
         let lens = self.pack_lens(lengths, samples);
         let tokens: usize = lens.iter().sum();
         let seqs = samples.len();
-        let shards = self.shards();
-        let bodies: Vec<&[u8]> = samples
-            .iter()
-            .map(|s| self.shard_bytes(s.shard, held))
-            .collect();
+        let bodies: Vec<&[u8]> = samples.iter().map(|s| self.shard_bytes(s, held)).collect();
         let (capacity, max_seqs) = (packs.tokens(), packs.max_seqs());
-        for (t, out) in dst.iter_mut().take(self.slots.len()).enumerate() {
-            let slot = self.slots[t];
-            let size = self.spec(t).sample_bytes();
-            let start_of =
-                |i: usize| shards[samples[i].shard].tensor_starts[slot] + samples[i].offset * size;
+        for (t, out) in dst.iter_mut().take(self.loaded).enumerate() {
+            let ranges: Vec<(usize, usize)> =
+                samples.iter().map(|s| self.source(s).range(s, t)).collect();
+            let start_of = |i: usize| ranges[i].0;
             if is_sequence(self.spec(t)) {
                 // Each sequence's stored steps are the first bytes of its sample: one copy.
-                let step = size / max_len;
+                let step = self.copy_bytes(t, 1);
                 let mut at = 0;
                 for (i, &len) in lens.iter().enumerate() {
                     let n = len * step;
@@ -470,13 +500,14 @@ impl Gather {
                 }
                 out[at..capacity * step].fill(0);
             } else {
+                let size = self.copy_bytes(t, 0);
                 rows::gather(&mut out[..seqs * size], size, seqs, |i| {
                     &bodies[i][start_of(i)..start_of(i) + size]
                 });
                 out[seqs * size..max_seqs * size].fill(0);
             }
         }
-        write_pack_index(packs, &lens, &mut dst[self.slots.len()..]);
+        write_pack_index(packs, &lens, &mut dst[self.loaded..]);
         PackInfo {
             seqs,
             tokens,
@@ -547,12 +578,14 @@ impl Gather {
 
     /// Rank `rank`'s batch at `step`: a view of the shard where the contexts lie in cache order
     /// and nothing is trimmed or packed, otherwise one gather into pooled buffers.
-    pub fn build(&self, step: usize, cache: &mut (usize, Vec<u32>)) -> Result<Batch, LoadError> {
-        let (samples, repeated) = self.samples(step, cache);
+    pub fn build(&self, step: usize, cursor: &mut Cursor) -> Result<Batch, LoadError> {
+        let (samples, repeated) = self.samples(step, cursor);
         let n = samples.len();
-        let contiguous = samples
-            .windows(2)
-            .all(|w| w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1);
+        let contiguous = samples.windows(2).all(|w| {
+            w[1].source == w[0].source && w[1].shard == w[0].shard && w[1].offset == w[0].offset + 1
+        }) && samples
+            .first()
+            .is_some_and(|s| self.source(s).max_len == self.max_len);
         if matches!(self.batching, Batching::Padded { trim: None, .. }) && contiguous && n > 0 {
             return self.view(step, &samples);
         }
@@ -597,18 +630,16 @@ impl Gather {
     fn view(&self, step: usize, samples: &[Sample]) -> Result<Batch, LoadError> {
         let n = samples.len();
         let first = samples[0];
-        let shard = &self.shards()[first.shard];
+        let source = self.source(&first);
+        let shard = &source.shards()[first.shard];
         let cold = match &shard.body {
-            Body::Cold(_) => Some(self.cache.shard_bytes(self.split_index, first.shard)?),
+            Body::Cold(_) => Some(source.cache.shard_bytes(source.split_index, first.shard)?),
             Body::Mapped(_) => None,
         };
         let max_len = self.max_len();
-        let tensors = self
-            .specs()
-            .enumerate()
-            .map(|(t, spec)| {
-                let size = spec.sample_bytes();
-                let start = shard.tensor_starts[self.slots[t]] + first.offset * size;
+        let tensors = (0..self.loaded)
+            .map(|t| {
+                let (start, size) = source.range(&first, t);
                 let shape = self.shape(t, n, max_len);
                 match &cold {
                     Some(ShardBytes::Cold(bytes)) => {
@@ -617,8 +648,8 @@ impl Gather {
                     _ => BatchTensor::mapped(
                         &self.layout[t],
                         shape,
-                        self.cache.clone(),
-                        (self.split_index, first.shard, start, n * size),
+                        source.cache.clone(),
+                        (source.split_index, first.shard, start, n * size),
                     ),
                 }
             })
@@ -641,23 +672,25 @@ impl Gather {
         if self.cold {
             // Decompress the next window's shards here, off the gathering threads; a failure
             // is reported by the gather that needs the shard.
-            for (shard, _, _) in self.order.spans(ahead) {
-                let _ = self.cache.shard_bytes(self.split_index, shard);
+            for (source, shard, _, _) in self.order.spans(ahead) {
+                let source = &self.sources[source];
+                let _ = source.cache.shard_bytes(source.split_index, shard);
             }
             return;
         }
         if self.keep_resident {
             // Fault each loaded tensor of a shard in once, whole, ahead of its first use; it
             // then stays mapped.
-            for (shard, _, _) in self.order.spans(ahead) {
-                let shard = &self.shards()[shard];
+            for (source, shard, _, _) in self.order.spans(ahead) {
+                let source = &self.sources[source];
+                let shard = &source.shards()[shard];
                 let Body::Mapped(map) = &shard.body else {
                     continue;
                 };
-                for (slot, spec) in self.loaded() {
+                for &slot in &source.slots {
                     if !shard.populated[slot].swap(true, Ordering::Relaxed) {
-                        let len = spec.sample_bytes() * shard.entry.contexts;
-                        map.will_need(shard.tensor_starts[slot], len);
+                        let size = source.cache.manifest.tensors()[slot].sample_bytes();
+                        map.will_need(shard.tensor_starts[slot], size * shard.entry.contexts);
                     }
                 }
             }
@@ -670,16 +703,17 @@ impl Gather {
         }
     }
 
-    /// Calls `f` with the map and byte range of every loaded tensor of the hot shards in
-    /// `virtual_range`.
-    fn for_spans(&self, virtual_range: std::ops::Range<usize>, f: impl Fn(&Mapped, usize, usize)) {
-        for (shard, lo, hi) in self.order.spans(virtual_range) {
-            let shard = &self.shards()[shard];
+    /// Calls `f` with the map and byte range of every loaded tensor of the hot shards that
+    /// epoch positions `range` read.
+    fn for_spans(&self, range: std::ops::Range<usize>, f: impl Fn(&Mapped, usize, usize)) {
+        for (source, shard, lo, hi) in self.order.spans(range) {
+            let source = &self.sources[source];
+            let shard = &source.shards()[shard];
             let Body::Mapped(map) = &shard.body else {
                 continue;
             };
-            for (slot, spec) in self.loaded() {
-                let size = spec.sample_bytes();
+            for &slot in &source.slots {
+                let size = source.cache.manifest.tensors()[slot].sample_bytes();
                 f(map, shard.tensor_starts[slot] + lo * size, (hi - lo) * size);
             }
         }
@@ -736,11 +770,12 @@ fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
     }
 }
 
-/// The bytes of the compressed shards one batch reads, held while it is gathered.
-struct Resolved<'a>(Vec<(usize, ShardBytes<'a>)>);
+/// The bytes of the compressed shards one batch reads (by source and shard), held while it is
+/// gathered.
+struct Resolved<'a>(Vec<((usize, usize), ShardBytes<'a>)>);
 
 impl Resolved<'_> {
-    fn get(&self, shard: usize) -> &[u8] {
+    fn get(&self, shard: (usize, usize)) -> &[u8] {
         &self
             .0
             .iter()

@@ -5,10 +5,11 @@ use crate::batch::{Batch, TensorLayout};
 use crate::body::Body;
 use crate::cache::Cache;
 use crate::error::LoadError;
-use crate::gather::{self, BatchInfo, Batching, Gather, PACK_TENSORS};
+use crate::gather::{self, BatchInfo, Batching, Gather, Source, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
+use crate::mix_order::MixOrder;
 use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
-use crate::order::{EpochOrder, Sample, Steps};
+use crate::order::{Cursor, EpochOrder, Order, Sample, Steps};
 use crate::pack::{self, Packs};
 use crate::stats::{Counters, LoaderStats};
 use dsc_format::spec::format_size;
@@ -59,7 +60,7 @@ pub struct Loader {
     /// stalls the consumer.
     advisor: Option<JoinHandle<()>>,
     hints: Arc<Hints>,
-    window_cache: (usize, Vec<u32>),
+    cursor: Cursor,
     /// Poll for batches before sleeping: the loader threads leave this thread a core.
     poll: bool,
     /// Batches the threads have queued and the consumer not yet taken (a counter, so that
@@ -81,7 +82,8 @@ struct Hints {
 impl Hints {
     fn stats(&self) -> LoaderStats {
         let g = &self.gather;
-        g.counters.snapshot(&g.cache.resident.counters)
+        g.counters
+            .snapshot(g.sources.iter().map(|s| &s.cache.resident.counters))
     }
 
     /// Advises the kernel once per window: read the next window ahead, release the one before
@@ -112,21 +114,20 @@ impl Cache {
 
     /// A loader for one epoch of one split.
     pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
-        Loader::new(self.clone(), opts, 0)
+        Loader::new(std::slice::from_ref(self), opts, 0)
     }
 
     /// A loader that starts at step `step` of its epoch (as [`Cache::loader_from_state`] does
     /// for a state `step` global batches into the epoch).
     pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
-        Loader::new(self.clone(), opts, step)
+        Loader::new(std::slice::from_ref(self), opts, step)
     }
 
     /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
     /// its batches, without starting one: the options are checked and the epoch planned as the
     /// loader would (for packed batches, a pass over the epoch's order).
     pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-        let (gather, _) = prepare(self, opts)?;
-        Ok((gather.steps(), gather.layout))
+        plan(std::slice::from_ref(self), opts)
     }
 
     /// A loader that continues exactly where `state` was taken: the state's order (seed,
@@ -137,15 +138,33 @@ impl Cache {
     /// first with [`State::check`].
     pub fn loader_from_state(
         &self,
-        mut opts: LoaderOptions,
+        opts: LoaderOptions,
         state: &State,
     ) -> Result<Loader, LoadError> {
-        let start = state.start(&opts)?;
-        opts.order = state.order.clone();
-        opts.epoch = state.epoch;
-        opts.skip = start.skip;
-        Loader::new(self.clone(), opts, start.step)
+        from_state(std::slice::from_ref(self), opts, state)
     }
+}
+
+/// [`Cache::plan`] of one cache or a mix's sources.
+pub(crate) fn plan(
+    sources: &[Cache],
+    opts: &LoaderOptions,
+) -> Result<(usize, Vec<TensorLayout>), LoadError> {
+    let (gather, _) = prepare(sources, opts)?;
+    Ok((gather.steps(), gather.layout))
+}
+
+/// [`Cache::loader_from_state`] of one cache or a mix's sources.
+pub(crate) fn from_state(
+    sources: &[Cache],
+    mut opts: LoaderOptions,
+    state: &State,
+) -> Result<Loader, LoadError> {
+    let start = state.start(&opts)?;
+    opts.order = state.order.clone();
+    opts.epoch = state.epoch;
+    opts.skip = start.skip;
+    Loader::new(sources, opts, start.step)
 }
 
 /// Fills any batch of a loader's epoch into the caller's buffers, from any thread: for callers
@@ -190,7 +209,7 @@ impl Filler {
     pub fn fill(&self, step: usize, dst: &mut [&mut [u8]]) -> Result<BatchInfo, LoadError> {
         let gather = self.step(step)?;
         check_buffers(dst, &self.batch_bytes)?;
-        let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
+        let (samples, repeated) = gather.samples(step, &mut Cursor::default());
         self.hints.hint(step, self.rank);
         let info = gather.gather_into((&samples, repeated), dst)?;
         gather.delivered(samples.len(), &info);
@@ -207,7 +226,7 @@ impl Filler {
         block: &mut [u8],
     ) -> Result<(BatchInfo, Vec<(usize, usize)>), LoadError> {
         let gather = self.step(step)?;
-        let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
+        let (samples, repeated) = gather.samples(step, &mut Cursor::default());
         self.hints.hint(step, self.rank);
         let (info, ranges) = gather.gather_block((&samples, repeated), block)?;
         gather.delivered(samples.len(), &info);
@@ -239,11 +258,16 @@ impl Filler {
             Batching::Padded { .. } => &[][..],
         };
         check_buffers(pack, own)?;
-        let cache = Cache {
-            inner: gather.cache.clone(),
+        let [source] = &gather.sources[..] else {
+            return Err(LoadError::Call(
+                "a mix's batches are gathered from its caches, not indexed into one".into(),
+            ));
         };
-        let lengths = cache.lengths(&gather.cache.splits[gather.split_index].0)?;
-        let (samples, repeated) = gather.samples(step, &mut (usize::MAX, Vec::new()));
+        let cache = Cache {
+            inner: source.cache.clone(),
+        };
+        let lengths = cache.lengths(&source.cache.splits[source.split_index].0)?;
+        let (samples, repeated) = gather.samples(step, &mut Cursor::default());
         let info = gather.index_into((&samples, repeated), &lengths, positions, pack);
         gather.delivered(samples.len(), &info);
         Ok(info)
@@ -269,10 +293,11 @@ fn check_buffers(dst: &[&mut [u8]], need: &[usize]) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// The pack size (`T`, `S`) asked for by `opts`, checked against the cache; `None` for padded
-/// batches.
+/// The pack size (`T`, `S`) asked for by `opts`, checked against the caches (`max_len`: the
+/// longest `L` of them); `None` for padded batches.
 fn pack_size(
-    cache: &Cache,
+    sources: &[Cache],
+    max_len: usize,
     opts: &LoaderOptions,
     loaded: &[&TensorSpec],
 ) -> Result<Option<(usize, usize)>, LoadError> {
@@ -292,7 +317,6 @@ fn pack_size(
             "has no meaning for packed batches (`pack`): a pack holds no padding to cut".into(),
         );
     }
-    let max_len = cache.manifest().max_len();
     if pack.tokens < max_len.max(1) {
         return refuse(
             "pack",
@@ -316,7 +340,7 @@ fn pack_size(
             ),
         );
     }
-    if let Some(t) = cache
+    if let Some(t) = sources[0]
         .tensors()
         .iter()
         .find(|t| PACK_TENSORS.contains(&t.name.as_str()))
@@ -335,8 +359,10 @@ fn pack_size(
         Some(s) => s,
         None => {
             let mut all = Vec::new();
-            for split in cache.manifest().splits() {
-                all.push(cache.lengths(&split.name)?);
+            for cache in sources {
+                for split in cache.manifest().splits() {
+                    all.push(cache.lengths(&split.name)?);
+                }
             }
             pack::default_max_seqs(pack.tokens, all.iter().flat_map(|l| l.iter().copied()))
         }
@@ -344,14 +370,21 @@ fn pack_size(
     Ok(Some((pack.tokens, max_seqs)))
 }
 
-/// Everything a loader of `opts` builds batches from, after checking the options against the
-/// cache, and how many threads it runs.
-pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, usize), LoadError> {
-    let inner = cache.inner.clone();
-    let split_name = &opts.order.split;
-    let Some(split_index) = inner.splits.iter().position(|(n, _)| n == split_name) else {
-        return Err(inner.no_split(split_name));
-    };
+/// The stored lengths of split `split` of each of `sources`, one after another (the positions
+/// of a mix's samples).
+pub(crate) fn lengths_of(sources: &[Cache], split: &str) -> Result<Arc<[u32]>, LoadError> {
+    if let [one] = sources {
+        return one.lengths(split);
+    }
+    let mut all = Vec::new();
+    for cache in sources {
+        all.extend_from_slice(&cache.lengths(split)?);
+    }
+    Ok(all.into())
+}
+
+/// The loader options that are checked without a cache.
+fn check_options(opts: &LoaderOptions) -> Result<(), LoadError> {
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
     if opts.batch_size == 0 {
         return bad("batch_size", "must be at least 1".into());
@@ -389,34 +422,180 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
             format!("{}: at most {MAX_PREFETCH} batches ahead", opts.prefetch),
         );
     }
-    let all = inner.manifest.tensors();
+    opts.global_batch()?;
+    Ok(())
+}
+
+/// The epoch's order over `sizes` (each source's contexts per shard): one split's, or a mix's.
+fn order_of(
+    sources: &[Cache],
+    sizes: &[Vec<usize>],
+    opts: &LoaderOptions,
+) -> Result<Order, LoadError> {
+    let o = &opts.order;
+    let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
+    if let [one] = sizes {
+        if o.weights.len() > 1 || o.mix_samples.is_some() {
+            let key = if o.mix_samples.is_some() {
+                "mix_samples"
+            } else {
+                "weights"
+            };
+            return bad(
+                key,
+                "is for a mix of several caches; one cache was given".into(),
+            );
+        }
+        let mut order = EpochOrder::new(one, o.shuffle, o.seed, opts.epoch, o.window, o.interleave);
+        if o.bucket {
+            order = order.bucketed(sources[0].lengths(&o.split)?, opts.global_batch()?);
+        }
+        return Ok(Order::One(order));
+    }
+    if o.bucket {
+        return bad(
+            "bucket",
+            "cannot be used with a mix: buckets are cut from one cache's windows; use `trim` \
+             (or `pack`) to cut padding"
+                .into(),
+        );
+    }
+    let lens: Vec<usize> = sizes.iter().map(|s| s.iter().sum()).collect();
+    if let Some(s) = lens.iter().position(|&n| n == 0) {
+        return Err(OptionError::new(
+            "split",
+            format!(
+                "{:?} of {} holds no contexts: a mix draws from every source",
+                o.split,
+                sources[s].dir().display()
+            ),
+        )
+        .into());
+    }
+    let weights: Vec<f64> = if o.weights.is_empty() {
+        lens.iter().map(|&n| n as f64).collect()
+    } else {
+        o.weights.clone()
+    };
+    if weights.len() != sizes.len() {
+        return bad(
+            "weights",
+            format!(
+                "gives {} weights for {} caches: one per cache, in their order",
+                weights.len(),
+                sizes.len()
+            ),
+        );
+    }
+    if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w > 0.0)) {
+        return bad(
+            "weights",
+            format!("{w} is not a weight: each must be a positive number"),
+        );
+    }
+    let block = o.window.max(1);
+    let sum: f64 = weights.iter().sum();
+    if let Some(s) = weights.iter().position(|w| w / sum * (block as f64) < 1.0) {
+        return bad(
+            "weights",
+            format!(
+                "{} of cache {} is under one position in a window of {block}: raise it or \
+                 the `window`",
+                weights[s],
+                sources[s].dir().display()
+            ),
+        );
+    }
+    let samples = o.mix_samples.unwrap_or(lens.iter().sum());
+    Ok(Order::Mix(MixOrder::new(
+        sizes,
+        &weights,
+        samples,
+        o.shuffle,
+        o.seed,
+        opts.epoch,
+        o.window,
+        o.interleave,
+    )))
+}
+
+/// Everything a loader of `opts` over `sources` (one cache, or a mix's) builds batches from,
+/// after checking the options against the caches, and how many threads it runs.
+pub(crate) fn prepare(
+    sources: &[Cache],
+    opts: &LoaderOptions,
+) -> Result<(Gather, usize), LoadError> {
+    check_options(opts)?;
+    let first = &sources[0].inner;
+    let split_name = &opts.order.split;
+    let all = first.manifest.tensors();
     if let Some(unknown) = opts
         .columns
         .iter()
         .find(|c| !all.iter().any(|t| &t.name == *c))
     {
         return Err(LoadError::NoTensor {
-            dir: inner.dir.clone(),
+            dir: first.dir.clone(),
             tensor: unknown.clone(),
             tensors: all.iter().map(|t| t.name.clone()).collect(),
         });
     }
-    let slots: Vec<usize> = (0..all.len())
-        .filter(|&i| opts.columns.is_empty() || opts.columns.contains(&all[i].name))
+    let names: Vec<&str> = all
+        .iter()
+        .filter(|t| opts.columns.is_empty() || opts.columns.contains(&t.name))
+        .map(|t| t.name.as_str())
         .collect();
-    let loaded: Vec<&TensorSpec> = slots.iter().map(|&i| &all[i]).collect();
-    let pack = pack_size(cache, opts, &loaded)?;
+    let mut gathered = Vec::with_capacity(sources.len());
+    for cache in sources {
+        let inner = cache.inner.clone();
+        let Some(split_index) = inner.splits.iter().position(|(n, _)| n == split_name) else {
+            return Err(inner.no_split(split_name));
+        };
+        let tensors = inner.manifest.tensors();
+        let index = |name: &str| tensors.iter().position(|t| t.name == name);
+        let slots = names
+            .iter()
+            .map(|n| index(n).expect("a mix's caches hold the same tensors"))
+            .collect();
+        let length_index = tensors
+            .iter()
+            .position(|t| t.role == TensorRole::Length)
+            .expect("validated manifest has length");
+        let cold = inner.splits[split_index]
+            .1
+            .iter()
+            .any(|s| matches!(s.body, Body::Cold(_)));
+        gathered.push(Source {
+            max_len: inner.manifest.max_len(),
+            cache: inner,
+            split_index,
+            slots,
+            length_index,
+            cold,
+        });
+    }
+    let max_len = gathered.iter().map(|s| s.max_len).max().unwrap_or(0);
+    let widest = sources
+        .iter()
+        .max_by_key(|c| c.manifest().max_len())
+        .expect("at least one source");
+    let loaded: Vec<&TensorSpec> = gathered[0]
+        .slots
+        .iter()
+        .map(|&i| &first.manifest.tensors()[i])
+        .collect();
+    let pack = pack_size(sources, max_len, opts, &loaded)?;
+    let per_context = widest.manifest().bytes_per_context();
     // A batch is allocated whole (its tensors, and its list of samples): refuse sizes this
     // machine cannot hold before multiplying them into an overflow or an allocation that
     // aborts the process.
     let batch_bytes = match pack {
-        None => (inner.manifest.bytes_per_context() + std::mem::size_of::<Sample>())
-            .checked_mul(opts.batch_size),
+        None => (per_context + std::mem::size_of::<Sample>()).checked_mul(opts.batch_size),
         Some((tokens, seqs)) => {
             let per_token: usize = loaded
                 .iter()
                 .filter(|t| gather::is_sequence(t))
-                .map(|t| t.sample_bytes() / inner.manifest.max_len().max(1))
+                .map(|t| t.sample_bytes() / first.manifest.max_len().max(1))
                 .sum::<usize>()
                 + 8;
             let per_seq: usize = loaded
@@ -432,43 +611,43 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
                 .and_then(|(a, b)| a.checked_add(b))
         }
     };
-    opts.global_batch()?;
     if batch_bytes.is_none_or(|b| b > memory_limit() / 2) {
         let (key, size) = match opts.order.pack {
             Some(p) => ("pack", p.tokens),
             None => ("batch_size", opts.batch_size),
         };
-        return bad(
+        return Err(OptionError::new(
             key,
             format!(
-                "{size}: one batch of this cache ({} bytes per context) needs {}, more than half \
-                 of this machine's memory ({}); use a smaller batch",
-                inner.manifest.bytes_per_context(),
+                "{size}: one batch of this cache ({per_context} bytes per context) needs {}, \
+                 more than half of this machine's memory ({}); use a smaller batch",
                 batch_bytes.map_or("more than 16 EiB".into(), |b| format_size(b as u64)),
                 format_size(memory_limit() as u64)
             ),
-        );
+        )
+        .into());
     }
-    let shards = &inner.splits[split_index].1;
-    let sizes: Vec<usize> = shards.iter().map(|s| s.entry.contexts).collect();
-    let cold = shards.iter().any(|s| matches!(s.body, Body::Cold(_)));
-    let split_bytes: u64 = shards.iter().map(|s| s.entry.bytes).sum();
-    let o = &opts.order;
-    let mut order = EpochOrder::new(
-        &sizes,
-        o.shuffle,
-        o.seed,
-        opts.epoch,
-        o.window,
-        o.interleave,
-    );
-    if o.bucket {
-        order = order.bucketed(cache.lengths(&o.split)?, opts.global_batch()?);
-    }
+    let sizes: Vec<Vec<usize>> = gathered
+        .iter()
+        .map(|s| s.shards().iter().map(|s| s.entry.contexts).collect())
+        .collect();
+    let cold = gathered.iter().any(|s| s.cold);
+    let split_bytes: u64 = gathered
+        .iter()
+        .flat_map(|s| s.shards().iter().map(|s| s.entry.bytes))
+        .sum();
+    let order = order_of(sources, &sizes, opts)?;
     if cold {
         // The shards of the window being read and of the next one stay decompressed.
-        inner.resident.at_least(order.shards_in_reach());
+        let reach = match &order {
+            Order::One(o) => o.shards_in_reach(),
+            Order::Mix(m) => m.shards_in_reach(),
+        };
+        for s in &gathered {
+            s.cache.resident.at_least(reach);
+        }
     }
+    let o = &opts.order;
     let batching = match pack {
         None => Batching::Padded {
             steps: Steps::new(order.len(), opts.batch_size, opts.world_size, o.drop_last)
@@ -476,11 +655,11 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
             trim: (opts.trim || o.bucket).then_some(opts.trim_multiple),
         },
         Some(size) => {
-            let lengths = cache.lengths(&o.split)?;
+            let lengths = lengths_of(sources, &o.split)?;
             let packs = Packs::plan(
                 &order,
                 &lengths,
-                inner.manifest.max_len(),
+                max_len,
                 size,
                 opts.world_size,
                 o.drop_last,
@@ -497,21 +676,27 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
     } else {
         opts.threads
     };
-    let length_index = all
-        .iter()
-        .position(|t| t.role == TensorRole::Length)
-        .expect("validated manifest has length");
-    let layout = gather::layout(all, &slots, opts.batch_size, pack);
+    let mut layout = gather::layout(
+        first.manifest.tensors(),
+        &gathered[0].slots,
+        opts.batch_size,
+        pack,
+    );
+    // A mix's batches are as long as its longest source.
+    for (t, &slot) in layout.iter_mut().zip(&gathered[0].slots) {
+        if pack.is_none() && gather::is_sequence(&first.manifest.tensors()[slot]) {
+            t.shape[1] = max_len;
+        }
+    }
     let gather = Gather {
-        pool: inner.pool.for_this_process(),
-        cache: inner,
-        split_index,
+        pool: first.pool.for_this_process(),
+        loaded: gathered[0].slots.len(),
+        sources: gathered,
         order,
         batching,
         rank: opts.rank,
-        slots,
         layout,
-        length_index,
+        max_len,
         keep_resident,
         cold,
         counters: Counters::default(),
@@ -521,11 +706,11 @@ pub(crate) fn prepare(cache: &Cache, opts: &LoaderOptions) -> Result<(Gather, us
 
 impl Loader {
     pub(crate) fn new(
-        cache: Cache,
+        sources: &[Cache],
         opts: LoaderOptions,
         first_step: usize,
     ) -> Result<Loader, LoadError> {
-        let (gather, threads) = prepare(&cache, &opts)?;
+        let (gather, threads) = prepare(sources, &opts)?;
         // What this loader can have in flight: each thread's queue and the batch it builds,
         // and the consumer's.
         let whole_batch: usize = gather.layout.iter().map(TensorLayout::bytes).sum();
@@ -551,7 +736,7 @@ impl Loader {
                 tx: Mutex::new(None),
                 advised: AtomicUsize::new(usize::MAX),
             }),
-            window_cache: (usize::MAX, Vec::new()),
+            cursor: Cursor::default(),
             poll,
             ahead: Arc::new(AtomicUsize::new(0)),
         };
@@ -583,10 +768,10 @@ impl Loader {
             let handle = std::thread::Builder::new()
                 .name(format!("dsc-loader-{k}"))
                 .spawn(move || {
-                    let mut cache = (usize::MAX, Vec::new());
+                    let mut cursor = Cursor::default();
                     let mut step = first + k;
                     while step < total {
-                        let built = gather.build(step, &mut cache);
+                        let built = gather.build(step, &mut cursor);
                         // Counted before it is sent: the consumer never takes more than counted.
                         ahead.fetch_add(1, Ordering::Relaxed);
                         if tx.send(built).is_err() {
@@ -613,7 +798,7 @@ impl Loader {
     }
 
     /// The order of this epoch.
-    pub fn order(&self) -> &EpochOrder {
+    pub fn order(&self) -> &Order {
         &self.hints.gather.order
     }
 
@@ -635,22 +820,34 @@ impl Loader {
                 "a packed loader has no padded batches: ask its packs for their figures".into(),
             ));
         };
-        let lengths = self.cache().lengths(&self.opts.order.split)?;
+        let lengths = lengths_of(&self.sources(), &self.opts.order.split)?;
         // An untrimmed loader's figures say what trimming with its multiple would give.
         Ok(crate::order::padding(
             &gather.order,
             steps,
             &lengths,
-            gather.cache.manifest.max_len(),
+            gather.max_len,
             trim.unwrap_or(self.opts.trim_multiple),
         ))
     }
 
-    /// The cache this loader reads.
+    /// The cache this loader reads (a mix's first).
     pub fn cache(&self) -> Cache {
         Cache {
-            inner: self.hints.gather.cache.clone(),
+            inner: self.hints.gather.sources[0].cache.clone(),
         }
+    }
+
+    /// The caches this loader reads: one, or a mix's sources in order.
+    pub fn sources(&self) -> Vec<Cache> {
+        self.hints
+            .gather
+            .sources
+            .iter()
+            .map(|s| Cache {
+                inner: s.cache.clone(),
+            })
+            .collect()
     }
 
     /// The stored tensors each batch holds (the `columns` asked for, in manifest order).
@@ -702,7 +899,7 @@ impl Loader {
         }
         check_buffers(dst, &self.batch_bytes())?;
         let gather = &self.hints.gather;
-        let (samples, repeated) = gather.samples(self.next_step, &mut self.window_cache);
+        let (samples, repeated) = gather.samples(self.next_step, &mut self.cursor);
         self.hints.hint(self.next_step, self.opts.rank);
         let info = gather.gather_into((&samples, repeated), dst)?;
         gather.delivered(samples.len(), &info);
@@ -754,11 +951,7 @@ impl Iterator for Loader {
         let asked = Instant::now();
         let gather = &self.hints.gather;
         let (batch, queued, ready) = if self.workers.is_empty() {
-            (
-                gather.build(self.next_step, &mut self.window_cache),
-                0,
-                false,
-            )
+            (gather.build(self.next_step, &mut self.cursor), 0, false)
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
             let queued = self.ahead.load(Ordering::Relaxed);

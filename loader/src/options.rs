@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// Unknown fields are ignored when read: a [`State`] holds these fields flattened beside its
 /// own, and a caller may keep more keys in the same JSON object (Python adds its own).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OrderSpec {
     /// Split to read [default: `train`].
     pub split: String,
@@ -45,6 +45,15 @@ pub struct OrderSpec {
     /// one pack per rank; `batch_size` is not used [default: none, padded batches].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<Pack>,
+    /// A mix's weights, one per source ([`crate::Mix`]): each block of `window` positions
+    /// holds each source in these proportions (normalised). Empty: each source in proportion
+    /// to its size, as if the splits were one [default: empty].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<f64>,
+    /// Positions in an epoch of a mix; sources that run out continue with their next epoch
+    /// [default: none, as many as the sources hold together].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix_samples: Option<usize>,
 }
 
 impl Default for OrderSpec {
@@ -58,6 +67,8 @@ impl Default for OrderSpec {
             drop_last: true,
             bucket: false,
             pack: None,
+            weights: Vec::new(),
+            mix_samples: None,
         }
     }
 }
@@ -273,7 +284,7 @@ fn global_batch(
 ///     Ok(())
 /// }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct State {
     /// The order.
     #[serde(flatten)]

@@ -27,6 +27,7 @@
 //! the order is the compiled order. `docs/FORMAT.md` ("Epoch order") states the same for other
 //! implementations.
 
+use crate::mix_order::MixOrder;
 use dsc_format::rng::{mix64, stream, Xoshiro256};
 use std::sync::Arc;
 
@@ -246,13 +247,13 @@ impl EpochOrder {
     }
 
     /// Where epoch position `p` lives, keeping the last window permutation computed in
-    /// `cache` (`(window, permutation)`; start with `(usize::MAX, vec![])`).
-    pub fn sample_at(&self, p: usize, cache: &mut (usize, Vec<u32>)) -> Sample {
+    /// `cursor` (start with `Cursor::default()`).
+    pub fn sample_at(&self, p: usize, cursor: &mut Cursor) -> Sample {
         let w = p / self.window;
-        if cache.0 != w || cache.1.is_empty() {
-            *cache = (w, self.window_perm(w));
+        if cursor.window != w || cursor.perm.is_empty() {
+            (cursor.window, cursor.perm) = (w, self.window_perm(w));
         }
-        self.position_in(&cache.1, p)
+        self.position_in(&cursor.perm, p)
     }
 
     /// The compiled position (split-local) at epoch position `p`, given window `w`'s
@@ -262,6 +263,7 @@ impl EpochOrder {
         let v = w * self.window + perm[p - w * self.window] as usize;
         let (shard, offset) = self.locate(v);
         Sample {
+            source: 0,
             shard,
             offset,
             position: self.starts[shard] + offset,
@@ -326,19 +328,122 @@ impl EpochOrder {
     }
 }
 
-fn epoch_seed(seed: u64, epoch: u64) -> u64 {
+pub(crate) fn epoch_seed(seed: u64, epoch: u64) -> u64 {
     seed ^ mix64(epoch.wrapping_add(0xD1B5_4A32_D192_ED03))
+}
+
+/// The order of an epoch: of one cache's split, or of a mix of several.
+#[derive(Debug, Clone)]
+pub enum Order {
+    /// One split.
+    One(EpochOrder),
+    /// Several caches' splits drawn in fixed proportions.
+    Mix(MixOrder),
+}
+
+impl Order {
+    /// Positions in the epoch.
+    pub fn len(&self) -> usize {
+        match self {
+            Order::One(o) => o.len(),
+            Order::Mix(m) => m.len(),
+        }
+    }
+
+    /// True when the epoch has no positions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions read together: a window (one split), a block (a mix).
+    pub fn window(&self) -> usize {
+        match self {
+            Order::One(o) => o.window(),
+            Order::Mix(m) => m.block(),
+        }
+    }
+
+    /// Whether batches are length-bucketed.
+    pub fn is_bucketed(&self) -> bool {
+        matches!(self, Order::One(o) if o.is_bucketed())
+    }
+
+    /// Where epoch position `p` lives ([`EpochOrder::sample_at`], [`MixOrder::sample_at`]).
+    pub fn sample_at(&self, p: usize, cursor: &mut Cursor) -> Sample {
+        match self {
+            Order::One(o) => o.sample_at(p, cursor),
+            Order::Mix(m) => m.sample_at(p, cursor),
+        }
+    }
+
+    /// An iterator over the epoch from position `start`.
+    pub fn iter_from(&self, start: usize) -> impl Iterator<Item = Sample> + '_ {
+        let mut cursor = Cursor::default();
+        (start..self.len()).map(move |p| self.sample_at(p, &mut cursor))
+    }
+
+    /// The shard ranges `(source, shard, first offset, end offset)` that epoch positions
+    /// `range` read.
+    pub fn spans(&self, range: std::ops::Range<usize>) -> Vec<(usize, usize, usize, usize)> {
+        match self {
+            Order::One(o) => {
+                // A window's positions are its stretch of the virtual sequence, permuted.
+                let w = o.window();
+                let covered = (range.start / w * w)..range.end.div_ceil(w).saturating_mul(w);
+                o.spans(covered)
+                    .into_iter()
+                    .map(|(shard, a, b)| (0, shard, a, b))
+                    .collect()
+            }
+            Order::Mix(m) => m.spans(range),
+        }
+    }
+
+    /// Shuffle quality of this epoch for batches of `batch_size` (shards count per source).
+    pub fn quality(&self, batch_size: usize) -> Quality {
+        match self {
+            Order::One(o) => o.quality(batch_size),
+            Order::Mix(m) => quality_of(
+                self.iter_from(0).collect(),
+                m.shards(),
+                m.block(),
+                batch_size,
+            ),
+        }
+    }
 }
 
 /// Where one context of the epoch lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
+    /// The cache it comes from: 0, or its index among a mix's sources.
+    pub source: usize,
     /// Shard index within the split.
     pub shard: usize,
     /// Sample index within that shard.
     pub offset: usize,
-    /// Position in the split's compiled order.
+    /// Position in the split's compiled order (of a mix: in its sources' splits one after
+    /// another).
     pub position: usize,
+}
+
+/// What an order keeps between lookups of nearby positions: the last window's permutation
+/// (and, for a mix, its last block and each source's epoch). Start with `Cursor::default()`.
+#[derive(Debug, Clone)]
+pub struct Cursor {
+    window: usize,
+    perm: Vec<u32>,
+    pub(crate) mix: Option<Box<crate::mix_order::MixCursor>>,
+}
+
+impl Default for Cursor {
+    fn default() -> Cursor {
+        Cursor {
+            window: usize::MAX,
+            perm: Vec::new(),
+            mix: None,
+        }
+    }
 }
 
 /// Iterates epoch positions from a starting point.
@@ -475,32 +580,42 @@ fn neighbour_entropy(positions: impl Iterator<Item = usize>) -> f64 {
 impl EpochOrder {
     /// Shuffle quality of this epoch for batches of `batch_size`.
     pub fn quality(&self, batch_size: usize) -> Quality {
-        let samples: Vec<Sample> = self.iter_from(0).collect();
-        let batch = batch_size.max(1);
-        let mut distinct_total = 0usize;
-        let mut batches = 0usize;
-        let mut seen: Vec<usize> = Vec::new();
-        for chunk in samples.chunks(batch) {
-            seen.clear();
-            seen.extend(chunk.iter().map(|s| s.shard));
-            seen.sort_unstable();
-            seen.dedup();
-            distinct_total += seen.len();
-            batches += 1;
-        }
-        let mut uniform: Vec<usize> = (0..samples.len()).collect();
-        Xoshiro256::seed_from(0x5EED).shuffle(&mut uniform);
-        Quality {
-            distinct_shards_per_batch: if batches == 0 {
-                0.0
-            } else {
-                distinct_total as f64 / batches as f64
-            },
-            shards: self.sizes.len(),
-            neighbour_entropy: neighbour_entropy(samples.iter().map(|s| s.position)),
-            uniform_entropy: neighbour_entropy(uniform.into_iter()),
-            window: self.window,
-        }
+        quality_of(
+            self.iter_from(0).collect(),
+            self.sizes.len(),
+            self.window,
+            batch_size,
+        )
+    }
+}
+
+/// Shuffle quality of an epoch of `samples` over `shards` shards read `window` at a time, for
+/// batches of `batch_size`.
+fn quality_of(samples: Vec<Sample>, shards: usize, window: usize, batch_size: usize) -> Quality {
+    let batch = batch_size.max(1);
+    let mut distinct_total = 0usize;
+    let mut batches = 0usize;
+    let mut seen: Vec<usize> = Vec::new();
+    for chunk in samples.chunks(batch) {
+        seen.clear();
+        seen.extend(chunk.iter().map(|s| (s.source << 32) | s.shard));
+        seen.sort_unstable();
+        seen.dedup();
+        distinct_total += seen.len();
+        batches += 1;
+    }
+    let mut uniform: Vec<usize> = (0..samples.len()).collect();
+    Xoshiro256::seed_from(0x5EED).shuffle(&mut uniform);
+    Quality {
+        distinct_shards_per_batch: if batches == 0 {
+            0.0
+        } else {
+            distinct_total as f64 / batches as f64
+        },
+        shards,
+        neighbour_entropy: neighbour_entropy(samples.iter().map(|s| s.position)),
+        uniform_entropy: neighbour_entropy(uniform.into_iter()),
+        window,
     }
 }
 
@@ -553,7 +668,7 @@ pub struct Padding {
 /// context's stored length (`lengths`, compiled order) and the cache's `max_len`, batches
 /// trimmed up the ladder of `multiple` ([`trimmed_len`]).
 pub fn padding(
-    order: &EpochOrder,
+    order: &Order,
     steps: &Steps,
     lengths: &[u32],
     max_len: usize,
@@ -562,7 +677,7 @@ pub fn padding(
     let mut batch_lens = std::collections::BTreeMap::new();
     let (mut stored, mut trimmed, mut untrimmed) = (0u64, 0u64, 0u64);
     let (mut spread, mut batch_len, mut batches) = (0f64, 0f64, 0usize);
-    let mut cache = (usize::MAX, Vec::new());
+    let mut cursor = Cursor::default();
     let mut batch: Vec<f64> = Vec::with_capacity(steps.batch_size);
     for step in 0..steps.steps {
         for rank in 0..steps.world_size {
@@ -570,7 +685,7 @@ pub fn padding(
             batch.extend(
                 steps
                     .positions(step, rank)
-                    .map(|p| f64::from(lengths[order.sample_at(p, &mut cache).position])),
+                    .map(|p| f64::from(lengths[order.sample_at(p, &mut cursor).position])),
             );
             let longest = trimmed_len(
                 batch.iter().copied().fold(0f64, f64::max) as usize,

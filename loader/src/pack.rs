@@ -31,7 +31,7 @@
 //! four standard deviations, rounded up to a multiple of 8: about one pack in 30,000 is closed
 //! by its sequence count rather than by its tokens.
 
-use crate::order::EpochOrder;
+use crate::order::{Cursor, Order};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -74,7 +74,7 @@ impl Packs {
     /// `lengths` holds every context's stored length in compiled order (each at most `max_len`,
     /// which is at most `tokens`). Steps are for `world_size` ranks.
     pub fn plan(
-        order: &EpochOrder,
+        order: &Order,
         lengths: &[u32],
         max_len: usize,
         (tokens, max_seqs): (usize, usize),
@@ -180,15 +180,15 @@ impl Packs {
 
     /// Token efficiency and more of the packs trained in this epoch (every rank's), from the
     /// stored lengths (compiled order) the plan was made from.
-    pub fn figures(&self, order: &EpochOrder, lengths: &[u32], max_len: usize) -> PackFigures {
+    pub fn figures(&self, order: &Order, lengths: &[u32], max_len: usize) -> PackFigures {
         let trained = (self.steps * self.world_size).min(self.len());
         let repeated = self.steps * self.world_size - trained;
-        let mut cache = (usize::MAX, Vec::new());
+        let mut cursor = Cursor::default();
         let mut stored = 0u64;
         let mut contexts = 0usize;
         for q in (0..trained).chain(0..repeated.min(self.len())) {
             for p in self.positions(q) {
-                let s = order.sample_at(p, &mut cache);
+                let s = order.sample_at(p, &mut cursor);
                 stored += u64::from(lengths[s.position]).min(max_len as u64);
                 contexts += 1;
             }
@@ -259,6 +259,7 @@ pub fn default_max_seqs(tokens: usize, lengths: impl Iterator<Item = u32>) -> us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::order::EpochOrder;
     use dsc_format::rng::Xoshiro256;
 
     fn lengths(n: usize, max: u32, seed: u64) -> Vec<u32> {
@@ -275,7 +276,7 @@ mod tests {
         let sizes = [300, 120, 500, 77];
         let n: usize = sizes.iter().sum();
         let lens = lengths(n, 40, 3);
-        let order = EpochOrder::new(&sizes, true, 9, 2, 128, 2);
+        let order = Order::One(EpochOrder::new(&sizes, true, 9, 2, 128, 2));
         let packs = Packs::plan(&order, &lens, 40, (256, 12), 1, false);
         let seq: Vec<usize> = order.iter_from(0).map(|s| s.position).collect();
         let mut next = 0;
@@ -304,7 +305,7 @@ mod tests {
         let total: u64 = lens.iter().map(|&l| u64::from(l)).sum();
         let mut steps = Vec::new();
         for epoch in 0..4 {
-            let order = EpochOrder::new(&sizes, true, 1, epoch, 512, 3);
+            let order = Order::One(EpochOrder::new(&sizes, true, 1, epoch, 512, 3));
             let packs = Packs::plan(&order, &lens, 64, (1024, 64), 3, true);
             assert!(packs.steps() * 3 <= packs.len());
             steps.push(packs.steps());
@@ -329,7 +330,7 @@ mod tests {
         for tokens in [512, 4096, 32768] {
             let s = default_max_seqs(tokens, lens.iter().copied());
             assert_eq!(s % 8, 0);
-            let order = EpochOrder::new(&[20_000], true, 3, 0, 4096, 1);
+            let order = Order::One(EpochOrder::new(&[20_000], true, 3, 0, 4096, 1));
             let packs = Packs::plan(&order, &lens, 128, (tokens, s), 1, true);
             assert!(
                 packs.closed_by_count * 1000 <= packs.len(),

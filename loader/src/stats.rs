@@ -88,9 +88,20 @@ impl Counters {
         }
     }
 
-    /// The counts so far, with the cache's shard counters.
-    pub fn snapshot(&self, shards: &ShardCounters) -> LoaderStats {
+    /// The counts so far, with the shard counters of the caches read (summed for a mix).
+    pub fn snapshot<'a>(&self, shards: impl IntoIterator<Item = &'a ShardCounters>) -> LoaderStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let shards =
+            shards
+                .into_iter()
+                .map(ShardCounters::snapshot)
+                .fold(LoaderStats::default(), |a, b| LoaderStats {
+                    shard_reads: a.shard_reads + b.shard_reads,
+                    stored_bytes_read: a.stored_bytes_read + b.stored_bytes_read,
+                    shard_hits: a.shard_hits + b.shard_hits,
+                    shard_evictions: a.shard_evictions + b.shard_evictions,
+                    ..a
+                });
         LoaderStats {
             batches: get(&self.batches),
             contexts: get(&self.contexts),
@@ -98,7 +109,7 @@ impl Counters {
             waits: get(&self.waits),
             wait_s: get(&self.wait_ns) as f64 * 1e-9,
             queued: get(&self.queued),
-            ..shards.snapshot()
+            ..shards
         }
     }
 }

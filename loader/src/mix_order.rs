@@ -1,0 +1,392 @@
+//! The order of an epoch of a mix: several caches drawn in fixed proportions.
+//!
+//! An epoch of a mix is `samples` positions (by default as many as its sources hold together).
+//! The first `n` positions of an epoch hold `apportion(weights, n)[s]` of source `s`: `n`
+//! times its (normalised) weight, rounded by largest remainder (ties to the lower source). The
+//! epoch is cut into blocks of `block` positions (the order's `window`): block `b` holds the
+//! difference of the apportionments of its end and its start (never negative while every
+//! weight is at least one position of a block), so every prefix of whole blocks, and the
+//! whole epoch, holds each source within one position of its weight, and the default weights
+//! (the sources' sizes) draw each source exactly once per epoch. A shuffled block places its
+//! sources with `Xoshiro256::for_stream(epoch_seed, MIX_BLOCK + b)`; an unshuffled one spreads
+//! each source evenly through the block.
+//!
+//! Each source is read in its own epoch order ([`EpochOrder`], its own window shuffle, seeded
+//! with the mix's seed and the source's index), one epoch after another: the `j`-th draw of
+//! source `s` since the mix's epoch 0 is position `j mod n_s` of the source's epoch
+//! `j div n_s`. A source that runs out within a mix epoch so continues with its next epoch,
+//! reshuffled, and a large source is read on from where the previous mix epoch left it. The
+//! draws before mix epoch `e` are `e` times the draws of one epoch (the same in every epoch),
+//! so any position is found with one block arrangement and one window of one source: a resume
+//! costs O(block + window), never a replay.
+
+use crate::order::{epoch_seed, Cursor, EpochOrder, Sample};
+use dsc_format::rng::{mix64, stream, Xoshiro256};
+
+/// One source of a mix, as its order sees it.
+#[derive(Debug, Clone)]
+struct Source {
+    /// Contexts per shard of the source's split, compiled order.
+    sizes: Vec<usize>,
+    /// Contexts of the split.
+    len: usize,
+    /// The source's weight, normalised.
+    weight: f64,
+    /// Draws of this source in the mix epochs before this one.
+    before: u64,
+    /// The source's first position among the positions of all sources one after another.
+    base: usize,
+    /// The seed of the source's own epoch orders.
+    seed: u64,
+}
+
+/// The order of one epoch of a mix of several caches' splits.
+#[derive(Debug, Clone)]
+pub struct MixOrder {
+    sources: Vec<Source>,
+    block: usize,
+    total: usize,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+    window: usize,
+    interleave: usize,
+}
+
+/// What a mix keeps between lookups: the last block's arrangement, and the epoch order of each
+/// source's current epoch.
+#[derive(Debug, Clone)]
+pub(crate) struct MixCursor {
+    block: usize,
+    /// Source of each position of the block.
+    arrangement: Vec<u32>,
+    /// For each position of the block, how many of its source's positions come before it in
+    /// the block.
+    nth: Vec<u32>,
+    /// Each source's positions before the block in the epoch.
+    seats: Vec<usize>,
+    /// Per source: the epoch whose order is kept, that order and its cursor.
+    sources: Vec<Option<(u64, EpochOrder, Cursor)>>,
+}
+
+/// Positions of each source among `n`: `n × weight` (normalised) rounded by largest remainder,
+/// ties to the lower source.
+pub fn apportion(weights: &[f64], n: usize) -> Vec<usize> {
+    let sum: f64 = weights.iter().sum();
+    let quotas: Vec<f64> = weights.iter().map(|w| w / sum * n as f64).collect();
+    let mut counts: Vec<usize> = quotas.iter().map(|q| q.floor() as usize).collect();
+    let mut rest: Vec<usize> = (0..weights.len()).collect();
+    rest.sort_by(|&a, &b| {
+        let (fa, fb) = (quotas[a] - quotas[a].floor(), quotas[b] - quotas[b].floor());
+        fb.total_cmp(&fa).then(a.cmp(&b))
+    });
+    let short = n.saturating_sub(counts.iter().sum());
+    for &s in rest.iter().take(short) {
+        counts[s] += 1;
+    }
+    counts
+}
+
+impl MixOrder {
+    /// The order of mix epoch `epoch` of sources whose splits hold `sizes[s]` contexts per
+    /// shard, drawn in proportion to `weights` ([`apportion`]) in blocks of `window`
+    /// positions, `samples` positions in the epoch. Every source must hold at least one
+    /// context, and every weight must be positive and at least one position of a block.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        sizes: &[Vec<usize>],
+        weights: &[f64],
+        samples: usize,
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        window: usize,
+        interleave: usize,
+    ) -> MixOrder {
+        let block = window.max(1);
+        let sum: f64 = weights.iter().sum();
+        let mut base = 0;
+        let sources = sizes
+            .iter()
+            .zip(weights)
+            .enumerate()
+            .map(|(s, (sizes, &weight))| {
+                let len: usize = sizes.iter().sum();
+                assert!(len > 0, "every source of a mix holds contexts");
+                let source = Source {
+                    sizes: sizes.clone(),
+                    len,
+                    weight: weight / sum,
+                    before: 0,
+                    base,
+                    seed: mix64(seed ^ mix64((s as u64).wrapping_add(stream::MIX_SOURCE))),
+                };
+                base += len;
+                source
+            })
+            .collect();
+        let mut order = MixOrder {
+            sources,
+            block,
+            total: samples,
+            shuffle,
+            seed,
+            epoch,
+            window: block,
+            interleave,
+        };
+        let per_epoch = order.draws_before(samples);
+        for (source, n) in order.sources.iter_mut().zip(per_epoch) {
+            source.before = n as u64 * epoch;
+        }
+        order
+    }
+
+    /// Positions in the epoch.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// True when the epoch has no positions.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Positions per block.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// Sources mixed.
+    pub fn sources(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Shards of all sources.
+    pub fn shards(&self) -> usize {
+        self.sources.iter().map(|s| s.sizes.len()).sum()
+    }
+
+    /// The most distinct shards of one source that two consecutive windows of its own order
+    /// read ([`EpochOrder::shards_in_reach`]), over the sources.
+    pub fn shards_in_reach(&self) -> usize {
+        (0..self.sources.len())
+            .map(|s| self.source_order(s, 0).shards_in_reach())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Each source's positions among the epoch's first `n` ([`apportion`]).
+    fn seats(&self, n: usize) -> Vec<usize> {
+        let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
+        apportion(&weights, n)
+    }
+
+    /// Draws of each source among the epoch's positions before `p`.
+    pub fn draws_before(&self, p: usize) -> Vec<usize> {
+        let (b, i) = (p / self.block, p % self.block);
+        let mut n = self.seats(b * self.block);
+        if i > 0 {
+            for &s in &self.arrangement(b)[..i] {
+                n[s as usize] += 1;
+            }
+        }
+        n
+    }
+
+    /// The source of each position of block `b` (the last block may be partial).
+    fn arrangement(&self, b: usize) -> Vec<u32> {
+        let start = b * self.block;
+        let end = (start + self.block).min(self.total.max(start + 1));
+        let counts: Vec<usize> = self
+            .seats(end)
+            .into_iter()
+            .zip(self.seats(start))
+            .map(|(e, s)| e - s)
+            .collect();
+        let mut out: Vec<u32> = Vec::with_capacity(end - start);
+        if self.shuffle {
+            for (s, &c) in counts.iter().enumerate() {
+                out.extend(std::iter::repeat_n(s as u32, c));
+            }
+            Xoshiro256::for_stream(
+                epoch_seed(self.seed, self.epoch),
+                stream::MIX_BLOCK + b as u64,
+            )
+            .shuffle(&mut out);
+        } else {
+            // Each source's k-th position at (k + 1/2) / count of the block, in that order.
+            let mut at: Vec<(f64, u32)> = Vec::with_capacity(end - start);
+            for (s, &c) in counts.iter().enumerate() {
+                at.extend((0..c).map(|k| ((k as f64 + 0.5) / c as f64, s as u32)));
+            }
+            at.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            out.extend(at.into_iter().map(|(_, s)| s));
+        }
+        out
+    }
+
+    /// The `j`-th draw of source `s` since mix epoch 0, as (the source's epoch, position in it).
+    fn draw(&self, s: usize, j: u64) -> (u64, usize) {
+        let len = self.sources[s].len as u64;
+        (j / len, (j % len) as usize)
+    }
+
+    /// The epoch order of source `s`'s epoch `epoch`.
+    fn source_order(&self, s: usize, epoch: u64) -> EpochOrder {
+        let source = &self.sources[s];
+        EpochOrder::new(
+            &source.sizes,
+            self.shuffle,
+            source.seed,
+            epoch,
+            self.window,
+            self.interleave,
+        )
+    }
+
+    /// Where position `p` of the epoch lives, keeping what later lookups reuse in `cursor`.
+    pub fn sample_at(&self, p: usize, cursor: &mut Cursor) -> Sample {
+        let b = p / self.block;
+        let mix = cursor.mix.get_or_insert_with(|| {
+            Box::new(MixCursor {
+                block: usize::MAX,
+                arrangement: Vec::new(),
+                nth: Vec::new(),
+                seats: Vec::new(),
+                sources: vec![None; self.sources.len()],
+            })
+        });
+        if mix.block != b {
+            mix.arrangement = self.arrangement(b);
+            let mut seen = vec![0u32; self.sources.len()];
+            mix.nth = mix
+                .arrangement
+                .iter()
+                .map(|&s| {
+                    seen[s as usize] += 1;
+                    seen[s as usize] - 1
+                })
+                .collect();
+            mix.seats = self.seats(b * self.block);
+            mix.block = b;
+        }
+        let i = p % self.block;
+        let s = mix.arrangement[i] as usize;
+        let source = &self.sources[s];
+        let j = source.before + mix.seats[s] as u64 + u64::from(mix.nth[i]);
+        let (epoch, q) = self.draw(s, j);
+        let kept = &mut mix.sources[s];
+        if kept.as_ref().is_none_or(|(e, _, _)| *e != epoch) {
+            *kept = Some((epoch, self.source_order(s, epoch), Cursor::default()));
+        }
+        let (_, order, inner) = kept.as_mut().expect("just set");
+        let sample = order.sample_at(q, inner);
+        Sample {
+            source: s,
+            position: source.base + sample.position,
+            ..sample
+        }
+    }
+
+    /// The shard ranges `(source, shard, first offset, end offset)` that positions `range` of
+    /// the epoch read: for each source, the whole windows of its own order its draws there fall
+    /// in.
+    pub fn spans(&self, range: std::ops::Range<usize>) -> Vec<(usize, usize, usize, usize)> {
+        let end = range.end.min(self.total);
+        if range.start >= end {
+            return Vec::new();
+        }
+        let (lo, hi) = (self.draws_before(range.start), self.draws_before(end));
+        let mut out = Vec::new();
+        for s in 0..self.sources.len() {
+            if hi[s] == lo[s] {
+                continue;
+            }
+            let before = self.sources[s].before;
+            let (first, last) = (
+                self.draw(s, before + lo[s] as u64),
+                self.draw(s, before + hi[s] as u64 - 1),
+            );
+            for epoch in first.0..=last.0 {
+                let order = self.source_order(s, epoch);
+                let from = if epoch == first.0 { first.1 } else { 0 };
+                let to = if epoch == last.0 {
+                    last.1 + 1
+                } else {
+                    order.len()
+                };
+                let w = order.window();
+                let covered = (from / w * w)..to.div_ceil(w).saturating_mul(w);
+                out.extend(
+                    order
+                        .spans(covered)
+                        .into_iter()
+                        .map(|(shard, a, b)| (s, shard, a, b)),
+                );
+                if epoch - first.0 > 2 {
+                    // A small source read many times over in the range: all its shards.
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::order::Order;
+
+    #[test]
+    fn apportionments_sum_exactly_and_never_take_a_position_back() {
+        let mut rng = Xoshiro256::seed_from(11);
+        for _ in 0..200 {
+            let k = 2 + rng.below(4) as usize;
+            let block = 16 + rng.below(200) as usize;
+            // Weights of at least one position of a block.
+            let weights: Vec<f64> = (0..k).map(|_| 1.0 + rng.below(1000) as f64).collect();
+            let sum: f64 = weights.iter().sum();
+            if weights.iter().any(|w| w / sum * (block as f64) < 1.0) {
+                continue;
+            }
+            let mut last = vec![0; k];
+            for b in 1..50 {
+                let seats = apportion(&weights, b * block);
+                assert_eq!(seats.iter().sum::<usize>(), b * block);
+                for s in 0..k {
+                    assert!(seats[s] >= last[s], "{weights:?} block {block}");
+                    let exact = weights[s] / sum * (b * block) as f64;
+                    assert!((seats[s] as f64 - exact).abs() < 1.0);
+                }
+                last = seats;
+            }
+        }
+    }
+
+    #[test]
+    fn any_position_is_found_without_replay_in_both_orders() {
+        let sizes = vec![vec![40, 40, 13], vec![7, 9], vec![250]];
+        for shuffle in [true, false] {
+            let order = Order::Mix(MixOrder::new(
+                &sizes,
+                &[0.5, 0.2, 0.3],
+                1000,
+                shuffle,
+                3,
+                2,
+                64,
+                2,
+            ));
+            let all: Vec<Sample> = order.iter_from(0).collect();
+            for start in [0, 1, 63, 64, 500, 999] {
+                assert_eq!(order.iter_from(start).collect::<Vec<_>>(), all[start..]);
+            }
+            let mut cursor = Cursor::default();
+            for p in [999, 3, 640, 2] {
+                assert_eq!(order.sample_at(p, &mut cursor), all[p]);
+            }
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! Mixing caches: proportions, each cache's own epochs, determinism, ranks, resume, padding to
+//! the longest L, packing, and refusals of caches that do not fit together.
+
+use crate::util::*;
+use dsc_loader::{Batch, Cache, LoadError, LoaderOptions, Mix, OrderSpec, Pack};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Two caches of disjoint events: `a` (L = 64, hot, small shards) and `b` (L = 128,
+/// compressed), the same tensors; `c` and `d` each with a categorical column coded over its
+/// own events' vocabulary; `e` with one feature fewer. Shared by the tests (read-only).
+fn dir() -> &'static Path {
+    static DIR: OnceLock<Dir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Dir::new();
+        gen_icecube(&dir, 2, 300);
+        let compile = |out: &str, file: usize, extra: &[&str]| {
+            let rows = format!("data/train/batch_{file}.parquet");
+            let mut args = vec![
+                "compile",
+                &rows,
+                "--key",
+                "event_id",
+                "--order-by",
+                "time",
+                "--context",
+                "data/train_meta.parquet",
+                "--empty-contexts",
+                "drop",
+                "--targets",
+                "azimuth,zenith",
+                "--shard-size",
+                "64KiB",
+                "--out",
+                out,
+            ];
+            args.extend_from_slice(extra);
+            dsc(dir.path(), &args).ok();
+        };
+        let features = ["--features", "time,charge"];
+        compile("a", 1, &[&features[..], &["--max-len", "64"]].concat());
+        compile(
+            "b",
+            2,
+            &[&features[..], &["--max-len", "128", "--compress", "zstd"]].concat(),
+        );
+        for (out, file) in [("c", 1), ("d", 2)] {
+            compile(
+                out,
+                file,
+                &[&features[..], &["--categorical", "sensor_id"]].concat(),
+            );
+        }
+        compile("e", 2, &["--features", "time"]);
+        dir
+    })
+    .path()
+}
+
+fn open(name: &str) -> Cache {
+    Cache::open(dir().join(name)).unwrap()
+}
+
+fn mix() -> Mix {
+    Mix::new(vec![open("a"), open("b")]).unwrap()
+}
+
+fn opts(batch: usize, weights: &[f64], samples: Option<usize>) -> LoaderOptions {
+    LoaderOptions {
+        batch_size: batch,
+        order: OrderSpec {
+            window: 500,
+            weights: weights.to_vec(),
+            mix_samples: samples,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Every key of a cache's train split.
+fn keys_of(cache: &Cache) -> BTreeSet<i64> {
+    let o = LoaderOptions {
+        order: OrderSpec {
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
+        batch_size: 1,
+        ..Default::default()
+    };
+    cache
+        .loader(o)
+        .unwrap()
+        .flat_map(|b| b.unwrap().keys())
+        .collect()
+}
+
+fn keys(mix: &Mix, o: LoaderOptions) -> Vec<Vec<i64>> {
+    mix.loader(o).unwrap().map(|b| b.unwrap().keys()).collect()
+}
+
+#[test]
+fn a_mix_draws_its_weights_and_reads_each_cache_in_its_own_epochs() {
+    let (a, b) = (keys_of(&open("a")), keys_of(&open("b")));
+    assert!(a.is_disjoint(&b) && a.len() > 250 && b.len() > 250);
+    let mix = mix();
+    let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+    for epoch in 0..2 {
+        let all: Vec<i64> = keys(
+            &mix,
+            LoaderOptions {
+                epoch,
+                ..opts(1000, &[0.7, 0.3], Some(100_000))
+            },
+        )
+        .concat();
+        assert_eq!(all.len(), 100_000);
+        let from_a = all.iter().filter(|k| a.contains(k)).count();
+        assert!(all.iter().all(|k| a.contains(k) || b.contains(k)));
+        let share = from_a as f64 / all.len() as f64;
+        assert!((share - 0.7).abs() < 0.007, "share of a {share}");
+        for k in all {
+            *counts.entry(k).or_default() += 1;
+        }
+        // Each cache is read one of its own epochs after another (each a permutation of it),
+        // across the mix's epochs: no context of a cache is drawn twice more than another.
+        for keys in [&a, &b] {
+            let drawn: Vec<usize> = keys.iter().map(|k| counts[k]).collect();
+            let (lo, hi) = (drawn.iter().min().unwrap(), drawn.iter().max().unwrap());
+            assert!(hi - lo <= 1, "epoch {epoch}: drawn {lo}..={hi} times");
+        }
+    }
+    // Without weights: each cache in proportion to its size, an epoch as long as both: every
+    // context exactly once, as if the caches were one.
+    let once: Vec<i64> = keys(
+        &mix,
+        LoaderOptions {
+            order: OrderSpec {
+                drop_last: false,
+                ..opts(1, &[], None).order
+            },
+            ..opts(1, &[], None)
+        },
+    )
+    .concat();
+    let sorted: BTreeSet<i64> = once.iter().copied().collect();
+    assert_eq!(once.len(), a.len() + b.len());
+    assert_eq!(sorted, a.union(&b).copied().collect());
+}
+
+#[test]
+fn a_mix_is_a_function_of_seed_epoch_and_weights_split_across_ranks_and_resumable() {
+    let mix = mix();
+    let base = opts(12, &[0.6, 0.4], Some(3000));
+    let one = keys(&mix, base.clone());
+    assert_eq!(one, keys(&mix, base.clone()), "deterministic");
+    for other in [
+        LoaderOptions {
+            epoch: 1,
+            ..base.clone()
+        },
+        opts(12, &[0.5, 0.5], Some(3000)),
+        LoaderOptions {
+            order: OrderSpec {
+                seed: 3,
+                ..base.order.clone()
+            },
+            ..base.clone()
+        },
+    ] {
+        assert_ne!(
+            one,
+            keys(&mix, other),
+            "another epoch, seed or weights: another order"
+        );
+    }
+    // Three ranks of 4 take the one global order of 12 in disjoint slices.
+    let ranks: Vec<Vec<Vec<i64>>> = (0..3)
+        .map(|rank| {
+            keys(
+                &mix,
+                LoaderOptions {
+                    batch_size: 4,
+                    rank,
+                    world_size: 3,
+                    ..base.clone()
+                },
+            )
+        })
+        .collect();
+    for (step, global) in one.iter().enumerate() {
+        let joined: Vec<i64> = ranks.iter().flat_map(|r| r[step].clone()).collect();
+        assert_eq!(&joined, global, "step {step}");
+    }
+    // A state resumes exactly, at the same global batch and at another one.
+    let mut loader = mix.loader(base.clone()).unwrap();
+    let first: Vec<Vec<i64>> = (&mut loader).take(7).map(|b| b.unwrap().keys()).collect();
+    let state = loader.state();
+    let rest: Vec<Vec<i64>> = mix
+        .loader_from_state(base.clone(), &state)
+        .unwrap()
+        .map(|b| b.unwrap().keys())
+        .collect();
+    assert_eq!([first.clone(), rest].concat(), one);
+    let flat: Vec<i64> = one.concat();
+    let other: Vec<i64> = mix
+        .loader_from_state(
+            LoaderOptions {
+                batch_size: 5,
+                ..base.clone()
+            },
+            &state,
+        )
+        .unwrap()
+        .flat_map(|b| b.unwrap().keys())
+        .collect();
+    assert_eq!(
+        other,
+        flat[7 * 12..7 * 12 + other.len()],
+        "at a global batch of 5"
+    );
+    assert!(flat.len() - 7 * 12 - other.len() < 5);
+    // The weights are part of the order a state keeps.
+    let err = state.check(&opts(12, &[0.5, 0.5], Some(3000))).unwrap_err();
+    assert!(
+        matches!(&err, LoadError::State { field, .. } if field == "weights"),
+        "{err}"
+    );
+}
+
+/// Each key's stored bytes of tensor `name` in `cache`.
+fn rows(cache: &Cache, name: &str) -> BTreeMap<i64, Vec<u8>> {
+    let o = LoaderOptions {
+        order: OrderSpec {
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
+        batch_size: 1,
+        ..Default::default()
+    };
+    cache
+        .loader(o)
+        .unwrap()
+        .map(|b| {
+            let b = b.unwrap();
+            (b.keys()[0], b.tensor(name).unwrap().bytes().to_vec())
+        })
+        .collect()
+}
+
+fn check_padded(batch: &Batch, stored: &[BTreeMap<i64, Vec<u8>>]) {
+    let x = batch.tensor("x").unwrap();
+    let row = x.bytes().len() / batch.size;
+    for (i, key) in batch.keys().into_iter().enumerate() {
+        let own = stored
+            .iter()
+            .find_map(|s| s.get(&key))
+            .expect("a key of a source");
+        let got = &x.bytes()[i * row..(i + 1) * row];
+        let n = own.len().min(row);
+        assert_eq!(&got[..n], &own[..n], "key {key}: its stored steps");
+        assert!(
+            got[n..].iter().all(|&v| v == 0),
+            "key {key}: zeros past its cache's L"
+        );
+    }
+}
+
+#[test]
+fn rows_of_a_cache_of_shorter_l_are_padded_with_zeros_to_the_longest() {
+    let stored = [rows(&open("a"), "x"), rows(&open("b"), "x")];
+    assert_eq!(stored[0].values().next().unwrap().len(), 64 * 2 * 4);
+    let mix = mix();
+    for trim in [false, true] {
+        let o = LoaderOptions {
+            trim,
+            ..opts(50, &[1.0, 1.0], Some(1000))
+        };
+        let mut seen = 0;
+        for batch in mix.loader(o).unwrap() {
+            let batch = batch.unwrap();
+            let x = batch.tensor("x").unwrap();
+            assert_eq!(x.shape()[1], if trim { batch.seq_len } else { 128 });
+            check_padded(&batch, &stored);
+            seen += batch.size;
+        }
+        assert_eq!(seen, 1000);
+    }
+    // The caller's buffers are filled with the same bytes.
+    let o = LoaderOptions {
+        threads: 0,
+        ..opts(50, &[1.0, 1.0], Some(1000))
+    };
+    let mut loader = mix.loader(o.clone()).unwrap();
+    let expected: Vec<Batch> = mix.loader(o).unwrap().map(Result::unwrap).collect();
+    let mut bufs: Vec<Vec<u8>> = loader
+        .batch_bytes()
+        .into_iter()
+        .map(|n| vec![7; n])
+        .collect();
+    for want in expected {
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        loader.next_into(&mut slices).unwrap().unwrap();
+        let x = want.tensor("x").unwrap().bytes();
+        assert_eq!(
+            &bufs[loader.layout().iter().position(|t| t.name == "x").unwrap()][..x.len()],
+            x
+        );
+    }
+}
+
+#[test]
+fn packed_mix_batches_hold_whole_sequences_of_both_caches() {
+    let stored = [rows(&open("a"), "x"), rows(&open("b"), "x")];
+    let mix = mix();
+    let o = LoaderOptions {
+        order: OrderSpec {
+            pack: Some(Pack::tokens(512)),
+            ..opts(1, &[], None).order
+        },
+        ..Default::default()
+    };
+    let mut keys = Vec::new();
+    for batch in mix.loader(o).unwrap() {
+        let batch = batch.unwrap();
+        let pack = batch.pack.unwrap();
+        let x = batch.tensor("x").unwrap().bytes();
+        let cu: Vec<i32> = batch
+            .tensor("cu_seqlens")
+            .unwrap()
+            .bytes()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let batch_keys = batch.keys();
+        for (i, key) in batch_keys.iter().take(pack.seqs).enumerate() {
+            let own = stored.iter().find_map(|s| s.get(key)).unwrap();
+            let (start, end) = (cu[i] as usize * 8, cu[i + 1] as usize * 8);
+            assert_eq!(&x[start..end], &own[..end - start], "key {key}");
+        }
+        keys.extend(batch_keys.into_iter().take(pack.seqs));
+    }
+    let distinct: BTreeSet<i64> = keys.iter().copied().collect();
+    assert_eq!(distinct.len(), keys.len(), "no sequence twice");
+    let total = stored[0].len() + stored[1].len();
+    assert!(
+        keys.len() * 10 > total * 9,
+        "{} of {total} trained",
+        keys.len()
+    );
+}
+
+#[test]
+fn caches_that_do_not_fit_together_are_refused_naming_the_tensor() {
+    let refused = |a: &str, b: &str| Mix::new(vec![open(a), open(b)]).unwrap_err().to_string();
+    let msg = refused("a", "e");
+    assert!(
+        msg.contains("tensor \"x\"") && msg.contains("shape"),
+        "{msg}"
+    );
+    let msg = refused("c", "d");
+    assert!(
+        msg.contains("\"sensor_id\"") && msg.contains("vocabulary"),
+        "{msg}"
+    );
+    let msg = refused("a", "d");
+    assert!(msg.contains("\"sensor_id\""), "{msg}");
+    let mix = mix();
+    let bad = |o: LoaderOptions| match mix.loader(o) {
+        Err(LoadError::Options(e)) => e.key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(bad(opts(8, &[1.0, 2.0, 3.0], None)), "weights");
+    assert_eq!(bad(opts(8, &[1.0, -1.0], None)), "weights");
+    assert_eq!(
+        bad(opts(8, &[1.0, 1e-4], None)),
+        "weights",
+        "never drawn in a window"
+    );
+    let bucket = LoaderOptions {
+        order: OrderSpec {
+            bucket: true,
+            ..opts(8, &[], None).order
+        },
+        ..opts(8, &[], None)
+    };
+    assert_eq!(bad(bucket), "bucket");
+    let one = open("a").loader(opts(8, &[1.0, 1.0], None)).unwrap_err();
+    assert!(matches!(one, LoadError::Options(e) if e.key == "weights"));
+}
+
+#[test]
+fn dsc_order_reports_a_mixs_realised_shares() {
+    let out = dsc(
+        dir(),
+        &[
+            "order",
+            "a",
+            "b",
+            "--weights",
+            "0.7,0.3",
+            "--mix-samples",
+            "100000",
+            "--json",
+        ],
+    )
+    .ok();
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mix = report["mix"].as_array().unwrap();
+    assert_eq!(mix.len(), 2);
+    for (m, w) in mix.iter().zip([0.7, 0.3]) {
+        let share = m["share"].as_f64().unwrap();
+        assert!((share - w).abs() / w < 0.01, "{m}");
+        assert_eq!(m["weight"].as_f64().unwrap(), w);
+    }
+    assert!(
+        mix[0]["passes"].as_f64().unwrap() > 200.0,
+        "a small cache read many times"
+    );
+    // The keys the loader gives, as the CLI prints them.
+    let cli: Vec<Vec<i64>> = serde_json::from_str(
+        &dsc(
+            dir(),
+            &[
+                "order",
+                "a",
+                "b",
+                "--weights",
+                "0.6,0.4",
+                "--mix-samples",
+                "3000",
+                "--window",
+                "500",
+                "--batch-size",
+                "12",
+                "--keys",
+                "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(
+        cli,
+        keys(
+            &Mix::new(vec![open("a"), open("b")]).unwrap(),
+            opts(12, &[0.6, 0.4], Some(3000))
+        )
+    );
+    let err = dsc(dir(), &["order", "a", "e"]).fails(2);
+    assert!(
+        err.contains("cannot be mixed") && err.contains("\"x\""),
+        "{err}"
+    );
+}
