@@ -50,7 +50,6 @@ mod gather;
 mod handoff;
 mod loader;
 mod mix;
-pub mod mix_order;
 mod mmap;
 mod options;
 pub mod order;

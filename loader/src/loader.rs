@@ -7,9 +7,9 @@ use crate::cache::Cache;
 use crate::error::LoadError;
 use crate::gather::{self, BatchInfo, Batching, Gather, Source, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
-use crate::mix_order::MixOrder;
+
 use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
-use crate::order::{Cursor, EpochOrder, Order, Sample, Steps};
+use crate::order::{Cursor, EpochOrder, MixOrder, Order, Sample, Steps};
 use crate::pack::{self, Packs};
 use crate::stats::{Counters, LoaderStats};
 use dsc_format::spec::format_size;

@@ -1,5 +1,5 @@
 //! Several caches read as one: their contexts drawn in fixed proportions, in an order that is a
-//! pure function of (seed, epoch, weights) ([`crate::mix_order`]).
+//! pure function of (seed, epoch, weights) ([`crate::order::MixOrder`]).
 
 use crate::cache::Cache;
 use crate::error::LoadError;
@@ -79,7 +79,7 @@ impl Mix {
         crate::loader::lengths_of(&self.sources, split)
     }
 
-    /// A loader for one epoch of the mix ([`crate::mix_order`]: what an epoch is).
+    /// A loader for one epoch of the mix ([`crate::order::MixOrder`]: what an epoch is).
     pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
         Loader::new(&self.sources, opts, 0)
     }

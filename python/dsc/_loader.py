@@ -82,7 +82,14 @@ class Loader:
     last one stopped.
 
     Args:
-        cache: a cache directory or a :class:`dsc.Cache`.
+        cache: a cache directory or a :class:`dsc.Cache`; a list of them: their mix, each
+            batch drawn from all of them in the proportions of ``weights`` (see
+            docs/PYTHON.md, "Mixing caches").
+        weights: a mix's weights, one per cache (normalised) [default: the caches' sizes, as
+            if they were one]. Every window of ``window`` positions holds each cache within one
+            position of its weight.
+        mix_samples: positions in an epoch of a mix [default: the caches' contexts together];
+            a cache that runs out continues with its own next epoch, reshuffled.
         split: the split to read (``train``, ``val``, …).
         batch_size: contexts per batch on this rank [default: 256]; not used with ``pack``.
         shuffle: window-shuffle each epoch (off: compiled order, batches are zero-copy views).
@@ -140,7 +147,7 @@ class Loader:
 
     def __init__(
         self,
-        cache: Union[PathLike, Cache],
+        cache: Union[PathLike, Cache, Sequence[Union[PathLike, Cache]]],
         split: str = "train",
         batch_size: Optional[int] = None,
         *,
@@ -166,8 +173,25 @@ class Loader:
         max_seqs: Optional[int] = None,
         resident: Optional[bool] = None,
         resident_budget: Union[int, str, None] = None,
+        weights: Optional[Sequence[float]] = None,
+        mix_samples: Optional[int] = None,
     ) -> None:
-        self.cache = cache if isinstance(cache, Cache) else Cache(cache)
+        given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+        if not given:
+            raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix")
+        self.caches: List[Cache] = [c if isinstance(c, Cache) else Cache(c) for c in given]
+        self.cache = self.caches[0]
+        mixed = len(self.caches) > 1
+        self.weights: Optional[List[float]] = None
+        if weights is not None:
+            self.weights = [float(w) for w in weights]
+            if not mixed:
+                raise OptionsError("weights= weighs the caches of a mix: pass a list of caches")
+        if mix_samples is not None and not mixed:
+            raise OptionsError("mix_samples= sizes the epoch of a mix: pass a list of caches")
+        self.mix_samples = None if mix_samples is None else _check_int("mix_samples", mix_samples, 0)
+        self._sources = (_dsc.CacheHandle.mix([c._handle for c in self.caches]) if mixed
+                         else self.cache._handle)
         self.split = str(split)
         self.pack = None if pack is None else _check_int("pack", pack, 1)
         self.max_seqs = None if max_seqs is None else _check_int("max_seqs", max_seqs, 1)
@@ -212,10 +236,9 @@ class Loader:
         if format == "torch" and torch is None:
             raise OptionsError("format='torch' needs PyTorch (pip install torch); or use format='numpy'")
         self.format = format
-        if self.split not in self.cache.splits:
-            raise OptionsError(
-                f"{self.cache.path}: no split {self.split!r} (splits: {list(self.cache.splits)})"
-            )
+        for c in self.caches:
+            if self.split not in c.splits:
+                raise OptionsError(f"{c.path}: no split {self.split!r} (splits: {list(c.splits)})")
         names = [t.name for t in self.cache.schema]
         if columns is not None:
             columns = [columns] if isinstance(columns, str) else list(columns)
@@ -262,7 +285,7 @@ class Loader:
         self._active: Optional["weakref.ref[_Epoch]"] = None
         self._planned: Optional[Tuple[int, int]] = None  # (epoch, its steps)
         self._steps()  # checks the options against the cache now, not at the first batch
-        self._contexts = self.cache.splits[self.split]
+        self._contexts = self._sources.positions(self._options(0))
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.
         self._fill_path = self.pin_memory
@@ -278,6 +301,11 @@ class Loader:
         if budget is not None and not isinstance(budget, (str, int)) or isinstance(budget, bool):
             raise OptionsError(f"resident_budget={budget!r}: expected bytes or a size like '8GiB'")
         if resident is False:
+            return None
+        if len(self.caches) > 1:
+            if resident:
+                raise OptionsError("resident=True keeps one cache's split on the device; a mix "
+                                   "is gathered on the host (leave resident= unset)")
             return None
         if self.format != "torch":
             if resident:
@@ -350,10 +378,10 @@ class Loader:
         continues the same order exactly, also on another number of ranks or at another batch size
         (from the same position of the same global order; a bucketed order resumes at its own
         global batch only). The order's fields and position come from the Rust loader's state."""
-        state = json.loads(self.cache._handle.state(self._options(0), self._step))
+        state = json.loads(self._sources.state(self._options(0), self._step))
         return {
             "version": STATE_VERSION,
-            "content_id": self.cache.content_id,
+            "content_id": self._content_id(),
             **state,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
@@ -374,7 +402,7 @@ class Loader:
             raise StateError(f"not a dsc loader state: it lacks {missing}")
         if state["version"] != STATE_VERSION:
             raise StateError(f"loader state version {state['version']!r}; this dsc reads {STATE_VERSION}")
-        ours = (self.cache.content_id if identity == "content_id"
+        ours = (self._content_id() if identity == "content_id"
                 else self.cache._legacy_content_hash())
         if state[identity] != ours:
             raise StateError(
@@ -385,7 +413,7 @@ class Loader:
             text = json.dumps(state)
         except (TypeError, ValueError) as e:
             raise StateError(f"not a dsc loader state: {e}") from None
-        epoch, step, skip = self.cache._handle.resume(self._options(0), text)
+        epoch, step, skip = self._sources.resume(self._options(0), text)
         self._close_active()
         self._epoch, self._step, self._skip = epoch, step, skip
         self._planned = None
@@ -435,7 +463,7 @@ class Loader:
         s = dict(self._counts)
         s["queue_mean"] = s.pop("queued") / max(1, s["batches"])
         names = ("shard_reads", "stored_bytes_read", "shard_hits", "shard_evictions")
-        s.update(zip(names, self.cache._handle.shard_stats()))
+        s.update(zip(names, self._sources.shard_stats()))
         return s
 
     def close(self) -> None:
@@ -459,8 +487,11 @@ class Loader:
         raise WorkerError(f"a dsc.Loader cannot be pickled (sent to another process). {FORK_ADVICE}")
 
     def __repr__(self) -> str:
+        caches = ([c.path for c in self.caches] if len(self.caches) > 1 else self.cache.path)
+        mix = (f", weights={self.weights}, mix_samples={self.mix_samples}"
+               if len(self.caches) > 1 else "")
         return (
-            f"dsc.Loader({self.cache.path!r}, split={self.split!r}, batch_size={self.batch_size}, "
+            f"dsc.Loader({caches!r}{mix}, split={self.split!r}, batch_size={self.batch_size}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
             f"world_size={self.world_size}, bucket={self.bucket}, pack={self.pack}, "
             f"steps={len(self)})"
@@ -482,6 +513,10 @@ class Loader:
         )
         if self.pack is not None:
             order["pack"] = {"tokens": self.pack, "max_seqs": self.max_seqs}
+        if self.weights is not None:
+            order["weights"] = self.weights
+        if self.mix_samples is not None:
+            order["mix_samples"] = self.mix_samples
         return json.dumps(dict(
             order=order, batch_size=self.batch_size, epoch=self._epoch, skip=self._skip,
             rank=self.rank,
@@ -492,14 +527,18 @@ class Loader:
     def _steps(self) -> int:
         """Steps of the current epoch (planned once per epoch: packs depend on it)."""
         if self._planned is None or self._planned[0] != self._epoch:
-            self._planned = (self._epoch, self.cache._handle.plan(self._options(0))[0])
+            self._planned = (self._epoch, self._sources.plan(self._options(0))[0])
         return self._planned[1]
 
     def _handle(self, threads: int):
         # Writable (private) zero-copy views only for torch tensors that stay views.
-        return self.cache._handle.loader(
+        return self._sources.loader(
             self._options(threads), self._step, self.format == "torch" and not self.copy,
         )
+
+    def _content_id(self) -> str:
+        """The identity of the data read: the cache's ``content_id``, a mix's joined by ``+``."""
+        return "+".join(c.content_id for c in self.caches)
 
     def _record(self, batch: Batch, waited: float, queued: int) -> None:
         """Counts a batch handed to the caller (:meth:`Loader.stats`)."""

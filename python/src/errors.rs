@@ -228,6 +228,13 @@ pub fn load_error(py: Python<'_>, e: LoadError) -> PyErr {
             };
             raise(py, "OptionsError", e.to_string(), place)
         }
+        LoadError::Mismatch { ref tensor, .. } => {
+            let place = Place {
+                tensor: Some(tensor.clone()),
+                ..Place::default()
+            };
+            raise(py, "OptionsError", e.to_string(), place)
+        }
         LoadError::State { .. } => raise(py, "StateError", e.to_string(), Place::default()),
         LoadError::Format(f) => format_error(py, f),
         LoadError::Map { ref path, .. } | LoadError::OutOfMaps { ref path, .. } => {

@@ -18,7 +18,7 @@ use dsc_compiler::{CompileOptions, CompileSpec, Interrupt, Storage, TerminalBars
 use dsc_format::choice::Choice;
 use dsc_format::{Codec, Dtype};
 use dsc_loader::pack::PackInfo;
-use dsc_loader::{Cache, Filler, LoadError, LoaderOptions, State, TensorLayout};
+use dsc_loader::{Cache, Filler, LoadError, LoaderOptions, Mix, State, TensorLayout};
 use errors::{compile_error, load_error, options_error};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -32,10 +32,13 @@ fn dtype_name(d: Dtype) -> &'static str {
     }
 }
 
-/// An open cache.
+/// An open cache, or a mix of several (its loaders draw from all of them).
 #[pyclass(frozen, module = "dsc._dsc")]
 struct CacheHandle {
+    /// The cache (a mix's first).
     cache: Cache,
+    /// What loaders read: the cache alone, or the mix.
+    mix: Mix,
 }
 
 #[pymethods]
@@ -46,19 +49,44 @@ impl CacheHandle {
         let cache = py
             .detach(|| Cache::open(&path))
             .map_err(|e| load_error(py, e))?;
-        Ok(CacheHandle { cache })
+        let mix = Mix::new(vec![cache.clone()]).map_err(|e| load_error(py, e))?;
+        Ok(CacheHandle { cache, mix })
     }
 
-    /// What the cache's compressed shards have cost so far: `(reads, stored bytes read, hits,
-    /// evictions)`.
+    /// The mix of the caches of `handles`, in order; refuses caches whose tensors differ
+    /// (`dsc.OptionsError` naming the tensor).
+    #[staticmethod]
+    fn mix(py: Python<'_>, handles: Vec<PyRef<'_, CacheHandle>>) -> PyResult<CacheHandle> {
+        let caches: Vec<Cache> = handles.iter().map(|h| h.cache.clone()).collect();
+        let Some(first) = caches.first().cloned() else {
+            return Err(load_error(py, LoadError::Call("a mix of no caches".into())));
+        };
+        let mix = Mix::new(caches).map_err(|e| load_error(py, e))?;
+        Ok(CacheHandle { cache: first, mix })
+    }
+
+    /// What the caches' compressed shards have cost so far (a mix's summed): `(reads, stored
+    /// bytes read, hits, evictions)`.
     fn shard_stats(&self) -> (u64, u64, u64, u64) {
-        let s = self.cache.shard_stats();
-        (
-            s.shard_reads,
-            s.stored_bytes_read,
-            s.shard_hits,
-            s.shard_evictions,
-        )
+        self.mix
+            .sources()
+            .iter()
+            .map(Cache::shard_stats)
+            .fold((0, 0, 0, 0), |(a, b, c, d), s| {
+                (
+                    a + s.shard_reads,
+                    b + s.stored_bytes_read,
+                    c + s.shard_hits,
+                    d + s.shard_evictions,
+                )
+            })
+    }
+
+    /// Positions in an epoch of split `split` with `options` (JSON): the split's contexts, or
+    /// a mix's `mix_samples` (default: its caches' contexts together).
+    fn positions(&self, py: Python<'_>, options: &str) -> PyResult<usize> {
+        let opts = parse_options(py, options)?;
+        Ok(positions(&self.mix, &opts))
     }
 
     /// The identity of the cache's data (`Manifest::content_id`): shard names and checksums.
@@ -83,9 +111,9 @@ impl CacheHandle {
     /// `(name, dtype, whole-batch shape, trimmed axis or None)`. Packed orders plan the epoch.
     fn plan(&self, py: Python<'_>, options: &str) -> PyResult<(usize, Vec<LayoutInfo>)> {
         let opts = parse_options(py, options)?;
-        let cache = self.cache.clone();
+        let mix = self.mix.clone();
         let (steps, layout) = py
-            .detach(|| cache.plan(&opts))
+            .detach(|| mix.plan(&opts))
             .map_err(|e| load_error(py, e))?;
         Ok((steps, layout.iter().map(layout_info).collect()))
     }
@@ -100,9 +128,9 @@ impl CacheHandle {
         writable: bool,
     ) -> PyResult<LoaderHandle> {
         let opts = parse_options(py, options)?;
-        let cache = self.cache.clone();
+        let mix = self.mix.clone();
         let loader = py
-            .detach(|| cache.loader_at(opts, step))
+            .detach(|| mix.loader_at(opts, step))
             .map_err(|e| load_error(py, e))?;
         Ok(LoaderHandle {
             filler: loader.filler(),
@@ -140,15 +168,11 @@ impl CacheHandle {
         let step = start.step;
         opts.epoch = state.epoch;
         opts.skip = start.skip;
-        let cache = self.cache.clone();
+        let mix = self.mix.clone();
         let (steps, _) = py
-            .detach(|| cache.plan(&opts))
+            .detach(|| mix.plan(&opts))
             .map_err(|e| load_error(py, e))?;
-        let contexts = self
-            .cache
-            .manifest()
-            .split(&opts.order.split)
-            .map_or(0, |s| s.contexts);
+        let contexts = positions(&self.mix, &opts);
         if step > steps || start.skip > contexts {
             return Err(load_error(
                 py,
@@ -163,6 +187,24 @@ impl CacheHandle {
             ));
         }
         Ok((state.epoch, step, start.skip))
+    }
+}
+
+/// Positions in an epoch of `opts` over `mix`: a mix's `mix_samples`, else its caches' contexts
+/// of the split together.
+fn positions(mix: &Mix, opts: &LoaderOptions) -> usize {
+    let contexts = mix
+        .sources()
+        .iter()
+        .map(|c| {
+            c.manifest()
+                .split(&opts.order.split)
+                .map_or(0, |s| s.contexts)
+        })
+        .sum();
+    match mix.sources() {
+        [_, _, ..] => opts.order.mix_samples.unwrap_or(contexts),
+        _ => contexts,
     }
 }
 

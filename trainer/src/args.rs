@@ -33,9 +33,16 @@ use std::path::PathBuf;
     verbatim_doc_comment
 )]
 pub struct Cli {
-    /// The compiled cache (a folder with manifest.json).
-    #[arg(long, required_unless_present = "resume")]
-    pub cache: Option<PathBuf>,
+    /// The compiled cache (a folder with manifest.json). Repeat it to train on a mix of
+    /// caches with the same tensors (inputs scaled with the first's statistics).
+    #[arg(long, required_unless_present = "resume", value_name = "CACHE")]
+    pub cache: Vec<PathBuf>,
+
+    /// A mix's weights, one per --cache, in their order (normalised): every shuffle window
+    /// holds each cache within one context of its weight, and a cache that runs out continues
+    /// with its next epoch [default: the caches' sizes, as if they were one].
+    #[arg(long, value_delimiter = ',', value_name = "W,W,..")]
+    pub weights: Vec<f64>,
 
     /// Continue the run saved in this checkpoint exactly (every other flag, --no-normalise
     /// included, is taken from it, except --epochs, --max-steps, --device, --threads, --json
@@ -238,12 +245,14 @@ impl Cli {
 
     /// The run configuration the flags describe.
     pub fn run_config(&self) -> anyhow::Result<RunConfig> {
-        let cache = self
+        let (cache, mix) = self
             .cache
-            .clone()
+            .split_first()
             .expect("clap requires --cache without --resume");
         let cfg = RunConfig {
-            cache,
+            cache: cache.clone(),
+            mix: mix.to_vec(),
+            weights: self.weights.clone(),
             task: self.task,
             target: self.target.clone(),
             model: self.model,

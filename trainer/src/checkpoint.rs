@@ -35,11 +35,21 @@ pub struct Position {
     pub history: Vec<EpochReport>,
     /// The cache's input fingerprint: a resumed run must read the same data.
     pub cache_fingerprint: String,
-    /// The cache's content identity (`Manifest::content_id`: its shards' names and checksums):
-    /// a resumed run must read the same shards, or the saved position would continue another
-    /// order. Absent in checkpoints from before it was recorded.
+    /// The cache's content identity (`Manifest::content_id`: its shards' names and checksums;
+    /// a mix's joined by `+`, [`content_of`]): a resumed run must read the same shards, or the
+    /// saved position would continue another order. Absent in checkpoints from before it was
+    /// recorded.
     #[serde(default)]
     pub cache_content: Option<String>,
+}
+
+/// The content identity of the caches a run reads: each one's `content_id`, joined by `+`.
+pub fn content_of<'a>(manifests: impl IntoIterator<Item = &'a dsc_format::Manifest>) -> String {
+    manifests
+        .into_iter()
+        .map(dsc_format::Manifest::content_id)
+        .collect::<Vec<_>>()
+        .join("+")
 }
 
 impl Position {

@@ -82,8 +82,16 @@ pub enum ModelKind {
 /// Everything that defines a run's arithmetic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunConfig {
-    /// The cache directory.
+    /// The cache directory (a mix's first).
     pub cache: PathBuf,
+    /// Further caches whose train splits are mixed with `cache`'s (`--cache a --cache b`):
+    /// the same tensors, any `L` (batches are padded to the longest). Inputs are scaled with
+    /// the first cache's statistics; evaluation reads every cache's split once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<PathBuf>,
+    /// The train mix's weights, one per cache (`--weights`; empty: the caches' sizes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<f64>,
     /// What is learned from `y`.
     pub task: Task,
     /// Target columns of `y`; empty: the task's default.
@@ -180,6 +188,12 @@ impl RunConfig {
                     tokens,
                     max_seqs: self.max_seqs,
                 }),
+                // Evaluation reads each cache's split once (weights by size, one pass).
+                weights: if train {
+                    self.weights.clone()
+                } else {
+                    Vec::new()
+                },
                 ..Default::default()
             },
             batch_size: self.batch_size,
@@ -205,6 +219,8 @@ impl RunConfig {
     pub fn new(cache: impl Into<PathBuf>, task: Task) -> RunConfig {
         RunConfig {
             cache: cache.into(),
+            mix: Vec::new(),
+            weights: Vec::new(),
             task,
             target: Vec::new(),
             model: ModelKind::Transformer,
@@ -270,6 +286,18 @@ impl RunConfig {
             self.trim_multiple.is_none() || self.pack.is_none(),
             "trim_multiple",
             "rounds trimmed lengths; packed batches (`pack`) have one shape already"
+        );
+        ensure!(
+            self.weights.is_empty() || self.weights.len() == self.mix.len() + 1,
+            "weights",
+            "gives {} weights for {} caches: one per `cache`, in their order",
+            self.weights.len(),
+            self.mix.len() + 1
+        );
+        ensure!(
+            self.mix.is_empty() || self.resident != Some(true),
+            "resident",
+            "keeps one cache's split on the device; a mix is gathered on the host"
         );
         ensure!(self.log_every > 0, "log_every", "must be at least 1");
         ensure!(self.epochs > 0, "epochs", "must be at least 1");

@@ -19,7 +19,7 @@ use tch::Device;
 /// step's (the loss is read every `--log-every` steps, so that is when it can tell).
 pub fn overfit_batch(mut s: Session, steps: u64) -> Result<Summary> {
     // Not `drop_last`: a split smaller than one batch still gives one.
-    let loader = s.cache.loader(LoaderOptions {
+    let loader = s.sources.loader(LoaderOptions {
         order: OrderSpec {
             drop_last: false,
             ..train_options(&s, 0).order
@@ -156,7 +156,7 @@ pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSize
 fn trial(cfg: RunConfig, device: Device) -> Result<f64> {
     const MEASURED: usize = 3;
     let mut s = Session::new(cfg, device, 2)?;
-    let loader = s.cache.loader(train_options(&s, 0))?;
+    let loader = s.sources.loader(train_options(&s, 0))?;
     if loader.steps() <= MEASURED {
         let what = format!(
             "the training split has fewer than {} batches of {}",

@@ -49,6 +49,14 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             // fingerprint but not the order the saved position counts in).
             let manifest = dsc_format::Manifest::read(&cfg.cache)
                 .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
+            let mut manifests = vec![manifest.clone()];
+            for other in &cfg.mix {
+                manifests.push(
+                    dsc_format::Manifest::read(other)
+                        .with_context(|| format!("opening the cache {}", other.display()))?,
+                );
+            }
+            let content = checkpoint::content_of(&manifests);
             let now = &manifest.inputs().fingerprint;
             if *now != ck.position.cache_fingerprint {
                 bail!(
@@ -60,13 +68,16 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                 );
             }
             match &ck.position.cache_content {
-                Some(then) if *then != manifest.content_id() => bail!(
-                    "the cache {} holds other shards (content {}) than when {} was written \
-                     ({then}): it was recompiled from the same inputs with another --seed, \
-                     --shard-size or option, so the saved position would continue a different \
-                     order; resume on the cache the run started on, or start a new run",
-                    cfg.cache.display(),
-                    manifest.content_id(),
+                Some(then) if *then != content => bail!(
+                    "the cache {} holds other shards (content {content}) than when {} was \
+                     written ({then}): it was recompiled from the same inputs with another \
+                     --seed, --shard-size or option, so the saved position would continue a \
+                     different order; resume on the cache the run started on, or start a new run",
+                    std::iter::once(&cfg.cache)
+                        .chain(&cfg.mix)
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" + "),
                     path.display()
                 ),
                 Some(_) => {}
@@ -85,9 +96,18 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     };
     if !cli.json {
         eprintln!(
-            "dsc-train on {} · cache {}",
+            "dsc-train on {} · cache {}{}",
             device::describe(device),
-            cfg.cache.display()
+            std::iter::once(&cfg.cache)
+                .chain(&cfg.mix)
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" + "),
+            match cfg.weights.as_slice() {
+                [] if cfg.mix.is_empty() => String::new(),
+                [] => " (weighed by size)".into(),
+                w => format!(" (weights {w:?})"),
+            }
         );
     }
     if cli.find_batch_size {

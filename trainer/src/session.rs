@@ -15,7 +15,7 @@ use crate::timing::Shares;
 use dsc_format::spelling::OptionError;
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, TensorRole};
-use dsc_loader::{Cache, TensorLayout};
+use dsc_loader::{Cache, Mix, TensorLayout};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use tch::{nn, Device, Tensor};
@@ -42,8 +42,10 @@ struct Layout {
 pub struct Session {
     /// What defines the run.
     pub cfg: RunConfig,
-    /// The open cache.
+    /// The open cache (a mix's first: its manifest and statistics describe the batches).
     pub cache: Cache,
+    /// What the loaders read: the cache, or its mix with `cfg.mix`.
+    pub sources: Mix,
     /// Where the network runs.
     pub device: Device,
     /// Mixed precision in use.
@@ -96,6 +98,11 @@ impl Session {
     pub fn new(cfg: RunConfig, device: Device, slots: usize) -> Result<Session> {
         cfg.validate()?;
         let cache = Cache::open(&cfg.cache)?;
+        let mut caches = vec![cache.clone()];
+        for path in &cfg.mix {
+            caches.push(Cache::open(path)?);
+        }
+        let sources = Mix::new(caches)?;
         let amp = cfg.amp.unwrap_or(if device.is_cuda() {
             Amp::Bf16
         } else {
@@ -112,12 +119,18 @@ impl Session {
             false => None,
         };
         let vs = nn::VarStore::new(device);
-        let task = TaskSpec::resolve(&cfg, &cache, stats.as_ref(), &vs.root())?;
+        let task = TaskSpec::resolve(&cfg, &sources, stats.as_ref(), &vs.root())?;
         let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);
         // Train and evaluation batches have the same layout (the same T and S when packed).
         let (_, batch_layout) =
-            cache.plan(&cfg.loader_options(cache.manifest(), "train", 0, trim_multiple))?;
-        let (layout, shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
+            sources.plan(&cfg.loader_options(cache.manifest(), "train", 0, trim_multiple))?;
+        let (layout, mut shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
+        // A mix's batches are as long as its longest cache.
+        shape.max_len = batch_layout
+            .iter()
+            .filter_map(|t| t.trimmed_axis.map(|a| t.shape[a] as i64))
+            .max()
+            .unwrap_or(shape.max_len);
         tch::manual_seed(cfg.seed as i64);
         let net = cfg.model_config().build(&vs.root(), &shape, amp);
         let trainable = named_weights(&vs)
@@ -142,6 +155,7 @@ impl Session {
         Ok(Session {
             cfg,
             cache,
+            sources,
             device,
             amp,
             trim_multiple,
@@ -435,7 +449,10 @@ fn resident_split(
     device: Device,
     slots: usize,
 ) -> Result<Option<Resident>> {
-    if cfg.resident == Some(false) || (cfg.resident.is_none() && !device.is_cuda()) {
+    if cfg.resident == Some(false)
+        || (cfg.resident.is_none() && !device.is_cuda())
+        || !cfg.mix.is_empty()
+    {
         return Ok(None);
     }
     let m = cache.manifest();

@@ -6,7 +6,7 @@ use crate::model::Standardise;
 use crate::normalise::Scaling;
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, Stage, TensorRole};
-use dsc_loader::{Cache, LoaderOptions, OrderSpec};
+use dsc_loader::{Cache, LoaderOptions, Mix, OrderSpec};
 use tch::nn::{self, Module};
 use tch::{Kind, Reduction, Tensor};
 
@@ -34,11 +34,12 @@ impl TaskSpec {
     /// whose scaling becomes variables under `vs`.
     pub fn resolve(
         cfg: &RunConfig,
-        cache: &Cache,
+        sources: &Mix,
         stats: Option<&SplitStats>,
         vs: &nn::Path,
     ) -> Result<TaskSpec> {
         let device = vs.device();
+        let cache = &sources.sources()[0];
         let manifest = cache.manifest();
         let Some(y) = manifest
             .tensors()
@@ -105,7 +106,7 @@ impl TaskSpec {
                         "`task=classification` takes one target column, got {wanted:?}"
                     )));
                 }
-                (count_classes(cache, columns[0], &wanted[0])?, "accuracy")
+                (count_classes(sources, columns[0], &wanted[0])?, "accuracy")
             }
         };
         let scaling = match (cfg.task, stats) {
@@ -188,10 +189,28 @@ impl TaskSpec {
     }
 }
 
-/// The number of classes of an integer target: its training-split maximum plus one. Every value
-/// must be a non-negative integer.
-fn count_classes(cache: &Cache, column: i64, name: &str) -> Result<i64> {
+/// The number of classes of an integer target: its training-split maximum (over every cache of
+/// a mix) plus one. Every value must be a non-negative integer.
+fn count_classes(sources: &Mix, column: i64, name: &str) -> Result<i64> {
+    let mut max = -1i64;
+    for cache in sources.sources() {
+        max = max.max(largest_class(cache, column, name)?);
+    }
+    if max < 1 {
+        return Err(TrainError::cache(
+            sources.sources()[0].dir(),
+            format!(
+                "`task=classification`: target {name:?} has a single class in the training split"
+            ),
+        ));
+    }
+    Ok(max + 1)
+}
+
+/// The largest class number of an integer target in `cache`'s training split (-1 if empty).
+fn largest_class(cache: &Cache, column: i64, name: &str) -> Result<i64> {
     let bad = |what: String| TrainError::cache(cache.dir(), what);
+    let mut max = -1i64;
     let y = cache
         .tensors()
         .iter()
@@ -208,7 +227,6 @@ fn count_classes(cache: &Cache, column: i64, name: &str) -> Result<i64> {
         threads: 0,
         ..Default::default()
     };
-    let mut max = -1i64;
     let mut row = 0usize;
     for batch in cache.loader(opts)? {
         let batch = batch?;
@@ -227,10 +245,5 @@ fn count_classes(cache: &Cache, column: i64, name: &str) -> Result<i64> {
         }
         row += batch.size;
     }
-    if max < 1 {
-        return Err(bad(format!(
-            "`task=classification`: target {name:?} has a single class in the training split"
-        )));
-    }
-    Ok(max + 1)
+    Ok(max)
 }

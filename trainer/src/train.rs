@@ -39,7 +39,7 @@ pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
 
 /// Micro-batches per epoch that are trained: whole optimizer steps only.
 fn micro_per_epoch(s: &Session) -> Result<u64> {
-    let steps = s.cache.loader(train_options(s, 0))?.steps() as u64;
+    let steps = s.sources.loader(train_options(s, 0))?.steps() as u64;
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
     if micro == 0 {
         let problem = format!(
@@ -95,8 +95,10 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     while pos.epoch < s.cfg.epochs && !stopped {
         let epoch = pos.epoch;
         let loader = match &pos.loader {
-            Some(state) => s.cache.loader_from_state(train_options(&s, epoch), state)?,
-            None => s.cache.loader(train_options(&s, epoch))?,
+            Some(state) => s
+                .sources
+                .loader_from_state(train_options(&s, epoch), state)?,
+            None => s.sources.loader(train_options(&s, epoch))?,
         };
         let bar = progress(opts.quiet, micro_epoch, epoch, s.cfg.epochs);
         bar.set_position(pos.micro_in_epoch);
@@ -272,7 +274,13 @@ fn check_eval_split(s: &Session) -> Result<()> {
 /// on the device as one `[2]` tensor, and the contexts summed; `None` for an empty or absent
 /// split.
 fn split_sums(s: &mut Session, split: &str) -> Result<Option<(Tensor, usize)>> {
-    let contexts = s.cache.manifest().split(split).map_or(0, |v| v.contexts);
+    // Every cache's split once (a mix's evaluation weighs its caches by size, one pass).
+    let contexts = s
+        .sources
+        .sources()
+        .iter()
+        .map(|c| c.manifest().split(split).map_or(0, |v| v.contexts))
+        .sum::<usize>();
     if contexts == 0 {
         return Ok(None);
     }
@@ -281,7 +289,7 @@ fn split_sums(s: &mut Session, split: &str) -> Result<Option<(Tensor, usize)>> {
         .loader_options(s.cache.manifest(), split, 0, s.trim_multiple);
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
     let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
-    let loader = s.cache.loader(opts)?;
+    let loader = s.sources.loader(opts)?;
     let b = s.cfg.batch_size;
     let mut seen = 0usize;
     let ring = s.ring.clone();
@@ -371,11 +379,10 @@ fn final_evaluation(s: &mut Session, quiet: bool) -> Result<Vec<SplitEvaluation>
 
 /// The position at the start of a run of `s`.
 fn start_position(s: &Session) -> Position {
-    let m = s.cache.manifest();
     Position::start(
         s.cfg.clone(),
-        m.inputs().fingerprint.clone(),
-        m.content_id(),
+        s.cache.manifest().inputs().fingerprint.clone(),
+        crate::checkpoint::content_of(s.sources.sources().iter().map(|c| c.manifest())),
     )
 }
 

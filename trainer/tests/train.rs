@@ -17,6 +17,9 @@ struct Fixture {
     ice: PathBuf,
     icecube: PathBuf,
     sequences: PathBuf,
+    /// Two caches of disjoint events of `ice` (its two files), L = 48 and 32, no categorical
+    /// column (each file's sensors would give it a vocabulary of its own): for mixing.
+    mix: [PathBuf; 2],
 }
 
 /// The fixture's compile of the IceCube-like data in `ice`.
@@ -54,6 +57,19 @@ fn fixture() -> &'static Fixture {
         let ice = root.join("ice");
         let icecube = root.join("ice-cache");
         compile(icecube_spec(&ice), &icecube);
+        let mix = [(1, 48), (2, 32)].map(|(file, max_len)| {
+            let mut spec = icecube_spec(&ice);
+            spec["rows"] = serde_json::json!([ice
+                .join(format!("train/batch_{file}.parquet"))
+                .display()
+                .to_string()]);
+            spec["categorical"] = serde_json::json!([]);
+            spec["max_len"] = max_len.into();
+            spec["empty_contexts"] = "drop".into();
+            let out = root.join(format!("ice-mix-{file}"));
+            compile(spec, &out);
+            out
+        });
 
         let seq = root.join("seq");
         let sopts = dsc_gen::sequences::SequencesOptions {
@@ -87,6 +103,7 @@ fn fixture() -> &'static Fixture {
             ice,
             icecube,
             sequences,
+            mix,
         }
     })
 }
@@ -318,6 +335,66 @@ fn assert_same_weights(a: &Path, b: &Path) {
             assert!((x - y).abs() <= 1e-6, "{na}: {x} vs {y}");
         }
     }
+}
+
+#[test]
+fn a_mix_of_two_caches_learns_and_resumes_exactly() {
+    let fx = fixture();
+    let (a, b) = (path(&fx.mix[0]), path(&fx.mix[1]));
+    let (straight, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (sa, sb) = (path(straight.path()), path(split.path()));
+    let common = [
+        "--cache",
+        &a,
+        "--cache",
+        &b,
+        "--weights",
+        "0.7,0.3",
+        "--task",
+        "direction",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "32",
+        "--lr",
+        "2e-3",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&str> = common.to_vec();
+        args.extend(SMALL);
+        args.extend(extra);
+        train(&args).json()
+    };
+    let full = run(&["--out", &sa]);
+    let epochs = full["epochs"].as_array().unwrap();
+    // Evaluated on both caches' validation splits, each context once.
+    let (first, last) = (f(&epochs[0]["val_loss"]), f(&epochs[2]["val_loss"]));
+    assert!(last < first, "validation loss {first} -> {last}");
+    assert!(f(&epochs[2]["val_metric"]) < 1.2, "{}", epochs[2]);
+    let steps = full["optimizer_steps"].as_u64().unwrap();
+    assert_eq!(full["loader"]["contexts"].as_u64(), Some(steps * 32));
+    let stop = (steps / 2).to_string();
+    run(&["--out", &sb, "--max-steps", &stop]);
+    let ckpt = path(&split.path().join("last.ckpt"));
+    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    assert_eq!(rest["optimizer_steps"].as_u64().unwrap(), steps);
+    assert_same_weights(straight.path(), split.path());
+    // Mismatched caches and weights are refused before training.
+    let ice = path(&fx.icecube);
+    let refused = train(&["--cache", &a, "--cache", &ice, "--task", "direction"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("cannot be mixed"),
+        "{}",
+        refused.stderr
+    );
+    let refused = train(&["--cache", &a, "--cache", &b, "--weights", "1,2,3"]);
+    assert!(
+        refused.stderr.contains("--weights gives 3 weights"),
+        "{}",
+        refused.stderr
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@
 //! so any position is found with one block arrangement and one window of one source: a resume
 //! costs O(block + window), never a replay.
 
-use crate::order::{epoch_seed, Cursor, EpochOrder, Sample};
+use super::window::{epoch_seed, EpochOrder, Sample, WindowCursor};
 use dsc_format::rng::{mix64, stream, Xoshiro256};
 
 /// One source of a mix, as its order sees it.
@@ -54,9 +54,9 @@ pub struct MixOrder {
 }
 
 /// What a mix keeps between lookups: the last block's arrangement, and the epoch order of each
-/// source's current epoch.
+/// source's current epoch. Start with `MixCursor::default()`.
 #[derive(Debug, Clone)]
-pub(crate) struct MixCursor {
+pub struct MixCursor {
     block: usize,
     /// Source of each position of the block.
     arrangement: Vec<u32>,
@@ -66,7 +66,19 @@ pub(crate) struct MixCursor {
     /// Each source's positions before the block in the epoch.
     seats: Vec<usize>,
     /// Per source: the epoch whose order is kept, that order and its cursor.
-    sources: Vec<Option<(u64, EpochOrder, Cursor)>>,
+    sources: Vec<Option<(u64, EpochOrder, WindowCursor)>>,
+}
+
+impl Default for MixCursor {
+    fn default() -> MixCursor {
+        MixCursor {
+            block: usize::MAX,
+            arrangement: Vec::new(),
+            nth: Vec::new(),
+            seats: Vec::new(),
+            sources: Vec::new(),
+        }
+    }
 }
 
 /// Positions of each source among `n`: `n × weight` (normalised) rounded by largest remainder,
@@ -246,17 +258,11 @@ impl MixOrder {
     }
 
     /// Where position `p` of the epoch lives, keeping what later lookups reuse in `cursor`.
-    pub fn sample_at(&self, p: usize, cursor: &mut Cursor) -> Sample {
+    pub fn sample_at(&self, p: usize, mix: &mut MixCursor) -> Sample {
         let b = p / self.block;
-        let mix = cursor.mix.get_or_insert_with(|| {
-            Box::new(MixCursor {
-                block: usize::MAX,
-                arrangement: Vec::new(),
-                nth: Vec::new(),
-                seats: Vec::new(),
-                sources: vec![None; self.sources.len()],
-            })
-        });
+        if mix.sources.len() != self.sources.len() {
+            mix.sources = vec![None; self.sources.len()];
+        }
         if mix.block != b {
             mix.arrangement = self.arrangement(b);
             let mut seen = vec![0u32; self.sources.len()];
@@ -278,7 +284,7 @@ impl MixOrder {
         let (epoch, q) = self.draw(s, j);
         let kept = &mut mix.sources[s];
         if kept.as_ref().is_none_or(|(e, _, _)| *e != epoch) {
-            *kept = Some((epoch, self.source_order(s, epoch), Cursor::default()));
+            *kept = Some((epoch, self.source_order(s, epoch), WindowCursor::default()));
         }
         let (_, order, inner) = kept.as_mut().expect("just set");
         let sample = order.sample_at(q, inner);
@@ -337,7 +343,7 @@ impl MixOrder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::order::Order;
+    use crate::order::{Cursor, Order};
 
     #[test]
     fn apportionments_sum_exactly_and_never_take_a_position_back() {

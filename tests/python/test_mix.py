@@ -1,0 +1,110 @@
+"""`dsc.Loader([a, b], weights=...)`: a mix of caches, against `dsc order` and the caches' own
+bytes; resume, ranks, padding to the longest L, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsc
+from conftest import run_dsc
+
+FLAGS = ["--key", "event_id", "--order-by", "time", "--context", "data/train_meta.parquet",
+         "--empty-contexts", "drop", "--targets", "azimuth,zenith", "--features", "time,charge",
+         "--shard-size", "64KiB"]
+
+
+@pytest.fixture(scope="module")
+def mixdir(tmp_path_factory) -> Path:
+    """Caches `a` (L = 64) and `b` (L = 128, compressed) of disjoint events with the same
+    tensors, and `c` with a categorical column that `a` lacks."""
+    root = tmp_path_factory.mktemp("mix")
+    run_dsc("gen", "icecube", "--out", "data", "--files", "2", "--events-per-file", "300",
+            "--seed", "7", cwd=root)
+    run_dsc("compile", "data/train/batch_1.parquet", *FLAGS, "--max-len", "64", "--out", "a",
+            cwd=root)
+    run_dsc("compile", "data/train/batch_2.parquet", *FLAGS, "--max-len", "128",
+            "--compress", "zstd", "--out", "b", cwd=root)
+    run_dsc("compile", "data/train/batch_2.parquet", *FLAGS, "--categorical", "sensor_id",
+            "--out", "c", cwd=root)
+    return root
+
+
+def stored(cache: Path) -> dict:
+    """Each key's `x` rows in `cache`."""
+    loader = dsc.Loader(cache, batch_size=1, shuffle=False, drop_last=False, format="numpy")
+    return {int(b["key"][0]): b["x"][0] for b in loader}
+
+
+def keys(loader) -> list:
+    return [b["key"].tolist() for b in loader]
+
+
+def test_a_mix_gives_dsc_orders_batches_in_its_weights(mixdir: Path) -> None:
+    a, b = stored(mixdir / "a"), stored(mixdir / "b")
+    loader = dsc.Loader([mixdir / "a", mixdir / "b"], weights=[0.7, 0.3], mix_samples=20_000,
+                        batch_size=100, window=1000, epoch=1)
+    assert len(loader) == 200
+    got = keys(loader)
+    cli = json.loads(run_dsc("order", "a", "b", "--weights", "0.7,0.3", "--mix-samples", "20000",
+                             "--batch-size", "100", "--window", "1000", "--epoch", "1", "--keys",
+                             "--json", cwd=mixdir))
+    assert got == cli
+    flat = [k for batch in got for k in batch]
+    share = sum(k in a for k in flat) / len(flat)
+    assert abs(share - 0.7) < 0.007
+    assert all(k in a or k in b for k in flat)
+
+
+def test_rows_of_the_shorter_cache_are_padded_to_the_longest(mixdir: Path) -> None:
+    own = {**stored(mixdir / "a"), **stored(mixdir / "b")}
+    loader = dsc.Loader([mixdir / "a", mixdir / "b"], batch_size=32, format="numpy")
+    seen = 0
+    for batch in loader:
+        x = batch["x"]
+        assert x.shape == (32, 128, 2)
+        for k, row in zip(batch["key"].tolist(), x):
+            n = own[k].shape[0]
+            np.testing.assert_array_equal(row[:n], own[k])
+            assert not row[n:].any()
+        seen += len(batch["key"])
+    assert seen == len(own) // 32 * 32
+
+
+def test_a_mix_resumes_on_other_ranks_and_refuses_other_weights(mixdir: Path) -> None:
+    caches = [mixdir / "a", mixdir / "b"]
+    whole = [k for batch in keys(dsc.Loader(caches, weights=[1, 1], batch_size=24)) for k in batch]
+    loader = dsc.Loader(caches, weights=[1, 1], batch_size=24)
+    it = iter(loader)
+    before = [next(it)["key"].tolist() for _ in range(5)]
+    state = loader.state_dict()
+    assert state["weights"] == [1.0, 1.0] and "+" in state["content_id"]
+    after = []
+    for rank in range(2):
+        other = dsc.Loader(caches, weights=[1, 1], batch_size=6, rank=rank, world_size=2)
+        other.load_state_dict(state)
+        after.append(keys(other))
+    resumed = [k for step in zip(*after) for part in step for k in part]
+    assert [k for b in before for k in b] + resumed == whole[:120 + len(resumed)]
+    with pytest.raises(dsc.StateError, match="weights"):
+        dsc.Loader(caches, weights=[2, 1], batch_size=24).load_state_dict(state)
+    with pytest.raises(dsc.StateError, match="another cache"):
+        dsc.Loader(caches[::-1], weights=[1, 1], batch_size=24).load_state_dict(state)
+
+
+def test_caches_that_differ_and_bad_weights_are_refused(mixdir: Path) -> None:
+    with pytest.raises(dsc.OptionsError, match="sensor_id") as e:
+        dsc.Loader([mixdir / "a", mixdir / "c"])
+    assert e.value.tensor == "sensor_id"
+    with pytest.raises(dsc.OptionsError, match="one per cache") as e:
+        dsc.Loader([mixdir / "a", mixdir / "b"], weights=[1, 2, 3])
+    assert e.value.option == "weights"
+    with pytest.raises(dsc.OptionsError, match="bucket="):
+        dsc.Loader([mixdir / "a", mixdir / "b"], bucket=True)
+    with pytest.raises(dsc.OptionsError, match="list of caches"):
+        dsc.Loader(mixdir / "a", weights=[1.0])
+    with pytest.raises(dsc.OptionsError, match="resident"):
+        dsc.Loader([mixdir / "a", mixdir / "b"], resident=True, format="torch")
