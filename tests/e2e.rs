@@ -15,6 +15,7 @@ mod mostlyai;
 mod pack;
 mod parsers;
 mod python;
+mod remote;
 mod replace;
 mod scale;
 mod spec_file;

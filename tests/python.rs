@@ -4,19 +4,6 @@
 use crate::util::*;
 use std::path::PathBuf;
 
-/// The Python with numpy and safetensors: `DSC_PYTHON`, else the project's `.venv`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("DSC_PYTHON") {
-        return p.into();
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        venv.exists(),
-        "no Python environment: run scripts/test.sh (it creates .venv with numpy and safetensors) or set DSC_PYTHON"
-    );
-    venv
-}
-
 #[test]
 fn python_safetensors_reads_every_shard_identically() {
     let dir = small_icecube_cache();

@@ -100,16 +100,29 @@ pub fn read_layout_of(
     path: &Path,
 ) -> Result<ShardLayout, FormatError> {
     let stored = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    if entry.compressed.is_some() {
+        check_stored_size(entry, stored, path)?;
+    }
+    read_layout_from(entry, ReadAt(file, 0), stored, path)
+}
+
+/// [`read_layout_of`] from `stored`, a reader of the stored file from its start (`len` bytes
+/// long), wherever it comes from (a local file, ranged requests to object storage): the header
+/// is read and parsed, and only as much of the file as it takes (of a compressed shard, the
+/// start of the frame).
+pub fn read_layout_from(
+    entry: &ShardEntry,
+    mut stored: impl Read,
+    len: u64,
+    path: &Path,
+) -> Result<ShardLayout, FormatError> {
     let Some(c) = &entry.compressed else {
-        return crate::shard::read_header(&mut ReadAt(file, 0), stored, path, |e| {
-            FormatError::io(path, e)
-        });
+        return crate::shard::read_header(&mut stored, len, path, |e| FormatError::io(path, e));
     };
-    check_stored_size(entry, stored, path)?;
     match c.codec {
         Codec::Zstd => {
-            let mut frame = zstd::stream::read::Decoder::new(ReadAt(file, 0))
-                .map_err(|e| decompress_err(path, e))?;
+            let mut frame =
+                zstd::stream::read::Decoder::new(stored).map_err(|e| decompress_err(path, e))?;
             read_header(&mut frame, entry.bytes, path, |e| decompress_err(path, e))
         }
     }
@@ -141,6 +154,17 @@ pub fn read_prefix(
 ) -> Result<Vec<u8>, FormatError> {
     let stored = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     check_stored_size(entry, stored, path)?;
+    read_prefix_from(entry, ReadAt(file, 0), path, len)
+}
+
+/// [`read_prefix`] from `stored`, a reader of the stored file from its start (a local file,
+/// ranged requests to object storage).
+pub fn read_prefix_from(
+    entry: &ShardEntry,
+    stored: impl Read,
+    path: &Path,
+    len: usize,
+) -> Result<Vec<u8>, FormatError> {
     if len as u64 > entry.bytes {
         return Err(decompress_err(
             path,
@@ -149,8 +173,11 @@ pub fn read_prefix(
     }
     let mut out = vec![0; len];
     let read = match entry.compressed.as_ref().map(|c| c.codec) {
-        None => ReadAt(file, 0).read_exact(&mut out),
-        Some(Codec::Zstd) => zstd::stream::read::Decoder::new(ReadAt(file, 0))
+        None => {
+            let mut stored = stored;
+            stored.read_exact(&mut out)
+        }
+        Some(Codec::Zstd) => zstd::stream::read::Decoder::new(stored)
             .and_then(|mut frame| frame.read_exact(&mut out)),
     };
     read.map_err(|e| decompress_err(path, format!("{e} (reading its first {len} bytes)")))?;

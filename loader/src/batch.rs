@@ -25,9 +25,10 @@ enum Data {
         len: usize,
         pool: Arc<Pool>,
     },
-    /// A range of a compressed shard's decompressed bytes (no copy).
+    /// A range of a compressed shard's decompressed bytes, or of a fetched shard's map (no
+    /// copy).
     Shared {
-        bytes: Arc<Vec<u8>>,
+        bytes: crate::body::Held,
         start: usize,
         len: usize,
     },
@@ -101,7 +102,7 @@ impl BatchTensor {
     pub(crate) fn shared(
         layout: &TensorLayout,
         shape: Vec<usize>,
-        bytes: Arc<Vec<u8>>,
+        bytes: crate::body::Held,
         start: usize,
         len: usize,
     ) -> Self {
@@ -153,12 +154,12 @@ impl BatchTensor {
     pub fn bytes(&self) -> &[u8] {
         match (&self.data, self.view()) {
             (Data::Owned { buf, len, .. }, _) => &buf[..*len],
-            (Data::Shared { bytes, start, len }, _) => &bytes[*start..*start + *len],
+            (Data::Shared { bytes, start, len }, _) => &(**bytes).as_ref()[*start..*start + *len],
             (Data::Mapped { .. }, view) => {
                 let (shard, start, len) = view.expect("a mapped tensor has a view");
                 match &shard.body {
                     crate::body::Body::Mapped(map) => &map.bytes()[start..start + len],
-                    crate::body::Body::Cold(_) => unreachable!("views are of hot shards only"),
+                    _ => unreachable!("views are of mapped shards only"),
                 }
             }
         }
@@ -168,7 +169,7 @@ impl BatchTensor {
     /// bytes. `None` for gathered bytes.
     pub fn mapped_source(&self) -> Option<(&std::fs::File, u64, usize)> {
         self.view()
-            .map(|(shard, start, len)| (&shard.file, start as u64, len))
+            .and_then(|(shard, start, len)| Some((shard.file.as_ref()?, start as u64, len)))
     }
     /// For a view into a mapped shard: the shard's path (for messages, e.g. a SIGBUS guard).
     pub fn mapped_path(&self) -> Option<&std::path::Path> {

@@ -8,7 +8,7 @@
 //! A version removed while it is being opened makes the open fail on a missing file; the open
 //! is then retried on the directory now at the path.
 
-use crate::body::{Body, Cold, Resident, Shard, ShardBytes};
+use crate::body::{read_stored, Body, Cold, Resident, Shard, ShardBytes};
 use crate::error::LoadError;
 use crate::mmap::Mapped;
 use crate::pool::Pool;
@@ -76,11 +76,21 @@ impl Folder {
     }
 }
 
+/// Where an open cache's files come from.
+#[derive(Debug)]
+pub(crate) enum Origin {
+    /// A local directory, held open: every file was opened from it.
+    Folder(Folder),
+    /// Object storage: shards are fetched into a bounded local folder ahead of use.
+    #[cfg(feature = "remote")]
+    Remote(crate::remote::Fetcher),
+}
+
 #[derive(Debug)]
 pub(crate) struct Inner {
+    /// The cache's directory, or its URL (for messages).
     pub dir: PathBuf,
-    /// The directory every file was opened from.
-    folder: Folder,
+    pub origin: Origin,
     pub manifest: Manifest,
     /// Shards by split name, in index order.
     pub splits: Vec<(String, Vec<Shard>)>,
@@ -102,13 +112,40 @@ impl Inner {
         }
     }
 
-    /// The safetensors bytes of shard `shard` of split `split` ([`Resident::shard_bytes`]).
+    /// The safetensors bytes of shard `shard` of split `split`: mapped; decompressed (kept
+    /// among the resident shards, [`Resident::decompressed`]); or, from object storage, its
+    /// fetched copy (waiting for the download when it is not there yet).
     pub(crate) fn shard_bytes(
         &self,
         split: usize,
         shard: usize,
     ) -> Result<ShardBytes<'_>, LoadError> {
-        self.resident.shard_bytes(&self.splits, split, shard)
+        let s = &self.splits[split].1[shard];
+        let held = match &s.body {
+            Body::Mapped(map) => return Ok(ShardBytes::Mapped(map.bytes())),
+            Body::Cold(_) => self
+                .resident
+                .decompressed(&self.splits, split, shard, || read_stored(s))?,
+            #[cfg(feature = "remote")]
+            Body::Remote { id, cold } => {
+                let local = self.fetcher().get(*id)?;
+                if cold.is_none() {
+                    return Ok(ShardBytes::Held(local));
+                }
+                self.resident
+                    .decompressed(&self.splits, split, shard, || local.read_stored())?
+            }
+        };
+        Ok(ShardBytes::Held(held))
+    }
+
+    /// The fetcher of a cache in object storage.
+    #[cfg(feature = "remote")]
+    pub(crate) fn fetcher(&self) -> &crate::remote::Fetcher {
+        match &self.origin {
+            Origin::Remote(f) => f,
+            Origin::Folder(_) => unreachable!("only a remote cache has remote shards"),
+        }
     }
 }
 
@@ -123,8 +160,15 @@ impl Cache {
     /// and safetensors header against it before mapping it. Costs O(shards): the header of each
     /// shard is read, its data is not. The manifest and the shards come from one version of the
     /// cache even while `dsc compile --force` replaces it (see the module documentation).
+    ///
+    /// A URL (`s3://bucket/cache`, `gs://…`, `az://…`, `https://…`) opens a cache in object
+    /// storage with the local folder and limit of the environment
+    /// ([`crate::RemoteOptions::from_env`]; [`Cache::open_remote`] takes them as arguments).
     pub fn open(dir: impl AsRef<Path>) -> Result<Cache, LoadError> {
         let dir = dir.as_ref();
+        if let Some(url) = dir.to_str().filter(|d| crate::remote::is_remote(d)) {
+            return Cache::open_remote(url, &crate::RemoteOptions::from_env()?);
+        }
         // A replace swaps directories and then removes the old one: an open that loses that
         // race finds files missing from the directory it holds. Three replaces in a row within
         // one open would be a loop of compiles, not a replace; its error is then returned.
@@ -136,7 +180,7 @@ impl Cache {
                     return Ok(Cache {
                         inner: Arc::new(Inner {
                             dir: dir.into(),
-                            folder,
+                            origin: Origin::Folder(folder),
                             manifest,
                             lengths: splits.iter().map(|_| OnceLock::new()).collect(),
                             splits,
@@ -180,11 +224,13 @@ impl Cache {
     /// same version as the shards, whatever replaced the cache since).
     pub fn stats(&self) -> Result<Stats, LoadError> {
         let path = self.inner.dir.join(dsc_format::STATS_FILE);
-        let bytes = self
-            .inner
-            .folder
-            .read(dsc_format::STATS_FILE)
-            .map_err(|e| FormatError::io(&path, e))?;
+        let bytes = match &self.inner.origin {
+            Origin::Folder(folder) => folder
+                .read(dsc_format::STATS_FILE)
+                .map_err(|e| FormatError::io(&path, e))?,
+            #[cfg(feature = "remote")]
+            Origin::Remote(fetcher) => fetcher.read(dsc_format::STATS_FILE)?,
+        };
         Ok(Stats::from_json(&bytes, &path)?)
     }
 
@@ -244,10 +290,16 @@ impl Cache {
                 Body::Cold(_) => {
                     prefix = dsc_format::stored::read_prefix(
                         &shard.entry,
-                        &shard.file,
+                        shard.file.as_ref().expect("a local shard has its file"),
                         &shard.path,
                         end,
                     )?;
+                    &prefix
+                }
+                // Of a shard not fetched yet, only its start, by ranged requests.
+                #[cfg(feature = "remote")]
+                Body::Remote { id, .. } => {
+                    prefix = inner.fetcher().prefix(*id, &shard.entry, end)?;
                     &prefix
                 }
             };
@@ -316,7 +368,7 @@ fn open_shard(
         entry: entry.clone(),
         tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
         body,
-        file,
+        file: Some(file),
         path,
         populated: manifest
             .tensors()

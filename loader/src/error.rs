@@ -103,6 +103,28 @@ pub enum LoadError {
     /// A loader thread could not be started (e.g. a process or container thread limit).
     #[error("cannot start a loader thread: {0}")]
     Threads(std::io::Error),
+    /// A cache in object storage could not be read (its URL, and why).
+    #[cfg(feature = "remote")]
+    #[error(transparent)]
+    Store(#[from] dsc_store::StoreError),
+    /// A shard of a cache in object storage could not be fetched (a download that failed on
+    /// a fetch thread, or a local folder that could not be claimed).
+    #[error("{url}: cannot fetch: {reason}")]
+    Fetch {
+        /// The shard's URL (or the folder's path).
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// A URL was given to a build without object storage support.
+    #[error(
+        "{url}: this build of dsc reads no object storage (the dsc-loader crate's `remote` \
+         feature)"
+    )]
+    NoRemote {
+        /// The URL.
+        url: String,
+    },
     /// A prefetch thread stopped unexpectedly (a bug in dsc).
     #[error("a prefetch thread stopped unexpectedly")]
     WorkerLost,

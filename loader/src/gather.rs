@@ -93,13 +93,19 @@ pub(crate) struct Source {
     pub length_index: usize,
     /// This cache's `L` (a mix pads shorter sources to the longest).
     pub max_len: usize,
-    /// Whether the split's shards are compressed (decompressed on use, not mapped).
+    /// Whether the split's shards are held on use rather than mapped at open: compressed
+    /// (decompressed on use) or in object storage (fetched ahead of use).
     pub cold: bool,
 }
 
 impl Source {
     pub fn shards(&self) -> &[Shard] {
         &self.cache.splits[self.split_index].1
+    }
+
+    /// Whether this cache is in object storage.
+    fn remote(&self) -> bool {
+        !matches!(self.cache.origin, crate::cache::Origin::Folder(_))
     }
 
     /// The spec of loaded tensor `t` in this cache.
@@ -140,6 +146,10 @@ pub(crate) struct Gather {
     pub keep_resident: bool,
     /// What this epoch's batches have cost and carried ([`crate::LoaderStats`]).
     pub counters: Counters,
+    /// This epoch's (and the next one's) shard order, given to the fetcher of each source in
+    /// object storage: withdrawn when the loader is dropped.
+    #[cfg(feature = "remote")]
+    pub plans: Vec<crate::remote::PlanGuard>,
 }
 
 /// The layout of the batches of `slots` (manifest indices): padded batches of `batch_size`, or
@@ -245,27 +255,25 @@ impl Gather {
         }
     }
 
-    /// The bytes of the shards of a compressed cache that `samples` lie in (nothing for a hot
-    /// cache, whose maps are read directly), held for one batch.
+    /// The bytes of the shards that `samples` lie in that are not mapped at open (compressed,
+    /// or in object storage; a hot local cache's maps are read directly), held for one batch.
     fn resolve(&self, samples: &[Sample]) -> Result<Resolved<'_>, LoadError> {
         let mut held: Vec<((usize, usize), ShardBytes<'_>)> = Vec::new();
         for s in samples {
             let source = self.source(s);
             let key = (s.source, s.shard);
-            if matches!(source.shards()[s.shard].body, Body::Cold(_))
-                && !held.iter().any(|(k, _)| *k == key)
-            {
+            if !source.shards()[s.shard].body.is_mapped() && !held.iter().any(|(k, _)| *k == key) {
                 held.push((key, source.cache.shard_bytes(source.split_index, s.shard)?));
             }
         }
         Ok(Resolved(held))
     }
 
-    /// The bytes of the shard sample `s` lies in: its map, or (compressed) its bytes in `held`.
+    /// The bytes of the shard sample `s` lies in: its map, or its bytes in `held`.
     fn shard_bytes<'a>(&'a self, s: &Sample, held: &'a Resolved<'a>) -> &'a [u8] {
         match &self.source(s).shards()[s.shard].body {
             Body::Mapped(map) => map.bytes(),
-            Body::Cold(_) => held.get((s.source, s.shard)),
+            _ => held.get((s.source, s.shard)),
         }
     }
 
@@ -626,15 +634,16 @@ impl Gather {
     }
 
     /// A batch of `samples`, consecutive contexts of one shard, as views: of the map of a hot
-    /// shard, of the decompressed bytes of a cold one.
+    /// shard, of the decompressed bytes of a cold one, of the fetched copy of a remote one.
     fn view(&self, step: usize, samples: &[Sample]) -> Result<Batch, LoadError> {
         let n = samples.len();
         let first = samples[0];
         let source = self.source(&first);
         let shard = &source.shards()[first.shard];
-        let cold = match &shard.body {
-            Body::Cold(_) => Some(source.cache.shard_bytes(source.split_index, first.shard)?),
-            Body::Mapped(_) => None,
+        let cold = if shard.body.is_mapped() {
+            None
+        } else {
+            Some(source.cache.shard_bytes(source.split_index, first.shard)?)
         };
         let max_len = self.max_len();
         let tensors = (0..self.loaded)
@@ -642,7 +651,7 @@ impl Gather {
                 let (start, size) = source.range(&first, t);
                 let shape = self.shape(t, n, max_len);
                 match &cold {
-                    Some(ShardBytes::Cold(bytes)) => {
+                    Some(ShardBytes::Held(bytes)) => {
                         BatchTensor::shared(&self.layout[t], shape, bytes.clone(), start, n * size)
                     }
                     _ => BatchTensor::mapped(
@@ -669,12 +678,22 @@ impl Gather {
         let window = self.order.window();
         let total = self.order.len();
         let ahead = ((w + 1) * window).min(total)..((w + 2) * window).min(total);
+        // A remote cache's fetcher learns where the reader is: what it may let go and what it
+        // fetches next follow from that.
+        #[cfg(feature = "remote")]
+        for plan in &self.plans {
+            plan.at(w);
+        }
         if self.cold {
             // Decompress the next window's shards here, off the gathering threads; a failure
-            // is reported by the gather that needs the shard.
+            // is reported by the gather that needs the shard. Not a remote cache's: asking
+            // for them would put the next window's downloads before the plan's order and its
+            // limit (the fetcher reads ahead by itself).
             for (source, shard, _, _) in self.order.spans(ahead) {
                 let source = &self.sources[source];
-                let _ = source.cache.shard_bytes(source.split_index, shard);
+                if !source.remote() {
+                    let _ = source.cache.shard_bytes(source.split_index, shard);
+                }
             }
             return;
         }

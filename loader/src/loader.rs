@@ -2,7 +2,6 @@
 //! background threads, with a resume state of a few numbers.
 
 use crate::batch::{Batch, TensorLayout};
-use crate::body::Body;
 use crate::cache::Cache;
 use crate::error::LoadError;
 use crate::gather::{self, BatchInfo, Batching, Gather, Source, PACK_TENSORS};
@@ -83,7 +82,7 @@ impl Hints {
     fn stats(&self) -> LoaderStats {
         let g = &self.gather;
         g.counters
-            .snapshot(g.sources.iter().map(|s| &s.cache.resident.counters))
+            .snapshot(g.sources.iter().map(|s| &*s.cache.resident.counters))
     }
 
     /// Advises the kernel once per window: read the next window ahead, release the one before
@@ -564,7 +563,7 @@ pub(crate) fn prepare(
         let cold = inner.splits[split_index]
             .1
             .iter()
-            .any(|s| matches!(s.body, Body::Cold(_)));
+            .any(|s| !s.body.is_mapped());
         gathered.push(Source {
             max_len: inner.manifest.max_len(),
             cache: inner,
@@ -688,7 +687,21 @@ pub(crate) fn prepare(
             t.shape[1] = max_len;
         }
     }
+    #[cfg(feature = "remote")]
+    let plans = {
+        // The next epoch's order too, so that the fetcher keeps what it starts with.
+        let next = LoaderOptions {
+            epoch: opts.epoch + 1,
+            skip: 0,
+            ..opts.clone()
+        };
+        let next = order_of(sources, &sizes, &next).ok();
+        let from = batching.first_position(0, opts.rank) / order.window().max(1);
+        crate::remote::plans(&gathered, &order, next.as_ref(), from)
+    };
     let gather = Gather {
+        #[cfg(feature = "remote")]
+        plans,
         pool: first.pool.for_this_process(),
         loaded: gathered[0].slots.len(),
         sources: gathered,

@@ -35,6 +35,18 @@ pub struct LoaderStats {
     pub shard_hits: u64,
     /// Decompressed shards let go to stay within the resident limit.
     pub shard_evictions: u64,
+    /// Shards of a cache in object storage downloaded into the local folder.
+    pub shards_fetched: u64,
+    /// Bytes those downloads brought (retries included).
+    pub bytes_fetched: u64,
+    /// Remote shards asked for and found in the local folder already.
+    pub fetch_hits: u64,
+    /// Remote shards asked for and waited for (their download under way or not started).
+    pub fetch_waits: u64,
+    /// Seconds spent in those waits (by the loader's threads, not only the consumer).
+    pub fetch_wait_s: f64,
+    /// Fetched shards removed from the local folder to stay within its limit.
+    pub fetch_evictions: u64,
 }
 
 impl LoaderStats {
@@ -56,6 +68,12 @@ impl LoaderStats {
         self.stored_bytes_read = later.stored_bytes_read;
         self.shard_hits = later.shard_hits;
         self.shard_evictions = later.shard_evictions;
+        self.shards_fetched = later.shards_fetched;
+        self.bytes_fetched = later.bytes_fetched;
+        self.fetch_hits = later.fetch_hits;
+        self.fetch_waits = later.fetch_waits;
+        self.fetch_wait_s = later.fetch_wait_s;
+        self.fetch_evictions = later.fetch_evictions;
     }
 }
 
@@ -100,6 +118,12 @@ impl Counters {
                     stored_bytes_read: a.stored_bytes_read + b.stored_bytes_read,
                     shard_hits: a.shard_hits + b.shard_hits,
                     shard_evictions: a.shard_evictions + b.shard_evictions,
+                    shards_fetched: a.shards_fetched + b.shards_fetched,
+                    bytes_fetched: a.bytes_fetched + b.bytes_fetched,
+                    fetch_hits: a.fetch_hits + b.fetch_hits,
+                    fetch_waits: a.fetch_waits + b.fetch_waits,
+                    fetch_wait_s: a.fetch_wait_s + b.fetch_wait_s,
+                    fetch_evictions: a.fetch_evictions + b.fetch_evictions,
                     ..a
                 });
         LoaderStats {
@@ -114,13 +138,20 @@ impl Counters {
     }
 }
 
-/// What an open cache's compressed shards cost: reads, bytes fetched, hits, evictions.
+/// What an open cache's compressed shards cost (reads, bytes read, hits, evictions), and its
+/// remote shards (fetches, bytes fetched, hits, waits, evictions).
 #[derive(Debug, Default)]
 pub(crate) struct ShardCounters {
     reads: AtomicU64,
     stored_bytes: AtomicU64,
     hits: AtomicU64,
     evictions: AtomicU64,
+    fetches: AtomicU64,
+    fetched_bytes: AtomicU64,
+    fetch_hits: AtomicU64,
+    fetch_waits: AtomicU64,
+    fetch_wait_ns: AtomicU64,
+    fetch_evictions: AtomicU64,
 }
 
 impl ShardCounters {
@@ -132,6 +163,12 @@ impl ShardCounters {
             stored_bytes_read: get(&self.stored_bytes),
             shard_hits: get(&self.hits),
             shard_evictions: get(&self.evictions),
+            shards_fetched: get(&self.fetches),
+            bytes_fetched: get(&self.fetched_bytes),
+            fetch_hits: get(&self.fetch_hits),
+            fetch_waits: get(&self.fetch_waits),
+            fetch_wait_s: get(&self.fetch_wait_ns) as f64 * 1e-9,
+            fetch_evictions: get(&self.fetch_evictions),
             ..LoaderStats::default()
         }
     }
@@ -151,5 +188,32 @@ impl ShardCounters {
     /// A decompressed shard let go.
     pub fn evicted(&self) {
         self.evictions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A remote shard downloaded, `bytes` brought.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub fn fetched(&self, bytes: u64) {
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        self.fetched_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A remote shard found in the local folder.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub fn fetch_hit(&self) {
+        self.fetch_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A remote shard waited for, for `wait`.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub fn fetch_wait(&self, wait: Duration) {
+        self.fetch_waits.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.fetch_wait_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// A fetched shard removed from the local folder.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub fn fetch_evicted(&self) {
+        self.fetch_evictions.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -6,6 +6,8 @@
 
 mod allocations;
 pub use allocations::large_allocations_on_this_thread;
+mod s3;
+pub use s3::{python, S3Server};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{

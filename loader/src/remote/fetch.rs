@@ -1,0 +1,522 @@
+//! The fetcher of a cache in object storage: downloads its shards into a bounded local folder
+//! ahead of use, in the order its loaders will read them, and lets go of the shard needed
+//! furthest in the future when room is needed.
+//!
+//! Why not least-recently-used: a loader's order is known in advance (a pure function of seed
+//! and epoch), so eviction can be optimal (Belady's rule) instead of guessing. LRU evicts at the
+//! end of an epoch exactly the shards the next epoch (reshuffled) may start with; here every
+//! loader hands over its plan, this epoch's windows and the next epoch's, and
+//!
+//! - the next shard fetched is the absent one needed soonest (a reader waiting on one comes
+//!   first);
+//! - room is made by removing the kept shard needed furthest ahead (never again: first), and
+//!   only when it is needed later than the one fetched: a prefetch never pushes out a shard
+//!   that will be read before it.
+//!
+//! With a limit of a quarter of the cache and the default window, each shard is fetched once
+//! per epoch. A download is checked (size and xxh3 against the manifest) before it is renamed
+//! into place ([`dsc_store::Remote::download`]); a file in the folder is therefore whole, and
+//! files kept from an earlier run of the same cache (the folder is named by its content id) are
+//! taken as they are. One process at a time uses a folder (an advisory lock); another process
+//! reading the same cache at once (a second rank on the machine) takes the next free folder,
+//! with a limit of its own.
+
+use super::RemoteOptions;
+use crate::error::LoadError;
+use crate::mmap::Mapped;
+use crate::stats::ShardCounters;
+use dsc_format::shard::ShardLayout;
+use dsc_format::{Manifest, ShardEntry};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Folders tried for one cache before giving up: processes reading it at once on one machine.
+const FOLDERS: usize = 64;
+
+/// The fetcher of one open cache; its threads stop when it is dropped.
+#[derive(Debug)]
+pub(crate) struct Fetcher {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    remote: dsc_store::Remote,
+    /// This cache's local folder, and the lock that makes it this process's.
+    folder: PathBuf,
+    _lock: std::fs::File,
+    /// Every shard of the manifest, in its order.
+    objects: Vec<Object>,
+    /// Bytes kept at most (`None`: no limit).
+    limit: Option<u64>,
+    threads: usize,
+    state: Mutex<State>,
+    /// Raised when a download ends, a reader asks, takes or gives up, or a plan moves.
+    changed: Condvar,
+    counters: Arc<ShardCounters>,
+}
+
+/// One shard as the manifest lists it, and where its local copy goes.
+#[derive(Debug)]
+struct Object {
+    name: String,
+    bytes: u64,
+    xxh3: String,
+    compressed: bool,
+    local: PathBuf,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    slots: Vec<Slot>,
+    /// Bytes of the kept shards and of the downloads under way.
+    held: u64,
+    /// Per shard: readers waiting for it.
+    demand: Vec<u32>,
+    plans: Vec<Plan>,
+    next_plan: u64,
+    started: bool,
+    stop: bool,
+}
+
+#[derive(Debug, Default)]
+enum Slot {
+    #[default]
+    Absent,
+    Fetching,
+    Local(Arc<Local>),
+    /// The last download failed: the reason, given to the next reader that asks (then the shard
+    /// is absent again, and fetched anew when asked for again).
+    Failed(String),
+}
+
+/// One loader's order: `(window, shard)` in the order of reading, and how far it has read.
+#[derive(Debug)]
+struct Plan {
+    id: u64,
+    uses: Vec<(usize, usize)>,
+    /// The window the reader is in.
+    at: usize,
+    /// The first entry of `uses` at or after `at`.
+    from: usize,
+}
+
+/// A shard's local copy: mapped when stored hot, kept open to be read and decompressed when
+/// compressed. Batches that hold it keep it alive after an eviction removed its file.
+#[derive(Debug)]
+pub(crate) struct Local {
+    path: PathBuf,
+    file: std::fs::File,
+    map: Option<Mapped>,
+    bytes: u64,
+}
+
+impl AsRef<[u8]> for Local {
+    fn as_ref(&self) -> &[u8] {
+        self.map.as_ref().map_or(&[], Mapped::bytes)
+    }
+}
+
+impl Local {
+    fn open(path: &Path, bytes: u64, compressed: bool) -> Result<Local, LoadError> {
+        let map_err = |source| LoadError::Map {
+            path: path.into(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(map_err)?;
+        let map = if compressed {
+            None
+        } else {
+            Some(Mapped::map(&file, bytes, path).map_err(map_err)?)
+        };
+        Ok(Local {
+            path: path.into(),
+            file,
+            map,
+            bytes,
+        })
+    }
+
+    /// The stored (compressed) bytes, read whole.
+    pub fn read_stored(&self) -> Result<Vec<u8>, LoadError> {
+        let mut stored = vec![0u8; self.bytes as usize];
+        self.file
+            .read_exact_at(&mut stored, 0)
+            .map_err(|e| dsc_format::FormatError::io(&self.path, e))?;
+        Ok(stored)
+    }
+}
+
+/// A loader's plan, withdrawn when dropped ([`Fetcher::plan`]).
+#[derive(Debug)]
+pub(crate) struct PlanGuard {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl PlanGuard {
+    /// The reader is in window `window` now: what lies behind no longer counts as a use.
+    pub fn at(&self, window: usize) {
+        let mut st = self.shared.lock();
+        if let Some(plan) = st.plans.iter_mut().find(|p| p.id == self.id) {
+            plan.at = plan.at.max(window);
+            while plan.from < plan.uses.len() && plan.uses[plan.from].0 < plan.at {
+                plan.from += 1;
+            }
+        }
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for PlanGuard {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.plans.retain(|p| p.id != self.id);
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for Fetcher {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Fetcher {
+    /// The fetcher of the cache of `manifest` at `remote`, in its folder under `opts.dir`: the
+    /// folder claimed, downloads cut short by an earlier run removed, whole shards kept (as
+    /// many as the limit allows).
+    pub fn new(
+        remote: dsc_store::Remote,
+        manifest: &Manifest,
+        opts: &RemoteOptions,
+    ) -> Result<Fetcher, LoadError> {
+        let (folder, lock) = claim_folder(&opts.dir, &manifest.content_id())?;
+        let objects: Vec<Object> = manifest
+            .shards()
+            .iter()
+            .map(|e| Object {
+                name: e.file.clone(),
+                bytes: e.stored_bytes(),
+                xxh3: e.compressed.as_ref().map_or(&e.xxh3, |c| &c.xxh3).clone(),
+                compressed: e.compressed.is_some(),
+                local: folder.join(&e.file),
+            })
+            .collect();
+        remove_partials(&folder.join(dsc_format::SHARDS_DIR))?;
+        let mut state = State {
+            slots: objects.iter().map(|_| Slot::Absent).collect(),
+            demand: vec![0; objects.len()],
+            ..State::default()
+        };
+        for (id, o) in objects.iter().enumerate() {
+            let whole = std::fs::metadata(&o.local).is_ok_and(|m| m.len() == o.bytes);
+            let fits = opts.limit.is_none_or(|l| state.held + o.bytes <= l);
+            if whole && fits {
+                state.slots[id] =
+                    Slot::Local(Arc::new(Local::open(&o.local, o.bytes, o.compressed)?));
+                state.held += o.bytes;
+            } else {
+                let _ = std::fs::remove_file(&o.local);
+            }
+        }
+        Ok(Fetcher {
+            shared: Arc::new(Shared {
+                remote,
+                folder,
+                _lock: lock,
+                objects,
+                limit: opts.limit,
+                threads: opts.fetch_threads.max(1),
+                state: Mutex::new(state),
+                changed: Condvar::new(),
+                counters: Arc::default(),
+            }),
+        })
+    }
+
+    /// The counters of this cache's fetches (shared with its resident shards' counters).
+    pub fn counters(&self) -> Arc<ShardCounters> {
+        self.shared.counters.clone()
+    }
+
+    /// The folder the shards are fetched into.
+    pub fn folder(&self) -> &Path {
+        &self.shared.folder
+    }
+
+    /// The URL of shard `id`.
+    pub fn url_of(&self, id: usize) -> String {
+        self.shared.remote.url_of(&self.shared.objects[id].name)
+    }
+
+    /// The cache's file `name` (e.g. `stats.json`), read from object storage.
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, LoadError> {
+        Ok(self.shared.remote.get(name)?)
+    }
+
+    /// The local copy of shard `id`, if it is kept now.
+    fn kept(&self, id: usize) -> Option<Arc<Local>> {
+        match &self.shared.lock().slots[id] {
+            Slot::Local(l) => Some(l.clone()),
+            _ => None,
+        }
+    }
+
+    /// The header of shard `id` (`entry`): from its local copy when kept, else by ranged
+    /// requests for the start of the object.
+    pub fn layout(&self, id: usize, entry: &ShardEntry) -> Result<ShardLayout, LoadError> {
+        if let Some(local) = self.kept(id) {
+            return Ok(dsc_format::stored::read_layout_of(
+                entry,
+                &local.file,
+                &local.path,
+            )?);
+        }
+        let o = &self.shared.objects[id];
+        let reader = self.shared.remote.reader(&o.name, o.bytes);
+        let url = PathBuf::from(self.url_of(id));
+        Ok(dsc_format::stored::read_layout_from(
+            entry, reader, o.bytes, &url,
+        )?)
+    }
+
+    /// The first `len` bytes of shard `id`'s safetensors file (`entry`): from its local copy
+    /// when kept, else by ranged requests (decompressing the start of a compressed one).
+    pub fn prefix(&self, id: usize, entry: &ShardEntry, len: usize) -> Result<Vec<u8>, LoadError> {
+        if let Some(local) = self.kept(id) {
+            return Ok(dsc_format::stored::read_prefix(
+                entry,
+                &local.file,
+                &local.path,
+                len,
+            )?);
+        }
+        let o = &self.shared.objects[id];
+        let reader = self.shared.remote.reader(&o.name, o.bytes);
+        let url = PathBuf::from(self.url_of(id));
+        Ok(dsc_format::stored::read_prefix_from(
+            entry, reader, &url, len,
+        )?)
+    }
+
+    /// Hands over a loader's plan: the shards it reads, `(window, shard)` in order of
+    /// reading, from window `at`. The fetch threads start on the first plan or ask.
+    pub fn plan(&self, uses: Vec<(usize, usize)>, at: usize) -> PlanGuard {
+        let mut st = self.shared.lock();
+        let id = st.next_plan;
+        st.next_plan += 1;
+        let from = uses.iter().take_while(|(w, _)| *w < at).count();
+        st.plans.push(Plan { id, uses, at, from });
+        // A thread that cannot be started now is tried again at the next ask, which reports it.
+        let _ = self.start(&mut st);
+        self.shared.changed.notify_all();
+        PlanGuard {
+            shared: self.shared.clone(),
+            id,
+        }
+    }
+
+    /// The local copy of shard `id`, waiting for its download when it is not kept: fetched
+    /// first, before any prefetch.
+    pub fn get(&self, id: usize) -> Result<Arc<Local>, LoadError> {
+        let shared = &self.shared;
+        let mut st = shared.lock();
+        let mut asked: Option<Instant> = None;
+        loop {
+            match &st.slots[id] {
+                Slot::Local(local) => {
+                    let local = local.clone();
+                    match asked {
+                        None => shared.counters.fetch_hit(),
+                        Some(t) => {
+                            st.demand[id] -= 1;
+                            shared.counters.fetch_wait(t.elapsed());
+                            shared.changed.notify_all();
+                        }
+                    }
+                    return Ok(local);
+                }
+                Slot::Failed(reason) => {
+                    let reason = reason.clone();
+                    st.slots[id] = Slot::Absent;
+                    if asked.is_some() {
+                        st.demand[id] -= 1;
+                    }
+                    shared.changed.notify_all();
+                    return Err(LoadError::Fetch {
+                        url: self.url_of(id),
+                        reason,
+                    });
+                }
+                Slot::Absent | Slot::Fetching => {
+                    if asked.is_none() {
+                        asked = Some(Instant::now());
+                        st.demand[id] += 1;
+                        if let Err(e) = self.start(&mut st) {
+                            st.demand[id] -= 1;
+                            return Err(e);
+                        }
+                        shared.changed.notify_all();
+                    }
+                    st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Starts the fetch threads, once.
+    fn start(&self, st: &mut State) -> Result<(), LoadError> {
+        if st.started {
+            return Ok(());
+        }
+        for k in 0..self.shared.threads {
+            let shared = self.shared.clone();
+            std::thread::Builder::new()
+                .name(format!("dsc-fetch-{k}"))
+                .spawn(move || shared.work())
+                .map_err(LoadError::Threads)?;
+        }
+        st.started = true;
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A fetch thread: downloads what [`Shared::pick`] chooses until the fetcher is dropped.
+    fn work(self: Arc<Self>) {
+        let mut st = self.lock();
+        loop {
+            if st.stop {
+                return;
+            }
+            let Some(id) = self.pick(&mut st) else {
+                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            drop(st);
+            let result = self.fetch(id);
+            st = self.lock();
+            st.slots[id] = match result {
+                Ok(local) => Slot::Local(Arc::new(local)),
+                Err(e) => {
+                    st.held -= self.objects[id].bytes;
+                    Slot::Failed(e.to_string())
+                }
+            };
+            self.changed.notify_all();
+        }
+    }
+
+    /// Downloads shard `id` (checked) and opens its local copy.
+    fn fetch(&self, id: usize) -> Result<Local, LoadError> {
+        let o = &self.objects[id];
+        let expected = dsc_store::Expected {
+            bytes: o.bytes,
+            xxh3: &o.xxh3,
+        };
+        let fetched = self.remote.download(&o.name, &o.local, expected);
+        let fetched = fetched?;
+        self.counters.fetched(fetched);
+        Local::open(&o.local, o.bytes, o.compressed)
+    }
+
+    /// When each shard is next needed: 0 for a shard a reader waits for, else by how many
+    /// windows ahead (then its place in the plan) in the plan that needs it soonest;
+    /// `u64::MAX` for a shard no plan needs again.
+    fn next_uses(&self, st: &State) -> Vec<u64> {
+        let mut next = vec![u64::MAX; self.objects.len()];
+        for plan in &st.plans {
+            for (k, &(window, shard)) in plan.uses[plan.from..].iter().enumerate() {
+                let windows = window.saturating_sub(plan.at) as u64;
+                let d = (windows << 32 | (k as u64).min(u32::MAX.into())).saturating_add(1);
+                next[shard] = next[shard].min(d);
+            }
+        }
+        for (shard, &waiting) in st.demand.iter().enumerate() {
+            if waiting > 0 {
+                next[shard] = 0;
+            }
+        }
+        next
+    }
+
+    /// The shard to download next, its room made (and reserved): the absent one needed
+    /// soonest, if the limit leaves room for it once every kept shard needed later than it
+    /// (and waited for by nobody) is let go, furthest first. `None` when there is nothing to
+    /// fetch, or no room without evicting what is needed sooner.
+    fn pick(&self, st: &mut State) -> Option<usize> {
+        let next = self.next_uses(st);
+        let n = self.objects.len();
+        let id = (0..n)
+            .filter(|&s| matches!(st.slots[s], Slot::Absent) && next[s] != u64::MAX)
+            .min_by_key(|&s| next[s])?;
+        let size = self.objects[id].bytes;
+        while self.limit.is_some_and(|limit| st.held + size > limit) {
+            let victim = (0..n)
+                .filter(|&s| matches!(st.slots[s], Slot::Local(_)) && st.demand[s] == 0)
+                .max_by_key(|&s| next[s])?;
+            // Waited for, a shard is fetched even at the cost of one needed soon after it.
+            if next[id] != 0 && next[victim] <= next[id] {
+                return None;
+            }
+            st.slots[victim] = Slot::Absent;
+            st.held -= self.objects[victim].bytes;
+            // Batches holding its map keep reading it; the file's blocks are freed after them.
+            let _ = std::fs::remove_file(&self.objects[victim].local);
+            self.counters.fetch_evicted();
+        }
+        st.slots[id] = Slot::Fetching;
+        st.held += size;
+        Some(id)
+    }
+}
+
+/// This process's folder for the cache of content id `id` under `dir`: `dir/remote/ID`, or
+/// `ID.2`, `ID.3`, … while another process holds it; locked (flock) for this process's life.
+fn claim_folder(dir: &Path, id: &str) -> Result<(PathBuf, std::fs::File), LoadError> {
+    let base = dir.join("remote");
+    for k in 1..=FOLDERS {
+        let folder = if k == 1 {
+            base.join(id)
+        } else {
+            base.join(format!("{id}.{k}"))
+        };
+        let shards = folder.join(dsc_format::SHARDS_DIR);
+        std::fs::create_dir_all(&shards).map_err(|e| dsc_format::FormatError::io(&shards, e))?;
+        let lock_path = folder.join(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| dsc_format::FormatError::io(&lock_path, e))?;
+        // SAFETY: flock on a descriptor this function owns; it only takes an advisory lock.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok((folder, lock));
+        }
+    }
+    Err(LoadError::Fetch {
+        url: base.join(id).display().to_string(),
+        reason: format!("{FOLDERS} processes of this machine already read this cache"),
+    })
+}
+
+/// Removes the partial downloads (`.NAME.partial-PID`) of runs that were killed.
+fn remove_partials(shards: &Path) -> Result<(), LoadError> {
+    let entries = std::fs::read_dir(shards).map_err(|e| dsc_format::FormatError::io(shards, e))?;
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! Caches in object storage (`s3://…`, `gs://…`, `az://…`, `https://…`): opened from their
+//! manifest and shard headers, their shards fetched into a bounded local folder ahead of use in
+//! the loader's known order ([`fetch`]), checked on arrival, then read like a local cache's.
+//!
+//! Built with the `remote` feature; without it a URL is refused with a message saying so.
+
+#[cfg(feature = "remote")]
+mod fetch;
+#[cfg(feature = "remote")]
+mod open;
+
+#[cfg(feature = "remote")]
+pub(crate) use fetch::{Fetcher, PlanGuard};
+#[cfg(feature = "remote")]
+pub(crate) use open::plans;
+
+use crate::error::LoadError;
+use std::path::PathBuf;
+
+/// Whether `location` names a cache in object storage rather than a local directory.
+pub fn is_remote(location: &str) -> bool {
+    #[cfg(feature = "remote")]
+    {
+        dsc_store::is_remote(location)
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        location.contains("://")
+    }
+}
+
+/// Where a cache in object storage is kept while it is read, and how much of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// The folder under which fetched shards are kept, one subfolder per cache (named by its
+    /// content id, so that a run reuses what an earlier run of the same cache fetched).
+    pub dir: PathBuf,
+    /// Bytes of fetched shards kept at most (`None`: every shard is kept once fetched). At
+    /// least the largest shard; a quarter of the cache keeps every shard fetched once per
+    /// epoch with the default window.
+    pub limit: Option<u64>,
+    /// Downloads at once.
+    pub fetch_threads: usize,
+    /// Configuration of the store, as object_store's keys (`aws_endpoint`, `aws_region`,
+    /// `aws_access_key_id`, `google_service_account`, …): these win over the environment.
+    pub store: Vec<(String, String)>,
+}
+
+/// Downloads at once unless told otherwise: enough to fill a link to object storage from one
+/// machine, few enough not to crowd the loader's own threads.
+pub const DEFAULT_FETCH_THREADS: usize = 4;
+
+impl RemoteOptions {
+    /// The options of the environment: `DSC_CACHE_DIR` (else `$XDG_CACHE_HOME/dsc`, else
+    /// `~/.cache/dsc`), `DSC_CACHE_LIMIT` (a size such as `20GiB`; else no limit) and
+    /// `DSC_FETCH_THREADS` (else 4).
+    pub fn from_env() -> Result<RemoteOptions, LoadError> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let dir = match env("DSC_CACHE_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => match env("XDG_CACHE_HOME") {
+                Some(x) => PathBuf::from(x).join("dsc"),
+                None => {
+                    PathBuf::from(env("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache/dsc")
+                }
+            },
+        };
+        let limit = match env("DSC_CACHE_LIMIT") {
+            Some(s) => Some(dsc_format::spec::parse_size(&s).map_err(|problem| {
+                dsc_format::spelling::OptionError::new(
+                    "cache_limit",
+                    format!("DSC_CACHE_LIMIT={s}: {problem}"),
+                )
+            })?),
+            None => None,
+        };
+        let fetch_threads = match env("DSC_FETCH_THREADS") {
+            Some(s) => s.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                dsc_format::spelling::OptionError::new(
+                    "fetch_threads",
+                    format!("DSC_FETCH_THREADS={s}: not a positive whole number"),
+                )
+            })?,
+            None => DEFAULT_FETCH_THREADS,
+        };
+        Ok(RemoteOptions {
+            dir,
+            limit,
+            fetch_threads,
+            store: Vec::new(),
+        })
+    }
+}
+
+#[cfg(not(feature = "remote"))]
+impl crate::Cache {
+    /// Refused: this build has no object storage support (the `remote` feature).
+    pub fn open_remote(url: &str, _opts: &RemoteOptions) -> Result<crate::Cache, LoadError> {
+        Err(LoadError::NoRemote { url: url.into() })
+    }
+}

@@ -1,0 +1,184 @@
+//! Opening a cache in object storage, and the shard order its loaders hand to the fetcher.
+
+use super::fetch::{Fetcher, PlanGuard};
+use super::RemoteOptions;
+use crate::body::{Body, Cold, Shard};
+use crate::cache::{Cache, Inner, Origin};
+use crate::error::LoadError;
+use crate::gather::Source;
+use crate::order::Order;
+use dsc_format::spelling::OptionError;
+use dsc_format::{FormatError, Manifest, ShardEntry};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+
+/// Shard headers read at once while opening: each is one or two small ranged requests, whose
+/// time is the store's latency, not its bandwidth.
+const HEADER_READS: usize = 16;
+
+impl Cache {
+    /// Opens the cache at `url` in object storage. Reads `manifest.json` and every shard's
+    /// header (ranged requests for the first KBs of each, several at once; from the local copy
+    /// when one is kept from an earlier run) and checks them against the manifest as
+    /// [`Cache::open`] does; shards are fetched into `opts.dir` as loaders need them, ahead of
+    /// use in their order, and checked against the manifest's size and xxh3 on arrival.
+    pub fn open_remote(url: &str, opts: &RemoteOptions) -> Result<Cache, LoadError> {
+        let remote = dsc_store::Remote::open_with(url, &opts.store)?;
+        let url = remote.url().to_string();
+        let manifest_url = PathBuf::from(remote.url_of(dsc_format::MANIFEST_FILE));
+        let bytes = match remote.get(dsc_format::MANIFEST_FILE) {
+            Ok(b) => b,
+            Err(dsc_store::StoreError::NotFound { .. }) => {
+                return Err(FormatError::NotACache {
+                    dir: PathBuf::from(&url),
+                }
+                .into())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let manifest = Manifest::from_json(&bytes, &manifest_url)?;
+        let largest = manifest
+            .shards()
+            .iter()
+            .map(ShardEntry::stored_bytes)
+            .max()
+            .unwrap_or(0);
+        if let Some(limit) = opts.limit.filter(|&l| l < largest) {
+            return Err(OptionError::new(
+                "cache_limit",
+                format!(
+                    "{} is less than the largest shard of {url} ({}): one shard must fit",
+                    dsc_format::spec::format_size(limit),
+                    dsc_format::spec::format_size(largest)
+                ),
+            )
+            .into());
+        }
+        let fetcher = Fetcher::new(remote, &manifest, opts)?;
+        let resident = crate::body::Resident::with_counters(fetcher.counters());
+        let shards = open_shards(&fetcher, &manifest)?;
+        let mut splits: Vec<(String, Vec<Shard>)> = manifest
+            .splits()
+            .iter()
+            .map(|s| (s.name.clone(), Vec::with_capacity(s.shards)))
+            .collect();
+        for shard in shards {
+            splits
+                .iter_mut()
+                .find(|(name, _)| *name == shard.entry.split)
+                .expect("validated: every shard names a listed split")
+                .1
+                .push(shard);
+        }
+        Ok(Cache {
+            inner: Arc::new(Inner {
+                dir: PathBuf::from(url),
+                origin: Origin::Remote(fetcher),
+                manifest,
+                lengths: splits.iter().map(|_| OnceLock::new()).collect(),
+                splits,
+                resident,
+                pool: Arc::default(),
+            }),
+        })
+    }
+}
+
+/// Every shard of `manifest`, its header read and checked, on `HEADER_READS` threads.
+fn open_shards(fetcher: &Fetcher, manifest: &Manifest) -> Result<Vec<Shard>, LoadError> {
+    let entries = manifest.shards();
+    let mut out: Vec<Option<Result<Shard, LoadError>>> = (0..entries.len()).map(|_| None).collect();
+    let per = entries.len().div_ceil(HEADER_READS).max(1);
+    std::thread::scope(|scope| {
+        for (k, slots) in out.chunks_mut(per).enumerate() {
+            scope.spawn(move || {
+                for (j, slot) in slots.iter_mut().enumerate() {
+                    let id = k * per + j;
+                    *slot = Some(open_shard(fetcher, manifest, id));
+                }
+            });
+        }
+    });
+    out.into_iter()
+        .map(|s| s.expect("every shard was opened"))
+        .collect()
+}
+
+fn open_shard(fetcher: &Fetcher, manifest: &Manifest, id: usize) -> Result<Shard, LoadError> {
+    let entry = &manifest.shards()[id];
+    let layout = fetcher.layout(id, entry)?;
+    let path = PathBuf::from(fetcher.url_of(id));
+    layout.check(manifest, entry, &path)?;
+    Ok(Shard {
+        entry: entry.clone(),
+        tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
+        body: Body::Remote {
+            id,
+            cold: entry.compressed.is_some().then(Cold::default),
+        },
+        file: None,
+        path,
+        populated: manifest
+            .tensors()
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    })
+}
+
+/// The order in which a loader reads each of its sources in object storage, handed to their
+/// fetchers: window by window, this epoch's `order` from window `from`, then the next epoch's
+/// (`next`, when it could be planned), so that the shards the next epoch starts with are
+/// neither evicted at the end of this one nor fetched late. Empty when no source is remote.
+pub(crate) fn plans(
+    sources: &[Source],
+    order: &Order,
+    next: Option<&Order>,
+    from: usize,
+) -> Vec<PlanGuard> {
+    let fetchers: Vec<Option<&Fetcher>> = sources
+        .iter()
+        .map(|s| match &s.cache.origin {
+            Origin::Remote(f) => Some(f),
+            Origin::Folder(_) => None,
+        })
+        .collect();
+    if fetchers.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    let mut uses: Vec<Vec<(usize, usize)>> = vec![Vec::new(); sources.len()];
+    let mut add = |order: &Order, first: usize, offset: usize| {
+        let w = order.window().max(1);
+        let windows = order.len().div_ceil(w);
+        for k in first..windows {
+            for (source, shard, _, _) in order.spans(k * w..((k + 1) * w).min(order.len())) {
+                if fetchers[source].is_none() {
+                    continue;
+                }
+                let Body::Remote { id, .. } = sources[source].shards()[shard].body else {
+                    unreachable!("a remote cache's shards are remote");
+                };
+                // A window's entries are together: a shard is listed once per window.
+                let listed = uses[source]
+                    .iter()
+                    .rev()
+                    .take_while(|(window, _)| *window == offset + k)
+                    .any(|&(_, s)| s == id);
+                if !listed {
+                    uses[source].push((offset + k, id));
+                }
+            }
+        }
+        windows
+    };
+    let windows = add(order, from, 0);
+    if let Some(next) = next {
+        add(next, 0, windows);
+    }
+    fetchers
+        .into_iter()
+        .zip(uses)
+        .filter_map(|(f, uses)| f.map(|f| f.plan(uses, from)))
+        .collect()
+}

@@ -1,0 +1,98 @@
+//! What can go wrong talking to object storage, each naming the URL it concerns.
+
+use std::path::PathBuf;
+
+/// Why an object could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The URL is not one dsc can read a cache from.
+    #[error("{url}: {problem}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// No object at this URL.
+    #[error("{url}: not found")]
+    NotFound {
+        /// The object's URL.
+        url: String,
+    },
+    /// The store refused or failed the request (credentials, network, the server).
+    #[error("{url}: {source}")]
+    Store {
+        /// The object's (or the cache's) URL.
+        url: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// An object is not the size it must be.
+    #[error("{url}: {found} bytes arrived where {expected} were expected")]
+    Short {
+        /// The object's URL.
+        url: String,
+        /// Bytes expected (the manifest's size, or the range asked for).
+        expected: u64,
+        /// Bytes that arrived.
+        found: u64,
+    },
+    /// A download's checksum is not the manifest's: the object changed since the manifest was
+    /// read (a cache replaced under a reader) or was damaged. The download was not kept.
+    #[error(
+        "{url}: xxh3 {found} where the manifest says {expected}: the object was replaced or \
+         damaged since the manifest was read; nothing was kept"
+    )]
+    Checksum {
+        /// The object's URL.
+        url: String,
+        /// The manifest's checksum.
+        expected: String,
+        /// The downloaded bytes' checksum.
+        found: String,
+    },
+    /// A cache is already at the URL and replacing it was not asked for.
+    #[error("{url}: a cache is already there (its manifest.json); replace it with --force")]
+    Exists {
+        /// The cache's URL.
+        url: String,
+    },
+    /// A local file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The local file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The runtime that drives requests could not be started.
+    #[error("cannot start the object storage runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl StoreError {
+    /// `e`, a store's error about `url`: absent objects as [`StoreError::NotFound`].
+    pub(crate) fn from_store(url: String, e: object_store::Error) -> StoreError {
+        match e {
+            object_store::Error::NotFound { .. } => StoreError::NotFound { url },
+            source => StoreError::Store { url, source },
+        }
+    }
+
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Whether trying again can help: a transfer that failed on the way, not an absent object,
+    /// a bad URL or a local file.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Store { .. } | StoreError::Short { .. } | StoreError::Checksum { .. }
+        )
+    }
+}
