@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the project-local Python environment .venv once: numpy, safetensors (used by the
-# interop test) and pytest, aeon and pyarrow (examples/uea.py: public data sets and the 1-NN DTW
+# interop test) and pytest, moto (an S3 server for the object storage tests), aeon and pyarrow (examples/uea.py: public data sets and the 1-NN DTW
 # baseline), Ray (examples/ray_compile.py: a partitioned compile on a local Ray cluster), and
 # PyTorch 2.11.0, whose libtorch tch 0.24 links for dsc-train. The PyPI wheel
 # is the CUDA build: it runs on CPU-only machines too, and uses a GPU where there is one.
@@ -17,6 +17,11 @@ if ! .venv/bin/python -c "import numpy, safetensors, pytest" 2>/dev/null; then
 fi
 if ! .venv/bin/python -c "import aeon, pyarrow" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "aeon==1.6.0" pyarrow
+fi
+# moto's S3 server: the object storage the remote-cache tests (Rust and pytest) start on
+# localhost, a real S3-protocol peer for dsc's own client.
+if ! .venv/bin/python -c "import moto.server, flask" 2>/dev/null; then
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "moto[server]==5.2.5"
 fi
 if ! .venv/bin/python -c "import ray" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "ray==2.60.0"

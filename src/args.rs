@@ -95,6 +95,43 @@ pub struct StorageArgs {
     pub compress_level: Option<i32>,
 }
 
+/// Where a cache in object storage (`s3://bucket/cache`, `gs://…`, `az://…`, `https://…`) is
+/// fetched to. Credentials and endpoints come as for the AWS CLI and object_store: `AWS_*`
+/// variables (`AWS_ENDPOINT_URL` for an S3-compatible server), `~/.aws/credentials` and
+/// `~/.aws/config` (`AWS_PROFILE`), `GOOGLE_*`, `AZURE_*`.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// For a cache in object storage: the local folder its shards are fetched into, one
+    /// subfolder per cache, kept for the next run [env: DSC_CACHE_DIR; default:
+    /// ~/.cache/dsc].
+    #[arg(long, value_name = "DIR", help_heading = "Object storage")]
+    pub cache_dir: Option<PathBuf>,
+    /// Bytes of fetched shards kept at most (e.g. 20GiB; at least the largest shard). The
+    /// shard removed to make room is the one needed furthest ahead in the loader's order
+    /// [env: DSC_CACHE_LIMIT; default: no limit].
+    #[arg(long, value_name = "SIZE", value_parser = size, help_heading = "Object storage")]
+    pub cache_limit: Option<u64>,
+}
+
+impl RemoteArgs {
+    /// The environment's options, with these flags over them.
+    pub fn options(&self) -> anyhow::Result<dsc_loader::RemoteOptions> {
+        let mut o = dsc_loader::RemoteOptions::from_env()?;
+        if let Some(dir) = &self.cache_dir {
+            o.dir = dir.clone();
+        }
+        if self.cache_limit.is_some() {
+            o.limit = self.cache_limit;
+        }
+        Ok(o)
+    }
+}
+
+/// A size with an optional unit (`512MiB`, `20GiB`, `4000000`).
+fn size(s: &str) -> Result<u64, String> {
+    dsc_format::spec::parse_size(s)
+}
+
 /// A clap parser for a [`Choice`]: its names are the possible values (listed in `--help` and in
 /// the error for another), each spelled once, by the type.
 fn choice<T: Choice + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
@@ -143,6 +180,16 @@ pub struct CompressArgs {
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Write the compressed cache to this URL in object storage (s3://bucket/cache, gs://…,
+    /// az://…) instead, leaving CACHE as it is: compressed under --cache-dir, then uploaded
+    /// with its manifest last.
+    #[arg(long, value_name = "URL")]
+    pub out: Option<PathBuf>,
+    /// With --out: replace a cache already at the URL.
+    #[arg(long, requires = "out")]
+    pub force: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Decompress a compressed cache back into a hot (memory-mapped) one, in place and atomically.
@@ -358,10 +405,12 @@ pub struct CompileArgs {
     #[arg(long, value_parser = choice::<NanPolicy>(), help_heading = "Values")]
     pub nan: Option<NanPolicy>,
 
-    /// Cache directory to create.
+    /// Cache directory to create, or a URL in object storage (s3://bucket/cache, gs://…,
+    /// az://…): the cache is compiled under --cache-dir, then uploaded with its manifest last,
+    /// so that a reader finds no cache or the whole one.
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     pub out: Option<PathBuf>,
-    /// Replace --out if it exists and is not empty.
+    /// Replace --out if it exists and is not empty (at a URL: a cache there).
     #[arg(long, help_heading = "Output")]
     pub force: bool,
     /// Target shard size: bytes or with a unit (64MiB, 1GiB) [default: 256MiB].
@@ -401,6 +450,8 @@ pub struct CompileArgs {
     /// after every fit).
     #[arg(long, value_parser = choice::<Stage>(), help_heading = "Partitions", requires = "partition")]
     pub stage: Option<Stage>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Summarize a cache: splits, shards, tensors, column statistics, lengths.
@@ -417,7 +468,8 @@ pub struct CompileArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
-    /// The cache directory.
+    /// The cache directory, or its URL in object storage (s3://bucket/cache, gs://…, az://…,
+    /// https://…).
     pub cache: PathBuf,
     /// Show one column in depth: quantiles per split, histogram, top vocabulary values.
     #[arg(long, value_name = "NAME")]
@@ -431,6 +483,8 @@ pub struct InspectArgs {
     /// Print JSON (see docs/FORMAT.md, "inspect --json").
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Show one context, decoded back to source units.
@@ -510,7 +564,8 @@ pub struct ReportArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct OrderArgs {
-    /// The cache directory; several: their mix.
+    /// The cache directory (or its URL in object storage: s3://…, gs://…, az://…, https://…);
+    /// several: their mix.
     #[arg(required = true, value_name = "CACHE")]
     pub caches: Vec<PathBuf>,
     /// A mix's weights, one per cache, in their order (normalised) [default: the caches'
@@ -578,6 +633,8 @@ pub struct OrderArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Measure the loader on a cache: cache-order and shuffled epochs against memcpy.
@@ -596,7 +653,8 @@ pub struct OrderArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
-    /// The cache directory.
+    /// The cache directory, or its URL in object storage (s3://bucket/cache, gs://…, az://…,
+    /// https://…): its shards are fetched as the loader reads them.
     pub cache: PathBuf,
     /// The split.
     #[arg(long, default_value = "train")]
@@ -641,6 +699,8 @@ pub struct BenchArgs {
     /// docs/PERFORMANCE.md lists all).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// mostlyai-engine's digit split (`split_sub_columns_digit`) of raw float64 values, timed.
@@ -678,7 +738,8 @@ pub struct DigitSplitArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct VerifyArgs {
-    /// The cache directory.
+    /// The cache directory, or its URL in object storage (s3://bucket/cache, gs://…, az://…,
+    /// https://…): each shard is fetched (and checked on arrival) in turn.
     pub cache: PathBuf,
     /// Check sizes and headers only (reads a few KiB per shard).
     #[arg(long)]
@@ -686,6 +747,8 @@ pub struct VerifyArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 #[cfg(test)]

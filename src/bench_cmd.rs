@@ -51,6 +51,27 @@ struct Report {
     /// With --pack: the shuffled pass on N threads with packed batches.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     packed: Option<Packed>,
+    /// A cache in object storage: what the shuffled passes on N threads fetched.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    fetched: Option<Fetched>,
+}
+
+#[derive(Serialize)]
+struct Fetched {
+    /// The split's stored bytes (of every shard).
+    split_stored_bytes: u64,
+    /// `--cache-limit` (none: every shard kept once fetched).
+    cache_limit: Option<u64>,
+    /// Per shuffled epoch: shards downloaded and their bytes.
+    shards_fetched_per_epoch: f64,
+    bytes_fetched_per_epoch: f64,
+    /// Bytes fetched per epoch ÷ the split's stored bytes: 1 when each shard is fetched once.
+    fetched_over_split: f64,
+    /// Per shuffled epoch: waits of the loader's threads for a download, and their seconds.
+    fetch_waits_per_epoch: f64,
+    fetch_wait_s_per_epoch: f64,
+    /// Per shuffled epoch: fetched shards removed to stay within the limit.
+    fetch_evictions_per_epoch: f64,
 }
 
 #[derive(Serialize)]
@@ -125,10 +146,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let threads = a
         .loader_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let remote = a.remote.options()?;
     // Open twice: the first run warms the file metadata; the second is the figure.
-    drop(Cache::open(&a.cache)?);
+    drop(Cache::open_with(&a.cache, &remote)?);
     let t = Instant::now();
-    let cache = Cache::open(&a.cache)?;
+    let cache = Cache::open_with(&a.cache, &remote)?;
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
     let opts = |shuffle: bool, threads: usize| LoaderOptions {
         order: OrderSpec {
@@ -171,7 +193,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let mut sink = 0u64;
     // A second mapping, dropped afterwards, so that the pages it touches do not count in the
     // loader's resident memory measured below.
-    let copy_of = Cache::open(&a.cache)?;
+    // (Of a cache in object storage, the same open cache: a second would fetch every shard
+    // again into a folder of its own.)
+    let fetching = cache.fetch_folder().is_some();
+    let copy_of = if fetching {
+        cache.clone()
+    } else {
+        Cache::open_with(&a.cache, &remote)?
+    };
     let count = copy_of.manifest().shards_of(&a.split).count();
     let mut shard_total = 0usize;
     let mut buffers = vec![vec![0u8; 1 << 20]; running.max(1)];
@@ -244,7 +273,28 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         Ok(best)
     };
     let (one_s, _, _) = pass(opts(true, 1))?;
+    let before = cache.shard_stats();
     let (many_s, _, _) = pass(opts(true, threads))?;
+    let after = cache.shard_stats();
+    let fetched = fetching.then(|| {
+        let per = |a: u64, b: u64| (a - b) as f64 / repeat as f64;
+        let split_stored_bytes: u64 = cache
+            .manifest()
+            .shards_of(&a.split)
+            .map(dsc_format::ShardEntry::stored_bytes)
+            .sum();
+        let bytes_fetched_per_epoch = per(after.bytes_fetched, before.bytes_fetched);
+        Fetched {
+            split_stored_bytes,
+            cache_limit: remote.limit,
+            shards_fetched_per_epoch: per(after.shards_fetched, before.shards_fetched),
+            bytes_fetched_per_epoch,
+            fetched_over_split: bytes_fetched_per_epoch / split_stored_bytes.max(1) as f64,
+            fetch_waits_per_epoch: per(after.fetch_waits, before.fetch_waits),
+            fetch_wait_s_per_epoch: (after.fetch_wait_s - before.fetch_wait_s) / repeat as f64,
+            fetch_evictions_per_epoch: per(after.fetch_evictions, before.fetch_evictions),
+        }
+    });
     let bucketed_pass = if a.bucket {
         Some(pass(bucketed_opts.clone())?)
     } else {
@@ -326,6 +376,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
                 token_efficiency_packed: f.token_efficiency,
             }
         }),
+        fetched,
     };
     if a.json {
         crate::output::print_json(&r)?;
@@ -413,6 +464,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     }
     if let Some(gbps) = r.gbps_decompress {
         outln!("compressed shards: decompressed at {gbps:.2} GB/s (of safetensors bytes)");
+    }
+    if let Some(f) = &r.fetched {
+        outln!(
+            "object storage, per shuffled epoch: {:.1} shards, {:.1} MB fetched ({:.2} of the \
+             split's {:.1} MB), {:.1} waits ({:.3} s), {:.1} evictions; limit {}",
+            f.shards_fetched_per_epoch,
+            f.bytes_fetched_per_epoch / 1e6,
+            f.fetched_over_split,
+            f.split_stored_bytes as f64 / 1e6,
+            f.fetch_waits_per_epoch,
+            f.fetch_wait_s_per_epoch,
+            f.fetch_evictions_per_epoch,
+            f.cache_limit
+                .map_or("none".into(), |l| format!("{:.1} MB", l as f64 / 1e6))
+        );
     }
     if let Some(mib) = r.peak_rss_mib {
         outln!("peak resident memory while loading: {mib:.0} MiB");

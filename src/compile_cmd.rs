@@ -177,7 +177,16 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         .as_deref()
         .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
         .transpose()?;
+    let upload = crate::upload::to(&out, a.force, &a.remote)?;
     if let (Some(p), Some(stage)) = (&a.partition, a.stage) {
+        if upload.is_some() {
+            bail!(
+                "--out {}: a partitioned compile writes its parts to shared storage (a file \
+                 system every partition sees); compile to a folder there, then dsc compress \
+                 it --out the URL (or upload the merged cache)",
+                out.display()
+            );
+        }
         let partition = parse_partition(p)?;
         let r = partition::run_stage(&spec, &out, max_memory, partition, stage, &bars)?;
         if a.json {
@@ -206,16 +215,20 @@ pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
-    let report = dsc_compiler::compile(
+    let mut report = dsc_compiler::compile(
         &spec,
         &CompileOptions {
-            out,
+            out: upload.as_ref().map_or(out, |u| u.local()),
             force: a.force,
             max_memory,
             storage: a.storage.storage(),
             progress: &bars,
         },
     )?;
+    if let Some(upload) = &upload {
+        crate::upload::send(upload, &bars)?;
+        report.out = PathBuf::from(upload.url());
+    }
     print_report(&report, start.elapsed().as_secs_f64(), a.json)
 }
 

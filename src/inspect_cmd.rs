@@ -520,8 +520,7 @@ fn print_column(d: &ColumnDetail, top: usize) -> anyhow::Result<()> {
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
-    let manifest = Manifest::read(&a.cache)?;
-    let stats = Stats::read(&a.cache)?;
+    let (manifest, stats) = dsc_loader::read_meta(&a.cache, &a.remote.options()?)?;
     if let Some(name) = &a.column {
         let detail = column_detail(&manifest, &stats, name)?;
         if a.json {

@@ -12,6 +12,7 @@ mod output;
 mod report_cmd;
 mod show_cmd;
 mod storage_cmd;
+mod upload;
 mod verify_cmd;
 
 use clap::Parser;

@@ -123,8 +123,9 @@ fn padded_figures(mix: &Mix, opts: &LoaderOptions, bucket: bool) -> anyhow::Resu
 
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let mut caches = Vec::new();
+    let remote = a.remote.options()?;
     for path in &a.caches {
-        caches.push(Cache::open(path)?);
+        caches.push(Cache::open_with(path, &remote)?);
     }
     let cache = caches[0].clone();
     let mix = Mix::new(caches)?;

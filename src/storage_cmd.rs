@@ -7,7 +7,48 @@ use std::path::Path;
 
 pub fn compress(a: CompressArgs) -> anyhow::Result<u8> {
     let storage = Storage::Zstd { level: a.level };
-    run(&a.cache, storage, a.json, a.quiet, "compressed")
+    let Some(out) = &a.out else {
+        return run(&a.cache, storage, a.json, a.quiet, "compressed");
+    };
+    let Some(upload) = crate::upload::to(out, a.force, &a.remote)? else {
+        anyhow::bail!(
+            "--out {}: not a URL in object storage (s3://, gs://, az://); to compress a local \
+             cache, dsc compress it in place",
+            out.display()
+        );
+    };
+    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
+    let r = dsc_compiler::export(&a.cache, &upload.local(), storage, &bars)?;
+    let sent = crate::upload::send(&upload, &bars)?;
+    if a.json {
+        #[derive(serde::Serialize)]
+        struct Uploaded<'a> {
+            #[serde(flatten)]
+            report: &'a StorageReport,
+            url: &'a str,
+            files_uploaded: usize,
+            bytes_uploaded: u64,
+            objects_removed: usize,
+        }
+        crate::output::print_json(&Uploaded {
+            report: &r,
+            url: upload.url(),
+            files_uploaded: sent.files,
+            bytes_uploaded: sent.bytes,
+            objects_removed: sent.removed,
+        })?;
+        return Ok(0);
+    }
+    outln!(
+        "{} {} to {}: {} files, {} uploaded ({:.3} of hot)",
+        bold("compressed"),
+        a.cache.display(),
+        upload.url(),
+        sent.files,
+        bytes(sent.bytes),
+        r.bytes_after as f64 / r.bytes_hot.max(1) as f64
+    );
+    Ok(0)
 }
 
 pub fn decompress(a: DecompressArgs) -> anyhow::Result<u8> {

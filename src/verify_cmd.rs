@@ -2,7 +2,7 @@
 
 use crate::args::VerifyArgs;
 use crate::output::outln;
-use dsc_format::verify::{verify, Depth};
+use dsc_format::verify::{verify, verify_parts, Depth};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -17,7 +17,11 @@ struct Report {
 
 pub fn run(a: VerifyArgs) -> anyhow::Result<u8> {
     let depth = if a.quick { Depth::Quick } else { Depth::Full };
-    let report = verify(&a.cache, depth, |_, _| {})?;
+    let report = if dsc_loader::is_remote(&a.cache.to_string_lossy()) {
+        verify_remote(&a, depth)?
+    } else {
+        verify(&a.cache, depth, |_, _| {})?
+    };
     let problems: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
     let ok = problems.is_empty();
     if a.json {
@@ -51,4 +55,60 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<u8> {
         );
     }
     Ok(if ok { 0 } else { crate::EXIT_PROBLEMS })
+}
+
+/// A cache in object storage, checked as a local one: each shard fetched in turn into the
+/// local folder (checked against the manifest's size and xxh3 on arrival: a damaged or replaced
+/// object is reported as that shard's problem), then read and checked there.
+fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::verify::Report> {
+    let url = a.cache.to_string_lossy();
+    let opts = a.remote.options()?;
+    let (manifest, mut files) = dsc_loader::fetch_shards(&url, &opts)?;
+    let stats = dsc_store::Remote::open_with(&url, &opts.store)
+        .and_then(|r| r.get(dsc_format::STATS_FILE))
+        .map_err(|e| fetch_problem(&a.cache.join(dsc_format::STATS_FILE), e.into()))
+        .and_then(|bytes| {
+            dsc_format::Stats::from_json(&bytes, &a.cache.join(dsc_format::STATS_FILE))
+        });
+    // The fetched copy is held until the next shard is asked for.
+    let mut held = None;
+    let report = verify_parts(
+        &a.cache,
+        &manifest,
+        stats,
+        depth,
+        |entry| {
+            held = None;
+            match files.next().expect("one file per shard") {
+                Ok(file) => {
+                    let path = file.path.clone();
+                    held = Some(file);
+                    Ok(path)
+                }
+                Err(e) => Err(fetch_problem(&a.cache.join(&entry.file), e)),
+            }
+        },
+        |_, _| {},
+    );
+    Ok(report)
+}
+
+/// A shard (or `stats.json`) that could not be fetched, as the problem `dsc verify` reports
+/// for it: a checksum that differs as such, anything else as a failed read of the object.
+fn fetch_problem(object: &std::path::Path, e: dsc_loader::LoadError) -> dsc_format::FormatError {
+    use dsc_store::StoreError;
+    match e {
+        dsc_loader::LoadError::Format(f) => f,
+        dsc_loader::LoadError::Store(StoreError::Checksum {
+            expected, found, ..
+        }) => dsc_format::FormatError::Checksum {
+            shard: object.into(),
+            expected,
+            found,
+        },
+        dsc_loader::LoadError::Store(StoreError::Store { source, .. }) => {
+            dsc_format::FormatError::io(object, std::io::Error::other(source))
+        }
+        other => dsc_format::FormatError::io(object, std::io::Error::other(other.to_string())),
+    }
 }

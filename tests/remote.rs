@@ -104,13 +104,13 @@ fn a_remote_cache_yields_the_local_caches_batches_fetching_each_shard_once_per_e
         let smallest = *sizes.iter().min().unwrap();
         let before = remote.shard_stats();
         assert!(
-            before.shards_fetched <= epochs as u64 * train + limit / smallest,
+            before.shards_fetched <= epochs * train + limit / smallest,
             "{name}: {} fetches in {epochs} epochs of {train} shards ({before:?})",
             before.shards_fetched
         );
-        assert!(before.shards_fetched >= epochs as u64 * train - limit / smallest);
+        assert!(before.shards_fetched >= epochs * train - limit / smallest);
         assert!(before.fetch_evictions > 0, "{name}: {before:?}");
-        let kept: u64 = std::fs::read_dir(remote_folder(&dir.join(&format!("fetched-{name}"))))
+        let kept: u64 = std::fs::read_dir(remote_folder(&dir.join(&format!("fetched-{name}")), 0))
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
@@ -118,12 +118,250 @@ fn a_remote_cache_yields_the_local_caches_batches_fetching_each_shard_once_per_e
     }
 }
 
-/// The one folder of fetched shards under `dir`.
-fn remote_folder(dir: &Path) -> std::path::PathBuf {
+/// The shards of the `k`-th folder of fetched shards under `dir` (the first process's is `ID`,
+/// a second's at once `ID.2`).
+fn remote_folder(dir: &Path, k: usize) -> std::path::PathBuf {
     let mut folders: Vec<_> = std::fs::read_dir(dir.join("remote"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
-    assert_eq!(folders.len(), 1, "{folders:?}");
-    folders.pop().unwrap().join("shards")
+    folders.sort();
+    folders[k].join("shards")
+}
+
+/// A hot cache of small shards in bucket `caches` at `name`: (its local copy, its URL).
+fn uploaded(dir: &Dir, server: &S3Server, name: &str) -> (std::path::PathBuf, String) {
+    let cache = dir.join(name);
+    if !cache.exists() {
+        gen_icecube(dir, 2, 200);
+        dsc(dir.path(), &icecube_args(name, &["--shard-size", "48KiB"])).ok();
+    }
+    let url = format!("{}/{name}", server.bucket("caches"));
+    upload(server, &cache, &url);
+    (cache, url)
+}
+
+#[test]
+fn an_object_unlike_its_manifest_is_refused_on_arrival_and_nothing_of_it_is_kept() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    let (local, url) = uploaded(&dir, &server, "cache");
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    let first = manifest(&local)["shards"][0]["file"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let good = std::fs::read(local.join(&first)).unwrap();
+    let fetched = dir.join("fetched");
+    // The same size, one byte changed (a shard of another compile, say): the checksum; a
+    // shorter object: its size.
+    let mut changed = good.clone();
+    *changed.last_mut().unwrap() ^= 1;
+    for (bad, says) in [
+        (changed, "xxh3"),
+        (good[..good.len() - 8].to_vec(), "bytes"),
+    ] {
+        remote.put(&first, bad).unwrap();
+        // The open reads every shard's header: a short object may fail there already.
+        let opts = remote_options(&server, &fetched, None);
+        let (e, folder) = match Cache::open_remote(&url, &opts) {
+            Err(e) => (e, remote_folder(&fetched, 0)),
+            Ok(cache) => {
+                let e = cache
+                    .loader(LoaderOptions {
+                        order: OrderSpec {
+                            shuffle: false,
+                            ..Default::default()
+                        },
+                        batch_size: 1,
+                        ..Default::default()
+                    })
+                    .unwrap()
+                    .find_map(Result::err)
+                    .expect("the changed shard fails");
+                (e, cache.fetch_folder().unwrap().join("shards"))
+            }
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("{url}/{first}"))
+                && text.contains(says)
+                && text.matches(&url).count() == 1,
+            "{text}"
+        );
+        // (Other shards' downloads may be under way: only the refused one's is looked for.)
+        let refused = first.trim_start_matches("shards/");
+        let leftovers: Vec<String> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(refused))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+    // Put right, the same open cache reads it: a failed fetch is tried again when asked.
+    remote.put(&first, good).unwrap();
+    let cache = Cache::open_remote(&url, &remote_options(&server, &fetched, None)).unwrap();
+    let here = Cache::open(&local).unwrap();
+    let o = LoaderOptions {
+        batch_size: 4,
+        ..Default::default()
+    };
+    assert_eq!(epoch(&cache, o.clone()), epoch(&here, o));
+}
+
+#[test]
+fn fetched_shards_serve_the_next_run_and_a_second_reader_takes_a_folder_of_its_own() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    let (local, url) = uploaded(&dir, &server, "cache");
+    let fetched = dir.join("fetched");
+    let opts = remote_options(&server, &fetched, None);
+    let o = LoaderOptions {
+        batch_size: 4,
+        ..Default::default()
+    };
+    let want = epoch(&Cache::open(&local).unwrap(), o.clone());
+    {
+        let cache = Cache::open_remote(&url, &opts).unwrap();
+        assert_eq!(epoch(&cache, o.clone()), want);
+        // A second reader of the same cache at once (another rank on this machine).
+        let second = Cache::open_remote(&url, &opts).unwrap();
+        assert_ne!(second.fetch_folder(), cache.fetch_folder());
+        assert_eq!(epoch(&second, o.clone()), want);
+    }
+    // A download cut short by a killed run: removed at the next open, never read.
+    let folder = remote_folder(&fetched, 0);
+    std::fs::write(
+        folder.join(".train-00000.safetensors.partial-99999"),
+        b"half",
+    )
+    .unwrap();
+    let cache = Cache::open_remote(&url, &opts).unwrap();
+    assert!(!folder
+        .join(".train-00000.safetensors.partial-99999")
+        .exists());
+    assert_eq!(epoch(&cache, o), want);
+    let stats = cache.shard_stats();
+    assert_eq!(stats.shards_fetched, 0, "kept from the last run: {stats:?}");
+    assert!(stats.fetch_hits > 0);
+}
+
+#[test]
+fn a_limit_below_the_largest_shard_and_an_unknown_store_option_are_refused_by_name() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    let (local, url) = uploaded(&dir, &server, "cache");
+    let largest = stored_bytes(&local).into_iter().max().unwrap();
+    let e = Cache::open_remote(
+        &url,
+        &remote_options(&server, &dir.join("f"), Some(largest - 1)),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, dsc_loader::LoadError::Options(o) if o.key == "cache_limit"),
+        "{e}"
+    );
+    let mut opts = remote_options(&server, &dir.join("f"), None);
+    opts.store.push(("aws_endpoint_urk".into(), "x".into()));
+    let e = Cache::open_remote(&url, &opts).unwrap_err().to_string();
+    assert!(e.contains("\"aws_endpoint_urk\""), "{e}");
+    let e = Cache::open_remote(
+        &format!("{url}-missing"),
+        &remote_options(&server, &dir.join("f"), None),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(&format!("{url}-missing")), "{e}");
+}
+
+#[test]
+fn an_upload_publishes_the_manifest_last_and_a_replace_removes_it_first() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    let (local, url) = uploaded(&dir, &server, "cache");
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    // Replace it by a cache of fewer shards: no manifest while the files go up, the old
+    // shards the new cache lacks removed after it.
+    dsc(
+        dir.path(),
+        &icecube_args("fewer", &["--shard-size", "256KiB"]),
+    )
+    .ok();
+    let e = dsc_store::upload_cache(&dir.join("fewer"), &remote, false, |_, _| {}).unwrap_err();
+    assert!(matches!(e, dsc_store::StoreError::Exists { .. }), "{e}");
+    let mut calls = 0;
+    let sent = dsc_store::upload_cache(&dir.join("fewer"), &remote, true, |done, total| {
+        calls += 1;
+        let published = remote.exists("manifest.json").unwrap();
+        assert_eq!(published, done == total, "{done} of {total}");
+    })
+    .unwrap();
+    assert!(calls > 2 && sent.removed > 0, "{sent:?}");
+    let names: Vec<String> = remote.list().unwrap().into_iter().map(|(n, _)| n).collect();
+    let mut want: Vec<String> = tree(&dir.join("fewer")).into_keys().collect();
+    want.sort();
+    assert_eq!(names, want);
+    assert!(local.exists());
+}
+
+#[test]
+fn the_cli_compiles_to_a_url_refuses_to_overwrite_it_and_verify_names_a_damaged_shard() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    gen_icecube(&dir, 2, 200);
+    let url = format!("{}/cli", server.bucket("caches"));
+    let env = server.env();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(args)
+            .current_dir(dir.path())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("DSC_CACHE_DIR", dir.join("dsc-cache"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let compile = icecube_args(&url, &["--shard-size", "48KiB", "--quiet"]);
+    let (code, _, err) = run(&compile);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !dir.join("dsc-cache/upload").exists()
+            || std::fs::read_dir(dir.join("dsc-cache/upload"))
+                .unwrap()
+                .count()
+                == 0,
+        "the staging folder is removed"
+    );
+    let (code, _, err) = run(&compile);
+    assert_eq!(code, 2);
+    assert!(err.contains(&url) && err.contains("--force"), "{err}");
+    let (code, out, err) = run(&["verify", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("ok:"), "{out}");
+    // A shard replaced by other bytes: verify names it and its checksum, exit 1.
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    let (name, _) = remote
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n.starts_with("shards/"))
+        .unwrap();
+    let mut bytes = remote.get(&name).unwrap();
+    // In the header: an open of the cache would fail; verify reports it as the shard's problem.
+    bytes[100] ^= 0xff;
+    remote.put(&name, bytes).unwrap();
+    // Fetched afresh: another folder.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(["verify", &url, "--cache-dir"])
+        .arg(dir.join("fresh"))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&name) && err.contains("checksum"), "{err}");
 }

@@ -75,4 +75,4 @@ pub use local::compile;
 pub use progress::TerminalBars;
 pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};
 pub use read::decode_parquet;
-pub use storage::{restore, Storage, StorageReport};
+pub use storage::{export, restore, Storage, StorageReport};

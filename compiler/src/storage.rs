@@ -264,7 +264,53 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
     // same time cannot change the cache between reading it and replacing it.
     let staging = Staging::create(dir, true)?;
     let manifest = Manifest::read(dir)?;
-    link_others(dir, &staging.dir, &manifest)?;
+    let (manifest, report) = convert_cache(dir, &staging.dir, manifest, storage, progress)?;
+    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
+    crate::progress::check(progress)?;
+    staging.commit()?;
+    progress.finish();
+    Ok(StorageReport {
+        seconds: start.elapsed().as_secs_f64(),
+        ..report
+    })
+}
+
+/// Writes a copy of the cache in `dir` with its shards in `storage`'s form into `dest`, a
+/// directory that must not exist yet, leaving `dir` as it is (`dsc compress --out URL`
+/// uploads such a copy). Shards already in that form and every other file are linked (or
+/// copied, across file systems); the manifest is written last.
+pub fn export(
+    dir: &Path,
+    dest: &Path,
+    storage: Storage,
+    progress: &dyn Progress,
+) -> Result<StorageReport> {
+    let start = Instant::now();
+    let storage = storage.check()?;
+    let manifest = Manifest::read(dir)?;
+    std::fs::create_dir(dest).map_err(|e| CompileError::io(dest, e))?;
+    let shards = dest.join(dsc_format::SHARDS_DIR);
+    std::fs::create_dir_all(&shards).map_err(|e| CompileError::io(&shards, e))?;
+    let (manifest, report) = convert_cache(dir, dest, manifest, storage, progress)?;
+    let path = dest.join(dsc_format::MANIFEST_FILE);
+    std::fs::write(&path, manifest.to_json()).map_err(|e| CompileError::io(&path, e))?;
+    progress.finish();
+    Ok(StorageReport {
+        seconds: start.elapsed().as_secs_f64(),
+        ..report
+    })
+}
+
+/// Links or converts every file of the cache in `dir` (`manifest`) into `to`, but its manifest:
+/// the manifest of the result, and what the conversion did.
+fn convert_cache(
+    dir: &Path,
+    to: &Path,
+    manifest: Manifest,
+    storage: Storage,
+    progress: &dyn Progress,
+) -> Result<(Manifest, StorageReport)> {
+    link_others(dir, to, &manifest)?;
     progress.stage("convert shards", shards_in(&manifest, storage) as u64);
     let shards = manifest
         .shards()
@@ -272,10 +318,10 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
         .map(|entry| {
             crate::progress::check(progress)?;
             if stored_as(entry, storage) {
-                link_or_copy(&dir.join(&entry.file), &staging.dir.join(&entry.file))?;
+                link_or_copy(&dir.join(&entry.file), &to.join(&entry.file))?;
                 return Ok(entry.clone());
             }
-            let out = convert(dir, &staging.dir, entry, storage)?;
+            let out = convert(dir, to, entry, storage)?;
             progress.advance(1);
             Ok(out)
         })
@@ -288,15 +334,7 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
         bytes_hot: shards.iter().map(|s| s.bytes).sum(),
         seconds: 0.0,
     };
-    let manifest = with_shards(manifest, shards)?;
-    staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
-    crate::progress::check(progress)?;
-    staging.commit()?;
-    progress.finish();
-    Ok(StorageReport {
-        seconds: start.elapsed().as_secs_f64(),
-        ..report
-    })
+    Ok((with_shards(manifest, shards)?, report))
 }
 
 /// Links every file of the cache except its manifest and shards into `to`, keeping folders.

@@ -35,13 +35,36 @@ pub struct Report {
 pub fn verify(
     dir: &Path,
     depth: Depth,
-    mut on_shard: impl FnMut(usize, usize),
+    on_shard: impl FnMut(usize, usize),
 ) -> Result<Report, FormatError> {
     let manifest = Manifest::read(dir)?;
+    let stats = crate::Stats::read(dir);
+    Ok(verify_parts(
+        dir,
+        &manifest,
+        stats,
+        depth,
+        |entry| Ok(dir.join(&entry.file)),
+        on_shard,
+    ))
+}
+
+/// [`verify`] of a cache whose manifest and statistics were read already (`stats`, or why they
+/// could not be), each shard's file found by `locate` (a local copy of a shard in object
+/// storage, say; its error is reported as the shard's problem). `dir` names the cache in
+/// messages.
+pub fn verify_parts(
+    dir: &Path,
+    manifest: &Manifest,
+    stats: Result<crate::Stats, FormatError>,
+    depth: Depth,
+    mut locate: impl FnMut(&crate::ShardEntry) -> Result<std::path::PathBuf, FormatError>,
+    mut on_shard: impl FnMut(usize, usize),
+) -> Report {
     let mut report = Report::default();
-    match crate::Stats::read(dir) {
+    match stats {
         Ok(stats) => report.problems.extend(stats_mismatch(
-            &manifest,
+            manifest,
             &stats,
             &dir.join(crate::STATS_FILE),
         )),
@@ -53,7 +76,9 @@ pub fn verify(
     for (i, entry) in manifest.shards().iter().enumerate() {
         on_shard(i, total);
         let path = dir.join(&entry.file);
-        match verify_shard(&manifest, entry, &path, depth, &mut report.bytes_read) {
+        let checked = locate(entry)
+            .and_then(|local| verify_shard(manifest, entry, &local, depth, &mut report.bytes_read));
+        match checked {
             Ok(shard_keys) => {
                 for (sample, key) in shard_keys.into_iter().enumerate() {
                     if let Some(&(shard, first)) = keys.get(&key) {
@@ -75,7 +100,7 @@ pub fn verify(
         }
         report.shards_checked += 1;
     }
-    Ok(report)
+    report
 }
 
 /// Where `stats.json` and the manifest disagree about the splits.

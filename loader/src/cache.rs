@@ -169,6 +169,24 @@ impl Cache {
         if let Some(url) = dir.to_str().filter(|d| crate::remote::is_remote(d)) {
             return Cache::open_remote(url, &crate::RemoteOptions::from_env()?);
         }
+        Cache::open_local(dir)
+    }
+
+    /// Opens the cache at `location`: a local directory ([`Cache::open`]), or a URL with these
+    /// options for object storage ([`Cache::open_remote`]).
+    pub fn open_with(
+        location: impl AsRef<Path>,
+        remote: &crate::RemoteOptions,
+    ) -> Result<Cache, LoadError> {
+        let location = location.as_ref();
+        match location.to_str().filter(|d| crate::remote::is_remote(d)) {
+            Some(url) => Cache::open_remote(url, remote),
+            None => Cache::open_local(location),
+        }
+    }
+
+    /// The cache in local directory `dir` ([`Cache::open`]).
+    fn open_local(dir: &Path) -> Result<Cache, LoadError> {
         // A replace swaps directories and then removes the old one: an open that loses that
         // race finds files missing from the directory it holds. Three replaces in a row within
         // one open would be a loop of compiles, not a replace; its error is then returned.
@@ -239,9 +257,19 @@ impl Cache {
         &self.inner.manifest
     }
 
-    /// The cache directory.
+    /// The cache directory (its URL for a cache in object storage).
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// For a cache in object storage, the local folder its shards are fetched into (`None` for
+    /// a local cache).
+    pub fn fetch_folder(&self) -> Option<&Path> {
+        match &self.inner.origin {
+            Origin::Folder(_) => None,
+            #[cfg(feature = "remote")]
+            Origin::Remote(f) => Some(f.folder()),
+        }
     }
 
     /// The safetensors bytes of shard `index` of `split` (mapped, or decompressed and kept

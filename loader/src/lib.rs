@@ -69,5 +69,7 @@ pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
 pub use loader::{Filler, Loader};
 pub use mix::Mix;
 pub use options::{LoaderOptions, OrderSpec, Pack, State, MAX_TRIM_MULTIPLE};
-pub use remote::{is_remote, RemoteOptions, DEFAULT_FETCH_THREADS};
+#[cfg(feature = "remote")]
+pub use remote::{fetch_shards, ShardFile, ShardFiles};
+pub use remote::{is_remote, read_meta, RemoteOptions, DEFAULT_FETCH_THREADS};
 pub use stats::LoaderStats;

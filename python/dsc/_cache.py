@@ -53,12 +53,48 @@ class TensorInfo:
         return self.role in ("features", "categorical")
 
 
-class Cache:
-    """An open, validated cache (``dsc.open(path)``). Cheap to share between loaders."""
+def remote_json(cache_dir: Optional[PathLike], cache_limit: Union[int, str, None],
+                storage_options: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The options of a cache in object storage as the extension takes them (None: the
+    environment's)."""
+    if cache_dir is None and cache_limit is None and storage_options is None:
+        return None
+    if isinstance(cache_limit, bool) or not isinstance(cache_limit, (int, str, type(None))):
+        raise OptionsError(f"cache_limit={cache_limit!r}: expected bytes or a size like '20GiB'",
+                           option="cache_limit")
+    if isinstance(cache_limit, str):
+        cache_limit = _dsc.parse_size(cache_limit)
+    if isinstance(cache_limit, int) and cache_limit <= 0:
+        raise OptionsError(f"cache_limit={cache_limit!r}: must be positive", option="cache_limit")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise OptionsError(f"storage_options={storage_options!r}: expected a dict of object_store "
+                           "keys such as {'aws_endpoint': ..., 'aws_region': ...}",
+                           option="storage_options")
+    return json.dumps({
+        "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
+        "cache_limit": cache_limit,
+        "storage_options": {str(k): str(v) for k, v in (storage_options or {}).items()},
+    })
 
-    def __init__(self, path: PathLike) -> None:
+
+class Cache:
+    """An open, validated cache (``dsc.open(path)``). Cheap to share between loaders.
+
+    ``path`` is a cache directory, or the URL of a cache in object storage (``s3://bucket/c``,
+    ``gs://…``, ``az://…``, ``https://…``): then ``cache_dir`` is the local folder its shards
+    are fetched into ahead of use (default ``DSC_CACHE_DIR``, else ``~/.cache/dsc``),
+    ``cache_limit`` the bytes kept there at most (an int or ``"20GiB"``; default
+    ``DSC_CACHE_LIMIT``, else no limit), and ``storage_options`` object_store's configuration
+    keys (``{"aws_endpoint": "http://localhost:9000", "aws_region": "us-east-1"}``), which win
+    over the environment (``AWS_*``, ``~/.aws/credentials``, ``GOOGLE_*``, ``AZURE_*``).
+    """
+
+    def __init__(self, path: PathLike, *, cache_dir: Optional[PathLike] = None,
+                 cache_limit: Union[int, str, None] = None,
+                 storage_options: Optional[Dict[str, Any]] = None) -> None:
         self.path = os.fspath(path)
-        self._handle = _dsc.CacheHandle(self.path)
+        self._handle = _dsc.CacheHandle(self.path, remote_json(cache_dir, cache_limit,
+                                                               storage_options))
         self.manifest: Dict[str, Any] = json.loads(self._handle.manifest_json())
         self._stats: Optional[Dict[str, Any]] = None
         self.schema: List[TensorInfo] = [
@@ -84,6 +120,13 @@ class Cache:
         if self._stats is None:
             self._stats = json.loads(self._handle.stats_json())
         return self._stats
+
+    @property
+    def fetch_folder(self) -> Optional[str]:
+        """For a cache in object storage, the local folder its shards are fetched into (None for
+        a local cache)."""
+        folder = self._handle.fetch_folder()
+        return None if folder is None else os.fspath(folder)
 
     @property
     def splits(self) -> Dict[str, int]:
@@ -259,7 +302,14 @@ def _decode_column(encoding: Dict[str, Any], source_type: str, stored: np.ndarra
     return stored
 
 
-def open(path: PathLike) -> Cache:  # noqa: A001 (the natural name: dsc.open)
+def open(path: PathLike, *, cache_dir: Optional[PathLike] = None,  # noqa: A001 (dsc.open)
+         cache_limit: Union[int, str, None] = None,
+         storage_options: Optional[Dict[str, Any]] = None) -> Cache:
     """Opens the cache in ``path``: reads and validates the manifest and every shard's size
-    and header (O(shards)); raises :class:`dsc.CacheError` naming the file when it cannot."""
-    return Cache(path)
+    and header (O(shards)); raises :class:`dsc.CacheError` naming the file when it cannot.
+
+    ``path`` may be the URL of a cache in object storage (``s3://bucket/cache``): its shards
+    are fetched into ``cache_dir`` as loaders need them, ahead of use in their order, with at
+    most ``cache_limit`` bytes kept (see :class:`dsc.Cache`)."""
+    return Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                 storage_options=storage_options)

@@ -12,7 +12,7 @@ from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tupl
                     Union, Unpack)
 
 from . import _dsc
-from ._cache import Cache
+from ._cache import Cache, remote_json
 from ._errors import OptionsError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -233,6 +233,8 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     progress: Optional[bool] = None,
     compress: Optional[str] = None,
     compress_level: Optional[int] = None,
+    cache_dir: Optional[PathLike] = None,
+    storage_options: Optional[Dict[str, Any]] = None,
     **options: Unpack[CompileOptions],
 ) -> Cache:
     """Compiles Parquet rows into a cache at ``out`` and returns it opened (:class:`dsc.Cache`).
@@ -255,6 +257,12 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     default 3), as ``dsc compile --compress zstd``: :class:`dsc.Loader` reads such a cache,
     decompressing a shard into memory on first use, with the same batches.
 
+    ``out`` may be a URL in object storage (``"s3://bucket/cache"``, ``gs://…``, ``az://…``):
+    the cache is compiled under ``cache_dir`` (default ``DSC_CACHE_DIR``, else
+    ``~/.cache/dsc``), then uploaded with its manifest last, so that a reader finds no cache or
+    the whole one; a cache already there is refused before any work unless ``force``.
+    ``storage_options`` are object_store's configuration keys (see :class:`dsc.Cache`).
+
     Bad input raises :class:`dsc.CompileError` carrying ``file``, ``column`` and ``row``; the
     output is then left as it was (nothing half-written). The GIL is released while compiling.
     """
@@ -270,8 +278,9 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         None if max_memory is None else _size("max_memory", max_memory),
         compress,
         None if compress_level is None else _int("compress_level", compress_level, -(2**31), 2**31 - 1),
+        remote_json(cache_dir, None, storage_options),
     )
-    return Cache(out)
+    return Cache(out, cache_dir=cache_dir, storage_options=storage_options)
 
 
 _STAGES = _CHOICES["stage"]

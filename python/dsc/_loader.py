@@ -143,6 +143,11 @@ class Loader:
             in CPU memory), an error if it does not fit; ``False``: never.
         resident_budget: the most bytes a resident split may take on the device (an int or a
             size such as ``"8GiB"``) [default: a quarter of the device's memory].
+        cache_dir, cache_limit, storage_options: for a cache given as a URL in object storage
+            (``"s3://bucket/cache"``): the local folder its shards are fetched into ahead of
+            use, in this loader's order; the bytes kept there at most (the shard needed furthest
+            ahead goes first); object_store's configuration keys. See :class:`dsc.Cache` and
+            docs/PYTHON.md, "Caches in object storage".
     """
 
     def __init__(
@@ -175,11 +180,16 @@ class Loader:
         resident_budget: Union[int, str, None] = None,
         weights: Optional[Sequence[float]] = None,
         mix_samples: Optional[int] = None,
+        cache_dir: Optional[PathLike] = None,
+        cache_limit: Union[int, str, None] = None,
+        storage_options: Optional[Dict[str, Any]] = None,
     ) -> None:
         given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
         if not given:
             raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix")
-        self.caches: List[Cache] = [c if isinstance(c, Cache) else Cache(c) for c in given]
+        remote = dict(cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+        self.caches: List[Cache] = [c if isinstance(c, Cache) else Cache(c, **remote)
+                                    for c in given]
         self.cache = self.caches[0]
         mixed = len(self.caches) > 1
         self.weights: Optional[List[float]] = None
@@ -458,12 +468,19 @@ class Loader:
           0 for a starved consumer, near ``prefetch`` per thread for one that is the bottleneck);
         - ``shard_reads``, ``stored_bytes_read``, ``shard_hits``, ``shard_evictions``: what the
           cache's compressed shards cost (every loader of the open cache; 0 for a hot cache,
-          which the page cache serves).
+          which the page cache serves);
+        - ``shards_fetched``, ``bytes_fetched``, ``fetch_hits``, ``fetch_waits``,
+          ``fetch_wait_s``, ``fetch_evictions``: for a cache in object storage, its downloads,
+          the shards found already fetched, the waits for a download (by the loading threads)
+          and the shards removed to stay within ``cache_limit`` (every loader of the open cache).
         """
         s = dict(self._counts)
         s["queue_mean"] = s.pop("queued") / max(1, s["batches"])
-        names = ("shard_reads", "stored_bytes_read", "shard_hits", "shard_evictions")
-        s.update(zip(names, self._sources.shard_stats()))
+        shards = json.loads(self._sources.shard_stats())
+        for name in ("shard_reads", "stored_bytes_read", "shard_hits", "shard_evictions",
+                     "shards_fetched", "bytes_fetched", "fetch_hits", "fetch_waits",
+                     "fetch_wait_s", "fetch_evictions"):
+            s[name] = shards[name]
         return s
 
     def close(self) -> None:

@@ -236,6 +236,8 @@ pub fn load_error(py: Python<'_>, e: LoadError) -> PyErr {
             raise(py, "OptionsError", e.to_string(), place)
         }
         LoadError::State { .. } => raise(py, "StateError", e.to_string(), Place::default()),
+        LoadError::Store(s) => store_error(py, s),
+        LoadError::Fetch { .. } => raise(py, "CacheError", e.to_string(), Place::default()),
         LoadError::Format(f) => format_error(py, f),
         LoadError::Map { ref path, .. } | LoadError::OutOfMaps { ref path, .. } => {
             let place = Place {
@@ -245,5 +247,23 @@ pub fn load_error(py: Python<'_>, e: LoadError) -> PyErr {
             raise(py, "CacheError", e.to_string(), place)
         }
         other => raise(py, "Error", other.to_string(), Place::default()),
+    }
+}
+
+/// Object storage that could not be read or written: a cache already at an upload's URL is an
+/// option to give (`force=True`); anything else is the cache's.
+pub fn store_error(py: Python<'_>, e: dsc_store::StoreError) -> PyErr {
+    match e {
+        dsc_store::StoreError::Exists { ref url } => {
+            let message = format!(
+                "{url}: a cache is already there (its manifest.json); replace it with force=True"
+            );
+            let place = Place {
+                option: Some("force"),
+                ..Place::default()
+            };
+            raise(py, "OptionsError", message, place)
+        }
+        other => raise(py, "CacheError", other.to_string(), Place::default()),
     }
 }

@@ -43,11 +43,19 @@ struct CacheHandle {
 
 #[pymethods]
 impl CacheHandle {
-    /// Opens and validates the cache in `path` (manifest, then every shard's size and header).
+    /// Opens and validates the cache in `path` (manifest, then every shard's size and header);
+    /// a URL in object storage with `remote` (JSON: `cache_dir`, `cache_limit`,
+    /// `storage_options`) over the environment's options.
     #[new]
-    fn new(py: Python<'_>, path: std::path::PathBuf) -> PyResult<CacheHandle> {
+    #[pyo3(signature = (path, remote=None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        remote: Option<&str>,
+    ) -> PyResult<CacheHandle> {
+        let remote = remote_options(py, remote)?;
         let cache = py
-            .detach(|| Cache::open(&path))
+            .detach(|| Cache::open_with(&path, &remote))
             .map_err(|e| load_error(py, e))?;
         let mix = Mix::new(vec![cache.clone()]).map_err(|e| load_error(py, e))?;
         Ok(CacheHandle { cache, mix })
@@ -65,21 +73,28 @@ impl CacheHandle {
         Ok(CacheHandle { cache: first, mix })
     }
 
-    /// What the caches' compressed shards have cost so far (a mix's summed): `(reads, stored
-    /// bytes read, hits, evictions)`.
-    fn shard_stats(&self) -> (u64, u64, u64, u64) {
-        self.mix
-            .sources()
-            .iter()
-            .map(Cache::shard_stats)
-            .fold((0, 0, 0, 0), |(a, b, c, d), s| {
-                (
-                    a + s.shard_reads,
-                    b + s.stored_bytes_read,
-                    c + s.shard_hits,
-                    d + s.shard_evictions,
-                )
-            })
+    /// What the caches' compressed and remote shards have cost so far (a mix's summed), as the
+    /// JSON of the Rust `LoaderStats` (its loader fields zero).
+    fn shard_stats(&self) -> String {
+        let mut all = dsc_loader::LoaderStats::default();
+        for s in self.mix.sources().iter().map(Cache::shard_stats) {
+            all.shard_reads += s.shard_reads;
+            all.stored_bytes_read += s.stored_bytes_read;
+            all.shard_hits += s.shard_hits;
+            all.shard_evictions += s.shard_evictions;
+            all.shards_fetched += s.shards_fetched;
+            all.bytes_fetched += s.bytes_fetched;
+            all.fetch_hits += s.fetch_hits;
+            all.fetch_waits += s.fetch_waits;
+            all.fetch_wait_s += s.fetch_wait_s;
+            all.fetch_evictions += s.fetch_evictions;
+        }
+        serde_json::to_string(&all).expect("stats serialize")
+    }
+
+    /// For a cache in object storage, the local folder its shards are fetched into.
+    fn fetch_folder(&self) -> Option<std::path::PathBuf> {
+        self.cache.fetch_folder().map(Into::into)
     }
 
     /// Positions in an epoch of split `split` with `options` (JSON): the split's contexts, or
@@ -509,7 +524,7 @@ fn spec_from(
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.
 #[pyfunction]
 #[pyo3(signature = (spec_json, spec_file, out, force, progress, max_memory=None, compress=None,
-                    compress_level=None))]
+                    compress_level=None, remote=None))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -521,16 +536,32 @@ fn compile(
     max_memory: Option<u64>,
     compress: Option<String>,
     compress_level: Option<i32>,
+    remote: Option<&str>,
 ) -> PyResult<String> {
     let spec = spec_from(py, spec_json, spec_file.as_deref())?;
     let storage = storage_of(py, compress.as_deref(), compress_level)?;
+    // A URL: compiled under the cache folder, then uploaded with its manifest last (a cache
+    // already there refused now, before any work, unless `force`).
+    let upload = match out.to_str().filter(|o| dsc_store::is_remote(o)) {
+        Some(url) => {
+            let opts = remote_options(py, remote)?;
+            let upload = py
+                .detach(|| {
+                    let store = dsc_store::Remote::open_with(url, &opts.store)?;
+                    dsc_store::Upload::new(store, &opts.dir, force)
+                })
+                .map_err(|e| errors::store_error(py, e))?;
+            Some(upload)
+        }
+        None => None,
+    };
     let interrupt = Arc::new(Interrupt::new());
     let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
     let report = interruptible(py, &interrupt, || {
         dsc_compiler::compile(
             &spec,
             &CompileOptions {
-                out,
+                out: upload.as_ref().map_or(out, dsc_store::Upload::local),
                 force,
                 max_memory,
                 storage,
@@ -540,7 +571,38 @@ fn compile(
         .map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;
+    if let Some(upload) = &upload {
+        py.detach(|| upload.send(|_, _| {}))
+            .map_err(|e| errors::store_error(py, e))?;
+    }
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
+}
+
+/// The options of a cache in object storage: the environment's, with `json`'s over them
+/// (`cache_dir`, `cache_limit` in bytes, `storage_options` as object_store's keys).
+fn remote_options(py: Python<'_>, json: Option<&str>) -> PyResult<dsc_loader::RemoteOptions> {
+    let mut o = dsc_loader::RemoteOptions::from_env().map_err(|e| load_error(py, e))?;
+    let Some(json) = json else {
+        return Ok(o);
+    };
+    let given: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| options_error(py, &format!("remote options: {e}")))?;
+    if let Some(dir) = given["cache_dir"].as_str() {
+        o.dir = dir.into();
+    }
+    if let Some(limit) = given["cache_limit"].as_u64() {
+        o.limit = Some(limit);
+    }
+    if let Some(map) = given["storage_options"].as_object() {
+        for (key, value) in map {
+            let value = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            o.store.push((key.clone(), value));
+        }
+    }
+    Ok(o)
 }
 
 /// Runs `work` (a compile) off the GIL in a thread of its own, while this thread looks for

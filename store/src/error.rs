@@ -87,6 +87,23 @@ impl StoreError {
         }
     }
 
+    /// The message without the URL it starts with: for callers that name the object
+    /// themselves (an I/O error of a reader, wrapped with the path it reads).
+    pub fn problem(&self) -> String {
+        let text = self.to_string();
+        let url = match self {
+            StoreError::Url { url, .. }
+            | StoreError::NotFound { url }
+            | StoreError::Store { url, .. }
+            | StoreError::Short { url, .. }
+            | StoreError::Checksum { url, .. }
+            | StoreError::Exists { url } => url,
+            StoreError::Io { .. } | StoreError::Runtime(_) => return text,
+        };
+        text.strip_prefix(&format!("{url}: "))
+            .map_or(text.clone(), str::to_string)
+    }
+
     /// Whether trying again can help: a transfer that failed on the way, not an absent object,
     /// a bad URL or a local file.
     pub(crate) fn is_transient(&self) -> bool {

@@ -27,10 +27,12 @@ mod connect;
 mod error;
 mod runtime;
 mod transfer;
+mod upload;
 
 pub use connect::is_remote;
 pub use error::StoreError;
 pub use transfer::{upload_cache, Expected, ObjectReader, Uploaded};
+pub use upload::Upload;
 
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;

@@ -154,7 +154,7 @@ impl std::io::Read for ObjectReader<'_> {
             self.buf = self
                 .remote
                 .get_range(&self.name, self.at..end)
-                .map_err(std::io::Error::other)?;
+                .map_err(|e| std::io::Error::other(e.problem()))?;
             self.used = 0;
             self.at = end;
             self.chunk = (self.chunk * 2).min(4 << 20);
@@ -207,20 +207,19 @@ pub fn upload_cache(
     let total: u64 = files.iter().map(|(_, size)| size).sum::<u64>() + manifest.len() as u64;
     let client = remote.client()?;
     let mut done = 0u64;
-    client.runtime.block_on(async {
-        let mut uploads = futures::stream::iter(files.iter())
-            .map(|(name, size)| async move {
-                put_file(remote, name, &dir.join(name))
-                    .await
-                    .map(|()| *size)
-            })
-            .buffer_unordered(UPLOADS);
-        while let Some(size) = uploads.next().await {
-            done += size?;
-            progress(done, total);
-        }
-        Ok::<(), StoreError>(())
-    })?;
+    let mut uploads = futures::stream::iter(files.iter())
+        .map(|(name, size)| async move {
+            put_file(remote, name, &dir.join(name))
+                .await
+                .map(|()| *size)
+        })
+        .buffer_unordered(UPLOADS);
+    // Each completion is reported outside the runtime, so that `progress` may itself call the
+    // store (a test checks the manifest is absent while files go up).
+    while let Some(size) = client.runtime.block_on(uploads.next()) {
+        done += size?;
+        progress(done, total);
+    }
     remote.put(dsc_format::MANIFEST_FILE, manifest)?;
     progress(total, total);
     let mut removed = 0;

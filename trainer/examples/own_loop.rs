@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
     let (x, len, y) = (tensor("x")?, tensor("length")?, tensor("y")?);
     let features = cache.tensors()[x].sample_shape[1] as i64;
     // Standardise raw columns with the cache's train statistics (as dsc-train does).
-    let train = normalise::train_stats(cache.dir())?;
+    let train = normalise::train_stats(&cache)?;
     let scaling = Scaling::from_stats(&cache.tensors()[x], &train);
     let vs = nn::VarStore::new(device);
     let standardise = Standardise::new(vs.root() / "x_norm", &scaling);

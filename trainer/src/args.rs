@@ -33,10 +33,21 @@ use std::path::PathBuf;
     verbatim_doc_comment
 )]
 pub struct Cli {
-    /// The compiled cache (a folder with manifest.json). Repeat it to train on a mix of
-    /// caches with the same tensors (inputs scaled with the first's statistics).
+    /// The compiled cache (a folder with manifest.json, or its URL in object storage:
+    /// s3://bucket/cache, gs://…, az://…, https://…). Repeat it to train on a mix of caches
+    /// with the same tensors (inputs scaled with the first's statistics).
     #[arg(long, required_unless_present = "resume", value_name = "CACHE")]
     pub cache: Vec<PathBuf>,
+
+    /// For a cache in object storage: the local folder its shards are fetched into ahead of
+    /// use, in the loader's order [env: DSC_CACHE_DIR; default: ~/.cache/dsc].
+    #[arg(long, value_name = "DIR", help_heading = "Object storage")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Bytes of fetched shards kept at most (e.g. 20GiB): the shard needed furthest ahead is
+    /// removed first [env: DSC_CACHE_LIMIT; default: no limit].
+    #[arg(long, value_name = "SIZE", help_heading = "Object storage")]
+    pub cache_limit: Option<String>,
 
     /// A mix's weights, one per --cache, in their order (normalised): every shuffle window
     /// holds each cache within one context of its weight, and a cache that runs out continues

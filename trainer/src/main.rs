@@ -19,6 +19,14 @@ fn main() -> ExitCode {
     alloc::reuse_freed_memory();
     let cuda = cuda::load_torch_cuda();
     let cli = args::Cli::parse();
+    // Every cache this process opens, the resumed run's included, reads these (before any
+    // thread starts: the environment is the process's).
+    if let Some(dir) = &cli.cache_dir {
+        std::env::set_var("DSC_CACHE_DIR", dir);
+    }
+    if let Some(limit) = &cli.cache_limit {
+        std::env::set_var("DSC_CACHE_LIMIT", limit);
+    }
     match run(cli, &cuda) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -47,13 +55,16 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             // Before anything reads the cache: a resumed run must see the same data, in the
             // same shards (a recompile with another --seed or --shard-size keeps the inputs'
             // fingerprint but not the order the saved position counts in).
-            let manifest = dsc_format::Manifest::read(&cfg.cache)
-                .with_context(|| format!("opening the cache {}", cfg.cache.display()))?;
+            let remote = dsc_loader::RemoteOptions::from_env()?;
+            let manifest = dsc_loader::read_meta(&cfg.cache, &remote)
+                .with_context(|| format!("opening the cache {}", cfg.cache.display()))?
+                .0;
             let mut manifests = vec![manifest.clone()];
             for other in &cfg.mix {
                 manifests.push(
-                    dsc_format::Manifest::read(other)
-                        .with_context(|| format!("opening the cache {}", other.display()))?,
+                    dsc_loader::read_meta(other, &remote)
+                        .with_context(|| format!("opening the cache {}", other.display()))?
+                        .0,
                 );
             }
             let content = checkpoint::content_of(&manifests);

@@ -18,15 +18,14 @@
 use crate::error::{Result, TrainError};
 use dsc_format::manifest::ColumnSource;
 use dsc_format::stats::{NumericStats, SplitStats};
-use dsc_format::{Encoding, Stage, Stats, TensorSpec};
-use std::path::Path;
+use dsc_format::{Encoding, Stage, TensorSpec};
 
 /// The statistics of the cache's train split (never validation data); those of all contexts
 /// for a cache without a train split.
-pub fn train_stats(cache: &Path) -> Result<SplitStats> {
-    let stats = Stats::read(cache).map_err(|e| {
+pub fn train_stats(cache: &dsc_loader::Cache) -> Result<SplitStats> {
+    let stats = cache.stats().map_err(|e| {
         TrainError::cache(
-            cache,
+            cache.dir(),
             format!(
                 "cannot read the statistics that normalise the inputs (`normalise=false` trains \
                  on the stored values as they are): {e}"
@@ -37,7 +36,7 @@ pub fn train_stats(cache: &Path) -> Result<SplitStats> {
         .split("train")
         .or_else(|| stats.split("all"))
         .cloned()
-        .ok_or_else(|| TrainError::cache(cache, "stats.json has no train split"))
+        .ok_or_else(|| TrainError::cache(cache.dir(), "stats.json has no train split"))
 }
 
 /// Shift and scale per column of a tensor's last axis: the network sees `(x - shift) / scale`.

@@ -115,7 +115,7 @@ impl Session {
         });
         let targets_scaled = cfg.task == Task::Regression && cfg.scale_targets;
         let stats = match cfg.normalise || targets_scaled {
-            true => Some(crate::normalise::train_stats(cache.dir())?),
+            true => Some(crate::normalise::train_stats(&cache)?),
             false => None,
         };
         let vs = nn::VarStore::new(device);

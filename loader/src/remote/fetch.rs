@@ -76,6 +76,9 @@ struct State {
     held: u64,
     /// Per shard: readers waiting for it.
     demand: Vec<u32>,
+    /// Per shard: its last download failed. Not fetched ahead again (a damaged or replaced
+    /// object would be downloaded over and over); only when a reader asks.
+    failed: Vec<bool>,
     plans: Vec<Plan>,
     next_plan: u64,
     started: bool,
@@ -88,9 +91,9 @@ enum Slot {
     Absent,
     Fetching,
     Local(Arc<Local>),
-    /// The last download failed: the reason, given to the next reader that asks (then the shard
+    /// The last download failed: its error, given to the next reader that asks (then the shard
     /// is absent again, and fetched anew when asked for again).
-    Failed(String),
+    Failed(LoadError),
 }
 
 /// One loader's order: `(window, shard)` in the order of reading, and how far it has read.
@@ -140,6 +143,11 @@ impl Local {
         })
     }
 
+    /// The local file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The stored (compressed) bytes, read whole.
     pub fn read_stored(&self) -> Result<Vec<u8>, LoadError> {
         let mut stored = vec![0u8; self.bytes as usize];
@@ -157,15 +165,22 @@ pub(crate) struct PlanGuard {
     id: u64,
 }
 
+impl Plan {
+    /// The reader is in window `window` now: what lies behind no longer counts as a use.
+    fn at(&mut self, window: usize) {
+        self.at = self.at.max(window);
+        while self.from < self.uses.len() && self.uses[self.from].0 < self.at {
+            self.from += 1;
+        }
+    }
+}
+
 impl PlanGuard {
     /// The reader is in window `window` now: what lies behind no longer counts as a use.
     pub fn at(&self, window: usize) {
         let mut st = self.shared.lock();
         if let Some(plan) = st.plans.iter_mut().find(|p| p.id == self.id) {
-            plan.at = plan.at.max(window);
-            while plan.from < plan.uses.len() && plan.uses[plan.from].0 < plan.at {
-                plan.from += 1;
-            }
+            plan.at(window);
         }
         self.shared.changed.notify_all();
     }
@@ -211,6 +226,7 @@ impl Fetcher {
         let mut state = State {
             slots: objects.iter().map(|_| Slot::Absent).collect(),
             demand: vec![0; objects.len()],
+            failed: vec![false; objects.len()],
             ..State::default()
         };
         for (id, o) in objects.iter().enumerate() {
@@ -341,17 +357,15 @@ impl Fetcher {
                     }
                     return Ok(local);
                 }
-                Slot::Failed(reason) => {
-                    let reason = reason.clone();
-                    st.slots[id] = Slot::Absent;
+                Slot::Failed(_) => {
+                    let Slot::Failed(e) = std::mem::take(&mut st.slots[id]) else {
+                        unreachable!("matched above");
+                    };
                     if asked.is_some() {
                         st.demand[id] -= 1;
                     }
                     shared.changed.notify_all();
-                    return Err(LoadError::Fetch {
-                        url: self.url_of(id),
-                        reason,
-                    });
+                    return Err(e);
                 }
                 Slot::Absent | Slot::Fetching => {
                     if asked.is_none() {
@@ -405,11 +419,12 @@ impl Shared {
             drop(st);
             let result = self.fetch(id);
             st = self.lock();
+            st.failed[id] = result.is_err();
             st.slots[id] = match result {
                 Ok(local) => Slot::Local(Arc::new(local)),
                 Err(e) => {
                     st.held -= self.objects[id].bytes;
-                    Slot::Failed(e.to_string())
+                    Slot::Failed(e)
                 }
             };
             self.changed.notify_all();
@@ -429,55 +444,109 @@ impl Shared {
         Local::open(&o.local, o.bytes, o.compressed)
     }
 
-    /// When each shard is next needed: 0 for a shard a reader waits for, else by how many
-    /// windows ahead (then its place in the plan) in the plan that needs it soonest;
-    /// `u64::MAX` for a shard no plan needs again.
     fn next_uses(&self, st: &State) -> Vec<u64> {
-        let mut next = vec![u64::MAX; self.objects.len()];
-        for plan in &st.plans {
-            for (k, &(window, shard)) in plan.uses[plan.from..].iter().enumerate() {
-                let windows = window.saturating_sub(plan.at) as u64;
-                let d = (windows << 32 | (k as u64).min(u32::MAX.into())).saturating_add(1);
-                next[shard] = next[shard].min(d);
-            }
-        }
-        for (shard, &waiting) in st.demand.iter().enumerate() {
-            if waiting > 0 {
-                next[shard] = 0;
-            }
-        }
-        next
+        next_uses(self.objects.len(), &st.plans, &st.demand)
     }
 
-    /// The shard to download next, its room made (and reserved): the absent one needed
-    /// soonest, if the limit leaves room for it once every kept shard needed later than it
-    /// (and waited for by nobody) is let go, furthest first. `None` when there is nothing to
-    /// fetch, or no room without evicting what is needed sooner.
+    /// The shard to download next, its room made (the shards chosen to go removed) and
+    /// reserved ([`choose`]); `None` when there is nothing to fetch, or no room without
+    /// evicting what is needed sooner.
     fn pick(&self, st: &mut State) -> Option<usize> {
         let next = self.next_uses(st);
-        let n = self.objects.len();
-        let id = (0..n)
-            .filter(|&s| matches!(st.slots[s], Slot::Absent) && next[s] != u64::MAX)
-            .min_by_key(|&s| next[s])?;
-        let size = self.objects[id].bytes;
-        while self.limit.is_some_and(|limit| st.held + size > limit) {
-            let victim = (0..n)
-                .filter(|&s| matches!(st.slots[s], Slot::Local(_)) && st.demand[s] == 0)
-                .max_by_key(|&s| next[s])?;
-            // Waited for, a shard is fetched even at the cost of one needed soon after it.
-            if next[id] != 0 && next[victim] <= next[id] {
-                return None;
-            }
+        let kept: Vec<bool> = st
+            .slots
+            .iter()
+            .map(|s| matches!(s, Slot::Local(_)))
+            .collect();
+        let absent: Vec<bool> = (0..st.slots.len())
+            .map(|s| matches!(st.slots[s], Slot::Absent) && (!st.failed[s] || st.demand[s] > 0))
+            .collect();
+        let sizes: Vec<u64> = self.objects.iter().map(|o| o.bytes).collect();
+        let choice = choose(&Choice {
+            next: &next,
+            kept: &kept,
+            absent: &absent,
+            demand: &st.demand,
+            sizes: &sizes,
+            held: st.held,
+            limit: self.limit,
+        })?;
+        for &victim in &choice.evict {
             st.slots[victim] = Slot::Absent;
-            st.held -= self.objects[victim].bytes;
+            st.held -= sizes[victim];
             // Batches holding its map keep reading it; the file's blocks are freed after them.
             let _ = std::fs::remove_file(&self.objects[victim].local);
             self.counters.fetch_evicted();
         }
-        st.slots[id] = Slot::Fetching;
-        st.held += size;
-        Some(id)
+        st.slots[choice.fetch] = Slot::Fetching;
+        st.held += sizes[choice.fetch];
+        Some(choice.fetch)
     }
+}
+
+/// When each of `n` shards is next needed: 0 for a shard a reader waits for (`demand`), else by
+/// how many windows ahead (then its place in the plan) in the plan that needs it soonest;
+/// `u64::MAX` for a shard no plan needs again.
+fn next_uses(n: usize, plans: &[Plan], demand: &[u32]) -> Vec<u64> {
+    let mut next = vec![u64::MAX; n];
+    for plan in plans {
+        for (k, &(window, shard)) in plan.uses[plan.from..].iter().enumerate() {
+            let windows = window.saturating_sub(plan.at) as u64;
+            let d = (windows << 32 | (k as u64).min(u32::MAX.into())).saturating_add(1);
+            next[shard] = next[shard].min(d);
+        }
+    }
+    for (shard, &waiting) in demand.iter().enumerate() {
+        if waiting > 0 {
+            next[shard] = 0;
+        }
+    }
+    next
+}
+
+/// What [`choose`] decides from: per shard, when it is next needed ([`Shared::next_uses`];
+/// `u64::MAX`: never), whether it is kept, absent (neither kept nor being fetched, and not
+/// failed unless asked for), and waited for, and its size; the bytes held and the limit.
+struct Choice<'a> {
+    next: &'a [u64],
+    kept: &'a [bool],
+    absent: &'a [bool],
+    demand: &'a [u32],
+    sizes: &'a [u64],
+    held: u64,
+    limit: Option<u64>,
+}
+
+/// A fetch to start, and the kept shards to remove first to make room for it.
+#[derive(Debug, PartialEq)]
+struct Fetch {
+    fetch: usize,
+    evict: Vec<usize>,
+}
+
+/// Belady's rule with a reservation: the absent shard needed soonest, if the limit leaves room
+/// for it once kept shards are removed, furthest-needed first, each only if it is needed later
+/// than the one fetched (or the one fetched is waited for) and nobody waits for it.
+fn choose(c: &Choice<'_>) -> Option<Fetch> {
+    let n = c.next.len();
+    let fetch = (0..n)
+        .filter(|&s| c.absent[s] && c.next[s] != u64::MAX)
+        .min_by_key(|&s| c.next[s])?;
+    let mut candidates: Vec<usize> = (0..n).filter(|&s| c.kept[s] && c.demand[s] == 0).collect();
+    // Furthest ahead last, to be popped first.
+    candidates.sort_by_key(|&s| c.next[s]);
+    let mut held = c.held;
+    let mut evict = Vec::new();
+    while c.limit.is_some_and(|limit| held + c.sizes[fetch] > limit) {
+        let victim = candidates.pop()?;
+        // Waited for, a shard is fetched even at the cost of one needed soon after it.
+        if c.next[fetch] != 0 && c.next[victim] <= c.next[fetch] {
+            return None;
+        }
+        held -= c.sizes[victim];
+        evict.push(victim);
+    }
+    Some(Fetch { fetch, evict })
 }
 
 /// This process's folder for the cache of content id `id` under `dir`: `dir/remote/ID`, or
@@ -519,4 +588,157 @@ fn remove_partials(shards: &Path) -> Result<(), LoadError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of one reader over `epochs` (each a shard order cut into windows of `per_window`)
+    /// with instant downloads: before each window the fetcher prefetches all it may, then the
+    /// reader asks for the window's shards. Returns the downloads.
+    fn simulate(sizes: &[u64], epochs: &[Vec<usize>], per_window: usize, limit: u64) -> usize {
+        let n = sizes.len();
+        let mut uses = Vec::new();
+        let mut windows = 0;
+        for order in epochs {
+            for (k, &s) in order.iter().enumerate() {
+                uses.push((windows + k / per_window, s));
+            }
+            windows += order.len().div_ceil(per_window);
+        }
+        let mut plan = Plan {
+            id: 0,
+            uses: uses.clone(),
+            at: 0,
+            from: 0,
+        };
+        let (mut kept, mut demand, mut held, mut fetches) = (vec![false; n], vec![0; n], 0, 0);
+        let step = |plan: &[Plan], kept: &mut Vec<bool>, demand: &[u32], held: &mut u64| {
+            let next = next_uses(n, plan, demand);
+            let absent: Vec<bool> = kept.iter().map(|k| !k).collect();
+            let c = choose(&Choice {
+                next: &next,
+                kept,
+                absent: &absent,
+                demand,
+                sizes,
+                held: *held,
+                limit: Some(limit),
+            })?;
+            for v in c.evict {
+                kept[v] = false;
+                *held -= sizes[v];
+            }
+            kept[c.fetch] = true;
+            *held += sizes[c.fetch];
+            assert!(*held <= limit, "held {held} over the limit {limit}");
+            Some(c.fetch)
+        };
+        for w in 0..windows {
+            plan.at(w);
+            let plans = std::slice::from_ref(&plan);
+            while step(plans, &mut kept, &demand, &mut held).is_some() {
+                fetches += 1;
+            }
+            for &(_, s) in uses.iter().filter(|(window, _)| *window == w) {
+                if !kept[s] {
+                    demand[s] = 1;
+                    assert_eq!(step(plans, &mut kept, &demand, &mut held), Some(s));
+                    demand[s] = 0;
+                    fetches += 1;
+                }
+            }
+        }
+        fetches
+    }
+
+    /// A seeded shuffle (xorshift), enough for orders of a few dozen shards.
+    fn shuffled(n: usize, seed: &mut u64) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            v.swap(i, (*seed % (i as u64 + 1)) as usize);
+        }
+        v
+    }
+
+    #[test]
+    fn each_shard_is_fetched_at_most_once_per_epoch_when_the_limit_holds_two_windows() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..40 {
+            let n = 24;
+            let sizes: Vec<u64> = (0..n)
+                .map(|_| 5 + shuffled(11, &mut seed)[0] as u64)
+                .collect();
+            let epochs: Vec<Vec<usize>> = (0..3).map(|_| shuffled(n, &mut seed)).collect();
+            let largest = *sizes.iter().max().unwrap();
+            // Two windows of three of the largest shards: under a third of the cache.
+            let limit = 2 * 3 * largest;
+            assert!(limit * 3 < sizes.iter().sum::<u64>() * 2);
+            // At most once per epoch; fewer where a shard read at the end of one epoch is read
+            // again at the start of the next, kept in between.
+            let fetches = simulate(&sizes, &epochs, 3, limit);
+            let across = (limit / sizes.iter().min().unwrap()) as usize;
+            assert!(
+                fetches <= 3 * n && fetches + 2 * across >= 3 * n,
+                "{fetches}: {sizes:?} {epochs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_prefetch_never_pushes_out_a_shard_needed_before_it_but_a_wait_does() {
+        // Shards 0 and 1 kept (0 needed next, 1 never again), 2 absent and needed after 0.
+        let next = [1, u64::MAX, 5];
+        let c = Choice {
+            next: &next,
+            kept: &[true, true, false],
+            absent: &[false, false, true],
+            demand: &[0, 0, 0],
+            sizes: &[10, 10, 10],
+            held: 20,
+            limit: Some(20),
+        };
+        assert_eq!(
+            choose(&c),
+            Some(Fetch {
+                fetch: 2,
+                evict: vec![1]
+            })
+        );
+        // Only 0 kept: prefetching 2 would push out 0, needed first.
+        let c = Choice {
+            kept: &[true, false, false],
+            absent: &[false, false, true],
+            held: 10,
+            limit: Some(10),
+            ..c
+        };
+        assert_eq!(choose(&c), None);
+        // A reader waits for 2: it comes first, whatever it costs.
+        let waited = [1, u64::MAX, 0];
+        let c = Choice {
+            next: &waited,
+            demand: &[0, 0, 1],
+            ..c
+        };
+        assert_eq!(
+            choose(&c),
+            Some(Fetch {
+                fetch: 2,
+                evict: vec![0]
+            })
+        );
+        // ... but never a shard another reader waits for.
+        let both = [0, u64::MAX, 0];
+        let c = Choice {
+            next: &both,
+            demand: &[1, 0, 1],
+            ..c
+        };
+        assert_eq!(choose(&c), None);
+    }
 }

@@ -10,9 +10,11 @@ mod fetch;
 mod open;
 
 #[cfg(feature = "remote")]
-pub(crate) use fetch::{Fetcher, PlanGuard};
+pub(crate) use fetch::{Fetcher, Local, PlanGuard};
 #[cfg(feature = "remote")]
 pub(crate) use open::plans;
+#[cfg(feature = "remote")]
+pub use open::{fetch_shards, ShardFile, ShardFiles};
 
 use crate::error::LoadError;
 use std::path::PathBuf;
@@ -89,6 +91,45 @@ impl RemoteOptions {
             fetch_threads,
             store: Vec::new(),
         })
+    }
+}
+
+/// The manifest and statistics of the cache at `location` (a local directory, or a URL read
+/// with `remote`'s store options), without opening its shards: what `dsc inspect` shows.
+pub fn read_meta(
+    location: &std::path::Path,
+    remote: &RemoteOptions,
+) -> Result<(dsc_format::Manifest, dsc_format::Stats), LoadError> {
+    let Some(url) = location.to_str().filter(|l| is_remote(l)) else {
+        return Ok((
+            dsc_format::Manifest::read(location)?,
+            dsc_format::Stats::read(location)?,
+        ));
+    };
+    #[cfg(feature = "remote")]
+    {
+        let store = dsc_store::Remote::open_with(url, &remote.store)?;
+        let read = |name: &str| -> Result<(Vec<u8>, PathBuf), LoadError> {
+            match store.get(name) {
+                Ok(bytes) => Ok((bytes, PathBuf::from(store.url_of(name)))),
+                Err(dsc_store::StoreError::NotFound { .. })
+                    if name == dsc_format::MANIFEST_FILE =>
+                {
+                    Err(dsc_format::FormatError::NotACache { dir: url.into() }.into())
+                }
+                Err(e) => Err(e.into()),
+            }
+        };
+        let (bytes, path) = read(dsc_format::MANIFEST_FILE)?;
+        let manifest = dsc_format::Manifest::from_json(&bytes, &path)?;
+        let (bytes, path) = read(dsc_format::STATS_FILE)?;
+        let stats = dsc_format::Stats::from_json(&bytes, &path)?;
+        Ok((manifest, stats))
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = remote;
+        Err(LoadError::NoRemote { url: url.into() })
     }
 }
 

@@ -24,20 +24,8 @@ impl Cache {
     /// [`Cache::open`] does; shards are fetched into `opts.dir` as loaders need them, ahead of
     /// use in their order, and checked against the manifest's size and xxh3 on arrival.
     pub fn open_remote(url: &str, opts: &RemoteOptions) -> Result<Cache, LoadError> {
-        let remote = dsc_store::Remote::open_with(url, &opts.store)?;
+        let (remote, manifest) = read_manifest(url, opts)?;
         let url = remote.url().to_string();
-        let manifest_url = PathBuf::from(remote.url_of(dsc_format::MANIFEST_FILE));
-        let bytes = match remote.get(dsc_format::MANIFEST_FILE) {
-            Ok(b) => b,
-            Err(dsc_store::StoreError::NotFound { .. }) => {
-                return Err(FormatError::NotACache {
-                    dir: PathBuf::from(&url),
-                }
-                .into())
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let manifest = Manifest::from_json(&bytes, &manifest_url)?;
         let largest = manifest
             .shards()
             .iter()
@@ -181,4 +169,82 @@ pub(crate) fn plans(
         .zip(uses)
         .filter_map(|(f, uses)| f.map(|f| f.plan(uses, from)))
         .collect()
+}
+
+/// A shard's fetched file ([`fetch_shards`]).
+#[derive(Debug)]
+pub struct ShardFile {
+    /// The shard as the manifest lists it.
+    pub entry: ShardEntry,
+    /// Its local copy, kept at least while this is held.
+    pub path: PathBuf,
+    _held: Arc<super::Local>,
+}
+
+/// Every shard of a cache in object storage, fetched in manifest order ([`fetch_shards`]).
+#[derive(Debug)]
+pub struct ShardFiles {
+    fetcher: Fetcher,
+    plan: PlanGuard,
+    entries: Vec<ShardEntry>,
+    next: usize,
+}
+
+impl Iterator for ShardFiles {
+    type Item = Result<ShardFile, LoadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let id = self.next;
+        let entry = self.entries.get(id)?.clone();
+        self.next += 1;
+        self.plan.at(id);
+        Some(self.fetcher.get(id).map(|local| ShardFile {
+            entry,
+            path: local.path().into(),
+            _held: local,
+        }))
+    }
+}
+
+/// The manifest of the cache at `url` and every one of its shards, fetched in manifest order
+/// into its local folder (ahead of use, within the limit), each checked against the manifest's
+/// size and xxh3 on arrival: for tools that check shards whole (`dsc verify`). Unlike
+/// [`Cache::open_remote`] no header is read first, so that a damaged shard is one item's error
+/// (the others still come), not a failed open.
+pub fn fetch_shards(url: &str, opts: &RemoteOptions) -> Result<(Manifest, ShardFiles), LoadError> {
+    let (remote, manifest) = read_manifest(url, opts)?;
+    let fetcher = Fetcher::new(remote, &manifest, opts)?;
+    let n = manifest.shards().len();
+    let plan = fetcher.plan((0..n).map(|i| (i, i)).collect(), 0);
+    let entries = manifest.shards().to_vec();
+    Ok((
+        manifest,
+        ShardFiles {
+            fetcher,
+            plan,
+            entries,
+            next: 0,
+        },
+    ))
+}
+
+/// The store of `url` and the cache's validated manifest there.
+fn read_manifest(
+    url: &str,
+    opts: &RemoteOptions,
+) -> Result<(dsc_store::Remote, Manifest), LoadError> {
+    let remote = dsc_store::Remote::open_with(url, &opts.store)?;
+    let bytes = match remote.get(dsc_format::MANIFEST_FILE) {
+        Ok(b) => b,
+        Err(dsc_store::StoreError::NotFound { .. }) => {
+            return Err(FormatError::NotACache {
+                dir: PathBuf::from(remote.url()),
+            }
+            .into())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let path = PathBuf::from(remote.url_of(dsc_format::MANIFEST_FILE));
+    let manifest = Manifest::from_json(&bytes, &path)?;
+    Ok((remote, manifest))
 }

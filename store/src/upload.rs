@@ -1,0 +1,58 @@
+//! A cache on its way to object storage: made in a local staging folder, then uploaded with its
+//! manifest last, the folder removed whatever happens.
+
+use crate::{upload_cache, Remote, StoreError, Uploaded};
+use std::path::{Path, PathBuf};
+
+/// A cache to be made locally and uploaded to a URL (`dsc compile --out s3://…`,
+/// `dsc.compile(out="s3://…")`, `dsc compress CACHE --out s3://…`): [`Upload::local`] is where
+/// to make it, [`Upload::send`] uploads it; the staging folder is removed when dropped.
+#[derive(Debug)]
+pub struct Upload {
+    remote: Remote,
+    replace: bool,
+    staging: PathBuf,
+}
+
+impl Upload {
+    /// An upload to `remote`, staged in a folder of this process under `root`. A cache
+    /// already at the URL is refused now, before any work is done, unless `replace`.
+    pub fn new(remote: Remote, root: &Path, replace: bool) -> Result<Upload, StoreError> {
+        if !replace && remote.exists(dsc_format::MANIFEST_FILE)? {
+            return Err(StoreError::Exists {
+                url: remote.url().into(),
+            });
+        }
+        let staging = root.join("upload").join(std::process::id().to_string());
+        // A folder of this process id is a killed run's (another process, long gone).
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
+        Ok(Upload {
+            remote,
+            replace,
+            staging,
+        })
+    }
+
+    /// Where to make the cache (a path that does not exist yet).
+    pub fn local(&self) -> PathBuf {
+        self.staging.join("cache")
+    }
+
+    /// The URL it goes to.
+    pub fn url(&self) -> &str {
+        self.remote.url()
+    }
+
+    /// Uploads the cache made at [`Upload::local`], manifest last ([`upload_cache`]);
+    /// `progress(done, total)` in bytes.
+    pub fn send(&self, progress: impl FnMut(u64, u64)) -> Result<Uploaded, StoreError> {
+        upload_cache(&self.local(), &self.remote, self.replace, progress)
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.staging);
+    }
+}

@@ -1,0 +1,130 @@
+"""Caches in object storage from Python, against a real S3 server on localhost (moto's, in this
+process): `dsc.compile(out="s3://…")` uploads with the manifest last, `dsc.Loader("s3://…")`
+gives the local cache's batches with a bounded fetch folder and reports its fetches, and the
+CLI (`dsc inspect`, `dsc verify`, `dsc order`) reads the same URL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from moto.server import ThreadedMotoServer
+
+import dsc
+from conftest import COMPILE_KWARGS, dsc_bin
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free localhost port with bucket `caches`: its storage options and
+    the environment that reaches it (for the CLI)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/caches", method="PUT")).read()
+    env = {"AWS_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    yield {k.lower(): v for k, v in env.items()}, env
+    server.stop()
+
+
+def compile_args(workdir: Path, rows: str = "batch_*"):
+    """The README's compile of `workdir`'s data, with its paths absolute and small shards."""
+    kwargs = dict(COMPILE_KWARGS, shard_size="64KiB",
+                  context=str(workdir / "data/train_meta.parquet"),
+                  join=str(workdir / "data/sensor_geometry.csv"))
+    return str(workdir / f"data/train/{rows}.parquet"), kwargs
+
+
+def batches(loader) -> list:
+    return [{k: np.array(v) for k, v in b.items()} for b in loader]
+
+
+def test_a_cache_compiled_to_s3_loads_like_the_local_one(workdir: Path, s3, tmp_path: Path) -> None:
+    options, _ = s3
+    rows, kwargs = compile_args(workdir)
+    here = dsc.compile(rows, out=tmp_path / "local", **kwargs)
+    url = "s3://caches/python"
+    there = dsc.compile(rows, out=url, storage_options=options, cache_dir=tmp_path / "staging",
+                        **kwargs)
+    assert there.path == url and there.content_id == here.content_id
+    assert not (tmp_path / "staging" / "upload").exists() or not any(
+        (tmp_path / "staging" / "upload").iterdir()), "the staging folder is removed"
+    stored = sum(s["bytes"] for s in here.manifest["shards"] if s["split"] == "train")
+    limit = stored // 4
+    remote = dsc.Loader(url, batch_size=32, seed=3, window=256, format="numpy",
+                        cache_dir=tmp_path / "fetched", cache_limit=limit,
+                        storage_options=options)
+    local_loader = dsc.Loader(here, batch_size=32, seed=3, window=256, format="numpy")
+    for epoch in range(2):
+        remote.set_epoch(epoch)
+        local_loader.set_epoch(epoch)
+        got, want = batches(remote), batches(local_loader)
+        assert len(got) == len(want) > 0
+        for g, w in zip(got, want):
+            assert g.keys() == w.keys()
+            for k in g:
+                np.testing.assert_array_equal(g[k], w[k])
+    s = remote.stats()
+    train_shards = sum(1 for sh in here.manifest["shards"] if sh["split"] == "train")
+    assert s["shards_fetched"] >= 2 * train_shards - limit // min(
+        sh["bytes"] for sh in here.manifest["shards"])
+    assert s["bytes_fetched"] > 0 and s["fetch_evictions"] > 0
+    assert s["fetch_hits"] + s["fetch_waits"] > 0
+    folder = Path(remote.cache.fetch_folder)
+    kept = sum(p.stat().st_size for p in (folder / "shards").iterdir())
+    assert kept <= limit
+    assert here.fetch_folder is None
+
+
+def test_an_upload_over_a_cache_needs_force_and_a_bad_option_is_named(workdir: Path, s3,
+                                                                       tmp_path: Path) -> None:
+    options, _ = s3
+    url = "s3://caches/twice"
+    one, kwargs = compile_args(workdir, "batch_1")
+    two, _ = compile_args(workdir, "batch_2")
+    kwargs = dict(kwargs, storage_options=options, cache_dir=tmp_path, empty_contexts="drop")
+    dsc.compile(one, out=url, **kwargs)
+    with pytest.raises(dsc.OptionsError) as e:
+        dsc.compile(one, out=url, **kwargs)
+    assert e.value.option == "force" and "s3://caches/twice" in str(e.value)
+    again = dsc.compile(two, out=url, force=True, **kwargs)
+    assert again.splits != {} and dsc.open(url, storage_options=options,
+                                           cache_dir=tmp_path).content_id == again.content_id
+    with pytest.raises(dsc.Error, match="aws_endpoint_urk"):
+        dsc.open(url, storage_options={**options, "aws_endpoint_urk": "x"})
+    with pytest.raises(dsc.CacheError, match="not a cache|no manifest|not found"):
+        dsc.open("s3://caches/nothing-here", storage_options=options, cache_dir=tmp_path)
+
+
+def test_the_cli_inspects_verifies_and_orders_a_cache_in_s3(workdir: Path, s3,
+                                                            tmp_path: Path) -> None:
+    _, env = s3
+    env = {**os.environ, **env, "DSC_CACHE_DIR": str(tmp_path)}
+
+    def run(*args: str) -> str:
+        out = subprocess.run([dsc_bin(), *args], capture_output=True, text=True, cwd=workdir,
+                             env=env)
+        assert out.returncode == 0, f"dsc {' '.join(args)}:\n{out.stderr}"
+        return out.stdout
+
+    url = "s3://caches/cli"
+    run("compile", "data/train/batch_*.parquet", "--key", "event_id", "--order-by", "time",
+        "--features", "time,charge", "--max-len", "64", "--shard-size", "64KiB",
+        "--out", url, "--quiet")
+    run("compile", "data/train/batch_*.parquet", "--key", "event_id", "--order-by", "time",
+        "--features", "time,charge", "--max-len", "64", "--shard-size", "64KiB",
+        "--out", str(tmp_path / "same"), "--quiet")
+    inspected = json.loads(run("inspect", url, "--json"))
+    assert inspected["cache"] == url and inspected["splits"][0]["contexts"] > 0
+    verified = json.loads(run("verify", url, "--json"))
+    assert verified["ok"] and verified["shards_checked"] == len(
+        dsc.open(tmp_path / "same").manifest["shards"])
+    assert run("order", url, "--keys", "--json") == run("order", str(tmp_path / "same"),
+                                                         "--keys", "--json")
