@@ -119,7 +119,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         description="Train a transformer or GRU on a dsc cache (the reference PyTorch loop).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--cache", help="the compiled cache (a folder with manifest.json)")
+    p.add_argument("--cache", help="the compiled cache (a folder with manifest.json, or its URL "
+                   "in object storage: s3://bucket/cache; DSC_CACHE_DIR and DSC_CACHE_LIMIT set "
+                   "where its shards are fetched and how many bytes are kept)")
     p.add_argument("--resume", metavar="CKPT", help="continue the run saved in this last.pt")
     p.add_argument("--task", choices=["direction", "classification", "regression"],
                    default="direction")
@@ -1066,7 +1068,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     loader.close()
     ls = loader.stats()
     say(f"loader · {ls['batches']} batches · {ls['bytes'] / 1e6:.1f} MB · waited "
-        f"{ls['wait_s']:.2f} s in next() · {ls['queue_mean']:.1f} ready ahead on average")
+        f"{ls['wait_s']:.2f} s in next() · {ls['queue_mean']:.1f} ready ahead on average"
+        + (f" · fetched {ls['shards_fetched']} shards, {ls['bytes_fetched'] / 1e6:.1f} MB"
+           if ls["shards_fetched"] else ""))
     # The final model on every split but train (a held-out test split is for this only).
     evaluation = []
     if pos["epoch"] >= args.epochs:

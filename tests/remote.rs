@@ -72,7 +72,7 @@ fn a_remote_cache_yields_the_local_caches_batches_fetching_each_shard_once_per_e
         let here = Cache::open(local).unwrap();
         let base = LoaderOptions {
             order: OrderSpec {
-                window: 64,
+                window: 48,
                 interleave: 2,
                 ..Default::default()
             },
@@ -259,6 +259,18 @@ fn a_limit_below_the_largest_shard_and_an_unknown_store_option_are_refused_by_na
     .unwrap_err();
     assert!(
         matches!(&e, dsc_loader::LoadError::Options(o) if o.key == "cache_limit"),
+        "{e}"
+    );
+    // One shard fits, but a loader whose two shuffle windows read more does not.
+    let cache = Cache::open_remote(
+        &url,
+        &remote_options(&server, &dir.join("f"), Some(largest)),
+    )
+    .unwrap();
+    let e = cache.loader(LoaderOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, dsc_loader::LoadError::Options(o) if o.key == "cache_limit"
+            && o.problem.contains("two shuffle windows")),
         "{e}"
     );
     let mut opts = remote_options(&server, &dir.join("f"), None);

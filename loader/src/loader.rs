@@ -697,7 +697,7 @@ pub(crate) fn prepare(
         };
         let next = order_of(sources, &sizes, &next).ok();
         let from = batching.first_position(0, opts.rank) / order.window().max(1);
-        crate::remote::plans(&gathered, &order, next.as_ref(), from)
+        crate::remote::plans(&gathered, &order, next.as_ref(), from)?
     };
     let gather = Gather {
         #[cfg(feature = "remote")]

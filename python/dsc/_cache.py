@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -302,6 +303,31 @@ def _decode_column(encoding: Dict[str, Any], source_type: str, stored: np.ndarra
     return stored
 
 
+# The caches in object storage open in this process, by URL and options.
+_REMOTE: "weakref.WeakValueDictionary[Tuple[str, Optional[str]], Cache]" = \
+    weakref.WeakValueDictionary()
+
+
+def shared(path: PathLike, *, cache_dir: Optional[PathLike] = None,
+           cache_limit: Union[int, str, None] = None,
+           storage_options: Optional[Dict[str, Any]] = None) -> Cache:
+    """The cache at ``path``, opened: a URL in object storage already open in this process with
+    the same options gives the same :class:`Cache` (one fetcher and one folder, so that a train
+    and a validation loader of one remote cache share their downloads); a local directory is
+    opened anew (cheap)."""
+    path = os.fspath(path)
+    if "://" not in path:
+        return Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                     storage_options=storage_options)
+    key = (path, remote_json(cache_dir, cache_limit, storage_options))
+    cache = _REMOTE.get(key)
+    if cache is None:
+        cache = Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                      storage_options=storage_options)
+        _REMOTE[key] = cache
+    return cache
+
+
 def open(path: PathLike, *, cache_dir: Optional[PathLike] = None,  # noqa: A001 (dsc.open)
          cache_limit: Union[int, str, None] = None,
          storage_options: Optional[Dict[str, Any]] = None) -> Cache:
@@ -310,6 +336,7 @@ def open(path: PathLike, *, cache_dir: Optional[PathLike] = None,  # noqa: A001 
 
     ``path`` may be the URL of a cache in object storage (``s3://bucket/cache``): its shards
     are fetched into ``cache_dir`` as loaders need them, ahead of use in their order, with at
-    most ``cache_limit`` bytes kept (see :class:`dsc.Cache`)."""
-    return Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                 storage_options=storage_options)
+    most ``cache_limit`` bytes kept (see :class:`dsc.Cache`). A URL already open in this
+    process with the same options gives the same cache (its fetched shards shared)."""
+    return shared(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                  storage_options=storage_options)

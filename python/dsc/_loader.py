@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _dsc, _resident
 from ._batch import FORK_ADVICE, Batch, _torch
-from ._cache import Cache, PathLike
+from ._cache import Cache, PathLike, shared
 from ._epochs import _CudaCopy, _Epoch, _PinnedEpoch, _ResidentEpoch, _StagedEpoch
 from ._errors import OptionsError, StateError, WorkerError
 
@@ -188,7 +188,7 @@ class Loader:
         if not given:
             raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix")
         remote = dict(cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
-        self.caches: List[Cache] = [c if isinstance(c, Cache) else Cache(c, **remote)
+        self.caches: List[Cache] = [c if isinstance(c, Cache) else shared(c, **remote)
                                     for c in given]
         self.cache = self.caches[0]
         mixed = len(self.caches) > 1

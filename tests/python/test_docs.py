@@ -6,6 +6,9 @@ are run by other tests (``scripts/*.sh`` by CI itself, ``dsc-train`` by the trai
 ``examples/train.py`` by test_example.py) or install things (``pip``, ``cargo``); they must be
 among ``ELSEWHERE`` so that a new kind of command in the docs is a decision, not a silent skip.
 
+Caches in object storage (``s3://bucket/…``) go to a moto S3 server on localhost that this module
+starts, reached the way the docs say: ``AWS_ENDPOINT_URL`` and the other ``AWS_*`` variables.
+
 Each document's ``python`` blocks run in order in one namespace, in a fresh folder holding the
 sample data the docs use (``dsc gen icecube --out data``, smaller): a block may use what an
 earlier one made (``cache``, ``loader``). Without a GPU, ``device="cuda"`` runs as
@@ -25,8 +28,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import urllib.request
+
 import pytest
 import torch
+from moto.server import ThreadedMotoServer
 
 from conftest import REPO, dsc_bin
 
@@ -35,6 +41,28 @@ SKIP = re.compile(r"<!-- not run by tests: (.+) -->")
 # Commands of the docs that other tests run, or that install things.
 ELSEWHERE = {"scripts/demo.sh", "scripts/test.sh", "scripts/venv.sh", "pip", "python", "export",
              "cargo", "dsc-train", "target/release/dsc-train"}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """An S3 server on localhost with bucket ``bucket``, for the docs' ``s3://bucket/…``."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/bucket", method="PUT")).read()
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def object_storage(s3_endpoint: str, tmp_path: Path, monkeypatch) -> None:
+    """The environment a reader of the docs sets for an S3-compatible server, and a fetch
+    folder of the test's own."""
+    for key, value in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                       "DSC_CACHE_DIR": str(tmp_path / "dsc-cache")}.items():
+        monkeypatch.setenv(key, value)
 
 
 @dataclass

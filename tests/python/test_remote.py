@@ -58,10 +58,10 @@ def test_a_cache_compiled_to_s3_loads_like_the_local_one(workdir: Path, s3, tmp_
         (tmp_path / "staging" / "upload").iterdir()), "the staging folder is removed"
     stored = sum(s["bytes"] for s in here.manifest["shards"] if s["split"] == "train")
     limit = stored // 4
-    remote = dsc.Loader(url, batch_size=32, seed=3, window=256, format="numpy",
+    remote = dsc.Loader(url, batch_size=32, seed=3, window=64, format="numpy",
                         cache_dir=tmp_path / "fetched", cache_limit=limit,
                         storage_options=options)
-    local_loader = dsc.Loader(here, batch_size=32, seed=3, window=256, format="numpy")
+    local_loader = dsc.Loader(here, batch_size=32, seed=3, window=64, format="numpy")
     for epoch in range(2):
         remote.set_epoch(epoch)
         local_loader.set_epoch(epoch)
@@ -77,6 +77,10 @@ def test_a_cache_compiled_to_s3_loads_like_the_local_one(workdir: Path, s3, tmp_
         sh["bytes"] for sh in here.manifest["shards"])
     assert s["bytes_fetched"] > 0 and s["fetch_evictions"] > 0
     assert s["fetch_hits"] + s["fetch_waits"] > 0
+    # A second loader of the same URL and options (validation, say) shares the fetched shards.
+    val = dsc.Loader(url, split="val", batch_size=8, format="numpy", cache_dir=tmp_path / "fetched",
+                     cache_limit=limit, storage_options=options)
+    assert val.cache is remote.cache and len(batches(val)) > 0
     folder = Path(remote.cache.fetch_folder)
     kept = sum(p.stat().st_size for p in (folder / "shards").iterdir())
     assert kept <= limit

@@ -1,6 +1,7 @@
 //! A real S3-protocol server for the tests: moto's server (`scripts/venv.sh` installs it into
 //! the project's `.venv`), started on a free localhost port for one test and stopped after it.
-//! The client under test is dsc's own (object_store's S3 client), not a mock of it.
+//! The client under test is dsc's own (object_store's S3 client), not a mock of it. The
+//! trainer's tests include this file as well (`#[path]`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,7 +14,13 @@ pub fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("DSC_PYTHON") {
         return p.into();
     }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    // The repository's `.venv`, from the root package or a crate beside it (the trainer's tests
+    // include this file too).
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let venv = [here.join(".venv/bin/python"), here.join("../.venv/bin/python")]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| here.join(".venv/bin/python"));
     assert!(
         venv.exists(),
         "no Python environment: run scripts/test.sh (it creates .venv with numpy, safetensors \

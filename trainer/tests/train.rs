@@ -2,6 +2,9 @@
 //! (seeded), the binary run as a user runs it.
 
 mod common;
+#[allow(dead_code)]
+#[path = "../../tests/util/s3.rs"]
+mod s3;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -1082,4 +1085,54 @@ fn a_session_refuses_a_bad_configuration_by_its_key() {
         Err(e) => panic!("expected a configuration error, got {e}"),
         Ok(_) => panic!("a session with accumulate = 0 started"),
     }
+}
+
+#[test]
+fn a_run_on_a_cache_in_object_storage_trains_the_weights_of_the_local_one() {
+    let fx = fixture();
+    let server = s3::S3Server::start();
+    let url = format!("{}/ice", server.bucket("caches"));
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    dsc_store::upload_cache(&fx.icecube, &remote, false, |_, _| {}).unwrap();
+    let (here, there, fetched) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let run = |cache: &str, out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "--cache", cache, "--task", "direction", "--epochs", "2", "--batch-size", "64",
+            "--max-steps", "40", "--json",
+        ];
+        args.extend(SMALL);
+        let out = path(out);
+        args.extend(["--out", &out]);
+        args.extend(extra);
+        let out = Command::new(BIN)
+            .args(&args)
+            .env("OMP_NUM_THREADS", "2")
+            .envs(server.env())
+            .output()
+            .expect("run dsc-train");
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+        .json()
+    };
+    let local = run(&path(&fx.icecube), here.path(), &[]);
+    let dir = path(fetched.path());
+    let summary = run(&url, there.path(), &["--cache-dir", &dir, "--cache-limit", "64MiB"]);
+    assert_same_weights(here.path(), there.path());
+    let losses = |v: &Value| -> Vec<Value> {
+        v["epochs"].as_array().unwrap().iter().map(|e| e["val_loss"].clone()).collect()
+    };
+    assert_eq!(losses(&local), losses(&summary));
+    let loader = &summary["loader"];
+    assert!(
+        loader["shards_fetched"].as_u64().unwrap() > 0 && loader["bytes_fetched"].as_u64().unwrap() > 0,
+        "{loader}"
+    );
+    assert!(fetched.path().join("remote").is_dir());
 }

@@ -260,6 +260,16 @@ impl Fetcher {
         self.shared.counters.clone()
     }
 
+    /// Bytes kept at most.
+    pub fn limit(&self) -> Option<u64> {
+        self.shared.limit
+    }
+
+    /// Stored bytes of shard `id`.
+    pub fn stored_bytes(&self, id: usize) -> u64 {
+        self.shared.objects[id].bytes
+    }
+
     /// The folder the shards are fetched into.
     pub fn folder(&self) -> &Path {
         &self.shared.folder

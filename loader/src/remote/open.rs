@@ -119,12 +119,16 @@ fn open_shard(fetcher: &Fetcher, manifest: &Manifest, id: usize) -> Result<Shard
 /// fetchers: window by window, this epoch's `order` from window `from`, then the next epoch's
 /// (`next`, when it could be planned), so that the shards the next epoch starts with are
 /// neither evicted at the end of this one nor fetched late. Empty when no source is remote.
+///
+/// Refused when a source's `cache_limit` cannot hold the shards of two consecutive windows
+/// (the one being read and the one read ahead): every shard of a window is read through the
+/// whole window, so a smaller limit would fetch shards again and again within it.
 pub(crate) fn plans(
     sources: &[Source],
     order: &Order,
     next: Option<&Order>,
     from: usize,
-) -> Vec<PlanGuard> {
+) -> Result<Vec<PlanGuard>, LoadError> {
     let fetchers: Vec<Option<&Fetcher>> = sources
         .iter()
         .map(|s| match &s.cache.origin {
@@ -133,7 +137,7 @@ pub(crate) fn plans(
         })
         .collect();
     if fetchers.iter().all(Option::is_none) {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let mut uses: Vec<Vec<(usize, usize)>> = vec![Vec::new(); sources.len()];
     let mut add = |order: &Order, first: usize, offset: usize| {
@@ -164,11 +168,51 @@ pub(crate) fn plans(
     if let Some(next) = next {
         add(next, 0, windows);
     }
-    fetchers
+    for (source, (fetcher, uses)) in fetchers.iter().zip(&uses).enumerate() {
+        let Some(f) = fetcher else { continue };
+        let Some(limit) = f.limit() else { continue };
+        let need = reach(uses, |id| f.stored_bytes(id));
+        if need > limit {
+            let format = dsc_format::spec::format_size;
+            return Err(OptionError::new(
+                "cache_limit",
+                format!(
+                    "{} is less than the {} of shards that two shuffle windows of {} read \
+                     (the one being read and the next): within it shards would be fetched \
+                     again and again; raise the limit, or lower `window` or `interleave`",
+                    format(limit),
+                    format(need),
+                    sources[source].cache.dir.display()
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(fetchers
         .into_iter()
         .zip(uses)
         .filter_map(|(f, uses)| f.map(|f| f.plan(uses, from)))
-        .collect()
+        .collect())
+}
+
+/// The most bytes of distinct shards that two consecutive windows of `uses` (`(window, shard)`
+/// in order) read, shards weighing `bytes(id)`.
+fn reach(uses: &[(usize, usize)], bytes: impl Fn(usize) -> u64) -> u64 {
+    let mut most = 0;
+    let mut start = 0;
+    while start < uses.len() {
+        let w = uses[start].0;
+        let mut seen: Vec<usize> = uses[start..]
+            .iter()
+            .take_while(|(window, _)| *window <= w + 1)
+            .map(|&(_, id)| id)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        most = most.max(seen.iter().map(|&id| bytes(id)).sum());
+        start += uses[start..].iter().take_while(|(window, _)| *window == w).count();
+    }
+    most
 }
 
 /// A shard's fetched file ([`fetch_shards`]).
