@@ -58,10 +58,11 @@ def test_a_cache_compiled_to_s3_loads_like_the_local_one(workdir: Path, s3, tmp_
         (tmp_path / "staging" / "upload").iterdir()), "the staging folder is removed"
     stored = sum(s["bytes"] for s in here.manifest["shards"] if s["split"] == "train")
     limit = stored // 4
-    remote = dsc.Loader(url, batch_size=32, seed=3, window=64, format="numpy",
+    remote = dsc.Loader(url, batch_size=32, seed=3, window=64, interleave=2, format="numpy",
                         cache_dir=tmp_path / "fetched", cache_limit=limit,
                         storage_options=options)
-    local_loader = dsc.Loader(here, batch_size=32, seed=3, window=64, format="numpy")
+    local_loader = dsc.Loader(here, batch_size=32, seed=3, window=64, interleave=2,
+                              format="numpy")
     for epoch in range(2):
         remote.set_epoch(epoch)
         local_loader.set_epoch(epoch)
