@@ -5,24 +5,8 @@ use crate::util::*;
 use dsc_loader::{Cache, LoaderOptions, OrderSpec};
 use std::path::Path;
 
-/// A batch as its sequence length and its tensors' names and bytes.
-type Copied = (usize, Vec<(String, Vec<u8>)>);
-
 fn batches(cache: &Path, o: LoaderOptions) -> Vec<Copied> {
-    Cache::open(cache)
-        .unwrap()
-        .loader(o)
-        .unwrap()
-        .map(|b| {
-            let b = b.unwrap();
-            let tensors = b
-                .tensors()
-                .iter()
-                .map(|t| (t.name().to_string(), t.bytes().to_vec()))
-                .collect();
-            (b.seq_len, tensors)
-        })
-        .collect()
+    epoch_of(&Cache::open(cache).unwrap(), o)
 }
 
 #[test]

@@ -6,25 +6,6 @@ use crate::util::*;
 use dsc_loader::{Cache, LoaderOptions, OrderSpec, RemoteOptions};
 use std::path::Path;
 
-/// A batch as its sequence length and its tensors' names and bytes.
-type Copied = (usize, Vec<(String, Vec<u8>)>);
-
-fn epoch(cache: &Cache, o: LoaderOptions) -> Vec<Copied> {
-    cache
-        .loader(o)
-        .unwrap()
-        .map(|b| {
-            let b = b.unwrap();
-            let tensors = b
-                .tensors()
-                .iter()
-                .map(|t| (t.name().to_string(), t.bytes().to_vec()))
-                .collect();
-            (b.seq_len, tensors)
-        })
-        .collect()
-}
-
 fn upload(server: &S3Server, local: &Path, url: &str) {
     let remote = dsc_store::Remote::open_with(url, &server.options()).unwrap();
     dsc_store::upload_cache(local, &remote, false, |_, _| {}).unwrap();
@@ -94,8 +75,8 @@ fn a_remote_cache_yields_the_local_caches_batches_fetching_each_shard_once_per_e
                 ..base.clone()
             };
             assert_eq!(
-                epoch(&remote, o.clone()),
-                epoch(&here, o),
+                epoch_of(&remote, o.clone()),
+                epoch_of(&here, o),
                 "{name} epoch {e}"
             );
         }
@@ -206,7 +187,7 @@ fn an_object_unlike_its_manifest_is_refused_on_arrival_and_nothing_of_it_is_kept
         batch_size: 4,
         ..Default::default()
     };
-    assert_eq!(epoch(&cache, o.clone()), epoch(&here, o));
+    assert_eq!(epoch_of(&cache, o.clone()), epoch_of(&here, o));
 }
 
 #[test]
@@ -220,14 +201,14 @@ fn fetched_shards_serve_the_next_run_and_a_second_reader_takes_a_folder_of_its_o
         batch_size: 4,
         ..Default::default()
     };
-    let want = epoch(&Cache::open(&local).unwrap(), o.clone());
+    let want = epoch_of(&Cache::open(&local).unwrap(), o.clone());
     {
         let cache = Cache::open_remote(&url, &opts).unwrap();
-        assert_eq!(epoch(&cache, o.clone()), want);
+        assert_eq!(epoch_of(&cache, o.clone()), want);
         // A second reader of the same cache at once (another rank on this machine).
         let second = Cache::open_remote(&url, &opts).unwrap();
         assert_ne!(second.fetch_folder(), cache.fetch_folder());
-        assert_eq!(epoch(&second, o.clone()), want);
+        assert_eq!(epoch_of(&second, o.clone()), want);
     }
     // A download cut short by a killed run: removed at the next open, never read.
     let folder = remote_folder(&fetched, 0);
@@ -240,7 +221,7 @@ fn fetched_shards_serve_the_next_run_and_a_second_reader_takes_a_folder_of_its_o
     assert!(!folder
         .join(".train-00000.safetensors.partial-99999")
         .exists());
-    assert_eq!(epoch(&cache, o), want);
+    assert_eq!(epoch_of(&cache, o), want);
     let stats = cache.shard_stats();
     assert_eq!(stats.shards_fetched, 0, "kept from the last run: {stats:?}");
     assert!(stats.fetch_hits > 0);

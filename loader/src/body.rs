@@ -35,6 +35,31 @@ pub(crate) struct Shard {
     pub populated: Vec<AtomicBool>,
 }
 
+impl Shard {
+    /// Shard `entry` of `manifest`, whose header `layout` was checked, held as `body`.
+    pub fn new(
+        manifest: &dsc_format::Manifest,
+        entry: &ShardEntry,
+        layout: &dsc_format::shard::ShardLayout,
+        body: Body,
+        file: Option<std::fs::File>,
+        path: std::path::PathBuf,
+    ) -> Shard {
+        Shard {
+            entry: entry.clone(),
+            tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
+            body,
+            file,
+            path,
+            populated: manifest
+                .tensors()
+                .iter()
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+        }
+    }
+}
+
 /// How a shard's bytes are held.
 #[derive(Debug)]
 pub(crate) enum Body {

@@ -16,7 +16,6 @@ use dsc_format::stored::read_layout_of;
 use dsc_format::{FormatError, Manifest, ShardEntry, Stats, TensorRole, TensorSpec};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 /// A cache's directory, held open: its files are opened relative to it (`openat`), whatever
@@ -392,16 +391,5 @@ fn open_shard(
             }
         })?)
     };
-    Ok(Shard {
-        entry: entry.clone(),
-        tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
-        body,
-        file: Some(file),
-        path,
-        populated: manifest
-            .tensors()
-            .iter()
-            .map(|_| AtomicBool::new(false))
-            .collect(),
-    })
+    Ok(Shard::new(manifest, entry, &layout, body, Some(file), path))
 }

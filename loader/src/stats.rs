@@ -55,6 +55,25 @@ impl LoaderStats {
         self.queued as f64 / self.batches.max(1) as f64
     }
 
+    /// The shard counters of several caches' (a mix's) together; the loader's own fields zero.
+    pub fn sum_of_shards(caches: impl IntoIterator<Item = LoaderStats>) -> LoaderStats {
+        caches
+            .into_iter()
+            .fold(LoaderStats::default(), |a, b| LoaderStats {
+                shard_reads: a.shard_reads + b.shard_reads,
+                stored_bytes_read: a.stored_bytes_read + b.stored_bytes_read,
+                shard_hits: a.shard_hits + b.shard_hits,
+                shard_evictions: a.shard_evictions + b.shard_evictions,
+                shards_fetched: a.shards_fetched + b.shards_fetched,
+                bytes_fetched: a.bytes_fetched + b.bytes_fetched,
+                fetch_hits: a.fetch_hits + b.fetch_hits,
+                fetch_waits: a.fetch_waits + b.fetch_waits,
+                fetch_wait_s: a.fetch_wait_s + b.fetch_wait_s,
+                fetch_evictions: a.fetch_evictions + b.fetch_evictions,
+                ..a
+            })
+    }
+
     /// Adds a later loader's counts (the next epoch's, say); the shard counters, which are the
     /// open cache's running totals, are taken from `later`.
     pub fn merge(&mut self, later: &LoaderStats) {
@@ -109,23 +128,7 @@ impl Counters {
     /// The counts so far, with the shard counters of the caches read (summed for a mix).
     pub fn snapshot<'a>(&self, shards: impl IntoIterator<Item = &'a ShardCounters>) -> LoaderStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let shards =
-            shards
-                .into_iter()
-                .map(ShardCounters::snapshot)
-                .fold(LoaderStats::default(), |a, b| LoaderStats {
-                    shard_reads: a.shard_reads + b.shard_reads,
-                    stored_bytes_read: a.stored_bytes_read + b.stored_bytes_read,
-                    shard_hits: a.shard_hits + b.shard_hits,
-                    shard_evictions: a.shard_evictions + b.shard_evictions,
-                    shards_fetched: a.shards_fetched + b.shards_fetched,
-                    bytes_fetched: a.bytes_fetched + b.bytes_fetched,
-                    fetch_hits: a.fetch_hits + b.fetch_hits,
-                    fetch_waits: a.fetch_waits + b.fetch_waits,
-                    fetch_wait_s: a.fetch_wait_s + b.fetch_wait_s,
-                    fetch_evictions: a.fetch_evictions + b.fetch_evictions,
-                    ..a
-                });
+        let shards = LoaderStats::sum_of_shards(shards.into_iter().map(ShardCounters::snapshot));
         LoaderStats {
             batches: get(&self.batches),
             contexts: get(&self.contexts),

@@ -76,19 +76,9 @@ impl CacheHandle {
     /// What the caches' compressed and remote shards have cost so far (a mix's summed), as the
     /// JSON of the Rust `LoaderStats` (its loader fields zero).
     fn shard_stats(&self) -> String {
-        let mut all = dsc_loader::LoaderStats::default();
-        for s in self.mix.sources().iter().map(Cache::shard_stats) {
-            all.shard_reads += s.shard_reads;
-            all.stored_bytes_read += s.stored_bytes_read;
-            all.shard_hits += s.shard_hits;
-            all.shard_evictions += s.shard_evictions;
-            all.shards_fetched += s.shards_fetched;
-            all.bytes_fetched += s.bytes_fetched;
-            all.fetch_hits += s.fetch_hits;
-            all.fetch_waits += s.fetch_waits;
-            all.fetch_wait_s += s.fetch_wait_s;
-            all.fetch_evictions += s.fetch_evictions;
-        }
+        let all = dsc_loader::LoaderStats::sum_of_shards(
+            self.mix.sources().iter().map(Cache::shard_stats),
+        );
         serde_json::to_string(&all).expect("stats serialize")
     }
 

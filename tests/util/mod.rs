@@ -100,6 +100,26 @@ impl Run {
     }
 }
 
+/// A batch as its sequence length and its tensors' names and bytes.
+pub type Copied = (usize, Vec<(String, Vec<u8>)>);
+
+/// Every batch of one epoch of `cache` with `o`, copied out.
+pub fn epoch_of(cache: &dsc_loader::Cache, o: dsc_loader::LoaderOptions) -> Vec<Copied> {
+    cache
+        .loader(o)
+        .unwrap()
+        .map(|b| {
+            let b = b.unwrap();
+            let tensors = b
+                .tensors()
+                .iter()
+                .map(|t| (t.name().to_string(), t.bytes().to_vec()))
+                .collect();
+            (b.seq_len, tensors)
+        })
+        .collect()
+}
+
 /// Runs `dsc` with `args` in `cwd`.
 pub fn dsc(cwd: &Path, args: &[&str]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_dsc"))

@@ -17,10 +17,13 @@ pub fn python() -> PathBuf {
     // The repository's `.venv`, from the root package or a crate beside it (the trainer's tests
     // include this file too).
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let venv = [here.join(".venv/bin/python"), here.join("../.venv/bin/python")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| here.join(".venv/bin/python"));
+    let venv = [
+        here.join(".venv/bin/python"),
+        here.join("../.venv/bin/python"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| here.join(".venv/bin/python"));
     assert!(
         venv.exists(),
         "no Python environment: run scripts/test.sh (it creates .venv with numpy, safetensors \

@@ -138,9 +138,15 @@ impl Run {
 }
 
 fn train(args: &[&str]) -> Run {
+    train_with(args, Vec::new())
+}
+
+/// [`train`] with more environment variables.
+fn train_with(args: &[&str], env: Vec<(String, String)>) -> Run {
     let out = Command::new(BIN)
         .args(args)
         .env("OMP_NUM_THREADS", "2")
+        .envs(env)
         .output()
         .expect("run dsc-train");
     Run {
@@ -1101,37 +1107,45 @@ fn a_run_on_a_cache_in_object_storage_trains_the_weights_of_the_local_one() {
     );
     let run = |cache: &str, out: &Path, extra: &[&str]| {
         let mut args = vec![
-            "--cache", cache, "--task", "direction", "--epochs", "2", "--batch-size", "64",
-            "--max-steps", "40", "--json",
+            "--cache",
+            cache,
+            "--task",
+            "direction",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "64",
+            "--max-steps",
+            "40",
+            "--json",
         ];
         args.extend(SMALL);
         let out = path(out);
         args.extend(["--out", &out]);
         args.extend(extra);
-        let out = Command::new(BIN)
-            .args(&args)
-            .env("OMP_NUM_THREADS", "2")
-            .envs(server.env())
-            .output()
-            .expect("run dsc-train");
-        Run {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-        .json()
+        train_with(&args, server.env()).json()
     };
     let local = run(&path(&fx.icecube), here.path(), &[]);
     let dir = path(fetched.path());
-    let summary = run(&url, there.path(), &["--cache-dir", &dir, "--cache-limit", "64MiB"]);
+    let summary = run(
+        &url,
+        there.path(),
+        &["--cache-dir", &dir, "--cache-limit", "64MiB"],
+    );
     assert_same_weights(here.path(), there.path());
     let losses = |v: &Value| -> Vec<Value> {
-        v["epochs"].as_array().unwrap().iter().map(|e| e["val_loss"].clone()).collect()
+        v["epochs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["val_loss"].clone())
+            .collect()
     };
     assert_eq!(losses(&local), losses(&summary));
     let loader = &summary["loader"];
     assert!(
-        loader["shards_fetched"].as_u64().unwrap() > 0 && loader["bytes_fetched"].as_u64().unwrap() > 0,
+        loader["shards_fetched"].as_u64().unwrap() > 0
+            && loader["bytes_fetched"].as_u64().unwrap() > 0,
         "{loader}"
     );
     assert!(fetched.path().join("remote").is_dir());

@@ -10,7 +10,6 @@ use crate::order::Order;
 use dsc_format::spelling::OptionError;
 use dsc_format::{FormatError, Manifest, ShardEntry};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 /// Shard headers read at once while opening: each is one or two small ranged requests, whose
@@ -98,21 +97,11 @@ fn open_shard(fetcher: &Fetcher, manifest: &Manifest, id: usize) -> Result<Shard
     let layout = fetcher.layout(id, entry)?;
     let path = PathBuf::from(fetcher.url_of(id));
     layout.check(manifest, entry, &path)?;
-    Ok(Shard {
-        entry: entry.clone(),
-        tensor_starts: layout.tensors.iter().map(|t| t.start as usize).collect(),
-        body: Body::Remote {
-            id,
-            cold: entry.compressed.is_some().then(Cold::default),
-        },
-        file: None,
-        path,
-        populated: manifest
-            .tensors()
-            .iter()
-            .map(|_| AtomicBool::new(false))
-            .collect(),
-    })
+    let body = Body::Remote {
+        id,
+        cold: entry.compressed.is_some().then(Cold::default),
+    };
+    Ok(Shard::new(manifest, entry, &layout, body, None, path))
 }
 
 /// The order in which a loader reads each of its sources in object storage, handed to their
@@ -210,7 +199,10 @@ fn reach(uses: &[(usize, usize)], bytes: impl Fn(usize) -> u64) -> u64 {
         seen.sort_unstable();
         seen.dedup();
         most = most.max(seen.iter().map(|&id| bytes(id)).sum());
-        start += uses[start..].iter().take_while(|(window, _)| *window == w).count();
+        start += uses[start..]
+            .iter()
+            .take_while(|(window, _)| *window == w)
+            .count();
     }
     most
 }
