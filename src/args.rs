@@ -113,6 +113,19 @@ pub struct RemoteArgs {
     pub cache_limit: Option<u64>,
 }
 
+impl OrderArgs {
+    /// The series windows asked for.
+    pub fn series(&self) -> Option<dsc_loader::SeriesWindows> {
+        self.series_window.map(|len| dsc_loader::SeriesWindows {
+            len,
+            stride: self.stride.unwrap_or(len),
+            horizon: self.horizon,
+            horizon_columns: self.horizon_columns.clone(),
+            pad: self.pad_windows,
+        })
+    }
+}
+
 impl RemoteArgs {
     /// The environment's options, with these flags over them.
     pub fn options(&self) -> anyhow::Result<dsc_loader::RemoteOptions> {
@@ -230,6 +243,9 @@ pub enum Dataset {
     /// Customers and transactions: customers.parquet (context table) and
     /// transactions/part-NNN.parquet with each customer's rows scattered across files.
     Sequences,
+    /// Long sensor series for forecasting on windows: readings.parquet (one row per series and
+    /// step: series_id, t, value, load, temp) and sensors.parquet (series_id, kind).
+    Series,
 }
 
 /// Write a seeded sample data set (IceCube-like events or customer transactions).
@@ -239,6 +255,7 @@ pub enum Dataset {
 /// Example:
 ///   dsc gen icecube --out data --files 8 --events-per-file 2000 --seed 7
 ///   dsc gen sequences --out seq --customers 10000 --files 4
+///   dsc gen series --out sensors --series 200 --steps 500:3000
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct GenArgs {
@@ -257,6 +274,12 @@ pub struct GenArgs {
     /// Sequences: number of customers.
     #[arg(long, default_value_t = 2000)]
     pub customers: usize,
+    /// Series: number of series.
+    #[arg(long, default_value_t = 200)]
+    pub series: usize,
+    /// Series: the shortest and longest series, in steps (MIN:MAX).
+    #[arg(long, default_value = "500:3000", value_name = "MIN:MAX")]
+    pub steps: String,
     /// Seed: the same seed writes byte-identical files.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -622,6 +645,41 @@ pub struct OrderArgs {
     #[arg(long)]
     pub keep_last: bool,
     /// Print the keys of each batch, one batch per line.
+    /// Windows of long series: each sample is W consecutive stored steps of one context,
+    /// starting at a multiple of --stride; the epoch shuffles windows across all contexts.
+    /// With --keys, each window prints as KEY:START.
+    #[arg(long, value_name = "W", conflicts_with_all = ["bucket", "pack"], help_heading = "Series windows")]
+    pub series_window: Option<usize>,
+    /// Steps between a context's window starts [default: the window, no overlap].
+    #[arg(
+        long,
+        value_name = "S",
+        requires = "series_window",
+        help_heading = "Series windows"
+    )]
+    pub stride: Option<usize>,
+    /// Steps after each window given as its target (`y_next`) [default: 0].
+    #[arg(
+        long,
+        value_name = "H",
+        default_value_t = 0,
+        requires = "series_window",
+        help_heading = "Series windows"
+    )]
+    pub horizon: usize,
+    /// Columns of `x` the target takes [default: all].
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "COL,..",
+        requires = "horizon",
+        help_heading = "Series windows"
+    )]
+    pub horizon_columns: Vec<String>,
+    /// Keep windows that run past the end of their series, zero-padded (otherwise only whole
+    /// windows, with their whole horizon, are kept).
+    #[arg(long, requires = "series_window", help_heading = "Series windows")]
+    pub pad_windows: bool,
     #[arg(long, conflicts_with = "state_after")]
     pub keys: bool,
     /// Print the resume state after N batches (JSON), to feed back with --from-state.

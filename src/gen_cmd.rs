@@ -3,7 +3,7 @@
 use crate::args::{Dataset, GenArgs};
 use crate::output::outln;
 use crate::output::thousands;
-use dsc_gen::{icecube, sequences};
+use dsc_gen::{icecube, sequences, series};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -40,6 +40,25 @@ pub fn run(a: GenArgs) -> anyhow::Result<u8> {
                 },
             )?,
         ),
+        Dataset::Series => {
+            let (min, max) = a
+                .steps
+                .split_once(':')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--steps {:?}: expected MIN:MAX", a.steps))?;
+            (
+                "series",
+                series::generate(
+                    &a.out,
+                    &series::SeriesOptions {
+                        series: a.series,
+                        min_len: min,
+                        max_len: max,
+                        seed: a.seed,
+                    },
+                )?,
+            )
+        }
     };
     if a.json {
         crate::output::print_json(&Report {

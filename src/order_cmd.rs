@@ -36,6 +36,9 @@ struct Report {
     /// With several caches: each one's share of the epoch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     mix: Vec<MixShare>,
+    /// With --series-window: the windows (`contexts` then counts windows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    series: Option<dsc_loader::SeriesWindows>,
 }
 
 /// One cache of a mix: what it was asked for and what the epoch holds of it.
@@ -144,6 +147,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             }),
             weights: a.weights.clone(),
             mix_samples: a.mix_samples,
+            series: a.series(),
         },
         batch_size: a.batch_size,
         epoch: a.epoch,
@@ -184,6 +188,35 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         crate::output::print_json(&loader.state())?;
         return Ok(0);
     }
+    if a.keys && a.series_window.is_some() {
+        // A window is its context's key and its first step.
+        let mut all = Vec::new();
+        for batch in &mut loader {
+            let batch = batch?;
+            let starts = batch.tensor("start").map(|t| t.bytes().to_vec());
+            let starts: Vec<i64> = starts
+                .unwrap_or_default()
+                .chunks_exact(4)
+                .map(|c| i64::from(i32::from_le_bytes(c.try_into().expect("4 bytes"))))
+                .collect();
+            let pairs: Vec<[i64; 2]> = batch
+                .keys()
+                .into_iter()
+                .zip(starts)
+                .map(|(k, s)| [k, s])
+                .collect();
+            if a.json {
+                all.push(pairs);
+            } else {
+                let line: Vec<String> = pairs.iter().map(|[k, s]| format!("{k}:{s}")).collect();
+                outln!("{}", line.join(" "));
+            }
+        }
+        if a.json {
+            crate::output::print_json(&all)?;
+        }
+        return Ok(0);
+    }
     if a.keys {
         let mut all = Vec::new();
         for batch in &mut loader {
@@ -220,7 +253,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             // A mix is not bucketed (buckets are cut from one cache's windows).
             let bucketed = match order {
                 Order::One(_) => Some(padded_figures(&mix, &opts, true)?),
-                Order::Mix(_) => None,
+                Order::Mix(_) | Order::Series(_) => None,
             };
             (padded, Some(pack), bucketed)
         }
@@ -245,6 +278,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         figures,
         unbucketed,
         mix: shares(&loader, &a.caches)?,
+        series: order.series().cloned(),
     };
     if a.json {
         crate::output::print_json(&report)?;

@@ -18,6 +18,7 @@ mod python;
 mod remote;
 mod replace;
 mod scale;
+mod series;
 mod spec_file;
 mod splits;
 mod values;

@@ -29,6 +29,7 @@
 
 pub mod icecube;
 pub mod sequences;
+pub mod series;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

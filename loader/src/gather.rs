@@ -12,6 +12,7 @@ use crate::order::{trimmed_len, Cursor, Order, Sample, Steps};
 use crate::pack::{PackInfo, Packs};
 use crate::pool::Pool;
 use crate::rows;
+use crate::series::SeriesPlan;
 use crate::stats::Counters;
 use dsc_format::{Dtype, TensorRole, TensorSpec};
 use std::sync::atomic::Ordering;
@@ -114,7 +115,7 @@ impl Source {
     }
 
     /// Where sample `s`'s bytes of loaded tensor `t` start in its shard, and their length.
-    fn range(&self, s: &Sample, t: usize) -> (usize, usize) {
+    pub(crate) fn range(&self, s: &Sample, t: usize) -> (usize, usize) {
         let size = self.spec(t).sample_bytes();
         (
             self.shards()[s.shard].tensor_starts[self.slots[t]] + s.offset * size,
@@ -146,6 +147,8 @@ pub(crate) struct Gather {
     pub keep_resident: bool,
     /// What this epoch's batches have cost and carried ([`crate::LoaderStats`]).
     pub counters: Counters,
+    /// Windows of long series: what a row reads beyond its sample ([`crate::series`]).
+    pub series: Option<SeriesPlan>,
     /// This epoch's (and the next one's) shard order, given to the fetcher of each source in
     /// object storage: withdrawn when the loader is dropped.
     #[cfg(feature = "remote")]
@@ -210,12 +213,12 @@ pub(crate) fn is_sequence(spec: &TensorSpec) -> bool {
 }
 
 impl Gather {
-    fn source(&self, s: &Sample) -> &Source {
+    pub(crate) fn source(&self, s: &Sample) -> &Source {
         &self.sources[s.source]
     }
 
     /// The spec of loaded tensor `t` (the first source's, for a mix).
-    fn spec(&self, t: usize) -> &TensorSpec {
+    pub(crate) fn spec(&self, t: usize) -> &TensorSpec {
         self.sources[0].spec(t)
     }
 
@@ -270,14 +273,14 @@ impl Gather {
     }
 
     /// The bytes of the shard sample `s` lies in: its map, or its bytes in `held`.
-    fn shard_bytes<'a>(&'a self, s: &Sample, held: &'a Resolved<'a>) -> &'a [u8] {
+    pub(crate) fn shard_bytes<'a>(&'a self, s: &Sample, held: &'a Resolved<'a>) -> &'a [u8] {
         match &self.source(s).shards()[s.shard].body {
             Body::Mapped(map) => map.bytes(),
             _ => held.get((s.source, s.shard)),
         }
     }
 
-    fn stored_length(&self, s: &Sample, held: &Resolved<'_>) -> usize {
+    pub(crate) fn stored_length(&self, s: &Sample, held: &Resolved<'_>) -> usize {
         let source = self.source(s);
         let size = 4;
         let start = source.shards()[s.shard].tensor_starts[source.length_index] + s.offset * size;
@@ -325,8 +328,13 @@ impl Gather {
         }
     }
 
-    /// Bytes of one sample of loaded tensor `t` cut (or padded) to `seq_len` steps.
-    fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
+    /// Bytes of one sample of tensor `t` cut (or padded) to `seq_len` steps: a loaded one's,
+    /// or one of the tensors a series window adds (fixed).
+    pub(crate) fn copy_bytes(&self, t: usize, seq_len: usize) -> usize {
+        if t >= self.loaded {
+            let l = &self.layout[t];
+            return l.bytes() / l.shape[0].max(1);
+        }
         let source = &self.sources[0];
         let spec = source.spec(t);
         if is_sequence(spec) {
@@ -447,6 +455,9 @@ impl Gather {
         seq_len: usize,
         dst: &mut [&mut [u8]],
     ) {
+        if let Some(plan) = &self.series {
+            return self.gather_windows(plan, samples, held, dst);
+        }
         // Everything but the copies is looked up once per batch or tensor: at a few dozen
         // nanoseconds per sample and tensor, the lookups cost a sixth of the gather.
         let bodies: Vec<&[u8]> = samples.iter().map(|s| self.shard_bytes(s, held)).collect();
@@ -594,7 +605,10 @@ impl Gather {
         }) && samples
             .first()
             .is_some_and(|s| self.source(s).max_len == self.max_len);
-        if matches!(self.batching, Batching::Padded { trim: None, .. }) && contiguous && n > 0 {
+        // (A series window is a part of its context: never a view of whole contexts.)
+        let views =
+            self.series.is_none() && matches!(self.batching, Batching::Padded { trim: None, .. });
+        if views && contiguous && n > 0 {
             return self.view(step, &samples);
         }
         let held = self.resolve(&samples)?;
@@ -791,7 +805,7 @@ fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
 
 /// The bytes of the compressed shards one batch reads (by source and shard), held while it is
 /// gathered.
-struct Resolved<'a>(Vec<((usize, usize), ShardBytes<'a>)>);
+pub(crate) struct Resolved<'a>(Vec<((usize, usize), ShardBytes<'a>)>);
 
 impl Resolved<'_> {
     fn get(&self, shard: (usize, usize)) -> &[u8] {

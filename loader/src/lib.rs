@@ -57,6 +57,7 @@ pub mod pack;
 mod pool;
 mod remote;
 mod rows;
+mod series;
 pub mod sigbus;
 mod stats;
 
@@ -69,7 +70,9 @@ pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
 pub use loader::{Filler, Loader};
 pub use mix::Mix;
 pub use options::{LoaderOptions, OrderSpec, Pack, State, MAX_TRIM_MULTIPLE};
+pub use order::SeriesWindows;
 #[cfg(feature = "remote")]
 pub use remote::{fetch_shards, ShardFile, ShardFiles};
 pub use remote::{is_remote, read_meta, RemoteOptions, DEFAULT_FETCH_THREADS};
+pub use series::SERIES_TENSORS;
 pub use stats::LoaderStats;

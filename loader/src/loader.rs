@@ -8,8 +8,9 @@ use crate::gather::{self, BatchInfo, Batching, Gather, Source, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
 
 use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
-use crate::order::{Cursor, EpochOrder, MixOrder, Order, Sample, Steps};
+use crate::order::{Cursor, EpochOrder, MixOrder, Order, Sample, SeriesOrder, Steps, WindowIndex};
 use crate::pack::{self, Packs};
+use crate::series::SeriesPlan;
 use crate::stats::{Counters, LoaderStats};
 use dsc_format::spec::format_size;
 use dsc_format::spelling::OptionError;
@@ -262,6 +263,11 @@ impl Filler {
                 "a mix's batches are gathered from its caches, not indexed into one".into(),
             ));
         };
+        if gather.series.is_some() {
+            return Err(LoadError::Call(
+                "series windows are gathered from the shards, not indexed by context".into(),
+            ));
+        }
         let cache = Cache {
             inner: source.cache.clone(),
         };
@@ -433,6 +439,41 @@ fn order_of(
 ) -> Result<Order, LoadError> {
     let o = &opts.order;
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
+    if let Some(windows) = &o.series {
+        let refused = |key, what: &str| {
+            bad(
+                key,
+                format!("cannot be used with series windows (`series_window`): {what}"),
+            )
+        };
+        if o.bucket {
+            return refused("bucket", "every window has the same length already");
+        }
+        if o.pack.is_some() {
+            return refused("pack", "a window is its own fixed length");
+        }
+        let [one] = sizes else {
+            return refused(
+                "weights",
+                "windows are cut from one cache's series, not from a mix",
+            );
+        };
+        let lengths = sources[0].lengths(&o.split)?;
+        let index = Arc::new(WindowIndex::new(windows, one, &lengths));
+        let order = EpochOrder::new(
+            &index.sizes,
+            o.shuffle,
+            o.seed,
+            opts.epoch,
+            o.window,
+            o.interleave,
+        );
+        return Ok(Order::Series(SeriesOrder::new(
+            order,
+            index,
+            windows.clone(),
+        )));
+    }
     if let [one] = sizes {
         if o.weights.len() > 1 || o.mix_samples.is_some() {
             let key = if o.mix_samples.is_some() {
@@ -573,7 +614,24 @@ pub(crate) fn prepare(
             cold,
         });
     }
-    let max_len = gathered.iter().map(|s| s.max_len).max().unwrap_or(0);
+    let series = match &opts.order.series {
+        Some(windows) => {
+            if opts.trim {
+                return Err(OptionError::new(
+                    "trim",
+                    "cannot be used with series windows (`series_window`): every window is as long already",
+                )
+                .into());
+            }
+            Some(SeriesPlan::new(first, windows)?)
+        }
+        None => None,
+    };
+    // The step axis of a batch: a window's, or the longest source's L.
+    let max_len = match &series {
+        Some(plan) => plan.windows.len,
+        None => gathered.iter().map(|s| s.max_len).max().unwrap_or(0),
+    };
     let widest = sources
         .iter()
         .max_by_key(|c| c.manifest().max_len())
@@ -641,6 +699,7 @@ pub(crate) fn prepare(
         let reach = match &order {
             Order::One(o) => o.shards_in_reach(),
             Order::Mix(m) => m.shards_in_reach(),
+            Order::Series(s) => s.windows_order().shards_in_reach(),
         };
         for s in &gathered {
             s.cache.resident.at_least(reach);
@@ -681,11 +740,14 @@ pub(crate) fn prepare(
         opts.batch_size,
         pack,
     );
-    // A mix's batches are as long as its longest source.
+    // A mix's batches are as long as its longest source; a series window's, as the window.
     for (t, &slot) in layout.iter_mut().zip(&gathered[0].slots) {
         if pack.is_none() && gather::is_sequence(&first.manifest.tensors()[slot]) {
             t.shape[1] = max_len;
         }
+    }
+    if let Some(plan) = &series {
+        layout.extend(plan.layout(opts.batch_size));
     }
     #[cfg(feature = "remote")]
     let plans = {
@@ -712,6 +774,7 @@ pub(crate) fn prepare(
         max_len,
         keep_resident,
         cold,
+        series,
         counters: Counters::default(),
     };
     Ok((gather, threads))

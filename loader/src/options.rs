@@ -7,7 +7,7 @@
 //! and [`State::new`] is the one place a state is made.
 
 use crate::error::LoadError;
-use crate::order::{DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use crate::order::{SeriesWindows, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spelling::OptionError;
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,13 @@ pub struct OrderSpec {
     /// [default: none, as many as the sources hold together].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mix_samples: Option<usize>,
+    /// Windows cut from long series: a sample is `len` consecutive stored steps of one context,
+    /// starting at a multiple of `stride`, with the next `horizon` steps of chosen columns as
+    /// its target ([`SeriesWindows`]); the epoch shuffles windows across all contexts as it
+    /// shuffles contexts. Not with `bucket`, `pack`, `trim` or a mix [default: none, whole
+    /// contexts].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<SeriesWindows>,
 }
 
 impl Default for OrderSpec {
@@ -69,6 +76,7 @@ impl Default for OrderSpec {
             pack: None,
             weights: Vec::new(),
             mix_samples: None,
+            series: None,
         }
     }
 }

@@ -143,6 +143,18 @@ class Loader:
             in CPU memory), an error if it does not fit; ``False``: never.
         resident_budget: the most bytes a resident split may take on the device (an int or a
             size such as ``"8GiB"``) [default: a quarter of the device's memory].
+        series_window: windows of long series: each sample is this many consecutive stored
+            steps ``W`` of one context, starting at a multiple of ``stride`` (default ``W``, no
+            overlap); per-step tensors are ``[B, W, ...]``, ``length`` the window's real steps,
+            and each batch adds ``start`` (the window's first step). The epoch shuffles windows
+            across all contexts, every window once, with exact resume and rank slices; nothing
+            is duplicated on disk. Compile with ``max_len`` as long as the longest series. See
+            docs/PYTHON.md, "Windows of long series".
+        horizon, horizon_columns: the next ``horizon`` steps after each window of these columns
+            of ``x`` (default all) as the target ``y_next`` ``[B, H, K]``, with
+            ``horizon_length`` (its real steps).
+        pad_windows: keep windows that run past the end of their series, zero-padded (default:
+            only whole windows with their whole horizon).
         cache_dir, cache_limit, storage_options: for a cache given as a URL in object storage
             (``"s3://bucket/cache"``): the local folder its shards are fetched into ahead of
             use, in this loader's order; the bytes kept there at most (the shard needed furthest
@@ -183,6 +195,11 @@ class Loader:
         cache_dir: Optional[PathLike] = None,
         cache_limit: Union[int, str, None] = None,
         storage_options: Optional[Dict[str, Any]] = None,
+        series_window: Optional[int] = None,
+        stride: Optional[int] = None,
+        horizon: int = 0,
+        horizon_columns: Optional[Sequence[str]] = None,
+        pad_windows: bool = False,
     ) -> None:
         given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
         if not given:
@@ -203,6 +220,19 @@ class Loader:
         self._sources = (_dsc.CacheHandle.mix([c._handle for c in self.caches]) if mixed
                          else self.cache._handle)
         self.split = str(split)
+        self.series: Optional[Dict[str, Any]] = None
+        if series_window is not None:
+            length = _check_int("series_window", series_window, 1)
+            self.series = dict(
+                len=length, stride=length if stride is None else _check_int("stride", stride, 1),
+                horizon=_check_int("horizon", horizon, 0), pad=bool(pad_windows),
+                horizon_columns=[] if horizon_columns is None else
+                ([horizon_columns] if isinstance(horizon_columns, str) else
+                 [str(c) for c in horizon_columns]),
+            )
+        elif stride is not None or horizon or horizon_columns is not None or pad_windows:
+            raise OptionsError("stride=, horizon=, horizon_columns= and pad_windows= shape series "
+                               "windows: pass series_window= too", option="series_window")
         self.pack = None if pack is None else _check_int("pack", pack, 1)
         self.max_seqs = None if max_seqs is None else _check_int("max_seqs", max_seqs, 1)
         if self.pack is None and self.max_seqs is not None:
@@ -311,6 +341,12 @@ class Loader:
         if budget is not None and not isinstance(budget, (str, int)) or isinstance(budget, bool):
             raise OptionsError(f"resident_budget={budget!r}: expected bytes or a size like '8GiB'")
         if resident is False:
+            return None
+        if self.series is not None:
+            if resident:
+                raise OptionsError("resident=True gathers whole contexts by index; series windows "
+                                   "are cut from the shards on the host (leave resident= unset)",
+                                   option="resident")
             return None
         if len(self.caches) > 1:
             if resident:
@@ -534,6 +570,8 @@ class Loader:
             order["weights"] = self.weights
         if self.mix_samples is not None:
             order["mix_samples"] = self.mix_samples
+        if self.series is not None:
+            order["series"] = self.series
         return json.dumps(dict(
             order=order, batch_size=self.batch_size, epoch=self._epoch, skip=self._skip,
             rank=self.rank,

@@ -1,12 +1,17 @@
 //! The order of an epoch: of one cache's split ([`EpochOrder`], `window.rs`: shards permuted,
-//! contexts permuted inside windows), or of a mix of several caches ([`MixOrder`], `mix.rs`:
-//! blocks of positions apportioned to the caches by weight, each cache read in its own epoch
-//! orders). Both are pure functions of their inputs; [`Order`] is what a loader holds.
+//! contexts permuted inside windows), of the windows cut from its long series ([`SeriesOrder`],
+//! `series.rs`: the same order over windows instead of contexts), or of a mix of several caches
+//! ([`MixOrder`], `mix.rs`: blocks of positions apportioned to the caches by weight, each cache
+//! read in its own epoch orders). All are pure functions of their inputs; [`Order`] is what a
+//! loader holds.
 
 mod mix;
+mod series;
 mod window;
 
 pub use mix::{apportion, MixCursor, MixOrder};
+pub(crate) use series::WindowIndex;
+pub use series::{SeriesOrder, SeriesWindows};
 use window::quality_of;
 pub use window::{
     trimmed_len, EpochOrder, OrderIter, Quality, Sample, Steps, WindowCursor, DEFAULT_INTERLEAVE,
@@ -20,6 +25,8 @@ pub enum Order {
     One(EpochOrder),
     /// Several caches' splits drawn in fixed proportions.
     Mix(MixOrder),
+    /// Windows cut from one split's long series.
+    Series(SeriesOrder),
 }
 
 impl Order {
@@ -28,6 +35,7 @@ impl Order {
         match self {
             Order::One(o) => o.len(),
             Order::Mix(m) => m.len(),
+            Order::Series(s) => s.len(),
         }
     }
 
@@ -41,6 +49,7 @@ impl Order {
         match self {
             Order::One(o) => o.window(),
             Order::Mix(m) => m.block(),
+            Order::Series(s) => s.windows_order().window(),
         }
     }
 
@@ -54,6 +63,7 @@ impl Order {
         match self {
             Order::One(o) => o.sample_at(p, &mut cursor.window),
             Order::Mix(m) => m.sample_at(p, cursor.mix.get_or_insert_default()),
+            Order::Series(s) => s.sample_at(p, &mut cursor.window),
         }
     }
 
@@ -77,6 +87,22 @@ impl Order {
                     .collect()
             }
             Order::Mix(m) => m.spans(range),
+            Order::Series(s) => {
+                let w = s.windows_order().window();
+                let covered = (range.start / w * w)..range.end.div_ceil(w).saturating_mul(w);
+                s.spans(covered)
+                    .into_iter()
+                    .map(|(shard, a, b)| (0, shard, a, b))
+                    .collect()
+            }
+        }
+    }
+
+    /// The series windows this order reads, if it reads windows.
+    pub fn series(&self) -> Option<&SeriesWindows> {
+        match self {
+            Order::Series(s) => Some(s.windows()),
+            _ => None,
         }
     }
 
@@ -90,6 +116,7 @@ impl Order {
                 m.block(),
                 batch_size,
             ),
+            Order::Series(s) => s.windows_order().quality(batch_size),
         }
     }
 }
@@ -139,11 +166,15 @@ pub fn padding(
     for step in 0..steps.steps {
         for rank in 0..steps.world_size {
             batch.clear();
-            batch.extend(
-                steps
-                    .positions(step, rank)
-                    .map(|p| f64::from(lengths[order.sample_at(p, &mut cursor).position])),
-            );
+            batch.extend(steps.positions(step, rank).map(|p| {
+                let s = order.sample_at(p, &mut cursor);
+                let stored = lengths[s.position] as usize;
+                // A series window holds its real steps of the context's.
+                let len = order
+                    .series()
+                    .map_or(stored, |w| w.input_steps(s.step, stored));
+                len as f64
+            }));
             let longest = trimmed_len(
                 batch.iter().copied().fold(0f64, f64::max) as usize,
                 multiple,

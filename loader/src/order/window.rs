@@ -266,6 +266,7 @@ impl EpochOrder {
             shard,
             offset,
             position: self.starts[shard] + offset,
+            step: 0,
         }
     }
 
@@ -343,6 +344,8 @@ pub struct Sample {
     /// Position in the split's compiled order (of a mix: in its sources' splits one after
     /// another).
     pub position: usize,
+    /// The first stored step read: 0, or a series window's start ([`super::SeriesOrder`]).
+    pub step: usize,
 }
 
 /// What an epoch order keeps between lookups of nearby positions: the last window's
