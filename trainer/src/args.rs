@@ -24,6 +24,8 @@ use std::path::PathBuf;
 ///   dsc-train --cache cache --task classification --target churned --model gru
 ///   dsc-train --cache cache --task direction --device cuda --amp bf16 --json
 ///   dsc-train --cache cache --task direction --pack 16384
+///   dsc-train --cache sensors --task forecast --model gru --series-window 48 --stride 2 \
+///       --horizon 4 --horizon-columns value
 ///   dsc-train --cache cache --task direction --find-batch-size --json
 #[derive(Debug, Parser)]
 #[command(
@@ -65,7 +67,10 @@ pub struct Cli {
     /// target columns standardised with the train statistics; metric: mean absolute error in
     /// stored units), `classification` (cross-entropy on one integer column, classes
     /// 0..K-1), `direction` (IceCube azimuth/zenith as a unit vector, cosine loss, mean angular
-    /// error in radians).
+    /// error in radians); or from the steps after each series window: `forecast` (with
+    /// --series-window and --horizon; mean squared error on the next --horizon steps of
+    /// --horizon-columns of x, standardised as the inputs; metric: mean absolute error in
+    /// stored units).
     #[arg(long, default_value = "regression", value_parser = choice::<Task>())]
     pub task: Task,
 
@@ -120,6 +125,46 @@ pub struct Cli {
     /// never binds].
     #[arg(long, value_name = "S", requires = "pack")]
     pub max_seqs: Option<usize>,
+
+    /// Train on windows of long series: each sample is W consecutive stored steps of one
+    /// context from every multiple of --stride, shuffled across all contexts (the cache holds
+    /// each series whole: compile with --max-len as long as the longest). See `dsc order
+    /// --series-window`.
+    #[arg(long, value_name = "W", conflicts_with_all = ["pack", "bucket"], help_heading = "Series windows")]
+    pub series_window: Option<usize>,
+
+    /// Steps between a series' window starts [default: the window].
+    #[arg(
+        long,
+        value_name = "S",
+        requires = "series_window",
+        help_heading = "Series windows"
+    )]
+    pub stride: Option<usize>,
+
+    /// Steps after each window to forecast (`--task forecast`).
+    #[arg(
+        long,
+        value_name = "H",
+        default_value_t = 0,
+        requires = "series_window",
+        help_heading = "Series windows"
+    )]
+    pub horizon: usize,
+
+    /// Columns of x to forecast [default: all].
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "COL,..",
+        requires = "horizon",
+        help_heading = "Series windows"
+    )]
+    pub horizon_columns: Vec<String>,
+
+    /// Keep windows that run past a series' end, zero-padded.
+    #[arg(long, requires = "series_window", help_heading = "Series windows")]
+    pub pad_windows: bool,
 
     /// Round each trimmed batch's length up the ladder of M (M, 2M, 3M, 4M, then four sizes
     /// per doubling, at most L), so that a run sees a handful of batch shapes; the summary
@@ -294,6 +339,13 @@ impl Cli {
             seed: self.seed,
             normalise: !self.no_normalise,
             scale_targets: true,
+            series: self.series_window.map(|len| dsc_loader::SeriesWindows {
+                len,
+                stride: self.stride.unwrap_or(len),
+                horizon: self.horizon,
+                horizon_columns: self.horizon_columns.clone(),
+                pad: self.pad_windows,
+            }),
             eval_split: self.eval_split.clone(),
         };
         cfg.validate()?;

@@ -6,7 +6,7 @@ pub use crate::model::Amp;
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
 use dsc_format::spelling::OptionError;
 use dsc_format::{Manifest, TensorRole};
-use dsc_loader::{LoaderOptions, OrderSpec, Pack, MAX_TRIM_MULTIPLE};
+use dsc_loader::{LoaderOptions, OrderSpec, Pack, SeriesWindows, MAX_TRIM_MULTIPLE};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -60,12 +60,17 @@ pub enum Task {
     Classification,
     /// IceCube: azimuth/zenith as a unit vector, cosine loss, mean angular error in radians.
     Direction,
+    /// Windows of long series: the next `horizon` steps of chosen columns of `x` (`y_next`),
+    /// mean squared error on them standardised as the inputs are; metric the mean absolute
+    /// error in stored units.
+    Forecast,
 }
 
 dsc_format::choice!(Task, "task", {
     Regression => "regression",
     Classification => "classification",
     Direction => "direction",
+    Forecast => "forecast",
 });
 dsc_format::choice!(ModelKind, "model", { Transformer => "transformer", Gru => "gru" });
 
@@ -159,6 +164,10 @@ pub struct RunConfig {
     /// stays in stored units). Always on for new runs; `false` for checkpoints from before.
     #[serde(default)]
     pub scale_targets: bool,
+    /// Windows of long series instead of whole contexts (train and evaluation; `None`: whole
+    /// contexts). Checkpoints from before the option existed trained on whole contexts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<SeriesWindows>,
     /// The split whose loss and metric are reported after each epoch (model selection); every
     /// other non-train split is evaluated once at the end. Checkpoints from before the option
     /// existed evaluated `val`.
@@ -194,12 +203,14 @@ impl RunConfig {
                 } else {
                     Vec::new()
                 },
+                series: self.series.clone(),
                 ..Default::default()
             },
             batch_size: self.batch_size,
             epoch,
             threads: 0,
-            trim: self.pack.is_none(),
+            // A window is as long as it is; a pack has no padding.
+            trim: self.pack.is_none() && self.series.is_none(),
             trim_multiple,
             // Packs have no layout for engine sub-columns (which the networks do not read).
             columns: match self.pack {
@@ -247,6 +258,7 @@ impl RunConfig {
             seed: 0,
             normalise: true,
             scale_targets: true,
+            series: None,
             eval_split: defaults::eval_split(),
         }
     }
@@ -298,6 +310,22 @@ impl RunConfig {
             self.mix.is_empty() || self.resident != Some(true),
             "resident",
             "keeps one cache's split on the device; a mix is gathered on the host"
+        );
+        ensure!(
+            (self.task == Task::Forecast) == self.series.as_ref().is_some_and(|s| s.horizon > 0),
+            "task",
+            "`forecast` learns the steps after each series window: it takes `series_window` and \
+             `horizon`, and they take it"
+        );
+        ensure!(
+            self.series.is_none() || (self.pack.is_none() && !self.bucket),
+            "series_window",
+            "cuts windows of one length: not with `pack` or `bucket`"
+        );
+        ensure!(
+            self.series.is_none() || self.resident != Some(true),
+            "resident",
+            "keeps whole contexts on the device; series windows are cut on the host"
         );
         ensure!(self.log_every > 0, "log_every", "must be at least 1");
         ensure!(self.epochs > 0, "epochs", "must be at least 1");

@@ -113,7 +113,8 @@ impl Session {
         } else {
             1
         });
-        let targets_scaled = cfg.task == Task::Regression && cfg.scale_targets;
+        let targets_scaled =
+            matches!(cfg.task, Task::Regression | Task::Forecast) && cfg.scale_targets;
         let stats = match cfg.normalise || targets_scaled {
             true => Some(crate::normalise::train_stats(&cache)?),
             false => None,
@@ -452,6 +453,7 @@ fn resident_split(
     if cfg.resident == Some(false)
         || (cfg.resident.is_none() && !device.is_cuda())
         || !cfg.mix.is_empty()
+        || cfg.series.is_some()
     {
         return Ok(None);
     }
@@ -624,6 +626,11 @@ fn layout(
             | TensorRole::SubColumn
             | TensorRole::ContextSubColumn => {}
         }
+    }
+    // A forecast's targets are the steps after each series window (not stored: the loader
+    // adds them).
+    if let Some(y_next) = find(dsc_loader::SERIES_TENSORS[1]).filter(|&i| batch[i].role.is_none()) {
+        l.y = y_next;
     }
     if let (Some(seq_idx), Some(position), Some(num_seqs)) =
         (find("seq_idx"), find("position"), find("num_seqs"))

@@ -41,6 +41,9 @@ impl TaskSpec {
         let device = vs.device();
         let cache = &sources.sources()[0];
         let manifest = cache.manifest();
+        if cfg.task == Task::Forecast {
+            return Self::forecast(cfg, cache, stats, vs);
+        }
         let Some(y) = manifest
             .tensors()
             .iter()
@@ -68,6 +71,7 @@ impl TaskSpec {
             (_, false) => cfg.target.clone(),
             (Task::Direction, true) => vec!["azimuth".into(), "zenith".into()],
             (Task::Regression, true) => names.iter().map(|s| s.to_string()).collect(),
+            (Task::Forecast, true) => unreachable!("resolved above"),
             (Task::Classification, true) if names.len() == 1 => vec![names[0].to_string()],
             (Task::Classification, true) => {
                 return Err(bad(format!(
@@ -100,6 +104,7 @@ impl TaskSpec {
                 }
                 (3, "mean_angular_error_rad")
             }
+            Task::Forecast => unreachable!("resolved above"),
             Task::Classification => {
                 if columns.len() != 1 {
                     return Err(bad(format!(
@@ -125,9 +130,74 @@ impl TaskSpec {
         })
     }
 
-    /// The selected target columns of `y`, f32 `[B, k]`.
+    /// Forecasting the series windows' `y_next` (`[B, H, K]`, read flat as `[B, H·K]`): the
+    /// target columns of `x`, standardised as the network's inputs are (the train statistics
+    /// of those columns of `x`), the metric in stored units.
+    fn forecast(
+        cfg: &RunConfig,
+        cache: &Cache,
+        stats: Option<&SplitStats>,
+        vs: &nn::Path,
+    ) -> Result<TaskSpec> {
+        let series = cfg
+            .series
+            .as_ref()
+            .expect("validated: forecast has windows");
+        let manifest = cache.manifest();
+        let Some(x) = manifest
+            .tensors()
+            .iter()
+            .find(|t| t.role == TensorRole::Features)
+        else {
+            return Err(TrainError::cache(
+                cache.dir(),
+                "`task=forecast` predicts columns of the features tensor `x`, and the cache has none",
+            ));
+        };
+        let names: Vec<String> = x.columns.iter().map(|c| c.name.clone()).collect();
+        let wanted: Vec<String> = if series.horizon_columns.is_empty() {
+            names.clone()
+        } else {
+            series.horizon_columns.clone()
+        };
+        let columns: Vec<usize> = wanted
+            .iter()
+            .map(|w| {
+                names.iter().position(|n| n == w).ok_or_else(|| {
+                    TrainError::cache(
+                        cache.dir(),
+                        format!("no column {w:?} in x to forecast (columns: {names:?})"),
+                    )
+                })
+            })
+            .collect::<Result<_>>()?;
+        // y_next is [H, K]: each step repeats the columns' scaling.
+        let per_step = match stats.filter(|_| cfg.scale_targets) {
+            Some(s) => Scaling::of_columns(x, columns.iter().copied(), s),
+            None => Scaling::identity(columns.len()),
+        };
+        let steps = series.horizon;
+        let scaling = Scaling {
+            shift: per_step.shift.repeat(steps),
+            scale: per_step.scale.repeat(steps),
+        };
+        let outputs = (steps * columns.len()) as i64;
+        Ok(TaskSpec {
+            task: Task::Forecast,
+            y_norm: Standardise::new(vs / "y_norm", &scaling),
+            index: Tensor::arange(outputs, (Kind::Int64, vs.device())),
+            column_names: wanted,
+            outputs,
+            metric: "mae",
+        })
+    }
+
+    /// The selected target columns of `y`, f32 `[B, k]` (a forecast's `y_next` flattened).
     fn targets(&self, y: &Tensor) -> Tensor {
-        y.index_select(1, &self.index)
+        match self.task {
+            Task::Forecast => y.flatten(1, -1),
+            _ => y.index_select(1, &self.index),
+        }
     }
 
     /// Mean loss over the batch, an f32 scalar on the device; for a pack (`seqs`: its
@@ -155,7 +225,7 @@ impl TaskSpec {
     fn evaluate(&self, pred: &Tensor, y: &Tensor, metric: bool) -> (Tensor, Option<Tensor>) {
         let t = self.targets(y);
         match self.task {
-            Task::Regression => {
+            Task::Regression | Task::Forecast => {
                 let z = self.y_norm.forward(&t);
                 let loss = (pred - z).square().mean_dim(1, false, Kind::Float);
                 let mae = || {

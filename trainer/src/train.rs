@@ -290,6 +290,8 @@ fn split_sums(s: &mut Session, split: &str) -> Result<Option<(Tensor, usize)>> {
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
     let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
     let loader = s.sources.loader(opts)?;
+    // What one pass reads: the split's contexts, or the windows cut from them.
+    let contexts = loader.order().len();
     let b = s.cfg.batch_size;
     let mut seen = 0usize;
     let ring = s.ring.clone();
@@ -367,8 +369,13 @@ fn final_evaluation(s: &mut Session, quiet: bool) -> Result<Vec<SplitEvaluation>
             metric: v[1] / n,
         };
         if !quiet {
+            let what = if s.cfg.series.is_some() {
+                "windows"
+            } else {
+                "contexts"
+            };
             eprintln!(
-                "final model · {} ({} contexts) · loss {:.4} · {} {:.4}",
+                "final model · {} ({} {what}) · loss {:.4} · {} {:.4}",
                 e.split, e.contexts, e.loss, s.task.metric, e.metric
             );
         }

@@ -1150,3 +1150,118 @@ fn a_run_on_a_cache_in_object_storage_trains_the_weights_of_the_local_one() {
     );
     assert!(fetched.path().join("remote").is_dir());
 }
+
+/// Long series (40 of 300 to 1,000 steps) compiled whole, z-scored: for forecasting.
+fn series_cache(root: &Path) -> PathBuf {
+    let opts = dsc_gen::series::SeriesOptions {
+        series: 40,
+        min_len: 300,
+        max_len: 1000,
+        seed: 3,
+    };
+    dsc_gen::series::generate(&root.join("sensors"), &opts).expect("generate series");
+    let out = root.join("sensors-cache");
+    compile(
+        serde_json::json!({
+            "rows": [root.join("sensors/readings.parquet").display().to_string()],
+            "key": "series_id",
+            "order_by": "t",
+            "features": ["value", "load", "temp"],
+            "encode": {"value": "zscore", "load": "zscore", "temp": "zscore"},
+            "max_len": 1000,
+            "val_fraction": 0.25,
+        }),
+        &out,
+    );
+    out
+}
+
+/// The mean absolute error of repeating each window's last `value` over the next `horizon`
+/// steps, over the validation windows dsc-train evaluates (stored units).
+fn last_value_error(cache: &Path, window: usize, stride: usize, horizon: usize) -> f64 {
+    let cache = dsc_loader::Cache::open(cache).unwrap();
+    let opts = dsc_loader::LoaderOptions {
+        order: dsc_loader::OrderSpec {
+            split: "val".into(),
+            shuffle: false,
+            drop_last: false,
+            series: Some(dsc_loader::SeriesWindows {
+                len: window,
+                stride,
+                horizon,
+                horizon_columns: vec!["value".into()],
+                pad: false,
+            }),
+            ..Default::default()
+        },
+        batch_size: 1,
+        ..Default::default()
+    };
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for b in cache.loader(opts).unwrap() {
+        let b = b.unwrap();
+        let x = f32s(b.tensor("x").unwrap().bytes());
+        let last = x[(window - 1) * 3];
+        for y in f32s(b.tensor("y_next").unwrap().bytes()) {
+            sum += f64::from((y - last).abs());
+            n += 1;
+        }
+    }
+    sum / n as f64
+}
+
+#[test]
+fn forecasting_on_series_windows_beats_repeating_the_last_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = series_cache(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let (c, o) = (path(&cache), path(out.path()));
+    let run = train(&[
+        "--cache",
+        &c,
+        "--out",
+        &o,
+        "--json",
+        "--task",
+        "forecast",
+        "--model",
+        "gru",
+        "--series-window",
+        "48",
+        "--stride",
+        "2",
+        "--horizon",
+        "4",
+        "--horizon-columns",
+        "value",
+        "--epochs",
+        "3",
+        "--dim",
+        "64",
+        "--layers",
+        "1",
+        "--lr",
+        "3e-3",
+        "--threads",
+        "2",
+    ])
+    .json();
+    let baseline = last_value_error(&cache, 48, 2, 4);
+    let mae = f(&run["epochs"][2]["val_metric"]);
+    assert!(
+        mae < 0.85 * baseline,
+        "forecast mae {mae} against last value {baseline}"
+    );
+    // Evaluation reads every validation window, not as many as there are series.
+    let windows = run["evaluation"][0]["contexts"].as_u64().unwrap();
+    assert!(windows > 1000, "{windows} windows evaluated");
+    // The task needs its windows and horizon, and they need it.
+    let refused = train(&["--cache", &c, "--out", &o, "--task", "forecast"]);
+    assert_eq!(refused.code, 2);
+    assert!(refused.stderr.contains("--task"), "{}", refused.stderr);
+}
