@@ -246,6 +246,12 @@ pub enum Dataset {
     /// Long sensor series for forecasting on windows: readings.parquet (one row per series and
     /// step: series_id, t, value, load, temp) and sensors.parquet (series_id, kind).
     Series,
+    /// Records encoded as Bloom filters for record linkage: records.parquet (uid, first_name,
+    /// last_name, yob, bloom: 256 bits of the names' 2-grams as a string of 0 and 1).
+    Linkage,
+    /// Microbiome samples: asvs.parquet (one row per sequence variant of a sample: sample_id,
+    /// asv, a DNA string of 150 bases, count) and samples.parquet (sample_id, site, site_name).
+    Microbiome,
 }
 
 /// Write a seeded sample data set (IceCube-like events or customer transactions).
@@ -256,6 +262,8 @@ pub enum Dataset {
 ///   dsc gen icecube --out data --files 8 --events-per-file 2000 --seed 7
 ///   dsc gen sequences --out seq --customers 10000 --files 4
 ///   dsc gen series --out sensors --series 200 --steps 500:3000
+///   dsc gen linkage --out people --records 4000
+///   dsc gen microbiome --out microbes --records 600
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct GenArgs {
@@ -277,6 +285,9 @@ pub struct GenArgs {
     /// Series: number of series.
     #[arg(long, default_value_t = 200)]
     pub series: usize,
+    /// Linkage: number of records; microbiome: number of samples.
+    #[arg(long, value_name = "N")]
+    pub records: Option<usize>,
     /// Series: the shortest and longest series, in steps (MIN:MAX).
     #[arg(long, default_value = "500:3000", value_name = "MIN:MAX")]
     pub steps: String,
@@ -351,9 +362,19 @@ pub struct CompileArgs {
     )]
     pub categorical: Vec<String>,
     /// Encoding of a numeric column: identity, zscore, minmax, log1p, or a chain
-    /// (log1p,zscore). Repeat per column. Parameters are fitted on the train split.
+    /// (log1p,zscore). Repeat per column. Parameters are fitted on the train split. A string
+    /// column of the rows (or the context) table listed here alone becomes a tensor of its own,
+    /// named after it, one fixed-width row per step ([n, L, W]; of the context table [n, W]):
+    /// `bits` (a string of 0 and 1 as that many u8, W from the data), `chars:W` (characters
+    /// as i32 codes over the train split's characters, 0 padding, 1 unknown), `ngrams:N` (the
+    /// set of character N-grams as a multi-hot u8 vector over the train split's most frequent,
+    /// at most --ngram-vocab).
     #[arg(long, value_name = "COL=CHAIN", help_heading = "Columns")]
     pub encode: Vec<String>,
+    /// N-grams kept at most by `--encode COL=ngrams:N`: the train split's most frequent (rows
+    /// holding each), ties in ascending order [default: 4096].
+    #[arg(long, value_name = "V", help_heading = "Columns")]
+    pub ngram_vocab: Option<usize>,
     /// Per-row lookup table (CSV or Parquet) joined on --on; repeat with one --on each.
     #[arg(long = "join", value_name = "FILE", help_heading = "Columns")]
     pub joins: Vec<String>,

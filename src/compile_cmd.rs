@@ -63,6 +63,7 @@ fn given(a: &CompileArgs) -> anyhow::Result<Map<String, Value>> {
         ("context", a.context.as_ref().map(|v| json!(v))),
         ("context_key", a.context_key.as_ref().map(|v| json!(v))),
         ("max_len", a.max_len.map(|v| json!(v))),
+        ("ngram_vocab", a.ngram_vocab.map(|v| json!(v))),
         ("truncate", a.truncate.map(|v| json!(v))),
         ("nan", a.nan.map(|v| json!(v))),
         ("unmatched_rows", a.unmatched_rows.map(|v| json!(v))),

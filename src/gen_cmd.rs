@@ -3,7 +3,7 @@
 use crate::args::{Dataset, GenArgs};
 use crate::output::outln;
 use crate::output::thousands;
-use dsc_gen::{icecube, sequences, series};
+use dsc_gen::{icecube, linkage, microbiome, sequences, series};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -59,6 +59,27 @@ pub fn run(a: GenArgs) -> anyhow::Result<u8> {
                 )?,
             )
         }
+        Dataset::Linkage => (
+            "linkage",
+            linkage::generate(
+                &a.out,
+                &linkage::LinkageOptions {
+                    records: a.records.unwrap_or(4000),
+                    seed: a.seed,
+                },
+            )?,
+        ),
+        Dataset::Microbiome => (
+            "microbiome",
+            microbiome::generate(
+                &a.out,
+                &microbiome::MicrobiomeOptions {
+                    samples: a.records.unwrap_or(600),
+                    length: 150,
+                    seed: a.seed,
+                },
+            )?,
+        ),
     };
     if a.json {
         crate::output::print_json(&Report {

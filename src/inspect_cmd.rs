@@ -82,6 +82,13 @@ fn encoding_text(e: &Encoding) -> String {
         Encoding::Bool => "bool 0/1".into(),
         Encoding::Category { vocabulary } => format!("category ({} values)", vocabulary.len()),
         Encoding::Raw => "raw".into(),
+        Encoding::Bits { width } => format!("bits ({width} per row)"),
+        Encoding::Chars { width, vocabulary } => {
+            format!("chars:{width} ({} characters)", vocabulary.len())
+        }
+        Encoding::Ngrams { n, vocabulary } => {
+            format!("ngrams:{n} ({} grams)", vocabulary.len())
+        }
         Encoding::SubColumn {
             sub_column,
             cardinality,

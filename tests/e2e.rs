@@ -6,6 +6,7 @@ mod bad_input;
 mod cold;
 mod determinism;
 mod docs;
+mod encoded;
 mod hostile;
 mod inspection;
 mod layering;

@@ -8,10 +8,11 @@ use crate::encode::{Access, DROPPED, TRAIN};
 use crate::error::Result;
 use crate::group::{self, Group};
 use crate::lookup::{ContextSide, Keyed};
-use crate::plan::Step;
+use crate::plan::{Step, TextEncoding};
 use crate::read::RowsTable;
 use crate::spill::Spill;
 use crate::split;
+
 use dsc_format::spec::{CompileSpec, EmptyContexts};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -31,6 +32,15 @@ pub(crate) struct BucketColumn<'a> {
     pub chain: &'a [Step],
 }
 
+/// One string column encoded to a fixed width: of the rows table (directly or through a join)
+/// or of the context table.
+pub(crate) struct BucketText<'a> {
+    pub name: &'a str,
+    pub join: Option<&'a Keyed>,
+    pub context: bool,
+    pub encoding: TextEncoding,
+}
+
 /// Everything a bucket needs that is shared by all of them.
 pub(crate) struct Shared<'a> {
     pub spec: &'a CompileSpec,
@@ -40,6 +50,8 @@ pub(crate) struct Shared<'a> {
     pub columns: Vec<BucketColumn<'a>>,
     /// Targets, then context features: (name, is_target, chain).
     pub context_columns: Vec<(&'a str, bool, &'a [Step])>,
+    /// String columns encoded to a fixed width: the rows table's first, then the context's.
+    pub texts: Vec<BucketText<'a>>,
 }
 
 /// What only the whole input shows is wrong: kept per bucket, decided after all of them.
@@ -235,6 +247,61 @@ impl Shared<'_> {
             table: &ctx.table,
             column: ctx.column(name).expect("read"),
             join: None,
+        }
+    }
+
+    /// The access to string column `i` in a bucket: its rows table (`table`, a join through it)
+    /// or its rows of the context table (`ctx`).
+    pub fn text_access<'t>(
+        &'t self,
+        i: usize,
+        table: &'t RowsTable,
+        ctx: Option<&'t Keyed>,
+    ) -> Access<'t> {
+        let t = &self.texts[i];
+        if t.context {
+            let ctx = ctx.expect("a context string column needs a context table");
+            return Access {
+                name: t.name,
+                table: &ctx.table,
+                column: ctx.column(t.name).expect("read"),
+                join: None,
+            };
+        }
+        match t.join {
+            None => Access {
+                name: t.name,
+                table,
+                column: table.column(t.name).expect("read"),
+                join: None,
+            },
+            Some(keyed) => Access {
+                name: t.name,
+                table,
+                column: keyed.column(t.name).expect("read"),
+                join: Some((table.column(&keyed.key).expect("join column read"), keyed)),
+            },
+        }
+    }
+
+    /// What string column `i` is, without a bucket at hand.
+    pub fn text_id(&self, i: usize) -> ColumnId {
+        let t = &self.texts[i];
+        let (info, table) = match (t.context, t.join) {
+            (true, _) => (
+                self.context
+                    .expect("a context string column needs a context table")
+                    .type_of(t.name),
+                "context",
+            ),
+            (false, Some(keyed)) => (&keyed.column(t.name).expect("read").info, "join"),
+            (false, None) => (self.spill.type_of(t.name), "rows"),
+        };
+        ColumnId {
+            name: t.name.into(),
+            table,
+            source_type: info.name.clone(),
+            kind: info.kind,
         }
     }
 

@@ -204,6 +204,18 @@ pub enum CompileError {
         /// What the value is (`null`, `NaN`, `inf`, or an encoding that produced one).
         what: String,
     },
+    /// A string that its `bits` encoding cannot store (another character, another width).
+    #[error("{path}: column {column:?} row {row}: {what}")]
+    BadText {
+        /// The file holding the value.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// Row within the file.
+        row: u64,
+        /// What is wrong.
+        what: String,
+    },
     /// A value or column the mostlyai-engine compatible profile cannot reproduce.
     #[error("{path}: column {column:?} row {row}: {what}")]
     Incompatible {

@@ -10,6 +10,7 @@ use crate::error::{CompileError, Result};
 use crate::plan::Step;
 use crate::runs::{Run, Sorted, ValueRuns};
 use crate::stats::Moments;
+use crate::text::{merge_text, text_partial, TextPartial};
 use crate::Progress;
 use dsc_format::manifest::CompileSummary;
 use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
@@ -25,7 +26,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 impl ColumnId {
-    fn empty_stats(&self, counts: [u64; 3], count: u64) -> ColumnStats {
+    pub(crate) fn empty_stats(&self, counts: [u64; 3], count: u64) -> ColumnStats {
         ColumnStats {
             name: self.name.clone(),
             table: self.table.into(),
@@ -408,6 +409,9 @@ pub(crate) struct FitPart {
     pub buckets: Vec<BucketFit>,
     /// Per row column: categorical partials (`None` for numeric columns).
     categories: Vec<Option<CategoryPartial>>,
+    /// Per string column encoded to a fixed width: its partial.
+    #[serde(default)]
+    texts: Vec<TextPartial>,
     /// Context lengths per split.
     lengths: Vec<LengthCounts>,
 }
@@ -454,6 +458,7 @@ pub(crate) fn fit_buckets(
     let summed = Mutex::new((
         vec![None::<CategoryPartial>; shared.columns.len()],
         vec![LengthCounts::new(); n_splits],
+        vec![TextPartial::default(); shared.texts.len()],
     ));
     let buckets = for_buckets(range, at_once, progress, |b| {
         let p = shared.prepare(b, spec.max_len)?;
@@ -504,8 +509,26 @@ pub(crate) fn fit_buckets(
                 runs,
             )?);
         }
+        let mut texts = Vec::with_capacity(shared.texts.len());
+        for (i, t) in shared.texts.iter().enumerate() {
+            let access = shared.text_access(i, &p.table, p.ctx.as_ref());
+            texts.push(if t.context {
+                text_partial(
+                    &access,
+                    &p.ctx_tags,
+                    Some(&p.ctx_rows),
+                    n_splits,
+                    t.encoding,
+                )?
+            } else {
+                text_partial(&access, &p.row_tags, None, n_splits, t.encoding)?
+            });
+        }
         // What adds up is summed as buckets finish, so that it is held once, not per bucket.
         let mut sums = summed.lock().expect("no panics while held");
+        for (sum, part) in sums.2.iter_mut().zip(texts) {
+            sum.add(part);
+        }
         for (sum, part) in sums.0.iter_mut().zip(categories) {
             if let Some(part) = part {
                 sum.get_or_insert_with(CategoryPartial::default).add(part);
@@ -524,10 +547,11 @@ pub(crate) fn fit_buckets(
             issues: p.issues,
         })
     })?;
-    let (categories, lengths) = summed.into_inner().expect("no panics while held");
+    let (categories, lengths, texts) = summed.into_inner().expect("no panics while held");
     Ok(FitPart {
         buckets,
         categories,
+        texts,
         lengths,
     })
 }
@@ -544,6 +568,8 @@ pub(crate) struct Merged {
     pub columns: Vec<FittedColumn>,
     /// Targets and context features: result, manifest column, is a target.
     pub context: Vec<(NumericResult, ColumnSpec, bool)>,
+    /// String columns encoded to a fixed width: manifest column, of the context table.
+    pub texts: Vec<(ColumnSpec, bool)>,
     pub stats: Stats,
     pub max_len: usize,
     /// Contexts per bucket per split.
@@ -645,6 +671,29 @@ pub(crate) fn merge(
             *is_target,
         ));
     }
+    let mut texts = Vec::new();
+    for (i, t) in shared.texts.iter().enumerate() {
+        let id = shared.text_id(i);
+        let mut sum = TextPartial::default();
+        for p in parts {
+            if let Some(part) = p.texts.get(i) {
+                sum.add(part.clone());
+            }
+        }
+        sum.ensure_splits(n_splits);
+        let cap = spec.ngram_vocab.unwrap_or(crate::text::DEFAULT_NGRAM_VOCAB);
+        let (encoding, stats) = merge_text(&id, t.name, &sum, t.encoding, cap)?;
+        column_stats.push(stats);
+        let source = match (t.context, t.join) {
+            (true, _) => ColumnSource::Context,
+            (false, None) => ColumnSource::Rows,
+            (false, Some(keyed)) => ColumnSource::Join {
+                file: keyed.path.display().to_string(),
+                on: keyed.key.clone(),
+            },
+        };
+        texts.push((column_spec(t.name, source, &id, encoding), t.context));
+    }
     let mut lengths = vec![LengthCounts::new(); n_splits];
     for p in parts {
         for (sum, part) in lengths.iter_mut().zip(&p.lengths) {
@@ -657,6 +706,7 @@ pub(crate) fn merge(
     Ok(Merged {
         columns,
         context,
+        texts,
         stats,
         max_len,
         bucket_contexts: buckets.iter().map(|f| f.contexts.clone()).collect(),

@@ -65,6 +65,7 @@ mod spill;
 mod split;
 mod stats;
 mod storage;
+mod text;
 mod write;
 
 pub use commit::{CompileOptions, CompileReport};

@@ -157,7 +157,7 @@ pub(crate) struct ContextPart {
 
 /// The columns read from the context table: the key first, then targets, context features and
 /// the split column.
-pub(crate) fn context_wants(spec: &CompileSpec) -> Vec<Want> {
+pub(crate) fn context_wants(spec: &CompileSpec, texts: &[String]) -> Vec<Want> {
     let key = spec.context_key();
     let mut wants = vec![Want {
         name: key.into(),
@@ -171,6 +171,10 @@ pub(crate) fn context_wants(spec: &CompileSpec) -> Vec<Want> {
             });
         }
     }
+    wants.extend(texts.iter().filter(|n| *n != key).map(|n| Want {
+        name: n.clone(),
+        role: Role::Text,
+    }));
     wants.extend(spec.split_by.iter().filter(|n| *n != key).map(|n| Want {
         name: n.clone(),
         role: Role::Split,

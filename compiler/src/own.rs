@@ -3,13 +3,13 @@
 //! encode, write its shards → stats.json → manifest.json. The drivers (`local`, `partition`)
 //! call these steps in this order.
 
-use crate::bucket::{BucketColumn, ColumnId, Shared};
+use crate::bucket::{BucketColumn, BucketText, ColumnId, Shared};
 use crate::budget;
 use crate::commit::{commit_cache, CompileReport, Timer};
 use crate::error::Result;
 use crate::fit::{self, FitPart, Merged};
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
-use crate::plan::{self, Source};
+use crate::plan::{self, Source, TextSource};
 use crate::read::{self, Role};
 use crate::recipe::Recipe;
 use crate::runs::ValueRuns;
@@ -130,7 +130,31 @@ impl<'s> Own<'s> {
                 .iter()
                 .map(|c| (c.name.as_str(), c.target, &c.chain[..]))
                 .collect(),
+            texts: self
+                .plan
+                .text_columns
+                .iter()
+                .map(|t| BucketText {
+                    name: &t.name,
+                    join: match t.source {
+                        TextSource::Join(j) => Some(&self.joins[j]),
+                        TextSource::Rows | TextSource::Context => None,
+                    },
+                    context: t.source == TextSource::Context,
+                    encoding: t.encoding,
+                })
+                .collect(),
         }
+    }
+
+    /// The context table's string columns encoded to a fixed width.
+    fn context_texts(&self) -> Vec<String> {
+        self.plan
+            .text_columns
+            .iter()
+            .filter(|t| t.source == TextSource::Context)
+            .map(|t| t.name.clone())
+            .collect()
     }
 
     /// The key column, as the manifest describes it.
@@ -190,7 +214,7 @@ impl<'s> Recipe for Own<'s> {
         };
         lookup::spill_context(
             Path::new(path),
-            &lookup::context_wants(self.spec),
+            &lookup::context_wants(self.spec, &self.context_texts()),
             self.spec.split_by.as_deref(),
             to.buckets,
             to.budget,
@@ -209,7 +233,7 @@ impl<'s> Recipe for Own<'s> {
             self.context = Some(ContextSide::new(
                 Path::new(path),
                 self.spec.context_key(),
-                lookup::context_wants(self.spec),
+                lookup::context_wants(self.spec, &self.context_texts()),
                 part,
                 self.buckets,
                 dir,

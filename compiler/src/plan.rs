@@ -35,6 +35,23 @@ pub(crate) struct ContextColumn {
     pub chain: Vec<Step>,
 }
 
+/// Where a string column encoded to a fixed width lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TextSource {
+    Rows,
+    /// Index into `Plan::joins`.
+    Join(usize),
+    Context,
+}
+
+/// A string column encoded to a fixed width per row, stored as its own tensor.
+#[derive(Debug, Clone)]
+pub(crate) struct TextColumn {
+    pub name: String,
+    pub source: TextSource,
+    pub encoding: TextEncoding,
+}
+
 /// The resolved inputs of a compile.
 #[derive(Debug)]
 pub(crate) struct Plan {
@@ -46,6 +63,9 @@ pub(crate) struct Plan {
     pub rows_wants: Vec<Want>,
     /// Targets, then context features.
     pub context_columns: Vec<ContextColumn>,
+    /// String columns encoded to a fixed width: the rows table's (and joins') first, then the
+    /// context table's.
+    pub text_columns: Vec<TextColumn>,
 }
 
 /// The longest sequence a cache may pad to: lengths are stored as i32, and one padded context
@@ -85,6 +105,52 @@ impl Step {
             Step::Zscore => "zscore",
             Step::Minmax => "minmax",
         }
+    }
+}
+
+/// A string column's fixed-width encoding, as the spec names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TextEncoding {
+    Bits,
+    Chars(usize),
+    Ngrams(usize),
+}
+
+impl TextEncoding {
+    /// The encoding `value` of `column` names, if it is one of these (`None`: a numeric chain).
+    pub fn parse(column: &str, value: &str) -> Result<Option<TextEncoding>> {
+        let v = value.trim();
+        let width = |w: &str, what: &str| -> Result<usize> {
+            match w.parse::<usize>() {
+                Ok(n) if (1..=1 << 16).contains(&n) => Ok(n),
+                _ => Err(OptionError::new(
+                    "encode",
+                    format!(
+                        "{column}={value}: {what} must be a whole number from 1 to 65536, got {w:?}"
+                    ),
+                )
+                .into()),
+            }
+        };
+        Ok(Some(match v {
+            "bits" => TextEncoding::Bits,
+            "chars" | "ngrams" => {
+                return Err(OptionError::new(
+                    "encode",
+                    format!(
+                        "{column}={value}: give the {}: {v}:{}",
+                        if v == "chars" { "width" } else { "gram length" },
+                        if v == "chars" { "W" } else { "N" }
+                    ),
+                )
+                .into())
+            }
+            _ => match (v.strip_prefix("chars:"), v.strip_prefix("ngrams:")) {
+                (Some(w), _) => TextEncoding::Chars(width(w, "the width")?),
+                (_, Some(n)) => TextEncoding::Ngrams(width(n, "the gram length")?),
+                _ => return Ok(None),
+            },
+        }))
     }
 }
 
@@ -223,7 +289,13 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         }
     }
     let mut encodings = BTreeMap::new();
+    let mut texts: Vec<(String, TextEncoding)> = Vec::new();
     for (column, chain) in &spec.encode {
+        if let Some(text) = TextEncoding::parse(column, chain)? {
+            check_text_column(spec, column, chain)?;
+            texts.push((column.clone(), text));
+            continue;
+        }
         let numeric = spec.features.contains(column)
             || spec.targets.contains(column)
             || spec.context_features.contains(column);
@@ -352,6 +424,38 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         });
     }
 
+    // A string column comes from the rows table, or a join, or else the context table.
+    let mut text_columns = Vec::new();
+    for (name, encoding) in texts {
+        let in_join = join_names
+            .iter()
+            .position(|(_, names)| names.contains(&name));
+        let source = if rows_names.contains(&name) {
+            TextSource::Rows
+        } else if let Some(j) = in_join {
+            joins[j].2.push(Want {
+                name: name.clone(),
+                role: Role::Text,
+            });
+            TextSource::Join(j)
+        } else if spec.context.is_some() {
+            TextSource::Context
+        } else {
+            return Err(CompileError::MissingColumn {
+                path: rows_files[0].clone(),
+                column: name,
+                role: "a string column to encode".into(),
+                available: read::column_list(&first.schema),
+            });
+        };
+        text_columns.push(TextColumn {
+            name,
+            source,
+            encoding,
+        });
+    }
+    // The rows' string columns first, the context table's after (the tensor order).
+    text_columns.sort_by_key(|t| t.source == TextSource::Context);
     let mut rows_wants = vec![Want {
         name: spec.key.clone(),
         role: Role::Key,
@@ -389,6 +493,11 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             );
         }
     }
+    for t in &text_columns {
+        if t.source == TextSource::Rows {
+            add(&t.name, Role::Text);
+        }
+    }
     read::check_columns(&first, &every_role)?;
     Ok(Plan {
         rows_files,
@@ -406,5 +515,43 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
                 chain: chain_of(name),
             })
             .collect(),
+        text_columns,
     })
+}
+
+/// Refuses a string encoding of a column that has another role, or whose tensor would take a
+/// reserved name.
+fn check_text_column(spec: &CompileSpec, column: &str, value: &str) -> Result<()> {
+    let roles = [
+        ("features", &spec.features),
+        ("categorical", &spec.categorical),
+        ("targets", &spec.targets),
+        ("context_features", &spec.context_features),
+    ];
+    if let Some((key, _)) = roles
+        .iter()
+        .find(|(_, names)| names.iter().any(|n| n == column))
+    {
+        return Err(OptionError::new(
+            "encode",
+            format!(
+                "{column}={value}: {column:?} is also listed in `{key}`; a string column encoded \
+                 to a fixed width is its own tensor: list it in `encode` only"
+            ),
+        )
+        .into());
+    }
+    let reserved = ["key", "x", "length", "full_length", "y", "c"];
+    if reserved.contains(&column) || column == spec.key || spec.order_by.as_deref() == Some(column)
+    {
+        return Err(OptionError::new(
+            "encode",
+            format!(
+                "{column}={value}: {column:?} is the key, the order-by column or a name dsc \
+                 reserves for a tensor (key, x, length, full_length, y, c)"
+            ),
+        )
+        .into());
+    }
+    Ok(())
 }

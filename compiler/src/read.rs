@@ -20,6 +20,8 @@ pub(crate) enum Role {
     Categorical,
     JoinOn,
     Split,
+    /// A string column encoded to a fixed width (`bits`, `chars:W`, `ngrams:N`).
+    Text,
 }
 
 impl Role {
@@ -29,7 +31,7 @@ impl Role {
             Role::OrderBy => !matches!(kind, Kind::Str | Kind::Bool),
             Role::Numeric => kind != Kind::Str,
             Role::Categorical => matches!(kind, Kind::Int | Kind::Str | Kind::Bool),
-            Role::Split => kind == Kind::Str,
+            Role::Split | Role::Text => kind == Kind::Str,
         }
     }
     fn describe(self) -> (&'static str, &'static str) {
@@ -48,6 +50,10 @@ impl Role {
             Role::Split => (
                 "the split column (`split_by`)",
                 "strings naming splits (train, val, test, ...)",
+            ),
+            Role::Text => (
+                "a string column encoded as bits, chars or ngrams",
+                "strings",
             ),
         }
     }
@@ -297,6 +303,11 @@ impl RowsTable {
         let row = self.origin.as_ref().map_or(row as u64, |o| o[row]);
         let file = self.offsets.partition_point(|&o| o <= row) - 1;
         (&self.files[file], row - self.offsets[file])
+    }
+
+    /// The input-wide position of a row of this table: orders rows as the files hold them.
+    pub fn global_row(&self, row: usize) -> u64 {
+        self.origin.as_ref().map_or(row as u64, |o| o[row])
     }
 
     pub fn rows(&self) -> usize {

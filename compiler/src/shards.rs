@@ -6,6 +6,7 @@ use crate::bucket::{Context, Shared};
 use crate::encode::{CategoryCoder, NumericEncoder};
 use crate::error::Result;
 use crate::fit::{self, FittedColumn, Merged};
+use crate::text::TextCoder;
 use crate::write::ShardWriter;
 use crate::Progress;
 use dsc_format::rng::position_hash;
@@ -164,6 +165,7 @@ impl Layout {
             &features,
             &categoricals,
             &context,
+            &merged.texts,
         );
         let per_shard = Numbering::per_shard(&tensors, shard_size);
         Layout {
@@ -217,6 +219,17 @@ pub(crate) fn write_buckets(
                 }
             }
         }
+        let texts: Vec<TextCoder> = merged
+            .texts
+            .iter()
+            .enumerate()
+            .map(|(i, (col, _))| {
+                TextCoder::new(
+                    shared.text_access(i, &p.table, p.ctx.as_ref()),
+                    &col.encoding,
+                )
+            })
+            .collect();
         let mut context_encoders = Vec::new();
         for (i, (result, spec_col, is_target)) in merged.context.iter().enumerate() {
             let ctx = p
@@ -257,6 +270,7 @@ pub(crate) fn write_buckets(
             features: &features,
             categoricals: &categoricals,
             context_encoders: &context_encoders,
+            texts: &texts,
             max_len: merged.max_len,
             filled: &filled,
         };
@@ -299,6 +313,13 @@ pub(crate) enum Fill {
     Categorical(usize),
     Targets,
     ContextFeatures,
+    /// String column `i` of the rows table (or a join), `row` bytes per step.
+    Text {
+        i: usize,
+        row: usize,
+    },
+    /// String column `i` of the context table.
+    ContextText(usize),
 }
 
 fn tensor_layout(
@@ -307,7 +328,28 @@ fn tensor_layout(
     features: &[ColumnSpec],
     categoricals: &[ColumnSpec],
     context: &[(ColumnSpec, bool)],
+    texts: &[(ColumnSpec, bool)],
 ) -> (Vec<TensorSpec>, Vec<Fill>) {
+    // A string column's tensor: [L, W] of the rows table, [W] of the context table.
+    let text = |col: &ColumnSpec, per_step: bool| {
+        let width = col.encoding.width().expect("a string encoding");
+        let dtype = col.encoding.dtype().expect("a string encoding");
+        TensorSpec {
+            name: col.name.clone(),
+            dtype,
+            role: if per_step {
+                TensorRole::Encoded
+            } else {
+                TensorRole::ContextEncoded
+            },
+            sample_shape: if per_step {
+                vec![max_len, width]
+            } else {
+                vec![width]
+            },
+            columns: vec![col.clone()],
+        }
+    };
     let derived = |name: &str| ColumnSpec {
         name: name.into(),
         source: ColumnSource::Rows,
@@ -342,6 +384,14 @@ fn tensor_layout(
             columns: vec![col.clone()],
         });
         fills.push(Fill::Categorical(i));
+    }
+    for (i, (col, of_context)) in texts.iter().enumerate() {
+        if !of_context {
+            let t = text(col, true);
+            let row = t.sample_bytes() / max_len.max(1);
+            tensors.push(t);
+            fills.push(Fill::Text { i, row });
+        }
     }
     tensors.push(raw(
         "length",
@@ -382,6 +432,12 @@ fn tensor_layout(
             fills.push(fill);
         }
     }
+    for (i, (col, of_context)) in texts.iter().enumerate() {
+        if *of_context {
+            tensors.push(text(col, false));
+            fills.push(Fill::ContextText(i));
+        }
+    }
     (tensors, fills)
 }
 
@@ -401,6 +457,7 @@ struct ShardContext<'a> {
     features: &'a [(NumericEncoder<'a>, ColumnSpec)],
     categoricals: &'a [(CategoryCoder<'a>, ColumnSpec)],
     context_encoders: &'a [(NumericEncoder<'a>, ColumnSpec, bool)],
+    texts: &'a [TextCoder<'a>],
     max_len: usize,
     filled: &'a AtomicU64,
 }
@@ -456,6 +513,16 @@ impl ShardContext<'_> {
                 for (t, &row) in rows.iter().enumerate() {
                     let code = coder.code(row as usize)?;
                     dst[t * 4..t * 4 + 4].copy_from_slice(&code.to_le_bytes());
+                }
+            }
+            Fill::Text { i, row } => {
+                for (t, &r) in rows.iter().enumerate() {
+                    self.texts[i].write(r as usize, &mut dst[t * row..(t + 1) * row])?;
+                }
+            }
+            Fill::ContextText(i) => {
+                if let Some(r) = c.ctx_row {
+                    self.texts[i].write(r as usize, dst)?;
                 }
             }
             Fill::Targets | Fill::ContextFeatures => {

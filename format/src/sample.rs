@@ -193,7 +193,51 @@ pub fn decode_value(encoding: &Encoding, source_type: &str, stored: f64) -> Valu
                     .unwrap_or_else(|| Value::String("<unknown>".into()))
             }
         }
-        Encoding::Raw | Encoding::SubColumn { .. } => Value::from(stored),
+        Encoding::Raw
+        | Encoding::SubColumn { .. }
+        | Encoding::Bits { .. }
+        | Encoding::Chars { .. }
+        | Encoding::Ngrams { .. } => Value::from(stored),
+    }
+}
+
+/// One row of an encoded string column back as its source, from the row's stored values
+/// `bytes` (`width` of them): bits as the string of `0` and `1`; chars as the string (padding
+/// dropped, an unknown character as U+FFFD); n-grams as the set of the grams present, in
+/// vocabulary order. A null source row reads back as zeros, an empty string or an empty set.
+pub fn decode_encoded(encoding: &Encoding, bytes: &[u8]) -> Value {
+    match encoding {
+        Encoding::Bits { width } => {
+            let row = &bytes[..*width];
+            Value::String(
+                row.iter()
+                    .map(|&b| if b != 0 { '1' } else { '0' })
+                    .collect(),
+            )
+        }
+        Encoding::Chars { width, vocabulary } => {
+            let codes = (0..*width).map(|i| i32_at(bytes, i));
+            let text: String = codes
+                .filter(|&c| c != CODE_NULL)
+                .map(|c| {
+                    usize::try_from(c - CODE_FIRST)
+                        .ok()
+                        .and_then(|i| vocabulary.get(i))
+                        .and_then(|s| s.chars().next())
+                        .unwrap_or('\u{FFFD}')
+                })
+                .collect();
+            Value::String(text)
+        }
+        Encoding::Ngrams { vocabulary, .. } => Value::Array(
+            vocabulary
+                .iter()
+                .zip(bytes)
+                .filter(|(_, &b)| b != 0)
+                .map(|(g, _)| Value::String(g.clone()))
+                .collect(),
+        ),
+        _ => Value::Null,
     }
 }
 
@@ -279,8 +323,47 @@ pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decode
                     .context
                     .insert(t.name.clone(), Value::from(i32_at(bytes, 0)));
             }
+            TensorRole::Encoded => {
+                // One row's values per step: decoded back to the source string (or n-grams).
+                let spec = &t.columns[0];
+                let row = t.sample_bytes() / manifest.max_len().max(1);
+                let values = (0..length)
+                    .map(|s| {
+                        let bytes = &bytes[s * row..(s + 1) * row];
+                        if raw_values {
+                            encoded_raw(t.dtype, bytes)
+                        } else {
+                            decode_encoded(&spec.encoding, bytes)
+                        }
+                    })
+                    .collect();
+                decoded
+                    .columns
+                    .insert(spec.name.clone(), Value::Array(values));
+            }
+            TensorRole::ContextEncoded => {
+                let spec = &t.columns[0];
+                let v = if raw_values {
+                    encoded_raw(t.dtype, bytes)
+                } else {
+                    decode_encoded(&spec.encoding, bytes)
+                };
+                decoded.context.insert(spec.name.clone(), v);
+            }
             TensorRole::Key | TensorRole::Length | TensorRole::FullLength => {}
         }
     }
     decoded
+}
+
+/// A row of an encoded string column as stored: its u8 or i32 values.
+fn encoded_raw(dtype: crate::Dtype, bytes: &[u8]) -> Value {
+    match dtype {
+        crate::Dtype::U8 => Value::Array(bytes.iter().map(|&b| Value::from(b)).collect()),
+        _ => Value::Array(
+            (0..bytes.len() / 4)
+                .map(|i| Value::from(i32_at(bytes, i)))
+                .collect(),
+        ),
+    }
 }

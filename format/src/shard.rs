@@ -177,6 +177,7 @@ pub fn parse_header(json: &[u8], file_len: u64, shard: &Path) -> Result<ShardLay
         }
         let dtype = match entry.get("dtype").and_then(Value::as_str) {
             Some("F32") => Dtype::F32,
+            Some("U8") => Dtype::U8,
             Some("I32") => Dtype::I32,
             Some("I64") => Dtype::I64,
             other => {

@@ -149,6 +149,10 @@ pub struct CompileSpec {
     /// Encoding chains by column, e.g. `charge = "log1p,zscore"`; identity otherwise.
     #[serde(default)]
     pub encode: BTreeMap<String, String>,
+    /// N-grams kept at most by an `ngrams:N` encoding (the train split's most frequent)
+    /// [default: 4096].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ngram_vocab: Option<usize>,
     /// The padded sequence length `L`; the longest sequence when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_len: Option<usize>,
@@ -222,6 +226,7 @@ impl CompileSpec {
             features: Vec::new(),
             categorical: Vec::new(),
             encode: BTreeMap::new(),
+            ngram_vocab: None,
             max_len: None,
             truncate: Truncate::Head,
             val_fraction: 0.0,

@@ -219,7 +219,10 @@ fn check_values(
         }
     }
     for spec in manifest.tensors() {
-        if !matches!(spec.role, TensorRole::Features | TensorRole::Categorical) {
+        if !matches!(
+            spec.role,
+            TensorRole::Features | TensorRole::Categorical | TensorRole::Encoded
+        ) {
             continue;
         }
         let extent = layout.tensor(&spec.name).expect("checked against manifest");
@@ -323,6 +326,37 @@ fn check_values(
                     if let Some(reason) = wrong {
                         return Err(bad(at / per_sample, reason));
                     }
+                }
+            }
+            TensorRole::Encoded | TensorRole::ContextEncoded => {
+                let encoding = &spec.columns[0].encoding;
+                match encoding {
+                    Encoding::Bits { .. } | Encoding::Ngrams { .. } => {
+                        for (at, &b) in data.iter().enumerate().take(n * per_sample) {
+                            if b > 1 {
+                                return Err(bad(
+                                    at / per_sample,
+                                    format!("{b} at value {} is not 0 or 1", at % per_sample),
+                                ));
+                            }
+                        }
+                    }
+                    Encoding::Chars { vocabulary, .. } => {
+                        let codes = vocabulary.len() as i64 + CODE_FIRST as i64;
+                        for (at, code) in i32s().enumerate().take(n * per_sample) {
+                            if i64::from(code) < 0 || i64::from(code) >= codes {
+                                return Err(bad(
+                                    at / per_sample,
+                                    format!(
+                                        "character code {code} at value {} is outside the \
+                                         vocabulary (codes 0..{codes})",
+                                        at % per_sample
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
             TensorRole::Key | TensorRole::Length => {}

@@ -28,6 +28,8 @@
 #![deny(missing_docs)]
 
 pub mod icecube;
+pub mod linkage;
+pub mod microbiome;
 pub mod sequences;
 pub mod series;
 

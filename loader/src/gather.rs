@@ -209,7 +209,10 @@ pub(crate) fn layout(
 
 /// Whether a stored tensor has a step axis (`[n, L, ..]`), trimmed or packed by the loader.
 pub(crate) fn is_sequence(spec: &TensorSpec) -> bool {
-    matches!(spec.role, TensorRole::Features | TensorRole::Categorical)
+    matches!(
+        spec.role,
+        TensorRole::Features | TensorRole::Categorical | TensorRole::Encoded
+    )
 }
 
 impl Gather {

@@ -58,6 +58,7 @@ mod pool;
 mod remote;
 mod rows;
 mod series;
+mod series_gather;
 pub mod sigbus;
 mod stats;
 

@@ -127,7 +127,7 @@ fn mismatch(first: &[TensorSpec], other: &[TensorSpec]) -> Option<(String, Strin
         // The step axis of a sequence tensor may differ: batches are padded to the longest.
         let skip = usize::from(matches!(
             a.role,
-            TensorRole::Features | TensorRole::Categorical
+            TensorRole::Features | TensorRole::Categorical | TensorRole::Encoded
         ));
         if a.sample_shape.len() != b.sample_shape.len()
             || a.sample_shape[skip..] != b.sample_shape[skip..]

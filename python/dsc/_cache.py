@@ -29,7 +29,7 @@ _SECONDS_PER_TICK = {
 }
 
 # Safetensors dtype names to NumPy's.
-_DTYPES = {"F32": "float32", "I32": "int32", "I64": "int64"}
+_DTYPES = {"F32": "float32", "U8": "uint8", "I32": "int32", "I64": "int64"}
 
 # Reserved category codes (FORMAT.md): 0 null (and padding), 1 a value not in the vocabulary.
 CODE_NULL = 0
@@ -241,6 +241,8 @@ class Cache:
         if len(info.columns) == 1 and not (
             info.role in ("features", "targets", "context_features")
         ):
+            # (A string column encoded to a fixed width keeps its row's values on the last
+            # axis: decoded row by row.)
             return _decode_column(info.encodings[0], self._source_type(name, 0), array)
         if array.shape[-1:] != (len(info.columns),):
             raise OptionsError(
@@ -299,8 +301,33 @@ def _decode_column(encoding: Dict[str, Any], source_type: str, stored: np.ndarra
         ok = (codes >= 0) & (codes < len(lookup))
         out[ok] = lookup[codes[ok]]
         return out
+    if kind in ("bits", "chars", "ngrams"):
+        return _decode_strings(encoding, stored)
     # raw (keys, lengths) and engine sub-column codes are stored as they are.
     return stored
+
+
+def _decode_strings(encoding: Dict[str, Any], stored: np.ndarray) -> np.ndarray:
+    """A string column encoded to a fixed width, back to its strings: every row (the last axis
+    holds a row's values) as the string of ``0`` and ``1`` (bits), the string with padding
+    dropped (chars; ``\ufffd`` for a character outside the vocabulary) or the set of its
+    n-grams (ngrams) in an object array of the leading shape."""
+    kind = encoding["kind"]
+    rows = stored.reshape(-1, stored.shape[-1]) if stored.ndim else stored.reshape(1, -1)
+    out = np.empty(rows.shape[0], dtype=object)
+    if kind == "bits":
+        for i, row in enumerate(rows):
+            out[i] = "".join("1" if v else "0" for v in row)
+    elif kind == "chars":
+        chars = ["", "\ufffd"] + [c for c in encoding["vocabulary"]]
+        for i, row in enumerate(rows):
+            out[i] = "".join(chars[c] if 0 <= c < len(chars) else "\ufffd"
+                             for c in row.astype(np.int64) if c != CODE_NULL)
+    else:
+        grams = encoding["vocabulary"]
+        for i, row in enumerate(rows):
+            out[i] = {grams[j] for j in np.flatnonzero(row)}
+    return out.reshape(stored.shape[:-1])
 
 
 # The caches in object storage open in this process, by URL and options.

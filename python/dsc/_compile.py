@@ -41,6 +41,7 @@ class CompileOptions(TypedDict, total=False):
     join: PathLike
     on: str
     max_len: int
+    ngram_vocab: int
     truncate: str
     nan: str
     unmatched_rows: str
@@ -146,6 +147,7 @@ def _fields(
     join: Optional[PathLike] = None,
     on: Optional[str] = None,
     max_len: Optional[int] = None,
+    ngram_vocab: Optional[int] = None,
     truncate: Optional[str] = None,
     nan: Optional[str] = None,
     unmatched_rows: Optional[str] = None,
@@ -192,7 +194,7 @@ def _fields(
                 raise OptionsError(f"{name}={value!r}: expected one of {_CHOICES[name]}")
             fields[name] = value
     for name, value in (("max_len", max_len), ("split_seed", split_seed), ("seed", seed),
-                        ("partitions", partitions)):
+                        ("partitions", partitions), ("ngram_vocab", ngram_vocab)):
         if value is not None:
             fields[name] = _int(name, value)
     if val_fraction is not None:

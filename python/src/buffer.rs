@@ -112,6 +112,7 @@ impl Buffer {
 fn buffer_format(dtype: Dtype) -> (&'static std::ffi::CStr, isize) {
     match dtype {
         Dtype::F32 => (c"f", 4),
+        Dtype::U8 => (c"B", 1),
         Dtype::I32 => (c"i", 4),
         Dtype::I64 => (c"q", 8),
     }

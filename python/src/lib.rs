@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 fn dtype_name(d: Dtype) -> &'static str {
     match d {
         Dtype::F32 => "float32",
+        Dtype::U8 => "uint8",
         Dtype::I32 => "int32",
         Dtype::I64 => "int64",
     }
@@ -91,7 +92,7 @@ impl CacheHandle {
     /// a mix's `mix_samples` (default: its caches' contexts together).
     fn positions(&self, py: Python<'_>, options: &str) -> PyResult<usize> {
         let opts = parse_options(py, options)?;
-        Ok(positions(&self.mix, &opts))
+        positions(&self.mix, &opts).map_err(|e| load_error(py, e))
     }
 
     /// The identity of the cache's data (`Manifest::content_id`): shard names and checksums.
@@ -177,7 +178,7 @@ impl CacheHandle {
         let (steps, _) = py
             .detach(|| mix.plan(&opts))
             .map_err(|e| load_error(py, e))?;
-        let contexts = positions(&self.mix, &opts);
+        let contexts = positions(&self.mix, &opts).map_err(|e| load_error(py, e))?;
         if step > steps || start.skip > contexts {
             return Err(load_error(
                 py,
@@ -197,7 +198,15 @@ impl CacheHandle {
 
 /// Positions in an epoch of `opts` over `mix`: a mix's `mix_samples`, else its caches' contexts
 /// of the split together.
-fn positions(mix: &Mix, opts: &LoaderOptions) -> usize {
+fn positions(mix: &Mix, opts: &LoaderOptions) -> Result<usize, LoadError> {
+    // Windows of long series: as many as the split's contexts hold.
+    if let Some(windows) = &opts.order.series {
+        let Some(cache) = mix.sources().first() else {
+            return Ok(0);
+        };
+        let lengths = cache.lengths(&opts.order.split)?;
+        return Ok(lengths.iter().map(|&l| windows.count(l as usize)).sum());
+    }
     let contexts = mix
         .sources()
         .iter()
@@ -207,10 +216,10 @@ fn positions(mix: &Mix, opts: &LoaderOptions) -> usize {
                 .map_or(0, |s| s.contexts)
         })
         .sum();
-    match mix.sources() {
+    Ok(match mix.sources() {
         [_, _, ..] => opts.order.mix_samples.unwrap_or(contexts),
         _ => contexts,
-    }
+    })
 }
 
 /// The Rust `LoaderOptions` from the JSON that `dsc.Loader` builds.

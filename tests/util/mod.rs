@@ -378,6 +378,7 @@ pub fn read_cache(cache: &Path) -> (BTreeMap<i64, Sample>, BTreeMap<String, Vec<
             .map(|(name, t)| {
                 let values: Vec<f64> = match t.dtype.as_str() {
                     "F32" => t.f32s().into_iter().map(f64::from).collect(),
+                    "U8" => t.bytes.iter().map(|&b| f64::from(b)).collect(),
                     "I32" => t.i32s().into_iter().map(f64::from).collect(),
                     "I64" => t.i64s().into_iter().map(|v| v as f64).collect(),
                     other => panic!("unexpected dtype {other}"),

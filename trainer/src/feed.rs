@@ -21,6 +21,7 @@ use tch::{Device, Kind, Tensor};
 pub fn kind_of(dtype: Dtype) -> Kind {
     match dtype {
         Dtype::F32 => Kind::Float,
+        Dtype::U8 => Kind::Uint8,
         Dtype::I32 => Kind::Int,
         Dtype::I64 => Kind::Int64,
     }

@@ -591,7 +591,7 @@ fn layout(
         l.sequence.push(tl.trimmed_axis.is_some());
         l.steps.push(matches!(
             tl.role,
-            Some(TensorRole::Features | TensorRole::Categorical)
+            Some(TensorRole::Features | TensorRole::Categorical | TensorRole::Encoded)
         ));
         let Some(t) = m.tensor(&tl.name).filter(|_| tl.role.is_some()) else {
             continue; // a pack's own tensors, found by name below
@@ -621,10 +621,14 @@ fn layout(
             }
             // Engine-compatible sub-column codes (`--profile mostlyai`) are for the engine's own
             // models; the reference networks read dsc's features and categoricals.
+            // Strings encoded to a fixed width (bits, chars, n-grams) are for models of one's
+            // own; the reference networks read dsc's features and categoricals.
             TensorRole::Key
             | TensorRole::FullLength
             | TensorRole::SubColumn
-            | TensorRole::ContextSubColumn => {}
+            | TensorRole::ContextSubColumn
+            | TensorRole::Encoded
+            | TensorRole::ContextEncoded => {}
         }
     }
     // A forecast's targets are the steps after each series window (not stored: the loader

@@ -322,12 +322,21 @@ impl Manifest {
                 expected,
             });
         }
-        if t.dtype != t.role.dtype() {
+        // An encoded string column's element type is its encoding's.
+        let dtype = match t.role {
+            TensorRole::Encoded | TensorRole::ContextEncoded => t
+                .columns
+                .first()
+                .and_then(|c| c.encoding.dtype())
+                .unwrap_or(Dtype::U8),
+            role => role.dtype(),
+        };
+        if t.dtype != dtype {
             return Err(ManifestProblem::Dtype {
                 tensor: t.name.clone(),
                 role: t.role,
                 found: t.dtype,
-                expected: t.role.dtype(),
+                expected: dtype,
             });
         }
         let fits = t
@@ -343,7 +352,9 @@ impl Manifest {
         }
         // Engine sub-columns carry the engine's one padding step.
         let seq_axis = match t.role {
-            TensorRole::Features | TensorRole::Categorical => Some(self.max_len),
+            TensorRole::Features | TensorRole::Categorical | TensorRole::Encoded => {
+                Some(self.max_len)
+            }
             TensorRole::SubColumn => Some(self.max_len.saturating_add(1)),
             _ => None,
         };
@@ -366,6 +377,25 @@ impl Manifest {
                 found: t.columns.len(),
                 width,
             });
+        }
+        if matches!(t.role, TensorRole::Encoded | TensorRole::ContextEncoded) {
+            let encoding = &t.columns[0].encoding;
+            let found = t.sample_shape.last().copied().unwrap_or(0);
+            match encoding.width() {
+                Some(w) if w == found => {}
+                Some(w) => {
+                    return Err(ManifestProblem::EncodedWidth {
+                        tensor: t.name.clone(),
+                        found,
+                        width: w,
+                    })
+                }
+                None => {
+                    return Err(ManifestProblem::NotEncoded {
+                        tensor: t.name.clone(),
+                    })
+                }
+            }
         }
         Ok(())
     }

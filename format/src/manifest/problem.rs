@@ -78,6 +78,24 @@ pub enum ManifestProblem {
         /// Its width.
         width: usize,
     },
+    /// An encoded string column's tensor is not as wide as its encoding.
+    #[error("tensor {tensor:?} holds {found} values per row where its encoding gives {width}")]
+    EncodedWidth {
+        /// The tensor.
+        tensor: String,
+        /// Its last axis.
+        found: usize,
+        /// What its encoding gives.
+        width: usize,
+    },
+    /// An encoded string column's tensor has another encoding than bits, chars or ngrams.
+    #[error(
+        "tensor {tensor:?} is an encoded string column without a bits, chars or ngrams encoding"
+    )]
+    NotEncoded {
+        /// The tensor.
+        tensor: String,
+    },
     /// The first tensor is not `key`, or another tensor has its role: the one i64 tensor leads so
     /// that every tensor in a shard is aligned to its element size.
     #[error(

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 pub enum Dtype {
     /// 32-bit IEEE float, little-endian.
     F32,
+    /// 8-bit unsigned integer: bits and multi-hot vectors.
+    U8,
     /// 32-bit signed integer, little-endian.
     I32,
     /// 64-bit signed integer, little-endian.
@@ -17,6 +19,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            Dtype::U8 => 1,
             Dtype::F32 | Dtype::I32 => 4,
             Dtype::I64 => 8,
         }
@@ -25,6 +28,7 @@ impl Dtype {
     pub fn as_str(self) -> &'static str {
         match self {
             Dtype::F32 => "F32",
+            Dtype::U8 => "U8",
             Dtype::I32 => "I32",
             Dtype::I64 => "I64",
         }
@@ -55,6 +59,12 @@ pub enum TensorRole {
     SubColumn,
     /// i32 `[n]`: the code of one engine sub-column of the context table.
     ContextSubColumn,
+    /// `[n, L, W]`: one string column of the rows table encoded to a fixed width per row
+    /// (`bits` and `ngrams` as u8, `chars` as i32 codes; [`Encoding::Bits`],
+    /// [`Encoding::Chars`], [`Encoding::Ngrams`]).
+    Encoded,
+    /// `[n, W]`: one string column of the context table encoded to a fixed width.
+    ContextEncoded,
 }
 
 impl TensorRole {
@@ -68,14 +78,17 @@ impl TensorRole {
             TensorRole::Categorical
             | TensorRole::Targets
             | TensorRole::ContextFeatures
-            | TensorRole::SubColumn => 1,
-            TensorRole::Features => 2,
+            | TensorRole::SubColumn
+            | TensorRole::ContextEncoded => 1,
+            TensorRole::Features | TensorRole::Encoded => 2,
         }
     }
 
-    /// The element type a tensor of this role is stored as.
+    /// The element type a tensor of this role is stored as (for an encoded string column, the
+    /// usual one: its encoding decides, [`Encoding::dtype`]).
     pub fn dtype(self) -> Dtype {
         match self {
+            TensorRole::Encoded | TensorRole::ContextEncoded => Dtype::U8,
             TensorRole::Key => Dtype::I64,
             TensorRole::Length
             | TensorRole::FullLength
@@ -182,6 +195,31 @@ pub enum Encoding {
     },
     /// Stored as read (keys, lengths).
     Raw,
+    /// A string of `'0'` and `'1'` stored as that many u8 0s and 1s, every row `width`
+    /// characters (a Bloom filter, a bit mask). Null is all zeros.
+    Bits {
+        /// Characters per row.
+        width: usize,
+    },
+    /// A string's characters as i32 codes, cut or zero-padded to `width`: 0 for padding (and
+    /// null), 1 for a character not in the vocabulary, `2 + i` for `vocabulary[i]`, the train
+    /// split's distinct characters in ascending (Unicode) order, each a one-character string.
+    Chars {
+        /// Codes per row.
+        width: usize,
+        /// The train split's characters, ascending.
+        vocabulary: Vec<String>,
+    },
+    /// The set of a string's character `n`-grams (all `len - n + 1` of them, as read) as a
+    /// multi-hot u8 vector over `vocabulary`: the train split's most frequent `n`-grams (rows
+    /// holding each), most frequent first, ties in ascending order, at most the spec's
+    /// `ngram_vocab`. An n-gram not in it sets nothing. Null is all zeros.
+    Ngrams {
+        /// Characters per gram.
+        n: usize,
+        /// The kept n-grams, most frequent first.
+        vocabulary: Vec<String>,
+    },
     /// A sub-column code of an engine-compatible cache: `0..cardinality`. What the codes mean
     /// is in the engine's statistics file named by `stats`.
     SubColumn {
@@ -192,6 +230,27 @@ pub enum Encoding {
         /// The statistics file beside the manifest that defines the codes.
         stats: String,
     },
+}
+
+impl Encoding {
+    /// The element type an encoded string column is stored as; `None` for the other encodings
+    /// (their tensor's role decides).
+    pub fn dtype(&self) -> Option<Dtype> {
+        match self {
+            Encoding::Bits { .. } | Encoding::Ngrams { .. } => Some(Dtype::U8),
+            Encoding::Chars { .. } => Some(Dtype::I32),
+            _ => None,
+        }
+    }
+
+    /// Values per row of an encoded string column: its width, or an n-gram vocabulary's size.
+    pub fn width(&self) -> Option<usize> {
+        match self {
+            Encoding::Bits { width } | Encoding::Chars { width, .. } => Some(*width),
+            Encoding::Ngrams { vocabulary, .. } => Some(vocabulary.len()),
+            _ => None,
+        }
+    }
 }
 
 /// Reserved category code for null (and for padding).
