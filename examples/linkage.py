@@ -3,14 +3,16 @@
 the Bloom filter of their record, against predicting the most frequent 2-grams for everyone.
 
     dsc gen linkage --out people --records 4000
-    dsc compile people/records.parquet --key uid --features yob --encode bloom=bits \\
+    dsc compile people/records.parquet --features yob --encode bloom=bits \\
         --encode first_name=ngrams:2 --val-fraction 0.25 --out people-cache
     python examples/linkage.py --cache people-cache
 
-The cache holds each record's filter as its bits (``--encode bloom=bits``: u8 ``[n, 1, 256]``,
-one row per record) and its first name as the multi-hot vector of its 2-grams over the train
-split's 2-grams (``--encode first_name=ngrams:2``: u8 ``[n, 1, V]``); ``Cache.decode`` turns
-either back into strings and sets. An MLP reads the bits and predicts each 2-gram's presence
+Compiled without ``--key``, the records are a table: each row one sample, keyed by its row
+number, with no step axis. The cache holds each record's filter as its bits (``--encode
+bloom=bits``: u8 ``[n, 256]``) and its first name as the multi-hot vector of its 2-grams over
+the train split's 2-grams (``--encode first_name=ngrams:2``: u8 ``[n, V]``); ``Cache.decode``
+turns either back into strings and sets. (A cache compiled with ``--key uid`` holds the same
+as sequences of one step, ``[n, 1, 256]``; the script reads either.) An MLP reads the bits and predicts each 2-gram's presence
 (binary cross-entropy); the score is the micro-averaged F1 of the predicted sets on held-out
 records. The baseline predicts, for every record, the train split's most frequent 2-grams (as
 many as a name has on average). At the end one JSON line summarises the run.
@@ -66,9 +68,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     val = dsc.Loader(cache, split="val", batch_size=1024, shuffle=False, drop_last=False,
                      columns=columns)
 
+    def one(t):
+        # A table of records has no step axis; records keyed by uid are sequences of one step.
+        return t if cache.is_records else t[:, 0]
+
     def xy(batch):
-        # One row per record: the step axis has length 1.
-        return batch[args.bits][:, 0].float(), batch[args.grams][:, 0].float()
+        return one(batch[args.bits]).float(), one(batch[args.grams]).float()
 
     # The baseline: the train split's most frequent grams, as many as a name has on average.
     counts, names = torch.zeros(grams), 0
@@ -113,11 +118,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     # One record decoded back, to show what the tensors hold.
     first = next(iter(dsc.Loader(cache, split="val", batch_size=1, shuffle=False,
                                  columns=columns)))
+    predicted = (model(xy(first)[0]) > 0).to(torch.uint8)
+    if not cache.is_records:
+        predicted = predicted.unsqueeze(1)
     example = {
-        "bits": str(cache.decode(args.bits, first[args.bits])[0, 0])[:32] + "...",
-        "grams": sorted(cache.decode(args.grams, first[args.grams])[0, 0]),
-        "predicted": sorted(cache.decode(args.grams, (model(xy(first)[0]) > 0).to(torch.uint8)
-                                         .unsqueeze(1))[0, 0]),
+        "bits": str(one(cache.decode(args.bits, first[args.bits]))[0])[:32] + "...",
+        "grams": sorted(one(cache.decode(args.grams, first[args.grams]))[0]),
+        "predicted": sorted(one(cache.decode(args.grams, predicted))[0]),
     }
     summary = dict(cache=args.cache, records_val=len(true), grams=grams, per_name=per_name,
                    val_f1=score, baseline_f1=base, epochs=history, example=example,

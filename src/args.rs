@@ -317,6 +317,10 @@ pub struct GenArgs {
 ///       --features x,y,z,time,charge,auxiliary --categorical sensor_id \
 ///       --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 \
 ///       --seed 42 --out cache
+///
+/// A table of records (no --key: every row one sample, no step axis):
+///   dsc compile data/records.parquet --features age,income --categorical region \
+///       --encode bloomfilter=bits --targets churned --val-fraction 0.1 --out cache
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct CompileArgs {
@@ -331,7 +335,10 @@ pub struct CompileArgs {
     #[arg(long, help_heading = "Spec")]
     pub print_spec: bool,
 
-    /// Integer column naming each row's context (event, customer, …).
+    /// Integer column naming each row's context (event, customer, …). Without it the rows are
+    /// a table of records: each row its own sample, keyed by its row number, stored as [n, F]
+    /// features, [n] codes and [n, W] strings with no step axis (--targets then names the
+    /// rows' own target columns).
     #[arg(long, value_name = "COL", help_heading = "Grouping")]
     pub key: Option<String>,
     /// Column ordering the rows of a context (number, timestamp or date); file order if absent.
@@ -388,7 +395,8 @@ pub struct CompileArgs {
     /// The context table's key column [default: --key].
     #[arg(long, value_name = "COL", help_heading = "Context table")]
     pub context_key: Option<String>,
-    /// Context columns stored as targets y [n, T], comma-separated, in order.
+    /// Context columns stored as targets y [n, T], comma-separated, in order (without --key:
+    /// the rows' own columns).
     #[arg(
         long,
         value_name = "COLS",

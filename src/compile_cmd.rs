@@ -28,7 +28,6 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
                 _ => unreachable!("a spec is a table"),
             }
         }
-        None if a.key.is_none() => bail!("--key is required (or give a spec file with --spec)"),
         None => Map::new(),
     };
     let given = given(a)?;
@@ -352,9 +351,11 @@ fn print_report(
         .iter()
         .map(|s| format!("{} {}", s.name, thousands(s.contexts as u64)))
         .collect();
+    let records = m.is_records();
     outln!(
-        "compiled {} contexts ({}) from {} rows in {:.2} s ({} rows/s)",
+        "compiled {} {} ({}) from {} rows in {:.2} s ({} rows/s)",
         thousands(r.contexts as u64),
+        if records { "records" } else { "contexts" },
         splits.join(", "),
         thousands(r.rows_read),
         seconds,
@@ -367,12 +368,16 @@ fn print_report(
         r.out.display()
     );
     let s = &r.summary;
-    outln!(
-        "L = {}: {} contexts truncated, {} values filled by --nan",
-        r.max_len,
-        thousands(s.contexts_truncated as u64),
-        thousands(s.values_filled)
-    );
+    if records {
+        outln!("{} values filled by --nan", thousands(s.values_filled));
+    } else {
+        outln!(
+            "L = {}: {} contexts truncated, {} values filled by --nan",
+            r.max_len,
+            thousands(s.contexts_truncated as u64),
+            thousands(s.values_filled)
+        );
+    }
     if s.contexts_without_context_row + s.contexts_without_rows > 0 {
         outln!(
             "dropped {} contexts without a context row ({} rows); {} contexts without rows ({} kept empty)",

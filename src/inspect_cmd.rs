@@ -250,7 +250,11 @@ fn print_human(i: &Inspect) -> anyhow::Result<()> {
     outln!(
         "{} key {}{}, seed {}, split seed {}, val fraction {}",
         bold("spec"),
-        s.key,
+        if s.key.is_empty() {
+            "(none: a table of records, keyed by row number)"
+        } else {
+            &s.key
+        },
         s.order_by
             .as_deref()
             .map(|o| format!(" ordered by {o}"))
@@ -355,6 +359,9 @@ fn print_human(i: &Inspect) -> anyhow::Result<()> {
             opt(c.median),
             opt(c.max)
         );
+    }
+    if i.spec.key.is_empty() {
+        return Ok(()); // a table of records: every sample is one row
     }
     outln!();
     let l = &i.lengths;

@@ -49,16 +49,23 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
         crate::output::print_json(&d)?;
         return Ok(0);
     }
+    let records = manifest.is_records();
     outln!(
-        "key {}  split {}  index {}  length {} of {}{}",
+        "{} {}  split {}  index {}{}{}",
+        if records { "row" } else { "key" },
         d.key,
         d.split,
         d.index,
-        d.length,
-        d.full_length,
+        if records {
+            String::new()
+        } else {
+            format!("  length {} of {}", d.length, d.full_length)
+        },
         if a.raw { "  (raw stored values)" } else { "" }
     );
-    for (title, map) in [("targets", &d.targets), ("context", &d.context)] {
+    // A record's values are all per sample: no table of steps.
+    let title = if records { "record" } else { "context" };
+    for (title, map) in [("targets", &d.targets), (title, &d.context)] {
         if !map.is_empty() {
             let parts: Vec<String> = map
                 .iter()
@@ -66,6 +73,9 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
                 .collect();
             outln!("{title}: {}", parts.join(", "));
         }
+    }
+    if records {
+        return Ok(0);
     }
     // One row per step, one column per source column, cut to 100 columns.
     let names: Vec<&String> = d.columns.keys().collect();

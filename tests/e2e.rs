@@ -16,6 +16,7 @@ mod mostlyai;
 mod pack;
 mod parsers;
 mod python;
+mod records;
 mod remote;
 mod replace;
 mod scale;

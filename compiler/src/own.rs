@@ -161,7 +161,12 @@ impl<'s> Own<'s> {
     fn key_id(&self, spill: &Spill) -> ColumnId {
         let info = spill.type_of(&self.spec.key);
         ColumnId {
-            name: self.spec.key.clone(),
+            // A table of records' key is each row's number across the rows files.
+            name: if self.plan.records {
+                "row".into()
+            } else {
+                self.spec.key.clone()
+            },
             table: "rows",
             source_type: info.name.clone(),
             kind: info.kind,
@@ -277,7 +282,13 @@ impl<'s> Recipe for Own<'s> {
         values: &[File],
     ) -> Result<OwnFitted> {
         let merged = fit::merge(&self.shared(spilled), &fits, values, self.rows_read)?;
-        let layout = Layout::new(&self.key_id(&spilled.spill), &merged, self.spec.shard_size);
+        let targets: Vec<bool> = self.plan.row_columns.iter().map(|c| c.target).collect();
+        let layout = Layout::new(
+            &self.key_id(&spilled.spill),
+            &merged,
+            self.plan.records.then_some(&targets[..]),
+            self.spec.shard_size,
+        );
         Ok(OwnFitted {
             merged,
             layout,

@@ -23,6 +23,8 @@ pub(crate) struct RowColumn {
     pub name: String,
     pub source: Source,
     pub categorical: bool,
+    /// A target of a table of records (stored in `y`, after the features).
+    pub target: bool,
     /// Its encoding chain, parsed once here (empty for a categorical column).
     pub chain: Vec<Step>,
 }
@@ -56,6 +58,7 @@ pub(crate) struct TextColumn {
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub rows_files: Vec<PathBuf>,
+    /// Features, then a table of records' targets, then categorical columns.
     pub row_columns: Vec<RowColumn>,
     /// Join files with the wanted columns of each.
     pub joins: Vec<(PathBuf, String, Vec<Want>)>,
@@ -66,6 +69,8 @@ pub(crate) struct Plan {
     /// String columns encoded to a fixed width: the rows table's (and joins') first, then the
     /// context table's.
     pub text_columns: Vec<TextColumn>,
+    /// A table of records (no `key`): every row its own context, stored without a step axis.
+    pub records: bool,
 }
 
 /// The longest sequence a cache may pad to: lengths are stored as i32, and one padded context
@@ -241,7 +246,14 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         return Err(OptionError::new("shard_size", "must be positive").into());
     }
     check_bucket_size(spec)?;
-    if spec.context.is_none() && !(spec.targets.is_empty() && spec.context_features.is_empty()) {
+    let records = spec.key.is_empty();
+    if records {
+        check_records(spec)?;
+    }
+    if spec.context.is_none()
+        && !records
+        && !(spec.targets.is_empty() && spec.context_features.is_empty())
+    {
         let key = if spec.targets.is_empty() {
             "context_features"
         } else {
@@ -353,12 +365,15 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         .zip(&join_names)
         .map(|(j, (p, _))| (p.clone(), j.on.clone(), Vec::new()))
         .collect();
+    // A table of records reads its targets from its own rows (there is no context table).
+    let row_targets = if records { &spec.targets[..] } else { &[] };
     let requested = spec
         .features
         .iter()
-        .map(|f| (f, false))
-        .chain(spec.categorical.iter().map(|c| (c, true)));
-    for (name, categorical) in requested {
+        .map(|f| (f, false, false))
+        .chain(row_targets.iter().map(|t| (t, false, true)))
+        .chain(spec.categorical.iter().map(|c| (c, true, false)));
+    for (name, categorical, target) in requested {
         let in_rows = rows_names.contains(name);
         let in_join: Vec<usize> = join_names
             .iter()
@@ -375,6 +390,8 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
                     column: name.clone(),
                     role: if categorical {
                         "a categorical column"
+                    } else if target {
+                        "a target"
                     } else {
                         "a feature"
                     }
@@ -416,6 +433,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             name: name.clone(),
             source,
             categorical,
+            target,
             chain: if categorical {
                 Vec::new()
             } else {
@@ -456,9 +474,10 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     }
     // The rows' string columns first, the context table's after (the tensor order).
     text_columns.sort_by_key(|t| t.source == TextSource::Context);
+    // A table of records is keyed by row numbers the reader makes (named "": no column).
     let mut rows_wants = vec![Want {
         name: spec.key.clone(),
-        role: Role::Key,
+        role: if records { Role::RowNumber } else { Role::Key },
     }];
     // A column may serve several roles (order-by and categorical, key and feature): read it
     // once, but check its type against every role it serves.
@@ -507,6 +526,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         context_columns: spec
             .targets
             .iter()
+            .filter(|_| !records)
             .map(|n| (n, true))
             .chain(spec.context_features.iter().map(|n| (n, false)))
             .map(|(name, target)| ContextColumn {
@@ -516,7 +536,66 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             })
             .collect(),
         text_columns,
+        records,
     })
+}
+
+/// Refuses what a table of records (no `key`) cannot have: every row is its own context, so
+/// there is nothing to order, pad, cut or join a context table on.
+fn check_records(spec: &CompileSpec) -> Result<()> {
+    let refuse = |key: &'static str, why: &str| -> Result<()> {
+        Err(OptionError::new(
+            key,
+            format!(
+                "{why}: without `key` every row is its own context (a table of records); give `key` to group rows into sequences"
+            ),
+        )
+        .into())
+    };
+    if spec.order_by.is_some() {
+        return refuse("order_by", "orders rows within a context");
+    }
+    if spec.context.is_some() || spec.context_key.is_some() {
+        return refuse(
+            if spec.context.is_some() {
+                "context"
+            } else {
+                "context_key"
+            },
+            "joins a context table on the key",
+        );
+    }
+    if !spec.context_features.is_empty() {
+        return refuse(
+            "context_features",
+            "are read from a context table (list a record's columns in `features`)",
+        );
+    }
+    if spec.split_by.is_some() {
+        return refuse(
+            "split_by",
+            "reads a column of the context table (use `split_keys` with row numbers, or `val_fraction`)",
+        );
+    }
+    if spec.max_len.is_some_and(|l| l != 1) {
+        return refuse("max_len", "pads sequences");
+    }
+    if spec.truncate != dsc_format::spec::Truncate::Head {
+        return refuse("truncate", "cuts sequences");
+    }
+    // A target that is also an input would be learnt by copying it.
+    if let Some(both) = spec
+        .targets
+        .iter()
+        .find(|t| spec.features.contains(t) || spec.categorical.contains(t))
+    {
+        return Err(OptionError::new(
+            "targets",
+            format!("and the inputs (`features` or `categorical`) both list column {both:?}"),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Refuses a string encoding of a column that has another role, or whose tensor would take a

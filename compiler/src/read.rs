@@ -22,12 +22,15 @@ pub(crate) enum Role {
     Split,
     /// A string column encoded to a fixed width (`bits`, `chars:W`, `ngrams:N`).
     Text,
+    /// The key of a table of records (no `key` given): each row's number across the rows files,
+    /// made by the reader, not read.
+    RowNumber,
 }
 
 impl Role {
     fn accepts(self, kind: Kind) -> bool {
         match self {
-            Role::Key | Role::JoinOn => kind == Kind::Int,
+            Role::Key | Role::JoinOn | Role::RowNumber => kind == Kind::Int,
             Role::OrderBy => !matches!(kind, Kind::Str | Kind::Bool),
             Role::Numeric => kind != Kind::Str,
             Role::Categorical => matches!(kind, Kind::Int | Kind::Str | Kind::Bool),
@@ -37,6 +40,7 @@ impl Role {
     fn describe(self) -> (&'static str, &'static str) {
         match self {
             Role::Key => ("the key", "an integer type (Int8..Int64, UInt8..UInt32)"),
+            Role::RowNumber => ("the row number", "made by the reader"),
             Role::JoinOn => (
                 "a join column",
                 "an integer type (Int8..Int64, UInt8..UInt32)",
@@ -185,6 +189,15 @@ pub(crate) fn open(path: &Path) -> Result<Opened> {
     })
 }
 
+/// The type of the row numbers that key a table of records.
+pub(crate) fn row_number_type() -> TypeInfo {
+    TypeInfo {
+        kind: Kind::Int,
+        scale: 1.0,
+        name: "row number".into(),
+    }
+}
+
 /// Refuses a wanted column whose name appears more than once among `names` (Arrow and CSV
 /// readers would silently take the first).
 pub(crate) fn check_unique<'a>(
@@ -192,7 +205,7 @@ pub(crate) fn check_unique<'a>(
     names: impl Iterator<Item = &'a str> + Clone,
     wants: &[Want],
 ) -> Result<()> {
-    for w in wants {
+    for w in wants.iter().filter(|w| w.role != Role::RowNumber) {
         let positions: Vec<usize> = names
             .clone()
             .enumerate()
@@ -219,6 +232,9 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
     wants
         .iter()
         .map(|w| {
+            if w.role == Role::RowNumber {
+                return Ok(row_number_type());
+            }
             let field = opened.schema.field_with_name(&w.name).map_err(|_| {
                 CompileError::MissingColumn {
                     path: opened.path.clone(),
@@ -469,6 +485,7 @@ impl Opened {
     ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
         let indices: Vec<usize> = wants
             .iter()
+            .filter(|w| w.role != Role::RowNumber)
             .map(|w| {
                 self.schema
                     .index_of(&w.name)

@@ -136,16 +136,29 @@ impl ShardFile {
 }
 
 impl Layout {
-    pub fn new(key: &ColumnId, merged: &Merged, shard_size: u64) -> Layout {
+    /// The tensors of `merged`'s columns: sequences padded to its `max_len`, or with
+    /// `records` (whether each row column is a target) a table of records without a step axis.
+    pub fn new(
+        key: &ColumnId,
+        merged: &Merged,
+        records: Option<&[bool]>,
+        shard_size: u64,
+    ) -> Layout {
         let key_column = fit::column_spec(&key.name, ColumnSource::Rows, key, Encoding::Raw);
-        let features: Vec<ColumnSpec> = merged
-            .columns
-            .iter()
-            .filter_map(|f| match f {
-                FittedColumn::Numeric(_, c) => Some(c.clone()),
-                FittedColumn::Category(..) => None,
-            })
-            .collect();
+        let numeric = |want_target: bool| -> Vec<ColumnSpec> {
+            merged
+                .columns
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match f {
+                    FittedColumn::Numeric(_, c) if records.is_some_and(|t| t[i]) == want_target => {
+                        Some(c.clone())
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let features = numeric(false);
         let categoricals: Vec<ColumnSpec> = merged
             .columns
             .iter()
@@ -159,14 +172,23 @@ impl Layout {
             .iter()
             .map(|(_, c, t)| (c.clone(), *t))
             .collect();
-        let (tensors, fills) = tensor_layout(
-            merged.max_len,
-            key_column,
-            &features,
-            &categoricals,
-            &context,
-            &merged.texts,
-        );
+        let (tensors, fills) = match records {
+            Some(_) => record_layout(
+                key_column,
+                &features,
+                &numeric(true),
+                &categoricals,
+                &merged.texts,
+            ),
+            None => tensor_layout(
+                merged.max_len,
+                key_column,
+                &features,
+                &categoricals,
+                &context,
+                &merged.texts,
+            ),
+        };
         let per_shard = Numbering::per_shard(&tensors, shard_size);
         Layout {
             numbering: Numbering::new(&merged.bucket_contexts, per_shard),
@@ -309,7 +331,12 @@ pub(crate) enum Fill {
     Key,
     Length,
     FullLength,
-    Features,
+    /// The numeric row columns `first..first + count`, in that order on the last axis (the
+    /// features `x`, or a table of records' targets `y`, which follow them).
+    Numeric {
+        first: usize,
+        count: usize,
+    },
     Categorical(usize),
     Targets,
     ContextFeatures,
@@ -322,6 +349,106 @@ pub(crate) enum Fill {
     ContextText(usize),
 }
 
+/// A string column's tensor: `[L, W]` per step, `[W]` per context (`steps` None).
+fn text_tensor(col: &ColumnSpec, steps: Option<usize>) -> TensorSpec {
+    let width = col.encoding.width().expect("a string encoding");
+    let dtype = col.encoding.dtype().expect("a string encoding");
+    TensorSpec {
+        name: col.name.clone(),
+        dtype,
+        role: match steps {
+            Some(_) => TensorRole::Encoded,
+            None => TensorRole::ContextEncoded,
+        },
+        sample_shape: match steps {
+            Some(l) => vec![l, width],
+            None => vec![width],
+        },
+        columns: vec![col.clone()],
+    }
+}
+
+/// A column dsc makes (lengths), not read.
+fn derived(name: &str) -> ColumnSpec {
+    ColumnSpec {
+        name: name.into(),
+        source: ColumnSource::Rows,
+        source_type: "derived".into(),
+        encoding: Encoding::Raw,
+    }
+}
+
+/// A tensor of one value per context.
+fn scalar(name: &str, dtype: Dtype, role: TensorRole, column: ColumnSpec) -> TensorSpec {
+    TensorSpec {
+        name: name.into(),
+        dtype,
+        role,
+        sample_shape: vec![],
+        columns: vec![column],
+    }
+}
+
+/// A table of records' tensors: each row one sample, with no step axis (`x [F]`, a code per
+/// categorical column, `[W]` per string column, `y [T]`), and `length` (always 1), which every
+/// cache has.
+fn record_layout(
+    key_column: ColumnSpec,
+    features: &[ColumnSpec],
+    targets: &[ColumnSpec],
+    categoricals: &[ColumnSpec],
+    texts: &[(ColumnSpec, bool)],
+) -> (Vec<TensorSpec>, Vec<Fill>) {
+    let mut tensors = vec![scalar("key", Dtype::I64, TensorRole::Key, key_column)];
+    let mut fills = vec![Fill::Key];
+    let vector = |name: &str, role, columns: &[ColumnSpec]| TensorSpec {
+        name: name.into(),
+        dtype: Dtype::F32,
+        role,
+        sample_shape: vec![columns.len()],
+        columns: columns.to_vec(),
+    };
+    if !features.is_empty() {
+        tensors.push(vector("x", TensorRole::ContextFeatures, features));
+        fills.push(Fill::Numeric {
+            first: 0,
+            count: features.len(),
+        });
+    }
+    for (i, col) in categoricals.iter().enumerate() {
+        tensors.push(scalar(
+            &col.name,
+            Dtype::I32,
+            TensorRole::ContextCategorical,
+            col.clone(),
+        ));
+        fills.push(Fill::Categorical(i));
+    }
+    for (i, (col, _)) in texts.iter().enumerate() {
+        let t = text_tensor(col, None);
+        fills.push(Fill::Text {
+            i,
+            row: t.sample_bytes(),
+        });
+        tensors.push(t);
+    }
+    tensors.push(scalar(
+        "length",
+        Dtype::I32,
+        TensorRole::Length,
+        derived("length"),
+    ));
+    fills.push(Fill::Length);
+    if !targets.is_empty() {
+        tensors.push(vector("y", TensorRole::Targets, targets));
+        fills.push(Fill::Numeric {
+            first: features.len(),
+            count: targets.len(),
+        });
+    }
+    (tensors, fills)
+}
+
 fn tensor_layout(
     max_len: usize,
     key_column: ColumnSpec,
@@ -330,40 +457,7 @@ fn tensor_layout(
     context: &[(ColumnSpec, bool)],
     texts: &[(ColumnSpec, bool)],
 ) -> (Vec<TensorSpec>, Vec<Fill>) {
-    // A string column's tensor: [L, W] of the rows table, [W] of the context table.
-    let text = |col: &ColumnSpec, per_step: bool| {
-        let width = col.encoding.width().expect("a string encoding");
-        let dtype = col.encoding.dtype().expect("a string encoding");
-        TensorSpec {
-            name: col.name.clone(),
-            dtype,
-            role: if per_step {
-                TensorRole::Encoded
-            } else {
-                TensorRole::ContextEncoded
-            },
-            sample_shape: if per_step {
-                vec![max_len, width]
-            } else {
-                vec![width]
-            },
-            columns: vec![col.clone()],
-        }
-    };
-    let derived = |name: &str| ColumnSpec {
-        name: name.into(),
-        source: ColumnSource::Rows,
-        source_type: "derived".into(),
-        encoding: Encoding::Raw,
-    };
-    let raw = |name: &str, dtype, role, column: ColumnSpec| TensorSpec {
-        name: name.into(),
-        dtype,
-        role,
-        sample_shape: vec![],
-        columns: vec![column],
-    };
-    let mut tensors = vec![raw("key", Dtype::I64, TensorRole::Key, key_column)];
+    let mut tensors = vec![scalar("key", Dtype::I64, TensorRole::Key, key_column)];
     let mut fills = vec![Fill::Key];
     if !features.is_empty() {
         tensors.push(TensorSpec {
@@ -373,7 +467,10 @@ fn tensor_layout(
             sample_shape: vec![max_len, features.len()],
             columns: features.to_vec(),
         });
-        fills.push(Fill::Features);
+        fills.push(Fill::Numeric {
+            first: 0,
+            count: features.len(),
+        });
     }
     for (i, col) in categoricals.iter().enumerate() {
         tensors.push(TensorSpec {
@@ -387,20 +484,20 @@ fn tensor_layout(
     }
     for (i, (col, of_context)) in texts.iter().enumerate() {
         if !of_context {
-            let t = text(col, true);
+            let t = text_tensor(col, Some(max_len));
             let row = t.sample_bytes() / max_len.max(1);
             tensors.push(t);
             fills.push(Fill::Text { i, row });
         }
     }
-    tensors.push(raw(
+    tensors.push(scalar(
         "length",
         Dtype::I32,
         TensorRole::Length,
         derived("length"),
     ));
     fills.push(Fill::Length);
-    tensors.push(raw(
+    tensors.push(scalar(
         "full_length",
         Dtype::I32,
         TensorRole::FullLength,
@@ -434,7 +531,7 @@ fn tensor_layout(
     }
     for (i, (col, of_context)) in texts.iter().enumerate() {
         if *of_context {
-            tensors.push(text(col, false));
+            tensors.push(text_tensor(col, None));
             fills.push(Fill::ContextText(i));
         }
     }
@@ -497,9 +594,9 @@ impl ShardContext<'_> {
             Fill::Key => dst.copy_from_slice(&g.key.to_le_bytes()),
             Fill::Length => dst.copy_from_slice(&(g.kept as i32).to_le_bytes()),
             Fill::FullLength => dst.copy_from_slice(&(g.len as i32).to_le_bytes()),
-            Fill::Features => {
-                let width = self.features.len();
-                for (f, (enc, _)) in self.features.iter().enumerate() {
+            Fill::Numeric { first, count } => {
+                let width = count;
+                for (f, (enc, _)) in self.features[first..first + count].iter().enumerate() {
                     for (t, &row) in rows.iter().enumerate() {
                         let (v, was_filled) = enc.encode(row as usize)?;
                         filled += u64::from(was_filled);

@@ -6,7 +6,7 @@
 
 use crate::column::{Column, TypeInfo};
 use crate::error::{CompileError, Result};
-use crate::read::{Inputs, Opened, RowsTable, Want};
+use crate::read::{Inputs, Opened, Role, RowsTable, Want};
 use crate::Progress;
 use dsc_format::rng::position_hash;
 use rayon::prelude::*;
@@ -293,12 +293,21 @@ fn spill_file(
             CompileError::parquet(source.clone(), Some(at), e)
         })?;
         let n = batch.num_rows();
+        let base = first_row + read;
         let columns: Vec<Column> = types
             .iter()
             .zip(wants)
             .map(|(t, w)| {
                 let mut c = Column::new(t.clone(), n);
-                c.push_array(batch.column_by_name(&w.name).expect("projected"));
+                if w.role == Role::RowNumber {
+                    // A table of records is keyed by each row's number across the rows files.
+                    let numbers = (base..base + n as u64).map(|r| r as i64);
+                    let array: arrow_array::ArrayRef =
+                        std::sync::Arc::new(arrow_array::Int64Array::from_iter_values(numbers));
+                    c.push_array(&array);
+                } else {
+                    c.push_array(batch.column_by_name(&w.name).expect("projected"));
+                }
                 c
             })
             .collect();
@@ -326,7 +335,6 @@ fn spill_file(
                 origin: Vec::new(),
                 columns: types.iter().map(|t| Column::new(t.clone(), 0)).collect(),
             });
-            let base = first_row + read;
             buf.origin.extend(rows.iter().map(|&r| base + u64::from(r)));
             for (dst, src) in buf.columns.iter_mut().zip(&columns) {
                 dst.push_rows(src, rows);

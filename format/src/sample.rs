@@ -318,6 +318,12 @@ pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decode
                     .collect();
                 decoded.columns.insert(t.name.clone(), Value::Array(values));
             }
+            TensorRole::ContextCategorical => {
+                let spec = &t.columns[0];
+                decoded
+                    .context
+                    .insert(spec.name.clone(), value(spec, f64::from(i32_at(bytes, 0))));
+            }
             TensorRole::ContextSubColumn => {
                 decoded
                     .context

@@ -120,7 +120,10 @@ pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
 pub struct CompileSpec {
     /// Rows files: paths or glob patterns, read in sorted path order.
     pub rows: Vec<String>,
-    /// The column naming each row's context (an integer column).
+    /// The column naming each row's context (an integer column). Empty (absent): a table of
+    /// records, every row its own context, keyed by its row number across the rows files, and
+    /// stored without a step axis.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
     /// The column that orders rows within a context; file order when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -277,7 +277,7 @@ fn check_values(
                     }
                 }
             }
-            TensorRole::Categorical => {
+            TensorRole::Categorical | TensorRole::ContextCategorical => {
                 let codes = match &spec.columns[0].encoding {
                     Encoding::Category { vocabulary } => {
                         vocabulary.len() as i64 + CODE_FIRST as i64

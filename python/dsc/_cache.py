@@ -112,7 +112,8 @@ class Cache:
 
     def __repr__(self) -> str:
         splits = ", ".join(f"{s['name']}={s['contexts']}" for s in self.manifest["splits"])
-        return f"dsc.Cache({self.path!r}: {splits}; L={self.max_len})"
+        shape = "records" if self.is_records else f"L={self.max_len}"
+        return f"dsc.Cache({self.path!r}: {splits}; {shape})"
 
     @property
     def stats(self) -> Dict[str, Any]:
@@ -136,8 +137,14 @@ class Cache:
 
     @property
     def max_len(self) -> int:
-        """The padded sequence length ``L``."""
+        """The padded sequence length ``L`` (1 for a table of records)."""
         return int(self.manifest["max_len"])
+
+    @property
+    def is_records(self) -> bool:
+        """True for a table of records (compiled without ``key``): each sample is one row,
+        keyed by its row number, and no tensor has a step axis (``x`` is ``[n, F]``)."""
+        return not self.manifest["spec"].get("key")
 
     @functools.cached_property
     def content_id(self) -> str:

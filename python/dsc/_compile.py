@@ -220,8 +220,6 @@ def _fields(
     if spec is None:
         if "rows" not in fields or not fields["rows"]:
             raise OptionsError("no rows files given: pass rows= (paths or globs) or a spec file")
-        if "key" not in fields:
-            raise OptionsError("key= is required (or give a spec file with spec=)")
     return fields
 
 

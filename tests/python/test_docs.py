@@ -11,7 +11,7 @@ starts, reached the way the docs say: ``AWS_ENDPOINT_URL`` and the other ``AWS_*
 
 Each document's ``python`` blocks run in order in one namespace, in a fresh folder holding the
 sample data the docs use (``dsc gen icecube --out data``, smaller, ``dsc gen series --out
-sensors`` and ``dsc gen microbiome --out microbes``): a block may use what an
+sensors``, ``dsc gen microbiome --out microbes`` and ``dsc gen linkage --out people``): a block may use what an
 earlier one made (``cache``, ``loader``). Without a GPU, ``device="cuda"`` runs as
 ``device=None`` (the CPU path the text offers beside it); ``model`` is the reader's network,
 here a stand-in. A block preceded by ``<!-- not run by tests: REASON -->`` is skipped
@@ -136,6 +136,8 @@ def test_the_python_of_the_docs_runs(doc: str, tmp_path: Path) -> None:
                     "--steps", "200:800", "--seed", "7"], cwd=tmp_path, check=True,
                    capture_output=True)
     subprocess.run([dsc_bin(), "gen", "microbiome", "--out", "microbes", "--records", "200",
+                    "--seed", "7"], cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run([dsc_bin(), "gen", "linkage", "--out", "people", "--records", "500",
                     "--seed", "7"], cwd=tmp_path, check=True, capture_output=True)
     namespace = {"__name__": "__doc__", "model": torch.nn.Linear(6, 3)}
     cwd = os.getcwd()

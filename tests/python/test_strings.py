@@ -61,8 +61,47 @@ def run_example(script: str, cache: Path) -> dict:
     return json.loads(out.stdout)
 
 
+def test_a_table_of_records_compiles_without_a_key_into_tensors_without_a_step_axis(
+        data: Path, tmp_path: Path) -> None:
+    people = dsc.compile(str(data / "people/records.parquet"), features=["yob"],
+                         categorical=["last_name"], targets=["uid"],
+                         encode={"bloom": "bits", "first_name": "ngrams:2"}, ngram_vocab=40,
+                         val_fraction=0.25, out=tmp_path / "people")
+    assert people.is_records and "records" in repr(people)
+    shapes = {t.name: (t.role, t.shape) for t in people.schema}
+    assert shapes["x"] == ("context_features", (1,))
+    assert shapes["last_name"] == ("context_categorical", ())
+    assert shapes["bloom"] == ("context_encoded", (256,))
+    assert shapes["first_name"] == ("context_encoded", (40,))
+    assert shapes["y"] == ("targets", (1,))
+    source = pq.read_table(data / "people/records.parquet").to_pydict()
+    seen = []
+    for split in ("train", "val"):
+        loader = dsc.Loader(people, split=split, batch_size=100, shuffle=False, drop_last=False)
+        for batch in loader:
+            n = batch.valid
+            assert batch["x"].shape == (100, 1) and batch["bloom"].shape == (100, 256)
+            rows = batch["key"][:n].tolist()
+            seen += rows
+            bits = people.decode("bloom", batch["bloom"][:n])
+            names = people.decode("last_name", batch["last_name"][:n])
+            uids = people.decode("y", batch["y"][:n])
+            for i, r in enumerate(rows):
+                # The key is the row number: each sample is that row's values.
+                assert bits[i] == source["bloom"][r]
+                assert uids[i, 0] == source["uid"][r]
+                assert names[i] == source["last_name"][r] or split == "val"
+    assert sorted(seen) == list(range(len(source["uid"])))
+    # The CLI's bytes.
+    run_dsc("compile", str(data / "people/records.parquet"), "--features", "yob",
+            "--categorical", "last_name", "--targets", "uid", "--encode", "bloom=bits",
+            "--encode", "first_name=ngrams:2", "--ngram-vocab", "40", "--val-fraction", "0.25",
+            "--out", str(tmp_path / "cli"))
+    assert dsc.open(tmp_path / "cli").content_id == people.content_id
+
+
 def test_the_linkage_example_recovers_name_grams_from_bloom_filters(data: Path) -> None:
-    run_dsc("compile", "people/records.parquet", "--key", "uid", "--features", "yob",
+    run_dsc("compile", "people/records.parquet", "--features", "yob",
             "--encode", "bloom=bits", "--encode", "first_name=ngrams:2", "--val-fraction", "0.25",
             "--out", "people-cache", cwd=data)
     s = run_example("linkage.py", data / "people-cache")

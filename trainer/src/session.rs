@@ -628,7 +628,8 @@ fn layout(
             | TensorRole::SubColumn
             | TensorRole::ContextSubColumn
             | TensorRole::Encoded
-            | TensorRole::ContextEncoded => {}
+            | TensorRole::ContextEncoded
+            | TensorRole::ContextCategorical => {}
         }
     }
     // A forecast's targets are the steps after each series window (not stored: the loader
@@ -642,6 +643,14 @@ fn layout(
         if batch[seq_idx].role.is_none() {
             l.pack = Some([seq_idx, position, num_seqs]);
         }
+    }
+    if m.is_records() {
+        return Err(TrainError::cache(
+            cache.dir(),
+            "the cache is a table of records (compiled without --key): the reference networks \
+             are sequence models; read it with dsc.Loader or the Rust loader into a model of \
+             your own (examples/linkage.py)",
+        ));
     }
     if l.x.is_none() && l.cats.is_empty() {
         return Err(TrainError::cache(

@@ -690,6 +690,27 @@ fn bad_input_is_named_in_the_error() {
     let r = train(&["--cache", &ice, "--device", "cuda:7"]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("cuda:7"), "{}", r.stderr);
+
+    // A table of records has no steps for the reference sequence networks: said, not crashed.
+    let records = dir.path().join("records");
+    compile(
+        serde_json::json!({
+            "rows": [fx.ice.join("train_meta.parquet").display().to_string()],
+            "features": ["azimuth"],
+            "targets": ["zenith"],
+        }),
+        &records,
+    );
+    let r = train(&[
+        "--cache",
+        &path(&records),
+        "--task",
+        "regression",
+        "--target",
+        "zenith",
+    ]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("table of records"), "{}", r.stderr);
 }
 
 fn copy_dir(from: &Path, to: &Path) {

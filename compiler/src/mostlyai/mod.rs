@@ -64,6 +64,13 @@ const GIVE_VAL_KEYS: &str = " (give `val_keys`)";
 
 /// The context table and partition count of a spec, refusing what the profile does not use.
 pub(crate) fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
+    if spec.key.is_empty() {
+        return Err(OptionError::new(
+            "profile",
+            "mostlyai compiles sequences: give `key` (the rows' context column)",
+        )
+        .into());
+    }
     let ctx_path = spec
         .context
         .as_ref()

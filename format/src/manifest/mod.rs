@@ -494,6 +494,12 @@ impl Manifest {
         &self.spec
     }
 
+    /// Whether the cache is a table of records (compiled without a key): each sample one row,
+    /// keyed by its row number, its tensors without a step axis.
+    pub fn is_records(&self) -> bool {
+        self.spec.key.is_empty()
+    }
+
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorSpec> {
         self.tensors.iter().find(|t| t.name == name)

@@ -65,6 +65,9 @@ pub enum TensorRole {
     Encoded,
     /// `[n, W]`: one string column of the context table encoded to a fixed width.
     ContextEncoded,
+    /// i32 `[n]`: the category code of one column per context (a table of records, whose every
+    /// row is a context).
+    ContextCategorical,
 }
 
 impl TensorRole {
@@ -74,7 +77,8 @@ impl TensorRole {
             TensorRole::Key
             | TensorRole::Length
             | TensorRole::FullLength
-            | TensorRole::ContextSubColumn => 0,
+            | TensorRole::ContextSubColumn
+            | TensorRole::ContextCategorical => 0,
             TensorRole::Categorical
             | TensorRole::Targets
             | TensorRole::ContextFeatures
@@ -94,7 +98,8 @@ impl TensorRole {
             | TensorRole::FullLength
             | TensorRole::Categorical
             | TensorRole::SubColumn
-            | TensorRole::ContextSubColumn => Dtype::I32,
+            | TensorRole::ContextSubColumn
+            | TensorRole::ContextCategorical => Dtype::I32,
             TensorRole::Features | TensorRole::Targets | TensorRole::ContextFeatures => Dtype::F32,
         }
     }
