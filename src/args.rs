@@ -673,7 +673,6 @@ pub struct OrderArgs {
     /// Keep the last partial global batch, completed by repeating the first contexts (packs).
     #[arg(long)]
     pub keep_last: bool,
-    /// Print the keys of each batch, one batch per line.
     /// Windows of long series: each sample is W consecutive stored steps of one context,
     /// starting at a multiple of --stride; the epoch shuffles windows across all contexts.
     /// With --keys, each window prints as KEY:START.
@@ -709,6 +708,7 @@ pub struct OrderArgs {
     /// windows, with their whole horizon, are kept).
     #[arg(long, requires = "series_window", help_heading = "Series windows")]
     pub pad_windows: bool,
+    /// Print the keys of each batch, one batch per line.
     #[arg(long, conflicts_with = "state_after")]
     pub keys: bool,
     /// Print the resume state after N batches (JSON), to feed back with --from-state.
