@@ -50,8 +50,9 @@ class TensorInfo:
 
     @property
     def is_sequence(self) -> bool:
-        """True for ``[n, L, ...]`` tensors (features, categorical codes), which ``trim`` cuts."""
-        return self.role in ("features", "categorical")
+        """True for ``[n, L, ...]`` tensors (features, categorical codes, strings encoded per
+        step), which ``trim`` cuts."""
+        return self.role in ("features", "categorical", "encoded")
 
 
 def remote_json(cache_dir: Optional[PathLike], cache_limit: Union[int, str, None],

@@ -53,6 +53,26 @@ def test_python_compiles_string_columns_and_decodes_them_back(data: Path, tmp_pa
     assert dsc.open(tmp_path / "cli").content_id == people.content_id
 
 
+def test_resident_batches_of_string_tensors_equal_the_host_batches(data: Path,
+                                                                   tmp_path: Path) -> None:
+    # A string column per step is [n, L, W]: trimmed with the features on both paths.
+    microbes = dsc.compile(str(data / "microbes/asvs.parquet"), key="sample_id",
+                           features=["count"], encode={"asv": "chars:150"},
+                           context=str(data / "microbes/samples.parquet"), targets=["site"],
+                           out=tmp_path / "microbes")
+    assert microbes.tensor("asv").is_sequence
+    kw = dict(batch_size=16, seed=3, trim=True)
+    host, resident = dsc.Loader(microbes, **kw), dsc.Loader(microbes, resident=True, **kw)
+    assert resident.resident
+    trimmed = 0
+    for a, b in zip(host, resident, strict=True):
+        assert a.keys() == b.keys()
+        for name in a.keys():
+            assert a[name].shape == b[name].shape and np.array_equal(a[name], b[name]), name
+        trimmed += a["asv"].shape[1] < microbes.max_len
+    assert trimmed > 0
+
+
 def run_example(script: str, cache: Path) -> dict:
     out = subprocess.run([sys.executable, str(REPO / "examples" / script), "--cache", str(cache),
                           "--threads", "2", "--json"], capture_output=True, text=True,
