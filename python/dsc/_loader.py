@@ -540,13 +540,28 @@ class Loader:
         raise WorkerError(f"a dsc.Loader cannot be pickled (sent to another process). {FORK_ADVICE}")
 
     def __repr__(self) -> str:
+        # A loader whose __init__ raised is still shown by tracebacks and debuggers, which call
+        # repr on it: that must say what it is, not raise a second error over the first.
+        if "_staged" not in self.__dict__:
+            caches = self.__dict__.get("caches")
+            where = ("" if not caches else
+                     f" of {[c.path for c in caches] if len(caches) > 1 else caches[0].path!r}")
+            return f"<dsc.Loader{where}, not built: its options were refused>"
         caches = ([c.path for c in self.caches] if len(self.caches) > 1 else self.cache.path)
         mix = (f", weights={self.weights}, mix_samples={self.mix_samples}"
                if len(self.caches) > 1 else "")
+        series = ""
+        if self.series is not None:
+            s = self.series
+            series = f", series_window={s['len']}, stride={s['stride']}"
+            if s["horizon"]:
+                series += f", horizon={s['horizon']}, horizon_columns={s['horizon_columns']}"
+            if s["pad"]:
+                series += ", pad_windows=True"
         return (
             f"dsc.Loader({caches!r}{mix}, split={self.split!r}, batch_size={self.batch_size}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
-            f"world_size={self.world_size}, bucket={self.bucket}, pack={self.pack}, "
+            f"world_size={self.world_size}, bucket={self.bucket}, pack={self.pack}{series}, "
             f"steps={len(self)})"
         )
 

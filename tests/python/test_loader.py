@@ -9,6 +9,7 @@ import random
 import shutil
 import threading
 import time
+import traceback
 import weakref
 from pathlib import Path
 
@@ -438,6 +439,21 @@ def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None
     with pytest.raises(dsc.OptionsError, match="format="):
         dsc.Loader(cache_dir, format="jax")
     assert issubclass(dsc.OptionsError, ValueError)
+
+
+def test_a_refused_loader_still_has_a_repr(cache_dir: Path) -> None:
+    """Tracebacks (pytest's, a notebook's) and debuggers show `self` of the __init__ that
+    raised: its repr must say what it is instead of raising over the first error."""
+    for options in (dict(split="test"), dict(batch_size=0), dict(columns=["z"])):
+        with pytest.raises(dsc.OptionsError) as refused:
+            dsc.Loader(cache_dir, **options)
+        frame = next(f for f, _ in traceback.walk_tb(refused.tb)
+                     if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), dsc.Loader))
+        half = frame.f_locals["self"]
+        assert repr(half) == f"<dsc.Loader of {str(cache_dir)!r}, not built: its options were refused>"
+    whole = dsc.Loader(cache_dir, batch_size=4)
+    assert repr(whole).startswith(f"dsc.Loader({str(cache_dir)!r}, split='train', batch_size=4,")
+    assert f"steps={len(whole)})" in repr(whole)
 
 
 def test_one_meaning_of_fingerprint_and_old_states_still_resume(cache_dir: Path) -> None:

@@ -36,6 +36,8 @@ def test_windows_follow_dsc_order_and_hold_their_slice_and_next_steps(series_cac
     loader = dsc.Loader(series_cache, batch_size=32, seed=5, window=128, format="numpy",
                         series_window=16, stride=8, horizon=4, horizon_columns=["value"],
                         drop_last=False)
+    assert ("series_window=16, stride=8, horizon=4, horizon_columns=['value'], steps="
+            in repr(loader))
     got = []
     for b in loader:
         assert b["x"].shape[1:] == (16, 3) and b["y_next"].shape[1:] == (4, 1)
