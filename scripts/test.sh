@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '\n== %s\n' "$*"; }
+# Each phase says when it starts (seconds since this script did), so that a slow CI run shows
+# which phase grew.
+log() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS"; }
 # A whole run needs about 9 GB of disk at its peak, while PyTorch installs (the .venv ends at
 # 5.7 GB with its CUDA libraries, target/ at 1.7 GB); saying what is free up front makes
 # "No space left on device" easy to read.
@@ -40,7 +42,9 @@ cargo fmt --all -- --check
 log "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-log "cargo test (unit, doc and end-to-end tests)"
+log "cargo test: build"
+cargo test --workspace --locked --no-run
+log "cargo test: run (unit, doc and end-to-end tests)"
 cargo test --workspace --locked
 
 log "a partitioned compile on a real single-node Slurm (Debian's slurm-wlm, about 30 s)"
@@ -58,6 +62,7 @@ set +e
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
 rc=$?
 set -e
+log "done: pytest exit $rc"
 if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests: failing" >&2
     exit 1
