@@ -552,7 +552,8 @@ pub struct InspectArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct ShowArgs {
-    /// The cache directory.
+    /// The cache directory, or its URL in object storage (only the shard that holds the
+    /// context is fetched; with --key, the split's shards in order until one holds it).
     pub cache: PathBuf,
     /// The split.
     #[arg(long, default_value = "train")]
@@ -569,6 +570,8 @@ pub struct ShowArgs {
     /// Print JSON: {"key", "split", "length", "columns": {NAME: [values…]}, "targets": {…}, …}.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Write a self-contained HTML report with plots of a cache.
@@ -581,11 +584,14 @@ pub struct ShowArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct ReportArgs {
-    /// The cache directory.
+    /// The cache directory, or its URL in object storage (only its manifest and statistics
+    /// are read).
     pub cache: PathBuf,
     /// The HTML file to write.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Print the order the loader yields: keys per batch, a shuffle-quality report, or a state.

@@ -3,9 +3,68 @@
 use crate::args::ShowArgs;
 use crate::output::outln;
 use anyhow::{bail, Context as _};
-use dsc_format::sample::{decode, find_key, read_context};
+use dsc_format::sample::{decode, find_key, find_key_in, read_context, RawContext};
 use dsc_format::Manifest;
 use serde_json::Value;
+use std::path::Path;
+
+/// Where the context is read from: a local cache, or one in object storage whose shards are
+/// fetched one at a time into its local folder (kept there for the next run, as a loader's are).
+enum Source {
+    Local(Box<Manifest>),
+    Remote(dsc_loader::Cache),
+}
+
+impl Source {
+    fn open(a: &ShowArgs) -> anyhow::Result<Source> {
+        if dsc_loader::is_remote(&a.cache.to_string_lossy()) {
+            let cache = dsc_loader::Cache::open_with(&a.cache, &a.remote.options()?)?;
+            return Ok(Source::Remote(cache));
+        }
+        Ok(Source::Local(Box::new(Manifest::read(&a.cache)?)))
+    }
+
+    fn manifest(&self) -> &Manifest {
+        match self {
+            Source::Local(m) => m,
+            Source::Remote(cache) => cache.manifest(),
+        }
+    }
+
+    /// The split position of the context with `key`.
+    fn find_key(&self, dir: &Path, split: &str, key: i64) -> anyhow::Result<Option<usize>> {
+        let manifest = self.manifest();
+        let Source::Remote(cache) = self else {
+            return Ok(find_key(dir, manifest, split, key)?);
+        };
+        let folder = cache.fetch_folder().expect("a remote cache");
+        for (shard, entry) in manifest.shards_of(split).enumerate() {
+            // Held while it is read: the fetched file stays in the folder.
+            let _held = cache.shard_bytes(split, shard)?;
+            if let Some(index) = find_key_in(folder, manifest, entry, key)? {
+                return Ok(Some(index));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Context `index` of `split` (`None` past its end).
+    fn read(&self, dir: &Path, split: &str, index: usize) -> anyhow::Result<Option<RawContext>> {
+        let manifest = self.manifest();
+        let Source::Remote(cache) = self else {
+            return Ok(read_context(dir, manifest, split, index)?);
+        };
+        let Some(shard) = manifest
+            .shards_of(split)
+            .position(|s| (s.first_context..s.first_context + s.contexts).contains(&index))
+        else {
+            return Ok(None);
+        };
+        let _held = cache.shard_bytes(split, shard)?;
+        let folder = cache.fetch_folder().expect("a remote cache");
+        Ok(read_context(folder, manifest, split, index)?)
+    }
+}
 
 fn cell(v: &Value) -> String {
     match v {
@@ -17,7 +76,8 @@ fn cell(v: &Value) -> String {
 }
 
 pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
-    let manifest = Manifest::read(&a.cache)?;
+    let source = Source::open(&a)?;
+    let manifest = source.manifest();
     let Some(split) = manifest.split(&a.split) else {
         let names: Vec<&str> = manifest.splits().iter().map(|s| s.name.as_str()).collect();
         bail!(
@@ -38,13 +98,15 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
             }
             i
         }
-        (None, Some(k)) => find_key(&a.cache, &manifest, &a.split, k)?
+        (None, Some(k)) => source
+            .find_key(&a.cache, &a.split, k)?
             .with_context(|| format!("no context with key {k} in split {:?}", a.split))?,
         (None, None) => bail!("give --index or --key"),
     };
-    let raw =
-        read_context(&a.cache, &manifest, &a.split, index)?.context("context out of range")?;
-    let d = decode(&manifest, &raw, a.raw);
+    let raw = source
+        .read(&a.cache, &a.split, index)?
+        .context("context out of range")?;
+    let d = decode(manifest, &raw, a.raw);
     if a.json {
         crate::output::print_json(&d)?;
         return Ok(0);

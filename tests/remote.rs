@@ -335,6 +335,7 @@ fn the_cli_compiles_to_a_url_refuses_to_overwrite_it_and_verify_names_a_damaged_
     let (code, out, err) = run(&["verify", &url]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("ok:"), "{out}");
+    show_and_report_read_it_as_the_local_cache(&dir, &url, &run);
     // A shard replaced by other bytes: verify names it and its checksum, exit 1.
     let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
     let (name, _) = remote
@@ -357,4 +358,82 @@ fn the_cli_compiles_to_a_url_refuses_to_overwrite_it_and_verify_names_a_damaged_
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(&name) && err.contains("checksum"), "{err}");
+}
+
+/// A run of the CLI: exit code, stdout, stderr.
+type Run<'a> = dyn Fn(&[&str]) -> (i32, String, String) + 'a;
+
+/// `dsc show` and `dsc report` on the cache at `url` print what they print for the same cache
+/// compiled locally; show --index fetches only the shard that holds the context.
+fn show_and_report_read_it_as_the_local_cache(dir: &Dir, url: &str, run: &Run) {
+    let (code, _, err) = run(&icecube_args(
+        "local",
+        &["--shard-size", "48KiB", "--quiet"],
+    ));
+    assert_eq!(code, 0, "{err}");
+    let manifest = dsc_format::Manifest::read(&dir.join("local")).unwrap();
+    assert!(manifest.shards_of("train").count() > 2);
+    let last = manifest.shards_of("train").last().unwrap();
+    let index = (last.first_context + last.contexts - 1).to_string();
+    let folder = dir.join("show-cache");
+    let folder = folder.to_str().unwrap();
+    let (code, want, err) = run(&["show", "local", "--index", &index, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, got, err) = run(&[
+        "show",
+        url,
+        "--index",
+        &index,
+        "--json",
+        "--cache-dir",
+        folder,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(got, want);
+    let fetched: Vec<String> = walk(Path::new(folder))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        fetched,
+        [Path::new(&last.file).file_name().unwrap().to_string_lossy()]
+    );
+    let key = serde_json::from_str::<serde_json::Value>(&want).unwrap()["key"].to_string();
+    let (code, want, err) = run(&["show", "local", "--key", &key]);
+    assert_eq!(code, 0, "{err}");
+    let (code, got, err) = run(&["show", url, "--key", &key, "--cache-dir", folder]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(got, want);
+    let (code, _, err) = run(&["show", url, "--key", "-12345", "--cache-dir", folder]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no context with key -12345"), "{err}");
+    // Of a compressed copy, the one shard fetched is decompressed to read it.
+    let cold = format!("{url}-zstd");
+    let (code, _, err) = run(&["compress", "local", "--out", &cold, "--quiet"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, got, err) = run(&["show", &cold, "--key", &key, "--cache-dir", folder]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(got, want);
+    for (cache, out) in [("local", "local.html"), (url, "remote.html")] {
+        let (code, _, err) = run(&["report", cache, "-o", out]);
+        assert_eq!(code, 0, "{err}");
+    }
+    assert_eq!(
+        std::fs::read(dir.join("remote.html")).unwrap(),
+        std::fs::read(dir.join("local.html")).unwrap()
+    );
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }

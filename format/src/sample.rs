@@ -109,21 +109,32 @@ pub fn find_key(
     key: i64,
 ) -> Result<Option<usize>, FormatError> {
     for entry in manifest.shards_of(split) {
-        let path = dir.join(&entry.file);
-        let layout = read_layout(entry, &path)?;
-        layout.check(manifest, entry, &path)?;
-        let extent = layout.tensor("key").expect("checked against the manifest");
-        let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
-        let start = extent.start as usize;
-        let prefix = crate::stored::read_prefix(entry, &file, &path, extent.end as usize)?;
-        if let Some(pos) = prefix[start..]
-            .chunks_exact(8)
-            .position(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) == key)
-        {
-            return Ok(Some(entry.first_context + pos));
+        if let Some(index) = find_key_in(dir, manifest, entry, key)? {
+            return Ok(Some(index));
         }
     }
     Ok(None)
+}
+
+/// [`find_key`] in one shard, `entry`, stored under `dir`: the split position of the context
+/// with `key`, if this shard holds it. For readers that fetch a split's shards one at a time.
+pub fn find_key_in(
+    dir: &Path,
+    manifest: &Manifest,
+    entry: &ShardEntry,
+    key: i64,
+) -> Result<Option<usize>, FormatError> {
+    let path = dir.join(&entry.file);
+    let layout = read_layout(entry, &path)?;
+    layout.check(manifest, entry, &path)?;
+    let extent = layout.tensor("key").expect("checked against the manifest");
+    let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+    let start = extent.start as usize;
+    let prefix = crate::stored::read_prefix(entry, &file, &path, extent.end as usize)?;
+    Ok(prefix[start..]
+        .chunks_exact(8)
+        .position(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) == key)
+        .map(|pos| entry.first_context + pos))
 }
 
 /// A context decoded to source units.
