@@ -175,6 +175,28 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                  the state's order continues)",
                 path.display()
             );
+            let asked = a.series();
+            if asked.is_some() && asked != state.order.series {
+                anyhow::bail!(
+                    "--series-window with --from-state {}: that state is of {}, not of the \
+                     windows asked for (drop the series flags; the state's order continues)",
+                    path.display(),
+                    match &state.order.series {
+                        Some(w) => format!(
+                            "windows of {} steps every {} steps{}{}",
+                            w.len,
+                            w.stride,
+                            if w.horizon > 0 {
+                                format!(" with a horizon of {}", w.horizon)
+                            } else {
+                                String::new()
+                            },
+                            if w.pad { ", padded" } else { "" }
+                        ),
+                        None => "an order of whole contexts".into(),
+                    }
+                );
+            }
             mix.loader_from_state(opts, &state)?
         }
         None => mix.loader(opts)?,
@@ -188,7 +210,8 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         crate::output::print_json(&loader.state())?;
         return Ok(0);
     }
-    if a.keys && a.series_window.is_some() {
+    // A state's order continues with its own windows, or none: print what it yields.
+    if a.keys && loader.order().series().is_some() {
         // A window is its context's key and its first step.
         let mut all = Vec::new();
         for batch in &mut loader {
@@ -285,13 +308,18 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     outln!(
-        "{} split {} epoch {} seed {}{}: {} contexts, {} batches per rank ({} x {} ranks)",
+        "{} split {} epoch {} seed {}{}: {} {}, {} batches per rank ({} x {} ranks)",
         bold("order"),
         report.split,
         report.epoch,
         report.seed,
         if report.shuffle { "" } else { " (cache order)" },
         report.contexts,
+        if report.series.is_some() {
+            "windows"
+        } else {
+            "contexts"
+        },
         report.batches_per_rank,
         match report.pack {
             Some(_) => "one pack".to_string(),

@@ -273,35 +273,177 @@ fn a_windowed_epoch_resumes_exactly_and_splits_across_ranks() {
 fn windows_are_refused_where_they_cannot_hold_naming_the_option() {
     let dir = series_cache();
     let cache = Cache::open(dir.join("cache")).unwrap();
-    let refused = |opts: LoaderOptions, key: &str, says: &str| {
-        let e = cache.loader(opts).unwrap_err();
+    let refused_by = |e: dsc_loader::LoadError, key: &str, says: &str| {
         assert!(
             matches!(&e, dsc_loader::LoadError::Options(o) if o.key == key && o.problem.contains(says)),
             "{key}: {e}"
         );
     };
+    let refused = |opts: LoaderOptions, key: &str, says: &str| {
+        refused_by(cache.loader(opts).unwrap_err(), key, says);
+    };
     let w = windows(16, 8, 4, false);
     let mut o = options(w.clone(), 8);
     o.order.bucket = true;
+    refused(o.clone(), "bucket", "series windows");
+    // Python's bucket=True asks for trim too: the option named is still bucket.
+    o.trim = true;
     refused(o, "bucket", "series windows");
     let mut o = options(w.clone(), 8);
     o.trim = true;
     refused(o, "trim", "series windows");
+    let l = cache.manifest().max_len();
     refused(
-        options(windows(300, 8, 0, false), 8),
+        options(windows(l + 1, 8, 0, false), 8),
         "series_window",
-        "are longer than the",
+        &format!("longer than the {l} steps"),
     );
     refused(
         options(windows(0, 8, 0, false), 8),
         "series_window",
         "at least 1",
     );
+    refused(options(windows(16, 0, 0, false), 8), "stride", "at least 1");
+    // A horizon past L is all padding: refused before any size is derived from it, however
+    // large (no overflow, no allocation of it).
+    for horizon in [l - 15, 1 << 40, usize::MAX - 1, usize::MAX] {
+        for pad in [false, true] {
+            refused(
+                options(windows(16, 8, horizon, pad), 8),
+                "horizon",
+                &format!("(at most {})", l - 16),
+            );
+        }
+    }
+    assert!(cache
+        .loader(options(windows(16, 8, l - 16, true), 8))
+        .is_ok());
     let mut bad = w.clone();
     bad.horizon_columns = vec!["pressure".into()];
     refused(
         options(bad, 8),
-        "series_window",
+        "horizon_columns",
         "\"pressure\" is not a column of x",
+    );
+    let mut bad = w.clone();
+    bad.horizon_columns = vec!["value".into(), "load".into(), "value".into()];
+    refused(options(bad, 8), "horizon_columns", "\"value\" twice");
+    let mut bad = windows(16, 8, 0, false);
+    bad.horizon_columns = vec!["value".into()];
+    refused(options(bad, 8), "horizon_columns", "horizon is 0 steps");
+    let mix = dsc_loader::Mix::new(vec![cache.clone(), cache.clone()]).unwrap();
+    refused_by(
+        mix.loader(options(w, 8)).unwrap_err(),
+        "series_window",
+        "mixes 2 caches",
+    );
+}
+
+#[test]
+fn dsc_order_refuses_hostile_windows_and_a_state_of_other_windows() {
+    let dir = series_cache();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let l = dsc_format::Manifest::read(&dir.join("cache"))
+        .unwrap()
+        .max_len();
+    for horizon in [
+        "18446744073709551614",
+        "9223372036854775807",
+        "1000000000000",
+    ] {
+        let (code, _, err) = run(&[
+            "order",
+            "cache",
+            "--series-window",
+            "3",
+            "--horizon",
+            horizon,
+            "--pad-windows",
+            "--keys",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        let at_most = format!("(at most {})", l - 3);
+        assert!(err.contains("--horizon") && err.contains(&at_most), "{err}");
+    }
+    let windows = ["--series-window", "4", "--stride", "3", "--batch-size", "2"];
+    let (code, state, err) =
+        run(&[&["order", "cache", "--state-after", "3"], &windows[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(dir.join("windows.json"), state).unwrap();
+    let (code, state, err) = run(&["order", "cache", "--batch-size", "2", "--state-after", "2"]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(dir.join("plain.json"), state).unwrap();
+    // Flags that ask for other windows than the state's, or for windows of a state of whole
+    // contexts: refused, naming what the state holds.
+    for (flags, state, says) in [
+        (
+            &["--series-window", "5", "--stride", "3"][..],
+            "windows.json",
+            "windows of 4 steps every 3 steps",
+        ),
+        (
+            &["--series-window", "4", "--stride", "3", "--pad-windows"][..],
+            "windows.json",
+            "every 3 steps",
+        ),
+        (
+            &["--series-window", "4"][..],
+            "plain.json",
+            "an order of whole contexts",
+        ),
+    ] {
+        let (code, _, err) = run(&[
+            &[
+                "order",
+                "cache",
+                "--batch-size",
+                "2",
+                "--keys",
+                "--from-state",
+                state,
+            ],
+            flags,
+        ]
+        .concat());
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(err.contains("--from-state") && err.contains(says), "{err}");
+    }
+    // Without the flags the state's windows continue, and print as windows (KEY:START), as
+    // with the flags that match them.
+    let (code, bare, err) = run(&[
+        "order",
+        "cache",
+        "--batch-size",
+        "2",
+        "--keys",
+        "--from-state",
+        "windows.json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, same, err) = run(&[
+        &["order", "cache", "--keys", "--from-state", "windows.json"],
+        &windows[..],
+    ]
+    .concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(bare, same);
+    assert!(
+        bare.lines()
+            .next()
+            .unwrap()
+            .split(' ')
+            .all(|w| w.contains(':')),
+        "{bare}"
     );
 }

@@ -453,11 +453,15 @@ fn order_of(
             return refused("pack", "a window is its own fixed length");
         }
         let [one] = sizes else {
-            return refused(
-                "weights",
-                "windows are cut from one cache's series, not from a mix",
+            return bad(
+                "series_window",
+                format!(
+                    "windows are cut from one cache's series, and this loader mixes {} caches",
+                    sizes.len()
+                ),
             );
         };
+        windows.check(sources[0].manifest().max_len())?;
         let lengths = sources[0].lengths(&o.split)?;
         let index = Arc::new(WindowIndex::new(windows, one, &lengths));
         let order = EpochOrder::new(
@@ -616,6 +620,14 @@ pub(crate) fn prepare(
     }
     let series = match &opts.order.series {
         Some(windows) => {
+            // Python's bucket=True asks for trim too: the option the caller gave is named.
+            if opts.order.bucket {
+                return Err(OptionError::new(
+                    "bucket",
+                    "cannot be used with series windows (`series_window`): every window has the same length already",
+                )
+                .into());
+            }
             if opts.trim {
                 return Err(OptionError::new(
                     "trim",

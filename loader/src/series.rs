@@ -26,33 +26,13 @@ pub(crate) struct SeriesPlan {
 }
 
 impl SeriesPlan {
-    /// The windows of `windows` checked against the cache of `inner`: at least one step each,
-    /// at most `L`, a stride of at least one step, target columns that `x` holds.
+    /// The windows of `windows` checked against the cache of `inner`
+    /// ([`SeriesWindows::check`]), with target columns that `x` holds.
     pub fn new(inner: &Inner, windows: &SeriesWindows) -> Result<SeriesPlan, LoadError> {
+        windows.check(inner.manifest.max_len())?;
         let bad =
-            |problem: String| -> LoadError { OptionError::new("series_window", problem).into() };
-        let max_len = inner.manifest.max_len();
-        if windows.len == 0 || windows.stride == 0 {
-            return Err(bad(format!(
-                "windows of {} steps every {} steps: both must be at least 1",
-                windows.len, windows.stride
-            )));
-        }
-        if windows.len > max_len {
-            return Err(bad(format!(
-                "windows of {} steps are longer than the {max_len} steps {} stores per context \
-                 (its L): compile with --max-len at least the window (and as large as the \
-                 longest series, so that none is cut)",
-                windows.len,
-                inner.dir.display()
-            )));
-        }
+            |problem: String| -> LoadError { OptionError::new("horizon_columns", problem).into() };
         if windows.horizon == 0 {
-            if !windows.horizon_columns.is_empty() {
-                return Err(bad(
-                    "names target columns without a horizon: give `horizon` too".into(),
-                ));
-            }
             return Ok(SeriesPlan {
                 windows: windows.clone(),
                 x: None,
@@ -61,10 +41,14 @@ impl SeriesPlan {
         }
         let tensors = inner.manifest.tensors();
         let Some(x) = tensors.iter().position(|t| t.role == TensorRole::Features) else {
-            return Err(bad(format!(
-                "a horizon's target is taken from the features tensor x, and {} has none",
-                inner.dir.display()
-            )));
+            return Err(OptionError::new(
+                "horizon",
+                format!(
+                    "a horizon's target is taken from the features tensor x, and {} has none",
+                    inner.dir.display()
+                ),
+            )
+            .into());
         };
         let names: Vec<&str> = tensors[x].columns.iter().map(|c| c.name.as_str()).collect();
         let columns = if windows.horizon_columns.is_empty() {

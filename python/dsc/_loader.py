@@ -49,7 +49,8 @@ _INT_MAX = 2**63 - 1
 def _check_int(name: str, value: Any, minimum: int, maximum: int = _INT_MAX) -> int:
     if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
             or not minimum <= value <= maximum):
-        raise OptionsError(f"{name}={value!r}: expected an integer in [{minimum}, {maximum}]")
+        raise OptionsError(f"{name}={value!r}: expected an integer in [{minimum}, {maximum}]",
+                           option=name)
     return int(value)
 
 
@@ -223,12 +224,20 @@ class Loader:
         self.series: Optional[Dict[str, Any]] = None
         if series_window is not None:
             length = _check_int("series_window", series_window, 1)
+            if not isinstance(pad_windows, bool):
+                raise OptionsError(f"pad_windows={pad_windows!r}: expected True or False",
+                                   option="pad_windows")
+            targets = ([] if horizon_columns is None else
+                       [horizon_columns] if isinstance(horizon_columns, str) else
+                       [str(c) for c in horizon_columns])
+            if horizon_columns is not None and not targets:
+                raise OptionsError("horizon_columns=[] names no column: name the columns of x the "
+                                   "horizon takes, or pass None for all of them",
+                                   option="horizon_columns")
             self.series = dict(
                 len=length, stride=length if stride is None else _check_int("stride", stride, 1),
-                horizon=_check_int("horizon", horizon, 0), pad=bool(pad_windows),
-                horizon_columns=[] if horizon_columns is None else
-                ([horizon_columns] if isinstance(horizon_columns, str) else
-                 [str(c) for c in horizon_columns]),
+                horizon=_check_int("horizon", horizon, 0), pad=pad_windows,
+                horizon_columns=targets,
             )
         elif stride is not None or horizon or horizon_columns is not None or pad_windows:
             raise OptionsError("stride=, horizon=, horizon_columns= and pad_windows= shape series "

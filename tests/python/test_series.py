@@ -5,6 +5,7 @@ target, resumable through state_dict, refused where it cannot hold."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -75,12 +76,39 @@ def test_a_windowed_loader_resumes_from_its_state_dict(series_cache: Path) -> No
 
 
 def test_series_windows_are_refused_where_they_cannot_hold(series_cache: Path) -> None:
-    with pytest.raises(dsc.OptionsError, match="longer than the"):
-        dsc.Loader(series_cache, series_window=300)
-    with pytest.raises(dsc.OptionsError, match="not a column of x"):
-        dsc.Loader(series_cache, series_window=8, horizon=2, horizon_columns=["pressure"])
-    with pytest.raises(dsc.OptionsError, match="series"):
-        dsc.Loader(series_cache, series_window=8, bucket=True)
-    with pytest.raises(dsc.OptionsError) as e:
-        dsc.Loader(series_cache, stride=4)
+    """Each refusal names the keyword at fault (`OptionsError.option`), and no number, however
+    large, reaches an allocation or an overflow: a horizon ends within the cache's L."""
+    max_len = dsc.open(series_cache).max_len
+    cases = [
+        (dict(series_window=max_len + 1), "series_window", "longer than the"),
+        (dict(series_window=0), "series_window", "series_window=0"),
+        (dict(series_window=8, stride=0), "stride", "stride=0"),
+        (dict(series_window=8, stride=2**63), "stride", "stride="),
+        (dict(series_window=8, horizon=-1), "horizon", "horizon=-1"),
+        (dict(series_window=8, horizon=1.5), "horizon", "horizon=1.5"),
+        (dict(series_window=8, horizon=2, horizon_columns=["pressure"]), "horizon_columns",
+         "not a column of x"),
+        (dict(series_window=8, horizon=2, horizon_columns=["value", "value"]), "horizon_columns",
+         "twice"),
+        (dict(series_window=8, horizon=2, horizon_columns=[]), "horizon_columns", "names no column"),
+        (dict(series_window=8, horizon_columns=["value"]), "horizon_columns", "horizon is 0 steps"),
+        (dict(series_window=8, pad_windows="no"), "pad_windows", "True or False"),
+        (dict(series_window=8, bucket=True), "bucket", "series windows"),
+        (dict(series_window=8, trim=True), "trim", "series windows"),
+        (dict(stride=4), "series_window", "pass series_window= too"),
+    ]
+    for horizon in (max_len - 7, 2**32, 2**62, 2**62 + 1, 2**63 - 1):
+        for pad in (False, True):
+            cases.append((dict(series_window=8, horizon=horizon, pad_windows=pad, num_threads=0),
+                          "horizon", f"at most {max_len - 8}"))
+    for kwargs, option, says in cases:
+        with pytest.raises(dsc.OptionsError, match=re.escape(says)) as e:
+            next(iter(dsc.Loader(series_cache, batch_size=2, format="numpy", **kwargs)))
+        assert e.value.option == option, (kwargs, e.value.option, str(e.value))
+    with pytest.raises(dsc.OptionsError, match="mixes 2 caches") as e:
+        dsc.Loader([series_cache, series_cache], series_window=8)
     assert e.value.option == "series_window"
+    # The longest horizon that ends within L: every target step past a series' end is padding.
+    last = next(iter(dsc.Loader(series_cache, batch_size=2, format="numpy", series_window=8,
+                                horizon=max_len - 8, pad_windows=True, horizon_columns="value")))
+    assert last["y_next"].shape == (2, max_len - 8, 1)

@@ -37,6 +37,69 @@ pub struct SeriesWindows {
 }
 
 impl SeriesWindows {
+    /// These windows checked against a cache of `max_len` stored steps per context (its `L`),
+    /// naming the option at fault: a window of at least one step and at most `L`, a stride of
+    /// at least one, a horizon that ends within `L` (no stored step lies past it, so a longer
+    /// one is all padding, and its batch size would only grow), target columns named once and
+    /// only with a horizon. Every size a loader derives from them then fits in memory's range.
+    pub fn check(&self, max_len: usize) -> Result<(), dsc_format::spelling::OptionError> {
+        use dsc_format::spelling::OptionError;
+        if self.len == 0 {
+            return Err(OptionError::new(
+                "series_window",
+                "0: a window holds at least 1 step",
+            ));
+        }
+        if self.stride == 0 {
+            return Err(OptionError::new(
+                "stride",
+                "0: windows start at least 1 step apart",
+            ));
+        }
+        if self.len > max_len {
+            return Err(OptionError::new(
+                "series_window",
+                format!(
+                    "{}: windows longer than the {max_len} steps stored per context (the \
+                     cache's L): compile with --max-len at least the window (and as large as \
+                     the longest series, so that none is cut)",
+                    self.len
+                ),
+            ));
+        }
+        if self
+            .len
+            .checked_add(self.horizon)
+            .is_none_or(|end| end > max_len)
+        {
+            return Err(OptionError::new(
+                "horizon",
+                format!(
+                    "{}: a window of {} steps and its horizon reach past the {max_len} steps \
+                     stored per context, where no step lies (at most {})",
+                    self.horizon,
+                    self.len,
+                    max_len - self.len
+                ),
+            ));
+        }
+        if self.horizon == 0 && !self.horizon_columns.is_empty() {
+            return Err(OptionError::new(
+                "horizon_columns",
+                "names target columns, and the horizon is 0 steps: give `horizon` of at least 1",
+            ));
+        }
+        for (i, c) in self.horizon_columns.iter().enumerate() {
+            if self.horizon_columns[..i].contains(c) {
+                return Err(OptionError::new(
+                    "horizon_columns",
+                    format!("names {c:?} twice: each target column once"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Windows of a context of `length` stored steps.
     pub fn count(&self, length: usize) -> usize {
         let stride = self.stride.max(1);
