@@ -374,8 +374,8 @@ pub struct CompileArgs {
     /// named after it, one fixed-width row per step ([n, L, W]; of the context table [n, W]):
     /// `bits` (a string of 0 and 1 as that many u8, W from the data), `chars:W` (characters
     /// as i32 codes over the train split's characters, 0 padding, 1 unknown), `ngrams:N` (the
-    /// set of character N-grams as a multi-hot u8 vector over the train split's most frequent,
-    /// at most --ngram-vocab).
+    /// set of character N-grams, N at most 16, as a multi-hot u8 vector over the train split's
+    /// most frequent, at most --ngram-vocab). One encoding per column.
     #[arg(long, value_name = "COL=CHAIN", help_heading = "Columns")]
     pub encode: Vec<String>,
     /// N-grams kept at most by `--encode COL=ngrams:N`: the train split's most frequent (rows

@@ -88,7 +88,14 @@ fn given(a: &CompileArgs) -> anyhow::Result<Map<String, Value>> {
         let Some((col, chain)) = e.split_once('=') else {
             bail!("--encode {e:?}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore");
         };
-        encode.insert(col.trim().into(), json!(chain.trim()));
+        if let Some(earlier) = encode.insert(col.trim().into(), json!(chain.trim())) {
+            bail!(
+                "--encode names column {:?} twice ({} and {}): one encoding per column",
+                col.trim(),
+                earlier.as_str().unwrap_or_default(),
+                chain.trim()
+            );
+        }
     }
     if !encode.is_empty() {
         put("encode", Value::Object(encode));

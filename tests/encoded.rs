@@ -332,3 +332,99 @@ fn a_string_bits_cannot_store_is_named_by_file_column_and_row() {
         std::fs::write(&path, original).unwrap();
     }
 }
+
+#[test]
+fn a_string_encoding_that_would_store_nothing_or_twice_is_refused() {
+    let dir = Dir::new();
+    gen(&dir, "linkage", "people", "60");
+    let compile = |extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            "people/records.parquet",
+            "--out",
+            "cache",
+            "--quiet",
+        ];
+        args.extend(extra);
+        dsc(dir.path(), &args)
+    };
+    for (extra, says) in [
+        (
+            &[
+                "--features",
+                "yob",
+                "--encode",
+                "first_name=ngrams:2",
+                "--ngram-vocab",
+                "0",
+            ][..],
+            "--ngram-vocab 0 keeps no gram",
+        ),
+        (
+            &["--features", "yob", "--encode", "first_name=ngrams:17"][..],
+            "the gram length must be a whole number from 1 to 16, got \"17\"",
+        ),
+        (
+            &["--features", "yob", "--encode", "first_name=chars:+3"][..],
+            "the width must be a whole number from 1 to 65536, got \"+3\"",
+        ),
+        // No first name of the train split has 16 characters: no gram to encode.
+        (
+            &["--features", "yob", "--encode", "first_name=ngrams:16"][..],
+            "no string of the train split holds 16 characters",
+        ),
+        (
+            &[
+                "--features",
+                "yob",
+                "--encode",
+                "first_name=chars:3",
+                "--encode",
+                "first_name=ngrams:2",
+            ][..],
+            "--encode names column \"first_name\" twice (chars:3 and ngrams:2)",
+        ),
+        (&["--targets", "yob"][..], "nothing to store"),
+    ] {
+        let err = compile(extra).fails(2);
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(!dir.join("cache").exists(), "nothing written");
+    }
+    // An empty first bit string would make the column's width 0: named by its place.
+    let path = dir.join("people/records.parquet");
+    let original = std::fs::read(&path).unwrap();
+    replace_column(&path, "bloom", |i, batch| {
+        let col = batch.column_by_name("bloom").unwrap();
+        let strings = col
+            .as_any()
+            .downcast_ref::<arrow_array::StringArray>()
+            .unwrap();
+        let changed: arrow_array::StringArray = (0..strings.len())
+            .map(|j| {
+                Some(if (i, j) == (0, 0) {
+                    ""
+                } else {
+                    strings.value(j)
+                })
+            })
+            .collect();
+        arc(changed)
+    });
+    let err = compile(&["--targets", "yob", "--encode", "bloom=bits"]).fails(2);
+    assert!(
+        err.contains("records.parquet: column \"bloom\" row 0: an empty bit string"),
+        "{err}"
+    );
+    std::fs::write(&path, original).unwrap();
+    // A Bloom filter and a label, nothing else, is something to store: [n, 256] and [n, 1].
+    compile(&["--targets", "yob", "--encode", "bloom=bits"]).ok();
+    let m = manifest(&dir.join("cache"));
+    let names: Vec<&str> = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["key", "bloom", "length", "y"]);
+    dsc(dir.path(), &["verify", "cache"]).ok();
+}

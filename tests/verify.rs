@@ -243,6 +243,41 @@ fn impossible_content_with_right_checksums_is_caught() {
 }
 
 #[test]
+fn a_character_after_a_strings_padding_is_caught() {
+    // Codes, then zeros to the width: a code after a zero would decode with a character lost.
+    let dir = Dir::new();
+    dsc(
+        dir.path(),
+        &["gen", "microbiome", "--out", "microbes", "--records", "20"],
+    )
+    .ok();
+    dsc(
+        dir.path(),
+        &[
+            "compile",
+            "microbes/asvs.parquet",
+            "--key",
+            "sample_id",
+            "--encode",
+            "asv=chars:150",
+            "--out",
+            "cache",
+            "--quiet",
+        ],
+    )
+    .ok();
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    forge(&dir, "asv", 1, &0i32.to_le_bytes());
+    verify_finds(
+        &dir,
+        &[
+            "tensor asv, sample 0",
+            "at value 2 follows the string's padding",
+        ],
+    );
+}
+
+#[test]
 fn statistics_that_do_not_describe_the_cache_are_caught() {
     let dir = small_icecube_cache();
     let spath = dir.join("cache/stats.json");

@@ -113,6 +113,11 @@ impl Step {
     }
 }
 
+/// The longest n-gram: every row's distinct grams are held while its column is counted
+/// (`N` characters each, one per position), and grams longer than a word are shared by too few
+/// rows to be worth a vocabulary slot.
+pub(crate) const MAX_GRAM: usize = 16;
+
 /// A string column's fixed-width encoding, as the spec names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TextEncoding {
@@ -125,13 +130,14 @@ impl TextEncoding {
     /// The encoding `value` of `column` names, if it is one of these (`None`: a numeric chain).
     pub fn parse(column: &str, value: &str) -> Result<Option<TextEncoding>> {
         let v = value.trim();
-        let width = |w: &str, what: &str| -> Result<usize> {
+        let width = |w: &str, what: &str, most: usize| -> Result<usize> {
             match w.parse::<usize>() {
-                Ok(n) if (1..=1 << 16).contains(&n) => Ok(n),
+                Ok(n) if (1..=most).contains(&n) && w.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
                 _ => Err(OptionError::new(
                     "encode",
                     format!(
-                        "{column}={value}: {what} must be a whole number from 1 to 65536, got {w:?}"
+                        "{column}={value}: {what} must be a whole number from 1 to {most}, got \
+                         {w:?}"
                     ),
                 )
                 .into()),
@@ -151,8 +157,8 @@ impl TextEncoding {
                 .into())
             }
             _ => match (v.strip_prefix("chars:"), v.strip_prefix("ngrams:")) {
-                (Some(w), _) => TextEncoding::Chars(width(w, "the width")?),
-                (_, Some(n)) => TextEncoding::Ngrams(width(n, "the gram length")?),
+                (Some(w), _) => TextEncoding::Chars(width(w, "the width", 1 << 16)?),
+                (_, Some(n)) => TextEncoding::Ngrams(width(n, "the gram length", MAX_GRAM)?),
                 _ => return Ok(None),
             },
         }))
@@ -215,10 +221,24 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     if spec.rows.is_empty() {
         return Err(OptionError::new("rows", "names no files").into());
     }
-    if spec.features.is_empty() && spec.categorical.is_empty() {
+    // A string column encoded to its own tensor is something to store too (a Bloom filter and
+    // a label, a DNA string per step).
+    let strings = spec
+        .encode
+        .iter()
+        .any(|(c, v)| matches!(TextEncoding::parse(c, v), Ok(Some(_))));
+    if spec.features.is_empty() && spec.categorical.is_empty() && !strings {
         return Err(OptionError::new(
             "features",
-            "and `categorical` are both empty: nothing to store; give either or both",
+            "and `categorical` are both empty and `encode` encodes no string column: nothing \
+             to store; give any of them",
+        )
+        .into());
+    }
+    if spec.ngram_vocab == Some(0) {
+        return Err(OptionError::new(
+            "ngram_vocab",
+            "0 keeps no gram: give at least 1 (the default keeps 4096)",
         )
         .into());
     }

@@ -249,6 +249,14 @@ pub(crate) fn merge_text(
                     format!("{column}=bits: the column holds no value to take the width from"),
                 )));
             };
+            if width == 0 {
+                return Err(refuse(
+                    first,
+                    "an empty bit string, and the column's width is its first value's: a \
+                     missing value is a null"
+                        .into(),
+                ));
+            }
             if let Some((other, p)) = by_place.get(1) {
                 return Err(refuse(
                     p,
@@ -278,6 +286,15 @@ pub(crate) fn merge_text(
                 .unwrap_or_default();
             ranked.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
             ranked.truncate(ngram_vocab);
+            if ranked.is_empty() {
+                return Err(CompileError::Spec(OptionError::new(
+                    "encode",
+                    format!(
+                        "{column}=ngrams:{n}: no string of the train split holds {n} characters, \
+                         so there is no gram to encode (give a shorter N)"
+                    ),
+                )));
+            }
             Encoding::Ngrams {
                 n,
                 vocabulary: ranked.into_iter().map(|(g, _)| g.clone()).collect(),

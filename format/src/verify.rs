@@ -341,9 +341,15 @@ fn check_values(
                             }
                         }
                     }
-                    Encoding::Chars { vocabulary, .. } => {
+                    Encoding::Chars { vocabulary, width } => {
                         let codes = vocabulary.len() as i64 + CODE_FIRST as i64;
+                        // A string's codes, then padding (0) to the width: a code after the
+                        // padding has begun would decode as a string with a character lost.
+                        let mut padded = false;
                         for (at, code) in i32s().enumerate().take(n * per_sample) {
+                            if at % width.max(&1) == 0 {
+                                padded = false;
+                            }
                             if i64::from(code) < 0 || i64::from(code) >= codes {
                                 return Err(bad(
                                     at / per_sample,
@@ -354,6 +360,17 @@ fn check_values(
                                     ),
                                 ));
                             }
+                            if padded && code != 0 {
+                                return Err(bad(
+                                    at / per_sample,
+                                    format!(
+                                        "character code {code} at value {} follows the \
+                                         string's padding (0)",
+                                        at % per_sample
+                                    ),
+                                ));
+                            }
+                            padded |= code == 0;
                         }
                     }
                     _ => {}

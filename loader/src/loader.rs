@@ -461,7 +461,7 @@ fn order_of(
                 ),
             );
         };
-        windows.check(sources[0].manifest().max_len())?;
+        windows.check(sources[0].manifest())?;
         let lengths = sources[0].lengths(&o.split)?;
         let index = Arc::new(WindowIndex::new(windows, one, &lengths));
         let order = EpochOrder::new(

@@ -29,7 +29,7 @@ impl SeriesPlan {
     /// The windows of `windows` checked against the cache of `inner`
     /// ([`SeriesWindows::check`]), with target columns that `x` holds.
     pub fn new(inner: &Inner, windows: &SeriesWindows) -> Result<SeriesPlan, LoadError> {
-        windows.check(inner.manifest.max_len())?;
+        windows.check(&inner.manifest)?;
         let bad =
             |problem: String| -> LoadError { OptionError::new("horizon_columns", problem).into() };
         if windows.horizon == 0 {

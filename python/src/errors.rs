@@ -89,6 +89,9 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
         | CompileError::EmptyFile { path }
         | CompileError::OutputExists { path }
         | CompileError::Partition { path, .. }
+        | CompileError::CorruptWork { path, .. }
+        | CompileError::InputChanged { path, .. }
+        | CompileError::OutputLocked { path, .. }
         | CompileError::OutputNotWritable { path, .. } => Place {
             file: file(path),
             ..Place::default()
@@ -98,6 +101,7 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
             ..Place::default()
         },
         CompileError::MissingColumn { path, column, .. }
+        | CompileError::DuplicateColumn { path, column, .. }
         | CompileError::WrongType { path, column, .. }
         | CompileError::SchemaMismatch { path, column, .. } => Place {
             file: file(path),
@@ -109,6 +113,9 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
             path, column, row, ..
         }
         | CompileError::BadSplit {
+            path, column, row, ..
+        }
+        | CompileError::BadText {
             path, column, row, ..
         }
         | CompileError::Incompatible {
@@ -154,7 +161,22 @@ pub fn compile_error(py: Python<'_>, e: CompileError) -> PyErr {
             row: Some(*row),
             ..Place::default()
         },
+        CompileError::NoSplit {
+            context,
+            key,
+            column,
+        } => Place {
+            file: file(context),
+            column: Some(column.clone()),
+            key: Some(key.to_string()),
+            ..Place::default()
+        },
+        CompileError::Overflow { column, .. } => Place {
+            column: Some(column.clone()),
+            ..Place::default()
+        },
         CompileError::Format(f) => format_place(f),
+        // TooManyRows, NoTrain, Interrupted, Internal: no one place.
         _ => Place::default(),
     };
     raise(py, "CompileError", message, place)

@@ -120,6 +120,29 @@ def test_a_table_of_records_compiles_without_a_key_into_tensors_without_a_step_a
     assert dsc.open(tmp_path / "cli").content_id == people.content_id
 
 
+def test_a_string_the_encoding_cannot_store_is_a_compile_error_with_its_place(
+        tmp_path: Path) -> None:
+    """A CompileError names file, column and row as attributes, not only in its message, and a
+    table of records refuses series windows for what it is (no steps), not for its length."""
+    import pyarrow as pa
+    pq.write_table(pa.table({"b": ["0101", "0110", "011"], "v": [1.0, 2.0, 3.0]}),
+                   tmp_path / "bad.parquet")
+    with pytest.raises(dsc.CompileError) as e:
+        dsc.compile(str(tmp_path / "bad.parquet"), out=str(tmp_path / "c"), targets=["v"],
+                    encode={"b": "bits"})
+    assert (e.value.file, e.value.column, e.value.row) == (str(tmp_path / "bad.parquet"), "b", 2)
+    assert "a bit string of 3 characters" in str(e.value)
+    assert not (tmp_path / "c").exists()
+    pq.write_table(pa.table({"b": ["0101", "0110", "0111"], "v": [1.0, 2.0, 3.0]}),
+                   tmp_path / "good.parquet")
+    cache = dsc.compile(str(tmp_path / "good.parquet"), out=str(tmp_path / "c"), targets=["v"],
+                        encode={"b": "bits"})
+    assert [t.name for t in cache.schema] == ["key", "b", "length", "y"]
+    with pytest.raises(dsc.OptionsError, match="table of records") as e:
+        dsc.Loader(cache, batch_size=2, series_window=2)
+    assert e.value.option == "series_window"
+
+
 def test_the_linkage_example_recovers_name_grams_from_bloom_filters(data: Path) -> None:
     run_dsc("compile", "people/records.parquet", "--features", "yob",
             "--encode", "bloom=bits", "--encode", "first_name=ngrams:2", "--val-fraction", "0.25",

@@ -37,13 +37,25 @@ pub struct SeriesWindows {
 }
 
 impl SeriesWindows {
-    /// These windows checked against a cache of `max_len` stored steps per context (its `L`),
-    /// naming the option at fault: a window of at least one step and at most `L`, a stride of
-    /// at least one, a horizon that ends within `L` (no stored step lies past it, so a longer
-    /// one is all padding, and its batch size would only grow), target columns named once and
-    /// only with a horizon. Every size a loader derives from them then fits in memory's range.
-    pub fn check(&self, max_len: usize) -> Result<(), dsc_format::spelling::OptionError> {
+    /// These windows checked against the cache of `manifest`, naming the option at fault: a
+    /// cache of sequences (not a table of records), a window of at least one step and at most
+    /// the `L` steps stored per context, a stride of at least one, a horizon that ends within
+    /// `L` (no stored step lies past it, so a longer one is all padding, and its batch size
+    /// would only grow), target columns named once and only with a horizon. Every size a
+    /// loader derives from them then fits in memory's range.
+    pub fn check(
+        &self,
+        manifest: &dsc_format::Manifest,
+    ) -> Result<(), dsc_format::spelling::OptionError> {
         use dsc_format::spelling::OptionError;
+        if manifest.is_records() {
+            return Err(OptionError::new(
+                "series_window",
+                "cuts windows from the steps of each context, and this cache is a table of \
+                 records (compiled without a key): each row is one sample, without steps",
+            ));
+        }
+        let max_len = manifest.max_len();
         if self.len == 0 {
             return Err(OptionError::new(
                 "series_window",
