@@ -177,24 +177,27 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             );
             let asked = a.series();
             if asked.is_some() && asked != state.order.series {
+                let describe = |w: &Option<dsc_loader::SeriesWindows>| match w {
+                    Some(w) => format!(
+                        "windows of {} steps every {} steps, horizon {}{}{}",
+                        w.len,
+                        w.stride,
+                        w.horizon,
+                        if w.horizon_columns.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" of {}", w.horizon_columns.join(","))
+                        },
+                        if w.pad { ", padded" } else { ", whole" }
+                    ),
+                    None => "an order of whole contexts".into(),
+                };
                 anyhow::bail!(
-                    "--series-window with --from-state {}: that state is of {}, not of the \
-                     windows asked for (drop the series flags; the state's order continues)",
+                    "--series-window with --from-state {}: that state is of {}, the flags ask \
+                     for {} (drop the series flags; the state's order continues)",
                     path.display(),
-                    match &state.order.series {
-                        Some(w) => format!(
-                            "windows of {} steps every {} steps{}{}",
-                            w.len,
-                            w.stride,
-                            if w.horizon > 0 {
-                                format!(" with a horizon of {}", w.horizon)
-                            } else {
-                                String::new()
-                            },
-                            if w.pad { ", padded" } else { "" }
-                        ),
-                        None => "an order of whole contexts".into(),
-                    }
+                    describe(&state.order.series),
+                    describe(&asked)
                 );
             }
             mix.loader_from_state(opts, &state)?

@@ -3,13 +3,14 @@
 use crate::args::ShowArgs;
 use crate::output::outln;
 use anyhow::{bail, Context as _};
-use dsc_format::sample::{decode, find_key, find_key_in, read_context, RawContext};
+use dsc_format::sample::{decode, find_key, read_context, read_context_in, RawContext};
 use dsc_format::Manifest;
 use serde_json::Value;
 use std::path::Path;
 
-/// Where the context is read from: a local cache, or one in object storage whose shards are
-/// fetched one at a time into its local folder (kept there for the next run, as a loader's are).
+/// Where the context is read from: a local cache, or one in object storage, whose key tensors
+/// are read by ranged requests and whose one shard holding the context is fetched (into the
+/// cache's local folder, kept for the next run as a loader's are).
 enum Source {
     Local(Box<Manifest>),
     Remote(dsc_loader::Cache),
@@ -33,19 +34,10 @@ impl Source {
 
     /// The split position of the context with `key`.
     fn find_key(&self, dir: &Path, split: &str, key: i64) -> anyhow::Result<Option<usize>> {
-        let manifest = self.manifest();
-        let Source::Remote(cache) = self else {
-            return Ok(find_key(dir, manifest, split, key)?);
-        };
-        let folder = cache.fetch_folder().expect("a remote cache");
-        for (shard, entry) in manifest.shards_of(split).enumerate() {
-            // Held while it is read: the fetched file stays in the folder.
-            let _held = cache.shard_bytes(split, shard)?;
-            if let Some(index) = find_key_in(folder, manifest, entry, key)? {
-                return Ok(Some(index));
-            }
-        }
-        Ok(None)
+        Ok(match self {
+            Source::Local(manifest) => find_key(dir, manifest, split, key)?,
+            Source::Remote(cache) => cache.find_key(split, key)?,
+        })
     }
 
     /// Context `index` of `split` (`None` past its end).
@@ -54,15 +46,19 @@ impl Source {
         let Source::Remote(cache) = self else {
             return Ok(read_context(dir, manifest, split, index)?);
         };
-        let Some(shard) = manifest
+        let Some((shard, entry)) = manifest
             .shards_of(split)
-            .position(|s| (s.first_context..s.first_context + s.contexts).contains(&index))
+            .enumerate()
+            .find(|(_, s)| (s.first_context..s.first_context + s.contexts).contains(&index))
         else {
             return Ok(None);
         };
-        let _held = cache.shard_bytes(split, shard)?;
-        let folder = cache.fetch_folder().expect("a remote cache");
-        Ok(read_context(folder, manifest, split, index)?)
+        // Fetched (and, when compressed, decompressed) once, and read from memory.
+        let bytes = cache.shard_bytes(split, shard)?;
+        let path = dir.join(&entry.file);
+        Ok(read_context_in(
+            manifest, entry, &bytes, &path, split, index,
+        )?)
     }
 }
 

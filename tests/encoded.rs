@@ -385,6 +385,11 @@ fn a_string_encoding_that_would_store_nothing_or_twice_is_refused() {
             "--encode names column \"first_name\" twice (chars:3 and ngrams:2)",
         ),
         (&["--targets", "yob"][..], "nothing to store"),
+        // Without a feature, a misspelt encoding is still named for what it is.
+        (
+            &["--targets", "yob", "--encode", "bloom=chars:0"][..],
+            "the width must be a whole number from 1 to 65536, got \"0\"",
+        ),
     ] {
         let err = compile(extra).fails(2);
         assert!(err.contains(says), "{extra:?}: {err}");

@@ -374,47 +374,47 @@ fn show_and_report_read_it_as_the_local_cache(dir: &Dir, url: &str, run: &Run) {
     let manifest = dsc_format::Manifest::read(&dir.join("local")).unwrap();
     assert!(manifest.shards_of("train").count() > 2);
     let last = manifest.shards_of("train").last().unwrap();
+    let last_name = Path::new(&last.file).file_name().unwrap().to_string_lossy();
     let index = (last.first_context + last.contexts - 1).to_string();
-    let folder = dir.join("show-cache");
-    let folder = folder.to_str().unwrap();
     let (code, want, err) = run(&["show", "local", "--index", &index, "--json"]);
     assert_eq!(code, 0, "{err}");
-    let (code, got, err) = run(&[
-        "show",
-        url,
-        "--index",
-        &index,
-        "--json",
-        "--cache-dir",
-        folder,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(got, want);
-    let fetched: Vec<String> = walk(Path::new(folder))
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(
-        fetched,
-        [Path::new(&last.file).file_name().unwrap().to_string_lossy()]
-    );
     let key = serde_json::from_str::<serde_json::Value>(&want).unwrap()["key"].to_string();
-    let (code, want, err) = run(&["show", "local", "--key", &key]);
+    let (code, want_text, err) = run(&["show", "local", "--key", &key]);
     assert_eq!(code, 0, "{err}");
-    let (code, got, err) = run(&["show", url, "--key", &key, "--cache-dir", folder]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(got, want);
-    let (code, _, err) = run(&["show", url, "--key", "-12345", "--cache-dir", folder]);
-    assert_eq!(code, 2);
-    assert!(err.contains("no context with key -12345"), "{err}");
-    // Of a compressed copy, the one shard fetched is decompressed to read it.
+    // Hot and compressed (a copy compressed to another URL), each into a folder of its own:
+    // --index and --key give the local output, and only the shard that holds the context is
+    // fetched (the keys are read by ranged requests).
     let cold = format!("{url}-zstd");
     let (code, _, err) = run(&["compress", "local", "--out", &cold, "--quiet"]);
     assert_eq!(code, 0, "{err}");
-    let (code, got, err) = run(&["show", &cold, "--key", &key, "--cache-dir", folder]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(got, want);
+    for (remote, folder) in [(url, "show-hot"), (cold.as_str(), "show-cold")] {
+        let folder = dir.join(folder);
+        let folder = folder.to_str().unwrap();
+        let show = |args: &[&str]| {
+            let mut all = vec!["show", remote];
+            all.extend(args);
+            all.extend(["--cache-dir", folder]);
+            run(&all)
+        };
+        let (code, got, err) = show(&["--index", &index, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(got, want);
+        let (code, got, err) = show(&["--key", &key]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(got, want_text);
+        let (code, _, err) = show(&["--key", "-12345"]);
+        assert_eq!(code, 2);
+        assert!(err.contains("no context with key -12345"), "{err}");
+        let fetched: Vec<String> = walk(Path::new(folder))
+            .into_iter()
+            .filter_map(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.contains(".safetensors").then_some(name)
+            })
+            .collect();
+        assert_eq!(fetched.len(), 1, "{remote}: {fetched:?}");
+        assert!(fetched[0].starts_with(&*last_name), "{fetched:?}");
+    }
     for (cache, out) in [("local", "local.html"), (url, "remote.html")] {
         let (code, _, err) = run(&["report", cache, "-o", out]);
         assert_eq!(code, 0, "{err}");

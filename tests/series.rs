@@ -304,8 +304,8 @@ fn windows_are_refused_where_they_cannot_hold_naming_the_option() {
         "at least 1",
     );
     refused(options(windows(16, 0, 0, false), 8), "stride", "at least 1");
-    // A horizon past L is all padding: refused before any size is derived from it, however
-    // large (no overflow, no allocation of it).
+    // A horizon that runs past L (zeros there in every window): refused before any size is
+    // derived from it, however large (no overflow, no allocation of it).
     for horizon in [l - 15, 1 << 40, usize::MAX - 1, usize::MAX] {
         for pad in [false, true] {
             refused(
@@ -390,12 +390,12 @@ fn dsc_order_refuses_hostile_windows_and_a_state_of_other_windows() {
         (
             &["--series-window", "5", "--stride", "3"][..],
             "windows.json",
-            "windows of 4 steps every 3 steps",
+            "that state is of windows of 4 steps every 3 steps, horizon 0, whole, the flags ask for windows of 5 steps",
         ),
         (
             &["--series-window", "4", "--stride", "3", "--pad-windows"][..],
             "windows.json",
-            "every 3 steps",
+            "horizon 0, whole, the flags ask for windows of 4 steps every 3 steps, horizon 0, padded",
         ),
         (
             &["--series-window", "4"][..],

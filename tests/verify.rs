@@ -259,13 +259,15 @@ fn a_character_after_a_strings_padding_is_caught() {
             "--key",
             "sample_id",
             "--encode",
-            "asv=chars:150",
+            "asv=chars:160",
             "--out",
             "cache",
             "--quiet",
         ],
     )
     .ok();
+    // Each 150-base ASV is padded to 160 within its step, and the next step's codes follow:
+    // the padding is each row's own, not the sample's.
     dsc(dir.path(), &["verify", "cache"]).ok();
     forge(&dir, "asv", 1, &0i32.to_le_bytes());
     verify_finds(

@@ -84,18 +84,63 @@ pub fn read_context(
     let layout = read_layout(entry, &path)?;
     layout.check(manifest, entry, &path)?;
     let mut file = Ranges::open(dir, entry)?;
+    context_at(manifest, entry, &layout, split, index, |at, len| {
+        file.read_at(at, len)
+    })
+    .map(Some)
+}
+
+/// [`read_context`] from shard `entry`'s safetensors bytes held in memory (a shard fetched
+/// from object storage, or decompressed; `path` names it in messages), its header checked
+/// against the manifest first. `None` when the shard does not hold context `index`.
+pub fn read_context_in(
+    manifest: &Manifest,
+    entry: &ShardEntry,
+    bytes: &[u8],
+    path: &Path,
+    split: &str,
+    index: usize,
+) -> Result<Option<RawContext>, FormatError> {
+    if !(entry.first_context..entry.first_context + entry.contexts).contains(&index) {
+        return Ok(None);
+    }
+    let layout =
+        crate::shard::read_header(&mut &bytes[..], bytes.len() as u64, path, |e| io(path, e))?;
+    layout.check(manifest, entry, path)?;
+    context_at(manifest, entry, &layout, split, index, |at, len| {
+        Ok(usize::try_from(at)
+            .ok()
+            .and_then(|a| bytes.get(a..a.checked_add(len)?))
+            .expect("ranges come from a layout checked against the file")
+            .to_vec())
+    })
+    .map(Some)
+}
+
+/// Context `index` (of `split`, in shard `entry` laid out as `layout`), each tensor's sample
+/// read by `read_at(offset, len)`.
+fn context_at(
+    manifest: &Manifest,
+    entry: &ShardEntry,
+    layout: &crate::shard::ShardLayout,
+    split: &str,
+    index: usize,
+    mut read_at: impl FnMut(u64, usize) -> Result<Vec<u8>, FormatError>,
+) -> Result<RawContext, FormatError> {
     let i = index - entry.first_context;
     let mut tensors = Vec::with_capacity(manifest.tensors().len());
     for (spec, extent) in manifest.tensors().iter().zip(&layout.tensors) {
         let size = spec.sample_bytes();
-        let bytes = file.read_at(extent.start + (i * size) as u64, size)?;
-        tensors.push((spec.name.clone(), bytes));
+        tensors.push((
+            spec.name.clone(),
+            read_at(extent.start + (i * size) as u64, size)?,
+        ));
     }
-    Ok(Some(RawContext {
+    Ok(RawContext {
         split: split.into(),
         index,
         tensors,
-    }))
+    })
 }
 
 /// Finds the context with `key` in `split` by reading the shards' `key` tensors. `key` is
@@ -117,8 +162,8 @@ pub fn find_key(
 }
 
 /// [`find_key`] in one shard, `entry`, stored under `dir`: the split position of the context
-/// with `key`, if this shard holds it. For readers that fetch a split's shards one at a time.
-pub fn find_key_in(
+/// with `key`, if this shard holds it.
+fn find_key_in(
     dir: &Path,
     manifest: &Manifest,
     entry: &ShardEntry,

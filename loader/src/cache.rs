@@ -138,6 +138,50 @@ impl Inner {
         Ok(ShardBytes::Held(held))
     }
 
+    /// The position of split `split` among the cache's.
+    fn split_index(&self, split: &str) -> Result<usize, LoadError> {
+        self.splits
+            .iter()
+            .position(|(name, _)| name == split)
+            .ok_or_else(|| self.no_split(split))
+    }
+
+    /// The manifest position of the tensor of `role` (the key, the length: every cache has
+    /// one of each).
+    fn slot(&self, role: TensorRole) -> usize {
+        self.manifest
+            .tensors()
+            .iter()
+            .position(|t| t.role == role)
+            .expect("a validated manifest has a key and a length tensor")
+    }
+
+    /// The first `end` bytes of `shard`'s safetensors file, for what lies at its start (keys,
+    /// lengths): mapped; of a compressed shard, its frame decompressed up to them into a
+    /// buffer dropped after use (decompressed whole, every shard of the split passed through
+    /// the resident set before the first batch: 331 MB peak for `dsc order --bucket` on a
+    /// 344 MB cache, 30 MB this way); of a shard in object storage not fetched, by ranged
+    /// requests. The data is decompressed and checked when its batches are read.
+    fn head<'a>(
+        &self,
+        shard: &'a Shard,
+        end: usize,
+    ) -> Result<std::borrow::Cow<'a, [u8]>, LoadError> {
+        Ok(match &shard.body {
+            Body::Mapped(map) => std::borrow::Cow::Borrowed(map.bytes()),
+            Body::Cold(_) => std::borrow::Cow::Owned(dsc_format::stored::read_prefix(
+                &shard.entry,
+                shard.file.as_ref().expect("a local shard has its file"),
+                &shard.path,
+                end,
+            )?),
+            #[cfg(feature = "remote")]
+            Body::Remote { id, .. } => {
+                std::borrow::Cow::Owned(self.fetcher().prefix(*id, &shard.entry, end)?)
+            }
+        })
+    }
+
     /// The fetcher of a cache in object storage.
     #[cfg(feature = "remote")]
     pub(crate) fn fetcher(&self) -> &crate::remote::Fetcher {
@@ -290,53 +334,44 @@ impl Cache {
     /// decompressed up to them), once per open cache.
     pub fn lengths(&self, split: &str) -> Result<Arc<[u32]>, LoadError> {
         let inner = &self.inner;
-        let Some(index) = inner.splits.iter().position(|(name, _)| name == split) else {
-            return Err(inner.no_split(split));
-        };
+        let index = inner.split_index(split)?;
         if let Some(lengths) = inner.lengths[index].get() {
             return Ok(lengths.clone());
         }
-        let slot = inner
-            .manifest
-            .tensors()
-            .iter()
-            .position(|t| t.role == TensorRole::Length)
-            .expect("a validated manifest has a length tensor");
+        let slot = inner.slot(TensorRole::Length);
         let shards = &inner.splits[index].1;
         let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
         for shard in shards {
             let start = shard.tensor_starts[slot];
             let end = start + 4 * shard.entry.contexts;
-            let prefix;
-            let bytes: &[u8] = match &shard.body {
-                Body::Mapped(map) => map.bytes(),
-                // Only the frame up to the lengths, into a buffer dropped at once: decompressed
-                // whole, every shard of the split passed through the resident set before the
-                // first batch (331 MB peak for `dsc order --bucket` on a 344 MB cache, 30 MB
-                // now). The data is decompressed and checked when its batches are read.
-                Body::Cold(_) => {
-                    prefix = dsc_format::stored::read_prefix(
-                        &shard.entry,
-                        shard.file.as_ref().expect("a local shard has its file"),
-                        &shard.path,
-                        end,
-                    )?;
-                    &prefix
-                }
-                // Of a shard not fetched yet, only its start, by ranged requests.
-                #[cfg(feature = "remote")]
-                Body::Remote { id, .. } => {
-                    prefix = inner.fetcher().prefix(*id, &shard.entry, end)?;
-                    &prefix
-                }
-            };
+            let head = inner.head(shard, end)?;
             out.extend(
-                bytes[start..end]
+                head[start..end]
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as u32),
             );
         }
         Ok(inner.lengths[index].get_or_init(|| out.into()).clone())
+    }
+
+    /// The position in `split`'s compiled order of the context with `key`, if it holds one:
+    /// each shard's `key` tensor read as [`Cache::lengths`] reads lengths (of a shard in object
+    /// storage, its start by ranged requests, nothing fetched), shard by shard until found.
+    pub fn find_key(&self, split: &str, key: i64) -> Result<Option<usize>, LoadError> {
+        let inner = &self.inner;
+        let slot = inner.slot(TensorRole::Key);
+        for shard in &inner.splits[inner.split_index(split)?].1 {
+            let start = shard.tensor_starts[slot];
+            let end = start + 8 * shard.entry.contexts;
+            let head = inner.head(shard, end)?;
+            if let Some(at) = head[start..end]
+                .chunks_exact(8)
+                .position(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) == key)
+            {
+                return Ok(Some(shard.entry.first_context + at));
+            }
+        }
+        Ok(None)
     }
 
     /// The tensors of every batch, in order.

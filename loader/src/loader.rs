@@ -658,8 +658,17 @@ pub(crate) fn prepare(
     // A batch is allocated whole (its tensors, and its list of samples): refuse sizes this
     // machine cannot hold before multiplying them into an overflow or an allocation that
     // aborts the process.
+    // A window's target steps, y_next [H, K] f32, come on top of its stored tensors.
+    let horizon_bytes = series.as_ref().map_or(0, |p| {
+        p.windows
+            .horizon
+            .saturating_mul(p.columns.len())
+            .saturating_mul(4)
+    });
     let batch_bytes = match pack {
-        None => (per_context + std::mem::size_of::<Sample>()).checked_mul(opts.batch_size),
+        None => (per_context + std::mem::size_of::<Sample>())
+            .checked_add(horizon_bytes)
+            .and_then(|row| row.checked_mul(opts.batch_size)),
         Some((tokens, seqs)) => {
             let per_token: usize = loaded
                 .iter()

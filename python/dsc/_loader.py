@@ -224,9 +224,12 @@ class Loader:
         self.series: Optional[Dict[str, Any]] = None
         if series_window is not None:
             length = _check_int("series_window", series_window, 1)
-            if not isinstance(pad_windows, bool):
+            if not isinstance(pad_windows, (bool, np.bool_)):
                 raise OptionsError(f"pad_windows={pad_windows!r}: expected True or False",
                                    option="pad_windows")
+            if not (horizon_columns is None or isinstance(horizon_columns, (str, list, tuple))):
+                raise OptionsError(f"horizon_columns={horizon_columns!r}: expected a column name "
+                                   "or a list of them", option="horizon_columns")
             targets = ([] if horizon_columns is None else
                        [horizon_columns] if isinstance(horizon_columns, str) else
                        [str(c) for c in horizon_columns])
@@ -236,7 +239,7 @@ class Loader:
                                    option="horizon_columns")
             self.series = dict(
                 len=length, stride=length if stride is None else _check_int("stride", stride, 1),
-                horizon=_check_int("horizon", horizon, 0), pad=pad_windows,
+                horizon=_check_int("horizon", horizon, 0), pad=bool(pad_windows),
                 horizon_columns=targets,
             )
         elif stride is not None or horizon or horizon_columns is not None or pad_windows:
@@ -564,7 +567,8 @@ class Loader:
             s = self.series
             series = f", series_window={s['len']}, stride={s['stride']}"
             if s["horizon"]:
-                series += f", horizon={s['horizon']}, horizon_columns={s['horizon_columns']}"
+                series += (f", horizon={s['horizon']}, "
+                           f"horizon_columns={s['horizon_columns'] or None}")
             if s["pad"]:
                 series += ", pad_windows=True"
         return (

@@ -93,6 +93,7 @@ def test_series_windows_are_refused_where_they_cannot_hold(series_cache: Path) -
         (dict(series_window=8, horizon=2, horizon_columns=[]), "horizon_columns", "names no column"),
         (dict(series_window=8, horizon_columns=["value"]), "horizon_columns", "horizon is 0 steps"),
         (dict(series_window=8, pad_windows="no"), "pad_windows", "True or False"),
+        (dict(series_window=8, horizon=2, horizon_columns=3), "horizon_columns", "a column name"),
         (dict(series_window=8, bucket=True), "bucket", "series windows"),
         (dict(series_window=8, trim=True), "trim", "series windows"),
         (dict(stride=4), "series_window", "pass series_window= too"),
@@ -112,3 +113,5 @@ def test_series_windows_are_refused_where_they_cannot_hold(series_cache: Path) -
     last = next(iter(dsc.Loader(series_cache, batch_size=2, format="numpy", series_window=8,
                                 horizon=max_len - 8, pad_windows=True, horizon_columns="value")))
     assert last["y_next"].shape == (2, max_len - 8, 1)
+    every = dsc.Loader(series_cache, series_window=8, horizon=2, pad_windows=np.True_)
+    assert "horizon=2, horizon_columns=None, pad_windows=True" in repr(every)

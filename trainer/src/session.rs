@@ -119,6 +119,13 @@ impl Session {
             true => Some(crate::normalise::train_stats(&cache)?),
             false => None,
         };
+        // The task sizes its targets from the windows (a forecast's [H, K]): checked against
+        // the cache first, as the loader will, so that no size comes from an unchecked horizon.
+        if let Some(windows) = &cfg.series {
+            windows
+                .check(cache.manifest())
+                .map_err(dsc_loader::LoadError::from)?;
+        }
         let vs = nn::VarStore::new(device);
         let task = TaskSpec::resolve(&cfg, &sources, stats.as_ref(), &vs.root())?;
         let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);

@@ -1285,4 +1285,26 @@ fn forecasting_on_series_windows_beats_repeating_the_last_value() {
     let refused = train(&["--cache", &c, "--out", &o, "--task", "forecast"]);
     assert_eq!(refused.code, 2);
     assert!(refused.stderr.contains("--task"), "{}", refused.stderr);
+    // A horizon past the stored steps is refused before the task sizes its targets from it
+    // (it allocated [H, K] scalings first, and aborted on 2^62).
+    for horizon in ["100000", "4611686018427387904"] {
+        let refused = train(&[
+            "--cache",
+            &c,
+            "--out",
+            &o,
+            "--task",
+            "forecast",
+            "--series-window",
+            "48",
+            "--horizon",
+            horizon,
+        ]);
+        assert_eq!(refused.code, 2, "{}", refused.stderr);
+        assert!(
+            refused.stderr.contains("--horizon") && refused.stderr.contains("(at most "),
+            "{}",
+            refused.stderr
+        );
+    }
 }

@@ -40,9 +40,10 @@ impl SeriesWindows {
     /// These windows checked against the cache of `manifest`, naming the option at fault: a
     /// cache of sequences (not a table of records), a window of at least one step and at most
     /// the `L` steps stored per context, a stride of at least one, a horizon that ends within
-    /// `L` (no stored step lies past it, so a longer one is all padding, and its batch size
-    /// would only grow), target columns named once and only with a horizon. Every size a
-    /// loader derives from them then fits in memory's range.
+    /// `L` (no stored step lies past it: whole windows could not fit, padded ones would hold
+    /// zeros there in every window, and the batch would only grow), target columns named once
+    /// and only with a horizon. Every size a loader derives from them then fits in memory's
+    /// range.
     pub fn check(
         &self,
         manifest: &dsc_format::Manifest,
@@ -139,8 +140,9 @@ impl SeriesWindows {
 /// Where each window of a split lies: per shard, the first window of each of its contexts.
 #[derive(Debug)]
 pub(crate) struct WindowIndex {
-    /// Per shard: the number of windows before each of its contexts, then its total.
-    before: Vec<Vec<u32>>,
+    /// Per shard: the number of windows before each of its contexts, then its total (u64: a
+    /// shard of billions of steps at stride 1 holds more than u32 counts).
+    before: Vec<Vec<u64>>,
     /// First compiled position of each shard's contexts.
     starts: Vec<usize>,
     /// Windows per shard: the sizes the epoch order runs over.
@@ -157,11 +159,11 @@ impl WindowIndex {
         let mut at = 0;
         for &n in contexts {
             starts.push(at);
-            let mut acc = 0u32;
+            let mut acc = 0u64;
             let mut counts = Vec::with_capacity(n + 1);
             for &len in &lengths[at..at + n] {
                 counts.push(acc);
-                acc += windows.count(len as usize) as u32;
+                acc += windows.count(len as usize) as u64;
             }
             counts.push(acc);
             sizes.push(acc as usize);
