@@ -437,3 +437,31 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn a_url_of_no_store_dsc_reads_is_refused_not_taken_for_a_folder() {
+    // Taken as paths, these became local folders named `ftp:` and `file:`.
+    let dir = Dir::new();
+    gen_icecube(&dir, 1, 50);
+    for url in ["ftp://bucket/x", "file:///tmp/x"] {
+        let err = dsc(dir.path(), &icecube_args(url, &["--quiet"])).fails(2);
+        assert!(
+            err.contains(url) && err.contains("not an object storage URL dsc reads"),
+            "{err}"
+        );
+        for command in ["inspect", "verify", "show", "order"] {
+            let mut args = vec![command, url];
+            if command == "show" {
+                args.extend(["--index", "0"]);
+            }
+            let err = dsc(dir.path(), &args).fails(2);
+            assert!(
+                err.contains("not an object storage URL dsc reads"),
+                "{command}: {err}"
+            );
+        }
+    }
+    for local in ["ftp:", "file:"] {
+        assert!(!dir.join(local).exists(), "{local} was written");
+    }
+}

@@ -10,17 +10,27 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreScheme};
 use std::sync::Arc;
 
-/// URL schemes read as object storage; anything else is a local path.
+/// URL schemes read as object storage; another `scheme://` is refused, anything else is a
+/// local path.
 const SCHEMES: &[&str] = &[
     "s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "http", "https",
 ];
 
-/// Whether `location` names a cache in object storage (`s3://…`, `gs://…`, `az://…`,
-/// `https://…`) rather than a local directory.
+/// Whether `location` is a URL (`s3://…`, `gs://…`, `az://…`, `https://…`, or any other
+/// `scheme://`) rather than a local directory. A scheme dsc does not read is refused when the
+/// URL is opened ([`crate::Remote::open`]), naming it: taken as a path, `ftp://host/x` became a
+/// local folder named `ftp:`.
 pub fn is_remote(location: &str) -> bool {
-    location
-        .split_once("://")
-        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+    location.split_once("://").is_some_and(|(scheme, _)| {
+        let mut chars = scheme.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
+/// Whether `scheme` is one dsc reads caches from.
+fn supported(scheme: &str) -> bool {
+    SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())
 }
 
 /// The store and the prefix inside it that `url` names, configured from the environment, then
@@ -40,9 +50,15 @@ pub(crate) fn connect(
              aws_endpoint, aws_region, google_service_account, azure_storage_account_name)"
         ))
     };
-    if !is_remote(url) {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    if !scheme.is_some_and(supported) {
+        let hint = if scheme.is_some_and(|s| s.eq_ignore_ascii_case("file")) {
+            "; a local folder is given as its path, without file://"
+        } else {
+            ""
+        };
         return Err(bad(format!(
-            "not an object storage URL (schemes: {})",
+            "not an object storage URL dsc reads (schemes: {}){hint}",
             SCHEMES.join(", ")
         )));
     }
@@ -202,16 +218,27 @@ mod tests {
             "http://h:9/p",
         ] {
             assert!(is_remote(url), "{url}");
+            assert!(supported(url.split_once("://").unwrap().0), "{url}");
         }
         for path in [
             "cache",
             "/data/cache",
             "./s3:/x",
-            "file:///x",
-            "ftp://h/x",
             "s3:/b",
+            "a b://c",
+            "://x",
         ] {
             assert!(!is_remote(path), "{path}");
+        }
+        // URLs, but of no store dsc reads: refused by name when opened, never a local folder
+        // named `ftp:`.
+        for (url, says) in [
+            ("ftp://h/x", "not an object storage URL dsc reads"),
+            ("file:///x", "without file://"),
+        ] {
+            assert!(is_remote(url), "{url}");
+            let err = connect(url, &[]).err().unwrap().to_string();
+            assert!(err.contains(url) && err.contains(says), "{err}");
         }
     }
 
