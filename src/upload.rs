@@ -37,5 +37,14 @@ pub fn send(
         last = done >> 20;
     })?;
     progress.finish();
+    if sent.stray > 0 {
+        // On stderr, so that --json stays one object.
+        eprintln!(
+            "note: {} objects under {} are not part of the cache (an interrupted upload's, or \
+             files of your own); they were left as they were (--force removes them)",
+            sent.stray,
+            upload.url()
+        );
+    }
     Ok(sent)
 }

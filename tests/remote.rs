@@ -298,6 +298,55 @@ fn an_upload_publishes_the_manifest_last_and_a_replace_removes_it_first() {
 }
 
 #[test]
+fn an_interrupted_uploads_objects_are_told_not_removed_and_its_staging_folder_goes() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    let (_, url) = uploaded(&dir, &server, "cache");
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    // What a killed upload leaves: its files, no manifest. Another upload there is no replace
+    // (nothing to replace), so it removes nothing (a concurrent upload's files could be among
+    // them), and counts what is not its own.
+    remote.delete("manifest.json").unwrap();
+    dsc(
+        dir.path(),
+        &icecube_args("fewer", &["--shard-size", "256KiB"]),
+    )
+    .ok();
+    let sent = dsc_store::upload_cache(&dir.join("fewer"), &remote, false, |_, _| {}).unwrap();
+    let own = tree(&dir.join("fewer")).len();
+    let there = remote.list().unwrap().len();
+    assert!(
+        sent.stray > 0 && sent.stray == there - own,
+        "{sent:?}, {there} objects"
+    );
+    assert_eq!(sent.removed, 0);
+    // The command line says so on stderr (its --json stays one object), and removes the
+    // staging folder of an upload whose process is gone.
+    let stale = dir.join("dsc-cache/upload/999999999/cache/shards");
+    std::fs::create_dir_all(&stale).unwrap();
+    remote.delete("manifest.json").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(icecube_args(&url, &["--shard-size", "256KiB", "--json"]))
+        .current_dir(dir.path())
+        .envs(server.env())
+        .env("DSC_CACHE_DIR", dir.join("dsc-cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+    assert!(
+        err.contains(&format!("note: {} objects under {url}", sent.stray))
+            && err.contains("--force removes them"),
+        "{err}"
+    );
+    assert!(!dir.join("dsc-cache/upload/999999999").exists());
+    // A replace removes them.
+    let sent = dsc_store::upload_cache(&dir.join("fewer"), &remote, true, |_, _| {}).unwrap();
+    assert_eq!((sent.stray, remote.list().unwrap().len()), (0, own));
+}
+
+#[test]
 fn the_cli_compiles_to_a_url_refuses_to_overwrite_it_and_verify_names_a_damaged_shard() {
     let dir = Dir::new();
     let server = S3Server::start();

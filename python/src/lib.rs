@@ -571,8 +571,24 @@ fn compile(
     })?
     .map_err(|e| compile_error(py, *e))?;
     if let Some(upload) = &upload {
-        py.detach(|| upload.send(|_, _| {}))
+        let sent = py
+            .detach(|| upload.send(|_, _| {}))
             .map_err(|e| errors::store_error(py, e))?;
+        if sent.stray > 0 {
+            let note = std::ffi::CString::new(format!(
+                "{} objects under {} are not part of the cache (an interrupted upload's, or files \
+                 of your own); they were left as they were (force=True removes them)",
+                sent.stray,
+                upload.url()
+            ))
+            .expect("no NUL in a URL");
+            PyErr::warn(
+                py,
+                &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+                &note,
+                1,
+            )?;
+        }
     }
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
 }

@@ -175,6 +175,10 @@ pub struct Uploaded {
     pub bytes: u64,
     /// Objects of a replaced cache removed afterwards (its shards the new one does not have).
     pub removed: usize,
+    /// Objects under the prefix that are not the cache's, left as they were: without
+    /// `replace` nothing is removed (a killed upload's shards, or files of the user's own; a
+    /// concurrent upload's shards could be among them too). A replace removes them.
+    pub stray: usize,
 }
 
 /// Uploads the committed cache in `dir` to `remote`: every file but the manifest first (up to
@@ -222,12 +226,14 @@ pub fn upload_cache(
     }
     remote.put(dsc_format::MANIFEST_FILE, manifest)?;
     progress(total, total);
-    let mut removed = 0;
-    if replace {
-        for (name, _) in remote.list()? {
-            if name != dsc_format::MANIFEST_FILE && !files.iter().any(|(f, _)| *f == name) {
+    let (mut removed, mut stray) = (0, 0);
+    for (name, _) in remote.list()? {
+        if name != dsc_format::MANIFEST_FILE && !files.iter().any(|(f, _)| *f == name) {
+            if replace {
                 remote.delete(&name)?;
                 removed += 1;
+            } else {
+                stray += 1;
             }
         }
     }
@@ -235,6 +241,7 @@ pub fn upload_cache(
         files: files.len() + 1,
         bytes: total,
         removed,
+        stray,
     })
 }
 

@@ -24,8 +24,7 @@ impl Upload {
             });
         }
         let staging = root.join("upload").join(std::process::id().to_string());
-        // A folder of this process id is a killed run's (another process, long gone).
-        let _ = std::fs::remove_dir_all(&staging);
+        remove_stale(&root.join("upload"));
         std::fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
         Ok(Upload {
             remote,
@@ -54,5 +53,25 @@ impl Upload {
 impl Drop for Upload {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.staging);
+    }
+}
+
+/// Removes the staging folders (named by process id) of uploads whose process is gone: a
+/// killed compile's. A folder of this process's id is one too (another process, long gone, had
+/// it); a live process's is left to it.
+fn remove_stale(uploads: &Path) {
+    let Ok(entries) = std::fs::read_dir(uploads) else {
+        return;
+    };
+    let me = std::process::id();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let alive = pid != me && Path::new("/proc").join(pid.to_string()).exists();
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
