@@ -15,11 +15,11 @@
 //!
 //! With a limit of a quarter of the cache and the default window, each shard is fetched once
 //! per epoch. A download is checked (size and xxh3 against the manifest) before it is renamed
-//! into place ([`dsc_store::Remote::download`]); a file in the folder is therefore whole, and
-//! files kept from an earlier run of the same cache (the folder is named by its content id) are
-//! taken as they are. One process at a time uses a folder (an advisory lock); another process
-//! reading the same cache at once (a second rank on the machine) takes the next free folder,
-//! with a limit of its own.
+//! into place ([`dsc_store::Remote::download`]) and stamped; files kept from an earlier run of
+//! the same cache (the folder is named by its content id) are taken as they are while they look
+//! as stamped, and hashed again otherwise. One process at a time uses a folder (an advisory
+//! lock); another process reading the same cache at once (a second rank on the machine) takes
+//! the next free folder, with a limit of its own.
 
 use super::RemoteOptions;
 use crate::error::LoadError;
@@ -35,6 +35,9 @@ use std::time::Instant;
 
 /// Folders tried for one cache before giving up: processes reading it at once on one machine.
 const FOLDERS: usize = 64;
+
+/// The folder, beside `shards/`, of the stamps of checked local copies ([`Object::looks`]).
+const STAMPS_DIR: &str = "stamps";
 
 /// The fetcher of one open cache; its threads stop when it is dropped.
 #[derive(Debug)]
@@ -67,6 +70,60 @@ struct Object {
     xxh3: String,
     compressed: bool,
     local: PathBuf,
+    /// The stamp of a checked local copy ([`Object::stamp`]).
+    stamp: PathBuf,
+}
+
+impl Object {
+    /// What a checked local copy looks like: its size, modification time and inode, and the
+    /// checksum it was checked against. Written once a download is checked and in place; a
+    /// copy kept from an earlier run is taken as it is only while it still looks so. Another
+    /// copy (written over, replaced, unstamped) is hashed once: a damaged one was otherwise
+    /// served by every later run, since only downloads are checked.
+    fn looks(&self, meta: &std::fs::Metadata) -> String {
+        use std::os::unix::fs::MetadataExt;
+        format!(
+            "{} {}.{} {} {}",
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ino(),
+            self.xxh3
+        )
+    }
+
+    /// Records the local copy as checked.
+    fn stamp(&self) {
+        if let Ok(meta) = std::fs::metadata(&self.local) {
+            let _ = std::fs::write(&self.stamp, self.looks(&meta));
+        }
+    }
+
+    /// Whether the local copy is whole and as checked: as stamped, else hashed now (and
+    /// stamped when right).
+    fn intact(&self) -> bool {
+        let Ok(meta) = std::fs::metadata(&self.local) else {
+            return false;
+        };
+        if meta.len() != self.bytes {
+            return false;
+        }
+        if std::fs::read_to_string(&self.stamp).is_ok_and(|s| s == self.looks(&meta)) {
+            return true;
+        }
+        let right = dsc_format::checksum::hash_file(&self.local)
+            .is_ok_and(|(len, hex)| len == self.bytes && hex == self.xxh3);
+        if right {
+            self.stamp();
+        }
+        right
+    }
+
+    /// Removes the local copy, its stamp first (a copy without one is hashed before use).
+    fn remove(&self) {
+        let _ = std::fs::remove_file(&self.stamp);
+        let _ = std::fs::remove_file(&self.local);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -220,9 +277,16 @@ impl Fetcher {
                 xxh3: e.compressed.as_ref().map_or(&e.xxh3, |c| &c.xxh3).clone(),
                 compressed: e.compressed.is_some(),
                 local: folder.join(&e.file),
+                stamp: folder.join(STAMPS_DIR).join(
+                    Path::new(&e.file)
+                        .file_name()
+                        .expect("a validated shard file has a name"),
+                ),
             })
             .collect();
         remove_partials(&folder.join(dsc_format::SHARDS_DIR))?;
+        let stamps = folder.join(STAMPS_DIR);
+        std::fs::create_dir_all(&stamps).map_err(|e| dsc_format::FormatError::io(&stamps, e))?;
         let mut state = State {
             slots: objects.iter().map(|_| Slot::Absent).collect(),
             demand: vec![0; objects.len()],
@@ -230,14 +294,13 @@ impl Fetcher {
             ..State::default()
         };
         for (id, o) in objects.iter().enumerate() {
-            let whole = std::fs::metadata(&o.local).is_ok_and(|m| m.len() == o.bytes);
             let fits = opts.limit.is_none_or(|l| state.held + o.bytes <= l);
-            if whole && fits {
+            if fits && o.intact() {
                 state.slots[id] =
                     Slot::Local(Arc::new(Local::open(&o.local, o.bytes, o.compressed)?));
                 state.held += o.bytes;
             } else {
-                let _ = std::fs::remove_file(&o.local);
+                o.remove();
             }
         }
         Ok(Fetcher {
@@ -450,6 +513,7 @@ impl Shared {
         };
         let fetched = self.remote.download(&o.name, &o.local, expected);
         let fetched = fetched?;
+        o.stamp();
         self.counters.fetched(fetched);
         Local::open(&o.local, o.bytes, o.compressed)
     }
@@ -485,7 +549,7 @@ impl Shared {
             st.slots[victim] = Slot::Absent;
             st.held -= sizes[victim];
             // Batches holding its map keep reading it; the file's blocks are freed after them.
-            let _ = std::fs::remove_file(&self.objects[victim].local);
+            self.objects[victim].remove();
             self.counters.fetch_evicted();
         }
         st.slots[choice.fetch] = Slot::Fetching;
