@@ -524,3 +524,49 @@ fn a_url_of_no_store_dsc_reads_is_refused_not_taken_for_a_folder() {
         assert!(!dir.join(local).exists(), "{local} was written");
     }
 }
+
+#[test]
+fn a_bucket_that_does_not_exist_is_named_before_any_work() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    gen_icecube(&dir, 1, 50);
+    let url = "s3://no-such-bucket/cache";
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(args)
+            .current_dir(dir.path())
+            .envs(server.env())
+            .env("DSC_CACHE_DIR", dir.join("dsc-cache"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Refused before the compile (it compiled, then failed on its first upload).
+    let (code, err) = run(&icecube_args(url, &["--quiet"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("{url}: the bucket does not exist")),
+        "{err}"
+    );
+    assert!(
+        !dir.join("dsc-cache/upload").exists() || walk(&dir.join("dsc-cache/upload")).is_empty()
+    );
+    // Readers say so too, not "not a dsc cache".
+    for args in [
+        &["inspect", url][..],
+        &["verify", url][..],
+        &["show", url, "--index", "0"][..],
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("the bucket does not exist"), "{args:?}: {err}");
+    }
+    // An empty prefix of a bucket that exists is not a cache.
+    let empty = format!("{}/nothing-here", server.bucket("caches"));
+    let (code, err) = run(&["inspect", &empty]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not a dsc cache"), "{err}");
+}

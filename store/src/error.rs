@@ -14,6 +14,13 @@ pub enum StoreError {
         /// What is wrong with it.
         problem: String,
     },
+    /// The bucket (or container) the URL names does not exist, or these credentials cannot see
+    /// it.
+    #[error("{url}: the bucket does not exist (or these credentials cannot see it)")]
+    NoBucket {
+        /// The URL given.
+        url: String,
+    },
     /// No object at this URL.
     #[error("{url}: not found")]
     NotFound {
@@ -74,8 +81,18 @@ pub enum StoreError {
 impl StoreError {
     /// `e`, a store's error about `url`: absent objects as [`StoreError::NotFound`].
     pub(crate) fn from_store(url: String, e: object_store::Error) -> StoreError {
+        // A store says "no such bucket" only in its error's text (S3's NoSuchBucket, Azure's
+        // ContainerNotFound, Google's message), and a missing object's 404 not at all.
+        const NO_BUCKET: [&str; 3] = [
+            "NoSuchBucket",
+            "ContainerNotFound",
+            "The specified bucket does not exist",
+        ];
         match e {
             object_store::Error::NotFound { .. } => StoreError::NotFound { url },
+            source if NO_BUCKET.iter().any(|m| source.to_string().contains(m)) => {
+                StoreError::NoBucket { url }
+            }
             source => StoreError::Store { url, source },
         }
     }
@@ -94,6 +111,7 @@ impl StoreError {
         let url = match self {
             StoreError::Url { url, .. }
             | StoreError::NotFound { url }
+            | StoreError::NoBucket { url }
             | StoreError::Store { url, .. }
             | StoreError::Short { url, .. }
             | StoreError::Checksum { url, .. }

@@ -18,6 +18,9 @@ impl Upload {
     /// An upload to `remote`, staged in a folder of this process under `root`. A cache
     /// already at the URL is refused now, before any work is done, unless `replace`.
     pub fn new(remote: Remote, root: &Path, replace: bool) -> Result<Upload, StoreError> {
+        // The bucket is asked for now, not after the compile: a missing bucket or a refused
+        // credential answers a listing, where a missing object's 404 says nothing of either.
+        remote.list()?;
         if !replace && remote.exists(dsc_format::MANIFEST_FILE)? {
             return Err(StoreError::Exists {
                 url: remote.url().into(),

@@ -109,20 +109,11 @@ pub fn read_meta(
     #[cfg(feature = "remote")]
     {
         let store = dsc_store::Remote::open_with(url, &remote.store)?;
-        let read = |name: &str| -> Result<(Vec<u8>, PathBuf), LoadError> {
-            match store.get(name) {
-                Ok(bytes) => Ok((bytes, PathBuf::from(store.url_of(name)))),
-                Err(dsc_store::StoreError::NotFound { .. })
-                    if name == dsc_format::MANIFEST_FILE =>
-                {
-                    Err(dsc_format::FormatError::NotACache { dir: url.into() }.into())
-                }
-                Err(e) => Err(e.into()),
-            }
-        };
-        let (bytes, path) = read(dsc_format::MANIFEST_FILE)?;
+        let bytes = manifest_bytes(&store)?;
+        let path = PathBuf::from(store.url_of(dsc_format::MANIFEST_FILE));
         let manifest = dsc_format::Manifest::from_json(&bytes, &path)?;
-        let (bytes, path) = read(dsc_format::STATS_FILE)?;
+        let bytes = store.get(dsc_format::STATS_FILE)?;
+        let path = PathBuf::from(store.url_of(dsc_format::STATS_FILE));
         let stats = dsc_format::Stats::from_json(&bytes, &path)?;
         Ok((manifest, stats))
     }
@@ -130,6 +121,24 @@ pub fn read_meta(
     {
         let _ = remote;
         Err(LoadError::NoRemote { url: url.into() })
+    }
+}
+
+/// The bytes of the manifest of the cache at `store`'s URL. Without one, a listing tells a
+/// missing bucket (or refused credentials) from a prefix that holds no cache: the manifest's
+/// 404 alone said "not a dsc cache" of a bucket that does not exist.
+#[cfg(feature = "remote")]
+pub(crate) fn manifest_bytes(store: &dsc_store::Remote) -> Result<Vec<u8>, LoadError> {
+    match store.get(dsc_format::MANIFEST_FILE) {
+        Ok(bytes) => Ok(bytes),
+        Err(dsc_store::StoreError::NotFound { .. }) => {
+            store.list()?;
+            Err(dsc_format::FormatError::NotACache {
+                dir: PathBuf::from(store.url()),
+            }
+            .into())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -8,7 +8,7 @@ use crate::error::LoadError;
 use crate::gather::Source;
 use crate::order::Order;
 use dsc_format::spelling::OptionError;
-use dsc_format::{FormatError, Manifest, ShardEntry};
+use dsc_format::{Manifest, ShardEntry};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -270,16 +270,7 @@ fn read_manifest(
     opts: &RemoteOptions,
 ) -> Result<(dsc_store::Remote, Manifest), LoadError> {
     let remote = dsc_store::Remote::open_with(url, &opts.store)?;
-    let bytes = match remote.get(dsc_format::MANIFEST_FILE) {
-        Ok(b) => b,
-        Err(dsc_store::StoreError::NotFound { .. }) => {
-            return Err(FormatError::NotACache {
-                dir: PathBuf::from(remote.url()),
-            }
-            .into())
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let bytes = super::manifest_bytes(&remote)?;
     let path = PathBuf::from(remote.url_of(dsc_format::MANIFEST_FILE));
     let manifest = Manifest::from_json(&bytes, &path)?;
     Ok((remote, manifest))
