@@ -106,9 +106,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "k" | "kb" | "kib" => 1024.0,
         "m" | "mb" | "mib" => 1024.0 * 1024.0,
         "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB or GiB)")),
+        "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} (use B, KiB, MiB, GiB or TiB)"
+            ))
+        }
     };
-    Ok((value * scale) as u64)
+    let bytes = value * scale;
+    // `as u64` saturates: a size past 2^64 bytes became 16 EiB without a word.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "{s} is more than this machine can address (2^64 bytes)"
+        ));
+    }
+    Ok(bytes as u64)
 }
 
 /// Default target shard size: 256 MiB.
@@ -308,5 +320,15 @@ mod tests {
         assert_eq!(parse_size("1g").unwrap(), 1 << 30);
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("12 parsecs").is_err());
+        assert_eq!(parse_size("2TiB").unwrap(), 2 << 40);
+        // Past 2^64 bytes: an error, not a size saturated to 16 EiB.
+        for huge in [
+            "99999999999999999999999",
+            "99999999999999999999999GiB",
+            "16777216TiB",
+        ] {
+            let err = parse_size(huge).unwrap_err();
+            assert!(err.contains("2^64 bytes"), "{huge}: {err}");
+        }
     }
 }

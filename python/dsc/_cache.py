@@ -66,8 +66,9 @@ def remote_json(cache_dir: Optional[PathLike], cache_limit: Union[int, str, None
                            option="cache_limit")
     if isinstance(cache_limit, str):
         cache_limit = _dsc.parse_size(cache_limit)
-    if isinstance(cache_limit, int) and cache_limit <= 0:
-        raise OptionsError(f"cache_limit={cache_limit!r}: must be positive", option="cache_limit")
+    if isinstance(cache_limit, int) and not 0 < cache_limit < 2**64:
+        raise OptionsError(f"cache_limit={cache_limit!r}: must be positive and below 2**64 bytes",
+                           option="cache_limit")
     if storage_options is not None and not isinstance(storage_options, dict):
         raise OptionsError(f"storage_options={storage_options!r}: expected a dict of object_store "
                            "keys such as {'aws_endpoint': ..., 'aws_region': ...}",

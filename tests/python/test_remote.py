@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import urllib.request
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,24 @@ def test_an_upload_over_a_cache_needs_force_and_a_bad_option_is_named(workdir: P
         dsc.open(url, storage_options={**options, "aws_endpoint_urk": "x"})
     with pytest.raises(dsc.CacheError, match="not a cache|no manifest|not found"):
         dsc.open("s3://caches/nothing-here", storage_options=options, cache_dir=tmp_path)
+    with pytest.raises(dsc.CacheError, match="the bucket does not exist"):
+        dsc.open("s3://no-such-bucket/x", storage_options=options, cache_dir=tmp_path)
+    # A limit past 2**64 bytes was dropped on the way to Rust: no limit at all.
+    for limit in (2**64, 2**70, "99999999999999999999999GiB"):
+        with pytest.raises(dsc.OptionsError) as e:
+            dsc.open(url, storage_options=options, cache_dir=tmp_path, cache_limit=limit)
+        assert e.value.option == "cache_limit" or "2^64" in str(e.value)
+    with pytest.raises(dsc.CacheError, match="not an object storage URL dsc reads"):
+        dsc.open("ftp://caches/twice")
+    # Objects under the prefix that are not the cache's (an interrupted upload's) are told in
+    # a warning, and left as they were.
+    leftover = f"{options['aws_endpoint']}/caches/stray/shards/train-00099.safetensors"
+    urllib.request.urlopen(urllib.request.Request(leftover, data=b"half", method="PUT")).read()
+    with pytest.warns(UserWarning, match="1 objects under s3://caches/stray are not part of"):
+        dsc.compile(one, out="s3://caches/stray", **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a replace removes them: nothing to tell
+        dsc.compile(one, out="s3://caches/stray", force=True, **kwargs)
 
 
 def test_the_cli_inspects_verifies_and_orders_a_cache_in_s3(workdir: Path, s3,
