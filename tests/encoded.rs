@@ -271,6 +271,30 @@ fn the_same_strings_give_the_same_bytes_whatever_the_threads_memory_and_partitio
     }
 }
 
+/// Rewrites `path`'s `bloom` column with row `row` of its first batch as `edit` makes it.
+fn edit_bloom(path: &std::path::Path, row: usize, edit: impl Fn(&str) -> String) {
+    replace_column(path, "bloom", |i, batch| {
+        let strings = batch
+            .column_by_name("bloom")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow_array::StringArray>()
+            .unwrap()
+            .clone();
+        let changed: arrow_array::StringArray = (0..strings.len())
+            .map(|j| {
+                let s = strings.value(j);
+                Some(if (i, j) == (0, row) {
+                    edit(s)
+                } else {
+                    s.to_string()
+                })
+            })
+            .collect();
+        arc(changed)
+    });
+}
+
 #[test]
 fn a_string_bits_cannot_store_is_named_by_file_column_and_row() {
     let dir = Dir::new();
@@ -285,25 +309,12 @@ fn a_string_bits_cannot_store_is_named_by_file_column_and_row() {
         (23, "char", "is not a bit string: character 3 is 'x'"),
     ] {
         let original = std::fs::read(&path).unwrap();
-        replace_column(&path, "bloom", |i, batch| {
-            let col = batch.column_by_name("bloom").unwrap();
-            let strings = col
-                .as_any()
-                .downcast_ref::<arrow_array::StringArray>()
-                .unwrap();
-            let changed: arrow_array::StringArray = (0..strings.len())
-                .map(|j| {
-                    let s = strings.value(j).to_string();
-                    Some(if (i, j) != (0, row) {
-                        s
-                    } else if bad == "short" {
-                        s[1..].to_string()
-                    } else {
-                        format!("{}x{}", &s[..3], &s[4..])
-                    })
-                })
-                .collect();
-            arc(changed)
+        edit_bloom(&path, row, |s| {
+            if bad == "short" {
+                s[1..].to_string()
+            } else {
+                format!("{}x{}", &s[..3], &s[4..])
+            }
         });
         let err = dsc(
             dir.path(),
@@ -398,23 +409,7 @@ fn a_string_encoding_that_would_store_nothing_or_twice_is_refused() {
     // An empty first bit string would make the column's width 0: named by its place.
     let path = dir.join("people/records.parquet");
     let original = std::fs::read(&path).unwrap();
-    replace_column(&path, "bloom", |i, batch| {
-        let col = batch.column_by_name("bloom").unwrap();
-        let strings = col
-            .as_any()
-            .downcast_ref::<arrow_array::StringArray>()
-            .unwrap();
-        let changed: arrow_array::StringArray = (0..strings.len())
-            .map(|j| {
-                Some(if (i, j) == (0, 0) {
-                    ""
-                } else {
-                    strings.value(j)
-                })
-            })
-            .collect();
-        arc(changed)
-    });
+    edit_bloom(&path, 0, |_| String::new());
     let err = compile(&["--targets", "yob", "--encode", "bloom=bits"]).fails(2);
     assert!(
         err.contains("records.parquet: column \"bloom\" row 0: an empty bit string"),
