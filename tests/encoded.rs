@@ -396,6 +396,18 @@ fn a_string_encoding_that_would_store_nothing_or_twice_is_refused() {
             "--encode names column \"first_name\" twice (chars:3 and ngrams:2)",
         ),
         (&["--targets", "yob"][..], "nothing to store"),
+        // A string column named like a reserved tensor, or the key: which of them it is.
+        (
+            &[
+                "--key",
+                "uid",
+                "--features",
+                "yob",
+                "--encode",
+                "uid=chars:4",
+            ][..],
+            "uid=chars:4: \"uid\" is the key column",
+        ),
         // Without a feature, a misspelt encoding is still named for what it is.
         (
             &["--targets", "yob", "--encode", "bloom=chars:0"][..],

@@ -643,16 +643,17 @@ fn check_text_column(spec: &CompileSpec, column: &str, value: &str) -> Result<()
         .into());
     }
     let reserved = ["key", "x", "length", "full_length", "y", "c"];
-    if reserved.contains(&column) || column == spec.key || spec.order_by.as_deref() == Some(column)
-    {
-        return Err(OptionError::new(
-            "encode",
-            format!(
-                "{column}={value}: {column:?} is the key, the order-by column or a name dsc \
-                 reserves for a tensor (key, x, length, full_length, y, c)"
-            ),
+    let why = if column == spec.key {
+        "is the key column".to_string()
+    } else if spec.order_by.as_deref() == Some(column) {
+        "is the order-by column".to_string()
+    } else if reserved.contains(&column) {
+        format!(
+            "would be stored as tensor {column:?}, a name dsc reserves (key, x, length, \
+             full_length, y, c); rename the column"
         )
-        .into());
-    }
-    Ok(())
+    } else {
+        return Ok(());
+    };
+    Err(OptionError::new("encode", format!("{column}={value}: {column:?} {why}")).into())
 }
