@@ -163,6 +163,37 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                 .with_context(|| format!("cannot read {}", path.display()))?;
             let state: State = serde_json::from_str(&text)
                 .with_context(|| format!("{}: not a loader state", path.display()))?;
+            // A state Python wrote names the data it was taken over (a mix's joined by +): it
+            // resumes those caches, in that order, or none.
+            let written: serde_json::Value = serde_json::from_str(&text)?;
+            if let Some(id) = written.get("content_id").and_then(|v| v.as_str()) {
+                let here: Vec<String> = mix
+                    .sources()
+                    .iter()
+                    .map(|c| c.manifest().content_id())
+                    .collect();
+                anyhow::ensure!(
+                    id == here.join("+"),
+                    "--from-state {}: that state was taken over other data (content id {id}, \
+                     these caches' {}): it resumes the caches it was taken over, in their order",
+                    path.display(),
+                    here.join("+")
+                );
+            }
+            anyhow::ensure!(
+                a.weights.is_empty() || a.weights == state.order.weights,
+                "--weights with --from-state {}: that state's are {:?} (drop --weights; the \
+                 state's order continues)",
+                path.display(),
+                state.order.weights
+            );
+            anyhow::ensure!(
+                a.mix_samples.is_none() || a.mix_samples == state.order.mix_samples,
+                "--mix-samples with --from-state {}: that state's is {:?} (drop --mix-samples; \
+                 the state's order continues)",
+                path.display(),
+                state.order.mix_samples
+            );
             anyhow::ensure!(
                 !a.bucket || state.order.bucket,
                 "--bucket with --from-state {}: that state is of an unbucketed order (drop \
@@ -260,6 +291,17 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     let order = loader.order();
+    // The report's figures are computed over every position of the epoch (about 48 bytes
+    // each): a mix of 10^9 positions aborted on a 40 GB allocation.
+    let limit = dsc_format::system::memory_limit() / 2;
+    if (order.len() as u64).saturating_mul(48) > limit {
+        anyhow::bail!(
+            "an epoch of {} positions: its report needs more than half of this machine's \
+             memory ({}); --keys and --state-after stream it (or give a smaller --mix-samples)",
+            order.len(),
+            dsc_format::spec::format_size(limit * 2)
+        );
+    }
     let opts = loader.options().clone();
     let unbucketed = if order.is_bucketed() {
         Some(padded_figures(&mix, &opts, false)?)

@@ -456,3 +456,60 @@ fn dsc_order_reports_a_mixs_realised_shares() {
         "{err}"
     );
 }
+
+#[test]
+fn hostile_numbers_and_the_same_data_twice_are_refused_naming_the_option() {
+    let refused = |args: &[&str], says: &str| {
+        let err = dsc(dir(), args).fails(2);
+        assert!(err.contains(says), "{args:?}: {err}");
+    };
+    // Each panicked on an overflow (or aborted on an allocation) before.
+    refused(
+        &["order", "a", "--epoch", "18446744073709551615"],
+        "--epoch 18446744073709551615: at most 2^63 - 1",
+    );
+    refused(
+        &["order", "a", "b", "--epoch", "9223372036854775800"],
+        "past 2^64 positions of the mix",
+    );
+    refused(
+        &["order", "a", "b", "--mix-samples", "18446744073709551615"],
+        "--mix-samples 18446744073709551615: at most 2^48 positions per epoch",
+    );
+    refused(
+        &["order", "a", "b", "--mix-samples", "100000000000"],
+        "its report needs more than half of this machine's memory",
+    );
+    // Relative weights: equal huge ones are an even mix, not each 0 of an infinite sum.
+    let report: serde_json::Value = serde_json::from_str(
+        &dsc(
+            dir(),
+            &[
+                "order",
+                "a",
+                "b",
+                "--weights",
+                "1e308,1e308",
+                "--mix-samples",
+                "4000",
+                "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    for m in report["mix"].as_array().unwrap() {
+        let share = m["share"].as_f64().unwrap();
+        assert!((share - 0.5).abs() < 0.01, "{m}");
+    }
+    refused(
+        &["order", "a", "b", "--weights", "1e-300,1"],
+        "--weights 1e-300 of cache a is under one position",
+    );
+    // The same data twice (one cache, or a copy of it) would deliver each context twice.
+    refused(&["order", "a", "a"], "hold the same data");
+    let keys = Mix::new(vec![open("a"), open("a")])
+        .unwrap()
+        .loader(opts(4, &[], None));
+    assert!(matches!(keys, Err(dsc_loader::LoadError::Options(o)) if o.key == "weights"));
+}

@@ -388,9 +388,18 @@ pub(crate) fn lengths_of(sources: &[Cache], split: &str) -> Result<Arc<[u32]>, L
     Ok(all.into())
 }
 
+/// The most positions an epoch of a mix may have: its blocks and draws are counted in `usize`
+/// and `u64` arithmetic that must not wrap (2^64 - 1 positions panicked there).
+const MAX_MIX_SAMPLES: usize = 1 << 48;
+
 /// The loader options that are checked without a cache.
 fn check_options(opts: &LoaderOptions) -> Result<(), LoadError> {
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
+    // The next epoch is planned ahead (a remote cache's fetcher), and a mix counts positions
+    // across epochs: 2^63 epochs leave room for both.
+    if opts.epoch >= 1 << 63 {
+        return bad("epoch", format!("{}: at most 2^63 - 1", opts.epoch));
+    }
     if opts.batch_size == 0 {
         return bad("batch_size", "must be at least 1".into());
     }
@@ -537,20 +546,60 @@ fn order_of(
             format!("{w} is not a weight: each must be a positive number"),
         );
     }
+    // Weights are relative: scaled by the largest, equal huge ones (1e308 each) no longer sum
+    // to infinity and each become 0.
+    let largest = weights.iter().copied().fold(0.0, f64::max);
+    let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
     let block = o.window.max(1);
     let sum: f64 = weights.iter().sum();
     if let Some(s) = weights.iter().position(|w| w / sum * (block as f64) < 1.0) {
         return bad(
             "weights",
             format!(
-                "{} of cache {} is under one position in a window of {block}: raise it or \
+                "{:e} of cache {} is under one position in a window of {block}: raise it or \
                  the `window`",
-                weights[s],
+                o.weights.get(s).copied().unwrap_or(weights[s]),
                 sources[s].dir().display()
             ),
         );
     }
+    // The same data twice would deliver each of its contexts twice per epoch.
+    for (b, cache) in sources.iter().enumerate() {
+        if let Some(a) = sources[..b]
+            .iter()
+            .position(|c| c.manifest().content_id() == cache.manifest().content_id())
+        {
+            return bad(
+                "weights",
+                format!(
+                    "caches {} and {} hold the same data (one content id): a mix would deliver \
+                     each of its contexts twice per epoch; weigh one cache instead",
+                    sources[a].dir().display(),
+                    cache.dir().display()
+                ),
+            );
+        }
+    }
     let samples = o.mix_samples.unwrap_or(lens.iter().sum());
+    if samples > MAX_MIX_SAMPLES {
+        return bad(
+            "mix_samples",
+            format!("{samples}: at most 2^48 positions per epoch"),
+        );
+    }
+    // Each source's draws before this epoch are counted from the epoch's positions.
+    if (samples as u64)
+        .checked_mul(opts.epoch.saturating_add(1))
+        .is_none()
+    {
+        return bad(
+            "epoch",
+            format!(
+                "{} of {samples} positions each: past 2^64 positions of the mix",
+                opts.epoch
+            ),
+        );
+    }
     Ok(Order::Mix(MixOrder::new(
         sizes,
         &weights,

@@ -18,9 +18,10 @@
 //! has `floor(P_min / R)` steps, the same for every epoch, where `P_min = max(floor(stored
 //! tokens / T), floor(contexts / S))` is a count of packs no epoch's plan can go below (a pack
 //! holds at most `T` tokens and `S` sequences). So `len()` is fixed, and what is left out of an
-//! epoch is the packs past its last step: the last, partial pack and the one or two that next
-//! fit's waste added, about a pack of contexts, as `drop_last` leaves out the last partial
-//! batch of padded batches (different contexts every epoch: the order is reshuffled). Without
+//! epoch is the packs past its last step: the last, partial pack and those that next fit's
+//! waste added (under `L` tokens a pack: about a pack of contexts when `T` is many times `L`,
+//! 9 of 84 packs at `T = 400`, `L = 128`), as `drop_last` leaves out the last partial batch of
+//! padded batches (different contexts every epoch: the order is reshuffled). Without
 //! `drop_last` every pack is trained: `ceil(P / R)` steps, which can differ by one between
 //! epochs, the last global step completed by repeating the epoch's first packs
 //! ([`PackInfo::repeated`]).

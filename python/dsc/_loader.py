@@ -5,6 +5,7 @@ epoch's batches are in `_epochs`."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import warnings
@@ -212,11 +213,21 @@ class Loader:
         mixed = len(self.caches) > 1
         self.weights: Optional[List[float]] = None
         if weights is not None:
-            self.weights = [float(w) for w in weights]
             if not mixed:
-                raise OptionsError("weights= weighs the caches of a mix: pass a list of caches")
+                raise OptionsError("weights= weighs the caches of a mix: pass two or more caches",
+                                   option="weights")
+            try:
+                self.weights = [float(w) for w in weights]
+            except (TypeError, ValueError, OverflowError):
+                raise OptionsError(f"weights={weights!r}: expected one positive number per cache",
+                                   option="weights") from None
+            bad = [w for w in self.weights if not (math.isfinite(w) and w > 0)]
+            if bad or len(self.weights) != len(self.caches):
+                raise OptionsError(f"weights={weights!r}: expected one positive number per cache "
+                                   f"({len(self.caches)} caches)", option="weights")
         if mix_samples is not None and not mixed:
-            raise OptionsError("mix_samples= sizes the epoch of a mix: pass a list of caches")
+            raise OptionsError("mix_samples= sizes the epoch of a mix: pass two or more caches",
+                               option="mix_samples")
         self.mix_samples = None if mix_samples is None else _check_int("mix_samples", mix_samples, 0)
         self._sources = (_dsc.CacheHandle.mix([c._handle for c in self.caches]) if mixed
                          else self.cache._handle)
@@ -248,11 +259,12 @@ class Loader:
         self.pack = None if pack is None else _check_int("pack", pack, 1)
         self.max_seqs = None if max_seqs is None else _check_int("max_seqs", max_seqs, 1)
         if self.pack is None and self.max_seqs is not None:
-            raise OptionsError("max_seqs= sizes packed batches: pass pack= too")
+            raise OptionsError("max_seqs= sizes packed batches: pass pack= too", option="max_seqs")
         if self.pack is not None and batch_size is not None:
             raise OptionsError(
                 "batch_size= and pack= exclude each other: a packed batch holds as many "
-                f"sequences as fit {self.pack} tokens (max_seqs= bounds them)"
+                f"sequences as fit {self.pack} tokens (max_seqs= bounds them)",
+                option="batch_size",
             )
         self.batch_size = _check_int("batch_size", 256 if batch_size is None else batch_size, 1)
         self.shuffle = bool(shuffle)
@@ -275,7 +287,8 @@ class Loader:
         if self.pack is not None and (self.bucket or bool(trim)):
             raise OptionsError(
                 f"pack= with {'bucket' if self.bucket else 'trim'}=True: a packed batch holds no "
-                "padding to bucket or trim"
+                "padding to bucket or trim",
+                option="bucket" if self.bucket else "trim",
             )
         self.window = _check_int("window", window, 1)
         self.interleave = _check_int("interleave", interleave, 1)
@@ -363,11 +376,12 @@ class Loader:
         if len(self.caches) > 1:
             if resident:
                 raise OptionsError("resident=True keeps one cache's split on the device; a mix "
-                                   "is gathered on the host (leave resident= unset)")
+                                   "is gathered on the host (leave resident= unset)",
+                                   option="resident")
             return None
         if self.format != "torch":
             if resident:
-                raise OptionsError("resident=True needs format='torch'")
+                raise OptionsError("resident=True needs format='torch'", option="resident")
             return None
         torch = _torch()
         device = self.device if self.device is not None else torch.device("cpu")

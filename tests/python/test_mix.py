@@ -4,13 +4,15 @@ bytes; resume, ranks, padding to the longest L, refusals."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dsc
-from conftest import run_dsc
+from conftest import dsc_bin, run_dsc
 
 FLAGS = ["--key", "event_id", "--order-by", "time", "--context", "data/train_meta.parquet",
          "--empty-contexts", "drop", "--targets", "azimuth,zenith", "--features", "time,charge",
@@ -93,18 +95,50 @@ def test_a_mix_resumes_on_other_ranks_and_refuses_other_weights(mixdir: Path) ->
         dsc.Loader(caches, weights=[2, 1], batch_size=24).load_state_dict(state)
     with pytest.raises(dsc.StateError, match="another cache"):
         dsc.Loader(caches[::-1], weights=[1, 1], batch_size=24).load_state_dict(state)
+    # dsc order --from-state refuses the same: the state's caches in another order, or weights
+    # that differ from the state's (it ran the state's order over whatever caches it was given).
+    path = mixdir / "mix-state.json"
+    path.write_text(json.dumps(state))
+    for args, says in (([str(c) for c in caches[::-1]], "taken over other data"),
+                       ([str(mixdir / "a")], "taken over other data"),
+                       ([str(c) for c in caches] + ["--weights", "2,1"], "--weights with --from-state")):
+        out = subprocess.run([dsc_bin(), "order", *args, "--from-state", str(path), "--keys"],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
+    run_dsc("order", *[str(c) for c in caches], "--from-state", str(path), "--keys")
 
 
 def test_caches_that_differ_and_bad_weights_are_refused(mixdir: Path) -> None:
     with pytest.raises(dsc.OptionsError, match="sensor_id") as e:
         dsc.Loader([mixdir / "a", mixdir / "c"])
     assert e.value.tensor == "sensor_id"
-    with pytest.raises(dsc.OptionsError, match="one per cache") as e:
-        dsc.Loader([mixdir / "a", mixdir / "b"], weights=[1, 2, 3])
-    assert e.value.option == "weights"
+    both = [mixdir / "a", mixdir / "b"]
+    # Each names the keyword at fault (NaN reached Rust as unreadable JSON, 10**400 raised a
+    # bare OverflowError, [] was taken for the default weights).
+    for weights in ([1, 2, 3], [float("nan"), 1], [float("inf"), 1], [10**400, 1], [], [0, 1],
+                    ["x", 1]):
+        with pytest.raises(dsc.OptionsError, match="one positive number per cache") as e:
+            dsc.Loader(both, weights=weights)
+        assert e.value.option == "weights", weights
     with pytest.raises(dsc.OptionsError, match="bucket="):
-        dsc.Loader([mixdir / "a", mixdir / "b"], bucket=True)
-    with pytest.raises(dsc.OptionsError, match="list of caches"):
-        dsc.Loader(mixdir / "a", weights=[1.0])
-    with pytest.raises(dsc.OptionsError, match="resident"):
-        dsc.Loader([mixdir / "a", mixdir / "b"], resident=True, format="torch")
+        dsc.Loader(both, bucket=True)
+    for kwargs, option in ((dict(weights=[1.0]), "weights"), (dict(mix_samples=10), "mix_samples")):
+        with pytest.raises(dsc.OptionsError, match="two or more caches") as e:
+            dsc.Loader(mixdir / "a", **kwargs)
+        assert e.value.option == option
+    with pytest.raises(dsc.OptionsError, match="resident") as e:
+        dsc.Loader(both, resident=True, format="torch")
+    assert e.value.option == "resident"
+    for kwargs, option in ((dict(pack=512, batch_size=4), "batch_size"),
+                           (dict(pack=512, bucket=True), "bucket"), (dict(max_seqs=4), "max_seqs")):
+        with pytest.raises(dsc.OptionsError) as e:
+            dsc.Loader(mixdir / "a", **kwargs)
+        assert e.value.option == option, kwargs
+    # The same data twice would give each of its contexts twice per epoch.
+    with pytest.raises(dsc.OptionsError, match="hold the same data") as e:
+        dsc.Loader([mixdir / "a", mixdir / "a"])
+    # Numbers that overflowed the mix's position counts (a PanicException before).
+    for kwargs, says in ((dict(epoch=2**62), "past 2^64 positions"),
+                         (dict(epoch=3, mix_samples=2**63 - 1), "at most 2^48 positions")):
+        with pytest.raises(dsc.OptionsError, match=re.escape(says)):
+            next(iter(dsc.Loader(both, batch_size=8, format="numpy", **kwargs)))
