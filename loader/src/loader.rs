@@ -546,10 +546,15 @@ fn order_of(
             format!("{w} is not a weight: each must be a positive number"),
         );
     }
-    // Weights are relative: scaled by the largest, equal huge ones (1e308 each) no longer sum
-    // to infinity and each become 0.
-    let largest = weights.iter().copied().fold(0.0, f64::max);
-    let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
+    // Weights are relative: when their sum overflows (1e308 each), they are scaled by the
+    // largest first, else each became 0 of an infinite sum. Other weights are used as given,
+    // so that every existing mix keeps its order to the bit.
+    let weights: Vec<f64> = if weights.iter().sum::<f64>().is_finite() {
+        weights
+    } else {
+        let largest = weights.iter().copied().fold(0.0, f64::max);
+        weights.iter().map(|w| w / largest).collect()
+    };
     let block = o.window.max(1);
     let sum: f64 = weights.iter().sum();
     if let Some(s) = weights.iter().position(|w| w / sum * (block as f64) < 1.0) {
