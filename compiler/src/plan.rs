@@ -222,21 +222,6 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     if spec.rows.is_empty() {
         return Err(OptionError::new("rows", "names no files").into());
     }
-    // A string column encoded to its own tensor is something to store too (a Bloom filter and
-    // a label, a DNA string per step).
-    // A misspelt encoding is reported as itself, not as nothing to store.
-    let mut strings = false;
-    for (column, value) in &spec.encode {
-        strings |= TextEncoding::parse(column, value)?.is_some();
-    }
-    if spec.features.is_empty() && spec.categorical.is_empty() && !strings {
-        return Err(OptionError::new(
-            "features",
-            "and `categorical` are both empty and `encode` encodes no string column: nothing \
-             to store; give any of them",
-        )
-        .into());
-    }
     if spec.ngram_vocab == Some(0) {
         return Err(OptionError::new(
             "ngram_vocab",
@@ -348,6 +333,17 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             .into());
         }
         encodings.insert(column.clone(), parse_chain(column, chain)?);
+    }
+    // A string column encoded to its own tensor is something to store too (a Bloom filter and
+    // a label, a DNA string per step); checked once the encodings are parsed, so that a
+    // misspelt one is reported as itself.
+    if spec.features.is_empty() && spec.categorical.is_empty() && texts.is_empty() {
+        return Err(OptionError::new(
+            "features",
+            "and `categorical` are both empty and `encode` encodes no string column: nothing \
+             to store; give any of them",
+        )
+        .into());
     }
 
     let rows_files = read::resolve(&spec.rows)?;
