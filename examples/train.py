@@ -56,6 +56,26 @@ the mean stored length to keep the steps per epoch). With ``--compile`` the step
 once for the pack's static shapes (``dynamic=False``) and, on CUDA, captured as CUDA graphs
 (``mode="reduce-overhead"``), beside fused AdamW.
 
+The whole step as CUDA graphs (``--graph``, with ``--pack T`` or ``--no-trim``: one batch
+shape). The loader puts every batch in the same device tensors (``dsc.Loader(static=True)``);
+from a resident split ``next()`` copies only the step's index there and the step gathers the
+batch itself (``gather_in_step=True``). The step (gather, forward, loss, backward, then per
+optimizer step clipping, the schedule's learning rate read from a device table by a device step
+counter, fused AdamW with ``capturable=True``, the running losses) has no read-back and no
+branch on data, so after three eager optimizer steps it is captured, and each later step is one
+index copy and one graph replay on the host (two graphs with ``--accumulate``: the micro-step
+and the update). Time shares come from two CUDA events per logged window. On the CPU the same
+step function runs without capture (the tests compare it with the eager loop). Off by default:
+capture fixes the shapes and holds the graph's memory for the run, and refuses fp16 (its loss
+scaler reads back every step) and ``--compile``; with ``--pack`` on CUDA it is the fast path
+(docs/PERFORMANCE.md).
+
+Choices made from the machine (``--device auto``, ``--amp``, ``--attention auto``, the
+loader's ``trim_multiple``, ``--graph``) are recorded in the checkpoint as chosen; ``--resume``
+keeps them on any machine, changes one only when the command line names it, and says so
+(``resident``, which changes no batch, is decided again for the machine's memory and reported
+when it differs). The summary lists them.
+
 Data path. On CUDA the loader delivers batches on the GPU (``dsc.Loader(..., device="cuda")``):
 with ``--resident auto`` (the default) a split that fits a quarter of the GPU's memory is
 uploaded once and each batch gathered there by index, so nothing but a small index crosses PCIe
@@ -107,7 +127,11 @@ import dsc
 
 # On --resume the run's settings come from the checkpoint except these, always taken from the
 # command line (they do not change the arithmetic), and --epochs and --cache when given.
-RESUME_FROM_COMMAND_LINE = ("max_steps", "device", "log_every", "json", "out", "threads", "resume")
+RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "threads", "resume")
+# Settings that a run chose from the machine when they were left to "auto": each is recorded in
+# the checkpoint as chosen, and a resume keeps it (on another machine too) unless the command
+# line names another, which the resumed run then says.
+MACHINE_CHOICES = ("device", "amp", "attention", "resident", "trim_multiple", "graph")
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,6 +169,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--amp", choices=["bf16", "fp16", "none"], default=None,
                    help="autocast dtype [default: bf16 on CUDA, none on CPU]")
     p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture the whole training step (the batch's gather from the "
+                        "resident split, forward, loss, backward, clipping, AdamW, the LR "
+                        "schedule) as CUDA graphs fed from the loader's static buffers: one "
+                        "index copy and one replay per step; needs one batch shape (--pack, or "
+                        "--no-trim) and bf16 or no autocast. On the CPU the same step function "
+                        "runs without capture [default: off]")
     p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
                    help="cut each batch to its longest stored sequence")
     p.add_argument("--bucket", action="store_true",
@@ -154,19 +185,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "instead of --batch-size contexts")
     p.add_argument("--max-seqs", type=int, default=None, metavar="S",
                    help="the most sequences in a pack [default: from T and the lengths]")
-    p.add_argument("--attention", choices=["auto", "varlen", "padded"], default="auto",
+    p.add_argument("--attention", choices=["auto", "varlen", "padded"], default=None,
                    help="attention over packed batches: varlen_attn (CUDA, bf16/fp16), or the "
                         "padded view [S, L] [default: varlen where it runs]")
     p.add_argument("--normalise", action=argparse.BooleanOptionalAction, default=True,
                    help="scale raw feature columns with the cache's train statistics")
     p.add_argument("--eval-split", default="val", help="split validated after each epoch")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda[:N]")
+    p.add_argument("--device", default=None,
+                   help="auto (CUDA when present), cpu, cuda[:N] [default: auto, or the "
+                        "resumed run's device]")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch's operators [default: torch's choice, one per "
                         "physical core]; fewer on a machine shared with other work")
     p.add_argument("--loader-threads", type=int, default=1, help="dsc loading threads")
     p.add_argument("--prefetch", type=int, default=4, help="batches prepared ahead")
-    p.add_argument("--resident", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--resident", choices=["auto", "on", "off"], default=None,
                    help="keep the splits on the device and gather batches there [default: "
                         "auto, on CUDA when a split fits a quarter of the GPU's memory]")
     p.add_argument("--log-every", type=int, default=50,
@@ -191,6 +224,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.max_seqs is not None and args.pack is None:
         p.error("--max-seqs sizes packs: give --pack too")
     return args
+
+
+def graph_refusal(args: argparse.Namespace) -> Optional[str]:
+    """Why the run's settings cannot be captured as a graph (``--graph``), or None."""
+    if not args.pack and (args.trim or args.bucket):
+        return "--graph replays one batch shape: use --pack T, or --no-trim without --bucket"
+    if args.compile:
+        return ("--graph captures the whole step itself; --compile captures the forward only: "
+                "choose one")
+    if args.amp == "fp16":
+        return ("--graph with --amp fp16: the loss scaler reads its overflow check back every "
+                "step, which a captured step cannot; use --amp bf16")
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,7 +684,7 @@ class GRU(nn.Module):
 
 def attention_kind(args: argparse.Namespace, device: torch.device, amp: str) -> str:
     """``varlen`` or ``padded``: how packed batches attend (see the module docstring)."""
-    choice = getattr(args, "attention", "auto")
+    choice = getattr(args, "attention", None) or "auto"
     runs = device.type == "cuda" and amp in ("bf16", "fp16") and varlen_available()
     if choice == "varlen" and not runs:
         raise SystemExit("--attention varlen needs CUDA, --amp bf16 or fp16 and "
@@ -671,12 +717,19 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, args: argparse.Namespace, device: torch.device):
+def build_optimizer(model: nn.Module, args: argparse.Namespace, device: torch.device,
+                    graph: bool = False):
     # Decay matrices (linear weights, embeddings, positions), not biases and norm gains.
     decay = [p for p in model.parameters() if p.ndim >= 2]
     other = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay},
               {"params": other, "weight_decay": 0.0}]
+    if graph:
+        # A captured step: the learning rate is one device tensor that both groups share and the
+        # step rewrites in place; fused AdamW takes it (on the CPU too), and on CUDA keeps its
+        # step counts on the device (capturable).
+        lr = torch.tensor(args.lr, dtype=torch.float32, device=device)
+        return torch.optim.AdamW(groups, lr=lr, fused=True, capturable=device.type == "cuda")
     # fused AdamW is one kernel per step on CUDA; the CPU keeps the default implementation.
     return torch.optim.AdamW(groups, lr=args.lr, fused=device.type == "cuda")
 
@@ -693,15 +746,22 @@ class StepTimer:
     the timing adds no sync of its own.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, per_step: bool = True):
+        """``per_step`` False (a captured step, where the copy is inside the graph): two events
+        per window, around all of its device work, and no h2d share."""
         self.cuda = device.type == "cuda"
+        self.per_step = per_step
         self.events: List[Tuple[Any, Any, Any]] = []
+        self.window: Optional[Any] = None
         self.totals = dict(wall=0.0, data_wait=0.0, h2d=0.0, compute=0.0, samples=0)
         self.reset()
 
     def reset(self) -> None:
         self.start_time, self.used = time.perf_counter(), 0
         self.cur = dict(data_wait=0.0, samples=0)
+        if self.cuda and not self.per_step:
+            self.window = torch.cuda.Event(enable_timing=True)
+            self.window.record()
 
     def _event(self, i: int):
         if self.used == len(self.events):
@@ -709,23 +769,28 @@ class StepTimer:
         return self.events[self.used][i]
 
     def before_copy(self) -> None:
-        if self.cuda:
+        if self.cuda and self.per_step:
             self._event(0).record()
 
     def after_copy(self) -> None:
-        if self.cuda:
+        if self.cuda and self.per_step:
             self._event(1).record()
 
     def step_done(self, samples: int) -> None:
         self.cur["samples"] += samples
-        if self.cuda:
+        if self.cuda and self.per_step:
             self._event(2).record()
             self.used += 1
 
     def close(self) -> Dict[str, float]:
         """Ends the window: its shares, also added to the run totals."""
         h2d = compute = 0.0
-        if self.cuda and self.used:
+        if self.window is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            compute = self.window.elapsed_time(end) / 1e3
+        elif self.cuda and self.used:
             self.events[self.used - 1][2].synchronize()
             for start, copied, done in self.events[: self.used]:
                 h2d += start.elapsed_time(copied) / 1e3
@@ -751,11 +816,25 @@ def shares(t: Dict[str, float]) -> Dict[str, float]:
 # The loop
 # --------------------------------------------------------------------------------------------
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def auto_device() -> str:
+    """What ``--device auto`` picks on this machine. Every choice made from the machine goes
+    through these functions, so that a test can stand in for another machine."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def auto_amp(device: torch.device) -> str:
+    """What ``--amp`` picks when not given: bf16 on CUDA, none elsewhere."""
+    return "bf16" if device.type == "cuda" else "none"
+
+
+def pick_device(name: Optional[str], resumed: bool = False) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device(auto_device())
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
+        if resumed:
+            raise SystemExit(f"the checkpoint's run trained on {name}, and torch sees no CUDA "
+                             "device here: pass --device cpu to continue it on the CPU")
         raise SystemExit(f"--device {name}: torch sees no CUDA device")
     return device
 
@@ -795,7 +874,7 @@ PACK_TENSORS = ["cu_seqlens", "seq_idx", "position", "num_seqs", "num_tokens"]
 def placement(args: argparse.Namespace, device: torch.device) -> Dict[str, Any]:
     """Where the loader delivers batches: on the GPU (resident split or pinned blocks), or in
     place on the CPU."""
-    resident = {"auto": None, "on": True, "off": False}[getattr(args, "resident", "auto")]
+    resident = {None: None, "auto": None, "on": True, "off": False}[getattr(args, "resident", None)]
     if device.type == "cpu":
         return dict(resident=resident if resident else False)
     return dict(device=device, resident=resident)
@@ -805,7 +884,11 @@ def batching(args: argparse.Namespace) -> Dict[str, Any]:
     """The loader's keywords for padded (trimmed, bucketed) or packed batches."""
     if getattr(args, "pack", None):
         return dict(pack=args.pack, max_seqs=args.max_seqs)
-    return dict(batch_size=args.batch_size, trim=args.trim, bucket=args.bucket)
+    # The rounding of trimmed lengths is the loader's choice from the device unless the run
+    # recorded one (a resume keeps the shapes it trained on).
+    multiple = getattr(args, "trim_multiple", None)
+    return dict(batch_size=args.batch_size, trim=args.trim, bucket=args.bucket,
+                **({} if multiple is None else dict(trim_multiple=multiple)))
 
 
 def mean_loss(task: Task, pred: torch.Tensor, b: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -823,6 +906,100 @@ def compiled_frames() -> int:
     """Frames torch.compile has compiled in this process (a recompile counts again)."""
     from torch._dynamo.utils import counters
     return int(counters["frames"]["ok"])
+
+
+class WholeStep:
+    """The training step as device work alone, for ``--graph``: the batch's gather from the
+    loader's static buffers (``dsc.Loader(static=True)``), forward, loss, backward, and after
+    every ``--accumulate`` micro-steps clipping, the learning rate of the schedule (from a
+    device table indexed by a device step counter) and fused AdamW (``capturable``, its LR a
+    device tensor), with the running losses kept on the device. Nothing in it reads back or
+    branches on data, so on CUDA it is captured as CUDA graphs after ``WARMUP`` eager steps
+    (which are real training steps) and each later micro-step is one replay: with
+    ``--accumulate 1`` one graph; otherwise one for the micro-step and one for the update. On
+    the CPU the same functions run without capture, which is how the tests check that they
+    train as the eager loop does."""
+
+    WARMUP = 3  # optimizer steps run eagerly before capture (lazy state, cuBLAS workspaces)
+
+    def __init__(self, model: nn.Module, task: Task, optimizer: torch.optim.Optimizer,
+                 loader: dsc.Loader, args: argparse.Namespace, autocast, device: torch.device,
+                 rates: List[float], window_loss: torch.Tensor, epoch_loss: torch.Tensor,
+                 done: int):
+        self.model, self.task, self.opt, self.loader = model, task, optimizer, loader
+        self.autocast, self.accumulate, self.clip = autocast, args.accumulate, args.clip
+        self.cuda = device.type == "cuda"
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.window_loss, self.epoch_loss = window_loss, epoch_loss
+        # The learning rate of every optimizer step, and the steps taken: the schedule runs on
+        # the device, so a captured step needs no new value from the host.
+        self.rates = torch.tensor(rates, dtype=torch.float32, device=device)
+        self.step = torch.full((), done, dtype=torch.long, device=device)
+        self.lr = optimizer.param_groups[0]["lr"]
+        self.eager_left = self.WARMUP if self.cuda else None
+        self.graphs: Optional[Tuple[Any, Optional[Any]]] = None
+        self.side = torch.cuda.Stream(device) if self.cuda else None
+
+    def micro(self) -> None:
+        b = self.loader.gather()
+        with self.autocast():
+            pred = self.model(b)
+        loss = mean_loss(self.task, pred, b) / self.accumulate
+        loss.backward()
+        self.window_loss += loss.detach()
+        self.epoch_loss += loss.detach()
+
+    def update(self) -> None:
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
+        self.lr.copy_(self.rates.index_select(0, self.step.view(1)).squeeze(0))
+        self.opt.step()
+        # Zeroed in place: the gradients keep their addresses, which the graph captured.
+        self.opt.zero_grad(set_to_none=False)
+        self.step += 1
+
+    def __call__(self, last: bool) -> None:
+        """One micro-step on the batch the loader's ``next()`` just placed; ``last``: it ends
+        an optimizer step."""
+        if self.graphs is not None:
+            micro, update = self.graphs
+            micro.replay()
+            if last and update is not None:
+                update.replay()
+            return
+        if self.eager_left is not None and self.eager_left == 0:
+            # The first micro-step of an optimizer step after the warm-up: capture, then replay
+            # (a capture records the work without running it).
+            self.graphs = self.capture()
+            self(last)
+            return
+        if self.cuda:
+            # Warm-up on a side stream, as graph capture wants; it waits for the index copy.
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                self.micro()
+                if last:
+                    self.update()
+            torch.cuda.current_stream().wait_stream(self.side)
+        else:
+            self.micro()
+            if last:
+                self.update()
+        if last and self.eager_left is not None:
+            self.eager_left -= 1
+
+    def capture(self) -> Tuple[Any, Optional[Any]]:
+        micro = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(micro):
+            self.micro()
+            if self.accumulate == 1:
+                self.update()
+        if self.accumulate == 1:
+            return micro, None
+        update = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(update):
+            self.update()
+        return micro, update
 
 
 @torch.no_grad()
@@ -858,6 +1035,7 @@ def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Name
 def train(args: argparse.Namespace) -> Dict[str, Any]:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     ckpt = None
+    changed: Dict[str, Tuple[Any, Any]] = {}  # machine choices a resume changes, as asked
     if args.resume:
         # weights_only: the checkpoint holds tensors and plain Python values only.
         ckpt = torch.load(args.resume, map_location="cpu", weights_only=True)
@@ -870,14 +1048,26 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         if args.out is None:  # keep writing next to the checkpoint resumed from
             saved["out"] = os.path.dirname(args.resume) or "."
         # Checkpoints from before packing trained padded batches.
-        for k, v in (("pack", None), ("max_seqs", None), ("attention", "auto")):
+        for k, v in (("pack", None), ("max_seqs", None), ("attention", None), ("graph", None)):
             saved.setdefault(k, v)
+        # What the run chose from its machine stays chosen, unless the command line asks for
+        # another (and then the run says so below).
+        for k in ("device", "amp", "attention", "graph"):
+            given = getattr(args, k, None)
+            if given is not None and given != saved.get(k):
+                changed[k] = (saved.get(k), given)
+                saved[k] = given
+        # Residency changes no batch (both paths give the same bytes): it is decided again
+        # for this machine's memory, unless given, and reported when it differs.
+        recorded_resident = saved.get("resident")
+        saved["resident"] = args.resident
         args = argparse.Namespace(**saved)
     if args.epochs is None:
         args.epochs = 1
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, resumed=ckpt is not None and "device" not in changed)
     on_cuda = device.type == "cuda"
+    args.device = str(device)
     if args.threads:
         # torch's default, one thread per physical core, is the fastest on an idle machine (the
         # loader's thread needs little CPU). On a shared one ask for fewer: torch's threads wait
@@ -885,7 +1075,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         # transformer, 2 cores: 0.22 s a step with 2 threads idle, but 0.7-1.5 s with 2 and
         # 0.37 s with 1 thread while a compiler ran beside it.)
         torch.set_num_threads(args.threads)
-    amp = args.amp or ("bf16" if on_cuda else "none")
+    amp = args.amp = args.amp or auto_amp(device)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 products on tensor cores
@@ -902,7 +1092,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     # Same seed, same initial weights; the data order has its own seed inside the loader.
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    attention = attention_kind(args, device, amp)
+    attention = args.attention = attention_kind(args, device, amp)
+    args.graph = bool(args.graph)
+    refusal = graph_refusal(args) if args.graph else None
+    if refusal:
+        raise SystemExit(refusal)
     model = build_model(args, inp, task.outputs, attention).to(device)
     if args.compile and args.pack:
         # One static shape: compile it once, never for dynamic sizes, and on CUDA replay the
@@ -911,16 +1105,29 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                                    mode="reduce-overhead" if on_cuda else None)
     else:
         step_model = torch.compile(model) if args.compile else model
-    optimizer = build_optimizer(model, args, device)
+    optimizer = build_optimizer(model, args, device, graph=args.graph)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     if amp == "fp16":
         # The scaler skips the update of a step whose gradients overflowed (the first ones, while
         # it finds its scale), and torch then warns that the schedule stepped alone: expected.
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
 
+    where = placement(args, device)
+    if args.graph:
+        # Every batch in the loader's static buffers on the device; from a resident split
+        # next() copies only the index and the captured step gathers the batch itself.
+        where["device"] = device
+        resident = dsc.Loader(cache, split="train", device=device, resident=where["resident"],
+                              **batching(args)).resident
+        where.update(static=True, gather_in_step=resident)
     loader = dsc.Loader(cache, split="train", shuffle=True, seed=args.seed, drop_last=True,
                         num_threads=args.loader_threads, prefetch=args.prefetch,
-                        **placement(args, device), **batching(args))
+                        **where, **batching(args))
+    if not args.pack:
+        args.trim_multiple = loader.trim_multiple
+    args.resident = "on" if loader.resident else "off"
+    if ckpt is not None and recorded_resident in ("on", "off") and recorded_resident != args.resident:
+        changed["resident"] = (recorded_resident, args.resident)
     # Whole optimizer steps only: leftover micro-batches of an epoch are not trained.
     micro_epoch = len(loader) // args.accumulate * args.accumulate
     if micro_epoch == 0:
@@ -930,14 +1137,17 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     steps_epoch = micro_epoch // args.accumulate
     total_steps = steps_epoch * args.epochs
     warmup = args.warmup if args.warmup is not None else total_steps // 20
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup, total_steps))
+    # The learning rate of every optimizer step; a captured step reads it from the device.
+    rates = [args.lr * lr_factor(s, warmup, total_steps) for s in range(total_steps + 1)]
+    schedule = (None if args.graph else torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, warmup, total_steps)))
 
     pos = dict(epoch=0, micro=0, optimizer_steps=0, history=[])
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        schedule.load_state_dict(ckpt["schedule"])
+        if schedule is not None and ckpt["schedule"]:
+            schedule.load_state_dict(ckpt["schedule"])
         scaler.load_state_dict(ckpt["scaler"])
         pos = ckpt["position"]
         # The loader continues after the last batch the saved run trained on (set_epoch below is
@@ -945,12 +1155,24 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         loader.load_state_dict(ckpt["loader"])
         set_rng_state(ckpt["rng"])
 
+    if args.graph:
+        # The optimizer's groups share one device learning rate (a loaded state brings its own).
+        lr = torch.tensor(rates[pos["optimizer_steps"]], dtype=torch.float32, device=device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+    for k, (before, now) in changed.items():
+        say(f"resuming with {k} {now} (the checkpoint's run had {before}): as asked on the "
+            "command line" + (", decided for this machine; the batches are the same"
+                              if k == "resident" else ""))
     params = sum(p.numel() for p in model.parameters())
     say(f"{args.model} · {params:,} parameters · task {args.task} ({task.metric}) · "
         f"device {device} · amp {amp} · {len(loader)} "
         + (f"packs of {args.pack} tokens ({attention} attention)" if args.pack
            else f"batches of {args.batch_size}")
-        + f"/epoch · {steps_epoch} optimizer steps/epoch")
+        + f"/epoch · {steps_epoch} optimizer steps/epoch"
+        + (" · whole step " + ("captured as CUDA graphs" if on_cuda else "uncaptured (CPU)")
+           if args.graph else ""))
     ckpt_path = os.path.join(args.out, "last.pt") if args.out else None
     if ckpt_path:
         os.makedirs(args.out, exist_ok=True)
@@ -959,42 +1181,52 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         if ckpt_path:
             save_checkpoint(ckpt_path, {
                 "args": vars(args), "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict() if schedule is not None else {},
                 "scaler": scaler.state_dict(), "position": pos, "rng": rng_state(),
                 "loader": loader.state_dict(),
             })
 
-    timer = StepTimer(device)
+    timer = StepTimer(device, per_step=not args.graph)
     logged: List[Dict[str, Any]] = []
     # Padded training batches by sequence length: the shapes the steps saw (packs have one).
     batch_lens: Dict[int, int] = {}
-    zero = lambda: torch.zeros((), device=device)  # noqa: E731
     stopped = args.max_steps is not None and pos["optimizer_steps"] >= args.max_steps
+    # Loss sums stay on the device, each one tensor for the whole run (a captured step adds to
+    # it in place); .item() on them is the only read-back in training.
+    window_loss = torch.zeros((), device=device)
+    epoch_loss = torch.zeros((), device=device)
+    whole = (WholeStep(model, task, optimizer, loader, args, autocast, device, rates,
+                       window_loss, epoch_loss, pos["optimizer_steps"]) if args.graph else None)
     start = time.perf_counter()
     model.train()
 
     while pos["epoch"] < args.epochs and not stopped:
         epoch = pos["epoch"]
         loader.set_epoch(epoch)
-        # Loss sums stay on the device; .item() on them is the only read-back in training. A
-        # resumed epoch starts from the sum saved at the stop, so its mean is the whole epoch's.
-        window_loss, window_steps = zero(), 0
-        epoch_loss = torch.tensor(pos.get("epoch_loss", 0.0), device=device)
+        # A resumed epoch starts from the sum saved at the stop, so its mean is the whole
+        # epoch's.
+        window_loss.zero_()
+        window_steps = 0
+        epoch_loss.fill_(pos.get("epoch_loss", 0.0))
         timer.reset()
         epoch_totals = dict(timer.totals)
         batches = iter(loader)
 
         def close_window() -> None:
-            nonlocal window_loss, window_steps
+            nonlocal window_steps
             loss = window_loss.item() / max(window_steps, 1)
             sh = timer.close()
-            lr = schedule.get_last_lr()[0]
+            # The rate of the next optimizer step, as the eager schedule reports it.
+            lr = (rates[min(pos["optimizer_steps"], total_steps)] if schedule is None
+                  else schedule.get_last_lr()[0])
             logged.append(dict(step=pos["optimizer_steps"], train_loss=loss, lr=lr, **sh))
             say(f"epoch {epoch} step {pos['optimizer_steps']} · loss {loss:.4f} · lr {lr:.2e} · "
                 f"{sh['samples_per_s']:.0f} samples/s · "
                 f"data wait {100 * sh['data_wait_share']:.1f}% · h2d {100 * sh['h2d_share']:.1f}%"
                 f" · compute {100 * sh['compute_share']:.1f}%")
-            window_loss, window_steps = zero(), 0
+            window_loss.zero_()
+            window_steps = 0
 
         while pos["micro"] < micro_epoch:
             t0 = time.perf_counter()
@@ -1002,6 +1234,22 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             timer.cur["data_wait"] += time.perf_counter() - t0
             if not args.pack:
                 batch_lens[batch.seq_len] = batch_lens.get(batch.seq_len, 0) + 1
+            if whole is not None:
+                # One replay (or, before capture and on the CPU, the same step run eagerly).
+                pos["micro"] += 1
+                last = pos["micro"] % args.accumulate == 0
+                whole(last)
+                if last:
+                    pos["optimizer_steps"] += 1
+                    window_steps += 1
+                timer.step_done(batch.seqs if args.pack else args.batch_size)
+                if last:
+                    if pos["optimizer_steps"] % args.log_every == 0:
+                        close_window()
+                    if args.max_steps is not None and pos["optimizer_steps"] >= args.max_steps:
+                        stopped = True
+                        break
+                continue
             timer.before_copy()
             b = to_device(batch, names, device)
             timer.after_copy()
@@ -1095,6 +1343,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         eval_split=args.eval_split, evaluation=evaluation,
         batch_lens={str(k): v for k, v in sorted(batch_lens.items())},
         resident=loader.resident, loader=loader.stats(),
+        # What was chosen from the machine (recorded in the checkpoint, kept on resume) and
+        # what a resume changed because the command line asked.
+        attention=attention, graph=args.graph, trim_multiple=getattr(args, "trim_multiple", None),
+        resumed_with={k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()},
     )
 
 

@@ -19,11 +19,21 @@ One model and step for every feed: the transformer of examples/train.py (``--dim
 - ``dataloader``: a plain ``torch.utils.data.DataLoader`` over the same split held in memory
   (``--workers`` worker processes, shuffled, pinned), padded batches of ``--batch-size``.
 
-Each feed runs eager and, where its shapes are static (resident, padded, packed, dataloader),
-with the step compiled for CUDA graphs (``torch.compile(mode="reduce-overhead")``); trimmed
-and bucketed batches change shape nearly every step, which graphs cannot replay (their compiled
-figure is left out: it measures recompiles). Reported per run: samples/s (contexts trained),
-the data wait (time blocked in ``next()``, as a share of the wall time), and GPU busy: the mean
+Modes (``--modes``): ``eager``; ``graphs``, the forward compiled for CUDA graphs
+(``torch.compile(mode="reduce-overhead")``) where the feed's shapes are static (resident,
+padded, packed, dataloader), with the loss, backward and optimizer launched op by op around it
+(trimmed and bucketed batches change shape nearly every step, which graphs cannot replay: their
+compiled figure is left out, it measures recompiles); and ``whole``, the whole training step
+captured as CUDA graphs (examples/train.py's ``--graph`` step: the batch's gather from the
+loader's static buffers, forward, loss, backward, clipping, AdamW with its learning rate on the
+device) for the static dsc feeds (padded, padded_host, packed, packed_host: ``dsc.Loader(static=
+True)``, resident with the gather inside the graph, or the host path copying each batch into the
+buffers), so that the host issues one index (or batch) copy and one replay per step. On the CPU
+the whole step runs uncaptured. Reported per run: samples/s (contexts trained), the data wait
+(time blocked in ``next()``, as a share of the wall time), the host's microseconds per step (the
+time the host spent issuing a step: ``next()`` and the step's launches, before the final
+synchronisation; a GPU-bound run's host waits in the launch queue are counted), and GPU busy:
+the mean
 of NVML's utilisation (``nvmlDeviceGetUtilizationRates``, the share of time any kernel ran)
 sampled every 50 ms in a thread, read through the driver's own library (libnvidia-ml) so that
 no Python package is needed; ``null`` where there is no NVIDIA driver. Samples/s counts
@@ -153,19 +163,41 @@ def mean_length(cache: dsc.Cache) -> float:
     return total / max(n, 1)
 
 
-def feeds(args, cache: dsc.Cache, names: List[str], device: torch.device, pack: int):
+class DscFeed:
+    """A ``dsc.Loader`` as a feed: one loader for the whole run (static buffers are the
+    loader's, and a graph captured on them replays for every epoch), and a fresh iterator of
+    (batch dict on the device, contexts in it) per epoch."""
+
+    def __init__(self, make, names: List[str]):
+        self.make, self.names, self.loader = make, names, None
+
+    def __call__(self, epoch: int):
+        if self.loader is None:
+            self.loader = self.make()
+        self.loader.set_epoch(epoch)
+        for b in self.loader:
+            yield {n: b[n] for n in self.names}, (b.seqs or len(b["key"]))
+
+
+def feeds(args, cache: dsc.Cache, names: List[str], device: torch.device, pack: int,
+          static: bool = False):
     """Each feed as (name, static shapes?, a function returning a fresh iterator of
-    (batch dict on the device, contexts in it))."""
+    (batch dict on the device, contexts in it)). ``static``: the dsc feeds whose shapes allow
+    it, with static buffers, for the whole-step mode."""
     on_cuda = device.type == "cuda"
     arrays = None
 
     def dsc_feed(**kwargs):
-        def start(epoch: int):
-            loader = dsc.Loader(cache, seed=0, epoch=epoch, num_threads=args.loader_threads,
-                                device=device if on_cuda else None, **kwargs)
-            for b in loader:
-                yield {n: b[n] for n in names + extra(kwargs)}, (b.seqs or len(b["key"]))
-        return start
+        if static:
+            kwargs = dict(kwargs, static=True, device=device,
+                          resident=kwargs.get("resident", None if on_cuda else True))
+            kwargs["gather_in_step"] = kwargs["resident"] is not False
+        else:
+            kwargs = dict(kwargs, device=device if on_cuda else None)
+
+        def make():
+            return dsc.Loader(cache, seed=0, num_threads=args.loader_threads, **kwargs)
+        return DscFeed(make, names + extra(kwargs))
 
     def extra(kwargs) -> List[str]:
         return list(TRAIN.PACK_TENSORS) if "pack" in kwargs else []
@@ -195,6 +227,13 @@ def feeds(args, cache: dsc.Cache, names: List[str], device: torch.device, pack: 
         for b in dl:
             yield {n: t.to(device, non_blocking=True) for n, t in b.items()}, args.batch_size
 
+    if static:
+        return [
+            ("padded", True, dsc_feed(batch_size=args.batch_size)),
+            ("padded_host", True, dsc_feed(batch_size=args.batch_size, resident=False)),
+            ("packed", True, dsc_feed(pack=pack)),
+            ("packed_host", True, dsc_feed(pack=pack, resident=False)),
+        ]
     return [
         ("resident", True, resident),
         ("padded", True, dsc_feed(batch_size=args.batch_size)),
@@ -233,11 +272,14 @@ def run(args, name: str, start, step, device: torch.device, busy: GpuBusy) -> Di
         wait += time.perf_counter() - t0
         step(batch, n)
         samples += n
+    issued = time.perf_counter() - begin
     sync()
     wall = time.perf_counter() - begin
     gpu = busy.stop()
     return dict(feed=name, samples_per_s=samples / wall, data_wait_share=wait / wall,
-                gpu_busy=gpu, steps=args.steps, wall_s=wall)
+                gpu_busy=gpu, steps=args.steps, wall_s=wall,
+                host_us_per_step=1e6 * issued / args.steps,
+                step_us=1e6 * wall / args.steps)
 
 
 def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
@@ -254,8 +296,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     p.add_argument("--loader-threads", type=int, default=4)
     p.add_argument("--workers", type=int, default=8, help="DataLoader worker processes")
     p.add_argument("--feeds",
-                   default="resident,padded,padded_host,trimmed,bucketed,packed,dataloader")
-    p.add_argument("--modes", default="eager,graphs")
+                   default="resident,padded,padded_host,trimmed,bucketed,packed,packed_host,"
+                           "dataloader")
+    p.add_argument("--modes", default="eager,graphs,whole")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", action="store_true", help="print one JSON list of the runs")
     args = p.parse_args(argv)
@@ -279,25 +322,29 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     results = []
     wanted = args.feeds.split(",")
     for mode in args.modes.split(","):
-        for name, static, start in feeds(args, cache, names, device, pack):
+        whole = mode == "whole"
+        for name, static, start in feeds(args, cache, names, device, pack, static=whole):
             if name not in wanted or (mode == "graphs" and not static):
                 continue
             torch.manual_seed(0)
             attention = TRAIN.attention_kind(targs, device, amp)
             model = TRAIN.build_model(targs, inp, task.outputs, attention).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=on_cuda)
-            forward = model
-            if mode == "graphs":
-                forward = torch.compile(model, dynamic=False,
-                                        mode="reduce-overhead" if on_cuda else None)
+            if whole:
+                step = whole_step(start, model, task, targs, device, args.warmup + args.steps)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=on_cuda)
+                forward = model
+                if mode == "graphs":
+                    forward = torch.compile(model, dynamic=False,
+                                            mode="reduce-overhead" if on_cuda else None)
 
-            def step(batch, n, forward=forward, opt=opt):
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_cuda):
-                    pred = forward(batch)
-                loss = TRAIN.mean_loss(task, pred, batch)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                def step(batch, n, forward=forward, opt=opt):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_cuda):
+                        pred = forward(batch)
+                    loss = TRAIN.mean_loss(task, pred, batch)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
 
             r = run(args, name, start, step, device, busy)
             r.update(mode=mode, batch_size=args.batch_size, pack_tokens=pack if name == "packed" else None,
@@ -307,11 +354,34 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
             results.append(r)
             if not args.json:
                 gpu = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
-                print(f"{mode:6} {name:10} {r['samples_per_s']:>10,.0f} samples/s · data wait "
-                      f"{100 * r['data_wait_share']:.2f}% · GPU busy {gpu}", flush=True)
+                print(f"{mode:6} {name:11} {r['samples_per_s']:>10,.0f} samples/s · data wait "
+                      f"{100 * r['data_wait_share']:.2f}% · host {r['host_us_per_step']:,.0f} "
+                      f"us/step of {r['step_us']:,.0f} · GPU busy {gpu}", flush=True)
     if args.json:
         print(json.dumps(results))
     return results
+
+
+def whole_step(feed: DscFeed, model, task, targs, device: torch.device, steps: int):
+    """examples/train.py's captured step (``--graph``) over ``feed``'s static loader: AdamW at a
+    constant learning rate of 1e-3 (the other modes' optimizer), no clipping."""
+    on_cuda = device.type == "cuda"
+    targs = argparse.Namespace(**{**vars(targs), "lr": 1e-3, "weight_decay": 0.0, "clip": 0.0,
+                                  "accumulate": 1})
+    opt = TRAIN.build_optimizer(model, targs, device, graph=True)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_cuda)
+
+    losses = [torch.zeros((), device=device) for _ in range(2)]
+    if feed.loader is None:
+        feed.loader = feed.make()
+    run = TRAIN.WholeStep(model, task, opt, feed.loader, targs, autocast, device,
+                          [1e-3] * (steps + 1), *losses, 0)
+
+    def step(batch, n):
+        run(True)
+    return step
 
 
 TRAIN: Any = None

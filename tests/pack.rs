@@ -401,6 +401,25 @@ fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
                         .unwrap();
                     let what = format!("{path:?} {opts:?} step {step}");
                     assert_eq!(index, info, "{what}");
+                    rows_rebuild_the_batch(
+                        &filler,
+                        (step, rows),
+                        &layout,
+                        &sizes,
+                        own,
+                        &compiled,
+                        max_len,
+                    )
+                    .iter()
+                    .zip(&bufs)
+                    .enumerate()
+                    .for_each(|(t, (rebuilt, loaded))| {
+                        assert!(
+                            rebuilt[..] == loaded[..rebuilt.len()],
+                            "{what}: {} from fill_rows differs",
+                            layout[t].name
+                        )
+                    });
                     // One contiguous block (what one transfer to a GPU moves): the same bytes,
                     // each tensor cut to the batch, at aligned offsets, one after another.
                     let mut block = vec![0x55u8; loader.block_bytes()];
@@ -458,6 +477,72 @@ fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
             }
         }
     }
+}
+
+/// Batch `step` as a consumer of `Filler::fill_rows` builds it: one gather by row per stored
+/// tensor from the split in compiled order followed by a row of zeros (`compiled`, then
+/// zeros), nothing zeroed afterwards; a pack's own tensors as written. Returns each tensor of
+/// `layout` cut to the batch (a trimmed batch's length).
+fn rows_rebuild_the_batch(
+    filler: &dsc_loader::Filler,
+    (step, rows): (usize, usize),
+    layout: &[dsc_loader::TensorLayout],
+    sizes: &[usize],
+    own: usize,
+    compiled: &[BTreeMap<String, Vec<u8>>],
+    max_len: usize,
+) -> Vec<Vec<u8>> {
+    // A pack's T is the length of its `seq_idx`, the fourth of its own five tensors.
+    let tokens = if own > 0 {
+        layout[layout.len() - 4].shape[0]
+    } else {
+        0
+    };
+    let (mut positions, mut token_rows) = (vec![0xAAu8; rows * 8], vec![0xAAu8; tokens * 8]);
+    let mut pack: Vec<Vec<u8>> = sizes[sizes.len() - own..]
+        .iter()
+        .map(|&n| vec![0u8; n])
+        .collect();
+    let mut pack_slices: Vec<&mut [u8]> = pack.iter_mut().map(|b| b.as_mut_slice()).collect();
+    let info = filler
+        .fill_rows(step, &mut positions, &mut token_rows, &mut pack_slices)
+        .unwrap();
+    let read = |b: &[u8]| -> Vec<usize> {
+        b.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect()
+    };
+    let (positions, token_rows) = (read(&positions), read(&token_rows));
+    let contexts = compiled.len();
+    let mut out = Vec::with_capacity(layout.len());
+    for l in &layout[..layout.len() - own] {
+        let whole = compiled[0][&l.name].len();
+        let bytes_of = |p: usize| -> Vec<u8> {
+            if p == contexts {
+                vec![0u8; whole]
+            } else {
+                compiled[p][&l.name].clone()
+            }
+        };
+        let mut t = Vec::new();
+        if own > 0 && l.shape[0] == tokens {
+            let step_bytes = whole / max_len;
+            for &r in &token_rows {
+                let (p, k) = (r / max_len, r % max_len);
+                t.extend_from_slice(&bytes_of(p)[k * step_bytes..(k + 1) * step_bytes]);
+            }
+        } else {
+            let keep = l
+                .trimmed_axis
+                .map_or(whole, |_| whole / max_len * info.seq_len);
+            for &p in &positions {
+                t.extend_from_slice(&bytes_of(p)[..keep]);
+            }
+        }
+        out.push(t);
+    }
+    out.extend(pack);
+    out
 }
 
 /// Issue 30, item 2, for packs: a state saved on 2 ranks continues on 3 (and on 1) from the same

@@ -68,6 +68,19 @@ pub struct BatchInfo {
     pub pack: Option<PackInfo>,
 }
 
+/// Where [`Gather::index_into`] writes a batch's index.
+#[derive(Debug)]
+pub(crate) struct IndexDst<'a, 'b> {
+    /// Each row's compiled-order position, i64 (`Batching::rows` of them).
+    pub positions: &'a mut [u8],
+    /// The position written for a pack's unused rows (and, times `L`, its unused tokens).
+    pub unused: usize,
+    /// A pack's token rows, i64 `[T]`, or `None` when not asked for.
+    pub token_rows: Option<&'a mut [u8]>,
+    /// A pack's own five tensors (empty for padded batches).
+    pub pack: &'a mut [&'b mut [u8]],
+}
+
 /// Tensors of a block ([`Gather::gather_block`]) start at multiples of this many bytes: any
 /// dtype's alignment, and a GPU's preferred access granularity.
 pub const BLOCK_ALIGN: usize = 256;
@@ -548,28 +561,28 @@ impl Gather {
     }
 
     /// Batch `batch` as a consumer holding the split's tensors gathers it (a split resident on
-    /// a GPU): each row's position in the split's compiled order as i64 into `positions` (the
-    /// batch's contexts, or a pack's sequences then zeros up to `S`), and for a pack its own
-    /// five tensors into `pack` (`cu_seqlens`, `seq_idx`, `position`, `num_seqs`,
-    /// `num_tokens`, as in a gathered pack). Reads only the split's stored lengths, never the
-    /// shards; the batch it describes is the one [`Gather::gather_into`] copies.
+    /// a GPU): each row's position in the split's compiled order as i64 into `dst.positions`
+    /// (the batch's contexts, or a pack's sequences then `dst.unused` up to `S`), a pack's
+    /// token rows into `dst.token_rows` when given, and for a pack its own five tensors into
+    /// `dst.pack` (`cu_seqlens`, `seq_idx`, `position`, `num_seqs`, `num_tokens`, as in a
+    /// gathered pack). Reads only the split's stored lengths, never the shards; the batch it
+    /// describes is the one [`Gather::gather_into`] copies.
     pub fn index_into(
         &self,
         (samples, repeated): (&[Sample], bool),
         lengths: &[u32],
-        positions: &mut [u8],
-        pack: &mut [&mut [u8]],
+        dst: IndexDst<'_, '_>,
     ) -> BatchInfo {
-        let rows = positions.len() / 8;
-        for (out, p) in positions.chunks_exact_mut(8).zip(
+        let rows = dst.positions.len() / 8;
+        let unused = dst.unused as i64;
+        write_i64(
+            dst.positions,
             samples
                 .iter()
                 .map(|s| s.position as i64)
-                .chain(std::iter::repeat(0))
+                .chain(std::iter::repeat(unused))
                 .take(rows),
-        ) {
-            out.copy_from_slice(&p.to_le_bytes());
-        }
+        );
         match &self.batching {
             Batching::Padded { trim, .. } => BatchInfo {
                 seq_len: match trim {
@@ -583,7 +596,21 @@ impl Gather {
             },
             Batching::Packed { packs, .. } => {
                 let lens = self.pack_lens(lengths, samples);
-                write_pack_index(packs, &lens, pack);
+                if let Some(token_rows) = dst.token_rows {
+                    // Row `position * L + step` of the split's tensors flattened to
+                    // `[contexts * L, ...]`; the tail reads the consumer's zero row.
+                    let l = self.max_len() as i64;
+                    let rows = samples.iter().zip(&lens).flat_map(|(s, &len)| {
+                        let first = s.position as i64 * l;
+                        first..first + len as i64
+                    });
+                    write_i64(
+                        token_rows,
+                        rows.chain(std::iter::repeat(unused * l))
+                            .take(packs.tokens()),
+                    );
+                }
+                write_pack_index(packs, &lens, dst.pack);
                 let max_seqlen = lens.iter().copied().max().unwrap_or(0);
                 BatchInfo {
                     seq_len: max_seqlen,
@@ -802,6 +829,12 @@ fn write_pack_index(packs: &Packs, lens: &[usize], dst: &mut [&mut [u8]]) {
 
 fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
     for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn write_i64(out: &mut [u8], values: impl Iterator<Item = i64>) {
+    for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
 }

@@ -4,7 +4,7 @@
 use crate::batch::{Batch, TensorLayout};
 use crate::cache::Cache;
 use crate::error::LoadError;
-use crate::gather::{self, BatchInfo, Batching, Gather, Source, PACK_TENSORS};
+use crate::gather::{self, BatchInfo, Batching, Gather, IndexDst, Source, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
 
 use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
@@ -245,6 +245,47 @@ impl Filler {
         positions: &mut [u8],
         pack: &mut [&mut [u8]],
     ) -> Result<BatchInfo, LoadError> {
+        self.index(step, positions, None, pack, |_| 0)
+    }
+
+    /// [`Filler::fill_index`] for a consumer whose copy of the split ends in one row of zeros
+    /// (row `contexts`, the split's context count), so that every tensor of a batch is one
+    /// gather by row with nothing to zero afterwards (what a captured CUDA graph can replay):
+    /// a pack's unused rows point at that row, and `token_rows` (i64 `[T]`, packs only; empty
+    /// for padded batches) gets each token's row of the split's per-step tensors flattened to
+    /// `[(contexts + 1) * L, ...]`: `position * L + step`, the unused tail `contexts * L`.
+    pub fn fill_rows(
+        &self,
+        step: usize,
+        positions: &mut [u8],
+        token_rows: &mut [u8],
+        pack: &mut [&mut [u8]],
+    ) -> Result<BatchInfo, LoadError> {
+        let tokens = match &self.step(step)?.batching {
+            Batching::Packed { packs, .. } => Some(packs.tokens()),
+            Batching::Padded { .. } => None,
+        };
+        if token_rows.len() != tokens.unwrap_or(0) * 8 {
+            return Err(LoadError::Call(format!(
+                "{} bytes of token rows for {} tokens of 8",
+                token_rows.len(),
+                tokens.unwrap_or(0)
+            )));
+        }
+        let token_rows = tokens.map(|_| token_rows);
+        self.index(step, positions, token_rows, pack, |lengths| lengths.len())
+    }
+
+    /// Batch `step`'s index (`fill_index`, `fill_rows`); `unused(lengths)`: the row a pack's
+    /// unused rows point at.
+    fn index(
+        &self,
+        step: usize,
+        positions: &mut [u8],
+        token_rows: Option<&mut [u8]>,
+        pack: &mut [&mut [u8]],
+        unused: impl FnOnce(&[u32]) -> usize,
+    ) -> Result<BatchInfo, LoadError> {
         let gather = self.step(step)?;
         let rows = gather.batching.rows();
         if positions.len() != rows * 8 {
@@ -273,7 +314,13 @@ impl Filler {
         };
         let lengths = cache.lengths(&source.cache.splits[source.split_index].0)?;
         let (samples, repeated) = gather.samples(step, &mut Cursor::default());
-        let info = gather.index_into((&samples, repeated), &lengths, positions, pack);
+        let dst = IndexDst {
+            positions,
+            unused: unused(&lengths),
+            token_rows,
+            pack,
+        };
+        let info = gather.index_into((&samples, repeated), &lengths, dst);
         gather.delivered(samples.len(), &info);
         Ok(info)
     }

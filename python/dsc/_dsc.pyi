@@ -2,6 +2,7 @@
 from typing import List, Optional, Tuple
 
 __version__: str
+BLOCK_ALIGN: int
 
 class Buffer:
     """One tensor's bytes, exported through the buffer protocol: typed and shaped to a consumer
@@ -47,8 +48,10 @@ class LoaderHandle:
     # ((seq_len, pack), [(offset, bytes)] per tensor of tensors())
     def fill_block(self, step: int, block: object) -> Tuple[Info, List[Tuple[int, int]]]: ...
     def index_rows(self) -> int: ...
-    # buffers: positions (int64 x index_rows()), then a pack's own five tensors
-    def fill_index(self, step: int, buffers: List[object]) -> Info: ...
+    # buffers: positions (int64 x index_rows(); a pack's unused rows point at the row after
+    # the split), a pack's token rows (int64 x T; empty for padded batches), then its own five
+    # tensors
+    def fill_rows(self, step: int, buffers: List[object]) -> Info: ...
     def advance(self, n: int) -> None: ...
     def close(self) -> None: ...
 

@@ -132,6 +132,8 @@ class _Epoch:
             raise StopIteration
         waited = time.perf_counter() - asked
         batch = self._batch(loader, item)
+        if loader._static_wanted:
+            batch = self._to_static(loader, batch)
         loader._consumed(self)
         loader._record(batch, waited, queued)
         return batch
@@ -147,6 +149,13 @@ class _Epoch:
             # its tensor is freed and the buffer reused.
             batch = batch.to(loader.device)
         return batch
+
+    def _to_static(self, loader: Any, batch: Batch) -> Batch:
+        """The batch in the loader's static buffers (``static=True``): copied there, by
+        tensor, on the paths that make a new batch each step."""
+        static = loader._static_buffers(self)
+        static.load_tensors(batch)
+        return batch._like(static.batch())
 
     def close(self) -> None:
         if self.handle is not None:
@@ -354,22 +363,34 @@ class _StagedEpoch(_ThreadedEpoch):
         on_device, copied = self.copy(block[:end])
         k = (step - self.first) % len(self.queues)
         self.free[k].put((block, copied))
-        tensors = {}
-        for layout, (offset, n) in zip(self.layout, ranges):
-            tensors[layout.name] = (on_device[offset:offset + n]
-                                    .view(getattr(torch, layout.dtype))
-                                    .view(layout.shape(seq_len)))
+        if loader._static_wanted:
+            # One copy on the consumer's stream into the fixed block, which the batch views.
+            static = loader._static_buffers(self)
+            static.load(on_device, ranges)
+            tensors = static.batch()
+        else:
+            tensors = {}
+            for layout, (offset, n) in zip(self.layout, ranges):
+                tensors[layout.name] = (on_device[offset:offset + n]
+                                        .view(getattr(torch, layout.dtype))
+                                        .view(layout.shape(seq_len)))
         self.handle.advance(1)
         self.next_step += 1
         return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
                      pack and pack[:3])
 
+    def _to_static(self, loader: Any, batch: Batch) -> Batch:
+        return batch  # already there
+
 
 class _ResidentEpoch(_Epoch):
     """The resident path: the consumer thread asks Rust for each step's index (positions, and
-    a pack's own tensors; no shard is read), copies it to the device in one transfer and
-    gathers the batch there from the resident split. No loading threads: the device does the
-    gather, asynchronously, in the order the steps are taken."""
+    for a pack its token rows and own tensors; no shard is read), copies it to the device in
+    one transfer and gathers the batch there from the resident split: one ``index_select`` per
+    stored tensor. No loading threads: the device does the gather, asynchronously, in the
+    order the steps are taken. With static batches the index lands in the loader's fixed
+    block and the gather in its fixed tensors (or, with ``gather_in_step``, in the caller's
+    step: ``loader.gather()``)."""
 
     def __init__(self, loader: Any) -> None:
         super().__init__(loader, threads=0)
@@ -378,9 +399,13 @@ class _ResidentEpoch(_Epoch):
         self.total = self.handle.steps()
         self.next_step = self.first
         self.rows = self.handle.index_rows()
-        sizes = self.handle.batch_bytes()
-        own = sizes[-5:] if loader.pack is not None else []
-        self.ring = _resident.IndexRing(_torch(), self.split.device, [self.rows * 8] + own)
+        packed = loader.pack is not None
+        self.own = self.layout[-5:] if packed else []
+        self.stored = self.layout[:-5] if packed else self.layout
+        sizes = _resident.IndexRing.sizes_for(self.handle, packed)
+        self.static = loader._static_buffers(self) if loader._static_wanted else None
+        self.ring = _resident.IndexRing(_torch(), self.split.device, sizes,
+                                        fixed=None if self.static is None else self.static.block)
         self.sequence = {n: loader.cache.tensor(n).is_sequence for n in loader.columns}
 
     def _queued(self) -> int:
@@ -390,14 +415,26 @@ class _ResidentEpoch(_Epoch):
         if self.next_step >= self.total:
             return None
         step = self.next_step
-        info, block = self.ring.fill(step, lambda views: self.handle.fill_index(step, views))
+        info, block = self.ring.fill(step, lambda views: self.handle.fill_rows(step, views))
         return step, info, block
 
     def _batch(self, loader: Any, item) -> Batch:
         step, (seq_len, pack), block = item
-        tensors = _resident.gather(_torch(), self.split, self.layout, self.ring, block,
-                                   self.rows, seq_len, pack, loader.cache.max_len, self.sequence)
+        torch = _torch()
+        if self.static is not None:
+            if not loader.gather_in_step:
+                self.static.gather(self.split, loader.cache.max_len, self.sequence)
+            tensors = self.static.batch()
+        else:
+            parts = _resident.index_parts(torch, block, self.ring.sizes, self.rows, self.own)
+            tensors = _resident.gather(torch, self.split, self.stored, parts, seq_len,
+                                       loader.cache.max_len, self.sequence)
+            tensors.update(parts[2])
+            tensors = {t.name: tensors[t.name] for t in self.layout}
         self.handle.advance(1)
         self.next_step += 1
         return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
                      pack and pack[:3])
+
+    def _to_static(self, loader: Any, batch: Batch) -> Batch:
+        return batch  # already there

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _dsc, _resident
+from . import _dsc, _resident, _static
 from ._batch import FORK_ADVICE, Batch, _torch
 from ._cache import Cache, PathLike, shared
 from ._epochs import _CudaCopy, _Epoch, _PinnedEpoch, _ResidentEpoch, _StagedEpoch
@@ -157,6 +157,17 @@ class Loader:
             ``horizon_length`` (its real steps).
         pad_windows: keep windows that run past the end of their series, zero-padded (default:
             only whole windows with their whole horizon).
+        static: every batch lands in the same tensors on ``device`` (:attr:`static_batch`),
+            allocated once: what a captured CUDA graph needs, since it replays on the same
+            addresses every step. A batch is valid until the next one is asked for. For a
+            resident split each ``next()`` copies only the step's index to the device (on the
+            current stream) and gathers the batch into the buffers; on the host path it copies
+            the batch's block into them. Padded (untrimmed) and packed batches. See
+            docs/PYTHON.md, "Static batches and captured steps".
+        gather_in_step: with ``static`` and a resident split, ``next()`` copies only the index
+            and your step calls :meth:`gather` (capturable: tensor operations, no host sync, no
+            allocation), so that the gather runs inside your graph: one index copy and one
+            graph replay per step.
         cache_dir, cache_limit, storage_options: for a cache given as a URL in object storage
             (``"s3://bucket/cache"``): the local folder its shards are fetched into ahead of
             use, in this loader's order; the bytes kept there at most (the shard needed furthest
@@ -202,6 +213,8 @@ class Loader:
         horizon: int = 0,
         horizon_columns: Optional[Sequence[str]] = None,
         pad_windows: bool = False,
+        static: bool = False,
+        gather_in_step: bool = False,
     ) -> None:
         given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
         if not given:
@@ -338,6 +351,10 @@ class Loader:
             else trim_multiple, 1, 65536)
         self._resident_device = self._resident_choice(resident, resident_budget)
         self._resident_split: Optional[_resident.ResidentSplit] = None
+        self._static_wanted = self._static_choice(static, gather_in_step)
+        self.gather_in_step = bool(gather_in_step)
+        # The static buffers, made with the first epoch (or `static_batch`) and kept after it.
+        self._static: Optional[_static.StaticBatch] = None
         self._epoch = _check_int("epoch", epoch, 0)
         self._step = 0  # batches of the current epoch consumed on this rank
         # Units of the epoch skipped before step 0: a state from another global batch resumes
@@ -403,6 +420,80 @@ class Loader:
                 )
             return None
         return device
+
+    def _static_choice(self, static: Any, gather_in_step: Any) -> bool:
+        """Whether batches land in static buffers (``static=``): refused where a batch's
+        shapes change from step to step, or where there is no device to hold them."""
+        for name, value in (("static", static), ("gather_in_step", gather_in_step)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise OptionsError(f"{name}={value!r}: expected True or False", option=name)
+        if not static:
+            if gather_in_step:
+                raise OptionsError("gather_in_step=True defers the gather of static batches: "
+                                   "pass static=True too", option="gather_in_step")
+            return False
+        if self.device is None:
+            raise OptionsError("static=True puts every batch in the same tensors on a device: "
+                               "pass device= ('cuda', or 'cpu' for CPU tensors)", option="static")
+        if self.trim or self.bucket:
+            raise OptionsError(
+                f"static=True with {'bucket' if self.bucket else 'trim'}=True: a trimmed batch "
+                "changes its shape every step, and static buffers (and the CUDA graphs that "
+                "read them) have one; use pack= for static shapes without padding",
+                option="bucket" if self.bucket else "trim")
+        if self.series is not None:
+            raise OptionsError("static=True is for padded and packed batches; series windows "
+                               "are delivered as new tensors each step", option="static")
+        if gather_in_step and self._resident_device is None:
+            raise OptionsError(
+                "gather_in_step=True leaves the gather from a resident split to your step; this "
+                "loader's split is not resident (each next() copies the whole batch): pass "
+                "resident=True, or leave gather_in_step unset", option="gather_in_step")
+        return True
+
+    @property
+    def static(self) -> bool:
+        """Whether every batch lands in the same tensors (``static=``)."""
+        return self._static_wanted
+
+    @property
+    def static_batch(self) -> Batch:
+        """The tensors every batch lands in (``static=True``), by name, on the loader's device:
+        the same tensors for the loader's whole life, overwritten by each ``next()`` (and by
+        :meth:`gather`). Read them before asking for the next batch, or copy what you keep.
+        Available before the first batch, so that a CUDA graph can be captured on them."""
+        if not self._static_wanted:
+            raise OptionsError("static_batch needs dsc.Loader(static=True)", option="static")
+        if self._static is None:
+            epoch = (_ResidentEpoch(self) if self._resident_device is not None
+                     else _Epoch(self, threads=0))
+            self._static_buffers(epoch)
+            epoch.close()
+        return Batch(self._static.batch())
+
+    def gather(self) -> Dict[str, Any]:
+        """Fills :attr:`static_batch` with the current step's batch and returns it: for a
+        resident split, one ``index_select`` per stored tensor from the split on the device by
+        the index the last ``next()`` copied there (tensor operations only: no host sync, no
+        allocation, so that it can run inside a captured CUDA graph); on the host path, where
+        ``next()`` already copied the batch, nothing. Call it in your step with
+        ``gather_in_step=True``; without it ``next()`` has called it already."""
+        static = self.static_batch
+        self._static.gather(self._resident_split, self.cache.max_len, self._sequence)
+        return dict(static)
+
+    def _static_buffers(self, epoch: Any) -> _static.StaticBatch:
+        """The static buffers, made the first time from ``epoch``'s layout."""
+        if self._static is None:
+            torch = _torch()
+            device = self._resident_device or self.device
+            index = (_resident.IndexRing.sizes_for(epoch.handle, self.pack is not None)
+                     if self._resident_device is not None else None)
+            self._static = _static.StaticBatch(
+                torch, device, epoch.layout, epoch.handle.batch_bytes(), _dsc.BLOCK_ALIGN,
+                index, self.pack is not None)
+            self._sequence = {n: self.cache.tensor(n).is_sequence for n in self.columns}
+        return self._static
 
     @property
     def resident(self) -> bool:

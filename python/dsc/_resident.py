@@ -46,9 +46,12 @@ def default_budget(torch: Any, device: Any) -> int:
 
 
 class ResidentSplit:
-    """The loader's tensors of its split on ``device``, in compiled order: ``[contexts, ...]``
-    each, copied there from ``reader``'s batches (the split in cache order, every context once:
-    ``batch.valid`` leading rows each)."""
+    """The loader's tensors of its split on ``device``, in compiled order, each followed by one
+    row of zeros: ``[contexts + 1, ...]``, copied there from ``reader``'s batches (the split in
+    cache order, every context once: ``batch.valid`` leading rows each). The zero row is what a
+    pack's unused rows and tokens read (``LoaderHandle.fill_rows`` points them there), so that
+    every tensor of a batch is one gather by row: nothing to zero afterwards, and no length
+    known only on the host, which a captured CUDA graph could not take."""
 
     def __init__(self, loader: Any, reader: Iterable[Any], torch: Any,
                  device: Any) -> None:
@@ -56,29 +59,67 @@ class ResidentSplit:
         contexts = cache.splits[split]
         self.device = device
         self.tensors: Dict[str, Any] = {}
+        self.flat: Dict[str, Any] = {}
         for name in loader.columns:
             info = cache.tensor(name)
-            self.tensors[name] = torch.empty((contexts, *info.shape),
-                                             dtype=getattr(torch, info.dtype), device=device)
-        at = 0
-        for batch in reader:
-            n = batch.valid
-            for name, t in batch.items():
-                self.tensors[name][at:at + n].copy_(t[:n])
-            at += n
+            t = torch.empty((contexts + 1, *info.shape), dtype=getattr(torch, info.dtype),
+                            device=device)
+            t[contexts].zero_()
+            self.tensors[name] = t
+            # Per-step tensors as rows of steps, [(contexts + 1) * L, ...]: a pack's tokens.
+            self.flat[name] = t.view(-1, *info.shape[1:]) if info.is_sequence else t
+        at = _upload(torch, device, reader, self.tensors)
         if at != contexts:
             raise OptionsError(f"{cache.path}: read {at} of the {contexts} contexts of "
                                f"{split!r} while uploading it")
 
 
+def _upload(torch: Any, device: Any, reader: Iterable[Any], tensors: Dict[str, Any]) -> int:
+    """Copies ``reader``'s batches into the leading rows of ``tensors``; returns the rows
+    copied. To a GPU each piece passes through one of two page-locked staging blocks, so that
+    the copy is a DMA at the link's speed (a copy from pageable memory is staged by the driver
+    in small pieces and blocks the host) and the host fills one block while the other is
+    copied."""
+    at = 0
+    if device.type != "cuda":
+        for batch in reader:
+            n = batch.valid
+            for name, t in batch.items():
+                tensors[name][at:at + n].copy_(t[:n])
+            at += n
+        return at
+    staging: List[Dict[str, Any]] = [{}, {}]
+    copied: List[Optional[Any]] = [None, None]
+    for i, batch in enumerate(reader):
+        n, k = batch.valid, i % 2
+        if copied[k] is not None:
+            copied[k].synchronize()  # the block's last copy has run: it may be refilled
+        for name, t in batch.items():
+            block = staging[k].get(name)
+            if block is None or block.shape[0] < n:
+                block = staging[k][name] = torch.empty(
+                    (max(n, UPLOAD_PIECE), *t.shape[1:]), dtype=t.dtype, pin_memory=True)
+            block[:n].copy_(t[:n])
+            tensors[name][at:at + n].copy_(block[:n], non_blocking=True)
+        copied[k] = torch.cuda.Event()
+        copied[k].record()
+        at += n
+    for event in copied:
+        if event is not None:
+            event.synchronize()
+    return at
+
+
 class IndexRing:
     """``RING`` host blocks for batch indices (pinned for a GPU), each copied to the device in
-    one transfer and refilled only once that copy is done."""
+    one transfer and refilled only once that copy is done. ``fixed``: a device block of the
+    same size that every copy lands in (static batches), instead of a new one per step."""
 
-    def __init__(self, torch: Any, device: Any, sizes: List[int]) -> None:
+    def __init__(self, torch: Any, device: Any, sizes: List[int],
+                 fixed: Optional[Any] = None) -> None:
         self.torch, self.device = torch, device
         self.sizes = sizes
-        self.offsets = list(np.cumsum([0] + sizes[:-1]))
+        self.offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
         self.cuda = device.type == "cuda"
         total = max(8, sum(sizes))
         self.blocks = [torch.empty(total, dtype=torch.uint8, pin_memory=self.cuda)
@@ -86,63 +127,76 @@ class IndexRing:
         self.views = [[b.numpy()[o:o + n] for o, n in zip(self.offsets, sizes)]
                       for b in self.blocks]
         self.copied: List[Optional[Any]] = [None] * RING
+        self.fixed = fixed
+
+    @staticmethod
+    def sizes_for(handle: Any, packed: bool) -> List[int]:
+        """The index parts of a loader's batches (``LoaderHandle.fill_rows``): positions, a
+        pack's token rows, then its own five tensors."""
+        batch = handle.batch_bytes()
+        if not packed:
+            return [handle.index_rows() * 8, 0]
+        tokens = batch[-4] // 4  # seq_idx: int32 [T]
+        return [handle.index_rows() * 8, tokens * 8, *batch[-5:]]
 
     def fill(self, step: int, write) -> tuple:
         """Writes step ``step``'s index with ``write(views)`` into the next block; returns what
-        ``write`` returned and the block on the device (a copy of its own on the CPU)."""
+        ``write`` returned and the block on the device (a copy of its own on the CPU; the fixed
+        block, if there is one)."""
         k = step % RING
         if self.copied[k] is not None:
             self.copied[k].synchronize()
         info = write(self.views[k])
         block = self.blocks[k]
-        if self.cuda:
+        if self.fixed is not None:
+            on_device = self.fixed
+            on_device.copy_(block, non_blocking=self.cuda)
+        elif self.cuda:
             on_device = block.to(self.device, non_blocking=True)
+        else:
+            on_device = block.clone()
+        if self.cuda:
             event = self.torch.cuda.Event()
             event.record()
             self.copied[k] = event
-        else:
-            on_device = block.clone()
         return info, on_device
 
-    def part(self, block: Any, i: int, dtype: Any, shape: List[int]) -> Any:
-        """Part ``i`` of a device block as a tensor of ``dtype`` and ``shape``."""
-        o, n = self.offsets[i], self.sizes[i]
-        return block[o:o + n].view(dtype).view(shape)
+
+def index_parts(torch: Any, block: Any, sizes: List[int], rows: int, own: List[Any]) -> tuple:
+    """A device index block's parts (``sizes``: :meth:`IndexRing.sizes_for`): positions
+    ``[rows]``, a pack's token rows ``[T]`` (None for padded batches) and its own five tensors
+    by name (``own``: their ``_Tensor``s)."""
+    offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
+
+    def part(i: int, dtype: Any, shape: List[int]) -> Any:
+        return block[offsets[i]:offsets[i] + sizes[i]].view(dtype).view(shape)
+
+    positions = part(0, torch.int64, [rows])
+    if not own:
+        return positions, None, {}
+    return positions, part(1, torch.int64, [sizes[1] // 8]), {
+        t.name: part(2 + i, torch.int32, list(t.whole)) for i, t in enumerate(own)}
 
 
-def gather(torch: Any, split: ResidentSplit, layout: List[Any], ring: IndexRing, block: Any,
-           rows: int, seq_len: int, pack: Optional[tuple], max_len: int,
-           sequence: Dict[str, bool]) -> Dict[str, Any]:
-    """One batch from the resident split: the host path's tensors, gathered on the device.
-
-    ``layout``: the epoch's tensors (``_Tensor``); ``block``: the step's index on the device
-    (positions, then a pack's own tensors); ``sequence``: which tensors have a step axis."""
-    positions = ring.part(block, 0, torch.int64, [rows])
-    out: Dict[str, Any] = {}
-    if pack is None:
-        for t in layout:
-            res = split.tensors[t.name]
-            if sequence[t.name] and seq_len < max_len:
-                res = res.narrow(1, 0, seq_len)
-            out[t.name] = res.index_select(0, positions)
-        return out
-    seqs, tokens = pack[0], pack[1]
-    own = layout[-5:]
-    for i, t in enumerate(own):
-        out[t.name] = ring.part(block, 1 + i, torch.int32, list(t.whole))
-    seq_idx, step_in_seq = out["seq_idx"], out["position"]
-    # Each token's row in the flattened [contexts * L, ...] tensors: its sequence's position
-    # times L plus its step; the unused tail (sequence S) is zeroed below.
-    owner = seq_idx.clamp(max=rows - 1).long()
-    token_rows = positions.index_select(0, owner) * max_len + step_in_seq.long()
-    for t in layout[:-5]:
-        res = split.tensors[t.name]
-        if sequence[t.name]:
-            flat = res.view(-1, *res.shape[2:])
-            batch = flat.index_select(0, token_rows)
-            batch[tokens:] = 0
+def gather(torch: Any, split: ResidentSplit, stored: List[Any], parts: tuple, seq_len: int,
+           max_len: int, sequence: Dict[str, bool],
+           out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """One batch's stored tensors from the resident split, by the index ``parts``
+    (:func:`index_parts`): one ``index_select`` by row per tensor, a pack's per-step tensors by
+    token row; the host path's bytes. ``stored``: their ``_Tensor``s; ``sequence``: which
+    have a step axis. With ``out`` (static batches), each lands in its tensor there, and the
+    whole gather is tensor operations with no host sync and no allocation: capturable."""
+    positions, token_rows, _ = parts
+    result: Dict[str, Any] = {}
+    for t in stored:
+        if token_rows is not None and sequence[t.name]:
+            source, index = split.flat[t.name], token_rows
         else:
-            batch = res.index_select(0, positions)
-            batch[seqs:] = 0
-        out[t.name] = batch
-    return {t.name: out[t.name] for t in layout}
+            source, index = split.tensors[t.name], positions
+            if sequence[t.name] and seq_len < max_len:
+                source = source.narrow(1, 0, seq_len)
+        if out is None:
+            result[t.name] = source.index_select(0, index)
+        else:
+            result[t.name] = torch.index_select(source, 0, index, out=out[t.name])
+    return result

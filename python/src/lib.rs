@@ -401,21 +401,25 @@ impl LoaderHandle {
         self.with(py, |l| l.index_rows())
     }
 
-    /// Writes batch `step`'s index for a consumer holding the split's tensors (on a GPU):
-    /// `buffers[0]` gets each row's compiled-order position (int64, `index_rows()` of them; a
-    /// pack's unused rows 0), and for a pack `buffers[1..6]` its own five tensors (the last
-    /// five of `tensors()`). Returns `(seq_len, pack)` as `fill` does. Reads no shard.
-    fn fill_index(
+    /// Writes batch `step`'s index for a consumer holding the split's tensors followed by one
+    /// row of zeros (row `contexts`, on a GPU): `buffers[0]` gets each row's compiled-order
+    /// position (int64, `index_rows()` of them; a pack's unused rows `contexts`), `buffers[1]`
+    /// a pack's token rows (int64 `[T]`: `position * L + step`, the unused tail `contexts *
+    /// L`; empty for padded batches), and for a pack `buffers[2..7]` its own five tensors (the
+    /// last five of `tensors()`). Returns `(seq_len, pack)` as `fill` does. Reads no shard.
+    fn fill_rows(
         &self,
         py: Python<'_>,
         step: usize,
         buffers: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Info> {
         self.check_process(py)?;
-        let filled = with_regions(py, &buffers, |slices| match slices.split_first_mut() {
-            Some((positions, pack)) => self.filler.fill_index(step, positions, pack),
-            None => Err(LoadError::Call(
-                "fill_index needs a positions buffer".into(),
+        let filled = with_regions(py, &buffers, |slices| match slices {
+            [positions, token_rows, pack @ ..] => {
+                self.filler.fill_rows(step, positions, token_rows, pack)
+            }
+            _ => Err(LoadError::Call(
+                "fill_rows needs a positions and a token rows buffer".into(),
             )),
         })?;
         Ok(info(filled.seq_len, filled.pack))
@@ -771,5 +775,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(choices, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Where `fill_block` puts each tensor: static buffers view a block at these offsets.
+    m.add("BLOCK_ALIGN", dsc_loader::BLOCK_ALIGN)?;
     Ok(())
 }

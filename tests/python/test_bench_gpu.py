@@ -23,13 +23,17 @@ def test_every_feed_trains_and_is_reported(cache_dir: Path) -> None:
         spec.loader.exec_module(bench)
         runs = bench.main(["--cache", str(cache_dir), "--device", "cpu", "--steps", "3",
                            "--warmup", "1", "--workers", "2", "--dim", "16", "--layers", "1",
-                           "--heads", "2", "--batch-size", "32", "--modes", "eager", "--json"])
+                           "--heads", "2", "--batch-size", "32", "--modes", "eager,whole",
+                           "--json"])
     finally:
         sys.modules.pop(spec.name, None)
-    assert [r["feed"] for r in runs] == ["resident", "padded", "padded_host", "trimmed",
-                                         "bucketed", "packed", "dataloader"]
+    assert [(r["mode"], r["feed"]) for r in runs] == [
+        ("eager", f) for f in ("resident", "padded", "padded_host", "trimmed", "bucketed",
+                               "packed", "dataloader")
+    ] + [("whole", f) for f in ("padded", "padded_host", "packed", "packed_host")]
     for r in runs:
         assert r["samples_per_s"] > 0 and 0 <= r["data_wait_share"] < 1, r
         assert r["gpu_busy"] is None, "no NVML on a CPU run"
+        assert 0 < r["host_us_per_step"] <= r["step_us"], r
     packed = next(r for r in runs if r["feed"] == "packed")
     assert packed["pack_tokens"] >= 64 and packed["attention"] == "padded"

@@ -268,3 +268,103 @@ def test_a_packed_step_compiles_once(train_script, icecube_cache):
     frames = [e["compiled_frames"] for e in s["epochs"]]
     assert frames[0] >= 1 and frames[1] == frames[0], frames
     assert all(math.isfinite(e["val_metric"]) for e in s["epochs"])
+
+
+def _relative_difference(a: dict, b: dict) -> float:
+    """||a - b|| / ||a|| over all the weights together."""
+    num = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a) ** 0.5
+    return float(num / sum((a[k].double() ** 2).sum() for k in a) ** 0.5)
+
+
+@pytest.mark.parametrize("shape", [["--no-trim"], ["--pack", "1024", "--accumulate", "2"]],
+                         ids=["padded", "packed_accumulated"])
+def test_the_whole_step_trains_as_the_eager_loop(train_script, icecube_cache, tmp_path, shape):
+    """--graph's step function (the one CUDA captures; here it runs uncaptured, fed from the
+    loader's static buffers) gives the eager loop's run: the same losses and, over 30 optimizer
+    steps (22 with accumulation) across an epoch end, the same weights within 1e-5 relative. Not bit for bit: its
+    learning rate is a float32 device tensor (the eager schedule's a Python float64) and it
+    runs fused AdamW; measured 3-4e-7."""
+    base = ["--cache", str(icecube_cache), "--epochs", "2", "--max-steps", "30", "--log-every",
+            "10", "--json", *SMALL, *shape]
+    eager = train_script.main([*base, "--out", str(tmp_path / "eager")])
+    whole = train_script.main([*base, "--graph", "--out", str(tmp_path / "whole")])
+    assert whole["graph"] and not eager["graph"]
+    assert whole["optimizer_steps"] == eager["optimizer_steps"] >= 20
+    assert [s["lr"] for s in whole["steps"]] == pytest.approx([s["lr"] for s in eager["steps"]],
+                                                              rel=1e-6)
+    assert [s["train_loss"] for s in whole["steps"]] == pytest.approx(
+        [s["train_loss"] for s in eager["steps"]], rel=1e-5)
+    assert whole["epochs"][0]["val_metric"] == pytest.approx(eager["epochs"][0]["val_metric"],
+                                                             rel=1e-5)
+    diff = _relative_difference(_weights(tmp_path / "eager" / "last.pt"),
+                                _weights(tmp_path / "whole" / "last.pt"))
+    assert diff < 1e-5, diff
+
+
+def test_the_whole_step_resumes_exactly(train_script, icecube_cache, tmp_path):
+    """A --graph run stopped mid-epoch and resumed ends with the weights of one that never
+    stopped, bit for bit on the CPU (the step counter and the learning rate come back from the
+    position, the optimizer's state from the checkpoint)."""
+    base = ["--cache", str(icecube_cache), "--epochs", "2", "--pack", "1024", "--graph",
+            "--log-every", "5", "--json", *SMALL]
+    whole = train_script.main([*base, "--max-steps", "25", "--out", str(tmp_path / "whole")])
+    train_script.main([*base, "--max-steps", "7", "--out", str(tmp_path / "parts")])
+    second = train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"),
+                                "--max-steps", "25", "--json", "--threads", "1"])
+    assert second["graph"] and second["optimizer_steps"] == 25
+    a, b = _weights(tmp_path / "whole" / "last.pt"), _weights(tmp_path / "parts" / "last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert second["final_train_loss"] == whole["final_train_loss"]
+
+
+def test_refusals_of_the_whole_step(train_script, icecube_cache):
+    for extra, words in [(["--graph"], "--no-trim"), (["--graph", "--bucket", "--no-trim"], "--pack"),
+                         (["--graph", "--pack", "1024", "--compile"], "choose one"),
+                         (["--graph", "--pack", "1024", "--amp", "fp16"], "bf16")]:
+        with pytest.raises(SystemExit, match=words):
+            train_script.main(["--cache", str(icecube_cache), "--json", *SMALL, *extra])
+
+
+def test_a_resume_keeps_what_the_machine_chose(train_script, icecube_cache, tmp_path,
+                                               monkeypatch):
+    """A run records what it chose from its machine (device, precision, attention, trimming
+    multiple) and a resume keeps it on another machine, changing one only when asked, and
+    saying so. The other machine is injected: one whose automatic precision is bf16 (what a GPU
+    machine picks); before the choice was recorded the resumed run silently switched to it and
+    ended with other weights (a GPU machine showed it with --device cpu runs)."""
+    base = ["--cache", str(icecube_cache), "--epochs", "1", "--log-every", "3", "--json", *SMALL]
+    steps = len(dsc.Loader(str(icecube_cache), split="train", batch_size=32))
+    whole = train_script.main([*base, "--max-steps", str(steps - 2), "--out", str(tmp_path / "w")])
+    first = train_script.main([*base, "--max-steps", "4", "--out", str(tmp_path / "p")])
+    assert (first["device"], first["amp"], first["trim_multiple"]) == ("cpu", "none", 1)
+    ckpt = torch.load(tmp_path / "p" / "last.pt", weights_only=True)
+    assert {k: ckpt["args"][k] for k in ("device", "amp", "attention", "graph")} == dict(
+        device="cpu", amp="none", attention="padded", graph=False)
+    monkeypatch.setattr(train_script, "auto_amp", lambda device: "bf16")
+    resume = ["--resume", str(tmp_path / "p" / "last.pt"), "--json", "--threads", "1"]
+    kept = train_script.main([*resume, "--max-steps", str(steps - 2)])
+    assert (kept["device"], kept["amp"], kept["resumed_with"]) == ("cpu", "none", {})
+    a, b = _weights(tmp_path / "w" / "last.pt"), _weights(tmp_path / "p" / "last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    # Asked for: changed, and said.
+    asked = train_script.main([*resume, "--max-steps", str(steps), "--amp", "bf16"])
+    assert asked["amp"] == "bf16"
+    assert asked["resumed_with"] == {"amp": {"checkpoint": "none", "now": "bf16"}}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_run_resumes_on_the_cpu_only_when_asked(train_script, icecube_cache, tmp_path):
+    train_script.main(["--cache", str(icecube_cache), "--max-steps", "2", "--json", *SMALL,
+                       "--out", str(tmp_path / "p")])
+    path = tmp_path / "p" / "last.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["args"]["device"] = "cuda"  # as a GPU machine would have recorded it
+    torch.save(ckpt, path)
+    with pytest.raises(SystemExit, match="pass --device cpu"):
+        train_script.main(["--resume", str(path), "--max-steps", "4", "--json"])
+    moved = train_script.main(["--resume", str(path), "--max-steps", "4", "--json",
+                               "--device", "cpu"])
+    assert moved["device"] == "cpu"
+    assert moved["resumed_with"]["device"] == {"checkpoint": "cuda", "now": "cpu"}
