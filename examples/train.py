@@ -923,11 +923,15 @@ class WholeStep:
     WARMUP = 3  # optimizer steps run eagerly before capture (lazy state, cuBLAS workspaces)
 
     def __init__(self, model: nn.Module, task: Task, optimizer: torch.optim.Optimizer,
-                 loader: dsc.Loader, args: argparse.Namespace, autocast, device: torch.device,
-                 rates: List[float], window_loss: torch.Tensor, epoch_loss: torch.Tensor,
-                 done: int):
+                 loader: dsc.Loader, args: argparse.Namespace, amp_dtype: Optional[torch.dtype],
+                 device: torch.device, rates: List[float], window_loss: torch.Tensor,
+                 epoch_loss: torch.Tensor, done: int):
         self.model, self.task, self.opt, self.loader = model, task, optimizer, loader
-        self.autocast, self.accumulate, self.clip = autocast, args.accumulate, args.clip
+        self.accumulate, self.clip = args.accumulate, args.clip
+        # No cast cache: a captured step casts the weights in every replay, as it must.
+        self.autocast = lambda: torch.autocast(device.type, dtype=amp_dtype,  # noqa: E731
+                                               enabled=amp_dtype is not None,
+                                               cache_enabled=False)
         self.cuda = device.type == "cuda"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.window_loss, self.epoch_loss = window_loss, epoch_loss
@@ -989,17 +993,23 @@ class WholeStep:
             self.eager_left -= 1
 
     def capture(self) -> Tuple[Any, Optional[Any]]:
-        micro = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(micro):
-            self.micro()
+        # thread_local: the loader's threads (the host path) wait for their copies' events
+        # meanwhile, which a global capture would take for unsafe calls into the stream.
+        try:
+            micro = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(micro, capture_error_mode="thread_local"):
+                self.micro()
+                if self.accumulate == 1:
+                    self.update()
             if self.accumulate == 1:
+                return micro, None
+            update = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(update, capture_error_mode="thread_local"):
                 self.update()
-        if self.accumulate == 1:
-            return micro, None
-        update = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(update):
-            self.update()
-        return micro, update
+            return micro, update
+        except RuntimeError as e:
+            raise SystemExit(f"capturing the training step as a CUDA graph failed ({e}); "
+                             "train without --graph") from e
 
 
 @torch.no_grad()
@@ -1196,7 +1206,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     # it in place); .item() on them is the only read-back in training.
     window_loss = torch.zeros((), device=device)
     epoch_loss = torch.zeros((), device=device)
-    whole = (WholeStep(model, task, optimizer, loader, args, autocast, device, rates,
+    whole = (WholeStep(model, task, optimizer, loader, args, amp_dtype, device, rates,
                        window_loss, epoch_loss, pos["optimizer_steps"]) if args.graph else None)
     start = time.perf_counter()
     model.train()

@@ -19,7 +19,10 @@ One model and step for every feed: the transformer of examples/train.py (``--dim
 - ``dataloader``: a plain ``torch.utils.data.DataLoader`` over the same split held in memory
   (``--workers`` worker processes, shuffled, pinned), padded batches of ``--batch-size``.
 
-Modes (``--modes``): ``eager``; ``graphs``, the forward compiled for CUDA graphs
+Modes (``--modes``): ``feed``, the resident feed alone (no model), padded and packed, as the
+plain iterator, with static buffers and with the gather left to the step: the tensor
+operations it issues per step (counted by torch.profiler; on a GPU each is a launch or a view)
+and the host's microseconds per step; ``eager``; ``graphs``, the forward compiled for CUDA graphs
 (``torch.compile(mode="reduce-overhead")``) where the feed's shapes are static (resident,
 padded, packed, dataloader), with the loss, backward and optimizer launched op by op around it
 (trimmed and bucketed batches change shape nearly every step, which graphs cannot replay: their
@@ -59,6 +62,7 @@ import numpy as np
 import torch
 
 import dsc
+from dsc._resident import split_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -298,7 +302,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     p.add_argument("--feeds",
                    default="resident,padded,padded_host,trimmed,bucketed,packed,packed_host,"
                            "dataloader")
-    p.add_argument("--modes", default="eager,graphs,whole")
+    p.add_argument("--modes", default="feed,eager,graphs,whole")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", action="store_true", help="print one JSON list of the runs")
     args = p.parse_args(argv)
@@ -322,6 +326,14 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     results = []
     wanted = args.feeds.split(",")
     for mode in args.modes.split(","):
+        if mode == "feed":
+            for r in feed_costs(args, cache, device, pack):
+                results.append(r)
+                if not args.json:
+                    print(f"feed   {r['feed']:21} {r['ops_per_step']:5.1f} tensor ops/step · "
+                          f"host {r['host_us_per_step']:,.0f} us/step · upload "
+                          f"{r['upload_gib']:.2f} GiB in {r['upload_s']:.2f} s", flush=True)
+            continue
         whole = mode == "whole"
         for name, static, start in feeds(args, cache, names, device, pack, static=whole):
             if name not in wanted or (mode == "graphs" and not static):
@@ -362,6 +374,56 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     return results
 
 
+def feed_costs(args, cache: dsc.Cache, device: torch.device, pack: int) -> List[Dict[str, Any]]:
+    """The resident feed alone (mode ``feed``), padded and packed, as a plain iterator, with
+    static buffers, and with the gather left to the step: per ``next()`` (and ``gather()``), the
+    top-level tensor operations it issues (torch.profiler; each one a launch on a GPU, or a
+    view) and the host's microseconds; and what the first batch cost, the split's upload
+    included (``upload_s`` for ``upload_gib``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out = []
+    for shape, kw in (("padded", dict(batch_size=args.batch_size)), ("packed", dict(pack=pack))):
+        for variant, extra in (("iterator", {}), ("static", dict(static=True)),
+                               ("static_in_step", dict(static=True, gather_in_step=True))):
+            loader = dsc.Loader(cache, seed=0, device=device, resident=True, **kw, **extra)
+            left = len(loader) - 1
+            sync()
+            begin = time.perf_counter()
+            batches = iter(loader)  # the split's upload
+
+            def one():
+                next(batches)
+                if loader.gather_in_step:
+                    loader.gather()
+
+            one()  # and the static buffers
+            sync()
+            upload = time.perf_counter() - begin
+            profiled = max(1, min(20, left // 4))
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(profiled):
+                    one()
+            ops = [e for e in prof.events() if e.name.startswith("aten::")
+                   and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))]
+            timed = max(1, min(args.steps, left - profiled))
+            sync()
+            begin = time.perf_counter()
+            for _ in range(timed):
+                one()
+            host = time.perf_counter() - begin
+            sync()
+            out.append(dict(mode="feed", feed=f"{shape}_{variant}",
+                            ops_per_step=len(ops) / profiled, host_us_per_step=1e6 * host / timed,
+                            steps=timed, device=str(device),
+                            upload_s=upload, upload_gib=split_bytes(loader) / 2**30,
+                            batch_size=args.batch_size if shape == "padded" else None,
+                            pack_tokens=pack if shape == "packed" else None))
+            loader.close()
+    return out
+
+
 def whole_step(feed: DscFeed, model, task, targs, device: torch.device, steps: int):
     """examples/train.py's captured step (``--graph``) over ``feed``'s static loader: AdamW at a
     constant learning rate of 1e-3 (the other modes' optimizer), no clipping."""
@@ -370,14 +432,12 @@ def whole_step(feed: DscFeed, model, task, targs, device: torch.device, steps: i
                                   "accumulate": 1})
     opt = TRAIN.build_optimizer(model, targs, device, graph=True)
 
-    def autocast():
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_cuda)
-
     losses = [torch.zeros((), device=device) for _ in range(2)]
     if feed.loader is None:
         feed.loader = feed.make()
-    run = TRAIN.WholeStep(model, task, opt, feed.loader, targs, autocast, device,
-                          [1e-3] * (steps + 1), *losses, 0)
+    run = TRAIN.WholeStep(model, task, opt, feed.loader, targs,
+                          torch.bfloat16 if on_cuda else None, device, [1e-3] * (steps + 1),
+                          *losses, 0)
 
     def step(batch, n):
         run(True)

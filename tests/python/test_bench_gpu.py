@@ -23,10 +23,16 @@ def test_every_feed_trains_and_is_reported(cache_dir: Path) -> None:
         spec.loader.exec_module(bench)
         runs = bench.main(["--cache", str(cache_dir), "--device", "cpu", "--steps", "3",
                            "--warmup", "1", "--workers", "2", "--dim", "16", "--layers", "1",
-                           "--heads", "2", "--batch-size", "32", "--modes", "eager,whole",
+                           "--heads", "2", "--batch-size", "32", "--modes", "feed,eager,whole",
                            "--json"])
     finally:
         sys.modules.pop(spec.name, None)
+    feed = [r for r in runs if r["mode"] == "feed"]
+    assert [r["feed"] for r in feed] == [f"{s}_{v}" for s in ("padded", "packed")
+                                         for v in ("iterator", "static", "static_in_step")]
+    for r in feed:
+        assert 0 < r["ops_per_step"] < 40 and r["host_us_per_step"] > 0, r
+    runs = [r for r in runs if r["mode"] != "feed"]
     assert [(r["mode"], r["feed"]) for r in runs] == [
         ("eager", f) for f in ("resident", "padded", "padded_host", "trimmed", "bucketed",
                                "packed", "dataloader")

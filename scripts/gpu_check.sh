@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Everything a GPU machine can tell that CPU CI cannot, in one run: the CUDA tests of the Python
+# package, then on the 640,000-event IceCube cache of docs/PERFORMANCE.md ("On a GPU") the feed
+# alone, the training step fed each way (scripts/bench_gpu.py: eager, forward graphed, whole step
+# captured) and examples/train.py's own runs, each with the GPU's busy share from NVML.
+#
+#   scripts/gpu_check.sh OUT [DSC]
+#
+# OUT: a folder for the logs and JSON results; DSC: the dsc binary [default: target/release/dsc].
+# `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
+# as python/dsc/_dsc.abi3.so). Each part runs on its own, so that one failure leaves the rest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+dsc=$(realpath "${2:-target/release/dsc}")
+work=${DSC_GPU_WORK:-/tmp/dsc-gpu-check}
+mkdir -p "$work"
+export PYTHONUNBUFFERED=1 DSC_BIN="$dsc"
+log() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS" | tee -a "$out/summary.txt"; }
+
+log "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
+echo "cores $(nproc)" | tee -a "$out/summary.txt"
+python3 -c "import torch, dsc; print('torch', torch.__version__, 'dsc', dsc.__version__)" \
+    | tee -a "$out/summary.txt"
+
+log "pytest: the loader's CUDA paths, static batches, the example script (CUDA and CPU)"
+python3 -m pytest tests/python/test_static.py tests/python/test_resident.py \
+    tests/python/test_example.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest.txt" | tail -15
+tail -1 "$out/pytest.txt" >> "$out/summary.txt"
+
+log "data: dsc gen icecube --files 64 --events-per-file 10000, the README's compile"
+if [ ! -f "$work/cache/manifest.json" ]; then
+    rm -rf "$work/data" "$work/cache"
+    "$dsc" gen icecube --out "$work/data" --files 64 --events-per-file 10000 --seed 7 >/dev/null
+    "$dsc" compile "$work/data/train/batch_*.parquet" --key event_id --order-by time \
+        --context "$work/data/train_meta.parquet" --targets azimuth,zenith \
+        --join "$work/data/sensor_geometry.csv" --on sensor_id \
+        --features x,y,z,time,charge,auxiliary --categorical sensor_id \
+        --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 \
+        --seed 42 --out "$work/cache" 2>&1 | tail -2 | tee -a "$out/summary.txt"
+fi
+cache=$work/cache
+
+bench() {  # NAME ARGS...: one scripts/bench_gpu.py run, its table in the summary
+    local name=$1
+    shift
+    log "bench_gpu.py $*"
+    python3 scripts/bench_gpu.py --cache "$cache" --pack 16384 "$@" --json \
+        >"$out/bench-$name.json" 2>"$out/bench-$name.err"
+    python3 - "$out/bench-$name.json" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    runs = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit("no result (see the .err file)")
+for r in runs:
+    if r["mode"] == "feed":
+        print(f"feed   {r['feed']:21} {r['ops_per_step']:5.1f} ops/step · host "
+              f"{r['host_us_per_step']:7.1f} us/step · first batch {r['upload_s']:.3f} s "
+              f"({r['upload_gib']:.2f} GiB uploaded)")
+        continue
+    busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
+    print(f"{r['mode']:6} {r['feed']:11} {r['samples_per_s']:>9,.0f} samples/s · data wait "
+          f"{100 * r['data_wait_share']:5.2f}% · host {r['host_us_per_step']:7.0f} us/step of "
+          f"{r['step_us']:7.0f} · GPU busy {busy}")
+EOF
+}
+
+train() {  # NAME ARGS...: examples/train.py with NVML sampled beside it
+    local name=$1
+    shift
+    log "examples/train.py $*"
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
+        >"$out/busy-$name.txt" 2>/dev/null &
+    local sampler=$!
+    python3 examples/train.py --cache "$cache" --dim 128 --layers 2 --heads 4 "$@" --json \
+        >"$out/train-$name.json" 2>"$out/train-$name.err"
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+    python3 - "$out/train-$name.json" "$out/busy-$name.txt" <<'EOF' | tee -a "$out/summary.txt"
+import json, statistics, sys
+try:
+    s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except (ValueError, IndexError):
+    sys.exit("no result (see the .err file)")
+busy = [int(x) for x in open(sys.argv[2]).read().split() if x.strip().isdigit()]
+# Steady state: the median of the logged windows after the first two (capture, compiles and
+# the resident upload left out), as docs/PERFORMANCE.md counts it.
+windows = [w["samples_per_s"] for w in s["steps"][2:]] or [s["samples_per_s"]]
+waits = [w["data_wait_share"] for w in s["steps"][2:]] or [s["data_wait_share"]]
+val = s["val_metric"][-1] if s["val_metric"] else None
+print(f"steady {statistics.median(windows):,.0f} samples/s · data wait "
+      f"{100 * statistics.median(waits):.2f}% · run {s['samples_per_s']:,.0f} samples/s · "
+      f"GPU busy (NVML, whole run) {statistics.mean(busy) if busy else float('nan'):.0f}% · "
+      f"val {val} · graph {s['graph']} · resident {s['resident']} · amp {s['amp']}")
+EOF
+}
+
+log "the resident upload: pinned staging (the loader's) against copies from the mapped shards"
+python3 - "$cache" <<'PY' 2>&1 | tee -a "$out/summary.txt"
+import sys, time, torch, dsc
+from dsc import _resident
+cache = dsc.open(sys.argv[1])
+contexts = cache.splits["train"]
+
+def reader():
+    return dsc.Loader(cache, batch_size=_resident.UPLOAD_PIECE, shuffle=False, drop_last=False,
+                      num_threads=1)
+
+targets = {t.name: torch.empty((contexts, *t.shape), dtype=getattr(torch, t.dtype),
+                               device="cuda") for t in cache.schema}
+gib = sum(t.nbytes for t in targets.values()) / 2**30
+for name, pinned in (("pinned staging", True), ("pageable copies", False)):
+    for _ in range(2):  # the second pass reads the shards from the page cache
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if pinned:
+            _resident._upload(torch, torch.device("cuda"), reader(), targets)
+        else:
+            at = 0
+            for b in reader():
+                for k, t in b.items():
+                    targets[k][at:at + b.valid].copy_(t[:b.valid])
+                at += b.valid
+        torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+    print(f"upload {name}: {gib:.2f} GiB in {took:.2f} s, {gib / took:.2f} GiB/s "
+          "(hot page cache)")
+PY
+
+bench feed --modes feed --steps 400
+bench eager --modes eager --feeds resident,padded,padded_host,packed
+bench whole --modes whole
+bench graphs --modes graphs --feeds packed
+train pack-graph --pack 16384 --graph --epochs 1
+train pack-eager --pack 16384 --epochs 1
+train padded-graph --no-trim --graph --batch-size 256 --epochs 1
+train padded-default --batch-size 256 --epochs 1 --max-steps 1200
+log "done"
