@@ -86,7 +86,8 @@ of 16, then four per doubling: ``dsc.Loader(trim_multiple=)``) so that a run see
 shapes; the summary's ``batch_lens`` lists them.
 
 Time accounting, per logged window and for the run (``--json`` summary): ``data_wait`` is the
-host time blocked in ``next(loader)``; on CUDA ``h2d`` and ``compute`` are device times between
+host time blocked in ``next(loader)`` for data (less its waits for the GPU to finish with a
+buffer, which a GPU-bound run has plenty of: ``loader.device_wait_s``); on CUDA ``h2d`` and ``compute`` are device times between
 events recorded around the copy and around forward/backward/update; on the CPU there is no copy
 and ``compute`` is the rest of the wall time. The loss stays on the device and is read back once
 per ``--log-every`` optimizer steps (and at the end of each epoch); nothing else in a training
@@ -1239,9 +1240,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             window_steps = 0
 
         while pos["micro"] < micro_epoch:
-            t0 = time.perf_counter()
+            t0, gpu0 = time.perf_counter(), loader.device_wait_s
             batch = next(batches)
-            timer.cur["data_wait"] += time.perf_counter() - t0
+            # Time in next() less its waits for the GPU to finish with a buffer (a busy GPU
+            # holding the loader back, not a data stall).
+            timer.cur["data_wait"] += (time.perf_counter() - t0) - (loader.device_wait_s - gpu0)
             if not args.pack:
                 batch_lens[batch.seq_len] = batch_lens.get(batch.seq_len, 0) + 1
             if whole is not None:

@@ -33,7 +33,8 @@ device) for the static dsc feeds (padded, padded_host, packed, packed_host: ``ds
 True)``, resident with the gather inside the graph, or the host path copying each batch into the
 buffers), so that the host issues one index (or batch) copy and one replay per step. On the CPU
 the whole step runs uncaptured. Reported per run: samples/s (contexts trained), the data wait
-(time blocked in ``next()``, as a share of the wall time), the host's microseconds per step (the
+(time blocked in ``next()`` for data, as a share of the wall time; the loader's waits for the
+GPU to finish with a buffer, ``Loader.device_wait_s``, are a GPU-bound run's, not a stall), the host's microseconds per step (the
 time the host spent issuing a step: ``next()`` and the step's launches, before the final
 synchronisation; a GPU-bound run's host waits in the launch queue are counted), and GPU busy:
 the mean
@@ -167,6 +168,12 @@ def mean_length(cache: dsc.Cache) -> float:
     return total / max(n, 1)
 
 
+def device_wait(start) -> float:
+    """The seconds a dsc feed's loader has waited for the device so far (0 for other feeds)."""
+    loader = getattr(start, "loader", None)
+    return loader.device_wait_s if loader is not None else 0.0
+
+
 class DscFeed:
     """A ``dsc.Loader`` as a feed: one loader for the whole run (static buffers are the
     loader's, and a graph captured on them replays for every epoch), and a fresh iterator of
@@ -271,9 +278,10 @@ def run(args, name: str, start, step, device: torch.device, busy: GpuBusy) -> Di
     samples = 0
     begin = time.perf_counter()
     for _ in range(args.steps):
-        t0 = time.perf_counter()
+        t0, gpu0 = time.perf_counter(), device_wait(start)
         batch, n = next_batch()
-        wait += time.perf_counter() - t0
+        # Not counted: next() waiting for the GPU to finish with a buffer (a GPU-bound run).
+        wait += (time.perf_counter() - t0) - (device_wait(start) - gpu0)
         step(batch, n)
         samples += n
     issued = time.perf_counter() - begin
@@ -331,8 +339,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
                 results.append(r)
                 if not args.json:
                     print(f"feed   {r['feed']:21} {r['ops_per_step']:5.1f} tensor ops/step · "
-                          f"host {r['host_us_per_step']:,.0f} us/step · upload "
-                          f"{r['upload_gib']:.2f} GiB in {r['upload_s']:.2f} s", flush=True)
+                          f"host {r['host_us_per_step']:,.0f} us/step · first batch "
+                          f"{r['first_batch_s']:.3f} s · upload {r['upload_gib']:.2f} GiB in "
+                          f"{r['upload_s']:.2f} s", flush=True)
             continue
         whole = mode == "whole"
         for name, static, start in feeds(args, cache, names, device, pack, static=whole):
@@ -378,8 +387,10 @@ def feed_costs(args, cache: dsc.Cache, device: torch.device, pack: int) -> List[
     """The resident feed alone (mode ``feed``), padded and packed, as a plain iterator, with
     static buffers, and with the gather left to the step: per ``next()`` (and ``gather()``), the
     top-level tensor operations it issues (torch.profiler; each one a launch on a GPU, or a
-    view) and the host's microseconds; and what the first batch cost, the split's upload
-    included (``upload_s`` for ``upload_gib``)."""
+    view) and the host's microseconds; and how long the first batch took (``first_batch_s``:
+    the split's upload for static buffers, which gather from it from the first step; a plain
+    iterator serves the host path while the split uploads in the background) and the upload
+    (``upload_s`` for ``upload_gib``)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -400,7 +411,10 @@ def feed_costs(args, cache: dsc.Cache, device: torch.device, pack: int) -> List[
 
             one()  # and the static buffers
             sync()
-            upload = time.perf_counter() - begin
+            first = time.perf_counter() - begin
+            loader._resident_split.wait()  # a plain iterator serves the host path meanwhile
+            left -= 1
+            one()
             profiled = max(1, min(20, left // 4))
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(profiled):
@@ -417,7 +431,8 @@ def feed_costs(args, cache: dsc.Cache, device: torch.device, pack: int) -> List[
             out.append(dict(mode="feed", feed=f"{shape}_{variant}",
                             ops_per_step=len(ops) / profiled, host_us_per_step=1e6 * host / timed,
                             steps=timed, device=str(device),
-                            upload_s=upload, upload_gib=split_bytes(loader) / 2**30,
+                            first_batch_s=first, upload_s=loader.stats()["upload_s"],
+                            upload_gib=split_bytes(loader) / 2**30,
                             batch_size=args.batch_size if shape == "padded" else None,
                             pack_tokens=pack if shape == "packed" else None))
             loader.close()

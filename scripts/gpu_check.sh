@@ -4,15 +4,22 @@
 # alone, the training step fed each way (scripts/bench_gpu.py: eager, forward graphed, whole step
 # captured) and examples/train.py's own runs, each with the GPU's busy share from NVML.
 #
-#   scripts/gpu_check.sh OUT [DSC]
+#   scripts/gpu_check.sh OUT [DSC [PART...]]
 #
-# OUT: a folder for the logs and JSON results; DSC: the dsc binary [default: target/release/dsc].
+# OUT: a folder for the logs and JSON results; DSC: the dsc binary [default: target/release/dsc];
+# PART: run only these parts [default: all]: tests (the pytest files below, CPU cases too),
+# cuda-tests (their CUDA cases alone), upload, feed, bench-eager, bench-whole, bench-graphs,
+# train (examples/train.py packed and padded, eager and captured, a full epoch each),
+# first-steps (the default resident run against --resident off over its first 1,200 steps).
 # `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
 # as python/dsc/_dsc.abi3.so). Each part runs on its own, so that one failure leaves the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 dsc=$(realpath "${2:-target/release/dsc}")
+shift $(($# < 2 ? $# : 2))
+parts=("$@")
+want() { [ ${#parts[@]} -eq 0 ] || [[ " ${parts[*]} " == *" $1 "* ]]; }
 work=${DSC_GPU_WORK:-/tmp/dsc-gpu-check}
 mkdir -p "$work"
 export PYTHONUNBUFFERED=1 DSC_BIN="$dsc"
@@ -24,10 +31,18 @@ echo "cores $(nproc)" | tee -a "$out/summary.txt"
 python3 -c "import torch, dsc; print('torch', torch.__version__, 'dsc', dsc.__version__)" \
     | tee -a "$out/summary.txt"
 
-log "pytest: the loader's CUDA paths, static batches, the example script (CUDA and CPU)"
-python3 -m pytest tests/python/test_static.py tests/python/test_resident.py \
-    tests/python/test_example.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest.txt" | tail -15
-tail -1 "$out/pytest.txt" >> "$out/summary.txt"
+tests=(tests/python/test_static.py tests/python/test_resident.py tests/python/test_example.py)
+if want tests; then
+    log "pytest: the loader's CUDA paths, static batches, the example script (CUDA and CPU)"
+    python3 -m pytest "${tests[@]}" -q -p no:cacheprovider 2>&1 | tee "$out/pytest.txt" | tail -15
+    tail -1 "$out/pytest.txt" >> "$out/summary.txt"
+fi
+if want cuda-tests; then
+    log "pytest: the CUDA cases alone"
+    python3 -m pytest "${tests[@]}" -q -p no:cacheprovider -k "cuda or captured" 2>&1 \
+        | tee "$out/pytest-cuda.txt" | tail -15
+    tail -1 "$out/pytest-cuda.txt" >> "$out/summary.txt"
+fi
 
 log "data: dsc gen icecube --files 64 --events-per-file 10000, the README's compile"
 if [ ! -f "$work/cache/manifest.json" ]; then
@@ -57,8 +72,8 @@ except ValueError:
 for r in runs:
     if r["mode"] == "feed":
         print(f"feed   {r['feed']:21} {r['ops_per_step']:5.1f} ops/step · host "
-              f"{r['host_us_per_step']:7.1f} us/step · first batch {r['upload_s']:.3f} s "
-              f"({r['upload_gib']:.2f} GiB uploaded)")
+              f"{r['host_us_per_step']:7.1f} us/step · first batch {r['first_batch_s']:.3f} s "
+              f"· upload {r['upload_gib']:.2f} GiB in {r['upload_s']:.3f} s")
         continue
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     print(f"{r['mode']:6} {r['feed']:11} {r['samples_per_s']:>9,.0f} samples/s · data wait "
@@ -97,8 +112,8 @@ print(f"steady {statistics.median(windows):,.0f} samples/s · data wait "
 EOF
 }
 
-log "the resident upload: pinned staging (the loader's) against copies from the mapped shards"
-python3 - "$cache" <<'PY' 2>&1 | tee -a "$out/summary.txt"
+want upload && log "the resident upload: pinned staging (the loader's) against copies from the mapped shards"
+want upload && python3 - "$cache" <<'PY' 2>&1 | tee -a "$out/summary.txt"
 import sys, time, torch, dsc
 from dsc import _resident
 cache = dsc.open(sys.argv[1])
@@ -129,12 +144,17 @@ for name, pinned in (("pinned staging", True), ("pageable copies", False)):
           "(hot page cache)")
 PY
 
-bench feed --modes feed --steps 400
-bench eager --modes eager --feeds resident,padded,padded_host,packed
-bench whole --modes whole
-bench graphs --modes graphs --feeds packed
-train pack-graph --pack 16384 --graph --epochs 1
-train pack-eager --pack 16384 --epochs 1
-train padded-graph --no-trim --graph --batch-size 256 --epochs 1
-train padded-default --batch-size 256 --epochs 1 --max-steps 1200
+want feed && bench feed --modes feed --steps 400
+want bench-eager && bench eager --modes eager --feeds resident,padded,padded_host,packed
+want bench-whole && bench whole --modes whole
+want bench-graphs && bench graphs --modes graphs --feeds packed
+if want train; then
+    train pack-graph --pack 16384 --graph --epochs 1
+    train pack-eager --pack 16384 --epochs 1
+    train padded-graph --no-trim --graph --batch-size 256 --epochs 1
+fi
+if want first-steps; then
+    train padded-default --batch-size 256 --epochs 1 --max-steps 1200
+    train padded-host --batch-size 256 --epochs 1 --max-steps 1200 --resident off
+fi
 log "done"

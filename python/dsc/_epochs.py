@@ -83,6 +83,10 @@ class _Epoch:
         self._busy = threading.Lock()
         self.handle = loader._handle(loader.num_threads if threads is None else threads)
         self.layout = [_Tensor(loader, *t) for t in self.handle.tensors()]
+        # Seconds the current next() spent waiting for the device to finish with a buffer (a
+        # copy still queued behind the consumer's work): back-pressure from a busy GPU, which
+        # is not a data stall and is counted apart (Loader.stats: device_wait_s).
+        self.device_wait = 0.0
 
     def __iter__(self) -> "_Epoch":
         return self
@@ -134,8 +138,9 @@ class _Epoch:
         batch = self._batch(loader, item)
         if loader._static_wanted:
             batch = self._to_static(loader, batch)
+        device, self.device_wait = min(self.device_wait, waited), 0.0
         loader._consumed(self)
-        loader._record(batch, waited, queued)
+        loader._record(batch, waited - device, queued, device)
         return batch
 
     def _batch(self, loader: Any, item) -> Batch:
@@ -325,10 +330,13 @@ def _stage(handle, free: queue.Queue, queues: List[queue.Queue], stop: threading
             if taken is None:
                 return
             block, copied = taken
+            waited = 0.0
             if copied is not None:
+                began = time.perf_counter()
                 copied.synchronize()  # the block's last copy to the device has run
+                waited = time.perf_counter() - began
             info, ranges = handle.fill_block(step, block.numpy())
-            wait(queues[k], (step, info, ranges, block), put=True)
+            wait(queues[k], (step, info, ranges, block, waited), put=True)
     except BaseException as e:  # noqa: BLE001 (handed to the consumer, raised there)
         wait(queues[k], e, put=True)
 
@@ -357,7 +365,9 @@ class _StagedEpoch(_ThreadedEpoch):
         super().__init__(loader, "stage", _stage, args)
 
     def _batch(self, loader: Any, item) -> Batch:
-        step, (seq_len, pack), ranges, block = item
+        step, (seq_len, pack), ranges, block, device_wait = item
+        # A producer that waited for the device made this batch late by that much at most.
+        self.device_wait = device_wait
         torch = _torch()
         end = max((o + n for o, n in ranges), default=0)
         on_device, copied = self.copy(block[:end])
@@ -369,11 +379,7 @@ class _StagedEpoch(_ThreadedEpoch):
             static.load(on_device, ranges)
             tensors = static.batch()
         else:
-            tensors = {}
-            for layout, (offset, n) in zip(self.layout, ranges):
-                tensors[layout.name] = (on_device[offset:offset + n]
-                                        .view(getattr(torch, layout.dtype))
-                                        .view(layout.shape(seq_len)))
+            tensors = _resident.block_tensors(torch, self.layout, on_device, ranges, seq_len)
         self.handle.advance(1)
         self.next_step += 1
         return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
@@ -394,7 +400,12 @@ class _ResidentEpoch(_Epoch):
 
     def __init__(self, loader: Any) -> None:
         super().__init__(loader, threads=0)
-        self.split = loader._resident()
+        # Static buffers are gathered from the split from the first step; otherwise the first
+        # steps come from the host path while the split uploads (one block per step, gathered
+        # in this thread, one copy).
+        self.split = loader._resident(background=not loader._static_wanted)
+        self.uploaded = self.split.ready()
+        self.blocks: Optional[_resident.IndexRing] = None
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
@@ -415,13 +426,25 @@ class _ResidentEpoch(_Epoch):
         if self.next_step >= self.total:
             return None
         step = self.next_step
-        info, block = self.ring.fill(step, lambda views: self.handle.fill_rows(step, views))
+        if not self.uploaded and not self.split.ready():
+            if self.blocks is None:
+                self.blocks = _resident.IndexRing(_torch(), self.split.device,
+                                                  [self.handle.block_bytes()])
+            (info, ranges), block, self.device_wait = self.blocks.fill(
+                step, lambda views: self.handle.fill_block(step, views[0]))
+            return step, info, (block, ranges)
+        self.uploaded = True
+        info, block, self.device_wait = self.ring.fill(
+            step, lambda views: self.handle.fill_rows(step, views))
         return step, info, block
 
     def _batch(self, loader: Any, item) -> Batch:
         step, (seq_len, pack), block = item
         torch = _torch()
-        if self.static is not None:
+        if isinstance(block, tuple):  # from the host path, while the split uploads
+            tensors = _resident.block_tensors(torch, self.layout, block[0], block[1], seq_len)
+            loader._counts["upload_steps"] += 1
+        elif self.static is not None:
             if not loader.gather_in_step:
                 self.static.gather(self.split, loader.cache.max_len, self.sequence)
             tensors = self.static.batch()

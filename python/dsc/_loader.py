@@ -360,7 +360,8 @@ class Loader:
         # Units of the epoch skipped before step 0: a state from another global batch resumes
         # at its position, not at a whole step of this one (0 otherwise).
         self._skip = 0
-        self._counts: Dict[str, Any] = dict(batches=0, contexts=0, bytes=0, wait_s=0.0, queued=0)
+        self._counts: Dict[str, Any] = dict(batches=0, contexts=0, bytes=0, wait_s=0.0,
+                                            device_wait_s=0.0, upload_steps=0, queued=0)
         self._pid = os.getpid()
         # The running iterator, weakly: an iterator keeps its loader alive, not the other way
         # round, so that neither forms a cycle that only the garbage collector could free.
@@ -500,8 +501,9 @@ class Loader:
         """Whether batches are gathered from a copy of the split on the device (``resident=``)."""
         return self._resident_device is not None
 
-    def _resident(self) -> _resident.ResidentSplit:
-        """The split on its device, uploaded at the first iteration and kept for later epochs."""
+    def _resident(self, background: bool = False) -> _resident.ResidentSplit:
+        """The split on its device, uploaded at the first iteration (in a thread, with
+        ``background``; otherwise done on return) and kept for later epochs."""
         if self._resident_split is None:
             # The split in cache order, zero-copy views where the shards allow.
             contexts = self.cache.splits[self.split]
@@ -510,7 +512,9 @@ class Loader:
                             shuffle=False, drop_last=False, rank=0, world_size=1,
                             columns=self.columns, num_threads=1)
             self._resident_split = _resident.ResidentSplit(self, reader, _torch(),
-                                                           self._resident_device)
+                                                           self._resident_device, background)
+        elif not background:
+            self._resident_split.wait()
         return self._resident_split
 
     # -- PyTorch's vocabulary --------------------------------------------------------------
@@ -617,6 +621,13 @@ class Loader:
           tensors);
         - ``wait_s``: seconds spent inside ``next()`` waiting for a batch to be ready (the data
           stall; a loader that keeps up shows next to none);
+        - ``device_wait_s``: seconds ``next()`` spent waiting for the device to finish with a
+          buffer (on a GPU: the copy of a few steps back still queued behind your work). That
+          is a busy GPU holding the loader back, not a data stall, so it is not in ``wait_s``;
+          :attr:`device_wait_s` reads it without the rest of the stats;
+        - ``upload_steps``, ``upload_s``: with a resident split, the batches served from the
+          host path while the split was uploading (in the background, so that the first step
+          does not wait for it; the same batches either way), and the upload's seconds;
         - ``queue_mean``: the batches ready ahead of the consumer when it asked, on average (near
           0 for a starved consumer, near ``prefetch`` per thread for one that is the bottleneck);
         - ``shard_reads``, ``stored_bytes_read``, ``shard_hits``, ``shard_evictions``: what the
@@ -629,12 +640,21 @@ class Loader:
         """
         s = dict(self._counts)
         s["queue_mean"] = s.pop("queued") / max(1, s["batches"])
+        split = self._resident_split
+        s["upload_s"] = split.seconds if split is not None and split.ready() else None
         shards = json.loads(self._sources.shard_stats())
         for name in ("shard_reads", "stored_bytes_read", "shard_hits", "shard_evictions",
                      "shards_fetched", "bytes_fetched", "fetch_hits", "fetch_waits",
                      "fetch_wait_s", "fetch_evictions"):
             s[name] = shards[name]
         return s
+
+    @property
+    def device_wait_s(self) -> float:
+        """Seconds ``next()`` has waited for the device so far (``stats()["device_wait_s"]``),
+        cheap enough to read every step: subtract it from the time around ``next()`` to get
+        the data wait alone."""
+        return self._counts["device_wait_s"]
 
     def close(self) -> None:
         """Stops the loading threads now (they also stop when the loader is garbage)."""
@@ -728,9 +748,10 @@ class Loader:
         """The identity of the data read: the cache's ``content_id``, a mix's joined by ``+``."""
         return "+".join(c.content_id for c in self.caches)
 
-    def _record(self, batch: Batch, waited: float, queued: int) -> None:
+    def _record(self, batch: Batch, waited: float, queued: int, device: float = 0.0) -> None:
         """Counts a batch handed to the caller (:meth:`Loader.stats`)."""
         c = self._counts
+        c["device_wait_s"] += device
         c["batches"] += 1
         rows = next(iter(batch.values())).shape[0] if batch else 0
         c["contexts"] += batch.seqs if batch.seqs is not None else rows

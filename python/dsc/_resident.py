@@ -12,6 +12,8 @@ code runs with a CPU "device", which is how the tests run it without a GPU.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
@@ -45,21 +47,32 @@ def default_budget(torch: Any, device: Any) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
+# Tests hold a background upload here (an Event, set to let it go) to see the batches that the
+# host path serves meanwhile.
+UPLOAD_GATE: Optional[threading.Event] = None
+
+
 class ResidentSplit:
     """The loader's tensors of its split on ``device``, in compiled order, each followed by one
     row of zeros: ``[contexts + 1, ...]``, copied there from ``reader``'s batches (the split in
     cache order, every context once: ``batch.valid`` leading rows each). The zero row is what a
     pack's unused rows and tokens read (``LoaderHandle.fill_rows`` points them there), so that
     every tensor of a batch is one gather by row: nothing to zero afterwards, and no length
-    known only on the host, which a captured CUDA graph could not take."""
+    known only on the host, which a captured CUDA graph could not take.
+
+    ``background``: the upload runs in a thread, on a stream of its own on a GPU, while the
+    loader serves the first steps from the host path (:meth:`ready` says when to switch), so
+    that the first step does not wait for the whole split; otherwise it is done on return."""
 
     def __init__(self, loader: Any, reader: Iterable[Any], torch: Any,
-                 device: Any) -> None:
+                 device: Any, background: bool = False) -> None:
         cache, split = loader.cache, loader.split
-        contexts = cache.splits[split]
+        self.contexts = contexts = cache.splits[split]
+        self.where = f"{cache.path}: split {split!r}"
         self.device = device
         self.tensors: Dict[str, Any] = {}
         self.flat: Dict[str, Any] = {}
+        # Allocated here, on the consumer's stream, so that the allocator ties them to it.
         for name in loader.columns:
             info = cache.tensor(name)
             t = torch.empty((contexts + 1, *info.shape), dtype=getattr(torch, info.dtype),
@@ -68,10 +81,52 @@ class ResidentSplit:
             self.tensors[name] = t
             # Per-step tensors as rows of steps, [(contexts + 1) * L, ...]: a pack's tokens.
             self.flat[name] = t.view(-1, *info.shape[1:]) if info.is_sequence else t
-        at = _upload(torch, device, reader, self.tensors)
-        if at != contexts:
-            raise OptionsError(f"{cache.path}: read {at} of the {contexts} contexts of "
-                               f"{split!r} while uploading it")
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        self.seconds = 0.0
+        if device.type == "cuda":
+            # The zero rows are written before any gather reads them, whatever stream reads.
+            torch.cuda.current_stream(device).synchronize()
+        if background:
+            threading.Thread(target=self._upload, args=(torch, reader), daemon=True,
+                             name="dsc-resident-upload").start()
+        else:
+            self._upload(torch, reader)
+            self.wait()
+
+    def _upload(self, torch: Any, reader: Iterable[Any]) -> None:
+        began = time.perf_counter()
+        try:
+            if UPLOAD_GATE is not None:
+                UPLOAD_GATE.wait()
+            if self.device.type == "cuda":
+                stream = torch.cuda.Stream(self.device)
+                with torch.cuda.stream(stream):
+                    at = _upload(torch, self.device, reader, self.tensors)
+                stream.synchronize()
+            else:
+                at = _upload(torch, self.device, reader, self.tensors)
+            if at != self.contexts:
+                raise OptionsError(f"{self.where}: read {at} of its {self.contexts} contexts "
+                                   "while uploading it")
+        except BaseException as e:  # noqa: BLE001 (raised in the consumer's thread)
+            self._error = e
+        finally:
+            self.seconds = time.perf_counter() - began
+            self._done.set()
+
+    def ready(self) -> bool:
+        """Whether the upload has finished (an upload that failed raises its error here)."""
+        if not self._done.is_set():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def wait(self) -> None:
+        """Until the upload has finished."""
+        self._done.wait()
+        self.ready()
 
 
 def _upload(torch: Any, device: Any, reader: Iterable[Any], tensors: Dict[str, Any]) -> int:
@@ -141,11 +196,14 @@ class IndexRing:
 
     def fill(self, step: int, write) -> tuple:
         """Writes step ``step``'s index with ``write(views)`` into the next block; returns what
-        ``write`` returned and the block on the device (a copy of its own on the CPU; the fixed
-        block, if there is one)."""
+        ``write`` returned, the block on the device (a copy of its own on the CPU; the fixed
+        block, if there is one) and the seconds spent waiting for the block's last copy."""
         k = step % RING
+        waited = 0.0
         if self.copied[k] is not None:
+            began = time.perf_counter()
             self.copied[k].synchronize()
+            waited = time.perf_counter() - began
         info = write(self.views[k])
         block = self.blocks[k]
         if self.fixed is not None:
@@ -159,7 +217,14 @@ class IndexRing:
             event = self.torch.cuda.Event()
             event.record()
             self.copied[k] = event
-        return info, on_device
+        return info, on_device, waited
+
+
+def block_tensors(torch: Any, layout: List[Any], block: Any, ranges: List[tuple],
+                  seq_len: int) -> Dict[str, Any]:
+    """A batch's tensors as views of its block (``LoaderHandle.fill_block``'s ``ranges``)."""
+    return {t.name: block[offset:offset + n].view(getattr(torch, t.dtype)).view(t.shape(seq_len))
+            for t, (offset, n) in zip(layout, ranges)}
 
 
 def index_parts(torch: Any, block: Any, sizes: List[int], rows: int, own: List[Any]) -> tuple:

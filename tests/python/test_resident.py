@@ -142,3 +142,45 @@ def test_cuda_batches_equal_the_cpu_loaders_under_a_busy_gpu(cache_dir: Path, re
     torch.cuda.synchronize()
     for a, b in zip(host, delivered, strict=True):
         assert_same_batch(a, b, f"{kw} step {a.step}")
+
+
+@pytest.mark.parametrize("kw", [dict(batch_size=24, bucket=True), dict(pack=1024)],
+                         ids=["bucket", "pack"])
+def test_the_first_steps_come_from_the_host_path_while_the_split_uploads(
+        cache_dir: Path, kw: dict) -> None:
+    """The split uploads in the background (on a GPU, on a stream of its own), so the first
+    step does not wait for it: until it is there each batch is gathered on the host and copied
+    in one block, then the rest come from the device. The same batches either way; the upload
+    held here (a test gate) to see both."""
+    import threading
+
+    from dsc import _resident
+
+    host = list(dsc.Loader(cache_dir, seed=6, **kw))
+    gate = threading.Event()
+    _resident.UPLOAD_GATE = gate
+    try:
+        loader = dsc.Loader(cache_dir, seed=6, resident=True, **kw)
+        batches = iter(loader)
+        early = [next(batches) for _ in range(3)]
+        assert loader.stats()["upload_steps"] == 3 and loader.stats()["upload_s"] is None
+        gate.set()
+        loader._resident_split.wait()
+        rest = list(batches)
+    finally:
+        _resident.UPLOAD_GATE = None
+    s = loader.stats()
+    assert s["upload_steps"] == 3 and s["upload_s"] > 0, s
+    for a, b in zip(host, early + rest, strict=True):
+        assert_same_batch(a, b, f"{kw} step {a.step}")
+    # A failed upload is raised in the consumer's thread, by the next batch.
+    def failing(*args):
+        raise OSError("the disk went away")
+    keep, _resident._upload = _resident._upload, failing
+    try:
+        with pytest.raises(OSError, match="went away"):
+            broken = iter(dsc.Loader(cache_dir, seed=6, resident=True, **kw))
+            for _ in range(len(host)):
+                next(broken)
+    finally:
+        _resident._upload = keep

@@ -119,6 +119,8 @@ def count_ops(loader: dsc.Loader, steps: int) -> float:
 
     it = iter(loader)
     next(it)
+    loader._resident_split.wait()  # the ordinary iterator uploads in the background
+    next(it)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             next(it)
@@ -146,6 +148,43 @@ def test_the_resident_feed_costs_a_few_operations_per_step(cache_dir: Path) -> N
         # The block's copy, a gather per stored tensor, views of the index block (3 each).
         own = 5 if "pack" in kw else 0
         assert ordinary <= 1 + stored + 3 * (2 + own), (kw, ordinary)
+
+
+class SlowEvent:
+    """A copy's event that takes 20 ms to complete: a GPU busy with the consumer's work."""
+
+    def synchronize(self) -> None:
+        import time
+        time.sleep(0.02)
+
+
+def test_waits_for_the_device_are_not_data_waits(cache_dir: Path) -> None:
+    """next() waiting for the device to finish with a buffer (the copy of a few steps back, on
+    a GPU that the step keeps busy) is counted as device_wait_s, not as the data stall wait_s:
+    on the resident path (the index ring) and on the host path (the producers' blocks)."""
+    from dsc import _resident
+    from dsc._epochs import _HostCopy
+
+    resident = dsc.Loader(cache_dir, batch_size=24, resident=True, device="cpu", static=True)
+    it = iter(resident)
+    next(it)
+    it.ring.copied = [SlowEvent()] * _resident.RING
+    for _ in range(4):
+        next(it)
+    s = resident.stats()
+    assert s["device_wait_s"] >= 4 * 0.02 and s["wait_s"] < 0.02, s
+    assert resident.device_wait_s == s["device_wait_s"]
+
+    class SlowCopy(_HostCopy):
+        def __call__(self, view):
+            return view.clone(), SlowEvent()
+
+    staged = dsc.Loader(cache_dir, batch_size=24, num_threads=1, prefetch=1)
+    staged._staged = SlowCopy()
+    for _ in zip(range(8), staged):
+        pass
+    s = staged.stats()
+    assert s["device_wait_s"] > 0.02 and s["device_wait_s"] + s["wait_s"] >= 0.1, s
 
 
 @cuda
