@@ -58,8 +58,9 @@ pub struct Cli {
     pub weights: Vec<f64>,
 
     /// Continue the run saved in this checkpoint exactly (every other flag, --no-normalise
-    /// included, is taken from it, except --epochs, --max-steps, --device, --threads, --json
-    /// and --out).
+    /// included, is taken from it, except --epochs, --max-steps, --threads, --json and --out;
+    /// the device and precision the run chose are kept unless --device or --amp names
+    /// another, which the run then reports).
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
 
@@ -211,12 +212,14 @@ pub struct Cli {
     #[arg(long, value_name = "NAME", default_value = defaults::EVAL_SPLIT)]
     pub eval_split: String,
 
-    /// `auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    /// `auto` (CUDA when present), `cpu`, `cuda` or `cuda:N` [default: auto; with --resume,
+    /// the device the run chose, recorded in its checkpoint].
+    #[arg(long)]
+    pub device: Option<String>,
 
     /// Mixed precision of the matrix products: `bf16`, `fp16` (with dynamic loss scaling) or
-    /// `none` [default: bf16 on CUDA, none on CPU].
+    /// `none` [default: bf16 on CUDA, none on CPU; with --resume, the run's, recorded in its
+    /// checkpoint: a resume that names another says so].
     #[arg(long, value_parser = choice::<Amp>())]
     pub amp: Option<Amp>,
 
@@ -333,6 +336,7 @@ impl Cli {
             warmup: self.warmup,
             clip: self.clip,
             amp: self.amp,
+            device: None,
             log_every: self.log_every,
             checkpoint_every: self.checkpoint_every,
             prefetch: self.prefetch.max(1),

@@ -146,8 +146,14 @@ pub struct RunConfig {
     pub warmup: Option<u64>,
     /// Global gradient-norm clip (0: off).
     pub clip: f64,
-    /// `None`: bf16 on CUDA, none on the CPU.
+    /// `None`: bf16 on CUDA, none on the CPU (chosen when the run starts and recorded:
+    /// [`crate::machine`]).
     pub amp: Option<Amp>,
+    /// The device the run chose (`cpu`, `cuda:N`), recorded when it starts so that a resume
+    /// keeps it unless asked for another ([`crate::machine`]); `None` before that, and in
+    /// checkpoints written before it was recorded.
+    #[serde(default)]
+    pub device: Option<String>,
     /// Optimizer steps between loss read-backs (and log lines).
     pub log_every: u64,
     /// Optimizer steps between mid-epoch checkpoints (`None`: at epoch ends only).
@@ -252,6 +258,7 @@ impl RunConfig {
             warmup: None,
             clip: defaults::CLIP,
             amp: None,
+            device: None,
             log_every: defaults::LOG_EVERY,
             checkpoint_every: None,
             prefetch: defaults::PREFETCH,

@@ -49,3 +49,12 @@ pub fn describe(d: Device) -> String {
         other => format!("{other:?}"),
     }
 }
+
+/// `cpu` or `cuda:N`: the name a run records ([`crate::machine`]) and `choose` takes back.
+pub fn name(d: Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}

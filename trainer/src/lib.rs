@@ -6,7 +6,7 @@
 //! the network ([`model`], its inputs scaled by [`normalise`]), the loss ([`task`]) and the
 //! optimizer ([`optim`]); [`train`] and [`diag`] drive a session; [`checkpoint`], [`report`],
 //! [`timing`], [`readback`] and [`nvml`] (GPU busy) record what happened. [`device`] and [`cuda`] pick the device and
-//! make libtorch's CUDA backend usable; [`alloc`] keeps freed step memory for the next step.
+//! make libtorch's CUDA backend usable, [`machine`] records what a run chose from its machine; [`alloc`] keeps freed step memory for the next step.
 //!
 //! Can a small network learn from a cache? Overfit one batch of it:
 //!
@@ -48,6 +48,7 @@ pub mod device;
 pub mod diag;
 pub mod error;
 pub mod feed;
+pub mod machine;
 pub mod model;
 pub mod normalise;
 pub mod nvml;

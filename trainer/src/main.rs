@@ -6,7 +6,7 @@ mod args;
 use anyhow::{bail, Context};
 use clap::Parser;
 use dsc_format::spelling::{spell, Spelling};
-use dsc_train::{alloc, checkpoint, cuda, device, diag, session, train};
+use dsc_train::{alloc, checkpoint, cuda, device, diag, machine, session, train};
 use serde::Serialize;
 use std::process::ExitCode;
 use tch::Device;
@@ -41,11 +41,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     if let Some(n) = cli.threads {
         tch::set_num_threads(n);
     }
-    let device = device::choose(&cli.device, cuda)?;
-    if let Device::Cuda(i) = device {
-        cuda::set_device(i).map_err(anyhow::Error::msg)?;
-    }
-    let (cfg, resume) = match &cli.resume {
+    let (mut cfg, resume) = match &cli.resume {
         Some(path) => {
             let ck = checkpoint::Checkpoint::read(path)?;
             let mut cfg = ck.position.config.clone();
@@ -105,6 +101,26 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         }
         None => (cli.run_config()?, None),
     };
+    // A resumed run asks for the device its run chose, unless the command line names one.
+    let recorded = cfg.device.clone();
+    let want = machine::device_wanted(cli.device.as_deref(), recorded.as_deref());
+    let device = device::choose(want, cuda).with_context(|| match (&recorded, &cli.device) {
+        (Some(r), None) => format!(
+            "the checkpoint's run trained on {r}; pass --device cpu (or another) to continue \
+             it there"
+        ),
+        _ => "choosing the device".into(),
+    })?;
+    if let Device::Cuda(i) = device {
+        cuda::set_device(i).map_err(anyhow::Error::msg)?;
+    }
+    for c in machine::settle(&mut cfg, &device::name(device), device.is_cuda(), cli.amp) {
+        eprintln!(
+            "dsc-train: resuming with {} {} (the checkpoint's run had {}), as the command \
+             line asks",
+            c.setting, c.now, c.recorded
+        );
+    }
     if !cli.json {
         eprintln!(
             "dsc-train on {} · cache {}{}",

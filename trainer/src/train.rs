@@ -68,7 +68,9 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
             let device = s.device;
             s.load_state(|n| ck.tensor(n, device))?;
             let mut p = ck.position;
-            p.config.epochs = s.cfg.epochs;
+            // The saved run's configuration with what the resume may change: --epochs, and
+            // a device or precision the command line named (`crate::machine`).
+            p.config = s.cfg.clone();
             p
         }
         None => start_position(&s),

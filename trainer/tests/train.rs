@@ -465,6 +465,70 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
     assert!((f(va) - f(vb)).abs() < 1e-6, "{va} vs {vb}");
 }
 
+/// The device, precision and trim multiple a run chose from its machine are in its checkpoint,
+/// and a resume keeps them: a run recorded on CUDA is not silently continued on the CPU (or a
+/// CPU run on CUDA in bf16, as a GPU machine did before), and one moved by --device says so.
+#[test]
+fn a_resume_keeps_the_device_and_precision_its_run_chose() {
+    let fx = fixture();
+    let (_, out) = small_run(
+        &fx.icecube,
+        "--task direction --batch-size 32 --max-steps 2",
+    );
+    let ckpt = out.path().join("last.ckpt");
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let position: Value =
+        serde_json::from_str(&meta.metadata().as_ref().unwrap()["dsc_train"]).unwrap();
+    let config = &position["config"];
+    let device = if tch::Cuda::is_available() {
+        "cuda:0"
+    } else {
+        "cpu"
+    };
+    assert_eq!(config["device"], device, "{config}");
+    let (amp, multiple) = if device == "cpu" {
+        ("none", 1)
+    } else {
+        ("bf16", 16)
+    };
+    assert_eq!(
+        (config["amp"].as_str(), config["trim_multiple"].as_u64()),
+        (Some(amp), Some(multiple))
+    );
+    if tch::Cuda::is_available() {
+        return; // the rest needs a machine without CUDA
+    }
+    // As a GPU machine would have recorded it.
+    let moved = out.path().join("cuda.ckpt");
+    edit_config(&ckpt, &moved, "device", "cuda:0".into());
+    let refused = train(&["--resume", &path(&moved), "--max-steps", "3", "--json"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("trained on cuda:0") && refused.stderr.contains("--device cpu"),
+        "{}",
+        refused.stderr
+    );
+    let asked = train(&[
+        "--resume",
+        &path(&moved),
+        "--max-steps",
+        "3",
+        "--json",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(asked.code, 0, "{}", asked.stderr);
+    assert!(
+        asked
+            .stderr
+            .contains("resuming with device cpu (the checkpoint's run had cuda:0)"),
+        "{}",
+        asked.stderr
+    );
+    assert_eq!(asked.json()["amp"], "none");
+}
+
 #[test]
 fn one_batch_is_overfit_by_over_ninety_percent_with_the_defaults() {
     let out = tempfile::tempdir().unwrap();
