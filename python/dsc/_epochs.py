@@ -405,7 +405,7 @@ class _ResidentEpoch(_Epoch):
         # in this thread, one copy).
         self.split = loader._resident(background=not loader._static_wanted)
         self.uploaded = self.split.ready()
-        self.blocks: Optional[_resident.IndexRing] = None
+        self.blocks: Optional[_resident.BlockRing] = None
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
@@ -413,9 +413,9 @@ class _ResidentEpoch(_Epoch):
         packed = loader.pack is not None
         self.own = self.layout[-5:] if packed else []
         self.stored = self.layout[:-5] if packed else self.layout
-        sizes = _resident.IndexRing.sizes_for(self.handle, packed)
+        sizes = _resident.BlockRing.sizes_for(self.handle, packed)
         self.static = loader._static_buffers(self) if loader._static_wanted else None
-        self.ring = _resident.IndexRing(_torch(), self.split.device, sizes,
+        self.ring = _resident.BlockRing(_torch(), self.split.device, sizes,
                                         fixed=None if self.static is None else self.static.block)
         self.sequence = {n: loader.cache.tensor(n).is_sequence for n in loader.columns}
 
@@ -428,7 +428,7 @@ class _ResidentEpoch(_Epoch):
         step = self.next_step
         if not self.uploaded and not self.split.ready():
             if self.blocks is None:
-                self.blocks = _resident.IndexRing(_torch(), self.split.device,
+                self.blocks = _resident.BlockRing(_torch(), self.split.device,
                                                   [self.handle.block_bytes()])
             (info, ranges), block, self.device_wait = self.blocks.fill(
                 step, lambda views: self.handle.fill_block(step, views[0]))

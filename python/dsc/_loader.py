@@ -488,7 +488,7 @@ class Loader:
         if self._static is None:
             torch = _torch()
             device = self._resident_device or self.device
-            index = (_resident.IndexRing.sizes_for(epoch.handle, self.pack is not None)
+            index = (_resident.BlockRing.sizes_for(epoch.handle, self.pack is not None)
                      if self._resident_device is not None else None)
             self._static = _static.StaticBatch(
                 torch, device, epoch.layout, epoch.handle.batch_bytes(), _dsc.BLOCK_ALIGN,

@@ -1,12 +1,14 @@
-"""Splits resident on the device (used by ``_loader``, which it never imports): a split's tensors are uploaded once, in compiled order, and
-every batch is gathered there by index, so that no batch crosses PCIe.
+"""Splits resident on the device (used by ``_loader``, which it never imports): a split's
+tensors are uploaded once, in compiled order (in the background, while the host path serves the
+first steps), and every batch is gathered there by index, so that no batch crosses PCIe.
 
 The Rust loader still decides every batch: for each step it writes the compiled-order positions
-of the batch's contexts (and for a pack its own five tensors) into a small pinned block, from
-the stored lengths alone (``LoaderHandle.fill_index``). One copy of that block per step goes to
-the device; the batch is then a few ``index_select`` calls there. Order, trimming, bucketing,
-packing and resume are the host path's, byte for byte (tests compare every batch), and the same
-code runs with a CPU "device", which is how the tests run it without a GPU.
+of the batch's contexts (for a pack, also each token's row and the pack's own five tensors) into
+a small pinned block, from the stored lengths alone (``LoaderHandle.fill_rows``). One copy of
+that block per step goes to the device; the batch is then one ``index_select`` per stored
+tensor there. Order, trimming, bucketing, packing and resume are the host path's, byte for byte
+(tests compare every batch), and the same code runs with a CPU "device", which is how the tests
+run it without a GPU.
 """
 
 from __future__ import annotations
@@ -165,10 +167,11 @@ def _upload(torch: Any, device: Any, reader: Iterable[Any], tensors: Dict[str, A
     return at
 
 
-class IndexRing:
-    """``RING`` host blocks for batch indices (pinned for a GPU), each copied to the device in
-    one transfer and refilled only once that copy is done. ``fixed``: a device block of the
-    same size that every copy lands in (static batches), instead of a new one per step."""
+class BlockRing:
+    """``RING`` host blocks (pinned for a GPU) for what a step sends to the device, each copied
+    there in one transfer and refilled only once that copy is done: batch indices, or, while a
+    split uploads, whole batches. ``fixed``: a device block of the same size that every copy
+    lands in (static batches), instead of a new one per step."""
 
     def __init__(self, torch: Any, device: Any, sizes: List[int],
                  fixed: Optional[Any] = None) -> None:
@@ -228,7 +231,7 @@ def block_tensors(torch: Any, layout: List[Any], block: Any, ranges: List[tuple]
 
 
 def index_parts(torch: Any, block: Any, sizes: List[int], rows: int, own: List[Any]) -> tuple:
-    """A device index block's parts (``sizes``: :meth:`IndexRing.sizes_for`): positions
+    """A device index block's parts (``sizes``: :meth:`BlockRing.sizes_for`): positions
     ``[rows]``, a pack's token rows ``[T]`` (None for padded batches) and its own five tensors
     by name (``own``: their ``_Tensor``s)."""
     offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]

@@ -37,7 +37,7 @@ class StaticBatch:
 
     ``layout``: the loader's ``_Tensor`` list (stored tensors, then a pack's own five);
     ``sizes``: each one's bytes in a whole batch; ``index``: for a resident split, the sizes of
-    the index parts (``IndexRing.sizes_for``), else None."""
+    the index parts (``BlockRing.sizes_for``), else None."""
 
     def __init__(self, torch: Any, device: Any, layout: List[Any], sizes: List[int],
                  align: int, index: Optional[List[int]], packed: bool) -> None:
