@@ -699,7 +699,9 @@ class Loader:
         return (
             f"dsc.Loader({caches!r}{mix}, split={self.split!r}, batch_size={self.batch_size}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
-            f"world_size={self.world_size}, bucket={self.bucket}, pack={self.pack}{series}, "
+            f"world_size={self.world_size}, bucket={self.bucket}, pack={self.pack}{series}"
+            f"{', static=True' if self._static_wanted else ''}"
+            f"{', gather_in_step=True' if self.gather_in_step else ''}, "
             f"steps={len(self)})"
         )
 

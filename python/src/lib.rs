@@ -396,7 +396,7 @@ impl LoaderHandle {
         Ok((info(filled.seq_len, filled.pack), ranges))
     }
 
-    /// Rows of a batch's index (`fill_index`): the batch size, or a pack's sequence slots.
+    /// Rows of a batch's index (`fill_rows`): the batch size, or a pack's sequence slots.
     fn index_rows(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |l| l.index_rows())
     }

@@ -276,8 +276,9 @@ def _relative_difference(a: dict, b: dict) -> float:
     return float(num / sum((a[k].double() ** 2).sum() for k in a) ** 0.5)
 
 
-@pytest.mark.parametrize("shape", [["--no-trim"], ["--pack", "1024", "--accumulate", "2"]],
-                         ids=["padded", "packed_accumulated"])
+@pytest.mark.parametrize("shape", [["--no-trim"], ["--pack", "1024", "--accumulate", "2"],
+                                   ["--pack", "1024", "--resident", "on"]],
+                         ids=["padded", "packed_accumulated", "packed_resident"])
 def test_the_whole_step_trains_as_the_eager_loop(train_script, icecube_cache, tmp_path, shape):
     """--graph's step function (the one CUDA captures; here it runs uncaptured, fed from the
     loader's static buffers) gives the eager loop's run: the same losses and, over 30 optimizer
