@@ -1063,11 +1063,18 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             saved.setdefault(k, v)
         # What the run chose from its machine stays chosen, unless the command line asks for
         # another (and then the run says so below).
-        for k in ("device", "amp", "attention", "graph"):
+        for k in ("device", "amp", "attention"):
             given = getattr(args, k, None)
             if given is not None and given != saved.get(k):
                 changed[k] = (saved.get(k), given)
                 saved[k] = given
+        if args.graph is not None and args.graph != bool(saved.get("graph")):
+            # The captured step keeps its schedule on the device, the eager one in LambdaLR:
+            # neither continues the other's.
+            raise SystemExit(f"--resume {args.resume}: the run trained with"
+                             f"{'' if saved.get('graph') else 'out'} --graph; resume it as it "
+                             "was (on the CPU a captured step runs uncaptured), or start a new "
+                             "run")
         # Residency changes no batch (both paths give the same bytes): it is decided again
         # for this machine's memory, unless given, and reported when it differs.
         recorded_resident = saved.get("resident")

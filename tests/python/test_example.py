@@ -317,6 +317,10 @@ def test_the_whole_step_resumes_exactly(train_script, icecube_cache, tmp_path):
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert second["final_train_loss"] == whole["final_train_loss"]
+    # Its schedule lives on the device: an eager resume would not continue it.
+    with pytest.raises(SystemExit, match="trained with --graph"):
+        train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"), "--no-graph",
+                           "--max-steps", "30", "--json"])
 
 
 def test_refusals_of_the_whole_step(train_script, icecube_cache):
