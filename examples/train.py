@@ -71,10 +71,10 @@ scaler reads back every step) and ``--compile``; with ``--pack`` on CUDA it is t
 (docs/PERFORMANCE.md).
 
 Choices made from the machine (``--device auto``, ``--amp``, ``--attention auto``, the
-loader's ``trim_multiple``, ``--graph``) are recorded in the checkpoint as chosen; ``--resume``
-keeps them on any machine, changes one only when the command line names it, and says so
-(``resident``, which changes no batch, is decided again for the machine's memory and reported
-when it differs). The summary lists them.
+loader's ``trim_multiple``) are recorded in the checkpoint as chosen; ``--resume`` keeps them on
+any machine, changes one only when the command line names it, and says so (``resident``, which
+changes no batch, is decided again for the machine's memory and reported when it differs; a
+resume cannot switch ``--graph``, whose schedule lives on the device). The summary lists them.
 
 Data path. On CUDA the loader delivers batches on the GPU (``dsc.Loader(..., device="cuda")``):
 with ``--resident auto`` (the default) a split that fits a quarter of the GPU's memory is
@@ -129,10 +129,6 @@ import dsc
 # On --resume the run's settings come from the checkpoint except these, always taken from the
 # command line (they do not change the arithmetic), and --epochs and --cache when given.
 RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "threads", "resume")
-# Settings that a run chose from the machine when they were left to "auto": each is recorded in
-# the checkpoint as chosen, and a resume keeps it (on another machine too) unless the command
-# line names another, which the resumed run then says.
-MACHINE_CHOICES = ("device", "amp", "attention", "resident", "trim_multiple", "graph")
 
 
 # --------------------------------------------------------------------------------------------
