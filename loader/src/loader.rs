@@ -245,7 +245,7 @@ impl Filler {
         positions: &mut [u8],
         pack: &mut [&mut [u8]],
     ) -> Result<BatchInfo, LoadError> {
-        self.index(step, positions, None, pack, |_| 0)
+        self.index(step, positions, None, pack, false)
     }
 
     /// [`Filler::fill_index`] for a consumer whose copy of the split ends in one row of zeros
@@ -273,18 +273,18 @@ impl Filler {
             )));
         }
         let token_rows = tokens.map(|_| token_rows);
-        self.index(step, positions, token_rows, pack, |lengths| lengths.len())
+        self.index(step, positions, token_rows, pack, true)
     }
 
-    /// Batch `step`'s index (`fill_index`, `fill_rows`); `unused(lengths)`: the row a pack's
-    /// unused rows point at.
+    /// Batch `step`'s index (`fill_index`, `fill_rows`); `zero_row`: a pack's unused rows point
+    /// at the consumer's zero row after the split (else at row 0).
     fn index(
         &self,
         step: usize,
         positions: &mut [u8],
         token_rows: Option<&mut [u8]>,
         pack: &mut [&mut [u8]],
-        unused: impl FnOnce(&[u32]) -> usize,
+        zero_row: bool,
     ) -> Result<BatchInfo, LoadError> {
         let gather = self.step(step)?;
         let rows = gather.batching.rows();
@@ -316,7 +316,7 @@ impl Filler {
         let (samples, repeated) = gather.samples(step, &mut Cursor::default());
         let dst = IndexDst {
             positions,
-            unused: unused(&lengths),
+            unused: if zero_row { lengths.len() } else { 0 },
             token_rows,
             pack,
         };

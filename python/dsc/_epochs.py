@@ -417,7 +417,6 @@ class _ResidentEpoch(_Epoch):
         self.static = loader._static_buffers(self) if loader._static_wanted else None
         self.ring = _resident.BlockRing(_torch(), self.split.device, sizes,
                                         fixed=None if self.static is None else self.static.block)
-        self.sequence = {n: loader.cache.tensor(n).is_sequence for n in loader.columns}
 
     def _queued(self) -> int:
         return 0  # each index is written when asked for
@@ -446,12 +445,12 @@ class _ResidentEpoch(_Epoch):
             loader._counts["upload_steps"] += 1
         elif self.static is not None:
             if not loader.gather_in_step:
-                self.static.gather(self.split, loader.cache.max_len, self.sequence)
+                self.static.gather(self.split, loader.cache.max_len)
             tensors = self.static.batch()
         else:
             parts = _resident.index_parts(torch, block, self.ring.sizes, self.rows, self.own)
             tensors = _resident.gather(torch, self.split, self.stored, parts, seq_len,
-                                       loader.cache.max_len, self.sequence)
+                                       loader.cache.max_len)
             tensors.update(parts[2])
             tensors = {t.name: tensors[t.name] for t in self.layout}
         self.handle.advance(1)

@@ -480,7 +480,7 @@ class Loader:
         ``next()`` already copied the batch, nothing. Call it in your step with
         ``gather_in_step=True``; without it ``next()`` has called it already."""
         static = self.static_batch
-        self._static.gather(self._resident_split, self.cache.max_len, self._sequence)
+        self._static.gather(self._resident_split, self.cache.max_len)
         return dict(static)
 
     def _static_buffers(self, epoch: Any) -> _static.StaticBatch:
@@ -493,7 +493,6 @@ class Loader:
             self._static = _static.StaticBatch(
                 torch, device, epoch.layout, epoch.handle.batch_bytes(), _dsc.BLOCK_ALIGN,
                 index, self.pack is not None)
-            self._sequence = {n: self.cache.tensor(n).is_sequence for n in self.columns}
         return self._static
 
     @property

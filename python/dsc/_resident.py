@@ -74,6 +74,7 @@ class ResidentSplit:
         self.device = device
         self.tensors: Dict[str, Any] = {}
         self.flat: Dict[str, Any] = {}
+        self.sequence: Dict[str, bool] = {}  # which tensors have a step axis
         # Allocated here, on the consumer's stream, so that the allocator ties them to it.
         for name in loader.columns:
             info = cache.tensor(name)
@@ -81,6 +82,7 @@ class ResidentSplit:
                             device=device)
             t[contexts].zero_()
             self.tensors[name] = t
+            self.sequence[name] = info.is_sequence
             # Per-step tensors as rows of steps, [(contexts + 1) * L, ...]: a pack's tokens.
             self.flat[name] = t.view(-1, *info.shape[1:]) if info.is_sequence else t
         self._done = threading.Event()
@@ -247,14 +249,13 @@ def index_parts(torch: Any, block: Any, sizes: List[int], rows: int, own: List[A
 
 
 def gather(torch: Any, split: ResidentSplit, stored: List[Any], parts: tuple, seq_len: int,
-           max_len: int, sequence: Dict[str, bool],
-           out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+           max_len: int, out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One batch's stored tensors from the resident split, by the index ``parts``
     (:func:`index_parts`): one ``index_select`` by row per tensor, a pack's per-step tensors by
-    token row; the host path's bytes. ``stored``: their ``_Tensor``s; ``sequence``: which
-    have a step axis. With ``out`` (static batches), each lands in its tensor there, and the
+    token row; the host path's bytes. ``stored``: their ``_Tensor``s. With ``out`` (static batches), each lands in its tensor there, and the
     whole gather is tensor operations with no host sync and no allocation: capturable."""
     positions, token_rows, _ = parts
+    sequence = split.sequence
     result: Dict[str, Any] = {}
     for t in stored:
         if token_rows is not None and sequence[t.name]:

@@ -46,7 +46,6 @@ class StaticBatch:
         self.resident = index is not None
         self.tensors: Dict[str, Any] = {}
         if self.resident:
-            self.index_sizes = index
             self.own = layout[-5:] if packed else []
             self.stored = layout[:-5] if packed else layout
             self.block = torch.empty(max(8, sum(index)), dtype=torch.uint8, device=device)
@@ -71,13 +70,13 @@ class StaticBatch:
         """The buffers in the loader's tensor order."""
         return {n: self.tensors[n] for n in self.names}
 
-    def gather(self, split: Any, max_len: int, sequence: Dict[str, bool]) -> None:
+    def gather(self, split: Any, max_len: int) -> None:
         """Fills the stored tensors from the resident ``split`` by the index now in the fixed
         block: tensor operations only, capturable."""
         if not self.resident:
             return
         _resident.gather(self.torch, split, self.stored, self.parts, max_len, max_len,
-                         sequence, out=self.tensors)
+                         out=self.tensors)
 
     def load(self, on_device: Any, ranges: List[tuple]) -> None:
         """Host path: copies a batch's device block (tensors at ``ranges``) into the fixed one,
