@@ -181,6 +181,16 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = Resident::Auto)]
     pub resident: Resident,
 
+    /// Capture the whole training step (gather, forward, loss, backward, clipping, AdamW) as
+    /// CUDA graphs after three eager steps and replay them: one launch per step instead of
+    /// hundreds, for small networks whose steps the host's launches hold back. Batches arrive
+    /// in fixed device buffers, padded ones untrimmed (so not with --bucket or
+    /// --trim-multiple). Without CUDA the same step runs uncaptured; the summary says which
+    /// (`step`). The arithmetic is the eager step's: a resume keeps the run's choice, and
+    /// --graph with --resume captures a run that started eagerly.
+    #[arg(long, conflicts_with_all = ["bucket", "trim_multiple"])]
+    pub graph: bool,
+
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
@@ -330,6 +340,7 @@ impl Cli {
                 Resident::On => Some(true),
                 Resident::Off => Some(false),
             },
+            graph: self.graph,
             accumulate: self.accumulate,
             lr: self.lr,
             weight_decay: self.weight_decay,

@@ -136,6 +136,11 @@ pub struct RunConfig {
     /// a run may resume with another setting.
     #[serde(default)]
     pub resident: Option<bool>,
+    /// Capture the training step as CUDA graphs and replay them (`--graph`): batches arrive in
+    /// fixed device buffers, untrimmed. The same arithmetic as the eager step, so a run may
+    /// resume with either; uncaptured where capture is unavailable ([`crate::graph`]).
+    #[serde(default)]
+    pub graph: bool,
     /// Micro-batches per optimizer step.
     pub accumulate: usize,
     /// Peak learning rate (warmup, then cosine decay to a tenth).
@@ -215,8 +220,9 @@ impl RunConfig {
             batch_size: self.batch_size,
             epoch,
             threads: 0,
-            // A window is as long as it is; a pack has no padding.
-            trim: self.pack.is_none() && self.series.is_none(),
+            // A window is as long as it is; a pack has no padding; a captured step replays one
+            // shape.
+            trim: self.pack.is_none() && self.series.is_none() && !(self.graph && train),
             trim_multiple,
             // Packs have no layout for engine sub-columns (which the networks do not read).
             columns: match self.pack {
@@ -252,6 +258,7 @@ impl RunConfig {
             max_seqs: None,
             trim_multiple: None,
             resident: None,
+            graph: false,
             accumulate: 1,
             lr: defaults::LR,
             weight_decay: defaults::WEIGHT_DECAY,
@@ -305,6 +312,16 @@ impl RunConfig {
             self.trim_multiple.is_none() || self.pack.is_none(),
             "trim_multiple",
             "rounds trimmed lengths; packed batches (`pack`) have one shape already"
+        );
+        ensure!(
+            !self.graph || !self.bucket,
+            "graph",
+            "replays one batch shape; `bucket` makes one per bucket"
+        );
+        ensure!(
+            !self.graph || self.trim_multiple.is_none(),
+            "trim_multiple",
+            "rounds trimmed lengths; a captured step (`graph`) reads untrimmed batches of one shape"
         );
         ensure!(
             self.weights.is_empty() || self.weights.len() == self.mix.len() + 1,

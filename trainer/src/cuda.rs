@@ -5,7 +5,7 @@
 //! `Cuda::is_available()` says false on a GPU machine. Loading the library ourselves before the
 //! first tch call registers it; where it is absent or cannot load (a CPU-only libtorch, or no
 //! CUDA runtime), training runs on the CPU. With `feed.rs` (the producer's view of the pinned
-//! slots) and [`crate::nvml`] it is one of the three modules with `unsafe`.
+//! slots), [`crate::graph`] and [`crate::nvml`] it is one of the four modules with `unsafe`.
 //!
 //! Events come from the CUDA runtime that `libtorch_cuda` itself loaded (tch has no event API).
 //! They are recorded on the legacy default stream, the stream every libtorch op of this program

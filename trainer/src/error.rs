@@ -41,6 +41,9 @@ pub enum TrainError {
     /// The CUDA runtime (loaded at run time) failed.
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// Capturing or replaying the step as a CUDA graph failed (`--graph`).
+    #[error("CUDA graph (--graph; run without it to train eagerly): {0}")]
+    Graph(String),
     /// libtorch refused an operation.
     #[error("{what}: {source}")]
     Torch {

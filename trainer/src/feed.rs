@@ -3,12 +3,12 @@
 //! into memory the GPU can read by DMA. Buffers are allocated once per run and handed back and
 //! forth through two channels, so a slot is only ever touched by one side at a time. With a
 //! split resident on the device, the slots hold only each batch's index
-//! ([`dsc_loader::Filler::fill_index`]: positions, and a pack's own tensors), which the session
-//! gathers by on the device.
+//! ([`dsc_loader::Filler::fill_rows`]: positions, a pack's token rows and own tensors) in one
+//! block, copied to the device in one piece, which the session gathers by there.
 
 use crate::error::{Result, TrainError};
 use dsc_format::Dtype;
-use dsc_loader::{BatchInfo, Filler, LoadError, Loader, LoaderStats, TensorLayout};
+use dsc_loader::{BatchInfo, Filler, LoadError, Loader, LoaderStats, TensorLayout, BLOCK_ALIGN};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -32,6 +32,9 @@ pub fn kind_of(dtype: Dtype) -> Kind {
 #[derive(Debug)]
 pub struct HostRing {
     slots: Vec<Vec<Tensor>>,
+    /// An index ring's slots each as one block of bytes, whose views `slots` are; empty for a
+    /// batch ring.
+    blocks: Vec<Tensor>,
 }
 
 /// What the producer writes into a slot.
@@ -39,36 +42,38 @@ pub struct HostRing {
 pub enum Fill {
     /// The whole batch (one tensor per tensor of the loader's layout).
     Batch,
-    /// Its index: positions (i64, [`Loader::index_rows`]), then a pack's five own tensors.
+    /// Its index ([`Filler::fill_rows`], for a split that ends in a row of zeros): positions
+    /// (i64, [`Loader::index_rows`]), then a pack's token rows (i64 `[T]`) and its five own
+    /// tensors.
     Index,
 }
 
 impl HostRing {
-    /// A ring for batch indices ([`Fill::Index`]): positions `[rows]` (i64), then the pack's
-    /// own tensors (the last five of `layout`) when `packed`.
+    /// A ring for batch indices ([`Fill::Index`]) of batches of `layout` with `rows` contexts
+    /// (a pack's `S`) and, packed, `tokens` tokens: each slot one block ([`HostRing::block`]),
+    /// cut into [`index_parts`].
     pub fn index(
         layout: &[TensorLayout],
         rows: usize,
-        packed: bool,
+        tokens: Option<usize>,
         slots: usize,
         pin_for: Option<Device>,
     ) -> Result<HostRing> {
-        let positions = TensorLayout {
-            name: "positions".into(),
-            dtype: Dtype::I64,
-            role: None,
-            shape: vec![rows],
-            trimmed_axis: None,
-        };
-        let own = if packed {
-            &layout[layout.len() - 5..]
-        } else {
-            &[][..]
-        };
-        let index: Vec<TensorLayout> = std::iter::once(positions)
-            .chain(own.iter().cloned())
-            .collect();
-        HostRing::new(&index, slots, pin_for)
+        let parts = index_parts(layout, rows, tokens);
+        let bytes = block_bytes(&parts) as i64;
+        let blocks = (0..slots)
+            .map(|_| {
+                pinned(
+                    Tensor::zeros([bytes], (Kind::Uint8, Device::Cpu)),
+                    pin_for,
+                    "an index",
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostRing {
+            slots: blocks.iter().map(|b| block_views(b, &parts)).collect(),
+            blocks,
+        })
     }
 
     /// Allocates the ring for batches of `layout` (`Loader::layout`); `pin_for` pins the memory
@@ -81,18 +86,20 @@ impl HostRing {
                     .map(|s| {
                         let shape: Vec<i64> = s.shape.iter().map(|&d| d as i64).collect();
                         let t = Tensor::zeros(shape.as_slice(), (kind_of(s.dtype), Device::Cpu));
-                        match pin_for {
-                            Some(d) => t.f_pin_memory(d).map_err(|source| TrainError::Torch {
-                                what: format!("pinning a host buffer for {}", s.name),
-                                source,
-                            }),
-                            None => Ok(t),
-                        }
+                        pinned(t, pin_for, &s.name)
                     })
                     .collect::<Result<Vec<Tensor>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(HostRing { slots })
+        Ok(HostRing {
+            slots,
+            blocks: Vec::new(),
+        })
+    }
+
+    /// An index ring's slot as one block of bytes (its tensors are views of it).
+    pub fn block(&self, slot: usize) -> Option<&Tensor> {
+        self.blocks.get(slot)
     }
 
     /// The tensors of one slot (full batch shape; a trimmed batch occupies a prefix).
@@ -117,6 +124,69 @@ impl HostRing {
                 .collect(),
         )
     }
+}
+
+/// `t` pinned for DMA to `pin_for`, or as it is.
+fn pinned(t: Tensor, pin_for: Option<Device>, what: &str) -> Result<Tensor> {
+    match pin_for {
+        Some(d) => t.f_pin_memory(d).map_err(|source| TrainError::Torch {
+            what: format!("pinning a host buffer for {what}"),
+            source,
+        }),
+        None => Ok(t),
+    }
+}
+
+/// The tensors of a batch's index ([`Fill::Index`]): positions `[rows]` (i64), then, when
+/// packed (`tokens`), each token's row `[T]` (i64) and the pack's own tensors (the last five of
+/// `layout`).
+pub fn index_parts(
+    layout: &[TensorLayout],
+    rows: usize,
+    tokens: Option<usize>,
+) -> Vec<TensorLayout> {
+    let i64s = |name: &str, len: usize| TensorLayout {
+        name: name.into(),
+        dtype: Dtype::I64,
+        role: None,
+        shape: vec![len],
+        trimmed_axis: None,
+    };
+    let mut parts = vec![i64s("positions", rows)];
+    if let Some(t) = tokens {
+        parts.push(i64s("token_rows", t));
+        parts.extend(layout[layout.len() - 5..].iter().cloned());
+    }
+    parts
+}
+
+/// Bytes of a block holding `parts`, each at a multiple of [`BLOCK_ALIGN`].
+fn block_bytes(parts: &[TensorLayout]) -> usize {
+    parts.iter().fold(0, |end, p| {
+        end.next_multiple_of(BLOCK_ALIGN) + part_bytes(p)
+    })
+}
+
+fn part_bytes(p: &TensorLayout) -> usize {
+    p.shape.iter().product::<usize>() * p.dtype.size()
+}
+
+/// The tensors of `parts` as views of `block` (u8, host or device), laid out as
+/// [`block_bytes`] counts them: one copy of the block moves them all.
+pub fn block_views(block: &Tensor, parts: &[TensorLayout]) -> Vec<Tensor> {
+    let mut end = 0usize;
+    parts
+        .iter()
+        .map(|p| {
+            let start = end.next_multiple_of(BLOCK_ALIGN);
+            end = start + part_bytes(p);
+            let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+            block
+                .narrow(0, start as i64, part_bytes(p) as i64)
+                .view_dtype(kind_of(p.dtype))
+                .view(shape.as_slice())
+        })
+        .collect()
 }
 
 /// The address and length of each tensor of a slot, for the producer thread.
@@ -289,8 +359,7 @@ impl<'ring> Feed<'ring> {
     }
 }
 
-/// The next batch's index into `dst` (positions, then a pack's own tensors), or `None` at the
-/// end of the epoch.
+/// The next batch's index into `dst` ([`index_parts`]), or `None` at the end of the epoch.
 fn next_index(
     loader: &mut Loader,
     filler: &Filler,
@@ -300,8 +369,11 @@ fn next_index(
     if step >= loader.steps() {
         return Ok(None);
     }
-    let (positions, pack) = dst.split_first_mut().expect("a positions buffer");
-    let info = filler.fill_index(step, positions, pack)?;
+    let (positions, rest) = dst.split_first_mut().expect("a positions buffer");
+    let info = match rest.split_first_mut() {
+        Some((token_rows, pack)) => filler.fill_rows(step, positions, token_rows, pack)?,
+        None => filler.fill_rows(step, positions, &mut [], &mut [])?,
+    };
     loader.advance(1);
     Ok(Some(info))
 }

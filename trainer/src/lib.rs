@@ -4,7 +4,8 @@
 //! The modules follow the data: [`feed`] streams batches from the dsc loader into a ring of
 //! (pinned) host buffers; [`session`] copies them to the device as [`model::Inputs`] and owns
 //! the network ([`model`], its inputs scaled by [`normalise`]), the loss ([`task`]) and the
-//! optimizer ([`optim`]); [`train`] and [`diag`] drive a session; [`checkpoint`], [`report`],
+//! optimizer ([`optim`]); [`step`] launches a training step, eagerly or as CUDA graphs
+//! ([`graph`]); [`train`] and [`diag`] drive a session; [`checkpoint`], [`report`],
 //! [`timing`], [`readback`] and [`nvml`] (GPU busy) record what happened. [`device`] and [`cuda`] pick the device and
 //! make libtorch's CUDA backend usable, [`machine`] records what a run chose from its machine; [`alloc`] keeps freed step memory for the next step.
 //!
@@ -48,6 +49,7 @@ pub mod device;
 pub mod diag;
 pub mod error;
 pub mod feed;
+pub mod graph;
 pub mod machine;
 pub mod model;
 pub mod normalise;
@@ -56,6 +58,7 @@ pub mod optim;
 pub mod readback;
 pub mod report;
 pub mod session;
+pub mod step;
 pub mod task;
 pub mod timing;
 pub mod train;

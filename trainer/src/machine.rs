@@ -51,8 +51,8 @@ pub fn settle(cfg: &mut RunConfig, device: &str, cuda: bool, amp: Option<Amp>) -
         amp.or(cfg.amp)
             .unwrap_or(if cuda { Amp::Bf16 } else { Amp::None }),
     );
-    if cfg.pack.is_none() {
-        // Packs have one shape: nothing to round.
+    if cfg.pack.is_none() && !cfg.graph {
+        // Packs and captured steps have one shape: nothing to round.
         cfg.trim_multiple
             .get_or_insert(if cuda { defaults::GPU_TRIM_MULTIPLE } else { 1 });
     }

@@ -97,6 +97,12 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             if let Some(e) = cli.epochs {
                 cfg.epochs = e;
             }
+            // How the step is launched, not what it computes: a resume may capture it.
+            if cli.graph && !cfg.graph {
+                eprintln!("dsc-train: resuming with the step captured (--graph)");
+                cfg.graph = true;
+                cfg.trim_multiple = None;
+            }
             (cfg, Some(ck))
         }
         None => (cli.run_config()?, None),

@@ -56,6 +56,9 @@ pub struct AdamW {
     decay_mask: Tensor,
     /// Applied updates (skipped fp16 steps do not count), f32 scalar on the device.
     steps: Tensor,
+    /// The learning rate of the next update, f32 scalar on the device: written in place before
+    /// each step, so that a captured step ([`crate::graph`]) reads the schedule's value.
+    lr: Tensor,
     weight_decay: f64,
 }
 
@@ -112,6 +115,7 @@ impl AdamW {
             spans,
             params,
             steps: Tensor::zeros([], (Kind::Float, device)),
+            lr: Tensor::zeros([], (Kind::Float, device)),
             weight_decay,
         }
     }
@@ -156,6 +160,21 @@ impl AdamW {
     /// Unscales (fp16), clips to `max_norm` (0: off) and applies one update with learning rate
     /// `lr`. With a scaler, a step whose gradients overflowed changes nothing but the scale.
     pub fn step(&mut self, lr: f64, max_norm: f64, scaler: Option<&mut LossScaler>) {
+        self.set_lr(lr);
+        self.apply(max_norm, scaler);
+    }
+
+    /// Sets the learning rate of the next [`AdamW::apply`] (one fill on the device, no copy).
+    pub fn set_lr(&mut self, lr: f64) {
+        tch::no_grad(|| {
+            let _ = self.lr.fill_(lr);
+        });
+    }
+
+    /// [`AdamW::step`] at the rate last set ([`AdamW::set_lr`]): device work only, the host
+    /// reads nothing, so it can be captured. Gradients seen for the first time are seated on
+    /// the host first, so capture only after a step has seated them all.
+    pub fn apply(&mut self, max_norm: f64, scaler: Option<&mut LossScaler>) {
         tch::no_grad(|| {
             self.seat_gradients();
             if let Some(s) = &scaler {
@@ -174,7 +193,7 @@ impl AdamW {
             // Scalar bases: no host tensor is copied to the device (a pageable copy would block).
             let bias1 = 1.0 - Tensor::pow_scalar(BETA1, &t);
             let bias2 = 1.0 - Tensor::pow_scalar(BETA2, &t);
-            let step_size = &ok * lr / &bias1;
+            let step_size = &ok * &self.lr / &bias1;
             let (rate1, rate2) = (&ok * (1.0 - BETA1), &ok * (1.0 - BETA2));
             // An overflowed gradient is zeroed so that `ok * (g - m)` stays finite.
             let g = match &scaler {
@@ -191,7 +210,7 @@ impl AdamW {
                 .g_add_(&((g.square() - &self.exp_avg_sq) * &rate2));
             let denom = (&self.exp_avg_sq / &bias2).sqrt() + EPS;
             if self.weight_decay != 0.0 {
-                let decay = 1.0 - &self.decay_mask * (&ok * (lr * self.weight_decay));
+                let decay = 1.0 - &self.decay_mask * (&ok * &self.lr * self.weight_decay);
                 let _ = self.flat.g_mul_(&decay);
             }
             let _ = self.flat.g_sub_(&(&self.exp_avg / denom * &step_size));

@@ -98,6 +98,13 @@ pub struct Summary {
     pub amp: String,
     /// Whether training batches were gathered on the device from the resident train split.
     pub resident: bool,
+    /// How training steps were launched: `eager`, `graph` (captured as CUDA graphs and
+    /// replayed, `--graph`) or `uncaptured` (`--graph` where capture was unavailable: the same
+    /// step from fixed buffers).
+    pub step: &'static str,
+    /// Why `--graph` ran uncaptured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_unavailable: Option<String>,
     /// The task (`regression`, `classification`, `direction`).
     pub task: String,
     /// The network (`transformer`, `gru`).

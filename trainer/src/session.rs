@@ -4,7 +4,7 @@
 use crate::config::{Amp, RunConfig, Task};
 use crate::cuda::Event;
 use crate::error::{Result, TrainError};
-use crate::feed::{Filled, HostRing};
+use crate::feed::{block_views, index_parts, Filled, HostRing};
 use crate::model::{Inputs, Packed, SequenceModel, Shape};
 use crate::normalise::Scaling;
 use crate::optim::{AdamW, LossScaler};
@@ -71,17 +71,31 @@ pub struct Session {
     in_flight: VecDeque<usize>,
     /// The train split on the device (`--resident`); `None`: batches come through `ring`.
     pub resident: Option<Resident>,
+    /// `--graph`: where each training batch is copied for the step to read.
+    fixed: Option<Fixed>,
 }
 
 /// The train split's tensors on the device, gathered into batches there by index.
 #[derive(Debug)]
 pub struct Resident {
-    /// Per tensor of the batch layout that the network reads: the split's `[contexts, ..]`.
+    /// Per tensor of the batch layout that the network reads: the split's `[contexts + 1, ..]`,
+    /// whose last row is zeros, where a pack's unused rows and tokens point
+    /// ([`dsc_loader::Filler::fill_rows`]): each tensor of a batch is one gather.
     tensors: Vec<Option<Tensor>>,
-    /// Index slots (pinned on CUDA), as many as `ring`'s: positions, then a pack's own tensors.
+    /// Index slots (pinned on CUDA), as many as `ring`'s, each one block of [`Resident::parts`].
     pub ring: Rc<HostRing>,
-    /// Rows of an index: the batch size, or a pack's `S`.
-    rows: i64,
+    /// The tensors of an index ([`crate::feed::index_parts`]).
+    parts: Vec<TensorLayout>,
+}
+
+/// Device tensors at fixed addresses that each training batch (or, from a resident split, its
+/// index block) is copied into before the step: what a captured step reads on every replay.
+#[derive(Debug)]
+struct Fixed {
+    /// Resident: the index block, whose views `tensors` are; else `None`.
+    block: Option<Tensor>,
+    /// The index's tensors (resident), or one per tensor of the batch layout (whole batches).
+    tensors: Vec<Tensor>,
 }
 
 /// A batch on the device, ready for the network.
@@ -153,6 +167,9 @@ impl Session {
             device.is_cuda().then_some(device),
         )?);
         let resident = resident_split(&cfg, &cache, &batch_layout, &layout, device, slots)?;
+        let fixed = cfg
+            .graph
+            .then(|| Fixed::new(&ring, resident.as_ref(), device));
         let copy_done = if device.is_cuda() {
             (0..slots)
                 .map(|_| Event::new())
@@ -177,6 +194,7 @@ impl Session {
             copy_done,
             in_flight: VecDeque::new(),
             resident,
+            fixed,
         })
     }
 
@@ -224,10 +242,7 @@ impl Session {
             }
         };
         let batch = self.device_batch(view);
-        if let Some(e) = self.copy_done.get(f.slot) {
-            e.record().expect("recording a CUDA event");
-            self.in_flight.push_back(f.slot);
-        }
+        self.queued(f.slot);
         batch
     }
 
@@ -244,57 +259,87 @@ impl Session {
     /// [`Session::upload`] would give for the same batch, byte for byte.
     fn gather(&mut self, f: Filled) -> DeviceBatch {
         let r = self.resident.as_ref().expect("a resident split");
-        let idx = r.ring.slot(f.slot);
-        let to_device = |t: &Tensor| {
-            if self.device.is_cuda() {
-                t.to_device_(self.device, t.kind(), true, false)
-            } else {
-                t.shallow_clone()
-            }
+        let block = r.ring.block(f.slot).expect("an index ring");
+        let block = if self.device.is_cuda() {
+            block.to_device_(self.device, block.kind(), true, false)
+        } else {
+            block.shallow_clone()
         };
-        let positions = to_device(&idx[0]);
-        let own: Vec<Tensor> = idx[1..].iter().map(to_device).collect();
+        let batch = self.gather_rows(&block_views(&block, &r.parts), f.info.seq_len as i64);
+        self.queued(f.slot);
+        batch
+    }
+
+    /// The batch whose index ([`crate::feed::index_parts`], on the device) is `index`, from the
+    /// resident split: one gather per tensor (a padded batch's cut to `seq_len` first).
+    fn gather_rows(&self, index: &[Tensor], seq_len: i64) -> DeviceBatch {
+        let r = self.resident.as_ref().expect("a resident split");
+        let positions = &index[0];
+        let (token_rows, own) = match self.layout.pack {
+            Some(_) => (Some(&index[1]), &index[2..]),
+            None => (None, &index[1..]),
+        };
         let max_len = self.cache.manifest().max_len() as i64;
         let l = &self.layout;
-        // A pack's tokens: each one's row in the flattened `[contexts * L, ..]` tensors.
-        let token_rows = f.info.pack.map(|_| {
-            let owner = own[1].clamp_max(r.rows - 1).to_kind(tch::Kind::Int64);
-            positions.index_select(0, &owner) * max_len + own[2].to_kind(tch::Kind::Int64)
-        });
         let loaded = self.ring.slot(0).len() - own.len();
         let view = |i: usize| -> Tensor {
             if i >= loaded {
                 return own[i - loaded].shallow_clone();
             }
             let res = r.tensors[i].as_ref().expect("a tensor the network reads");
-            match (f.info.pack, &token_rows) {
-                (Some(p), Some(rows)) if l.steps[i] => {
+            match token_rows {
+                // A pack's tokens: rows of the per-step tensors flattened to `[.. * L, ..]`.
+                Some(rows) if l.steps[i] => {
                     let mut shape = res.size();
                     shape.remove(0);
                     shape[0] = -1;
-                    let out = res.view(shape.as_slice()).index_select(0, rows);
-                    let _ = out
-                        .narrow(0, p.tokens as i64, out.size()[0] - p.tokens as i64)
-                        .zero_();
-                    out
+                    res.view(shape.as_slice()).index_select(0, rows)
                 }
-                (Some(p), _) => {
-                    let out = res.index_select(0, &positions);
-                    let _ = out.narrow(0, p.seqs as i64, r.rows - p.seqs as i64).zero_();
-                    out
+                None if l.sequence[i] && seq_len < max_len => {
+                    res.narrow(1, 0, seq_len).index_select(0, positions)
                 }
-                (None, _) if l.sequence[i] && (f.info.seq_len as i64) < max_len => res
-                    .narrow(1, 0, f.info.seq_len as i64)
-                    .index_select(0, &positions),
-                (None, _) => res.index_select(0, &positions),
+                _ => res.index_select(0, positions),
             }
         };
-        let batch = self.device_batch(view);
-        if let Some(e) = self.copy_done.get(f.slot) {
-            e.record().expect("recording a CUDA event");
-            self.in_flight.push_back(f.slot);
+        self.device_batch(view)
+    }
+
+    /// `--graph`: copies batch `f` (or its index) into the fixed device buffers that
+    /// [`Session::fixed_batch`] reads, queued on the device; the slot is released as
+    /// [`Session::upload`]'s are.
+    pub fn stage(&mut self, f: Filled) -> Result<()> {
+        let fixed = self.fixed.as_mut().expect("fixed buffers (`graph`)");
+        match (&self.resident, &mut fixed.block) {
+            (Some(r), Some(block)) => {
+                crate::graph::copy_async(block, r.ring.block(f.slot).expect("an index ring"))?
+            }
+            _ => {
+                for (dst, src) in fixed.tensors.iter_mut().zip(self.ring.slot(f.slot)) {
+                    crate::graph::copy_async(dst, src)?;
+                }
+            }
         }
-        batch
+        self.queued(f.slot);
+        Ok(())
+    }
+
+    /// The batch last [`Session::stage`]d, as views of the fixed buffers or gathered from the
+    /// resident split by the fixed index: device work only, at the same addresses every step,
+    /// so it can be captured.
+    pub fn fixed_batch(&self) -> DeviceBatch {
+        let fixed = self.fixed.as_ref().expect("fixed buffers (`graph`)");
+        match &self.resident {
+            Some(_) => self.gather_rows(&fixed.tensors, self.cache.manifest().max_len() as i64),
+            None => self.device_batch(|i| fixed.tensors[i].shallow_clone()),
+        }
+    }
+
+    /// On CUDA, marks the end of `slot`'s copies in the queue ([`Session::release`]).
+    fn queued(&mut self, slot: usize) {
+        if let Some(e) = self.copy_done.get(slot) {
+            e.record().expect("recording a CUDA event");
+            self.in_flight.push_back(slot);
+        }
     }
 
     /// The network's inputs and targets from `view` of each tensor of the batch layout.
@@ -438,6 +483,27 @@ impl Session {
     }
 }
 
+impl Fixed {
+    /// Buffers on `device` for the batches of `ring` or, with a resident split, for the
+    /// indices of its ring.
+    fn new(ring: &HostRing, resident: Option<&Resident>, device: Device) -> Fixed {
+        let like = |t: &Tensor| Tensor::zeros(t.size().as_slice(), (t.kind(), device));
+        match resident.and_then(|r| Some((r, r.ring.block(0)?))) {
+            Some((r, block)) => {
+                let block = like(block);
+                Fixed {
+                    tensors: block_views(&block, &r.parts),
+                    block: Some(block),
+                }
+            }
+            None => Fixed {
+                block: None,
+                tensors: ring.slot(0).iter().map(like).collect(),
+            },
+        }
+    }
+}
+
 /// The network's variables by name, in name order (the order the optimizer and checkpoints
 /// use, so that it does not depend on hash-map iteration).
 pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
@@ -532,7 +598,10 @@ fn resident_split(
     let mut tensors: Vec<Option<Tensor>> = (0..batch.len()).map(|_| None).collect();
     for &i in &used {
         let s = spec(i);
-        let shape: Vec<i64> = std::iter::once(contexts as i64)
+        // The row of zeros that unused index rows point at.
+        let with_zeros = host[i].len() + s.sample_bytes();
+        host[i].resize(with_zeros, 0);
+        let shape: Vec<i64> = std::iter::once(contexts as i64 + 1)
             .chain(s.sample_shape.iter().map(|&d| d as i64))
             .collect();
         let t = Tensor::f_from_data_size(&host[i], &shape, crate::feed::kind_of(s.dtype)).map_err(
@@ -546,17 +615,18 @@ fn resident_split(
     // An index has a row per context of a batch (a pack's sequence slots): the rows of the
     // per-context `length` tensor, read from the layout rather than from another loader.
     let rows = batch[l.length].shape[0];
+    let tokens = l.pack.map(|[seq_idx, ..]| batch[seq_idx].shape[0]);
     let ring = Rc::new(HostRing::index(
         batch,
         rows,
-        cfg.pack.is_some(),
+        tokens,
         slots,
         device.is_cuda().then_some(device),
     )?);
     Ok(Some(Resident {
         tensors,
         ring,
-        rows: rows as i64,
+        parts: index_parts(batch, rows, tokens),
     }))
 }
 
@@ -683,6 +753,8 @@ impl Summary {
             cuda_backend: crate::cuda::backend_status(),
             amp: format!("{:?}", s.amp).to_lowercase(),
             resident: s.resident.is_some(),
+            step: "eager",
+            graph_unavailable: None,
             task: format!("{:?}", s.cfg.task).to_lowercase(),
             model: format!("{:?}", s.cfg.model).to_lowercase(),
             parameters: s.parameters(),

@@ -8,6 +8,7 @@ use crate::optim::learning_rate;
 use crate::readback::{self, Purpose};
 use crate::report::{EpochReport, SplitEvaluation, StepReport, Summary};
 use crate::session::{named_weights, Session};
+use crate::step::Stepper;
 use crate::timing::{Clock, Totals};
 use dsc_format::spelling::OptionError;
 use dsc_loader::{LoaderOptions, State};
@@ -83,8 +84,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     let mut loader_stats: Option<dsc_loader::LoaderStats> = None;
     let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
     let mut clock = Clock::new(if s.device.is_cuda() { log_micro } else { 0 })?;
-    let device = s.device;
-    let zero = || Tensor::zeros([], (Kind::Float, device));
+    let mut stepper = Stepper::new(&s)?;
     // A run resumed with `max_steps` at or below the steps already taken trains nothing more.
     let mut stopped = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
     let busy = match s.device {
@@ -106,8 +106,12 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
         bar.set_position(pos.micro_in_epoch);
         // A resumed epoch's mean training loss covers the batches trained since the resume.
         let first_micro = pos.micro_in_epoch;
-        let mut window_loss = zero();
-        let mut epoch_loss = zero();
+        // Summed on the device by the step, read back at each window's end (in place, as a
+        // captured step adds into the same tensors every replay).
+        tch::no_grad(|| {
+            let _ = stepper.window_loss.zero_();
+            let _ = stepper.epoch_loss.zero_();
+        });
         let mut epoch_totals = Totals::default();
         let mut window_steps = 0u64;
         {
@@ -123,33 +127,26 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
                 if filled.info.pack.is_none() {
                     *batch_lens.entry(filled.info.seq_len).or_insert(0) += 1;
                 }
-                clock.step_start()?;
-                let batch = s.train_batch(filled);
-                clock.copied()?;
                 // A pack's sequence count is known on the host: no read-back.
                 let samples = filled.info.pack.map_or(s.cfg.batch_size, |p| p.seqs);
                 let micro_global = epoch * micro_epoch + pos.micro_in_epoch;
                 s.seed_step(micro_global);
-                let loss = s.train_micro(&batch);
-                drop(batch);
-                tch::no_grad(|| {
-                    let _ = window_loss.g_add_(&loss);
-                    let _ = epoch_loss.g_add_(&loss);
-                });
+                let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, warmup, total_steps);
+                let updates = (pos.micro_in_epoch + 1) % s.cfg.accumulate as u64 == 0;
+                stepper.micro(&mut s, filled, updates.then_some(lr), &mut clock)?;
                 pos.micro_in_epoch += 1;
                 clock.samples(samples);
-                if pos.micro_in_epoch % s.cfg.accumulate as u64 == 0 {
-                    let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, warmup, total_steps);
-                    s.opt.step(lr, s.cfg.clip, s.scaler.as_mut());
-                    s.opt.zero_grad();
+                if updates {
                     pos.optimizer_steps += 1;
                     window_steps += 1;
                     clock.step_done()?;
                     let end_of_window = pos.optimizer_steps % s.cfg.log_every == 0;
                     if end_of_window {
-                        let loss = readback::values(&window_loss, Purpose::Training)[0]
+                        let loss = readback::values(&stepper.window_loss, Purpose::Training)[0]
                             / window_steps as f64;
-                        let _ = window_loss.zero_();
+                        tch::no_grad(|| {
+                            let _ = stepper.window_loss.zero_();
+                        });
                         let t = clock.close()?;
                         epoch_totals.add(&t);
                         let sh = t.shares();
@@ -200,7 +197,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
             break;
         }
         let (val_loss, val_metric, train_loss) =
-            validate(&mut s, &epoch_loss, micro_epoch - first_micro)?;
+            validate(&mut s, &stepper.epoch_loss, micro_epoch - first_micro)?;
         let sh = epoch_totals.shares();
         let report = EpochReport {
             epoch,
@@ -244,6 +241,9 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     summary.batch_lens = batch_lens;
     summary.loader = loader_stats;
     summary.gpu_busy_nvml = gpu_busy;
+    let (step, why) = stepper.describe();
+    summary.step = step;
+    summary.graph_unavailable = why;
     Ok(summary)
 }
 

@@ -1160,6 +1160,56 @@ fn a_resident_split_trains_the_weights_of_the_host_path() {
     }
 }
 
+/// Issue 38, item 3: `--graph` (fixed device buffers, the learning rate a device tensor, each
+/// batch gathered from the resident split by one fixed index block; captured as CUDA graphs on
+/// a GPU) runs the eager step's arithmetic: on the CPU, where the same step runs uncaptured, it
+/// ends with the eager run's weights, padded (untrimmed) and packed, from the host path and
+/// from a resident split, with accumulation; the summary says it was not captured, and why.
+#[test]
+fn a_captured_step_trains_the_weights_of_the_eager_one() {
+    let cache = &fixture().icecube;
+    for flags in [
+        "--task direction --batch-size 32 --max-steps 12",
+        "--task direction --batch-size 16 --accumulate 2 --max-steps 6 --resident on",
+        "--task direction --pack 512 --max-steps 12 --resident on",
+        "--task direction --pack 512 --accumulate 3 --max-steps 4",
+    ] {
+        let flags = format!("{flags} --log-every 2");
+        let (eager, eager_out) = small_run(cache, &flags);
+        let (graph, graph_out) = small_run(cache, &format!("{flags} --graph"));
+        assert_eq!(eager["step"], "eager", "{flags}");
+        assert_eq!(graph["step"], "uncaptured", "{flags}");
+        let why = graph["graph_unavailable"].as_str().unwrap_or_default();
+        assert!(why.contains("CUDA"), "{flags}: {why}");
+        assert_eq!(eager["resident"], graph["resident"], "{flags}");
+        assert_eq!(eager["optimizer_steps"], graph["optimizer_steps"]);
+        let loss = |s: &Value| f(&s["steps"][1]["train_loss"]);
+        assert!(
+            (loss(&eager) - loss(&graph)).abs() <= 1e-5 * loss(&eager),
+            "{flags}: {} vs {}",
+            loss(&eager),
+            loss(&graph)
+        );
+        assert_same_weights(eager_out.path(), graph_out.path());
+    }
+    // One shape a step: what would make several is refused by name.
+    for (flags, named) in [
+        ("--graph --bucket", "--bucket"),
+        ("--graph --trim-multiple 8", "--trim-multiple"),
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let (c, o) = (path(cache), path(out.path()));
+        let mut args = vec!["--cache", &c, "--out", &o, "--task", "direction"];
+        args.extend(flags.split_whitespace());
+        let r = train(&args);
+        assert!(
+            r.code != 0 && r.stderr.contains(named),
+            "{flags}: {}",
+            r.stderr
+        );
+    }
+}
+
 /// Issue 29, item 4: the library validates its configuration in `Session::new`, before it
 /// touches the cache, and names the option by its key (the binary spells it as a flag).
 #[test]
