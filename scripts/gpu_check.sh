@@ -10,7 +10,9 @@
 # PART: run only these parts [default: all]: tests (the pytest files below, CPU cases too),
 # cuda-tests (their CUDA cases alone), upload, feed, bench-eager, bench-whole, bench-graphs,
 # train (examples/train.py packed and padded, eager and captured, a full epoch each),
-# first-steps (the default resident run against --resident off over its first 1,200 steps).
+# first-steps (the default resident run against --resident off over its first 1,200 steps),
+# dsc-train (packed eager against --graph, padded --graph; DSC_TRAIN names the binary
+# [default: dsc-train beside DSC], run with PyTorch's torch/lib on LD_LIBRARY_PATH).
 # `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
 # as python/dsc/_dsc.abi3.so). Each part runs on its own, so that one failure leaves the rest.
 set -uo pipefail
@@ -112,6 +114,34 @@ print(f"steady {statistics.median(windows):,.0f} samples/s · data wait "
 EOF
 }
 
+dsc_train() {  # NAME ARGS...: dsc-train on the cache, its own NVML busy share in the summary
+    local name=$1
+    shift
+    log "dsc-train $*"
+    local bin=${DSC_TRAIN:-$(dirname "$dsc")/dsc-train}
+    local lib
+    lib=$(python3 -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+    LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 200 "$bin" --cache "$cache" \
+        --task direction --dim 128 --layers 2 --heads 4 --out "$work/run-$name" "$@" --json \
+        >"$out/dsc-train-$name.json" 2>"$out/dsc-train-$name.err"
+    python3 - "$out/dsc-train-$name.json" <<'EOF' | tee -a "$out/summary.txt"
+import json, statistics, sys
+try:
+    s = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit("no result (see the .err file)")
+windows = [w["samples_per_s"] for w in s["steps"][2:]] or [s["total"]["samples_per_s"]]
+waits = [w["data_wait_share"] for w in s["steps"][2:]] or [s["total"]["data_wait_share"]]
+busy = s.get("gpu_busy_nvml")
+val = s["epochs"][-1]["val_metric"] if s["epochs"] else None
+print(f"steady {statistics.median(windows):,.0f} samples/s · data wait "
+      f"{100 * statistics.median(waits):.2f}% · run {s['total']['samples_per_s']:,.0f} samples/s"
+      f" · GPU busy (NVML) {'n/a' if busy is None else f'{100 * busy:.0f}%'} · val {val} · "
+      f"step {s['step']} {s.get('graph_unavailable') or ''} · resident {s['resident']} · "
+      f"amp {s['amp']}")
+EOF
+}
+
 want upload && log "the resident upload: pinned staging (the loader's) against copies from the mapped shards"
 want upload && python3 - "$cache" <<'PY' 2>&1 | tee -a "$out/summary.txt"
 import sys, time, torch, dsc
@@ -152,6 +182,12 @@ if want train; then
     train pack-graph --pack 16384 --graph --epochs 1
     train pack-eager --pack 16384 --epochs 1
     train padded-graph --no-trim --graph --batch-size 256 --epochs 1
+fi
+if want dsc-train; then
+    dsc_train pack-graph --pack 16384 --graph --epochs 1
+    dsc_train pack-eager --pack 16384 --epochs 1
+    dsc_train padded-graph --batch-size 256 --graph --epochs 1
+    dsc_train padded-eager --batch-size 256 --epochs 1
 fi
 if want first-steps; then
     train padded-default --batch-size 256 --epochs 1 --max-steps 1200

@@ -22,6 +22,7 @@ fn main() {
     }
     println!("cargo::rustc-check-cfg=cfg(dsc_cuda_graphs)");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    println!("cargo:rerun-if-env-changed=DSC_TRAIN_NO_GRAPHS");
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
     if let Some(dir) = libtorch_lib_dir() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
@@ -32,6 +33,11 @@ fn main() {
 /// Compiles the CUDA graph shim where libtorch has a CUDA build and the CUDA runtime headers
 /// are found; says why not (a cargo warning) where it does not.
 fn build_graph_shim(lib: &Path) {
+    // A way to build without it (headers that do not match the libtorch run with).
+    if std::env::var_os("DSC_TRAIN_NO_GRAPHS").is_some() {
+        println!("cargo:warning=dsc-train without CUDA graphs: DSC_TRAIN_NO_GRAPHS is set");
+        return;
+    }
     let Some(root) = lib.parent() else { return };
     let include = root.join("include");
     if !include.join("ATen/cuda/CUDAGraph.h").is_file() || !lib.join("libtorch_cuda.so").is_file() {

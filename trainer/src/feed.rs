@@ -107,8 +107,14 @@ impl HostRing {
         &self.slots[slot]
     }
 
-    fn len(&self) -> usize {
+    /// Slots in the ring.
+    pub fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Whether the ring has no slot (never, for a ring a feed can use).
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
     }
 
     fn raw(&self, slot: usize) -> SlotMemory {

@@ -129,16 +129,12 @@ impl SideStream {
         #[cfg(dsc_cuda_graphs)]
         {
             // SAFETY: `raw` is a live side stream of this struct.
-            check(
-                unsafe { ffi::dsc_side_stream_enter(self.raw) },
-                "entering the side stream",
-            )?;
+            let entered = unsafe { ffi::dsc_side_stream_enter(self.raw) };
+            check(entered, "entering the side stream")?;
             let out = f();
             // SAFETY: as above; exiting restores the stream current before `enter`.
-            let left = check(
-                unsafe { ffi::dsc_side_stream_exit(self.raw) },
-                "leaving the side stream",
-            );
+            let exited = unsafe { ffi::dsc_side_stream_exit(self.raw) };
+            let left = check(exited, "leaving the side stream");
             let out = out?;
             left?;
             Ok(out)
@@ -176,23 +172,17 @@ impl Graph {
         {
             let mut raw = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer.
-            check(
-                unsafe { ffi::dsc_graph_new(&mut raw) },
-                "making a CUDA graph",
-            )?;
+            let made = unsafe { ffi::dsc_graph_new(&mut raw) };
+            check(made, "making a CUDA graph")?;
             let graph = Graph { raw };
             side.run(|| {
                 // SAFETY: `raw` is live; the side stream is current, as capture requires.
-                check(
-                    unsafe { ffi::dsc_graph_begin(graph.raw) },
-                    "starting a capture",
-                )?;
+                let began = unsafe { ffi::dsc_graph_begin(graph.raw) };
+                check(began, "starting a capture")?;
                 let captured = f();
                 // SAFETY: as above; the capture is ended whether `f` failed or not.
-                let ended = check(
-                    unsafe { ffi::dsc_graph_end(graph.raw) },
-                    "ending the capture",
-                );
+                let end = unsafe { ffi::dsc_graph_end(graph.raw) };
+                let ended = check(end, "ending the capture");
                 captured?;
                 ended
             })?;
@@ -210,10 +200,8 @@ impl Graph {
         #[cfg(dsc_cuda_graphs)]
         {
             // SAFETY: `raw` is a live, captured graph.
-            check(
-                unsafe { ffi::dsc_graph_replay(self.raw) },
-                "replaying the step",
-            )
+            let replayed = unsafe { ffi::dsc_graph_replay(self.raw) };
+            check(replayed, "replaying the step")
         }
         #[cfg(not(dsc_cuda_graphs))]
         missing()

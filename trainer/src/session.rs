@@ -147,12 +147,23 @@ impl Session {
         let (_, batch_layout) =
             sources.plan(&cfg.loader_options(cache.manifest(), "train", 0, trim_multiple))?;
         let (layout, mut shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
-        // A mix's batches are as long as its longest cache.
+        // A mix's batches are as long as its longest cache, and so are a pack's positions,
+        // whichever cache comes first.
+        let longest = sources
+            .sources()
+            .iter()
+            .map(|c| c.manifest().max_len() as i64)
+            .max()
+            .unwrap_or(shape.max_len);
         shape.max_len = batch_layout
             .iter()
             .filter_map(|t| t.trimmed_axis.map(|a| t.shape[a] as i64))
             .max()
-            .unwrap_or(shape.max_len);
+            .unwrap_or(if cfg.pack.is_some() {
+                longest
+            } else {
+                shape.max_len
+            });
         tch::manual_seed(cfg.seed as i64);
         let net = cfg.model_config().build(&vs.root(), &shape, amp);
         let trainable = named_weights(&vs)

@@ -17,8 +17,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
-/// Copies kept queued on the device before their host slots are recycled.
+/// Copies kept queued on the device before their host slots are recycled, in evaluation.
 const IN_FLIGHT: usize = 1;
+
+/// Training's copies kept queued before their slots are recycled: all but two of the ring's
+/// slots (one being filled, one being taken), so that the host may run that many steps ahead
+/// of the device. Waiting for the last step's copy instead kept a captured step's host one
+/// replay ahead, and the GPU idled between replays (docs/PERFORMANCE.md).
+fn train_in_flight(s: &Session) -> usize {
+    s.ring.len().saturating_sub(2).max(1)
+}
 
 /// Options that are not part of the run's arithmetic.
 #[derive(Debug)]
@@ -173,7 +181,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
                 } else {
                     clock.step_done()?;
                 }
-                for slot in s.release(Some(filled.slot), IN_FLIGHT)? {
+                for slot in s.release(Some(filled.slot), train_in_flight(&s))? {
                     feed.release(slot);
                 }
                 bar.inc(1);

@@ -67,6 +67,9 @@ fn fixture() -> &'static Fixture {
                 .display()
                 .to_string()]);
             spec["categorical"] = serde_json::json!([]);
+            // A z-score is fitted on each cache's own train split: caches compiled apart mix
+            // only with unfitted encodings (issue 39, class A).
+            spec["encode"] = serde_json::json!({"charge": "log1p"});
             spec["max_len"] = max_len.into();
             spec["empty_contexts"] = "drop".into();
             let out = root.join(format!("ice-mix-{file}"));
@@ -176,6 +179,20 @@ const SMALL: [&str; 8] = [
 /// a fresh folder; returns the summary and the folder.
 fn small_run(cache: &Path, flags: &str) -> (Value, tempfile::TempDir) {
     json_run(cache, &format!("{flags} {}", SMALL.join(" ")))
+}
+
+/// [`small_run`] on a mix of `caches`, in this order.
+fn small_run_on(caches: &[&str], flags: &str) -> (Value, tempfile::TempDir) {
+    let out = tempfile::tempdir().unwrap();
+    let outp = path(out.path());
+    let mut args: Vec<&str> = Vec::new();
+    for c in caches {
+        args.extend(["--cache", c]);
+    }
+    args.extend(["--out", &outp, "--json"]);
+    args.extend(flags.split_whitespace());
+    args.extend(SMALL);
+    (train(&args).json(), out)
 }
 
 /// Runs dsc-train on `cache` with `flags` only (defaults otherwise) and `--json`.
@@ -398,6 +415,14 @@ fn a_mix_of_two_caches_learns_and_resumes_exactly() {
         "{}",
         refused.stderr
     );
+    // Packed, the first cache the shorter (L = 32 then 48): positions run to the longest L
+    // (dsc-train indexed past its position table, exit 101, before issue 39's class B).
+    let t = pack_tokens(&fx.mix[1], 32).to_string();
+    let packed = small_run_on(
+        &[&b, &a],
+        &format!("--task direction --pack {t} --max-steps 6"),
+    );
+    assert_eq!(packed.0["optimizer_steps"], 6);
     let refused = train(&["--cache", &a, "--cache", &b, "--weights", "1,2,3"]);
     assert!(
         refused.stderr.contains("--weights gives 3 weights"),
