@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 
 /// Two caches of disjoint events: `a` (L = 64, hot, small shards) and `b` (L = 128,
 /// compressed), the same tensors; `c` and `d` each with a categorical column coded over its
-/// own events' vocabulary; `e` with one feature fewer. Shared by the tests (read-only).
+/// own events' vocabulary; `e` with one feature fewer; `f` to `i` with other encodings. Shared
+/// by the tests (read-only).
 fn dir() -> &'static Path {
     static DIR: OnceLock<Dir> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -53,6 +54,16 @@ fn dir() -> &'static Path {
             );
         }
         compile("e", 2, &["--features", "time"]);
+        // The same column encoded differently (f: z-scored, against a's raw time), fitted on
+        // other files (f and g), and an unfitted chain on both files (h and i).
+        for (out, file, encode) in [
+            ("f", 1, "time=zscore"),
+            ("g", 2, "time=zscore"),
+            ("h", 1, "charge=log1p"),
+            ("i", 2, "charge=log1p"),
+        ] {
+            compile(out, file, &[&features[..], &["--encode", encode]].concat());
+        }
         dir
     })
     .path()
@@ -368,6 +379,24 @@ fn caches_that_do_not_fit_together_are_refused_naming_the_tensor() {
     );
     let msg = refused("a", "d");
     assert!(msg.contains("\"sensor_id\""), "{msg}");
+    // Issue 39, class A: raw ticks beside z-scores, and z-scores about other means, are one
+    // column of values that mean different things; an unfitted chain means the same in both.
+    let msg = refused("a", "f");
+    assert!(
+        msg.contains("column \"time\"") && msg.contains("zscore(mean") && msg.contains("as it is"),
+        "{msg}"
+    );
+    let msg = refused("f", "g");
+    let means = |c: &str| match &open(c).manifest().tensor("x").unwrap().columns[0].encoding {
+        dsc_format::Encoding::Numeric { stages, .. } => stages[0].describe(),
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(means("f"), means("g"), "fitted on other files");
+    assert!(
+        msg.contains(&means("f")) && msg.contains(&means("g")),
+        "{msg}"
+    );
+    Mix::new(vec![open("h"), open("i")]).expect("log1p means the same in both caches");
     let mix = mix();
     let bad = |o: LoaderOptions| match mix.loader(o) {
         Err(LoadError::Options(e)) => e.key,

@@ -8,8 +8,9 @@ use crate::options::{LoaderOptions, State};
 use crate::TensorLayout;
 use dsc_format::{Encoding, TensorRole, TensorSpec};
 
-/// Caches whose batches are drawn together: the same tensors (name, dtype, role, columns,
-/// categorical vocabularies) in every cache, of any `L` (batches are padded to the longest).
+/// Caches whose batches are drawn together: the same tensors (name, dtype, role, columns, and
+/// each column's encoding with its fitted parameters and vocabularies) in every cache, of any
+/// `L` (batches are padded to the longest).
 ///
 /// ```
 /// use dsc_loader::{Cache, LoaderOptions, Mix, OrderSpec};
@@ -152,22 +153,41 @@ fn mismatch(first: &[TensorSpec], other: &[TensorSpec]) -> Option<(String, Strin
             ));
         }
         for (ca, cb) in a.columns.iter().zip(&b.columns) {
+            if ca.encoding == cb.encoding {
+                continue;
+            }
             if let (Encoding::Category { vocabulary: va }, Encoding::Category { vocabulary: vb }) =
                 (&ca.encoding, &cb.encoding)
             {
-                if va != vb {
-                    return Some((
-                        a.name.clone(),
-                        format!(
-                            "codes column {:?} over another vocabulary ({} values here, {} \
-                             there): its codes would mean different values",
-                            ca.name,
-                            vb.len(),
-                            va.len()
-                        ),
-                    ));
-                }
+                return Some((
+                    a.name.clone(),
+                    format!(
+                        "codes column {:?} over another vocabulary ({} values here, {} \
+                         there): its codes would mean different values",
+                        ca.name,
+                        vb.len(),
+                        va.len()
+                    ),
+                ));
             }
+            // A stored number means what its encoding makes of the source value: raw ticks
+            // beside z-scores, or z-scores about two different means, would be one column of
+            // values that mean different things. Re-expressing one cache's values in the
+            // other's encoding would not give the bytes a compile with it gives (f32 rounding),
+            // so a mix takes only equal encodings.
+            return Some((
+                a.name.clone(),
+                format!(
+                    "encodes column {:?} as {} here and as {} there: its values would mean \
+                     different things in one batch. Compile the caches with the same encoding \
+                     and fitted parameters: a fitted stage (zscore, minmax) is fitted on each \
+                     cache's own train split, so encode without one (log1p, or none; the \
+                     trainers normalise) or compile the caches' inputs together",
+                    ca.name,
+                    cb.encoding.describe(),
+                    ca.encoding.describe()
+                ),
+            ));
         }
     }
     if first.len() != other.len() {

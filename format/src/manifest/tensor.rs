@@ -167,6 +167,15 @@ impl Stage {
             Stage::Minmax { min, max } => v * (max - min) + min,
         }
     }
+    /// The stage with its fitted parameters, for messages: `zscore(mean 3.5, std 2)`.
+    pub fn describe(&self) -> String {
+        match *self {
+            Stage::Zscore { mean, std } => format!("zscore(mean {mean}, std {std})"),
+            Stage::Minmax { min, max } => format!("minmax(min {min}, max {max})"),
+            _ => self.name().into(),
+        }
+    }
+
     /// The stage's name as written in a spec (`log1p`, `zscore`, …).
     pub fn name(&self) -> &'static str {
         match self {
@@ -238,6 +247,45 @@ pub enum Encoding {
 }
 
 impl Encoding {
+    /// The encoding with every parameter that decides what a stored value means, for messages
+    /// that compare two (`log1p,zscore(mean 0.4, std 1.1), NaN as 0`, `chars:8 over 37
+    /// characters`).
+    pub fn describe(&self) -> String {
+        match self {
+            Encoding::Numeric { stages, fill } => {
+                let mut s = match stages.iter().all(|s| *s == Stage::Identity) {
+                    true => "the value as it is".to_string(),
+                    false => stages
+                        .iter()
+                        .map(Stage::describe)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                };
+                if let Some(f) = fill {
+                    s.push_str(&format!(", bad values as {f}"));
+                }
+                s
+            }
+            Encoding::Bool => "bool 0/1".into(),
+            Encoding::Category { vocabulary } => {
+                format!("category codes over {} values", vocabulary.len())
+            }
+            Encoding::Raw => "raw".into(),
+            Encoding::Bits { width } => format!("bits:{width}"),
+            Encoding::Chars { width, vocabulary } => {
+                format!("chars:{width} over {} characters", vocabulary.len())
+            }
+            Encoding::Ngrams { n, vocabulary } => {
+                format!("ngrams:{n} over {} grams", vocabulary.len())
+            }
+            Encoding::SubColumn {
+                sub_column,
+                cardinality,
+                stats,
+            } => format!("sub-column {sub_column} ({cardinality} codes, {stats})"),
+        }
+    }
+
     /// The element type an encoded string column is stored as; `None` for the other encodings
     /// (their tensor's role decides).
     pub fn dtype(&self) -> Option<Dtype> {
