@@ -62,11 +62,16 @@ fn main() -> ExitCode {
             let message = spell(&output::error_chain(&e), Spelling::Cli);
             eprintln!("dsc: {message}");
             // Stopped by a signal: the shell's convention, 128 + the signal.
-            match e.downcast_ref::<dsc_compiler::CompileError>() {
-                Some(dsc_compiler::CompileError::Interrupted { signal }) => {
-                    ExitCode::from((128 + signal) as u8)
-                }
-                _ => ExitCode::from(EXIT_ERROR),
+            let signal = match e.downcast_ref::<dsc_compiler::CompileError>() {
+                Some(dsc_compiler::CompileError::Interrupted { signal }) => Some(*signal),
+                _ => match e.downcast_ref::<dsc_store::StoreError>() {
+                    Some(dsc_store::StoreError::Interrupted { signal, .. }) => Some(*signal),
+                    _ => None,
+                },
+            };
+            match signal {
+                Some(signal) => ExitCode::from((128 + signal) as u8),
+                None => ExitCode::from(EXIT_ERROR),
             }
         }
     }

@@ -5,7 +5,21 @@ use crate::output::{bold, bytes, outln};
 use dsc_compiler::{restore, Storage, StorageReport, TerminalBars};
 use std::path::Path;
 
+/// `dsc compress` and `dsc decompress` rewrite a local cache's shards: a URL there is refused by
+/// name (it was taken for a folder and failed with "No such file or directory").
+fn local_only(cache: &Path, command: &str) -> anyhow::Result<()> {
+    let text = cache.to_string_lossy();
+    if dsc_store::is_remote(&text) {
+        anyhow::bail!(
+            "{text}: a URL; dsc {command} rewrites the shards of a local cache. {command} a \
+             local copy (dsc compress CACHE --out URL uploads one compressed)"
+        );
+    }
+    Ok(())
+}
+
 pub fn compress(a: CompressArgs) -> anyhow::Result<u8> {
+    local_only(&a.cache, "compress")?;
     let storage = Storage::Zstd { level: a.level };
     let Some(out) = &a.out else {
         return run(&a.cache, storage, a.json, a.quiet, "compressed");
@@ -52,6 +66,7 @@ pub fn compress(a: CompressArgs) -> anyhow::Result<u8> {
 }
 
 pub fn decompress(a: DecompressArgs) -> anyhow::Result<u8> {
+    local_only(&a.cache, "decompress")?;
     run(&a.cache, Storage::Hot, a.json, a.quiet, "decompressed")
 }
 

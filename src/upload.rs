@@ -28,14 +28,17 @@ pub fn send(
 ) -> anyhow::Result<dsc_store::Uploaded> {
     let mut last = 0;
     let mut started = false;
-    let sent = upload.send(|done, total| {
-        if !started {
-            progress.stage("upload (MB)", total >> 20);
-            started = true;
-        }
-        progress.advance((done >> 20) - last);
-        last = done >> 20;
-    })?;
+    let sent = upload.send(
+        |done, total| {
+            if !started {
+                progress.stage("upload (MB)", total >> 20);
+                started = true;
+            }
+            progress.advance((done >> 20) - last);
+            last = done >> 20;
+        },
+        &|| progress.interrupted(),
+    )?;
     progress.finish();
     if sent.stray > 0 {
         // On stderr, so that --json stays one object.

@@ -523,6 +523,16 @@ fn a_url_of_no_store_dsc_reads_is_refused_not_taken_for_a_folder() {
     for local in ["ftp:", "file:"] {
         assert!(!dir.join(local).exists(), "{local} was written");
     }
+    // Issue 39, class F: `dsc compress s3://…` said "No such file or directory" (and made a
+    // local `s3:` folder for its lock).
+    for command in ["compress", "decompress"] {
+        let err = dsc(dir.path(), &[command, "s3://bucket/cache"]).fails(2);
+        assert!(
+            err.contains("s3://bucket/cache: a URL") && err.contains("local copy"),
+            "{command}: {err}"
+        );
+    }
+    assert!(!dir.join("s3:").exists(), "s3: was written");
 }
 
 #[test]
@@ -569,4 +579,121 @@ fn a_bucket_that_does_not_exist_is_named_before_any_work() {
     let (code, err) = run(&["inspect", &empty]);
     assert_eq!(code, 2);
     assert!(err.contains("not a dsc cache"), "{err}");
+}
+
+/// Issue 39, class C: a signal during an upload stops it before the manifest is published. The
+/// store's side, deterministic: a stop asked for after the first file.
+#[test]
+fn an_upload_stopped_by_a_signal_never_publishes_its_manifest() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    let (local, url) = uploaded(&dir, &server, "cache");
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    let asked = std::cell::Cell::new(false);
+    let e = dsc_store::upload_cache_until(&local, &remote, true, |_, _| asked.set(true), &|| {
+        asked.get().then_some(libc::SIGINT)
+    })
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            dsc_store::StoreError::Interrupted {
+                signal: 2,
+                replaced: true,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("before the manifest was published") && msg.contains("had been removed"),
+        "{msg}"
+    );
+    assert!(!remote.exists("manifest.json").unwrap(), "published anyway");
+}
+
+/// Issue 39, class C: SIGINT or SIGTERM during `dsc compile --out URL`'s upload was ignored
+/// (the upload went on, the manifest was published, exit 0). Now it stops: exit 128 + the
+/// signal, a message, no manifest at the URL, no staging folder left.
+#[test]
+fn a_signal_during_a_compiles_upload_stops_it_unpublished() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    gen_icecube(&dir, 4, 2000);
+    for (signal, n) in [(libc::SIGINT, 1), (libc::SIGTERM, 2)] {
+        let url = format!("{}/signalled-{n}", server.bucket("caches"));
+        let cache_dir = dir.join("dsc-cache");
+        // Small shards: many objects, so that the upload outlasts the signal's way there.
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(icecube_args(&url, &["--shard-size", "16KiB"]))
+            .current_dir(dir.path())
+            .envs(server.env())
+            .env("DSC_CACHE_DIR", &cache_dir)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The compile has committed its staged cache: the upload is under way.
+        let staged = cache_dir
+            .join("upload")
+            .join(child.id().to_string())
+            .join("cache/manifest.json");
+        let start = std::time::Instant::now();
+        while !staged.exists() {
+            assert!(start.elapsed().as_secs() < 60, "no staged cache");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: signals a child process this test started and still owns.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + signal), "{err}");
+        assert!(err.contains("before the manifest was published"), "{err}");
+        let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+        assert!(!remote.exists("manifest.json").unwrap(), "published anyway");
+        assert!(!staged.parent().unwrap().exists(), "staging left");
+    }
+}
+
+/// Issue 39, class D: a killed compile's staging folder was kept by the next upload when its
+/// process id was still seen in `/proc` (a zombie not yet reaped, a reused id). A folder is now
+/// reclaimed when no process holds its lock, whatever its name.
+#[test]
+fn a_killed_uploads_staging_folder_is_reclaimed_even_if_its_pid_lives_on() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    gen_icecube(&dir, 2, 200);
+    // A live process whose id names a staging folder it never held: what a reused id (or a
+    // zombie) looks like to the next upload.
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let stale = dir.join(&format!("dsc-cache/upload/{}/cache/shards", other.id()));
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("x.safetensors"), vec![0u8; 1 << 20]).unwrap();
+    let url = format!("{}/reclaimed", server.bucket("caches"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(icecube_args(&url, &["--shard-size", "256KiB"]))
+        .current_dir(dir.path())
+        .envs(server.env())
+        .env("DSC_CACHE_DIR", dir.join("dsc-cache"))
+        .output()
+        .unwrap();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stale.parent().unwrap().parent().unwrap().exists(), "kept");
+    // The upload's own folder and lock went too; the reclaimed folder's lock file (empty) is
+    // left to whichever process takes that name next.
+    let left: Vec<String> = std::fs::read_dir(dir.join("dsc-cache/upload"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, [format!("{}.lock", other.id())]);
 }

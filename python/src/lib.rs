@@ -575,9 +575,12 @@ fn compile(
     })?
     .map_err(|e| compile_error(py, *e))?;
     if let Some(upload) = &upload {
-        let sent = py
-            .detach(|| upload.send(|_, _| {}))
-            .map_err(|e| errors::store_error(py, e))?;
+        // Ctrl-C during the upload stops it before the manifest is published, as in the
+        // compile; the staging folder goes with `upload`.
+        let sent = interruptible(py, &interrupt, || {
+            upload.send(|_, _| {}, &|| interrupt.requested())
+        })?
+        .map_err(|e| errors::store_error(py, e))?;
         if sent.stray > 0 {
             let note = std::ffi::CString::new(format!(
                 "{} objects under {} are not part of the cache (an interrupted upload's, or files \

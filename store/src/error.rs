@@ -35,6 +35,21 @@ pub enum StoreError {
         /// The store's error.
         source: object_store::Error,
     },
+    /// A signal (SIGINT, SIGTERM) stopped an upload before its manifest was published: no
+    /// reader finds a cache there from it.
+    #[error(
+        "{url}: stopped by signal {signal} before the manifest was published: no cache is there{}; \
+         the objects already sent are left (the next upload with --force removes them)",
+        if *replaced { " (the old one's manifest had been removed first)" } else { "" }
+    )]
+    Interrupted {
+        /// The cache's URL.
+        url: String,
+        /// The signal.
+        signal: i32,
+        /// Whether a cache was there and its manifest removed before the upload.
+        replaced: bool,
+    },
     /// An object is not the size it must be.
     #[error("{url}: {found} bytes arrived where {expected} were expected")]
     Short {
@@ -115,7 +130,8 @@ impl StoreError {
             | StoreError::Store { url, .. }
             | StoreError::Short { url, .. }
             | StoreError::Checksum { url, .. }
-            | StoreError::Exists { url } => url,
+            | StoreError::Exists { url }
+            | StoreError::Interrupted { url, .. } => url,
             StoreError::Io { .. } | StoreError::Runtime(_) => return text,
         };
         text.strip_prefix(&format!("{url}: "))

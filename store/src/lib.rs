@@ -31,7 +31,7 @@ mod upload;
 
 pub use connect::is_remote;
 pub use error::StoreError;
-pub use transfer::{upload_cache, Expected, ObjectReader, Uploaded};
+pub use transfer::{upload_cache, upload_cache_until, Expected, ObjectReader, Uploaded};
 pub use upload::Upload;
 
 use futures::TryStreamExt;

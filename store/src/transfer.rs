@@ -193,10 +193,24 @@ pub fn upload_cache(
     dir: &Path,
     remote: &Remote,
     replace: bool,
+    progress: impl FnMut(u64, u64),
+) -> Result<Uploaded, StoreError> {
+    upload_cache_until(dir, remote, replace, progress, &|| None)
+}
+
+/// [`upload_cache`] that stops when `stop` names a signal: asked after each file and before the
+/// manifest, it fails with [`StoreError::Interrupted`] and never publishes the manifest (the
+/// uploads in flight are dropped).
+pub fn upload_cache_until(
+    dir: &Path,
+    remote: &Remote,
+    replace: bool,
     mut progress: impl FnMut(u64, u64),
+    stop: &dyn Fn() -> Option<i32>,
 ) -> Result<Uploaded, StoreError> {
     let manifest_path = dir.join(dsc_format::MANIFEST_FILE);
     let manifest = std::fs::read(&manifest_path).map_err(|e| StoreError::io(&manifest_path, e))?;
+    let mut replaced = false;
     if remote.exists(dsc_format::MANIFEST_FILE)? {
         if !replace {
             return Err(StoreError::Exists {
@@ -204,7 +218,15 @@ pub fn upload_cache(
             });
         }
         remote.delete(dsc_format::MANIFEST_FILE)?;
+        replaced = true;
     }
+    let stopped = || {
+        stop().map(|signal| StoreError::Interrupted {
+            url: remote.url().into(),
+            signal,
+            replaced,
+        })
+    };
     let mut files = Vec::new();
     list_files(dir, dir, &mut files)?;
     files.retain(|(name, _)| name != dsc_format::MANIFEST_FILE);
@@ -223,6 +245,12 @@ pub fn upload_cache(
     while let Some(size) = client.runtime.block_on(uploads.next()) {
         done += size?;
         progress(done, total);
+        if let Some(e) = stopped() {
+            return Err(e);
+        }
+    }
+    if let Some(e) = stopped() {
+        return Err(e);
     }
     remote.put(dsc_format::MANIFEST_FILE, manifest)?;
     progress(total, total);

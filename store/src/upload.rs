@@ -1,7 +1,7 @@
 //! A cache on its way to object storage: made in a local staging folder, then uploaded with its
 //! manifest last, the folder removed whatever happens.
 
-use crate::{upload_cache, Remote, StoreError, Uploaded};
+use crate::{upload_cache_until, Remote, StoreError, Uploaded};
 use std::path::{Path, PathBuf};
 
 /// A cache to be made locally and uploaded to a URL (`dsc compile --out s3://…`,
@@ -12,6 +12,9 @@ pub struct Upload {
     remote: Remote,
     replace: bool,
     staging: PathBuf,
+    /// `upload/<pid>.lock`, locked for as long as the staging folder is in use: what tells a
+    /// live upload's folder from a killed one's ([`remove_stale`]).
+    _lock: std::fs::File,
 }
 
 impl Upload {
@@ -26,13 +29,24 @@ impl Upload {
                 url: remote.url().into(),
             });
         }
-        let staging = root.join("upload").join(std::process::id().to_string());
-        remove_stale(&root.join("upload"));
+        let uploads = root.join("upload");
+        std::fs::create_dir_all(&uploads).map_err(|e| StoreError::io(&uploads, e))?;
+        let name = std::process::id().to_string();
+        let lock = lock_file(&uploads, &name)?;
+        // Blocks only while another process reclaims a folder of this name (a dead process's
+        // of the same pid).
+        lock.lock()
+            .map_err(|e| StoreError::io(&uploads.join(format!("{name}.lock")), e))?;
+        remove_stale(&uploads, &name);
+        let staging = uploads.join(&name);
+        // A folder of this name is a dead process's (this one has just started it).
+        let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
         Ok(Upload {
             remote,
             replace,
             staging,
+            _lock: lock,
         })
     }
 
@@ -46,34 +60,61 @@ impl Upload {
         self.remote.url()
     }
 
-    /// Uploads the cache made at [`Upload::local`], manifest last ([`upload_cache`]);
-    /// `progress(done, total)` in bytes.
-    pub fn send(&self, progress: impl FnMut(u64, u64)) -> Result<Uploaded, StoreError> {
-        upload_cache(&self.local(), &self.remote, self.replace, progress)
+    /// Uploads the cache made at [`Upload::local`], manifest last
+    /// ([`crate::upload_cache_until`]); `progress(done, total)` in bytes; `stop` names a signal
+    /// that stops it before the manifest is published.
+    pub fn send(
+        &self,
+        progress: impl FnMut(u64, u64),
+        stop: &dyn Fn() -> Option<i32>,
+    ) -> Result<Uploaded, StoreError> {
+        upload_cache_until(&self.local(), &self.remote, self.replace, progress, stop)
     }
 }
 
 impl Drop for Upload {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.staging);
+        // Its own lock file, while still holding the lock: a process that opens the name
+        // later makes a new file, and no other process uses this name while this one lives.
+        let mut lock = self.staging.clone().into_os_string();
+        lock.push(".lock");
+        let _ = std::fs::remove_file(lock);
     }
 }
 
-/// Removes the staging folders (named by process id) of uploads whose process is gone: a
-/// killed compile's. A folder of this process's id is one too (another process, long gone, had
-/// it); a live process's is left to it.
-fn remove_stale(uploads: &Path) {
+/// `uploads/<name>.lock`, made if missing. Only its owner removes one, when done ([`Upload`]'s
+/// drop): a process that removed another's could not know that a third had not just opened it
+/// to lock it. A killed upload's lock file stays (empty) until its name is used again.
+fn lock_file(uploads: &Path, name: &str) -> Result<std::fs::File, StoreError> {
+    let path = uploads.join(format!("{name}.lock"));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| StoreError::io(&path, e))
+}
+
+/// Removes the staging folders of uploads that are over: a folder whose lock (`<name>.lock`
+/// beside it) no process holds. A killed process's lock went with it, whatever the moment of
+/// the kill; a process id seen alive in `/proc` was no proof of a live upload (a zombie not yet
+/// reaped, a reused id, another pid namespace), so the lock, not the id, decides. `own` is this
+/// process's folder.
+fn remove_stale(uploads: &Path, own: &str) {
     let Ok(entries) = std::fs::read_dir(uploads) else {
         return;
     };
-    let me = std::process::id();
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(name) = name.to_str() else { continue };
+        if name == own || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(lock) = lock_file(uploads, name) else {
             continue;
         };
-        let alive = pid != me && Path::new("/proc").join(pid.to_string()).exists();
-        if !alive {
+        if lock.try_lock().is_ok() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
