@@ -234,9 +234,33 @@ fn fetched_shards_serve_the_next_run_and_a_second_reader_takes_a_folder_of_its_o
     bytes[at] ^= 0xff;
     std::fs::write(&kept, bytes).unwrap();
     let cache = Cache::open_remote(&url, &opts).unwrap();
-    assert_eq!(epoch_of(&cache, o), want);
+    assert_eq!(epoch_of(&cache, o.clone()), want);
     let stats = cache.shard_stats();
     assert_eq!(stats.shards_fetched, 1, "{stats:?}");
+    drop(cache);
+    // Issue 39, class E: the same edit with the modification time put back (what `touch -r`,
+    // `rsync -t` or a restore does) was served by every later run: the stamp checked size,
+    // mtime and inode only. The status-change time moves with any write and with the restore.
+    let before = std::fs::metadata(&kept).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(&kept).unwrap();
+    bytes[at] ^= 0xff;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&kept)
+        .and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(&bytes)?;
+            f.set_times(std::fs::FileTimes::new().set_modified(before))
+        })
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(&kept).unwrap().modified().unwrap(),
+        before
+    );
+    let cache = Cache::open_remote(&url, &opts).unwrap();
+    assert_eq!(epoch_of(&cache, o), want);
+    let stats = cache.shard_stats();
+    assert_eq!(stats.shards_fetched, 1, "served an edited copy: {stats:?}");
 }
 
 #[test]

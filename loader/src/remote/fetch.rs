@@ -75,19 +75,25 @@ struct Object {
 }
 
 impl Object {
-    /// What a checked local copy looks like: its size, modification time and inode, and the
-    /// checksum it was checked against. Written once a download is checked and in place; a
-    /// copy kept from an earlier run is taken as it is only while it still looks so. Another
-    /// copy (written over, replaced, unstamped) is hashed once: a damaged one was otherwise
-    /// served by every later run, since only downloads are checked.
+    /// What a checked local copy looks like: its size, device and inode, modification and
+    /// status-change times, and the checksum it was checked against. Written once a download
+    /// is checked and in place; a copy kept from an earlier run is taken as it is only while it
+    /// still looks so. Another copy (written over, replaced, unstamped) is hashed once: a
+    /// damaged one was otherwise served by every later run, since only downloads are checked.
+    /// The status-change time is the kernel's: every write sets it, and so does putting a
+    /// modification time back (`touch -d`, `utimensat`), so an edit in place cannot pass for
+    /// the checked copy by restoring its mtime, by accident or on purpose.
     fn looks(&self, meta: &std::fs::Metadata) -> String {
         use std::os::unix::fs::MetadataExt;
         format!(
-            "{} {}.{} {} {}",
+            "{} {}:{} {}.{} {}.{} {}",
             meta.len(),
+            meta.dev(),
+            meta.ino(),
             meta.mtime(),
             meta.mtime_nsec(),
-            meta.ino(),
+            meta.ctime(),
+            meta.ctime_nsec(),
             self.xxh3
         )
     }
