@@ -74,6 +74,14 @@ fn shares(loader: &Loader, paths: &[std::path::PathBuf]) -> anyhow::Result<Vec<M
     } else {
         o.weights.clone()
     };
+    // Scaled by the largest first: equal weights of 1e308 summed to infinity and printed as
+    // `weight 0.0000`.
+    let largest = weights
+        .iter()
+        .copied()
+        .fold(0.0f64, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
     let sum: f64 = weights.iter().sum();
     let drawn = order.draws_before(order.len());
     let total = order.len().max(1) as f64;
@@ -172,8 +180,14 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
                     .iter()
                     .map(|c| c.manifest().content_id())
                     .collect();
+                // A state of a compressed cache written before the content id left storage out.
+                let stored: Vec<String> = mix
+                    .sources()
+                    .iter()
+                    .map(|c| c.manifest().stored_id())
+                    .collect();
                 anyhow::ensure!(
-                    id == here.join("+"),
+                    id == here.join("+") || id == stored.join("+"),
                     "--from-state {}: that state was taken over other data (content id {id}, \
                      these caches' {}): it resumes the caches it was taken over, in their order",
                     path.display(),

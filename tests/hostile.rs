@@ -122,6 +122,23 @@ fn absurd_batch_sizes_are_refused_before_anything_is_allocated() {
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
+    // Issue 39, class F: a huge --max-seqs was blamed on --pack.
+    let err = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--pack",
+            "4096",
+            "--max-seqs",
+            "100000000000000",
+        ],
+    )
+    .fails(2);
+    assert!(
+        err.contains("--max-seqs 100000000000000") && !err.contains("--pack 4096"),
+        "{err}"
+    );
     // batch x world wraps a usize: alone, and checked against a saved state before the state's
     // numbers are used.
     let overflow = [

@@ -530,6 +530,8 @@ fn hostile_numbers_and_the_same_data_twice_are_refused_naming_the_option() {
     for m in report["mix"].as_array().unwrap() {
         let share = m["share"].as_f64().unwrap();
         assert!((share - 0.5).abs() < 0.01, "{m}");
+        // Issue 39, class F: reported as `weight 0.0000` (each over an infinite sum).
+        assert_eq!(m["weight"].as_f64(), Some(0.5), "{m}");
     }
     refused(
         &["order", "a", "b", "--weights", "1e-300,1"],

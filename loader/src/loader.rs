@@ -766,6 +766,8 @@ pub(crate) fn prepare(
             .saturating_mul(p.columns.len())
             .saturating_mul(4)
     });
+    // The bytes of a pack's per-sequence rows alone (`max_seqs` of them): 0 when not packed.
+    let mut seq_bytes = Some(0usize);
     let batch_bytes = match pack {
         None => (per_context + std::mem::size_of::<Sample>())
             .checked_add(horizon_bytes)
@@ -784,14 +786,19 @@ pub(crate) fn prepare(
                 .sum::<usize>()
                 + 4
                 + std::mem::size_of::<Sample>();
+            seq_bytes = per_seq.checked_mul(seqs);
             per_token
                 .checked_mul(tokens)
-                .zip(per_seq.checked_mul(seqs))
+                .zip(seq_bytes)
                 .and_then(|(a, b)| a.checked_add(b))
         }
     };
     if batch_bytes.is_none_or(|b| b > memory_limit() / 2) {
         let (key, size) = match opts.order.pack {
+            // A `max_seqs` given that alone is too much is named, not `pack`.
+            Some(p) if p.max_seqs.is_some() && seq_bytes.is_none_or(|b| b > memory_limit() / 2) => {
+                ("max_seqs", p.max_seqs.expect("given"))
+            }
             Some(p) => ("pack", p.tokens),
             None => ("batch_size", opts.batch_size),
         };

@@ -55,6 +55,23 @@ class TensorInfo:
         return self.role in ("features", "categorical", "encoded")
 
 
+def cache_path(path: Any) -> str:
+    """``path`` as text, or :class:`dsc.OptionsError` naming what was given instead (a bare
+    ``TypeError`` from ``os.fspath`` before)."""
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionsError(f"cache={path!r}: expected a cache's path or URL, or a dsc.Cache (or "
+                           f"a list of them to mix), not a {type(path).__name__}",
+                           option="cache")
+    return os.fsdecode(os.fspath(path))
+
+
+def _reopen(path: str, args: Dict[str, Any]) -> "Cache":
+    """A pickled :class:`Cache`, opened again where it is unpickled."""
+    return Cache(path, **args)
+
+
 def remote_json(cache_dir: Optional[PathLike], cache_limit: Union[int, str, None],
                 storage_options: Optional[Dict[str, Any]]) -> Optional[str]:
     """The options of a cache in object storage as the extension takes them (None: the
@@ -95,7 +112,10 @@ class Cache:
     def __init__(self, path: PathLike, *, cache_dir: Optional[PathLike] = None,
                  cache_limit: Union[int, str, None] = None,
                  storage_options: Optional[Dict[str, Any]] = None) -> None:
-        self.path = os.fspath(path)
+        self.path = cache_path(path)
+        # Kept to reopen the cache where it is unpickled (a DataLoader worker, another process).
+        self._open_args = dict(cache_dir=cache_dir, cache_limit=cache_limit,
+                               storage_options=storage_options)
         self._handle = _dsc.CacheHandle(self.path, remote_json(cache_dir, cache_limit,
                                                                storage_options))
         self.manifest: Dict[str, Any] = json.loads(self._handle.manifest_json())
@@ -170,6 +190,11 @@ class Cache:
         for shard in self.manifest["shards"]:
             h.update(f"{shard['file']}:{shard['xxh3']};".encode())
         return h.hexdigest()[:16]
+
+    def __reduce__(self):
+        # Pickled as what opens it (its path and options): the open shards and fetcher stay
+        # in this process, and the receiving one maps its own.
+        return (_reopen, (self.path, self._open_args))
 
     def tensor(self, name: str) -> TensorInfo:
         """The tensor called ``name``; :class:`dsc.OptionsError` names the ones there are."""
@@ -351,7 +376,7 @@ def shared(path: PathLike, *, cache_dir: Optional[PathLike] = None,
     the same options gives the same :class:`Cache` (one fetcher and one folder, so that a train
     and a validation loader of one remote cache share their downloads); a local directory is
     opened anew (cheap)."""
-    path = os.fspath(path)
+    path = cache_path(path)
     if "://" not in path:
         return Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
                      storage_options=storage_options)

@@ -570,7 +570,10 @@ class Loader:
             raise StateError(f"loader state version {state['version']!r}; this dsc reads {STATE_VERSION}")
         ours = (self._content_id() if identity == "content_id"
                 else self.cache._legacy_content_hash())
-        if state[identity] != ours:
+        # A compressed cache's states recorded its id over the stored (.zst) names before the id
+        # left storage out: `dsc compress` keeps a cache's identity now.
+        stored = "+".join(c._handle.stored_id() for c in self.caches)
+        if state[identity] != ours and not (identity == "content_id" and state[identity] == stored):
             raise StateError(
                 f"the state is for another cache ({identity} {state[identity]}, "
                 f"{self.cache.path} has {ours})"

@@ -95,9 +95,15 @@ impl CacheHandle {
         positions(&self.mix, &opts).map_err(|e| load_error(py, e))
     }
 
-    /// The identity of the cache's data (`Manifest::content_id`): shard names and checksums.
+    /// The identity of the cache's data (`Manifest::content_id`): shard names and checksums,
+    /// whether stored hot or compressed.
     fn content_id(&self) -> String {
         self.cache.manifest().content_id()
+    }
+
+    /// `Manifest::stored_id`: the content id of compressed caches before it left storage out.
+    fn stored_id(&self) -> String {
+        self.cache.manifest().stored_id()
     }
 
     /// The manifest as JSON text.

@@ -423,6 +423,13 @@ def test_rank_defaults_come_from_the_environment(cache_dir: Path, monkeypatch) -
 def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(dsc.CacheError, match="manifest"):
         dsc.Loader(tmp_path)  # an empty directory is not a cache
+    # Issue 39, class F: bare TypeErrors from os.fspath before.
+    for given, named in [(123, "cache=123"), (None, "cache=None"), ([cache_dir, 4.5], "cache=4.5")]:
+        with pytest.raises(dsc.OptionsError, match=named) as e:
+            dsc.Loader(given)
+        assert e.value.option == "cache"
+    with pytest.raises(dsc.OptionsError, match="cache=123"):
+        dsc.open(123)
     with pytest.raises(dsc.CacheError) as missing:
         dsc.Loader(tmp_path / "nothing")
     assert missing.value.file and "nothing" in missing.value.file
@@ -679,6 +686,18 @@ def test_a_compressed_cache_loads_the_same_batches(cache_dir: Path, workdir: Pat
                 assert a.seq_len == b.seq_len
                 for k in a:
                     assert torch.equal(a[k], b[k]), (args, k)
+    # Issue 39, class F: a state taken on the hot cache resumes on its compressed copy (and
+    # back): the same shards, the same order. It was refused as "another cache".
+    assert dsc.open(cold).content_id == dsc.open(cache_dir).content_id
+    hot_loader = dsc.Loader(cache_dir, batch_size=24, seed=4)
+    it = iter(hot_loader)
+    next(it)
+    state = hot_loader.state_dict()
+    want = [b["x"] for b in it]
+    resumed = dsc.Loader(cold, batch_size=24, seed=4)
+    resumed.load_state_dict(state)
+    got = [b["x"] for b in resumed]
+    assert len(got) == len(want) > 0 and all(torch.equal(a, b) for a, b in zip(want, got))
     filled = dsc.Loader(cold, batch_size=24, seed=6, trim=True, num_threads=2)
     filled._fill_path = True
     for a, b in zip(dsc.Loader(cache_dir, batch_size=24, seed=6, trim=True), filled):
@@ -949,3 +968,17 @@ def test_a_batch_prints_its_shapes_not_its_values(cache_dir: Path) -> None:
     assert "x: float32[4x64x6]" in text and "key: int64[4]" in text and len(text) < 400, text
     packed = next(iter(dsc.Loader(cache_dir, pack=1024, seed=0)))
     assert f"seqs={packed.seqs}, tokens={packed.tokens}" in repr(packed)
+
+
+def test_a_pickled_cache_opens_again_where_it_arrives(cache_dir: Path) -> None:
+    """Issue 39, class F: pickling a dsc.Cache (to a DataLoader worker, a multiprocessing pool)
+    raised a bare TypeError. It is pickled as what opens it and opened again on arrival."""
+    import pickle
+    cache = dsc.open(cache_dir)
+    again = pickle.loads(pickle.dumps(cache))
+    assert again is not cache and again.content_id == cache.content_id
+    first = next(iter(dsc.Loader(cache, batch_size=8, shuffle=False)))
+    arrived = next(iter(dsc.Loader(again, batch_size=8, shuffle=False)))
+    assert all(torch.equal(first[k], arrived[k]) for k in first)
+    with pytest.raises(dsc.WorkerError, match="cannot be pickled"):
+        pickle.dumps(dsc.Loader(cache, batch_size=8))

@@ -52,6 +52,18 @@ pub fn content_of<'a>(manifests: impl IntoIterator<Item = &'a dsc_format::Manife
         .join("+")
 }
 
+/// [`content_of`] as checkpoints of compressed caches recorded it before the content id left
+/// storage out ([`dsc_format::Manifest::stored_id`]): accepted on resume too.
+pub fn stored_content_of<'a>(
+    manifests: impl IntoIterator<Item = &'a dsc_format::Manifest>,
+) -> String {
+    manifests
+        .into_iter()
+        .map(dsc_format::Manifest::stored_id)
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
 impl Position {
     /// The start of a run on a cache with input fingerprint `cache_fingerprint` and content
     /// identity `cache_content`.

@@ -64,6 +64,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                 );
             }
             let content = checkpoint::content_of(&manifests);
+            let stored = checkpoint::stored_content_of(&manifests);
             let now = &manifest.inputs().fingerprint;
             if *now != ck.position.cache_fingerprint {
                 bail!(
@@ -75,7 +76,8 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                 );
             }
             match &ck.position.cache_content {
-                Some(then) if *then != content => bail!(
+                // Compressed or hot, the same shards: `dsc compress` keeps the content id.
+                Some(then) if *then != content && *then != stored => bail!(
                     "the cache {} holds other shards (content {content}) than when {} was \
                      written ({then}): it was recompiled from the same inputs with another \
                      --seed, --shard-size or option, so the saved position would continue a \

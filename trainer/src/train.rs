@@ -50,6 +50,29 @@ pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
 fn micro_per_epoch(s: &Session) -> Result<u64> {
     let steps = s.sources.loader(train_options(s, 0))?.steps() as u64;
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
+    if steps == 0 {
+        // Not one whole batch: the batch is at fault, not `accumulate` (which may not be given).
+        let what = if s.cfg.series.is_some() {
+            "windows (series_window, stride)"
+        } else {
+            "contexts"
+        };
+        let (key, problem) = match s.cfg.pack {
+            Some(t) => (
+                "pack",
+                format!("{t}: the training split's {what} fill no whole pack of {t} tokens"),
+            ),
+            None => (
+                "batch_size",
+                format!(
+                    "{}: the training split has fewer {what} than one batch (whole batches \
+                     only)",
+                    s.cfg.batch_size
+                ),
+            ),
+        };
+        return Err(OptionError::new(key, problem).into());
+    }
     if micro == 0 {
         let problem = format!(
             "{}: more than the training split's {steps} full {}",

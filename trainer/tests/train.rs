@@ -998,6 +998,31 @@ fn resuming_on_a_cache_recompiled_with_another_seed_is_refused() {
     );
 }
 
+/// Issue 39, class F: a checkpoint's cache compressed in place (`dsc compress`) holds the same
+/// shards: the resume was refused as if the cache had been recompiled with another seed. It
+/// continues now, to the weights of a run on the hot cache throughout.
+#[test]
+fn a_run_resumes_on_its_cache_compressed_in_place() {
+    let fx = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    copy_dir(&fx.icecube, &cache);
+    let flags = "--task direction --batch-size 32 --epochs 1 --log-every 2";
+    let (full, straight) = small_run(&fx.icecube, flags);
+    let stop = (full["optimizer_steps"].as_u64().unwrap() / 2).to_string();
+    let (_, split) = small_run(&cache, &format!("{flags} --max-steps {stop}"));
+    dsc_compiler::restore(
+        &cache,
+        dsc_compiler::Storage::Zstd { level: 3 },
+        &dsc_compiler::NoProgress,
+    )
+    .unwrap();
+    let ckpt = path(&split.path().join("last.ckpt"));
+    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
+    assert_same_weights(straight.path(), split.path());
+}
+
 /// Runs dsc-train with `args`, killed after `limit`: `None` when it had to be killed.
 fn train_within(args: &[&str], limit: std::time::Duration) -> Option<Run> {
     let mut child = Command::new(BIN)
@@ -1446,4 +1471,27 @@ fn forecasting_on_series_windows_beats_repeating_the_last_value() {
             refused.stderr
         );
     }
+    // Issue 39, class F: fewer windows than one batch blamed --accumulate, never given.
+    let refused = train(&[
+        "--cache",
+        &c,
+        "--out",
+        &o,
+        "--task",
+        "forecast",
+        "--series-window",
+        "48",
+        "--horizon",
+        "4",
+        "--batch-size",
+        "1000000",
+    ]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--batch-size 1000000")
+            && refused.stderr.contains("windows")
+            && !refused.stderr.contains("--accumulate"),
+        "{}",
+        refused.stderr
+    );
 }

@@ -196,14 +196,34 @@ impl Manifest {
         Self::from_json(&bytes, &path)
     }
 
-    /// An identity of the cache's data: a hash over every shard's file name and checksum, in
-    /// order. Two caches with the same identity hold the same bytes in the same shards, so the
-    /// same loader order; a recompile with another seed, shard size or input changes it (unlike
-    /// `inputs.fingerprint`, which names the input files alone).
+    /// An identity of the cache's data: a hash over every shard's name (as stored hot) and
+    /// checksum (of the safetensors bytes), in order. Two caches with the same identity hold the
+    /// same bytes in the same shards, so the same loader order, whether stored hot or
+    /// compressed (`dsc compress` keeps it); a recompile with another seed, shard size or input
+    /// changes it (unlike `inputs.fingerprint`, which names the input files alone).
     pub fn content_id(&self) -> String {
+        self.id_over(|s| match s.compressed {
+            // `NAME.safetensors.zst` holds `NAME.safetensors`.
+            Some(_) => s
+                .file
+                .rsplit_once('.')
+                .map_or(s.file.as_str(), |(hot, _)| hot),
+            None => &s.file,
+        })
+    }
+
+    /// [`Manifest::content_id`] over the names as stored, compressed ones with their codec's
+    /// extension: what tells a compressed copy from its hot cache (a fetch folder holds one
+    /// form), and the content id states and checkpoints of a compressed cache recorded before
+    /// the content id left storage out (still accepted on resume).
+    pub fn stored_id(&self) -> String {
+        self.id_over(|s| s.file.as_str())
+    }
+
+    fn id_over(&self, name: impl Fn(&ShardEntry) -> &str) -> String {
         let mut h = crate::checksum::Hasher::new();
         for s in &self.shards {
-            h.update(format!("{}\0{}\n", s.file, s.xxh3).as_bytes());
+            h.update(format!("{}\0{}\n", name(s), s.xxh3).as_bytes());
         }
         h.hex()
     }

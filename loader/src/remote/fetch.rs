@@ -273,7 +273,7 @@ impl Fetcher {
         manifest: &Manifest,
         opts: &RemoteOptions,
     ) -> Result<Fetcher, LoadError> {
-        let (folder, lock) = claim_folder(&opts.dir, &manifest.content_id())?;
+        let (folder, lock) = claim_folder(&opts.dir, &manifest.stored_id())?;
         let objects: Vec<Object> = manifest
             .shards()
             .iter()
