@@ -152,3 +152,37 @@ def test_the_cli_inspects_verifies_and_orders_a_cache_in_s3(workdir: Path, s3,
         dsc.open(tmp_path / "same").manifest["shards"])
     assert run("order", url, "--keys", "--json") == run("order", str(tmp_path / "same"),
                                                          "--keys", "--json")
+
+
+def test_ctrl_c_during_the_upload_publishes_nothing(workdir: Path, s3, tmp_path: Path) -> None:
+    """Issue 39, class C: Ctrl-C during dsc.compile's upload to a URL was ignored until the
+    manifest was published. It stops the upload unpublished, raises KeyboardInterrupt and
+    removes the staging folder."""
+    import os
+    import signal
+    import threading
+    import time
+
+    options, _ = s3
+    rows, kwargs = compile_args(workdir)
+    kwargs["shard_size"] = "16KiB"  # many objects: the upload outlasts the way of the signal
+    staging = tmp_path / "staging"
+    url = "s3://caches/ctrl-c"
+    staged = staging / "upload" / str(os.getpid()) / "cache" / "manifest.json"
+
+    def press_ctrl_c() -> None:
+        start = time.monotonic()
+        while not staged.exists() and time.monotonic() - start < 60:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dsc.compile(rows, out=url, storage_options=options, cache_dir=staging, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(dsc.CacheError):
+        dsc.open(url, storage_options=options, cache_dir=tmp_path / "fetched")
+    assert not staged.parent.parent.exists(), "the staging folder is removed"
