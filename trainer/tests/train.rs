@@ -1445,40 +1445,28 @@ fn forecasting_on_series_windows_beats_repeating_the_last_value() {
     // Evaluation reads every validation window, not as many as there are series.
     let windows = run["evaluation"][0]["contexts"].as_u64().unwrap();
     assert!(windows > 1000, "{windows} windows evaluated");
+    // Refused, exit 2: a forecast with `extra` flags.
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["--cache", &c, "--out", &o, "--task", "forecast"];
+        args.extend(extra);
+        let r = train(&args);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        r.stderr
+    };
     // The task needs its windows and horizon, and they need it.
-    let refused = train(&["--cache", &c, "--out", &o, "--task", "forecast"]);
-    assert_eq!(refused.code, 2);
-    assert!(refused.stderr.contains("--task"), "{}", refused.stderr);
+    let err = refused(&[]);
+    assert!(err.contains("--task"), "{err}");
     // A horizon past the stored steps is refused before the task sizes its targets from it
     // (it allocated [H, K] scalings first, and aborted on 2^62).
     for horizon in ["100000", "4611686018427387904"] {
-        let refused = train(&[
-            "--cache",
-            &c,
-            "--out",
-            &o,
-            "--task",
-            "forecast",
-            "--series-window",
-            "48",
-            "--horizon",
-            horizon,
-        ]);
-        assert_eq!(refused.code, 2, "{}", refused.stderr);
+        let err = refused(&["--series-window", "48", "--horizon", horizon]);
         assert!(
-            refused.stderr.contains("--horizon") && refused.stderr.contains("(at most "),
-            "{}",
-            refused.stderr
+            err.contains("--horizon") && err.contains("(at most "),
+            "{err}"
         );
     }
     // Issue 39, class F: fewer windows than one batch blamed --accumulate, never given.
-    let refused = train(&[
-        "--cache",
-        &c,
-        "--out",
-        &o,
-        "--task",
-        "forecast",
+    let err = refused(&[
         "--series-window",
         "48",
         "--horizon",
@@ -1486,12 +1474,10 @@ fn forecasting_on_series_windows_beats_repeating_the_last_value() {
         "--batch-size",
         "1000000",
     ]);
-    assert_eq!(refused.code, 2, "{}", refused.stderr);
     assert!(
-        refused.stderr.contains("--batch-size 1000000")
-            && refused.stderr.contains("windows")
-            && !refused.stderr.contains("--accumulate"),
-        "{}",
-        refused.stderr
+        err.contains("--batch-size 1000000")
+            && err.contains("windows")
+            && !err.contains("--accumulate"),
+        "{err}"
     );
 }
