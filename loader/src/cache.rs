@@ -113,12 +113,16 @@ impl Inner {
 
     /// The safetensors bytes of shard `shard` of split `split`: mapped; decompressed (kept
     /// among the resident shards, [`Resident::decompressed`]); or, from object storage, its
-    /// fetched copy (waiting for the download when it is not there yet).
+    /// fetched copy (waiting for the download when it is not there yet, until `stop` is set:
+    /// [`crate::remote::Fetcher::get`]).
     pub(crate) fn shard_bytes(
         &self,
         split: usize,
         shard: usize,
+        stop: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<ShardBytes<'_>, LoadError> {
+        #[cfg(not(feature = "remote"))]
+        let _ = stop;
         let s = &self.splits[split].1[shard];
         let held = match &s.body {
             Body::Mapped(map) => return Ok(ShardBytes::Mapped(map.bytes())),
@@ -127,7 +131,7 @@ impl Inner {
                 .decompressed(&self.splits, split, shard, || read_stored(s))?,
             #[cfg(feature = "remote")]
             Body::Remote { id, cold } => {
-                let local = self.fetcher().get(*id)?;
+                let local = self.fetcher().get(*id, stop)?;
                 if cold.is_none() {
                     return Ok(ShardBytes::Held(local));
                 }
@@ -320,7 +324,9 @@ impl Cache {
     /// that read shards directly.
     pub fn shard_bytes(&self, split: &str, index: usize) -> Result<ShardBytes<'_>, LoadError> {
         match self.inner.splits.iter().position(|(name, _)| name == split) {
-            Some(s) if index < self.inner.splits[s].1.len() => self.inner.shard_bytes(s, index),
+            Some(s) if index < self.inner.splits[s].1.len() => {
+                self.inner.shard_bytes(s, index, None)
+            }
             _ => Err(LoadError::NoShard {
                 dir: self.inner.dir.clone(),
                 split: split.into(),

@@ -125,6 +125,13 @@ pub enum LoadError {
         /// The URL.
         url: String,
     },
+    /// The loader was interrupted ([`crate::Loader::interrupt`]: Ctrl-C, a close) while a
+    /// batch waited for a shard downloading from object storage.
+    #[error("{url}: the wait for this shard's download was interrupted")]
+    Stopped {
+        /// The shard's URL.
+        url: String,
+    },
     /// A prefetch thread stopped unexpectedly (a bug in dsc).
     #[error("a prefetch thread stopped unexpectedly")]
     WorkerLost,

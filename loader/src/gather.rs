@@ -166,6 +166,9 @@ pub(crate) struct Gather {
     /// object storage: withdrawn when the loader is dropped.
     #[cfg(feature = "remote")]
     pub plans: Vec<crate::remote::PlanGuard>,
+    /// Set by [`crate::Loader::interrupt`] (Ctrl-C, a close): a wait for a shard's download
+    /// gives up with [`LoadError::Stopped`] instead of lasting until it arrives.
+    pub stopped: std::sync::atomic::AtomicBool,
 }
 
 /// The layout of the batches of `slots` (manifest indices): padded batches of `batch_size`, or
@@ -229,6 +232,13 @@ pub(crate) fn is_sequence(spec: &TensorSpec) -> bool {
 }
 
 impl Gather {
+    /// [`crate::Loader::interrupt`]: sets the flag every wait for a download reads, and wakes
+    /// the waits (they look at it every few milliseconds).
+    pub(crate) fn interrupt(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub(crate) fn source(&self, s: &Sample) -> &Source {
         &self.sources[s.source]
     }
@@ -282,7 +292,11 @@ impl Gather {
             let source = self.source(s);
             let key = (s.source, s.shard);
             if !source.shards()[s.shard].body.is_mapped() && !held.iter().any(|(k, _)| *k == key) {
-                held.push((key, source.cache.shard_bytes(source.split_index, s.shard)?));
+                let bytes =
+                    source
+                        .cache
+                        .shard_bytes(source.split_index, s.shard, Some(&self.stopped))?;
+                held.push((key, bytes));
             }
         }
         Ok(Resolved(held))
@@ -687,7 +701,11 @@ impl Gather {
         let cold = if shard.body.is_mapped() {
             None
         } else {
-            Some(source.cache.shard_bytes(source.split_index, first.shard)?)
+            Some(
+                source
+                    .cache
+                    .shard_bytes(source.split_index, first.shard, Some(&self.stopped))?,
+            )
         };
         let max_len = self.max_len();
         let tensors = (0..self.loaded)
@@ -736,7 +754,10 @@ impl Gather {
             for (source, shard, _, _) in self.order.spans(ahead) {
                 let source = &self.sources[source];
                 if !source.remote() {
-                    let _ = source.cache.shard_bytes(source.split_index, shard);
+                    let _ =
+                        source
+                            .cache
+                            .shard_bytes(source.split_index, shard, Some(&self.stopped));
                 }
             }
             return;

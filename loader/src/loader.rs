@@ -179,6 +179,11 @@ pub struct Filler {
 }
 
 impl Filler {
+    /// [`Loader::interrupt`] of the loader this filler fills for.
+    pub fn interrupt(&self) {
+        self.hints.gather.interrupt();
+    }
+
     /// [`Loader::stats`] of the loader this filler fills for (it counts the batches filled).
     pub fn stats(&self) -> LoaderStats {
         self.hints.stats()
@@ -893,6 +898,7 @@ pub(crate) fn prepare(
     let gather = Gather {
         #[cfg(feature = "remote")]
         plans,
+        stopped: std::sync::atomic::AtomicBool::new(false),
         pool: first.pool.for_this_process(),
         loaded: gathered[0].slots.len(),
         sources: gathered,
@@ -1110,6 +1116,16 @@ impl Loader {
         gather.delivered(samples.len(), &info);
         self.next_step += 1;
         Ok(Some(info))
+    }
+
+    /// Gives up every wait of this loader (its threads' and its fillers') for a shard still
+    /// downloading from object storage: those fail with [`LoadError::Stopped`] at once, and so
+    /// does every later batch that needs one. For Ctrl-C and for closing a loader without
+    /// waiting for its downloads; the downloads themselves finish (or fail) in the fetcher's
+    /// threads, whole or not kept, for the cache's other readers. Batches of shards already
+    /// here are unaffected. A loader of local shards never waits, so this changes nothing.
+    pub fn interrupt(&self) {
+        self.hints.gather.interrupt();
     }
 
     /// A [`Filler`] for this epoch: gathers any step into the caller's buffers from any thread.

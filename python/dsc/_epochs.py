@@ -244,6 +244,9 @@ class _ThreadedEpoch(_Epoch):
 
     def close(self) -> None:
         self.stop.set()
+        # A producer waiting for a shard's download gives up (raising into its own loop), so
+        # that joining it does not wait for the download (Ctrl-C, a break out of the loop).
+        self.handle.interrupt()
         for t in getattr(self, "threads", []):
             if t is not threading.current_thread():
                 t.join()

@@ -149,6 +149,11 @@ impl CacheHandle {
             loader: Mutex::new(Some(loader)),
             writable,
             pid: std::process::id(),
+            remote: self
+                .mix
+                .sources()
+                .iter()
+                .any(|c| c.fetch_folder().is_some()),
         })
     }
 
@@ -270,6 +275,9 @@ struct LoaderHandle {
     writable: bool,
     /// The process that started the loader's threads.
     pid: u32,
+    /// Whether a source is in object storage: its waits for downloads then honour Ctrl-C
+    /// (local shards never wait, and skip the polling thread).
+    remote: bool,
 }
 
 impl Drop for LoaderHandle {
@@ -354,7 +362,22 @@ impl LoaderHandle {
     /// threads with the GIL released. Names, dtypes and shapes are not repeated per batch:
     /// the objects Python makes per batch are most of its cost (issue 28, item 3).
     fn next(&self, py: Python<'_>) -> PyResult<Option<Delivered>> {
-        let Some(batch) = self.with(py, |l| l.next())? else {
+        let next = |l: &mut dsc_loader::Loader| l.next();
+        // Over object storage Ctrl-C gives up a wait for a download (`Loader::interrupt`);
+        // local shards never wait, and skip the polling thread.
+        let stop = || self.filler.interrupt();
+        let got = match self.remote.then_some(&stop as &(dyn Fn() + Sync)) {
+            Some(on_signal) => {
+                self.check_process(py)?;
+                interruptible(py, on_signal, || {
+                    let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+                    guard.as_mut().map(next)
+                })?
+                .ok_or_else(|| options_error(py, "the loader is closed"))?
+            }
+            None => self.with(py, next)?,
+        };
+        let Some(batch) = got else {
             return Ok(None);
         };
         let batch = batch.map_err(|e| load_error(py, e))?;
@@ -376,7 +399,11 @@ impl LoaderHandle {
     /// copying, so several Python threads can fill different steps at once.
     fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Info> {
         self.check_process(py)?;
-        let filled = with_regions(py, &buffers, |slices| self.filler.fill(step, slices))?;
+        let stop = || self.filler.interrupt();
+        let ctrl_c = self.remote.then_some(&stop as &(dyn Fn() + Sync));
+        let filled = with_regions(py, &buffers, ctrl_c, |slices| {
+            self.filler.fill(step, slices)
+        })?;
         Ok(info(filled.seq_len, filled.pack))
     }
 
@@ -396,7 +423,9 @@ impl LoaderHandle {
         block: Bound<'_, PyAny>,
     ) -> PyResult<(Info, Vec<(usize, usize)>)> {
         self.check_process(py)?;
-        let (filled, ranges) = with_regions(py, &[block], |slices| {
+        let stop = || self.filler.interrupt();
+        let ctrl_c = self.remote.then_some(&stop as &(dyn Fn() + Sync));
+        let (filled, ranges) = with_regions(py, &[block], ctrl_c, |slices| {
             self.filler.fill_block(step, slices[0])
         })?;
         Ok((info(filled.seq_len, filled.pack), ranges))
@@ -420,7 +449,7 @@ impl LoaderHandle {
         buffers: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Info> {
         self.check_process(py)?;
-        let filled = with_regions(py, &buffers, |slices| match slices {
+        let filled = with_regions(py, &buffers, None, |slices| match slices {
             [positions, token_rows, pack @ ..] => {
                 self.filler.fill_rows(step, positions, token_rows, pack)
             }
@@ -444,11 +473,19 @@ impl LoaderHandle {
             // loader as it is; the child cannot use it.
             return;
         }
+        // A thread waiting for a download gives up first: joining it must not wait for one.
+        self.filler.interrupt();
         py.detach(|| {
             // Taken out first so that joining the threads does not hold the lock.
             let taken = self.loader.lock().unwrap_or_else(|p| p.into_inner()).take();
             drop(taken);
         });
+    }
+
+    /// Gives up this loader's waits for downloads (`Loader::interrupt`): for a Python thread
+    /// that stops the threads filling for it before joining them.
+    fn interrupt(&self) {
+        self.filler.interrupt();
     }
 }
 
@@ -458,6 +495,7 @@ impl LoaderHandle {
 fn with_regions<T: Send>(
     py: Python<'_>,
     buffers: &[Bound<'_, PyAny>],
+    ctrl_c: Option<&(dyn Fn() + Sync)>,
     work: impl FnOnce(&mut [&mut [u8]]) -> Result<T, LoadError> + Send,
 ) -> PyResult<T> {
     let mut views = Vec::with_capacity(buffers.len());
@@ -483,7 +521,7 @@ fn with_regions<T: Send>(
             "fill needs distinct buffers; two of them overlap",
         ));
     }
-    let result = py.detach(|| {
+    let work = || {
         let mut slices: Vec<&mut [u8]> = regions
             .iter()
             // SAFETY: each region is a writable, contiguous buffer exported by an object that
@@ -492,9 +530,15 @@ fn with_regions<T: Send>(
             .map(|&(addr, len)| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) })
             .collect();
         work(&mut slices)
-    });
+    };
+    // With Ctrl-C honoured (a loader over object storage), the work runs in a thread of its
+    // own while this one looks for Python's signals; `views` outlives it either way.
+    let result = match ctrl_c {
+        Some(on_signal) => interruptible(py, on_signal, work),
+        None => Ok(py.detach(work)),
+    };
     drop(views);
-    result.map_err(|e| load_error(py, e))
+    result?.map_err(|e| load_error(py, e))
 }
 
 /// The spec of a compile: the spec file's keys (if any) with the JSON object `spec_json` (what
@@ -566,7 +610,7 @@ fn compile(
     };
     let interrupt = Arc::new(Interrupt::new());
     let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
-    let report = interruptible(py, &interrupt, || {
+    let report = interruptible(py, &|| interrupt.request(libc_sigint()), || {
         dsc_compiler::compile(
             &spec,
             &CompileOptions {
@@ -583,7 +627,7 @@ fn compile(
     if let Some(upload) = &upload {
         // Ctrl-C during the upload stops it before the manifest is published, as in the
         // compile; the staging folder goes with `upload`.
-        let sent = interruptible(py, &interrupt, || {
+        let sent = interruptible(py, &|| interrupt.request(libc_sigint()), || {
             upload.send(|_, _| {}, &|| interrupt.requested())
         })?
         .map_err(|e| errors::store_error(py, e))?;
@@ -636,11 +680,12 @@ fn remote_options(py: Python<'_>, json: Option<&str>) -> PyResult<dsc_loader::Re
 /// Runs `work` (a compile) off the GIL in a thread of its own, while this thread looks for
 /// Python's signals (Ctrl-C) every 50 ms: with the GIL released the interpreter cannot run its
 /// handlers, and the compile used to run to its end and commit before `KeyboardInterrupt` came.
-/// A signal's exception asks the compile to stop through `interrupt`; it is raised once the
-/// compile has stopped and removed what it wrote.
+/// A signal's exception asks the work to stop through `on_signal` (a compile's interrupt, a
+/// loader's [`dsc_loader::Loader::interrupt`]); it is raised once the work has returned (a
+/// compile having removed what it wrote).
 fn interruptible<T: Send>(
     py: Python<'_>,
-    interrupt: &Interrupt,
+    on_signal: &(dyn Fn() + Sync),
     work: impl FnOnce() -> T + Send,
 ) -> PyResult<T> {
     let (result, signalled) = py.detach(|| {
@@ -660,7 +705,7 @@ fn interruptible<T: Send>(
                 }
                 if signalled.is_none() {
                     if let Err(e) = Python::attach(|py| py.check_signals()) {
-                        interrupt.request(libc_sigint());
+                        on_signal();
                         signalled = Some(e);
                     }
                 }
@@ -704,7 +749,7 @@ fn compile_stage(
         .map_err(|e| options_error(py, &format!("partition: {e}")))?;
     let interrupt = Arc::new(Interrupt::new());
     let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
-    let report = interruptible(py, &interrupt, || {
+    let report = interruptible(py, &|| interrupt.request(libc_sigint()), || {
         partition::run_stage(&spec, &out, max_memory, partition, stage, &bars).map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;
@@ -742,7 +787,7 @@ fn merge(
     let storage = storage_of(py, compress.as_deref(), compress_level)?;
     let interrupt = Arc::new(Interrupt::new());
     let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
-    let report = interruptible(py, &interrupt, || {
+    let report = interruptible(py, &|| interrupt.request(libc_sigint()), || {
         partition::merge(&out, force, storage, &bars).map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;

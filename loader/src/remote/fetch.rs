@@ -417,8 +417,13 @@ impl Fetcher {
     }
 
     /// The local copy of shard `id`, waiting for its download when it is not kept: fetched
-    /// first, before any prefetch.
-    pub fn get(&self, id: usize) -> Result<Arc<Local>, LoadError> {
+    /// first, before any prefetch. The wait ends with [`LoadError::Stopped`] once `stop` is set
+    /// (it is looked at every 20 ms); the download goes on for the cache's other readers.
+    pub fn get(
+        &self,
+        id: usize,
+        stop: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Arc<Local>, LoadError> {
         let shared = &self.shared;
         let mut st = shared.lock();
         let mut asked: Option<Instant> = None;
@@ -456,7 +461,22 @@ impl Fetcher {
                         }
                         shared.changed.notify_all();
                     }
-                    st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                    let Some(stop) = stop else {
+                        st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                        continue;
+                    };
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        st.demand[id] -= 1;
+                        shared.changed.notify_all();
+                        return Err(LoadError::Stopped {
+                            url: shared.remote.url_of(&shared.objects[id].name),
+                        });
+                    }
+                    st = shared
+                        .changed
+                        .wait_timeout(st, std::time::Duration::from_millis(20))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             }
         }

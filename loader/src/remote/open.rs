@@ -234,7 +234,7 @@ impl Iterator for ShardFiles {
         let entry = self.entries.get(id)?.clone();
         self.next += 1;
         self.plan.at(id);
-        Some(self.fetcher.get(id).map(|local| ShardFile {
+        Some(self.fetcher.get(id, None).map(|local| ShardFile {
             entry,
             path: local.path().into(),
             _held: local,
