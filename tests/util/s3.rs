@@ -4,7 +4,7 @@
 //! trainer's tests include this file as well (`#[path]`).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -41,24 +41,39 @@ pub struct S3Server {
 impl S3Server {
     /// Starts moto's server and waits until it answers.
     pub fn start() -> S3Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new(python())
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
+        // Port 0: the server binds a free port itself and prints it. A port picked here and
+        // handed over could be taken by another test's server in between: this one then failed
+        // to bind, the other answered the readiness check, and the test's requests were
+        // refused once that other server stopped.
+        let mut child = Command::new(python())
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start moto's S3 server (scripts/venv.sh installs moto[server])");
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the server's log to its end, so that a full pipe never blocks it.
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)
+            {
+                let port = line
+                    .split("Running on http://127.0.0.1:")
+                    .nth(1)
+                    .and_then(|p| p.trim().parse::<u16>().ok());
+                if let Some(port) = port {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(port);
+                    }
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("moto's S3 server did not say its port within 60 s");
         let server = S3Server {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
@@ -74,7 +89,6 @@ impl S3Server {
         server
     }
 
-    /// A raw HTTP request to the server: its status line.
     fn request(&self, method: &str, path: &str) -> std::io::Result<String> {
         let addr = self.endpoint.trim_start_matches("http://");
         let mut s = TcpStream::connect(addr)?;
