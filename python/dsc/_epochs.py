@@ -246,7 +246,9 @@ class _ThreadedEpoch(_Epoch):
         self.stop.set()
         # A producer waiting for a shard's download gives up (raising into its own loop), so
         # that joining it does not wait for the download (Ctrl-C, a break out of the loop).
-        self.handle.interrupt()
+        # Closed twice (a failed batch closes it, then the loader does): the handle is gone.
+        if self.handle is not None:
+            self.handle.interrupt()
         for t in getattr(self, "threads", []):
             if t is not threading.current_thread():
                 t.join()

@@ -982,3 +982,32 @@ def test_a_pickled_cache_opens_again_where_it_arrives(cache_dir: Path) -> None:
     assert all(torch.equal(first[k], arrived[k]) for k in first)
     with pytest.raises(dsc.WorkerError, match="cannot be pickled"):
         pickle.dumps(dsc.Loader(cache, batch_size=8))
+
+
+def test_a_failed_batch_on_the_fill_path_closes_once_and_retries(cache_dir: Path,
+                                                                monkeypatch) -> None:
+    """A failed batch (an error, Ctrl-C) on the threaded fill path closes its epoch; closing the
+    loader then closed it again and raised AttributeError (the handle was gone), hiding the
+    KeyboardInterrupt. The next iter() goes on from the failed batch."""
+    from dsc import _epochs
+
+    want = [b["key"] for b in dsc.Loader(cache_dir, batch_size=8, shuffle=False)]
+    loader = dsc.Loader(cache_dir, batch_size=8, shuffle=False)
+    loader._fill_path = True
+    real = _epochs._ThreadedEpoch._next_item
+    calls = {"n": 0}
+
+    def second_fails(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(_epochs._ThreadedEpoch, "_next_item", second_fails)
+    it = iter(loader)
+    got = [next(it)["key"]]
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    loader.close()
+    got += [b["key"] for b in loader]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
