@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 /// Two caches of disjoint events: `a` (L = 64, hot, small shards) and `b` (L = 128,
 /// compressed), the same tensors; `c` and `d` each with a categorical column coded over its
-/// own events' vocabulary; `e` with one feature fewer; `f` to `i` with other encodings. Shared
+/// own events' vocabulary; `e` with one feature fewer; `f` to `k` with other encodings. Shared
 /// by the tests (read-only).
 fn dir() -> &'static Path {
     static DIR: OnceLock<Dir> = OnceLock::new();
@@ -63,6 +63,11 @@ fn dir() -> &'static Path {
             ("i", 2, "charge=log1p"),
         ] {
             compile(out, file, &[&features[..], &["--encode", encode]].concat());
+        }
+        // Bad values imputed with each cache's own train mean (j, k).
+        for (out, file) in [("j", 1), ("k", 2)] {
+            let nan = ["--encode", "charge=log1p", "--nan", "mean"];
+            compile(out, file, &[&features[..], &nan[..]].concat());
         }
         dir
     })
@@ -397,6 +402,14 @@ fn caches_that_do_not_fit_together_are_refused_naming_the_tensor() {
         "{msg}"
     );
     Mix::new(vec![open("h"), open("i")]).expect("log1p means the same in both caches");
+    // What a bad value was stored as (each cache's own mean) may differ: it imputes, in the
+    // same units as the rest (from review: these were refused).
+    let fill = |c: &str| match &open(c).manifest().tensor("x").unwrap().columns[1].encoding {
+        dsc_format::Encoding::Numeric { fill, .. } => *fill,
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(fill("j"), fill("k"), "means of other files");
+    Mix::new(vec![open("j"), open("k")]).expect("imputed values do not change the units");
     let mix = mix();
     let bad = |o: LoaderOptions| match mix.loader(o) {
         Err(LoadError::Options(e)) => e.key,

@@ -107,6 +107,17 @@ impl Mix {
 
 /// The first tensor in which `other` differs from `first` beyond the length of its step axis,
 /// and how.
+/// Whether a stored value of a column means the same in two caches: the same encoding, its
+/// fitted parameters and vocabularies included. A numeric column's `fill` (what a bad value was
+/// stored as: zero, or the cache's own train mean with `nan: mean`) may differ: it imputes
+/// values that were not there, in the same units as the rest.
+fn same_meaning(a: &Encoding, b: &Encoding) -> bool {
+    match (a, b) {
+        (Encoding::Numeric { stages: sa, .. }, Encoding::Numeric { stages: sb, .. }) => sa == sb,
+        _ => a == b,
+    }
+}
+
 fn mismatch(first: &[TensorSpec], other: &[TensorSpec]) -> Option<(String, String)> {
     let names = |t: &[TensorSpec]| t.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
     for a in first {
@@ -153,7 +164,7 @@ fn mismatch(first: &[TensorSpec], other: &[TensorSpec]) -> Option<(String, Strin
             ));
         }
         for (ca, cb) in a.columns.iter().zip(&b.columns) {
-            if ca.encoding == cb.encoding {
+            if same_meaning(&ca.encoding, &cb.encoding) {
                 continue;
             }
             if let (Encoding::Category { vocabulary: va }, Encoding::Category { vocabulary: vb }) =
