@@ -11,7 +11,8 @@
 # cuda-tests (their CUDA cases alone), upload, feed, bench-eager, bench-whole, bench-graphs,
 # train (examples/train.py packed and padded, eager and captured, a full epoch each),
 # first-steps (the default resident run against --resident off over its first 1,200 steps),
-# dsc-train (packed eager against --graph, padded --graph; DSC_TRAIN names the binary
+# dsc-train (packed eager against --graph, padded --graph, --accumulate 2 over two epochs;
+# DSC_TRAIN names the binary
 # [default: dsc-train beside DSC], run with PyTorch's torch/lib on LD_LIBRARY_PATH).
 # `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
 # as python/dsc/_dsc.abi3.so). Each part runs on its own, so that one failure leaves the rest.
@@ -188,6 +189,9 @@ if want dsc-train; then
     dsc_train pack-eager --pack 16384 --epochs 1
     dsc_train padded-graph --batch-size 256 --graph --epochs 1
     dsc_train padded-eager --batch-size 256 --epochs 1
+    # The two graphs (micro-step, and micro-step with the update) replayed across epochs,
+    # evaluation and checkpoints.
+    dsc_train pack-graph-acc --pack 16384 --accumulate 2 --graph --epochs 2
 fi
 if want first-steps; then
     train padded-default --batch-size 256 --epochs 1 --max-steps 1200
