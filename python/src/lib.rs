@@ -363,13 +363,10 @@ impl LoaderHandle {
     /// the objects Python makes per batch are most of its cost (issue 28, item 3).
     fn next(&self, py: Python<'_>) -> PyResult<Option<Delivered>> {
         let next = |l: &mut dsc_loader::Loader| l.next();
-        // Over object storage Ctrl-C gives up a wait for a download (`Loader::interrupt`);
-        // local shards never wait, and skip the polling thread.
-        let stop = || self.filler.interrupt();
-        let got = match self.remote.then_some(&stop as &(dyn Fn() + Sync)) {
-            Some(on_signal) => {
+        let got = match self.downloads() {
+            Some(filler) => {
                 self.check_process(py)?;
-                interruptible(py, on_signal, || {
+                interruptible(py, &|| filler.interrupt(), || {
                     let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
                     guard.as_mut().map(next)
                 })?
@@ -399,9 +396,7 @@ impl LoaderHandle {
     /// copying, so several Python threads can fill different steps at once.
     fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Info> {
         self.check_process(py)?;
-        let stop = || self.filler.interrupt();
-        let ctrl_c = self.remote.then_some(&stop as &(dyn Fn() + Sync));
-        let filled = with_regions(py, &buffers, ctrl_c, |slices| {
+        let filled = with_regions(py, &buffers, self.downloads(), |slices| {
             self.filler.fill(step, slices)
         })?;
         Ok(info(filled.seq_len, filled.pack))
@@ -423,9 +418,7 @@ impl LoaderHandle {
         block: Bound<'_, PyAny>,
     ) -> PyResult<(Info, Vec<(usize, usize)>)> {
         self.check_process(py)?;
-        let stop = || self.filler.interrupt();
-        let ctrl_c = self.remote.then_some(&stop as &(dyn Fn() + Sync));
-        let (filled, ranges) = with_regions(py, &[block], ctrl_c, |slices| {
+        let (filled, ranges) = with_regions(py, &[block], self.downloads(), |slices| {
             self.filler.fill_block(step, slices[0])
         })?;
         Ok((info(filled.seq_len, filled.pack), ranges))
@@ -489,13 +482,22 @@ impl LoaderHandle {
     }
 }
 
+impl LoaderHandle {
+    /// The filler whose `interrupt` gives up this loader's waits for downloads, where a source
+    /// is in object storage: Ctrl-C then ends a wait at once. `None` for local shards, which
+    /// never wait, and skip the polling thread.
+    fn downloads(&self) -> Option<&Filler> {
+        self.remote.then_some(&self.filler)
+    }
+}
+
 /// Runs `work` on the memory of `buffers` (writable, C-contiguous objects of the buffer
 /// protocol, e.g. the NumPy views of pinned uint8 torch tensors) with the GIL released, so that
 /// several Python threads can fill at once. Refuses read-only, strided or overlapping buffers.
 fn with_regions<T: Send>(
     py: Python<'_>,
     buffers: &[Bound<'_, PyAny>],
-    ctrl_c: Option<&(dyn Fn() + Sync)>,
+    downloads: Option<&Filler>,
     work: impl FnOnce(&mut [&mut [u8]]) -> Result<T, LoadError> + Send,
 ) -> PyResult<T> {
     let mut views = Vec::with_capacity(buffers.len());
@@ -533,8 +535,8 @@ fn with_regions<T: Send>(
     };
     // With Ctrl-C honoured (a loader over object storage), the work runs in a thread of its
     // own while this one looks for Python's signals; `views` outlives it either way.
-    let result = match ctrl_c {
-        Some(on_signal) => interruptible(py, on_signal, work),
+    let result = match downloads {
+        Some(filler) => interruptible(py, &|| filler.interrupt(), work),
         None => Ok(py.detach(work)),
     };
     drop(views);

@@ -49,18 +49,14 @@ pub enum Fill {
 }
 
 impl HostRing {
-    /// A ring for batch indices ([`Fill::Index`]) of batches of `layout` with `rows` contexts
-    /// (a pack's `S`) and, packed, `tokens` tokens: each slot one block ([`HostRing::block`]),
-    /// cut into [`index_parts`].
+    /// A ring for batch indices ([`Fill::Index`]) made of `parts` ([`index_parts`]): each slot
+    /// one block ([`HostRing::block`]) that the parts are views of.
     pub fn index(
-        layout: &[TensorLayout],
-        rows: usize,
-        tokens: Option<usize>,
+        parts: &[TensorLayout],
         slots: usize,
         pin_for: Option<Device>,
     ) -> Result<HostRing> {
-        let parts = index_parts(layout, rows, tokens);
-        let bytes = block_bytes(&parts) as i64;
+        let bytes = block_bytes(parts) as i64;
         let blocks = (0..slots)
             .map(|_| {
                 pinned(
@@ -71,7 +67,7 @@ impl HostRing {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(HostRing {
-            slots: blocks.iter().map(|b| block_views(b, &parts)).collect(),
+            slots: blocks.iter().map(|b| block_views(b, parts)).collect(),
             blocks,
         })
     }

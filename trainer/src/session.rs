@@ -627,17 +627,16 @@ fn resident_split(
     // per-context `length` tensor, read from the layout rather than from another loader.
     let rows = batch[l.length].shape[0];
     let tokens = l.pack.map(|[seq_idx, ..]| batch[seq_idx].shape[0]);
+    let parts = index_parts(batch, rows, tokens);
     let ring = Rc::new(HostRing::index(
-        batch,
-        rows,
-        tokens,
+        &parts,
         slots,
         device.is_cuda().then_some(device),
     )?);
     Ok(Some(Resident {
         tensors,
         ring,
-        parts: index_parts(batch, rows, tokens),
+        parts,
     }))
 }
 
