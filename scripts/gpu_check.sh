@@ -13,7 +13,9 @@
 # first-steps (the default resident run against --resident off over its first 1,200 steps),
 # dsc-train (packed eager against --graph, padded --graph, --accumulate 2 over two epochs;
 # DSC_TRAIN names the binary
-# [default: dsc-train beside DSC], run with PyTorch's torch/lib on LD_LIBRARY_PATH).
+# [default: dsc-train beside DSC], run with PyTorch's torch/lib on LD_LIBRARY_PATH),
+# threads (the compile and `dsc bench` at 2, 4, 8 and 16 threads, and bench_python.py's host
+# path to the GPU at 2 to 16 loader threads: what many cores change).
 # `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
 # as python/dsc/_dsc.abi3.so). Each part runs on its own, so that one failure leaves the rest.
 set -uo pipefail
@@ -196,5 +198,45 @@ fi
 if want first-steps; then
     train padded-default --batch-size 256 --epochs 1 --max-steps 1200
     train padded-host --batch-size 256 --epochs 1 --max-steps 1200 --resident off
+fi
+if want threads; then
+    log "thread scaling: the README's compile and dsc bench at 2, 4, 8, 16 threads"
+    for n in 2 4 8 16; do
+        rm -rf "$work/cache-t$n"
+        t0=$(date +%s.%N)
+        "$dsc" compile "$work/data/train/batch_*.parquet" --key event_id --order-by time \
+            --context "$work/data/train_meta.parquet" --targets azimuth,zenith \
+            --join "$work/data/sensor_geometry.csv" --on sensor_id \
+            --features x,y,z,time,charge,auxiliary --categorical sensor_id \
+            --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 \
+            --seed 42 --threads "$n" --out "$work/cache-t$n" >/dev/null 2>&1
+        t1=$(date +%s.%N)
+        # The same inputs and seed give the same cache whatever the thread count.
+        same=$(diff -rq "$work/cache-t$n" "$cache" >/dev/null 2>&1 && echo identical || echo DIFFERENT)
+        rm -rf "$work/cache-t$n"
+        "$dsc" bench "$cache" --loader-threads "$n" --json >"$out/bench-t$n.json" 2>/dev/null
+        python3 - "$n" "$t0" "$t1" "$same" "$out/bench-t$n.json" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+n, t0, t1, same, path = sys.argv[1:]
+b = json.load(open(path))
+print(f"threads {n:>2}: compile {float(t1) - float(t0):6.2f} s (cache {same}) · dsc bench shuffled "
+      f"{b['contexts_per_s_shuffled'] / 1e6:6.2f} M contexts/s, "
+      f"{b['shuffled_over_memcpy_threads']:.2f} of memcpy at as many threads")
+EOF
+    done
+    log "bench_python.py --device cuda (the host path at 2 to 16 loader threads)"
+    python3 scripts/bench_python.py "$cache" --dsc "$dsc" --device cuda --passes 2 --epochs 2 \
+        --json >"$out/bench-python.json" 2>"$out/bench-python.err"
+    python3 - "$out/bench-python.json" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit("no result (see the .err file)")
+for k, v in r.items():
+    if k.endswith("_per_s"):
+        print(f"  {k[:-len('_contexts_per_s')]:<28} {v / 1e6:8.3f} M contexts/s")
+print(f"  host path / pinned copies   {r.get('host_path_over_pinned_copy', float('nan')):8.2f}")
+EOF
 fi
 log "done"
