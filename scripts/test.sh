@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine: formatting, lints, unit, end-to-end,
-# Python-interop and trainer tests, then the Python package's tests (pytest). Installs what it needs itself: a project-local .venv with
+# Python-interop and trainer tests, then the Python package's tests (pytest), with the package
+# installed from the wheel this script builds (and that wheel tried in fresh environments of
+# the oldest and newest CPython the machine has). Installs what it needs itself: a project-local .venv with
 # numpy and safetensors (the independent reader the interop test uses) and PyTorch 2.11.0 (the
 # libtorch that tch 0.24 links for dsc-train), Ray (a partitioned compile on a local Ray cluster),
 # Debian's chromium (the real browser that renders `dsc report` in its test) and Debian's
@@ -19,7 +21,7 @@ log "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free here"
 # another GB of target/.
 export CARGO_INCREMENTAL=0
 
-log "python environment (.venv: numpy, safetensors, torch 2.11.0)"
+log "python environment (.venv: numpy, safetensors, maturin, torch 2.11.0)"
 scripts/venv.sh
 export DSC_PYTHON="$PWD/.venv/bin/python"
 # tch builds against the venv's PyTorch (see scripts/venv.sh).
@@ -44,20 +46,30 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "cargo test: build"
 cargo test --workspace --locked --no-run
+
+# The wheel users install (scripts/wheel.sh makes the release one), built here with the test
+# build's profile and features so that it reuses every crate that build compiled: only pyo3,
+# the extension and the final link are new. Clippy's check cannot share (it emits metadata, not
+# code), and the release wheel would be a third compile of the whole graph at opt-level 3.
+log "wheel (maturin, the test build's dev profile) installed into .venv"
+rm -rf target/wheels/test
+.venv/bin/python -m maturin build --profile dev --locked -m python/Cargo.toml \
+    --out target/wheels/test --quiet
+wheel=$(ls target/wheels/test/dsc_compiler-*.whl)
+.venv/bin/pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+.venv/bin/python -c "import dsc; print('dsc', dsc.__version__, 'from', dsc.__file__)"
+.venv/bin/dsc --version
+
 log "cargo test: run (unit, doc and end-to-end tests)"
 cargo test --workspace --locked
 
 log "a partitioned compile on a real single-node Slurm (Debian's slurm-wlm, about 30 s)"
 scripts/slurm-test.sh "$PWD/target/debug/dsc"
 
-log "python package (pip install ./python into .venv: builds the extension with maturin)"
-.venv/bin/pip install --quiet --disable-pip-version-check ./python
-.venv/bin/python -c "import dsc; print('dsc', dsc.__version__, 'from', dsc.__file__)"
-
-log "pytest (tests/python: the Python loader, compile, distributed, example script)"
-# The CLI under test is the one cargo test just built. pytest exits 5 when it collected no
-# test: that is a failure here, never a pass.
-export DSC_BIN="$PWD/target/debug/dsc"
+log "pytest (tests/python: the Python loader, compile, distributed, example script, the wheel in fresh environments)"
+# The CLI under test is the one cargo test just built, the package the wheel just installed.
+# pytest exits 5 when it collected no test: that is a failure here, never a pass.
+export DSC_BIN="$PWD/target/debug/dsc" DSC_WHEEL="$PWD/$wheel"
 set +e
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
 rc=$?

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates the project-local Python environment .venv once: numpy, safetensors (used by the
-# interop test) and pytest, moto (an S3 server for the object storage tests), aeon and pyarrow (examples/uea.py: public data sets and the 1-NN DTW
+# interop test) and pytest, maturin (builds the wheel), moto (an S3 server for the object
+# storage tests), aeon and pyarrow (examples/uea.py: public data sets and the 1-NN DTW
 # baseline), Ray (examples/ray_compile.py: a partitioned compile on a local Ray cluster), and
 # PyTorch 2.11.0, whose libtorch tch 0.24 links for dsc-train. The PyPI wheel
 # is the CUDA build: it runs on CPU-only machines too, and uses a GPU where there is one.
@@ -14,6 +15,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c "import numpy, safetensors, pytest" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir numpy safetensors pytest
+fi
+# maturin builds the wheel scripts/test.sh installs (without pip's build isolation, which would
+# fetch it again for every build).
+if ! .venv/bin/python -c "import maturin" 2>/dev/null; then
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "maturin==1.16.0"
 fi
 if ! .venv/bin/python -c "import aeon, pyarrow" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check --no-cache-dir "aeon==1.6.0" pyarrow

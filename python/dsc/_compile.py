@@ -8,8 +8,11 @@ import json
 import numbers
 import os
 import sys
-from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict,
-                    Union, Unpack)
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    TypedDict, Union)
+
+if TYPE_CHECKING:  # typing.Unpack is 3.11's; the package runs on 3.9 (annotations stay strings)
+    from typing_extensions import Unpack
 
 from . import _dsc
 from ._cache import Cache, remote_json

@@ -1,25 +1,25 @@
-//! The bytes of one tensor of a batch, as Python sees them: a [`Buffer`] exports them through
-//! the buffer protocol (typed and shaped to NumPy, flat to `torch.frombuffer`), and owns them
-//! (a pooled gather buffer, a private mapping of the shard, or a reference to the cache's
-//! mapping) for as long as any array or tensor over it lives.
+//! The bytes of one tensor of a batch, as Python sees them: a [`Buffer`] exports them to NumPy
+//! typed and shaped through the array interface's C side (`__array_struct__`, which every NumPy
+//! reads and the limited API of every CPython >= 3.9 can build, where the buffer protocol's slots
+//! joined it only in 3.11), and owns them (a pooled gather buffer, a private mapping of the
+//! shard, or a reference to the cache's mapping) for as long as any array or tensor over it lives.
 
 use dsc_format::Dtype;
 use dsc_loader::BatchTensor;
-use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use std::os::raw::c_int;
+use pyo3::types::PyCapsule;
+use std::os::raw::{c_char, c_int, c_void};
 
-/// One tensor's bytes, exported through the buffer protocol: as its typed, shaped array to a
-/// consumer that asks for format and shape (`numpy.asarray`), else as flat bytes
-/// (`torch.frombuffer`, `numpy.frombuffer`).
+/// One tensor's bytes, exported as its typed, shaped array to `numpy.asarray` (and so to
+/// `torch.from_numpy`) through `__array_struct__`.
 #[pyclass(frozen, module = "dsc._dsc")]
 pub(crate) struct Buffer {
     bytes: Bytes,
-    /// The element's struct format (a C string).
-    format: &'static std::ffi::CStr,
-    itemsize: isize,
-    /// Shape and C-order strides in bytes, as the buffer protocol wants them (they live as
-    /// long as the exporter, which every export keeps alive).
+    /// NumPy's kind of the element ('f', 'u', 'i') and its size in bytes.
+    kind: c_char,
+    itemsize: c_int,
+    /// Shape and C-order strides in bytes, as NumPy's interface wants them (it copies both into
+    /// the array it makes).
     shape: Vec<isize>,
     strides: Vec<isize>,
 }
@@ -46,9 +46,9 @@ enum Bytes {
 impl Buffer {
     /// A buffer over `tensor`; `writable` asks for memory a consumer may write into.
     pub(crate) fn new(tensor: BatchTensor, writable: bool) -> std::io::Result<Buffer> {
-        let (format, itemsize) = buffer_format(tensor.dtype());
+        let (kind, itemsize) = element(tensor.dtype());
         let shape: Vec<isize> = tensor.shape().iter().map(|&d| d as isize).collect();
-        let mut strides = vec![itemsize; shape.len()];
+        let mut strides = vec![itemsize as isize; shape.len()];
         for i in (0..shape.len().saturating_sub(1)).rev() {
             strides[i] = strides[i + 1] * shape[i + 1];
         }
@@ -82,7 +82,7 @@ impl Buffer {
         };
         Ok(Buffer {
             bytes,
-            format,
+            kind,
             itemsize,
             shape,
             strides,
@@ -107,14 +107,62 @@ impl Buffer {
     }
 }
 
-/// The struct format and size of an element of `dtype` (native byte order: dsc's shards are
+/// NumPy's kind and the size of an element of `dtype` (native byte order: dsc's shards are
 /// little-endian, as every platform it runs on).
-fn buffer_format(dtype: Dtype) -> (&'static std::ffi::CStr, isize) {
-    match dtype {
-        Dtype::F32 => (c"f", 4),
-        Dtype::U8 => (c"B", 1),
-        Dtype::I32 => (c"i", 4),
-        Dtype::I64 => (c"q", 8),
+fn element(dtype: Dtype) -> (c_char, c_int) {
+    let (kind, size) = match dtype {
+        Dtype::F32 => (b'f', 4),
+        Dtype::U8 => (b'u', 1),
+        Dtype::I32 => (b'i', 4),
+        Dtype::I64 => (b'i', 8),
+    };
+    (kind as c_char, size)
+}
+
+/// NumPy's `PyArrayInterface` (numpy/ndarraytypes.h), the struct an `__array_struct__` capsule
+/// points to; its layout is part of NumPy's stable interface (version 3 of the array interface).
+/// The batch buffers leave through it, and the caller's arrays that `fill` writes into come in
+/// through it.
+#[repr(C)]
+pub(crate) struct ArrayInterface {
+    /// Always 2: NumPy's check that the capsule holds this struct.
+    pub(crate) two: c_int,
+    pub(crate) nd: c_int,
+    typekind: c_char,
+    pub(crate) itemsize: c_int,
+    pub(crate) flags: c_int,
+    pub(crate) shape: *mut isize,
+    strides: *mut isize,
+    pub(crate) data: *mut c_void,
+    descr: *mut pyo3::ffi::PyObject,
+}
+
+/// NumPy's flags for the array it makes: C-contiguous, aligned, in native byte order (without
+/// `NOTSWAPPED` NumPy would swap every element), and writeable where the bytes are this
+/// buffer's own.
+pub(crate) const C_CONTIGUOUS: c_int = 0x0001;
+const ALIGNED: c_int = 0x0100;
+const NOTSWAPPED: c_int = 0x0200;
+pub(crate) const WRITEABLE: c_int = 0x0400;
+
+/// The capsule's struct and the shape and strides it points to, freed together when NumPy (or
+/// whoever asked) drops the capsule. `repr(C)` with the interface first: the capsule's pointer
+/// is both the interface NumPy reads and the box the destructor frees.
+#[repr(C)]
+struct Exported {
+    interface: ArrayInterface,
+    _shape: Box<[isize]>,
+    _strides: Box<[isize]>,
+}
+
+unsafe extern "C" fn free_exported(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: the capsule was made by `__array_struct__` below with no name, around a pointer
+    // from `Box::into_raw`; CPython calls this destructor once, when the capsule dies.
+    unsafe {
+        let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, std::ptr::null());
+        if !ptr.is_null() {
+            drop(Box::from_raw(ptr.cast::<Exported>()));
+        }
     }
 }
 
@@ -138,68 +186,49 @@ impl Buffer {
         self.region().1
     }
 
-    /// # Safety
-    /// Called by CPython with a valid `view` to fill.
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut pyo3::ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        use pyo3::ffi;
+    /// The array interface's C side: a capsule around NumPy's `PyArrayInterface` for these
+    /// bytes. NumPy makes its array over them with this object as the array's base, so the
+    /// bytes (a gather buffer, a private mapping, or a reference to the cache that keeps the
+    /// shared mapping) live as long as the array, and a tensor made from it by `from_numpy`.
+    #[getter]
+    fn __array_struct__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyCapsule>> {
         let this = slf.get();
-        let (ptr, len, writable) = this.region();
-        let typed = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT
-            && flags & ffi::PyBUF_ND == ffi::PyBUF_ND;
-        if !typed {
-            // SAFETY: `view` comes from CPython. The pointer stays valid while the exporter
-            // lives: FillInfo takes a reference to `slf`, and `slf` owns the bytes (a gather
-            // buffer, a private mapping, or a reference to the cache that keeps the shared
-            // mapping). Writable exports are only memory no Rust code reads while Python holds
-            // it: a gather buffer owned by this object, or this object's private mapping.
-            let rc = unsafe {
-                ffi::PyBuffer_FillInfo(
-                    view,
-                    slf.as_ptr(),
-                    ptr.cast(),
-                    len as ffi::Py_ssize_t,
-                    c_int::from(!writable),
-                    flags,
-                )
-            };
-            return if rc == 0 {
-                Ok(())
-            } else {
-                Err(PyErr::take(slf.py())
-                    .unwrap_or_else(|| PyBufferError::new_err("cannot export the batch buffer")))
-            };
+        let (ptr, _, writable) = this.region();
+        let mut shape: Box<[isize]> = this.shape.clone().into_boxed_slice();
+        let mut strides: Box<[isize]> = this.strides.clone().into_boxed_slice();
+        let mut flags = C_CONTIGUOUS | ALIGNED | NOTSWAPPED;
+        if writable {
+            // Writable exports are only memory no Rust code reads while Python holds it: a
+            // gather buffer owned by this object, or this object's private mapping.
+            flags |= WRITEABLE;
         }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE && !writable {
-            return Err(PyBufferError::new_err("the batch buffer is read-only"));
-        }
-        // The typed export: one call gives NumPy the batch's array with its dtype and shape
-        // (and `torch.from_numpy` a tensor over it), where bytes need a cast and a view each.
-        // SAFETY: `view` comes from CPython and is ours to fill. `obj` holds a new reference to
-        // the exporter, so the bytes (as above), `format` (static) and `shape`/`strides` (owned
-        // by the frozen exporter, never changed) outlive the export.
+        let interface = ArrayInterface {
+            two: 2,
+            nd: shape.len() as c_int,
+            typekind: this.kind,
+            itemsize: this.itemsize,
+            flags,
+            shape: shape.as_mut_ptr(),
+            strides: strides.as_mut_ptr(),
+            data: ptr.cast(),
+            descr: std::ptr::null_mut(),
+        };
+        let exported = Box::into_raw(Box::new(Exported {
+            interface,
+            _shape: shape,
+            _strides: strides,
+        }));
+        // NumPy reads the capsule with `PyCapsule_GetPointer(capsule, NULL)`: it has no name.
+        // SAFETY: `exported` is a live box until the capsule's destructor frees it;
+        // `PyCapsule_New` returns a new reference or NULL with an exception set.
         unsafe {
-            (*view).obj = slf.clone().into_any().unbind().into_ptr();
-            (*view).buf = ptr.cast();
-            (*view).len = len as ffi::Py_ssize_t;
-            (*view).readonly = c_int::from(!writable);
-            (*view).itemsize = this.itemsize;
-            (*view).format = this.format.as_ptr().cast_mut();
-            (*view).ndim = this.shape.len() as c_int;
-            (*view).shape = this.shape.as_ptr().cast_mut();
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                this.strides.as_ptr().cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
+            let capsule =
+                pyo3::ffi::PyCapsule_New(exported.cast(), std::ptr::null(), Some(free_exported));
+            if capsule.is_null() {
+                drop(Box::from_raw(exported));
+                return Err(PyErr::fetch(slf.py()));
+            }
+            Ok(Bound::from_owned_ptr(slf.py(), capsule).cast_into_unchecked())
         }
-        Ok(())
     }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
 }

@@ -2,10 +2,13 @@
 //! the pure-Python half (`python/dsc/`) turns what it returns into NumPy arrays or torch tensors.
 //!
 //! Nothing here links libtorch: batches leave as [`Buffer`] objects (`buffer.rs`) that export
-//! their bytes, typed and shaped, through the buffer protocol, and Python wraps them with
-//! `numpy.asarray` (and `torch.from_numpy`). A `Buffer` owns its bytes (a pooled gather buffer, or a range of the shard
-//! mapping with a reference to the whole cache), so any array or tensor over it stays valid for
-//! as long as it lives. Long work runs with the GIL released.
+//! their bytes, typed and shaped, through NumPy's array interface (`__array_struct__`), and
+//! Python wraps them with `numpy.asarray` (and `torch.from_numpy`); the caller's buffers come
+//! in the same way (`__array_interface__`). That is all the limited API of CPython 3.9 offers
+//! (the buffer protocol joined it in 3.11), so one abi3 build serves every CPython >= 3.9.
+//! A `Buffer` owns its bytes (a pooled gather buffer, or a range of the shard mapping with a
+//! reference to the whole cache), so any array or tensor over it stays valid for as long as it
+//! lives. Long work runs with the GIL released.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -20,7 +23,6 @@ use dsc_format::{Codec, Dtype};
 use dsc_loader::pack::PackInfo;
 use dsc_loader::{Cache, Filler, LoadError, LoaderOptions, Mix, State, TensorLayout};
 use errors::{compile_error, load_error, options_error};
-use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -390,9 +392,8 @@ impl LoaderHandle {
         Ok(Some((step, meta, out)))
     }
 
-    /// Gathers batch `step` into the caller's buffers (writable, C-contiguous objects of the
-    /// buffer protocol, one per tensor of `tensors()`, e.g. the NumPy views of pinned uint8
-    /// torch tensors); returns `(seq_len, pack)` as `next` does. The GIL is released while
+    /// Gathers batch `step` into the caller's buffers (writable, C-contiguous NumPy arrays, one
+    /// per tensor of `tensors()`, e.g. the NumPy views of pinned uint8 torch tensors); returns `(seq_len, pack)` as `next` does. The GIL is released while
     /// copying, so several Python threads can fill different steps at once.
     fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Info> {
         self.check_process(py)?;
@@ -407,7 +408,7 @@ impl LoaderHandle {
         self.with(py, |l| l.block_bytes())
     }
 
-    /// Gathers batch `step` into one contiguous block (a writable byte buffer of at least
+    /// Gathers batch `step` into one contiguous block (a writable NumPy byte array of at least
     /// `block_bytes()`): its tensors one after another at aligned offsets, each cut to the
     /// batch, so that one transfer moves it to a GPU. Returns `((seq_len, pack), [(offset,
     /// bytes)])`, the ranges in `tensors()` order. The GIL is released while copying.
@@ -491,8 +492,8 @@ impl LoaderHandle {
     }
 }
 
-/// Runs `work` on the memory of `buffers` (writable, C-contiguous objects of the buffer
-/// protocol, e.g. the NumPy views of pinned uint8 torch tensors) with the GIL released, so that
+/// Runs `work` on the memory of `buffers` (writable, C-contiguous NumPy arrays, e.g. the views
+/// of pinned uint8 torch tensors) with the GIL released, so that
 /// several Python threads can fill at once. Refuses read-only, strided or overlapping buffers.
 fn with_regions<T: Send>(
     py: Python<'_>,
@@ -500,21 +501,10 @@ fn with_regions<T: Send>(
     downloads: Option<&Filler>,
     work: impl FnOnce(&mut [&mut [u8]]) -> Result<T, LoadError> + Send,
 ) -> PyResult<T> {
-    let mut views = Vec::with_capacity(buffers.len());
-    for b in buffers {
-        let view = PyBuffer::<u8>::get(b)?;
-        if view.readonly() || !view.is_c_contiguous() {
-            return Err(options_error(
-                py,
-                "fill needs writable, contiguous byte buffers",
-            ));
-        }
-        views.push(view);
-    }
-    let regions: Vec<(usize, usize)> = views
+    let regions = buffers
         .iter()
-        .map(|v| (v.buf_ptr() as usize, v.len_bytes()))
-        .collect();
+        .map(|b| writable_region(py, b))
+        .collect::<PyResult<Vec<(usize, usize)>>>()?;
     let mut sorted = regions.clone();
     sorted.sort_unstable();
     if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
@@ -526,21 +516,71 @@ fn with_regions<T: Send>(
     let work = || {
         let mut slices: Vec<&mut [u8]> = regions
             .iter()
-            // SAFETY: each region is a writable, contiguous buffer exported by an object that
-            // `views` holds (and so keeps alive and unresized) until after this call; the
-            // regions were checked not to overlap.
+            // SAFETY: each region is the writable, contiguous memory of an array that
+            // `buffers` holds (alive, and with a second reference NumPy refuses to resize it)
+            // until after this call; the regions were checked not to overlap.
             .map(|&(addr, len)| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) })
             .collect();
         work(&mut slices)
     };
     // With Ctrl-C honoured (a loader over object storage), the work runs in a thread of its
-    // own while this one looks for Python's signals; `views` outlives it either way.
+    // own while this one looks for Python's signals; `buffers` outlives it either way.
     let result = match downloads {
         Some(filler) => interruptible(py, &|| filler.interrupt(), work),
         None => Ok(py.detach(work)),
     };
-    drop(views);
     result?.map_err(|e| load_error(py, e))
+}
+
+/// The address and length in bytes of `array`'s memory, read from NumPy's array interface
+/// (`__array_struct__`: the limited API of CPython before 3.11 has no buffer protocol), or an
+/// error unless it is writable and C-contiguous.
+fn writable_region(py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    let refuse = |why: &str| {
+        options_error(
+            py,
+            &format!("fill needs writable, C-contiguous NumPy arrays; {why}"),
+        )
+    };
+    let capsule = array
+        .getattr(pyo3::intern!(py, "__array_struct__"))
+        .map_err(|_| refuse("this object has no __array_struct__"))?;
+    let capsule = capsule
+        .cast::<pyo3::types::PyCapsule>()
+        .map_err(|_| refuse("its __array_struct__ is not a capsule"))?;
+    // SAFETY: a live capsule (held by `capsule`); NumPy's array-interface capsules have no name.
+    let pointer = unsafe { pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), std::ptr::null()) };
+    if pointer.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| refuse("its capsule is empty")));
+    }
+    // SAFETY: NumPy's `__array_struct__` points to its `PyArrayInterface`, valid while the
+    // capsule lives; `two == 2` is the interface's own check that it is one.
+    let interface = unsafe { &*pointer.cast::<buffer::ArrayInterface>() };
+    if interface.two != 2 {
+        return Err(refuse(
+            "its __array_struct__ is not NumPy's array interface",
+        ));
+    }
+    if interface.flags & buffer::WRITEABLE == 0 {
+        return Err(refuse("this one is read-only"));
+    }
+    if interface.flags & buffer::C_CONTIGUOUS == 0 {
+        return Err(refuse("this one is not C-contiguous"));
+    }
+    let dims = interface.nd.max(0) as usize;
+    let elements: usize = if dims == 0 {
+        1
+    } else {
+        // SAFETY: `shape` points to `nd` sizes, valid while the capsule lives.
+        unsafe { std::slice::from_raw_parts(interface.shape, dims) }
+            .iter()
+            .map(|&d| d.max(0) as usize)
+            .product()
+    };
+    Ok((
+        interface.data as usize,
+        elements * interface.itemsize.max(0) as usize,
+    ))
 }
 
 /// The spec of a compile: the spec file's keys (if any) with the JSON object `spec_json` (what
@@ -820,6 +860,14 @@ fn parse_size(py: Python<'_>, text: &str) -> PyResult<u64> {
     dsc_format::spec::parse_size(text).map_err(|e| options_error(py, &format!("{text:?}: {e}")))
 }
 
+/// Runs the `dsc` command line with `argv` (the program's name first) and returns its exit code:
+/// the package's `dsc` console script (`dsc/_cli.py`), the same CLI as the cargo-built binary.
+/// The GIL is released for the whole command.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(|| dsc_cli::run(argv))
+}
+
 #[pymodule]
 fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
@@ -830,6 +878,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(choices, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Where `fill_block` puts each tensor: static buffers view a block at these offsets.
     m.add("BLOCK_ALIGN", dsc_loader::BLOCK_ALIGN)?;

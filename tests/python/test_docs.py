@@ -40,8 +40,10 @@ from conftest import REPO, dsc_bin
 DOCS = ["README.md", "docs/GUIDE.md", "docs/PYTHON.md", "docs/SCALE.md"]
 SKIP = re.compile(r"<!-- not run by tests: (.+) -->")
 # Commands of the docs that other tests run, or that install things.
+# maturin: scripts/test.sh builds the wheel it tests with it; scripts/wheel.sh is the same build
+# at --release with zig's linker (minutes longer), run for a release, not by the tests.
 ELSEWHERE = {"scripts/demo.sh", "scripts/test.sh", "scripts/venv.sh", "pip", "python", "export",
-             "cargo", "dsc-train", "target/release/dsc-train"}
+             "cargo", "dsc-train", "target/release/dsc-train", "maturin", "scripts/wheel.sh"}
 
 
 @pytest.fixture(scope="module")

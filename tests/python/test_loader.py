@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import json
@@ -384,15 +385,18 @@ def test_numpy_format(cache_dir: Path) -> None:
     assert batch["key"].tolist() == order_keys(cache_dir, "--batch-size", "8")[0]
 
 
-def test_batch_buffers_export_typed_arrays_and_bytes(cache_dir: Path) -> None:
+def test_batch_buffers_export_typed_arrays_that_keep_them_alive(cache_dir: Path) -> None:
     """The extension's buffers give NumPy the tensor's dtype and shape in one call (what makes a
-    batch cheap for Python, issue 28 item 3) and byte consumers the same bytes."""
+    batch cheap for Python, issue 28 item 3) through the array interface every CPython >= 3.9
+    can build (issue 43), and each array keeps its buffer's bytes alive after the batch is
+    dropped."""
     cache = dsc.open(cache_dir)
     loader = dsc.Loader(cache, batch_size=8, seed=0, trim=True)
     handle = cache._handle.loader(loader._options(0), 0, True)
     layout = handle.tensors()
     step, (seq_len, _), buffers = handle.next()
     assert step == 0 and len(buffers) == len(layout)
+    arrays, copies = [], []
     for (name, dtype, whole, axis), buf in zip(layout, buffers):
         typed = np.asarray(buf)
         shape = list(whole)
@@ -400,17 +404,47 @@ def test_batch_buffers_export_typed_arrays_and_bytes(cache_dir: Path) -> None:
             shape[axis] = seq_len
         assert typed.dtype == np.dtype(dtype) and list(typed.shape) == shape, name
         assert typed.flags.c_contiguous and typed.flags.writeable, name
-        view = memoryview(buf)
-        assert view.format == typed.dtype.char and view.shape == tuple(shape), name
-        assert np.frombuffer(buf, dtype=np.uint8).tobytes() == typed.tobytes(), name
-        assert torch.frombuffer(buf, dtype=getattr(torch, dtype)).view(shape).equal(
-            torch.from_numpy(typed)), name
+        # The array's base holds the buffer (NumPy 2 holds it with the interface's capsule).
+        base = typed.base if isinstance(typed.base, tuple) else (typed.base,)
+        assert base[0] is buf and typed.nbytes == len(buf), name
+        assert torch.from_numpy(typed).data_ptr() == typed.ctypes.data, name
+        arrays.append(typed)
+        copies.append(typed.copy())
+    del buffers, buf, typed
+    gc.collect()
+    # The next batches reuse the pool's freed buffers; these arrays still own theirs.
+    for _ in range(3):
+        handle.next()
+    for (name, *_), a, c in zip(layout, arrays, copies):
+        assert np.array_equal(a, c), name
     handle.close()
     # Read-only views of the cache (NumPy, cache order) stay read-only through the typed export.
     view = next(iter(dsc.Loader(cache, batch_size=8, shuffle=False, format="numpy")))["x"]
     assert not view.flags.writeable
     with pytest.raises(ValueError):
         view[0, 0, 0] = 1.0
+
+
+def test_fill_refuses_buffers_it_cannot_write_whole(cache_dir: Path) -> None:
+    """`fill` writes into the caller's arrays with the GIL released, so it takes only writable,
+    C-contiguous NumPy arrays, and says which rule an argument broke."""
+    cache = dsc.open(cache_dir)
+    loader = dsc.Loader(cache, batch_size=8, seed=0)
+    handle = cache._handle.loader(loader._options(0), 0, True)
+    sizes = [int(np.prod(whole)) * np.dtype(dtype).itemsize
+             for _, dtype, whole, _ in handle.tensors()]
+    good = [np.zeros(n, np.uint8) for n in sizes]
+    handle.fill(0, good)
+    readonly = [b.copy() for b in good]
+    readonly[0].flags.writeable = False
+    strided = [np.zeros(2 * n, np.uint8)[::2] if i == 0 else np.zeros(n, np.uint8)
+               for i, n in enumerate(sizes)]
+    for bad, why in ((readonly, "read-only"), (strided, "not C-contiguous"),
+                     ([bytearray(n) for n in sizes], "no __array_struct__"),
+                     ([good[0]] * len(sizes), "overlap")):
+        with pytest.raises(dsc.OptionsError, match=why):
+            handle.fill(0, bad)
+    handle.close()
 
 
 def test_rank_defaults_come_from_the_environment(cache_dir: Path, monkeypatch) -> None:

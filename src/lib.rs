@@ -1,0 +1,108 @@
+//! `dsc`, the dataset compiler's command line: parse flags, call the crates, print. [`run`] is
+//! the whole command; the `dsc` binary calls it, and so does the Python package's `dsc` console
+//! script (through its extension), so that `pip install` brings the same command line.
+#![forbid(unsafe_code)]
+
+mod args;
+mod bench_cmd;
+mod compile_cmd;
+mod digits_cmd;
+mod gen_cmd;
+mod inspect_cmd;
+mod order_cmd;
+mod output;
+mod report_cmd;
+mod show_cmd;
+mod storage_cmd;
+mod upload;
+mod verify_cmd;
+
+use clap::Parser;
+use dsc_format::spelling::{spell, Spelling};
+use std::ffi::OsString;
+use std::io::Write;
+
+/// Exit code for a failed check (`dsc verify` found problems).
+const EXIT_PROBLEMS: u8 = 1;
+/// Exit code for an error (bad input, I/O).
+const EXIT_ERROR: u8 = 2;
+
+/// Runs the command line `args` (the program's name first, as `std::env::args_os` gives it) and
+/// returns the process's exit code. Meant to be the whole process: it sets the exit code of a
+/// shard truncated under a reader, may start rayon's global pool, and installs signal handlers
+/// for the commands that clean up when stopped.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let code = run_command(args);
+    // A host process (Python) outlives this call: what was printed must reach it now.
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    code
+}
+
+fn run_command<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    // A shard truncated under a reader: one line naming it, then the error exit code.
+    dsc_loader::sigbus::exit_with(i32::from(EXIT_ERROR));
+    let cli = match args::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and exit 0.
+            let _ = e.print();
+            return e.exit_code() as u8;
+        }
+    };
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+        {
+            eprintln!("dsc: cannot start {n} threads: {e}");
+            return EXIT_ERROR;
+        }
+    }
+    let result = match cli.command {
+        args::Command::Gen(a) => gen_cmd::run(a),
+        args::Command::Compile(a) => compile_cmd::run(*a),
+        args::Command::Inspect(a) => inspect_cmd::run(a),
+        args::Command::Verify(a) => verify_cmd::run(a),
+        args::Command::Show(a) => show_cmd::run(a),
+        args::Command::Report(a) => report_cmd::run(a),
+        args::Command::Order(a) => order_cmd::run(a),
+        args::Command::Bench(a) => bench_cmd::run(a),
+        args::Command::DigitSplit(a) => digits_cmd::run(a),
+        args::Command::Merge(a) => compile_cmd::merge(a),
+        args::Command::Compress(a) => storage_cmd::compress(a),
+        args::Command::Decompress(a) => storage_cmd::decompress(a),
+        args::Command::Status(a) => compile_cmd::status(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if output::is_broken_pipe(&e) {
+                return 0;
+            }
+            // The libraries name options by their keys; the command line spells them as flags.
+            let message = spell(&output::error_chain(&e), Spelling::Cli);
+            eprintln!("dsc: {message}");
+            // Stopped by a signal: the shell's convention, 128 + the signal.
+            let signal = match e.downcast_ref::<dsc_compiler::CompileError>() {
+                Some(dsc_compiler::CompileError::Interrupted { signal }) => Some(*signal),
+                _ => match e.downcast_ref::<dsc_store::StoreError>() {
+                    Some(dsc_store::StoreError::Interrupted { signal, .. }) => Some(*signal),
+                    _ => None,
+                },
+            };
+            match signal {
+                Some(signal) => (128 + signal) as u8,
+                None => EXIT_ERROR,
+            }
+        }
+    }
+}

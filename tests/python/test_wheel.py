@@ -1,0 +1,80 @@
+"""The built wheel as users install it (issue 43): into fresh virtual environments of the oldest
+and newest CPython this machine offers, with nothing but the wheel and what pip brings for it,
+then tests/wheel/smoke.py there. scripts/test.sh builds the wheel and names it in DSC_WHEEL."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEEL = os.environ.get("DSC_WHEEL")
+
+
+def interpreters() -> list:
+    """The oldest and the newest CPython >= 3.9 found: pyenv's versions, then python3.X on the
+    PATH (the machine's own, and the one running the tests)."""
+    found = {}
+    roots = []
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
+        roots.append(root)
+    roots.append(os.path.expanduser("~/.pyenv"))
+    candidates = [p for r in roots for p in glob.glob(f"{r}/versions/3.*/bin/python3")]
+    candidates += [shutil.which(f"python3.{minor}") or "" for minor in range(9, 20)]
+    candidates.append(sys.executable)
+    for exe in filter(None, candidates):
+        try:
+            out = subprocess.run([exe, "-c", "import sys, venv; print(*sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            version = tuple(int(x) for x in out.stdout.split())
+            if version >= (3, 9):
+                found.setdefault(version, exe)
+    ends = sorted(found)
+    return [found[v] for v in sorted({ends[0], ends[-1]})] if ends else []
+
+
+def expected_version() -> str:
+    binary = os.environ.get("DSC_BIN") or str(ROOT / "target" / "debug" / "dsc")
+    return subprocess.run([binary, "--version"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.mark.skipif(not WHEEL, reason="no wheel built: scripts/test.sh builds one (DSC_WHEEL)")
+@pytest.mark.parametrize("python", interpreters() or [None])
+def test_the_wheel_installs_and_runs_in_a_fresh_environment(python, tmp_path: Path) -> None:
+    assert python, "no CPython >= 3.9 found to install the wheel into"
+    version = subprocess.run([python, "--version"], capture_output=True, text=True).stdout
+    env_dir = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(env_dir)], check=True)
+    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet",
+           "--disable-pip-version-check"]
+    subprocess.run(pip + [WHEEL], check=True)
+    # Only the wheel and NumPy: no Rust toolchain involved, no source tree on the path.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DSC_BIN")}
+    env["PATH"] = f"{env_dir / 'bin'}:{env.get('PATH', '')}"
+    done = subprocess.run([str(env_dir / "bin" / "python"), str(ROOT / "tests/wheel/smoke.py"),
+                           str(tmp_path / "work"), expected_version()],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, f"{version}: {done.stderr[-4000:]}"
+    checked = json.loads(done.stdout.strip().splitlines()[-1])
+    assert checked["from"].startswith(str(env_dir)), checked
+    assert checked["same_cache_from_python_and_cli"] and checked["train_contexts_loaded"] > 0
+    print(f"{version.strip()}: {checked}")
+
+
+def test_the_wheel_is_abi3_for_every_python_from_3_9() -> None:
+    if not WHEEL:
+        pytest.skip("no wheel built: scripts/test.sh builds one (DSC_WHEEL)")
+    assert re.search(r"-cp39-abi3-(manylinux|linux)_[^-]*x86_64\.whl$", WHEEL), WHEEL
