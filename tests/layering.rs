@@ -2,21 +2,32 @@
 //! module that imports it back, directly or through others (issue 29, item 5). A circle means
 //! two modules can only be read, tested and changed together; the check keeps new ones out.
 //!
-//! The graph is read from the sources: in Rust every `crate::…` and `super::…` path outside
-//! comments (in `use` trees and in code, `#[cfg(test)]` modules included), resolved to the
-//! longest module prefix; paths relative to a module (its own children) are not counted, so a
-//! module and the modules it declares count as one;
-//! in Python every relative import (`from .x import`, `from . import x`), lazy ones included.
-//! The crate root (`lib.rs`, `main.rs`) and the package's `__init__.py` are the front doors:
-//! they declare and re-export the modules, so edges into and out of them are not counted.
+//! The graph is read from the sources as the compiler resolves them (issue 40, item 4). In
+//! Rust every `crate::…` and `super::…` path outside comments (in `use` trees and in code,
+//! `#[cfg(test)]` modules included) is followed through the front doors' re-exports (`pub use`
+//! in `lib.rs` or a folder's `mod.rs`, globs included) to the module that defines the name;
+//! paths relative to a module (its own children) are not counted. In Python every relative
+//! import (`from .x import`, `from . import x`, lazy ones included), with a name re-exported by
+//! `__init__.py` followed to its module.
+//!
+//! A folder module counts as one with its files when seen from its siblings: an edge from
+//! `cache` to `remote::open` is an edge from `cache` to `remote`, and one from `remote::open`
+//! to `cache` closes the circle. Inside the folder its files are checked among themselves. The
+//! crate root (`lib.rs`, `main.rs`) and `__init__.py` are the front doors: they declare and
+//! re-export the modules, so edges into and out of them are not counted, nor are edges between
+//! a folder's `mod.rs` and its own files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
+/// The checkout to check: this one, or `DSC_LAYERING_ROOT` (e.g. an older commit unpacked with
+/// `git archive`, to see which circles the check finds there).
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("DSC_LAYERING_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 fn files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
@@ -102,8 +113,191 @@ fn without_comments(text: &str) -> String {
         .join("\n")
 }
 
-/// The module of `path` (segments after `crate::`): its longest prefix that is a module.
-fn resolve(modules: &BTreeSet<String>, path: &str) -> Option<String> {
+/// Where each re-exported name leads: `"m::Name"` (`"Name"` at the crate root) to the path,
+/// from the crate root, that its `pub use` names. Globs (`pub use entry::*`) map every `pub`
+/// item the target file declares.
+type Reexports = BTreeMap<String, String>;
+
+/// The `pub use` (and `pub(crate) use`) statements of `text`, each as its tree (`a::{B, c::D}`).
+fn pub_uses(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("use ") {
+        let head = rest[..at].trim_end();
+        rest = &rest[at + 4..];
+        if !(head.ends_with("pub") || head.ends_with("pub(crate)")) {
+            continue;
+        }
+        let end = rest.find(';').unwrap_or(rest.len());
+        out.push(rest[..end].split_whitespace().collect::<Vec<_>>().join(" "));
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// The leaves of a use tree: (path from the tree's start, the name it is exported as).
+fn use_leaves(tree: &str) -> Vec<(String, String)> {
+    fn walk(prefix: &str, tree: &str, out: &mut Vec<(String, String)>) {
+        let tree = tree.trim();
+        if let Some(open) = tree.find('{') {
+            let base = tree[..open].trim().trim_end_matches("::");
+            let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+            let (mut depth, mut start) = (0, 0);
+            let mut parts = Vec::new();
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        parts.push(&inner[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            parts.push(&inner[start..]);
+            let prefix = join(prefix, base);
+            for part in parts.into_iter().filter(|p| !p.trim().is_empty()) {
+                walk(&prefix, part, out);
+            }
+        } else {
+            let (path, alias) = match tree.split_once(" as ") {
+                Some((p, a)) => (p.trim(), Some(a.trim())),
+                None => (tree, None),
+            };
+            let full = if path == "self" {
+                prefix.to_string()
+            } else {
+                join(prefix, path)
+            };
+            let name = alias.unwrap_or_else(|| full.rsplit("::").next().unwrap_or(""));
+            out.push((full.clone(), name.to_string()));
+        }
+    }
+    fn join(a: &str, b: &str) -> String {
+        match (a.is_empty(), b.is_empty()) {
+            (true, _) => b.to_string(),
+            (_, true) => a.to_string(),
+            _ => format!("{a}::{b}"),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", tree, &mut out);
+    out
+}
+
+/// The names a file declares `pub` (for glob re-exports).
+fn pub_items(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim_start) {
+        let Some(rest) = line
+            .strip_prefix("pub ")
+            .or_else(|| line.strip_prefix("pub(crate) "))
+        else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let kind = words.next().unwrap_or("");
+        let kind = if kind == "unsafe" || kind == "const" && rest.starts_with("const fn") {
+            words.next().unwrap_or("")
+        } else {
+            kind
+        };
+        if matches!(
+            kind,
+            "struct" | "enum" | "fn" | "trait" | "type" | "const" | "static" | "mod"
+        ) {
+            if let Some(name) = words.next() {
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The path of a `use` in `module` as a path from the crate root (`crate::`, `self::`,
+/// `super::` and a child module's name resolved), or None for another crate's.
+fn from_root(modules: &BTreeSet<String>, module: &str, path: &str) -> Option<String> {
+    let child = |rest: &str| {
+        if module.is_empty() {
+            rest.to_string()
+        } else {
+            format!("{module}::{rest}")
+        }
+    };
+    if let Some(rest) = path.strip_prefix("crate::") {
+        return Some(rest.to_string());
+    }
+    if let Some(rest) = path.strip_prefix("self::") {
+        return Some(child(rest));
+    }
+    if let Some(rest) = path.strip_prefix("super::") {
+        let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
+        return Some(if parent.is_empty() {
+            rest.to_string()
+        } else {
+            format!("{parent}::{rest}")
+        });
+    }
+    let first = path.split("::").next().unwrap_or("");
+    modules.contains(&child(first)).then(|| child(path))
+}
+
+fn reexports(modules: &BTreeSet<String>, texts: &BTreeMap<String, String>) -> Reexports {
+    let mut map = Reexports::new();
+    for (module, text) in texts {
+        for tree in pub_uses(text) {
+            for (path, name) in use_leaves(&tree) {
+                let Some(target) = from_root(modules, module, &path) else {
+                    continue;
+                };
+                let key = |n: &str| {
+                    if module.is_empty() {
+                        n.to_string()
+                    } else {
+                        format!("{module}::{n}")
+                    }
+                };
+                if name == "*" {
+                    let target = target.trim_end_matches("::*").to_string();
+                    for item in texts.get(&target).map(|t| pub_items(t)).unwrap_or_default() {
+                        map.insert(key(&item), format!("{target}::{item}"));
+                    }
+                } else {
+                    map.insert(key(&name), target);
+                }
+            }
+        }
+    }
+    map
+}
+
+/// The module that defines what `path` (segments after `crate::`) names: re-exports followed,
+/// then its longest prefix that is a module.
+fn resolve(modules: &BTreeSet<String>, reexports: &Reexports, path: &str) -> Option<String> {
+    let mut path = path.to_string();
+    for _ in 0..16 {
+        let segs: Vec<&str> = path.split("::").collect();
+        let hop = (1..=segs.len()).rev().find_map(|n| {
+            let target = reexports.get(&segs[..n].join("::"))?;
+            Some(
+                std::iter::once(target.as_str())
+                    .chain(segs[n..].iter().copied())
+                    .collect::<Vec<_>>()
+                    .join("::"),
+            )
+        });
+        match hop {
+            Some(next) if next != path => path = next,
+            _ => break,
+        }
+    }
     let segs: Vec<&str> = path.split("::").collect();
     (1..=segs.len())
         .rev()
@@ -111,65 +305,140 @@ fn resolve(modules: &BTreeSet<String>, path: &str) -> Option<String> {
         .find(|m| modules.contains(m))
 }
 
+/// The edges between modules that sit side by side: an edge from `a::x` to `b::y` is one from
+/// `a` to `b` (a folder counts as one with its files seen from outside), one from `a::x` to
+/// `a::y` stays inside the folder `a`, and one between a folder and its own files is none.
+fn side_by_side(edges: &[(String, String)]) -> Graph {
+    let mut graph = Graph::new();
+    for (from, to) in edges {
+        let f: Vec<&str> = from.split("::").collect();
+        let t: Vec<&str> = to.split("::").collect();
+        let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+        if common == f.len() || common == t.len() {
+            continue; // a module and its own folder's files, or itself
+        }
+        let node = |segs: &[&str]| segs[..=common].join("::");
+        graph.entry(node(&f)).or_default().insert(node(&t));
+    }
+    graph
+}
+
 fn rust_graph(src: &Path) -> Graph {
     let mut paths = Vec::new();
     files(src, "rs", &mut paths);
-    let modules: BTreeSet<String> = paths.iter().map(|f| rust_module(src, f)).collect();
-    let mut graph = Graph::new();
-    for file in &paths {
-        let module = rust_module(src, file);
+    let texts: BTreeMap<String, String> = paths
+        .iter()
+        .map(|f| {
+            let text = without_comments(&std::fs::read_to_string(f).unwrap());
+            (rust_module(src, f), text)
+        })
+        .collect();
+    let modules: BTreeSet<String> = texts.keys().cloned().collect();
+    let reexports = reexports(&modules, &texts);
+    let mut edges = Vec::new();
+    for (module, text) in &texts {
         if module.is_empty() {
             continue; // the crate root
         }
-        let text = without_comments(&std::fs::read_to_string(file).unwrap());
         let parent = module.rsplit_once("::").map_or("", |(p, _)| p).to_string();
-        let mut targets: Vec<String> = named_paths(&text, "crate::")
+        let mut targets: Vec<String> = named_paths(text, "crate::")
             .iter()
-            .filter_map(|p| resolve(&modules, p))
+            .filter_map(|p| resolve(&modules, &reexports, p))
             .collect();
         // `super::x` in a file module names a sibling (inline test modules' `super::*` is the
         // file itself).
-        for p in named_paths(&text, "super::") {
+        for p in named_paths(text, "super::") {
             let full = if parent.is_empty() {
                 p.clone()
             } else {
                 format!("{parent}::{p}")
             };
-            targets.extend(resolve(&modules, &full));
+            targets.extend(resolve(&modules, &reexports, &full));
         }
-        let edges = graph.entry(module.clone()).or_default();
         edges.extend(
             targets
                 .into_iter()
-                .filter(|t| !t.is_empty() && *t != module),
+                .filter(|t| !t.is_empty() && t != module)
+                .map(|t| (module.clone(), t)),
         );
     }
-    graph
+    side_by_side(&edges)
+}
+
+/// The relative imports of a Python file: (module, names) for `from .module import names`, and
+/// ("", names) for `from . import names`; parenthesised lists over several lines joined.
+fn python_imports(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut lines = text.lines().map(str::trim);
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.strip_prefix("from .") else {
+            continue;
+        };
+        let (target, names) = rest.split_once(" import ").unwrap_or((rest, ""));
+        let mut names = names.to_string();
+        if names.starts_with('(') {
+            while !names.contains(')') {
+                match lines.next() {
+                    Some(more) => names.push_str(more),
+                    None => break,
+                }
+            }
+        }
+        let names = names
+            .split('#')
+            .next()
+            .unwrap_or("")
+            .trim_matches(|c| c == '(' || c == ')')
+            .split(',')
+            .filter_map(|n| n.split_whitespace().next())
+            .map(|n| n.trim_matches(|c| c == '(' || c == ')').to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        out.push((target.trim().to_string(), names));
+    }
+    out
 }
 
 fn python_graph(package: &Path) -> Graph {
     let mut paths = Vec::new();
     files(package, "py", &mut paths);
+    let module_of = |f: &PathBuf| f.file_stem().unwrap().to_string_lossy().into_owned();
+    let modules: BTreeSet<String> = paths.iter().map(module_of).collect();
+    // Names `__init__.py` re-exports (`from ._loader import Loader`), to their modules.
+    let mut exported = BTreeMap::new();
+    if let Ok(text) = std::fs::read_to_string(package.join("__init__.py")) {
+        for (target, names) in python_imports(&text) {
+            if !target.is_empty() {
+                for name in names {
+                    exported.insert(name, target.clone());
+                }
+            }
+        }
+    }
     let mut graph = Graph::new();
     for file in &paths {
-        let module = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let module = module_of(file);
         if module == "__init__" {
             continue;
         }
         let text = std::fs::read_to_string(file).unwrap();
+        let text: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
         let edges = graph.entry(module.clone()).or_default();
-        for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-            if let Some(rest) = line.strip_prefix("from .") {
-                let (target, names) = rest.split_once(" import ").unwrap_or((rest, ""));
-                if target.is_empty() {
-                    // `from . import a, b`
-                    edges.extend(
-                        names
-                            .split(',')
-                            .map(|n| n.split_whitespace().next().unwrap_or("").to_string()),
-                    );
-                } else {
-                    edges.insert(target.to_string());
+        for (target, names) in python_imports(&text) {
+            if !target.is_empty() {
+                edges.insert(target);
+                continue;
+            }
+            // `from . import a, Name`: a module, or a name the package re-exports.
+            for name in names {
+                if modules.contains(&name) {
+                    edges.insert(name);
+                } else if let Some(m) = exported.get(&name) {
+                    edges.insert(m.clone());
                 }
             }
         }
@@ -224,7 +493,7 @@ fn no_module_imports_a_module_that_imports_it_back() {
     let root = repo();
     let mut found = Vec::new();
     for krate in [
-        "format", "gen", "compiler", "loader", "trainer", "python", "src",
+        "format", "gen", "compiler", "loader", "store", "trainer", "python", "src",
     ] {
         let src = match krate {
             "src" => root.join("src"),
@@ -240,35 +509,85 @@ fn no_module_imports_a_module_that_imports_it_back() {
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
 }
 
-/// The check itself sees a circle where there is one, through `use` groups, `super::` and
-/// lazy Python imports alike.
+/// The check itself sees a circle where there is one: through `use` groups, `super::`, a
+/// front door's re-exports (named and glob) and a folder's files, and through lazy Python
+/// imports and names `__init__.py` re-exports.
 #[test]
 fn the_layering_check_finds_circles() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     std::fs::create_dir_all(src.join("a")).unwrap();
-    std::fs::write(src.join("lib.rs"), "mod a; mod b; pub use a::X;").unwrap();
-    std::fs::write(
-        src.join("a/mod.rs"),
-        "use crate::{a::inner::Z,\n    b::{self, Y}};",
-    )
-    .unwrap();
-    std::fs::write(src.join("a/inner.rs"), "pub struct Z;").unwrap();
-    std::fs::write(src.join("b.rs"), "fn f() { let _ = super::a::inner::Z; }").unwrap();
+    let write = |file: &str, text: &str| std::fs::write(src.join(file), text).unwrap();
+    write(
+        "lib.rs",
+        "mod a; mod b; mod c;\npub use a::{X, inner::Z as Zed};\npub use c::*;",
+    );
+    write(
+        "a/mod.rs",
+        "mod inner;\npub struct X;\nuse crate::{a::inner::Z,\n    b::{self, Y}};",
+    );
+    write("a/inner.rs", "pub struct Z;");
+    write("b.rs", "pub struct Y;");
+    write("c.rs", "pub fn helper() {}\npub(crate) struct Deep;");
+    assert_eq!(cycle(&rust_graph(&src)), None, "a -> b only");
+
+    // A name taken through the crate root leads to its module.
+    write("b.rs", "fn f() { crate::X; }");
+    assert_eq!(
+        cycle(&rust_graph(&src)).expect("a -> b -> a"),
+        ["a", "b", "a"]
+    );
+    write("b.rs", "use crate::Zed;");
+    assert_eq!(
+        cycle(&rust_graph(&src)).expect("through the alias"),
+        ["a", "b", "a"]
+    );
+
+    // A folder counts as one with its files: b naming a::inner closes the circle with a.
+    write("b.rs", "fn f() { let _ = super::a::inner::Z; }");
+    assert_eq!(
+        cycle(&rust_graph(&src)).expect("a -> b -> a::inner"),
+        ["a", "b", "a"]
+    );
+
+    // A glob re-export: `crate::helper` is c's, and c naming a closes a circle through b.
+    write("b.rs", "use crate::helper;");
+    write("a/mod.rs", "mod inner;\npub struct X;\nuse crate::Deep;");
+    write(
+        "c.rs",
+        "pub fn helper() {}\npub(crate) struct Deep;\nuse crate::b;",
+    );
+    let found = cycle(&rust_graph(&src)).expect("b -> c -> b");
+    assert!(
+        found.contains(&"b".to_string()) && found.contains(&"c".to_string()),
+        "{found:?}"
+    );
+
+    // Inside a folder its files are checked among themselves; a folder and its files are one.
+    write("b.rs", "pub struct Y;");
+    write("c.rs", "pub fn helper() {}\npub(crate) struct Deep;");
+    write(
+        "a/mod.rs",
+        "mod inner;\nmod other;\npub struct X;\nuse crate::a::inner::Z;",
+    );
+    write("a/inner.rs", "pub struct Z;\nuse super::X;");
+    write("a/other.rs", "use super::inner::Z;");
     assert_eq!(
         cycle(&rust_graph(&src)),
         None,
-        "b names a::inner, not a: no circle"
+        "a folder's files may use its mod.rs"
     );
-    std::fs::write(src.join("b.rs"), "fn f() { crate::a::X; }").unwrap();
-    let found = cycle(&rust_graph(&src)).expect("a -> b -> a");
-    assert!(found.contains(&"a".to_string()) && found.contains(&"b".to_string()));
+    write("a/inner.rs", "pub struct Z;\nuse super::other;");
+    assert_eq!(
+        cycle(&rust_graph(&src)).expect("inner -> other -> inner"),
+        ["a::inner", "a::other", "a::inner"]
+    );
 
     let pkg = dir.path().join("pkg");
     std::fs::create_dir_all(&pkg).unwrap();
     std::fs::write(
         pkg.join("__init__.py"),
-        "from ._a import A\nfrom ._b import B\n",
+        "from ._a import A\nfrom ._b import (\n    B,\n    Bee,\n)\n",
     )
     .unwrap();
     std::fs::write(pkg.join("_a.py"), "from . import _b, _c\n").unwrap();
@@ -276,4 +595,17 @@ fn the_layering_check_finds_circles() {
     std::fs::write(pkg.join("_c.py"), "import os\n").unwrap();
     let found = cycle(&python_graph(&pkg)).expect("_a -> _b -> _a");
     assert_eq!(found, ["_a", "_b", "_a"]);
+    // A class taken from the package root leads to the module that defines it.
+    std::fs::write(pkg.join("_b.py"), "import os\n").unwrap();
+    std::fs::write(pkg.join("_c.py"), "def f():\n    from . import Bee\n").unwrap();
+    assert_eq!(
+        cycle(&python_graph(&pkg)),
+        None,
+        "_c takes Bee from _b, which imports nothing"
+    );
+    std::fs::write(pkg.join("_c.py"), "def f():\n    from . import A\n").unwrap();
+    assert_eq!(
+        cycle(&python_graph(&pkg)).expect("_a -> _c -> _a"),
+        ["_a", "_c", "_a"]
+    );
 }

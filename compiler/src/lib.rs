@@ -43,6 +43,7 @@
 
 mod bucket;
 mod budget;
+mod codec;
 mod column;
 mod commit;
 mod encode;
@@ -68,6 +69,7 @@ mod storage;
 mod text;
 mod write;
 
+pub use codec::Storage;
 pub use commit::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{signal_name, CompileError, Result};
@@ -76,4 +78,4 @@ pub use local::compile;
 pub use progress::TerminalBars;
 pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};
 pub use read::decode_parquet;
-pub use storage::{export, restore, Storage, StorageReport};
+pub use storage::{export, restore, StorageReport};

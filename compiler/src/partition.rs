@@ -283,9 +283,14 @@ fn check_work_file(dir: &Path, want: &WorkFile, rerun: &str) -> Result<PathBuf> 
     Ok(path)
 }
 
-/// The command that reruns `stage` of partition `i` of `n`.
+/// How to rerun `stage` of partition `i` of `n`, by the options' keys (each front end spells
+/// them: `--partition 2/4 --stage fit` on the command line, `partition="2/4"` and
+/// `stage="fit"` for `dsc.compile_stage`).
 fn rerun(stage: Stage, i: usize, n: usize) -> String {
-    format!("dsc compile … --partition {i}/{n} --stage {}", stage.name())
+    format!(
+        "the compile with `partition={i}/{n}` `stage={}`",
+        stage.name()
+    )
 }
 
 /// Where a partitioned compile stands.
@@ -384,7 +389,8 @@ impl Work {
             path: out.into(),
             what: format!(
                 "no partitioned compile into it is under way ({} is missing): run the stages \
-                 first (dsc compile … --partition I/N --stage scan|fit|write)",
+                 first (`stage=scan`, `stage=fit`, then `stage=write`, each in every \
+                 `partition=I/N`)",
                 work_dir(out).join("plan.json").display()
             ),
         })
@@ -451,10 +457,10 @@ impl Work {
                         CompileError::Partition {
                             path: path.clone(),
                             what: format!(
-                                "partition {i}/{n} has not finished the {} stage: run it (dsc \
-                                 compile … --partition {i}/{n} --stage {}) and try again",
+                                "partition {i}/{n} has not finished the {} stage: run it ({}) \
+                                 and try again",
                                 stage.name(),
-                                stage.name()
+                                rerun(stage, i, n)
                             ),
                         }
                     } else {

@@ -581,8 +581,8 @@ impl Spill {
                                     what: format!(
                                         "{e}: the spill file is missing or cut short; in a \
                                          partitioned compile rerun the scan stage that read its \
-                                         rows file (dsc compile … --partition I/N --stage scan), \
-                                         else the compile"
+                                         rows file (`stage=scan` of its `partition=I/N`), else \
+                                         the compile"
                                     ),
                                 }
                             }
@@ -594,8 +594,8 @@ impl Spill {
                             what: format!(
                                 "the piece of bucket {b} at byte {} does not match its checksum: \
                                  the spill file changed after it was written; in a partitioned \
-                                 compile rerun the scan stage that read its rows file (dsc \
-                                 compile … --partition I/N --stage scan), else the compile",
+                                 compile rerun the scan stage that read its rows file \
+                                 (`stage=scan` of its `partition=I/N`), else the compile",
                                 p.offset
                             ),
                         });

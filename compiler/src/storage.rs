@@ -4,60 +4,16 @@
 //! `dsc compress` / `dsc decompress` convert a committed cache through a staging copy,
 //! committed like a compile, so that a failed or killed conversion leaves the cache as it was.
 
+use crate::codec::Storage;
 use crate::error::{CompileError, Result};
 use crate::write::{ShardWriter, Staging};
 use crate::Progress;
 use dsc_format::checksum::{hash_file, Hasher};
-use dsc_format::spelling::OptionError;
 use dsc_format::{Codec, Compressed, FormatError, Manifest, ShardEntry};
 use rayon::prelude::*;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Instant;
-
-/// The form of a cache's shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Storage {
-    /// Safetensors files, mapped by the loader.
-    #[default]
-    Hot,
-    /// One zstd frame per shard, at this level (1–22).
-    Zstd {
-        /// The zstd compression level.
-        level: i32,
-    },
-}
-
-impl Storage {
-    fn codec(self) -> Option<Codec> {
-        match self {
-            Storage::Hot => None,
-            Storage::Zstd { .. } => Some(Codec::Zstd),
-        }
-    }
-
-    fn level(self) -> Option<i32> {
-        match self {
-            Storage::Hot => None,
-            Storage::Zstd { level } => Some(level),
-        }
-    }
-
-    /// Refuses a level zstd does not have.
-    pub fn check(self) -> Result<Storage> {
-        if let Storage::Zstd { level } = self {
-            let max = *zstd::compression_level_range().end();
-            if !(1..=max).contains(&level) {
-                return Err(OptionError::new(
-                    "compress_level",
-                    format!("{level}: use 1 (fastest) to {max} (smallest) for zstd"),
-                )
-                .into());
-            }
-        }
-        Ok(self)
-    }
-}
 
 /// What a conversion did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

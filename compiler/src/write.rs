@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 pub(crate) struct Staging {
     pub dir: PathBuf,
     /// How the shards are stored once committed (converted just before the commit).
-    pub storage: crate::Storage,
+    pub storage: crate::codec::Storage,
     out: PathBuf,
     committed: bool,
     /// Released after `Drop` has removed an uncommitted staging directory.
@@ -131,7 +131,7 @@ impl Staging {
             .map_err(|e| output_err(&dir, "create the staging directory", e))?;
         Ok(Staging {
             dir,
-            storage: crate::Storage::Hot,
+            storage: crate::codec::Storage::Hot,
             out: out.into(),
             committed: false,
             _lock: lock,

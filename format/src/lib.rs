@@ -37,7 +37,9 @@
 pub mod checksum;
 pub mod choice;
 mod error;
+mod identity;
 pub mod manifest;
+mod manifest_file;
 pub mod rng;
 pub mod sample;
 pub mod shard;
@@ -64,6 +66,9 @@ pub const FORMAT_NAME: &str = "dsc-cache";
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The statistics file's name inside a cache directory.
 pub const STATS_FILE: &str = "stats.json";
+/// The name of the `stats.json` entry over every split together; no split may take it (here,
+/// beside the other names of the format, for both the manifest's split rule and `stats`).
+pub const ALL_SPLITS: &str = "all";
 /// The folder holding the shards.
 pub const SHARDS_DIR: &str = "shards";
 /// A compile into `NAME` writes into the sibling `.NAME.dsc-partial` and renames it to `NAME` as

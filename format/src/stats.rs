@@ -118,8 +118,7 @@ pub struct SplitStats {
     pub columns: Vec<ColumnStats>,
 }
 
-/// The name of the `stats.json` entry over every split together; no split may take it.
-pub const ALL_SPLITS: &str = "all";
+pub use crate::ALL_SPLITS;
 
 /// The whole `stats.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

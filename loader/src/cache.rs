@@ -219,6 +219,33 @@ impl Cache {
         Cache::open_local(dir)
     }
 
+    /// Opens the cache at `url` in object storage. Reads `manifest.json` and every shard's
+    /// header (ranged requests for the first KBs of each, several at once; from the local copy
+    /// when one is kept from an earlier run) and checks them against the manifest as
+    /// [`Cache::open`] does; shards are fetched into `opts.dir` as loaders need them, ahead of
+    /// use in their order, and checked against the manifest's size and xxh3 on arrival.
+    #[cfg(feature = "remote")]
+    pub fn open_remote(url: &str, opts: &crate::RemoteOptions) -> Result<Cache, LoadError> {
+        let opened = crate::remote::open(url, opts)?;
+        Ok(Cache {
+            inner: Arc::new(Inner {
+                dir: PathBuf::from(opened.url),
+                origin: Origin::Remote(opened.fetcher),
+                manifest: opened.manifest,
+                lengths: opened.splits.iter().map(|_| OnceLock::new()).collect(),
+                splits: opened.splits,
+                resident: opened.resident,
+                pool: Arc::default(),
+            }),
+        })
+    }
+
+    /// Refused: this build has no object storage support (the `remote` feature).
+    #[cfg(not(feature = "remote"))]
+    pub fn open_remote(url: &str, _opts: &crate::RemoteOptions) -> Result<Cache, LoadError> {
+        Err(LoadError::NoRemote { url: url.into() })
+    }
+
     /// Opens the cache at `location`: a local directory ([`Cache::open`]), or a URL with these
     /// options for object storage ([`Cache::open_remote`]).
     pub fn open_with(

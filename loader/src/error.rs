@@ -98,8 +98,8 @@ pub enum LoadError {
     },
     /// A call that breaks the loader's contract (a step outside the epoch, a buffer of the wrong
     /// size): a bug in the caller, not in the options or the cache.
-    #[error("{0}")]
-    Call(String),
+    #[error(transparent)]
+    Call(#[from] Misuse),
     /// A loader thread could not be started (e.g. a process or container thread limit).
     #[error("cannot start a loader thread: {0}")]
     Threads(std::io::Error),
@@ -135,4 +135,74 @@ pub enum LoadError {
     /// A prefetch thread stopped unexpectedly (a bug in dsc).
     #[error("a prefetch thread stopped unexpectedly")]
     WorkerLost,
+}
+
+/// How a call broke the loader's contract ([`LoadError::Call`]): each names the figures a
+/// caller needs to find its bug.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misuse {
+    /// A step number past the end of the epoch.
+    #[error("step {step} of an epoch of {steps} steps")]
+    StepOutOfEpoch {
+        /// The step asked for.
+        step: usize,
+        /// Steps in the epoch.
+        steps: usize,
+    },
+    /// Not one buffer per tensor.
+    #[error("{given} buffers for {tensors} tensors")]
+    BufferCount {
+        /// Buffers given.
+        given: usize,
+        /// Tensors of the batch.
+        tensors: usize,
+    },
+    /// A buffer smaller than its tensor.
+    #[error("a buffer of {bytes} bytes for a tensor of {need}")]
+    BufferTooSmall {
+        /// The buffer's bytes.
+        bytes: usize,
+        /// The tensor's bytes.
+        need: usize,
+    },
+    /// A block smaller than the batch it should hold.
+    #[error("a block of {bytes} bytes for a batch of {need}")]
+    BlockTooSmall {
+        /// The block's bytes.
+        bytes: usize,
+        /// The batch's bytes.
+        need: usize,
+    },
+    /// A positions buffer that is not 8 bytes per row of the batch.
+    #[error("{bytes} bytes of positions for {rows} rows of 8")]
+    Positions {
+        /// The buffer's bytes.
+        bytes: usize,
+        /// Rows of the batch.
+        rows: usize,
+    },
+    /// A token rows buffer that is not 8 bytes per token of the pack.
+    #[error("{bytes} bytes of token rows for {tokens} tokens of 8")]
+    TokenRows {
+        /// The buffer's bytes.
+        bytes: usize,
+        /// Tokens of the pack.
+        tokens: usize,
+    },
+    /// `fill_rows` without its positions and token rows buffers.
+    #[error("fill_rows needs a positions and a token rows buffer")]
+    FillRowsBuffers,
+    /// Rows indexed into one cache from a mix, whose batches come from several.
+    #[error("a mix's batches are gathered from its caches, not indexed into one")]
+    MixNotIndexed,
+    /// Rows indexed by context from series windows, which are cut from the shards.
+    #[error("series windows are gathered from the shards, not indexed by context")]
+    SeriesNotIndexed,
+    /// The padding figures of a packed loader.
+    #[error("a packed loader has no padded batches: ask its packs for their figures")]
+    NoPaddedBatches,
+    /// A mix of nothing.
+    #[error("a mix of no caches")]
+    EmptyMix,
 }

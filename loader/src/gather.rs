@@ -422,10 +422,11 @@ impl Gather {
             end = start + len;
         }
         if block.len() < end {
-            return Err(LoadError::Call(format!(
-                "a block of {} bytes for a batch of {end}",
-                block.len()
-            )));
+            return Err(crate::error::Misuse::BlockTooSmall {
+                bytes: block.len(),
+                need: end,
+            }
+            .into());
         }
         let mut slices = Vec::with_capacity(ranges.len());
         let mut rest = &mut block[..];

@@ -1,5 +1,16 @@
 //! The dsc loader: opens a compiled cache by memory map and streams batches.
 //!
+//! The modules follow a batch. What is asked: `options` ([`LoaderOptions`], the resume
+//! [`State`]). Where the bytes are: `cache` (a cache opened and validated), `body` (a shard's
+//! bytes: mapped, decompressed or fetched), `mmap` and [`sigbus`] (the maps and their one
+//! fault), `remote` (caches in object storage, fetched ahead of use) with `fetch_plan` (the
+//! order handed to the fetchers), `mix` (several caches read as one). Which contexts, in which
+//! order: [`order`] (the epoch's order, series windows, mixes), [`pack`] (packs of sequences).
+//! One batch: `gather` (a step's contexts, copied once; `rows` copies them a few at a time,
+//! `series` and `series_gather` cut windows), `batch` (its tensors), `pool` (reused buffers).
+//! Handing batches over: `loader` (threads, queue, iterator, fillers), `handoff` (the queue),
+//! `stats` (what a loader did). `error` says what went wrong.
+//!
 //! ```
 //! use dsc_loader::{Cache, LoaderOptions};
 //! # let dir = tempfile::tempdir()?;
@@ -46,6 +57,8 @@ mod batch;
 mod body;
 mod cache;
 mod error;
+#[cfg(feature = "remote")]
+mod fetch_plan;
 mod gather;
 mod handoff;
 mod loader;
@@ -66,7 +79,7 @@ pub use batch::{Batch, BatchTensor, TensorLayout};
 pub use body::ShardBytes;
 pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
-pub use error::LoadError;
+pub use error::{LoadError, Misuse};
 pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
 pub use loader::{Filler, Loader};
 pub use mix::Mix;

@@ -3,7 +3,7 @@
 
 use crate::batch::{Batch, TensorLayout};
 use crate::cache::Cache;
-use crate::error::LoadError;
+use crate::error::{LoadError, Misuse};
 use crate::gather::{self, BatchInfo, Batching, Gather, IndexDst, Source, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
 
@@ -200,10 +200,11 @@ impl Filler {
     fn step(&self, step: usize) -> Result<&Gather, LoadError> {
         let gather = &self.hints.gather;
         if step >= gather.steps() {
-            return Err(LoadError::Call(format!(
-                "step {step} of an epoch of {} steps",
-                gather.steps()
-            )));
+            return Err(Misuse::StepOutOfEpoch {
+                step,
+                steps: gather.steps(),
+            }
+            .into());
         }
         Ok(gather)
     }
@@ -271,11 +272,11 @@ impl Filler {
             Batching::Padded { .. } => None,
         };
         if token_rows.len() != tokens.unwrap_or(0) * 8 {
-            return Err(LoadError::Call(format!(
-                "{} bytes of token rows for {} tokens of 8",
-                token_rows.len(),
-                tokens.unwrap_or(0)
-            )));
+            return Err(Misuse::TokenRows {
+                bytes: token_rows.len(),
+                tokens: tokens.unwrap_or(0),
+            }
+            .into());
         }
         let token_rows = tokens.map(|_| token_rows);
         self.index(step, positions, token_rows, pack, true)
@@ -294,10 +295,11 @@ impl Filler {
         let gather = self.step(step)?;
         let rows = gather.batching.rows();
         if positions.len() != rows * 8 {
-            return Err(LoadError::Call(format!(
-                "{} bytes of positions for {rows} rows of 8",
-                positions.len()
-            )));
+            return Err(Misuse::Positions {
+                bytes: positions.len(),
+                rows,
+            }
+            .into());
         }
         let own = match gather.batching {
             Batching::Packed { .. } => &self.batch_bytes[self.batch_bytes.len() - 5..],
@@ -305,14 +307,10 @@ impl Filler {
         };
         check_buffers(pack, own)?;
         let [source] = &gather.sources[..] else {
-            return Err(LoadError::Call(
-                "a mix's batches are gathered from its caches, not indexed into one".into(),
-            ));
+            return Err(Misuse::MixNotIndexed.into());
         };
         if gather.series.is_some() {
-            return Err(LoadError::Call(
-                "series windows are gathered from the shards, not indexed by context".into(),
-            ));
+            return Err(Misuse::SeriesNotIndexed.into());
         }
         let cache = Cache {
             inner: source.cache.clone(),
@@ -333,18 +331,19 @@ impl Filler {
 
 fn check_buffers(dst: &[&mut [u8]], need: &[usize]) -> Result<(), LoadError> {
     if dst.len() != need.len() {
-        return Err(LoadError::Call(format!(
-            "{} buffers for {} tensors",
-            dst.len(),
-            need.len()
-        )));
+        return Err(Misuse::BufferCount {
+            given: dst.len(),
+            tensors: need.len(),
+        }
+        .into());
     }
     for (d, &need) in dst.iter().zip(need) {
         if d.len() < need {
-            return Err(LoadError::Call(format!(
-                "a buffer of {} bytes for a tensor of {need}",
-                d.len()
-            )));
+            return Err(Misuse::BufferTooSmall {
+                bytes: d.len(),
+                need,
+            }
+            .into());
         }
     }
     Ok(())
@@ -893,7 +892,7 @@ pub(crate) fn prepare(
         };
         let next = order_of(sources, &sizes, &next).ok();
         let from = batching.first_position(0, opts.rank) / order.window().max(1);
-        crate::remote::plans(&gathered, &order, next.as_ref(), from)?
+        crate::fetch_plan::plans(&gathered, &order, next.as_ref(), from)?
     };
     let gather = Gather {
         #[cfg(feature = "remote")]
@@ -1027,9 +1026,7 @@ impl Loader {
     pub fn padding(&self) -> Result<crate::order::Padding, LoadError> {
         let gather = &self.hints.gather;
         let Batching::Padded { steps, trim } = &gather.batching else {
-            return Err(LoadError::Call(
-                "a packed loader has no padded batches: ask its packs for their figures".into(),
-            ));
+            return Err(Misuse::NoPaddedBatches.into());
         };
         let lengths = lengths_of(&self.sources(), &self.opts.order.split)?;
         // An untrimmed loader's figures say what trimming with its multiple would give.

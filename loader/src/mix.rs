@@ -54,7 +54,7 @@ impl Mix {
     /// tensors differ, naming the tensor and how.
     pub fn new(caches: Vec<Cache>) -> Result<Mix, LoadError> {
         let Some(first) = caches.first() else {
-            return Err(LoadError::Call("a mix of no caches".into()));
+            return Err(crate::error::Misuse::EmptyMix.into());
         };
         for other in &caches[1..] {
             if let Some((tensor, problem)) = mismatch(first.tensors(), other.tensors()) {

@@ -245,14 +245,6 @@ class Cache:
                        batch_size=batch_size, world_size=world_size, threads=0)
         return self._handle.plan(json.dumps(options))[0]
 
-    def loader(self, **kwargs: Any) -> Any:
-        """``dsc.Loader(self, **kwargs)``."""
-        # Through the package's front door, at call time: `_loader` imports this module, and
-        # this module never imports `_loader` back.
-        from . import Loader
-
-        return Loader(self, **kwargs)
-
     def decode(self, name: str, values: Any, column: Optional[str] = None) -> np.ndarray:
         """Back to source units: inverts the encodings of tensor ``name`` on ``values`` (a NumPy
         array or torch tensor holding that tensor or a batch of it, e.g. ``batch["x"]``).

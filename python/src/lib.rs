@@ -70,7 +70,7 @@ impl CacheHandle {
     fn mix(py: Python<'_>, handles: Vec<PyRef<'_, CacheHandle>>) -> PyResult<CacheHandle> {
         let caches: Vec<Cache> = handles.iter().map(|h| h.cache.clone()).collect();
         let Some(first) = caches.first().cloned() else {
-            return Err(load_error(py, LoadError::Call("a mix of no caches".into())));
+            return Err(load_error(py, dsc_loader::Misuse::EmptyMix.into()));
         };
         let mix = Mix::new(caches).map_err(|e| load_error(py, e))?;
         Ok(CacheHandle { cache: first, mix })
@@ -447,9 +447,7 @@ impl LoaderHandle {
             [positions, token_rows, pack @ ..] => {
                 self.filler.fill_rows(step, positions, token_rows, pack)
             }
-            _ => Err(LoadError::Call(
-                "fill_rows needs a positions and a token rows buffer".into(),
-            )),
+            _ => Err(dsc_loader::Misuse::FillRowsBuffers.into()),
         })?;
         Ok(info(filled.seq_len, filled.pack))
     }

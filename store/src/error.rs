@@ -39,7 +39,7 @@ pub enum StoreError {
     /// reader finds a cache there from it.
     #[error(
         "{url}: stopped by signal {signal} before the manifest was published: no cache is there{}; \
-         the objects already sent are left (the next upload with --force removes them)",
+         the objects already sent are left (the next upload with `force=true` removes them)",
         if *replaced { " (the old one's manifest had been removed first)" } else { "" }
     )]
     Interrupted {
@@ -75,7 +75,7 @@ pub enum StoreError {
         found: String,
     },
     /// A cache is already at the URL and replacing it was not asked for.
-    #[error("{url}: a cache is already there (its manifest.json); replace it with --force")]
+    #[error("{url}: a cache is already there (its manifest.json); replace it with `force=true`")]
     Exists {
         /// The cache's URL.
         url: String,

@@ -69,8 +69,10 @@ def test_stage_errors_name_the_partition_and_the_option(in_workdir: Path):
     out = str(in_workdir / "cache")
     report = dsc.compile_stage("scan", (1, 2), ROWS, out=out, **OPTIONS)
     assert report["stage"] == "scan" and report["partition"] == 1 and report["partitions"] == 2
-    with pytest.raises(dsc.CompileError, match="partition 0/2 has not finished the scan stage"):
+    with pytest.raises(dsc.CompileError, match="partition 0/2 has not finished the scan stage") as e:
         dsc.compile_stage("fit", "0/2", ROWS, out=out, **OPTIONS)
+    # What to rerun, in dsc.compile_stage's own words: never the command line's flags.
+    assert 'partition="0/2" stage="scan"' in str(e.value) and "--" not in str(e.value)
     with pytest.raises(dsc.CompileError, match="has not finished the scan stage"):
         dsc.merge(out)
     with pytest.raises(dsc.OptionsError, match="stage='sort'"):

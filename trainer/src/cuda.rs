@@ -42,7 +42,7 @@ pub fn load_torch_cuda() -> CudaLoad {
     ONCE.get_or_init(
         || match dlopen("libtorch_cuda.so", libc::RTLD_NOW | libc::RTLD_GLOBAL) {
             Ok(_) => CudaLoad::Loaded,
-            Err(e) => CudaLoad::Unavailable(e),
+            Err(e) => CudaLoad::Unavailable(e.to_string()),
         },
     )
     .clone()
@@ -56,7 +56,31 @@ pub fn backend_status() -> String {
     }
 }
 
-pub(crate) fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, String> {
+/// What failed in the CUDA runtime: a library that would not load, a function the loaded
+/// runtime lacks, or a call that returned an error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// `dlopen` refused a library, with the dynamic loader's reason.
+    #[error("{0}")]
+    Load(String),
+    /// No CUDA runtime is mapped into the process (libtorch's CUDA backend is not loaded).
+    #[error("no CUDA runtime (libcudart) is loaded")]
+    NoRuntime,
+    /// The loaded runtime lacks a function this program calls.
+    #[error("the CUDA runtime has no {0}")]
+    Missing(String),
+    /// A runtime call returned an error.
+    #[error("{call}: {message}")]
+    Call {
+        /// The runtime function.
+        call: &'static str,
+        /// The runtime's description of the error code.
+        message: String,
+    },
+}
+
+pub(crate) fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, CudaError> {
     let c = CString::new(name).expect("library names have no NUL");
     // SAFETY: `c` is a valid NUL-terminated string; dlopen has no other preconditions. Loading
     // runs the library's static constructors, which is the point (backend registration).
@@ -72,25 +96,26 @@ pub(crate) fn dlopen(name: &str, flags: c_int) -> Result<*mut c_void, String> {
                 CStr::from_ptr(e).to_string_lossy().into_owned()
             }
         };
-        return Err(msg);
+        return Err(CudaError::Load(msg));
     }
     Ok(handle)
 }
 
-type CudaError = c_int;
+/// A CUDA runtime return code (`cudaError_t`; 0 is success).
+type Code = c_int;
 type RawEvent = *mut c_void;
 /// The legacy default stream (`cudaStream_t` 0), which libtorch uses unless told otherwise.
 const DEFAULT_STREAM: *mut c_void = std::ptr::null_mut();
 const EVENT_DEFAULT: u32 = 0;
 
-type SetDeviceFn = unsafe extern "C" fn(c_int) -> CudaError;
-type CreateFn = unsafe extern "C" fn(*mut RawEvent, u32) -> CudaError;
-type RecordFn = unsafe extern "C" fn(RawEvent, *mut c_void) -> CudaError;
-type EventFn = unsafe extern "C" fn(RawEvent) -> CudaError;
-type ElapsedFn = unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> CudaError;
-type ErrorStringFn = unsafe extern "C" fn(CudaError) -> *const c_char;
-type PciBusIdFn = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CudaError;
-type MemInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CudaError;
+type SetDeviceFn = unsafe extern "C" fn(c_int) -> Code;
+type CreateFn = unsafe extern "C" fn(*mut RawEvent, u32) -> Code;
+type RecordFn = unsafe extern "C" fn(RawEvent, *mut c_void) -> Code;
+type EventFn = unsafe extern "C" fn(RawEvent) -> Code;
+type ElapsedFn = unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> Code;
+type ErrorStringFn = unsafe extern "C" fn(Code) -> *const c_char;
+type PciBusIdFn = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Code;
+type MemInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> Code;
 
 struct Runtime {
     set_device: SetDeviceFn,
@@ -110,12 +135,12 @@ unsafe impl Send for Runtime {}
 // SAFETY: as above.
 unsafe impl Sync for Runtime {}
 
-fn runtime() -> Result<&'static Runtime, String> {
-    static RT: OnceLock<Result<Runtime, String>> = OnceLock::new();
+fn runtime() -> Result<&'static Runtime, CudaError> {
+    static RT: OnceLock<Result<Runtime, CudaError>> = OnceLock::new();
     RT.get_or_init(find_runtime).as_ref().map_err(Clone::clone)
 }
 
-fn find_runtime() -> Result<Runtime, String> {
+fn find_runtime() -> Result<Runtime, CudaError> {
     // The runtime libtorch_cuda depends on is already mapped; RTLD_NOLOAD finds that copy
     // instead of loading a second, different one.
     let names = [
@@ -127,13 +152,13 @@ fn find_runtime() -> Result<Runtime, String> {
     let handle = names
         .iter()
         .find_map(|n| dlopen(n, libc::RTLD_NOW | libc::RTLD_NOLOAD).ok())
-        .ok_or_else(|| "no CUDA runtime (libcudart) is loaded".to_string())?;
-    let sym = |name: &str| -> Result<*mut c_void, String> {
+        .ok_or(CudaError::NoRuntime)?;
+    let sym = |name: &str| -> Result<*mut c_void, CudaError> {
         let c = CString::new(name).expect("symbol names have no NUL");
         // SAFETY: `handle` came from a successful dlopen and `c` is NUL-terminated.
         let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
         if p.is_null() {
-            Err(format!("the CUDA runtime has no {name}"))
+            Err(CudaError::Missing(name.into()))
         } else {
             Ok(p)
         }
@@ -159,17 +184,20 @@ fn find_runtime() -> Result<Runtime, String> {
     }
 }
 
-fn check(rt: &Runtime, code: CudaError, what: &str) -> Result<(), String> {
+fn check(rt: &Runtime, code: Code, call: &'static str) -> Result<(), CudaError> {
     if code == 0 {
         return Ok(());
     }
     // SAFETY: cudaGetErrorString returns a static NUL-terminated string for any code.
     let msg = unsafe { CStr::from_ptr((rt.error_string)(code)) };
-    Err(format!("{what}: {}", msg.to_string_lossy()))
+    Err(CudaError::Call {
+        call,
+        message: msg.to_string_lossy().into_owned(),
+    })
 }
 
 /// Makes `index` the calling thread's CUDA device (events are created on it).
-pub fn set_device(index: usize) -> Result<(), String> {
+pub fn set_device(index: usize) -> Result<(), CudaError> {
     let rt = runtime()?;
     // SAFETY: plain runtime call with an integer argument.
     let code = unsafe { (rt.set_device)(index as c_int) };
@@ -178,7 +206,7 @@ pub fn set_device(index: usize) -> Result<(), String> {
 
 /// The PCI bus id of CUDA device `index` (`0000:3b:00.0`), which names the same GPU to NVML
 /// whatever `CUDA_VISIBLE_DEVICES` renumbers.
-pub fn pci_bus_id(index: usize) -> Result<String, String> {
+pub fn pci_bus_id(index: usize) -> Result<String, CudaError> {
     let rt = runtime()?;
     let mut buf = [0 as c_char; 64];
     // SAFETY: `buf` is writable for the length given; the runtime writes a NUL-terminated id.
@@ -191,7 +219,7 @@ pub fn pci_bus_id(index: usize) -> Result<String, String> {
 }
 
 /// The calling thread's current device's total memory in bytes ([`set_device`]).
-pub fn memory_total() -> Result<usize, String> {
+pub fn memory_total() -> Result<usize, CudaError> {
     let rt = runtime()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: both are valid out-pointers.
@@ -211,7 +239,7 @@ unsafe impl Send for Event {}
 
 impl Event {
     /// Creates an event on the current device.
-    pub fn new() -> Result<Event, String> {
+    pub fn new() -> Result<Event, CudaError> {
         let rt = runtime()?;
         let mut raw: RawEvent = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer.
@@ -221,7 +249,7 @@ impl Event {
     }
 
     /// Marks the current end of the default stream's queue.
-    pub fn record(&self) -> Result<(), String> {
+    pub fn record(&self) -> Result<(), CudaError> {
         let rt = runtime()?;
         // SAFETY: `self.raw` is a live event created by this runtime.
         let code = unsafe { (rt.record)(self.raw, DEFAULT_STREAM) };
@@ -229,7 +257,7 @@ impl Event {
     }
 
     /// Blocks the host until the work queued before the last `record` has finished.
-    pub fn synchronize(&self) -> Result<(), String> {
+    pub fn synchronize(&self) -> Result<(), CudaError> {
         EVENT_WAITS.fetch_add(1, Ordering::Relaxed);
         let rt = runtime()?;
         // SAFETY: as in `record`.
@@ -238,7 +266,7 @@ impl Event {
     }
 
     /// Device milliseconds from `start` to `self`; both must be complete.
-    pub fn since(&self, start: &Event) -> Result<f64, String> {
+    pub fn since(&self, start: &Event) -> Result<f64, CudaError> {
         let rt = runtime()?;
         let mut ms = 0f32;
         // SAFETY: both events are live and `ms` is a valid out-pointer.

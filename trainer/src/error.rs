@@ -37,10 +37,10 @@ pub enum TrainError {
     },
     /// A checkpoint's weights do not fit this run: another network, or other input scaling.
     #[error("cannot resume: {0}")]
-    Resume(String),
+    Resume(ResumeMismatch),
     /// The CUDA runtime (loaded at run time) failed.
     #[error("CUDA: {0}")]
-    Cuda(String),
+    Cuda(crate::cuda::CudaError),
     /// Capturing or replaying the step as a CUDA graph failed (`--graph`).
     #[error("CUDA graph (--graph; run without it to train eagerly): {0}")]
     Graph(String),
@@ -67,6 +67,59 @@ pub enum TrainError {
 /// `Result` with [`TrainError`].
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
+/// How a checkpoint's weights differ from this run's network ([`TrainError::Resume`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResumeMismatch {
+    /// An input or target scaling is missing from the checkpoint.
+    #[error(
+        "{reading}: the checkpoint was trained on other input scaling (`normalise=false`, or a \
+         cache compiled with other `encode`)"
+    )]
+    Scaling {
+        /// Reading the scaling from the checkpoint (in the message, not a source: one line).
+        reading: Box<TrainError>,
+    },
+    /// A weight of another shape: another network.
+    #[error("checkpoint weight {name} has shape {saved:?}, the model {model:?}")]
+    Shape {
+        /// The weight.
+        name: String,
+        /// Its shape in the checkpoint.
+        saved: Vec<i64>,
+        /// Its shape in this run's network.
+        model: Vec<i64>,
+    },
+    /// A scaling computed from the cache's statistics that differs from the checkpoint's.
+    #[error(
+        "the cache's statistics give {name} = {now:?}, the checkpoint was trained with \
+         {then:?}: the cache was recompiled (other `encode` or inputs) since; resume on the \
+         cache the run started on"
+    )]
+    Statistics {
+        /// The scaling.
+        name: String,
+        /// Its values from this cache.
+        now: Vec<f64>,
+        /// Its values in the checkpoint.
+        then: Vec<f64>,
+    },
+}
+
+// By hand, not `#[from]`: the inner error is in the message, and as a source too it would be
+// printed twice by a caller that prints the chain (`{:#}`).
+impl From<crate::cuda::CudaError> for TrainError {
+    fn from(e: crate::cuda::CudaError) -> TrainError {
+        TrainError::Cuda(e)
+    }
+}
+
+impl From<ResumeMismatch> for TrainError {
+    fn from(m: ResumeMismatch) -> TrainError {
+        TrainError::Resume(m)
+    }
+}
+
 impl TrainError {
     /// What the cache at `cache` lacks.
     pub(crate) fn cache(cache: impl Into<PathBuf>, what: impl Into<String>) -> TrainError {
@@ -90,12 +143,5 @@ impl TrainError {
             path: path.into(),
             source,
         }
-    }
-}
-
-impl From<String> for TrainError {
-    /// The CUDA runtime's errors are strings (see `cuda`).
-    fn from(e: String) -> TrainError {
-        TrainError::Cuda(e)
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::config::{Amp, RunConfig, Task};
 use crate::cuda::Event;
-use crate::error::{Result, TrainError};
+use crate::error::{Result, ResumeMismatch, TrainError};
 use crate::feed::{block_views, index_parts, Filled, HostRing};
 use crate::model::{Inputs, Packed, SequenceModel, Shape};
 use crate::normalise::Scaling;
@@ -184,7 +184,7 @@ impl Session {
         let copy_done = if device.is_cuda() {
             (0..slots)
                 .map(|_| Event::new())
-                .collect::<Result<Vec<_>, String>>()?
+                .collect::<Result<Vec<_>, crate::cuda::CudaError>>()?
         } else {
             Vec::new()
         };
@@ -446,20 +446,21 @@ impl Session {
                 let scaling = !var.requires_grad();
                 let saved = get(&format!("model.{name}")).map_err(|e| {
                     if scaling {
-                        TrainError::Resume(format!(
-                            "{e}: the checkpoint was trained on other input scaling \
-                             (`normalise=false`, or a cache compiled with other `encode`)"
-                        ))
+                        ResumeMismatch::Scaling {
+                            reading: Box::new(e),
+                        }
+                        .into()
                     } else {
                         e
                     }
                 })?;
                 if saved.size() != var.size() {
-                    return Err(TrainError::Resume(format!(
-                        "checkpoint weight {name} has shape {:?}, the model {:?}",
-                        saved.size(),
-                        var.size()
-                    )));
+                    return Err(ResumeMismatch::Shape {
+                        name,
+                        saved: saved.size(),
+                        model: var.size(),
+                    }
+                    .into());
                 }
                 if scaling {
                     let (then, now) = (
@@ -471,11 +472,7 @@ impl Session {
                         .zip(&now)
                         .all(|(a, b)| (a - b).abs() <= 1e-6 * a.abs().max(1.0));
                     if !same {
-                        return Err(TrainError::Resume(format!(
-                            "the cache's statistics give {name} = {now:?}, the checkpoint was \
-                             trained with {then:?}: the cache was recompiled (other `encode` or \
-                             inputs) since; resume on the cache the run started on"
-                        )));
+                        return Err(ResumeMismatch::Statistics { name, now, then }.into());
                     }
                 }
                 var.copy_(&saved);
@@ -734,7 +731,7 @@ fn layout(
     if m.is_records() {
         return Err(TrainError::cache(
             cache.dir(),
-            "the cache is a table of records (compiled without --key): the reference networks \
+            "the cache is a table of records (compiled without `key`): the reference networks \
              are sequence models; read it with dsc.Loader or the Rust loader into a model of \
              your own (examples/linkage.py)",
         ));

@@ -5,7 +5,7 @@
 //! (the queue has drained then anyway). On the CPU there is no copy: the step reads the host
 //! buffer in place, and compute is the rest of the wall time.
 
-use crate::cuda::Event;
+use crate::cuda::{CudaError, Event};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -78,7 +78,7 @@ pub struct Clock {
 
 impl Clock {
     /// `gpu_steps`: events for that many steps per window (the log interval), or 0 on the CPU.
-    pub fn new(gpu_steps: usize) -> Result<Clock, String> {
+    pub fn new(gpu_steps: usize) -> Result<Clock, CudaError> {
         let events = (0..gpu_steps)
             .map(|_| {
                 Ok(StepEvents {
@@ -87,7 +87,7 @@ impl Clock {
                     done: Event::new()?,
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, CudaError>>()?;
         Ok(Clock {
             window_start: Instant::now(),
             cur: Totals::default(),
@@ -111,7 +111,7 @@ impl Clock {
     }
 
     /// Marks the start of a step's copy (CUDA).
-    pub fn step_start(&self) -> Result<(), String> {
+    pub fn step_start(&self) -> Result<(), CudaError> {
         match self.events.get(self.used) {
             Some(e) => e.start.record(),
             None => Ok(()),
@@ -119,7 +119,7 @@ impl Clock {
     }
 
     /// Marks the end of the copy (CUDA).
-    pub fn copied(&self) -> Result<(), String> {
+    pub fn copied(&self) -> Result<(), CudaError> {
         match self.events.get(self.used) {
             Some(e) => e.copied.record(),
             None => Ok(()),
@@ -127,7 +127,7 @@ impl Clock {
     }
 
     /// Marks the end of the step's work (CUDA).
-    pub fn step_done(&mut self) -> Result<(), String> {
+    pub fn step_done(&mut self) -> Result<(), CudaError> {
         if let Some(e) = self.events.get(self.used) {
             e.done.record()?;
             self.used += 1;
@@ -137,7 +137,7 @@ impl Clock {
 
     /// Closes the window and starts the next one. On CUDA this waits for the last step's work
     /// (the caller has just read the loss, so the queue is already drained).
-    pub fn close(&mut self) -> Result<Totals, String> {
+    pub fn close(&mut self) -> Result<Totals, CudaError> {
         let mut t = self.cur;
         if self.on_gpu() {
             if let Some(last) = self.events[..self.used].last() {

@@ -2,10 +2,9 @@
 //! directory a cache.
 
 use crate::spec::CompileSpec;
-use crate::{FormatError, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+use crate::{FORMAT_NAME, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use std::path::Path;
 
 mod builder;
 mod entry;
@@ -95,9 +94,10 @@ pub struct Manifest {
 }
 
 /// The JSON shape of a manifest, before validation: the only way from it to a [`Manifest`] is
-/// `TryFrom`, so no unchecked manifest exists outside this module.
+/// `TryFrom`, so no unchecked manifest exists (the reader in `manifest_file.rs` only parses
+/// JSON into it and converts).
 #[derive(Deserialize)]
-struct ManifestFields {
+pub(crate) struct ManifestFields {
     format: String,
     format_version: u32,
     dsc_version: String,
@@ -157,115 +157,6 @@ impl Manifest {
             shards: Vec::new(),
             summary: CompileSummary::default(),
         }
-    }
-
-    /// Reads and validates `DIR/manifest.json`. Refuses a compile's staging directory, whatever
-    /// it holds: only a renamed, committed directory is a cache.
-    pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
-        Self::read_with(dir, |name| std::fs::read(dir.join(name)))
-    }
-
-    /// [`Manifest::read`] with the file's bytes read by `read` from a name relative to `dir`
-    /// (e.g. through a directory held open, so that the manifest comes from the directory the
-    /// caller holds whatever later happens to the path).
-    pub fn read_with(
-        dir: &Path,
-        read: impl FnOnce(&str) -> std::io::Result<Vec<u8>>,
-    ) -> Result<Manifest, FormatError> {
-        let staging = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-            n.starts_with('.')
-                && [crate::STAGING_SUFFIX, crate::REPLACED_SUFFIX]
-                    .iter()
-                    .any(|s| n.ends_with(&format!(".{s}")))
-        });
-        if staging {
-            return Err(FormatError::NotCommitted { dir: dir.into() });
-        }
-        let path = dir.join(MANIFEST_FILE);
-        let bytes = match read(MANIFEST_FILE) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(if dir.is_dir() {
-                    FormatError::NotACache { dir: dir.into() }
-                } else {
-                    FormatError::io(dir, e)
-                })
-            }
-            Err(e) => return Err(FormatError::io(&path, e)),
-        };
-        Self::from_json(&bytes, &path)
-    }
-
-    /// An identity of the cache's data: a hash over every shard's name (as stored hot) and
-    /// checksum (of the safetensors bytes), in order. Two caches with the same identity hold the
-    /// same bytes in the same shards, so the same loader order, whether stored hot or
-    /// compressed (`dsc compress` keeps it); a recompile with another seed, shard size or input
-    /// changes it (unlike `inputs.fingerprint`, which names the input files alone).
-    pub fn content_id(&self) -> String {
-        self.id_over(|s| match s.compressed {
-            // `NAME.safetensors.zst` holds `NAME.safetensors`.
-            Some(_) => s
-                .file
-                .rsplit_once('.')
-                .map_or(s.file.as_str(), |(hot, _)| hot),
-            None => &s.file,
-        })
-    }
-
-    /// [`Manifest::content_id`] over the names as stored, compressed ones with their codec's
-    /// extension: what tells a compressed copy from its hot cache (a fetch folder holds one
-    /// form), and the content id states and checkpoints of a compressed cache recorded before
-    /// the content id left storage out (still accepted on resume).
-    pub fn stored_id(&self) -> String {
-        self.id_over(|s| s.file.as_str())
-    }
-
-    fn id_over(&self, name: impl Fn(&ShardEntry) -> &str) -> String {
-        let mut h = crate::checksum::Hasher::new();
-        for s in &self.shards {
-            h.update(format!("{}\0{}\n", name(s), s.xxh3).as_bytes());
-        }
-        h.hex()
-    }
-
-    /// Parses and validates manifest JSON; `path` is used in errors.
-    pub fn from_json(bytes: &[u8], path: &Path) -> Result<Manifest, FormatError> {
-        // Check the version before the full structure, so an old or new cache gets a version
-        // error rather than a confusing field error.
-        #[derive(Deserialize)]
-        struct Head {
-            format: Option<String>,
-            format_version: Option<u32>,
-        }
-        let json_err = |source| FormatError::Json {
-            path: path.into(),
-            source,
-        };
-        let head: Head = serde_json::from_slice(bytes).map_err(json_err)?;
-        let version = head.format_version.unwrap_or(0);
-        if head.format.as_deref() != Some(FORMAT_NAME) {
-            return Err(FormatError::InvalidManifest {
-                path: path.into(),
-                problem: ManifestProblem::NotThisFormat {
-                    found: head.format,
-                    version,
-                },
-            });
-        }
-        if !SUPPORTED_VERSIONS.contains(&version) {
-            return Err(FormatError::UnsupportedVersion {
-                path: path.into(),
-                found: version,
-                supported: format!("{SUPPORTED_VERSIONS:?}"),
-            });
-        }
-        // Parsed into the unchecked shape first, so that a rule broken is a typed problem
-        // rather than text inside a JSON error.
-        let fields: ManifestFields = serde_json::from_slice(bytes).map_err(json_err)?;
-        Manifest::try_from(fields).map_err(|problem| FormatError::InvalidManifest {
-            path: path.into(),
-            problem,
-        })
     }
 
     /// The manifest as pretty JSON with a trailing newline.

@@ -187,7 +187,7 @@ pub const MAX_SPLIT_NAME: usize = 64;
 
 /// Why `name` cannot name a split, if it cannot: split names become part of shard file names
 /// (non-empty lower-case ASCII letters, digits and `_`), and `stats.json` keeps
-/// [`ALL_SPLITS`](crate::stats::ALL_SPLITS) for every split together.
+/// [`ALL_SPLITS`](crate::ALL_SPLITS) for every split together.
 pub fn split_name_problem(name: &str) -> Option<&'static str> {
     let safe = !name.is_empty()
         && name
@@ -195,7 +195,7 @@ pub fn split_name_problem(name: &str) -> Option<&'static str> {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
     if !safe {
         Some("must be non-empty lower-case letters, digits or _ (it becomes part of the shard file names)")
-    } else if name == crate::stats::ALL_SPLITS {
+    } else if name == crate::ALL_SPLITS {
         Some("is reserved: stats.json uses it for every split together")
     } else {
         None

@@ -74,7 +74,7 @@ impl SeriesWindows {
                 "series_window",
                 format!(
                     "{}: windows longer than the {max_len} steps stored per context (the \
-                     cache's L): compile with --max-len at least the window (and as large as \
+                     cache's L): compile with `max_len` at least the window (and as large as \
                      the longest series, so that none is cut)",
                     self.len
                 ),

@@ -12,7 +12,7 @@ mod open;
 #[cfg(feature = "remote")]
 pub(crate) use fetch::{Fetcher, Local, PlanGuard};
 #[cfg(feature = "remote")]
-pub(crate) use open::plans;
+pub(crate) use open::open;
 #[cfg(feature = "remote")]
 pub use open::{fetch_shards, ShardFile, ShardFiles};
 
@@ -139,13 +139,5 @@ pub(crate) fn manifest_bytes(store: &dsc_store::Remote) -> Result<Vec<u8>, LoadE
             .into())
         }
         Err(e) => Err(e.into()),
-    }
-}
-
-#[cfg(not(feature = "remote"))]
-impl crate::Cache {
-    /// Refused: this build has no object storage support (the `remote` feature).
-    pub fn open_remote(url: &str, _opts: &RemoteOptions) -> Result<crate::Cache, LoadError> {
-        Err(LoadError::NoRemote { url: url.into() })
     }
 }
