@@ -81,9 +81,9 @@ pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::{LoadError, Misuse};
 pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
-pub use loader::{Filler, Loader};
+pub use loader::{Filler, Loader, MAX_PREFETCH, MAX_THREADS};
 pub use mix::Mix;
-pub use options::{LoaderOptions, OrderSpec, Pack, State, MAX_TRIM_MULTIPLE};
+pub use options::{LoaderOptions, OrderSpec, Pack, State, GPU_TRIM_MULTIPLE, MAX_TRIM_MULTIPLE};
 pub use order::SeriesWindows;
 #[cfg(feature = "remote")]
 pub use remote::{fetch_shards, ShardFile, ShardFiles};

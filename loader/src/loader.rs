@@ -21,10 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// The most loader threads and prefetched batches per thread a loader accepts: far beyond any
-/// use, and small enough that the thread and buffer counts never overflow.
-const MAX_THREADS: usize = 1024;
-const MAX_PREFETCH: usize = 1 << 16;
+/// The most loader threads a loader accepts ([`LoaderOptions::threads`]): with
+/// [`MAX_PREFETCH`], far beyond any use, and small enough that the thread and buffer counts
+/// never overflow.
+pub const MAX_THREADS: usize = 1024;
+/// The most batches a loader thread may gather ahead ([`LoaderOptions::prefetch`]).
+pub const MAX_PREFETCH: usize = 1 << 16;
 
 /// Mapped bytes of a split up to which its pages are kept resident: a quarter of the memory
 /// this process may use (the machine's, or its cgroup's limit when lower). Releasing pages

@@ -207,6 +207,13 @@ impl Default for LoaderOptions {
 /// The most a trimmed length may be rounded by ([`LoaderOptions::trim_multiple`]).
 pub const MAX_TRIM_MULTIPLE: usize = 1 << 16;
 
+/// The trim multiple the front ends default to when batches go to a GPU (`dsc.Loader` with a
+/// CUDA device, `dsc-train` on CUDA): trimmed lengths round up the ladder of 16
+/// ([`crate::order::trimmed_len`]), so L = 128 gives 8 shapes instead of up to 128, each reused
+/// step after step (a GPU pays for every new shape: allocator blocks, kernel choice), and bf16
+/// tensor-core tiles stay whole. On the CPU every length is its own (1).
+pub const GPU_TRIM_MULTIPLE: usize = 16;
+
 impl LoaderOptions {
     /// Units (contexts, or packs with `order.pack`) per global step, or an error where that
     /// product overflows.

@@ -3,6 +3,10 @@ from typing import List, Optional, Tuple
 
 __version__: str
 BLOCK_ALIGN: int
+MAX_THREADS: int
+MAX_PREFETCH: int
+MAX_TRIM_MULTIPLE: int
+GPU_TRIM_MULTIPLE: int
 
 class Buffer:
     """One tensor's bytes, exported typed and shaped to ``numpy.asarray`` through NumPy's array

@@ -22,9 +22,9 @@ from ._errors import OptionsError, StateError, WorkerError
 
 STATE_VERSION = 1
 
-# Trimmed lengths round up to multiples of 16 (then four sizes per doubling) when batches go to
-# a GPU: L = 128 gives 8 shapes, and 16 keeps bf16 tensor-core tiles whole.
-GPU_TRIM_MULTIPLE = 16
+# Trimmed lengths round up the loader's ladder of 16 when batches go to a GPU (L = 128 gives 8
+# shapes, and bf16 tensor-core tiles stay whole): the default dsc-train takes on CUDA too.
+GPU_TRIM_MULTIPLE = _dsc.GPU_TRIM_MULTIPLE
 
 
 def _default_rank_world() -> Tuple[int, int]:
@@ -293,8 +293,8 @@ class Loader:
         self.rank = _check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise OptionsError(f"rank={self.rank} with world_size={self.world_size}: need rank < world_size")
-        self.num_threads = _check_int("num_threads", num_threads, 0, 1024)
-        self.prefetch = _check_int("prefetch", prefetch, 1, 65536)
+        self.num_threads = _check_int("num_threads", num_threads, 0, _dsc.MAX_THREADS)
+        self.prefetch = _check_int("prefetch", prefetch, 1, _dsc.MAX_PREFETCH)
         self.bucket = bool(bucket)
         self.trim = bool(trim) or self.bucket
         if self.pack is not None and (self.bucket or bool(trim)):
@@ -348,7 +348,7 @@ class Loader:
         on_gpu = self.device is not None and self.device.type == "cuda"
         self.trim_multiple = _check_int(
             "trim_multiple", (GPU_TRIM_MULTIPLE if on_gpu else 1) if trim_multiple is None
-            else trim_multiple, 1, 65536)
+            else trim_multiple, 1, _dsc.MAX_TRIM_MULTIPLE)
         self._resident_device = self._resident_choice(resident, resident_budget)
         self._resident_split: Optional[_resident.ResidentSplit] = None
         self._static_wanted = self._static_choice(static, gather_in_step)

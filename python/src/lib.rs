@@ -880,5 +880,10 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Where `fill_block` puts each tensor: static buffers view a block at these offsets.
     m.add("BLOCK_ALIGN", dsc_loader::BLOCK_ALIGN)?;
+    // Limits and the GPU default of the loader's options, declared once in Rust.
+    m.add("MAX_THREADS", dsc_loader::MAX_THREADS)?;
+    m.add("MAX_PREFETCH", dsc_loader::MAX_PREFETCH)?;
+    m.add("MAX_TRIM_MULTIPLE", dsc_loader::MAX_TRIM_MULTIPLE)?;
+    m.add("GPU_TRIM_MULTIPLE", dsc_loader::GPU_TRIM_MULTIPLE)?;
     Ok(())
 }

@@ -38,10 +38,9 @@ pub mod defaults {
     pub const LOG_EVERY: u64 = 50;
     /// Host buffers the loader fills ahead (ring slots).
     pub const PREFETCH: usize = 3;
-    /// Trimmed lengths on CUDA round up the ladder of 16 (`dsc_loader::order::trimmed_len`):
-    /// L = 128 gives 8 shapes instead of up to 128, each reused step after step (a GPU pays
-    /// for every new shape: allocator blocks, kernel choice), and bf16 tiles stay whole.
-    pub const GPU_TRIM_MULTIPLE: usize = 16;
+    /// Trimmed lengths on CUDA round up the loader's ladder ([`dsc_loader::GPU_TRIM_MULTIPLE`],
+    /// the same default `dsc.Loader` takes on a GPU).
+    pub const GPU_TRIM_MULTIPLE: usize = dsc_loader::GPU_TRIM_MULTIPLE;
     /// The split evaluated after each epoch.
     pub const EVAL_SPLIT: &str = "val";
 
