@@ -78,3 +78,29 @@ def test_the_wheel_is_abi3_for_every_python_from_3_9() -> None:
     if not WHEEL:
         pytest.skip("no wheel built: scripts/test.sh builds one (DSC_WHEEL)")
     assert re.search(r"-cp39-abi3-(manylinux|linux)_[^-]*x86_64\.whl$", WHEEL), WHEEL
+
+
+@pytest.mark.skipif(not WHEEL, reason="no wheel built: scripts/test.sh builds one (DSC_WHEEL)")
+def test_ctrl_c_stops_the_console_script_as_it_stops_the_binary(tmp_path: Path) -> None:
+    """The console script runs the Rust command inside Python, which would turn SIGINT into a
+    flag that the command never checks: Ctrl-C must stop it as it stops the binary."""
+    import signal
+    import time
+
+    script = Path(sys.executable).parent / "dsc"
+    assert script.exists(), f"{script}: scripts/test.sh installs the wheel into this venv"
+    outcomes = []
+    for exe in (str(script), os.environ.get("DSC_BIN") or str(ROOT / "target/debug/dsc")):
+        out = tmp_path / Path(exe).parent.name
+        # Long enough to be running when the signal comes (minutes on two cores).
+        proc = subprocess.Popen([exe, "gen", "icecube", "--out", str(out), "--files", "400",
+                                 "--events-per-file", "20000", "--seed", "1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(2.0)
+        assert proc.poll() is None, f"{exe} ended before the signal: {proc.stderr.read()}"
+        proc.send_signal(signal.SIGINT)
+        try:
+            outcomes.append(proc.wait(timeout=20))
+        finally:
+            proc.kill()
+    assert outcomes[0] == outcomes[1] != 0, outcomes
