@@ -113,6 +113,15 @@ fn without_comments(text: &str) -> String {
         .join("\n")
 }
 
+/// `a::b`, or `b` alone where `a` is the crate root (`""`).
+fn join(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (_, true) => a.to_string(),
+        _ => format!("{a}::{b}"),
+    }
+}
+
 /// Where each re-exported name leads: `"m::Name"` (`"Name"` at the crate root) to the path,
 /// from the crate root, that its `pub use` names. Globs (`pub use entry::*`) map every `pub`
 /// item the target file declares.
@@ -170,15 +179,10 @@ fn use_leaves(tree: &str) -> Vec<(String, String)> {
             } else {
                 join(prefix, path)
             };
-            let name = alias.unwrap_or_else(|| full.rsplit("::").next().unwrap_or(""));
-            out.push((full.clone(), name.to_string()));
-        }
-    }
-    fn join(a: &str, b: &str) -> String {
-        match (a.is_empty(), b.is_empty()) {
-            (true, _) => b.to_string(),
-            (_, true) => a.to_string(),
-            _ => format!("{a}::{b}"),
+            let name = alias
+                .unwrap_or_else(|| full.rsplit("::").next().unwrap_or(""))
+                .to_string();
+            out.push((full, name));
         }
     }
     let mut out = Vec::new();
@@ -224,29 +228,20 @@ fn pub_items(text: &str) -> Vec<String> {
 /// The path of a `use` in `module` as a path from the crate root (`crate::`, `self::`,
 /// `super::` and a child module's name resolved), or None for another crate's.
 fn from_root(modules: &BTreeSet<String>, module: &str, path: &str) -> Option<String> {
-    let child = |rest: &str| {
-        if module.is_empty() {
-            rest.to_string()
-        } else {
-            format!("{module}::{rest}")
-        }
-    };
     if let Some(rest) = path.strip_prefix("crate::") {
         return Some(rest.to_string());
     }
     if let Some(rest) = path.strip_prefix("self::") {
-        return Some(child(rest));
+        return Some(join(module, rest));
     }
     if let Some(rest) = path.strip_prefix("super::") {
         let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
-        return Some(if parent.is_empty() {
-            rest.to_string()
-        } else {
-            format!("{parent}::{rest}")
-        });
+        return Some(join(parent, rest));
     }
     let first = path.split("::").next().unwrap_or("");
-    modules.contains(&child(first)).then(|| child(path))
+    modules
+        .contains(&join(module, first))
+        .then(|| join(module, path))
 }
 
 fn reexports(modules: &BTreeSet<String>, texts: &BTreeMap<String, String>) -> Reexports {
@@ -257,20 +252,13 @@ fn reexports(modules: &BTreeSet<String>, texts: &BTreeMap<String, String>) -> Re
                 let Some(target) = from_root(modules, module, &path) else {
                     continue;
                 };
-                let key = |n: &str| {
-                    if module.is_empty() {
-                        n.to_string()
-                    } else {
-                        format!("{module}::{n}")
-                    }
-                };
                 if name == "*" {
                     let target = target.trim_end_matches("::*").to_string();
                     for item in texts.get(&target).map(|t| pub_items(t)).unwrap_or_default() {
-                        map.insert(key(&item), format!("{target}::{item}"));
+                        map.insert(join(module, &item), format!("{target}::{item}"));
                     }
                 } else {
-                    map.insert(key(&name), target);
+                    map.insert(join(module, &name), target);
                 }
             }
         }
@@ -340,7 +328,6 @@ fn rust_graph(src: &Path) -> Graph {
         if module.is_empty() {
             continue; // the crate root
         }
-        let parent = module.rsplit_once("::").map_or("", |(p, _)| p).to_string();
         let mut targets: Vec<String> = named_paths(text, "crate::")
             .iter()
             .filter_map(|p| resolve(&modules, &reexports, p))
@@ -348,12 +335,8 @@ fn rust_graph(src: &Path) -> Graph {
         // `super::x` in a file module names a sibling (inline test modules' `super::*` is the
         // file itself).
         for p in named_paths(text, "super::") {
-            let full = if parent.is_empty() {
-                p.clone()
-            } else {
-                format!("{parent}::{p}")
-            };
-            targets.extend(resolve(&modules, &reexports, &full));
+            let full = from_root(&modules, module, &format!("super::{p}"));
+            targets.extend(full.and_then(|f| resolve(&modules, &reexports, &f)));
         }
         edges.extend(
             targets
@@ -369,7 +352,10 @@ fn rust_graph(src: &Path) -> Graph {
 /// ("", names) for `from . import names`; parenthesised lists over several lines joined.
 fn python_imports(text: &str) -> Vec<(String, Vec<String>)> {
     let mut out = Vec::new();
-    let mut lines = text.lines().map(str::trim);
+    // Comments dropped line by line, before a parenthesised list's lines are joined.
+    let mut lines = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim());
     while let Some(line) = lines.next() {
         let Some(rest) = line.strip_prefix("from .") else {
             continue;
@@ -385,9 +371,6 @@ fn python_imports(text: &str) -> Vec<(String, Vec<String>)> {
             }
         }
         let names = names
-            .split('#')
-            .next()
-            .unwrap_or("")
             .trim_matches(|c| c == '(' || c == ')')
             .split(',')
             .filter_map(|n| n.split_whitespace().next())
@@ -422,11 +405,6 @@ fn python_graph(package: &Path) -> Graph {
             continue;
         }
         let text = std::fs::read_to_string(file).unwrap();
-        let text: String = text
-            .lines()
-            .filter(|l| !l.trim_start().starts_with('#'))
-            .collect::<Vec<_>>()
-            .join("\n");
         let edges = graph.entry(module.clone()).or_default();
         for (target, names) in python_imports(&text) {
             if !target.is_empty() {
@@ -587,7 +565,7 @@ fn the_layering_check_finds_circles() {
     std::fs::create_dir_all(&pkg).unwrap();
     std::fs::write(
         pkg.join("__init__.py"),
-        "from ._a import A\nfrom ._b import (\n    B,\n    Bee,\n)\n",
+        "from ._a import A\nfrom ._b import (\n    B,  # the first\n    Bee,\n)\n",
     )
     .unwrap();
     std::fs::write(pkg.join("_a.py"), "from . import _b, _c\n").unwrap();

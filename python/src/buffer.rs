@@ -18,8 +18,8 @@ pub(crate) struct Buffer {
     /// NumPy's kind of the element ('f', 'u', 'i') and its size in bytes.
     kind: c_char,
     itemsize: c_int,
-    /// Shape and C-order strides in bytes, as NumPy's interface wants them (it copies both into
-    /// the array it makes).
+    /// Shape and C-order strides in bytes, as NumPy's interface wants them (the exported
+    /// interface points into them; the frozen buffer never changes them).
     shape: Vec<isize>,
     strides: Vec<isize>,
 }
@@ -145,23 +145,25 @@ const ALIGNED: c_int = 0x0100;
 const NOTSWAPPED: c_int = 0x0200;
 pub(crate) const WRITEABLE: c_int = 0x0400;
 
-/// The capsule's struct and the shape and strides it points to, freed together when NumPy (or
-/// whoever asked) drops the capsule. `repr(C)` with the interface first: the capsule's pointer
-/// is both the interface NumPy reads and the box the destructor frees.
+/// The capsule's struct and a strong reference to the [`Buffer`] whose bytes, shape and strides
+/// it points into, so that the capsule alone keeps them valid; both go when NumPy (or whoever
+/// asked) drops the capsule. `repr(C)` with the interface first: the capsule's pointer is both
+/// the interface NumPy reads and the box the destructor frees.
 #[repr(C)]
 struct Exported {
     interface: ArrayInterface,
-    _shape: Box<[isize]>,
-    _strides: Box<[isize]>,
+    owner: *mut pyo3::ffi::PyObject,
 }
 
 unsafe extern "C" fn free_exported(capsule: *mut pyo3::ffi::PyObject) {
     // SAFETY: the capsule was made by `__array_struct__` below with no name, around a pointer
-    // from `Box::into_raw`; CPython calls this destructor once, when the capsule dies.
+    // from `Box::into_raw` holding a new reference to its buffer; CPython calls this destructor
+    // once, with the GIL held, when the capsule dies.
     unsafe {
         let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule, std::ptr::null());
         if !ptr.is_null() {
-            drop(Box::from_raw(ptr.cast::<Exported>()));
+            let exported = Box::from_raw(ptr.cast::<Exported>());
+            pyo3::ffi::Py_DecRef(exported.owner);
         }
     }
 }
@@ -194,8 +196,6 @@ impl Buffer {
     fn __array_struct__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyCapsule>> {
         let this = slf.get();
         let (ptr, _, writable) = this.region();
-        let mut shape: Box<[isize]> = this.shape.clone().into_boxed_slice();
-        let mut strides: Box<[isize]> = this.strides.clone().into_boxed_slice();
         let mut flags = C_CONTIGUOUS | ALIGNED | NOTSWAPPED;
         if writable {
             // Writable exports are only memory no Rust code reads while Python holds it: a
@@ -204,19 +204,19 @@ impl Buffer {
         }
         let interface = ArrayInterface {
             two: 2,
-            nd: shape.len() as c_int,
+            nd: this.shape.len() as c_int,
             typekind: this.kind,
             itemsize: this.itemsize,
             flags,
-            shape: shape.as_mut_ptr(),
-            strides: strides.as_mut_ptr(),
+            // NumPy reads both and copies them into its array; nothing writes through them.
+            shape: this.shape.as_ptr().cast_mut(),
+            strides: this.strides.as_ptr().cast_mut(),
             data: ptr.cast(),
             descr: std::ptr::null_mut(),
         };
         let exported = Box::into_raw(Box::new(Exported {
             interface,
-            _shape: shape,
-            _strides: strides,
+            owner: slf.clone().into_any().unbind().into_ptr(),
         }));
         // NumPy reads the capsule with `PyCapsule_GetPointer(capsule, NULL)`: it has no name.
         // SAFETY: `exported` is a live box until the capsule's destructor frees it;
@@ -225,7 +225,7 @@ impl Buffer {
             let capsule =
                 pyo3::ffi::PyCapsule_New(exported.cast(), std::ptr::null(), Some(free_exported));
             if capsule.is_null() {
-                drop(Box::from_raw(exported));
+                pyo3::ffi::Py_DecRef(Box::from_raw(exported).owner);
                 return Err(PyErr::fetch(slf.py()));
             }
             Ok(Bound::from_owned_ptr(slf.py(), capsule).cast_into_unchecked())

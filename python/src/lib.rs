@@ -3,8 +3,8 @@
 //!
 //! Nothing here links libtorch: batches leave as [`Buffer`] objects (`buffer.rs`) that export
 //! their bytes, typed and shaped, through NumPy's array interface (`__array_struct__`), and
-//! Python wraps them with `numpy.asarray` (and `torch.from_numpy`); the caller's buffers come
-//! in the same way (`__array_interface__`). That is all the limited API of CPython 3.9 offers
+//! Python wraps them with `numpy.asarray` (and `torch.from_numpy`); the caller's arrays come
+//! in the same way (their `__array_struct__`). That is all the limited API of CPython 3.9 offers
 //! (the buffer protocol joined it in 3.11), so one abi3 build serves every CPython >= 3.9.
 //! A `Buffer` owns its bytes (a pooled gather buffer, or a range of the shard mapping with a
 //! reference to the whole cache), so any array or tensor over it stays valid for as long as it
@@ -393,8 +393,9 @@ impl LoaderHandle {
     }
 
     /// Gathers batch `step` into the caller's buffers (writable, C-contiguous NumPy arrays, one
-    /// per tensor of `tensors()`, e.g. the NumPy views of pinned uint8 torch tensors); returns `(seq_len, pack)` as `next` does. The GIL is released while
-    /// copying, so several Python threads can fill different steps at once.
+    /// per tensor of `tensors()`, e.g. the NumPy views of pinned uint8 torch tensors); returns
+    /// `(seq_len, pack)` as `next` does. The GIL is released while copying, so several Python
+    /// threads can fill different steps at once.
     fn fill(&self, py: Python<'_>, step: usize, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Info> {
         self.check_process(py)?;
         let filled = with_regions(py, &buffers, self.downloads(), |slices| {
@@ -491,8 +492,8 @@ impl LoaderHandle {
 }
 
 /// Runs `work` on the memory of `buffers` (writable, C-contiguous NumPy arrays, e.g. the views
-/// of pinned uint8 torch tensors) with the GIL released, so that
-/// several Python threads can fill at once. Refuses read-only, strided or overlapping buffers.
+/// of pinned uint8 torch tensors) with the GIL released, so that several Python threads can
+/// fill at once. Refuses read-only, strided or overlapping buffers.
 fn with_regions<T: Send>(
     py: Python<'_>,
     buffers: &[Bound<'_, PyAny>],
