@@ -113,19 +113,6 @@ pub struct RemoteArgs {
     pub cache_limit: Option<u64>,
 }
 
-impl OrderArgs {
-    /// The series windows asked for.
-    pub fn series(&self) -> Option<dsc_loader::SeriesWindows> {
-        self.series_window.map(|len| dsc_loader::SeriesWindows {
-            len,
-            stride: self.stride.unwrap_or(len),
-            horizon: self.horizon,
-            horizon_columns: self.horizon_columns.clone(),
-            pad: self.pad_windows,
-        })
-    }
-}
-
 impl RemoteArgs {
     /// The environment's options, with these flags over them.
     pub fn options(&self) -> anyhow::Result<dsc_loader::RemoteOptions> {
@@ -626,94 +613,14 @@ pub struct OrderArgs {
     /// several: their mix.
     #[arg(required = true, value_name = "CACHE")]
     pub caches: Vec<PathBuf>,
-    /// A mix's weights, one per cache, in their order (normalised) [default: the caches'
-    /// sizes].
-    #[arg(long, value_delimiter = ',', value_name = "W,W,..")]
-    pub weights: Vec<f64>,
-    /// Positions in an epoch of a mix [default: the caches' contexts together].
-    #[arg(long, value_name = "N")]
-    pub mix_samples: Option<usize>,
-    /// The split.
-    #[arg(long, default_value = "train")]
-    pub split: String,
-    /// The epoch.
-    #[arg(long, default_value_t = 0)]
-    pub epoch: u64,
-    /// Contexts per batch per rank.
-    #[arg(long, default_value_t = 256)]
-    pub batch_size: usize,
-    /// This rank.
-    #[arg(long, default_value_t = 0)]
-    pub rank: usize,
-    /// Number of ranks.
-    #[arg(long, default_value_t = 1)]
-    pub world_size: usize,
-    /// Seed of the epoch order.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Contexts permuted together.
-    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_WINDOW)]
-    pub window: usize,
-    /// Shards read side by side (each window mixes this many).
-    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
-    pub interleave: usize,
-    /// Cache order: no shuffle.
-    #[arg(long)]
-    pub no_shuffle: bool,
-    /// Length-bucketed batches (see above).
-    #[arg(long, conflicts_with = "pack")]
-    pub bucket: bool,
-    /// Packed batches of T tokens (at least the cache's L): see above.
-    #[arg(long, value_name = "T")]
-    pub pack: Option<usize>,
-    /// The most sequences in a pack [default: from T and the stored lengths, so that it almost
-    /// never binds].
-    #[arg(long, value_name = "S", requires = "pack")]
-    pub max_seqs: Option<usize>,
-    /// Trimmed batch lengths round up the ladder of M (M, 2M, 3M, 4M, then four sizes per
-    /// doubling, at most L), as dsc-train and dsc.Loader do on a GPU: the report's padding
-    /// efficiency and batch lengths (the shapes a run sees) are for that ladder [default: 1,
-    /// exact lengths].
-    #[arg(long, value_name = "M", default_value_t = 1, conflicts_with = "pack")]
-    pub trim_multiple: usize,
-    /// Keep the last partial global batch, completed by repeating the first contexts (packs).
-    #[arg(long)]
-    pub keep_last: bool,
-    /// Windows of long series: each sample is W consecutive stored steps of one context,
-    /// starting at a multiple of --stride; the epoch shuffles windows across all contexts.
-    /// With --keys, each window prints as KEY:START.
-    #[arg(long, value_name = "W", conflicts_with_all = ["bucket", "pack"], help_heading = "Series windows")]
-    pub series_window: Option<usize>,
-    /// Steps between a context's window starts [default: the window, no overlap].
-    #[arg(
-        long,
-        value_name = "S",
-        requires = "series_window",
-        help_heading = "Series windows"
-    )]
-    pub stride: Option<usize>,
-    /// Steps after each window given as its target (`y_next`) [default: 0].
-    #[arg(
-        long,
-        value_name = "H",
-        default_value_t = 0,
-        requires = "series_window",
-        help_heading = "Series windows"
-    )]
-    pub horizon: usize,
-    /// Columns of `x` the target takes [default: all].
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_name = "COL,..",
-        requires = "horizon",
-        help_heading = "Series windows"
-    )]
-    pub horizon_columns: Vec<String>,
-    /// Keep windows that run past the end of their series, zero-padded (otherwise only whole
-    /// windows, with their whole horizon, are kept).
-    #[arg(long, requires = "series_window", help_heading = "Series windows")]
-    pub pad_windows: bool,
+    #[command(flatten)]
+    pub epoch: dsc_loader::args::EpochArgs,
+    #[command(flatten)]
+    pub rank: dsc_loader::args::RankArgs,
+    #[command(flatten)]
+    pub mix: dsc_loader::args::MixArgs,
+    #[command(flatten)]
+    pub shape: dsc_loader::args::ShapeArgs,
     /// Print the keys of each batch, one batch per line.
     #[arg(long, conflicts_with = "state_after")]
     pub keys: bool,
@@ -737,7 +644,9 @@ pub struct OrderArgs {
 /// peak resident memory while loading. Each figure is the fastest of --repeat epochs, and ratios
 /// are within the run, so machine noise mostly cancels. With --bucket, also a shuffled epoch of
 /// length-bucketed, trimmed batches; with --pack T, a shuffled epoch of packed batches of T
-/// tokens. A compressed cache also reports its decompression speed.
+/// tokens. The shuffled passes take the order's flags (--seed, --window, …); the cache-order
+/// pass reads the same split unshuffled. A compressed cache also reports its decompression
+/// speed.
 ///
 /// Example:
 ///   dsc bench cache
@@ -749,9 +658,8 @@ pub struct BenchArgs {
     /// The cache directory, or its URL in object storage (s3://bucket/cache, gs://…, az://…,
     /// https://…): its shards are fetched as the loader reads them.
     pub cache: PathBuf,
-    /// The split.
-    #[arg(long, default_value = "train")]
-    pub split: String,
+    #[command(flatten)]
+    pub epoch: dsc_loader::args::EpochArgs,
     /// Contexts per batch.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
@@ -759,12 +667,6 @@ pub struct BenchArgs {
     /// that fits a quarter of memory runs at most one per core].
     #[arg(long)]
     pub loader_threads: Option<usize>,
-    /// Contexts permuted together in the shuffled passes.
-    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_WINDOW)]
-    pub window: usize,
-    /// Shards read side by side in the shuffled passes.
-    #[arg(long, default_value_t = dsc_loader::order::DEFAULT_INTERLEAVE)]
-    pub interleave: usize,
     /// Load only these tensors, comma-separated (e.g. x,length,y) [default: all]; memcpy then
     /// counts their bytes only.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]

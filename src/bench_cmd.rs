@@ -2,7 +2,8 @@
 
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
-use dsc_loader::{Cache, LoaderOptions, OrderSpec, Pack};
+use dsc_loader::args::MixArgs;
+use dsc_loader::{Batches, Cache, LoaderOptions, OrderSpec, Pack};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -152,13 +153,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let t = Instant::now();
     let cache = Cache::open_with(&a.cache, &remote)?;
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
+    let order = |batches| a.epoch.order(batches, &MixArgs::default());
     let opts = |shuffle: bool, threads: usize| LoaderOptions {
         order: OrderSpec {
-            split: a.split.clone(),
-            shuffle,
-            window: a.window,
-            interleave: a.interleave,
-            ..Default::default()
+            shuffle: shuffle && a.epoch.shuffle,
+            ..order(Batches::Padded)
         },
         batch_size: a.batch_size,
         threads,
@@ -166,10 +165,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         ..Default::default()
     };
     let bucketed_opts = LoaderOptions {
-        order: OrderSpec {
-            bucket: true,
-            ..opts(true, threads).order
-        },
+        order: order(Batches::Bucketed),
         ..opts(true, threads)
     };
     let (contexts, steps, per_context) = {
@@ -181,7 +177,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     anyhow::ensure!(
         steps > 0,
         "split {:?} has fewer than {} contexts",
-        a.split,
+        a.epoch.split,
         a.batch_size
     );
 
@@ -201,7 +197,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     } else {
         Cache::open_with(&a.cache, &remote)?
     };
-    let count = copy_of.manifest().shards_of(&a.split).count();
+    let count = copy_of.manifest().shards_of(&a.epoch.split).count();
     let mut shard_total = 0usize;
     let mut buffers = vec![vec![0u8; 1 << 20]; running.max(1)];
     let (mut memcpy_s, mut memcpy_n_s) = (f64::INFINITY, f64::INFINITY);
@@ -213,7 +209,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         let (mut one_s, mut many_s) = (0.0, 0.0);
         for k in 0..count {
             let t = Instant::now();
-            let shard = copy_of.shard_bytes(&a.split, k)?;
+            let shard = copy_of.shard_bytes(&a.epoch.split, k)?;
             if pass == 0 {
                 decompress_s += t.elapsed().as_secs_f64();
                 shard_total += shard.len();
@@ -233,7 +229,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let memcpy_n_s = memcpy_n_s * bytes as f64 / shard_total as f64;
     let compressed = copy_of
         .manifest()
-        .shards_of(&a.split)
+        .shards_of(&a.epoch.split)
         .any(|s| s.compressed.is_some());
     drop(copy_of);
 
@@ -280,7 +276,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         let per = |a: u64, b: u64| (a - b) as f64 / repeat as f64;
         let split_stored_bytes: u64 = cache
             .manifest()
-            .shards_of(&a.split)
+            .shards_of(&a.epoch.split)
             .map(dsc_format::ShardEntry::stored_bytes)
             .sum();
         let bytes_fetched_per_epoch = per(after.bytes_fetched, before.bytes_fetched);
@@ -301,10 +297,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         None
     };
     let packed_opts = a.pack.map(|tokens| LoaderOptions {
-        order: OrderSpec {
-            pack: Some(Pack::tokens(tokens)),
-            ..opts(true, threads).order
-        },
+        order: order(Batches::Packed(Pack::tokens(tokens))),
         ..opts(true, threads)
     });
     let packed_pass = match &packed_opts {
@@ -315,7 +308,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
                 ..o.clone()
             })?;
             let packs = probe.packs().expect("a packed loader");
-            let lengths = cache.lengths(&a.split)?;
+            let lengths = cache.lengths(&a.epoch.split)?;
             let f = packs.figures(probe.order(), &lengths, cache.manifest().max_len());
             Some((seconds, yielded, f))
         }
@@ -328,7 +321,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let epoch_contexts = (steps * a.batch_size) as f64;
     let r = Report {
         cache: a.cache.clone(),
-        split: a.split.clone(),
+        split: a.epoch.split.clone(),
         contexts,
         repeat,
         batch_size: a.batch_size,

@@ -3,10 +3,11 @@
 use crate::args::OrderArgs;
 use crate::output::{bold, bytes, outln};
 use anyhow::Context as _;
+use dsc_loader::args::{LoaderArgs, ShapeArgs};
 use dsc_loader::order::Order;
 use dsc_loader::order::{Padding, Quality};
 use dsc_loader::pack::PackFigures;
-use dsc_loader::{Cache, Loader, LoaderOptions, Mix, OrderSpec, Pack, State};
+use dsc_loader::{Batches, Cache, Loader, LoaderOptions, Mix, OrderSpec, State};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -119,17 +120,107 @@ fn figures(loader: &Loader) -> anyhow::Result<Figures> {
     })
 }
 
-/// The figures of the same epoch as `opts` in padded batches of `batch_size`, bucketed or not.
-fn padded_figures(mix: &Mix, opts: &LoaderOptions, bucket: bool) -> anyhow::Result<Figures> {
+/// The figures of the same epoch as `opts` in padded batches of `batch_size`, bucketed or not,
+/// trimmed up the ladder of `multiple`.
+fn padded_figures(
+    mix: &Mix,
+    opts: &LoaderOptions,
+    bucket: bool,
+    multiple: usize,
+) -> anyhow::Result<Figures> {
     let padded = mix.loader(LoaderOptions {
         order: OrderSpec {
-            bucket,
-            pack: None,
+            batches: if bucket {
+                Batches::Bucketed
+            } else {
+                Batches::Padded
+            },
             ..opts.order.clone()
         },
+        trim: Some(multiple),
         ..opts.clone()
     })?;
     figures(&padded)
+}
+
+/// What a shape of batches is, in words.
+fn describe(batches: &Batches) -> String {
+    match batches {
+        Batches::Padded => "padded batches of whole contexts".into(),
+        Batches::Bucketed => "length-bucketed batches".into(),
+        Batches::Packed(p) => format!("packs of {} tokens", p.tokens),
+        Batches::Windows(w) => format!(
+            "windows of {} steps every {} steps, horizon {}{}{}",
+            w.len,
+            w.stride,
+            w.horizon,
+            if w.horizon_columns.is_empty() {
+                String::new()
+            } else {
+                format!(" of {}", w.horizon_columns.join(","))
+            },
+            if w.pad { ", padded" } else { ", whole" }
+        ),
+    }
+}
+
+/// The state in `path`, checked to continue these caches with what the flags ask: a state's
+/// order continues as it was, so flags that ask for another are refused rather than ignored.
+fn read_state(
+    path: &std::path::Path,
+    mix: &Mix,
+    asked: &OrderSpec,
+    a: &OrderArgs,
+) -> anyhow::Result<State> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let state: State = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a loader state", path.display()))?;
+    // A state Python wrote names the data it was taken over (a mix's joined by +): it
+    // resumes those caches, in that order, or none.
+    let written: serde_json::Value = serde_json::from_str(&text)?;
+    if let Some(id) = written.get("content_id").and_then(|v| v.as_str()) {
+        let ids = |f: fn(&dsc_format::Manifest) -> String| -> Vec<String> {
+            mix.sources().iter().map(|c| f(c.manifest())).collect()
+        };
+        let here = ids(dsc_format::Manifest::content_id);
+        // A state of a compressed cache written before the content id left storage out.
+        let stored = ids(dsc_format::Manifest::stored_id);
+        anyhow::ensure!(
+            id == here.join("+") || id == stored.join("+"),
+            "--from-state {}: that state was taken over other data (content id {id}, these \
+             caches' {}): it resumes the caches it was taken over, in their order",
+            path.display(),
+            here.join("+")
+        );
+    }
+    let o = &state.order;
+    anyhow::ensure!(
+        a.mix.weights.as_ref().is_none_or(|w| *w == o.weights),
+        "--weights with --from-state {}: that state's are {:?} (drop --weights; the state's \
+         order continues)",
+        path.display(),
+        o.weights
+    );
+    anyhow::ensure!(
+        a.mix.mix_samples.is_none() || a.mix.mix_samples == o.mix_samples,
+        "--mix-samples with --from-state {}: that state's is {:?} (drop --mix-samples; the \
+         state's order continues)",
+        path.display(),
+        o.mix_samples
+    );
+    if let Some(key) = asked.batches.key() {
+        anyhow::ensure!(
+            asked.batches == o.batches,
+            "--{} with --from-state {}: that state is of {}, the flags ask for {} (drop the \
+             flags of the shape; the state's order continues)",
+            key.replace('_', "-"),
+            path.display(),
+            describe(&o.batches),
+            describe(&asked.batches)
+        );
+    }
+    Ok(state)
 }
 
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
@@ -140,111 +231,26 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     }
     let cache = caches[0].clone();
     let mix = Mix::new(caches)?;
-    let opts = LoaderOptions {
-        order: OrderSpec {
-            split: a.split.clone(),
-            shuffle: !a.no_shuffle,
-            seed: a.seed,
-            drop_last: !a.keep_last,
-            window: a.window,
-            interleave: a.interleave,
-            bucket: a.bucket,
-            pack: a.pack.map(|tokens| Pack {
-                tokens,
-                max_seqs: a.max_seqs,
-            }),
-            weights: a.weights.clone(),
-            mix_samples: a.mix_samples,
-            series: a.series(),
+    // The report's padding figures are those of batches trimmed up the ladder asked for.
+    let multiple = a.shape.trim_multiple.unwrap_or(1);
+    let args = LoaderArgs {
+        epoch: a.epoch.clone(),
+        shape: ShapeArgs {
+            trim: !(a.shape.pack.is_some() || a.shape.series_window.is_some()),
+            trim_multiple: Some(multiple),
+            ..a.shape.clone()
         },
-        batch_size: a.batch_size,
-        epoch: a.epoch,
-        rank: a.rank,
-        world_size: a.world_size,
+        mix: a.mix.clone(),
+        rank: a.rank.clone(),
         threads: 0,
-        trim_multiple: a.trim_multiple,
-        ..Default::default()
+        ..LoaderArgs::default()
     };
+    let mut opts = args.options(multiple)?;
     let mut loader = match &a.from_state {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            let state: State = serde_json::from_str(&text)
-                .with_context(|| format!("{}: not a loader state", path.display()))?;
-            // A state Python wrote names the data it was taken over (a mix's joined by +): it
-            // resumes those caches, in that order, or none.
-            let written: serde_json::Value = serde_json::from_str(&text)?;
-            if let Some(id) = written.get("content_id").and_then(|v| v.as_str()) {
-                let here: Vec<String> = mix
-                    .sources()
-                    .iter()
-                    .map(|c| c.manifest().content_id())
-                    .collect();
-                // A state of a compressed cache written before the content id left storage out.
-                let stored: Vec<String> = mix
-                    .sources()
-                    .iter()
-                    .map(|c| c.manifest().stored_id())
-                    .collect();
-                anyhow::ensure!(
-                    id == here.join("+") || id == stored.join("+"),
-                    "--from-state {}: that state was taken over other data (content id {id}, \
-                     these caches' {}): it resumes the caches it was taken over, in their order",
-                    path.display(),
-                    here.join("+")
-                );
-            }
-            anyhow::ensure!(
-                a.weights.is_empty() || a.weights == state.order.weights,
-                "--weights with --from-state {}: that state's are {:?} (drop --weights; the \
-                 state's order continues)",
-                path.display(),
-                state.order.weights
-            );
-            anyhow::ensure!(
-                a.mix_samples.is_none() || a.mix_samples == state.order.mix_samples,
-                "--mix-samples with --from-state {}: that state's is {:?} (drop --mix-samples; \
-                 the state's order continues)",
-                path.display(),
-                state.order.mix_samples
-            );
-            anyhow::ensure!(
-                !a.bucket || state.order.bucket,
-                "--bucket with --from-state {}: that state is of an unbucketed order (drop \
-                 --bucket; the state's order continues)",
-                path.display()
-            );
-            anyhow::ensure!(
-                a.pack.is_none() || state.order.pack.is_some(),
-                "--pack with --from-state {}: that state is of an unpacked order (drop --pack; \
-                 the state's order continues)",
-                path.display()
-            );
-            let asked = a.series();
-            if asked.is_some() && asked != state.order.series {
-                let describe = |w: &Option<dsc_loader::SeriesWindows>| match w {
-                    Some(w) => format!(
-                        "windows of {} steps every {} steps, horizon {}{}{}",
-                        w.len,
-                        w.stride,
-                        w.horizon,
-                        if w.horizon_columns.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" of {}", w.horizon_columns.join(","))
-                        },
-                        if w.pad { ", padded" } else { ", whole" }
-                    ),
-                    None => "an order of whole contexts".into(),
-                };
-                anyhow::bail!(
-                    "--series-window with --from-state {}: that state is of {}, the flags ask \
-                     for {} (drop the series flags; the state's order continues)",
-                    path.display(),
-                    describe(&state.order.series),
-                    describe(&asked)
-                );
-            }
+            let state = read_state(path, &mix, &opts.order, &a)?;
+            // The state's shape continues: its batches are trimmed if they have padding.
+            opts.trim = state.order.batches.is_padded().then_some(multiple);
             mix.loader_from_state(opts, &state)?
         }
         None => mix.loader(opts)?,
@@ -318,7 +324,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     }
     let opts = loader.options().clone();
     let unbucketed = if order.is_bucketed() {
-        Some(padded_figures(&mix, &opts, false)?)
+        Some(padded_figures(&mix, &opts, false, multiple)?)
     } else {
         None
     };
@@ -327,14 +333,14 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             let lengths = mix.lengths(&opts.order.split)?;
             let max_len = mix.sources().iter().map(|c| c.manifest().max_len()).max();
             let pack = packs.figures(order, &lengths, max_len.unwrap_or(0));
-            let mut padded = padded_figures(&mix, &opts, false)?;
+            let mut padded = padded_figures(&mix, &opts, false, multiple)?;
             // The packs' global batch in contexts, for the shuffle quality.
             padded.quality = order.quality(
                 ((pack.sequences_per_pack * opts.world_size as f64).round() as usize).max(1),
             );
             // A mix is not bucketed (buckets are cut from one cache's windows).
             let bucketed = match order {
-                Order::One(_) => Some(padded_figures(&mix, &opts, true)?),
+                Order::One(_) => Some(padded_figures(&mix, &opts, true, multiple)?),
                 Order::Mix(_) | Order::Series(_) => None,
             };
             (padded, Some(pack), bucketed)
@@ -343,13 +349,13 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     };
     let per_context = cache.manifest().bytes_per_context() as u64;
     let report = Report {
-        split: a.split.clone(),
+        split: opts.order.split.clone(),
         epoch: loader.options().epoch,
         seed: loader.options().order.seed,
         shuffle: loader.options().order.shuffle,
         bucket: order.is_bucketed(),
-        batch_size: a.batch_size,
-        world_size: a.world_size,
+        batch_size: opts.batch_size,
+        world_size: opts.world_size,
         batches_per_rank: loader.steps(),
         contexts: order.len(),
         pack,

@@ -2,7 +2,7 @@
 //! round-trip byte for byte and leave nothing wrong behind, damage named.
 
 use crate::util::*;
-use dsc_loader::{Cache, LoaderOptions, OrderSpec};
+use dsc_loader::{Batches, Cache, LoaderOptions, OrderSpec};
 use std::path::Path;
 
 fn batches(cache: &Path, o: LoaderOptions) -> Vec<Copied> {
@@ -45,7 +45,7 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
         },
         LoaderOptions {
             order: OrderSpec {
-                bucket: true,
+                batches: Batches::Bucketed,
                 ..base.clone().order
             },
             epoch: 2,
@@ -63,7 +63,7 @@ fn a_compressed_cache_yields_the_hot_caches_batches() {
                 split: "val".into(),
                 ..base.clone().order
             },
-            trim: true,
+            trim: Some(1),
             ..base.clone()
         },
     ] {

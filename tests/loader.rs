@@ -2,7 +2,7 @@
 //! and damaged shards.
 
 use crate::util::*;
-use dsc_loader::{Cache, LoadError, LoaderOptions, OrderSpec};
+use dsc_loader::{Batches, Cache, LoadError, LoaderOptions, OrderSpec};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -57,7 +57,7 @@ fn every_context_once_per_epoch_across_ranks() {
             let o = LoaderOptions {
                 order: OrderSpec {
                     drop_last,
-                    bucket,
+                    batches: shape(bucket),
                     ..opts(7).order
                 },
                 rank,
@@ -98,11 +98,20 @@ fn order_is_a_function_of_seed_and_epoch() {
     }
 }
 
+/// Length-bucketed batches, or padded ones.
+fn shape(bucket: bool) -> Batches {
+    if bucket {
+        Batches::Bucketed
+    } else {
+        Batches::Padded
+    }
+}
+
 fn order_is_a_function_of_seed_and_epoch_with(bucket: bool) {
     let cache = Cache::open(cache_dir()).unwrap();
     let opts = |batch| LoaderOptions {
         order: OrderSpec {
-            bucket,
+            batches: shape(bucket),
             ..opts(batch).order
         },
         ..opts(batch)
@@ -184,7 +193,7 @@ fn the_global_order_does_not_depend_on_world_size() {
                     &cache,
                     LoaderOptions {
                         order: OrderSpec {
-                            bucket,
+                            batches: shape(bucket),
                             ..opts(12 / world).order
                         },
                         rank,
@@ -226,7 +235,7 @@ fn trimmed_batches_equal_untrimmed_ones_cut_to_length() {
     let full: Vec<_> = cache.loader(opts(8)).unwrap().map(Result::unwrap).collect();
     let trimmed: Vec<_> = cache
         .loader(LoaderOptions {
-            trim: true,
+            trim: Some(1),
             ..opts(8)
         })
         .unwrap()
@@ -286,7 +295,7 @@ fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
     let o = |rank, epoch| LoaderOptions {
         order: OrderSpec {
             window,
-            bucket: true,
+            batches: Batches::Bucketed,
             ..opts(4).order
         },
         rank,
@@ -335,7 +344,7 @@ fn bucketed_batches_are_a_windows_contexts_sorted_by_length() {
     let plain: Vec<Vec<i32>> = cache
         .loader(LoaderOptions {
             order: OrderSpec {
-                bucket: false,
+                batches: Batches::Padded,
                 ..opts(8).order
             },
             rank: 0,
@@ -519,7 +528,7 @@ fn next_into_fills_caller_buffers_like_the_iterator() {
 fn fillers_on_several_threads_give_the_iterators_batches() {
     let cache = Cache::open(cache_dir()).unwrap();
     let o = LoaderOptions {
-        trim: true,
+        trim: Some(1),
         ..opts(9)
     };
     let batches: Vec<_> = cache
@@ -632,7 +641,7 @@ proptest! {
     #[test]
     fn resume_anywhere_equals_the_uninterrupted_run(stop in 0usize..60, epoch in 0u64..3, threads in 0usize..3, world in prop::sample::select(vec![1usize, 2, 4]), bucket in any::<bool>()) {
         let cache = Cache::open(cache_dir()).unwrap();
-        let base = LoaderOptions { order: OrderSpec { window: 64, bucket, ..opts(8).order }, epoch, threads, ..opts(8) };
+        let base = LoaderOptions { order: OrderSpec { window: 64, batches: shape(bucket), ..opts(8).order }, epoch, threads, ..opts(8) };
         let straight: Vec<Vec<i64>> = keys_by_step(&cache, base.clone());
         let stop = stop.min(straight.len());
         let mut first = cache.loader(base.clone()).unwrap();
@@ -733,7 +742,7 @@ fn a_state_resumes_at_another_global_batch_from_the_same_position() {
     }
     let bucketed = |batch: usize| LoaderOptions {
         order: OrderSpec {
-            bucket: true,
+            batches: Batches::Bucketed,
             ..opts(batch).order
         },
         ..opts(batch)
@@ -870,7 +879,7 @@ fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
         ],
     )
     .fails(2);
-    assert!(err.contains("unbucketed"), "{err}");
+    assert!(err.contains("that state is of padded batches"), "{err}");
     // Bucketed: the loader's keys, and a report against the plain order.
     let bucketed = [&base[..], &["--bucket"]].concat();
     let keys = run(&[&bucketed[..], &["--keys", "--json"]].concat());
@@ -879,7 +888,7 @@ fn dsc_order_prints_the_loaders_keys_and_resumes_from_a_state() {
         &Cache::open(&cache).unwrap(),
         LoaderOptions {
             order: OrderSpec {
-                bucket: true,
+                batches: Batches::Bucketed,
                 ..opts(16).order
             },
             epoch: 2,
@@ -995,6 +1004,22 @@ proptest! {
     ) {
         let cache = Cache::open(cache_dir()).unwrap();
         let (shuffle, drop_last, bucket, trim) = flags;
+        // Keys that ask for two shapes are refused by name before any loader is made.
+        let keys = dsc_loader::args::ShapeArgs {
+            bucket,
+            pack: pack.map(|p| p.0),
+            max_seqs: pack.and_then(|p| p.1),
+            trim,
+            ..Default::default()
+        };
+        let batches = match keys.batches() {
+            Ok(b) => b,
+            Err(m) => {
+                prop_assert!(!m.key.is_empty() && !m.problem.is_empty());
+                return Ok(());
+            }
+        };
+        let trim = keys.trim_for(&batches, 1);
         let o = LoaderOptions {
             order: OrderSpec {
                 seed,
@@ -1002,8 +1027,7 @@ proptest! {
                 drop_last,
                 window,
                 interleave,
-                bucket,
-                pack: pack.map(|(tokens, max_seqs)| dsc_loader::Pack { tokens, max_seqs }),
+                batches,
                 ..Default::default()
             },
             batch_size: batch,
@@ -1046,7 +1070,7 @@ fn loader_stats_count_what_was_handed_over_and_what_the_cache_read() {
         for threads in [0, 2] {
             let o = LoaderOptions {
                 threads,
-                trim: true,
+                trim: Some(1),
                 ..opts(16)
             };
             let mut loader = cache.loader(o).unwrap();

@@ -2,7 +2,7 @@
 //! the longest L, packing, and refusals of caches that do not fit together.
 
 use crate::util::*;
-use dsc_loader::{Batch, Cache, LoadError, LoaderOptions, Mix, OrderSpec, Pack};
+use dsc_loader::{Batch, Batches, Cache, LoadError, LoaderOptions, Mix, OrderSpec, Pack};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -292,7 +292,7 @@ fn rows_of_a_cache_of_shorter_l_are_padded_with_zeros_to_the_longest() {
     let mix = mix();
     for trim in [false, true] {
         let o = LoaderOptions {
-            trim,
+            trim: trim.then_some(1),
             ..opts(50, &[1.0, 1.0], Some(1000))
         };
         let mut seen = 0;
@@ -334,7 +334,7 @@ fn packed_mix_batches_hold_whole_sequences_of_both_caches() {
     let mix = mix();
     let o = LoaderOptions {
         order: OrderSpec {
-            pack: Some(Pack::tokens(512)),
+            batches: Batches::Packed(Pack::tokens(512)),
             ..opts(1, &[], None).order
         },
         ..Default::default()
@@ -424,7 +424,7 @@ fn caches_that_do_not_fit_together_are_refused_naming_the_tensor() {
     );
     let bucket = LoaderOptions {
         order: OrderSpec {
-            bucket: true,
+            batches: Batches::Bucketed,
             ..opts(8, &[], None).order
         },
         ..opts(8, &[], None)
@@ -508,7 +508,7 @@ fn hostile_numbers_and_the_same_data_twice_are_refused_naming_the_option() {
     // Each panicked on an overflow (or aborted on an allocation) before.
     refused(
         &["order", "a", "--epoch", "18446744073709551615"],
-        "--epoch 18446744073709551615: at most 2^63 - 1",
+        "--epoch 18446744073709551615 is past 2^63 - 1",
     );
     refused(
         &["order", "a", "b", "--epoch", "9223372036854775800"],

@@ -3,7 +3,7 @@
 //! thread count, several ranks, resumed mid-epoch), and the options a pack refuses.
 
 use crate::util::*;
-use dsc_loader::{Batch, Cache, LoadError, LoaderOptions, OrderSpec, Pack};
+use dsc_loader::{Batch, Batches, Cache, LoadError, LoaderOptions, OrderSpec, Pack};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -13,7 +13,7 @@ fn packed(tokens: usize, max_seqs: Option<usize>) -> LoaderOptions {
             window: 96,
             interleave: 3,
             seed: 11,
-            pack: Some(Pack { tokens, max_seqs }),
+            batches: Batches::Packed(Pack { tokens, max_seqs }),
             ..Default::default()
         },
         epoch: 2,
@@ -285,12 +285,13 @@ fn packing_refuses_what_it_cannot_do_and_says_why() {
         key == "pack" && why.contains(&format!("L = {max_len}")),
         "{why}"
     );
-    let mut o = packed(1024, None);
-    o.order.bucket = true;
-    let (key, why) = refused(o);
-    assert!(key == "pack" && why.contains("`bucket`"), "{why}");
+    let json = serde_json::json!({"bucket": true, "pack": 1024});
+    let why = dsc_loader::args::LoaderArgs::from_json(&json.to_string(), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("`pack`") && why.contains("`bucket`"), "{why}");
     let o = LoaderOptions {
-        trim: true,
+        trim: Some(1),
         ..packed(1024, None)
     };
     assert_eq!(refused(o).0, "trim");
@@ -305,7 +306,7 @@ fn packing_refuses_what_it_cannot_do_and_says_why() {
     }
     // A padded state does not resume as packed by Python's strict check.
     let mut padded = packed(1024, None);
-    padded.order.pack = None;
+    padded.order.batches = Batches::Padded;
     let state = c.loader(padded).unwrap().state();
     let err = state.check(&packed(1024, None)).unwrap_err().to_string();
     assert!(err.contains("pack=none"), "{err}");
@@ -352,13 +353,16 @@ fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
         order: OrderSpec {
             window: 96,
             seed: 5,
-            bucket,
+            batches: if bucket {
+                Batches::Bucketed
+            } else {
+                Batches::Padded
+            },
             drop_last: false,
             ..Default::default()
         },
         batch_size: 24,
-        trim,
-        trim_multiple: multiple,
+        trim: (trim || bucket).then_some(multiple),
         epoch: 1,
         ..Default::default()
     };
@@ -383,7 +387,11 @@ fn a_resident_consumer_rebuilds_every_batch_from_its_index() {
                 let (filler, rows) = (loader.filler(), loader.index_rows());
                 let layout = loader.layout().to_vec();
                 let sizes = loader.batch_bytes();
-                let own = if opts.order.pack.is_some() { 5 } else { 0 };
+                let own = if opts.order.batches.pack().is_some() {
+                    5
+                } else {
+                    0
+                };
                 for step in 0..loader.steps() {
                     let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
                     let mut slices: Vec<&mut [u8]> =

@@ -4,7 +4,7 @@
 //! cannot hold.
 
 use crate::util::*;
-use dsc_loader::{Batch, Cache, LoaderOptions, OrderSpec, SeriesWindows};
+use dsc_loader::{Batch, Batches, Cache, LoaderOptions, OrderSpec, SeriesWindows};
 use std::collections::BTreeMap;
 
 /// Long series (30 of 40 to 260 steps) compiled whole (`--max-len 260`).
@@ -95,7 +95,7 @@ fn windows(len: usize, stride: usize, horizon: usize, pad: bool) -> SeriesWindow
 fn options(series: SeriesWindows, batch_size: usize) -> LoaderOptions {
     LoaderOptions {
         order: OrderSpec {
-            series: Some(series),
+            batches: Batches::Windows(series),
             window: 64,
             interleave: 2,
             seed: 9,
@@ -234,8 +234,8 @@ fn a_windowed_epoch_resumes_exactly_and_splits_across_ranks() {
         .collect();
     let state = loader.state();
     assert_eq!(
-        state.order.series,
-        Some(w.clone()),
+        state.order.batches.windows(),
+        Some(&w),
         "the windows are part of the state"
     );
     drop(loader);
@@ -283,15 +283,21 @@ fn windows_are_refused_where_they_cannot_hold_naming_the_option() {
         refused_by(cache.loader(opts).unwrap_err(), key, says);
     };
     let w = windows(16, 8, 4, false);
+    // Windows and buckets are two shapes: no order holds both, and keys that ask for both are
+    // refused by name.
+    let both = dsc_loader::args::ShapeArgs {
+        bucket: true,
+        series_window: Some(16),
+        ..Default::default()
+    };
+    let e = both.batches().unwrap_err();
+    assert!(
+        e.key == "bucket" && e.problem.contains("series windows"),
+        "{e}"
+    );
     let mut o = options(w.clone(), 8);
-    o.order.bucket = true;
-    refused(o.clone(), "bucket", "series windows");
-    // Python's bucket=True asks for trim too: the option named is still bucket.
-    o.trim = true;
-    refused(o, "bucket", "series windows");
-    let mut o = options(w.clone(), 8);
-    o.trim = true;
-    refused(o, "trim", "series windows");
+    o.trim = Some(1);
+    refused(o, "trim", "series_window");
     let l = cache.manifest().max_len();
     refused(
         options(windows(l + 1, 8, 0, false), 8),
@@ -400,7 +406,7 @@ fn dsc_order_refuses_hostile_windows_and_a_state_of_other_windows() {
         (
             &["--series-window", "4"][..],
             "plain.json",
-            "an order of whole contexts",
+            "that state is of padded batches of whole contexts",
         ),
     ] {
         let (code, _, err) = run(&[

@@ -25,10 +25,12 @@
 /// `` `key` `` too. Front ends find the option by its key (Python's `OptionsError.option`) and
 /// spell the message with [`spell`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{key}` {problem}")]
+#[error("`{key}{}` {problem}", value.as_ref().map_or_else(String::new, |v| format!("={v}")))]
 pub struct OptionError {
     /// The option, as a spec file spells it (`max_len`, `val_fraction`).
     pub key: &'static str,
+    /// The value given, where the message shows it (`batch_size=0`): spelled with the key.
+    pub value: Option<String>,
     /// What is wrong, continuing a sentence that starts with the option: "must be at least 1".
     pub problem: String,
 }
@@ -38,6 +40,21 @@ impl OptionError {
     pub fn new(key: &'static str, problem: impl Into<String>) -> OptionError {
         OptionError {
             key,
+            value: None,
+            problem: problem.into(),
+        }
+    }
+
+    /// The option `key`, the value it was given and what is wrong with it: each front end
+    /// spells the pair its own way (`--batch-size 0`, `batch_size=0`).
+    pub fn given(
+        key: &'static str,
+        value: impl std::fmt::Display,
+        problem: impl Into<String>,
+    ) -> OptionError {
+        OptionError {
+            key,
+            value: Some(value.to_string()),
             problem: problem.into(),
         }
     }

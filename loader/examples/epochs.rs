@@ -37,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let opts = LoaderOptions {
             batch_size: 128,
             epoch,
-            trim: true,
+            trim: Some(1),
             ..Default::default()
         };
         let (mut sum, mut steps) = (vec![0f64; features], 0usize);

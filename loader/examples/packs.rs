@@ -2,7 +2,7 @@
 //! `cu_seqlens`, the resume state taken halfway.
 //!
 //! cargo run --release -p dsc-loader --example packs -- demo/cache
-use dsc_loader::{Cache, LoaderOptions, OrderSpec, Pack};
+use dsc_loader::{Batches, Cache, LoaderOptions, OrderSpec, Pack};
 
 fn i32s(bytes: &[u8]) -> impl Iterator<Item = i32> + '_ {
     bytes
@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cache = Cache::open(&dir)?;
     let opts = LoaderOptions {
         order: OrderSpec {
-            pack: Some(Pack::tokens(32_768)),
+            batches: Batches::Packed(Pack::tokens(32_768)),
             ..Default::default()
         },
         ..Default::default()

@@ -1,6 +1,7 @@
 //! The dsc loader: opens a compiled cache by memory map and streams batches.
 //!
-//! The modules follow a batch. What is asked: `options` ([`LoaderOptions`], the resume
+//! The modules follow a batch. What is asked: [`args`] (every option by its key, declared once
+//! for the command lines and Python), `options` ([`LoaderOptions`], [`Batches`], the resume
 //! [`State`]). Where the bytes are: `cache` (a cache opened and validated), `body` (a shard's
 //! bytes: mapped, decompressed or fetched), `mmap` and [`sigbus`] (the maps and their one
 //! fault), `remote` (caches in object storage, fetched ahead of use) with `fetch_plan` (the
@@ -53,6 +54,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod args;
 mod batch;
 mod body;
 mod cache;
@@ -81,9 +83,12 @@ pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::{LoadError, Misuse};
 pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
-pub use loader::{Filler, Loader, MAX_PREFETCH, MAX_THREADS};
+pub use loader::{Filler, Loader};
 pub use mix::Mix;
-pub use options::{LoaderOptions, OrderSpec, Pack, State, GPU_TRIM_MULTIPLE, MAX_TRIM_MULTIPLE};
+pub use options::{
+    Batches, LoaderOptions, OrderSpec, Pack, State, GPU_TRIM_MULTIPLE, MAX_PREFETCH, MAX_THREADS,
+    MAX_TRIM_MULTIPLE,
+};
 pub use order::SeriesWindows;
 #[cfg(feature = "remote")]
 pub use remote::{fetch_shards, ShardFile, ShardFiles};

@@ -7,7 +7,7 @@ use crate::error::{LoadError, Misuse};
 use crate::gather::{self, BatchInfo, Batching, Gather, IndexDst, Source, PACK_TENSORS};
 use crate::handoff::{handoff, Empty, Receiver};
 
-use crate::options::{LoaderOptions, State, MAX_TRIM_MULTIPLE};
+use crate::options::{LoaderOptions, State};
 use crate::order::{Cursor, EpochOrder, MixOrder, Order, Sample, SeriesOrder, Steps, WindowIndex};
 use crate::pack::{self, Packs};
 use crate::series::SeriesPlan;
@@ -20,13 +20,6 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The most loader threads a loader accepts ([`LoaderOptions::threads`]): with
-/// [`MAX_PREFETCH`], far beyond any use, and small enough that the thread and buffer counts
-/// never overflow.
-pub const MAX_THREADS: usize = 1024;
-/// The most batches a loader thread may gather ahead ([`LoaderOptions::prefetch`]).
-pub const MAX_PREFETCH: usize = 1 << 16;
 
 /// Mapped bytes of a split up to which its pages are kept resident: a quarter of the memory
 /// this process may use (the machine's, or its cgroup's limit when lower). Releasing pages
@@ -359,31 +352,20 @@ fn pack_size(
     opts: &LoaderOptions,
     loaded: &[&TensorSpec],
 ) -> Result<Option<(usize, usize)>, LoadError> {
-    let Some(pack) = opts.order.pack else {
+    let Some(pack) = opts.order.batches.pack() else {
         return Ok(None);
     };
     let refuse = |key, why: String| Err(OptionError::new(key, why).into());
-    if opts.order.bucket {
-        return refuse(
-            "pack",
-            "and `bucket` exclude each other: a pack has no padding for bucketing to save".into(),
-        );
-    }
-    if opts.trim {
-        return refuse(
-            "trim",
-            "has no meaning for packed batches (`pack`): a pack holds no padding to cut".into(),
-        );
-    }
     if pack.tokens < max_len.max(1) {
-        return refuse(
+        return Err(OptionError::given(
             "pack",
+            pack.tokens,
             format!(
-                "of {} tokens is fewer than the cache's L = {max_len}: a sequence of L steps \
-                 would not fit; pack at least {max_len} tokens",
-                pack.tokens
+                "tokens are fewer than the cache's L = {max_len}: a sequence of L steps would \
+                 not fit; pack at least {max_len} tokens"
             ),
-        );
+        )
+        .into());
     }
     if pack.max_seqs == Some(0) {
         return refuse("max_seqs", "must be at least 1".into());
@@ -445,54 +427,6 @@ pub(crate) fn lengths_of(sources: &[Cache], split: &str) -> Result<Arc<[u32]>, L
 /// and `u64` arithmetic that must not wrap (2^64 - 1 positions panicked there).
 const MAX_MIX_SAMPLES: usize = 1 << 48;
 
-/// The loader options that are checked without a cache.
-fn check_options(opts: &LoaderOptions) -> Result<(), LoadError> {
-    let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
-    // The next epoch is planned ahead (a remote cache's fetcher), and a mix counts positions
-    // across epochs: 2^63 epochs leave room for both.
-    if opts.epoch >= 1 << 63 {
-        return bad("epoch", format!("{}: at most 2^63 - 1", opts.epoch));
-    }
-    if opts.batch_size == 0 {
-        return bad("batch_size", "must be at least 1".into());
-    }
-    if opts.world_size == 0 {
-        return bad("world_size", "must be at least 1".into());
-    }
-    if opts.rank >= opts.world_size {
-        return bad(
-            "rank",
-            format!(
-                "{} must be below `world_size={}` (ranks count from 0)",
-                opts.rank, opts.world_size
-            ),
-        );
-    }
-    if !(1..=MAX_TRIM_MULTIPLE).contains(&opts.trim_multiple) {
-        return bad(
-            "trim_multiple",
-            format!(
-                "{}: between 1 (exact lengths) and {MAX_TRIM_MULTIPLE}",
-                opts.trim_multiple
-            ),
-        );
-    }
-    if opts.threads > MAX_THREADS {
-        return bad(
-            "threads",
-            format!("{}: at most {MAX_THREADS}", opts.threads),
-        );
-    }
-    if opts.prefetch > MAX_PREFETCH {
-        return bad(
-            "prefetch",
-            format!("{}: at most {MAX_PREFETCH} batches ahead", opts.prefetch),
-        );
-    }
-    opts.global_batch()?;
-    Ok(())
-}
-
 /// The epoch's order over `sizes` (each source's contexts per shard): one split's, or a mix's.
 fn order_of(
     sources: &[Cache],
@@ -501,19 +435,7 @@ fn order_of(
 ) -> Result<Order, LoadError> {
     let o = &opts.order;
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
-    if let Some(windows) = &o.series {
-        let refused = |key, what: &str| {
-            bad(
-                key,
-                format!("cannot be used with series windows (`series_window`): {what}"),
-            )
-        };
-        if o.bucket {
-            return refused("bucket", "every window has the same length already");
-        }
-        if o.pack.is_some() {
-            return refused("pack", "a window is its own fixed length");
-        }
+    if let Some(windows) = o.batches.windows() {
         let [one] = sizes else {
             return bad(
                 "series_window",
@@ -541,7 +463,7 @@ fn order_of(
         )));
     }
     if let [one] = sizes {
-        if o.weights.len() > 1 || o.mix_samples.is_some() {
+        if !o.weights.is_empty() || o.mix_samples.is_some() {
             let key = if o.mix_samples.is_some() {
                 "mix_samples"
             } else {
@@ -549,16 +471,16 @@ fn order_of(
             };
             return bad(
                 key,
-                "is for a mix of several caches; one cache was given".into(),
+                "is for a mix: pass two or more caches (one was given)".into(),
             );
         }
         let mut order = EpochOrder::new(one, o.shuffle, o.seed, opts.epoch, o.window, o.interleave);
-        if o.bucket {
+        if o.batches.is_bucketed() {
             order = order.bucketed(sources[0].lengths(&o.split)?, opts.global_batch()?);
         }
         return Ok(Order::One(order));
     }
-    if o.bucket {
+    if o.batches.is_bucketed() {
         return bad(
             "bucket",
             "cannot be used with a mix: buckets are cut from one cache's windows; use `trim` \
@@ -587,7 +509,7 @@ fn order_of(
         return bad(
             "weights",
             format!(
-                "gives {} weights for {} caches: one per cache, in their order",
+                "gives {} weights for {} caches: one positive number per cache, in their order",
                 weights.len(),
                 sizes.len()
             ),
@@ -596,7 +518,7 @@ fn order_of(
     if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w > 0.0)) {
         return bad(
             "weights",
-            format!("{w} is not a weight: each must be a positive number"),
+            format!("{w} is not a weight: one positive number per cache"),
         );
     }
     // Weights are relative: when their sum overflows (1e308 each), they are scaled by the
@@ -676,7 +598,7 @@ pub(crate) fn prepare(
     sources: &[Cache],
     opts: &LoaderOptions,
 ) -> Result<(Gather, usize), LoadError> {
-    check_options(opts)?;
+    opts.check()?;
     let first = &sources[0].inner;
     let split_name = &opts.order.split;
     let all = first.manifest.tensors();
@@ -725,25 +647,8 @@ pub(crate) fn prepare(
             cold,
         });
     }
-    let series = match &opts.order.series {
-        Some(windows) => {
-            // Python's bucket=True asks for trim too: the option the caller gave is named.
-            if opts.order.bucket {
-                return Err(OptionError::new(
-                    "bucket",
-                    "cannot be used with series windows (`series_window`): every window has the same length already",
-                )
-                .into());
-            }
-            if opts.trim {
-                return Err(OptionError::new(
-                    "trim",
-                    "cannot be used with series windows (`series_window`): every window is as long already",
-                )
-                .into());
-            }
-            Some(SeriesPlan::new(first, windows)?)
-        }
+    let series = match opts.order.batches.windows() {
+        Some(windows) => Some(SeriesPlan::new(first, windows)?),
         None => None,
     };
     // The step axis of a batch: a window's, or the longest source's L.
@@ -800,7 +705,7 @@ pub(crate) fn prepare(
         }
     };
     if batch_bytes.is_none_or(|b| b > memory_limit() / 2) {
-        let (key, size) = match opts.order.pack {
+        let (key, size) = match opts.order.batches.pack() {
             // A `max_seqs` given that alone is too much is named, not `pack`.
             Some(p) if p.max_seqs.is_some() && seq_bytes.is_none_or(|b| b > memory_limit() / 2) => {
                 ("max_seqs", p.max_seqs.expect("given"))
@@ -845,7 +750,10 @@ pub(crate) fn prepare(
         None => Batching::Padded {
             steps: Steps::new(order.len(), opts.batch_size, opts.world_size, o.drop_last)
                 .after(opts.skip, o.drop_last),
-            trim: (opts.trim || o.bucket).then_some(opts.trim_multiple),
+            trim: match opts.trim {
+                None if o.batches.is_bucketed() => Some(1),
+                trim => trim,
+            },
         },
         Some(size) => {
             let lengths = lengths_of(sources, &o.split)?;
@@ -1031,13 +939,13 @@ impl Loader {
             return Err(Misuse::NoPaddedBatches.into());
         };
         let lengths = lengths_of(&self.sources(), &self.opts.order.split)?;
-        // An untrimmed loader's figures say what trimming with its multiple would give.
+        // An untrimmed loader's figures say what trimming to exact lengths would give.
         Ok(crate::order::padding(
             &gather.order,
             steps,
             &lengths,
             gather.max_len,
-            trim.unwrap_or(self.opts.trim_multiple),
+            trim.unwrap_or(1),
         ))
     }
 

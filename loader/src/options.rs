@@ -15,8 +15,12 @@ use serde::{Deserialize, Serialize};
 /// batch: what a resume state keeps. Every field has a documented default.
 ///
 /// Unknown fields are ignored when read: a [`State`] holds these fields flattened beside its
-/// own, and a caller may keep more keys in the same JSON object (Python adds its own).
+/// own, and a caller may keep more keys in the same JSON object (Python adds its own). The
+/// JSON is flat, as states have always been written (`bucket`, `pack`, `series` beside the
+/// rest): a private mirror reads it, so that a state that names two shapes is refused when read
+/// and nothing past this point can hold one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "OrderFields", into = "OrderFields")]
 pub struct OrderSpec {
     /// Split to read [default: `train`].
     pub split: String,
@@ -31,36 +35,18 @@ pub struct OrderSpec {
     /// Shards read side by side, so that each window mixes this many shards [default: 8].
     pub interleave: usize,
     /// Drop the last partial global batch; otherwise complete it by repeating the epoch's first
-    /// contexts (with `pack`: its first packs) [default: true].
+    /// contexts (with packs: its first packs) [default: true].
     pub drop_last: bool,
-    /// Length-bucketed batches: inside each window, contexts of similar stored length form a
-    /// global batch, the batches come in random order, and each is trimmed to its longest
-    /// sequence (implies `trim`). The window is rounded up to a multiple of the global batch.
-    /// Still one pass over every context, exact resume and equal batches per rank. Absent in
-    /// states from before bucketing: false [default: false].
-    #[serde(default)]
-    pub bucket: bool,
-    /// Packed batches: whole sequences laid end to end in a fixed budget of tokens, so that
-    /// every batch has the same shapes and almost no padding (see [`crate::pack`]). A batch is
-    /// one pack per rank; `batch_size` is not used [default: none, padded batches].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pack: Option<Pack>,
+    /// What a batch is: padded contexts, length-bucketed ones, packs or series windows
+    /// [default: padded].
+    pub batches: Batches,
     /// A mix's weights, one per source ([`crate::Mix`]): each block of `window` positions
     /// holds each source in these proportions (normalised). Empty: each source in proportion
     /// to its size, as if the splits were one [default: empty].
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<f64>,
     /// Positions in an epoch of a mix; sources that run out continue with their next epoch
     /// [default: none, as many as the sources hold together].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mix_samples: Option<usize>,
-    /// Windows cut from long series: a sample is `len` consecutive stored steps of one context,
-    /// starting at a multiple of `stride`, with the next `horizon` steps of chosen columns as
-    /// its target ([`SeriesWindows`]); the epoch shuffles windows across all contexts as it
-    /// shuffles contexts. Not with `bucket`, `pack`, `trim` or a mix [default: none, whole
-    /// contexts].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub series: Option<SeriesWindows>,
 }
 
 impl Default for OrderSpec {
@@ -72,11 +58,183 @@ impl Default for OrderSpec {
             window: DEFAULT_WINDOW,
             interleave: DEFAULT_INTERLEAVE,
             drop_last: true,
-            bucket: false,
-            pack: None,
+            batches: Batches::Padded,
             weights: Vec::new(),
             mix_samples: None,
-            series: None,
+        }
+    }
+}
+
+/// The shape of an epoch's batches: one of four, so that shapes that exclude each other cannot
+/// be asked for together. Each cuts the same shuffled order its own way; the order (and so a
+/// resume state) records which.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Batches {
+    /// `batch_size` whole contexts per rank and step, padded to the cache's `L` (or, with
+    /// [`LoaderOptions::trim`], cut to the batch's longest sequence).
+    #[default]
+    Padded,
+    /// Length-bucketed: inside each window, contexts of similar stored length form a global
+    /// batch, the batches come in random order, and each is trimmed to its longest sequence
+    /// (rounded up the ladder of [`LoaderOptions::trim`], exact when `None`). The window is
+    /// rounded up to a multiple of the global batch. Still one pass over every context, exact
+    /// resume and equal batches per rank. Not with a mix (buckets are cut from one cache's
+    /// windows).
+    Bucketed,
+    /// Packed batches: whole sequences laid end to end in a fixed budget of tokens, so that
+    /// every batch has the same shapes and almost no padding (see [`crate::pack`]). A batch is
+    /// one pack per rank; `batch_size` is not used.
+    Packed(Pack),
+    /// Windows cut from long series: a sample is `len` consecutive stored steps of one context,
+    /// starting at a multiple of `stride`, with the next `horizon` steps of chosen columns as
+    /// its target ([`SeriesWindows`]); the epoch shuffles windows across all contexts as it
+    /// shuffles contexts. Not with a mix.
+    Windows(SeriesWindows),
+}
+
+impl Batches {
+    /// The pack size, for packed batches.
+    pub fn pack(&self) -> Option<Pack> {
+        match self {
+            Batches::Packed(p) => Some(*p),
+            _ => None,
+        }
+    }
+
+    /// The windows, for series windows.
+    pub fn windows(&self) -> Option<&SeriesWindows> {
+        match self {
+            Batches::Windows(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// Whether batches are length-bucketed.
+    pub fn is_bucketed(&self) -> bool {
+        matches!(self, Batches::Bucketed)
+    }
+
+    /// Whether a batch holds whole contexts with a padded step axis: the shapes that
+    /// [`LoaderOptions::trim`] cuts.
+    pub fn is_padded(&self) -> bool {
+        matches!(self, Batches::Padded | Batches::Bucketed)
+    }
+
+    /// Refuses to trim batches without padding: packs and series windows.
+    pub fn check_trim(&self) -> Result<(), OptionError> {
+        let problem = match self {
+            Batches::Padded | Batches::Bucketed => return Ok(()),
+            Batches::Packed(_) => {
+                "has no meaning for packed batches (`pack`): a pack holds no padding to cut"
+            }
+            Batches::Windows(_) => {
+                "cannot be used with series windows (`series_window`): every window is as long \
+                 already"
+            }
+        };
+        Err(OptionError::new("trim", problem))
+    }
+
+    /// The option that asks for this shape, by key (`None` for the default, padded).
+    pub fn key(&self) -> Option<&'static str> {
+        match self {
+            Batches::Padded => None,
+            Batches::Bucketed => Some("bucket"),
+            Batches::Packed(_) => Some("pack"),
+            Batches::Windows(_) => Some("series_window"),
+        }
+    }
+
+    /// The shape asked for by its three options, or the first two that exclude each other,
+    /// by key.
+    pub fn from_options(
+        bucket: bool,
+        pack: Option<Pack>,
+        series: Option<SeriesWindows>,
+    ) -> Result<Batches, OptionError> {
+        let windows = "cannot be used with series windows (`series_window`)";
+        match (bucket, pack, series) {
+            (false, None, None) => Ok(Batches::Padded),
+            (true, None, None) => Ok(Batches::Bucketed),
+            (false, Some(p), None) => Ok(Batches::Packed(p)),
+            (false, None, Some(w)) => Ok(Batches::Windows(w)),
+            (true, Some(_), _) => Err(OptionError::new(
+                "bucket",
+                "and `pack` exclude each other: a pack has no padding for bucketing to save",
+            )),
+            (true, None, Some(_)) => Err(OptionError::new(
+                "bucket",
+                format!("{windows}: every window has the same length already"),
+            )),
+            (false, Some(_), Some(_)) => Err(OptionError::new(
+                "pack",
+                format!("{windows}: a window is its own fixed length"),
+            )),
+        }
+    }
+}
+
+/// [`OrderSpec`] as JSON: every state and options object ever written, the shape spelled by its
+/// three old keys.
+#[derive(Serialize, Deserialize)]
+struct OrderFields {
+    split: String,
+    seed: u64,
+    shuffle: bool,
+    window: usize,
+    interleave: usize,
+    drop_last: bool,
+    /// Absent in states from before bucketing: false.
+    #[serde(default)]
+    bucket: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pack: Option<Pack>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    weights: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mix_samples: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    series: Option<SeriesWindows>,
+}
+
+impl TryFrom<OrderFields> for OrderSpec {
+    type Error = OptionError;
+
+    fn try_from(f: OrderFields) -> Result<Self, OptionError> {
+        Ok(OrderSpec {
+            batches: Batches::from_options(f.bucket, f.pack, f.series)?,
+            split: f.split,
+            seed: f.seed,
+            shuffle: f.shuffle,
+            window: f.window,
+            interleave: f.interleave,
+            drop_last: f.drop_last,
+            weights: f.weights,
+            mix_samples: f.mix_samples,
+        })
+    }
+}
+
+impl From<OrderSpec> for OrderFields {
+    fn from(o: OrderSpec) -> Self {
+        let bucket = o.batches.is_bucketed();
+        let (pack, series) = match o.batches {
+            Batches::Packed(p) => (Some(p), None),
+            Batches::Windows(w) => (None, Some(w)),
+            Batches::Padded | Batches::Bucketed => (None, None),
+        };
+        OrderFields {
+            split: o.split,
+            seed: o.seed,
+            shuffle: o.shuffle,
+            window: o.window,
+            interleave: o.interleave,
+            drop_last: o.drop_last,
+            bucket,
+            pack,
+            weights: o.weights,
+            mix_samples: o.mix_samples,
+            series,
         }
     }
 }
@@ -86,7 +244,7 @@ impl Default for OrderSpec {
 /// Packed batches (docs/GUIDE.md, "Packed batches"):
 ///
 /// ```
-/// # use dsc_loader::{Cache, LoaderOptions, OrderSpec, Pack};
+/// # use dsc_loader::{Batches, Cache, LoaderOptions, OrderSpec, Pack};
 /// # let dir = tempfile::tempdir()?;
 /// # std::env::set_current_dir(dir.path())?;
 /// # let sample = dsc_gen::icecube::IcecubeOptions {
@@ -101,13 +259,13 @@ impl Default for OrderSpec {
 /// #     storage: dsc_compiler::Storage::Hot, progress: &dsc_compiler::NoProgress,
 /// # })?;
 /// # let cache = Cache::open("cache")?;
-/// # let packed = OrderSpec { pack: Some(Pack::tokens(32_768)), ..Default::default() };
+/// # let packed = OrderSpec { batches: Batches::Packed(Pack::tokens(32_768)), ..Default::default() };
 /// # let all = cache.loader(LoaderOptions { order: packed, ..Default::default() })?.count();
 /// # fn i32s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
 /// #     b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
 /// # }
 /// let opts = LoaderOptions {
-///     order: OrderSpec { pack: Some(Pack::tokens(32_768)), ..Default::default() },
+///     order: OrderSpec { batches: Batches::Packed(Pack::tokens(32_768)), ..Default::default() },
 ///     ..Default::default()
 /// };
 /// let mut loader = cache.loader(opts.clone())?;
@@ -151,7 +309,7 @@ impl Pack {
 pub struct LoaderOptions {
     /// The order of the epochs: split, seed, shuffle, bucketing, packing, …
     pub order: OrderSpec,
-    /// Contexts per batch per rank [default: 256]; not used with `order.pack`.
+    /// Contexts per batch per rank [default: 256]; not used with packs ([`Batches::Packed`]).
     pub batch_size: usize,
     /// Epoch number: each epoch has its own order [default: 0].
     pub epoch: u64,
@@ -171,15 +329,16 @@ pub struct LoaderOptions {
     /// so further threads only take turns on the same cores (3 threads on 2 cores gathered
     /// a fifth slower than 2). [`crate::Loader::threads`] says how many run.
     pub threads: usize,
-    /// Cut sequence tensors to the longest stored length in the batch [default: false]. A
-    /// packed batch has no padding to cut: refused with `order.pack`.
-    pub trim: bool,
-    /// With `trim` (or `order.bucket`): round each batch's trimmed length up the ladder of
-    /// this multiple ([`crate::order::trimmed_len`]: 1, 2, 3, 4 times it, then four sizes per doubling,
-    /// never past `L`), so that a run sees a handful of shapes instead of one per length
-    /// [default: 1, exact lengths]. A GPU pays for every new shape (allocator blocks, kernel
-    /// choices, a recompile under `torch.compile`); a CPU pays only for the padding.
-    pub trim_multiple: usize,
+    /// Cut each padded batch's sequence tensors to its longest stored sequence, rounded up the
+    /// ladder of this multiple ([`crate::order::trimmed_len`]: 1, 2, 3, 4 times it, then four
+    /// sizes per doubling, never past `L`), so that a run sees a handful of shapes instead of
+    /// one per length; `Some(1)` cuts to exact lengths [default: none, padded to `L`]. A GPU
+    /// pays for every new shape (allocator blocks, kernel choices, a recompile under
+    /// `torch.compile`); a CPU pays only for the padding. Length-bucketed batches are always
+    /// cut (exactly when `None`); packs and series windows have no padding to cut. The layout
+    /// of a batch, not its contexts: a resume state does not keep it, so a run may resume with
+    /// another.
+    pub trim: Option<usize>,
     /// The tensors to load, by name, in manifest order whatever the order given; empty loads
     /// every tensor [default: empty]. Leaving out tensors the model does not read saves their
     /// gather.
@@ -197,15 +356,26 @@ impl Default for LoaderOptions {
             world_size: 1,
             prefetch: 4,
             threads: 1,
-            trim: false,
-            trim_multiple: 1,
+            trim: None,
             columns: Vec::new(),
         }
     }
 }
 
-/// The most a trimmed length may be rounded by ([`LoaderOptions::trim_multiple`]).
+/// The most a trimmed length may be rounded by ([`LoaderOptions::trim`]).
 pub const MAX_TRIM_MULTIPLE: usize = 1 << 16;
+
+/// Refuses a trim multiple outside `1..=MAX_TRIM_MULTIPLE`, by its key.
+pub(crate) fn check_trim_multiple(m: usize) -> Result<(), OptionError> {
+    if (1..=MAX_TRIM_MULTIPLE).contains(&m) {
+        return Ok(());
+    }
+    Err(OptionError::given(
+        "trim_multiple",
+        m,
+        format!("is not between 1 (exact lengths) and {MAX_TRIM_MULTIPLE}"),
+    ))
+}
 
 /// The trim multiple the front ends default to when batches go to a GPU (`dsc.Loader` with a
 /// CUDA device, `dsc-train` on CUDA): trimmed lengths round up the ladder of 16
@@ -214,8 +384,67 @@ pub const MAX_TRIM_MULTIPLE: usize = 1 << 16;
 /// tensor-core tiles stay whole. On the CPU every length is its own (1).
 pub const GPU_TRIM_MULTIPLE: usize = 16;
 
+/// The most loader threads a loader accepts ([`LoaderOptions::threads`]): with
+/// [`MAX_PREFETCH`], far beyond any use, and small enough that the thread and buffer counts
+/// never overflow.
+pub const MAX_THREADS: usize = 1024;
+/// The most batches a loader thread may gather ahead ([`LoaderOptions::prefetch`]).
+pub const MAX_PREFETCH: usize = 1 << 16;
+
 impl LoaderOptions {
-    /// Units (contexts, or packs with `order.pack`) per global step, or an error where that
+    /// Checks what can be checked without a cache, naming the option at fault: every front
+    /// end's refusals come from here (and from the checks against the caches when a loader is
+    /// made).
+    pub fn check(&self) -> Result<(), LoadError> {
+        let opts = self;
+        let bad = |key, value: usize, problem: String| {
+            Err(OptionError::given(key, value, problem).into())
+        };
+        // The next epoch is planned ahead (a remote cache's fetcher), and a mix counts positions
+        // across epochs: 2^63 epochs leave room for both.
+        if opts.epoch >= 1 << 63 {
+            return Err(OptionError::given("epoch", opts.epoch, "is past 2^63 - 1").into());
+        }
+        for (key, value) in [
+            ("batch_size", opts.batch_size),
+            ("world_size", opts.world_size),
+            ("prefetch", opts.prefetch),
+            ("window", opts.order.window),
+            ("interleave", opts.order.interleave),
+        ] {
+            if value == 0 {
+                return bad(key, value, "must be at least 1".into());
+            }
+        }
+        if opts.rank >= opts.world_size {
+            return bad(
+                "rank",
+                opts.rank,
+                format!(
+                    "must be below `world_size={}` (ranks count from 0)",
+                    opts.world_size
+                ),
+            );
+        }
+        if let Some(m) = opts.trim {
+            check_trim_multiple(m)?;
+            opts.order.batches.check_trim()?;
+        }
+        if opts.threads > MAX_THREADS {
+            return bad("threads", opts.threads, format!("is over {MAX_THREADS}"));
+        }
+        if opts.prefetch > MAX_PREFETCH {
+            return bad(
+                "prefetch",
+                opts.prefetch,
+                format!("is over {MAX_PREFETCH} batches ahead"),
+            );
+        }
+        opts.global_batch()?;
+        Ok(())
+    }
+
+    /// Units (contexts, or packs) per global step, or an error where that
     /// product overflows.
     pub fn global_batch(&self) -> Result<usize, LoadError> {
         global_batch(&self.order, self.batch_size, self.world_size)
@@ -228,7 +457,7 @@ fn global_batch(
     batch_size: usize,
     world_size: usize,
 ) -> Result<usize, LoadError> {
-    if order.pack.is_some() {
+    if order.batches.pack().is_some() {
         return Ok(world_size);
     }
     batch_size.checked_mul(world_size).ok_or_else(|| {
@@ -282,7 +511,7 @@ fn global_batch(
 ///     let cache = Cache::open("cache")?;     // O(shards): validates sizes and headers, then maps
 ///     let features = cache.manifest().tensor("x").ok_or("no x")?.sample_shape[1];
 ///     for epoch in 0..2 {
-///         let opts = LoaderOptions { batch_size: 128, epoch, trim: true, ..Default::default() };
+///         let opts = LoaderOptions { batch_size: 128, epoch, trim: Some(1), ..Default::default() };
 ///         let (mut sum, mut steps) = (vec![0f64; features], 0usize);
 ///         let mut loader = cache.loader(opts.clone())?;
 ///         let half = loader.steps() / 2;
@@ -367,7 +596,7 @@ impl State {
             });
         }
         let global = global_batch(&self.order, opts.batch_size, opts.world_size)?;
-        if global != self.global_batch && self.order.bucket {
+        if global != self.global_batch && self.order.batches.is_bucketed() {
             return Err(LoadError::State {
                 field: "global_batch".into(),
                 problem: format!(
@@ -462,7 +691,7 @@ mod tests {
         let state = State::new(&opts, 0).unwrap();
         let other = LoaderOptions {
             order: OrderSpec {
-                pack: Some(Pack::tokens(4096)),
+                batches: Batches::Packed(Pack::tokens(4096)),
                 ..OrderSpec::default()
             },
             ..LoaderOptions::default()
@@ -481,7 +710,7 @@ mod tests {
     fn a_packed_order_steps_one_pack_per_rank() {
         let opts = LoaderOptions {
             order: OrderSpec {
-                pack: Some(Pack::tokens(1024)),
+                batches: Batches::Packed(Pack::tokens(1024)),
                 ..OrderSpec::default()
             },
             world_size: 3,

@@ -320,7 +320,7 @@ proptest! {
 
         let cache = Cache::open(&dir).unwrap();
         for (split, samples) in ["train", "val"].iter().zip(&written) {
-            let opts = LoaderOptions { order: OrderSpec { split: split.to_string(), drop_last: false, seed: s.seed, ..Default::default() }, batch_size: batch, threads, epoch, trim, ..LoaderOptions::default() };
+            let opts = LoaderOptions { order: OrderSpec { split: split.to_string(), drop_last: false, seed: s.seed, ..Default::default() }, batch_size: batch, threads, epoch, trim: trim.then_some(1), ..LoaderOptions::default() };
             let mut seen = HashMap::new();
             for b in cache.loader(opts).unwrap() {
                 let b = b.unwrap();

@@ -7,6 +7,7 @@ MAX_THREADS: int
 MAX_PREFETCH: int
 MAX_TRIM_MULTIPLE: int
 GPU_TRIM_MULTIPLE: int
+LOADER_KEYS: List[str]
 
 class Buffer:
     """One tensor's bytes, exported typed and shaped to ``numpy.asarray`` through NumPy's array
@@ -98,3 +99,4 @@ def choices() -> List[Tuple[str, List[str]]]: ...
 
 # The `dsc` command line (the Rust CLI) with argv, the program's name first; its exit code.
 def cli(argv: List[str]) -> int: ...
+def loader_options(keywords: str, default_trim_multiple: int) -> str: ...

@@ -55,6 +55,43 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int = _INT_MAX) -> 
     return int(value)
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it: NumPy scalars and arrays as Python numbers and lists."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _rust_options(keywords: Dict[str, Any], default_trim_multiple: int) -> Dict[str, Any]:
+    """The loader options ``keywords`` ask for, checked by the Rust loader: a refusal is an
+    :class:`OptionsError` naming the keyword. Keywords left out (None) take Rust's defaults."""
+    given = {k: _plain(v) for k, v in keywords.items() if v is not None}
+    for key, value in given.items():
+        try:
+            json.dumps(value, allow_nan=False)
+            if any(isinstance(v, int) and not -2**63 <= v < 2**64
+                   for v in (value if isinstance(value, list) else [value])):
+                raise ValueError("out of range")
+        except (TypeError, ValueError):
+            raise OptionsError(f"{_KEYWORD.get(key, key)}={keywords[key]!r}: not a value this "
+                               "option takes (no infinity, NaN or integer past 64 bits)",
+                               option=_KEYWORD.get(key, key)) from None
+    try:
+        return json.loads(_dsc.loader_options(json.dumps(given), default_trim_multiple))
+    except OptionsError as e:
+        keyword = _KEYWORD.get(e.option or "")
+        if keyword is None:
+            raise
+        raise OptionsError(str(e).replace(f"{e.option}=", f"{keyword}=", 1),
+                           option=keyword) from None
+
+
+# Keywords whose Rust key is spelled otherwise in PyTorch's vocabulary.
+_KEYWORD = {"threads": "num_threads"}
+
+
 def _in_worker_process() -> bool:
     torch = _torch()
     if torch is None:
@@ -224,87 +261,8 @@ class Loader:
                                     for c in given]
         self.cache = self.caches[0]
         mixed = len(self.caches) > 1
-        self.weights: Optional[List[float]] = None
-        if weights is not None:
-            if not mixed:
-                raise OptionsError("weights= weighs the caches of a mix: pass two or more caches",
-                                   option="weights")
-            try:
-                self.weights = [float(w) for w in weights]
-            except (TypeError, ValueError, OverflowError):
-                raise OptionsError(f"weights={weights!r}: expected one positive number per cache",
-                                   option="weights") from None
-            bad = [w for w in self.weights if not (math.isfinite(w) and w > 0)]
-            if bad or len(self.weights) != len(self.caches):
-                raise OptionsError(f"weights={weights!r}: expected one positive number per cache "
-                                   f"({len(self.caches)} caches)", option="weights")
-        if mix_samples is not None and not mixed:
-            raise OptionsError("mix_samples= sizes the epoch of a mix: pass two or more caches",
-                               option="mix_samples")
-        self.mix_samples = None if mix_samples is None else _check_int("mix_samples", mix_samples, 0)
         self._sources = (_dsc.CacheHandle.mix([c._handle for c in self.caches]) if mixed
                          else self.cache._handle)
-        self.split = str(split)
-        self.series: Optional[Dict[str, Any]] = None
-        if series_window is not None:
-            length = _check_int("series_window", series_window, 1)
-            if not isinstance(pad_windows, (bool, np.bool_)):
-                raise OptionsError(f"pad_windows={pad_windows!r}: expected True or False",
-                                   option="pad_windows")
-            if not (horizon_columns is None or isinstance(horizon_columns, (str, list, tuple))):
-                raise OptionsError(f"horizon_columns={horizon_columns!r}: expected a column name "
-                                   "or a list of them", option="horizon_columns")
-            targets = ([] if horizon_columns is None else
-                       [horizon_columns] if isinstance(horizon_columns, str) else
-                       [str(c) for c in horizon_columns])
-            if horizon_columns is not None and not targets:
-                raise OptionsError("horizon_columns=[] names no column: name the columns of x the "
-                                   "horizon takes, or pass None for all of them",
-                                   option="horizon_columns")
-            self.series = dict(
-                len=length, stride=length if stride is None else _check_int("stride", stride, 1),
-                horizon=_check_int("horizon", horizon, 0), pad=bool(pad_windows),
-                horizon_columns=targets,
-            )
-        elif stride is not None or horizon or horizon_columns is not None or pad_windows:
-            raise OptionsError("stride=, horizon=, horizon_columns= and pad_windows= shape series "
-                               "windows: pass series_window= too", option="series_window")
-        self.pack = None if pack is None else _check_int("pack", pack, 1)
-        self.max_seqs = None if max_seqs is None else _check_int("max_seqs", max_seqs, 1)
-        if self.pack is None and self.max_seqs is not None:
-            raise OptionsError("max_seqs= sizes packed batches: pass pack= too", option="max_seqs")
-        if self.pack is not None and batch_size is not None:
-            raise OptionsError(
-                "batch_size= and pack= exclude each other: a packed batch holds as many "
-                f"sequences as fit {self.pack} tokens (max_seqs= bounds them)",
-                option="batch_size",
-            )
-        self.batch_size = _check_int("batch_size", 256 if batch_size is None else batch_size, 1)
-        self.shuffle = bool(shuffle)
-        self.seed = _check_int("seed", seed, 0, 2**64 - 1)
-        self.drop_last = bool(drop_last)
-        if (rank is None) != (world_size is None):
-            default_rank, default_world = _default_rank_world()
-            rank = default_rank if rank is None else rank
-            world_size = default_world if world_size is None else world_size
-        elif rank is None:
-            rank, world_size = _default_rank_world()
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.rank = _check_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise OptionsError(f"rank={self.rank} with world_size={self.world_size}: need rank < world_size")
-        self.num_threads = _check_int("num_threads", num_threads, 0, _dsc.MAX_THREADS)
-        self.prefetch = _check_int("prefetch", prefetch, 1, _dsc.MAX_PREFETCH)
-        self.bucket = bool(bucket)
-        self.trim = bool(trim) or self.bucket
-        if self.pack is not None and (self.bucket or bool(trim)):
-            raise OptionsError(
-                f"pack= with {'bucket' if self.bucket else 'trim'}=True: a packed batch holds no "
-                "padding to bucket or trim",
-                option="bucket" if self.bucket else "trim",
-            )
-        self.window = _check_int("window", window, 1)
-        self.interleave = _check_int("interleave", interleave, 1)
         self.copy = bool(copy)
         torch = _torch()
         if format is None:
@@ -314,18 +272,6 @@ class Loader:
         if format == "torch" and torch is None:
             raise OptionsError("format='torch' needs PyTorch (pip install torch); or use format='numpy'")
         self.format = format
-        for c in self.caches:
-            if self.split not in c.splits:
-                raise OptionsError(f"{c.path}: no split {self.split!r} (splits: {list(c.splits)})")
-        names = [t.name for t in self.cache.schema]
-        if columns is not None:
-            columns = [columns] if isinstance(columns, str) else list(columns)
-            if not columns:
-                raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass None for all")
-            unknown = [c for c in columns if c not in names]
-            if unknown:
-                raise OptionsError(f"{self.cache.path}: no tensor {unknown[0]!r} (tensors: {names})")
-        self.columns: List[str] = [n for n in names if columns is None or n in columns]
         self.device = None
         self.pin_memory = bool(pin_memory)
         if device is not None:
@@ -345,17 +291,84 @@ class Loader:
                     stacklevel=2,
                 )
                 self.pin_memory = False
+        # What only Python can tell: a keyword left out (None) from one given empty, and the
+        # ranks torch.distributed knows. Every other rule is the Rust loader's.
+        if (rank is None) != (world_size is None):
+            default_rank, default_world = _default_rank_world()
+            rank = default_rank if rank is None else rank
+            world_size = default_world if world_size is None else world_size
+        elif rank is None:
+            rank, world_size = _default_rank_world()
+        if pack is not None and batch_size is not None:
+            raise OptionsError(
+                "batch_size= and pack= exclude each other: a packed batch holds as many "
+                f"sequences as fit {pack} tokens (max_seqs= bounds them)",
+                option="batch_size",
+            )
+        if columns is not None:
+            columns = [columns] if isinstance(columns, str) else list(columns)
+            if not columns:
+                raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass None for all")
+        if horizon_columns is not None:
+            if not isinstance(horizon_columns, (str, list, tuple)):
+                raise OptionsError(f"horizon_columns={horizon_columns!r}: expected a column name "
+                                   "or a list of them", option="horizon_columns")
+            horizon_columns = ([horizon_columns] if isinstance(horizon_columns, str)
+                               else list(horizon_columns))
+            if not horizon_columns:
+                raise OptionsError("horizon_columns=[] names no column: name the columns of x the "
+                                   "horizon takes, or pass None for all of them",
+                                   option="horizon_columns")
+        if weights is not None and not isinstance(weights, (list, tuple, np.ndarray)):
+            raise OptionsError(f"weights={weights!r}: expected one positive number per cache",
+                               option="weights")
         on_gpu = self.device is not None and self.device.type == "cuda"
-        self.trim_multiple = _check_int(
-            "trim_multiple", (GPU_TRIM_MULTIPLE if on_gpu else 1) if trim_multiple is None
-            else trim_multiple, 1, _dsc.MAX_TRIM_MULTIPLE)
+        self._opts = _rust_options(
+            dict(
+                split=str(split), seed=seed, window=window, interleave=interleave,
+                shuffle=bool(shuffle), drop_last=bool(drop_last), bucket=bool(bucket), pack=pack,
+                max_seqs=max_seqs, series_window=series_window, stride=stride, horizon=horizon,
+                horizon_columns=horizon_columns or [], pad_windows=pad_windows, trim=bool(trim),
+                trim_multiple=trim_multiple, weights=None if weights is None else list(weights),
+                mix_samples=mix_samples, batch_size=256 if batch_size is None else batch_size,
+                epoch=epoch, rank=rank, world_size=world_size, threads=num_threads,
+                prefetch=prefetch, columns=columns or [],
+            ),
+            GPU_TRIM_MULTIPLE if on_gpu else 1,
+        )
+        order = self._opts["order"]
+        self.split: str = order["split"]
+        self.seed: int = order["seed"]
+        self.shuffle: bool = order["shuffle"]
+        self.drop_last: bool = order["drop_last"]
+        self.window: int = order["window"]
+        self.interleave: int = order["interleave"]
+        self.bucket: bool = order["bucket"]
+        self.pack: Optional[int] = order["pack"]["tokens"] if "pack" in order else None
+        self.max_seqs: Optional[int] = order["pack"].get("max_seqs") if "pack" in order else None
+        self.series: Optional[Dict[str, Any]] = order.get("series")
+        if self.series is not None:
+            self.series.setdefault("horizon_columns", [])
+        self.weights: Optional[List[float]] = order.get("weights")
+        self.mix_samples: Optional[int] = order.get("mix_samples")
+        self.batch_size: int = self._opts["batch_size"]
+        self.rank: int = self._opts["rank"]
+        self.world_size: int = self._opts["world_size"]
+        self.num_threads: int = self._opts["threads"]
+        self.prefetch: int = self._opts["prefetch"]
+        self.trim: bool = self._opts["trim"] is not None
+        self.trim_multiple: int = (self._opts["trim"] if self.trim else
+                                   trim_multiple if trim_multiple is not None else
+                                   GPU_TRIM_MULTIPLE if on_gpu else 1)
+        names = [t.name for t in self.cache.schema]
+        self.columns: List[str] = [n for n in names if columns is None or n in columns]
         self._resident_device = self._resident_choice(resident, resident_budget)
         self._resident_split: Optional[_resident.ResidentSplit] = None
         self._static_wanted = self._static_choice(static, gather_in_step)
         self.gather_in_step = bool(gather_in_step)
         # The static buffers, made with the first epoch (or `static_batch`) and kept after it.
         self._static: Optional[_static.StaticBatch] = None
-        self._epoch = _check_int("epoch", epoch, 0)
+        self._epoch: int = self._opts["epoch"]
         self._step = 0  # batches of the current epoch consumed on this rank
         # Units of the epoch skipped before step 0: a state from another global batch resumes
         # at its position, not at a whole step of this one (0 otherwise).
@@ -717,24 +730,7 @@ class Loader:
 
     def _options(self, threads: int) -> str:
         """The Rust loader's options (JSON) for the current epoch."""
-        order: Dict[str, Any] = dict(
-            split=self.split, seed=self.seed, shuffle=self.shuffle, window=self.window,
-            interleave=self.interleave, drop_last=self.drop_last, bucket=self.bucket,
-        )
-        if self.pack is not None:
-            order["pack"] = {"tokens": self.pack, "max_seqs": self.max_seqs}
-        if self.weights is not None:
-            order["weights"] = self.weights
-        if self.mix_samples is not None:
-            order["mix_samples"] = self.mix_samples
-        if self.series is not None:
-            order["series"] = self.series
-        return json.dumps(dict(
-            order=order, batch_size=self.batch_size, epoch=self._epoch, skip=self._skip,
-            rank=self.rank,
-            world_size=self.world_size, prefetch=self.prefetch, threads=threads, trim=self.trim,
-            trim_multiple=self.trim_multiple, columns=self.columns,
-        ))
+        return json.dumps(dict(self._opts, epoch=self._epoch, skip=self._skip, threads=threads))
 
     def _steps(self) -> int:
         """Steps of the current epoch (planned once per epoch: packs depend on it)."""

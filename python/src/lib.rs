@@ -213,7 +213,7 @@ impl CacheHandle {
 /// of the split together.
 fn positions(mix: &Mix, opts: &LoaderOptions) -> Result<usize, LoadError> {
     // Windows of long series: as many as the split's contexts hold.
-    if let Some(windows) = &opts.order.series {
+    if let Some(windows) = opts.order.batches.windows() {
         let Some(cache) = mix.sources().first() else {
             return Ok(0);
         };
@@ -233,6 +233,21 @@ fn positions(mix: &Mix, opts: &LoaderOptions) -> Result<usize, LoadError> {
         [_, _, ..] => opts.order.mix_samples.unwrap_or(contexts),
         _ => contexts,
     })
+}
+
+/// `dsc.Loader`'s keywords (a JSON object by the loader's keys, `dsc_loader::args::KEYS`) as the
+/// canonical options JSON that the loader calls take, every rule checked by the loader and a
+/// refusal raised as `dsc.OptionsError` naming its keyword. `trim_multiple` defaults to
+/// `default_trim_multiple` (the GPU's ladder when batches go to one).
+#[pyfunction]
+fn loader_options(
+    py: Python<'_>,
+    keywords: &str,
+    default_trim_multiple: usize,
+) -> PyResult<String> {
+    let opts = dsc_loader::args::LoaderArgs::from_json(keywords, default_trim_multiple)
+        .map_err(|e| load_error(py, e))?;
+    serde_json::to_string(&opts).map_err(|e| options_error(py, &format!("loader options: {e}")))
 }
 
 /// The Rust `LoaderOptions` from the JSON that `dsc.Loader` builds.
@@ -878,6 +893,8 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(choices, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_options, m)?)?;
+    m.add("LOADER_KEYS", dsc_loader::args::KEYS.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Where `fill_block` puts each tensor: static buffers view a block at these offsets.
     m.add("BLOCK_ALIGN", dsc_loader::BLOCK_ALIGN)?;

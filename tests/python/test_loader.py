@@ -467,13 +467,13 @@ def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None
     with pytest.raises(dsc.CacheError) as missing:
         dsc.Loader(tmp_path / "nothing")
     assert missing.value.file and "nothing" in missing.value.file
-    with pytest.raises(dsc.OptionsError, match="no split 'test'.*'train'"):
+    with pytest.raises(dsc.OptionsError, match="no split .test.*.train."):
         dsc.Loader(cache_dir, split="test")
     with pytest.raises(dsc.OptionsError, match="batch_size=0"):
         dsc.Loader(cache_dir, batch_size=0)
     with pytest.raises(dsc.OptionsError, match="rank=2"):
         dsc.Loader(cache_dir, rank=2, world_size=2)
-    with pytest.raises(dsc.OptionsError, match="no tensor 'z'"):
+    with pytest.raises(dsc.OptionsError, match="no tensor .z."):
         dsc.Loader(cache_dir, columns=["x", "z"])
     with pytest.raises(dsc.OptionsError, match="more than half of this machine.s memory"):
         next(iter(dsc.Loader(cache_dir, batch_size=2**62)))

@@ -115,9 +115,14 @@ def test_caches_that_differ_and_bad_weights_are_refused(mixdir: Path) -> None:
     both = [mixdir / "a", mixdir / "b"]
     # Each names the keyword at fault (NaN reached Rust as unreadable JSON, 10**400 raised a
     # bare OverflowError, [] was taken for the default weights).
-    for weights in ([1, 2, 3], [float("nan"), 1], [float("inf"), 1], [10**400, 1], [], [0, 1],
-                    ["x", 1]):
-        with pytest.raises(dsc.OptionsError, match="one positive number per cache") as e:
+    for weights, says in (([1, 2, 3], "one positive number per cache"),
+                          ([float("nan"), 1], "weights=[nan, 1]"),
+                          ([float("inf"), 1], "weights=[inf, 1]"),
+                          ([10**400, 1], "not a value this option takes"),
+                          ([], "one positive number per cache"),
+                          ([0, 1], "one positive number per cache"),
+                          (["x", 1], "weights=")):
+        with pytest.raises(dsc.OptionsError, match=re.escape(says)) as e:
             dsc.Loader(both, weights=weights)
         assert e.value.option == "weights", weights
     with pytest.raises(dsc.OptionsError, match="bucket="):

@@ -38,3 +38,23 @@ def test_the_stub_names_what_the_extension_has() -> None:
             f"{name}: in the extension only: {sorted((real | props) - stub)}; "
             f"in the stub only: {sorted(stub - real - props)}"
         )
+
+
+def test_the_loader_takes_every_option_of_the_rust_loader_by_its_key() -> None:
+    """`dsc.Loader`'s keywords are the Rust loader's keys (`dsc_loader::args::KEYS`, whose Rust
+    test holds them equal to its fields and to the flags of `dsc order` and `dsc-train`), with
+    PyTorch's `num_threads` for `threads`; a key added in Rust and not here fails this test."""
+    import inspect
+
+    from dsc._loader import _KEYWORD
+
+    keywords = set(inspect.signature(dsc.Loader.__init__).parameters)
+    wanted = {_KEYWORD.get(k, k) for k in _dsc.LOADER_KEYS}
+    assert wanted <= keywords, f"keys dsc.Loader does not take: {sorted(wanted - keywords)}"
+    # Every keyword reaches Rust under its key: an unknown key is refused there, by name.
+    try:
+        _dsc.loader_options('{"bucket_size": 4}', 1)
+    except dsc.OptionsError as e:
+        assert "bucket_size" in str(e) and "trim_multiple" in str(e), e
+    else:
+        raise AssertionError("an unknown key was taken")

@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
     let opts = dsc_loader::LoaderOptions {
         batch_size: 128,
         threads: 0, // the feed's thread fills the buffers
-        trim: false,
+        trim: None,
         ..Default::default()
     };
     let tensor = |name: &str| {

@@ -3,6 +3,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use dsc_format::choice::Choice;
+use dsc_loader::args::{MixArgs, ShapeArgs};
 use dsc_train::config::{defaults, Amp, ModelKind, RunConfig, Task};
 use std::path::PathBuf;
 
@@ -50,12 +51,6 @@ pub struct Cli {
     /// removed first [env: DSC_CACHE_LIMIT; default: no limit].
     #[arg(long, value_name = "SIZE", help_heading = "Object storage")]
     pub cache_limit: Option<String>,
-
-    /// A mix's weights, one per --cache, in their order (normalised): every shuffle window
-    /// holds each cache within one context of its weight, and a cache that runs out continues
-    /// with its next epoch [default: the caches' sizes, as if they were one].
-    #[arg(long, value_delimiter = ',', value_name = "W,W,..")]
-    pub weights: Vec<f64>,
 
     /// Continue the run saved in this checkpoint exactly (every other flag, --no-normalise
     /// included, is taken from it, except --epochs, --max-steps, --threads, --json and --out;
@@ -109,70 +104,11 @@ pub struct Cli {
     #[arg(long, default_value_t = defaults::BATCH_SIZE)]
     pub batch_size: usize,
 
-    /// Length-bucketed batches: contexts of similar length train together and each batch is
-    /// cut to its longest sequence, so little of a step computes on padding (the batches
-    /// still come in random order; see `dsc order --bucket`).
-    #[arg(long, conflicts_with = "pack")]
-    pub bucket: bool,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
 
-    /// Packed batches of T tokens instead of --batch-size contexts: whole sequences end to
-    /// end, one static shape every step, almost no padding (see `dsc order --pack`). Attention
-    /// and pooling stay inside each sequence; the loss is the mean over the pack's sequences.
-    /// Choose T near --batch-size x the mean stored length to keep the steps per epoch.
-    #[arg(long, value_name = "T")]
-    pub pack: Option<usize>,
-
-    /// The most sequences in a pack [default: from T and the stored lengths, so that it almost
-    /// never binds].
-    #[arg(long, value_name = "S", requires = "pack")]
-    pub max_seqs: Option<usize>,
-
-    /// Train on windows of long series: each sample is W consecutive stored steps of one
-    /// context from every multiple of --stride, shuffled across all contexts (the cache holds
-    /// each series whole: compile with --max-len as long as the longest). See `dsc order
-    /// --series-window`.
-    #[arg(long, value_name = "W", conflicts_with_all = ["pack", "bucket"], help_heading = "Series windows")]
-    pub series_window: Option<usize>,
-
-    /// Steps between a series' window starts [default: the window].
-    #[arg(
-        long,
-        value_name = "S",
-        requires = "series_window",
-        help_heading = "Series windows"
-    )]
-    pub stride: Option<usize>,
-
-    /// Steps after each window to forecast (`--task forecast`).
-    #[arg(
-        long,
-        value_name = "H",
-        default_value_t = 0,
-        requires = "series_window",
-        help_heading = "Series windows"
-    )]
-    pub horizon: usize,
-
-    /// Columns of x to forecast [default: all].
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_name = "COL,..",
-        requires = "horizon",
-        help_heading = "Series windows"
-    )]
-    pub horizon_columns: Vec<String>,
-
-    /// Keep windows that run past a series' end, zero-padded.
-    #[arg(long, requires = "series_window", help_heading = "Series windows")]
-    pub pad_windows: bool,
-
-    /// Round each trimmed batch's length up the ladder of M (M, 2M, 3M, 4M, then four sizes
-    /// per doubling, at most L), so that a run sees a handful of batch shapes; the summary
-    /// lists them (`batch_lens`) [default: 16 on CUDA, 1 (exact) on the CPU]. See `dsc order
-    /// --bucket --trim-multiple M`.
-    #[arg(long, value_name = "M", conflicts_with = "pack")]
-    pub trim_multiple: Option<usize>,
+    #[command(flatten)]
+    pub mix_args: MixArgs,
 
     /// Keep the train split on the device and gather each batch there by index (only a
     /// small index per step crosses to the GPU): `auto` on CUDA when the split's tensors fit
@@ -321,7 +257,8 @@ impl Cli {
         let cfg = RunConfig {
             cache: cache.clone(),
             mix: mix.to_vec(),
-            weights: self.weights.clone(),
+            weights: self.mix_args.weights.clone().unwrap_or_default(),
+            mix_samples: self.mix_args.mix_samples,
             task: self.task,
             target: self.target.clone(),
             model: self.model,
@@ -331,10 +268,8 @@ impl Cli {
             dropout: self.dropout,
             epochs: self.epochs.unwrap_or(1),
             batch_size: self.batch_size,
-            bucket: self.bucket,
-            pack: self.pack,
-            max_seqs: self.max_seqs,
-            trim_multiple: self.trim_multiple,
+            batches: self.shape.batches()?,
+            trim_multiple: self.shape.trim_multiple,
             resident: match self.resident {
                 Resident::Auto => None,
                 Resident::On => Some(true),
@@ -354,13 +289,6 @@ impl Cli {
             seed: self.seed,
             normalise: !self.no_normalise,
             scale_targets: true,
-            series: self.series_window.map(|len| dsc_loader::SeriesWindows {
-                len,
-                stride: self.stride.unwrap_or(len),
-                horizon: self.horizon,
-                horizon_columns: self.horizon_columns.clone(),
-                pad: self.pad_windows,
-            }),
             eval_split: self.eval_split.clone(),
         };
         cfg.validate()?;

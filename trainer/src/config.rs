@@ -6,7 +6,7 @@ pub use crate::model::Amp;
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
 use dsc_format::spelling::OptionError;
 use dsc_format::{Manifest, TensorRole};
-use dsc_loader::{LoaderOptions, OrderSpec, Pack, SeriesWindows, MAX_TRIM_MULTIPLE};
+use dsc_loader::{Batches, LoaderOptions, OrderSpec, MAX_TRIM_MULTIPLE};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -114,17 +114,14 @@ pub struct RunConfig {
     pub epochs: u64,
     /// Contexts per micro-batch.
     pub batch_size: usize,
-    /// Length-bucketed batches (train and evaluation). Checkpoints from before the option
-    /// existed trained without it.
-    #[serde(default)]
-    pub bucket: bool,
-    /// Packed batches of this many tokens instead of `batch_size` padded contexts (`None`:
-    /// padded). Checkpoints from before the option existed trained padded batches.
-    #[serde(default)]
-    pub pack: Option<usize>,
-    /// The most sequences in a pack (`None`: derived from `pack` and the stored lengths).
-    #[serde(default)]
-    pub max_seqs: Option<usize>,
+    /// The mix's positions per epoch (`--mix-samples`; `None`: the caches' contexts together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix_samples: Option<usize>,
+    /// What a batch is, train and evaluation: padded contexts, length-bucketed ones, packs or
+    /// windows of long series. Written as checkpoints always have (`bucket`, `pack`,
+    /// `max_seqs`, `series`); checkpoints from before an option existed trained without it.
+    #[serde(flatten, with = "batches_fields")]
+    pub batches: Batches,
     /// Trimmed batch lengths round up the ladder of this multiple (`None`:
     /// [`defaults::GPU_TRIM_MULTIPLE`] on CUDA, exact on the CPU). Shapes only: the order and
     /// the values are the same whatever it is, so a run may resume with another.
@@ -174,10 +171,6 @@ pub struct RunConfig {
     /// stays in stored units). Always on for new runs; `false` for checkpoints from before.
     #[serde(default)]
     pub scale_targets: bool,
-    /// Windows of long series instead of whole contexts (train and evaluation; `None`: whole
-    /// contexts). Checkpoints from before the option existed trained on whole contexts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub series: Option<SeriesWindows>,
     /// The split whose loss and metric are reported after each epoch (model selection); every
     /// other non-train split is evaluated once at the end. Checkpoints from before the option
     /// existed evaluated `val`.
@@ -202,18 +195,14 @@ impl RunConfig {
                 seed: self.seed,
                 shuffle: train,
                 drop_last: train,
-                bucket: self.bucket,
-                pack: self.pack.map(|tokens| Pack {
-                    tokens,
-                    max_seqs: self.max_seqs,
-                }),
+                batches: self.batches.clone(),
                 // Evaluation reads each cache's split once (weights by size, one pass).
                 weights: if train {
                     self.weights.clone()
                 } else {
                     Vec::new()
                 },
-                series: self.series.clone(),
+                mix_samples: if train { self.mix_samples } else { None },
                 ..Default::default()
             },
             batch_size: self.batch_size,
@@ -221,17 +210,16 @@ impl RunConfig {
             threads: 0,
             // A window is as long as it is; a pack has no padding; a captured step replays one
             // shape.
-            trim: self.pack.is_none() && self.series.is_none() && !(self.graph && train),
-            trim_multiple,
+            trim: (self.batches.is_padded() && !(self.graph && train)).then_some(trim_multiple),
             // Packs have no layout for engine sub-columns (which the networks do not read).
-            columns: match self.pack {
-                Some(_) => manifest
+            columns: match self.batches {
+                Batches::Packed(_) => manifest
                     .tensors()
                     .iter()
                     .filter(|t| t.role != TensorRole::SubColumn)
                     .map(|t| t.name.clone())
                     .collect(),
-                None => Vec::new(),
+                _ => Vec::new(),
             },
             ..Default::default()
         }
@@ -252,9 +240,8 @@ impl RunConfig {
             dropout: 0.0,
             epochs: 1,
             batch_size: defaults::BATCH_SIZE,
-            bucket: false,
-            pack: None,
-            max_seqs: None,
+            mix_samples: None,
+            batches: Batches::Padded,
             trim_multiple: None,
             resident: None,
             graph: false,
@@ -271,7 +258,6 @@ impl RunConfig {
             seed: 0,
             normalise: true,
             scale_targets: true,
-            series: None,
             eval_split: defaults::eval_split(),
         }
     }
@@ -289,17 +275,16 @@ impl RunConfig {
         }
         ensure!(self.batch_size > 0, "batch_size", "must be at least 1");
         ensure!(self.accumulate > 0, "accumulate", "must be at least 1");
-        ensure!(self.pack != Some(0), "pack", "must be at least 1");
-        ensure!(self.max_seqs != Some(0), "max_seqs", "must be at least 1");
+        let pack = self.batches.pack();
         ensure!(
-            self.pack.is_none() || !self.bucket,
+            pack.is_none_or(|p| p.tokens > 0),
             "pack",
-            "and `bucket` exclude each other: a pack has no padding for bucketing to save"
+            "must be at least 1"
         );
         ensure!(
-            self.max_seqs.is_none() || self.pack.is_some(),
+            pack.is_none_or(|p| p.max_seqs != Some(0)),
             "max_seqs",
-            "sizes packed batches: give `pack` too"
+            "must be at least 1"
         );
         ensure!(
             self.trim_multiple
@@ -308,12 +293,12 @@ impl RunConfig {
             "must be between 1 and {MAX_TRIM_MULTIPLE}"
         );
         ensure!(
-            self.trim_multiple.is_none() || self.pack.is_none(),
+            self.trim_multiple.is_none() || self.batches.is_padded(),
             "trim_multiple",
-            "rounds trimmed lengths; packed batches (`pack`) have one shape already"
+            "rounds trimmed lengths; packs and series windows have one shape already"
         );
         ensure!(
-            !self.graph || !self.bucket,
+            !self.graph || !self.batches.is_bucketed(),
             "graph",
             "replays one batch shape; `bucket` makes one per bucket"
         );
@@ -335,18 +320,13 @@ impl RunConfig {
             "keeps one cache's split on the device; a mix is gathered on the host"
         );
         ensure!(
-            (self.task == Task::Forecast) == self.series.as_ref().is_some_and(|s| s.horizon > 0),
+            (self.task == Task::Forecast) == self.batches.windows().is_some_and(|s| s.horizon > 0),
             "task",
             "`forecast` learns the steps after each series window: it takes `series_window` and \
              `horizon`, and they take it"
         );
         ensure!(
-            self.series.is_none() || (self.pack.is_none() && !self.bucket),
-            "series_window",
-            "cuts windows of one length: not with `pack` or `bucket`"
-        );
-        ensure!(
-            self.series.is_none() || self.resident != Some(true),
+            self.batches.windows().is_none() || self.resident != Some(true),
             "resident",
             "keeps whole contexts on the device; series windows are cut on the host"
         );
@@ -459,5 +439,50 @@ impl RunConfig {
                 dropout: self.dropout,
             }),
         }
+    }
+}
+
+/// [`RunConfig::batches`] as checkpoints write it: the shape by its old keys, so that every
+/// checkpoint written before the shape was one type still reads, and one that names two
+/// shapes is refused by key.
+mod batches_fields {
+    use dsc_loader::{Batches, Pack, SeriesWindows};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Fields {
+        #[serde(default)]
+        bucket: bool,
+        #[serde(default)]
+        pack: Option<usize>,
+        #[serde(default)]
+        max_seqs: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        series: Option<SeriesWindows>,
+    }
+
+    pub fn serialize<S: Serializer>(b: &Batches, s: S) -> Result<S::Ok, S::Error> {
+        let pack = b.pack();
+        Fields {
+            bucket: b.is_bucketed(),
+            pack: pack.map(|p| p.tokens),
+            max_seqs: pack.and_then(|p| p.max_seqs),
+            series: b.windows().cloned(),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Batches, D::Error> {
+        let f = Fields::deserialize(d)?;
+        if f.pack.is_none() && f.max_seqs.is_some() {
+            return Err(serde::de::Error::custom(
+                "`max_seqs` sizes packed batches: give `pack` too",
+            ));
+        }
+        let pack = f.pack.map(|tokens| Pack {
+            tokens,
+            max_seqs: f.max_seqs,
+        });
+        Batches::from_options(f.bucket, pack, f.series).map_err(serde::de::Error::custom)
     }
 }

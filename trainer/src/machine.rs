@@ -51,8 +51,8 @@ pub fn settle(cfg: &mut RunConfig, device: &str, cuda: bool, amp: Option<Amp>) -
         amp.or(cfg.amp)
             .unwrap_or(if cuda { Amp::Bf16 } else { Amp::None }),
     );
-    if cfg.pack.is_none() && !cfg.graph {
-        // Packs and captured steps have one shape: nothing to round.
+    if cfg.batches.is_padded() && !cfg.graph {
+        // Packs, windows and captured steps have one shape: nothing to round.
         cfg.trim_multiple
             .get_or_insert(if cuda { defaults::GPU_TRIM_MULTIPLE } else { 1 });
     }
@@ -122,7 +122,7 @@ mod tests {
             (Some(Amp::Bf16), Some(4))
         );
         let mut packed = RunConfig::new("cache", Task::Regression);
-        packed.pack = Some(4096);
+        packed.batches = dsc_loader::Batches::Packed(dsc_loader::Pack::tokens(4096));
         settle(&mut packed, "cuda:0", true, None);
         assert_eq!(packed.trim_multiple, None, "packs have one shape");
         packed.validate().unwrap();

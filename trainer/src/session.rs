@@ -135,7 +135,7 @@ impl Session {
         };
         // The task sizes its targets from the windows (a forecast's [H, K]): checked against
         // the cache first, as the loader will, so that no size comes from an unchecked horizon.
-        if let Some(windows) = &cfg.series {
+        if let Some(windows) = cfg.batches.windows() {
             windows
                 .check(cache.manifest())
                 .map_err(dsc_loader::LoadError::from)?;
@@ -159,7 +159,7 @@ impl Session {
             .iter()
             .filter_map(|t| t.trimmed_axis.map(|a| t.shape[a] as i64))
             .max()
-            .unwrap_or(if cfg.pack.is_some() {
+            .unwrap_or(if cfg.batches.pack().is_some() {
                 longest
             } else {
                 shape.max_len
@@ -534,7 +534,7 @@ fn resident_split(
     if cfg.resident == Some(false)
         || (cfg.resident.is_none() && !device.is_cuda())
         || !cfg.mix.is_empty()
-        || cfg.series.is_some()
+        || cfg.batches.windows().is_some()
     {
         return Ok(None);
     }

@@ -140,8 +140,8 @@ impl TaskSpec {
         vs: &nn::Path,
     ) -> Result<TaskSpec> {
         let series = cfg
-            .series
-            .as_ref()
+            .batches
+            .windows()
             .expect("validated: forecast has windows");
         let manifest = cache.manifest();
         let Some(x) = manifest

@@ -52,12 +52,12 @@ fn micro_per_epoch(s: &Session) -> Result<u64> {
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
     if steps == 0 {
         // Not one whole batch: the batch is at fault, not `accumulate` (which may not be given).
-        let what = if s.cfg.series.is_some() {
+        let what = if s.cfg.batches.windows().is_some() {
             "windows (series_window, stride)"
         } else {
             "contexts"
         };
-        let (key, problem) = match s.cfg.pack {
+        let (key, problem) = match s.cfg.batches.pack().map(|p| p.tokens) {
             Some(t) => (
                 "pack",
                 format!("{t}: the training split's {what} fill no whole pack of {t} tokens"),
@@ -77,7 +77,7 @@ fn micro_per_epoch(s: &Session) -> Result<u64> {
         let problem = format!(
             "{}: more than the training split's {steps} full {}",
             s.cfg.accumulate,
-            match s.cfg.pack {
+            match s.cfg.batches.pack().map(|p| p.tokens) {
                 Some(t) => format!("packs of {t} tokens"),
                 None => format!("batches of {}", s.cfg.batch_size),
             }
@@ -402,7 +402,7 @@ fn final_evaluation(s: &mut Session, quiet: bool) -> Result<Vec<SplitEvaluation>
             metric: v[1] / n,
         };
         if !quiet {
-            let what = if s.cfg.series.is_some() {
+            let what = if s.cfg.batches.windows().is_some() {
                 "windows"
             } else {
                 "contexts"

@@ -1370,7 +1370,7 @@ fn last_value_error(cache: &Path, window: usize, stride: usize, horizon: usize) 
             split: "val".into(),
             shuffle: false,
             drop_last: false,
-            series: Some(dsc_loader::SeriesWindows {
+            batches: dsc_loader::Batches::Windows(dsc_loader::SeriesWindows {
                 len: window,
                 stride,
                 horizon,

@@ -58,25 +58,27 @@ impl SeriesWindows {
         }
         let max_len = manifest.max_len();
         if self.len == 0 {
-            return Err(OptionError::new(
+            return Err(OptionError::given(
                 "series_window",
-                "0: a window holds at least 1 step",
+                0,
+                "is no window: a window holds at least 1 step",
             ));
         }
         if self.stride == 0 {
-            return Err(OptionError::new(
+            return Err(OptionError::given(
                 "stride",
-                "0: windows start at least 1 step apart",
+                0,
+                "is no stride: windows start at least 1 step apart",
             ));
         }
         if self.len > max_len {
-            return Err(OptionError::new(
+            return Err(OptionError::given(
                 "series_window",
+                self.len,
                 format!(
-                    "{}: windows longer than the {max_len} steps stored per context (the \
+                    "makes windows longer than the {max_len} steps stored per context (the \
                      cache's L): compile with `max_len` at least the window (and as large as \
-                     the longest series, so that none is cut)",
-                    self.len
+                     the longest series, so that none is cut)"
                 ),
             ));
         }
@@ -85,12 +87,12 @@ impl SeriesWindows {
             .checked_add(self.horizon)
             .is_none_or(|end| end > max_len)
         {
-            return Err(OptionError::new(
+            return Err(OptionError::given(
                 "horizon",
+                self.horizon,
                 format!(
-                    "{}: a window of {} steps and its horizon reach past the {max_len} steps \
-                     stored per context, where no step lies (at most {})",
-                    self.horizon,
+                    "is too far: a window of {} steps and its horizon reach past the {max_len} \
+                     steps stored per context, where no step lies (at most {})",
                     self.len,
                     max_len - self.len
                 ),

@@ -1,0 +1,446 @@
+//! The loader's options as a caller spells them: one flat key per option, declared once here
+//! for every front end. The command line flattens these groups into `dsc order`, `dsc bench`
+//! and `dsc-train` (feature `cli`: each field's doc comment is its `--help`), and Python's
+//! `dsc.Loader` sends its keywords by the same keys as JSON ([`LoaderArgs::from_json`]). Each
+//! group turns its keys into the typed options ([`LoaderOptions`], [`OrderSpec`], [`Batches`]),
+//! refusing what does not fit by key, so the rules live in the loader and nowhere else.
+//!
+//! A new option is a field here (its key, default and help) and its use in the loader.
+
+use crate::error::LoadError;
+use crate::options::{check_trim_multiple, Batches, LoaderOptions, OrderSpec, Pack};
+use crate::order::{SeriesWindows, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use dsc_format::spelling::OptionError;
+use serde::{Deserialize, Serialize};
+
+/// Which contexts an epoch holds, and in which order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default)]
+pub struct EpochArgs {
+    /// The split.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "train"))]
+    pub split: String,
+    /// Seed of the epoch order.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
+    pub seed: u64,
+    /// Contexts permuted together in a shuffled epoch.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = DEFAULT_WINDOW))]
+    pub window: usize,
+    /// Shards read side by side (each window mixes this many).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = DEFAULT_INTERLEAVE))]
+    pub interleave: usize,
+    /// Cache order: no shuffle.
+    #[cfg_attr(feature = "cli", arg(long = "no-shuffle", action = clap::ArgAction::SetFalse))]
+    pub shuffle: bool,
+    /// Keep the last partial global batch, completed by repeating the first contexts (packs).
+    #[cfg_attr(feature = "cli", arg(long = "keep-last", action = clap::ArgAction::SetFalse))]
+    pub drop_last: bool,
+}
+
+impl Default for EpochArgs {
+    fn default() -> Self {
+        EpochArgs {
+            split: "train".into(),
+            seed: 0,
+            window: DEFAULT_WINDOW,
+            interleave: DEFAULT_INTERLEAVE,
+            shuffle: true,
+            drop_last: true,
+        }
+    }
+}
+
+/// What a batch is: padded contexts (the default), length-bucketed ones, packs or windows of
+/// long series; and how padded ones are trimmed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default)]
+pub struct ShapeArgs {
+    /// Length-bucketed batches: contexts of similar length form each batch (inside each
+    /// shuffle window, the batches still in random order), and each batch is cut to its
+    /// longest sequence, so little of a step computes on padding.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub bucket: bool,
+    /// Packed batches of T tokens (at least the cache's L) instead of padded contexts: whole
+    /// sequences end to end, one pack per rank and step, one static shape, almost no padding.
+    /// Choose T near the batch size x the mean stored length to keep the steps per epoch.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "T"))]
+    pub pack: Option<usize>,
+    /// The most sequences in a pack [default: from T and the stored lengths, so that it almost
+    /// never binds].
+    #[cfg_attr(feature = "cli", arg(long, value_name = "S"))]
+    pub max_seqs: Option<usize>,
+    /// Windows of long series: each sample is W consecutive stored steps of one context,
+    /// starting at a multiple of the stride, shuffled across all contexts (the cache holds
+    /// each series whole: compile with a max length as long as the longest).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "W", help_heading = "Series windows")
+    )]
+    pub series_window: Option<usize>,
+    /// Steps between a series' window starts [default: the window, no overlap].
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "S", help_heading = "Series windows")
+    )]
+    pub stride: Option<usize>,
+    /// Steps after each window given as its target (`y_next`) [default: 0].
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            value_name = "H",
+            default_value_t = 0,
+            help_heading = "Series windows"
+        )
+    )]
+    pub horizon: usize,
+    /// Columns of x the target takes [default: all].
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            value_delimiter = ',',
+            value_name = "COL,..",
+            help_heading = "Series windows"
+        )
+    )]
+    pub horizon_columns: Vec<String>,
+    /// Keep windows that run past the end of their series, zero-padded (otherwise only whole
+    /// windows, with their whole horizon, are kept).
+    #[cfg_attr(feature = "cli", arg(long, help_heading = "Series windows"))]
+    pub pad_windows: bool,
+    /// Cut each padded batch to its longest sequence (`bucket` always does). The command line
+    /// decides it per command.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub trim: bool,
+    /// Round each trimmed batch's length up the ladder of M (M, 2M, 3M, 4M, then four sizes
+    /// per doubling, at most L), so that a run sees a handful of batch shapes [default: 16 on
+    /// a GPU, 1 (exact lengths) elsewhere].
+    #[cfg_attr(feature = "cli", arg(long, value_name = "M"))]
+    pub trim_multiple: Option<usize>,
+}
+
+impl ShapeArgs {
+    /// The shape these keys ask for, or the first key that does not fit.
+    pub fn batches(&self) -> Result<Batches, OptionError> {
+        if self.pack.is_none() && self.max_seqs.is_some() {
+            return Err(OptionError::new(
+                "max_seqs",
+                "sizes packed batches: give `pack` too",
+            ));
+        }
+        let windows = match self.series_window {
+            Some(len) => Some(SeriesWindows {
+                len,
+                stride: self.stride.unwrap_or(len),
+                horizon: self.horizon,
+                horizon_columns: self.horizon_columns.clone(),
+                pad: self.pad_windows,
+            }),
+            None => {
+                let given = [
+                    ("stride", self.stride.is_some()),
+                    ("horizon", self.horizon > 0),
+                    ("horizon_columns", !self.horizon_columns.is_empty()),
+                    ("pad_windows", self.pad_windows),
+                ];
+                if let Some((key, _)) = given.iter().find(|(_, given)| *given) {
+                    return Err(OptionError::new(
+                        "series_window",
+                        format!(
+                            "is missing: `{key}` shapes series windows; pass `series_window` too"
+                        ),
+                    ));
+                }
+                None
+            }
+        };
+        let pack = self.pack.map(|tokens| Pack {
+            tokens,
+            max_seqs: self.max_seqs,
+        });
+        let batches = Batches::from_options(self.bucket, pack, windows)?;
+        if self.trim {
+            batches.check_trim()?;
+        }
+        if let Some(m) = self.trim_multiple {
+            check_trim_multiple(m)?;
+        }
+        Ok(batches)
+    }
+
+    /// How padded batches of `batches` are trimmed: with `trim` or `bucket`, up the ladder of
+    /// `trim_multiple`, else of `default_multiple`; `None` for untrimmed batches and for shapes
+    /// without padding.
+    pub fn trim_for(&self, batches: &Batches, default_multiple: usize) -> Option<usize> {
+        (batches.is_padded() && (self.trim || self.bucket))
+            .then(|| self.trim_multiple.unwrap_or(default_multiple))
+    }
+}
+
+/// Several caches read as one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default)]
+pub struct MixArgs {
+    /// A mix's weights, one per cache, in their order (normalised): every shuffle window holds
+    /// each cache within one context of its weight, and a cache that runs out continues with
+    /// its next epoch [default: the caches' sizes, as if they were one].
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_delimiter = ',', value_name = "W,W,..")
+    )]
+    pub weights: Option<Vec<f64>>,
+    /// Positions in an epoch of a mix [default: the caches' contexts together].
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub mix_samples: Option<usize>,
+}
+
+/// One rank's share of each step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default)]
+pub struct RankArgs {
+    /// Contexts per batch per rank (with packs: used for nothing but reports).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 256))]
+    pub batch_size: usize,
+    /// The epoch: each has its own order.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
+    pub epoch: u64,
+    /// This rank.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
+    pub rank: usize,
+    /// Number of ranks.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
+    pub world_size: usize,
+}
+
+impl Default for RankArgs {
+    fn default() -> Self {
+        let d = LoaderOptions::default();
+        RankArgs {
+            batch_size: d.batch_size,
+            epoch: d.epoch,
+            rank: d.rank,
+            world_size: d.world_size,
+        }
+    }
+}
+
+impl EpochArgs {
+    /// The order these keys, `batches` and `mix` ask for.
+    pub fn order(&self, batches: Batches, mix: &MixArgs) -> OrderSpec {
+        OrderSpec {
+            split: self.split.clone(),
+            seed: self.seed,
+            shuffle: self.shuffle,
+            window: self.window,
+            interleave: self.interleave,
+            drop_last: self.drop_last,
+            batches,
+            weights: mix.weights.clone().unwrap_or_default(),
+            mix_samples: mix.mix_samples,
+        }
+    }
+}
+
+/// Every key of a loader, flat: what `dsc.Loader` sends ([`LoaderArgs::from_json`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoaderArgs {
+    /// The order.
+    #[serde(flatten)]
+    pub epoch: EpochArgs,
+    /// The batch shape.
+    #[serde(flatten)]
+    pub shape: ShapeArgs,
+    /// A mix.
+    #[serde(flatten)]
+    pub mix: MixArgs,
+    /// The rank's share.
+    #[serde(flatten)]
+    pub rank: RankArgs,
+    /// Background threads preparing batches (0: in the caller's thread).
+    pub threads: usize,
+    /// Batches prepared ahead per thread.
+    pub prefetch: usize,
+    /// The tensors to load, by name; empty loads every tensor.
+    pub columns: Vec<String>,
+}
+
+impl Default for LoaderArgs {
+    fn default() -> Self {
+        let d = LoaderOptions::default();
+        LoaderArgs {
+            epoch: EpochArgs::default(),
+            shape: ShapeArgs::default(),
+            mix: MixArgs::default(),
+            rank: RankArgs::default(),
+            threads: d.threads,
+            prefetch: d.prefetch,
+            columns: d.columns,
+        }
+    }
+}
+
+/// Every key of [`LoaderArgs`], in declaration order: the fields of the groups, then the
+/// loader's own (a test holds it equal to the fields).
+pub const KEYS: &[&str] = &[
+    "split",
+    "seed",
+    "window",
+    "interleave",
+    "shuffle",
+    "drop_last",
+    "bucket",
+    "pack",
+    "max_seqs",
+    "series_window",
+    "stride",
+    "horizon",
+    "horizon_columns",
+    "pad_windows",
+    "trim",
+    "trim_multiple",
+    "weights",
+    "mix_samples",
+    "batch_size",
+    "epoch",
+    "rank",
+    "world_size",
+    "threads",
+    "prefetch",
+    "columns",
+];
+
+impl LoaderArgs {
+    /// The keys of a JSON object read, each checked by the rule that owns it: an unknown key,
+    /// a value of the wrong type or one the loader refuses is an [`OptionError`] naming its
+    /// key. `default_trim_multiple` is the caller's ladder for trimmed batches (16 on a GPU).
+    pub fn from_json(json: &str, default_trim_multiple: usize) -> Result<LoaderOptions, LoadError> {
+        let value: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| OptionError::new("options", format!("not a JSON object: {e}")))?;
+        let serde_json::Value::Object(given) = value else {
+            return Err(OptionError::new("options", "not a JSON object").into());
+        };
+        let mut fields = serde_json::to_value(LoaderArgs::default())
+            .ok()
+            .and_then(|v| v.as_object().cloned())
+            .unwrap_or_default();
+        for (name, value) in given {
+            let Some(&key) = KEYS.iter().find(|k| **k == name) else {
+                return Err(OptionError::new(
+                    "options",
+                    format!("has no key {name:?}: a loader takes {}", KEYS.join(", ")),
+                )
+                .into());
+            };
+            // Each key alone, so that a value of the wrong type is named by its key.
+            let mut alone = fields.clone();
+            alone.insert(name.clone(), value.clone());
+            if let Err(e) = serde_json::from_value::<LoaderArgs>(alone.into()) {
+                let problem = e.to_string();
+                let shown = match &value {
+                    serde_json::Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                return Err(OptionError::given(key, shown, problem).into());
+            }
+            fields.insert(name, value);
+        }
+        let args: LoaderArgs = serde_json::from_value(fields.into())
+            .map_err(|e| OptionError::new("options", e.to_string()))?;
+        args.options(default_trim_multiple)
+    }
+
+    /// The loader options these keys ask for.
+    pub fn options(&self, default_trim_multiple: usize) -> Result<LoaderOptions, LoadError> {
+        if self.mix.weights.as_ref().is_some_and(Vec::is_empty) {
+            return Err(OptionError::new(
+                "weights",
+                "names no weight: one positive number per cache (or none for the caches' sizes)",
+            )
+            .into());
+        }
+        let batches = self.shape.batches()?;
+        let trim = self.shape.trim_for(&batches, default_trim_multiple);
+        let opts = LoaderOptions {
+            order: self.epoch.order(batches, &self.mix),
+            batch_size: self.rank.batch_size,
+            epoch: self.rank.epoch,
+            skip: 0,
+            rank: self.rank.rank,
+            world_size: self.rank.world_size,
+            prefetch: self.prefetch,
+            threads: self.threads,
+            trim,
+            columns: self.columns.clone(),
+        };
+        opts.check()?;
+        Ok(opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_keys_are_the_fields() {
+        let fields: Vec<String> = match serde_json::to_value(LoaderArgs::default()) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(fields, KEYS);
+    }
+
+    #[test]
+    fn the_default_keys_are_the_default_options() {
+        assert_eq!(
+            LoaderArgs::default().options(1).unwrap(),
+            LoaderOptions::default()
+        );
+        assert_eq!(
+            LoaderArgs::from_json("{}", 1).unwrap(),
+            LoaderOptions::default()
+        );
+    }
+
+    #[test]
+    fn each_key_is_checked_by_name() {
+        let err = |json: &str| LoaderArgs::from_json(json, 1).unwrap_err().to_string();
+        assert!(err(r#"{"bucket": true, "pack": 4096}"#).contains("`pack`"));
+        assert!(err(r#"{"batch_size": "big"}"#).contains("batch_size"));
+        assert!(err(r#"{"stride": 4}"#).contains("`stride`"));
+        assert!(err(r#"{"trim": true, "series_window": 8}"#).contains("`trim`"));
+        let unknown = err(r#"{"bucket_size": 4}"#);
+        assert!(
+            unknown.contains("bucket_size") && unknown.contains("trim_multiple"),
+            "{unknown}"
+        );
+        let opts = LoaderArgs::from_json(r#"{"bucket": true, "seed": 3}"#, 16).unwrap();
+        assert_eq!(opts.trim, Some(16), "a bucketed batch is cut");
+        assert_eq!(
+            (opts.order.seed, opts.order.batches),
+            (3, Batches::Bucketed)
+        );
+    }
+
+    #[cfg(feature = "cli")]
+    #[test]
+    fn the_flags_are_the_keys() {
+        use clap::Args;
+        let cmd = clap::Command::new("t");
+        let cmd = RankArgs::augment_args(MixArgs::augment_args(ShapeArgs::augment_args(
+            EpochArgs::augment_args(cmd),
+        )));
+        let flags: Vec<String> = cmd
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        let own = ["threads", "prefetch", "columns", "trim"];
+        let expected: Vec<&str> = KEYS.iter().copied().filter(|k| !own.contains(k)).collect();
+        assert_eq!(flags, expected);
+    }
+}
