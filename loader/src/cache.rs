@@ -461,3 +461,16 @@ fn open_shard(
     };
     Ok(Shard::new(manifest, entry, &layout, body, Some(file), path))
 }
+
+/// The stored lengths of split `split` of each of `sources`, one after another (the positions
+/// of a mix's samples).
+pub(crate) fn lengths_of(sources: &[Cache], split: &str) -> Result<Arc<[u32]>, LoadError> {
+    if let [one] = sources {
+        return one.lengths(split);
+    }
+    let mut all = Vec::new();
+    for cache in sources {
+        all.extend_from_slice(&cache.lengths(split)?);
+    }
+    Ok(all.into())
+}

@@ -6,9 +6,12 @@
 //! bytes: mapped, decompressed or fetched), `mmap` and [`sigbus`] (the maps and their one
 //! fault), `remote` (caches in object storage, fetched ahead of use) with `fetch_plan` (the
 //! order handed to the fetchers), `mix` (several caches read as one). Which contexts, in which
-//! order: [`order`] (the epoch's order, series windows, mixes), [`pack`] (packs of sequences).
-//! One batch: `gather` (a step's contexts, copied once; `rows` copies them a few at a time,
-//! `series` and `series_gather` cut windows), `batch` (its tensors), `pool` (reused buffers).
+//! order: [`order`] (the epoch's order, the order of series windows, mixes), and `prepare`
+//! (the sources, the order and the shape a loader is built from). One room per batch shape,
+//! `shape` ([`Batches`]): `padded` (whole contexts, plain or bucketed, trimmed or not),
+//! `packed` (published as [`pack`]: packs of sequences, their plan, checks and gather) and
+//! `windows` (windows of long series). One batch: `gather` (a step's contexts, copied once;
+//! `rows` copies them a few at a time), `batch` (its tensors), `pool` (reused buffers).
 //! Handing batches over: `loader` (threads, queue, iterator, fillers), `handoff` (the queue),
 //! `stats` (what a loader did). `error` says what went wrong.
 //!
@@ -70,10 +73,9 @@ mod options;
 pub mod order;
 pub mod pack;
 mod pool;
+mod prepare;
 mod remote;
 mod rows;
-mod series;
-mod series_gather;
 pub mod sigbus;
 mod stats;
 
@@ -82,7 +84,9 @@ pub use body::ShardBytes;
 pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::{LoadError, Misuse};
-pub use gather::{BatchInfo, BLOCK_ALIGN, PACK_TENSORS};
+pub use gather::packed::PACK_TENSORS;
+pub use gather::windows::SERIES_TENSORS;
+pub use gather::{BatchInfo, BLOCK_ALIGN};
 pub use loader::{Filler, Loader};
 pub use mix::Mix;
 pub use options::{
@@ -93,5 +97,4 @@ pub use order::SeriesWindows;
 #[cfg(feature = "remote")]
 pub use remote::{fetch_shards, ShardFile, ShardFiles};
 pub use remote::{is_remote, read_meta, RemoteOptions, DEFAULT_FETCH_THREADS};
-pub use series::SERIES_TENSORS;
 pub use stats::LoaderStats;

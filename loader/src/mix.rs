@@ -77,7 +77,7 @@ impl Mix {
     /// The stored lengths of split `split` of every source, one source after another: a
     /// sample's `position` indexes it.
     pub fn lengths(&self, split: &str) -> Result<std::sync::Arc<[u32]>, LoadError> {
-        crate::loader::lengths_of(&self.sources, split)
+        crate::cache::lengths_of(&self.sources, split)
     }
 
     /// A loader for one epoch of the mix ([`crate::order::MixOrder`]: what an epoch is).

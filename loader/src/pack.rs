@@ -1,4 +1,6 @@
-//! Packed batches: whole sequences laid end to end in a fixed budget of tokens.
+//! Packed batches: whole sequences laid end to end in a fixed budget of tokens. This is their
+//! plan over the epoch's order ([`Packs`]); the size checked against the caches and the gather
+//! of a pack with its own five tensors are `gather/packed.rs`.
 //!
 //! A pack holds at most `T` tokens (stored steps) and at most `S` sequences, so every packed
 //! batch has the same shapes (what CUDA graphs and compiled steps need) and almost no padding.

@@ -1,6 +1,9 @@
 //! Building one batch: which contexts a rank's step holds, and one copy of their bytes from the
-//! shards into the batch, padded (to `L`, or trimmed to the batch's longest sequence) or packed
-//! (sequences end to end, [`crate::pack`]). Shared by a loader's threads and its fillers.
+//! shards into the batch. Shared by a loader's threads and its fillers. One file per batch
+//! shape ([`crate::Batches`]) holds what is its own: `padded` (whole contexts, plain or
+//! bucketed, padded to `L` or trimmed), `packed` (sequences end to end; their plan over the
+//! order is [`crate::pack`]) and `windows` (windows of long series; their order is
+//! `order::series`); what they share (shards resolved, views, blocks, fills) stays here.
 
 use crate::batch::{Batch, BatchTensor, TensorLayout};
 use crate::body::Shard;
@@ -8,15 +11,21 @@ use crate::body::{Body, ShardBytes};
 use crate::cache::Inner;
 use crate::error::LoadError;
 use crate::mmap::Mapped;
-use crate::order::{trimmed_len, Cursor, Order, Sample, Steps};
+use crate::order::Steps;
+use crate::order::{trimmed_len, Cursor, Order, Sample};
 use crate::pack::{PackInfo, Packs};
 use crate::pool::Pool;
-use crate::rows;
-use crate::series::SeriesPlan;
 use crate::stats::Counters;
-use dsc_format::{Dtype, TensorRole, TensorSpec};
+use dsc_format::Dtype;
+use dsc_format::{TensorRole, TensorSpec};
+use packed::{write_pack_index, PACK_TENSORS};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use windows::SeriesPlan;
+
+pub(crate) mod packed;
+pub(crate) mod padded;
+pub(crate) mod windows;
 
 /// How an epoch's order is cut into batches.
 #[derive(Debug)]
@@ -58,6 +67,58 @@ impl Batching {
     }
 }
 
+/// The layout of the batches of `slots` (manifest indices): padded batches of `batch_size`, or
+/// packs of (`T`, `S`).
+pub(crate) fn layout(
+    tensors: &[TensorSpec],
+    slots: &[usize],
+    batch_size: usize,
+    pack: Option<(usize, usize)>,
+) -> Vec<TensorLayout> {
+    let mut out: Vec<TensorLayout> = slots
+        .iter()
+        .map(|&i| {
+            let spec = &tensors[i];
+            let (shape, trimmed_axis) = match pack {
+                None => {
+                    let mut shape = vec![batch_size];
+                    shape.extend_from_slice(&spec.sample_shape);
+                    (shape, is_sequence(spec).then_some(1))
+                }
+                Some((tokens, _)) if is_sequence(spec) => {
+                    let mut shape = vec![tokens];
+                    shape.extend_from_slice(&spec.sample_shape[1..]);
+                    (shape, None)
+                }
+                Some((_, seqs)) => {
+                    let mut shape = vec![seqs];
+                    shape.extend_from_slice(&spec.sample_shape);
+                    (shape, None)
+                }
+            };
+            TensorLayout {
+                name: spec.name.clone(),
+                dtype: spec.dtype,
+                role: Some(spec.role),
+                shape,
+                trimmed_axis,
+            }
+        })
+        .collect();
+    if let Some((tokens, seqs)) = pack {
+        for (name, len) in PACK_TENSORS.iter().zip([seqs + 1, tokens, tokens, 1, 1]) {
+            out.push(TensorLayout {
+                name: (*name).into(),
+                dtype: Dtype::I32,
+                role: None,
+                shape: vec![len],
+                trimmed_axis: None,
+            });
+        }
+    }
+    out
+}
+
 /// What a filled batch is, beyond its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchInfo {
@@ -84,15 +145,6 @@ pub(crate) struct IndexDst<'a, 'b> {
 /// Tensors of a block ([`Gather::gather_block`]) start at multiples of this many bytes: any
 /// dtype's alignment, and a GPU's preferred access granularity.
 pub const BLOCK_ALIGN: usize = 256;
-
-/// The names of the tensors a packed batch adds to the cache's.
-pub const PACK_TENSORS: [&str; 5] = [
-    "cu_seqlens",
-    "seq_idx",
-    "position",
-    "num_seqs",
-    "num_tokens",
-];
 
 /// One cache a loader reads: the only one, or one source of a mix.
 #[derive(Debug)]
@@ -160,7 +212,7 @@ pub(crate) struct Gather {
     pub keep_resident: bool,
     /// What this epoch's batches have cost and carried ([`crate::LoaderStats`]).
     pub counters: Counters,
-    /// Windows of long series: what a row reads beyond its sample ([`crate::series`]).
+    /// Windows of long series: what a row reads beyond its sample (`windows`).
     pub series: Option<SeriesPlan>,
     /// This epoch's (and the next one's) shard order, given to the fetcher of each source in
     /// object storage: withdrawn when the loader is dropped.
@@ -169,58 +221,6 @@ pub(crate) struct Gather {
     /// Set by [`crate::Loader::interrupt`] (Ctrl-C, a close): a wait for a shard's download
     /// gives up with [`LoadError::Stopped`] instead of lasting until it arrives.
     pub stopped: std::sync::atomic::AtomicBool,
-}
-
-/// The layout of the batches of `slots` (manifest indices): padded batches of `batch_size`, or
-/// packs of (`T`, `S`).
-pub(crate) fn layout(
-    tensors: &[TensorSpec],
-    slots: &[usize],
-    batch_size: usize,
-    pack: Option<(usize, usize)>,
-) -> Vec<TensorLayout> {
-    let mut out: Vec<TensorLayout> = slots
-        .iter()
-        .map(|&i| {
-            let spec = &tensors[i];
-            let (shape, trimmed_axis) = match pack {
-                None => {
-                    let mut shape = vec![batch_size];
-                    shape.extend_from_slice(&spec.sample_shape);
-                    (shape, is_sequence(spec).then_some(1))
-                }
-                Some((tokens, _)) if is_sequence(spec) => {
-                    let mut shape = vec![tokens];
-                    shape.extend_from_slice(&spec.sample_shape[1..]);
-                    (shape, None)
-                }
-                Some((_, seqs)) => {
-                    let mut shape = vec![seqs];
-                    shape.extend_from_slice(&spec.sample_shape);
-                    (shape, None)
-                }
-            };
-            TensorLayout {
-                name: spec.name.clone(),
-                dtype: spec.dtype,
-                role: Some(spec.role),
-                shape,
-                trimmed_axis,
-            }
-        })
-        .collect();
-    if let Some((tokens, seqs)) = pack {
-        for (name, len) in PACK_TENSORS.iter().zip([seqs + 1, tokens, tokens, 1, 1]) {
-            out.push(TensorLayout {
-                name: (*name).into(),
-                dtype: Dtype::I32,
-                role: None,
-                shape: vec![len],
-                trimmed_axis: None,
-            });
-        }
-    }
-    out
 }
 
 /// Whether a stored tensor has a step axis (`[n, L, ..]`), trimmed or packed by the loader.
@@ -253,7 +253,7 @@ impl Gather {
         (0..self.loaded).map(|t| self.spec(t))
     }
 
-    fn max_len(&self) -> usize {
+    pub(crate) fn max_len(&self) -> usize {
         self.max_len
     }
 
@@ -461,7 +461,10 @@ impl Gather {
     ) -> BatchInfo {
         match &self.batching {
             Batching::Padded { .. } => {
-                self.gather(samples, held, seq_len, dst);
+                match &self.series {
+                    Some(plan) => self.gather_windows(plan, samples, held, dst),
+                    None => self.gather_padded(samples, held, seq_len, dst),
+                }
                 BatchInfo {
                     seq_len,
                     pack: None,
@@ -475,104 +478,6 @@ impl Gather {
                 }
             }
         }
-    }
-
-    /// Copies `samples`, cut to `seq_len`, from their shards (`held`: the compressed ones)
-    /// into `dst`.
-    fn gather(
-        &self,
-        samples: &[Sample],
-        held: &Resolved<'_>,
-        seq_len: usize,
-        dst: &mut [&mut [u8]],
-    ) {
-        if let Some(plan) = &self.series {
-            return self.gather_windows(plan, samples, held, dst);
-        }
-        // Everything but the copies is looked up once per batch or tensor: at a few dozen
-        // nanoseconds per sample and tensor, the lookups cost a sixth of the gather.
-        let bodies: Vec<&[u8]> = samples.iter().map(|s| self.shard_bytes(s, held)).collect();
-        let short = samples.iter().any(|s| self.source(s).max_len < seq_len);
-        for (t, out) in dst.iter_mut().enumerate() {
-            let n = self.copy_bytes(t, seq_len);
-            if n == 0 {
-                continue;
-            }
-            let count = samples.len();
-            let starts: Vec<usize> = samples
-                .iter()
-                .map(|s| self.source(s).range(s, t).0)
-                .collect();
-            if short && is_sequence(self.spec(t)) {
-                // A mix's source of a shorter L: its steps, then zeros to `seq_len`.
-                let step = n / seq_len.max(1);
-                for (i, (row, s)) in out.chunks_exact_mut(n).zip(samples).enumerate() {
-                    let k = step * self.source(s).max_len.min(seq_len);
-                    row[..k].copy_from_slice(&bodies[i][starts[i]..starts[i] + k]);
-                    row[k..].fill(0);
-                }
-                continue;
-            }
-            rows::gather(&mut out[..count * n], n, count, |i| {
-                &bodies[i][starts[i]..starts[i] + n]
-            });
-        }
-    }
-
-    /// Lays `samples` end to end into the pack buffers `dst` (the layout's: loaded tensors,
-    /// then the pack's own); the unused tail of every tensor is zeroed, the tail tokens belong
-    /// to sequence `S` (one past the last).
-    fn gather_pack(
-        &self,
-        packs: &Packs,
-        lengths: &[u32],
-        (samples, repeated): (&[Sample], bool),
-        held: &Resolved<'_>,
-        dst: &mut [&mut [u8]],
-    ) -> PackInfo {
-        let lens = self.pack_lens(lengths, samples);
-        let tokens: usize = lens.iter().sum();
-        let seqs = samples.len();
-        let bodies: Vec<&[u8]> = samples.iter().map(|s| self.shard_bytes(s, held)).collect();
-        let (capacity, max_seqs) = (packs.tokens(), packs.max_seqs());
-        for (t, out) in dst.iter_mut().take(self.loaded).enumerate() {
-            let ranges: Vec<(usize, usize)> =
-                samples.iter().map(|s| self.source(s).range(s, t)).collect();
-            let start_of = |i: usize| ranges[i].0;
-            if is_sequence(self.spec(t)) {
-                // Each sequence's stored steps are the first bytes of its sample: one copy.
-                let step = self.copy_bytes(t, 1);
-                let mut at = 0;
-                for (i, &len) in lens.iter().enumerate() {
-                    let n = len * step;
-                    out[at..at + n].copy_from_slice(&bodies[i][start_of(i)..start_of(i) + n]);
-                    at += n;
-                }
-                out[at..capacity * step].fill(0);
-            } else {
-                let size = self.copy_bytes(t, 0);
-                rows::gather(&mut out[..seqs * size], size, seqs, |i| {
-                    &bodies[i][start_of(i)..start_of(i) + size]
-                });
-                out[seqs * size..max_seqs * size].fill(0);
-            }
-        }
-        write_pack_index(packs, &lens, &mut dst[self.loaded..]);
-        PackInfo {
-            seqs,
-            tokens,
-            max_seqlen: lens.iter().copied().max().unwrap_or(0),
-            repeated,
-        }
-    }
-
-    /// The stored lengths of a pack's `samples`, at most `L`.
-    fn pack_lens(&self, lengths: &[u32], samples: &[Sample]) -> Vec<usize> {
-        let max_len = self.max_len().max(1);
-        samples
-            .iter()
-            .map(|s| (lengths[s.position] as usize).min(max_len))
-            .collect()
     }
 
     /// Batch `batch` as a consumer holding the split's tensors gathers it (a split resident on
@@ -806,56 +711,14 @@ impl Gather {
 }
 
 /// Writes `values` as little-endian i32 into `out`, front to back.
-/// Writes a pack's own tensors (`cu_seqlens`, `seq_idx`, `position`, `num_seqs`,
-/// `num_tokens`, in that order in `dst`) for sequences of `lens` stored steps.
-fn write_pack_index(packs: &Packs, lens: &[usize], dst: &mut [&mut [u8]]) {
-    let [cu, seq_idx, position, num_seqs, num_tokens] = dst else {
-        unreachable!("a pack has five tensors of its own");
-    };
-    let (capacity, max_seqs) = (packs.tokens(), packs.max_seqs());
-    let (tokens, seqs) = (lens.iter().sum::<usize>(), lens.len());
-    let mut offsets = Vec::with_capacity(max_seqs + 1);
-    offsets.push(0usize);
-    for &len in lens {
-        offsets.push(offsets.last().expect("non-empty") + len);
-    }
-    offsets.resize(max_seqs + 1, tokens);
-    write_i32(cu, offsets.iter().map(|&o| o as i32));
-    // Each token's sequence and step, sequence by sequence (a plain loop per sequence: the
-    // iterator chain it replaces took a quarter of a pack's gather).
-    let mut at = 0;
-    for (i, &len) in lens.iter().enumerate() {
-        let owner = (i as i32).to_le_bytes();
-        let (owners, steps) = (
-            &mut seq_idx[at * 4..(at + len) * 4],
-            &mut position[at * 4..(at + len) * 4],
-        );
-        for (k, (o, p)) in owners
-            .chunks_exact_mut(4)
-            .zip(steps.chunks_exact_mut(4))
-            .enumerate()
-        {
-            o.copy_from_slice(&owner);
-            p.copy_from_slice(&(k as i32).to_le_bytes());
-        }
-        at += len;
-    }
-    let spare = (max_seqs as i32).to_le_bytes();
-    for o in seq_idx[tokens * 4..capacity * 4].chunks_exact_mut(4) {
-        o.copy_from_slice(&spare);
-    }
-    position[tokens * 4..capacity * 4].fill(0);
-    write_i32(num_seqs, std::iter::once(seqs as i32));
-    write_i32(num_tokens, std::iter::once(tokens as i32));
-}
-
-fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
+pub(crate) fn write_i32(out: &mut [u8], values: impl Iterator<Item = i32>) {
     for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 
-fn write_i64(out: &mut [u8], values: impl Iterator<Item = i64>) {
+/// Writes `values` as little-endian i64 into `out`, front to back.
+pub(crate) fn write_i64(out: &mut [u8], values: impl Iterator<Item = i64>) {
     for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
