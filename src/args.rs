@@ -286,6 +286,186 @@ pub struct GenArgs {
     pub json: bool,
 }
 
+/// The spec keys of `dsc compile`, one flag each: serialised, the keys given, as a spec file
+/// holds them, which `CompileSpec::with_overrides` lays over the spec file (the rule Python's
+/// `dsc.compile` follows too). A new spec key is a field here with its `serde` attribute.
+#[derive(Debug, Args, serde::Serialize)]
+pub struct SpecArgs {
+    /// Rows files: Parquet paths, folders or quoted globs ('data/*.parquet').
+    #[arg(value_name = "ROWS")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<String>,
+
+    /// Integer column naming each row's context (event, customer, …). Without it the rows are
+    /// a table of records: each row its own sample, keyed by its row number, stored as [n, F]
+    /// features, [n] codes and [n, W] strings with no step axis (--targets then names the
+    /// rows' own target columns).
+    #[arg(long, value_name = "COL", help_heading = "Grouping")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Column ordering the rows of a context (number, timestamp or date); file order if absent.
+    #[arg(long, value_name = "COL", help_heading = "Grouping")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_by: Option<String>,
+    /// Longest padded sequence: longer ones are cut to L rows (--truncate); the cache pads to the
+    /// longest stored sequence when that is shorter [default: the longest sequence].
+    #[arg(long, value_name = "L", help_heading = "Grouping")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
+    /// Which rows of a longer sequence are kept [default: head].
+    #[arg(long, value_parser = choice::<Truncate>(), help_heading = "Grouping")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<Truncate>,
+
+    /// Per-row numeric features stored in x [n, L, F], comma-separated, in order.
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Columns"
+    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+    /// Per-row categorical columns, each stored as i32 codes [n, L] named after the column.
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Columns"
+    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub categorical: Vec<String>,
+    /// Encoding of a numeric column: identity, zscore, minmax, log1p, or a chain
+    /// (log1p,zscore). Repeat per column. Parameters are fitted on the train split. A string
+    /// column of the rows (or the context) table listed here alone becomes a tensor of its own,
+    /// named after it, one fixed-width row per step ([n, L, W]; of the context table [n, W]):
+    /// `bits` (a string of 0 and 1 as that many u8, W from the data), `chars:W` (characters
+    /// as i32 codes over the train split's characters, 0 padding, 1 unknown), `ngrams:N` (the
+    /// set of character N-grams, N at most 16, as a multi-hot u8 vector over the train split's
+    /// most frequent, at most --ngram-vocab). One encoding per column.
+    #[arg(long, value_name = "COL=CHAIN", help_heading = "Columns")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "pairs::encode"
+    )]
+    pub encode: Vec<String>,
+    /// N-grams kept at most by `--encode COL=ngrams:N`: the train split's most frequent (rows
+    /// holding each), ties in ascending order [default: 4096].
+    #[arg(long, value_name = "V", help_heading = "Columns")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ngram_vocab: Option<usize>,
+    /// Per-row lookup table (CSV or Parquet) joined on --on; repeat with one --on each.
+    #[arg(long = "join", value_name = "FILE", help_heading = "Columns")]
+    #[serde(skip)]
+    pub joins: Vec<String>,
+    /// The column a --join table is joined on (same position as its --join).
+    #[arg(long = "on", value_name = "COL", help_heading = "Columns")]
+    #[serde(skip)]
+    pub join_on: Vec<String>,
+
+    /// Context table (Parquet, one row per context): targets and per-context features.
+    #[arg(long, value_name = "FILE", help_heading = "Context table")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// The context table's key column [default: --key].
+    #[arg(long, value_name = "COL", help_heading = "Context table")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_key: Option<String>,
+    /// Context columns stored as targets y [n, T], comma-separated, in order (without --key:
+    /// the rows' own columns).
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Context table"
+    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
+    /// Context columns stored as per-context features c [n, C].
+    #[arg(
+        long,
+        value_name = "COLS",
+        value_delimiter = ',',
+        help_heading = "Context table"
+    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub context_features: Vec<String>,
+    /// Rows whose key has no context row: stop with an error, or drop them [default: error].
+    #[arg(long, value_parser = choice::<UnmatchedRows>(), help_heading = "Context table")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmatched_rows: Option<UnmatchedRows>,
+    /// Context rows with no rows: error, drop, or keep as empty sequences [default: error].
+    #[arg(long, value_parser = choice::<EmptyContexts>(), help_heading = "Context table")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub empty_contexts: Option<EmptyContexts>,
+
+    /// Fraction of contexts in the validation split, chosen by a hash of the key [default: 0].
+    /// With --split-by or --split-keys, carved out of the contexts they put in `train`.
+    #[arg(long, value_name = "F", help_heading = "Splits and shuffle")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_fraction: Option<f64>,
+    /// Take each context's split from this column of the context table (strings such as
+    /// train, val, test; a data set's official split). Statistics and encodings are fitted on
+    /// `train`, which must exist; every other split is stored beside it.
+    #[arg(long, value_name = "COLUMN", help_heading = "Splits and shuffle")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split_by: Option<String>,
+    /// Put the keys listed in FILE (one integer per line) in split NAME; repeatable; unlisted
+    /// keys are `train`. E.g. --split-keys test=test_ids.txt
+    #[arg(long, value_name = "NAME=FILE", help_heading = "Splits and shuffle")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "pairs::split_keys"
+    )]
+    pub split_keys: Vec<String>,
+    /// Seed of the split hash; independent of --seed, so reshuffles keep the same split.
+    #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split_seed: Option<u64>,
+    /// Seed of the global shuffle (xoshiro256**, stable across releases) [default: 0].
+    #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+
+    /// Reproduce another tool's preprocessing instead of dsc's encodings: `mostlyai` =
+    /// mostlyai-engine 2.7.3's statistics and sequential encoding of every column of the rows
+    /// table and the --context table (docs/COMPAT-mostlyai.md).
+    #[arg(long, value_name = "NAME", help_heading = "Profiles")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// With --profile mostlyai: file with the validation keys, one per line (the rest train).
+    #[arg(long, value_name = "FILE", help_heading = "Profiles")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_keys: Option<PathBuf>,
+    /// With --profile mostlyai: the engine's partition count (its statistics depend on it)
+    /// [default: 1].
+    #[arg(long, value_name = "N", help_heading = "Profiles")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<usize>,
+
+    /// Null/NaN/inf in a numeric column: error (naming file, column, row), zero, or the
+    /// train mean [default: error].
+    #[arg(long, value_parser = choice::<NanPolicy>(), help_heading = "Values")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nan: Option<NanPolicy>,
+
+    /// Target shard size: bytes or with a unit (64MiB, 1GiB) [default: 256MiB].
+    #[arg(long, value_name = "SIZE", help_heading = "Output")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "pairs::size"
+    )]
+    pub shard_size: Option<String>,
+    /// Decoded input per bucket [default: 32MiB]: shards never span two buckets, so this shapes
+    /// shard boundaries (never the order or the values). One bucket must fit in --max-memory.
+    #[arg(long, value_name = "SIZE", help_heading = "Output")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "pairs::size"
+    )]
+    pub bucket_size: Option<String>,
+}
+
 /// Compile Parquet rows into a cache of safetensors shards.
 ///
 /// Rows are grouped into one sequence per --key value, ordered by --order-by, truncated to
@@ -311,9 +491,8 @@ pub struct GenArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct CompileArgs {
-    /// Rows files: Parquet paths, folders or quoted globs ('data/*.parquet').
-    #[arg(value_name = "ROWS")]
-    pub rows: Vec<String>,
+    #[command(flatten)]
+    pub keys: SpecArgs,
 
     /// Read the spec from a TOML file; command-line flags override its values.
     #[arg(long, value_name = "FILE", help_heading = "Spec")]
@@ -321,128 +500,6 @@ pub struct CompileArgs {
     /// Print the resolved spec as TOML and exit without compiling.
     #[arg(long, help_heading = "Spec")]
     pub print_spec: bool,
-
-    /// Integer column naming each row's context (event, customer, …). Without it the rows are
-    /// a table of records: each row its own sample, keyed by its row number, stored as [n, F]
-    /// features, [n] codes and [n, W] strings with no step axis (--targets then names the
-    /// rows' own target columns).
-    #[arg(long, value_name = "COL", help_heading = "Grouping")]
-    pub key: Option<String>,
-    /// Column ordering the rows of a context (number, timestamp or date); file order if absent.
-    #[arg(long, value_name = "COL", help_heading = "Grouping")]
-    pub order_by: Option<String>,
-    /// Longest padded sequence: longer ones are cut to L rows (--truncate); the cache pads to the
-    /// longest stored sequence when that is shorter [default: the longest sequence].
-    #[arg(long, value_name = "L", help_heading = "Grouping")]
-    pub max_len: Option<usize>,
-    /// Which rows of a longer sequence are kept [default: head].
-    #[arg(long, value_parser = choice::<Truncate>(), help_heading = "Grouping")]
-    pub truncate: Option<Truncate>,
-
-    /// Per-row numeric features stored in x [n, L, F], comma-separated, in order.
-    #[arg(
-        long,
-        value_name = "COLS",
-        value_delimiter = ',',
-        help_heading = "Columns"
-    )]
-    pub features: Vec<String>,
-    /// Per-row categorical columns, each stored as i32 codes [n, L] named after the column.
-    #[arg(
-        long,
-        value_name = "COLS",
-        value_delimiter = ',',
-        help_heading = "Columns"
-    )]
-    pub categorical: Vec<String>,
-    /// Encoding of a numeric column: identity, zscore, minmax, log1p, or a chain
-    /// (log1p,zscore). Repeat per column. Parameters are fitted on the train split. A string
-    /// column of the rows (or the context) table listed here alone becomes a tensor of its own,
-    /// named after it, one fixed-width row per step ([n, L, W]; of the context table [n, W]):
-    /// `bits` (a string of 0 and 1 as that many u8, W from the data), `chars:W` (characters
-    /// as i32 codes over the train split's characters, 0 padding, 1 unknown), `ngrams:N` (the
-    /// set of character N-grams, N at most 16, as a multi-hot u8 vector over the train split's
-    /// most frequent, at most --ngram-vocab). One encoding per column.
-    #[arg(long, value_name = "COL=CHAIN", help_heading = "Columns")]
-    pub encode: Vec<String>,
-    /// N-grams kept at most by `--encode COL=ngrams:N`: the train split's most frequent (rows
-    /// holding each), ties in ascending order [default: 4096].
-    #[arg(long, value_name = "V", help_heading = "Columns")]
-    pub ngram_vocab: Option<usize>,
-    /// Per-row lookup table (CSV or Parquet) joined on --on; repeat with one --on each.
-    #[arg(long = "join", value_name = "FILE", help_heading = "Columns")]
-    pub joins: Vec<String>,
-    /// The column a --join table is joined on (same position as its --join).
-    #[arg(long = "on", value_name = "COL", help_heading = "Columns")]
-    pub join_on: Vec<String>,
-
-    /// Context table (Parquet, one row per context): targets and per-context features.
-    #[arg(long, value_name = "FILE", help_heading = "Context table")]
-    pub context: Option<String>,
-    /// The context table's key column [default: --key].
-    #[arg(long, value_name = "COL", help_heading = "Context table")]
-    pub context_key: Option<String>,
-    /// Context columns stored as targets y [n, T], comma-separated, in order (without --key:
-    /// the rows' own columns).
-    #[arg(
-        long,
-        value_name = "COLS",
-        value_delimiter = ',',
-        help_heading = "Context table"
-    )]
-    pub targets: Vec<String>,
-    /// Context columns stored as per-context features c [n, C].
-    #[arg(
-        long,
-        value_name = "COLS",
-        value_delimiter = ',',
-        help_heading = "Context table"
-    )]
-    pub context_features: Vec<String>,
-    /// Rows whose key has no context row: stop with an error, or drop them [default: error].
-    #[arg(long, value_parser = choice::<UnmatchedRows>(), help_heading = "Context table")]
-    pub unmatched_rows: Option<UnmatchedRows>,
-    /// Context rows with no rows: error, drop, or keep as empty sequences [default: error].
-    #[arg(long, value_parser = choice::<EmptyContexts>(), help_heading = "Context table")]
-    pub empty_contexts: Option<EmptyContexts>,
-
-    /// Fraction of contexts in the validation split, chosen by a hash of the key [default: 0].
-    /// With --split-by or --split-keys, carved out of the contexts they put in `train`.
-    #[arg(long, value_name = "F", help_heading = "Splits and shuffle")]
-    pub val_fraction: Option<f64>,
-    /// Take each context's split from this column of the context table (strings such as
-    /// train, val, test; a data set's official split). Statistics and encodings are fitted on
-    /// `train`, which must exist; every other split is stored beside it.
-    #[arg(long, value_name = "COLUMN", help_heading = "Splits and shuffle")]
-    pub split_by: Option<String>,
-    /// Put the keys listed in FILE (one integer per line) in split NAME; repeatable; unlisted
-    /// keys are `train`. E.g. --split-keys test=test_ids.txt
-    #[arg(long, value_name = "NAME=FILE", help_heading = "Splits and shuffle")]
-    pub split_keys: Vec<String>,
-    /// Seed of the split hash; independent of --seed, so reshuffles keep the same split.
-    #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
-    pub split_seed: Option<u64>,
-    /// Seed of the global shuffle (xoshiro256**, stable across releases) [default: 0].
-    #[arg(long, value_name = "N", help_heading = "Splits and shuffle")]
-    pub seed: Option<u64>,
-
-    /// Reproduce another tool's preprocessing instead of dsc's encodings: `mostlyai` =
-    /// mostlyai-engine 2.7.3's statistics and sequential encoding of every column of the rows
-    /// table and the --context table (docs/COMPAT-mostlyai.md).
-    #[arg(long, value_name = "NAME", help_heading = "Profiles")]
-    pub profile: Option<String>,
-    /// With --profile mostlyai: file with the validation keys, one per line (the rest train).
-    #[arg(long, value_name = "FILE", help_heading = "Profiles")]
-    pub val_keys: Option<PathBuf>,
-    /// With --profile mostlyai: the engine's partition count (its statistics depend on it)
-    /// [default: 1].
-    #[arg(long, value_name = "N", help_heading = "Profiles")]
-    pub partitions: Option<usize>,
-
-    /// Null/NaN/inf in a numeric column: error (naming file, column, row), zero, or the
-    /// train mean [default: error].
-    #[arg(long, value_parser = choice::<NanPolicy>(), help_heading = "Values")]
-    pub nan: Option<NanPolicy>,
 
     /// Cache directory to create, or a URL in object storage (s3://bucket/cache, gs://…,
     /// az://…): the cache is compiled under --cache-dir, then uploaded with its manifest last,
@@ -452,9 +509,6 @@ pub struct CompileArgs {
     /// Replace --out if it exists and is not empty (at a URL: a cache there).
     #[arg(long, help_heading = "Output")]
     pub force: bool,
-    /// Target shard size: bytes or with a unit (64MiB, 1GiB) [default: 256MiB].
-    #[arg(long, value_name = "SIZE", help_heading = "Output")]
-    pub shard_size: Option<String>,
     /// Memory the compile may use, e.g. 4GiB [default: half of the machine's, or of the
     /// container's limit]. The input is
     /// spilled beside --out in buckets and processed a few buckets at a time; the cache is
@@ -463,10 +517,6 @@ pub struct CompileArgs {
     pub max_memory: Option<String>,
     #[command(flatten)]
     pub storage: StorageArgs,
-    /// Decoded input per bucket [default: 32MiB]: shards never span two buckets, so this shapes
-    /// shard boundaries (never the order or the values). One bucket must fit in --max-memory.
-    #[arg(long, value_name = "SIZE", help_heading = "Output")]
-    pub bucket_size: Option<String>,
     /// Print a JSON report instead of text.
     #[arg(long, help_heading = "Output")]
     pub json: bool,
@@ -746,6 +796,71 @@ pub struct VerifyArgs {
     pub remote: RemoteArgs,
 }
 
+/// The flags of `dsc compile` whose spelling is not the spec file's, serialised as the spec
+/// holds them: `COL=CHAIN` and `NAME=FILE` pairs as tables (each name once), sizes with a unit
+/// as bytes. The error names the flag and the value.
+mod pairs {
+    use serde::ser::{Error, SerializeMap};
+    use serde::Serializer;
+
+    fn table<S: Serializer>(
+        given: &[String],
+        s: S,
+        (flag, what): (&str, &str),
+        example: &str,
+        twice: &str,
+    ) -> Result<S::Ok, S::Error> {
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for g in given {
+            let Some((name, value)) = g.split_once('=') else {
+                return Err(S::Error::custom(format!(
+                    "{flag} {g:?}: expected {example}"
+                )));
+            };
+            let (name, value) = (name.trim(), value.trim());
+            if let Some((_, earlier)) = seen.iter().find(|(n, _)| *n == name) {
+                return Err(S::Error::custom(format!(
+                    "{flag} names {what} {name:?} twice ({earlier} and {value}): {twice}"
+                )));
+            }
+            seen.push((name, value));
+        }
+        let mut map = s.serialize_map(Some(seen.len()))?;
+        for (name, value) in seen {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+
+    pub fn encode<S: Serializer>(given: &[String], s: S) -> Result<S::Ok, S::Error> {
+        table(
+            given,
+            s,
+            ("--encode", "column"),
+            "COLUMN=CHAIN, e.g. charge=log1p,zscore",
+            "one encoding per column",
+        )
+    }
+
+    pub fn split_keys<S: Serializer>(given: &[String], s: S) -> Result<S::Ok, S::Error> {
+        table(
+            given,
+            s,
+            ("--split-keys", "split"),
+            "NAME=FILE, e.g. test=test_ids.txt",
+            "list a split's keys in one file",
+        )
+    }
+
+    pub fn size<S: Serializer>(given: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        let text = given.as_deref().unwrap_or_default();
+        match dsc_format::spec::parse_size(text) {
+            Ok(bytes) => s.serialize_u64(bytes),
+            Err(e) => Err(S::Error::custom(format!("{text:?}: {e}"))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,6 +869,25 @@ mod tests {
     #[test]
     fn flags_are_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Every spec key has its flag (`--join FILE --on COL` together give `joins`), and every
+    /// flag of the spec half is a key: a key added to the spec without a flag fails here.
+    #[test]
+    fn the_spec_flags_are_the_spec_keys() {
+        let cmd = SpecArgs::augment_args(clap::Command::new("t"));
+        let mut flags: Vec<String> = cmd
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .filter(|id| id != "join_on")
+            .collect();
+        let mut keys: Vec<String> = dsc_format::spec::SPEC_KEYS
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        flags.sort();
+        keys.sort();
+        assert_eq!(flags, keys);
     }
 
     #[test]
@@ -770,7 +904,7 @@ mod tests {
         let Command::Compile(a) = cli.command else {
             panic!()
         };
-        assert_eq!(a.features, ["x", "y"]);
-        assert_eq!(a.encode, ["x=log1p,zscore"]);
+        assert_eq!(a.keys.features, ["x", "y"]);
+        assert_eq!(a.keys.encode, ["x=log1p,zscore"]);
     }
 }

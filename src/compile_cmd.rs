@@ -1,6 +1,6 @@
 //! `dsc compile`: flags and spec file → `CompileSpec` → `dsc_compiler::compile` → report.
 
-use crate::args::{CompileArgs, MergeArgs, StatusArgs};
+use crate::args::{CompileArgs, MergeArgs, SpecArgs, StatusArgs};
 use crate::output::outln;
 use crate::output::{bytes, peak_rss_mib, thousands};
 use anyhow::{bail, Context as _};
@@ -30,7 +30,7 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
         }
         None => Map::new(),
     };
-    let given = given(a)?;
+    let given = given(&a.keys)?;
     let rows = |m: &Map<String, Value>| m.get("rows").and_then(Value::as_array).map(Vec::len);
     if rows(&given).or(rows(&base)).unwrap_or(0) == 0 {
         bail!("no rows files given: pass Parquet paths or globs, or list them in the spec file (rows = [...])");
@@ -38,68 +38,15 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     CompileSpec::with_overrides(base, given).context("invalid spec")
 }
 
-/// The spec keys the flags give, as a spec file would hold them.
-fn given(a: &CompileArgs) -> anyhow::Result<Map<String, Value>> {
-    let mut out = Map::new();
-    let mut put = |key: &str, value: Value| {
-        out.insert(key.to_string(), value);
+/// The spec keys the flags give, as a spec file would hold them ([`SpecArgs`]'s serialisation;
+/// the size flags name themselves in their error).
+fn given(a: &SpecArgs) -> anyhow::Result<Map<String, Value>> {
+    let mut out = match serde_json::to_value(a) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => unreachable!("the spec flags serialise to a table"),
+        Err(e) if e.to_string().starts_with("--") => bail!("{e}"),
+        Err(e) => bail!("{}: {e}", size_flag(a)),
     };
-    let lists = [
-        ("rows", &a.rows),
-        ("features", &a.features),
-        ("categorical", &a.categorical),
-        ("targets", &a.targets),
-        ("context_features", &a.context_features),
-    ];
-    for (key, list) in lists {
-        if !list.is_empty() {
-            put(key, json!(list));
-        }
-    }
-    let options = [
-        ("key", a.key.as_ref().map(|v| json!(v))),
-        ("order_by", a.order_by.as_ref().map(|v| json!(v))),
-        ("context", a.context.as_ref().map(|v| json!(v))),
-        ("context_key", a.context_key.as_ref().map(|v| json!(v))),
-        ("max_len", a.max_len.map(|v| json!(v))),
-        ("ngram_vocab", a.ngram_vocab.map(|v| json!(v))),
-        ("truncate", a.truncate.map(|v| json!(v))),
-        ("nan", a.nan.map(|v| json!(v))),
-        ("unmatched_rows", a.unmatched_rows.map(|v| json!(v))),
-        ("empty_contexts", a.empty_contexts.map(|v| json!(v))),
-        ("val_fraction", a.val_fraction.map(|v| json!(v))),
-        ("split_by", a.split_by.as_ref().map(|v| json!(v))),
-        ("profile", a.profile.as_ref().map(|v| json!(v))),
-        (
-            "val_keys",
-            a.val_keys.as_ref().map(|v| json!(v.display().to_string())),
-        ),
-        ("partitions", a.partitions.map(|v| json!(v))),
-        ("split_seed", a.split_seed.map(|v| json!(v))),
-        ("seed", a.seed.map(|v| json!(v))),
-    ];
-    for (key, value) in options {
-        if let Some(v) = value {
-            put(key, v);
-        }
-    }
-    let mut encode = Map::new();
-    for e in &a.encode {
-        let Some((col, chain)) = e.split_once('=') else {
-            bail!("--encode {e:?}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore");
-        };
-        if let Some(earlier) = encode.insert(col.trim().into(), json!(chain.trim())) {
-            bail!(
-                "--encode names column {:?} twice ({} and {}): one encoding per column",
-                col.trim(),
-                earlier.as_str().unwrap_or_default(),
-                chain.trim()
-            );
-        }
-    }
-    if !encode.is_empty() {
-        put("encode", Value::Object(encode));
-    }
     if a.joins.len() != a.join_on.len() {
         bail!(
             "{} --join file(s) but {} --on column(s): give one --on per --join",
@@ -117,29 +64,19 @@ fn given(a: &CompileArgs) -> anyhow::Result<Map<String, Value>> {
                 on: on.clone(),
             })
             .collect();
-        put("joins", json!(joins));
-    }
-    let mut split_keys = Map::new();
-    for given in &a.split_keys {
-        let Some((name, file)) = given.split_once('=') else {
-            bail!("--split-keys {given:?}: expected NAME=FILE, e.g. test=test_ids.txt");
-        };
-        if let Some(earlier) = split_keys.insert(name.trim().into(), json!(file.trim())) {
-            bail!("--split-keys names split {name:?} twice ({earlier} and {file}); list its keys in one file");
-        }
-    }
-    if !split_keys.is_empty() {
-        put("split_keys", Value::Object(split_keys));
-    }
-    if let Some(s) = &a.shard_size {
-        let bytes = parse_size(s).map_err(|e| anyhow::anyhow!("--shard-size {s:?}: {e}"))?;
-        put("shard_size", json!(bytes));
-    }
-    if let Some(s) = &a.bucket_size {
-        let bytes = parse_size(s).map_err(|e| anyhow::anyhow!("--bucket-size {s:?}: {e}"))?;
-        put("bucket_size", json!(bytes));
+        out.insert("joins".into(), json!(joins));
     }
     Ok(out)
+}
+
+/// The size flag whose value did not parse.
+fn size_flag(a: &SpecArgs) -> &'static str {
+    let bad = |s: &Option<String>| s.as_deref().is_some_and(|s| parse_size(s).is_err());
+    if bad(&a.shard_size) {
+        "--shard-size"
+    } else {
+        "--bucket-size"
+    }
 }
 
 #[derive(Serialize)]

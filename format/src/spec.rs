@@ -1,6 +1,7 @@
 //! The compile spec: everything `dsc compile` was asked to do, as recorded in the manifest and as
 //! written in a `dsc.toml` spec file.
 
+use crate::spelling::OptionError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -219,6 +220,37 @@ pub struct CompileSpec {
     pub partitions: Option<usize>,
 }
 
+/// Every key of [`CompileSpec`], in its order (a test holds it equal to the fields).
+pub const SPEC_KEYS: &[&str] = &[
+    "rows",
+    "key",
+    "order_by",
+    "context",
+    "context_key",
+    "targets",
+    "context_features",
+    "joins",
+    "features",
+    "categorical",
+    "encode",
+    "ngram_vocab",
+    "max_len",
+    "truncate",
+    "val_fraction",
+    "split_seed",
+    "split_by",
+    "split_keys",
+    "seed",
+    "nan",
+    "unmatched_rows",
+    "empty_contexts",
+    "shard_size",
+    "bucket_size",
+    "profile",
+    "val_keys",
+    "partitions",
+];
+
 /// Decoded input bytes per compile bucket unless the spec says otherwise.
 pub const DEFAULT_BUCKET_SIZE: u64 = 32 << 20;
 
@@ -287,13 +319,42 @@ impl CompileSpec {
     /// assert_eq!(spec.encode["x"], "zscore");
     /// assert_eq!(spec.encode["y"], "minmax");
     /// assert_eq!((spec.split_by, spec.split_keys.len()), (None, 1));
-    /// # Ok::<(), serde_json::Error>(())
+    /// // A value a key cannot hold is refused by its key, with the value.
+    /// let bad = json!({"max_len": "long"});
+    /// let err = CompileSpec::with_overrides(file.as_object().unwrap().clone(),
+    ///                                       bad.as_object().unwrap().clone()).unwrap_err();
+    /// assert_eq!((err.key, err.value.as_deref()), ("max_len", Some("long")));
+    /// # Ok::<(), dsc_format::spelling::OptionError>(())
     /// ```
     pub fn with_overrides(
         mut base: serde_json::Map<String, serde_json::Value>,
         overrides: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<CompileSpec, serde_json::Error> {
+    ) -> Result<CompileSpec, OptionError> {
         use serde_json::Value;
+        // Each key given alone over the defaults first, so that a value of the wrong type or
+        // an unknown key is named by its key.
+        let defaults = match serde_json::to_value(CompileSpec::new(vec![], "")) {
+            Ok(Value::Object(m)) => m,
+            _ => unreachable!("a spec serialises to a table"),
+        };
+        for (name, value) in &overrides {
+            let Some(&key) = SPEC_KEYS.iter().find(|k| **k == name) else {
+                return Err(OptionError::new(
+                    "spec",
+                    format!("has no key {name:?}: a spec takes {}", SPEC_KEYS.join(", ")),
+                ));
+            };
+            let mut alone = defaults.clone();
+            alone.insert(name.clone(), value.clone());
+            if let Err(e) = serde_json::from_value::<CompileSpec>(Value::Object(alone)) {
+                let shown = match value {
+                    Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                // serde quotes values in backticks, which a message keeps for option keys.
+                return Err(OptionError::given(key, shown, e.to_string().replace('`', "\"")));
+            }
+        }
         if overrides.contains_key("split_by") || overrides.contains_key("split_keys") {
             base.remove("split_by");
             base.remove("split_keys");
@@ -307,12 +368,35 @@ impl CompileSpec {
             }
         }
         serde_json::from_value(Value::Object(base))
+            .map_err(|e| OptionError::new("spec", e.to_string()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spec_keys_are_the_fields() {
+        let mut spec = CompileSpec::new(vec!["a".into()], "id");
+        // Every optional field given, so that each serialises.
+        spec.order_by = Some("t".into());
+        spec.context = Some("c".into());
+        spec.context_key = Some("k".into());
+        spec.ngram_vocab = Some(8);
+        spec.max_len = Some(8);
+        spec.split_by = Some("s".into());
+        spec.split_keys.insert("test".into(), "t.txt".into());
+        spec.bucket_size = Some(1);
+        spec.profile = Some("p".into());
+        spec.val_keys = Some("v".into());
+        spec.partitions = Some(1);
+        let keys: Vec<String> = match serde_json::to_value(spec).unwrap() {
+            serde_json::Value::Object(m) => m.keys().cloned().collect(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(keys, SPEC_KEYS);
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -340,7 +340,8 @@ impl LoaderArgs {
             let mut alone = fields.clone();
             alone.insert(name.clone(), value.clone());
             if let Err(e) = serde_json::from_value::<LoaderArgs>(alone.into()) {
-                let problem = e.to_string();
+                // serde quotes values in backticks, which a message keeps for option keys.
+                let problem = e.to_string().replace('`', "\"");
                 let shown = match &value {
                     serde_json::Value::String(s) => s.clone(),
                     v => v.to_string(),

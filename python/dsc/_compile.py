@@ -5,6 +5,7 @@ Rust compiler."""
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
 import sys
@@ -13,6 +14,8 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional,
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11's; the package runs on 3.9 (annotations stay strings)
     from typing_extensions import Unpack
+
+import numpy as np
 
 from . import _dsc
 from ._cache import Cache, remote_json
@@ -190,21 +193,16 @@ def _fields(
     jl = _joins(joins, join, on)
     if jl is not None:
         fields["joins"] = jl
+    # Checked by Rust's spec, by key (type, range, choice), as JSON holds them.
     for name, value in (("truncate", truncate), ("nan", nan), ("unmatched_rows", unmatched_rows),
-                        ("empty_contexts", empty_contexts)):
+                        ("empty_contexts", empty_contexts), ("max_len", max_len),
+                        ("split_seed", split_seed), ("seed", seed), ("partitions", partitions),
+                        ("ngram_vocab", ngram_vocab), ("val_fraction", val_fraction)):
         if value is not None:
-            if value not in _CHOICES[name]:
-                raise OptionsError(f"{name}={value!r}: expected one of {_CHOICES[name]}")
+            value = value.item() if isinstance(value, np.generic) else value
+            if isinstance(value, float) and not math.isfinite(value):
+                raise OptionsError(f"{name}={value!r}: not a value this option takes", option=name)
             fields[name] = value
-    for name, value in (("max_len", max_len), ("split_seed", split_seed), ("seed", seed),
-                        ("partitions", partitions), ("ngram_vocab", ngram_vocab)):
-        if value is not None:
-            fields[name] = _int(name, value)
-    if val_fraction is not None:
-        if (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)
-                or not 0.0 <= float(val_fraction) < 1.0):
-            raise OptionsError(f"val_fraction={val_fraction!r}: expected a fraction in [0, 1)")
-        fields["val_fraction"] = float(val_fraction)
     # A split assignment given here replaces the spec file's, whichever kind.
     if split_by is not None or split_keys is not None:
         fields["split_by"] = None if split_by is None else str(split_by)

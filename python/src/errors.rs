@@ -58,7 +58,7 @@ pub fn options_error(py: Python<'_>, message: &str) -> PyErr {
 }
 
 /// The keyword argument `e` names: `dsc.OptionsError` with its `option`.
-fn option_error(py: Python<'_>, e: &OptionError) -> PyErr {
+pub fn option_error(py: Python<'_>, e: &OptionError) -> PyErr {
     let place = Place {
         option: Some(e.key),
         ..Place::default()

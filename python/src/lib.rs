@@ -22,7 +22,7 @@ use dsc_format::choice::Choice;
 use dsc_format::{Codec, Dtype};
 use dsc_loader::pack::PackInfo;
 use dsc_loader::{Cache, Filler, LoadError, LoaderOptions, Mix, State, TensorLayout};
-use errors::{compile_error, load_error, options_error};
+use errors::{compile_error, load_error, option_error, options_error};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -626,8 +626,7 @@ fn spec_from(
     };
     let overrides: serde_json::Map<String, serde_json::Value> = serde_json::from_str(spec_json)
         .map_err(|e| options_error(py, &format!("invalid spec: {e}")))?;
-    CompileSpec::with_overrides(base, overrides)
-        .map_err(|e| options_error(py, &format!("invalid spec: {e}")))
+    CompileSpec::with_overrides(base, overrides).map_err(|e| option_error(py, &e))
 }
 
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.
@@ -895,6 +894,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(loader_options, m)?)?;
     m.add("LOADER_KEYS", dsc_loader::args::KEYS.to_vec())?;
+    m.add("SPEC_KEYS", dsc_format::spec::SPEC_KEYS.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Where `fill_block` puts each tensor: static buffers view a block at these offsets.
     m.add("BLOCK_ALIGN", dsc_loader::BLOCK_ALIGN)?;

@@ -254,5 +254,5 @@ def test_options_errors_name_the_keyword_not_a_flag(in_workdir: Path, tmp_path: 
     with pytest.raises(dsc.OptionsError) as caught:
         dsc.Loader(cache_dir, pack=16)
     message = str(caught.value)
-    assert caught.value.option == "pack" and message.startswith("pack= of 16 tokens"), message
+    assert caught.value.option == "pack" and message.startswith("pack=16 tokens"), message
     assert "--" not in message and "`" not in message, message

@@ -58,3 +58,17 @@ def test_the_loader_takes_every_option_of_the_rust_loader_by_its_key() -> None:
         assert "bucket_size" in str(e) and "trim_multiple" in str(e), e
     else:
         raise AssertionError("an unknown key was taken")
+
+
+def test_compile_takes_every_key_of_the_rust_spec() -> None:
+    """`dsc.compile`'s keywords (`CompileOptions`, checked by `_fields`) are the Rust spec's
+    keys (`SPEC_KEYS`, which a Rust test holds equal to `CompileSpec`'s fields), rows being the
+    positional argument; a key added to the spec and not here fails this test."""
+    import inspect
+    import typing
+
+    from dsc._compile import CompileOptions, _fields
+
+    keywords = set(typing.get_type_hints(CompileOptions)) | {"rows"}
+    assert set(_dsc.SPEC_KEYS) <= keywords, sorted(set(_dsc.SPEC_KEYS) - keywords)
+    assert set(inspect.signature(_fields).parameters) - {"spec"} == keywords

@@ -486,3 +486,38 @@ mod batches_fields {
         Batches::from_options(f.bucket, pack, f.series).map_err(serde::de::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint names its shape by the keys it always had: each reads back as one shape,
+    /// one that names two is refused, and the keys written are the old ones.
+    #[test]
+    fn checkpoints_keep_their_shape_keys() {
+        let mut json = serde_json::to_value(RunConfig::new("cache", Task::Regression)).unwrap();
+        assert_eq!(
+            (json["bucket"].clone(), json["pack"].clone()),
+            (false.into(), serde_json::Value::Null)
+        );
+        let read = |json: &serde_json::Value| serde_json::from_value::<RunConfig>(json.clone());
+        json["pack"] = 4096.into();
+        json["max_seqs"] = 40.into();
+        assert_eq!(
+            read(&json).unwrap().batches,
+            Batches::Packed(dsc_loader::Pack {
+                tokens: 4096,
+                max_seqs: Some(40)
+            })
+        );
+        json["bucket"] = true.into();
+        let err = read(&json).unwrap_err().to_string();
+        assert!(err.contains("`bucket` and `pack`"), "{err}");
+        // Checkpoints from before the shapes existed: padded.
+        let obj = json.as_object_mut().unwrap();
+        for key in ["bucket", "pack", "max_seqs"] {
+            obj.remove(key);
+        }
+        assert_eq!(read(&json).unwrap().batches, Batches::Padded);
+    }
+}
