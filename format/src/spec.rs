@@ -352,7 +352,11 @@ impl CompileSpec {
                     v => v.to_string(),
                 };
                 // serde quotes values in backticks, which a message keeps for option keys.
-                return Err(OptionError::given(key, shown, e.to_string().replace('`', "\"")));
+                return Err(OptionError::given(
+                    key,
+                    shown,
+                    e.to_string().replace('`', "\""),
+                ));
             }
         }
         if overrides.contains_key("split_by") || overrides.contains_key("split_keys") {

@@ -5,6 +5,7 @@
 //! way.
 
 use super::analyze::partition_of;
+use super::spec::ProfileSpec;
 use super::table::{self, Family, MTable};
 use crate::column::{Column, Kind, TypeInfo};
 use crate::error::{CompileError, Result};
@@ -69,9 +70,10 @@ impl Side {
 /// Everything every stage of a profile compile reads the same way: the spec, both tables'
 /// footers, the buckets, and where the validation contexts are.
 pub(crate) struct Setup<'s> {
+    /// The spec, recorded in the manifest as given (with what the profile resolved).
     pub spec: &'s CompileSpec,
-    /// The engine's `n_partitions`.
-    pub partitions: usize,
+    /// What the profile reads of it.
+    pub profile: ProfileSpec,
     pub tgt: Side,
     pub ctx: Side,
     /// Every file the output depends on, with its role.
@@ -147,29 +149,29 @@ impl<'s> Setup<'s> {
     /// Checks `spec`, opens both tables' footers (returned, to be spilled: target, context),
     /// sizes the buckets and finds the validation contexts.
     pub fn new(spec: &'s CompileSpec) -> Result<(Setup<'s>, Inputs, Inputs)> {
-        let (ctx_path, partitions) = super::check_spec(spec)?;
-        let tgt_files = read::resolve(&spec.rows)?;
-        let ctx_files = read::resolve(std::slice::from_ref(ctx_path))?;
+        let profile = ProfileSpec::of(spec)?;
+        let tgt_files = read::resolve(&profile.rows)?;
+        let ctx_files = read::resolve(std::slice::from_ref(&profile.context))?;
         let mut named: Vec<(PathBuf, &str)> =
             tgt_files.iter().map(|p| (p.clone(), "rows")).collect();
         named.extend(ctx_files.iter().map(|p| (p.clone(), "context")));
-        if let Some(v) = &spec.val_keys {
+        if let Some(v) = &profile.val_keys {
             named.push((PathBuf::from(v), "val_keys"));
         }
-        let (tgt, tgt_inputs) = Side::open(tgt_files, &spec.key)?;
-        let (ctx, ctx_inputs) = Side::open(ctx_files, spec.context_key())?;
+        let (tgt, tgt_inputs) = Side::open(tgt_files, &profile.key)?;
+        let (ctx, ctx_inputs) = Side::open(ctx_files, &profile.context_key)?;
         let buckets = Buckets::for_size(
             tgt.rows() * tgt.width,
-            spec.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
-            spec.seed,
+            profile.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
+            profile.seed,
         );
-        let val_rows = match &spec.val_keys {
-            Some(path) => val_rows(Path::new(path), &ctx, ctx_path)?,
+        let val_rows = match &profile.val_keys {
+            Some(path) => val_rows(Path::new(path), &ctx, &profile.context)?,
             None => Vec::new(),
         };
         let setup = Setup {
             spec,
-            partitions,
+            profile,
             tgt,
             ctx,
             named,
@@ -257,7 +259,7 @@ impl<'s> Setup<'s> {
             .map(|&r| {
                 let val_before = self.val_rows.partition_point(|&v| v < r) as u64;
                 let is_val = self.val_rows.get(val_before as usize) == Some(&r);
-                partition_of(r, is_val, val_before, self.partitions)
+                partition_of(r, is_val, val_before, self.profile.partitions)
             })
             .collect();
         Ok(Bucket {

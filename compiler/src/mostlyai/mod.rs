@@ -18,6 +18,7 @@ mod encode;
 mod numeric;
 pub(crate) mod pyfmt;
 pub mod quantiles;
+mod spec;
 mod table;
 
 use crate::budget;
@@ -58,68 +59,6 @@ pub const TGT_STATS_FILE: &str = "tgt-stats.json";
 pub const CTX_STATS_FILE: &str = "ctx-stats.json";
 
 const SPLITS: [&str; 2] = ["train", "val"];
-
-/// How the profile takes its validation split.
-const GIVE_VAL_KEYS: &str = " (give `val_keys`)";
-
-/// The context table and partition count of a spec, refusing what the profile does not use.
-pub(crate) fn check_spec(spec: &CompileSpec) -> Result<(&String, usize)> {
-    if spec.key.is_empty() {
-        return Err(OptionError::new(
-            "profile",
-            "mostlyai compiles sequences: give `key` (the rows' context column)",
-        )
-        .into());
-    }
-    let ctx_path = spec
-        .context
-        .as_ref()
-        .ok_or_else(|| OptionError::new("profile", "mostlyai needs a context table (`context`)"))?;
-    let partitions = spec.partitions.unwrap_or(1);
-    if partitions == 0 {
-        return Err(OptionError::new("partitions", "must be at least 1").into());
-    }
-    crate::plan::check_bucket_size(spec)?;
-    // The profile encodes what the engine encodes; every option of dsc's own recipe is refused
-    // by its key (the spec file and the command line share one set of keys).
-    let ignored = [
-        ("features", !spec.features.is_empty(), ""),
-        ("categorical", !spec.categorical.is_empty(), ""),
-        ("targets", !spec.targets.is_empty(), ""),
-        ("context_features", !spec.context_features.is_empty(), ""),
-        ("joins", !spec.joins.is_empty(), ""),
-        ("order_by", spec.order_by.is_some(), ""),
-        ("max_len", spec.max_len.is_some(), ""),
-        ("encode", !spec.encode.is_empty(), ""),
-        ("truncate", spec.truncate != Default::default(), ""),
-        ("val_fraction", spec.val_fraction != 0.0, GIVE_VAL_KEYS),
-        ("split_seed", spec.split_seed != 0, GIVE_VAL_KEYS),
-        ("split_by", spec.split_by.is_some(), GIVE_VAL_KEYS),
-        ("split_keys", !spec.split_keys.is_empty(), GIVE_VAL_KEYS),
-        ("nan", spec.nan != Default::default(), ""),
-        (
-            "unmatched_rows",
-            spec.unmatched_rows != Default::default(),
-            "",
-        ),
-        (
-            "empty_contexts",
-            spec.empty_contexts != Default::default(),
-            "",
-        ),
-    ];
-    if let Some((key, _, advice)) = ignored.iter().find(|(_, set, _)| *set) {
-        return Err(OptionError::new(
-            key,
-            format!(
-                "does not apply to `profile=mostlyai`{advice}: the profile encodes every column \
-                 of both tables as the engine does, in input order, up to the longest sequence"
-            ),
-        )
-        .into());
-    }
-    Ok((ctx_path, partitions))
-}
 
 /// What the statistics pass found in a range of buckets: each column's piece per engine
 /// partition, merged over the buckets in bucket order (so its size does not grow with them).
@@ -357,7 +296,7 @@ impl<'s> Recipe for Profile<'s> {
         progress: &dyn Progress,
     ) -> Result<FitPart> {
         let setup = &self.setup;
-        let parts = 2 * setup.partitions;
+        let parts = 2 * setup.profile.partitions;
         let fit_one = |b: usize| -> Result<FitPart> {
             let bucket = setup.prepare(spills, b)?;
             let (tgt_rows, ctx_rows) = bucket.rows_by_part(parts);
@@ -405,7 +344,6 @@ impl<'s> Recipe for Profile<'s> {
     /// engine's statistics and the cache's layout; `files` are the values files, in order.
     fn reduce(&self, _: &Spills, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
         let setup = &self.setup;
-        let spec = setup.spec;
         let mut fits = fits.into_iter();
         let mut fit = fits.next().expect("at least one fit part");
         for f in fits {
@@ -419,7 +357,7 @@ impl<'s> Recipe for Profile<'s> {
                 path: t.files[file].clone(),
                 key,
                 row: row - t.offsets[file],
-                context: spec.context.clone().unwrap_or_default().into(),
+                context: setup.profile.context.clone().into(),
                 others: (unmatched.rows - 1) as usize,
             });
         }
@@ -445,9 +383,10 @@ impl<'s> Recipe for Profile<'s> {
             contexts(0),
             contexts(1),
             seq,
-            &spec.key,
+            &setup.profile.key,
         );
-        let ctx_json = analyze::ctx_stats_json(&setup.ctx.names, &ctx.stats, spec.context_key());
+        let ctx_json =
+            analyze::ctx_stats_json(&setup.ctx.names, &ctx.stats, &setup.profile.context_key);
         let max_len = seq.max;
         let tensors = tensor_list(setup, &tgt.stats, &ctx.stats, max_len);
         let splits: Vec<usize> = (0..SPLITS.len()).filter(|&s| contexts(s) > 0).collect();
@@ -458,7 +397,7 @@ impl<'s> Recipe for Profile<'s> {
             .collect();
         let numbering = Numbering::new(
             &bucket_contexts,
-            Numbering::per_shard(&tensors, spec.shard_size),
+            Numbering::per_shard(&tensors, setup.profile.shard_size),
         );
         Ok(Reduced {
             tgt,
@@ -488,7 +427,7 @@ impl<'s> Recipe for Profile<'s> {
         progress: &dyn Progress,
     ) -> Result<WritePart> {
         let setup = &self.setup;
-        let seed = setup.spec.seed;
+        let seed = setup.profile.seed;
         let (tgt_pools, ctx_pools) = (pools(&reduced.tgt, files), pools(&reduced.ctx, files));
         let done = fit::for_buckets(range, at_once, progress, |b| {
             let bucket = setup.prepare(spills, b)?;
@@ -564,8 +503,8 @@ impl<'s> Recipe for Profile<'s> {
         staging.write_file(TGT_STATS_FILE, &reduced.tgt_json)?;
         staging.write_file(CTX_STATS_FILE, &reduced.ctx_json)?;
         let mut resolved = spec.clone();
-        resolved.context_key = Some(spec.context_key().to_string());
-        resolved.partitions = Some(setup.partitions);
+        resolved.context_key = Some(setup.profile.context_key.clone());
+        resolved.partitions = Some(setup.profile.partitions);
         let max_len = reduced.max_len;
         let mut manifest = Manifest::builder(
             env!("CARGO_PKG_VERSION"),
@@ -631,7 +570,7 @@ fn tensor_list(
     ctx_stats: &[ColStats],
     max_len: usize,
 ) -> Vec<TensorSpec> {
-    let (tgt, ctx, key) = (&setup.tgt, &setup.ctx, &setup.spec.key);
+    let (tgt, ctx, key) = (&setup.tgt, &setup.ctx, &setup.profile.key);
     let derived = |name: &str, source: ColumnSource, ty: &str| ColumnSpec {
         name: name.into(),
         source,

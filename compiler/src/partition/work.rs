@@ -1,195 +1,70 @@
-//! Partitioned compiles: the stages of a compile run as separate tasks (a Slurm job array, a
-//! Kubernetes Indexed Job, Ray tasks) that share a file system, then `dsc merge` commits.
-//!
-//! - `scan I/N`: rows files `[I·F/N, (I+1)·F/N)` read and spilled into buckets;
-//! - `fit I/N`: buckets `[I·B/N, (I+1)·B/N)` grouped and summarised (after every scan);
-//! - `write I/N`: every fit merged (each task computes the same merge), the task's buckets
-//!   encoded and written as their shards (after every fit);
-//! - `merge`: every part checked, `stats.json`, then `manifest.json`, then one rename.
-//!
-//! Everything lives in a work folder beside the output (`.NAME.dsc-work`). Each part is written
-//! under a temporary name and renamed, under a fixed name: a retried or duplicated task writes
-//! the same bytes, a killed one leaves nothing a later stage would read. Every part carries the
-//! plan's fingerprint (spec, partition count, every input's size and modification time), so
-//! parts of another compile, or of inputs changed since, are refused by name. Nothing is a cache
-//! until `merge` writes the manifest; the cache is byte-identical to a compile in one process.
-//!
-//! Nothing a stage reads is trusted: the plan and every part end in a checksum line; spill
-//! pieces carry checksums checked when read, a fit's values file and a write's shards are
-//! hashed whole against what their part recorded; the side files (context and join tables,
-//! key files) are hashed by the last scan and checked by every later stage, since their size
-//! and modification time can survive a rewrite. The files a scan or fit writes are named after
-//! their attempt and listed by its part, so a retried task killed after writing its files but
-//! before renaming its part leaves the earlier attempt's part with the earlier attempt's files.
+//! The work folder of a partitioned compile: its plan, the parts each task writes under a
+//! fixed name with a checksum line, the files they list, and what a later stage checks before
+//! it reads them.
 
+use super::{work_dir, Partition, Stage};
 use crate::budget;
-use crate::commit::{self, CompileReport, Timer};
+use crate::commit;
 use crate::error::{CompileError, Result};
-use crate::job::Job;
 use crate::lookup::ContextPart;
 use crate::recipe::Recipe;
 use crate::runs::ValueRuns;
 use crate::shards::WritePart;
 use crate::spill::{self, SpillPart, SpillTo};
-use crate::write::{sibling, Staging};
+use crate::write::Staging;
 use crate::Progress;
 use dsc_format::choice::Choice;
 use dsc_format::manifest::{InputFile, Inputs};
 use dsc_format::CompileSpec;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use std::ops::Range;
 use std::path::{Path, PathBuf};
-
-/// The stages a partition runs, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    /// Read rows files and spill them into buckets.
-    Scan,
-    /// Group buckets and summarise their statistics.
-    Fit,
-    /// Encode buckets and write their shards.
-    Write,
-}
-
-dsc_format::choice!(Stage, "stage", { Scan => "scan", Fit => "fit", Write => "write" });
-
-/// Partition `index` of `count`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Partition {
-    /// Which partition, from 0.
-    pub index: usize,
-    /// How many.
-    pub count: usize,
-}
-
-impl Partition {
-    /// Parses `I/N` (0 ≤ I < N).
-    pub fn parse(text: &str) -> std::result::Result<Partition, String> {
-        let (i, n) = text
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not I/N (e.g. 0/4)"))?;
-        let index: usize = i
-            .trim()
-            .parse()
-            .map_err(|_| format!("{i:?} is not a number"))?;
-        let count: usize = n
-            .trim()
-            .parse()
-            .map_err(|_| format!("{n:?} is not a number"))?;
-        if count == 0 || index >= count {
-            return Err(format!("partition {index} of {count}: need 0 <= I < N"));
-        }
-        Ok(Partition { index, count })
-    }
-
-    /// The partition from the scheduler's environment: a Slurm job array
-    /// (`SLURM_ARRAY_TASK_ID` from `SLURM_ARRAY_TASK_MIN`, `SLURM_ARRAY_TASK_COUNT`) or a
-    /// Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`, with the count given as `count`).
-    pub fn from_env(
-        count: Option<usize>,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> std::result::Result<Partition, String> {
-        let num = |name: &str| -> std::result::Result<Option<usize>, String> {
-            env(name)
-                .map(|v| {
-                    v.trim()
-                        .parse::<usize>()
-                        .map_err(|_| format!("{name}={v:?} is not a number"))
-                })
-                .transpose()
-        };
-        let (index, count) = if let Some(id) = num("SLURM_ARRAY_TASK_ID")? {
-            let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-            let n = match (num("SLURM_ARRAY_TASK_COUNT")?, count) {
-                (Some(n), Some(given)) if n != given => {
-                    return Err(format!(
-                        "SLURM_ARRAY_TASK_COUNT is {n} but auto/{given} was given"
-                    ))
-                }
-                (Some(n), _) => n,
-                (None, Some(given)) => given,
-                (None, None) => return Err("SLURM_ARRAY_TASK_COUNT is not set; give auto/N".into()),
-            };
-            if id < min {
-                return Err(format!(
-                    "SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}"
-                ));
-            }
-            (id - min, n)
-        } else if let Some(i) = num("JOB_COMPLETION_INDEX")? {
-            let n = count.ok_or(
-                "JOB_COMPLETION_INDEX gives the index only: give the count as auto/N \
-                 (the Job's spec.completions)",
-            )?;
-            (i, n)
-        } else {
-            return Err(
-                "`partition=auto` needs a Slurm job array (SLURM_ARRAY_TASK_ID) or a \
-                 Kubernetes Indexed Job (JOB_COMPLETION_INDEX) in the environment"
-                    .into(),
-            );
-        };
-        Partition::parse(&format!("{index}/{count}"))
-    }
-
-    /// This partition's share of `0..total`: contiguous, in order, every item once.
-    fn share(&self, total: usize) -> Range<usize> {
-        total * self.index / self.count..total * (self.index + 1) / self.count
-    }
-}
-
-/// The work folder of a partitioned compile into `out`.
-pub fn work_dir(out: &Path) -> PathBuf {
-    sibling(out, "dsc-work")
-}
 
 /// What every part of one partitioned compile agrees on.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct WorkPlan {
-    spec: CompileSpec,
-    partitions: usize,
-    fingerprint: String,
+pub(super) struct WorkPlan {
+    pub(super) spec: CompileSpec,
+    pub(super) partitions: usize,
+    pub(super) fingerprint: String,
 }
 
 /// One stage's part: the plan's fingerprint, what the stage computed, and the work files it
 /// wrote that later stages read whole.
 #[derive(Debug, Serialize, Deserialize)]
-struct Part<T> {
-    fingerprint: String,
-    partition: usize,
-    partitions: usize,
-    stage: Stage,
-    body: T,
+pub(super) struct Part<T> {
+    pub(super) fingerprint: String,
+    pub(super) partition: usize,
+    pub(super) partitions: usize,
+    pub(super) stage: Stage,
+    pub(super) body: T,
     #[serde(default)]
-    files: Vec<WorkFile>,
+    pub(super) files: Vec<WorkFile>,
 }
 
 /// A work file a part refers to: its name in the work folder, size and xxh3.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct WorkFile {
-    name: String,
-    bytes: u64,
+pub(super) struct WorkFile {
+    pub(super) name: String,
+    pub(super) bytes: u64,
     xxh3: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct ScanBody {
-    spill: SpillPart,
+pub(super) struct ScanBody {
+    pub(super) spill: SpillPart,
     /// Size and checksum of each rows file read, in file order.
-    inputs: Vec<InputFile>,
+    pub(super) inputs: Vec<InputFile>,
     /// The context table's spill (the last partition's part only).
-    context: Option<ContextPart>,
+    pub(super) context: Option<ContextPart>,
     /// Size and checksum of every side file (context and join tables, key files), as the last
     /// partition's scan read them; later stages read them again and must find the same bytes.
     #[serde(default)]
-    side: Vec<InputFile>,
+    pub(super) side: Vec<InputFile>,
 }
 
 /// A name for the files of this attempt at a stage: two attempts (a retry, a duplicated task)
 /// never write under one name.
-fn attempt() -> String {
+pub(super) fn attempt() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -306,33 +181,18 @@ pub struct Status {
     pub done: Vec<(Stage, Vec<usize>)>,
 }
 
-/// What a stage task did.
-#[derive(Debug, Clone, Serialize)]
-pub struct StageReport {
-    /// The stage run.
-    pub stage: Stage,
-    /// The partition, from 0.
-    pub partition: usize,
-    /// The partition count.
-    pub partitions: usize,
-    /// Rows files (scan) or buckets (fit, write) this task handled.
-    pub items: usize,
-    /// Wall time.
-    pub seconds: f64,
-}
-
 /// The work folder of one partitioned compile, with its plan.
-struct Work {
-    dir: PathBuf,
+pub(super) struct Work {
+    pub(super) dir: PathBuf,
     /// Where the scans' spill files lie.
-    scan: PathBuf,
-    plan: WorkPlan,
+    pub(super) scan: PathBuf,
+    pub(super) plan: WorkPlan,
 }
 
 impl Work {
     /// Opens (or starts) the work folder for `spec` in `partitions` parts; refuses one that
     /// belongs to another compile.
-    fn open(
+    pub(super) fn open(
         out: &Path,
         spec: &CompileSpec,
         partitions: usize,
@@ -384,7 +244,7 @@ impl Work {
     }
 
     /// Reads the plan of the work folder beside `out`.
-    fn existing(out: &Path) -> Result<Work> {
+    pub(super) fn existing(out: &Path) -> Result<Work> {
         Self::existing_if_any(out)?.ok_or_else(|| CompileError::Partition {
             path: out.into(),
             what: format!(
@@ -398,7 +258,7 @@ impl Work {
 
     /// The work folder beside `out` with its plan, `None` where there is none; a plan that
     /// cannot be read is an error.
-    fn existing_if_any(out: &Path) -> Result<Option<Work>> {
+    pub(super) fn existing_if_any(out: &Path) -> Result<Option<Work>> {
         let dir = work_dir(out);
         let path = dir.join("plan.json");
         let bytes = match std::fs::read(&path) {
@@ -414,7 +274,7 @@ impl Work {
         }))
     }
 
-    fn write_part<T: Serialize>(
+    pub(super) fn write_part<T: Serialize>(
         &self,
         stage: Stage,
         p: Partition,
@@ -436,7 +296,7 @@ impl Work {
     }
 
     /// Every partition's part body of `stage`, in partition order.
-    fn read_parts<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<T>> {
+    pub(super) fn read_parts<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<T>> {
         Ok(self
             .read_envelopes(stage)?
             .into_iter()
@@ -446,7 +306,7 @@ impl Work {
 
     /// Every partition's part of `stage`, in partition order; a missing, corrupt or foreign one
     /// is an error that names it and says what to run.
-    fn read_envelopes<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<Part<T>>> {
+    pub(super) fn read_envelopes<T: DeserializeOwned>(&self, stage: Stage) -> Result<Vec<Part<T>>> {
         let n = self.plan.partitions;
         (0..n)
             .map(|i| {
@@ -493,7 +353,7 @@ impl Work {
 
     /// Every scan part, after checking that the side files (`named` after its first `rows`
     /// entries) still hold the bytes the last scan read.
-    fn scans(&self, named: &[(PathBuf, &str)], rows: usize) -> Result<Vec<ScanBody>> {
+    pub(super) fn scans(&self, named: &[(PathBuf, &str)], rows: usize) -> Result<Vec<ScanBody>> {
         let scans: Vec<ScanBody> = self.read_parts(Stage::Scan)?;
         let recorded = scans.iter().flat_map(|s| &s.side);
         let now = commit::hash_files(&named[rows.min(named.len())..])?;
@@ -513,7 +373,11 @@ impl Work {
 
     /// What every scan part spilled, assembled by `recipe`; a compile with a context table
     /// refuses scans whose last part holds none.
-    fn spilled<R: Recipe>(&self, recipe: &mut R, scans: Vec<ScanBody>) -> Result<R::Spilled> {
+    pub(super) fn spilled<R: Recipe>(
+        &self,
+        recipe: &mut R,
+        scans: Vec<ScanBody>,
+    ) -> Result<R::Spilled> {
         let mut parts = Vec::with_capacity(scans.len());
         let mut context = None;
         for s in scans {
@@ -538,7 +402,7 @@ impl Work {
     }
 
     /// Every fit part and its values file, checked whole and opened.
-    fn fits<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<std::fs::File>)> {
+    pub(super) fn fits<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<std::fs::File>)> {
         let n = self.plan.partitions;
         let mut parts = Vec::with_capacity(n);
         let mut files = Vec::with_capacity(n);
@@ -562,205 +426,10 @@ impl Work {
     }
 }
 
-/// Runs one stage of one partition of a compile of `spec` into `out`.
-pub fn run_stage(
-    spec: &CompileSpec,
-    out: &Path,
-    max_memory: Option<u64>,
-    partition: Partition,
-    stage: Stage,
-    progress: &dyn Progress,
-) -> Result<StageReport> {
-    let start = std::time::Instant::now();
-    let budget = max_memory.unwrap_or_else(budget::default_budget);
-    let items = match Job::new(spec)? {
-        Job::Own(recipe) => self::stage(recipe, spec, out, budget, partition, stage, progress)?,
-        Job::Profile(recipe) => self::stage(recipe, spec, out, budget, partition, stage, progress)?,
-    };
-    progress.finish();
-    Ok(StageReport {
-        stage,
-        partition: partition.index,
-        partitions: partition.count,
-        items,
-        seconds: start.elapsed().as_secs_f64(),
-    })
-}
-
-/// Where one partition's scan writes its part of the spill (`name`: unique to the attempt).
-fn scan_to<'a>(
-    work: &'a Work,
-    setup_buckets: spill::Buckets,
-    name: &'a str,
-    budget: u64,
-) -> SpillTo<'a> {
-    SpillTo {
-        dir: work.scan_dir(),
-        name,
-        buckets: setup_buckets,
-        budget: budget::read_share(budget),
-        // Other stages, maybe on other machines, read it back.
-        in_memory: false,
-    }
-}
-
-/// Runs `f` writing partition `i`'s values file (named after this attempt) under a temporary
-/// name, renamed when done; returns what `f` returned and the file as its part records it. The
-/// temporary file is removed when anything fails.
-fn with_values<T>(
-    work: &Work,
-    i: usize,
-    f: impl FnOnce(&ValueRuns) -> Result<T>,
-) -> Result<(T, WorkFile)> {
-    let name = format!("fit/values-{i}-{}.spill", attempt());
-    let final_path = work.dir.join(&name);
-    let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
-    let done = (|| {
-        let runs = ValueRuns::create(tmp.clone(), i as u32)?;
-        let out = f(&runs)?;
-        runs.finish()?;
-        let (bytes, xxh3) = runs.checksum();
-        std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
-        Ok((out, WorkFile { name, bytes, xxh3 }))
-    })();
-    if done.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    done
-}
-
-/// The plan in `bytes` (of the file at `path`), its checksum verified.
-fn parse_plan(path: &Path, bytes: &[u8]) -> Result<WorkPlan> {
-    let dir = path.parent().unwrap_or(path).display().to_string();
-    let json = checked(bytes).map_err(|problem| CompileError::CorruptWork {
-        path: path.into(),
-        what: format!("{problem}; remove the work folder {dir} and run every stage again"),
-    })?;
-    serde_json::from_slice(json).map_err(|e| CompileError::Partition {
-        path: path.into(),
-        what: format!(
-            "not a dsc plan ({e}); remove the work folder {dir} and run every stage again"
-        ),
-    })
-}
-
-/// One stage of one partition of a recipe's compile; returns the items (files or buckets) it
-/// handled.
-fn stage<R: Recipe>(
-    mut recipe: R,
-    spec: &CompileSpec,
-    out: &Path,
-    budget: u64,
-    partition: Partition,
-    stage: Stage,
-    progress: &dyn Progress,
-) -> Result<usize> {
-    let work = Work::open(out, spec, partition.count, recipe.inputs())?;
-    let rows_files = recipe.rows_files();
-    if stage == Stage::Scan {
-        let files = partition.share(rows_files);
-        progress.stage("reading", files.len() as u64);
-        let attempt = attempt();
-        let rows_name = format!("rows-{attempt}");
-        let to = scan_to(&work, recipe.buckets(), &rows_name, budget);
-        let spill = recipe.scan(files.clone(), to, progress)?;
-        let inputs = commit::hash_files(&recipe.inputs()[files.clone()])?;
-        // The last partition also spills the context table, once for every stage, and records
-        // what every side file holds.
-        let (context, side) = if partition.index + 1 == partition.count {
-            let context_name = format!("context-{attempt}");
-            let to = scan_to(&work, recipe.buckets(), &context_name, budget);
-            let context = recipe.scan_context(to, progress)?;
-            (context, commit::hash_files(&recipe.inputs()[rows_files..])?)
-        } else {
-            (None, Vec::new())
-        };
-        let body = ScanBody {
-            spill,
-            inputs,
-            context,
-            side,
-        };
-        work.write_part(Stage::Scan, partition, body, Vec::new())?;
-        return Ok(files.len());
-    }
-    let scans = work.scans(recipe.inputs(), rows_files)?;
-    let spilled = work.spilled(&mut recipe, scans)?;
-    let at_once = recipe.at_once(&spilled, budget)?;
-    let buckets = partition.share(recipe.buckets().count());
-    if stage == Stage::Fit {
-        progress.stage("statistics", buckets.len() as u64);
-        let (part, values) = with_values(&work, partition.index, |runs| {
-            recipe.fit(&spilled, buckets.clone(), at_once, runs, progress)
-        })?;
-        work.write_part(Stage::Fit, partition, part, vec![values])?;
-    } else {
-        let (fits, values) = work.fits::<R::FitPart>()?;
-        let fitted = recipe.reduce(&spilled, fits, &values)?;
-        progress.stage("writing shards", buckets.len() as u64);
-        let part = recipe.write(
-            &spilled,
-            &fitted,
-            &values,
-            buckets.clone(),
-            at_once,
-            &work.dir,
-            progress,
-        )?;
-        work.write_part(Stage::Write, partition, part, Vec::new())?;
-    }
-    Ok(buckets.len())
-}
-
-/// Commits a partitioned compile into `out` once every partition has run every stage: checks
-/// every part, writes `stats.json` and `manifest.json`, moves the shards in and renames the
-/// cache into place; then removes the work folder.
-pub fn merge(
-    out: &Path,
-    force: bool,
-    storage: crate::Storage,
-    progress: &dyn Progress,
-) -> Result<CompileReport> {
-    let storage = storage.check()?;
-    let timer = Timer::start();
-    let work = Work::existing(out)?;
-    let spec = work.plan.spec.clone();
-    let report = match Job::new(&spec)? {
-        Job::Own(recipe) => merge_with(recipe, &work, out, force, storage, timer, progress)?,
-        Job::Profile(recipe) => merge_with(recipe, &work, out, force, storage, timer, progress)?,
-    };
-    progress.advance(1);
-    progress.finish();
-    std::fs::remove_dir_all(&work.dir).map_err(|e| CompileError::io(&work.dir, e))?;
-    Ok(report)
-}
-
-/// The merge of a recipe's parts: every part checked, then the recipe's statistics and
-/// manifest over them, committed.
-fn merge_with<R: Recipe>(
-    mut recipe: R,
-    work: &Work,
-    out: &Path,
-    force: bool,
-    storage: crate::Storage,
-    timer: Timer,
-    progress: &dyn Progress,
-) -> Result<CompileReport> {
-    let (scans, writes, mut staging) =
-        work.start_merge(out, force, (recipe.inputs(), recipe.rows_files()), progress)?;
-    staging.storage = storage;
-    let inputs = work.merge_inputs(&scans, &writes, &staging)?;
-    let spilled = work.spilled(&mut recipe, scans)?;
-    let (fits, values) = work.fits::<R::FitPart>()?;
-    let fitted = recipe.reduce(&spilled, fits, &values)?;
-    drop((spilled, values));
-    recipe.finish(fitted, writes, inputs, staging, timer, progress)
-}
-
 impl Work {
     /// Checks the inputs against the plan and reads every scan and write part, before anything
     /// is touched; then takes the output lock and starts the staging folder.
-    fn start_merge(
+    pub(super) fn start_merge(
         &self,
         out: &Path,
         force: bool,
@@ -785,7 +454,7 @@ impl Work {
     /// Links every written shard into `staging`, each checked whole against the checksum its
     /// write stage recorded, and describes the inputs: the rows files as their scans hashed
     /// them, the side files as the last scan hashed them (every stage since found the same).
-    fn merge_inputs(
+    pub(super) fn merge_inputs(
         &self,
         scans: &[ScanBody],
         writes: &[WritePart],
@@ -817,7 +486,7 @@ impl Work {
         })
     }
 
-    fn scan_dir(&self) -> &Path {
+    pub(super) fn scan_dir(&self) -> &Path {
         &self.scan
     }
 }
@@ -852,5 +521,62 @@ pub fn status(out: &Path) -> Result<Status> {
         committed,
         partitions: Some(n),
         done,
+    })
+}
+
+/// Where one partition's scan writes its part of the spill (`name`: unique to the attempt).
+pub(super) fn scan_to<'a>(
+    work: &'a Work,
+    setup_buckets: spill::Buckets,
+    name: &'a str,
+    budget: u64,
+) -> SpillTo<'a> {
+    SpillTo {
+        dir: work.scan_dir(),
+        name,
+        buckets: setup_buckets,
+        budget: budget::read_share(budget),
+        // Other stages, maybe on other machines, read it back.
+        in_memory: false,
+    }
+}
+
+/// Runs `f` writing partition `i`'s values file (named after this attempt) under a temporary
+/// name, renamed when done; returns what `f` returned and the file as its part records it. The
+/// temporary file is removed when anything fails.
+pub(super) fn with_values<T>(
+    work: &Work,
+    i: usize,
+    f: impl FnOnce(&ValueRuns) -> Result<T>,
+) -> Result<(T, WorkFile)> {
+    let name = format!("fit/values-{i}-{}.spill", attempt());
+    let final_path = work.dir.join(&name);
+    let tmp = final_path.with_extension(format!("{}.tmp", std::process::id()));
+    let done = (|| {
+        let runs = ValueRuns::create(tmp.clone(), i as u32)?;
+        let out = f(&runs)?;
+        runs.finish()?;
+        let (bytes, xxh3) = runs.checksum();
+        std::fs::rename(&tmp, &final_path).map_err(|e| CompileError::io(&final_path, e))?;
+        Ok((out, WorkFile { name, bytes, xxh3 }))
+    })();
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
+/// The plan in `bytes` (of the file at `path`), its checksum verified.
+fn parse_plan(path: &Path, bytes: &[u8]) -> Result<WorkPlan> {
+    let dir = path.parent().unwrap_or(path).display().to_string();
+    let json = checked(bytes).map_err(|problem| CompileError::CorruptWork {
+        path: path.into(),
+        what: format!("{problem}; remove the work folder {dir} and run every stage again"),
+    })?;
+    serde_json::from_slice(json).map_err(|e| CompileError::Partition {
+        path: path.into(),
+        what: format!(
+            "not a dsc plan ({e}); remove the work folder {dir} and run every stage again"
+        ),
     })
 }
