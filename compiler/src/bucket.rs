@@ -13,7 +13,8 @@ use crate::read::RowsTable;
 use crate::spill::Spill;
 use crate::split;
 
-use dsc_format::spec::{CompileSpec, EmptyContexts};
+use crate::rules::Rules;
+use dsc_format::spec::EmptyContexts;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -43,7 +44,8 @@ pub(crate) struct BucketText<'a> {
 
 /// Everything a bucket needs that is shared by all of them.
 pub(crate) struct Shared<'a> {
-    pub spec: &'a CompileSpec,
+    /// What the stages read of the spec.
+    pub rules: Rules<'a>,
     pub spill: &'a Spill,
     pub context: Option<&'a ContextSide>,
     pub splits: &'a split::Splits<'a>,
@@ -92,12 +94,12 @@ pub(crate) struct Prepared {
 impl Shared<'_> {
     /// Loads bucket `b` and groups it; `max_len` truncates (none when `None`).
     pub fn prepare(&self, b: usize, max_len: Option<usize>) -> Result<Prepared> {
-        let spec = self.spec;
+        let rules = self.rules;
         let table = self.spill.load(b)?;
         let Values::Int(keys) = &table.columns[0].values else {
             unreachable!("the key is an integer column; checked when opened")
         };
-        let order = spec.order_by.as_deref().and_then(|o| table.column(o));
+        let order = rules.order_by.and_then(|o| table.column(o));
         let mut grouped = group::group(keys, order);
         let mut issues = Issues::default();
         let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());
@@ -146,7 +148,7 @@ impl Shared<'_> {
                         let row = ctx.table.locate(r as usize).1;
                         issues.empty.1 = Some((row, ctx_keys[r as usize]));
                     }
-                    if spec.empty_contexts == EmptyContexts::Keep {
+                    if rules.empty_contexts == EmptyContexts::Keep {
                         contexts.push(Context {
                             group: Group {
                                 key: ctx_keys[r as usize],
@@ -167,7 +169,7 @@ impl Shared<'_> {
         if let Some(max_len) = max_len {
             // Sampling is seeded by the split seed, not the shuffle seed, so that a reshuffle
             // stores exactly the same rows.
-            truncated = group::truncate(&mut grouped, max_len, spec.truncate, spec.split_seed);
+            truncated = group::truncate(&mut grouped, max_len, rules.truncate, rules.split_seed);
             refresh_groups(&mut contexts, &grouped.groups);
         }
         for c in &mut contexts {

@@ -8,12 +8,13 @@ use crate::bucket::{ColumnId, Issues, Shared};
 use crate::encode::{self, Access, CatValue, Gathered, NumericEncoder, NumericResult};
 use crate::error::{CompileError, Result};
 use crate::plan::Step;
+use crate::rules::Rules;
 use crate::runs::{Run, Sorted, ValueRuns};
 use crate::stats::Moments;
 use crate::text::{merge_text, text_partial, TextPartial};
 use crate::Progress;
 use dsc_format::manifest::CompileSummary;
-use dsc_format::spec::{CompileSpec, EmptyContexts, UnmatchedRows};
+use dsc_format::spec::{EmptyContexts, UnmatchedRows};
 use dsc_format::spelling::OptionError;
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, VocabEntry};
 use dsc_format::stats::{SplitStats, Stats};
@@ -454,14 +455,14 @@ pub(crate) fn fit_buckets(
     progress: &dyn Progress,
 ) -> Result<FitPart> {
     let n_splits = shared.splits.names.len();
-    let spec = shared.spec;
+    let rules = shared.rules;
     let summed = Mutex::new((
         vec![None::<CategoryPartial>; shared.columns.len()],
         vec![LengthCounts::new(); n_splits],
         vec![TextPartial::default(); shared.texts.len()],
     ));
     let buckets = for_buckets(range, at_once, progress, |b| {
-        let p = shared.prepare(b, spec.max_len)?;
+        let p = shared.prepare(b, rules.max_len)?;
         let mut contexts = vec![0u64; n_splits];
         let mut lengths = vec![LengthCounts::new(); n_splits];
         let mut longest = 0;
@@ -586,14 +587,14 @@ pub(crate) fn merge(
     files: &[File],
     rows_read: u64,
 ) -> Result<Merged> {
-    let spec = shared.spec;
+    let rules = shared.rules;
     let n_splits = shared.splits.names.len();
     let buckets: Vec<&BucketFit> = parts.iter().flat_map(|p| &p.buckets).collect();
     let mut summary = CompileSummary {
         rows_read,
         ..Default::default()
     };
-    check_issues(spec, &buckets, shared, &mut summary)?;
+    check_issues(&rules, &buckets, shared, &mut summary)?;
     let per_split: Vec<u64> = (0..n_splits)
         .map(|s| buckets.iter().map(|f| f.contexts[s]).sum())
         .collect();
@@ -608,7 +609,7 @@ pub(crate) fn merge(
     let longest = buckets.iter().map(|f| f.longest).max().unwrap_or(0);
     // Steps past the longest stored sequence would hold padding only: `--max-len` caps L, it
     // never stretches it (`--max-len 100000` on short sequences wrote 1.1 GiB of zeros).
-    let max_len = spec
+    let max_len = rules
         .max_len
         .map_or(longest, |m| m.min(longest))
         .clamp(1, crate::plan::MAX_LEN);
@@ -650,7 +651,7 @@ pub(crate) fn merge(
                 .map(|f| f.columns[i].as_ref().expect("a numeric column"))
                 .collect();
             let result = merge_numeric(&id, &numeric, n_splits, rc.chain, files)?;
-            let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
+            let encoding = NumericEncoder::encoding_of(id.kind, &result, rules.nan);
             column_stats.push(result.stats.clone());
             columns.push(FittedColumn::Numeric(
                 result,
@@ -663,7 +664,7 @@ pub(crate) fn merge(
         let id = shared.context_column_id(i);
         let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
         let result = merge_numeric(&id, &numeric, n_splits, chain, files)?;
-        let encoding = NumericEncoder::encoding_of(id.kind, &result, spec.nan);
+        let encoding = NumericEncoder::encoding_of(id.kind, &result, rules.nan);
         column_stats.push(result.stats.clone());
         context.push((
             result,
@@ -681,7 +682,9 @@ pub(crate) fn merge(
             }
         }
         sum.ensure_splits(n_splits);
-        let cap = spec.ngram_vocab.unwrap_or(crate::text::DEFAULT_NGRAM_VOCAB);
+        let cap = rules
+            .ngram_vocab
+            .unwrap_or(crate::text::DEFAULT_NGRAM_VOCAB);
         let (encoding, stats) = merge_text(&id, t.name, &sum, t.encoding, cap)?;
         column_stats.push(stats);
         let source = match (t.context, t.join) {
@@ -730,7 +733,7 @@ pub(crate) fn column_spec(
 
 /// Turns what the buckets found missing into the errors or counts the policies ask for.
 fn check_issues(
-    spec: &CompileSpec,
+    rules: &Rules,
     buckets: &[&BucketFit],
     shared: &Shared,
     summary: &mut CompileSummary,
@@ -740,7 +743,7 @@ fn check_issues(
     };
     let unmatched: usize = buckets.iter().map(|f| f.issues.unmatched.0).sum();
     if unmatched > 0 {
-        if spec.unmatched_rows == UnmatchedRows::Error {
+        if rules.unmatched_rows == UnmatchedRows::Error {
             let (key, path, row) = buckets
                 .iter()
                 .filter_map(|f| f.issues.unmatched.2.clone())
@@ -760,7 +763,7 @@ fn check_issues(
     let empty: usize = buckets.iter().map(|f| f.issues.empty.0).sum();
     summary.contexts_without_rows = empty;
     if empty > 0 {
-        match spec.empty_contexts {
+        match rules.empty_contexts {
             EmptyContexts::Error => {
                 let (row, key) = buckets
                     .iter()

@@ -4,9 +4,11 @@
 //! [`compile`] runs the whole job for a [`CompileSpec`] in one process; [`partition`] runs it as
 //! stages on many machines and merges. A compile is a recipe (`own`: dsc's own; [`mostlyai`]:
 //! the profile) run by a driver (`local`, [`partition`]); `job` picks the recipe and `recipe`
-//! names the steps every driver calls in the same order. The modules of dsc's own recipe follow
-//! the data: `spill` (rows files into buckets), `bucket` (group, join contexts, split), `fit`
-//! (statistics, encodings), `shards` (layout, encode, write), `write` (staging and commit).
+//! names the steps every driver calls in the same order. The spec stops at the job: `plan`
+//! checks it and resolves its columns, `rules` takes what else the stages read of it, and no
+//! stage reads the spec itself. The modules of dsc's own recipe follow the data: `spill` (rows
+//! files into buckets), `bucket` (group, join contexts, split), `fit` (statistics, encodings),
+//! `shards` (layout, encode, write), `write` (staging and commit).
 //!
 //! ```
 //! use dsc_compiler::{compile, CompileOptions, CompileSpec, NoProgress, Storage};
@@ -60,6 +62,7 @@ mod plan;
 mod progress;
 mod read;
 mod recipe;
+mod rules;
 mod runs;
 mod shards;
 mod spill;

@@ -4,9 +4,9 @@
 use crate::column::{Column, Kind, TypeInfo, Values};
 use crate::error::{CompileError, Result};
 use crate::read::{self, Role, RowsTable, Want};
+use crate::rules::ContextRules;
 use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
 use crate::NoProgress;
-use dsc_format::CompileSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -157,13 +157,13 @@ pub(crate) struct ContextPart {
 
 /// The columns read from the context table: the key first, then targets, context features and
 /// the split column.
-pub(crate) fn context_wants(spec: &CompileSpec, texts: &[String]) -> Vec<Want> {
-    let key = spec.context_key();
+pub(crate) fn context_wants(rules: &ContextRules, texts: &[String]) -> Vec<Want> {
+    let key = rules.key;
     let mut wants = vec![Want {
         name: key.into(),
         role: Role::Key,
     }];
-    for n in spec.targets.iter().chain(&spec.context_features) {
+    for n in rules.targets.iter().chain(rules.features) {
         if n != key {
             wants.push(Want {
                 name: n.clone(),
@@ -175,8 +175,8 @@ pub(crate) fn context_wants(spec: &CompileSpec, texts: &[String]) -> Vec<Want> {
         name: n.clone(),
         role: Role::Text,
     }));
-    wants.extend(spec.split_by.iter().filter(|n| *n != key).map(|n| Want {
-        name: n.clone(),
+    wants.extend(rules.split_by.iter().filter(|n| **n != key).map(|n| Want {
+        name: n.to_string(),
         role: Role::Split,
     }));
     wants

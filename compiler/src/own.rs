@@ -12,6 +12,7 @@ use crate::lookup::{self, ContextPart, ContextSide, Keyed};
 use crate::plan::{self, Source, TextSource};
 use crate::read::{self, Role};
 use crate::recipe::Recipe;
+use crate::rules::Rules;
 use crate::runs::ValueRuns;
 use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
@@ -29,6 +30,8 @@ use std::path::{Path, PathBuf};
 /// joins) and the buckets, read before any bucket is touched.
 pub(crate) struct Own<'s> {
     spec: &'s CompileSpec,
+    /// What the stages read of the spec.
+    rules: Rules<'s>,
     plan: plan::Plan,
     named_inputs: Vec<(PathBuf, &'static str)>,
     /// The opened rows files, until the scan reads them.
@@ -90,6 +93,7 @@ impl<'s> Own<'s> {
             .collect::<Result<_>>()?;
         Ok(Own {
             spec,
+            rules: Rules::of(spec),
             named_inputs,
             inputs: Some(inputs),
             described: Some(described),
@@ -104,9 +108,8 @@ impl<'s> Own<'s> {
 
     /// What each bucket shares, over the spilled rows.
     fn shared<'a>(&'a self, spilled: &'a OwnSpilled<'s>) -> Shared<'a> {
-        let spec = self.spec;
         Shared {
-            spec,
+            rules: self.rules,
             spill: &spilled.spill,
             context: self.context.as_ref(),
             splits: &spilled.splits,
@@ -219,7 +222,7 @@ impl<'s> Recipe for Own<'s> {
         };
         lookup::spill_context(
             Path::new(path),
-            &lookup::context_wants(self.spec, &self.context_texts()),
+            &lookup::context_wants(&self.rules.context, &self.context_texts()),
             self.spec.split_by.as_deref(),
             to.buckets,
             to.budget,
@@ -238,7 +241,7 @@ impl<'s> Recipe for Own<'s> {
             self.context = Some(ContextSide::new(
                 Path::new(path),
                 self.spec.context_key(),
-                lookup::context_wants(self.spec, &self.context_texts()),
+                lookup::context_wants(&self.rules.context, &self.context_texts()),
                 part,
                 self.buckets,
                 dir,
@@ -252,7 +255,7 @@ impl<'s> Recipe for Own<'s> {
             described,
             self.plan.rows_wants.clone(),
         );
-        let splits = split::plan(self.spec, self.context.as_ref())?;
+        let splits = split::plan(&self.rules.splits, self.context.as_ref())?;
         Ok(OwnSpilled { spill, splits })
     }
 

@@ -197,8 +197,7 @@ fn check_unique(key: &'static str, names: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Validates the spec and resolves every column to its table.
-/// The smallest `--bucket-size`: a bucket is the unit the input is spilled and processed in,
+/// The smallest `bucket_size`: a bucket is the unit the input is spilled and processed in,
 /// and at one byte the compile split a small input into 2^20 buckets and ran for minutes at
 /// gigabytes of memory (the same input compiles in 0.4 s by default).
 pub(crate) const MIN_BUCKET_SIZE: u64 = 4 << 10;
@@ -218,7 +217,76 @@ pub(crate) fn check_bucket_size(spec: &CompileSpec) -> Result<()> {
     }
 }
 
+/// Validates the spec and resolves every column to its table: the options checked against each
+/// other, the encodings parsed, the tables opened, then the row columns, the string columns
+/// and the rows table's reads, each by its own function.
 pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
+    let records = check(spec)?;
+    let (encodings, texts) = encodings(spec)?;
+    let rows_files = read::resolve(&spec.rows)?;
+    let first = read::open(&rows_files[0])?;
+    let tables = Tables {
+        rows_names: first
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect(),
+        join_names: join_names(spec)?,
+        rows_files: &rows_files,
+        first: &first,
+    };
+    // Each chain parsed once, in `encodings`; a column without one is stored as it is.
+    let chain_of = |name: &str| {
+        encodings
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| vec![Step::Identity])
+    };
+    let mut joins: Vec<(PathBuf, String, Vec<Want>)> = spec
+        .joins
+        .iter()
+        .zip(&tables.join_names)
+        .map(|(j, (p, _))| (p.clone(), j.on.clone(), Vec::new()))
+        .collect();
+    let row_columns = row_columns(spec, records, &tables, &chain_of, &mut joins)?;
+    let text_columns = text_columns(spec, texts, &tables, &mut joins)?;
+    let rows_wants = rows_wants(spec, records, &row_columns, &text_columns, &first)?;
+    Ok(Plan {
+        rows_files,
+        row_columns,
+        joins,
+        rows_wants,
+        context_columns: spec
+            .targets
+            .iter()
+            .filter(|_| !records)
+            .map(|n| (n, true))
+            .chain(spec.context_features.iter().map(|n| (n, false)))
+            .map(|(name, target)| ContextColumn {
+                name: name.clone(),
+                target,
+                chain: chain_of(name),
+            })
+            .collect(),
+        text_columns,
+        records,
+    })
+}
+
+/// The rows table and the join tables as the columns are resolved against them.
+struct Tables<'a> {
+    rows_files: &'a [PathBuf],
+    /// The first rows file, whose schema every rows file shares.
+    first: &'a read::Opened,
+    rows_names: BTreeSet<String>,
+    /// Each join file with its column names.
+    join_names: Vec<(PathBuf, Vec<String>)>,
+}
+
+/// The spec's options checked against each other, before any file is opened; whether the rows
+/// are a table of records (no `key`).
+fn check(spec: &CompileSpec) -> Result<bool> {
     if spec.rows.is_empty() {
         return Err(OptionError::new("rows", "names no files").into());
     }
@@ -307,6 +375,15 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             .into());
         }
     }
+    Ok(records)
+}
+
+/// Each numeric column's encoding chain, and each string column encoded to a fixed width.
+type Encodings = (BTreeMap<String, Vec<Step>>, Vec<(String, TextEncoding)>);
+
+/// Each numeric column's encoding chain, parsed once, and the string columns encoded to a
+/// fixed width; refuses a spec with nothing to store.
+fn encodings(spec: &CompileSpec) -> Result<Encodings> {
     let mut encodings = BTreeMap::new();
     let mut texts: Vec<(String, TextEncoding)> = Vec::new();
     for (column, chain) in &spec.encode {
@@ -345,15 +422,11 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         )
         .into());
     }
+    Ok((encodings, texts))
+}
 
-    let rows_files = read::resolve(&spec.rows)?;
-    let first = read::open(&rows_files[0])?;
-    let rows_names: BTreeSet<String> = first
-        .schema
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
+/// Each join file with its column names, its join column checked.
+fn join_names(spec: &CompileSpec) -> Result<Vec<(PathBuf, Vec<String>)>> {
     let mut join_names = Vec::new();
     for j in &spec.joins {
         let path = PathBuf::from(&j.file);
@@ -368,21 +441,19 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         }
         join_names.push((path, names));
     }
+    Ok(join_names)
+}
 
-    // Each chain parsed once, above; a column without one is stored as it is.
-    let chain_of = |name: &str| {
-        encodings
-            .get(name)
-            .cloned()
-            .unwrap_or_else(|| vec![Step::Identity])
-    };
+/// The per-row columns to store (features, a table of records' targets, categorical columns),
+/// each found in the rows table or in exactly one join, whose wants it adds to.
+fn row_columns(
+    spec: &CompileSpec,
+    records: bool,
+    t: &Tables<'_>,
+    chain_of: &dyn Fn(&str) -> Vec<Step>,
+    joins: &mut [(PathBuf, String, Vec<Want>)],
+) -> Result<Vec<RowColumn>> {
     let mut row_columns = Vec::new();
-    let mut joins: Vec<(PathBuf, String, Vec<Want>)> = spec
-        .joins
-        .iter()
-        .zip(&join_names)
-        .map(|(j, (p, _))| (p.clone(), j.on.clone(), Vec::new()))
-        .collect();
     // A table of records reads its targets from its own rows (there is no context table).
     let row_targets = if records { &spec.targets[..] } else { &[] };
     let requested = spec
@@ -392,8 +463,9 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         .chain(row_targets.iter().map(|t| (t, false, true)))
         .chain(spec.categorical.iter().map(|c| (c, true, false)));
     for (name, categorical, target) in requested {
-        let in_rows = rows_names.contains(name);
-        let in_join: Vec<usize> = join_names
+        let in_rows = t.rows_names.contains(name);
+        let in_join: Vec<usize> = t
+            .join_names
             .iter()
             .enumerate()
             .filter(|(i, (_, names))| names.contains(name) && spec.joins[*i].on != *name)
@@ -404,7 +476,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             (false, [j]) => Source::Join(*j),
             (false, []) => {
                 return Err(CompileError::MissingColumn {
-                    path: rows_files[0].clone(),
+                    path: t.rows_files[0].clone(),
                     column: name.clone(),
                     role: if categorical {
                         "a categorical column"
@@ -416,7 +488,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
                     .into(),
                     available: format!(
                         "{}{}",
-                        read::column_list(&first.schema),
+                        read::column_list(&t.first.schema),
                         if spec.joins.is_empty() {
                             String::new()
                         } else {
@@ -459,14 +531,25 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             },
         });
     }
+    Ok(row_columns)
+}
 
+/// The string columns encoded to a fixed width, each from the rows table, a join, or else the
+/// context table: the rows' first, the context table's after (the tensor order).
+fn text_columns(
+    spec: &CompileSpec,
+    texts: Vec<(String, TextEncoding)>,
+    t: &Tables<'_>,
+    joins: &mut [(PathBuf, String, Vec<Want>)],
+) -> Result<Vec<TextColumn>> {
     // A string column comes from the rows table, or a join, or else the context table.
     let mut text_columns = Vec::new();
     for (name, encoding) in texts {
-        let in_join = join_names
+        let in_join = t
+            .join_names
             .iter()
             .position(|(_, names)| names.contains(&name));
-        let source = if rows_names.contains(&name) {
+        let source = if t.rows_names.contains(&name) {
             TextSource::Rows
         } else if let Some(j) = in_join {
             joins[j].2.push(Want {
@@ -478,10 +561,10 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             TextSource::Context
         } else {
             return Err(CompileError::MissingColumn {
-                path: rows_files[0].clone(),
+                path: t.rows_files[0].clone(),
                 column: name,
                 role: "a string column to encode".into(),
-                available: read::column_list(&first.schema),
+                available: read::column_list(&t.first.schema),
             });
         };
         text_columns.push(TextColumn {
@@ -490,8 +573,20 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             encoding,
         });
     }
-    // The rows' string columns first, the context table's after (the tensor order).
+    // The rows' string columns t.first, the context table's after (the tensor order).
     text_columns.sort_by_key(|t| t.source == TextSource::Context);
+    Ok(text_columns)
+}
+
+/// The rows table's columns to read, key first, each type checked against every role it
+/// serves.
+fn rows_wants(
+    spec: &CompileSpec,
+    records: bool,
+    row_columns: &[RowColumn],
+    text_columns: &[TextColumn],
+    first: &read::Opened,
+) -> Result<Vec<Want>> {
     // A table of records is keyed by row numbers the reader makes (named "": no column).
     let mut rows_wants = vec![Want {
         name: spec.key.clone(),
@@ -518,7 +613,7 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
     for j in &spec.joins {
         add(&j.on, Role::JoinOn);
     }
-    for c in &row_columns {
+    for c in row_columns {
         if c.source == Source::Rows {
             add(
                 &c.name,
@@ -530,32 +625,13 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             );
         }
     }
-    for t in &text_columns {
+    for t in text_columns {
         if t.source == TextSource::Rows {
             add(&t.name, Role::Text);
         }
     }
-    read::check_columns(&first, &every_role)?;
-    Ok(Plan {
-        rows_files,
-        row_columns,
-        joins,
-        rows_wants,
-        context_columns: spec
-            .targets
-            .iter()
-            .filter(|_| !records)
-            .map(|n| (n, true))
-            .chain(spec.context_features.iter().map(|n| (n, false)))
-            .map(|(name, target)| ContextColumn {
-                name: name.clone(),
-                target,
-                chain: chain_of(name),
-            })
-            .collect(),
-        text_columns,
-        records,
-    })
+    read::check_columns(first, &every_role)?;
+    Ok(rows_wants)
 }
 
 /// Refuses what a table of records (no `key`) cannot have: every row is its own context, so

@@ -221,7 +221,7 @@ pub(crate) fn write_buckets(
     dir: &Path,
     progress: &dyn Progress,
 ) -> Result<WritePart> {
-    let spec = shared.spec;
+    let rules = shared.rules;
     let n_splits = shared.splits.names.len();
     let filled = AtomicU64::new(0);
     let parts = fit::for_buckets(range, at_once, progress, |b| {
@@ -232,7 +232,7 @@ pub(crate) fn write_buckets(
             let access = shared.access(i, &p.table);
             match f {
                 FittedColumn::Numeric(result, spec_col) => {
-                    let encoder = NumericEncoder::new(access, result, spec.nan);
+                    let encoder = NumericEncoder::new(access, result, rules.nan);
                     encoder.check_rows(result, &p.row_tags, None)?;
                     features.push((encoder, spec_col.clone()));
                 }
@@ -258,7 +258,7 @@ pub(crate) fn write_buckets(
                 .ctx
                 .as_ref()
                 .expect("context columns need a context table");
-            let encoder = NumericEncoder::new(shared.context_access(i, ctx), result, spec.nan);
+            let encoder = NumericEncoder::new(shared.context_access(i, ctx), result, rules.nan);
             encoder.check_rows(result, &p.ctx_tags, Some(&p.ctx_rows))?;
             context_encoders.push((encoder, spec_col.clone(), *is_target));
         }
@@ -270,7 +270,7 @@ pub(crate) fn write_buckets(
                 .iter()
                 .enumerate()
                 .filter(|(_, c)| c.split as usize == s)
-                .map(|(i, c)| (position_hash(c.group.key, spec.seed), c.group.key, i))
+                .map(|(i, c)| (position_hash(c.group.key, rules.seed), c.group.key, i))
                 .collect();
             order.sort_unstable();
             let members: Vec<usize> = order.into_iter().map(|o| o.2).collect();

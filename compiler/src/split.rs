@@ -6,9 +6,9 @@
 use crate::column::Values;
 use crate::error::{CompileError, Result};
 use crate::lookup::{ContextSide, Keyed};
+use crate::rules::SplitRules;
 use dsc_format::rng::split_unit;
 use dsc_format::spelling::OptionError;
-use dsc_format::CompileSpec;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
@@ -45,9 +45,9 @@ enum Rule<'a> {
 }
 
 /// Decides the splits of `spec`: reads key files (and checks them), or the split column's values.
-pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&ContextSide>) -> Result<Splits<'a>> {
+pub(crate) fn plan<'a>(spec: &SplitRules<'a>, context: Option<&ContextSide>) -> Result<Splits<'a>> {
     let mut others: BTreeSet<String> = BTreeSet::new();
-    let rule = match (&spec.split_by, spec.split_keys.is_empty()) {
+    let rule = match (spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {
             return Err(OptionError::new(
                 "split_by",
@@ -123,11 +123,11 @@ pub(crate) fn plan<'a>(spec: &'a CompileSpec, context: Option<&ContextSide>) -> 
 }
 
 fn read_key_files<'a>(
-    spec: &'a CompileSpec,
+    spec: &SplitRules<'a>,
     position: &dyn Fn(&str) -> Option<u8>,
 ) -> Result<HashMap<i64, (u8, &'a str, usize)>> {
     let mut listed: HashMap<i64, (u8, &'a str, usize)> = HashMap::new();
-    for (name, file) in &spec.split_keys {
+    for (name, file) in spec.split_keys {
         let path = Path::new(file);
         let split = position(name).expect("every key file names a split");
         for (key, line) in read_key_list(path)? {

@@ -140,6 +140,9 @@ mod tests {
         // A key the profile never read was taken silently before its type listed the keys.
         assert_eq!(refused(|s| s.ngram_vocab = Some(8)).0, "ngram_vocab");
         let (key, problem) = refused(|s| s.val_fraction = 0.1);
-        assert!(key == "val_fraction" && problem.contains("`val_keys`"), "{problem}");
+        assert!(
+            key == "val_fraction" && problem.contains("`val_keys`"),
+            "{problem}"
+        );
     }
 }
