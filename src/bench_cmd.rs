@@ -3,7 +3,7 @@
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
 use dsc_loader::args::MixArgs;
-use dsc_loader::{Batches, Cache, LoaderOptions, OrderSpec, Pack};
+use dsc_loader::{Batches, Cache, LoaderOptions, LoaderStats, OrderSpec, Pack};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -143,6 +143,204 @@ fn reset_peak() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
+/// The passes' loader options: the order's flags, padded batches of `--batch-size`.
+struct Passes<'a> {
+    a: &'a BenchArgs,
+}
+
+impl Passes<'_> {
+    fn order(&self, batches: Batches) -> OrderSpec {
+        self.a.epoch.order(batches, &MixArgs::default())
+    }
+
+    /// Padded batches in cache order or shuffled, on `threads` threads.
+    fn padded(&self, shuffle: bool, threads: usize) -> LoaderOptions {
+        LoaderOptions {
+            order: OrderSpec {
+                shuffle: shuffle && self.a.epoch.shuffle,
+                ..self.order(Batches::Padded)
+            },
+            batch_size: self.a.batch_size,
+            threads,
+            columns: self.a.columns.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// Shuffled batches of `batches` on `threads` threads.
+    fn shaped(&self, batches: Batches, threads: usize) -> LoaderOptions {
+        LoaderOptions {
+            order: self.order(batches),
+            ..self.padded(true, threads)
+        }
+    }
+}
+
+/// memcpy of a split's bytes: every shard's mapped data copied in 1 MiB pieces, on one thread
+/// and on `threads` (each into its own buffer), the fastest of `repeat` passes (at least two:
+/// the first also brings the shards into the page cache).
+struct Memcpy {
+    one_s: f64,
+    many_s: f64,
+    threads: usize,
+    /// The split's safetensors bytes.
+    bytes: usize,
+    /// The first pass's reading and decompressing of a compressed split, one shard at a time.
+    decompress_s: f64,
+    compressed: bool,
+}
+
+fn memcpy(cache: &Cache, split: &str, threads: usize, repeat: usize) -> anyhow::Result<Memcpy> {
+    let count = cache.manifest().shards_of(split).count();
+    let mut buffers = vec![vec![0u8; 1 << 20]; threads.max(1)];
+    let (mut best_one, mut best_many) = (f64::INFINITY, f64::INFINITY);
+    let (mut bytes, mut decompress_s, mut sink) = (0usize, 0.0, 0u64);
+    for pass in 0..repeat.max(2) {
+        let (mut one_s, mut many_s) = (0.0, 0.0);
+        for k in 0..count {
+            let t = Instant::now();
+            let shard = cache.shard_bytes(split, k)?;
+            if pass == 0 {
+                decompress_s += t.elapsed().as_secs_f64();
+                bytes += shard.len();
+            }
+            let t = Instant::now();
+            sink = sink.wrapping_add(copy_pieces(&shard[..], &mut buffers[..1]));
+            one_s += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            sink = sink.wrapping_add(copy_pieces(&shard[..], &mut buffers));
+            many_s += t.elapsed().as_secs_f64();
+        }
+        best_one = best_one.min(one_s);
+        best_many = best_many.min(many_s);
+    }
+    std::hint::black_box(sink);
+    Ok(Memcpy {
+        one_s: best_one,
+        many_s: best_many,
+        threads: buffers.len(),
+        bytes,
+        decompress_s,
+        compressed: cache
+            .manifest()
+            .shards_of(split)
+            .any(|s| s.compressed.is_some()),
+    })
+}
+
+/// The fastest of `repeat` epochs in cache order, every byte of every batch read.
+fn sequential(cache: &Cache, opts: &LoaderOptions, repeat: usize) -> anyhow::Result<f64> {
+    let (mut best, mut sink) = (f64::INFINITY, 0u64);
+    for _ in 0..repeat {
+        let t = Instant::now();
+        for batch in cache.loader(opts.clone())? {
+            for tensor in batch?.tensors() {
+                sink = sink.wrapping_add(touch(tensor.bytes()));
+            }
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(sink);
+    Ok(best)
+}
+
+/// The fastest of `repeat` epochs (epochs 0, 1, …: each its own order), in seconds, and the
+/// bytes one yields.
+fn timed(cache: &Cache, o: &LoaderOptions, repeat: usize) -> anyhow::Result<(f64, u64)> {
+    let mut best = (f64::INFINITY, 0);
+    for epoch in 0..repeat as u64 {
+        let t = Instant::now();
+        let mut n = 0u64;
+        for batch in cache.loader(LoaderOptions { epoch, ..o.clone() })? {
+            n += batch?
+                .tensors()
+                .iter()
+                .map(|t| t.bytes().len() as u64)
+                .sum::<u64>();
+        }
+        let s = t.elapsed().as_secs_f64();
+        if s < best.0 {
+            best = (s, std::hint::black_box(n));
+        }
+    }
+    Ok(best)
+}
+
+/// What the shuffled passes fetched from object storage, per epoch, between `before` and
+/// `after`.
+fn fetched(
+    cache: &Cache,
+    split: &str,
+    limit: Option<u64>,
+    (before, after): (&LoaderStats, &LoaderStats),
+    repeat: usize,
+) -> Fetched {
+    let per = |a: u64, b: u64| (a - b) as f64 / repeat as f64;
+    let split_stored_bytes: u64 = cache
+        .manifest()
+        .shards_of(split)
+        .map(dsc_format::ShardEntry::stored_bytes)
+        .sum();
+    let bytes_fetched_per_epoch = per(after.bytes_fetched, before.bytes_fetched);
+    Fetched {
+        split_stored_bytes,
+        cache_limit: limit,
+        shards_fetched_per_epoch: per(after.shards_fetched, before.shards_fetched),
+        bytes_fetched_per_epoch,
+        fetched_over_split: bytes_fetched_per_epoch / split_stored_bytes.max(1) as f64,
+        fetch_waits_per_epoch: per(after.fetch_waits, before.fetch_waits),
+        fetch_wait_s_per_epoch: (after.fetch_wait_s - before.fetch_wait_s) / repeat as f64,
+        fetch_evictions_per_epoch: per(after.fetch_evictions, before.fetch_evictions),
+    }
+}
+
+/// A shuffled epoch of length-bucketed batches against the plain one (`many_s`, `contexts`
+/// per epoch).
+fn bucketed(
+    cache: &Cache,
+    passes: &Passes,
+    threads: usize,
+    repeat: usize,
+    (contexts, many_s): (f64, f64),
+) -> anyhow::Result<Bucketed> {
+    let opts = passes.shaped(Batches::Bucketed, threads);
+    let (seconds, yielded) = timed(cache, &opts, repeat)?;
+    let figures = |o: LoaderOptions| cache.loader(LoaderOptions { threads: 0, ..o })?.padding();
+    Ok(Bucketed {
+        contexts_per_s_bucketed: contexts / seconds,
+        gbps_bucketed: yielded as f64 / 1e9 / seconds,
+        bucketed_over_shuffled: many_s / seconds,
+        padding_efficiency_bucketed: figures(opts)?.padding_efficiency,
+        // The plain passes yield untrimmed batches.
+        padding_efficiency_shuffled: figures(passes.padded(true, 0))?.padding_efficiency_untrimmed,
+    })
+}
+
+/// A shuffled epoch of packs of `tokens` against the plain one (`many_s`, `contexts` per
+/// epoch).
+fn packed(
+    cache: &Cache,
+    passes: &Passes,
+    (tokens, threads): (usize, usize),
+    repeat: usize,
+    (contexts, many_s): (f64, f64),
+) -> anyhow::Result<Packed> {
+    let opts = passes.shaped(Batches::Packed(Pack::tokens(tokens)), threads);
+    let (seconds, yielded) = timed(cache, &opts, repeat)?;
+    let probe = cache.loader(LoaderOptions { threads: 0, ..opts })?;
+    let packs = probe.packs().expect("a packed loader");
+    let lengths = cache.lengths(&passes.a.epoch.split)?;
+    let f = packs.figures(probe.order(), &lengths, cache.manifest().max_len());
+    let packed_contexts = f.sequences_per_pack * f.packs_trained as f64;
+    Ok(Packed {
+        pack_tokens: f.tokens,
+        contexts_per_s_packed: packed_contexts / seconds,
+        gbps_packed: yielded as f64 / 1e9 / seconds,
+        packed_over_shuffled: packed_contexts / seconds / (contexts / many_s),
+        token_efficiency_packed: f.token_efficiency,
+    })
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let threads = a
         .loader_threads
@@ -153,175 +351,62 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let t = Instant::now();
     let cache = Cache::open_with(&a.cache, &remote)?;
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
-    let order = |batches| a.epoch.order(batches, &MixArgs::default());
-    let opts = |shuffle: bool, threads: usize| LoaderOptions {
-        order: OrderSpec {
-            shuffle: shuffle && a.epoch.shuffle,
-            ..order(Batches::Padded)
-        },
-        batch_size: a.batch_size,
-        threads,
-        columns: a.columns.clone(),
-        ..Default::default()
-    };
-    let bucketed_opts = LoaderOptions {
-        order: order(Batches::Bucketed),
-        ..opts(true, threads)
-    };
+    let passes = Passes { a: &a };
+    let split = &a.epoch.split;
     let (contexts, steps, per_context) = {
-        let probe = cache.loader(opts(false, 0))?;
+        let probe = cache.loader(passes.padded(false, 0))?;
         let loaded: usize = probe.tensor_specs().map(|t| t.sample_bytes()).sum();
         (probe.order().len(), probe.steps(), loaded)
     };
     let bytes = (steps * a.batch_size * per_context) as u64;
     anyhow::ensure!(
         steps > 0,
-        "split {:?} has fewer than {} contexts",
-        a.epoch.split,
+        "split {split:?} has fewer than {} contexts",
         a.batch_size
     );
-
     // The loader's threads that will run, probed without starting them: memcpy runs on as many.
-    let running = cache.loader(opts(true, threads))?.threads();
-    // memcpy of the same bytes: every shard's mapped data copied in 1 MiB pieces, on one
-    // thread and on `running` threads (each into its own buffer), `repeat` times at least
-    // twice; the first pass also brings the shards into the page cache.
-    let mut sink = 0u64;
-    // A second mapping, dropped afterwards, so that the pages it touches do not count in the
-    // loader's resident memory measured below.
-    // (Of a cache in object storage, the same open cache: a second would fetch every shard
-    // again into a folder of its own.)
-    let fetching = cache.fetch_folder().is_some();
-    let copy_of = if fetching {
-        cache.clone()
-    } else {
-        Cache::open_with(&a.cache, &remote)?
-    };
-    let count = copy_of.manifest().shards_of(&a.epoch.split).count();
-    let mut shard_total = 0usize;
-    let mut buffers = vec![vec![0u8; 1 << 20]; running.max(1)];
-    let (mut memcpy_s, mut memcpy_n_s) = (f64::INFINITY, f64::INFINITY);
-    // A compressed cache: its shards' decompression, timed on its own (one shard at a time,
-    // so that the whole cache never needs to be in memory).
-    let mut decompress_s = 0.0;
+    let running = cache.loader(passes.padded(true, threads))?.threads();
     let repeat = a.repeat.max(1);
-    for pass in 0..repeat.max(2) {
-        let (mut one_s, mut many_s) = (0.0, 0.0);
-        for k in 0..count {
-            let t = Instant::now();
-            let shard = copy_of.shard_bytes(&a.epoch.split, k)?;
-            if pass == 0 {
-                decompress_s += t.elapsed().as_secs_f64();
-                shard_total += shard.len();
-            }
-            let t = Instant::now();
-            sink = sink.wrapping_add(copy_pieces(&shard[..], &mut buffers[..1]));
-            one_s += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            sink = sink.wrapping_add(copy_pieces(&shard[..], &mut buffers));
-            many_s += t.elapsed().as_secs_f64();
-        }
-        memcpy_s = memcpy_s.min(one_s);
-        memcpy_n_s = memcpy_n_s.min(many_s);
-    }
+    let fetching = cache.fetch_folder().is_some();
+    // memcpy over a second mapping, dropped afterwards, so that the pages it touches do not
+    // count in the loader's resident memory measured below (of a cache in object storage, the
+    // same open cache: a second would fetch every shard again into a folder of its own).
+    let copy = if fetching {
+        memcpy(&cache, split, running, repeat)?
+    } else {
+        memcpy(
+            &Cache::open_with(&a.cache, &remote)?,
+            split,
+            running,
+            repeat,
+        )?
+    };
     // Per epoch byte, as the other passes move `bytes`.
-    let memcpy_s = memcpy_s * bytes as f64 / shard_total as f64;
-    let memcpy_n_s = memcpy_n_s * bytes as f64 / shard_total as f64;
-    let compressed = copy_of
-        .manifest()
-        .shards_of(&a.epoch.split)
-        .any(|s| s.compressed.is_some());
-    drop(copy_of);
+    let memcpy_s = copy.one_s * bytes as f64 / copy.bytes as f64;
+    let memcpy_n_s = copy.many_s * bytes as f64 / copy.bytes as f64;
 
     reset_peak();
-    let mut sequential_s = f64::INFINITY;
-    for _ in 0..repeat {
-        let t = Instant::now();
-        for batch in cache.loader(opts(false, 0))? {
-            for tensor in batch?.tensors() {
-                sink = sink.wrapping_add(touch(tensor.bytes()));
-            }
-        }
-        sequential_s = sequential_s.min(t.elapsed().as_secs_f64());
-    }
-
-    // The fastest of `repeat` epochs (epochs 0, 1, …: each its own order), in seconds, the
-    // bytes one yields, and the loader threads that ran.
-    let pass = |o: LoaderOptions| -> anyhow::Result<(f64, u64, usize)> {
-        let mut best = (f64::INFINITY, 0, 0);
-        for epoch in 0..repeat as u64 {
-            let t = Instant::now();
-            let mut n = 0u64;
-            let loader = cache.loader(LoaderOptions { epoch, ..o.clone() })?;
-            let running = loader.threads();
-            for batch in loader {
-                n += batch?
-                    .tensors()
-                    .iter()
-                    .map(|t| t.bytes().len() as u64)
-                    .sum::<u64>();
-            }
-            let s = t.elapsed().as_secs_f64();
-            if s < best.0 {
-                best = (s, std::hint::black_box(n), running);
-            }
-        }
-        Ok(best)
-    };
-    let (one_s, _, _) = pass(opts(true, 1))?;
+    let sequential_s = sequential(&cache, &passes.padded(false, 0), repeat)?;
+    let (one_s, _) = timed(&cache, &passes.padded(true, 1), repeat)?;
     let before = cache.shard_stats();
-    let (many_s, _, _) = pass(opts(true, threads))?;
+    let (many_s, _) = timed(&cache, &passes.padded(true, threads), repeat)?;
     let after = cache.shard_stats();
-    let fetched = fetching.then(|| {
-        let per = |a: u64, b: u64| (a - b) as f64 / repeat as f64;
-        let split_stored_bytes: u64 = cache
-            .manifest()
-            .shards_of(&a.epoch.split)
-            .map(dsc_format::ShardEntry::stored_bytes)
-            .sum();
-        let bytes_fetched_per_epoch = per(after.bytes_fetched, before.bytes_fetched);
-        Fetched {
-            split_stored_bytes,
-            cache_limit: remote.limit,
-            shards_fetched_per_epoch: per(after.shards_fetched, before.shards_fetched),
-            bytes_fetched_per_epoch,
-            fetched_over_split: bytes_fetched_per_epoch / split_stored_bytes.max(1) as f64,
-            fetch_waits_per_epoch: per(after.fetch_waits, before.fetch_waits),
-            fetch_wait_s_per_epoch: (after.fetch_wait_s - before.fetch_wait_s) / repeat as f64,
-            fetch_evictions_per_epoch: per(after.fetch_evictions, before.fetch_evictions),
-        }
-    });
-    let bucketed_pass = if a.bucket {
-        Some(pass(bucketed_opts.clone())?)
-    } else {
-        None
+    let epoch_contexts = (steps * a.batch_size) as f64;
+    let against = (epoch_contexts, many_s);
+    let bucketed = match a.bucket {
+        true => Some(bucketed(&cache, &passes, threads, repeat, against)?),
+        false => None,
     };
-    let packed_opts = a.pack.map(|tokens| LoaderOptions {
-        order: order(Batches::Packed(Pack::tokens(tokens))),
-        ..opts(true, threads)
-    });
-    let packed_pass = match &packed_opts {
-        Some(o) => {
-            let (seconds, yielded, _) = pass(o.clone())?;
-            let probe = cache.loader(LoaderOptions {
-                threads: 0,
-                ..o.clone()
-            })?;
-            let packs = probe.packs().expect("a packed loader");
-            let lengths = cache.lengths(&a.epoch.split)?;
-            let f = packs.figures(probe.order(), &lengths, cache.manifest().max_len());
-            Some((seconds, yielded, f))
-        }
+    let packed = match a.pack {
+        Some(tokens) => Some(packed(&cache, &passes, (tokens, threads), repeat, against)?),
         None => None,
     };
     let peak_rss_mib = crate::output::peak_rss_mib();
-    std::hint::black_box(sink);
 
     let gb = bytes as f64 / 1e9;
-    let epoch_contexts = (steps * a.batch_size) as f64;
     let r = Report {
         cache: a.cache.clone(),
-        split: a.epoch.split.clone(),
+        split: split.clone(),
         contexts,
         repeat,
         batch_size: a.batch_size,
@@ -331,7 +416,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         open_ms,
         gbps_memcpy: gb / memcpy_s,
         gbps_memcpy_threads: gb / memcpy_n_s,
-        memcpy_threads: buffers.len(),
+        memcpy_threads: copy.threads,
         gbps_sequential: gb / sequential_s,
         contexts_per_s_sequential: epoch_contexts / sequential_s,
         gbps_shuffled_1_thread: gb / one_s,
@@ -341,40 +426,25 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         shuffled_over_memcpy_threads: memcpy_n_s / many_s,
         shuffled_over_memcpy: memcpy_s / many_s,
         peak_rss_mib,
-        compressed,
-        gbps_decompress: compressed.then(|| shard_total as f64 / 1e9 / decompress_s),
-        bucketed: match bucketed_pass {
-            Some((seconds, yielded, _)) => {
-                let figures =
-                    |o: LoaderOptions| cache.loader(LoaderOptions { threads: 0, ..o })?.padding();
-                Some(Bucketed {
-                    contexts_per_s_bucketed: epoch_contexts / seconds,
-                    gbps_bucketed: yielded as f64 / 1e9 / seconds,
-                    bucketed_over_shuffled: many_s / seconds,
-                    padding_efficiency_bucketed: figures(bucketed_opts)?.padding_efficiency,
-                    // The plain passes above yield untrimmed batches.
-                    padding_efficiency_shuffled: figures(opts(true, 0))?
-                        .padding_efficiency_untrimmed,
-                })
-            }
-            None => None,
-        },
-        packed: packed_pass.map(|(seconds, yielded, f)| {
-            let contexts = f.sequences_per_pack * f.packs_trained as f64;
-            Packed {
-                pack_tokens: f.tokens,
-                contexts_per_s_packed: contexts / seconds,
-                gbps_packed: yielded as f64 / 1e9 / seconds,
-                packed_over_shuffled: contexts / seconds / (epoch_contexts / many_s),
-                token_efficiency_packed: f.token_efficiency,
-            }
-        }),
-        fetched,
+        compressed: copy.compressed,
+        gbps_decompress: copy
+            .compressed
+            .then(|| copy.bytes as f64 / 1e9 / copy.decompress_s),
+        bucketed,
+        packed,
+        fetched: fetching.then(|| fetched(&cache, split, remote.limit, (&before, &after), repeat)),
     };
     if a.json {
         crate::output::print_json(&r)?;
-        return Ok(0);
+    } else {
+        print_human(&r, per_context)?;
     }
+    Ok(0)
+}
+
+/// The report as a table of passes against memcpy, then what each extra pass found.
+fn print_human(r: &Report, per_context: usize) -> anyhow::Result<()> {
+    let (bytes, running) = (r.bytes_per_epoch, r.threads_running);
     outln!(
         "{} {}: {} contexts in split {:?}, batches of {}, {:.1} MB per epoch; open {:.1} ms",
         bold("bench"),
@@ -476,5 +546,5 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     if let Some(mib) = r.peak_rss_mib {
         outln!("peak resident memory while loading: {mib:.0} MiB");
     }
-    Ok(0)
+    Ok(())
 }
