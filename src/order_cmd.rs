@@ -264,52 +264,66 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         crate::output::print_json(&loader.state())?;
         return Ok(0);
     }
+    if a.keys {
+        print_keys(&mut loader, a.json)?;
+        return Ok(0);
+    }
+    let report = report(&loader, &mix, &cache, multiple, &a.caches)?;
+    if a.json {
+        crate::output::print_json(&report)?;
+    } else {
+        print_report(&report)?;
+    }
+    Ok(0)
+}
+
+/// The keys of each batch, one batch per line (a series window as KEY:START), or as JSON.
+fn print_keys(loader: &mut Loader, json: bool) -> anyhow::Result<()> {
     // A state's order continues with its own windows, or none: print what it yields.
-    if a.keys && loader.order().series().is_some() {
-        // A window is its context's key and its first step.
-        let mut all = Vec::new();
-        for batch in &mut loader {
-            let batch = batch?;
-            let starts = batch.tensor("start").map(|t| t.bytes().to_vec());
-            let starts: Vec<i64> = starts
+    let windows = loader.order().series().is_some();
+    let mut all = Vec::new();
+    for batch in loader {
+        let batch = batch?;
+        let keys = batch.keys();
+        let line: Vec<String> = if windows {
+            // A window is its context's key and its first step.
+            let starts: Vec<i64> = batch
+                .tensor("start")
+                .map(|t| t.bytes().to_vec())
                 .unwrap_or_default()
                 .chunks_exact(4)
                 .map(|c| i64::from(i32::from_le_bytes(c.try_into().expect("4 bytes"))))
                 .collect();
-            let pairs: Vec<[i64; 2]> = batch
-                .keys()
-                .into_iter()
-                .zip(starts)
-                .map(|(k, s)| [k, s])
-                .collect();
-            if a.json {
-                all.push(pairs);
-            } else {
-                let line: Vec<String> = pairs.iter().map(|[k, s]| format!("{k}:{s}")).collect();
-                outln!("{}", line.join(" "));
+            let pairs: Vec<[i64; 2]> = keys.into_iter().zip(starts).map(|(k, s)| [k, s]).collect();
+            if json {
+                all.push(serde_json::to_value(&pairs)?);
+                continue;
             }
-        }
-        if a.json {
-            crate::output::print_json(&all)?;
-        }
-        return Ok(0);
-    }
-    if a.keys {
-        let mut all = Vec::new();
-        for batch in &mut loader {
-            let keys = batch?.keys();
-            if a.json {
-                all.push(keys);
-            } else {
-                let line: Vec<String> = keys.iter().map(ToString::to_string).collect();
-                outln!("{}", line.join(" "));
+            pairs.iter().map(|[k, s]| format!("{k}:{s}")).collect()
+        } else {
+            if json {
+                all.push(serde_json::to_value(&keys)?);
+                continue;
             }
-        }
-        if a.json {
-            crate::output::print_json(&all)?;
-        }
-        return Ok(0);
+            keys.iter().map(ToString::to_string).collect()
+        };
+        outln!("{}", line.join(" "));
     }
+    if json {
+        crate::output::print_json(&all)?;
+    }
+    Ok(())
+}
+
+/// The shuffle quality and padding of `loader`'s epoch over `mix` (with packs: the packs'
+/// figures beside those of padded and bucketed batches), its windows and its mix's shares.
+fn report(
+    loader: &Loader,
+    mix: &Mix,
+    cache: &Cache,
+    multiple: usize,
+    paths: &[std::path::PathBuf],
+) -> anyhow::Result<Report> {
     let order = loader.order();
     // The report's figures are computed over every position of the epoch (about 48 bytes
     // each): a mix of 10^9 positions aborted on a 40 GB allocation.
@@ -324,7 +338,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     }
     let opts = loader.options().clone();
     let unbucketed = if order.is_bucketed() {
-        Some(padded_figures(&mix, &opts, false, multiple)?)
+        Some(padded_figures(mix, &opts, false, multiple)?)
     } else {
         None
     };
@@ -333,22 +347,22 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             let lengths = mix.lengths(&opts.order.split)?;
             let max_len = mix.sources().iter().map(|c| c.manifest().max_len()).max();
             let pack = packs.figures(order, &lengths, max_len.unwrap_or(0));
-            let mut padded = padded_figures(&mix, &opts, false, multiple)?;
+            let mut padded = padded_figures(mix, &opts, false, multiple)?;
             // The packs' global batch in contexts, for the shuffle quality.
             padded.quality = order.quality(
                 ((pack.sequences_per_pack * opts.world_size as f64).round() as usize).max(1),
             );
             // A mix is not bucketed (buckets are cut from one cache's windows).
             let bucketed = match order {
-                Order::One(_) => Some(padded_figures(&mix, &opts, true, multiple)?),
+                Order::One(_) => Some(padded_figures(mix, &opts, true, multiple)?),
                 Order::Mix(_) | Order::Series(_) => None,
             };
             (padded, Some(pack), bucketed)
         }
-        None => (figures(&loader)?, None, None),
+        None => (figures(loader)?, None, None),
     };
     let per_context = cache.manifest().bytes_per_context() as u64;
-    let report = Report {
+    Ok(Report {
         split: opts.order.split.clone(),
         epoch: loader.options().epoch,
         seed: loader.options().order.seed,
@@ -365,13 +379,13 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         window_bytes: 3 * figures.quality.window.min(order.len()) as u64 * per_context,
         figures,
         unbucketed,
-        mix: shares(&loader, &a.caches)?,
+        mix: shares(loader, paths)?,
         series: order.series().cloned(),
-    };
-    if a.json {
-        crate::output::print_json(&report)?;
-        return Ok(0);
-    }
+    })
+}
+
+/// The report for a person.
+fn print_report(report: &Report) -> anyhow::Result<()> {
     outln!(
         "{} split {} epoch {} seed {}{}: {} {}, {} batches per rank ({} x {} ranks)",
         bold("order"),
@@ -451,7 +465,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         report.figures.quality.window,
         bytes(report.window_bytes)
     );
-    Ok(0)
+    Ok(())
 }
 
 fn print_figures(f: &Figures, label: &str) -> anyhow::Result<()> {
