@@ -114,6 +114,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 import warnings
@@ -216,10 +217,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.dropout < 1:
         p.error("--dropout must be in [0, 1)")
-    if args.pack is not None and (args.bucket or args.pack < 1):
-        p.error("--pack T takes a positive T and excludes --bucket (a pack has no padding)")
-    if args.max_seqs is not None and args.pack is None:
-        p.error("--max-seqs sizes packs: give --pack too")
+    # The loader's own options (--pack against --bucket, --max-seqs without --pack, …) are
+    # checked by dsc.Loader, once, and reported as flags by main().
     return args
 
 
@@ -878,13 +877,15 @@ def placement(args: argparse.Namespace, device: torch.device) -> Dict[str, Any]:
 
 
 def batching(args: argparse.Namespace) -> Dict[str, Any]:
-    """The loader's keywords for padded (trimmed, bucketed) or packed batches."""
+    """The loader's keywords for padded (trimmed, bucketed) or packed batches: the shape's flags
+    are all passed, so that dsc.Loader refuses those that exclude each other."""
+    shape = dict(bucket=args.bucket, max_seqs=getattr(args, "max_seqs", None))
     if getattr(args, "pack", None):
-        return dict(pack=args.pack, max_seqs=args.max_seqs)
+        return dict(pack=args.pack, **shape)
     # The rounding of trimmed lengths is the loader's choice from the device unless the run
     # recorded one (a resume keeps the shapes it trained on).
     multiple = getattr(args, "trim_multiple", None)
-    return dict(batch_size=args.batch_size, trim=args.trim, bucket=args.bucket,
+    return dict(batch_size=args.batch_size, trim=args.trim, **shape,
                 **({} if multiple is None else dict(trim_multiple=multiple)))
 
 
@@ -1366,8 +1367,20 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     )
 
 
+def as_flags(message: str) -> str:
+    """A dsc message naming keyword arguments (``max_seqs=``, ``pack=64``) as this script's
+    flags (``--max-seqs``, ``--pack 64``)."""
+    def flag(m: "re.Match[str]") -> str:
+        value = m.group(2)
+        return "--" + m.group(1).replace("_", "-") + (f" {value}" if value else "")
+    return re.sub(r"\b([a-z][a-z0-9_]*)=([^\s,;:)]*)", flag, message)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    summary = train(parse_args(argv))
+    try:
+        summary = train(parse_args(argv))
+    except dsc.OptionsError as e:
+        raise SystemExit(f"train.py: {as_flags(str(e))}") from None
     print(json.dumps(summary), flush=True)
     return summary
 

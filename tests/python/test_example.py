@@ -331,6 +331,16 @@ def test_refusals_of_the_whole_step(train_script, icecube_cache):
             train_script.main(["--cache", str(icecube_cache), "--json", *SMALL, *extra])
 
 
+def test_the_loaders_refusals_name_the_scripts_flags(train_script, icecube_cache):
+    """The script declares no rule of the loader's own: dsc.Loader refuses shapes that exclude
+    each other, and the message names this script's flags, not Python keywords."""
+    for extra, words in [(["--pack", "4096", "--bucket"], "--bucket and --pack exclude"),
+                         (["--max-seqs", "8"], "--max-seqs sizes packed batches: give --pack"),
+                         (["--pack", "8"], "--pack 8 tokens are fewer than")]:
+        with pytest.raises(SystemExit, match=words):
+            train_script.main(["--cache", str(icecube_cache), "--json", *SMALL, *extra])
+
+
 def test_a_resume_keeps_what_the_machine_chose(train_script, icecube_cache, tmp_path,
                                                monkeypatch):
     """A run records what it chose from its machine (device, precision, attention, trimming
