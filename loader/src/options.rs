@@ -16,11 +16,10 @@ use serde::{Deserialize, Serialize};
 ///
 /// Unknown fields are ignored when read: a [`State`] holds these fields flattened beside its
 /// own, and a caller may keep more keys in the same JSON object (Python adds its own). The
-/// JSON is flat, as states have always been written (`bucket`, `pack`, `series` beside the
-/// rest): a private mirror reads it, so that a state that names two shapes is refused when read
-/// and nothing past this point can hold one.
+/// JSON is flat, as states have always been written: the shape by its three keys (`bucket`,
+/// `pack`, `series`, [`shape_keys`]), so that a state that names two shapes is refused when
+/// read and nothing past this point can hold one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "OrderFields", into = "OrderFields")]
 pub struct OrderSpec {
     /// Split to read [default: `train`].
     pub split: String,
@@ -38,14 +37,17 @@ pub struct OrderSpec {
     /// contexts (with packs: its first packs) [default: true].
     pub drop_last: bool,
     /// What a batch is: padded contexts, length-bucketed ones, packs or series windows
-    /// [default: padded].
+    /// [default: padded]. States from before a shape existed read as without it.
+    #[serde(flatten, with = "shape_keys")]
     pub batches: Batches,
     /// A mix's weights, one per source ([`crate::Mix`]): each block of `window` positions
     /// holds each source in these proportions (normalised). Empty: each source in proportion
     /// to its size, as if the splits were one [default: empty].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<f64>,
     /// Positions in an epoch of a mix; sources that run out continue with their next epoch
     /// [default: none, as many as the sources hold together].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mix_samples: Option<usize>,
 }
 
@@ -174,68 +176,35 @@ impl Batches {
     }
 }
 
-/// [`OrderSpec`] as JSON: every state and options object ever written, the shape spelled by its
-/// three old keys.
-#[derive(Serialize, Deserialize)]
-struct OrderFields {
-    split: String,
-    seed: u64,
-    shuffle: bool,
-    window: usize,
-    interleave: usize,
-    drop_last: bool,
-    /// Absent in states from before bucketing: false.
-    #[serde(default)]
-    bucket: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pack: Option<Pack>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    weights: Vec<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    mix_samples: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    series: Option<SeriesWindows>,
-}
+/// [`Batches`] as states have always written it: `bucket`, and `pack` or `series` when given.
+mod shape_keys {
+    use super::{Batches, Pack};
+    use crate::order::SeriesWindows;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-impl TryFrom<OrderFields> for OrderSpec {
-    type Error = OptionError;
-
-    fn try_from(f: OrderFields) -> Result<Self, OptionError> {
-        Ok(OrderSpec {
-            batches: Batches::from_options(f.bucket, f.pack, f.series)?,
-            split: f.split,
-            seed: f.seed,
-            shuffle: f.shuffle,
-            window: f.window,
-            interleave: f.interleave,
-            drop_last: f.drop_last,
-            weights: f.weights,
-            mix_samples: f.mix_samples,
-        })
+    #[derive(Serialize, Deserialize)]
+    struct Keys {
+        /// Absent in states from before bucketing: false.
+        #[serde(default)]
+        bucket: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pack: Option<Pack>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        series: Option<SeriesWindows>,
     }
-}
 
-impl From<OrderSpec> for OrderFields {
-    fn from(o: OrderSpec) -> Self {
-        let bucket = o.batches.is_bucketed();
-        let (pack, series) = match o.batches {
-            Batches::Packed(p) => (Some(p), None),
-            Batches::Windows(w) => (None, Some(w)),
-            Batches::Padded | Batches::Bucketed => (None, None),
-        };
-        OrderFields {
-            split: o.split,
-            seed: o.seed,
-            shuffle: o.shuffle,
-            window: o.window,
-            interleave: o.interleave,
-            drop_last: o.drop_last,
-            bucket,
-            pack,
-            weights: o.weights,
-            mix_samples: o.mix_samples,
-            series,
+    pub fn serialize<S: Serializer>(b: &Batches, s: S) -> Result<S::Ok, S::Error> {
+        Keys {
+            bucket: b.is_bucketed(),
+            pack: b.pack(),
+            series: b.windows().cloned(),
         }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Batches, D::Error> {
+        let k = Keys::deserialize(d)?;
+        Batches::from_options(k.bucket, k.pack, k.series).map_err(serde::de::Error::custom)
     }
 }
 
