@@ -12,7 +12,8 @@
 //! `packed` (published as [`pack`]: packs of sequences, their plan, checks and gather) and
 //! `windows` (windows of long series). One batch: `gather` (a step's contexts, copied once;
 //! `rows` copies them a few at a time), `batch` (its tensors), `pool` (reused buffers).
-//! Handing batches over: `loader` (threads, queue, iterator, fillers), `handoff` (the queue),
+//! Handing batches over: `front` (where loaders are made, the same calls on a cache and on a
+//! mix), `loader` (threads, queue, iterator, fillers), `handoff` (the queue),
 //! `stats` (what a loader did). `error` says what went wrong.
 //!
 //! ```
@@ -64,6 +65,7 @@ mod cache;
 mod error;
 #[cfg(feature = "remote")]
 mod fetch_plan;
+mod front;
 mod gather;
 mod handoff;
 mod loader;

@@ -83,68 +83,6 @@ impl Hints {
 
 /// The loaders of an open cache (here rather than in `cache.rs`, which holds the open files
 /// and knows nothing of loading).
-impl Cache {
-    /// What this cache's compressed shards have cost its loaders so far (reads, stored bytes
-    /// fetched, hits, evictions; the other fields of [`LoaderStats`] are zero).
-    pub fn shard_stats(&self) -> LoaderStats {
-        self.inner.resident.counters.snapshot()
-    }
-
-    /// A loader for one epoch of one split.
-    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
-        Loader::new(std::slice::from_ref(self), opts, 0)
-    }
-
-    /// A loader that starts at step `step` of its epoch (as [`Cache::loader_from_state`] does
-    /// for a state `step` global batches into the epoch).
-    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
-        Loader::new(std::slice::from_ref(self), opts, step)
-    }
-
-    /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
-    /// its batches, without starting one: the options are checked and the epoch planned as the
-    /// loader would (for packed batches, a pass over the epoch's order).
-    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-        plan(std::slice::from_ref(self), opts)
-    }
-
-    /// A loader that continues exactly where `state` was taken: the state's order (seed,
-    /// shuffle, window, bucketing, packing, …) and epoch replace those of `opts`. The options
-    /// must name the same split and give the same global batch (`batch_size * world_size`, or
-    /// `world_size` packs); `rank` and `world_size` may differ, so a run can resume on another
-    /// number of GPUs. To refuse a state whose order differs from the options instead, check it
-    /// first with [`State::check`].
-    pub fn loader_from_state(
-        &self,
-        opts: LoaderOptions,
-        state: &State,
-    ) -> Result<Loader, LoadError> {
-        from_state(std::slice::from_ref(self), opts, state)
-    }
-}
-
-/// [`Cache::plan`] of one cache or a mix's sources.
-pub(crate) fn plan(
-    sources: &[Cache],
-    opts: &LoaderOptions,
-) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-    let (gather, _) = prepare(sources, opts)?;
-    Ok((gather.steps(), gather.layout))
-}
-
-/// [`Cache::loader_from_state`] of one cache or a mix's sources.
-pub(crate) fn from_state(
-    sources: &[Cache],
-    mut opts: LoaderOptions,
-    state: &State,
-) -> Result<Loader, LoadError> {
-    let start = state.start(&opts)?;
-    opts.order = state.order.clone();
-    opts.epoch = state.epoch;
-    opts.skip = start.skip;
-    Loader::new(sources, opts, start.step)
-}
-
 /// Fills any batch of a loader's epoch into the caller's buffers, from any thread: for callers
 /// that gather several batches at once into memory of their own (pinned buffers) and order
 /// them themselves. Get one with [`Loader::filler`]; report consumed batches with

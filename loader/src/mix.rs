@@ -3,9 +3,6 @@
 
 use crate::cache::Cache;
 use crate::error::LoadError;
-use crate::loader::Loader;
-use crate::options::{LoaderOptions, State};
-use crate::TensorLayout;
 use dsc_format::{Encoding, TensorRole, TensorSpec};
 
 /// Caches whose batches are drawn together: the same tensors (name, dtype, role, columns, and
@@ -78,30 +75,6 @@ impl Mix {
     /// sample's `position` indexes it.
     pub fn lengths(&self, split: &str) -> Result<std::sync::Arc<[u32]>, LoadError> {
         crate::cache::lengths_of(&self.sources, split)
-    }
-
-    /// A loader for one epoch of the mix ([`crate::order::MixOrder`]: what an epoch is).
-    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
-        Loader::new(&self.sources, opts, 0)
-    }
-
-    /// A loader that starts at step `step` of its epoch.
-    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
-        Loader::new(&self.sources, opts, step)
-    }
-
-    /// Steps and batch layout of the epoch a loader with `opts` would run ([`Cache::plan`]).
-    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-        crate::loader::plan(&self.sources, opts)
-    }
-
-    /// A loader that continues exactly where `state` was taken ([`Cache::loader_from_state`]).
-    pub fn loader_from_state(
-        &self,
-        opts: LoaderOptions,
-        state: &State,
-    ) -> Result<Loader, LoadError> {
-        crate::loader::from_state(&self.sources, opts, state)
     }
 }
 

@@ -1,0 +1,100 @@
+//! Where loaders are made: the same calls on one cache and on a mix of caches, each a front
+//! over the same functions of the caches read (`&[Cache]`), so that a loader of one cache is a
+//! loader of a mix of one.
+
+use crate::cache::Cache;
+use crate::error::LoadError;
+use crate::loader::Loader;
+use crate::mix::Mix;
+use crate::options::{LoaderOptions, State};
+use crate::prepare::prepare;
+use crate::stats::LoaderStats;
+use crate::TensorLayout;
+
+impl Cache {
+    /// What this cache's compressed shards have cost its loaders so far (reads, stored bytes
+    /// fetched, hits, evictions; the other fields of [`LoaderStats`] are zero).
+    pub fn shard_stats(&self) -> LoaderStats {
+        self.inner.resident.counters.snapshot()
+    }
+
+    /// A loader for one epoch of one split.
+    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
+        Loader::new(std::slice::from_ref(self), opts, 0)
+    }
+
+    /// A loader that starts at step `step` of its epoch (as [`Cache::loader_from_state`] does
+    /// for a state `step` global batches into the epoch).
+    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
+        Loader::new(std::slice::from_ref(self), opts, step)
+    }
+
+    /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
+    /// its batches, without starting one: the options are checked and the epoch planned as the
+    /// loader would (for packed batches, a pass over the epoch's order).
+    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
+        plan(std::slice::from_ref(self), opts)
+    }
+
+    /// A loader that continues exactly where `state` was taken: the state's order (seed,
+    /// shuffle, window, bucketing, packing, …) and epoch replace those of `opts`. The options
+    /// must name the same split and give the same global batch (`batch_size * world_size`, or
+    /// `world_size` packs); `rank` and `world_size` may differ, so a run can resume on another
+    /// number of GPUs. To refuse a state whose order differs from the options instead, check it
+    /// first with [`State::check`].
+    pub fn loader_from_state(
+        &self,
+        opts: LoaderOptions,
+        state: &State,
+    ) -> Result<Loader, LoadError> {
+        from_state(std::slice::from_ref(self), opts, state)
+    }
+}
+
+/// [`Cache::plan`] of one cache or a mix's sources.
+pub(crate) fn plan(
+    sources: &[Cache],
+    opts: &LoaderOptions,
+) -> Result<(usize, Vec<TensorLayout>), LoadError> {
+    let (gather, _) = prepare(sources, opts)?;
+    Ok((gather.steps(), gather.layout))
+}
+
+/// [`Cache::loader_from_state`] of one cache or a mix's sources.
+pub(crate) fn from_state(
+    sources: &[Cache],
+    mut opts: LoaderOptions,
+    state: &State,
+) -> Result<Loader, LoadError> {
+    let start = state.start(&opts)?;
+    opts.order = state.order.clone();
+    opts.epoch = state.epoch;
+    opts.skip = start.skip;
+    Loader::new(sources, opts, start.step)
+}
+
+impl Mix {
+    /// A loader for one epoch of the mix ([`crate::order::MixOrder`]: what an epoch is).
+    pub fn loader(&self, opts: LoaderOptions) -> Result<Loader, LoadError> {
+        Loader::new(self.sources(), opts, 0)
+    }
+
+    /// A loader that starts at step `step` of its epoch.
+    pub fn loader_at(&self, opts: LoaderOptions, step: usize) -> Result<Loader, LoadError> {
+        Loader::new(self.sources(), opts, step)
+    }
+
+    /// Steps and batch layout of the epoch a loader with `opts` would run ([`Cache::plan`]).
+    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
+        plan(self.sources(), opts)
+    }
+
+    /// A loader that continues exactly where `state` was taken ([`Cache::loader_from_state`]).
+    pub fn loader_from_state(
+        &self,
+        opts: LoaderOptions,
+        state: &State,
+    ) -> Result<Loader, LoadError> {
+        from_state(self.sources(), opts, state)
+    }
+}
