@@ -666,6 +666,8 @@ pub struct OrderArgs {
     #[command(flatten)]
     pub epoch: dsc_loader::args::EpochArgs,
     #[command(flatten)]
+    pub batch: dsc_loader::args::BatchArgs,
+    #[command(flatten)]
     pub rank: dsc_loader::args::RankArgs,
     #[command(flatten)]
     pub mix: dsc_loader::args::MixArgs,
@@ -710,9 +712,8 @@ pub struct BenchArgs {
     pub cache: PathBuf,
     #[command(flatten)]
     pub epoch: dsc_loader::args::EpochArgs,
-    /// Contexts per batch.
-    #[arg(long, default_value_t = 256)]
-    pub batch_size: usize,
+    #[command(flatten)]
+    pub batch: dsc_loader::args::BatchArgs,
     /// Loader threads for the multi-threaded run [default: all cores; an uncompressed split
     /// that fits a quarter of memory runs at most one per core].
     #[arg(long)]

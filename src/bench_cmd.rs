@@ -160,7 +160,7 @@ impl Passes<'_> {
                 shuffle: shuffle && self.a.epoch.shuffle,
                 ..self.order(Batches::Padded)
             },
-            batch_size: self.a.batch_size,
+            batch_size: self.a.batch.batch_size,
             threads,
             columns: self.a.columns.clone(),
             ..Default::default()
@@ -358,11 +358,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         let loaded: usize = probe.tensor_specs().map(|t| t.sample_bytes()).sum();
         (probe.order().len(), probe.steps(), loaded)
     };
-    let bytes = (steps * a.batch_size * per_context) as u64;
+    let bytes = (steps * a.batch.batch_size * per_context) as u64;
     anyhow::ensure!(
         steps > 0,
         "split {split:?} has fewer than {} contexts",
-        a.batch_size
+        a.batch.batch_size
     );
     // The loader's threads that will run, probed without starting them: memcpy runs on as many.
     let running = cache.loader(passes.padded(true, threads))?.threads();
@@ -391,7 +391,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let before = cache.shard_stats();
     let (many_s, _) = timed(&cache, &passes.padded(true, threads), repeat)?;
     let after = cache.shard_stats();
-    let epoch_contexts = (steps * a.batch_size) as f64;
+    let epoch_contexts = (steps * a.batch.batch_size) as f64;
     let against = (epoch_contexts, many_s);
     let bucketed = match a.bucket {
         true => Some(bucketed(&cache, &passes, threads, repeat, against)?),
@@ -409,7 +409,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         split: split.clone(),
         contexts,
         repeat,
-        batch_size: a.batch_size,
+        batch_size: a.batch.batch_size,
         threads,
         threads_running: running,
         bytes_per_epoch: bytes,

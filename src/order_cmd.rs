@@ -241,6 +241,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
             ..a.shape.clone()
         },
         mix: a.mix.clone(),
+        batch: a.batch.clone(),
         rank: a.rank.clone(),
         threads: 0,
         ..LoaderArgs::default()

@@ -8,7 +8,9 @@
 //! A new option is a field here (its key, default and help) and its use in the loader.
 
 use crate::error::LoadError;
-use crate::options::{check_trim_multiple, Batches, LoaderOptions, OrderSpec, Pack};
+use crate::options::{
+    check_trim_multiple, Batches, LoaderOptions, OrderSpec, Pack, DEFAULT_BATCH_SIZE,
+};
 use crate::order::{SeriesWindows, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spelling::OptionError;
 use serde::{Deserialize, Serialize};
@@ -198,14 +200,30 @@ pub struct MixArgs {
     pub mix_samples: Option<usize>,
 }
 
-/// One rank's share of each step.
+/// The size of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default)]
+pub struct BatchArgs {
+    /// Contexts per batch on each rank (in dsc-train, per micro-batch); packed batches hold as
+    /// many as fit their tokens instead, and use it only in reports.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = DEFAULT_BATCH_SIZE))]
+    pub batch_size: usize,
+}
+
+impl Default for BatchArgs {
+    fn default() -> Self {
+        BatchArgs {
+            batch_size: DEFAULT_BATCH_SIZE,
+        }
+    }
+}
+
+/// Which epoch, and this rank's share of each of its steps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(default)]
 pub struct RankArgs {
-    /// Contexts per batch per rank (with packs: used for nothing but reports).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 256))]
-    pub batch_size: usize,
     /// The epoch: each has its own order.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub epoch: u64,
@@ -221,7 +239,6 @@ impl Default for RankArgs {
     fn default() -> Self {
         let d = LoaderOptions::default();
         RankArgs {
-            batch_size: d.batch_size,
             epoch: d.epoch,
             rank: d.rank,
             world_size: d.world_size,
@@ -258,6 +275,9 @@ pub struct LoaderArgs {
     /// A mix.
     #[serde(flatten)]
     pub mix: MixArgs,
+    /// The size of a batch.
+    #[serde(flatten)]
+    pub batch: BatchArgs,
     /// The rank's share.
     #[serde(flatten)]
     pub rank: RankArgs,
@@ -276,6 +296,7 @@ impl Default for LoaderArgs {
             epoch: EpochArgs::default(),
             shape: ShapeArgs::default(),
             mix: MixArgs::default(),
+            batch: BatchArgs::default(),
             rank: RankArgs::default(),
             threads: d.threads,
             prefetch: d.prefetch,
@@ -368,7 +389,7 @@ impl LoaderArgs {
         let trim = self.shape.trim_for(&batches, default_trim_multiple);
         let opts = LoaderOptions {
             order: self.epoch.order(batches, &self.mix),
-            batch_size: self.rank.batch_size,
+            batch_size: self.batch.batch_size,
             epoch: self.rank.epoch,
             skip: 0,
             rank: self.rank.rank,
@@ -433,9 +454,9 @@ mod tests {
     fn the_flags_are_the_keys() {
         use clap::Args;
         let cmd = clap::Command::new("t");
-        let cmd = RankArgs::augment_args(MixArgs::augment_args(ShapeArgs::augment_args(
-            EpochArgs::augment_args(cmd),
-        )));
+        let cmd = EpochArgs::augment_args(cmd);
+        let cmd = MixArgs::augment_args(ShapeArgs::augment_args(cmd));
+        let cmd = RankArgs::augment_args(BatchArgs::augment_args(cmd));
         let flags: Vec<String> = cmd
             .get_arguments()
             .map(|a| a.get_id().to_string())

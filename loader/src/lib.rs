@@ -92,8 +92,8 @@ pub use gather::{BatchInfo, BLOCK_ALIGN};
 pub use loader::{Filler, Loader};
 pub use mix::Mix;
 pub use options::{
-    Batches, LoaderOptions, OrderSpec, Pack, State, GPU_TRIM_MULTIPLE, MAX_PREFETCH, MAX_THREADS,
-    MAX_TRIM_MULTIPLE,
+    Batches, LoaderOptions, OrderSpec, Pack, State, DEFAULT_BATCH_SIZE, GPU_TRIM_MULTIPLE,
+    MAX_PREFETCH, MAX_THREADS, MAX_TRIM_MULTIPLE,
 };
 pub use order::SeriesWindows;
 #[cfg(feature = "remote")]

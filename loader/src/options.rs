@@ -314,11 +314,14 @@ pub struct LoaderOptions {
     pub columns: Vec<String>,
 }
 
+/// Contexts per batch per rank unless asked otherwise ([`LoaderOptions::batch_size`]).
+pub const DEFAULT_BATCH_SIZE: usize = 256;
+
 impl Default for LoaderOptions {
     fn default() -> Self {
         LoaderOptions {
             order: OrderSpec::default(),
-            batch_size: 256,
+            batch_size: DEFAULT_BATCH_SIZE,
             epoch: 0,
             skip: 0,
             rank: 0,

@@ -3,7 +3,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use dsc_format::choice::Choice;
-use dsc_loader::args::{MixArgs, ShapeArgs};
+use dsc_loader::args::{BatchArgs, MixArgs, ShapeArgs};
 use dsc_train::config::{defaults, Amp, ModelKind, RunConfig, Task};
 use std::path::PathBuf;
 
@@ -100,9 +100,8 @@ pub struct Cli {
     #[arg(long)]
     pub epochs: Option<u64>,
 
-    /// Contexts per micro-batch.
-    #[arg(long, default_value_t = defaults::BATCH_SIZE)]
-    pub batch_size: usize,
+    #[command(flatten)]
+    pub batch: BatchArgs,
 
     #[command(flatten)]
     pub shape: ShapeArgs,
@@ -267,7 +266,7 @@ impl Cli {
             heads: self.heads,
             dropout: self.dropout,
             epochs: self.epochs.unwrap_or(1),
-            batch_size: self.batch_size,
+            batch_size: self.batch.batch_size,
             batches: self.shape.batches()?,
             trim_multiple: self.shape.trim_multiple,
             resident: match self.resident {

@@ -10,12 +10,14 @@ use dsc_loader::{Batches, LoaderOptions, OrderSpec, MAX_TRIM_MULTIPLE};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// The widest network, the most layers and the most batches prefetched a run accepts.
+/// The widest network, the most layers and the most host buffers a run accepts.
 pub const MAX_DIM: i64 = 1 << 16;
 /// See [`MAX_DIM`].
 pub const MAX_LAYERS: i64 = 1024;
-/// See [`MAX_DIM`].
-pub const MAX_PREFETCH: usize = 1024;
+/// The most pinned host buffers `--prefetch` may ask for: each holds a whole batch, filled by
+/// the feed's thread, so this is not the loader's queue of [`dsc_loader::MAX_PREFETCH`]
+/// batches per thread (which a run does not start: its loader fills in the caller's thread).
+pub const MAX_HOST_BUFFERS: usize = 1024;
 
 /// `dsc-train`'s defaults: a small network that learns on the CPU in minutes and keeps a GPU
 /// busy at batch 256.
@@ -26,8 +28,8 @@ pub mod defaults {
     pub const LAYERS: i64 = 2;
     /// Attention heads.
     pub const HEADS: i64 = 4;
-    /// Contexts per micro-batch.
-    pub const BATCH_SIZE: usize = 256;
+    /// Contexts per micro-batch: the loader's batch size ([`dsc_loader::DEFAULT_BATCH_SIZE`]).
+    pub const BATCH_SIZE: usize = dsc_loader::DEFAULT_BATCH_SIZE;
     /// Peak learning rate.
     pub const LR: f64 = 1e-3;
     /// AdamW decoupled weight decay (matrices only).
@@ -357,9 +359,9 @@ impl RunConfig {
             self.dim
         );
         ensure!(
-            (1..=MAX_PREFETCH).contains(&self.prefetch),
+            (1..=MAX_HOST_BUFFERS).contains(&self.prefetch),
             "prefetch",
-            "{} must be between 1 and {MAX_PREFETCH}",
+            "{} must be between 1 and {MAX_HOST_BUFFERS}",
             self.prefetch
         );
         ensure!(
