@@ -139,7 +139,7 @@ fn a_wrongly_typed_column() {
         &args,
         &[
             "batch_1.parquet",
-            "column \"charge\" is Float64",
+            "column \"charge\" is double",
             "the key",
             "integer",
         ],
@@ -161,8 +161,8 @@ fn schemas_that_differ_between_files() {
         &icecube_args("cache", &[]),
         &[
             "batch_2.parquet",
-            "\"time\" is Float64",
-            "Int64 in",
+            "\"time\" is double",
+            "int64 in",
             "batch_1.parquet",
         ],
     );
@@ -401,7 +401,7 @@ fn a_categorical_column_named_like_a_reserved_tensor() {
 #[test]
 fn a_column_in_two_roles_is_checked_for_both() {
     let dir = data();
-    // charge is Float64: fine to order by, not a categorical.
+    // charge is double: fine to order by, not a categorical.
     let args = [
         "compile",
         "data/train/batch_*.parquet",
@@ -416,11 +416,7 @@ fn a_column_in_two_roles_is_checked_for_both() {
         "--out",
         "cache",
     ];
-    fails_cleanly(
-        &dir,
-        &args,
-        &["column \"charge\" is Float64", "categorical"],
-    );
+    fails_cleanly(&dir, &args, &["column \"charge\" is double", "categorical"]);
 }
 
 #[test]

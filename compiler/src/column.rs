@@ -34,8 +34,77 @@ pub(crate) struct TypeInfo {
     pub kind: Kind,
     /// Seconds per tick for [`Kind::Time`]; 1 otherwise.
     pub scale: f64,
-    /// The Arrow type as text, for manifests and errors.
+    /// The Arrow type as manifests record it (`Int64`, `Utf8`, `Timestamp(Millisecond)`): part
+    /// of the format, so never reworded.
     pub name: String,
+    /// The type as a user knows it from Arrow, pandas and Parquet tools (`int64`, `string`,
+    /// `timestamp[ms]`), for messages ([`type_name`]).
+    pub shown: String,
+}
+
+/// `dt` as a user knows it: Arrow's own lowercase spelling, as pyarrow prints a schema (`int64`,
+/// `uint64`, `double`, `string`, `large_string`, `bool`, `timestamp[ms, tz=UTC]`, `date32`,
+/// `list<double>`, `fixed_size_binary[16]`, `dictionary<string>`), never Rust's debug form.
+pub(crate) fn type_name(dt: &DataType) -> String {
+    let unit = |u: &TimeUnit| match u {
+        TimeUnit::Second => "s",
+        TimeUnit::Millisecond => "ms",
+        TimeUnit::Microsecond => "us",
+        TimeUnit::Nanosecond => "ns",
+    };
+    match dt {
+        DataType::Null => "null".into(),
+        DataType::Boolean => "bool".into(),
+        DataType::Int8 => "int8".into(),
+        DataType::Int16 => "int16".into(),
+        DataType::Int32 => "int32".into(),
+        DataType::Int64 => "int64".into(),
+        DataType::UInt8 => "uint8".into(),
+        DataType::UInt16 => "uint16".into(),
+        DataType::UInt32 => "uint32".into(),
+        DataType::UInt64 => "uint64".into(),
+        DataType::Float16 => "halffloat".into(),
+        DataType::Float32 => "float".into(),
+        DataType::Float64 => "double".into(),
+        DataType::Utf8 => "string".into(),
+        DataType::LargeUtf8 => "large_string".into(),
+        DataType::Utf8View => "string_view".into(),
+        DataType::Binary => "binary".into(),
+        DataType::LargeBinary => "large_binary".into(),
+        DataType::BinaryView => "binary_view".into(),
+        DataType::FixedSizeBinary(n) => format!("fixed_size_binary[{n}]"),
+        DataType::Date32 => "date32".into(),
+        DataType::Date64 => "date64".into(),
+        DataType::Time32(u) => format!("time32[{}]", unit(u)),
+        DataType::Time64(u) => format!("time64[{}]", unit(u)),
+        DataType::Duration(u) => format!("duration[{}]", unit(u)),
+        DataType::Timestamp(u, None) => format!("timestamp[{}]", unit(u)),
+        DataType::Timestamp(u, Some(tz)) => format!("timestamp[{}, tz={tz}]", unit(u)),
+        DataType::Decimal128(p, s) | DataType::Decimal256(p, s) => format!("decimal({p}, {s})"),
+        DataType::List(f) => format!("list<{}>", type_name(f.data_type())),
+        DataType::LargeList(f) => format!("large_list<{}>", type_name(f.data_type())),
+        DataType::ListView(f) => format!("list_view<{}>", type_name(f.data_type())),
+        DataType::FixedSizeList(f, n) => {
+            format!("fixed_size_list<{}>[{n}]", type_name(f.data_type()))
+        }
+        DataType::Struct(fields) => {
+            let inner: Vec<String> = fields
+                .iter()
+                .map(|f| format!("{}: {}", f.name(), type_name(f.data_type())))
+                .collect();
+            format!("struct<{}>", inner.join(", "))
+        }
+        DataType::Map(f, _) => match f.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => format!(
+                "map<{}, {}>",
+                type_name(kv[0].data_type()),
+                type_name(kv[1].data_type())
+            ),
+            _ => "map".into(),
+        },
+        DataType::Dictionary(_, value) => format!("dictionary<{}>", type_name(value)),
+        other => other.to_string().to_lowercase(),
+    }
 }
 
 /// Classifies an Arrow type, or `None` if dsc cannot use it.
@@ -68,7 +137,12 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         DataType::Timestamp(unit, _) => format!("Timestamp({unit:?})"),
         other => format!("{other:?}"),
     };
-    Some(TypeInfo { kind, scale, name })
+    Some(TypeInfo {
+        kind,
+        scale,
+        name,
+        shown: type_name(dt),
+    })
 }
 
 fn unit_scale(unit: TimeUnit) -> f64 {
@@ -482,5 +556,44 @@ fn push_strings(
             }
         }
         other => unreachable!("{other:?} is not a string kind; classify() decides"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_schema::Field;
+    use std::sync::Arc;
+
+    /// Messages name a type as Arrow's tools print it, never as Rust's debug form
+    /// (`List(Field { name: "element", … })`).
+    #[test]
+    fn types_are_named_as_users_know_them() {
+        let list = |dt| DataType::List(Arc::new(Field::new("element", dt, true)));
+        let cases = [
+            (DataType::Utf8, "string"),
+            (DataType::UInt64, "uint64"),
+            (DataType::Float64, "double"),
+            (list(DataType::Float64), "list<double>"),
+            (
+                DataType::LargeList(Arc::new(Field::new("item", DataType::Utf8, true))),
+                "large_list<string>",
+            ),
+            (DataType::FixedSizeBinary(16), "fixed_size_binary[16]"),
+            (
+                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                "timestamp[ms, tz=UTC]",
+            ),
+            (
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                "dictionary<string>",
+            ),
+        ];
+        for (dt, shown) in cases {
+            assert_eq!(type_name(&dt), shown);
+        }
+        // What manifests record is unchanged.
+        assert_eq!(classify(&DataType::Utf8).unwrap().name, "Utf8");
+        assert_eq!(classify(&DataType::Utf8).unwrap().shown, "string");
     }
 }

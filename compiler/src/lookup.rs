@@ -288,15 +288,16 @@ impl ContextSide {
 
 /// The type a CSV column is read as, by its role.
 fn csv_type(role: Role) -> TypeInfo {
-    let info = |kind, name: &str| TypeInfo {
+    let info = |kind, name: &str, shown: &str| TypeInfo {
         kind,
         scale: 1.0,
         name: name.into(),
+        shown: shown.into(),
     };
     match role {
-        Role::Key | Role::JoinOn => info(Kind::Int, "Int64"),
-        Role::Categorical | Role::Split => info(Kind::Str, "Utf8"),
-        _ => info(Kind::F64, "Float64"),
+        Role::Key | Role::JoinOn => info(Kind::Int, "Int64", "int64"),
+        Role::Categorical | Role::Split => info(Kind::Str, "Utf8", "string"),
+        _ => info(Kind::F64, "Float64", "double"),
     }
 }
 

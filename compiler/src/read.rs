@@ -1,7 +1,7 @@
 //! Reading Parquet inputs: resolve patterns, open every file (footer only) to check its schema,
 //! then read the needed columns of all files in parallel.
 
-use crate::column::{classify, Column, Kind, TypeInfo};
+use crate::column::{classify, type_name, Column, Kind, TypeInfo};
 use crate::error::{CompileError, Result};
 use arrow_schema::Schema;
 use dsc_format::spelling::OptionError;
@@ -39,11 +39,11 @@ impl Role {
     }
     fn describe(self) -> (&'static str, &'static str) {
         match self {
-            Role::Key => ("the key", "an integer type (Int8..Int64, UInt8..UInt32)"),
+            Role::Key => ("the key", "an integer type (int8..int64, uint8..uint32)"),
             Role::RowNumber => ("the row number", "made by the reader"),
             Role::JoinOn => (
                 "a join column",
-                "an integer type (Int8..Int64, UInt8..UInt32)",
+                "an integer type (int8..int64, uint8..uint32)",
             ),
             Role::OrderBy => ("the order-by column", "a number, timestamp or date"),
             Role::Numeric => (
@@ -195,6 +195,7 @@ pub(crate) fn row_number_type() -> TypeInfo {
         kind: Kind::Int,
         scale: 1.0,
         name: "row number".into(),
+        shown: "row number".into(),
     }
 }
 
@@ -250,10 +251,10 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
                 expected: w.role.describe().1.into(),
                 found,
             };
-            let info = classify(field.data_type())
-                .ok_or_else(|| wrong(format!("{:?}", field.data_type())))?;
+            let info =
+                classify(field.data_type()).ok_or_else(|| wrong(type_name(field.data_type())))?;
             if !w.role.accepts(info.kind) {
-                return Err(wrong(info.name));
+                return Err(wrong(info.shown));
             }
             Ok(info)
         })
@@ -375,8 +376,8 @@ pub(crate) fn open_all(files: &[PathBuf], wants: &[Want]) -> Result<Inputs> {
                             path: o.path.clone(),
                             first: first.clone(),
                             column: want.name.clone(),
-                            expected: e.name.clone(),
-                            found: t.name.clone(),
+                            expected: e.shown.clone(),
+                            found: t.shown.clone(),
                         });
                     }
                 }

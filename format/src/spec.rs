@@ -337,28 +337,7 @@ impl CompileSpec {
             Ok(Value::Object(m)) => m,
             _ => unreachable!("a spec serialises to a table"),
         };
-        for (name, value) in &overrides {
-            let Some(&key) = SPEC_KEYS.iter().find(|k| **k == name) else {
-                return Err(OptionError::new(
-                    "spec",
-                    format!("has no key {name:?}: a spec takes {}", SPEC_KEYS.join(", ")),
-                ));
-            };
-            let mut alone = defaults.clone();
-            alone.insert(name.clone(), value.clone());
-            if let Err(e) = serde_json::from_value::<CompileSpec>(Value::Object(alone)) {
-                let shown = match value {
-                    Value::String(s) => s.clone(),
-                    v => v.to_string(),
-                };
-                // serde quotes values in backticks, which a message keeps for option keys.
-                return Err(OptionError::given(
-                    key,
-                    shown,
-                    e.to_string().replace('`', "\""),
-                ));
-            }
-        }
+        crate::spelling::check_each_key::<CompileSpec>(&defaults, &overrides, SPEC_KEYS, "spec")?;
         if overrides.contains_key("split_by") || overrides.contains_key("split_keys") {
             base.remove("split_by");
             base.remove("split_keys");

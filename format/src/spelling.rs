@@ -60,6 +60,42 @@ impl OptionError {
     }
 }
 
+/// Checks each key of `given` alone over `defaults` (a whole object of `T` as JSON): the first
+/// key not among `keys`, or whose value `T` cannot hold, is an [`OptionError`] naming it (as
+/// `what` names the object for an unknown key), with the value. Checking keys one by one is
+/// what lets a front end that passes values through (Python's keywords, a command line's
+/// flags) be told which one is at fault, where serde names only a position in the text.
+pub fn check_each_key<T: serde::de::DeserializeOwned>(
+    defaults: &serde_json::Map<String, serde_json::Value>,
+    given: &serde_json::Map<String, serde_json::Value>,
+    keys: &[&'static str],
+    what: &'static str,
+) -> Result<(), OptionError> {
+    for (name, value) in given {
+        let Some(&key) = keys.iter().find(|k| **k == name) else {
+            return Err(OptionError::new(
+                what,
+                format!("has no key {name:?}: it takes {}", keys.join(", ")),
+            ));
+        };
+        let mut alone = defaults.clone();
+        alone.insert(name.clone(), value.clone());
+        if let Err(e) = serde_json::from_value::<T>(serde_json::Value::Object(alone)) {
+            let shown = match value {
+                serde_json::Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            // serde quotes values in backticks, which a message keeps for option keys.
+            return Err(OptionError::given(
+                key,
+                shown,
+                e.to_string().replace('`', "\""),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Who reads the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spelling {

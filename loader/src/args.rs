@@ -345,32 +345,12 @@ impl LoaderArgs {
         let serde_json::Value::Object(given) = value else {
             return Err(OptionError::new("options", "not a JSON object").into());
         };
-        let mut fields = serde_json::to_value(LoaderArgs::default())
-            .ok()
-            .and_then(|v| v.as_object().cloned())
-            .unwrap_or_default();
-        for (name, value) in given {
-            let Some(&key) = KEYS.iter().find(|k| **k == name) else {
-                return Err(OptionError::new(
-                    "options",
-                    format!("has no key {name:?}: a loader takes {}", KEYS.join(", ")),
-                )
-                .into());
-            };
-            // Each key alone, so that a value of the wrong type is named by its key.
-            let mut alone = fields.clone();
-            alone.insert(name.clone(), value.clone());
-            if let Err(e) = serde_json::from_value::<LoaderArgs>(alone.into()) {
-                // serde quotes values in backticks, which a message keeps for option keys.
-                let problem = e.to_string().replace('`', "\"");
-                let shown = match &value {
-                    serde_json::Value::String(s) => s.clone(),
-                    v => v.to_string(),
-                };
-                return Err(OptionError::given(key, shown, problem).into());
-            }
-            fields.insert(name, value);
-        }
+        let mut fields = match serde_json::to_value(LoaderArgs::default()) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => unreachable!("the keys serialise to an object"),
+        };
+        dsc_format::spelling::check_each_key::<LoaderArgs>(&fields, &given, KEYS, "options")?;
+        fields.extend(given);
         let args: LoaderArgs = serde_json::from_value(fields.into())
             .map_err(|e| OptionError::new("options", e.to_string()))?;
         args.options(default_trim_multiple)
