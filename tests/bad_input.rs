@@ -500,3 +500,95 @@ fn force_refuses_to_replace_a_directory_holding_the_inputs() {
     assert!(err.contains("is inside it; choose another --out"), "{err}");
     assert!(dir.join("data/train/batch_1.parquet").exists());
 }
+
+/// Issue 41, item 5: data as it usually arrives (string keys, sequences in list columns,
+/// targets on the rows themselves) is refused with each type named as Arrow's tools print it,
+/// never Rust's debug form, and with what to do instead.
+#[test]
+fn data_as_users_keep_it_is_refused_with_readable_types_and_a_way_forward() {
+    use arrow_array::builder::{Float64Builder, ListBuilder};
+    use arrow_array::StringArray;
+    let dir = Dir::new();
+    write_parquet(
+        &dir.join("tx.parquet"),
+        vec![
+            ("cust", arc(StringArray::from(vec!["a", "a", "b"]))),
+            ("ts", arc(Int64Array::from(vec![1, 2, 1]))),
+            ("amt", arc(Float64Array::from(vec![1.0, 2.0, 3.0]))),
+            ("churn", arc(Float64Array::from(vec![0.0, 0.0, 1.0]))),
+        ],
+    );
+    let mut time = ListBuilder::new(Float64Builder::new());
+    for row in [vec![0.5, 1.5], vec![2.5]] {
+        time.values().append_slice(&row);
+        time.append(true);
+    }
+    write_parquet(
+        &dir.join("events.parquet"),
+        vec![
+            ("id", arc(Int64Array::from(vec![1, 2]))),
+            ("time", arc(time.finish())),
+            ("y", arc(Float64Array::from(vec![0.0, 1.0]))),
+        ],
+    );
+    let compile = |args: &[&str], needles: &[&str]| {
+        let mut all = vec!["compile"];
+        all.extend_from_slice(args);
+        all.extend(["--out", "cache"]);
+        fails_cleanly(&dir, &all, needles);
+    };
+    compile(
+        &[
+            "tx.parquet",
+            "--key",
+            "cust",
+            "--order-by",
+            "ts",
+            "--features",
+            "amt",
+        ],
+        &[
+            "tx.parquet",
+            "column \"cust\" is string, but as the key it must be an integer type (int8..int64",
+            "map the keys to integers first",
+        ],
+    );
+    compile(
+        &["events.parquet", "--key", "id", "--features", "time"],
+        &[
+            "events.parquet",
+            "column \"time\" is list<double>",
+            "explode it to one row per step",
+        ],
+    );
+    compile(
+        &[
+            "events.parquet",
+            "--key",
+            "id",
+            "--features",
+            "y",
+            "--targets",
+            "y",
+        ],
+        &[
+            "--targets needs a context table (--context)",
+            "compile it without --key",
+        ],
+    );
+    let err = dsc(
+        dir.path(),
+        &[
+            "compile",
+            "events.parquet",
+            "--key",
+            "id",
+            "--features",
+            "time",
+            "--out",
+            "c",
+        ],
+    )
+    .fails(2);
+    assert!(!err.contains("Field {") && !err.contains("List("), "{err}");
+}

@@ -88,7 +88,7 @@ pub enum CompileError {
         positions: Vec<usize>,
     },
     /// A column has a type that cannot serve its role.
-    #[error("{path}: column {column:?} is {found}, but as {role} it must be {expected}")]
+    #[error("{path}: column {column:?} is {found}, but as {role} it must be {expected}{advice}")]
     WrongType {
         /// The file.
         path: PathBuf,
@@ -100,6 +100,8 @@ pub enum CompileError {
         expected: String,
         /// The column's type.
         found: String,
+        /// What to do instead, from `; ` (empty when the type has no usual fix).
+        advice: String,
     },
     /// Two rows files disagree on a column's type.
     #[error("{path}: column {column:?} is {found}, but it is {expected} in {first}")]

@@ -334,7 +334,13 @@ fn check(spec: &CompileSpec) -> Result<bool> {
         } else {
             "targets"
         };
-        return Err(OptionError::new(key, "needs a context table (`context`)").into());
+        return Err(OptionError::new(
+            key,
+            "needs a context table (`context`): targets and context features are per context, \
+             read from a table with one row per key; to store a table's own columns as \
+             targets, compile it without `key` (each row a sample)",
+        )
+        .into());
     }
     check_unique("features", &spec.features)?;
     check_unique("categorical", &spec.categorical)?;

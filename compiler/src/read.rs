@@ -3,7 +3,7 @@
 
 use crate::column::{classify, type_name, Column, Kind, TypeInfo};
 use crate::error::{CompileError, Result};
-use arrow_schema::Schema;
+use arrow_schema::{DataType, Schema};
 use dsc_format::spelling::OptionError;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
@@ -250,6 +250,7 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
                 role: w.role.describe().0.into(),
                 expected: w.role.describe().1.into(),
                 found,
+                advice: advice(w.role, field.data_type()).into(),
             };
             let info =
                 classify(field.data_type()).ok_or_else(|| wrong(type_name(field.data_type())))?;
@@ -259,6 +260,38 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
             Ok(info)
         })
         .collect()
+}
+
+/// What to do with a column of type `dt` that cannot serve `role`: the usual fixes of data as
+/// it arrives (a sequence in one row, string or 64-bit unsigned keys).
+fn advice(role: Role, dt: &DataType) -> &'static str {
+    let key = matches!(role, Role::Key | Role::JoinOn);
+    match dt {
+        DataType::List(_)
+        | DataType::LargeList(_)
+        | DataType::FixedSizeList(..)
+        | DataType::ListView(_) => {
+            "; a list column holds a whole sequence in one row: explode it to one row per step \
+             with its key repeated (pyarrow.compute.list_flatten with list_parent_indices, or \
+             pandas.DataFrame.explode)"
+        }
+        DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+        | DataType::Dictionary(..)
+        | DataType::Binary
+        | DataType::FixedSizeBinary(_)
+            if key =>
+        {
+            "; map the keys to integers first (pandas.factorize, keeping its uniques to map \
+             them back)"
+        }
+        DataType::UInt64 if key => {
+            "; keys are stored as int64: map keys past 2^63 to smaller integers first \
+             (pandas.factorize)"
+        }
+        _ => "",
+    }
 }
 
 /// The file's column names, for error messages.
