@@ -95,13 +95,13 @@ pub enum CompileError {
         /// The column.
         column: String,
         /// What it is needed as.
-        role: String,
+        role: &'static str,
         /// Acceptable types.
-        expected: String,
+        expected: &'static str,
         /// The column's type.
         found: String,
         /// What to do instead, from `; ` (empty when the type has no usual fix).
-        advice: String,
+        advice: &'static str,
     },
     /// Two rows files disagree on a column's type.
     #[error("{path}: column {column:?} is {found}, but it is {expected} in {first}")]

@@ -247,10 +247,10 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
             let wrong = |found: String| CompileError::WrongType {
                 path: opened.path.clone(),
                 column: w.name.clone(),
-                role: w.role.describe().0.into(),
-                expected: w.role.describe().1.into(),
+                role: w.role.describe().0,
+                expected: w.role.describe().1,
                 found,
-                advice: advice(w.role, field.data_type()).into(),
+                advice: advice(w.role, field.data_type()),
             };
             let info =
                 classify(field.data_type()).ok_or_else(|| wrong(type_name(field.data_type())))?;
