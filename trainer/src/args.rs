@@ -12,7 +12,8 @@ use std::path::PathBuf;
 /// Streams the cache's `train` split through the dsc loader into pinned host buffers, copies
 /// each batch to the device without blocking, and trains a transformer or GRU over the padded
 /// sequences. Reports where each step's time goes (waiting for data, host-to-device copy,
-/// compute), so a starved GPU shows at once.
+/// compute), so a starved GPU shows at once. With --pack, attention and pooling stay inside
+/// each sequence of a pack, and the loss is the mean over its sequences.
 ///
 /// The model's inputs are scaled with the cache's own train statistics (stats.json): columns
 /// stored in source units (`identity`, `log1p`) are standardised, `zscore`/`minmax` columns are
