@@ -872,6 +872,25 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// A loader flag has one help text in every command that has it: the commands flatten the
+    /// loader's groups, and a command's own flag of the same name is listed here with why.
+    #[test]
+    fn a_loader_flag_reads_the_same_in_every_command() {
+        // `dsc bench --bucket/--pack` also time a bucketed or packed epoch next to the plain one;
+        // `--seed` of `compile` seeds the cache's global shuffle, of `gen` the generated data.
+        let own = [
+            ("bench", "bucket"),
+            ("bench", "pack"),
+            ("compile", "seed"),
+            ("gen", "seed"),
+        ];
+        let other = dsc_loader::args::flags_with_other_help(&Cli::command(), &own);
+        assert!(
+            other.is_empty(),
+            "flags that restate a loader flag: {other:?}"
+        );
+    }
+
     /// Every spec key has its flag (`--join FILE --on COL` together give `joins`), and every
     /// flag of the spec half is a key: a key added to the spec without a flag fails here.
     #[test]

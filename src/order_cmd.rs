@@ -237,7 +237,6 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         epoch: a.epoch.clone(),
         shape: ShapeArgs {
             trim: !(a.shape.pack.is_some() || a.shape.series_window.is_some()),
-            trim_multiple: Some(multiple),
             ..a.shape.clone()
         },
         mix: a.mix.clone(),
@@ -246,7 +245,7 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         threads: 0,
         ..LoaderArgs::default()
     };
-    let mut opts = args.options(multiple)?;
+    let mut opts = args.options(1)?;
     let mut loader = match &a.from_state {
         Some(path) => {
             let state = read_state(path, &mix, &opts.order, &a)?;

@@ -169,6 +169,13 @@ impl ShapeArgs {
         }
         if let Some(m) = self.trim_multiple {
             check_trim_multiple(m)?;
+            // A multiple given for shapes without padding would be ignored without a word.
+            if !batches.is_padded() {
+                return Err(OptionError::new(
+                    "trim_multiple",
+                    "rounds trimmed lengths; packs and series windows have one shape already",
+                ));
+            }
         }
         Ok(batches)
     }
@@ -335,6 +342,48 @@ pub const KEYS: &[&str] = &[
     "columns",
 ];
 
+/// Every loader flag with its help text, as the groups declare them: what a command that
+/// flattens a group shows, and what a test holds a command's own flags of the same name to.
+#[cfg(feature = "cli")]
+pub fn flag_help() -> Vec<(String, String)> {
+    use clap::Args;
+    let cmd = clap::Command::new("loader");
+    let cmd = EpochArgs::augment_args(cmd);
+    let cmd = MixArgs::augment_args(ShapeArgs::augment_args(cmd));
+    let cmd = RankArgs::augment_args(BatchArgs::augment_args(cmd));
+    cmd.get_arguments()
+        .map(|a| {
+            let help = a.get_long_help().or(a.get_help()).map(ToString::to_string);
+            (a.get_id().to_string(), help.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// The flags of `cmd` (and its subcommands) that share a loader flag's name but not its help:
+/// `(command, flag)`, except those in `own` (a command's flag of the same name that means
+/// something else, such as `dsc bench --pack`, which also times a packed epoch).
+#[cfg(feature = "cli")]
+pub fn flags_with_other_help(cmd: &clap::Command, own: &[(&str, &str)]) -> Vec<(String, String)> {
+    let shared = flag_help();
+    let mut out = Vec::new();
+    let mut visit = vec![cmd.clone()];
+    while let Some(c) = visit.pop() {
+        for a in c.get_arguments() {
+            let id = a.get_id().as_str();
+            let Some((_, help)) = shared.iter().find(|(k, _)| k == id) else {
+                continue;
+            };
+            let mine = a.get_long_help().or(a.get_help()).map(ToString::to_string);
+            let name = c.get_name().to_string();
+            if mine.as_deref() != Some(help.as_str()) && !own.contains(&(name.as_str(), id)) {
+                out.push((name, id.to_string()));
+            }
+        }
+        visit.extend(c.get_subcommands().cloned());
+    }
+    out
+}
+
 impl LoaderArgs {
     /// The keys of a JSON object read, each checked by the rule that owns it: an unknown key,
     /// a value of the wrong type or one the loader refuses is an [`OptionError`] naming its
@@ -416,6 +465,7 @@ mod tests {
         assert!(err(r#"{"batch_size": "big"}"#).contains("batch_size"));
         assert!(err(r#"{"stride": 4}"#).contains("`stride`"));
         assert!(err(r#"{"trim": true, "series_window": 8}"#).contains("`trim`"));
+        assert!(err(r#"{"trim_multiple": 16, "pack": 4096}"#).contains("trim_multiple"));
         let unknown = err(r#"{"bucket_size": 4}"#);
         assert!(
             unknown.contains("bucket_size") && unknown.contains("trim_multiple"),

@@ -222,6 +222,24 @@ pub struct Cli {
     pub json: bool,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// dsc-train's loader flags read as `dsc order`'s: the same declarations, flattened
+    /// (`--seed` seeds the weights and dropout too).
+    #[test]
+    fn the_loader_flags_read_as_in_dsc() {
+        let own = [("dsc-train", "seed")];
+        let other = dsc_loader::args::flags_with_other_help(&Cli::command(), &own);
+        assert!(
+            other.is_empty(),
+            "flags that restate a loader flag: {other:?}"
+        );
+    }
+}
+
 /// A parser that lists a [`Choice`]'s names in `--help` and errors, parsed by the type.
 fn choice<T: Choice + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
     PossibleValuesParser::new(T::NAMES).map(|s| T::parse_name(&s).expect("one of T::NAMES"))
