@@ -15,6 +15,10 @@ use std::path::PathBuf;
 /// compute), so a starved GPU shows at once. With --pack, attention and pooling stay inside
 /// each sequence of a pack, and the loss is the mean over its sequences.
 ///
+/// One device per run: on a machine with several GPUs, --device cuda:N picks one (a sweep runs
+/// one dsc-train per GPU). tch binds no collective, so there is no data-parallel mode;
+/// training on several GPUs is the Python path (dsc.Loader under torchrun, docs/PYTHON.md).
+///
 /// The model's inputs are scaled with the cache's own train statistics (stats.json): columns
 /// stored in source units (`identity`, `log1p`) are standardised, `zscore`/`minmax` columns are
 /// used as stored. --no-normalise feeds the stored values as they are.
