@@ -491,15 +491,15 @@ pub struct SpecArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct CompileArgs {
-    #[command(flatten)]
-    pub keys: SpecArgs,
-
     /// Read the spec from a TOML file; command-line flags override its values.
     #[arg(long, value_name = "FILE", help_heading = "Spec")]
     pub spec: Option<PathBuf>,
     /// Print the resolved spec as TOML and exit without compiling.
     #[arg(long, help_heading = "Spec")]
     pub print_spec: bool,
+
+    #[command(flatten)]
+    pub keys: SpecArgs,
 
     /// Cache directory to create, or a URL in object storage (s3://bucket/cache, gs://…,
     /// az://…): the cache is compiled under --cache-dir, then uploaded with its manifest last,
