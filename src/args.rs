@@ -435,7 +435,10 @@ pub struct SpecArgs {
     pub profile: Option<String>,
     /// With --profile mostlyai: file with the validation keys, one per line (the rest train).
     #[arg(long, value_name = "FILE", help_heading = "Profiles")]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "pairs::path"
+    )]
     pub val_keys: Option<PathBuf>,
     /// With --profile mostlyai: the engine's partition count (its statistics depend on it)
     /// [default: 1].
@@ -453,7 +456,7 @@ pub struct SpecArgs {
     #[arg(long, value_name = "SIZE", help_heading = "Output")]
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "pairs::size"
+        serialize_with = "pairs::shard_size"
     )]
     pub shard_size: Option<String>,
     /// Decoded input per bucket [default: 32MiB]: shards never span two buckets, so this shapes
@@ -461,7 +464,7 @@ pub struct SpecArgs {
     #[arg(long, value_name = "SIZE", help_heading = "Output")]
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "pairs::size"
+        serialize_with = "pairs::bucket_size"
     )]
     pub bucket_size: Option<String>,
 }
@@ -853,12 +856,30 @@ mod pairs {
         )
     }
 
-    pub fn size<S: Serializer>(given: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    fn size<S: Serializer>(flag: &str, given: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
         let text = given.as_deref().unwrap_or_default();
         match dsc_format::spec::parse_size(text) {
             Ok(bytes) => s.serialize_u64(bytes),
-            Err(e) => Err(S::Error::custom(format!("{text:?}: {e}"))),
+            Err(e) => Err(S::Error::custom(format!("{flag} {text:?}: {e}"))),
         }
+    }
+
+    pub fn shard_size<S: Serializer>(given: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        size("--shard-size", given, s)
+    }
+
+    pub fn bucket_size<S: Serializer>(given: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        size("--bucket-size", given, s)
+    }
+
+    /// A path as the spec holds it: text, as the command line gave it (a path that is not
+    /// UTF-8 keeps a replacement character, and the compile names the file it cannot open).
+    pub fn path<S: Serializer>(
+        given: &Option<std::path::PathBuf>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let path = given.as_deref().unwrap_or_else(|| std::path::Path::new(""));
+        s.serialize_str(&path.display().to_string())
     }
 }
 

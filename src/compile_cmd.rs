@@ -41,11 +41,11 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
 /// The spec keys the flags give, as a spec file would hold them ([`SpecArgs`]'s serialisation;
 /// the size flags name themselves in their error).
 fn given(a: &SpecArgs) -> anyhow::Result<Map<String, Value>> {
+    // Every flag that can fail to serialise names itself in its error.
     let mut out = match serde_json::to_value(a) {
         Ok(Value::Object(map)) => map,
         Ok(_) => unreachable!("the spec flags serialise to a table"),
-        Err(e) if e.to_string().starts_with("--") => bail!("{e}"),
-        Err(e) => bail!("{}: {e}", size_flag(a)),
+        Err(e) => bail!("{e}"),
     };
     if a.joins.len() != a.join_on.len() {
         bail!(
@@ -67,16 +67,6 @@ fn given(a: &SpecArgs) -> anyhow::Result<Map<String, Value>> {
         out.insert("joins".into(), json!(joins));
     }
     Ok(out)
-}
-
-/// The size flag whose value did not parse.
-fn size_flag(a: &SpecArgs) -> &'static str {
-    let bad = |s: &Option<String>| s.as_deref().is_some_and(|s| parse_size(s).is_err());
-    if bad(&a.shard_size) {
-        "--shard-size"
-    } else {
-        "--bucket-size"
-    }
 }
 
 #[derive(Serialize)]

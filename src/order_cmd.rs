@@ -148,7 +148,10 @@ fn describe(batches: &Batches) -> String {
     match batches {
         Batches::Padded => "padded batches of whole contexts".into(),
         Batches::Bucketed => "length-bucketed batches".into(),
-        Batches::Packed(p) => format!("packs of {} tokens", p.tokens),
+        Batches::Packed(p) => match p.max_seqs {
+            Some(s) => format!("packs of {} tokens, at most {s} sequences", p.tokens),
+            None => format!("packs of {} tokens", p.tokens),
+        },
         Batches::Windows(w) => format!(
             "windows of {} steps every {} steps, horizon {}{}{}",
             w.len,
@@ -209,9 +212,17 @@ fn read_state(
         path.display(),
         o.mix_samples
     );
+    // Flags that leave a part of the shape to its default (`--pack T` without `--max-seqs`)
+    // ask for whatever the state chose there.
+    let same = match (&asked.batches, &o.batches) {
+        (Batches::Packed(a), Batches::Packed(s)) => {
+            a.tokens == s.tokens && a.max_seqs.is_none_or(|m| Some(m) == s.max_seqs)
+        }
+        (a, s) => a == s,
+    };
     if let Some(key) = asked.batches.key() {
         anyhow::ensure!(
-            asked.batches == o.batches,
+            same,
             "--{} with --from-state {}: that state is of {}, the flags ask for {} (drop the \
              flags of the shape; the state's order continues)",
             key.replace('_', "-"),

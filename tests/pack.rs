@@ -606,3 +606,47 @@ fn a_packed_state_resumes_on_another_number_of_ranks() {
         );
     }
 }
+
+/// `dsc order --pack T --from-state S`: a state of packs of T tokens continues whatever
+/// `--max-seqs` it chose, since the flags leave it to its default; other packs are refused,
+/// naming both, sequence limit included.
+#[test]
+fn dsc_order_continues_a_packed_state_that_the_flags_do_not_contradict() {
+    let dir = small_icecube_cache();
+    let state = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--pack",
+            "4096",
+            "--max-seqs",
+            "40",
+            "--state-after",
+            "1",
+        ],
+    )
+    .ok();
+    std::fs::write(dir.join("state.json"), state).unwrap();
+    let from = |pack: &str| {
+        dsc(
+            dir.path(),
+            &[
+                "order",
+                "cache",
+                "--pack",
+                pack,
+                "--from-state",
+                "state.json",
+                "--keys",
+            ],
+        )
+    };
+    from("4096").ok();
+    let err = from("2048").fails(2);
+    assert!(
+        err.contains("packs of 4096 tokens, at most 40 sequences")
+            && err.contains("packs of 2048 tokens"),
+        "{err}"
+    );
+}

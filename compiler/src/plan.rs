@@ -579,7 +579,7 @@ fn text_columns(
             encoding,
         });
     }
-    // The rows' string columns t.first, the context table's after (the tensor order).
+    // The rows' string columns first, the context table's after (the tensor order).
     text_columns.sort_by_key(|t| t.source == TextSource::Context);
     Ok(text_columns)
 }

@@ -43,11 +43,10 @@ fn order_of(
 ) -> Result<Order, LoadError> {
     let o = &opts.order;
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
-    if let Some(windows) = o.batches.windows() {
-        return windows::order(sources, sizes, opts, windows);
-    }
-    if let [one] = sizes {
-        if !o.weights.is_empty() || o.mix_samples.is_some() {
+    // A mix's options on one cache, whatever the shape (a single weight of one cache is its
+    // whole mix, as it has always been taken).
+    if let [_] = sizes {
+        if o.weights.len() > 1 || o.mix_samples.is_some() {
             let key = if o.mix_samples.is_some() {
                 "mix_samples"
             } else {
@@ -58,6 +57,11 @@ fn order_of(
                 "is for a mix: pass two or more caches (one was given)".into(),
             );
         }
+    }
+    if let Some(windows) = o.batches.windows() {
+        return windows::order(sources, sizes, opts, windows);
+    }
+    if let [one] = sizes {
         let mut order = EpochOrder::new(one, o.shuffle, o.seed, opts.epoch, o.window, o.interleave);
         if o.batches.is_bucketed() {
             order = order.bucketed(sources[0].lengths(&o.split)?, opts.global_batch()?);

@@ -319,9 +319,17 @@ class Loader:
                 raise OptionsError("horizon_columns=[] names no column: name the columns of x the "
                                    "horizon takes, or pass None for all of them",
                                    option="horizon_columns")
-        if weights is not None and not isinstance(weights, (list, tuple, np.ndarray)):
-            raise OptionsError(f"weights={weights!r}: expected one positive number per cache",
-                               option="weights")
+        if weights is not None:
+            # Python's own rule: weights weigh the caches of a mix (the Rust loader takes a
+            # single weight of one cache, as `dsc order --weights 1` always has).
+            if not mixed:
+                raise OptionsError("weights= weighs the caches of a mix: pass two or more caches",
+                                   option="weights")
+            try:
+                weights = list(weights)
+            except TypeError:
+                raise OptionsError(f"weights={weights!r}: expected one positive number per cache",
+                                   option="weights") from None
         on_gpu = self.device is not None and self.device.type == "cuda"
         self._opts = _rust_options(
             dict(
@@ -362,25 +370,27 @@ class Loader:
                                    GPU_TRIM_MULTIPLE if on_gpu else 1)
         names = [t.name for t in self.cache.schema]
         self.columns: List[str] = [n for n in names if columns is None or n in columns]
+        self._epoch: int = self._opts["epoch"]
+        self._step = 0  # batches of the current epoch consumed on this rank
+        # Units of the epoch skipped before step 0: a state from another global batch resumes
+        # at its position, not at a whole step of this one (0 otherwise).
+        self._skip = 0
+        self._planned: Optional[Tuple[int, int]] = None  # (epoch, its steps)
+        # The options against the cache now (an unknown split or tensor, a pack shorter than
+        # L), before anything below reads the split, and not at the first batch.
+        self._steps()
         self._resident_device = self._resident_choice(resident, resident_budget)
         self._resident_split: Optional[_resident.ResidentSplit] = None
         self._static_wanted = self._static_choice(static, gather_in_step)
         self.gather_in_step = bool(gather_in_step)
         # The static buffers, made with the first epoch (or `static_batch`) and kept after it.
         self._static: Optional[_static.StaticBatch] = None
-        self._epoch: int = self._opts["epoch"]
-        self._step = 0  # batches of the current epoch consumed on this rank
-        # Units of the epoch skipped before step 0: a state from another global batch resumes
-        # at its position, not at a whole step of this one (0 otherwise).
-        self._skip = 0
         self._counts: Dict[str, Any] = dict(batches=0, contexts=0, bytes=0, wait_s=0.0,
                                             device_wait_s=0.0, upload_steps=0, queued=0)
         self._pid = os.getpid()
         # The running iterator, weakly: an iterator keeps its loader alive, not the other way
         # round, so that neither forms a cycle that only the garbage collector could free.
         self._active: Optional["weakref.ref[_Epoch]"] = None
-        self._planned: Optional[Tuple[int, int]] = None  # (epoch, its steps)
-        self._steps()  # checks the options against the cache now, not at the first batch
         self._contexts = self._sources.positions(self._options(0))
         # Gather into torch-allocated (pinned) buffers from Python threads; the tests also run
         # this path without pinning on machines without a GPU.

@@ -469,6 +469,9 @@ def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None
     assert missing.value.file and "nothing" in missing.value.file
     with pytest.raises(dsc.OptionsError, match="no split .test.*.train."):
         dsc.Loader(cache_dir, split="test")
+    # Checked before a resident split is sized (a bare KeyError before).
+    with pytest.raises(dsc.OptionsError, match="no split .test."):
+        dsc.Loader(cache_dir, split="test", resident=True, format="torch")
     with pytest.raises(dsc.OptionsError, match="batch_size=0"):
         dsc.Loader(cache_dir, batch_size=0)
     with pytest.raises(dsc.OptionsError, match="rank=2"):

@@ -295,9 +295,11 @@ impl RunConfig {
             "must be between 1 and {MAX_TRIM_MULTIPLE}"
         );
         ensure!(
-            self.trim_multiple.is_none() || self.batches.is_padded(),
+            // Runs of series windows recorded a multiple they never used: not refused, so
+            // that their checkpoints resume.
+            self.trim_multiple.is_none() || self.batches.pack().is_none(),
             "trim_multiple",
-            "rounds trimmed lengths; packs and series windows have one shape already"
+            "rounds trimmed lengths; packed batches (`pack`) have one shape already"
         );
         ensure!(
             !self.graph || !self.batches.is_bucketed(),
@@ -515,6 +517,21 @@ mod tests {
         json["bucket"] = true.into();
         let err = read(&json).unwrap_err().to_string();
         assert!(err.contains("`bucket` and `pack`"), "{err}");
+        // Runs of series windows recorded a trim multiple they never used; their checkpoints
+        // resume. Packs refuse one.
+        let mut windows = RunConfig::new("cache", Task::Forecast);
+        windows.batches = Batches::Windows(dsc_loader::SeriesWindows {
+            len: 8,
+            stride: 8,
+            horizon: 2,
+            horizon_columns: Vec::new(),
+            pad: false,
+        });
+        windows.trim_multiple = Some(16);
+        windows.validate().unwrap();
+        windows.batches = Batches::Packed(dsc_loader::Pack::tokens(4096));
+        windows.task = Task::Regression;
+        assert_eq!(windows.validate().unwrap_err().key, "trim_multiple");
         // Checkpoints from before the shapes existed: padded.
         let obj = json.as_object_mut().unwrap();
         for key in ["bucket", "pack", "max_seqs"] {
