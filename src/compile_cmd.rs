@@ -23,10 +23,7 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
             // Parsed as a spec first, so a bad key or value is named with its line.
             let file: CompileSpec = toml::from_str(&text)
                 .with_context(|| format!("{}: invalid spec", path.display()))?;
-            match serde_json::to_value(file).expect("a spec serialises") {
-                Value::Object(map) => map,
-                _ => unreachable!("a spec is a table"),
-            }
+            dsc_format::spelling::fields(&file)
         }
         None => Map::new(),
     };

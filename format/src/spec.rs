@@ -333,10 +333,7 @@ impl CompileSpec {
         use serde_json::Value;
         // Each key given alone over the defaults first, so that a value of the wrong type or
         // an unknown key is named by its key.
-        let defaults = match serde_json::to_value(CompileSpec::new(vec![], "")) {
-            Ok(Value::Object(m)) => m,
-            _ => unreachable!("a spec serialises to a table"),
-        };
+        let defaults = crate::spelling::fields(&CompileSpec::new(vec![], ""));
         crate::spelling::check_each_key::<CompileSpec>(&defaults, &overrides, SPEC_KEYS, "spec")?;
         if overrides.contains_key("split_by") || overrides.contains_key("split_keys") {
             base.remove("split_by");

@@ -60,6 +60,15 @@ impl OptionError {
     }
 }
 
+/// The keys of a struct serialised as a JSON object, with their values: what a spec file or a
+/// keyword call gives, to lay over, compare or check key by key.
+pub fn fields<T: serde::Serialize>(value: &T) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => unreachable!("a struct of options serialises to an object"),
+    }
+}
+
 /// Checks each key of `given` alone over `defaults` (a whole object of `T` as JSON): the first
 /// key not among `keys`, or whose value `T` cannot hold, is an [`OptionError`] naming it (as
 /// `what` names the object for an unknown key), with the value. Checking keys one by one is

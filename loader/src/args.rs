@@ -394,10 +394,7 @@ impl LoaderArgs {
         let serde_json::Value::Object(given) = value else {
             return Err(OptionError::new("options", "not a JSON object").into());
         };
-        let mut fields = match serde_json::to_value(LoaderArgs::default()) {
-            Ok(serde_json::Value::Object(m)) => m,
-            _ => unreachable!("the keys serialise to an object"),
-        };
+        let mut fields = dsc_format::spelling::fields(&LoaderArgs::default());
         dsc_format::spelling::check_each_key::<LoaderArgs>(&fields, &given, KEYS, "options")?;
         fields.extend(given);
         let args: LoaderArgs = serde_json::from_value(fields.into())
@@ -439,11 +436,8 @@ mod tests {
 
     #[test]
     fn the_keys_are_the_fields() {
-        let fields: Vec<String> = match serde_json::to_value(LoaderArgs::default()) {
-            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(fields, KEYS);
+        let fields = dsc_format::spelling::fields(&LoaderArgs::default());
+        assert_eq!(fields.keys().collect::<Vec<_>>(), KEYS);
     }
 
     #[test]
@@ -482,15 +476,7 @@ mod tests {
     #[cfg(feature = "cli")]
     #[test]
     fn the_flags_are_the_keys() {
-        use clap::Args;
-        let cmd = clap::Command::new("t");
-        let cmd = EpochArgs::augment_args(cmd);
-        let cmd = MixArgs::augment_args(ShapeArgs::augment_args(cmd));
-        let cmd = RankArgs::augment_args(BatchArgs::augment_args(cmd));
-        let flags: Vec<String> = cmd
-            .get_arguments()
-            .map(|a| a.get_id().to_string())
-            .collect();
+        let flags: Vec<String> = flag_help().into_iter().map(|(id, _)| id).collect();
         let own = ["threads", "prefetch", "columns", "trim"];
         let expected: Vec<&str> = KEYS.iter().copied().filter(|k| !own.contains(k)).collect();
         assert_eq!(flags, expected);

@@ -604,7 +604,10 @@ pub struct Start {
 
 /// The name of the first field in which `a` and `b` differ (they differ).
 fn differing_field(a: &OrderSpec, b: &OrderSpec) -> String {
-    let (a, b) = (json_fields(a), json_fields(b));
+    let (a, b) = (
+        dsc_format::spelling::fields(a),
+        dsc_format::spelling::fields(b),
+    );
     a.iter()
         .chain(b.iter())
         .map(|(k, _)| k)
@@ -614,16 +617,9 @@ fn differing_field(a: &OrderSpec, b: &OrderSpec) -> String {
 }
 
 fn field_value(order: &OrderSpec, field: &str) -> String {
-    json_fields(order)
+    dsc_format::spelling::fields(order)
         .get(field)
         .map_or_else(|| "none".into(), ToString::to_string)
-}
-
-fn json_fields(order: &OrderSpec) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::to_value(order) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => unreachable!("an OrderSpec serialises to an object"),
-    }
 }
 
 #[cfg(test)]

@@ -617,10 +617,7 @@ fn spec_from(
             let file: CompileSpec = toml::from_str(&text).map_err(|e| {
                 options_error(py, &format!("{}: invalid spec file: {e}", path.display()))
             })?;
-            match serde_json::to_value(file).expect("a spec serialises") {
-                serde_json::Value::Object(map) => map,
-                _ => unreachable!("a spec is a table"),
-            }
+            dsc_format::spelling::fields(&file)
         }
         None => serde_json::Map::new(),
     };

@@ -4,7 +4,7 @@
 
 use crate::error::Result;
 use dsc_format::spec::{CompileSpec, SPEC_KEYS};
-use dsc_format::spelling::OptionError;
+use dsc_format::spelling::{fields, OptionError};
 use serde::Serialize;
 
 /// The keys of the split options, refused with the profile's own way of naming its validation
@@ -98,14 +98,6 @@ impl ProfileSpec {
             .into());
         }
         Ok(())
-    }
-}
-
-/// The keys of `value` serialised, with their values.
-fn fields<T: Serialize>(value: &T) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => unreachable!("a spec serialises to a table"),
     }
 }
 
