@@ -5,7 +5,6 @@ epoch's batches are in `_epochs`."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import warnings
