@@ -241,6 +241,31 @@ pub enum Dataset {
     Microbiome,
 }
 
+/// How `dsc gen sequences` stores its keys.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GenKeyType {
+    /// int64.
+    Int,
+    /// string: C-00101234.
+    String,
+    /// fixed_size_binary[16]: a UUID.
+    Uuid,
+    /// uint64, past 2^63.
+    Uint64,
+}
+
+impl From<GenKeyType> for dsc_gen::sequences::KeyStyle {
+    fn from(k: GenKeyType) -> Self {
+        use dsc_gen::sequences::KeyStyle;
+        match k {
+            GenKeyType::Int => KeyStyle::Int,
+            GenKeyType::String => KeyStyle::Text,
+            GenKeyType::Uuid => KeyStyle::Uuid,
+            GenKeyType::Uint64 => KeyStyle::UInt64,
+        }
+    }
+}
+
 /// Write a seeded sample data set (IceCube-like events or customer transactions).
 ///
 /// The same seed writes byte-identical files.
@@ -248,6 +273,7 @@ pub enum Dataset {
 /// Example:
 ///   dsc gen icecube --out data --files 8 --events-per-file 2000 --seed 7
 ///   dsc gen sequences --out seq --customers 10000 --files 4
+///   dsc gen sequences --out tx --key-type string
 ///   dsc gen series --out sensors --series 200 --steps 500:3000
 ///   dsc gen linkage --out people --records 4000
 ///   dsc gen microbiome --out microbes --records 600
@@ -269,6 +295,10 @@ pub struct GenArgs {
     /// Sequences: number of customers.
     #[arg(long, default_value_t = 2000)]
     pub customers: usize,
+    /// Sequences: how customer_id is stored: int (int64), string (C-00101234), uuid
+    /// (fixed_size_binary[16]) or uint64 (past 2^63). The same customers in every style.
+    #[arg(long, value_enum, default_value = "int", value_name = "TYPE")]
+    pub key_type: GenKeyType,
     /// Series: number of series.
     #[arg(long, default_value_t = 200)]
     pub series: usize,
@@ -601,9 +631,10 @@ pub struct ShowArgs {
     /// Position in the split's compiled order (0-based).
     #[arg(long, conflicts_with = "key", required_unless_present = "key")]
     pub index: Option<usize>,
-    /// The context's key.
-    #[arg(long, allow_negative_numbers = true)]
-    pub key: Option<i64>,
+    /// The context's key as the data holds it: an integer, a string, or a UUID (with or
+    /// without dashes).
+    #[arg(long, allow_hyphen_values = true)]
+    pub key: Option<String>,
     /// Stored (encoded) numbers and codes instead of source values.
     #[arg(long)]
     pub raw: bool,

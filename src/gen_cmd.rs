@@ -37,6 +37,7 @@ pub fn run(a: GenArgs) -> anyhow::Result<u8> {
                     customers: a.customers,
                     files: a.files,
                     seed: a.seed,
+                    keys: a.key_type.into(),
                 },
             )?,
         ),

@@ -82,7 +82,8 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
             a.split
         );
     };
-    let index = match (a.index, a.key) {
+    let key_type = dsc_format::keys::key_type(manifest);
+    let index = match (a.index, &a.key) {
         (Some(i), _) => {
             if i >= split.contexts {
                 bail!(
@@ -94,15 +95,37 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
             }
             i
         }
-        (None, Some(k)) => source
-            .find_key(&a.cache, &a.split, k)?
-            .with_context(|| format!("no context with key {k} in split {:?}", a.split))?,
+        (None, Some(k)) => {
+            let id = key_type
+                .id_of(k)
+                .map_err(|problem| anyhow::anyhow!("--key {k:?}: {problem}"))?;
+            source
+                .find_key(&a.cache, &a.split, id)?
+                .with_context(|| format!("no context with key {k} in split {:?}", a.split))?
+        }
         (None, None) => bail!("give --index or --key"),
     };
     let raw = source
         .read(&a.cache, &a.split, index)?
         .context("context out of range")?;
-    let d = decode(manifest, &raw, a.raw);
+    let mut d = decode(manifest, &raw, a.raw);
+    if key_type.is_hashed() {
+        // The key tensor holds the key's id; the key is the one asked for, or its table's.
+        let text = match (&a.key, &source) {
+            (Some(k), _) => Some(key_type.canonical(k).map_err(anyhow::Error::msg)?),
+            (None, Source::Local(m)) => {
+                let entry = m
+                    .shards_of(&a.split)
+                    .find(|s| (s.first_context..s.first_context + s.contexts).contains(&index))
+                    .context("context out of range")?;
+                dsc_format::keys::key_text_at(&a.cache, entry, index)?
+            }
+            (None, Source::Remote(_)) => None,
+        };
+        if let Some(text) = text {
+            d.key = Value::String(text);
+        }
+    }
     if a.json {
         crate::output::print_json(&d)?;
         return Ok(0);
@@ -111,7 +134,10 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
     outln!(
         "{} {}  split {}  index {}{}{}",
         if records { "row" } else { "key" },
-        d.key,
+        match &d.key {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        },
         d.split,
         d.index,
         if records {

@@ -2,10 +2,9 @@
 //! into contexts, matched with the context table, truncated and assigned to splits. Both passes
 //! over the buckets (statistics, then shards) prepare a bucket the same way.
 
-use crate::column::Kind;
-use crate::column::Values;
+use crate::column::{Column, Kind, Values};
 use crate::encode::{Access, DROPPED, TRAIN};
-use crate::error::Result;
+use crate::error::{CompileError, Result};
 use crate::group::{self, Group};
 use crate::lookup::{ContextSide, Keyed};
 use crate::plan::{Step, TextEncoding};
@@ -59,10 +58,11 @@ pub(crate) struct Shared<'a> {
 /// What only the whole input shows is wrong: kept per bucket, decided after all of them.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub(crate) struct Issues {
-    /// Contexts with rows but no context row: count, rows, and the smallest key's first row.
-    pub unmatched: (usize, u64, Option<(i64, PathBuf, u64)>),
+    /// Contexts with rows but no context row: count, rows, and the smallest key id's key and
+    /// first row.
+    pub unmatched: (usize, u64, Option<(i64, String, PathBuf, u64)>),
     /// Context rows with no rows: count and the first (row, key).
-    pub empty: (usize, Option<(u64, i64)>),
+    pub empty: (usize, Option<(u64, String)>),
     /// Listed keys (key files) that are contexts.
     pub found: Vec<i64>,
 }
@@ -91,16 +91,59 @@ pub(crate) struct Prepared {
     pub truncated: usize,
 }
 
+/// The key at `row` of the key column `key` as its user knows it: the string, or the integer.
+fn shown_key(key: &Column, row: usize) -> String {
+    match key.str_at(row) {
+        Some(s) => format!("{s:?}"),
+        None if key.info.name == "UInt64" => key.i64_at(row).map_or(String::new(), |k| (k as u64).to_string()),
+        None => key.i64_at(row).map_or(String::new(), |k| k.to_string()),
+    }
+}
+
+/// The key of context `c` as its user knows it, from its first row (or its context row).
+pub(crate) fn context_key(
+    table: &RowsTable,
+    perm: &[u32],
+    c: &Context,
+    ctx: Option<&Keyed>,
+) -> String {
+    match (c.group.len, ctx, c.ctx_row) {
+        (0, Some(ctx), Some(r)) => shown_key(&ctx.table.columns[0], r as usize),
+        _ => shown_key(&table.columns[0], perm[c.group.start] as usize),
+    }
+}
+
+/// Refuses two distinct string keys in one group: their ids (hashes) are equal, and dsc never
+/// merges two keys into one context. Both are in this bucket, as equal ids share a bucket.
+fn check_one_key_per_group(table: &RowsTable, grouped: &group::Groups) -> Result<()> {
+    let key = &table.columns[0];
+    let Values::Str { codes, dict, .. } = &key.values else {
+        return Ok(());
+    };
+    for g in &grouped.groups {
+        let rows = &grouped.perm[g.start..g.start + g.len];
+        let first = codes[rows[0] as usize];
+        if let Some(&r) = rows.iter().find(|&&r| codes[r as usize] != first) {
+            return Err(CompileError::KeyCollision {
+                path: table.locate(r as usize).0.into(),
+                column: table.wants[0].name.clone(),
+                first: dict[first as usize].clone(),
+                second: dict[codes[r as usize] as usize].clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Shared<'_> {
     /// Loads bucket `b` and groups it; `max_len` truncates (none when `None`).
     pub fn prepare(&self, b: usize, max_len: Option<usize>) -> Result<Prepared> {
         let rules = self.rules;
         let table = self.spill.load(b)?;
-        let Values::Int(keys) = &table.columns[0].values else {
-            unreachable!("the key is an integer column; checked when opened")
-        };
+        let key = &table.columns[0];
         let order = rules.order_by.and_then(|o| table.column(o));
-        let mut grouped = group::group(keys, order);
+        let mut grouped = group::group(&key.key_ids(), order);
+        check_one_key_per_group(&table, &grouped)?;
         let mut issues = Issues::default();
         let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());
         let ctx = self.context.map(|c| c.load(b)).transpose()?;
@@ -111,10 +154,22 @@ impl Shared<'_> {
                 split: TRAIN,
             })),
             Some(ctx) => {
+                let ctx_key = &ctx.table.columns[0];
                 let mut seen = vec![false; ctx.table.rows()];
                 for g in &grouped.groups {
+                    let first = grouped.perm[g.start] as usize;
                     match ctx.index.get(g.key) {
                         Some(r) => {
+                            if let (Some(a), Some(b)) = (ctx_key.str_at(r as usize), key.str_at(first)) {
+                                if a != b {
+                                    return Err(CompileError::KeyCollision {
+                                        path: table.locate(first).0.into(),
+                                        column: table.wants[0].name.clone(),
+                                        first: a.into(),
+                                        second: b.into(),
+                                    });
+                                }
+                            }
                             seen[r as usize] = true;
                             contexts.push(Context {
                                 group: *g,
@@ -127,37 +182,34 @@ impl Shared<'_> {
                             u.0 += 1;
                             u.1 += g.len as u64;
                             if u.2.is_none() {
-                                // Groups are ascending by key: the first is the smallest.
-                                let (path, row) = table.locate(grouped.perm[g.start] as usize);
-                                u.2 = Some((g.key, path.into(), row));
+                                // Groups are ascending by key id: the first is the smallest.
+                                let (path, row) = table.locate(first);
+                                u.2 = Some((g.key, shown_key(key, first), path.into(), row));
                             }
                         }
                     }
                 }
-                let Values::Int(ctx_keys) = &ctx.table.columns[0].values else {
-                    unreachable!("context keys are integers")
-                };
+                let ctx_ids = ctx_key.key_ids();
                 for (r, &was_seen) in seen.iter().enumerate() {
                     if was_seen {
                         continue;
                     }
-                    let r = r as u32;
                     issues.empty.0 += 1;
                     if issues.empty.1.is_none() {
                         // The bucket's context rows are in file order: the first is the smallest.
-                        let row = ctx.table.locate(r as usize).1;
-                        issues.empty.1 = Some((row, ctx_keys[r as usize]));
+                        let row = ctx.table.locate(r).1;
+                        issues.empty.1 = Some((row, shown_key(ctx_key, r)));
                     }
                     if rules.empty_contexts == EmptyContexts::Keep {
                         contexts.push(Context {
                             group: Group {
-                                key: ctx_keys[r as usize],
+                                key: ctx_ids[r],
                                 start: 0,
                                 len: 0,
                                 kept_start: 0,
                                 kept: 0,
                             },
-                            ctx_row: Some(r),
+                            ctx_row: Some(r as u32),
                             split: TRAIN,
                         });
                     }
@@ -173,9 +225,10 @@ impl Shared<'_> {
             refresh_groups(&mut contexts, &grouped.groups);
         }
         for c in &mut contexts {
+            let shown = || context_key(&table, &grouped.perm, c, ctx.as_ref());
             c.split = self
                 .splits
-                .of(c.group.key, ctx.as_ref().map(|k| (k, c.ctx_row)))?;
+                .of(c.group.key, &shown, ctx.as_ref().map(|k| (k, c.ctx_row)))?;
             if self.splits.is_listed(c.group.key) {
                 issues.found.push(c.group.key);
             }

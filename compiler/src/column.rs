@@ -5,10 +5,12 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Date32Type, Date64Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
     TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-    TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
+    TimestampSecondType, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::{DataType, TimeUnit};
+use dsc_format::keys;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// The logical type of a source column, as far as dsc cares.
@@ -116,7 +118,9 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         | DataType::Int64
         | DataType::UInt8
         | DataType::UInt16
-        | DataType::UInt32 => (Kind::Int, 1.0),
+        | DataType::UInt32
+        // Read as its bits in an i64: a key or a category, never a number (Role::accepts).
+        | DataType::UInt64 => (Kind::Int, 1.0),
         DataType::Float64 => (Kind::F64, 1.0),
         DataType::Float32 => (Kind::F32, 1.0),
         DataType::Boolean => (Kind::Bool, 1.0),
@@ -126,6 +130,12 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         {
             (Kind::Str, 1.0)
         }
+        // Identifiers (UUIDs, hashes) read as text: a UUID in its usual spelling, other bytes
+        // as lowercase hex (`dsc_format::keys`).
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_) => (Kind::Str, 1.0),
         DataType::Timestamp(unit, _) => (Kind::Time, unit_scale(*unit)),
         DataType::Date32 => (Kind::Time, 86_400.0),
         DataType::Date64 => (Kind::Time, 1e-3),
@@ -134,6 +144,7 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
     let name = match dt {
         DataType::Dictionary(_, _) => "Utf8".to_string(),
         DataType::LargeUtf8 | DataType::Utf8View => "Utf8".to_string(),
+        DataType::LargeBinary | DataType::BinaryView => "Binary".to_string(),
         DataType::Timestamp(unit, _) => format!("Timestamp({unit:?})"),
         other => format!("{other:?}"),
     };
@@ -470,6 +481,37 @@ impl Column {
         }
     }
 
+    /// The key ids of a key column (`dsc_format::keys`): integers are their own ids, strings
+    /// are hashed (once per distinct string).
+    pub fn key_ids(&self) -> Cow<'_, [i64]> {
+        match &self.values {
+            Values::Int(v) => Cow::Borrowed(v),
+            Values::Str { codes, dict, .. } => {
+                let ids: Vec<i64> = dict.iter().map(|s| keys::text_id(s)).collect();
+                // A null row holds code 0 even where the dictionary is empty; keys have no
+                // nulls (refused when read), so that id is never used.
+                Cow::Owned(
+                    codes
+                        .iter()
+                        .map(|&c| ids.get(c as usize).copied().unwrap_or(0))
+                        .collect(),
+                )
+            }
+            _ => unreachable!("key columns are integers or strings; checked when opened"),
+        }
+    }
+
+    /// The string at `row` of a string column (`None` when null or not a string column).
+    #[inline]
+    pub fn str_at(&self, row: usize) -> Option<&str> {
+        match &self.values {
+            Values::Str { codes, dict, .. } if self.is_valid(row) => {
+                dict.get(codes[row] as usize).map(String::as_str)
+            }
+            _ => None,
+        }
+    }
+
     /// The integer value, for key and join columns.
     #[inline]
     pub fn i64_at(&self, row: usize) -> Option<i64> {
@@ -513,6 +555,7 @@ fn push_ints(v: &mut Vec<i64>, array: &ArrayRef) {
         DataType::UInt8 => ext!(UInt8Type),
         DataType::UInt16 => ext!(UInt16Type),
         DataType::UInt32 => ext!(UInt32Type),
+        DataType::UInt64 => ext!(UInt64Type),
         DataType::Date32 => ext!(Date32Type),
         DataType::Date64 => ext!(Date64Type),
         DataType::Timestamp(TimeUnit::Second, _) => ext!(TimestampSecondType),
@@ -555,6 +598,31 @@ fn push_strings(
                 push(if array.is_valid(i) { strings[*k] } else { None });
             }
         }
+        DataType::FixedSizeBinary(16) => {
+            let b = array.as_fixed_size_binary();
+            for i in 0..b.len() {
+                let bytes: &[u8; 16] = b.value(i).try_into().expect("16 bytes");
+                push(b.is_valid(i).then(|| keys::uuid_text(bytes)).as_deref());
+            }
+        }
+        DataType::FixedSizeBinary(_) => {
+            let b = array.as_fixed_size_binary();
+            for i in 0..b.len() {
+                push(b.is_valid(i).then(|| keys::hex_text(b.value(i))).as_deref());
+            }
+        }
+        DataType::Binary => array
+            .as_binary::<i32>()
+            .iter()
+            .for_each(|v| push(v.map(keys::hex_text).as_deref())),
+        DataType::LargeBinary => array
+            .as_binary::<i64>()
+            .iter()
+            .for_each(|v| push(v.map(keys::hex_text).as_deref())),
+        DataType::BinaryView => array
+            .as_binary_view()
+            .iter()
+            .for_each(|v| push(v.map(keys::hex_text).as_deref())),
         other => unreachable!("{other:?} is not a string kind; classify() decides"),
     }
 }

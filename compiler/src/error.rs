@@ -127,6 +127,23 @@ pub enum CompileError {
         /// Row within the file.
         row: u64,
     },
+    /// Two distinct string or binary keys of one input share a 64-bit id.
+    #[error(
+        "{path}: keys {first:?} and {second:?} of column {column:?} have the same 64-bit id \
+         (the xxh3 hash dsc stores for string and binary keys, FORMAT.md §4.3); two distinct keys \
+         meet this about once in 2^64 pairs, and dsc will not merge them: change one of the two \
+         keys (append a character, say)"
+    )]
+    KeyCollision {
+        /// The file holding the second key.
+        path: PathBuf,
+        /// The key column.
+        column: String,
+        /// One key.
+        first: String,
+        /// The other.
+        second: String,
+    },
     /// The context table holds a key twice.
     #[error("{path}: key {key} appears twice in column {column:?} (rows {first_row} and {row})")]
     DuplicateKey {
@@ -148,8 +165,8 @@ pub enum CompileError {
         path: PathBuf,
         /// Its row.
         row: u64,
-        /// The key.
-        key: i64,
+        /// The key, as its user knows it.
+        key: String,
         /// The context table.
         context: PathBuf,
         /// How many other keys are affected.
@@ -162,8 +179,8 @@ pub enum CompileError {
         context: PathBuf,
         /// Its row.
         row: u64,
-        /// The key.
-        key: i64,
+        /// The key, as its user knows it.
+        key: String,
         /// How many other keys are affected.
         others: usize,
     },
@@ -327,8 +344,8 @@ pub enum CompileError {
     NoSplit {
         /// The context table.
         context: PathBuf,
-        /// The key.
-        key: i64,
+        /// The key, as its user knows it.
+        key: String,
         /// The split column.
         column: String,
     },

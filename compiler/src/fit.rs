@@ -744,7 +744,7 @@ fn check_issues(
     let unmatched: usize = buckets.iter().map(|f| f.issues.unmatched.0).sum();
     if unmatched > 0 {
         if rules.unmatched_rows == UnmatchedRows::Error {
-            let (key, path, row) = buckets
+            let (_, key, path, row) = buckets
                 .iter()
                 .filter_map(|f| f.issues.unmatched.2.clone())
                 .min_by_key(|u| u.0)
@@ -767,7 +767,7 @@ fn check_issues(
             EmptyContexts::Error => {
                 let (row, key) = buckets
                     .iter()
-                    .filter_map(|f| f.issues.empty.1)
+                    .filter_map(|f| f.issues.empty.1.clone())
                     .min()
                     .expect("counted above");
                 return Err(CompileError::EmptyContexts {

@@ -26,17 +26,23 @@ impl KeyIndex {
     /// repeated key with both rows as their files number them.
     pub fn build(table: &RowsTable, column: &str) -> Result<KeyIndex> {
         let key = table.column(column).expect("the key is wanted");
-        let Values::Int(keys) = &key.values else {
-            unreachable!("key columns are integers; checked when opened")
-        };
+        let keys = key.key_ids();
         let duplicate = |k: i64, first: u32, row: usize| {
-            let (path, row) = table.locate(row);
-            CompileError::DuplicateKey {
-                path: path.into(),
-                column: column.into(),
-                key: k.to_string(),
-                first_row: table.locate(first as usize).1,
-                row,
+            let (path, at) = table.locate(row);
+            match (key.str_at(first as usize), key.str_at(row)) {
+                (Some(a), Some(b)) if a != b => CompileError::KeyCollision {
+                    path: path.into(),
+                    column: column.into(),
+                    first: a.into(),
+                    second: b.into(),
+                },
+                (text, _) => CompileError::DuplicateKey {
+                    path: path.into(),
+                    column: column.into(),
+                    key: text.map_or_else(|| k.to_string(), |t| format!("{t:?}")),
+                    first_row: table.locate(first as usize).1,
+                    row: at,
+                },
             }
         };
         let (min, max) = keys
@@ -155,13 +161,13 @@ pub(crate) struct ContextPart {
     split_values: Vec<String>,
 }
 
-/// The columns read from the context table: the key first, then targets, context features and
-/// the split column.
-pub(crate) fn context_wants(rules: &ContextRules, texts: &[String]) -> Vec<Want> {
+/// The columns read from the context table: the key first (as `key_role`, which names the rows
+/// key's kind), then targets, context features and the split column.
+pub(crate) fn context_wants(rules: &ContextRules, texts: &[String], key_role: Role) -> Vec<Want> {
     let key = rules.key;
     let mut wants = vec![Want {
         name: key.into(),
-        role: Role::Key,
+        role: key_role,
     }];
     for n in rules.targets.iter().chain(rules.features) {
         if n != key {
@@ -295,7 +301,8 @@ fn csv_type(role: Role) -> TypeInfo {
         shown: shown.into(),
     };
     match role {
-        Role::Key | Role::JoinOn => info(Kind::Int, "Int64", "int64"),
+        Role::ContextKey { text: true } => info(Kind::Str, "Utf8", "string"),
+        Role::Key | Role::ContextKey { .. } | Role::JoinOn => info(Kind::Int, "Int64", "int64"),
         Role::Categorical | Role::Split => info(Kind::Str, "Utf8", "string"),
         _ => info(Kind::F64, "Float64", "double"),
     }

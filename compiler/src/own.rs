@@ -5,6 +5,7 @@
 
 use crate::bucket::{BucketColumn, BucketText, ColumnId, Shared};
 use crate::budget;
+use crate::column::Kind;
 use crate::commit::{commit_cache, CompileReport, Timer};
 use crate::error::Result;
 use crate::fit::{self, FitPart, Merged};
@@ -15,6 +16,7 @@ use crate::recipe::Recipe;
 use crate::rules::Rules;
 use crate::runs::ValueRuns;
 use crate::shards::{self, Layout, WritePart};
+use dsc_format::keys::KeyType;
 use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
 use crate::split;
 use crate::write::Staging;
@@ -44,6 +46,8 @@ pub(crate) struct Own<'s> {
     buckets: Buckets,
     width: u64,
     rows_read: u64,
+    /// The role of the context table's key: of the rows key's kind (integer or string).
+    context_key: Role,
 }
 
 /// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.
@@ -73,6 +77,9 @@ impl<'s> Own<'s> {
         let named_inputs = input_files(spec, &plan.rows_files);
         let inputs = read::open_all(&plan.rows_files, &plan.rows_wants)?;
         let rows_read = *inputs.offsets.last().unwrap_or(&0);
+        let context_key = Role::ContextKey {
+            text: inputs.types[0].kind == Kind::Str,
+        };
         let width = spill::row_width(&inputs.types);
         let buckets = Buckets::for_size(
             rows_read * width,
@@ -102,6 +109,7 @@ impl<'s> Own<'s> {
             buckets,
             width,
             rows_read,
+            context_key,
             plan,
         })
     }
@@ -222,7 +230,7 @@ impl<'s> Recipe for Own<'s> {
         };
         lookup::spill_context(
             Path::new(path),
-            &lookup::context_wants(&self.rules.context, &self.context_texts()),
+            &lookup::context_wants(&self.rules.context, &self.context_texts(), self.context_key),
             self.spec.split_by.as_deref(),
             to.buckets,
             to.budget,
@@ -241,7 +249,7 @@ impl<'s> Recipe for Own<'s> {
             self.context = Some(ContextSide::new(
                 Path::new(path),
                 self.spec.context_key(),
-                lookup::context_wants(&self.rules.context, &self.context_texts()),
+                lookup::context_wants(&self.rules.context, &self.context_texts(), self.context_key),
                 part,
                 self.buckets,
                 dir,
@@ -255,7 +263,8 @@ impl<'s> Recipe for Own<'s> {
             described,
             self.plan.rows_wants.clone(),
         );
-        let splits = split::plan(&self.rules.splits, self.context.as_ref())?;
+        let key_type = KeyType::of_source_type(&spill.type_of(&self.spec.key).name);
+        let splits = split::plan(&self.rules.splits, key_type, self.context.as_ref())?;
         Ok(OwnSpilled { spill, splits })
     }
 

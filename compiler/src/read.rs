@@ -15,6 +15,11 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
     Key,
+    /// The context table's key: a string (or binary) key where the rows key is one (`text`),
+    /// an integer otherwise, so that both tables' keys give the same ids.
+    ContextKey {
+        text: bool,
+    },
     OrderBy,
     Numeric,
     Categorical,
@@ -28,23 +33,36 @@ pub(crate) enum Role {
 }
 
 impl Role {
-    fn accepts(self, kind: Kind) -> bool {
+    fn accepts(self, t: &TypeInfo) -> bool {
+        // uint64 is read as its bits in an i64: right for identity (keys, joins), wrong for
+        // anything that compares or computes with its values.
+        let (kind, uint64) = (t.kind, t.name == "UInt64");
         match self {
-            Role::Key | Role::JoinOn | Role::RowNumber => kind == Kind::Int,
-            Role::OrderBy => !matches!(kind, Kind::Str | Kind::Bool),
-            Role::Numeric => kind != Kind::Str,
-            Role::Categorical => matches!(kind, Kind::Int | Kind::Str | Kind::Bool),
+            Role::Key => matches!(kind, Kind::Int | Kind::Str),
+            Role::ContextKey { text } => kind == if text { Kind::Str } else { Kind::Int },
+            Role::JoinOn | Role::RowNumber => kind == Kind::Int,
+            Role::OrderBy => !matches!(kind, Kind::Str | Kind::Bool) && !uint64,
+            Role::Numeric => kind != Kind::Str && !uint64,
+            Role::Categorical => matches!(kind, Kind::Int | Kind::Str | Kind::Bool) && !uint64,
             Role::Split | Role::Text => kind == Kind::Str,
         }
     }
     fn describe(self) -> (&'static str, &'static str) {
         match self {
-            Role::Key => ("the key", "an integer type (int8..int64, uint8..uint32)"),
-            Role::RowNumber => ("the row number", "made by the reader"),
-            Role::JoinOn => (
-                "a join column",
-                "an integer type (int8..int64, uint8..uint32)",
+            Role::Key => (
+                "the key",
+                "an integer, string or binary type (int8..uint64, string, fixed_size_binary)",
             ),
+            Role::ContextKey { text: true } => (
+                "the context key",
+                "a string or binary type, as the rows' key is",
+            ),
+            Role::ContextKey { text: false } => (
+                "the context key",
+                "an integer type (int8..uint64), as the rows' key is",
+            ),
+            Role::RowNumber => ("the row number", "made by the reader"),
+            Role::JoinOn => ("a join column", "an integer type (int8..uint64)"),
             Role::OrderBy => ("the order-by column", "a number, timestamp or date"),
             Role::Numeric => (
                 "a numeric feature or target",
@@ -254,7 +272,7 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
             };
             let info =
                 classify(field.data_type()).ok_or_else(|| wrong(type_name(field.data_type())))?;
-            if !w.role.accepts(info.kind) {
+            if !w.role.accepts(&info) {
                 return Err(wrong(info.shown));
             }
             Ok(info)
@@ -263,9 +281,8 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
 }
 
 /// What to do with a column of type `dt` that cannot serve `role`: the usual fixes of data as
-/// it arrives (a sequence in one row, string or 64-bit unsigned keys).
+/// it arrives (a sequence in one row, string join keys, uint64 values).
 fn advice(role: Role, dt: &DataType) -> &'static str {
-    let key = matches!(role, Role::Key | Role::JoinOn);
     match dt {
         DataType::List(_)
         | DataType::LargeList(_)
@@ -281,14 +298,14 @@ fn advice(role: Role, dt: &DataType) -> &'static str {
         | DataType::Dictionary(..)
         | DataType::Binary
         | DataType::FixedSizeBinary(_)
-            if key =>
+            if role == Role::JoinOn =>
         {
-            "; map the keys to integers first (pandas.factorize, keeping its uniques to map \
-             them back)"
-        }
-        DataType::UInt64 if key => {
-            "; keys are stored as int64: map keys past 2^63 to smaller integers first \
+            "; a join matches integers: map the join keys to integers in both tables first \
              (pandas.factorize)"
+        }
+        DataType::UInt64 if role != Role::JoinOn => {
+            "; uint64 is read as its 64 bits, which only a key or join column may be: cast it \
+             to int64 or double first"
         }
         _ => "",
     }

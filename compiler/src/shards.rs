@@ -7,11 +7,13 @@ use crate::encode::{CategoryCoder, NumericEncoder};
 use crate::error::Result;
 use crate::fit::{self, FittedColumn, Merged};
 use crate::text::TextCoder;
+use crate::column::{Column, Kind};
 use crate::write::ShardWriter;
 use crate::Progress;
 use dsc_format::rng::position_hash;
 use dsc_format::{
-    shard, ColumnSource, ColumnSpec, Dtype, Encoding, ShardEntry, TensorRole, TensorSpec,
+    shard, ColumnSource, ColumnSpec, Dtype, Encoding, KeyTableEntry, ShardEntry, TensorRole,
+    TensorSpec,
 };
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -117,6 +119,7 @@ impl ShardFile {
                 bytes: 0,
                 xxh3: String::new(),
                 compressed: None,
+                keys: None,
             },
         })
     }
@@ -295,6 +298,10 @@ pub(crate) fn write_buckets(
             texts: &texts,
             max_len: merged.max_len,
             filled: &filled,
+            keys: (p.table.columns[0].info.kind == Kind::Str).then(|| KeyTexts {
+                rows: &p.table.columns[0],
+                context: p.ctx.as_ref().map(|k| &k.table.columns[0]),
+            }),
         };
         let entries = jobs
             .par_iter()
@@ -557,6 +564,25 @@ struct ShardContext<'a> {
     texts: &'a [TextCoder<'a>],
     max_len: usize,
     filled: &'a AtomicU64,
+    /// Where the keys are hashed to ids (strings, binary): the keys, for the key tables.
+    keys: Option<KeyTexts<'a>>,
+}
+
+/// A bucket's string keys: each context's from its first row, or from its context-table row
+/// when it has no rows.
+struct KeyTexts<'a> {
+    rows: &'a Column,
+    context: Option<&'a Column>,
+}
+
+impl KeyTexts<'_> {
+    fn of(&self, c: &Context, perm: &[u32]) -> &str {
+        let text = match (c.group.len, self.context, c.ctx_row) {
+            (0, Some(context), Some(r)) => context.str_at(r as usize),
+            _ => self.rows.str_at(perm[c.group.start] as usize),
+        };
+        text.expect("keys are never null (refused when read)")
+    }
 }
 
 /// Contexts encoded per buffer fill: bounds the writer's memory independently of shard size.
@@ -582,7 +608,35 @@ impl ShardContext<'_> {
             }
         }
         self.filled.fetch_add(filled, Ordering::Relaxed);
-        out.finish()
+        let mut entry = out.finish()?;
+        if let Some(keys) = &self.keys {
+            entry.keys = Some(self.write_keys(keys, job, split, dir)?);
+        }
+        Ok(entry)
+    }
+
+    /// Writes the key table of `job`'s shard: its contexts' ids and keys, in shard order.
+    fn write_keys(
+        &self,
+        keys: &KeyTexts,
+        job: &ShardJob,
+        split: &str,
+        dir: &Path,
+    ) -> Result<KeyTableEntry> {
+        let contexts = job.members.iter().map(|&c| &self.contexts[c]);
+        let ids: Vec<i64> = contexts.clone().map(|c| c.group.key).collect();
+        let texts: Vec<&str> = contexts.map(|c| keys.of(c, self.perm)).collect();
+        let meta = shard::ShardMeta {
+            split,
+            index: job.index,
+            first_context: job.first,
+            profile: None,
+        };
+        let file = dsc_format::keys::key_table_file_name(split, job.index);
+        let mut out = ShardWriter::create(dir.join(&file))?;
+        out.write(&dsc_format::keys::key_table_bytes(&ids, &texts, &meta))?;
+        let (bytes, xxh3) = out.finish()?;
+        Ok(KeyTableEntry { file, bytes, xxh3 })
     }
 
     /// Writes one context's sample of one tensor into `dst` (zeroed); returns values filled.

@@ -321,10 +321,7 @@ fn spill_file(
                 });
             }
         }
-        let crate::column::Values::Int(keys) = &key.values else {
-            unreachable!("the key is an integer column; checked when opened")
-        };
-        for (r, &k) in keys.iter().enumerate() {
+        for (r, &k) in key.key_ids().iter().enumerate() {
             members[buckets.of(k)].push(r as u32);
         }
         for (b, rows) in members.iter_mut().enumerate() {
@@ -446,11 +443,8 @@ pub(crate) fn spill_table(
     dir: &Path,
     name: &str,
 ) -> Result<SpillPart> {
-    let crate::column::Values::Int(keys) = &table.columns[0].values else {
-        unreachable!("the key is an integer column")
-    };
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
-    for (r, &k) in keys.iter().enumerate() {
+    for (r, &k) in table.columns[0].key_ids().iter().enumerate() {
         members[buckets.of(k)].push(r as u32);
     }
     let name = format!("{name}.spill");

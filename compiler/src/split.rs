@@ -7,6 +7,7 @@ use crate::column::Values;
 use crate::error::{CompileError, Result};
 use crate::lookup::{ContextSide, Keyed};
 use crate::rules::SplitRules;
+use dsc_format::keys::KeyType;
 use dsc_format::rng::split_unit;
 use dsc_format::spelling::OptionError;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -40,12 +41,20 @@ enum Rule<'a> {
         name: &'a str,
         split_of: HashMap<String, u8>,
     },
-    /// Keys listed in files: split, file and line of each.
-    Keys(HashMap<i64, (u8, &'a str, usize)>),
+    /// Keys listed in files, by id: split, file, line and the key as written.
+    Keys(HashMap<i64, Listed<'a>>),
 }
 
+/// Where a key file lists a key: split, file, line, and the key as the line writes it.
+type Listed<'a> = (u8, &'a str, usize, String);
+
 /// Decides the splits of `spec`: reads key files (and checks them), or the split column's values.
-pub(crate) fn plan<'a>(spec: &SplitRules<'a>, context: Option<&ContextSide>) -> Result<Splits<'a>> {
+/// `key_type` turns a key file's lines into key ids.
+pub(crate) fn plan<'a>(
+    spec: &SplitRules<'a>,
+    key_type: KeyType,
+    context: Option<&ContextSide>,
+) -> Result<Splits<'a>> {
     let mut others: BTreeSet<String> = BTreeSet::new();
     let rule = match (spec.split_by, spec.split_keys.is_empty()) {
         (Some(_), false) => {
@@ -109,7 +118,7 @@ pub(crate) fn plan<'a>(spec: &SplitRules<'a>, context: Option<&ContextSide>) -> 
                 .collect();
             Rule::Column { name, split_of }
         }
-        Rule::Keys(_) => Rule::Keys(read_key_files(spec, &position)?),
+        Rule::Keys(_) => Rule::Keys(read_key_files(spec, key_type, &position)?),
         Rule::Train => Rule::Train,
     };
     Ok(Splits {
@@ -124,14 +133,24 @@ pub(crate) fn plan<'a>(spec: &SplitRules<'a>, context: Option<&ContextSide>) -> 
 
 fn read_key_files<'a>(
     spec: &SplitRules<'a>,
+    key_type: KeyType,
     position: &dyn Fn(&str) -> Option<u8>,
-) -> Result<HashMap<i64, (u8, &'a str, usize)>> {
-    let mut listed: HashMap<i64, (u8, &'a str, usize)> = HashMap::new();
+) -> Result<HashMap<i64, Listed<'a>>> {
+    let mut listed: HashMap<i64, Listed<'a>> = HashMap::new();
     for (name, file) in spec.split_keys {
         let path = Path::new(file);
         let split = position(name).expect("every key file names a split");
-        for (key, line) in read_key_list(path)? {
-            if let Some(&(other, other_file, other_line)) = listed.get(&key) {
+        for (id, line, key) in read_key_list(path, key_type)? {
+            if let Some((other, other_file, other_line, other_key)) = listed.get(&id) {
+                let (other, other_file, other_line) = (*other, *other_file, *other_line);
+                if *other_key != key {
+                    return Err(CompileError::KeyCollision {
+                        path: path.into(),
+                        column: format!("key file line {line}"),
+                        first: other_key.clone(),
+                        second: key,
+                    });
+                }
                 let reason = if other == split {
                     format!("key {key} is listed twice (also line {other_line})")
                 } else {
@@ -151,15 +170,21 @@ fn read_key_files<'a>(
                     what: reason,
                 });
             }
-            listed.insert(key, (split, file.as_str(), line));
+            listed.insert(id, (split, file.as_str(), line, key));
         }
     }
     Ok(listed)
 }
 
 impl Splits<'_> {
-    /// The split of the context `key`, with its row in (its bucket of) the context table.
-    pub fn of(&self, key: i64, ctx: Option<(&Keyed, Option<u32>)>) -> Result<u8> {
+    /// The split of the context of id `key` (`shown`: the key as its user knows it, for
+    /// messages), with its row in (its bucket of) the context table.
+    pub fn of(
+        &self,
+        key: i64,
+        shown: &dyn Fn() -> String,
+        ctx: Option<(&Keyed, Option<u32>)>,
+    ) -> Result<u8> {
         let s = match &self.rule {
             Rule::Train => self.train,
             Rule::Keys(listed) => listed.get(&key).map_or(self.train, |l| l.0),
@@ -175,7 +200,7 @@ impl Splits<'_> {
                 let Some(row) = ctx_row else {
                     return Err(CompileError::NoSplit {
                         context: ctx.path.clone(),
-                        key,
+                        key: shown(),
                         column: column.to_string(),
                     });
                 };
@@ -184,7 +209,7 @@ impl Splits<'_> {
                     path: path.into(),
                     column: column.to_string(),
                     row: file_row,
-                    what: format!("key {key}: {what}"),
+                    what: format!("key {}: {what}", shown()),
                 };
                 if !col.is_valid(row as usize) {
                     return Err(bad("the split is null; every context needs one".into()));
@@ -215,10 +240,10 @@ impl Splits<'_> {
     /// found (`found`: the listed keys that are contexts).
     pub fn check(&self, contexts: &[u64], found: &HashSet<i64>, total: u64) -> Result<()> {
         if let Rule::Keys(listed) = &self.rule {
-            let mut missing: Vec<(&str, usize, i64, u8)> = listed
+            let mut missing: Vec<(&str, usize, &str, u8)> = listed
                 .iter()
                 .filter(|(k, _)| !found.contains(k))
-                .map(|(&k, &(s, file, line))| (file, line, k, s))
+                .map(|(_, (s, file, line, key))| (*file, *line, key.as_str(), *s))
                 .collect();
             missing.sort_unstable();
             if let Some(&(file, line, key, s)) = missing.first() {
@@ -269,22 +294,25 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// Reads a file of integer keys, one per line (blank lines and `#` comments skipped): each key
-/// with its line number.
-pub(crate) fn read_key_list(path: &Path) -> Result<Vec<(i64, usize)>> {
+/// Reads a file of keys, one per line (blank lines and `#` comments skipped), written as
+/// `key_type`'s keys are (integers, strings, UUIDs): each key's id, line number and text.
+pub(crate) fn read_key_list(path: &Path, key_type: KeyType) -> Result<Vec<(i64, usize, String)>> {
     let text = std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?;
     let mut keys = Vec::new();
     for (i, line) in text.lines().enumerate() {
+        // A string key keeps its inner spaces; only the line's ends are trimmed.
         let t = line.trim();
         if t.is_empty() || t.starts_with('#') {
             continue;
         }
-        let k: i64 = t.parse().map_err(|_| CompileError::KeyList {
+        let bad = |problem: String| CompileError::KeyList {
             path: path.into(),
             line: i + 1,
-            what: format!("{t:?} is not an integer key (the file lists one key per line)"),
-        })?;
-        keys.push((k, i + 1));
+            what: format!("{problem}; the file lists one key per line"),
+        };
+        let key = key_type.canonical(t).map_err(bad)?;
+        let id = key_type.id_of(&key).map_err(bad)?;
+        keys.push((id, i + 1, key));
     }
     Ok(keys)
 }

@@ -38,6 +38,7 @@ pub mod checksum;
 pub mod choice;
 mod error;
 mod identity;
+pub mod keys;
 pub mod manifest;
 mod manifest_file;
 pub mod rng;
@@ -53,7 +54,7 @@ pub mod verify;
 pub use error::FormatError;
 pub use manifest::{
     Codec, ColumnSource, ColumnSpec, Compressed, Dtype, Encoding, Manifest, ManifestBuilder,
-    ManifestProblem, ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
+    KeyTableEntry, ManifestProblem, ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
 };
 pub use spec::CompileSpec;
 pub use stats::Stats;

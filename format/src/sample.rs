@@ -185,8 +185,10 @@ fn find_key_in(
 /// A context decoded to source units.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Decoded {
-    /// The context key.
-    pub key: i64,
+    /// The context key as its user knows it: a number for integer keys (uint64 included); for
+    /// string and binary keys its id, which a reader with the key table replaces by the key
+    /// (`dsc show` does).
+    pub key: Value,
     /// Its split.
     pub split: String,
     /// Its position in the split's compiled order.
@@ -317,6 +319,10 @@ pub fn decode(manifest: &Manifest, raw: &RawContext, raw_values: bool) -> Decode
         .iter()
         .find(|(n, _)| n == "full_length")
         .map_or(length, |(_, b)| i32_at(b, 0).max(0) as usize);
+    let key = match crate::keys::key_type(manifest) {
+        crate::keys::KeyType::UInt64 => Value::from(key as u64),
+        _ => Value::from(key),
+    };
     let mut decoded = Decoded {
         key,
         split: raw.split.clone(),

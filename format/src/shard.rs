@@ -74,7 +74,7 @@ impl<'a> ShardMeta<'a> {
 
     /// The `__metadata__` entries of a shard of format `version`, in the order of
     /// `docs/FORMAT.md` §6.1.
-    fn entries(&self, version: u32) -> Vec<(String, String)> {
+    pub(crate) fn entries(&self, version: u32) -> Vec<(String, String)> {
         let mut out = vec![
             ("format", FORMAT_NAME.to_string()),
             ("format_version", version.to_string()),
@@ -92,8 +92,24 @@ impl<'a> ShardMeta<'a> {
 /// The header bytes (length prefix included) of a shard holding `n` contexts, and the tensors'
 /// extents. The format owns the header: writers say which shard it is, nothing more.
 pub fn build_header(tensors: &[TensorSpec], n: usize, meta: &ShardMeta) -> (Vec<u8>, ShardLayout) {
+    let entries: Vec<(&str, Dtype, Vec<usize>)> = tensors
+        .iter()
+        .map(|t| {
+            let mut shape = vec![n];
+            shape.extend_from_slice(&t.sample_shape);
+            (t.name.as_str(), t.dtype, shape)
+        })
+        .collect();
+    header_of(&entries, meta.entries(FORMAT_VERSION))
+}
+
+/// The header of a safetensors file holding `tensors` (name, dtype, full shape) contiguously in
+/// that order, with `metadata`: shards and key tables (`crate::keys`) alike.
+pub(crate) fn header_of(
+    tensors: &[(&str, Dtype, Vec<usize>)],
+    metadata: Vec<(String, String)>,
+) -> (Vec<u8>, ShardLayout) {
     let mut map = Map::new();
-    let metadata = meta.entries(FORMAT_VERSION);
     let json_meta: Map<String, Value> = metadata
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
@@ -101,22 +117,20 @@ pub fn build_header(tensors: &[TensorSpec], n: usize, meta: &ShardMeta) -> (Vec<
     map.insert("__metadata__".into(), Value::Object(json_meta));
     let mut offset = 0u64;
     let mut extents = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let mut shape = vec![n];
-        shape.extend_from_slice(&t.sample_shape);
-        let len = (n * t.sample_bytes()) as u64;
+    for (name, dtype, shape) in tensors {
+        let len = (shape.iter().product::<usize>() * dtype.size()) as u64;
         let mut entry = Map::new();
-        entry.insert("dtype".into(), Value::String(t.dtype.as_str().into()));
+        entry.insert("dtype".into(), Value::String(dtype.as_str().into()));
         entry.insert("shape".into(), Value::from(shape.clone()));
         entry.insert(
             "data_offsets".into(),
             Value::from(vec![offset, offset + len]),
         );
-        map.insert(t.name.clone(), Value::Object(entry));
+        map.insert((*name).to_string(), Value::Object(entry));
         extents.push(TensorExtent {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape,
+            name: (*name).to_string(),
+            dtype: *dtype,
+            shape: shape.clone(),
             start: offset,
             end: offset + len,
         });
@@ -421,6 +435,7 @@ mod tests {
             bytes: 0,
             xxh3: String::new(),
             compressed: None,
+            keys: None,
         };
         let mut tensors = specs();
         tensors[1].columns = (0..2)

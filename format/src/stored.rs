@@ -204,6 +204,7 @@ mod tests {
                 bytes: stored.len() as u64,
                 xxh3: checksum::xxh3_hex(stored),
             }),
+            keys: None,
         }
     }
 

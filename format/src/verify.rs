@@ -77,7 +77,23 @@ pub fn verify_parts(
         on_shard(i, total);
         let path = dir.join(&entry.file);
         let checked = locate(entry)
-            .and_then(|local| verify_shard(manifest, entry, &local, depth, &mut report.bytes_read));
+            .and_then(|local| verify_shard(manifest, entry, &local, depth, &mut report.bytes_read))
+            .and_then(|shard_keys| {
+                if let (Some(table), Depth::Full) = (&entry.keys, depth) {
+                    let as_entry = crate::ShardEntry {
+                        file: table.file.clone(),
+                        bytes: table.bytes,
+                        xxh3: table.xxh3.clone(),
+                        compressed: None,
+                        keys: None,
+                        ..entry.clone()
+                    };
+                    let local = locate(&as_entry)?;
+                    report.bytes_read += table.bytes;
+                    verify_key_table(table, &local, &shard_keys)?;
+                }
+                Ok(shard_keys)
+            });
         match checked {
             Ok(shard_keys) => {
                 for (sample, key) in shard_keys.into_iter().enumerate() {
@@ -133,6 +149,41 @@ fn stats_mismatch(manifest: &Manifest, stats: &crate::Stats, path: &Path) -> Vec
         Some(_) => {}
     }
     out
+}
+
+/// Checks a shard's key table: its size and checksum, its layout, the shard's ids in the
+/// shard's order, and each key hashing to its id.
+fn verify_key_table(
+    table: &crate::KeyTableEntry,
+    path: &Path,
+    shard_keys: &[i64],
+) -> Result<(), FormatError> {
+    let bytes = std::fs::read(path).map_err(|e| FormatError::io(path, e))?;
+    checksum::check(checksum::xxh3_hex(&bytes), &table.xxh3, path)?;
+    let read = crate::keys::read_key_table(&bytes, path)?;
+    let bad = |sample: usize, reason: String| FormatError::BadValue {
+        shard: path.into(),
+        tensor: "key".into(),
+        sample,
+        reason,
+    };
+    if read.ids != shard_keys {
+        let at = read.ids.iter().zip(shard_keys).position(|(a, b)| a != b);
+        return Err(bad(
+            at.unwrap_or(read.ids.len().min(shard_keys.len())),
+            format!(
+                "the key table's ids ({} of them) are not its shard's ({})",
+                read.ids.len(),
+                shard_keys.len()
+            ),
+        ));
+    }
+    for (i, (id, text)) in read.ids.iter().zip(&read.texts).enumerate() {
+        if crate::keys::text_id(text) != *id {
+            return Err(bad(i, format!("key {text:?} does not hash to its id {id}")));
+        }
+    }
+    Ok(())
 }
 
 fn verify_shard(

@@ -36,6 +36,7 @@ fn shard(split: &str, index: usize, first: usize, contexts: usize) -> ShardEntry
         bytes: 1,
         xxh3: "0".repeat(16),
         compressed: None,
+        keys: None,
     }
 }
 

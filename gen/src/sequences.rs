@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, StringArray,
-    TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, FixedSizeBinaryArray, Float32Array, Float64Array, Int32Array,
+    Int64Array, StringArray, TimestampMicrosecondArray, UInt64Array,
 };
 use arrow_schema::{DataType, TimeUnit};
 use rayon::prelude::*;
@@ -42,8 +42,72 @@ const END_US: i64 = 1_719_792_000_000_000;
 // Separate streams for the ids, the customer-table order, each customer and each file's order.
 const STREAM_IDS: u64 = 0x5E0_0001;
 const STREAM_TABLE_ORDER: u64 = 0x5E0_0002;
+const STREAM_UUID: u64 = 0x5E0_0003;
 const STREAM_FILE: u64 = 0x5E0_1000;
 const STREAM_CUSTOMER: u64 = 0x5E1_0000_0000;
+
+/// How `customer_id` is stored: the customer's number as an integer, or the identifiers
+/// exported data usually holds. The same customers and transactions whatever the style.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyStyle {
+    /// `int64`, the customer's number.
+    #[default]
+    Int,
+    /// `string`, `C-` and the number in eight digits (`C-00101234`).
+    Text,
+    /// `fixed_size_binary[16]`: a UUID (version 4 layout) drawn from the customer's number.
+    Uuid,
+    /// `uint64`: the number past 2^63, as 64-bit hashes of identifiers are.
+    UInt64,
+}
+
+impl KeyStyle {
+    /// The Arrow type of `customer_id`.
+    pub fn data_type(self) -> DataType {
+        match self {
+            KeyStyle::Int => DataType::Int64,
+            KeyStyle::Text => DataType::Utf8,
+            KeyStyle::Uuid => DataType::FixedSizeBinary(16),
+            KeyStyle::UInt64 => DataType::UInt64,
+        }
+    }
+
+    /// The customer number `id` in this style, as a user writes it (`dsc show --key`).
+    pub fn spell(self, id: i64) -> String {
+        match self {
+            KeyStyle::Int => id.to_string(),
+            KeyStyle::Text => format!("C-{id:08}"),
+            KeyStyle::Uuid => dsc_format::keys::uuid_text(&uuid_of(id)),
+            KeyStyle::UInt64 => ((1u64 << 63) + id as u64).to_string(),
+        }
+    }
+
+    fn column(self, ids: impl Iterator<Item = i64>) -> ArrayRef {
+        match self {
+            KeyStyle::Int => Arc::new(Int64Array::from_iter_values(ids)),
+            KeyStyle::Text => Arc::new(StringArray::from_iter_values(ids.map(|id| self.spell(id)))),
+            KeyStyle::Uuid => Arc::new(
+                FixedSizeBinaryArray::try_from_iter(ids.map(uuid_of))
+                    .expect("16 bytes each"),
+            ),
+            KeyStyle::UInt64 => Arc::new(UInt64Array::from_iter_values(
+                ids.map(|id| (1u64 << 63) + id as u64),
+            )),
+        }
+    }
+}
+
+/// A UUID for customer number `id`: 16 bytes from the number's own stream, with the version-4
+/// and variant bits set as random UUIDs have them.
+fn uuid_of(id: i64) -> [u8; 16] {
+    let mut rng = Rng::new(id as u64, STREAM_UUID);
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+    b[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
 
 /// What to generate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +118,8 @@ pub struct SequencesOptions {
     pub files: usize,
     /// Seed: the same options give byte-identical files.
     pub seed: u64,
+    /// How `customer_id` is stored in both tables.
+    pub keys: KeyStyle,
 }
 
 impl Default for SequencesOptions {
@@ -62,6 +128,7 @@ impl Default for SequencesOptions {
             customers: 2000,
             files: 4,
             seed: 0,
+            keys: KeyStyle::Int,
         }
     }
 }
@@ -98,7 +165,7 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
                 .flat_map_iter(|i| simulate(i).1.into_iter().filter(|t| t.file == f as u32))
                 .collect();
             Rng::new(opts.seed, STREAM_FILE + f as u64).shuffle(&mut rows);
-            write_transactions(&dir.join(format!("part-{f:03}.parquet")), &rows)
+            write_transactions(&dir.join(format!("part-{f:03}.parquet")), &rows, opts.keys)
         })
         .collect::<Result<Vec<_>, _>>()?;
 
@@ -113,7 +180,7 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         summary.rows += rows;
     }
     summary.contexts = customers.len() as u64;
-    summary.files.push(write_customers(out, &customers)?);
+    summary.files.push(write_customers(out, &customers, opts.keys)?);
     Ok(summary)
 }
 
@@ -220,9 +287,13 @@ fn timestamp(values: impl Iterator<Item = i64>) -> ArrayRef {
     Arc::new(TimestampMicrosecondArray::from_iter_values(values))
 }
 
-fn write_transactions(path: &Path, rows: &[Txn]) -> Result<(PathBuf, u64), GenError> {
+fn write_transactions(
+    path: &Path,
+    rows: &[Txn],
+    keys: KeyStyle,
+) -> Result<(PathBuf, u64), GenError> {
     let schema = schema(&[
-        ("customer_id", DataType::Int64, false),
+        ("customer_id", keys.data_type(), false),
         ("ts", TIMESTAMP, false),
         ("amount", DataType::Float64, true),
         ("merchant_category", DataType::Utf8, true),
@@ -234,9 +305,7 @@ fn write_transactions(path: &Path, rows: &[Txn]) -> Result<(PathBuf, u64), GenEr
     let mut sink = ParquetSink::create(path, schema)?;
     for rows in rows.chunks(ROW_GROUP_ROWS) {
         sink.write(vec![
-            Arc::new(Int64Array::from_iter_values(
-                rows.iter().map(|t| t.customer_id),
-            )),
+            keys.column(rows.iter().map(|t| t.customer_id)),
             timestamp(rows.iter().map(|t| t.ts_us)),
             Arc::new(Float64Array::from_iter(rows.iter().map(|t| t.amount))),
             Arc::new(StringArray::from_iter(
@@ -257,9 +326,13 @@ fn write_transactions(path: &Path, rows: &[Txn]) -> Result<(PathBuf, u64), GenEr
     Ok((sink.finish()?, rows.len() as u64))
 }
 
-fn write_customers(out: &Path, customers: &[Customer]) -> Result<PathBuf, GenError> {
+fn write_customers(
+    out: &Path,
+    customers: &[Customer],
+    keys: KeyStyle,
+) -> Result<PathBuf, GenError> {
     let schema = schema(&[
-        ("customer_id", DataType::Int64, false),
+        ("customer_id", keys.data_type(), false),
         ("age", DataType::Int32, true),
         ("segment", DataType::Utf8, true),
         ("signup", TIMESTAMP, false),
@@ -270,7 +343,7 @@ fn write_customers(out: &Path, customers: &[Customer]) -> Result<PathBuf, GenErr
     let mut sink = ParquetSink::create(&out.join("customers.parquet"), schema)?;
     for cs in customers.chunks(ROW_GROUP_ROWS) {
         sink.write(vec![
-            Arc::new(Int64Array::from_iter_values(cs.iter().map(|c| c.id))),
+            keys.column(cs.iter().map(|c| c.id)),
             Arc::new(Int32Array::from_iter(cs.iter().map(|c| c.age))),
             Arc::new(StringArray::from_iter(
                 cs.iter().map(|c| c.segment.map(|s| SEGMENTS[s])),
@@ -303,6 +376,7 @@ mod tests {
             customers: 300,
             files: 3,
             seed,
+            ..Default::default()
         };
         let files = |seed, threads| run(threads, |dir| generate(dir, &opts(seed)));
         let a = files(1, 2);

@@ -253,6 +253,7 @@ fn write_cache(dir: &Path, s: &Shape) -> (Manifest, Vec<Samples>) {
                 bytes: bytes.len() as u64,
                 xxh3: checksum::xxh3_hex(&bytes),
                 compressed: None,
+                keys: None,
             });
         }
         builder = builder.split(name, rows, shards);

@@ -82,6 +82,7 @@ fn fixture() -> &'static Fixture {
             customers: 1500,
             files: 1,
             seed: 3,
+            ..Default::default()
         };
         dsc_gen::sequences::generate(&seq, &sopts).expect("generate sequences");
         let spec = serde_json::json!({

@@ -276,7 +276,12 @@ impl<'s> Setup<'s> {
 /// The global rows of the context table's validation contexts, ascending, from its key column
 /// read batch by batch; a listed key that is not a context is an error naming its line.
 fn val_rows(list: &Path, ctx: &Side, ctx_path: &str) -> Result<Vec<u64>> {
-    let mut listed: Vec<(i64, usize)> = crate::split::read_key_list(list)?;
+    // The profile's keys are integers (`table::wants`).
+    let mut listed: Vec<(i64, usize)> =
+        crate::split::read_key_list(list, dsc_format::keys::KeyType::Int)?
+            .into_iter()
+            .map(|(id, line, _)| (id, line))
+            .collect();
     listed.sort_unstable();
     listed.dedup_by_key(|e| e.0);
     let mut found = vec![false; listed.len()];

@@ -355,7 +355,7 @@ impl<'s> Recipe for Profile<'s> {
             let file = t.offsets.partition_point(|&o| o <= row) - 1;
             return Err(CompileError::UnmatchedRows {
                 path: t.files[file].clone(),
-                key,
+                key: key.to_string(),
                 row: row - t.offsets[file],
                 context: setup.profile.context.clone().into(),
                 others: (unmatched.rows - 1) as usize,

@@ -102,6 +102,20 @@ pub(crate) fn escape(s: &str) -> String {
 /// Every column of the table in `first`, `key` first: the engine reads them all.
 pub(crate) fn wants(first: &Path, key: &str) -> Result<Vec<Want>> {
     let opened = read::open(first)?;
+    if let Ok(field) = opened.schema.field_with_name(key) {
+        let kind = crate::column::classify(field.data_type()).map(|t| t.kind);
+        if kind != Some(Kind::Int) || field.data_type() == &arrow_schema::DataType::UInt64 {
+            return Err(CompileError::WrongType {
+                path: first.into(),
+                column: key.into(),
+                role: "the key of a mostlyai profile",
+                expected: "an integer type (int8..int64, uint8..uint32), as the engine's keys",
+                found: crate::column::type_name(field.data_type()),
+                advice: "; map the keys to integers first (pandas.factorize), or compile \
+                         without the profile, which takes string keys",
+            });
+        }
+    }
     let mut wants = vec![Want {
         name: key.to_string(),
         role: Role::Key,

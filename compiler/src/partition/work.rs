@@ -465,16 +465,21 @@ impl Work {
         // part in the work folder, and can simply be run again.
         for (i, w) in writes.iter().enumerate() {
             for e in &w.entries {
-                let recorded = WorkFile {
-                    name: e.file.clone(),
-                    bytes: e.bytes,
-                    xxh3: e.xxh3.clone(),
-                };
-                let from = check_work_file(&self.dir, &recorded, &rerun(Stage::Write, i, n))?;
-                let to = staging.dir.join(&e.file);
-                std::fs::hard_link(&from, &to)
-                    .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
-                    .map_err(|e| CompileError::io(&from, e))?;
+                let shard = (&e.file, e.bytes, &e.xxh3);
+                let keys = e.keys.as_ref().map(|k| (&k.file, k.bytes, &k.xxh3));
+                for (name, bytes, xxh3) in std::iter::once(shard).chain(keys) {
+                    let recorded = WorkFile {
+                        name: name.clone(),
+                        bytes,
+                        xxh3: xxh3.clone(),
+                    };
+                    let from =
+                        check_work_file(&self.dir, &recorded, &rerun(Stage::Write, i, n))?;
+                    let to = staging.dir.join(name);
+                    std::fs::hard_link(&from, &to)
+                        .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
+                        .map_err(|e| CompileError::io(&from, e))?;
+                }
             }
         }
         let rows_inputs = scans.iter().flat_map(|s| s.inputs.clone());

@@ -24,6 +24,21 @@ pub struct ShardEntry {
     /// `bytes` and `xxh3` describe as one frame of this codec (FORMAT.md §3.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compressed: Option<Compressed>,
+    /// The shard's key table, where the keys are hashed to their ids (strings, binary):
+    /// `shards/{split}-{NNNNN}.keys.safetensors` ([`crate::keys`], FORMAT.md §4.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeyTableEntry>,
+}
+
+/// A shard's key table file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyTableEntry {
+    /// Path relative to the cache directory.
+    pub file: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// xxh3-64 of the whole file, 16 hex digits.
+    pub xxh3: String,
 }
 
 /// How a compressed shard is stored.

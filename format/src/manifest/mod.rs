@@ -341,6 +341,17 @@ impl Manifest {
                     expected,
                 });
             }
+            if let Some(keys) = &s.keys {
+                let expected = crate::keys::key_table_file_name(&split.name, i);
+                if keys.file != expected {
+                    return Err(ManifestProblem::ShardName {
+                        file: keys.file.clone(),
+                        index: s.index,
+                        split: split.name.clone(),
+                        expected,
+                    });
+                }
+            }
             if s.first_context != next_first {
                 return Err(ManifestProblem::ShardStart {
                     file: s.file.clone(),
