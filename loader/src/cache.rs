@@ -12,6 +12,7 @@ use crate::body::{read_stored, Body, Cold, Resident, Shard, ShardBytes};
 use crate::error::LoadError;
 use crate::mmap::Mapped;
 use crate::pool::Pool;
+use dsc_format::keys::KeyTable;
 use dsc_format::stored::read_layout_of;
 use dsc_format::{FormatError, Manifest, ShardEntry, Stats, TensorRole, TensorSpec};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -387,6 +388,26 @@ impl Cache {
         Ok(inner.lengths[index].get_or_init(|| out.into()).clone())
     }
 
+    /// The `key` tensor of `split` (each context's key id), in compiled order: 8 bytes per
+    /// context read as [`Cache::lengths`] reads lengths.
+    pub fn key_ids(&self, split: &str) -> Result<Vec<i64>, LoadError> {
+        let inner = &self.inner;
+        let slot = inner.slot(TensorRole::Key);
+        let shards = &inner.splits[inner.split_index(split)?].1;
+        let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
+        for shard in shards {
+            let start = shard.tensor_starts[slot];
+            let end = start + 8 * shard.entry.contexts;
+            let head = inner.head(shard, end)?;
+            out.extend(
+                head[start..end]
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))),
+            );
+        }
+        Ok(out)
+    }
+
     /// The position in `split`'s compiled order of the context with `key`, if it holds one:
     /// each shard's `key` tensor read as [`Cache::lengths`] reads lengths (of a shard in object
     /// storage, its start by ranged requests, nothing fetched), shard by shard until found.
@@ -405,6 +426,45 @@ impl Cache {
             }
         }
         Ok(None)
+    }
+
+    /// The keys of `split` as the data held them, in compiled order, with their ids: read from
+    /// its shards' key tables (fetched from object storage, checked against the manifest's
+    /// checksums). `None` for a cache of integer keys, whose `key` tensor holds the keys.
+    pub fn key_table(&self, split: &str) -> Result<Option<KeyTable>, LoadError> {
+        let inner = &self.inner;
+        let shards = &inner.splits[inner.split_index(split)?].1;
+        if !dsc_format::keys::key_type(&inner.manifest).is_hashed() {
+            return Ok(None);
+        }
+        let mut all = KeyTable {
+            ids: Vec::new(),
+            texts: Vec::new(),
+        };
+        for shard in shards {
+            let Some(table) = &shard.entry.keys else {
+                return Err(FormatError::BadValue {
+                    shard: inner.dir.join(&shard.entry.file),
+                    tensor: "key".into(),
+                    sample: 0,
+                    reason: "the keys are hashed, but the manifest lists no key table".into(),
+                }
+                .into());
+            };
+            let path = inner.dir.join(&table.file);
+            let bytes = match &inner.origin {
+                Origin::Folder(folder) => {
+                    folder.read(&table.file).map_err(|e| FormatError::io(&path, e))?
+                }
+                #[cfg(feature = "remote")]
+                Origin::Remote(fetcher) => fetcher.read(&table.file)?,
+            };
+            dsc_format::checksum::check(dsc_format::checksum::xxh3_hex(&bytes), &table.xxh3, &path)?;
+            let read = dsc_format::keys::read_key_table(&bytes, &path)?;
+            all.ids.extend(read.ids);
+            all.texts.extend(read.texts);
+        }
+        Ok(Some(all))
     }
 
     /// The tensors of every batch, in order.

@@ -120,6 +120,7 @@ class Cache:
                                                                storage_options))
         self.manifest: Dict[str, Any] = json.loads(self._handle.manifest_json())
         self._stats: Optional[Dict[str, Any]] = None
+        self._key_of: Optional[Dict[int, str]] = None
         self.schema: List[TensorInfo] = [
             TensorInfo(
                 name=t["name"],
@@ -282,6 +283,80 @@ class Cache:
         if all(p.dtype != object for p in parts):
             return np.stack([p.astype(np.float64) for p in parts], axis=-1)
         return np.stack(parts, axis=-1)
+
+    @property
+    def key_type(self) -> str:
+        """How the data held its keys: ``"int"`` (any signed integer, or unsigned below 64
+        bits), ``"uint64"``, ``"string"``, ``"uuid"`` (16-byte binary) or ``"binary"``. The
+        ``key`` tensor holds int64 ids: the keys themselves for ``int``, their bits for
+        ``uint64``, a 64-bit hash of the key otherwise (``keys()`` and ``original_keys()`` give
+        the keys back)."""
+        source = self._source_type("key", 0)
+        if source == "UInt64":
+            return "uint64"
+        if source == "Utf8":
+            return "string"
+        if source == "FixedSizeBinary(16)":
+            return "uuid"
+        if source == "Binary" or source.startswith("FixedSizeBinary("):
+            return "binary"
+        return "int"
+
+    def keys(self, split: str = "train") -> List[Any]:
+        """Every key of ``split`` as the data held it, in the split's compiled order: ints for
+        integer keys (uint64 included), strings for string keys, UUIDs spelled
+        ``xxxxxxxx-xxxx-…`` and other binary keys as hex. Position ``i`` is the context at
+        position ``i`` of an unshuffled epoch (``dsc show --index i``)."""
+        self._split_named(split)
+        table = self._handle.key_table(split)
+        if table is not None:
+            return list(table[1])
+        ids = self._handle.key_ids(split)
+        if self.key_type == "uint64":
+            return [int(i) & 0xFFFF_FFFF_FFFF_FFFF for i in ids]
+        return list(ids)
+
+    def original_keys(self, ids: Any) -> List[Any]:
+        """The keys as the data held them of ``ids``, values of the ``key`` tensor (a batch's
+        ``batch["key"]``, a NumPy array or a list), in their order. String and binary keys are
+        read from the cache's key tables (all splits, once); an id the cache does not hold
+        raises ``KeyError``."""
+        flat = _to_numpy(ids).astype(np.int64, copy=False).reshape(-1).tolist()
+        kind = self.key_type
+        if kind == "int":
+            return flat
+        if kind == "uint64":
+            return [i & 0xFFFF_FFFF_FFFF_FFFF for i in flat]
+        if self._key_of is None:
+            key_of: Dict[int, str] = {}
+            for split in self.splits:
+                table = self._handle.key_table(split)
+                key_of.update(zip(table[0], table[1]))
+            self._key_of = key_of
+        missing = [i for i in flat if i not in self._key_of]
+        if missing:
+            raise KeyError(f"{self.path}: no context has key id {missing[0]}")
+        return [self._key_of[i] for i in flat]
+
+    def key_id(self, key: Any) -> int:
+        """The id the ``key`` tensor holds for ``key`` as the data holds it (an int, a string,
+        a UUID as text or ``uuid.UUID``, bytes): what to compare ``batch["key"]`` with."""
+        if isinstance(key, (bytes, bytearray)):
+            key = bytes(key).hex()
+        if isinstance(key, bool):
+            raise ValueError(f"{key!r} is not a key")
+        return self._handle.key_id(str(key))
+
+    def find(self, key: Any, split: str = "train") -> Optional[int]:
+        """The position in ``split``'s compiled order of the context with key ``key`` (as the
+        data holds it), or None when the split has none. Reads the split's key tensor, shard by
+        shard, until found."""
+        self._split_named(split)
+        return self._handle.find_id(split, self.key_id(key))
+
+    def _split_named(self, split: str) -> None:
+        if split not in self.splits:
+            raise OptionsError(f"{self.path}: no split {split!r} (splits: {list(self.splits)})")
 
     def _source_type(self, name: str, i: int) -> str:
         for t in self.manifest["tensors"]:

@@ -108,6 +108,42 @@ impl CacheHandle {
         self.cache.manifest().stored_id()
     }
 
+    /// The keys of `split` as the data held them, in compiled order, with their ids (the
+    /// `key` tensor's values), from its shards' key tables: `None` for integer keys.
+    fn key_table(
+        &self,
+        py: Python<'_>,
+        split: &str,
+    ) -> PyResult<Option<(Vec<i64>, Vec<String>)>> {
+        let cache = self.cache.clone();
+        let table = py
+            .detach(|| cache.key_table(split))
+            .map_err(|e| load_error(py, e))?;
+        Ok(table.map(|t| (t.ids, t.texts)))
+    }
+
+    /// `split`'s `key` tensor (each context's key id), in compiled order.
+    fn key_ids(&self, py: Python<'_>, split: &str) -> PyResult<Vec<i64>> {
+        let cache = self.cache.clone();
+        py.detach(|| cache.key_ids(split))
+            .map_err(|e| load_error(py, e))
+    }
+
+    /// The id (the `key` tensor's value) of the key `key` as the data holds it, spelled as
+    /// text; raises `ValueError` when it cannot be a key of this cache.
+    fn key_id(&self, key: &str) -> PyResult<i64> {
+        dsc_format::keys::key_type(self.cache.manifest())
+            .id_of(key)
+            .map_err(pyo3::exceptions::PyValueError::new_err)
+    }
+
+    /// The position of the context with id `id` in `split`'s compiled order, if it holds one.
+    fn find_id(&self, py: Python<'_>, split: &str, id: i64) -> PyResult<Option<usize>> {
+        let cache = self.cache.clone();
+        py.detach(|| cache.find_key(split, id))
+            .map_err(|e| load_error(py, e))
+    }
+
     /// The manifest as JSON text.
     fn manifest_json(&self) -> String {
         String::from_utf8(self.cache.manifest().to_json()).expect("serde_json writes UTF-8")
