@@ -9,6 +9,7 @@ mod docs;
 mod encoded;
 mod hostile;
 mod inspection;
+mod keys;
 mod layering;
 mod loader;
 mod mix;

@@ -26,7 +26,12 @@ impl KeyIndex {
     /// repeated key with both rows as their files number them.
     pub fn build(table: &RowsTable, column: &str) -> Result<KeyIndex> {
         let key = table.column(column).expect("the key is wanted");
-        let keys = key.key_ids();
+        Self::of_ids(table, column, &key.key_ids())
+    }
+
+    /// [`KeyIndex::build`] over the key column's ids `keys`.
+    fn of_ids(table: &RowsTable, column: &str, keys: &[i64]) -> Result<KeyIndex> {
+        let key = table.column(column).expect("the key is wanted");
         let duplicate = |k: i64, first: u32, row: usize| {
             let (path, at) = table.locate(row);
             match (key.str_at(first as usize), key.str_at(row)) {
@@ -424,4 +429,49 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
         wants,
         origin: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, StringArray};
+    use std::sync::Arc;
+
+    /// A one-file table of the string key column `k`.
+    fn string_keys(keys: &[&str]) -> RowsTable {
+        let info = crate::column::classify(&arrow_schema::DataType::Utf8).unwrap();
+        let mut col = Column::new(info, keys.len());
+        let array: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        col.push_array(&array);
+        RowsTable {
+            files: vec!["ctx.parquet".into()],
+            offsets: vec![0, keys.len() as u64],
+            columns: vec![col],
+            wants: vec![Want {
+                name: "k".into(),
+                role: Role::Key,
+            }],
+            origin: None,
+        }
+    }
+
+    /// Two keys with one id (a hash collision, forced here by giving both the same id) are
+    /// named as a collision, and one key twice as a repeated key.
+    #[test]
+    fn equal_ids_of_distinct_keys_are_a_collision_and_of_one_key_a_repeat() {
+        let table = string_keys(&["alpha", "beta", "alpha"]);
+        let err = KeyIndex::of_ids(&table, "k", &[7, 7, 9])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("keys \"alpha\" and \"beta\""), "{err}");
+        assert!(err.contains("same 64-bit id"), "{err}");
+        let err = KeyIndex::of_ids(&table, "k", &[7, 8, 7])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key \"alpha\" appears twice") && err.contains("rows 0 and 2"),
+            "{err}"
+        );
+        assert!(KeyIndex::of_ids(&table, "k", &[7, 8, 9]).is_ok());
+    }
 }

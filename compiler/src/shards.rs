@@ -3,11 +3,11 @@
 
 use crate::bucket::ColumnId;
 use crate::bucket::{Context, Shared};
+use crate::column::{Column, Kind};
 use crate::encode::{CategoryCoder, NumericEncoder};
 use crate::error::Result;
 use crate::fit::{self, FittedColumn, Merged};
 use crate::text::TextCoder;
-use crate::column::{Column, Kind};
 use crate::write::ShardWriter;
 use crate::Progress;
 use dsc_format::rng::position_hash;

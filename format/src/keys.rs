@@ -118,7 +118,9 @@ pub fn key_text_at(
     let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
     crate::checksum::check(crate::checksum::xxh3_hex(&bytes), &table.xxh3, &path)?;
     let mut read = read_key_table(&bytes, &path)?;
-    let i = index.checked_sub(entry.first_context).filter(|&i| i < read.texts.len());
+    let i = index
+        .checked_sub(entry.first_context)
+        .filter(|&i| i < read.texts.len());
     Ok(i.map(|i| read.texts.swap_remove(i)))
 }
 
@@ -206,7 +208,9 @@ pub fn key_table_bytes(ids: &[i64], texts: &[&str], meta: &ShardMeta) -> Vec<u8>
         offset += t.len() as i64;
         out.extend_from_slice(&offset.to_le_bytes());
     }
-    texts.iter().for_each(|t| out.extend_from_slice(t.as_bytes()));
+    texts
+        .iter()
+        .for_each(|t| out.extend_from_slice(t.as_bytes()));
     out
 }
 
@@ -237,7 +241,12 @@ pub fn read_key_table(bytes: &[u8], path: &Path) -> Result<KeyTable, FormatError
         let t = layout
             .tensor(name)
             .filter(|t| t.dtype == dtype && t.shape.len() == 1)
-            .ok_or_else(|| bad(format!("a key table holds a 1-d {} tensor {name:?}", dtype.as_str())))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "a key table holds a 1-d {} tensor {name:?}",
+                    dtype.as_str()
+                ))
+            })?;
         Ok::<_, FormatError>((&bytes[t.start as usize..t.end as usize], t.shape[0]))
     };
     let i64s = |b: &[u8]| -> Vec<i64> {
@@ -256,7 +265,9 @@ pub fn read_key_table(bytes: &[u8], path: &Path) -> Result<KeyTable, FormatError
     for (i, w) in offsets.windows(2).enumerate() {
         let (a, b) = (w[0], w[1]);
         if a < 0 || b < a || b as usize > m || (i == 0 && a != 0) {
-            return Err(bad(format!("key {i}'s offsets {a}..{b} are outside its {m} bytes")));
+            return Err(bad(format!(
+                "key {i}'s offsets {a}..{b} are outside its {m} bytes"
+            )));
         }
         let s = std::str::from_utf8(&text[a as usize..b as usize])
             .map_err(|_| bad(format!("key {i} is not UTF-8")))?;
@@ -277,7 +288,10 @@ mod tests {
         // Integer keys are their own ids; uint64 keep their bits.
         assert_eq!(KeyType::Int.id_of("-42"), Ok(-42));
         assert_eq!(KeyType::UInt64.id_of("18446744073709551615"), Ok(-1));
-        assert_eq!(KeyType::UInt64.integer_of(-1).unwrap(), "18446744073709551615");
+        assert_eq!(
+            KeyType::UInt64.integer_of(-1).unwrap(),
+            "18446744073709551615"
+        );
         // Strings hash their bytes: the same string, the same id, in any cache.
         assert_eq!(KeyType::Text.id_of("cust-001"), Ok(text_id("cust-001")));
         assert_ne!(text_id("cust-001"), text_id("cust-002"));
@@ -295,7 +309,10 @@ mod tests {
         assert!(KeyType::Uuid.id_of("1b4e28ba").is_err());
         assert_eq!(KeyType::Bytes.id_of("0xBEEF"), Ok(text_id("beef")));
         assert!(KeyType::Int.id_of("abc").unwrap_err().contains("integer"));
-        assert_eq!(KeyType::of_source_type("FixedSizeBinary(16)"), KeyType::Uuid);
+        assert_eq!(
+            KeyType::of_source_type("FixedSizeBinary(16)"),
+            KeyType::Uuid
+        );
         assert_eq!(KeyType::of_source_type("Int32"), KeyType::Int);
         // The id of the empty string is fixed by xxh3 (FORMAT.md gives it as a check value).
         assert_eq!(text_id(""), 0x2d06800538d394c2_u64 as i64);

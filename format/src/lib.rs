@@ -53,8 +53,8 @@ pub mod verify;
 
 pub use error::FormatError;
 pub use manifest::{
-    Codec, ColumnSource, ColumnSpec, Compressed, Dtype, Encoding, Manifest, ManifestBuilder,
-    KeyTableEntry, ManifestProblem, ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
+    Codec, ColumnSource, ColumnSpec, Compressed, Dtype, Encoding, KeyTableEntry, Manifest,
+    ManifestBuilder, ManifestProblem, ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
 };
 pub use spec::CompileSpec;
 pub use stats::Stats;

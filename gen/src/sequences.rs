@@ -87,8 +87,7 @@ impl KeyStyle {
             KeyStyle::Int => Arc::new(Int64Array::from_iter_values(ids)),
             KeyStyle::Text => Arc::new(StringArray::from_iter_values(ids.map(|id| self.spell(id)))),
             KeyStyle::Uuid => Arc::new(
-                FixedSizeBinaryArray::try_from_iter(ids.map(uuid_of))
-                    .expect("16 bytes each"),
+                FixedSizeBinaryArray::try_from_iter(ids.map(uuid_of)).expect("16 bytes each"),
             ),
             KeyStyle::UInt64 => Arc::new(UInt64Array::from_iter_values(
                 ids.map(|id| (1u64 << 63) + id as u64),
@@ -180,7 +179,9 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         summary.rows += rows;
     }
     summary.contexts = customers.len() as u64;
-    summary.files.push(write_customers(out, &customers, opts.keys)?);
+    summary
+        .files
+        .push(write_customers(out, &customers, opts.keys)?);
     Ok(summary)
 }
 

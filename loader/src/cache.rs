@@ -453,13 +453,17 @@ impl Cache {
             };
             let path = inner.dir.join(&table.file);
             let bytes = match &inner.origin {
-                Origin::Folder(folder) => {
-                    folder.read(&table.file).map_err(|e| FormatError::io(&path, e))?
-                }
+                Origin::Folder(folder) => folder
+                    .read(&table.file)
+                    .map_err(|e| FormatError::io(&path, e))?,
                 #[cfg(feature = "remote")]
                 Origin::Remote(fetcher) => fetcher.read(&table.file)?,
             };
-            dsc_format::checksum::check(dsc_format::checksum::xxh3_hex(&bytes), &table.xxh3, &path)?;
+            dsc_format::checksum::check(
+                dsc_format::checksum::xxh3_hex(&bytes),
+                &table.xxh3,
+                &path,
+            )?;
             let read = dsc_format::keys::read_key_table(&bytes, &path)?;
             all.ids.extend(read.ids);
             all.texts.extend(read.texts);

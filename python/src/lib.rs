@@ -110,11 +110,7 @@ impl CacheHandle {
 
     /// The keys of `split` as the data held them, in compiled order, with their ids (the
     /// `key` tensor's values), from its shards' key tables: `None` for integer keys.
-    fn key_table(
-        &self,
-        py: Python<'_>,
-        split: &str,
-    ) -> PyResult<Option<(Vec<i64>, Vec<String>)>> {
+    fn key_table(&self, py: Python<'_>, split: &str) -> PyResult<Option<(Vec<i64>, Vec<String>)>> {
         let cache = self.cache.clone();
         let table = py
             .detach(|| cache.key_table(split))

@@ -473,8 +473,7 @@ impl Work {
                         bytes,
                         xxh3: xxh3.clone(),
                     };
-                    let from =
-                        check_work_file(&self.dir, &recorded, &rerun(Stage::Write, i, n))?;
+                    let from = check_work_file(&self.dir, &recorded, &rerun(Stage::Write, i, n))?;
                     let to = staging.dir.join(name);
                     std::fs::hard_link(&from, &to)
                         .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
