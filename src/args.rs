@@ -326,7 +326,9 @@ pub struct SpecArgs {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rows: Vec<String>,
 
-    /// Integer column naming each row's context (event, customer, …). Without it the rows are
+    /// Column naming each row's context (event, customer, …): integers of any width, strings or
+    /// UUIDs (fixed_size_binary[16]); strings are stored as 64-bit ids with the keys in a table
+    /// beside each shard (docs/FORMAT.md §4.3). Without it the rows are
     /// a table of records: each row its own sample, keyed by its row number, stored as [n, F]
     /// features, [n] codes and [n, W] strings with no step axis (--targets then names the
     /// rows' own target columns).
@@ -440,7 +442,7 @@ pub struct SpecArgs {
     #[arg(long, value_name = "COLUMN", help_heading = "Splits and shuffle")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub split_by: Option<String>,
-    /// Put the keys listed in FILE (one integer per line) in split NAME; repeatable; unlisted
+    /// Put the keys listed in FILE (one per line, as the key column holds them) in split NAME; repeatable; unlisted
     /// keys are `train`. E.g. --split-keys test=test_ids.txt
     #[arg(long, value_name = "NAME=FILE", help_heading = "Splits and shuffle")]
     #[serde(

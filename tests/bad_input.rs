@@ -501,7 +501,7 @@ fn force_refuses_to_replace_a_directory_holding_the_inputs() {
     assert!(dir.join("data/train/batch_1.parquet").exists());
 }
 
-/// Issue 41, item 5: data as it usually arrives (string keys, sequences in list columns,
+/// Issue 41, item 5: data as it usually arrives (uint64 values, sequences in list columns,
 /// targets on the rows themselves) is refused with each type named as Arrow's tools print it,
 /// never Rust's debug form, and with what to do instead.
 #[test]
@@ -537,6 +537,26 @@ fn data_as_users_keep_it_is_refused_with_readable_types_and_a_way_forward() {
         all.extend(["--out", "cache"]);
         fails_cleanly(&dir, &all, needles);
     };
+    // A string key compiles (issue 41, item 1); a uint64 feature is read as bits, so refused.
+    dsc(
+        dir.path(),
+        &[
+            "compile",
+            "tx.parquet",
+            "--key",
+            "cust",
+            "--order-by",
+            "ts",
+            "--features",
+            "amt",
+            "--out",
+            "tx",
+        ],
+    )
+    .ok();
+    replace_column(&dir.join("tx.parquet"), "amt", |_, _| {
+        arc(arrow_array::UInt64Array::from(vec![1u64, 2, u64::MAX]))
+    });
     compile(
         &[
             "tx.parquet",
@@ -549,8 +569,8 @@ fn data_as_users_keep_it_is_refused_with_readable_types_and_a_way_forward() {
         ],
         &[
             "tx.parquet",
-            "column \"cust\" is string, but as the key it must be an integer type (int8..int64",
-            "map the keys to integers first",
+            "column \"amt\" is uint64, but as a numeric feature or target",
+            "cast it to int64 or double first",
         ],
     );
     compile(
