@@ -61,8 +61,8 @@ pub(crate) struct Issues {
     /// Contexts with rows but no context row: count, rows, and the smallest key id's key and
     /// first row.
     pub unmatched: (usize, u64, Option<(i64, String, PathBuf, u64)>),
-    /// Context rows with no rows: count and the first (row, key).
-    pub empty: (usize, Option<(u64, String)>),
+    /// Context rows with no rows: count and the first (global row, file, row, key).
+    pub empty: (usize, Option<(u64, PathBuf, u64, String)>),
     /// Listed keys (key files) that are contexts.
     pub found: Vec<i64>,
 }
@@ -201,8 +201,9 @@ impl Shared<'_> {
                     issues.empty.0 += 1;
                     if issues.empty.1.is_none() {
                         // The bucket's context rows are in file order: the first is the smallest.
-                        let row = ctx.table.locate(r).1;
-                        issues.empty.1 = Some((row, shown_key(ctx_key, r)));
+                        let (path, row) = ctx.table.locate(r);
+                        let global = ctx.table.global_row(r);
+                        issues.empty.1 = Some((global, path.into(), row, shown_key(ctx_key, r)));
                     }
                     if rules.empty_contexts == EmptyContexts::Keep {
                         contexts.push(Context {
@@ -420,6 +421,7 @@ mod tests {
                 role: Role::Key,
             }],
             origin: None,
+            element_bits: 0,
         };
         let err = check_one_key_per_group(&table, &group::group(&[1, 1, 1, 2], None))
             .unwrap_err()

@@ -42,6 +42,10 @@ pub(crate) struct TypeInfo {
     /// The type as a user knows it from Arrow, pandas and Parquet tools (`int64`, `string`,
     /// `timestamp[ms]`), for messages ([`type_name`]).
     pub shown: String,
+    /// A list of values of this type (`list<double>`): a whole sequence in one row, read
+    /// exploded to one row per element (`crate::lists`). `kind`, `scale` and `name` are the
+    /// element's, as the exploded column's would be.
+    pub list: bool,
 }
 
 /// `dt` as a user knows it: Arrow's own lowercase spelling, as pyarrow prints a schema (`int64`,
@@ -109,8 +113,17 @@ pub(crate) fn type_name(dt: &DataType) -> String {
     }
 }
 
-/// Classifies an Arrow type, or `None` if dsc cannot use it.
+/// Classifies an Arrow type, or `None` if dsc cannot use it. A list (`list`, `large_list`,
+/// `fixed_size_list`) of a usable type is its element's type with `list` set.
 pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
+    if let DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) = dt {
+        let element = classify(f.data_type()).filter(|t| !t.list)?;
+        return Some(TypeInfo {
+            list: true,
+            shown: type_name(dt),
+            ..element
+        });
+    }
     let (kind, scale) = match dt {
         DataType::Int8
         | DataType::Int16
@@ -153,6 +166,7 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         scale,
         name,
         shown: type_name(dt),
+        list: false,
     })
 }
 

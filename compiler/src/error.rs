@@ -127,6 +127,16 @@ pub enum CompileError {
         /// Row within the file.
         row: u64,
     },
+    /// A row of a list table whose lists cannot be exploded.
+    #[error("{path}: row {row}: {what}")]
+    ListRow {
+        /// The file.
+        path: PathBuf,
+        /// Row within the file.
+        row: u64,
+        /// What is wrong.
+        what: String,
+    },
     /// Two distinct string or binary keys of one input share a 64-bit id.
     #[error(
         "{path}: keys {first:?} and {second:?} of column {column:?} have the same 64-bit id \
@@ -173,14 +183,16 @@ pub enum CompileError {
         others: usize,
     },
     /// Context keys without rows, under `empty_contexts = "error"`.
-    #[error("{context}: key {key} (row {row}) has no rows in the rows files, nor do {others} other keys; pass `empty_contexts=drop` or `empty_contexts=keep`")]
+    #[error("{context}: key {key} (row {row}) {without}, nor do {others} other keys; pass `empty_contexts=drop` or `empty_contexts=keep`")]
     EmptyContexts {
-        /// The context table.
+        /// The context table's file holding the key.
         context: PathBuf,
         /// Its row.
         row: u64,
         /// The key, as its user knows it.
         key: String,
+        /// What it lacks: rows, or (a list table's row) elements.
+        without: &'static str,
         /// How many other keys are affected.
         others: usize,
     },

@@ -765,15 +765,20 @@ fn check_issues(
     if empty > 0 {
         match rules.empty_contexts {
             EmptyContexts::Error => {
-                let (row, key) = buckets
+                let (_, path, row, key) = buckets
                     .iter()
                     .filter_map(|f| f.issues.empty.1.clone())
                     .min()
                     .expect("counted above");
                 return Err(CompileError::EmptyContexts {
-                    context: ctx.path.clone(),
+                    context: path,
                     row,
                     key,
+                    without: if ctx.lists {
+                        "holds only empty lists"
+                    } else {
+                        "has no rows in the rows files"
+                    },
                     others: empty - 1,
                 });
             }

@@ -53,6 +53,7 @@ mod error;
 mod fit;
 mod group;
 mod job;
+mod lists;
 mod local;
 mod lookup;
 pub mod mostlyai;

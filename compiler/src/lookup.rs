@@ -3,7 +3,7 @@
 
 use crate::column::{Column, Kind, TypeInfo, Values};
 use crate::error::{CompileError, Result};
-use crate::read::{self, Role, RowsTable, Want};
+use crate::read::{self, Role, RowsTable, Table, Want};
 use crate::rules::ContextRules;
 use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
 use crate::NoProgress;
@@ -151,6 +151,8 @@ fn is_csv(path: &Path) -> bool {
 /// so a context table of any size costs one bucket's share of memory.
 pub(crate) struct ContextSide {
     pub path: PathBuf,
+    /// Read from a list table's own rows (its rows are the contexts whose lists are the steps).
+    pub lists: bool,
     pub key: String,
     spill: Spill,
     /// The distinct non-null values of the split column (`split_by`), ascending.
@@ -208,9 +210,10 @@ impl ContextPart {
     }
 }
 
-/// Reads the context table at `path` and spills it into `buckets` in `dir`.
+/// Reads the context table in `files` (one CSV or Parquet file, or a list table's rows files)
+/// and spills it into `buckets` in `dir`.
 pub(crate) fn spill_context(
-    path: &Path,
+    files: &[PathBuf],
     wants: &[Want],
     split_by: Option<&str>,
     buckets: Buckets,
@@ -218,7 +221,7 @@ pub(crate) fn spill_context(
     (dir, name): (&Path, &str),
 ) -> Result<ContextPart> {
     let mut split_values = std::collections::BTreeSet::new();
-    let (spill, rows) = if is_csv(path) {
+    let (spill, rows) = if let [path] = files.iter().filter(|p| is_csv(p)).collect::<Vec<_>>()[..] {
         let table = read_csv(path, wants.to_vec())?;
         check_no_null_keys(&table, &wants[0].name)?;
         if let Some(col) = split_by.and_then(|s| table.column(s)) {
@@ -229,7 +232,7 @@ pub(crate) fn spill_context(
         let rows = table.rows() as u64;
         (spill::spill_table(&table, buckets, dir, name)?, rows)
     } else {
-        let inputs = read::open_all(&[path.to_path_buf()], wants)?;
+        let inputs = read::open_all(files, wants, Table::Keyed)?;
         let rows = *inputs.offsets.last().expect("one file");
         let to = SpillTo {
             dir,
@@ -238,9 +241,11 @@ pub(crate) fn spill_context(
             budget,
             in_memory: false,
         };
-        let part = spill::spill_rows(inputs, 0..1, wants, to, &NoProgress)?;
+        let part = spill::spill_rows(inputs, 0..files.len(), wants, to, &NoProgress)?;
         if let Some(column) = split_by {
-            split_values.extend(read::distinct_strings(path, column)?);
+            for path in files {
+                split_values.extend(read::distinct_strings(path, column)?);
+            }
         }
         (part, rows)
     };
@@ -252,27 +257,34 @@ pub(crate) fn spill_context(
 }
 
 impl ContextSide {
-    /// The context table spilled as `part` in `dir`.
+    /// The context table in `files` (named in messages by the first), spilled as `part` in
+    /// `dir`.
     pub fn new(
-        path: &Path,
+        (files, lists): (&[PathBuf], bool),
         key: &str,
         wants: Vec<Want>,
         part: ContextPart,
         buckets: Buckets,
         dir: &Path,
     ) -> Result<ContextSide> {
-        let types: Vec<TypeInfo> = if is_csv(path) {
-            wants.iter().map(|w| csv_type(w.role)).collect()
-        } else {
-            read::open_all(&[path.to_path_buf()], &wants)?.types
+        let (types, offsets) = match files {
+            [path] if is_csv(path) => (
+                wants.iter().map(|w| csv_type(w.role)).collect(),
+                vec![0, part.rows],
+            ),
+            _ => {
+                let inputs = read::open_all(files, &wants, Table::Keyed)?;
+                (inputs.types, inputs.offsets)
+            }
         };
         let described = Described {
-            files: vec![path.into()],
-            offsets: vec![0, part.rows],
+            files: files.to_vec(),
+            offsets,
             types,
         };
         Ok(ContextSide {
-            path: path.into(),
+            path: files[0].clone(),
+            lists,
             key: key.into(),
             spill: Spill::from_parts(dir, vec![part.spill], buckets, described, wants),
             split_values: part.split_values,
@@ -304,6 +316,7 @@ fn csv_type(role: Role) -> TypeInfo {
         scale: 1.0,
         name: name.into(),
         shown: shown.into(),
+        list: false,
     };
     match role {
         Role::ContextKey { text: true } => info(Kind::Str, "Utf8", "string"),
@@ -428,6 +441,7 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
         columns,
         wants,
         origin: None,
+        element_bits: 0,
     })
 }
 
@@ -452,6 +466,7 @@ mod tests {
                 role: Role::Key,
             }],
             origin: None,
+            element_bits: 0,
         }
     }
 

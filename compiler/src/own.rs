@@ -75,8 +75,13 @@ impl<'s> Own<'s> {
             fit::unfitted_prefix(&cc.name, &cc.chain)?;
         }
         let named_inputs = input_files(spec, &plan.rows_files);
-        let inputs = read::open_all(&plan.rows_files, &plan.rows_wants)?;
-        let rows_read = *inputs.offsets.last().unwrap_or(&0);
+        let inputs = read::open_all(&plan.rows_files, &plan.rows_wants, read::Table::Rows)?;
+        // A list table is sized by its elements, the rows it is read as: the rows of the
+        // exploded table, whose compile it equals byte for byte.
+        let rows_read = match inputs.types.iter().position(|t| t.list) {
+            Some(i) => crate::lists::count_elements(&plan.rows_files, &plan.rows_wants[i].name)?,
+            None => *inputs.offsets.last().unwrap_or(&0),
+        };
         let context_key = Role::ContextKey {
             text: inputs.types[0].kind == Kind::Str,
         };
@@ -207,7 +212,7 @@ impl<'s> Recipe for Own<'s> {
     }
 
     fn has_context(&self) -> bool {
-        self.spec.context.is_some()
+        self.plan.context_files.is_some()
     }
 
     fn decoded_bytes(&self) -> u64 {
@@ -225,11 +230,11 @@ impl<'s> Recipe for Own<'s> {
     }
 
     fn scan_context(&mut self, to: SpillTo, _: &dyn Progress) -> Result<Option<ContextPart>> {
-        let Some(path) = &self.spec.context else {
+        let Some(files) = &self.plan.context_files else {
             return Ok(None);
         };
         lookup::spill_context(
-            Path::new(path),
+            files,
             &lookup::context_wants(&self.rules.context, &self.context_texts(), self.context_key),
             self.spec.split_by.as_deref(),
             to.buckets,
@@ -245,9 +250,9 @@ impl<'s> Recipe for Own<'s> {
         rows: Vec<SpillPart>,
         context: Option<ContextPart>,
     ) -> Result<OwnSpilled<'s>> {
-        if let (Some(path), Some(part)) = (&self.spec.context, context) {
+        if let (Some(files), Some(part)) = (&self.plan.context_files, context) {
             self.context = Some(ContextSide::new(
-                Path::new(path),
+                (files, self.spec.context.is_none()),
                 self.spec.context_key(),
                 lookup::context_wants(&self.rules.context, &self.context_texts(), self.context_key),
                 part,

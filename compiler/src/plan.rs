@@ -71,6 +71,10 @@ pub(crate) struct Plan {
     pub text_columns: Vec<TextColumn>,
     /// A table of records (no `key`): every row its own context, stored without a step axis.
     pub records: bool,
+    /// Where the context table is read from: `context`, or, for a rows table whose sequences
+    /// are list columns and no `context`, the rows files themselves (each row one context, its
+    /// own columns the targets and context features); `None` without a context table.
+    pub context_files: Option<Vec<PathBuf>>,
 }
 
 /// The longest sequence a cache may pad to: lengths are stored as i32, and one padded context
@@ -249,8 +253,18 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
         .zip(&tables.join_names)
         .map(|(j, (p, _))| (p.clone(), j.on.clone(), Vec::new()))
         .collect();
+    let lists = has_lists(spec, &first);
+    if records && lists {
+        return Err(OptionError::new(
+            "key",
+            "is needed: the rows hold their sequences as list columns, one row per sequence; \
+             give `key`, the column naming each row's context",
+        )
+        .into());
+    }
+    let context_files = context_files(spec, records, lists, &rows_files)?;
     let row_columns = row_columns(spec, records, &tables, &chain_of, &mut joins)?;
-    let text_columns = text_columns(spec, texts, &tables, &mut joins)?;
+    let text_columns = text_columns(spec, texts, &tables, lists, &mut joins)?;
     let rows_wants = rows_wants(spec, records, &row_columns, &text_columns, &first)?;
     Ok(Plan {
         rows_files,
@@ -271,7 +285,62 @@ pub(crate) fn plan(spec: &CompileSpec) -> Result<Plan> {
             .collect(),
         text_columns,
         records,
+        context_files,
     })
+}
+
+/// Where the context table is read from ([`Plan::context_files`]); refuses targets, context
+/// features and a split column without one.
+fn context_files(
+    spec: &CompileSpec,
+    records: bool,
+    lists: bool,
+    rows_files: &[PathBuf],
+) -> Result<Option<Vec<PathBuf>>> {
+    if let Some(c) = &spec.context {
+        return Ok(Some(vec![PathBuf::from(c)]));
+    }
+    if lists {
+        return Ok(Some(rows_files.to_vec()));
+    }
+    if !records && !(spec.targets.is_empty() && spec.context_features.is_empty()) {
+        let key = if spec.targets.is_empty() {
+            "context_features"
+        } else {
+            "targets"
+        };
+        return Err(OptionError::new(
+            key,
+            "needs a context table (`context`): targets and context features are per context, \
+             read from a table with one row per key (or the row itself, where the sequences \
+             are list columns); to store a table's own columns as targets, compile it without \
+             `key` (each row a sample)",
+        )
+        .into());
+    }
+    if spec.split_by.is_some() {
+        return Err(OptionError::new(
+            "split_by",
+            "reads a column of the context table: give `context`",
+        )
+        .into());
+    }
+    Ok(None)
+}
+
+/// Whether the rows table holds its sequences as list columns: a per-step column the spec
+/// names (a feature, categorical, order-by, join or string column) is a list in `first`.
+fn has_lists(spec: &CompileSpec, first: &read::Opened) -> bool {
+    let per_step = spec
+        .features
+        .iter()
+        .chain(&spec.categorical)
+        .chain(spec.order_by.iter())
+        .chain(spec.joins.iter().map(|j| &j.on))
+        .chain(spec.encode.keys());
+    per_step
+        .filter_map(|name| first.schema.field_with_name(name).ok())
+        .any(|f| crate::column::classify(f.data_type()).is_some_and(|t| t.list))
 }
 
 /// The rows table and the join tables as the columns are resolved against them.
@@ -325,35 +394,11 @@ fn check(spec: &CompileSpec) -> Result<bool> {
     if records {
         check_records(spec)?;
     }
-    if spec.context.is_none()
-        && !records
-        && !(spec.targets.is_empty() && spec.context_features.is_empty())
-    {
-        let key = if spec.targets.is_empty() {
-            "context_features"
-        } else {
-            "targets"
-        };
-        return Err(OptionError::new(
-            key,
-            "needs a context table (`context`): targets and context features are per context, \
-             read from a table with one row per key; to store a table's own columns as \
-             targets, compile it without `key` (each row a sample)",
-        )
-        .into());
-    }
     check_unique("features", &spec.features)?;
     check_unique("categorical", &spec.categorical)?;
     check_unique("targets", &spec.targets)?;
     check_unique("context_features", &spec.context_features)?;
     if let Some(column) = &spec.split_by {
-        if spec.context.is_none() {
-            return Err(OptionError::new(
-                "split_by",
-                "reads a column of the context table: give `context`",
-            )
-            .into());
-        }
         if spec.targets.contains(column) || spec.context_features.contains(column) {
             return Err(OptionError::new(
                 "split_by",
@@ -546,8 +591,18 @@ fn text_columns(
     spec: &CompileSpec,
     texts: Vec<(String, TextEncoding)>,
     t: &Tables<'_>,
+    lists: bool,
     joins: &mut [(PathBuf, String, Vec<Want>)],
 ) -> Result<Vec<TextColumn>> {
+    // In a list table without `context`, a string that is one value per row is its context's.
+    let is_list = |name: &str| {
+        t.first
+            .schema
+            .field_with_name(name)
+            .ok()
+            .and_then(|f| crate::column::classify(f.data_type()))
+            .is_some_and(|t| t.list)
+    };
     // A string column comes from the rows table, or a join, or else the context table.
     let mut text_columns = Vec::new();
     for (name, encoding) in texts {
@@ -555,8 +610,12 @@ fn text_columns(
             .join_names
             .iter()
             .position(|(_, names)| names.contains(&name));
-        let source = if t.rows_names.contains(&name) {
+        let source = if t.rows_names.contains(&name)
+            && !(lists && spec.context.is_none() && !is_list(&name))
+        {
             TextSource::Rows
+        } else if lists && spec.context.is_none() && t.rows_names.contains(&name) {
+            TextSource::Context
         } else if let Some(j) = in_join {
             joins[j].2.push(Want {
                 name: name.clone(),
@@ -636,7 +695,7 @@ fn rows_wants(
             add(&t.name, Role::Text);
         }
     }
-    read::check_columns(first, &every_role)?;
+    read::check_columns(first, &every_role, read::Table::Rows)?;
     Ok(rows_wants)
 }
 

@@ -47,6 +47,14 @@ impl Role {
             Role::Split | Role::Text => kind == Kind::Str,
         }
     }
+    /// Whether the column holds a value per step, so that the rows table may hold it as a list.
+    fn per_step(self) -> bool {
+        matches!(
+            self,
+            Role::OrderBy | Role::Numeric | Role::Categorical | Role::JoinOn | Role::Text
+        )
+    }
+
     fn describe(self) -> (&'static str, &'static str) {
         match self {
             Role::Key => (
@@ -79,6 +87,15 @@ impl Role {
             ),
         }
     }
+}
+
+/// How a file is read: as the rows table, whose per-step columns may be lists (a whole
+/// sequence in one row, exploded by `crate::lists`), or as a keyed table (context, join),
+/// whose every column is one value per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Table {
+    Rows,
+    Keyed,
 }
 
 /// A requested column: name and role.
@@ -214,6 +231,7 @@ pub(crate) fn row_number_type() -> TypeInfo {
         scale: 1.0,
         name: "row number".into(),
         shown: "row number".into(),
+        list: false,
     }
 }
 
@@ -245,7 +263,7 @@ pub(crate) fn check_unique<'a>(
 
 /// Checks that `opened` has every wanted column, once, with an acceptable type; returns their
 /// types in `wants` order.
-pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeInfo>> {
+pub(crate) fn check_columns(opened: &Opened, wants: &[Want], table: Table) -> Result<Vec<TypeInfo>> {
     let names = opened.schema.fields().iter().map(|f| f.name().as_str());
     check_unique(&opened.path, names, wants)?;
     wants
@@ -274,6 +292,16 @@ pub(crate) fn check_columns(opened: &Opened, wants: &[Want]) -> Result<Vec<TypeI
                 classify(field.data_type()).ok_or_else(|| wrong(type_name(field.data_type())))?;
             if !w.role.accepts(&info) {
                 return Err(wrong(info.shown));
+            }
+            if info.list && !(table == Table::Rows && w.role.per_step()) {
+                return Err(CompileError::WrongType {
+                    path: opened.path.clone(),
+                    column: w.name.clone(),
+                    role: w.role.describe().0,
+                    expected: "one value per row",
+                    found: info.shown,
+                    advice: list_advice(w.role, table),
+                });
             }
             Ok(info)
         })
@@ -308,6 +336,24 @@ fn advice(role: Role, dt: &DataType) -> &'static str {
              to int64 or double first"
         }
         _ => "",
+    }
+}
+
+/// What to do with a list column where one value per row is wanted.
+fn list_advice(role: Role, table: Table) -> &'static str {
+    match (table, role) {
+        (Table::Rows, _) => {
+            "; a row of a list table is one context, so its key is one value (the lists hold the \
+             steps)"
+        }
+        (Table::Keyed, Role::Numeric | Role::Text) => {
+            "; targets and context features are one value per context: a list column is a \
+             per-step column (`features`, `categorical`) of the rows table"
+        }
+        (Table::Keyed, _) => {
+            "; a context or join table holds one value per key: keep sequences in the rows \
+             table"
+        }
     }
 }
 
@@ -362,12 +408,15 @@ pub(crate) struct RowsTable {
     /// For a table holding some rows of the input (one bucket): each row's global row, in
     /// ascending order; `None` when the table holds every row.
     pub origin: Option<Vec<u64>>,
+    /// Low bits of a global row that number a list's elements (an exploded list table,
+    /// `crate::lists`); 0 otherwise. `global >> element_bits` is the row in the files.
+    pub element_bits: u32,
 }
 
 impl RowsTable {
     /// The file and the row within it of a row of this table, for error messages.
     pub fn locate(&self, row: usize) -> (&Path, u64) {
-        let row = self.origin.as_ref().map_or(row as u64, |o| o[row]);
+        let row = self.origin.as_ref().map_or(row as u64, |o| o[row]) >> self.element_bits;
         let file = self.offsets.partition_point(|&o| o <= row) - 1;
         (&self.files[file], row - self.offsets[file])
     }
@@ -402,7 +451,7 @@ pub(crate) struct Inputs {
 }
 
 /// Opens every file and checks the wanted columns and that all files agree on their types.
-pub(crate) fn open_all(files: &[PathBuf], wants: &[Want]) -> Result<Inputs> {
+pub(crate) fn open_all(files: &[PathBuf], wants: &[Want], table: Table) -> Result<Inputs> {
     let opened: Vec<Opened> = files
         .par_iter()
         .map(|p| open(p))
@@ -416,7 +465,7 @@ pub(crate) fn open_all(files: &[PathBuf], wants: &[Want]) -> Result<Inputs> {
                 path: o.path.clone(),
             });
         }
-        let types = check_columns(o, wants)?;
+        let types = check_columns(o, wants, table)?;
         match &first_types {
             None => first_types = Some((o.path.clone(), types)),
             Some((first, expected)) => {
@@ -453,7 +502,7 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
         opened,
         types,
         offsets,
-    } = open_all(files, &wants)?;
+    } = open_all(files, &wants, Table::Keyed)?;
     let total = *offsets.last().expect("non-empty") as usize;
     if total > u32::MAX as usize {
         return Err(CompileError::TooManyRows {
@@ -483,6 +532,7 @@ pub(crate) fn read_rows(files: &[PathBuf], wants: Vec<Want>) -> Result<RowsTable
         columns,
         wants,
         origin: None,
+        element_bits: 0,
     })
 }
 

@@ -52,6 +52,16 @@ impl Buckets {
     }
 }
 
+/// How many low bits of a global row number of a table with these columns number a list's
+/// elements (`crate::lists`): none unless a column is a list.
+pub(crate) fn element_bits(types: &[TypeInfo]) -> u32 {
+    if types.iter().any(|t| t.list) {
+        crate::lists::ELEMENT_BITS
+    } else {
+        0
+    }
+}
+
 /// Decoded bytes per row of the wanted columns, estimated from their types alone (strings
 /// count 16): what sizes buckets, so that the bucket count depends on the input only.
 pub(crate) fn row_width(types: &[TypeInfo]) -> u64 {
@@ -287,6 +297,9 @@ fn spill_file(
     let mut buffers: Vec<Option<Buffer>> = (0..buckets.count()).map(|_| None).collect();
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
     let mut read = 0u64;
+    let exploded = types.iter().any(|t| t.list);
+    let shift = element_bits(types);
+    let names: Vec<&str> = wants.iter().map(|w| w.name.as_str()).collect();
     for batch in reader {
         let batch = batch.map_err(|e| {
             let at = format!("after row {}", row_in_file + read);
@@ -294,30 +307,47 @@ fn spill_file(
         })?;
         let n = batch.num_rows();
         let base = first_row + read;
-        let columns: Vec<Column> = types
-            .iter()
-            .zip(wants)
-            .map(|(t, w)| {
-                let mut c = Column::new(t.clone(), n);
-                if w.role == Role::RowNumber {
-                    // A table of records is keyed by each row's number across the rows files.
-                    let numbers = (base..base + n as u64).map(|r| r as i64);
-                    let array: arrow_array::ArrayRef =
-                        std::sync::Arc::new(arrow_array::Int64Array::from_iter_values(numbers));
-                    c.push_array(&array);
-                } else {
-                    c.push_array(batch.column_by_name(&w.name).expect("projected"));
-                }
-                c
-            })
-            .collect();
+        // A list table's batch becomes one row per element (`crate::lists`), each with its
+        // global number; any other batch keeps its rows, numbered from `base`.
+        let (columns, origin): (Vec<Column>, Option<Vec<u64>>) = if exploded {
+            let e = crate::lists::explode(
+                &batch,
+                &names,
+                types,
+                base,
+                (&source, row_in_file + read),
+            )?;
+            (e.columns, Some(e.origin))
+        } else {
+            let columns = types
+                .iter()
+                .zip(wants)
+                .map(|(t, w)| {
+                    let mut c = Column::new(t.clone(), n);
+                    if w.role == Role::RowNumber {
+                        // A table of records is keyed by each row's number across the rows
+                        // files.
+                        let numbers = (base..base + n as u64).map(|r| r as i64);
+                        let array: arrow_array::ArrayRef =
+                            std::sync::Arc::new(arrow_array::Int64Array::from_iter_values(numbers));
+                        c.push_array(&array);
+                    } else {
+                        c.push_array(batch.column_by_name(&w.name).expect("projected"));
+                    }
+                    c
+                })
+                .collect();
+            (columns, None)
+        };
+        let global = |r: usize| origin.as_ref().map_or(base + r as u64, |o| o[r]);
         let key = &columns[0];
         if let Some(valid) = &key.valid {
             if let Some(r) = valid.iter().position(|v| !v) {
+                let file_row = (global(r) >> shift) - first_row + row_in_file;
                 return Err(CompileError::NullKey {
                     path: source.clone(),
                     column: wants[0].name.clone(),
-                    row: row_in_file + read + r as u64,
+                    row: file_row,
                 });
             }
         }
@@ -332,7 +362,7 @@ fn spill_file(
                 origin: Vec::new(),
                 columns: types.iter().map(|t| Column::new(t.clone(), 0)).collect(),
             });
-            buf.origin.extend(rows.iter().map(|&r| base + u64::from(r)));
+            buf.origin.extend(rows.iter().map(|&r| global(r as usize)));
             for (dst, src) in buf.columns.iter_mut().zip(&columns) {
                 dst.push_rows(src, rows);
             }
@@ -613,6 +643,7 @@ impl Spill {
             columns,
             wants: self.wants.clone(),
             origin: Some(origin),
+            element_bits: element_bits(&self.types),
         })
     }
 }

@@ -35,7 +35,7 @@ impl Side {
     /// Opens the footers of `files` (every column, `key` first).
     fn open(files: Vec<PathBuf>, key: &str) -> Result<(Side, Inputs)> {
         let wants = table::wants(&files[0], key)?;
-        let inputs = read::open_all(&files, &wants)?;
+        let inputs = read::open_all(&files, &wants, read::Table::Keyed)?;
         let families = table::families(&wants, &inputs.types, &files[0])?;
         let side = Side {
             key: key.into(),
