@@ -241,6 +241,28 @@ pub enum Dataset {
     Microbiome,
 }
 
+/// How `dsc gen sequences` lays out its transactions.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GenLayout {
+    /// One row per transaction, scattered over the files.
+    Scattered,
+    /// One row per customer, transactions as list columns.
+    Lists,
+    /// The lists exploded, row for row.
+    Exploded,
+}
+
+impl From<GenLayout> for dsc_gen::sequences::Layout {
+    fn from(l: GenLayout) -> Self {
+        use dsc_gen::sequences::Layout;
+        match l {
+            GenLayout::Scattered => Layout::Scattered,
+            GenLayout::Lists => Layout::Lists,
+            GenLayout::Exploded => Layout::Exploded,
+        }
+    }
+}
+
 /// How `dsc gen sequences` stores its keys.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum GenKeyType {
@@ -273,7 +295,7 @@ impl From<GenKeyType> for dsc_gen::sequences::KeyStyle {
 /// Example:
 ///   dsc gen icecube --out data --files 8 --events-per-file 2000 --seed 7
 ///   dsc gen sequences --out seq --customers 10000 --files 4
-///   dsc gen sequences --out tx --key-type string
+///   dsc gen sequences --out tx --key-type string --layout lists
 ///   dsc gen series --out sensors --series 200 --steps 500:3000
 ///   dsc gen linkage --out people --records 4000
 ///   dsc gen microbiome --out microbes --records 600
@@ -299,6 +321,11 @@ pub struct GenArgs {
     /// (fixed_size_binary[16]) or uint64 (past 2^63). The same customers in every style.
     #[arg(long, value_enum, default_value = "int", value_name = "TYPE")]
     pub key_type: GenKeyType,
+    /// Sequences: scattered (transactions/ and customers.parquet, a customer's rows in every
+    /// file), lists (lists/: one row per customer, its transactions as list columns) or
+    /// exploded (the lists exploded to transactions/ row for row, with customers.parquet).
+    #[arg(long, value_enum, default_value = "scattered", value_name = "LAYOUT")]
+    pub layout: GenLayout,
     /// Series: number of series.
     #[arg(long, default_value_t = 200)]
     pub series: usize,

@@ -38,6 +38,7 @@ pub fn run(a: GenArgs) -> anyhow::Result<u8> {
                     files: a.files,
                     seed: a.seed,
                     keys: a.key_type.into(),
+                    layout: a.layout.into(),
                 },
             )?,
         ),

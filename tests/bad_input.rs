@@ -501,7 +501,7 @@ fn force_refuses_to_replace_a_directory_holding_the_inputs() {
     assert!(dir.join("data/train/batch_1.parquet").exists());
 }
 
-/// Issue 41, item 5: data as it usually arrives (uint64 values, sequences in list columns,
+/// Issue 41, item 5: data as it usually arrives (uint64 values, lists where one value is wanted,
 /// targets on the rows themselves) is refused with each type named as Arrow's tools print it,
 /// never Rust's debug form, and with what to do instead.
 #[test]
@@ -573,12 +573,30 @@ fn data_as_users_keep_it_is_refused_with_readable_types_and_a_way_forward() {
             "cast it to int64 or double first",
         ],
     );
+    // A list column compiles (issue 41, item 2); as a target, one value per context, it is
+    // refused with its type named as Arrow names it.
+    dsc(
+        dir.path(),
+        &[
+            "compile",
+            "events.parquet",
+            "--key",
+            "id",
+            "--features",
+            "time",
+            "--targets",
+            "y",
+            "--out",
+            "ev",
+        ],
+    )
+    .ok();
     compile(
-        &["events.parquet", "--key", "id", "--features", "time"],
+        &["events.parquet", "--key", "id", "--features", "y", "--targets", "time"],
         &[
             "events.parquet",
-            "column \"time\" is list<double>",
-            "explode it to one row per step",
+            "column \"time\" is list<double>, but as a numeric feature or target it must be one value per row",
+            "a list column is a per-step column",
         ],
     );
     compile(
@@ -604,6 +622,8 @@ fn data_as_users_keep_it_is_refused_with_readable_types_and_a_way_forward() {
             "--key",
             "id",
             "--features",
+            "y",
+            "--targets",
             "time",
             "--out",
             "c",

@@ -11,6 +11,7 @@ mod hostile;
 mod inspection;
 mod keys;
 mod layering;
+mod lists;
 mod loader;
 mod mix;
 mod mostlyai;

@@ -111,13 +111,19 @@ fn lengths(array: &ArrayRef) -> Vec<u32> {
     match array.data_type() {
         DataType::List(_) => {
             let l = array.as_list::<i32>();
-            (0..l.len()).map(|i| of(i, l.value_length(i) as usize)).collect()
+            (0..l.len())
+                .map(|i| of(i, l.value_length(i) as usize))
+                .collect()
         }
         DataType::LargeList(_) => {
             let l = array.as_list::<i64>();
-            (0..l.len()).map(|i| of(i, l.value_length(i) as usize)).collect()
+            (0..l.len())
+                .map(|i| of(i, l.value_length(i) as usize))
+                .collect()
         }
-        DataType::FixedSizeList(_, size) => (0..array.len()).map(|i| of(i, *size as usize)).collect(),
+        DataType::FixedSizeList(_, size) => {
+            (0..array.len()).map(|i| of(i, *size as usize)).collect()
+        }
         other => unreachable!("{other} is not a list; classify() decides"),
     }
 }
@@ -129,13 +135,17 @@ fn elements(array: &ArrayRef) -> Vec<ArrayRef> {
         DataType::List(_) => {
             let l = array.as_list::<i32>();
             let o = l.value_offsets();
-            let spans = (0..l.len()).map(|i| (o[i] as usize, o[i + 1] as usize)).collect();
+            let spans = (0..l.len())
+                .map(|i| (o[i] as usize, o[i + 1] as usize))
+                .collect();
             (l.values().clone(), spans)
         }
         DataType::LargeList(_) => {
             let l = array.as_list::<i64>();
             let o = l.value_offsets();
-            let spans = (0..l.len()).map(|i| (o[i] as usize, o[i + 1] as usize)).collect();
+            let spans = (0..l.len())
+                .map(|i| (o[i] as usize, o[i + 1] as usize))
+                .collect();
             (l.values().clone(), spans)
         }
         DataType::FixedSizeList(_, size) => {
@@ -182,7 +192,10 @@ pub(crate) fn count_elements(files: &[PathBuf], column: &str) -> Result<u64> {
             let mut total = 0u64;
             for batch in reader {
                 let batch = batch.map_err(|e| CompileError::parquet(path.clone(), None, e))?;
-                total += lengths(batch.column(0)).iter().map(|&l| u64::from(l)).sum::<u64>();
+                total += lengths(batch.column(0))
+                    .iter()
+                    .map(|&l| u64::from(l))
+                    .sum::<u64>();
             }
             Ok(total)
         })
@@ -201,7 +214,12 @@ mod tests {
     #[test]
     fn a_batch_explodes_as_pandas_explode_writes_it() {
         let mut x = ListBuilder::new(Float64Builder::new());
-        for row in [Some(vec![Some(1.0), None]), None, Some(vec![]), Some(vec![Some(3.0)])] {
+        for row in [
+            Some(vec![Some(1.0), None]),
+            None,
+            Some(vec![]),
+            Some(vec![Some(3.0)]),
+        ] {
             match row {
                 Some(v) => {
                     for e in v {
@@ -213,7 +231,10 @@ mod tests {
             }
         }
         let batch = RecordBatch::try_from_iter([
-            ("id", Arc::new(Int64Array::from(vec![7, 8, 9, 10])) as ArrayRef),
+            (
+                "id",
+                Arc::new(Int64Array::from(vec![7, 8, 9, 10])) as ArrayRef,
+            ),
             ("x", Arc::new(x.finish()) as ArrayRef),
         ])
         .unwrap();
@@ -228,9 +249,20 @@ mod tests {
         assert_eq!(e.columns[0].i64_at(0), Some(7));
         assert_eq!(e.columns[0].i64_at(2), Some(10));
         assert_eq!(e.columns[1].f64_at(0), Some(1.0));
-        assert_eq!(e.columns[1].f64_at(1), None, "a null element stays null, for --nan");
+        assert_eq!(
+            e.columns[1].f64_at(1),
+            None,
+            "a null element stays null, for --nan"
+        );
         assert_eq!(e.columns[1].f64_at(2), Some(3.0));
-        assert_eq!(e.origin, vec![100 << ELEMENT_BITS, (100 << ELEMENT_BITS) | 1, 103 << ELEMENT_BITS]);
+        assert_eq!(
+            e.origin,
+            vec![
+                100 << ELEMENT_BITS,
+                (100 << ELEMENT_BITS) | 1,
+                103 << ELEMENT_BITS
+            ]
+        );
         // Lists of one row that differ in length are named with the row.
         let y = Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0]));
         let mut short = ListBuilder::new(Float64Builder::new());
@@ -239,7 +271,10 @@ mod tests {
             short.append(true);
         }
         let batch = RecordBatch::try_from_iter([
-            ("id", Arc::new(Int64Array::from(vec![7, 8, 9, 10])) as ArrayRef),
+            (
+                "id",
+                Arc::new(Int64Array::from(vec![7, 8, 9, 10])) as ArrayRef,
+            ),
             ("x", batch.column(1).clone()),
             ("t", Arc::new(short.finish()) as ArrayRef),
             ("y", y as ArrayRef),
@@ -251,10 +286,19 @@ mod tests {
             .iter()
             .map(|f| crate::column::classify(f.data_type()).unwrap())
             .collect();
-        let err = explode(&batch, &["id", "x", "t"], &types[..3], 0, (Path::new("t.parquet"), 40))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("t.parquet: row 40") && err.contains("x has 2, t has 1"), "{err}");
+        let err = explode(
+            &batch,
+            &["id", "x", "t"],
+            &types[..3],
+            0,
+            (Path::new("t.parquet"), 40),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("t.parquet: row 40") && err.contains("x has 2, t has 1"),
+            "{err}"
+        );
     }
 }

@@ -328,17 +328,20 @@ fn context_files(
     Ok(None)
 }
 
-/// Whether the rows table holds its sequences as list columns: a per-step column the spec
-/// names (a feature, categorical, order-by, join or string column) is a list in `first`.
+/// Whether the rows table holds its sequences as list columns: a column the spec names is a
+/// list in `first` (a target named that is a list is then refused as one, not as a column of a
+/// missing context table).
 fn has_lists(spec: &CompileSpec, first: &read::Opened) -> bool {
-    let per_step = spec
+    let named = spec
         .features
         .iter()
         .chain(&spec.categorical)
         .chain(spec.order_by.iter())
         .chain(spec.joins.iter().map(|j| &j.on))
-        .chain(spec.encode.keys());
-    per_step
+        .chain(spec.encode.keys())
+        .chain(&spec.targets)
+        .chain(&spec.context_features);
+    named
         .filter_map(|name| first.schema.field_with_name(name).ok())
         .any(|f| crate::column::classify(f.data_type()).is_some_and(|t| t.list))
 }

@@ -263,7 +263,11 @@ pub(crate) fn check_unique<'a>(
 
 /// Checks that `opened` has every wanted column, once, with an acceptable type; returns their
 /// types in `wants` order.
-pub(crate) fn check_columns(opened: &Opened, wants: &[Want], table: Table) -> Result<Vec<TypeInfo>> {
+pub(crate) fn check_columns(
+    opened: &Opened,
+    wants: &[Want],
+    table: Table,
+) -> Result<Vec<TypeInfo>> {
     let names = opened.schema.fields().iter().map(|f| f.name().as_str());
     check_unique(&opened.path, names, wants)?;
     wants

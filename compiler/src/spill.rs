@@ -310,13 +310,8 @@ fn spill_file(
         // A list table's batch becomes one row per element (`crate::lists`), each with its
         // global number; any other batch keeps its rows, numbered from `base`.
         let (columns, origin): (Vec<Column>, Option<Vec<u64>>) = if exploded {
-            let e = crate::lists::explode(
-                &batch,
-                &names,
-                types,
-                base,
-                (&source, row_in_file + read),
-            )?;
+            let e =
+                crate::lists::explode(&batch, &names, types, base, (&source, row_in_file + read))?;
             (e.columns, Some(e.origin))
         } else {
             let columns = types

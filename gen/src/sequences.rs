@@ -108,6 +108,23 @@ fn uuid_of(id: i64) -> [u8; 16] {
     b
 }
 
+/// How the transactions are laid out in files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// `transactions/part-*.parquet`, one row per transaction, each customer's rows scattered
+    /// over every file and position, and `customers.parquet`.
+    #[default]
+    Scattered,
+    /// `lists/part-*.parquet`: one row per customer, its own columns and its transactions as
+    /// list columns in time order (the layout of Hugging Face `datasets`); the customers in
+    /// the customer table's order, cut into `files` contiguous parts.
+    Lists,
+    /// The `Lists` table exploded: `transactions/part-*.parquet` holding, file for file, each
+    /// customer's transactions in turn in list order, and `customers.parquet` in the same
+    /// customer order. What `pandas.DataFrame.explode` makes of the list table, row for row.
+    Exploded,
+}
+
 /// What to generate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SequencesOptions {
@@ -119,6 +136,8 @@ pub struct SequencesOptions {
     pub seed: u64,
     /// How `customer_id` is stored in both tables.
     pub keys: KeyStyle,
+    /// How the transactions are laid out.
+    pub layout: Layout,
 }
 
 impl Default for SequencesOptions {
@@ -128,6 +147,7 @@ impl Default for SequencesOptions {
             files: 4,
             seed: 0,
             keys: KeyStyle::Int,
+            layout: Layout::Scattered,
         }
     }
 }
@@ -143,8 +163,6 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         let reason = format!("need at least one customer and one file: {opts:?}");
         return Err(GenError::InvalidOptions { reason });
     }
-    let dir = out.join("transactions");
-    create_dir(&dir)?;
     // Increasing ids with random gaps: unique, not consecutive; the table order is shuffled below.
     let mut rng = Rng::new(opts.seed, STREAM_IDS);
     let ids: Vec<i64> = (0..opts.customers)
@@ -155,6 +173,11 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         })
         .collect();
     let simulate = |i: usize| simulate_customer(opts.seed, i, ids[i], opts.files as u32);
+    if opts.layout != Layout::Scattered {
+        return by_customer(out, opts, &simulate);
+    }
+    let dir = out.join("transactions");
+    create_dir(&dir)?;
 
     let parts = (0..opts.files)
         .into_par_iter()
@@ -183,6 +206,144 @@ pub fn generate(out: &Path, opts: &SequencesOptions) -> Result<GenSummary, GenEr
         .files
         .push(write_customers(out, &customers, opts.keys)?);
     Ok(summary)
+}
+
+/// The `Lists` and `Exploded` layouts: the customers in the customer table's order, cut into
+/// `files` parts, each customer's transactions in time order.
+fn by_customer(
+    out: &Path,
+    opts: &SequencesOptions,
+    simulate: &(dyn Fn(usize) -> (Customer, Vec<Txn>) + Sync),
+) -> Result<GenSummary, GenError> {
+    let mut order: Vec<usize> = (0..opts.customers).collect();
+    Rng::new(opts.seed, STREAM_TABLE_ORDER).shuffle(&mut order);
+    let dir = out.join(match opts.layout {
+        Layout::Lists => "lists",
+        _ => "transactions",
+    });
+    create_dir(&dir)?;
+    let n = opts.customers;
+    let parts = (0..opts.files)
+        .into_par_iter()
+        .map(|f| {
+            let mine = &order[f * n / opts.files..(f + 1) * n / opts.files];
+            let simulated: Vec<(Customer, Vec<Txn>)> = mine
+                .par_iter()
+                .map(|&i| {
+                    let (c, mut txns) = simulate(i);
+                    txns.sort_by_key(|t| t.ts_us);
+                    (c, txns)
+                })
+                .collect();
+            let path = dir.join(format!("part-{f:03}.parquet"));
+            let rows = simulated.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
+            let written = match opts.layout {
+                Layout::Lists => write_lists(&path, &simulated, opts.keys)?,
+                _ => {
+                    let txns: Vec<Txn> = simulated.iter().flat_map(|(_, t)| t.clone()).collect();
+                    write_transactions(&path, &txns, opts.keys)?.0
+                }
+            };
+            Ok((
+                written,
+                rows,
+                simulated.into_iter().map(|(c, _)| c).collect::<Vec<_>>(),
+            ))
+        })
+        .collect::<Result<Vec<_>, GenError>>()?;
+    let mut summary = GenSummary::default();
+    let mut customers = Vec::with_capacity(n);
+    for (path, rows, part) in parts {
+        summary.files.push(path);
+        summary.rows += rows;
+        customers.extend(part);
+    }
+    summary.contexts = customers.len() as u64;
+    if opts.layout == Layout::Exploded {
+        summary
+            .files
+            .push(write_customers(out, &customers, opts.keys)?);
+    }
+    Ok(summary)
+}
+
+/// One part of the `Lists` layout: a row per customer, its transactions as lists.
+fn write_lists(
+    path: &Path,
+    customers: &[(Customer, Vec<Txn>)],
+    keys: KeyStyle,
+) -> Result<PathBuf, GenError> {
+    use arrow_array::builder::{
+        BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, ListBuilder, StringBuilder,
+        TimestampMicrosecondBuilder,
+    };
+    let list = |t: DataType| DataType::List(Arc::new(arrow_schema::Field::new("item", t, true)));
+    let schema = schema(&[
+        ("customer_id", keys.data_type(), false),
+        ("age", DataType::Int32, true),
+        ("segment", DataType::Utf8, true),
+        ("tenure_years", DataType::Float32, false),
+        ("churned", DataType::Boolean, false),
+        ("lifetime_value", DataType::Float64, false),
+        ("ts", list(TIMESTAMP), false),
+        ("amount", list(DataType::Float64), false),
+        ("merchant_category", list(DataType::Utf8), false),
+        ("channel", list(DataType::Utf8), false),
+        ("items", list(DataType::Int32), false),
+        ("discount", list(DataType::Float32), false),
+        ("is_refund", list(DataType::Boolean), false),
+    ]);
+    let mut sink = ParquetSink::create(path, schema)?;
+    for part in customers.chunks(ROW_GROUP_ROWS) {
+        let mut ts = ListBuilder::new(TimestampMicrosecondBuilder::new());
+        let mut amount = ListBuilder::new(Float64Builder::new());
+        let mut category = ListBuilder::new(StringBuilder::new());
+        let mut channel = ListBuilder::new(StringBuilder::new());
+        let mut items = ListBuilder::new(Int32Builder::new());
+        let mut discount = ListBuilder::new(Float32Builder::new());
+        let mut refund = ListBuilder::new(BooleanBuilder::new());
+        for (_, txns) in part {
+            for t in txns {
+                ts.values().append_value(t.ts_us);
+                amount.values().append_option(t.amount);
+                category
+                    .values()
+                    .append_option(t.category.map(|c| CATEGORIES[c]));
+                channel.values().append_value(CHANNELS[t.channel]);
+                items.values().append_value(t.items);
+                discount.values().append_value(t.discount);
+                refund.values().append_value(t.is_refund);
+            }
+            ts.append(true);
+            amount.append(true);
+            category.append(true);
+            channel.append(true);
+            items.append(true);
+            discount.append(true);
+            refund.append(true);
+        }
+        let cs = part.iter().map(|(c, _)| c);
+        sink.write(vec![
+            keys.column(cs.clone().map(|c| c.id)),
+            Arc::new(Int32Array::from_iter(cs.clone().map(|c| c.age))),
+            Arc::new(StringArray::from_iter(
+                cs.clone().map(|c| c.segment.map(|s| SEGMENTS[s])),
+            )),
+            Arc::new(Float32Array::from_iter_values(
+                cs.clone().map(|c| c.tenure_years),
+            )),
+            Arc::new(BooleanArray::from_iter(cs.clone().map(|c| Some(c.churned)))),
+            Arc::new(Float64Array::from_iter_values(cs.map(|c| c.lifetime_value))),
+            Arc::new(ts.finish()),
+            Arc::new(amount.finish()),
+            Arc::new(category.finish()),
+            Arc::new(channel.finish()),
+            Arc::new(items.finish()),
+            Arc::new(discount.finish()),
+            Arc::new(refund.finish()),
+        ])?;
+    }
+    sink.finish()
 }
 
 #[derive(Debug, Clone)]
