@@ -1,12 +1,17 @@
-//! What the shape of the input costs the compile: the same customers' transactions with int64,
-//! string and UUID keys, each compiled from the same machine state in alternation, reported as
-//! rows/s and as the ratio to the int64 keys measured in the same run.
+//! What the shape of the input costs the compile, each case against its baseline in one run:
+//!
+//! - keys: the same customers' transactions with int64, string and UUID keys (÷ int64);
+//! - layout: one row per customer with its transactions as list columns, against the same
+//!   table exploded to one row per transaction with a customer table beside it (÷ exploded).
+//!
+//! Each case is compiled in alternation with the others, `DSC_BENCH_REPEATS` times; rows/s
+//! counts transactions (list elements) for every case.
 //!
 //! cargo bench -p dsc-compiler --bench inputs
 //! DSC_BENCH_CUSTOMERS=5000 DSC_BENCH_REPEATS=3 cargo bench -p dsc-compiler --bench inputs  # quick
 
 use dsc_compiler::{compile, CompileOptions, CompileSpec, NoProgress, Storage};
-use dsc_gen::sequences::{generate, KeyStyle, SequencesOptions};
+use dsc_gen::sequences::{generate, KeyStyle, Layout, SequencesOptions};
 use std::path::Path;
 use std::time::Instant;
 
@@ -17,14 +22,12 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The customer compile of the tests (`tests/util`'s `sequences_args`) on the data in `data`.
-fn spec(data: &Path) -> CompileSpec {
-    let mut spec = CompileSpec::new(
-        vec![data.join("transactions").display().to_string()],
-        "customer_id",
-    );
+/// The customer compile of the tests (`tests/util`'s `sequences_args`) on `rows`, with the
+/// customer table `context` (a list table is its own).
+fn spec(rows: &Path, context: Option<&Path>) -> CompileSpec {
+    let mut spec = CompileSpec::new(vec![rows.display().to_string()], "customer_id");
     spec.order_by = Some("ts".into());
-    spec.context = Some(data.join("customers.parquet").display().to_string());
+    spec.context = context.map(|c| c.display().to_string());
     spec.targets = vec!["lifetime_value".into()];
     spec.features = vec!["amount".into(), "items".into()];
     spec.categorical = vec!["merchant_category".into()];
@@ -33,6 +36,15 @@ fn spec(data: &Path) -> CompileSpec {
     spec.empty_contexts = dsc_format::spec::EmptyContexts::Keep;
     spec.val_fraction = 0.1;
     spec
+}
+
+/// One input to compile: its name, how it is generated, its rows and context table.
+struct Case {
+    name: &'static str,
+    keys: KeyStyle,
+    layout: Layout,
+    /// The case this one is compared with.
+    base: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -47,57 +59,94 @@ fn main() {
     let customers = env_usize("DSC_BENCH_CUSTOMERS", 50_000);
     let repeats = env_usize("DSC_BENCH_REPEATS", 5);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let styles = [
-        ("int64", KeyStyle::Int),
-        ("string", KeyStyle::Text),
-        ("uuid", KeyStyle::Uuid),
+    let cases = [
+        Case {
+            name: "int64 keys",
+            keys: KeyStyle::Int,
+            layout: Layout::Scattered,
+            base: 0,
+        },
+        Case {
+            name: "string keys",
+            keys: KeyStyle::Text,
+            layout: Layout::Scattered,
+            base: 0,
+        },
+        Case {
+            name: "uuid keys",
+            keys: KeyStyle::Uuid,
+            layout: Layout::Scattered,
+            base: 0,
+        },
+        Case {
+            name: "exploded",
+            keys: KeyStyle::Int,
+            layout: Layout::Exploded,
+            base: 3,
+        },
+        Case {
+            name: "lists",
+            keys: KeyStyle::Int,
+            layout: Layout::Lists,
+            base: 3,
+        },
     ];
     let mut rows = 0;
-    for (name, keys) in styles {
+    let mut inputs = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("data-{i}"));
         let summary = generate(
-            &tmp.path().join(name),
+            &dir,
             &SequencesOptions {
                 customers,
                 files: 8,
                 seed: 7,
-                keys,
+                keys: case.keys,
+                layout: case.layout,
             },
         )
         .expect("generate");
         rows = summary.rows;
+        inputs.push(match case.layout {
+            Layout::Lists => spec(&dir.join("lists"), None),
+            _ => spec(
+                &dir.join("transactions"),
+                Some(&dir.join("customers.parquet")),
+            ),
+        });
     }
-    let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); styles.len()];
-    // Alternating, so that a slower stretch of a shared machine falls on every style alike.
+    let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    // Alternating, so that a slower stretch of a shared machine falls on every case alike.
     for _ in 0..repeats {
-        for (i, (name, _)) in styles.iter().enumerate() {
-            let data = tmp.path().join(name);
+        for (i, spec) in inputs.iter().enumerate() {
             let opts = CompileOptions {
-                out: tmp.path().join(format!("cache-{name}")),
+                out: tmp.path().join(format!("cache-{i}")),
                 force: true,
                 max_memory: None,
                 storage: Storage::Hot,
                 progress: &NoProgress,
             };
             let t = Instant::now();
-            compile(&spec(&data), &opts).expect("compile");
+            compile(spec, &opts).expect("compile");
             seconds[i].push(t.elapsed().as_secs_f64());
         }
     }
     println!(
-        "{customers} customers, {rows} rows, {} threads, median of {repeats}",
+        "{customers} customers, {rows} transactions, {} threads, median of {repeats}",
         rayon::current_num_threads()
     );
-    let base = median(seconds[0].clone());
+    let medians: Vec<f64> = seconds.into_iter().map(median).collect();
     println!(
-        "{:<8} {:>9} {:>12} {:>10}",
-        "keys", "seconds", "rows/s", "÷ int64"
+        "{:<12} {:>9} {:>12} {:>14}",
+        "input", "seconds", "rows/s", "÷ baseline"
     );
-    for ((name, _), s) in styles.iter().zip(seconds) {
-        let m = median(s);
+    for (case, m) in cases.iter().zip(&medians) {
         println!(
-            "{name:<8} {m:>9.3} {:>12.0} {:>10.2}",
+            "{:<12} {m:>9.3} {:>12.0} {:>8.2} ({})",
+            case.name,
             rows as f64 / m,
-            m / base
+            m / medians[case.base],
+            cases[case.base].name
         );
     }
 }
