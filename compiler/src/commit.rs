@@ -136,7 +136,12 @@ pub(crate) fn hash_files(named: &[(PathBuf, &str)]) -> Result<Vec<InputFile>> {
     named
         .par_iter()
         .map(|(path, role)| {
-            let (bytes, xxh3) = dsc_format::checksum::hash_file(path)?;
+            let (bytes, xxh3) = if crate::memory::is_memory(path) {
+                let table = crate::memory::get(path)?;
+                (table.bytes, table.xxh3.clone())
+            } else {
+                dsc_format::checksum::hash_file(path)?
+            };
             Ok(InputFile {
                 path: path.display().to_string(),
                 role: (*role).into(),

@@ -56,6 +56,7 @@ mod job;
 mod lists;
 mod local;
 mod lookup;
+mod memory;
 pub mod mostlyai;
 mod own;
 pub mod partition;
@@ -78,6 +79,7 @@ pub use commit::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{signal_name, CompileError, Result};
 pub use local::compile;
+pub use memory::{MemoryInput, MEMORY_PREFIX};
 #[cfg(feature = "progress-bar")]
 pub use progress::TerminalBars;
 pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};

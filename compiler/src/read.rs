@@ -109,6 +109,11 @@ pub(crate) struct Want {
 pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for pattern in patterns {
+        if crate::memory::is_memory(Path::new(pattern)) {
+            crate::memory::get(Path::new(pattern))?;
+            files.push(PathBuf::from(pattern));
+            continue;
+        }
         let is_glob = pattern.contains(['*', '?', '[']);
         if !is_glob {
             let path = PathBuf::from(pattern);
@@ -156,8 +161,13 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
     let mut seen = std::collections::HashSet::new();
     let mut unique = Vec::with_capacity(files.len());
     for f in files {
-        let m = std::fs::metadata(&f).map_err(|e| CompileError::io(&f, e))?;
-        if seen.insert(file_identity(&f, &m)?) {
+        let id = if crate::memory::is_memory(&f) {
+            FileId::Memory(f.clone())
+        } else {
+            let m = std::fs::metadata(&f).map_err(|e| CompileError::io(&f, e))?;
+            file_identity(&f, &m)?
+        };
+        if seen.insert(id) {
             unique.push(f);
         }
     }
@@ -172,6 +182,8 @@ enum FileId {
     Inode(u64, u64),
     #[cfg_attr(unix, allow(dead_code))]
     Path(PathBuf),
+    /// A table in memory, by its name (which holds its content hash).
+    Memory(PathBuf),
 }
 
 /// The identity of the file at `path`, whose metadata `m` the caller has read.
@@ -190,16 +202,63 @@ fn file_identity(path: &Path, m: &std::fs::Metadata) -> Result<FileId> {
     }
 }
 
-/// A Parquet file whose footer has been read.
+/// A Parquet file whose footer has been read, or a table in memory (`crate::memory`).
 pub(crate) struct Opened {
     pub path: PathBuf,
     pub rows: u64,
     pub schema: std::sync::Arc<Schema>,
-    builder: ParquetRecordBatchReaderBuilder<File>,
+    source: Source,
 }
 
-/// Opens a Parquet file and reads its footer.
+/// Where an opened input's batches come from.
+enum Source {
+    Parquet(ParquetRecordBatchReaderBuilder<File>),
+    /// The batches `batches` of a table in memory (its row groups).
+    Memory {
+        table: std::sync::Arc<crate::memory::MemoryTable>,
+        batches: std::ops::Range<usize>,
+    },
+}
+
+/// The batches of an opened input's wanted columns, in order.
+pub(crate) enum Batches {
+    Parquet(parquet::arrow::arrow_reader::ParquetRecordBatchReader),
+    Memory {
+        table: std::sync::Arc<crate::memory::MemoryTable>,
+        batches: std::ops::Range<usize>,
+        columns: Vec<usize>,
+    },
+}
+
+impl Iterator for Batches {
+    type Item = std::result::Result<arrow_array::RecordBatch, arrow_schema::ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Batches::Parquet(r) => r.next(),
+            Batches::Memory {
+                table,
+                batches,
+                columns,
+            } => batches.next().map(|i| table.batches[i].project(columns)),
+        }
+    }
+}
+
+/// Opens a Parquet file and reads its footer, or finds the table in memory `path` names.
 pub(crate) fn open(path: &Path) -> Result<Opened> {
+    if crate::memory::is_memory(path) {
+        let table = crate::memory::get(path)?;
+        return Ok(Opened {
+            path: path.into(),
+            rows: table.rows,
+            schema: table.schema.clone(),
+            source: Source::Memory {
+                batches: 0..table.batches.len(),
+                table,
+            },
+        });
+    }
     let file = File::open(path).map_err(|e| CompileError::io(path, e))?;
     let len = file
         .metadata()
@@ -220,7 +279,7 @@ pub(crate) fn open(path: &Path) -> Result<Opened> {
         path: path.into(),
         rows,
         schema,
-        builder,
+        source: Source::Parquet(builder),
     })
 }
 
@@ -562,32 +621,43 @@ pub(crate) fn distinct_strings(path: &Path, column: &str) -> Result<Vec<String>>
 }
 
 impl Opened {
-    /// Rows of each row group, in order.
+    /// Rows of each row group (of a table in memory, each batch), in order.
     pub(crate) fn row_group_rows(&self) -> Vec<u64> {
-        self.builder
-            .metadata()
-            .row_groups()
-            .iter()
-            .map(|g| g.num_rows().max(0) as u64)
-            .collect()
+        match &self.source {
+            Source::Parquet(builder) => builder
+                .metadata()
+                .row_groups()
+                .iter()
+                .map(|g| g.num_rows().max(0) as u64)
+                .collect(),
+            Source::Memory { table, batches } => table.batches[batches.clone()]
+                .iter()
+                .map(|b| b.num_rows() as u64)
+                .collect(),
+        }
     }
 
     /// The same file restricted to the row groups `groups` (ascending, contiguous): what one of
     /// several readers of a large file reads.
     pub(crate) fn row_groups(self, groups: std::ops::Range<usize>) -> Opened {
         let all = self.row_group_rows();
+        let rows = all[groups.clone()].iter().sum();
+        let source = match self.source {
+            Source::Parquet(builder) => Source::Parquet(builder.with_row_groups(groups.collect())),
+            Source::Memory { table, batches } => Source::Memory {
+                table,
+                batches: batches.start + groups.start..batches.start + groups.end,
+            },
+        };
         Opened {
-            rows: all[groups.clone()].iter().sum(),
-            builder: self.builder.with_row_groups(groups.collect()),
+            rows,
+            source,
             ..self
         }
     }
 
     /// A reader over the wanted columns (checked by [`check_columns`]).
-    pub(crate) fn into_wanted_reader(
-        self,
-        wants: &[Want],
-    ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
+    pub(crate) fn into_wanted_reader(self, wants: &[Want]) -> Result<Batches> {
         let indices: Vec<usize> = wants
             .iter()
             .filter(|w| w.role != Role::RowNumber)
@@ -601,16 +671,30 @@ impl Opened {
     }
 
     /// A reader over the top-level columns at `indices`, for bare decoding.
-    pub(crate) fn into_reader(
-        self,
-        indices: &[usize],
-    ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
-        let mask = ProjectionMask::roots(self.builder.parquet_schema(), indices.iter().copied());
-        self.builder
-            .with_projection(mask)
-            .with_batch_size(64 * 1024)
-            .build()
-            .map_err(|e| CompileError::parquet(self.path.clone(), None, e))
+    pub(crate) fn into_reader(self, indices: &[usize]) -> Result<Batches> {
+        match self.source {
+            Source::Parquet(builder) => {
+                let mask = ProjectionMask::roots(builder.parquet_schema(), indices.iter().copied());
+                builder
+                    .with_projection(mask)
+                    .with_batch_size(64 * 1024)
+                    .build()
+                    .map(Batches::Parquet)
+                    .map_err(|e| CompileError::parquet(self.path.clone(), None, e))
+            }
+            Source::Memory { table, batches } => {
+                // Parquet's projection keeps the file's column order, whatever order the
+                // indices come in: so does this one.
+                let mut columns = indices.to_vec();
+                columns.sort_unstable();
+                columns.dedup();
+                Ok(Batches::Memory {
+                    table,
+                    batches,
+                    columns,
+                })
+            }
+        }
     }
 }
 
@@ -627,6 +711,16 @@ pub(crate) struct Stamp {
 
 impl Stamp {
     pub fn take(path: &Path) -> Result<Stamp> {
+        if crate::memory::is_memory(path) {
+            // A table in memory is named by its content: it cannot change under the name.
+            let table = crate::memory::get(path)?;
+            return Ok(Stamp {
+                path: path.into(),
+                len: table.bytes,
+                modified: None,
+                id: FileId::Memory(path.into()),
+            });
+        }
         let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
         Ok(Stamp {
             path: path.into(),

@@ -92,6 +92,61 @@ def _encode(value: Union[Mapping[str, str], Iterable[str], None]) -> Optional[Di
     return out
 
 
+def _is_table(value: Any) -> bool:
+    """Whether ``value`` is a table in memory rather than a path: anything that exports the
+    Arrow C stream (pyarrow, polars, pandas 2.2+, DuckDB results), a pandas DataFrame, or a
+    Hugging Face ``datasets.Dataset``."""
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return False
+    if hasattr(value, "__arrow_c_stream__"):
+        return True
+    kind = type(value)
+    return (kind.__module__.startswith("pandas") and kind.__name__ == "DataFrame") or (
+        kind.__module__.startswith("datasets") and hasattr(value, "with_format"))
+
+
+def _stream(value: Any) -> Any:
+    """The Arrow C stream (a PyCapsule) of a table in memory: its rows as the library holds
+    them, without a copy where it can give them so."""
+    kind = type(value)
+    if kind.__module__.startswith("datasets") and hasattr(value, "with_format"):
+        # A Dataset's Arrow table holds every row it was made from; its rows (after select,
+        # shuffle, filter) are those the index mapping names: `[:]` in arrow format takes them.
+        value = value.with_format("arrow")[:]
+    elif not hasattr(value, "__arrow_c_stream__"):
+        import pyarrow as pa
+        value = pa.Table.from_pandas(value, preserve_index=False)
+    return value.__arrow_c_stream__()
+
+
+class _Tables:
+    """The tables in memory among ``dsc.compile``'s arguments, each given to the spec as a
+    placeholder that the extension replaces by the table's registered name."""
+
+    def __init__(self) -> None:
+        self.streams: List[Tuple[str, Any]] = []
+
+    def take(self, value: Any, role: str) -> Any:
+        if not _is_table(value):
+            return value
+        placeholder = f"memory:{role}"
+        self.streams.append((placeholder, _stream(value)))
+        return placeholder
+
+    def joins(self, joins: Any, join: Any) -> Tuple[Any, Any]:
+        join = self.take(join, "join")
+        if joins is None:
+            return joins, join
+        taken = []
+        for i, j in enumerate(joins):
+            if isinstance(j, Mapping):
+                j = dict(j, file=self.take(j.get("file"), f"join{i}"))
+            elif isinstance(j, (tuple, list)) and len(j) == 2:
+                j = (self.take(j[0], f"join{i}"), j[1])
+            taken.append(j)
+        return taken, join
+
+
 def _joins(
     joins: Optional[Sequence[Any]], join: Optional[PathLike], on: Optional[str]
 ) -> Optional[List[Dict[str, str]]]:
@@ -173,7 +228,13 @@ def _fields(
     """The spec fields of ``dsc.compile``'s keyword arguments, checked."""
     fields: Dict[str, Any] = {}
     if rows is not None:
-        rows_list = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
+        rows_list = [rows] if isinstance(rows, (str, os.PathLike)) else rows
+        if not isinstance(rows_list, (list, tuple)) or not all(
+                isinstance(r, (str, os.PathLike)) for r in rows_list):
+            raise OptionsError(
+                f"rows={rows!r:.80}: expected a path, a glob, a list of them, or a table in memory "
+                "(a pyarrow Table or RecordBatchReader, a pandas or polars DataFrame, a "
+                "datasets.Dataset, anything with __arrow_c_stream__)", option="rows")
         fields["rows"] = [os.fspath(r) for r in rows_list]
     for name, value in (("key", key), ("order_by", order_by), ("context_key", context_key),
                         ("profile", profile)):
@@ -240,6 +301,13 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
 ) -> Cache:
     """Compiles Parquet rows into a cache at ``out`` and returns it opened (:class:`dsc.Cache`).
 
+    ``rows`` (and ``context=``, ``join=``, the files of ``joins=``) may also be a table in memory:
+    a ``pyarrow.Table`` or ``RecordBatchReader``, a pandas or polars DataFrame, a Hugging Face
+    ``datasets.Dataset``, or anything exporting the Arrow C stream (``__arrow_c_stream__``). Its
+    batches are read where they are, without a copy or a file; the cache is the one compiled
+    from the same table written to Parquet. Its manifest names it ``memory:ROLE:XXH3``, where
+    ``XXH3`` hashes the batches written as an Arrow IPC stream (the input's fingerprint).
+
     Every option of ``dsc compile`` is a keyword argument of the same name (``--order-by`` is
     ``order_by``); lists may be Python lists or comma-separated strings, ``encode`` a dict
     ``{"charge": "log1p,zscore"}`` (or ``["charge=log1p,zscore"]``), lookup tables
@@ -267,6 +335,12 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     Bad input raises :class:`dsc.CompileError` carrying ``file``, ``column`` and ``row``; the
     output is then left as it was (nothing half-written). The GIL is released while compiling.
     """
+    tables = _Tables()
+    rows = tables.take(rows, "rows")
+    if "context" in options:
+        options["context"] = tables.take(options["context"], "context")
+    if "joins" in options or "join" in options:
+        options["joins"], options["join"] = tables.joins(options.get("joins"), options.get("join"))
     fields = _fields(rows, spec=spec, **options)
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
@@ -280,6 +354,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         compress,
         None if compress_level is None else _int("compress_level", compress_level, -(2**31), 2**31 - 1),
         remote_json(cache_dir, None, storage_options),
+        tables.streams,
     )
     return Cache(out, cache_dir=cache_dir, storage_options=storage_options)
 
@@ -326,6 +401,11 @@ def compile_stage(
             raise OptionsError(f"partition={partition!r}: expected (i, n)") from None
     if not 0 <= index < count:
         raise OptionsError(f"partition={partition!r}: need 0 <= i < n")
+    given = [rows, options.get("context"), options.get("join")]
+    given += [j[0] if isinstance(j, (tuple, list)) else j for j in options.get("joins") or []]
+    if any(_is_table(v) for v in given if v is not None):
+        raise OptionsError("a table in memory is compiled in one process, by dsc.compile(); "
+                           "write it to Parquet for a partitioned compile")
     fields = _fields(rows, spec=spec, **options)
     report = _dsc.compile_stage(
         json.dumps(fields),

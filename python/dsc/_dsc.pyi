@@ -1,5 +1,5 @@
 # Typing stub of the Rust extension `dsc._dsc`; the public API is in dsc/__init__.py.
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 __version__: str
 BLOCK_ALIGN: int
@@ -82,6 +82,8 @@ def compile(
     compress: Optional[str] = None,
     compress_level: Optional[int] = None,
     remote: Optional[str] = None,
+    # (placeholder in the spec, Arrow C stream PyCapsule) of each table in memory.
+    tables: List[Tuple[str, Any]] = ...,
 ) -> str: ...
 def compile_stage(
     spec_json: str,

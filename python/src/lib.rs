@@ -14,6 +14,7 @@
 
 mod buffer;
 mod errors;
+mod tables;
 
 use buffer::Buffer;
 use dsc_compiler::partition::{self, Partition, Stage};
@@ -661,7 +662,7 @@ fn spec_from(
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.
 #[pyfunction]
 #[pyo3(signature = (spec_json, spec_file, out, force, progress, max_memory=None, compress=None,
-                    compress_level=None, remote=None))]
+                    compress_level=None, remote=None, tables=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -674,8 +675,11 @@ fn compile(
     compress: Option<String>,
     compress_level: Option<i32>,
     remote: Option<&str>,
+    tables: Vec<(String, Bound<'_, PyAny>)>,
 ) -> PyResult<String> {
     let spec = spec_from(py, spec_json, spec_file.as_deref())?;
+    // Tables in memory, held until the compile is done.
+    let (spec, _held) = tables::register(py, spec, tables)?;
     let storage = storage_of(py, compress.as_deref(), compress_level)?;
     // A URL: compiled under the cache folder, then uploaded with its manifest last (a cache
     // already there refused now, before any work, unless `force`).
