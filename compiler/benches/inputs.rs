@@ -2,7 +2,9 @@
 //!
 //! - keys: the same customers' transactions with int64, string and UUID keys (÷ int64);
 //! - layout: one row per customer with its transactions as list columns, against the same
-//!   table exploded to one row per transaction with a customer table beside it (÷ exploded).
+//!   table exploded to one row per transaction with a customer table beside it (÷ exploded);
+//! - memory: the exploded and the list table handed over in memory (as `dsc.compile(table)`
+//!   does: the batches registered, no file), against the exploded table from Parquet.
 //!
 //! Each case is compiled in alternation with the others, `DSC_BENCH_REPEATS` times; rows/s
 //! counts transactions (list elements) for every case.
@@ -10,7 +12,8 @@
 //! cargo bench -p dsc-compiler --bench inputs
 //! DSC_BENCH_CUSTOMERS=5000 DSC_BENCH_REPEATS=3 cargo bench -p dsc-compiler --bench inputs  # quick
 
-use dsc_compiler::{compile, CompileOptions, CompileSpec, NoProgress, Storage};
+use arrow_array::RecordBatchReader;
+use dsc_compiler::{compile, CompileOptions, CompileSpec, MemoryInput, NoProgress, Storage};
 use dsc_gen::sequences::{generate, KeyStyle, Layout, SequencesOptions};
 use std::path::Path;
 use std::time::Instant;
@@ -43,8 +46,37 @@ struct Case {
     name: &'static str,
     keys: KeyStyle,
     layout: Layout,
+    /// Read into memory and registered (`MemoryInput`), not read from its files.
+    memory: bool,
     /// The case this one is compared with.
     base: usize,
+}
+
+/// The Parquet files in `dir`, sorted (a compile's order).
+fn files_in(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every batch of `files`, in order, as a table in memory.
+fn in_memory(files: Vec<std::path::PathBuf>, role: &str) -> MemoryInput {
+    let mut schema = None;
+    let mut batches = Vec::new();
+    for f in files {
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(&f).expect("open"),
+        )
+        .expect("parquet")
+        .build()
+        .expect("reader");
+        schema = Some(reader.schema());
+        batches.extend(reader.map(|b| b.expect("batch")));
+    }
+    MemoryInput::register(role, schema.expect("a file"), batches).expect("register")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -59,40 +91,25 @@ fn main() {
     let customers = env_usize("DSC_BENCH_CUSTOMERS", 50_000);
     let repeats = env_usize("DSC_BENCH_REPEATS", 5);
     let tmp = tempfile::tempdir().expect("tempdir");
+    let case = |name, keys, layout, memory, base| Case {
+        name,
+        keys,
+        layout,
+        memory,
+        base,
+    };
     let cases = [
-        Case {
-            name: "int64 keys",
-            keys: KeyStyle::Int,
-            layout: Layout::Scattered,
-            base: 0,
-        },
-        Case {
-            name: "string keys",
-            keys: KeyStyle::Text,
-            layout: Layout::Scattered,
-            base: 0,
-        },
-        Case {
-            name: "uuid keys",
-            keys: KeyStyle::Uuid,
-            layout: Layout::Scattered,
-            base: 0,
-        },
-        Case {
-            name: "exploded",
-            keys: KeyStyle::Int,
-            layout: Layout::Exploded,
-            base: 3,
-        },
-        Case {
-            name: "lists",
-            keys: KeyStyle::Int,
-            layout: Layout::Lists,
-            base: 3,
-        },
+        case("int64 keys", KeyStyle::Int, Layout::Scattered, false, 0),
+        case("string keys", KeyStyle::Text, Layout::Scattered, false, 0),
+        case("uuid keys", KeyStyle::Uuid, Layout::Scattered, false, 0),
+        case("exploded", KeyStyle::Int, Layout::Exploded, false, 3),
+        case("lists", KeyStyle::Int, Layout::Lists, false, 3),
+        case("exploded, memory", KeyStyle::Int, Layout::Exploded, true, 3),
+        case("lists, memory", KeyStyle::Int, Layout::Lists, true, 3),
     ];
     let mut rows = 0;
     let mut inputs = Vec::new();
+    let mut held = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let dir = tmp.path().join(format!("data-{i}"));
         let summary = generate(
@@ -107,13 +124,26 @@ fn main() {
         )
         .expect("generate");
         rows = summary.rows;
-        inputs.push(match case.layout {
-            Layout::Lists => spec(&dir.join("lists"), None),
-            _ => spec(
-                &dir.join("transactions"),
-                Some(&dir.join("customers.parquet")),
+        let (rows_dir, context) = match case.layout {
+            Layout::Lists => (dir.join("lists"), None),
+            _ => (
+                dir.join("transactions"),
+                Some(dir.join("customers.parquet")),
             ),
-        });
+        };
+        if case.memory {
+            let table = in_memory(files_in(&rows_dir), "rows");
+            let mut spec = spec(Path::new(table.name()), None);
+            held.push(table);
+            if let Some(c) = context {
+                let ctx = in_memory(vec![c], "context");
+                spec.context = Some(ctx.name().to_string());
+                held.push(ctx);
+            }
+            inputs.push(spec);
+        } else {
+            inputs.push(spec(&rows_dir, context.as_deref()));
+        }
     }
     let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     // Alternating, so that a slower stretch of a shared machine falls on every case alike.
@@ -142,7 +172,7 @@ fn main() {
     );
     for (case, m) in cases.iter().zip(&medians) {
         println!(
-            "{:<12} {m:>9.3} {:>12.0} {:>8.2} ({})",
+            "{:<18} {m:>9.3} {:>12.0} {:>8.2} ({})",
             case.name,
             rows as f64 / m,
             m / medians[case.base],

@@ -2,7 +2,7 @@
 //! into contexts, matched with the context table, truncated and assigned to splits. Both passes
 //! over the buckets (statistics, then shards) prepare a bucket the same way.
 
-use crate::column::{Column, Kind, Values};
+use crate::column::{Column, Kind};
 use crate::encode::{Access, DROPPED, TRAIN};
 use crate::error::{CompileError, Result};
 use crate::group::{self, Group};
@@ -119,18 +119,18 @@ pub(crate) fn context_key(
 /// merges two keys into one context. Both are in this bucket, as equal ids share a bucket.
 fn check_one_key_per_group(table: &RowsTable, grouped: &group::Groups) -> Result<()> {
     let key = &table.columns[0];
-    let Values::Str { codes, dict, .. } = &key.values else {
+    if key.info.kind != Kind::Str {
         return Ok(());
-    };
+    }
     for g in &grouped.groups {
         let rows = &grouped.perm[g.start..g.start + g.len];
-        let first = codes[rows[0] as usize];
-        if let Some(&r) = rows.iter().find(|&&r| codes[r as usize] != first) {
+        let first = key.str_at(rows[0] as usize);
+        if let Some(&r) = rows.iter().find(|&&r| key.str_at(r as usize) != first) {
             return Err(CompileError::KeyCollision {
                 path: table.locate(r as usize).0.into(),
                 column: table.wants[0].name.clone(),
-                first: dict[first as usize].clone(),
-                second: dict[codes[r as usize] as usize].clone(),
+                first: first.unwrap_or_default().into(),
+                second: key.str_at(r as usize).unwrap_or_default().into(),
             });
         }
     }
@@ -408,28 +408,32 @@ mod tests {
     #[test]
     fn one_group_of_two_keys_is_a_collision() {
         let keys = ["a", "b", "a", "c"];
-        let info = crate::column::classify(&arrow_schema::DataType::Utf8).unwrap();
-        let mut col = Column::new(info, keys.len());
-        let array: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
-        col.push_array(&array);
-        let table = RowsTable {
-            files: vec!["rows.parquet".into()],
-            offsets: vec![0, 4],
-            columns: vec![col],
-            wants: vec![Want {
-                name: "k".into(),
-                role: Role::Key,
-            }],
-            origin: None,
-            element_bits: 0,
-        };
-        let err = check_one_key_per_group(&table, &group::group(&[1, 1, 1, 2], None))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with("rows.parquet: keys \"a\" and \"b\" of column \"k\""),
-            "{err}"
-        );
-        assert!(check_one_key_per_group(&table, &group::group(&[1, 2, 1, 3], None)).is_ok());
+        // Held in a dictionary (a key also coded as a category) and as plain strings.
+        for plain in [false, true] {
+            let mut info = crate::column::classify(&arrow_schema::DataType::Utf8).unwrap();
+            info.plain = plain;
+            let mut col = Column::new(info, keys.len());
+            let array: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+            col.push_array(&array);
+            let table = RowsTable {
+                files: vec!["rows.parquet".into()],
+                offsets: vec![0, 4],
+                columns: vec![col],
+                wants: vec![Want {
+                    name: "k".into(),
+                    role: Role::Key,
+                }],
+                origin: None,
+                element_bits: 0,
+            };
+            let err = check_one_key_per_group(&table, &group::group(&[1, 1, 1, 2], None))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("rows.parquet: keys \"a\" and \"b\" of column \"k\""),
+                "{err}"
+            );
+            assert!(check_one_key_per_group(&table, &group::group(&[1, 2, 1, 3], None)).is_ok());
+        }
     }
 }

@@ -46,6 +46,9 @@ pub(crate) struct TypeInfo {
     /// exploded to one row per element (`crate::lists`). `kind`, `scale` and `name` are the
     /// element's, as the exploded column's would be.
     pub list: bool,
+    /// Held as plain strings rather than a dictionary ([`Values::Plain`]): set for a string key
+    /// that serves no other role, by the recipe that reads it.
+    pub plain: bool,
 }
 
 /// `dt` as a user knows it: Arrow's own lowercase spelling, as pyarrow prints a schema (`int64`,
@@ -167,6 +170,7 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         name,
         shown: type_name(dt),
         list: false,
+        plain: false,
     })
 }
 
@@ -179,6 +183,29 @@ fn unit_scale(unit: TimeUnit) -> f64 {
     }
 }
 
+/// A string dictionary's index: strings hashed by xxh3 rather than SipHash (its DoS resistance
+/// buys nothing here, and string keys look up every row: SipHash was 8% of a compile).
+pub(crate) type Lookup = HashMap<String, u32, std::hash::BuildHasherDefault<BytesHasher>>;
+
+/// xxh3 of the bytes written, for [`Lookup`].
+#[derive(Debug, Default)]
+pub(crate) struct BytesHasher(u64);
+
+impl std::hash::Hasher for BytesHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        // `str`'s terminator: mixed in without a second pass over the bytes.
+        self.0 = (self.0 ^ u64::from(i)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// The values of a column.
 #[derive(Debug)]
 pub(crate) enum Values {
@@ -186,12 +213,19 @@ pub(crate) enum Values {
     F64(Vec<f64>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
+    /// Strings as they are, with no dictionary: a key column of mostly distinct values (a
+    /// customer id per customer), where interning every value in every bucket's dictionary cost
+    /// more than the rest of the compile. Row `i` is `bytes[ends[i - 1]..ends[i]]`.
+    Plain {
+        ends: Vec<u64>,
+        bytes: Vec<u8>,
+    },
     /// Codes into `dict`; after [`Column::finish`] the dictionary is sorted, so code order is
     /// value order.
     Str {
         codes: Vec<u32>,
         dict: Vec<String>,
-        lookup: HashMap<String, u32>,
+        lookup: Lookup,
     },
 }
 
@@ -212,10 +246,14 @@ impl Column {
             Kind::F64 => Values::F64(Vec::with_capacity(capacity)),
             Kind::F32 => Values::F32(Vec::with_capacity(capacity)),
             Kind::Bool => Values::Bool(Vec::with_capacity(capacity)),
+            Kind::Str if info.plain => Values::Plain {
+                ends: Vec::with_capacity(capacity),
+                bytes: Vec::new(),
+            },
             Kind::Str => Values::Str {
                 codes: Vec::with_capacity(capacity),
                 dict: Vec::new(),
-                lookup: HashMap::new(),
+                lookup: Lookup::default(),
             },
         };
         Column {
@@ -245,6 +283,7 @@ impl Column {
                 let b = array.as_boolean();
                 v.extend((0..n).map(|i| b.value(i)));
             }
+            Values::Plain { ends, bytes } => push_plain(ends, bytes, array),
             Values::Str {
                 codes,
                 dict,
@@ -270,6 +309,11 @@ impl Column {
             (Values::F64(a), Values::F64(b)) => a.extend(b),
             (Values::F32(a), Values::F32(b)) => a.extend(b),
             (Values::Bool(a), Values::Bool(b)) => a.extend(b),
+            (Values::Plain { ends, bytes }, Values::Plain { ends: e, bytes: b }) => {
+                let base = bytes.len() as u64;
+                ends.extend(e.into_iter().map(|x| x + base));
+                bytes.extend(b);
+            }
             (
                 Values::Str {
                     codes,
@@ -311,6 +355,12 @@ impl Column {
             (Values::F64(a), Values::F64(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
             (Values::F32(a), Values::F32(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
             (Values::Bool(a), Values::Bool(b)) => a.extend(rows.iter().map(|&r| b[r as usize])),
+            (Values::Plain { ends, bytes }, Values::Plain { .. }) => {
+                for &r in rows {
+                    bytes.extend_from_slice(src.plain_bytes(r as usize));
+                    ends.push(bytes.len() as u64);
+                }
+            }
             (
                 Values::Str {
                     codes,
@@ -348,6 +398,7 @@ impl Column {
             Values::F64(v) => v.capacity() * 8,
             Values::F32(v) => v.capacity() * 4,
             Values::Bool(v) => v.capacity(),
+            Values::Plain { ends, bytes } => ends.capacity() * 8 + bytes.capacity(),
             Values::Str { codes, dict, .. } => codes.capacity() * 4 + dict.len() * 128,
         };
         values + self.valid.as_ref().map_or(0, Vec::capacity)
@@ -375,6 +426,11 @@ impl Column {
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Values::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+            Values::Plain { ends, bytes } => {
+                ends.iter()
+                    .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+                out.extend_from_slice(bytes);
+            }
             Values::Str { codes, dict, .. } => {
                 out.extend_from_slice(&(dict.len() as u64).to_le_bytes());
                 for s in dict {
@@ -423,6 +479,15 @@ impl Column {
                     .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
             ),
             Values::Bool(v) => v.extend(take(bytes, len).iter().map(|&b| b != 0)),
+            Values::Plain { ends, bytes: text } => {
+                ends.extend(
+                    take(bytes, len * 8)
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+                );
+                let total = ends.last().copied().unwrap_or(0) as usize;
+                text.extend_from_slice(take(bytes, total));
+            }
             Values::Str {
                 codes,
                 dict,
@@ -491,7 +556,7 @@ impl Column {
             Values::F64(v) => Some(v[row]),
             Values::F32(v) => Some(f64::from(v[row])),
             Values::Bool(v) => Some(if v[row] { 1.0 } else { 0.0 }),
-            Values::Str { .. } => None,
+            Values::Str { .. } | Values::Plain { .. } => None,
         }
     }
 
@@ -500,6 +565,11 @@ impl Column {
     pub fn key_ids(&self) -> Cow<'_, [i64]> {
         match &self.values {
             Values::Int(v) => Cow::Borrowed(v),
+            Values::Plain { .. } => Cow::Owned(
+                (0..self.len)
+                    .map(|r| keys::bytes_id(self.plain_bytes(r)))
+                    .collect(),
+            ),
             Values::Str { codes, dict, .. } => {
                 let ids: Vec<i64> = dict.iter().map(|s| keys::text_id(s)).collect();
                 // A null row holds code 0 even where the dictionary is empty; keys have no
@@ -519,11 +589,24 @@ impl Column {
     #[inline]
     pub fn str_at(&self, row: usize) -> Option<&str> {
         match &self.values {
+            Values::Plain { .. } if self.is_valid(row) => {
+                Some(std::str::from_utf8(self.plain_bytes(row)).expect("read from UTF-8"))
+            }
             Values::Str { codes, dict, .. } if self.is_valid(row) => {
                 dict.get(codes[row] as usize).map(String::as_str)
             }
             _ => None,
         }
+    }
+
+    /// Row `row`'s bytes in a plain string column.
+    #[inline]
+    fn plain_bytes(&self, row: usize) -> &[u8] {
+        let Values::Plain { ends, bytes } = &self.values else {
+            unreachable!("a plain string column")
+        };
+        let start = if row == 0 { 0 } else { ends[row - 1] as usize };
+        &bytes[start..ends[row] as usize]
     }
 
     /// The integer value, for key and join columns.
@@ -539,7 +622,7 @@ impl Column {
     }
 }
 
-fn intern(dict: &mut Vec<String>, lookup: &mut HashMap<String, u32>, s: String) -> u32 {
+fn intern(dict: &mut Vec<String>, lookup: &mut Lookup, s: String) -> u32 {
     if let Some(&code) = lookup.get(&s) {
         return code;
     }
@@ -583,10 +666,10 @@ fn push_ints(v: &mut Vec<i64>, array: &ArrayRef) {
 fn push_strings(
     codes: &mut Vec<u32>,
     dict: &mut Vec<String>,
-    lookup: &mut HashMap<String, u32>,
+    lookup: &mut Lookup,
     array: &ArrayRef,
 ) {
-    let mut push = |s: Option<&str>| {
+    each_string(array, &mut |s: Option<&str>| {
         let code = match s {
             Some(s) => match lookup.get(s) {
                 Some(&c) => c,
@@ -595,11 +678,24 @@ fn push_strings(
             None => 0,
         };
         codes.push(code);
-    };
+    });
+}
+
+/// Appends each string of `array` to a plain column: its bytes, and where they end.
+fn push_plain(ends: &mut Vec<u64>, bytes: &mut Vec<u8>, array: &ArrayRef) {
+    ends.reserve(array.len());
+    each_string(array, &mut |s: Option<&str>| {
+        bytes.extend_from_slice(s.unwrap_or("").as_bytes());
+        ends.push(bytes.len() as u64);
+    });
+}
+
+/// Calls `push` with each value of a string (or binary) array as text, `None` where null.
+fn each_string(array: &ArrayRef, push: &mut dyn FnMut(Option<&str>)) {
     match array.data_type() {
-        DataType::Utf8 => array.as_string::<i32>().iter().for_each(&mut push),
-        DataType::LargeUtf8 => array.as_string::<i64>().iter().for_each(&mut push),
-        DataType::Utf8View => array.as_string_view().iter().for_each(&mut push),
+        DataType::Utf8 => array.as_string::<i32>().iter().for_each(&mut *push),
+        DataType::LargeUtf8 => array.as_string::<i64>().iter().for_each(&mut *push),
+        DataType::Utf8View => array.as_string_view().iter().for_each(&mut *push),
         DataType::Dictionary(_, _) => {
             let any = array.as_any_dictionary();
             let keys = any.normalized_keys();
@@ -612,31 +708,41 @@ fn push_strings(
                 push(if array.is_valid(i) { strings[*k] } else { None });
             }
         }
+        // Binary spelled as text in one reused buffer: a new String only for a new key.
         DataType::FixedSizeBinary(16) => {
             let b = array.as_fixed_size_binary();
+            let mut text = String::with_capacity(36);
             for i in 0..b.len() {
-                let bytes: &[u8; 16] = b.value(i).try_into().expect("16 bytes");
-                push(b.is_valid(i).then(|| keys::uuid_text(bytes)).as_deref());
+                text.clear();
+                let valid = b.is_valid(i);
+                if valid {
+                    keys::write_uuid(b.value(i).try_into().expect("16 bytes"), &mut text);
+                }
+                push(valid.then_some(text.as_str()));
             }
         }
-        DataType::FixedSizeBinary(_) => {
-            let b = array.as_fixed_size_binary();
-            for i in 0..b.len() {
-                push(b.is_valid(i).then(|| keys::hex_text(b.value(i))).as_deref());
+        DataType::FixedSizeBinary(_)
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView => {
+            let values: Box<dyn Iterator<Item = Option<&[u8]>>> = match array.data_type() {
+                DataType::FixedSizeBinary(_) => {
+                    let b = array.as_fixed_size_binary();
+                    Box::new((0..b.len()).map(move |i| b.is_valid(i).then(|| b.value(i))))
+                }
+                DataType::Binary => Box::new(array.as_binary::<i32>().iter()),
+                DataType::LargeBinary => Box::new(array.as_binary::<i64>().iter()),
+                _ => Box::new(array.as_binary_view().iter()),
+            };
+            let mut text = String::new();
+            for v in values {
+                text.clear();
+                if let Some(v) = v {
+                    keys::write_hex(v, &mut text);
+                }
+                push(v.is_some().then_some(text.as_str()));
             }
         }
-        DataType::Binary => array
-            .as_binary::<i32>()
-            .iter()
-            .for_each(|v| push(v.map(keys::hex_text).as_deref())),
-        DataType::LargeBinary => array
-            .as_binary::<i64>()
-            .iter()
-            .for_each(|v| push(v.map(keys::hex_text).as_deref())),
-        DataType::BinaryView => array
-            .as_binary_view()
-            .iter()
-            .for_each(|v| push(v.map(keys::hex_text).as_deref())),
         other => unreachable!("{other:?} is not a string kind; classify() decides"),
     }
 }

@@ -168,6 +168,7 @@ pub(crate) fn cat_key(col: &Column, row: usize) -> Option<CatKey> {
         Values::F64(_) | Values::F32(_) => {
             unreachable!("floats are not categorical; checked when opened")
         }
+        Values::Plain { .. } => unreachable!("plain strings are keys, never categorical"),
     })
 }
 
@@ -199,6 +200,7 @@ impl CategoryCoder<'_> {
 fn dense_slots(col: &Column) -> Option<(i64, usize)> {
     match &col.values {
         Values::Str { dict, .. } => Some((0, dict.len().max(1))),
+        Values::Plain { .. } => unreachable!("plain strings are keys, never categorical"),
         Values::Bool(_) => Some((0, 2)),
         Values::Int(v) => {
             let (lo, hi) = v

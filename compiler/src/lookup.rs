@@ -213,7 +213,7 @@ impl ContextPart {
 /// Reads the context table in `files` (one CSV or Parquet file, or a list table's rows files)
 /// and spills it into `buckets` in `dir`.
 pub(crate) fn spill_context(
-    files: &[PathBuf],
+    (files, plain_key): (&[PathBuf], bool),
     wants: &[Want],
     split_by: Option<&str>,
     buckets: Buckets,
@@ -232,7 +232,8 @@ pub(crate) fn spill_context(
         let rows = table.rows() as u64;
         (spill::spill_table(&table, buckets, dir, name)?, rows)
     } else {
-        let inputs = read::open_all(files, wants, Table::Keyed)?;
+        let mut inputs = read::open_all(files, wants, Table::Keyed)?;
+        read::plain_key(&mut inputs.types, plain_key);
         let rows = *inputs.offsets.last().expect("one file");
         let to = SpillTo {
             dir,
@@ -260,7 +261,7 @@ impl ContextSide {
     /// The context table in `files` (named in messages by the first), spilled as `part` in
     /// `dir`.
     pub fn new(
-        (files, lists): (&[PathBuf], bool),
+        (files, lists, plain_key): (&[PathBuf], bool, bool),
         key: &str,
         wants: Vec<Want>,
         part: ContextPart,
@@ -273,7 +274,8 @@ impl ContextSide {
                 vec![0, part.rows],
             ),
             _ => {
-                let inputs = read::open_all(files, &wants, Table::Keyed)?;
+                let mut inputs = read::open_all(files, &wants, Table::Keyed)?;
+                read::plain_key(&mut inputs.types, plain_key);
                 (inputs.types, inputs.offsets)
             }
         };
@@ -317,6 +319,7 @@ fn csv_type(role: Role) -> TypeInfo {
         name: name.into(),
         shown: shown.into(),
         list: false,
+        plain: false,
     };
     match role {
         Role::ContextKey { text: true } => info(Kind::Str, "Utf8", "string"),

@@ -47,7 +47,11 @@ pub struct MemoryInput {
 impl MemoryInput {
     /// Registers the batches of a table (`schema`, `batches`) as an input for the `role` it
     /// plays (`rows`, `context`, `join`): its name is what a spec gives for it.
-    pub fn register(role: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<MemoryInput> {
+    pub fn register(
+        role: &str,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<MemoryInput> {
         let (bytes, xxh3) = ipc_hash(&schema, &batches)?;
         let mut sliced = Vec::new();
         for b in batches {

@@ -75,7 +75,12 @@ impl<'s> Own<'s> {
             fit::unfitted_prefix(&cc.name, &cc.chain)?;
         }
         let named_inputs = input_files(spec, &plan.rows_files);
-        let inputs = read::open_all(&plan.rows_files, &plan.rows_wants, read::Table::Rows)?;
+        let mut inputs = read::open_all(&plan.rows_files, &plan.rows_wants, read::Table::Rows)?;
+        // A string key that is nothing else is held as plain strings, not a dictionary.
+        let key = &spec.key;
+        let also_coded =
+            spec.categorical.contains(key) || plan.text_columns.iter().any(|t| t.name == *key);
+        read::plain_key(&mut inputs.types, !also_coded);
         // A list table is sized by its elements, the rows it is read as: the rows of the
         // exploded table, whose compile it equals byte for byte.
         let rows_read = match inputs.types.iter().position(|t| t.list) {
@@ -163,6 +168,15 @@ impl<'s> Own<'s> {
         }
     }
 
+    /// Whether the context table's key, if a string, is held as plain strings: unless it is
+    /// also one of its string columns encoded to a fixed width.
+    fn plain_context_key(&self) -> bool {
+        !self
+            .context_texts()
+            .iter()
+            .any(|t| t == self.spec.context_key())
+    }
+
     /// The context table's string columns encoded to a fixed width.
     fn context_texts(&self) -> Vec<String> {
         self.plan
@@ -234,7 +248,7 @@ impl<'s> Recipe for Own<'s> {
             return Ok(None);
         };
         lookup::spill_context(
-            files,
+            (files, self.plain_context_key()),
             &lookup::context_wants(&self.rules.context, &self.context_texts(), self.context_key),
             self.spec.split_by.as_deref(),
             to.buckets,
@@ -252,7 +266,7 @@ impl<'s> Recipe for Own<'s> {
     ) -> Result<OwnSpilled<'s>> {
         if let (Some(files), Some(part)) = (&self.plan.context_files, context) {
             self.context = Some(ContextSide::new(
-                (files, self.spec.context.is_none()),
+                (files, self.spec.context.is_none(), self.plain_context_key()),
                 self.spec.context_key(),
                 lookup::context_wants(&self.rules.context, &self.context_texts(), self.context_key),
                 part,

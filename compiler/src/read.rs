@@ -291,6 +291,7 @@ pub(crate) fn row_number_type() -> TypeInfo {
         name: "row number".into(),
         shown: "row number".into(),
         list: false,
+        plain: false,
     }
 }
 
@@ -511,6 +512,15 @@ pub(crate) struct Inputs {
     pub types: Vec<TypeInfo>,
     /// `offsets[i]` is the first global row of file `i`; one extra entry holds the total.
     pub offsets: Vec<u64>,
+}
+
+/// Marks the key (the first of `types`) to be held as plain strings when it is a string and
+/// `plain` (it serves no role that needs a dictionary): every reader of one table must agree,
+/// as the spill is written and read back with these types.
+pub(crate) fn plain_key(types: &mut [TypeInfo], plain: bool) {
+    if let Some(key) = types.first_mut() {
+        key.plain = plain && key.kind == Kind::Str;
+    }
 }
 
 /// Opens every file and checks the wanted columns and that all files agree on their types.

@@ -126,31 +126,54 @@ pub fn key_text_at(
 
 /// The id of a string key: the xxh3-64 of its UTF-8 bytes, as an `i64`.
 pub fn text_id(text: &str) -> i64 {
-    xxhash_rust::xxh3::xxh3_64(text.as_bytes()) as i64
+    bytes_id(text.as_bytes())
+}
+
+/// [`text_id`] of a key's UTF-8 bytes.
+pub fn bytes_id(bytes: &[u8]) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(bytes) as i64
 }
 
 /// 16 bytes spelled as a UUID: lowercase hex in groups of 8-4-4-4-12.
 pub fn uuid_text(bytes: &[u8; 16]) -> String {
-    let hex = hex_text(bytes);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    let mut s = String::with_capacity(36);
+    write_uuid(bytes, &mut s);
+    s
+}
+
+/// Appends [`uuid_text`] of `bytes` to `out` (a reader reuses one buffer for every row).
+pub fn write_uuid(bytes: &[u8; 16], out: &mut String) {
+    for (i, chunk) in [
+        &bytes[..4],
+        &bytes[4..6],
+        &bytes[6..8],
+        &bytes[8..10],
+        &bytes[10..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            out.push('-');
+        }
+        write_hex(chunk, out);
+    }
 }
 
 /// Bytes spelled as lowercase hex.
 pub fn hex_text(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
-    }
+    write_hex(bytes, &mut s);
     s
+}
+
+/// Appends [`hex_text`] of `bytes` to `out`.
+pub fn write_hex(bytes: &[u8], out: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
 }
 
 fn parse_hex(given: &str) -> Result<Vec<u8>, String> {

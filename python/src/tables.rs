@@ -4,7 +4,7 @@
 //! producer's buffers (nothing is copied), and is registered with the compiler under a name the
 //! spec then gives in place of a file.
 
-use arrow_array::ffi_stream::{RecordBatchStreamReader, FFI_ArrowArrayStream};
+use arrow_array::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use arrow_array::RecordBatchReader;
 use dsc_compiler::{CompileSpec, MemoryInput, MEMORY_PREFIX};
 use pyo3::prelude::*;
@@ -47,9 +47,9 @@ pub(crate) fn register(
 /// Reads the Arrow C stream in `capsule` into batches and registers them for `role`.
 fn import(py: Python<'_>, role: &str, capsule: &Bound<'_, PyAny>) -> PyResult<MemoryInput> {
     let bad = |what: String| crate::errors::options_error(py, &format!("the {role} table: {what}"));
-    let capsule = capsule
-        .cast::<PyCapsule>()
-        .map_err(|_| bad("expected an Arrow C stream (a PyCapsule from __arrow_c_stream__)".into()))?;
+    let capsule = capsule.cast::<PyCapsule>().map_err(|_| {
+        bad("expected an Arrow C stream (a PyCapsule from __arrow_c_stream__)".into())
+    })?;
     let ptr = capsule
         .pointer_checked(Some(c"arrow_array_stream"))
         .map_err(|e| bad(format!("not an Arrow C stream: {e}")))?;
@@ -57,8 +57,9 @@ fn import(py: Python<'_>, role: &str, capsule: &Bound<'_, PyAny>) -> PyResult<Me
     // holds an `FFI_ArrowArrayStream`; `from_raw` moves the stream out and leaves a released
     // one behind, so the capsule's destructor does not release it a second time. The GIL is
     // held throughout, and nothing else reads the capsule meanwhile.
-    let reader = unsafe { RecordBatchStreamReader::from_raw(ptr.cast::<FFI_ArrowArrayStream>().as_ptr()) }
-        .map_err(|e| bad(format!("its stream gives no schema: {e}")))?;
+    let reader =
+        unsafe { RecordBatchStreamReader::from_raw(ptr.cast::<FFI_ArrowArrayStream>().as_ptr()) }
+            .map_err(|e| bad(format!("its stream gives no schema: {e}")))?;
     let schema = reader.schema();
     let batches = reader
         .collect::<Result<Vec<_>, _>>()
