@@ -721,3 +721,90 @@ fn a_killed_uploads_staging_folder_is_reclaimed_even_if_its_pid_lives_on() {
         .collect();
     assert_eq!(left, [format!("{}.lock", other.id())]);
 }
+
+/// Issue 41, item 4: rows (a glob over a prefix), the context table and a CSV join given as
+/// URLs compile to the cache of the same files on disk, in one process and as partitions; an
+/// object that is not there is named by its URL.
+#[test]
+fn inputs_in_object_storage_compile_to_the_cache_of_the_same_files_on_disk() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    gen_icecube(&dir, 3, 200);
+    let bucket = server.bucket("inputs");
+    let store = dsc_store::Remote::open_with(&bucket, &server.options()).unwrap();
+    for (name, bytes) in tree(&dir.join("data")) {
+        store.put(&format!("data/{name}"), bytes).unwrap();
+    }
+    let env = server.env();
+    let run = |args: &[String]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(args)
+            .current_dir(dir.path())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let args = |out: &str, urls: bool, extra: &[&str]| -> Vec<String> {
+        icecube_args(
+            out,
+            &["--shard-size", "48KiB", "--bucket-size", "64KiB", "-q"],
+        )
+        .into_iter()
+        .chain(extra.iter().copied())
+        .map(|a| match a.strip_prefix("data/") {
+            Some(rest) if urls => format!("{bucket}/data/{rest}"),
+            _ => a.to_string(),
+        })
+        .collect()
+    };
+    let ok = |a: Vec<String>| {
+        let (code, err) = run(&a);
+        assert_eq!(code, 0, "dsc {}: {err}", a.join(" "));
+    };
+    ok(args("local", false, &[]));
+    ok(args("remote", true, &[]));
+    let data = |cache: &str| -> std::collections::BTreeMap<String, Vec<u8>> {
+        tree(&dir.join(cache))
+            .into_iter()
+            .filter(|(name, _)| name != "manifest.json")
+            .collect()
+    };
+    let (local, remote) = (data("local"), data("remote"));
+    assert!(local.len() > 4);
+    assert!(local == remote, "the caches differ");
+    // The manifest names the objects by URL; their size and version stand for their bytes.
+    let m = manifest(&dir.join("remote"));
+    let inputs = m["inputs"]["files"].as_array().unwrap();
+    assert_eq!(
+        inputs.len(),
+        5,
+        "three rows files, the context and the join: {inputs:?}"
+    );
+    assert!(inputs
+        .iter()
+        .all(|f| f["path"].as_str().unwrap().starts_with(&bucket)));
+    // Partitions, each scanning its own rows objects, give the remote compile's bytes.
+    for stage in ["scan", "fit", "write"] {
+        for p in ["0/2", "1/2"] {
+            ok(args("parted", true, &["--partition", p, "--stage", stage]));
+        }
+    }
+    ok(vec!["merge".into(), "parted".into(), "-q".into()]);
+    assert_eq!(tree(&dir.join("parted")), tree(&dir.join("remote")));
+    // An object that is not there, and a glob that matches none, are named.
+    let mut missing = args("x", true, &[]);
+    let at = missing.iter().position(|a| a == "--context").unwrap() + 1;
+    missing[at] = format!("{bucket}/data/nope.parquet");
+    let (code, err) = run(&missing);
+    assert_eq!(code, 2);
+    assert!(err.contains(&format!("{bucket}/data/nope.parquet")), "{err}");
+    let mut none = args("x", true, &[]);
+    none[1] = format!("{bucket}/data/train/*.csv");
+    let (code, err) = run(&none);
+    assert_eq!(code, 2);
+    assert!(err.contains("train/*.csv"), "{err}");
+}

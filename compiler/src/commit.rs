@@ -139,6 +139,11 @@ pub(crate) fn hash_files(named: &[(PathBuf, &str)]) -> Result<Vec<InputFile>> {
             let (bytes, xxh3) = if crate::memory::is_memory(path) {
                 let table = crate::memory::get(path)?;
                 (table.bytes, table.xxh3.clone())
+            } else if crate::remote::is_url(path) {
+                // An object is not read whole: its version stands for its bytes.
+                let (size, version) = crate::remote::head(path)?;
+                let id = format!("{size}\0{version}");
+                (size, dsc_format::checksum::xxh3_hex(id.as_bytes()))
             } else {
                 dsc_format::checksum::hash_file(path)?
             };

@@ -127,6 +127,9 @@ pub enum CompileError {
         /// Row within the file.
         row: u64,
     },
+    /// An input in object storage could not be read (its message names the URL).
+    #[error("{0}")]
+    Store(Box<dsc_store::StoreError>),
     /// A row of a list table whose lists cannot be exploded.
     #[error("{path}: row {row}: {what}")]
     ListRow {

@@ -64,6 +64,7 @@ mod plan;
 mod progress;
 mod read;
 mod recipe;
+pub mod remote;
 mod rules;
 mod runs;
 mod shards;

@@ -335,7 +335,7 @@ pub(crate) fn column_names(path: &Path) -> Result<Vec<String>> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
     {
-        let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(path, e))?;
+        let mut reader = csv_reader(path)?;
         let headers = reader.headers().map_err(|e| csv_err(path, e))?;
         return Ok(headers.iter().map(str::to_string).collect());
     }
@@ -346,6 +346,17 @@ pub(crate) fn column_names(path: &Path) -> Result<Vec<String>> {
         .iter()
         .map(|f| f.name().clone())
         .collect())
+}
+
+/// A CSV reader of the file at `path`, or of the object at a URL (fetched whole: a lookup
+/// table).
+fn csv_reader(path: &Path) -> Result<csv::Reader<Box<dyn std::io::Read>>> {
+    let source: Box<dyn std::io::Read> = if crate::remote::is_url(path) {
+        Box::new(std::io::Cursor::new(crate::remote::get(path)?))
+    } else {
+        Box::new(std::fs::File::open(path).map_err(|e| CompileError::io(path, e))?)
+    };
+    Ok(csv::Reader::from_reader(source))
 }
 
 fn csv_err(path: &Path, e: csv::Error) -> CompileError {
@@ -362,7 +373,7 @@ fn csv_err(path: &Path, e: csv::Error) -> CompileError {
 /// Reads a CSV lookup table: integer key and join columns, numeric columns as Float64,
 /// categorical columns as strings. Empty fields are null.
 fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
-    let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(path, e))?;
+    let mut reader = csv_reader(path)?;
     let headers = reader.headers().map_err(|e| csv_err(path, e))?.clone();
     read::check_unique(path, headers.iter(), &wants)?;
     let positions: Vec<usize> = wants

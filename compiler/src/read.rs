@@ -114,6 +114,10 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
             files.push(PathBuf::from(pattern));
             continue;
         }
+        if crate::remote::is_url(Path::new(pattern)) {
+            files.extend(crate::remote::resolve(pattern)?);
+            continue;
+        }
         let is_glob = pattern.contains(['*', '?', '[']);
         if !is_glob {
             let path = PathBuf::from(pattern);
@@ -161,7 +165,7 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
     let mut seen = std::collections::HashSet::new();
     let mut unique = Vec::with_capacity(files.len());
     for f in files {
-        let id = if crate::memory::is_memory(&f) {
+        let id = if crate::memory::is_memory(&f) || crate::remote::is_url(&f) {
             FileId::Memory(f.clone())
         } else {
             let m = std::fs::metadata(&f).map_err(|e| CompileError::io(&f, e))?;
@@ -182,7 +186,7 @@ enum FileId {
     Inode(u64, u64),
     #[cfg_attr(unix, allow(dead_code))]
     Path(PathBuf),
-    /// A table in memory, by its name (which holds its content hash).
+    /// A table in memory by its name (which holds its content hash), or an object by its URL.
     Memory(PathBuf),
 }
 
@@ -210,9 +214,42 @@ pub(crate) struct Opened {
     source: Source,
 }
 
+/// A Parquet file's bytes: on disk, or an object in storage read by ranged requests.
+pub(crate) enum InputFile {
+    Local(File),
+    Remote(crate::remote::RemoteFile),
+}
+
+impl parquet::file::reader::Length for InputFile {
+    fn len(&self) -> u64 {
+        match self {
+            InputFile::Local(f) => f.len(),
+            InputFile::Remote(r) => r.len(),
+        }
+    }
+}
+
+impl parquet::file::reader::ChunkReader for InputFile {
+    type T = Box<dyn std::io::Read + Send>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        match self {
+            InputFile::Local(f) => Ok(Box::new(f.get_read(start)?)),
+            InputFile::Remote(r) => Ok(r.reader(start)?),
+        }
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        match self {
+            InputFile::Local(f) => f.get_bytes(start, length),
+            InputFile::Remote(r) => Ok(r.read(start, length)?),
+        }
+    }
+}
+
 /// Where an opened input's batches come from.
 enum Source {
-    Parquet(ParquetRecordBatchReaderBuilder<File>),
+    Parquet(ParquetRecordBatchReaderBuilder<InputFile>),
     /// The batches `batches` of a table in memory (its row groups).
     Memory {
         table: std::sync::Arc<crate::memory::MemoryTable>,
@@ -259,11 +296,12 @@ pub(crate) fn open(path: &Path) -> Result<Opened> {
             },
         });
     }
-    let file = File::open(path).map_err(|e| CompileError::io(path, e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| CompileError::io(path, e))?
-        .len();
+    let file = if crate::remote::is_url(path) {
+        InputFile::Remote(crate::remote::RemoteFile::open(path)?)
+    } else {
+        InputFile::Local(File::open(path).map_err(|e| CompileError::io(path, e))?)
+    };
+    let len = parquet::file::reader::Length::len(&file);
     if len == 0 {
         return Err(CompileError::BadParquet {
             path: path.into(),
@@ -716,6 +754,8 @@ pub(crate) struct Stamp {
     path: PathBuf,
     len: u64,
     modified: Option<std::time::SystemTime>,
+    /// An object's version in its store (entity tag or last-modified time).
+    version: Option<String>,
     id: FileId,
 }
 
@@ -728,6 +768,17 @@ impl Stamp {
                 path: path.into(),
                 len: table.bytes,
                 modified: None,
+                version: None,
+                id: FileId::Memory(path.into()),
+            });
+        }
+        if crate::remote::is_url(path) {
+            let (len, version) = crate::remote::head(path)?;
+            return Ok(Stamp {
+                path: path.into(),
+                len,
+                modified: None,
+                version: Some(version),
                 id: FileId::Memory(path.into()),
             });
         }
@@ -736,6 +787,7 @@ impl Stamp {
             path: path.into(),
             len: m.len(),
             modified: m.modified().ok(),
+            version: None,
             id: file_identity(path, &m)?,
         })
     }
@@ -750,7 +802,7 @@ impl Stamp {
             Some("it was replaced by another file".to_string())
         } else if now.len != self.len {
             Some(format!("{} bytes at the start, {} now", self.len, now.len))
-        } else if now.modified != self.modified {
+        } else if now.modified != self.modified || now.version != self.version {
             Some("modified since the start".to_string())
         } else {
             None

@@ -176,6 +176,16 @@ impl Remote {
         Ok(bytes)
     }
 
+    /// What the store says of object `name`: its size and its version (the entity tag, else
+    /// the time it was last written), which changes whenever its bytes do.
+    pub fn head(&self, name: &str) -> Result<(u64, String), StoreError> {
+        self.run(name, |store, path| async move { store.head(&path).await })
+            .map(|m| {
+                let version = m.e_tag.unwrap_or_else(|| m.last_modified.to_rfc3339());
+                (m.size, version)
+            })
+    }
+
     /// Whether object `name` exists.
     pub fn exists(&self, name: &str) -> Result<bool, StoreError> {
         match self.run(name, |store, path| async move { store.head(&path).await }) {

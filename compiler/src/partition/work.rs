@@ -80,6 +80,11 @@ fn fingerprint(spec: &CompileSpec, partitions: usize, named: &[(PathBuf, &str)])
     h.update(&serde_json::to_vec(spec).expect("a spec serializes"));
     h.update(format!("\n{partitions}\n").as_bytes());
     for (path, role) in named {
+        if crate::remote::is_url(path) {
+            let (size, version) = crate::remote::head(path)?;
+            h.update(format!("{role}\0{}\0{size}\0{version}\n", path.display()).as_bytes());
+            continue;
+        }
         let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
         let mtime = m
             .modified()
