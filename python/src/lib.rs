@@ -680,6 +680,8 @@ fn compile(
     let spec = spec_from(py, spec_json, spec_file.as_deref())?;
     // Tables in memory, held until the compile is done.
     let (spec, _held) = tables::register(py, spec, tables)?;
+    // Inputs in object storage are read with the storage options given (over the environment).
+    dsc_compiler::remote::set_options(&remote_options(py, remote)?.store);
     let storage = storage_of(py, compress.as_deref(), compress_level)?;
     // A URL: compiled under the cache folder, then uploaded with its manifest last (a cache
     // already there refused now, before any work, unless `force`).

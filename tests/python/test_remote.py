@@ -256,3 +256,27 @@ def test_ctrl_c_while_a_shard_downloads_stops_the_wait(workdir: Path, s3, tmp_pa
                 np.testing.assert_array_equal(g[k], w[k])
     partial = [p.name for p in fetched.rglob(".*partial*")]
     assert not partial, partial
+
+
+def test_inputs_in_object_storage_compile_as_the_files_on_disk(workdir: Path, s3, tmp_path: Path) -> None:
+    """Rows (a glob over a prefix), the context table and the CSV join read from URLs, with the
+    storage options given, write the cache of the same files on disk (issue 41, item 4)."""
+    import boto3
+    options, _ = s3
+    client = boto3.client("s3", endpoint_url=options["aws_endpoint"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket="inputs")
+    for path in sorted((workdir / "data").rglob("*")):
+        if path.is_file():
+            client.put_object(Bucket="inputs", Key=path.relative_to(workdir).as_posix(),
+                              Body=path.read_bytes())
+    rows, kwargs = compile_args(workdir)
+    dsc.compile(rows, out=tmp_path / "local", **kwargs)
+    remote = dict(kwargs, context="s3://inputs/data/train_meta.parquet",
+                  join="s3://inputs/data/sensor_geometry.csv")
+    there = dsc.compile("s3://inputs/data/train/batch_*.parquet", out=tmp_path / "remote",
+                        storage_options=options, **remote)
+    files = lambda c: {p.relative_to(c): p.read_bytes() for p in sorted(c.rglob("*"))
+                       if p.is_file() and p.name != "manifest.json"}
+    assert files(tmp_path / "local") == files(tmp_path / "remote")
+    assert all(f["path"].startswith("s3://inputs/") for f in there.manifest["inputs"]["files"])
