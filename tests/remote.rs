@@ -801,7 +801,10 @@ fn inputs_in_object_storage_compile_to_the_cache_of_the_same_files_on_disk() {
     missing[at] = format!("{bucket}/data/nope.parquet");
     let (code, err) = run(&missing);
     assert_eq!(code, 2);
-    assert!(err.contains(&format!("{bucket}/data/nope.parquet")), "{err}");
+    assert!(
+        err.contains(&format!("{bucket}/data/nope.parquet")),
+        "{err}"
+    );
     let mut none = args("x", true, &[]);
     none[1] = format!("{bucket}/data/train/*.csv");
     let (code, err) = run(&none);

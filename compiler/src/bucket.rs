@@ -60,12 +60,16 @@ pub(crate) struct Shared<'a> {
 pub(crate) struct Issues {
     /// Contexts with rows but no context row: count, rows, and the smallest key id's key and
     /// first row.
-    pub unmatched: (usize, u64, Option<(i64, String, PathBuf, u64)>),
+    pub unmatched: (usize, u64, Option<Unmatched>),
     /// Context rows with no rows: count and the first (global row, file, row, key).
     pub empty: (usize, Option<(u64, PathBuf, u64, String)>),
     /// Listed keys (key files) that are contexts.
     pub found: Vec<i64>,
 }
+
+/// The first context without a context row: its key id, its key as its user knows it, and the
+/// file and row of its first row.
+pub(crate) type Unmatched = (i64, String, PathBuf, u64);
 
 /// What a statistic is about, for `stats.json`.
 #[derive(Debug, Clone)]

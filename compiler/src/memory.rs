@@ -36,7 +36,8 @@ pub(crate) struct MemoryTable {
 }
 
 /// Registered tables by name, with how many registrations hold each.
-static TABLES: Mutex<Option<HashMap<String, (Arc<MemoryTable>, usize)>>> = Mutex::new(None);
+type Registry = HashMap<String, (Arc<MemoryTable>, usize)>;
+static TABLES: Mutex<Option<Registry>> = Mutex::new(None);
 
 /// A table registered for compiles in this process, until dropped.
 #[derive(Debug)]

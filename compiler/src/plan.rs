@@ -303,7 +303,8 @@ fn context_files(
     if lists {
         return Ok(Some(rows_files.to_vec()));
     }
-    if !records && !(spec.targets.is_empty() && spec.context_features.is_empty()) {
+    let per_context = !(spec.targets.is_empty() && spec.context_features.is_empty());
+    if !records && per_context {
         let key = if spec.targets.is_empty() {
             "context_features"
         } else {

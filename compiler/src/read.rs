@@ -249,7 +249,7 @@ impl parquet::file::reader::ChunkReader for InputFile {
 
 /// Where an opened input's batches come from.
 enum Source {
-    Parquet(ParquetRecordBatchReaderBuilder<InputFile>),
+    Parquet(Box<ParquetRecordBatchReaderBuilder<InputFile>>),
     /// The batches `batches` of a table in memory (its row groups).
     Memory {
         table: std::sync::Arc<crate::memory::MemoryTable>,
@@ -317,7 +317,7 @@ pub(crate) fn open(path: &Path) -> Result<Opened> {
         path: path.into(),
         rows,
         schema,
-        source: Source::Parquet(builder),
+        source: Source::Parquet(Box::new(builder)),
     })
 }
 
@@ -691,7 +691,9 @@ impl Opened {
         let all = self.row_group_rows();
         let rows = all[groups.clone()].iter().sum();
         let source = match self.source {
-            Source::Parquet(builder) => Source::Parquet(builder.with_row_groups(groups.collect())),
+            Source::Parquet(builder) => {
+                Source::Parquet(Box::new(builder.with_row_groups(groups.collect())))
+            }
             Source::Memory { table, batches } => Source::Memory {
                 table,
                 batches: batches.start + groups.start..batches.start + groups.end,

@@ -183,7 +183,7 @@ fn parse_hex(given: &str) -> Result<Vec<u8>, String> {
         .chars()
         .map(|c| c.to_digit(16).map(|d| d as u8))
         .collect::<Option<_>>()
-        .filter(|d: &Vec<u8>| d.len() % 2 == 0)
+        .filter(|d: &Vec<u8>| d.len().is_multiple_of(2))
         .ok_or_else(|| format!("{given:?} is not hex bytes (the keys are binary)"))?;
     Ok(digits.chunks(2).map(|p| p[0] << 4 | p[1]).collect())
 }
