@@ -199,10 +199,9 @@ fn parse_uuid(given: &str) -> Result<[u8; 16], String> {
         .ok_or_else(|| format!("{given:?} is not a UUID (the keys are 16-byte UUIDs)"))
 }
 
-/// `shards/{split}-{index:05}.keys.safetensors`: the key table of shard `index` of `split`.
-pub fn key_table_file_name(split: &str, index: usize) -> String {
-    format!("{}/{split}-{index:05}.keys.safetensors", crate::SHARDS_DIR)
-}
+/// `shards/{split}-{index:05}.keys.safetensors`: the key table of shard `index` of `split`
+/// (beside the shard file names, in the manifest).
+pub use crate::manifest::key_table_file_name;
 
 /// The bytes of the key table of the shard `meta` names, whose contexts have the ids `ids` and
 /// the keys `texts` (as [`KeyType::id_of`] spells them): a safetensors file holding `key` (i64

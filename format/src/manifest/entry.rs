@@ -92,6 +92,12 @@ impl ShardEntry {
     }
 }
 
+/// `shards/{split}-{index:05}.keys.safetensors`: the key table of shard `index` of `split`
+/// (`crate::keys`).
+pub fn key_table_file_name(split: &str, index: usize) -> String {
+    format!("{}/{split}-{index:05}.keys.safetensors", crate::SHARDS_DIR)
+}
+
 /// `shards/{split}-{index:05}.safetensors`: the file of shard `index` of `split`.
 pub fn shard_file_name(split: &str, index: usize) -> String {
     format!("{}/{split}-{index:05}.safetensors", crate::SHARDS_DIR)

@@ -342,7 +342,7 @@ impl Manifest {
                 });
             }
             if let Some(keys) = &s.keys {
-                let expected = crate::keys::key_table_file_name(&split.name, i);
+                let expected = key_table_file_name(&split.name, i);
                 if keys.file != expected {
                     return Err(ManifestProblem::ShardName {
                         file: keys.file.clone(),
