@@ -11,6 +11,7 @@
 //!
 //! cargo bench -p dsc-compiler --bench inputs
 //! DSC_BENCH_CUSTOMERS=5000 DSC_BENCH_REPEATS=3 cargo bench -p dsc-compiler --bench inputs  # quick
+//! DSC_BENCH_CASES=3,6 cargo bench -p dsc-compiler --bench inputs    # some cases (and their bases)
 
 use arrow_array::RecordBatchReader;
 use dsc_compiler::{compile, CompileOptions, CompileSpec, MemoryInput, NoProgress, Storage};
@@ -145,10 +146,19 @@ fn main() {
             inputs.push(spec(&rows_dir, context.as_deref()));
         }
     }
+    // DSC_BENCH_CASES=3,6: time those cases and their baselines only.
+    let chosen: Option<Vec<usize>> = std::env::var("DSC_BENCH_CASES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect());
+    let timed = |i: usize| {
+        chosen
+            .as_ref()
+            .is_none_or(|c| c.contains(&i) || c.iter().any(|&j| cases[j].base == i))
+    };
     let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     // Alternating, so that a slower stretch of a shared machine falls on every case alike.
     for _ in 0..repeats {
-        for (i, spec) in inputs.iter().enumerate() {
+        for (i, spec) in inputs.iter().enumerate().filter(|(i, _)| timed(*i)) {
             let opts = CompileOptions {
                 out: tmp.path().join(format!("cache-{i}")),
                 force: true,
@@ -165,17 +175,41 @@ fn main() {
         "{customers} customers, {rows} transactions, {} threads, median of {repeats}",
         rayon::current_num_threads()
     );
-    let medians: Vec<f64> = seconds.into_iter().map(median).collect();
+    // Each ratio is the median over repeats of (case ÷ base) within one repeat: paired, so that
+    // a slow stretch of the machine weighs on both sides of a ratio alike.
+    let medians: Vec<f64> = seconds
+        .iter()
+        .map(|s| {
+            if s.is_empty() {
+                f64::NAN
+            } else {
+                median(s.clone())
+            }
+        })
+        .collect();
     println!(
-        "{:<12} {:>9} {:>12} {:>14}",
-        "input", "seconds", "rows/s", "÷ baseline"
+        "{:<18} {:>9} {:>12} {:>20}",
+        "input", "seconds", "rows/s", "÷ baseline (min-max)"
     );
-    for (case, m) in cases.iter().zip(&medians) {
+    for (i, case) in cases
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !medians[*i].is_nan())
+    {
+        let ratios: Vec<f64> = seconds[i]
+            .iter()
+            .zip(&seconds[case.base])
+            .map(|(a, b)| a / b)
+            .collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
         println!(
-            "{:<18} {m:>9.3} {:>12.0} {:>8.2} ({})",
+            "{:<18} {:>9.3} {:>12.0} {:>8.2} ({lo:.2}-{hi:.2}) of {}",
             case.name,
-            rows as f64 / m,
-            m / medians[case.base],
+            medians[i],
+            rows as f64 / medians[i],
+            median(ratios),
             cases[case.base].name
         );
     }
