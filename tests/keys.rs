@@ -465,3 +465,60 @@ fn mismatched_null_and_repeated_string_keys_are_refused_by_file_column_and_row()
         "{err}"
     );
 }
+
+#[test]
+fn uint64_keys_past_2_63_join_a_csv_context_and_a_key_is_no_split_column() {
+    let dir = Dir::new();
+    gen_keys(&dir, "u", "uint64");
+    let customers = Table::read(&dir.join("u/customers.parquet"));
+    let col = customers.batches[0]
+        .column_by_name("customer_id")
+        .unwrap()
+        .clone();
+    let keys = col.as_primitive::<UInt64Type>();
+    let values = customers.f64s("lifetime_value");
+    let mut csv = String::from("customer_id,lifetime_value\n");
+    for (k, v) in keys.values().iter().zip(&values) {
+        assert!(*k > 1 << 63);
+        csv.push_str(&format!("{k},{}\n", v.unwrap()));
+    }
+    std::fs::write(dir.join("u/customers.csv"), csv).unwrap();
+    let with = |ctx: &str, out: &str, extra: &[&str]| -> Vec<String> {
+        compile_args("u", out, extra)
+            .into_iter()
+            .map(|s| {
+                if s.ends_with("customers.parquet") {
+                    ctx.to_string()
+                } else {
+                    s
+                }
+            })
+            .collect()
+    };
+    for (ctx, out) in [
+        ("u/customers.csv", "csv"),
+        ("u/customers.parquet", "parquet"),
+    ] {
+        let a = with(ctx, out, &[]);
+        dsc(
+            dir.path(),
+            &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .ok();
+    }
+    let shards = |name: &str| -> Vec<Vec<u8>> {
+        tree(&dir.join(name))
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("shards/"))
+            .map(|(_, v)| v)
+            .collect()
+    };
+    assert_eq!(shards("csv"), shards("parquet"));
+    let a = with("u/customers.parquet", "x", &["--split-by", "customer_id"]);
+    let err = dsc(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .fails(2);
+    assert!(err.contains("the split column cannot be the key"), "{err}");
+}

@@ -158,16 +158,17 @@ pub enum CompileError {
         second: String,
     },
     /// The context table holds a key twice.
-    #[error("{path}: key {key} appears twice in column {column:?} (rows {first_row} and {row})")]
+    #[error("{path}: key {key} appears twice in column {column:?} ({first} and {row})")]
     DuplicateKey {
-        /// The file.
+        /// The file of the repeating row.
         path: PathBuf,
         /// The key column.
         column: String,
         /// The key.
         key: String,
-        /// Its first row.
-        first_row: u64,
+        /// The first row: `rows 3` (to read "rows 3 and 9"), or `row 3 of FILE and row` where
+        /// it is in another file than the repeat.
+        first: String,
         /// The repeating row.
         row: u64,
     },

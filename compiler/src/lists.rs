@@ -132,22 +132,8 @@ fn lengths(array: &ArrayRef) -> Vec<u32> {
 /// null lists allow (a null list may span values that are not its elements).
 fn elements(array: &ArrayRef) -> Vec<ArrayRef> {
     let (values, spans): (ArrayRef, Vec<(usize, usize)>) = match array.data_type() {
-        DataType::List(_) => {
-            let l = array.as_list::<i32>();
-            let o = l.value_offsets();
-            let spans = (0..l.len())
-                .map(|i| (o[i] as usize, o[i + 1] as usize))
-                .collect();
-            (l.values().clone(), spans)
-        }
-        DataType::LargeList(_) => {
-            let l = array.as_list::<i64>();
-            let o = l.value_offsets();
-            let spans = (0..l.len())
-                .map(|i| (o[i] as usize, o[i + 1] as usize))
-                .collect();
-            (l.values().clone(), spans)
-        }
+        DataType::List(_) => offset_spans::<i32>(array),
+        DataType::LargeList(_) => offset_spans::<i64>(array),
         DataType::FixedSizeList(_, size) => {
             let l = array.as_fixed_size_list();
             let size = *size as usize;
@@ -175,6 +161,18 @@ fn elements(array: &ArrayRef) -> Vec<ArrayRef> {
         out.push(values.slice(a, b - a));
     }
     out
+}
+
+/// A list array's values and each row's span of them.
+fn offset_spans<O: arrow_array::OffsetSizeTrait>(
+    array: &ArrayRef,
+) -> (ArrayRef, Vec<(usize, usize)>) {
+    let l = array.as_list::<O>();
+    let o = l.value_offsets();
+    let spans = (0..l.len())
+        .map(|i| (o[i].as_usize(), o[i + 1].as_usize()))
+        .collect();
+    (l.values().clone(), spans)
 }
 
 /// The elements of the list column `column` across `files`: the row count of the exploded

@@ -41,13 +41,20 @@ impl KeyIndex {
                     first: a.into(),
                     second: b.into(),
                 },
-                (text, _) => CompileError::DuplicateKey {
-                    path: path.into(),
-                    column: column.into(),
-                    key: text.map_or_else(|| k.to_string(), |t| format!("{t:?}")),
-                    first_row: table.locate(first as usize).1,
-                    row: at,
-                },
+                (text, _) => {
+                    let (first_path, first_row) = table.locate(first as usize);
+                    CompileError::DuplicateKey {
+                        path: path.into(),
+                        column: column.into(),
+                        key: text.map_or_else(|| k.to_string(), |t| format!("{t:?}")),
+                        first: if first_path == path {
+                            format!("rows {first_row}")
+                        } else {
+                            format!("row {first_row} of {} and row", first_path.display())
+                        },
+                        row: at,
+                    }
+                }
             }
         };
         let (min, max) = keys
@@ -413,7 +420,10 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
                 Kind::Int => ints[i].push(if field.is_empty() {
                     None
                 } else {
-                    Some(field.parse().map_err(|_| bad("an integer"))?)
+                    // A uint64 key past 2^63 is its bits, as the rows' uint64 keys are.
+                    let int = field.parse::<i64>().ok();
+                    let bits = || field.parse::<u64>().ok().map(|k| k as i64);
+                    Some(int.or_else(bits).ok_or_else(|| bad("an integer"))?)
                 }),
                 Kind::Str => strings[i].push((!field.is_empty()).then(|| field.to_string())),
                 _ => floats[i].push(if field.is_empty() {

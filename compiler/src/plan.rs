@@ -403,6 +403,13 @@ fn check(spec: &CompileSpec) -> Result<bool> {
     check_unique("targets", &spec.targets)?;
     check_unique("context_features", &spec.context_features)?;
     if let Some(column) = &spec.split_by {
+        if column == spec.context_key() {
+            return Err(OptionError::new(
+                "split_by",
+                format!("{column}: the split column cannot be the key; name each context's split in a column of its own"),
+            )
+            .into());
+        }
         if spec.targets.contains(column) || spec.context_features.contains(column) {
             return Err(OptionError::new(
                 "split_by",

@@ -155,9 +155,46 @@ impl RemoteFile {
             .map_err(|e| std::io::Error::other(e.to_string()))
     }
 
-    /// The bytes from `start` to the end.
+    /// The bytes from `start` on, fetched a window at a time as they are read: the Parquet
+    /// reader asks for a reader at each page only to read that page's header.
     pub fn reader(&self, start: u64) -> std::io::Result<Box<dyn Read + Send>> {
-        let rest = self.len.saturating_sub(start) as usize;
-        Ok(Box::new(std::io::Cursor::new(self.read(start, rest)?)))
+        Ok(Box::new(Window {
+            file: RemoteFile {
+                remote: self.remote.clone(),
+                name: self.name.clone(),
+                len: self.len,
+            },
+            pos: start,
+            buf: Bytes::new(),
+            size: 64 << 10,
+        }))
+    }
+}
+
+/// A reader of an object from a position on, by ranged requests that double in size (from
+/// 64 KiB to 8 MiB) while it keeps reading.
+struct Window {
+    file: RemoteFile,
+    pos: u64,
+    buf: Bytes,
+    size: usize,
+}
+
+impl Read for Window {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.buf.is_empty() {
+            let left = self.file.len.saturating_sub(self.pos) as usize;
+            if left == 0 {
+                return Ok(0);
+            }
+            let n = self.size.min(left);
+            self.buf = self.file.read(self.pos, n)?;
+            self.pos += n as u64;
+            self.size = (self.size * 2).min(8 << 20);
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        self.buf = self.buf.slice(n..);
+        Ok(n)
     }
 }

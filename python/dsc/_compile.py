@@ -113,7 +113,9 @@ def _stream(value: Any) -> Any:
         # A Dataset's Arrow table holds every row it was made from; its rows (after select,
         # shuffle, filter) are those the index mapping names: `[:]` in arrow format takes them.
         value = value.with_format("arrow")[:]
-    elif not hasattr(value, "__arrow_c_stream__"):
+    elif kind.__module__.startswith("pandas") and kind.__name__ == "DataFrame":
+        # Columns only, whatever the pandas version: its own export keeps a non-default index
+        # as a column (`__index_level_0__`), which would change the input's fingerprint.
         import pyarrow as pa
         value = pa.Table.from_pandas(value, preserve_index=False)
     return value.__arrow_c_stream__()
@@ -229,7 +231,9 @@ def _fields(
     fields: Dict[str, Any] = {}
     if rows is not None:
         rows_list = [rows] if isinstance(rows, (str, os.PathLike)) else rows
-        if not isinstance(rows_list, (list, tuple)) or not all(
+        if isinstance(rows_list, Iterable) and not isinstance(rows_list, (bytes, Mapping)):
+            rows_list = list(rows_list)  # a generator of paths (Path.glob) as well
+        if not isinstance(rows_list, list) or not all(
                 isinstance(r, (str, os.PathLike)) for r in rows_list):
             raise OptionsError(
                 f"rows={rows!r:.80}: expected a path, a glob, a list of them, or a table in memory "
@@ -402,7 +406,8 @@ def compile_stage(
     if not 0 <= index < count:
         raise OptionsError(f"partition={partition!r}: need 0 <= i < n")
     given = [rows, options.get("context"), options.get("join")]
-    given += [j[0] if isinstance(j, (tuple, list)) else j for j in options.get("joins") or []]
+    given += [j[0] if isinstance(j, (tuple, list)) else j.get("file") if isinstance(j, Mapping)
+              else j for j in options.get("joins") or []]
     if any(_is_table(v) for v in given if v is not None):
         raise OptionsError("a table in memory is compiled in one process, by dsc.compile(); "
                            "write it to Parquet for a partitioned compile")

@@ -126,6 +126,11 @@ def test_what_is_not_a_table_and_a_partitioned_table_are_refused(sample: Path, t
         dsc.compile({"a": [1]}, out=tmp_path / "x", key="a", features=["a"])
     with pytest.raises(dsc.OptionsError, match="a table in memory is compiled in one process"):
         dsc.compile_stage("scan", (0, 2), lists_table(sample), out=tmp_path / "p", **LIST_KWARGS)
+    with pytest.raises(dsc.OptionsError, match="a table in memory is compiled in one process"):
+        dsc.compile_stage("scan", (0, 2), str(sample / "lists/lists"), out=tmp_path / "p",
+                          joins=[{"file": lists_table(sample), "on": "items"}], **LIST_KWARGS)
+    # Paths may come from a generator (Path.glob), as before tables were taken.
+    dsc.compile((sample / "lists/lists").glob("*.parquet"), out=tmp_path / "globbed", **LIST_KWARGS)
     # A table's bad data is named by its name and row, as a file's is.
     bad = pa.table({"id": [1, 1, 2], "x": [1.0, None, 2.0]})
     with pytest.raises(dsc.CompileError, match=r"memory:rows:[0-9a-f]{16}: column \"x\" row 1: null") as e:

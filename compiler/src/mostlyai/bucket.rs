@@ -218,7 +218,7 @@ impl<'s> Setup<'s> {
                     path: path.into(),
                     column: self.ctx.key.clone(),
                     key: k.to_string(),
-                    first_row: ctx.locate(first as usize).1,
+                    first: format!("rows {}", ctx.locate(first as usize).1),
                     row,
                 });
             }
