@@ -11,24 +11,7 @@ use std::path::Path;
 
 /// `dsc gen sequences` of one key style into `out`: 300 customers over 3 files, seed 3.
 fn gen_keys(dir: &Dir, out: &str, style: &str) {
-    dsc(
-        dir.path(),
-        &[
-            "gen",
-            "sequences",
-            "--out",
-            out,
-            "--customers",
-            "300",
-            "--files",
-            "3",
-            "--seed",
-            "3",
-            "--key-type",
-            style,
-        ],
-    )
-    .ok();
+    gen_sequences_as(dir, out, (300, 3), &["--key-type", style]);
 }
 
 /// The customer compile of `tests/util`'s `sequences_args`, on the data in `data`, with `extra`

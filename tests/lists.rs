@@ -9,26 +9,12 @@ use arrow_array::{Float64Array, Int64Array, StringArray};
 
 /// `dsc gen sequences` of one layout and key type into `out`: 400 customers over 3 files.
 fn gen(dir: &Dir, out: &str, layout: &str, keys: &str) {
-    dsc(
-        dir.path(),
-        &[
-            "gen",
-            "sequences",
-            "--out",
-            out,
-            "--customers",
-            "400",
-            "--files",
-            "3",
-            "--seed",
-            "5",
-            "--layout",
-            layout,
-            "--key-type",
-            keys,
-        ],
-    )
-    .ok();
+    gen_sequences_as(
+        dir,
+        out,
+        (400, 5),
+        &["--layout", layout, "--key-type", keys],
+    );
 }
 
 /// Every step column, a log1p-zscore chain, categorical lists of strings, a list of strings

@@ -11,6 +11,7 @@ use crate::plan::{Step, TextEncoding};
 use crate::read::RowsTable;
 use crate::spill::Spill;
 use crate::split;
+use dsc_format::keys::KeyType;
 
 use crate::rules::Rules;
 use dsc_format::spec::EmptyContexts;
@@ -99,10 +100,10 @@ pub(crate) struct Prepared {
 fn shown_key(key: &Column, row: usize) -> String {
     match key.str_at(row) {
         Some(s) => format!("{s:?}"),
-        None if key.info.name == "UInt64" => key
+        None => key
             .i64_at(row)
-            .map_or(String::new(), |k| (k as u64).to_string()),
-        None => key.i64_at(row).map_or(String::new(), |k| k.to_string()),
+            .and_then(|k| KeyType::of_source_type(&key.info.name).integer_of(k))
+            .unwrap_or_default(),
     }
 }
 
@@ -402,34 +403,15 @@ fn refresh_groups(contexts: &mut [Context], groups: &[Group]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::column::Column;
-    use crate::read::{Role, Want};
-    use arrow_array::{ArrayRef, StringArray};
-    use std::sync::Arc;
+    use crate::read::test_tables;
 
     /// Rows of two distinct string keys grouped under one id (a hash collision, forced by the
     /// ids given) are refused with both keys; one key's rows pass.
     #[test]
     fn one_group_of_two_keys_is_a_collision() {
-        let keys = ["a", "b", "a", "c"];
         // Held in a dictionary (a key also coded as a category) and as plain strings.
         for plain in [false, true] {
-            let mut info = crate::column::classify(&arrow_schema::DataType::Utf8).unwrap();
-            info.plain = plain;
-            let mut col = Column::new(info, keys.len());
-            let array: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
-            col.push_array(&array);
-            let table = RowsTable {
-                files: vec!["rows.parquet".into()],
-                offsets: vec![0, 4],
-                columns: vec![col],
-                wants: vec![Want {
-                    name: "k".into(),
-                    role: Role::Key,
-                }],
-                origin: None,
-                element_bits: 0,
-            };
+            let table = test_tables::string_keys("rows.parquet", &["a", "b", "a", "c"], plain);
             let err = check_one_key_per_group(&table, &group::group(&[1, 1, 1, 2], None))
                 .unwrap_err()
                 .to_string();

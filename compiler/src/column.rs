@@ -561,7 +561,7 @@ impl Column {
     }
 
     /// The key ids of a key column (`dsc_format::keys`): integers are their own ids, strings
-    /// are hashed (once per distinct string).
+    /// are hashed (a dictionary's once per distinct string, plain strings row by row).
     pub fn key_ids(&self) -> Cow<'_, [i64]> {
         match &self.values {
             Values::Int(v) => Cow::Borrowed(v),

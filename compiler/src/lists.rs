@@ -209,6 +209,14 @@ mod tests {
     use arrow_array::{Float64Array, Int64Array};
     use std::sync::Arc;
 
+    fn types_of(batch: &RecordBatch) -> Vec<TypeInfo> {
+        let schema = batch.schema();
+        let fields = schema.fields().iter();
+        fields
+            .map(|f| crate::column::classify(f.data_type()).unwrap())
+            .collect()
+    }
+
     #[test]
     fn a_batch_explodes_as_pandas_explode_writes_it() {
         let mut x = ListBuilder::new(Float64Builder::new());
@@ -236,12 +244,7 @@ mod tests {
             ("x", Arc::new(x.finish()) as ArrayRef),
         ])
         .unwrap();
-        let types: Vec<TypeInfo> = batch
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| crate::column::classify(f.data_type()).unwrap())
-            .collect();
+        let types = types_of(&batch);
         let e = explode(&batch, &["id", "x"], &types, 100, (Path::new("t"), 0)).unwrap();
         // Rows 7 (two elements) and 10 (one); the null and the empty list hold none.
         assert_eq!(e.columns[0].i64_at(0), Some(7));
@@ -278,12 +281,7 @@ mod tests {
             ("y", y as ArrayRef),
         ])
         .unwrap();
-        let types: Vec<TypeInfo> = batch
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| crate::column::classify(f.data_type()).unwrap())
-            .collect();
+        let types = types_of(&batch);
         let err = explode(
             &batch,
             &["id", "x", "t"],

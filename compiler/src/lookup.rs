@@ -472,33 +472,13 @@ fn read_csv(path: &Path, wants: Vec<Want>) -> Result<RowsTable> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{ArrayRef, StringArray};
-    use std::sync::Arc;
-
-    /// A one-file table of the string key column `k`.
-    fn string_keys(keys: &[&str]) -> RowsTable {
-        let info = crate::column::classify(&arrow_schema::DataType::Utf8).unwrap();
-        let mut col = Column::new(info, keys.len());
-        let array: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
-        col.push_array(&array);
-        RowsTable {
-            files: vec!["ctx.parquet".into()],
-            offsets: vec![0, keys.len() as u64],
-            columns: vec![col],
-            wants: vec![Want {
-                name: "k".into(),
-                role: Role::Key,
-            }],
-            origin: None,
-            element_bits: 0,
-        }
-    }
+    use crate::read::test_tables;
 
     /// Two keys with one id (a hash collision, forced here by giving both the same id) are
     /// named as a collision, and one key twice as a repeated key.
     #[test]
     fn equal_ids_of_distinct_keys_are_a_collision_and_of_one_key_a_repeat() {
-        let table = string_keys(&["alpha", "beta", "alpha"]);
+        let table = test_tables::string_keys("ctx.parquet", &["alpha", "beta", "alpha"], false);
         let err = KeyIndex::of_ids(&table, "k", &[7, 7, 9])
             .unwrap_err()
             .to_string();

@@ -166,7 +166,7 @@ pub(crate) fn resolve(patterns: &[String]) -> Result<Vec<PathBuf>> {
     let mut unique = Vec::with_capacity(files.len());
     for f in files {
         let id = if crate::memory::is_memory(&f) || crate::remote::is_url(&f) {
-            FileId::Memory(f.clone())
+            FileId::Named(f.clone())
         } else {
             let m = std::fs::metadata(&f).map_err(|e| CompileError::io(&f, e))?;
             file_identity(&f, &m)?
@@ -186,8 +186,9 @@ enum FileId {
     Inode(u64, u64),
     #[cfg_attr(unix, allow(dead_code))]
     Path(PathBuf),
-    /// A table in memory by its name (which holds its content hash), or an object by its URL.
-    Memory(PathBuf),
+    /// An input known by its name: a table in memory (whose name holds its content hash), or
+    /// an object by its URL.
+    Named(PathBuf),
 }
 
 /// The identity of the file at `path`, whose metadata `m` the caller has read.
@@ -771,7 +772,7 @@ impl Stamp {
                 len: table.bytes,
                 modified: None,
                 version: None,
-                id: FileId::Memory(path.into()),
+                id: FileId::Named(path.into()),
             });
         }
         if crate::remote::is_url(path) {
@@ -781,7 +782,7 @@ impl Stamp {
                 len,
                 modified: None,
                 version: Some(version),
-                id: FileId::Memory(path.into()),
+                id: FileId::Named(path.into()),
             });
         }
         let m = std::fs::metadata(path).map_err(|e| CompileError::io(path, e))?;
@@ -854,4 +855,34 @@ pub fn decode_parquet(files: &[PathBuf], columns: &[String]) -> Result<u64> {
         .into_iter()
         .collect::<Result<_>>()?;
     Ok(rows.iter().sum())
+}
+
+/// Tables made in tests.
+#[cfg(test)]
+pub(crate) mod test_tables {
+    use super::{Role, RowsTable, Want};
+    use crate::column::Column;
+    use arrow_array::{ArrayRef, StringArray};
+    use std::sync::Arc;
+
+    /// A table of one file `file` holding the string key column `k`, its keys held `plain` or
+    /// in a dictionary.
+    pub(crate) fn string_keys(file: &str, keys: &[&str], plain: bool) -> RowsTable {
+        let mut info = crate::column::classify(&arrow_schema::DataType::Utf8).expect("a string");
+        info.plain = plain;
+        let mut col = Column::new(info, keys.len());
+        let array: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        col.push_array(&array);
+        RowsTable {
+            files: vec![file.into()],
+            offsets: vec![0, keys.len() as u64],
+            columns: vec![col],
+            wants: vec![Want {
+                name: "k".into(),
+                role: Role::Key,
+            }],
+            origin: None,
+            element_bits: 0,
+        }
+    }
 }

@@ -297,8 +297,8 @@ fn spill_file(
     let mut buffers: Vec<Option<Buffer>> = (0..buckets.count()).map(|_| None).collect();
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); buckets.count()];
     let mut read = 0u64;
-    let exploded = types.iter().any(|t| t.list);
     let shift = element_bits(types);
+    let exploded = shift > 0;
     let names: Vec<&str> = wants.iter().map(|w| w.name.as_str()).collect();
     for batch in reader {
         let batch = batch.map_err(|e| {

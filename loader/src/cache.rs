@@ -372,39 +372,31 @@ impl Cache {
         if let Some(lengths) = inner.lengths[index].get() {
             return Ok(lengths.clone());
         }
-        let slot = inner.slot(TensorRole::Length);
-        let shards = &inner.splits[index].1;
-        let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
-        for shard in shards {
-            let start = shard.tensor_starts[slot];
-            let end = start + 4 * shard.entry.contexts;
-            let head = inner.head(shard, end)?;
+        let mut out = Vec::new();
+        self.each_shards_samples(index, TensorRole::Length, 4, |_, samples| {
             out.extend(
-                head[start..end]
+                samples
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")).max(0) as u32),
             );
-        }
+            true
+        })?;
         Ok(inner.lengths[index].get_or_init(|| out.into()).clone())
     }
 
     /// The `key` tensor of `split` (each context's key id), in compiled order: 8 bytes per
     /// context read as [`Cache::lengths`] reads lengths.
     pub fn key_ids(&self, split: &str) -> Result<Vec<i64>, LoadError> {
-        let inner = &self.inner;
-        let slot = inner.slot(TensorRole::Key);
-        let shards = &inner.splits[inner.split_index(split)?].1;
-        let mut out = Vec::with_capacity(shards.iter().map(|s| s.entry.contexts).sum());
-        for shard in shards {
-            let start = shard.tensor_starts[slot];
-            let end = start + 8 * shard.entry.contexts;
-            let head = inner.head(shard, end)?;
+        let mut out = Vec::new();
+        let index = self.inner.split_index(split)?;
+        self.each_shards_samples(index, TensorRole::Key, 8, |_, samples| {
             out.extend(
-                head[start..end]
+                samples
                     .chunks_exact(8)
                     .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))),
             );
-        }
+            true
+        })?;
         Ok(out)
     }
 
@@ -412,20 +404,39 @@ impl Cache {
     /// each shard's `key` tensor read as [`Cache::lengths`] reads lengths (of a shard in object
     /// storage, its start by ranged requests, nothing fetched), shard by shard until found.
     pub fn find_key(&self, split: &str, key: i64) -> Result<Option<usize>, LoadError> {
-        let inner = &self.inner;
-        let slot = inner.slot(TensorRole::Key);
-        for shard in &inner.splits[inner.split_index(split)?].1 {
-            let start = shard.tensor_starts[slot];
-            let end = start + 8 * shard.entry.contexts;
-            let head = inner.head(shard, end)?;
-            if let Some(at) = head[start..end]
+        let mut found = None;
+        let index = self.inner.split_index(split)?;
+        self.each_shards_samples(index, TensorRole::Key, 8, |first, samples| {
+            let at = samples
                 .chunks_exact(8)
-                .position(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) == key)
-            {
-                return Ok(Some(shard.entry.first_context + at));
+                .position(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) == key);
+            found = at.map(|at| first + at);
+            found.is_none()
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `f(first context, samples)` with each shard of split `index` in order, `samples`
+    /// its per-context tensor of `role` (`width` bytes a context), read from the start of the
+    /// shard only, until `f` returns false.
+    fn each_shards_samples(
+        &self,
+        index: usize,
+        role: TensorRole,
+        width: usize,
+        mut f: impl FnMut(usize, &[u8]) -> bool,
+    ) -> Result<(), LoadError> {
+        let inner = &self.inner;
+        let slot = inner.slot(role);
+        for shard in &inner.splits[index].1 {
+            let start = shard.tensor_starts[slot];
+            let end = start + width * shard.entry.contexts;
+            let head = inner.head(shard, end)?;
+            if !f(shard.entry.first_context, &head[start..end]) {
+                break;
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     /// The keys of `split` as the data held them, in compiled order, with their ids: read from

@@ -202,6 +202,26 @@ pub fn gen_sequences(dir: &Dir, customers: usize, files: usize) {
     .ok();
 }
 
+/// `dsc gen sequences` into `out`: `customers` over 3 files with `seed`, and `extra` flags
+/// (`--key-type`, `--layout`).
+pub fn gen_sequences_as(dir: &Dir, out: &str, (customers, seed): (usize, u64), extra: &[&str]) {
+    let (customers, seed) = (customers.to_string(), seed.to_string());
+    let mut args = vec![
+        "gen",
+        "sequences",
+        "--out",
+        out,
+        "--customers",
+        &customers,
+        "--files",
+        "3",
+        "--seed",
+        &seed,
+    ];
+    args.extend_from_slice(extra);
+    dsc(dir.path(), &args).ok();
+}
+
 /// The README's compile command on `data/`, writing to `out`, plus `extra` flags.
 /// The customer-transactions compile (keys scattered over every file, a context table, a
 /// log1p-zscore chain, a categorical, dropped empty contexts) on `gen_sequences` data.
