@@ -129,8 +129,9 @@ fn check_one_key_per_group(table: &RowsTable, grouped: &group::Groups) -> Result
     }
     for g in &grouped.groups {
         let rows = &grouped.perm[g.start..g.start + g.len];
-        let first = key.str_at(rows[0] as usize);
-        if let Some(&r) = rows.iter().find(|&&r| key.str_at(r as usize) != first) {
+        let first = key.text_bytes(rows[0] as usize);
+        if let Some(&r) = rows.iter().find(|&&r| key.text_bytes(r as usize) != first) {
+            let first = key.str_at(rows[0] as usize);
             return Err(CompileError::KeyCollision {
                 path: table.locate(r as usize).0.into(),
                 column: table.wants[0].name.clone(),
@@ -168,14 +169,14 @@ impl Shared<'_> {
                     match ctx.index.get(g.key) {
                         Some(r) => {
                             if let (Some(a), Some(b)) =
-                                (ctx_key.str_at(r as usize), key.str_at(first))
+                                (ctx_key.text_bytes(r as usize), key.text_bytes(first))
                             {
                                 if a != b {
                                     return Err(CompileError::KeyCollision {
                                         path: table.locate(first).0.into(),
                                         column: table.wants[0].name.clone(),
-                                        first: a.into(),
-                                        second: b.into(),
+                                        first: String::from_utf8_lossy(a).into(),
+                                        second: String::from_utf8_lossy(b).into(),
                                     });
                                 }
                             }

@@ -599,6 +599,19 @@ impl Column {
         }
     }
 
+    /// The bytes of the string at `row` (`None` when null or not a string column): what
+    /// comparing keys row by row needs, without checking UTF-8 again on every row.
+    #[inline]
+    pub fn text_bytes(&self, row: usize) -> Option<&[u8]> {
+        match &self.values {
+            Values::Plain { .. } if self.is_valid(row) => Some(self.plain_bytes(row)),
+            Values::Str { codes, dict, .. } if self.is_valid(row) => {
+                dict.get(codes[row] as usize).map(String::as_bytes)
+            }
+            _ => None,
+        }
+    }
+
     /// Row `row`'s bytes in a plain string column.
     #[inline]
     fn plain_bytes(&self, row: usize) -> &[u8] {

@@ -6,6 +6,8 @@
 
 use crate::column::{Column, TypeInfo};
 use crate::error::{CompileError, Result};
+use crate::read::Opened;
+use crate::spill::Buckets;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
@@ -175,18 +177,48 @@ fn offset_spans<O: arrow_array::OffsetSizeTrait>(
     (l.values().clone(), spans)
 }
 
-/// The elements of the list column `column` across `files`: the row count of the exploded
-/// table, which sizes the buckets as that table's footers would. Reads one column.
-pub(crate) fn count_elements(files: &[PathBuf], column: &str) -> Result<u64> {
+/// The buckets of a list table: those of the exploded table it is read as, whose footers count
+/// its rows, so that the two compile to the same shards. A list column's footer counts its
+/// elements plus one value per null or empty list, so the elements lie between that count less
+/// the table's rows and the count itself; both ends nearly always give the same buckets, and
+/// only when they do not is the column (`wants[column]`) read and its elements counted.
+/// Returns the buckets and the elements' upper bound (the rows the memory budget plans for).
+pub(crate) fn sized_buckets(
+    opened: &[Opened],
+    files: &[PathBuf],
+    column: &crate::read::Want,
+    size: impl Fn(u64) -> Buckets,
+) -> Result<(Buckets, u64)> {
+    let mut bounds = Some((0u64, 0u64));
+    for o in opened {
+        let index = o
+            .schema
+            .index_of(&column.name)
+            .expect("checked by check_columns");
+        bounds = match (bounds, o.leaf_values(index)) {
+            (Some((lo, hi)), Some(values)) => {
+                Some((lo + values.saturating_sub(o.rows), hi + values))
+            }
+            _ => None,
+        };
+    }
+    match bounds {
+        Some((lo, hi)) if size(lo).bits == size(hi).bits => Ok((size(hi), hi)),
+        _ => {
+            let exact = count_elements(files, column)?;
+            Ok((size(exact), exact))
+        }
+    }
+}
+
+/// The elements of the list column `column` across `files`, read and counted.
+fn count_elements(files: &[PathBuf], column: &crate::read::Want) -> Result<u64> {
     use rayon::prelude::*;
     files
         .par_iter()
         .map(|path| {
-            let want = [crate::read::Want {
-                name: column.into(),
-                role: crate::read::Role::Numeric,
-            }];
-            let reader = crate::read::open(path)?.into_wanted_reader(&want)?;
+            let reader =
+                crate::read::open(path)?.into_wanted_reader(std::slice::from_ref(column))?;
             let mut total = 0u64;
             for batch in reader {
                 let batch = batch.map_err(|e| CompileError::parquet(path.clone(), None, e))?;
@@ -296,5 +328,48 @@ mod tests {
             err.contains("t.parquet: row 40") && err.contains("x has 2, t has 1"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_list_table_gets_the_buckets_of_its_element_count_from_its_footer_or_a_count() {
+        // Lists of 2, 0, null, 3 and 1 elements: 6 elements; the footer counts 8 values (one
+        // for the empty and one for the null list) in 5 rows, bounding the elements to 3..=8.
+        let mut x = ListBuilder::new(Float64Builder::new());
+        for row in [Some(2), Some(0), None, Some(3), Some(1)] {
+            match row {
+                Some(n) => {
+                    for e in 0..n {
+                        x.values().append_value(f64::from(e));
+                    }
+                    x.append(true);
+                }
+                None => x.append(false),
+            }
+        }
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(x.finish()) as ArrayRef)]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lists.parquet");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let want = crate::read::Want {
+            name: "x".into(),
+            role: crate::read::Role::Numeric,
+        };
+        let opened = [crate::read::open(&path).unwrap()];
+        assert_eq!(opened[0].leaf_values(0), Some(8));
+        // One bucket below `at` rows, two from it: whether the bounds decide or the column is
+        // counted, the buckets are those of the 6 elements.
+        for at in 1..12u64 {
+            let size = |rows: u64| Buckets {
+                bits: u32::from(rows >= at),
+                seed: 0,
+            };
+            let (buckets, planned) =
+                sized_buckets(&opened, std::slice::from_ref(&path), &want, size).unwrap();
+            assert_eq!(buckets.bits, u32::from(6 >= at), "split at {at} rows");
+            assert!(planned >= 6, "the budget plans for at least the elements");
+        }
     }
 }

@@ -45,7 +45,8 @@ pub(crate) struct Own<'s> {
     context: Option<ContextSide>,
     buckets: Buckets,
     width: u64,
-    rows_read: u64,
+    /// The rows the spill is planned for (a list table's: its elements' upper bound).
+    rows_planned: u64,
     /// The role of the context table's key: of the rows key's kind (integer or string).
     context_key: Role,
 }
@@ -81,21 +82,31 @@ impl<'s> Own<'s> {
         let also_coded =
             spec.categorical.contains(key) || plan.text_columns.iter().any(|t| t.name == *key);
         read::plain_key(&mut inputs.types, !also_coded);
-        // A list table is sized by its elements, the rows it is read as: the rows of the
-        // exploded table, whose compile it equals byte for byte.
-        let rows_read = match inputs.types.iter().position(|t| t.list) {
-            Some(i) => crate::lists::count_elements(&plan.rows_files, &plan.rows_wants[i].name)?,
-            None => *inputs.offsets.last().unwrap_or(&0),
-        };
         let context_key = Role::ContextKey {
             text: inputs.types[0].kind == Kind::Str,
         };
         let width = spill::row_width(&inputs.types);
-        let buckets = Buckets::for_size(
-            rows_read * width,
-            spec.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
-            spec.seed,
-        );
+        let size = |rows: u64| {
+            Buckets::for_size(
+                rows * width,
+                spec.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
+                spec.seed,
+            )
+        };
+        // A list table is sized by its elements, the rows it is read as: those of the exploded
+        // table, whose compile it equals byte for byte.
+        let (buckets, rows_planned) = match inputs.types.iter().position(|t| t.list) {
+            Some(i) => crate::lists::sized_buckets(
+                &inputs.opened,
+                &plan.rows_files,
+                &plan.rows_wants[i],
+                size,
+            )?,
+            None => {
+                let rows = *inputs.offsets.last().unwrap_or(&0);
+                (size(rows), rows)
+            }
+        };
         let described = Described {
             files: inputs.opened.iter().map(|o| o.path.clone()).collect(),
             offsets: inputs.offsets.clone(),
@@ -118,7 +129,7 @@ impl<'s> Own<'s> {
             context: None,
             buckets,
             width,
-            rows_read,
+            rows_planned,
             context_key,
             plan,
         })
@@ -230,7 +241,7 @@ impl<'s> Recipe for Own<'s> {
     }
 
     fn decoded_bytes(&self) -> u64 {
-        self.rows_read * self.width
+        self.rows_planned * self.width
     }
 
     fn scan(
@@ -312,7 +323,10 @@ impl<'s> Recipe for Own<'s> {
         fits: Vec<FitPart>,
         values: &[File],
     ) -> Result<OwnFitted> {
-        let merged = fit::merge(&self.shared(spilled), &fits, values, self.rows_read)?;
+        let rows_read = (0..self.buckets.count())
+            .map(|b| spilled.spill.rows(b))
+            .sum();
+        let merged = fit::merge(&self.shared(spilled), &fits, values, rows_read)?;
         let targets: Vec<bool> = self.plan.row_columns.iter().map(|c| c.target).collect();
         let layout = Layout::new(
             &self.key_id(&spilled.spill),

@@ -686,6 +686,28 @@ impl Opened {
         }
     }
 
+    /// How many values the leaves of top-level column `column` hold, from the footer alone: for
+    /// a list column, its elements plus one per null or empty list. `None` for a table in
+    /// memory, which has no footer (and whose lists are counted without decoding).
+    pub(crate) fn leaf_values(&self, column: usize) -> Option<u64> {
+        let Source::Parquet(builder) = &self.source else {
+            return None;
+        };
+        let meta = builder.metadata();
+        let schema = meta.file_metadata().schema_descr();
+        let leaves: Vec<usize> = (0..schema.num_columns())
+            .filter(|&l| schema.get_column_root_idx(l) == column)
+            .collect();
+        let per_group = |g: &parquet::file::metadata::RowGroupMetaData| {
+            leaves
+                .iter()
+                .map(|&l| g.column(l).num_values().max(0) as u64)
+                .max()
+                .unwrap_or(0)
+        };
+        Some(meta.row_groups().iter().map(per_group).sum())
+    }
+
     /// The same file restricted to the row groups `groups` (ascending, contiguous): what one of
     /// several readers of a large file reads.
     pub(crate) fn row_groups(self, groups: std::ops::Range<usize>) -> Opened {
