@@ -102,6 +102,24 @@ in the same order, that the uninterrupted run would have seen; on the CPU (same 
 weights are bit-identical to those of a run that never stopped. On CUDA some kernels (e.g. the
 embedding backward) add in a varying order, so the runs agree only to rounding.
 
+Several GPUs (``torchrun``). Started by torchrun with N processes, the script trains with
+DistributedDataParallel: NCCL between GPUs (each rank on the GPU of its ``LOCAL_RANK``), gloo
+between CPU processes. Each rank has its own ``dsc.Loader`` (rank and world size from the process
+group), ``--batch-size`` contexts per rank (``--pack``: one pack per rank), so the global batch is
+``--batch-size`` x N x ``--accumulate``; every rank takes the same number of steps and stops at
+the same one. The gradients are averaged once per optimizer step (``no_sync`` in the other
+micro-batches). Losses, metrics and samples/s are global: summed over the ranks where they are
+read back anyway (log interval, epoch end), so no step gains a sync; validation splits the split
+across the ranks and adds their sums, each context counted once. Only rank 0 prints and writes
+``last.pt`` (with every rank's random state). A checkpoint of N ranks resumes on M: with the
+per-rank batch that keeps the global batch where M divides it (the same contexts in every step,
+the weights equal to an uninterrupted run's up to the order of float sums), else with the
+per-rank batch kept and the global batch changed, said at the start. ``--compile`` compiles the
+DDP model (without CUDA graphs: DDP's bucketed all-reduce splits the graph); ``--graph`` builds
+DDP on a side stream and warms up 11 steps before capture, as PyTorch's CUDA graphs notes ask.
+
+    torchrun --standalone --nproc-per-node 8 examples/train.py --cache cache --batch-size 64
+
 At the end one JSON line summarises the run on stdout (``--json``: only that line, no other
 output): per-epoch train loss and validation metric, the final train loss (last logged
 window), and samples/s and the time shares over the training steps (validation excluded).
@@ -110,6 +128,7 @@ window), and samples/s and the time shares over the training steps (validation e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -122,6 +141,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -129,7 +149,8 @@ import dsc
 
 # On --resume the run's settings come from the checkpoint except these, always taken from the
 # command line (they do not change the arithmetic), and --epochs and --cache when given.
-RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "threads", "resume")
+RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "threads", "resume",
+                            "keys_out")
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,7 +178,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the train split [default: 1, or the resumed run's]")
-    p.add_argument("--batch-size", type=int, default=128, help="contexts per micro-batch")
+    p.add_argument("--batch-size", type=int, default=128,
+                   help="contexts per micro-batch on each rank: under torchrun the global batch "
+                        "is this x the ranks x --accumulate")
     p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -208,6 +231,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="weights, dropout and data order")
     p.add_argument("--out", default=None, help="folder for last.pt [default: no checkpoints]")
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    p.add_argument("--keys-out", metavar="DIR", default=None,
+                   help="audit the data order: each rank appends the keys of every micro-batch "
+                        "it trains to DIR/keys-rank<R>.jsonl (reads the key tensor back every "
+                        "step: for checks, not for speed)")
     args = p.parse_args(argv)
     if args.cache is None and args.resume is None:
         p.error("--cache is required (unless --resume)")
@@ -439,8 +466,9 @@ def count_classes(cache: dsc.Cache, y_name: str, column: int, name: str) -> int:
     stats.json has the column's max but cannot prove every value is an integer, so this reads
     the targets of the train split once (the ``columns`` option loads ``y`` alone: fast).
     """
+    # The whole split on every rank (rank=0, world_size=1): each needs the same K.
     loader = dsc.Loader(cache, split="train", batch_size=4096, shuffle=False, drop_last=False,
-                        columns=[y_name])
+                        columns=[y_name], rank=0, world_size=1)
     top = -1
     for batch in loader:
         # drop_last=False completes the last batch with the epoch's first contexts: skip those.
@@ -812,6 +840,94 @@ def shares(t: Dict[str, float]) -> Dict[str, float]:
 # The loop
 # --------------------------------------------------------------------------------------------
 
+# --------------------------------------------------------------------------------------------
+# Several processes (torchrun)
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Ranks:
+    """This process's place among the training processes: one per GPU (or CPU process) under
+    ``torchrun``, from its RANK, WORLD_SIZE and LOCAL_RANK variables, else the only one. Every
+    rank runs the same steps on its own slice of each global batch (``dsc.Loader`` takes rank and
+    world size from the process group) and DistributedDataParallel averages the gradients in
+    backward. What the run reports is global: losses, metrics and sample counts are summed over
+    the ranks where they are read back anyway (log interval, epoch end, validation), so a step
+    gains no host sync."""
+
+    rank: int = 0
+    world: int = 1
+    local: int = 0
+
+    @property
+    def main(self) -> bool:
+        """The rank that prints and writes checkpoints."""
+        return self.rank == 0
+
+    def sum(self, values: Sequence[Any], device: torch.device) -> List[float]:
+        """``values`` (device scalars or numbers) summed over the ranks and read back: one
+        all-reduce and one read-back for all of them."""
+        t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(())
+                         for v in values])
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Every rank's ``obj`` in rank order, on the main rank (None on the others)."""
+        if self.world == 1:
+            return [obj]
+        out: Optional[List[Any]] = [None] * self.world if self.main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+
+def started_by_torchrun() -> int:
+    """The number of processes torchrun started (1 when run directly)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start_ranks(device: torch.device, graph: bool) -> Tuple[Ranks, torch.device]:
+    """Joins torchrun's process group when it started several processes: NCCL between GPUs,
+    each rank on the GPU of its LOCAL_RANK; gloo between CPU processes."""
+    world = started_by_torchrun()
+    if world <= 1:
+        return Ranks(), device
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        if graph:
+            # PyTorch's recipe for DDP inside CUDA graphs: NCCL's asynchronous error handling
+            # watches work a graph replays outside its view.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+    return Ranks(rank, world, local), device
+
+
+def rebatch(args: argparse.Namespace, before: int, world: int) -> Dict[str, Any]:
+    """A run saved by ``before`` ranks, resumed on ``world``: the per-rank batch that keeps its
+    global batch (the same contexts in every optimizer step) where ``world`` divides it; else
+    the per-rank batch is kept and the global batch changes, the loader continuing from the
+    same context of the same global order. Returns what the summary reports as ``regrouped``:
+    the ranks, the global batch before and now (contexts, or packs), and what was said."""
+    was = f"resuming on {world} rank{'s' * (world > 1)} (the checkpoint's run had {before})"
+    if args.pack:
+        said = (f"{was}: one pack per rank per step, so the global batch changes from {before} "
+                f"to {world} packs")
+        return dict(ranks=[before, world], global_batch=[before, world], said=said)
+    total = args.batch_size * before
+    if total % world == 0:
+        args.batch_size = total // world
+        said = f"{was}: --batch-size {args.batch_size} per rank keeps the global batch of {total}"
+        return dict(ranks=[before, world], global_batch=[total, total], said=said)
+    said = (f"{was}: the global batch of {total} does not split into {world} equal batches, so "
+            f"each rank keeps --batch-size {args.batch_size} and the global batch becomes "
+            f"{args.batch_size * world}; the data continues from the same context")
+    return dict(ranks=[before, world], global_batch=[total, args.batch_size * world], said=said)
+
+
 def auto_device() -> str:
     """What ``--device auto`` picks on this machine. Every choice made from the machine goes
     through these functions, so that a test can stand in for another machine."""
@@ -923,7 +1039,7 @@ class WholeStep:
     def __init__(self, model: nn.Module, task: Task, optimizer: torch.optim.Optimizer,
                  loader: dsc.Loader, args: argparse.Namespace, amp_dtype: Optional[torch.dtype],
                  device: torch.device, rates: List[float], window_loss: torch.Tensor,
-                 epoch_loss: torch.Tensor, done: int):
+                 epoch_loss: torch.Tensor, done: int, distributed: bool = False):
         self.model, self.task, self.opt, self.loader = model, task, optimizer, loader
         self.accumulate, self.clip = args.accumulate, args.clip
         # No cast cache: a captured step casts the weights in every replay, as it must.
@@ -938,7 +1054,10 @@ class WholeStep:
         self.rates = torch.tensor(rates, dtype=torch.float32, device=device)
         self.step = torch.full((), done, dtype=torch.long, device=device)
         self.lr = optimizer.param_groups[0]["lr"]
-        self.eager_left = self.WARMUP if self.cuda else None
+        # DDP inside a graph wants its buckets built first: at least 11 eager iterations
+        # (PyTorch's CUDA graphs notes).
+        warmup = max(self.WARMUP, 11) if distributed else self.WARMUP
+        self.eager_left = warmup if self.cuda else None
         self.graphs: Optional[Tuple[Any, Optional[Any]]] = None
         self.side = torch.cuda.Stream(device) if self.cuda else None
 
@@ -1012,10 +1131,11 @@ class WholeStep:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Namespace,
-             device: torch.device, names: List[str], autocast,
+             device: torch.device, names: List[str], autocast, ranks: Ranks,
              split: Optional[str] = None) -> Tuple[float, float]:
     """Mean loss and metric over the whole of `split` (default: --eval-split), each context
-    counted once."""
+    counted once: the ranks read disjoint slices of it (the loader's default under
+    torch.distributed) and their sums are added."""
     loader = dsc.Loader(cache, split=split or args.eval_split, shuffle=False, drop_last=False,
                         num_threads=args.loader_threads, **placement(args, device),
                         **batching(args))
@@ -1036,12 +1156,27 @@ def evaluate(model: nn.Module, task: Task, cache: dsc.Cache, args: argparse.Name
         metric_sum += metric.sum()
         seen += rows
     model.train()
-    values = torch.stack([loss_sum, metric_sum]).tolist()  # the one read-back of validation
-    return values[0] / max(seen, 1), values[1] / max(seen, 1)
+    # The one read-back of validation, summed over the ranks.
+    loss, metric, seen = ranks.sum([loss_sum, metric_sum, seen], device)
+    return loss / max(seen, 1), metric / max(seen, 1)
+
+
+def record_keys(out, batch: dsc.Batch, epoch: int, micro: int) -> None:
+    """Appends the keys of a trained micro-batch (``--keys-out``): its valid rows, a pack's
+    sequences."""
+    keys = batch.get("key")
+    if keys is None:
+        raise SystemExit("--keys-out: these batches carry no key tensor (with --graph the step "
+                         "gathers them itself); audit without --graph")
+    rows = keys[: batch.valid].tolist()
+    out.write(json.dumps(dict(epoch=epoch, micro=micro, keys=rows)) + "\n")
 
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
-    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    # Only the first rank prints (torchrun numbers its processes in RANK).
+    quiet = args.json or int(os.environ.get("RANK", "0")) != 0
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    regrouped: Optional[Dict[str, Any]] = None  # a resume on another number of ranks
     ckpt = None
     changed: Dict[str, Tuple[Any, Any]] = {}  # machine choices a resume changes, as asked
     if args.resume:
@@ -1077,12 +1212,18 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         recorded_resident = saved.get("resident")
         saved["resident"] = args.resident
         args = argparse.Namespace(**saved)
+        before = saved.get("world_size", 1)
+        if before != started_by_torchrun():
+            regrouped = rebatch(args, before, started_by_torchrun())
     if args.epochs is None:
         args.epochs = 1
 
     device = pick_device(args.device, resumed=ckpt is not None and "device" not in changed)
+    ranks, device = start_ranks(device, bool(args.graph))
     on_cuda = device.type == "cuda"
-    args.device = str(device)
+    # Several ranks each take the GPU of their LOCAL_RANK: the run records the kind.
+    args.device = device.type if ranks.world > 1 else str(device)
+    args.world_size = ranks.world
     if args.threads:
         # torch's default, one thread per physical core, is the fastest on an idle machine (the
         # loader's thread needs little CPU). On a shared one ask for fewer: torch's threads wait
@@ -1113,13 +1254,32 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if refusal:
         raise SystemExit(refusal)
     model = build_model(args, inp, task.outputs, attention).to(device)
+    net: nn.Module = model  # what the steps call: the model, or DDP around it
+    ddp = None
+    if ranks.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        # DDP starts every rank from rank 0's weights and averages the gradients in backward.
+        # No buffer broadcast: the buffers (normalisation) never change, and a broadcast in
+        # every forward would make validation, whose batches are local, a collective.
+        # Captured steps need DDP built on a side stream (PyTorch's CUDA graphs recipe).
+        side = torch.cuda.Stream(device) if on_cuda and args.graph else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            ddp = DistributedDataParallel(model, device_ids=[device.index] if on_cuda else None,
+                                          broadcast_buffers=False)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        net = ddp
     if args.compile and args.pack:
         # One static shape: compile it once, never for dynamic sizes, and on CUDA replay the
-        # step's kernels as CUDA graphs (one launch instead of hundreds).
-        step_model = torch.compile(model, dynamic=False,
-                                   mode="reduce-overhead" if on_cuda else None)
+        # step's kernels as CUDA graphs (one launch instead of hundreds); under DDP without
+        # them, as DDP's bucketed all-reduce splits the compiled graph.
+        step_model = torch.compile(net, dynamic=False,
+                                   mode="reduce-overhead" if on_cuda and ddp is None else None)
     else:
-        step_model = torch.compile(model) if args.compile else model
+        step_model = torch.compile(net) if args.compile else net
+    # Validation calls the model without DDP: each rank evaluates its own slice, and nothing
+    # of it is synchronised but the sums at the end.
+    eval_model = step_model if ddp is None else (torch.compile(model) if args.compile else model)
     optimizer = build_optimizer(model, args, device, graph=args.graph)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     if amp == "fp16":
@@ -1145,6 +1305,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         changed["resident"] = (recorded_resident, args.resident)
     # Whole optimizer steps only: leftover micro-batches of an epoch are not trained.
     micro_epoch = len(loader) // args.accumulate * args.accumulate
+    if regrouped is not None:
+        say(regrouped["said"])
     if micro_epoch == 0:
         unit = f"packs of {args.pack} tokens" if args.pack else f"batches of {args.batch_size}"
         raise SystemExit(f"the train split has {len(loader)} full {unit}, "
@@ -1157,7 +1319,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     schedule = (None if args.graph else torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warmup, total_steps)))
 
-    pos = dict(epoch=0, micro=0, optimizer_steps=0, history=[])
+    # `micro`: micro-batches of the epoch trained; `epoch_micro` the same since the epoch's start
+    # (they differ after a resume at another global batch, which counts `micro` afresh).
+    pos = dict(epoch=0, micro=0, epoch_micro=0, optimizer_steps=0, history=[])
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1165,10 +1329,18 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             schedule.load_state_dict(ckpt["schedule"])
         scaler.load_state_dict(ckpt["scaler"])
         pos = ckpt["position"]
+        pos.setdefault("epoch_micro", pos["micro"])
         # The loader continues after the last batch the saved run trained on (set_epoch below is
         # then a no-op, so it keeps that position).
         loader.load_state_dict(ckpt["loader"])
-        set_rng_state(ckpt["rng"])
+        if regrouped is not None and len(set(regrouped["global_batch"])) > 1:
+            # At another global batch the loader goes on from the same context, its steps
+            # counted afresh in the rest of the epoch.
+            pos["micro"] = 0
+        # Each rank its own random state where the ranks are the checkpoint's; else each takes
+        # one of theirs (only dropout draws from it).
+        rngs = ckpt.get("rng_ranks") or [ckpt["rng"]]
+        set_rng_state(rngs[ranks.rank % len(rngs)])
 
     if args.graph:
         # The optimizer's groups share one device learning rate (a loaded state brings its own).
@@ -1182,7 +1354,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                               if k == "resident" else ""))
     params = sum(p.numel() for p in model.parameters())
     say(f"{args.model} · {params:,} parameters · task {args.task} ({task.metric}) · "
-        f"device {device} · amp {amp} · {len(loader)} "
+        f"device {device} · amp {amp} · "
+        + (f"{ranks.world} ranks x " if ranks.world > 1 else "") + f"{len(loader)} "
         + (f"packs of {args.pack} tokens ({attention} attention)" if args.pack
            else f"batches of {args.batch_size}")
         + f"/epoch · {steps_epoch} optimizer steps/epoch"
@@ -1193,13 +1366,17 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         os.makedirs(args.out, exist_ok=True)
 
     def checkpoint() -> None:
-        if ckpt_path:
+        """Written by the first rank; every rank calls it (their random states are gathered)."""
+        if not ckpt_path:
+            return
+        rngs = ranks.gather(rng_state())
+        if ranks.main:
             save_checkpoint(ckpt_path, {
                 "args": vars(args), "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "schedule": schedule.state_dict() if schedule is not None else {},
-                "scaler": scaler.state_dict(), "position": pos, "rng": rng_state(),
-                "loader": loader.state_dict(),
+                "scaler": scaler.state_dict(), "position": pos, "rng": rngs[0],
+                "rng_ranks": rngs, "loader": loader.state_dict(),
             })
 
     timer = StepTimer(device, per_step=not args.graph)
@@ -1211,14 +1388,22 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     # it in place); .item() on them is the only read-back in training.
     window_loss = torch.zeros((), device=device)
     epoch_loss = torch.zeros((), device=device)
-    whole = (WholeStep(model, task, optimizer, loader, args, amp_dtype, device, rates,
-                       window_loss, epoch_loss, pos["optimizer_steps"]) if args.graph else None)
+    whole = (WholeStep(net, task, optimizer, loader, args, amp_dtype, device, rates,
+                       window_loss, epoch_loss, pos["optimizer_steps"], ddp is not None)
+             if args.graph else None)
+    keys_out = None
+    if args.keys_out:
+        os.makedirs(args.keys_out, exist_ok=True)
+        keys_out = open(os.path.join(args.keys_out, f"keys-rank{ranks.rank}.jsonl"), "a")
     start = time.perf_counter()
     model.train()
 
     while pos["epoch"] < args.epochs and not stopped:
         epoch = pos["epoch"]
         loader.set_epoch(epoch)
+        # The epoch's micro-batches from where the loader stands (after a resume at another
+        # global batch, the rest of the epoch).
+        micro_epoch = len(loader) // args.accumulate * args.accumulate
         # A resumed epoch starts from the sum saved at the stop, so its mean is the whole
         # epoch's.
         window_loss.zero_()
@@ -1230,7 +1415,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
         def close_window() -> None:
             nonlocal window_steps
-            loss = window_loss.item() / max(window_steps, 1)
+            # The window's loss and samples over all ranks: one all-reduce and read-back.
+            loss, samples = ranks.sum([window_loss, timer.cur["samples"]], device)
+            loss /= ranks.world * max(window_steps, 1)
+            timer.cur["samples"] = int(samples)
             sh = timer.close()
             # The rate of the next optimizer step, as the eager schedule reports it.
             lr = (rates[min(pos["optimizer_steps"], total_steps)] if schedule is None
@@ -1245,12 +1433,19 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
         while pos["micro"] < micro_epoch:
             t0, gpu0 = time.perf_counter(), loader.device_wait_s
-            batch = next(batches)
+            batch = next(batches, None)
+            if batch is None:
+                # An epoch resumed at another global batch may hold one step fewer than it
+                # counted: every rank sees the same end.
+                break
             # Time in next() less its waits for the GPU to finish with a buffer (a busy GPU
             # holding the loader back, not a data stall).
             timer.cur["data_wait"] += (time.perf_counter() - t0) - (loader.device_wait_s - gpu0)
             if not args.pack:
                 batch_lens[batch.seq_len] = batch_lens.get(batch.seq_len, 0) + 1
+            if keys_out is not None:
+                record_keys(keys_out, batch, epoch, pos["epoch_micro"])
+            pos["epoch_micro"] += 1
             if whole is not None:
                 # One replay (or, before capture and on the CPU, the same step run eagerly).
                 pos["micro"] += 1
@@ -1271,11 +1466,15 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             b = to_device(batch, names, device)
             timer.after_copy()
 
-            with autocast():
-                pred = step_model(b)
-            # Dividing by --accumulate makes the summed gradients those of the mean loss.
-            loss = mean_loss(task, pred, b) / args.accumulate
-            scaler.scale(loss).backward()
+            # Under DDP the gradients are averaged once per optimizer step, in its last
+            # micro-batch's backward.
+            syncs = ddp is None or (pos["micro"] + 1) % args.accumulate == 0
+            with contextlib.nullcontext() if syncs else ddp.no_sync():
+                with autocast():
+                    pred = step_model(b)
+                # Dividing by --accumulate makes the summed gradients those of the mean loss.
+                loss = mean_loss(task, pred, b) / args.accumulate
+                scaler.scale(loss).backward()
             window_loss += loss.detach()
             epoch_loss += loss.detach()
             pos["micro"] += 1
@@ -1305,7 +1504,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         epoch_time = {k: timer.totals[k] - epoch_totals[k] for k in timer.totals}
         if stopped and pos["micro"] < micro_epoch:
             # Mid-epoch stop: the checkpoint's loader state resumes after the last trained batch.
-            pos["epoch_loss"] = epoch_loss.item()
+            # The epoch's loss so far is the ranks' mean: every rank of a resume starts from it.
+            pos["epoch_loss"] = ranks.sum([epoch_loss], device)[0] / ranks.world
             checkpoint()
             say(f"stopped after {pos['optimizer_steps']} optimizer steps"
                 + (f"; resume with --resume {ckpt_path}" if ckpt_path else ""))
@@ -1313,9 +1513,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
         val_loss = val_metric = None
         if cache.splits.get(args.eval_split, 0) > 0:
-            val_loss, val_metric = evaluate(step_model, task, cache, args, device, names, autocast)
+            val_loss, val_metric = evaluate(eval_model, task, cache, args, device, names, autocast,
+                                            ranks)
+        epoch_sum = ranks.sum([epoch_loss], device)[0] / ranks.world
         report = dict(epoch=epoch, steps=steps_epoch,
-                      train_loss=epoch_loss.item() * args.accumulate / micro_epoch,
+                      train_loss=epoch_sum * args.accumulate / max(pos["epoch_micro"], 1),
                       val_loss=val_loss, val_metric=val_metric, **shares(epoch_time))
         if args.compile:
             # Compiled frames so far: a static-shape run adds none after its first epoch.
@@ -1326,11 +1528,13 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         say(f"epoch {epoch} · train loss {report['train_loss']:.4f} · {val} · "
             f"{report['samples_per_s']:.0f} samples/s · data wait "
             f"{100 * report['data_wait_share']:.1f}% · {time.perf_counter() - start:.1f} s")
-        pos["epoch"], pos["micro"], pos["epoch_loss"] = epoch + 1, 0, 0.0
+        pos["epoch"], pos["micro"], pos["epoch_micro"], pos["epoch_loss"] = epoch + 1, 0, 0, 0.0
         loader.set_epoch(epoch + 1)
         checkpoint()
 
     loader.close()
+    if keys_out is not None:
+        keys_out.close()
     ls = loader.stats()
     say(f"loader · {ls['batches']} batches · {ls['bytes'] / 1e6:.1f} MB · waited "
         f"{ls['wait_s']:.2f} s in next() · {ls['queue_mean']:.1f} ready ahead on average"
@@ -1342,14 +1546,16 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         for split, contexts in cache.splits.items():
             if split == "train" or contexts == 0:
                 continue
-            loss, metric = evaluate(step_model, task, cache, args, device, names, autocast, split)
+            loss, metric = evaluate(eval_model, task, cache, args, device, names, autocast, ranks,
+                                    split)
             evaluation.append(dict(split=split, contexts=contexts, loss=loss, metric=metric))
             say(f"final model · {split} ({contexts} contexts) · loss {loss:.4f} · "
                 f"{task.metric} {metric:.4f}")
     total = shares(timer.totals)
     history = pos["history"]
     return dict(
-        device=str(device), amp=amp, task=args.task, model=args.model, parameters=params,
+        device=str(device), world_size=ranks.world, amp=amp, task=args.task, model=args.model,
+        parameters=params,
         metric=task.metric, epochs=history, steps=logged,
         optimizer_steps=pos["optimizer_steps"],
         val_metric=[h["val_metric"] for h in history],
@@ -1364,6 +1570,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         # what a resume changed because the command line asked.
         attention=attention, graph=args.graph, trim_multiple=getattr(args, "trim_multiple", None),
         resumed_with={k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()},
+        regrouped=regrouped,
     )
 
 
@@ -1381,7 +1588,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         summary = train(parse_args(argv))
     except dsc.OptionsError as e:
         raise SystemExit(f"train.py: {as_flags(str(e))}") from None
-    print(json.dumps(summary), flush=True)
+    if dist.is_initialized():
+        # Every rank done with the group before any leaves it: a rank that tears it down while
+        # another still finishes a collective aborts that one.
+        dist.barrier()
+        dist.destroy_process_group()
+    if summary["world_size"] == 1 or int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(summary), flush=True)
     return summary
 
 

@@ -1,0 +1,240 @@
+"""examples/train.py under torchrun: DistributedDataParallel over gloo processes on the CPU.
+
+The runs share one small churn cache (785 train and 215 val contexts, neither a multiple of any
+global batch used) and one global batch of 30 contexts: 2 ranks x 15, or 1 x 30. What is
+checked:
+
+- every rank trains the same steps, and together they train every context of the epoch's full
+  global batches once, in the one-process order;
+- the 2-rank run and the 1-process run at the same global batch follow the same loss curve and
+  reach the same weights, up to float rounding (TOLERANCE says how far);
+- a checkpoint resumes on another number of ranks (2 -> 1, 1 -> 2: the same weights as the run
+  that never stopped; 2 -> 4: a global batch 4 ranks cannot split, continued at 4 x 15 from the
+  same context, every context still once);
+- validation splits the val split across the ranks and counts each context once: the same
+  metric as one process;
+- nothing hangs at the end of an epoch or of validation (every launch has a timeout).
+
+About 40 s on two cores: each launch starts torch in every process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dsc = pytest.importorskip("dsc")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+from conftest import REPO, run_dsc  # noqa: E402 (after the importorskips)
+
+SCRIPT = REPO / "examples" / "train.py"
+
+# A GRU of 16: a run of 26 steps takes a second. One torch thread per process: two processes
+# on two cores, and one thread's sums are the same in every run.
+BASE = ["--task", "classification", "--target", "churned", "--model", "gru", "--dim", "16",
+        "--layers", "1", "--threads", "1", "--device", "cpu", "--log-every", "1", "--epochs", "1",
+        "--seed", "5"]
+GLOBAL = 30
+STOP = 10  # optimizer steps before the runs that are resumed stop
+
+# How far two runs at the same global batch may differ. DDP averages per-rank mean gradients
+# (15 contexts each) where one process takes the mean of 30: the same value summed in another
+# order, about 1e-7 apart relative in float32. AdamW divides by the root of the second moment,
+# which can magnify a rounding difference in a near-zero gradient, and 26 steps compound it;
+# measured: at most 3e-8 apart in any weight and 1e-7 in any step's loss (2026-11-27). The
+# bounds (|a - b| <= 1e-5 + 1e-4 |b|) leave more than two orders of magnitude above that, and
+# stay far below what training on one other batch moves a weight (AdamW: about the learning
+# rate, 1e-3, per step).
+TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("churn")
+    data, out = tmp / "data", tmp / "cache"
+    run_dsc("gen", "sequences", "--out", str(data), "--customers", "1000", "--files", "2",
+            "--seed", "3")
+    run_dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
+            "--context", str(data / "customers.parquet"), "--targets", "churned,lifetime_value",
+            "--context-features", "age,tenure_years", "--features", "amount,items,is_refund,ts",
+            "--categorical", "merchant_category,channel", "--encode", "amount=log1p",
+            "--nan", "zero", "--empty-contexts", "keep", "--max-len", "32", "--truncate", "tail",
+            "--val-fraction", "0.2", "--seed", "1", "--out", str(out), "--quiet")
+    return out
+
+
+@pytest.fixture(scope="module")
+def script():
+    """examples/train.py as a module: one-process runs skip the interpreter and torch start."""
+    spec = importlib.util.spec_from_file_location("dsc_torchrun_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    yield module
+    torch.set_num_threads(threads)
+    sys.modules.pop(spec.name, None)
+
+
+def torchrun(ranks: int, *args: str) -> Dict:
+    """``torchrun --standalone --nproc-per-node N examples/train.py ARGS --json``: rank 0's
+    summary; the launch fails the test on a non-zero exit or a hang."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO / "python"), os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(ranks), str(SCRIPT), *args, "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, f"one summary, from rank 0 only: {done.stdout[-2000:]}"
+    summary = json.loads(lines[0])
+    summary["stderr"] = done.stderr
+    return summary
+
+
+def keys_by_step(folder: Path) -> List[List[int]]:
+    """The keys each micro-batch trained over all ranks, in step order (rank order within a
+    step). Each rank's file lists its micro-batches by (epoch, micro): a run resumed on other
+    ranks goes on in the files of its ranks."""
+    steps: Dict[tuple, List[int]] = {}
+    for path in sorted(folder.glob("keys-rank*.jsonl"), key=lambda p: int(p.stem[9:])):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            steps.setdefault((row["epoch"], row["micro"]), []).extend(row["keys"])
+    return [steps[k] for k in sorted(steps)]
+
+
+def weights(ckpt: Path) -> Dict[str, "torch.Tensor"]:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["model"]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], **TOLERANCE, msg=lambda m: f"{name}: {m}")
+
+
+def one_order(cache: Path) -> List[List[int]]:
+    """The train split's global batches of GLOBAL contexts, as one process reads them."""
+    loader = dsc.Loader(cache, batch_size=GLOBAL, seed=5, rank=0, world_size=1)
+    return [b["key"].tolist() for b in loader]
+
+
+@pytest.fixture(scope="module")
+def runs(cache: Path, script, tmp_path_factory) -> Dict[str, Dict]:
+    """Every run the tests compare, each made once."""
+    tmp = tmp_path_factory.mktemp("runs")
+    out: Dict[str, Dict] = {}
+
+    def local(name: str, *args: str) -> Dict:
+        summary = script.main([*args, "--keys-out", str(tmp / name), "--json"])
+        return summary
+
+    # Uninterrupted: 2 ranks x 15, and 1 process x 30.
+    out["two"] = torchrun(2, "--cache", str(cache), *BASE, "--batch-size", "15",
+                          "--out", str(tmp / "two"), "--keys-out", str(tmp / "two"))
+    out["one"] = local("one", "--cache", str(cache), *BASE, "--batch-size", str(GLOBAL),
+                       "--out", str(tmp / "one"))
+    # 2 ranks stopped, then resumed on 1 and (another copy) on 4.
+    torchrun(2, "--cache", str(cache), *BASE, "--batch-size", "15", "--max-steps", str(STOP),
+             "--out", str(tmp / "stop2"), "--keys-out", str(tmp / "two-then-one"))
+    ckpt = tmp / "stop2" / "last.pt"
+    (tmp / "stop2-copy").mkdir()
+    (tmp / "stop2-copy" / "last.pt").write_bytes(ckpt.read_bytes())
+    for f in (tmp / "two-then-one").glob("*.jsonl"):
+        (tmp / "two-then-four").mkdir(exist_ok=True)
+        (tmp / "two-then-four" / f.name).write_bytes(f.read_bytes())
+    out["two-then-one"] = local("two-then-one", "--resume", str(ckpt), "--threads", "1")
+    out["two-then-four"] = torchrun(4, "--resume", str(tmp / "stop2-copy" / "last.pt"),
+                                    "--threads", "1", "--keys-out", str(tmp / "two-then-four"))
+    # 1 process stopped, then resumed on 2 ranks.
+    local("one-then-two", "--cache", str(cache), *BASE, "--batch-size", str(GLOBAL),
+          "--max-steps", str(STOP), "--out", str(tmp / "stop1"))
+    out["one-then-two"] = torchrun(2, "--resume", str(tmp / "stop1" / "last.pt"), "--threads",
+                                   "1", "--keys-out", str(tmp / "one-then-two"))
+    out["tmp"] = {"path": tmp}
+    return out
+
+
+def test_two_ranks_train_every_context_once_in_the_one_process_order(runs, cache) -> None:
+    tmp = runs["tmp"]["path"]
+    two = runs["two"]
+    assert two["world_size"] == 2 and two["optimizer_steps"] == 785 // GLOBAL
+    steps = keys_by_step(tmp / "two")
+    assert all(len(s) == GLOBAL for s in steps)
+    flat = [k for s in steps for k in s]
+    assert len(flat) == len(set(flat)) == 785 // GLOBAL * GLOBAL
+    # Rank 0 takes the first half of each global batch, rank 1 the second: together the batches
+    # one process reads at the global batch.
+    assert steps == one_order(cache)[: len(steps)]
+    assert keys_by_step(tmp / "one") == steps
+
+
+def test_two_ranks_and_one_process_at_the_same_global_batch_learn_the_same(runs) -> None:
+    tmp = runs["tmp"]["path"]
+    two, one = runs["two"], runs["one"]
+    curve = lambda s: [w["train_loss"] for w in s["steps"]]  # noqa: E731
+    assert len(curve(two)) == len(curve(one)) == 785 // GLOBAL
+    torch.testing.assert_close(torch.tensor(curve(two)), torch.tensor(curve(one)), **TOLERANCE)
+    assert_same_weights(tmp / "two" / "last.pt", tmp / "one" / "last.pt")
+    # It learns: the last steps' loss is below the first steps'.
+    assert sum(curve(two)[-5:]) < sum(curve(two)[:5])
+    # Validation on 2 ranks counts each of the 215 val contexts once: one process's metric.
+    for key in ("val_loss", "val_metric"):
+        assert two["epochs"][0][key] == pytest.approx(one["epochs"][0][key], rel=1e-4)
+    assert two["samples_per_s"] > 0
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_process_as_if_never_stopped(runs) -> None:
+    tmp = runs["tmp"]["path"]
+    resumed = runs["two-then-one"]
+    assert resumed["world_size"] == 1 and resumed["optimizer_steps"] == 785 // GLOBAL
+    # The same contexts in every optimizer step, before and after the stop.
+    assert keys_by_step(tmp / "two-then-one")[:STOP] == keys_by_step(tmp / "two")[:STOP]
+    one_rank = json.loads((tmp / "two-then-one" / "keys-rank0.jsonl").read_text()
+                          .splitlines()[-1])["keys"]
+    assert len(one_rank) == GLOBAL
+    # The weights of the run that never stopped.
+    assert_same_weights(tmp / "stop2" / "last.pt", tmp / "two" / "last.pt")
+
+
+def test_a_one_process_checkpoint_resumes_on_two_ranks_as_if_never_stopped(runs) -> None:
+    tmp = runs["tmp"]["path"]
+    resumed = runs["one-then-two"]
+    assert resumed["world_size"] == 2 and resumed["optimizer_steps"] == 785 // GLOBAL
+    assert resumed["regrouped"]["global_batch"] == [30, 30]
+    assert "--batch-size 15 per rank keeps the global batch of 30" in resumed["regrouped"]["said"]
+    # 10 steps of one process, then 16 of two ranks (rank 0 and 1 in turn): those of the run
+    # that never stopped.
+    assert keys_by_step(tmp / "one-then-two") == keys_by_step(tmp / "one")
+    assert_same_weights(tmp / "stop1" / "last.pt", tmp / "one" / "last.pt")
+
+
+def test_a_resume_that_changes_the_global_batch_says_so_and_trains_every_context_once(
+        runs, cache) -> None:
+    tmp = runs["tmp"]["path"]
+    resumed = runs["two-then-four"]
+    assert resumed["world_size"] == 4
+    assert resumed["regrouped"] == dict(ranks=[2, 4], global_batch=[30, 60],
+                                        said=resumed["regrouped"]["said"])
+    assert "the global batch of 30 does not split into 4 equal batches" in \
+        resumed["regrouped"]["said"]
+    steps = keys_by_step(tmp / "two-then-four")
+    # 10 steps of 2 x 15 (copied from the stopped run), then steps of 4 x 15 from context 300.
+    before, after = steps[:STOP], steps[STOP:]
+    assert all(len(s) == GLOBAL for s in before) and all(len(s) == 60 for s in after)
+    order = [k for b in one_order(cache) for k in b]
+    flat = [k for s in steps for k in s]
+    assert len(flat) == len(set(flat)), "no context twice"
+    assert flat == order[: len(flat)] and len(flat) == STOP * GLOBAL + (785 - 300) // 60 * 60
