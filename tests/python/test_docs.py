@@ -42,8 +42,10 @@ SKIP = re.compile(r"<!-- not run by tests: (.+) -->")
 # Commands of the docs that other tests run, or that install things.
 # maturin: scripts/test.sh builds the wheel it tests with it; scripts/wheel.sh is the same build
 # at --release with zig's linker (minutes longer), run for a release, not by the tests.
+# torchrun: test_torchrun.py runs the lines of PYTHON.md that launch examples/train.py.
 ELSEWHERE = {"scripts/demo.sh", "scripts/test.sh", "scripts/venv.sh", "pip", "python", "export",
-             "cargo", "dsc-train", "target/release/dsc-train", "maturin", "scripts/wheel.sh"}
+             "cargo", "dsc-train", "target/release/dsc-train", "maturin", "scripts/wheel.sh",
+             "torchrun"}
 
 
 @pytest.fixture(scope="module")

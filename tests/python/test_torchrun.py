@@ -23,6 +23,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shlex
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +39,7 @@ dsc = pytest.importorskip("dsc")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from conftest import REPO, run_dsc  # noqa: E402 (after the importorskips)
+from conftest import COMPILE_FLAGS, REPO, run_dsc  # noqa: E402 (after the importorskips)
 
 SCRIPT = REPO / "examples" / "train.py"
 
@@ -86,15 +90,32 @@ def script():
     sys.modules.pop(spec.name, None)
 
 
+def environment(**more: str) -> Dict[str, str]:
+    """This environment, with the package under test importable in the launched processes."""
+    path = os.pathsep.join(p for p in (str(REPO / "python"), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **more}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cmd: List[str], cwd: Path | None = None, env: Dict[str, str] | None = None):
+    """Runs a launch to its end: a non-zero exit or a hang (240 s) fails the test."""
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env or environment(),
+                          cwd=cwd, timeout=240)
+    assert done.returncode == 0, f"{shlex.join(cmd)}\n{done.stderr[-4000:]}"
+    return done
+
+
 def torchrun(ranks: int, *args: str) -> Dict:
     """``torchrun --standalone --nproc-per-node N examples/train.py ARGS --json``: rank 0's
     summary; the launch fails the test on a non-zero exit or a hang."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO / "python"), os.environ.get("PYTHONPATH")) if p)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(ranks), str(SCRIPT), *args, "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = launch(cmd)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, f"one summary, from rank 0 only: {done.stdout[-2000:]}"
     summary = json.loads(lines[0])
@@ -238,3 +259,56 @@ def test_a_resume_that_changes_the_global_batch_says_so_and_trains_every_context
     flat = [k for s in steps for k in s]
     assert len(flat) == len(set(flat)), "no context twice"
     assert flat == order[: len(flat)] and len(flat) == STOP * GLOBAL + (785 - 300) // 60 * 60
+
+
+def test_the_torchrun_lines_of_python_md_train_and_resume_on_another_rank_count(
+        tmp_path: Path) -> None:
+    """docs/PYTHON.md's torchrun lines, as written, on the demo cache they name (smaller)."""
+    text = (REPO / "docs" / "PYTHON.md").read_text()
+    section = text[text.index("### Distributed training with torchrun"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    lines = [shlex.split(ln) for ln in block.splitlines() if ln.startswith("torchrun ")]
+    assert len(lines) == 2
+    run_dsc("gen", "icecube", "--out", "data", "--files", "2", "--events-per-file", "300",
+            "--seed", "7", cwd=tmp_path)
+    run_dsc("compile", "data/train/batch_*.parquet", *COMPILE_FLAGS, "--out", "demo/cache",
+            "--quiet", cwd=tmp_path)
+    said = []
+    for words in lines:
+        # torchrun from this Python; the script from this checkout.
+        cmd = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+        cmd = [str(SCRIPT) if w == "examples/train.py" else w for w in cmd]
+        done = launch(cmd + ["--threads", "1"], cwd=tmp_path)
+        said.append(done.stderr)
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "2 ranks x" in said[0]
+    assert ("resuming on 1 rank (the checkpoint's run had 2): --batch-size 128 per rank keeps "
+            "the global batch of 128") in said[1]
+    assert summary["world_size"] == 1 and len(summary["epochs"]) == 2
+    assert summary["regrouped"]["global_batch"] == [128, 128]
+
+
+def test_the_slurm_training_job_starts_torchrun_as_slurm_runs_it(cache: Path,
+                                                                  tmp_path: Path) -> None:
+    """examples/slurm/train.sbatch as Slurm runs it on a one-node allocation: srun starts the
+    script's command once per node (here: this machine), scontrol names the nodes. Stand-ins for
+    both; torchrun meets at the first node's c10d rendezvous and trains with gloo."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"srun": 'exec "$@"', "scontrol": 'echo localhost'}.items():
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\n{body}\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    torchrun_bin = bin_dir / "torchrun"
+    torchrun_bin.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n')
+    torchrun_bin.chmod(torchrun_bin.stat().st_mode | stat.S_IEXEC)
+    env = environment(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                      SLURM_JOB_NODELIST="localhost", SLURM_NNODES="1", SLURM_JOB_ID="7",
+                      SLURM_GPUS_ON_NODE="2", DSC_TRAIN=str(SCRIPT),
+                      DSC_PORT=str(free_port()))
+    done = launch(["bash", str(REPO / "examples" / "slurm" / "train.sbatch"), "--cache",
+                   str(cache), *BASE, "--batch-size", "15", "--max-steps", "3", "--json"],
+                  cwd=tmp_path, env=env)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and summary["optimizer_steps"] == 3
+

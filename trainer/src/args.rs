@@ -16,8 +16,10 @@ use std::path::PathBuf;
 /// each sequence of a pack, and the loss is the mean over its sequences.
 ///
 /// One device per run: on a machine with several GPUs, --device cuda:N picks one (a sweep runs
-/// one dsc-train per GPU). tch binds no collective, so there is no data-parallel mode;
-/// training on several GPUs is the Python path (dsc.Loader under torchrun, docs/PYTHON.md).
+/// one dsc-train per GPU). tch 0.24 binds no collective (no NCCL, no c10d process group), so
+/// there is no data-parallel mode: training on several GPUs is examples/train.py under torchrun
+/// (the same tasks, networks and flags, with DistributedDataParallel; docs/PYTHON.md,
+/// "Distributed training with torchrun").
 ///
 /// The model's inputs are scaled with the cache's own train statistics (stats.json): columns
 /// stored in source units (`identity`, `log1p`) are standardised, `zscore`/`minmax` columns are
