@@ -108,7 +108,7 @@ between CPU processes. Each rank has its own ``dsc.Loader`` (rank and world size
 group), ``--batch-size`` contexts per rank (``--pack``: one pack per rank), so the global batch is
 ``--batch-size`` x N x ``--accumulate``; every rank takes the same number of steps and stops at
 the same one. The gradients are averaged once per optimizer step (``no_sync`` in the other
-micro-batches). Losses, metrics and samples/s are global: summed over the ranks where they are
+micro-batches; a captured step all-reduces in every micro-batch, which sums the same). Losses, metrics and samples/s are global: summed over the ranks where they are
 read back anyway (log interval, epoch end), so no step gains a sync; validation splits the split
 across the ranks and adds their sums, each context counted once. Only rank 0 prints and writes
 ``last.pt`` (with every rank's random state). A checkpoint of N ranks resumes on M: with the
@@ -914,10 +914,15 @@ def rebatch(args: argparse.Namespace, before: int, world: int) -> Dict[str, Any]
     the ranks, the global batch before and now (contexts, or packs), and what was said."""
     was = f"resuming on {world} rank{'s' * (world > 1)} (the checkpoint's run had {before})"
     if args.pack:
-        said = (f"{was}: one pack per rank per step, so the global batch changes from {before} "
-                f"to {world} packs")
+        acc = args.accumulate
+        said = (f"{was}: one pack per rank per micro-batch, so an optimizer step trains "
+                f"{world * acc} packs instead of {before * acc}")
         return dict(ranks=[before, world], global_batch=[before, world], said=said)
     total = args.batch_size * before
+    if total % world and args.bucket:
+        raise SystemExit(f"{was}: a length-bucketed order (--bucket) resumes at its own global "
+                         f"batch only, {total} contexts, which {world} ranks cannot split "
+                         f"equally: resume on a number of ranks that divides {total}")
     if total % world == 0:
         args.batch_size = total // world
         said = f"{was}: --batch-size {args.batch_size} per rank keeps the global batch of {total}"
@@ -1280,6 +1285,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     # Validation calls the model without DDP: each rank evaluates its own slice, and nothing
     # of it is synchronised but the sums at the end.
     eval_model = step_model if ddp is None else (torch.compile(model) if args.compile else model)
+    if ranks.world > 1:
+        # Every rank built the same weights (and DDP broadcasts rank 0's); dropout draws a
+        # stream of each rank's own from here.
+        torch.manual_seed(args.seed * 1_000_003 + ranks.rank * 7919)
     optimizer = build_optimizer(model, args, device, graph=args.graph)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     if amp == "fp16":
@@ -1312,12 +1321,12 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         raise SystemExit(f"the train split has {len(loader)} full {unit}, "
                          f"fewer than --accumulate {args.accumulate}")
     steps_epoch = micro_epoch // args.accumulate
-    total_steps = steps_epoch * args.epochs
-    warmup = args.warmup if args.warmup is not None else total_steps // 20
-    # The learning rate of every optimizer step; a captured step reads it from the device.
-    rates = [args.lr * lr_factor(s, warmup, total_steps) for s in range(total_steps + 1)]
+    # The schedule spans the run's optimizer steps. A resume at another global batch spans the
+    # steps taken plus those left at the new batch, with the run's warmup (set below).
+    plan = dict(total=steps_epoch * args.epochs)
+    plan["warmup"] = args.warmup if args.warmup is not None else plan["total"] // 20
     schedule = (None if args.graph else torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup, total_steps)))
+        optimizer, lambda s: lr_factor(s, plan["warmup"], plan["total"])))
 
     # `micro`: micro-batches of the epoch trained; `epoch_micro` the same since the epoch's start
     # (they differ after a resume at another global batch, which counts `micro` afresh).
@@ -1335,12 +1344,22 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         loader.load_state_dict(ckpt["loader"])
         if regrouped is not None and len(set(regrouped["global_batch"])) > 1:
             # At another global batch the loader goes on from the same context, its steps
-            # counted afresh in the rest of the epoch.
+            # counted afresh in the rest of the epoch, and the schedule ends when the steps
+            # left at this batch do.
             pos["micro"] = 0
-        # Each rank its own random state where the ranks are the checkpoint's; else each takes
-        # one of theirs (only dropout draws from it).
+            left = len(loader) // args.accumulate + steps_epoch * (args.epochs - pos["epoch"] - 1)
+            plan["warmup"] = pos.get("plan", plan)["warmup"]
+            plan["total"] = pos["optimizer_steps"] + left
+        # Each rank its own random state where the ranks are the checkpoint's; a rank the
+        # checkpoint did not have starts a stream of its own (only dropout draws from it).
         rngs = ckpt.get("rng_ranks") or [ckpt["rng"]]
         set_rng_state(rngs[ranks.rank % len(rngs)])
+        if ranks.rank >= len(rngs):
+            torch.manual_seed(args.seed * 1_000_003 + ranks.rank * 7919 + pos["optimizer_steps"])
+    pos["plan"] = plan
+    total_steps = plan["total"]
+    # The learning rate of every optimizer step; a captured step reads it from the device.
+    rates = [args.lr * lr_factor(s, plan["warmup"], total_steps) for s in range(total_steps + 1)]
 
     if args.graph:
         # The optimizer's groups share one device learning rate (a loaded state brings its own).
@@ -1588,6 +1607,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         summary = train(parse_args(argv))
     except dsc.OptionsError as e:
         raise SystemExit(f"train.py: {as_flags(str(e))}") from None
+    except dsc.StateError as e:
+        # A checkpoint's loader state the loader cannot continue here (e.g. a bucketed order
+        # at another global batch).
+        raise SystemExit(f"train.py: --resume: {e}") from None
     if dist.is_initialized():
         # Every rank done with the group before any leaves it: a rank that tears it down while
         # another still finishes a collective aborts that one.

@@ -7,7 +7,6 @@
 use crate::column::{Column, TypeInfo};
 use crate::error::{CompileError, Result};
 use crate::read::Opened;
-use crate::spill::Buckets;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
@@ -182,13 +181,14 @@ fn offset_spans<O: arrow_array::OffsetSizeTrait>(
 /// elements plus one value per null or empty list, so the elements lie between that count less
 /// the table's rows and the count itself; both ends nearly always give the same buckets, and
 /// only when they do not is the column (`wants[column]`) read and its elements counted.
-/// Returns the buckets and the elements' upper bound (the rows the memory budget plans for).
-pub(crate) fn sized_buckets(
+/// `size` gives the buckets of a row count. Returns the buckets and the elements' upper bound
+/// (the rows the memory budget plans for).
+pub(crate) fn sized_buckets<B: PartialEq>(
     opened: &[Opened],
     files: &[PathBuf],
     column: &crate::read::Want,
-    size: impl Fn(u64) -> Buckets,
-) -> Result<(Buckets, u64)> {
+    size: impl Fn(u64) -> B,
+) -> Result<(B, u64)> {
     let mut bounds = Some((0u64, 0u64));
     for o in opened {
         let index = o
@@ -203,7 +203,7 @@ pub(crate) fn sized_buckets(
         };
     }
     match bounds {
-        Some((lo, hi)) if size(lo).bits == size(hi).bits => Ok((size(hi), hi)),
+        Some((lo, hi)) if size(lo) == size(hi) => Ok((size(hi), hi)),
         _ => {
             let exact = count_elements(files, column)?;
             Ok((size(exact), exact))
@@ -362,13 +362,10 @@ mod tests {
         // One bucket below `at` rows, two from it: whether the bounds decide or the column is
         // counted, the buckets are those of the 6 elements.
         for at in 1..12u64 {
-            let size = |rows: u64| Buckets {
-                bits: u32::from(rows >= at),
-                seed: 0,
-            };
-            let (buckets, planned) =
+            let size = |rows: u64| u32::from(rows >= at);
+            let (bits, planned) =
                 sized_buckets(&opened, std::slice::from_ref(&path), &want, size).unwrap();
-            assert_eq!(buckets.bits, u32::from(6 >= at), "split at {at} rows");
+            assert_eq!(bits, u32::from(6 >= at), "split at {at} rows");
             assert!(planned >= 6, "the budget plans for at least the elements");
         }
     }

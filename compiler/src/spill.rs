@@ -23,7 +23,7 @@ pub(crate) const SPILL_DIR: &str = "spill";
 
 /// How keys are spread over buckets: by the top `bits` bits of their position hash, so that a
 /// bucket holds one contiguous stretch of every split's stored order.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Buckets {
     pub bits: u32,
     pub seed: u64,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -178,7 +179,8 @@ def runs(cache: Path, script, tmp_path_factory) -> Dict[str, Dict]:
         (tmp / "two-then-four" / f.name).write_bytes(f.read_bytes())
     out["two-then-one"] = local("two-then-one", "--resume", str(ckpt), "--threads", "1")
     out["two-then-four"] = torchrun(4, "--resume", str(tmp / "stop2-copy" / "last.pt"),
-                                    "--threads", "1", "--keys-out", str(tmp / "two-then-four"))
+                                    "--threads", "1", "--log-every", "1",
+                                    "--keys-out", str(tmp / "two-then-four"))
     # 1 process stopped, then resumed on 2 ranks.
     local("one-then-two", "--cache", str(cache), *BASE, "--batch-size", str(GLOBAL),
           "--max-steps", str(STOP), "--out", str(tmp / "stop1"))
@@ -259,6 +261,19 @@ def test_a_resume_that_changes_the_global_batch_says_so_and_trains_every_context
     flat = [k for s in steps for k in s]
     assert len(flat) == len(set(flat)), "no context twice"
     assert flat == order[: len(flat)] and len(flat) == STOP * GLOBAL + (785 - 300) // 60 * 60
+    # The schedule spans the steps taken and those left at the new batch: it still decays at
+    # every step to its floor at the last (not cut short by the old batch's step count).
+    rates = [w["lr"] for w in resumed["steps"]]
+    assert len(rates) == len(after) and all(a > b for a, b in zip(rates, rates[1:])), rates
+    assert rates[-1] == pytest.approx(1e-4)
+
+
+def test_a_bucketed_run_resumes_only_where_its_global_batch_splits(script) -> None:
+    import argparse
+    run = argparse.Namespace(pack=None, batch_size=15, bucket=True, accumulate=1)
+    with pytest.raises(SystemExit, match="resume on a number of ranks that divides 30"):
+        script.rebatch(run, 2, 4)
+    assert script.rebatch(run, 2, 3)["global_batch"] == [30, 30] and run.batch_size == 10
 
 
 def test_the_torchrun_lines_of_python_md_train_and_resume_on_another_rank_count(
@@ -292,7 +307,9 @@ def test_the_slurm_training_job_starts_torchrun_as_slurm_runs_it(cache: Path,
                                                                   tmp_path: Path) -> None:
     """examples/slurm/train.sbatch as Slurm runs it on a one-node allocation: srun starts the
     script's command once per node (here: this machine), scontrol names the nodes. Stand-ins for
-    both; torchrun meets at the first node's c10d rendezvous and trains with gloo."""
+    both; torchrun meets at the first node's c10d rendezvous and trains with gloo. The run takes
+    the fast path of a GPU, packs and the whole step (--graph, uncaptured on the CPU), so that
+    DDP is tried there too."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in {"srun": 'exec "$@"', "scontrol": 'echo localhost'}.items():
@@ -307,8 +324,9 @@ def test_the_slurm_training_job_starts_torchrun_as_slurm_runs_it(cache: Path,
                       SLURM_GPUS_ON_NODE="2", DSC_TRAIN=str(SCRIPT),
                       DSC_PORT=str(free_port()))
     done = launch(["bash", str(REPO / "examples" / "slurm" / "train.sbatch"), "--cache",
-                   str(cache), *BASE, "--batch-size", "15", "--max-steps", "3", "--json"],
+                   str(cache), *BASE, "--pack", "400", "--graph", "--max-steps", "3", "--json"],
                   cwd=tmp_path, env=env)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["world_size"] == 2 and summary["optimizer_steps"] == 3
+    assert summary["world_size"] == 2 and summary["optimizer_steps"] == 3 and summary["graph"]
+    assert all(math.isfinite(w["train_loss"]) for w in summary["steps"])
 
