@@ -73,6 +73,23 @@ def private_cache(cache_dir: Path, tmp_path: Path) -> Path:
     return dst
 
 
+def compile_churn(tmp: Path, customers: int) -> Path:
+    """Customers' transactions (`dsc gen sequences`, seed 3) compiled with the boolean target
+    `churned` (churned customers stop buying early, so the last transactions' timestamps
+    predict it), `lifetime_value`, and the per-context features `age` and `tenure_years`:
+    the cache the training-script tests learn on. Returns the cache's folder."""
+    data, cache = tmp / "data", tmp / "cache"
+    run_dsc("gen", "sequences", "--out", str(data), "--customers", str(customers), "--files",
+            "2", "--seed", "3")
+    run_dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
+            "--context", str(data / "customers.parquet"), "--targets", "churned,lifetime_value",
+            "--context-features", "age,tenure_years", "--features", "amount,items,is_refund,ts",
+            "--categorical", "merchant_category,channel", "--encode", "amount=log1p",
+            "--nan", "zero", "--empty-contexts", "keep", "--max-len", "32", "--truncate", "tail",
+            "--val-fraction", "0.2", "--seed", "1", "--out", str(cache), "--quiet")
+    return cache
+
+
 def order_keys(cache: Path, *args: str) -> list[list[int]]:
     """`dsc order CACHE --keys --json ...`: the keys of every batch the Rust loader yields."""
     return json.loads(run_dsc("order", str(cache), "--keys", "--json", *args))

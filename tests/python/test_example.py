@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dsc = pytest.importorskip("dsc")
 
-from conftest import REPO as ROOT, run_dsc  # noqa: E402 (after the importorskips)
+from conftest import REPO as ROOT, compile_churn, run_dsc  # noqa: E402 (after the importorskips)
 
 SCRIPT = ROOT / "examples" / "train.py"
 
@@ -60,20 +60,8 @@ def icecube_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def churn_cache(tmp_path_factory) -> Path:
-    """Customers' transactions with the boolean target `churned` (churned customers stop
-    buying early, so the last transactions' timestamps predict it) and a per-context
-    feature `tenure_years`."""
-    tmp = tmp_path_factory.mktemp("churn")
-    data, cache = tmp / "data", tmp / "cache"
-    run_dsc("gen", "sequences", "--out", str(data), "--customers", "2000", "--files", "2",
-         "--seed", "3")
-    run_dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
-         "--context", str(data / "customers.parquet"), "--targets", "churned,lifetime_value",
-         "--context-features", "age,tenure_years", "--features", "amount,items,is_refund,ts",
-         "--categorical", "merchant_category,channel", "--encode", "amount=log1p",
-         "--nan", "zero", "--empty-contexts", "keep", "--max-len", "32", "--truncate", "tail",
-         "--val-fraction", "0.2", "--seed", "1", "--out", str(cache), "--quiet")
-    return cache
+    """The churn cache (conftest.compile_churn) of 2,000 customers."""
+    return compile_churn(tmp_path_factory.mktemp("churn"), 2000)
 
 
 SUMMARY_KEYS = {"device", "amp", "task", "model", "parameters", "metric", "epochs", "steps",

@@ -40,7 +40,7 @@ dsc = pytest.importorskip("dsc")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from conftest import COMPILE_FLAGS, REPO, run_dsc  # noqa: E402 (after the importorskips)
+from conftest import COMPILE_FLAGS, REPO, compile_churn, run_dsc  # noqa: E402 (after the importorskips)
 
 SCRIPT = REPO / "examples" / "train.py"
 
@@ -65,17 +65,8 @@ TOLERANCE = dict(rtol=1e-4, atol=1e-5)
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("churn")
-    data, out = tmp / "data", tmp / "cache"
-    run_dsc("gen", "sequences", "--out", str(data), "--customers", "1000", "--files", "2",
-            "--seed", "3")
-    run_dsc("compile", str(data / "transactions"), "--key", "customer_id", "--order-by", "ts",
-            "--context", str(data / "customers.parquet"), "--targets", "churned,lifetime_value",
-            "--context-features", "age,tenure_years", "--features", "amount,items,is_refund,ts",
-            "--categorical", "merchant_category,channel", "--encode", "amount=log1p",
-            "--nan", "zero", "--empty-contexts", "keep", "--max-len", "32", "--truncate", "tail",
-            "--val-fraction", "0.2", "--seed", "1", "--out", str(out), "--quiet")
-    return out
+    """The churn cache (conftest.compile_churn) of 1,000 customers."""
+    return compile_churn(tmp_path_factory.mktemp("churn"), 1000)
 
 
 @pytest.fixture(scope="module")
