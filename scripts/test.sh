@@ -21,22 +21,29 @@ log "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free here"
 # another GB of target/.
 export CARGO_INCREMENTAL=0
 
+# Debian packages the tests need and the machine lacks: chromium (renders `dsc report` in the
+# browser test) and slurm-wlm (a partitioned compile on a real single-node Slurm). Installed in
+# the background, one apt-get for both, while the venv and the build take the CPU: a download
+# is mostly waiting. Waited for before the Slurm test.
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+packages=()
+if [ -z "${DSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then packages+=(chromium); fi
+if ! command -v slurmctld >/dev/null 2>&1; then packages+=(slurmd slurmctld slurm-client munge); fi
+apt_log=$(mktemp)
+apt_pid=""
+if [ "${#packages[@]}" -gt 0 ]; then
+    log "installing ${packages[*]} in the background"
+    ( as_root apt-get update -qq \
+        && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" ) \
+        >"$apt_log" 2>&1 &
+    apt_pid=$!
+fi
+
 log "python environment (.venv: numpy, safetensors, maturin, torch 2.11.0)"
 scripts/venv.sh
 export DSC_PYTHON="$PWD/.venv/bin/python"
 # tch builds against the venv's PyTorch (see scripts/venv.sh).
 export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
-
-log "chromium (renders dsc report in the browser test)"
-if [ -z "${DSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-    else
-        sudo apt-get update -qq
-        sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-    fi
-fi
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -85,11 +92,33 @@ wheel=$(ls target/wheels/test/dsc_compiler-*.whl)
 .venv/bin/python -c "import dsc; print('dsc', dsc.__version__, 'from', dsc.__file__)"
 .venv/bin/dsc --version
 
+if [ -n "$apt_pid" ]; then
+    log "waiting for the background install of ${packages[*]}"
+    if ! wait "$apt_pid"; then
+        cat "$apt_log" >&2
+        echo "installing ${packages[*]} failed" >&2
+        exit 1
+    fi
+fi
+
+# The Slurm test runs beside the cargo tests: it mostly waits for Slurm to schedule its job
+# arrays, and no cargo test times anything. Its output is shown when both are done.
+log "a partitioned compile on a real single-node Slurm (Debian's slurm-wlm), in the background"
+slurm_log=$(mktemp)
+scripts/slurm-test.sh "$PWD/target/debug/dsc" >"$slurm_log" 2>&1 &
+slurm_pid=$!
+
 log "cargo test: run (unit, doc and end-to-end tests)"
 cargo test --workspace --locked
 
-log "a partitioned compile on a real single-node Slurm (Debian's slurm-wlm, about 30 s)"
-scripts/slurm-test.sh "$PWD/target/debug/dsc"
+log "the Slurm test's output"
+slurm_rc=0
+wait "$slurm_pid" || slurm_rc=$?
+cat "$slurm_log"
+if [ "$slurm_rc" -ne 0 ]; then
+    echo "scripts/slurm-test.sh failed (exit $slurm_rc)" >&2
+    exit 1
+fi
 
 log "pytest (tests/python: the Python loader, compile, distributed, example script, the wheel in fresh environments)"
 # The CLI under test is the one cargo test just built, the package the wheel just installed.
