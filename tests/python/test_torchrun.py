@@ -83,9 +83,9 @@ def script():
 
 
 def environment(**more: str) -> Dict[str, str]:
-    """This environment, with the package under test importable in the launched processes."""
-    path = os.pathsep.join(p for p in (str(REPO / "python"), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, **more}
+    """This environment (the launched processes import dsc as this one does: the installed
+    wheel, or the PYTHONPATH a developer set), with ``more``."""
+    return {**os.environ, **more}
 
 
 def free_port() -> int:
