@@ -108,9 +108,10 @@ between CPU processes. Each rank has its own ``dsc.Loader`` (rank and world size
 group), ``--batch-size`` contexts per rank (``--pack``: one pack per rank), so the global batch is
 ``--batch-size`` x N x ``--accumulate``; every rank takes the same number of steps and stops at
 the same one. The gradients are averaged once per optimizer step (``no_sync`` in the other
-micro-batches; a captured step all-reduces in every micro-batch, which sums the same). Losses, metrics and samples/s are global: summed over the ranks where they are
-read back anyway (log interval, epoch end), so no step gains a sync; validation splits the split
-across the ranks and adds their sums, each context counted once. Only rank 0 prints and writes
+micro-batches; a captured step all-reduces in every micro-batch, which sums the same). Losses,
+metrics and samples/s are global: summed over the ranks where they are read back anyway (log
+interval, epoch end), so no step gains a sync; validation splits the split across the ranks and
+adds their sums, each context counted once. Only rank 0 prints and writes
 ``last.pt`` (with every rank's random state). A checkpoint of N ranks resumes on M: with the
 per-rank batch that keeps the global batch where M divides it (the same contexts in every step,
 the weights equal to an uninterrupted run's up to the order of float sums), else with the
@@ -847,7 +848,7 @@ def shares(t: Dict[str, float]) -> Dict[str, float]:
 @dataclass
 class Ranks:
     """This process's place among the training processes: one per GPU (or CPU process) under
-    ``torchrun``, from its RANK, WORLD_SIZE and LOCAL_RANK variables, else the only one. Every
+    ``torchrun``, from its RANK and WORLD_SIZE variables, else the only one. Every
     rank runs the same steps on its own slice of each global batch (``dsc.Loader`` takes rank and
     world size from the process group) and DistributedDataParallel averages the gradients in
     backward. What the run reports is global: losses, metrics and sample counts are summed over
@@ -856,7 +857,6 @@ class Ranks:
 
     rank: int = 0
     world: int = 1
-    local: int = 0
 
     @property
     def main(self) -> bool:
@@ -886,6 +886,17 @@ def started_by_torchrun() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def first_rank() -> bool:
+    """Whether this process prints: the only one, or torchrun's rank 0 (known before the
+    process group is joined)."""
+    return started_by_torchrun() <= 1 or int(os.environ.get("RANK", "0")) == 0
+
+
+def rank_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The seed of rank ``rank``'s own random stream (dropout), from ``step`` on."""
+    return seed * 1_000_003 + rank * 7919 + step
+
+
 def start_ranks(device: torch.device, graph: bool) -> Tuple[Ranks, torch.device]:
     """Joins torchrun's process group when it started several processes: NCCL between GPUs,
     each rank on the GPU of its LOCAL_RANK; gloo between CPU processes."""
@@ -903,7 +914,7 @@ def start_ranks(device: torch.device, graph: bool) -> Tuple[Ranks, torch.device]
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)
-    return Ranks(rank, world, local), device
+    return Ranks(rank, world), device
 
 
 def rebatch(args: argparse.Namespace, before: int, world: int) -> Dict[str, Any]:
@@ -1178,8 +1189,7 @@ def record_keys(out, batch: dsc.Batch, epoch: int, micro: int) -> None:
 
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
-    # Only the first rank prints (torchrun numbers its processes in RANK).
-    quiet = args.json or int(os.environ.get("RANK", "0")) != 0
+    quiet = args.json or not first_rank()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     regrouped: Optional[Dict[str, Any]] = None  # a resume on another number of ranks
     ckpt = None
@@ -1288,7 +1298,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if ranks.world > 1:
         # Every rank built the same weights (and DDP broadcasts rank 0's); dropout draws a
         # stream of each rank's own from here.
-        torch.manual_seed(args.seed * 1_000_003 + ranks.rank * 7919)
+        torch.manual_seed(rank_seed(args.seed, ranks.rank))
     optimizer = build_optimizer(model, args, device, graph=args.graph)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     if amp == "fp16":
@@ -1355,7 +1365,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         rngs = ckpt.get("rng_ranks") or [ckpt["rng"]]
         set_rng_state(rngs[ranks.rank % len(rngs)])
         if ranks.rank >= len(rngs):
-            torch.manual_seed(args.seed * 1_000_003 + ranks.rank * 7919 + pos["optimizer_steps"])
+            torch.manual_seed(rank_seed(args.seed, ranks.rank, pos["optimizer_steps"]))
     pos["plan"] = plan
     total_steps = plan["total"]
     # The learning rate of every optimizer step; a captured step reads it from the device.
@@ -1616,7 +1626,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         # another still finishes a collective aborts that one.
         dist.barrier()
         dist.destroy_process_group()
-    if summary["world_size"] == 1 or int(os.environ.get("RANK", "0")) == 0:
+    if first_rank():
         print(json.dumps(summary), flush=True)
     return summary
 

@@ -344,14 +344,10 @@ fn string_keys_are_found_listed_and_joined_as_the_data_holds_them() {
     };
     with("tx/customers.csv", "from-csv");
     with("tx/customers.parquet", "from-parquet");
-    let shards = |name: &str| -> Vec<Vec<u8>> {
-        tree(&dir.join(name))
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("shards/"))
-            .map(|(_, v)| v)
-            .collect()
-    };
-    assert_eq!(shards("from-csv"), shards("from-parquet"));
+    assert_eq!(
+        shard_files(&dir.join("from-csv")),
+        shard_files(&dir.join("from-parquet"))
+    );
 
     // UUID keys are found in any usual spelling.
     compile(&dir, "ids", "u", &[]);
@@ -489,14 +485,10 @@ fn uint64_keys_past_2_63_join_a_csv_context_and_a_key_is_no_split_column() {
         )
         .ok();
     }
-    let shards = |name: &str| -> Vec<Vec<u8>> {
-        tree(&dir.join(name))
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("shards/"))
-            .map(|(_, v)| v)
-            .collect()
-    };
-    assert_eq!(shards("csv"), shards("parquet"));
+    assert_eq!(
+        shard_files(&dir.join("csv")),
+        shard_files(&dir.join("parquet"))
+    );
     let a = with("u/customers.parquet", "x", &["--split-by", "customer_id"]);
     let err = dsc(
         dir.path(),
@@ -504,4 +496,13 @@ fn uint64_keys_past_2_63_join_a_csv_context_and_a_key_is_no_split_column() {
     )
     .fails(2);
     assert!(err.contains("the split column cannot be the key"), "{err}");
+}
+
+/// The bytes of every file under a cache's `shards/` (shards and key tables), in name order.
+fn shard_files(cache: &std::path::Path) -> Vec<Vec<u8>> {
+    tree(cache)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("shards/"))
+        .map(|(_, v)| v)
+        .collect()
 }

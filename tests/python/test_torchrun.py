@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
@@ -151,8 +152,7 @@ def runs(cache: Path, script, tmp_path_factory) -> Dict[str, Dict]:
     out: Dict[str, Dict] = {}
 
     def local(name: str, *args: str) -> Dict:
-        summary = script.main([*args, "--keys-out", str(tmp / name), "--json"])
-        return summary
+        return script.main([*args, "--keys-out", str(tmp / name), "--json"])
 
     # Uninterrupted: 2 ranks x 15, and 1 process x 30.
     out["two"] = torchrun(2, "--cache", str(cache), *BASE, "--batch-size", "15",
@@ -163,11 +163,9 @@ def runs(cache: Path, script, tmp_path_factory) -> Dict[str, Dict]:
     torchrun(2, "--cache", str(cache), *BASE, "--batch-size", "15", "--max-steps", str(STOP),
              "--out", str(tmp / "stop2"), "--keys-out", str(tmp / "two-then-one"))
     ckpt = tmp / "stop2" / "last.pt"
-    (tmp / "stop2-copy").mkdir()
-    (tmp / "stop2-copy" / "last.pt").write_bytes(ckpt.read_bytes())
-    for f in (tmp / "two-then-one").glob("*.jsonl"):
-        (tmp / "two-then-four").mkdir(exist_ok=True)
-        (tmp / "two-then-four" / f.name).write_bytes(f.read_bytes())
+    # The resume on 1 writes over its checkpoint and keys: the resume on 4 starts from copies.
+    shutil.copytree(tmp / "stop2", tmp / "stop2-copy")
+    shutil.copytree(tmp / "two-then-one", tmp / "two-then-four")
     out["two-then-one"] = local("two-then-one", "--resume", str(ckpt), "--threads", "1")
     out["two-then-four"] = torchrun(4, "--resume", str(tmp / "stop2-copy" / "last.pt"),
                                     "--threads", "1", "--log-every", "1",
