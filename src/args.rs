@@ -48,6 +48,67 @@ pub enum Command {
     Compress(CompressArgs),
     Decompress(DecompressArgs),
     Status(StatusArgs),
+    Append(AppendArgs),
+    Log(LogArgs),
+}
+
+/// Append new data to a cache as its next generation: the new contexts are compiled with the
+/// cache's recorded spec and its fitted parameters frozen (normalisation, vocabularies, string
+/// encodings, fills, max_len), written as new shards, and committed with a new manifest listing
+/// the last generation's shards and the new ones. No existing file changes: readers of an
+/// earlier generation keep reading it, and a loader state resumes on the generation it read.
+///
+/// A key already in the cache is refused (naming the key, its shard and generation), and so
+/// are inputs whose tensors would differ (another column type, a join on another column).
+/// A key's split follows the cache's rule, so it never changes between generations. An append
+/// waits while another one commits, then appends on top of it.
+///
+/// Example:
+///   dsc append cache 'tx/2026-12-01.parquet' --context customers-2026-12-01.parquet
+///   dsc log cache
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct AppendArgs {
+    /// The cache to append to (a local directory).
+    pub cache: PathBuf,
+    /// The new rows files: paths, folders or globs, as `dsc compile` takes them.
+    #[arg(required = true)]
+    pub rows: Vec<String>,
+    /// The new contexts' rows of the context table (required when the cache has one).
+    #[arg(long, value_name = "FILE")]
+    pub context: Option<String>,
+    /// A per-row lookup table to join instead of the cache's own (same columns, joined on the
+    /// same column: --on); by default the cache's join files are read again.
+    #[arg(long = "join", value_name = "FILE")]
+    pub joins: Vec<String>,
+    /// The column each --join is joined on, in order.
+    #[arg(long = "on", value_name = "COLUMN")]
+    pub join_on: Vec<String>,
+    /// Memory the compile may use (e.g. 4GiB) [default: half of the machine's].
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
+    /// Print a JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// List a cache's generations: number, content id, contexts added per split, inputs, and when
+/// each was committed. `--generation N` (or a content id) on any reader opens one of them.
+///
+/// Example:
+///   dsc log cache
+///   dsc log cache --json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct LogArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Commit a partitioned compile: once every partition has run every stage (scan, fit, write),
@@ -113,7 +174,34 @@ pub struct RemoteArgs {
     pub cache_limit: Option<u64>,
 }
 
+/// Which generation of a cache a reader opens (`--generation`).
+#[derive(Debug, Args)]
+pub struct GenerationArgs {
+    /// The generation to read: its number (1 is the compiled cache), its content id or a tag
+    /// (`dsc log` lists them) [default: the last one].
+    #[arg(long, value_name = "N|ID|TAG", value_parser = generation_ref, help_heading = "Generations")]
+    pub generation: Option<dsc_format::GenerationRef>,
+}
+
+impl GenerationArgs {
+    /// The generation asked for, the last one by default.
+    pub fn at(&self) -> dsc_format::GenerationRef {
+        self.generation.clone().unwrap_or_default()
+    }
+}
+
+fn generation_ref(s: &str) -> Result<dsc_format::GenerationRef, String> {
+    s.parse()
+}
+
 impl RemoteArgs {
+    /// [`RemoteArgs::options`] opening generation `at`.
+    pub fn options_at(&self, at: &GenerationArgs) -> anyhow::Result<dsc_loader::RemoteOptions> {
+        let mut o = self.options()?;
+        o.generation = at.at();
+        Ok(o)
+    }
+
     /// The environment's options, with these flags over them.
     pub fn options(&self) -> anyhow::Result<dsc_loader::RemoteOptions> {
         let mut o = dsc_loader::RemoteOptions::from_env()?;
@@ -505,6 +593,17 @@ pub struct SpecArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partitions: Option<usize>,
 
+    /// Take the fitted parameters of this cache (z-score and min-max parameters, vocabularies,
+    /// string encodings, NaN fills, max_len) instead of fitting them: a test set encoded as its
+    /// training set was. The compile is refused where its tensors would differ from that
+    /// cache's (another column, type or encoding), naming the first difference.
+    #[arg(long, value_name = "CACHE", help_heading = "Values")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "pairs::path"
+    )]
+    pub fit_from: Option<PathBuf>,
+
     /// Null/NaN/inf in a numeric column: error (naming file, column, row), zero, or the
     /// train mean [default: error].
     #[arg(long, value_parser = choice::<NanPolicy>(), help_heading = "Values")]
@@ -636,6 +735,8 @@ pub struct InspectArgs {
     pub json: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    #[command(flatten)]
+    pub at: GenerationArgs,
 }
 
 /// Show one context, decoded back to source units.
@@ -672,6 +773,8 @@ pub struct ShowArgs {
     pub json: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    #[command(flatten)]
+    pub at: GenerationArgs,
 }
 
 /// Write a self-contained HTML report with plots of a cache.
@@ -692,6 +795,8 @@ pub struct ReportArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    #[command(flatten)]
+    pub at: GenerationArgs,
 }
 
 /// Print the order the loader yields: keys per batch, a shuffle-quality report, or a state.
@@ -750,6 +855,8 @@ pub struct OrderArgs {
     pub json: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    #[command(flatten)]
+    pub at: GenerationArgs,
 }
 
 /// Measure the loader on a cache: cache-order and shuffled epochs against memcpy.
@@ -810,6 +917,8 @@ pub struct BenchArgs {
     pub json: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    #[command(flatten)]
+    pub at: GenerationArgs,
 }
 
 /// mostlyai-engine's digit split (`split_sub_columns_digit`) of raw float64 values, timed.
@@ -858,6 +967,8 @@ pub struct VerifyArgs {
     pub json: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    #[command(flatten)]
+    pub at: GenerationArgs,
 }
 
 /// The flags of `dsc compile` whose spelling is not the spec file's, serialised as the spec

@@ -345,7 +345,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let threads = a
         .loader_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    let remote = a.remote.options()?;
+    let remote = a.remote.options_at(&a.at)?;
     // Open twice: the first run warms the file metadata; the second is the figure.
     drop(Cache::open_with(&a.cache, &remote)?);
     let t = Instant::now();

@@ -14,6 +14,9 @@ struct Inspect {
     /// When manifest.json was written (its modification time, RFC 3339 UTC); the manifest
     /// itself holds no time so that equal compiles give byte-identical caches.
     compiled_at: Option<String>,
+    /// The generation shown (1 for a cache never appended to) and its content id.
+    generation: u32,
+    content_id: String,
     spec: dsc_format::CompileSpec,
     format_version: u32,
     dsc_version: String,
@@ -156,10 +159,12 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
         .collect();
     Ok(Inspect {
         cache: cache.into(),
-        compiled_at: std::fs::metadata(cache.join(dsc_format::MANIFEST_FILE))
+        compiled_at: std::fs::metadata(cache.join(m.manifest_file()))
             .and_then(|m| m.modified())
             .ok()
             .map(rfc3339),
+        generation: m.generation_number(),
+        content_id: m.content_id(),
         spec: m.spec().clone(),
         format_version: m.format_version(),
         dsc_version: m.dsc_version().to_string(),
@@ -188,7 +193,7 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
 }
 
 /// A system time as `YYYY-MM-DDTHH:MM:SSZ` (UTC), without a date library.
-fn rfc3339(t: std::time::SystemTime) -> String {
+pub(crate) fn rfc3339(t: std::time::SystemTime) -> String {
     let secs = t
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
@@ -534,7 +539,7 @@ fn print_column(d: &ColumnDetail, top: usize) -> anyhow::Result<()> {
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<u8> {
-    let (manifest, stats) = dsc_loader::read_meta(&a.cache, &a.remote.options()?)?;
+    let (manifest, stats) = dsc_loader::read_meta(&a.cache, &a.remote.options_at(&a.at)?)?;
     if let Some(name) = &a.column {
         let detail = column_detail(&manifest, &stats, name)?;
         if a.json {

@@ -9,6 +9,7 @@ mod compile_cmd;
 mod digits_cmd;
 mod gen_cmd;
 mod inspect_cmd;
+mod lineage_cmd;
 mod order_cmd;
 mod output;
 mod report_cmd;
@@ -78,6 +79,8 @@ where
         args::Command::Bench(a) => bench_cmd::run(a),
         args::Command::DigitSplit(a) => digits_cmd::run(a),
         args::Command::Merge(a) => compile_cmd::merge(a),
+        args::Command::Append(a) => lineage_cmd::append(a),
+        args::Command::Log(a) => lineage_cmd::log(a),
         args::Command::Compress(a) => storage_cmd::compress(a),
         args::Command::Decompress(a) => storage_cmd::decompress(a),
         args::Command::Status(a) => compile_cmd::status(a),

@@ -167,6 +167,18 @@ fn describe(batches: &Batches) -> String {
     }
 }
 
+/// The content ids a state file records (one per cache of a mix), if it records them.
+fn state_content(path: &std::path::Path) -> anyhow::Result<Option<Vec<String>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let written: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a loader state", path.display()))?;
+    Ok(written
+        .get("content_id")
+        .and_then(|v| v.as_str())
+        .map(|id| id.split('+').map(str::to_string).collect()))
+}
+
 /// The state in `path`, checked to continue these caches with what the flags ask: a state's
 /// order continues as it was, so flags that ask for another are refused rather than ignored.
 fn read_state(
@@ -236,8 +248,17 @@ fn read_state(
 
 pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
     let mut caches = Vec::new();
-    let remote = a.remote.options()?;
-    for path in &a.caches {
+    let remote = a.remote.options_at(&a.at)?;
+    // A state names the generations it read: a resume opens them, whatever was appended since.
+    let read = match &a.from_state {
+        Some(path) => state_content(path)?,
+        None => None,
+    };
+    for (i, path) in a.caches.iter().enumerate() {
+        let mut remote = remote.clone();
+        if let Some(ids) = read.as_ref().filter(|ids| ids.len() == a.caches.len()) {
+            remote.generation = dsc_format::GenerationRef::Id(ids[i].clone());
+        }
         caches.push(Cache::open_with(path, &remote)?);
     }
     let cache = caches[0].clone();

@@ -177,7 +177,7 @@ figure{{margin:8px;display:inline-block}}figcaption{{font-size:13px;margin-botto
 }
 
 pub fn run(a: ReportArgs) -> anyhow::Result<u8> {
-    let (manifest, stats) = dsc_loader::read_meta(&a.cache, &a.remote.options()?)?;
+    let (manifest, stats) = dsc_loader::read_meta(&a.cache, &a.remote.options_at(&a.at)?)?;
     let html = render(&manifest, &stats);
     let tmp = a.output.with_extension("html.tmp");
     std::fs::write(&tmp, html).with_context(|| format!("cannot write {}", tmp.display()))?;

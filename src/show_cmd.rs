@@ -19,10 +19,13 @@ enum Source {
 impl Source {
     fn open(a: &ShowArgs) -> anyhow::Result<Source> {
         if dsc_loader::is_remote(&a.cache.to_string_lossy()) {
-            let cache = dsc_loader::Cache::open_with(&a.cache, &a.remote.options()?)?;
+            let cache = dsc_loader::Cache::open_with(&a.cache, &a.remote.options_at(&a.at)?)?;
             return Ok(Source::Remote(cache));
         }
-        Ok(Source::Local(Box::new(Manifest::read(&a.cache)?)))
+        Ok(Source::Local(Box::new(Manifest::read_at(
+            &a.cache,
+            &a.at.at(),
+        )?)))
     }
 
     fn manifest(&self) -> &Manifest {

@@ -20,7 +20,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<u8> {
     let report = if dsc_loader::is_remote(&a.cache.to_string_lossy()) {
         verify_remote(&a, depth)?
     } else {
-        verify(&a.cache, depth, |_, _| {})?
+        verify(&a.cache, &a.at.at(), depth, |_, _| {})?
     };
     let problems: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
     let ok = problems.is_empty();
@@ -62,14 +62,13 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<u8> {
 /// object is reported as that shard's problem), then read and checked there.
 fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::verify::Report> {
     let url = a.cache.to_string_lossy();
-    let opts = a.remote.options()?;
+    let opts = a.remote.options_at(&a.at)?;
     let (manifest, mut files) = dsc_loader::fetch_shards(&url, &opts)?;
+    let stats_file = manifest.stats_file();
     let stats = dsc_store::Remote::open_with(&url, &opts.store)
-        .and_then(|r| r.get(dsc_format::STATS_FILE))
-        .map_err(|e| fetch_problem(&a.cache.join(dsc_format::STATS_FILE), e.into()))
-        .and_then(|bytes| {
-            dsc_format::Stats::from_json(&bytes, &a.cache.join(dsc_format::STATS_FILE))
-        });
+        .and_then(|r| r.get(&stats_file))
+        .map_err(|e| fetch_problem(&a.cache.join(&stats_file), e.into()))
+        .and_then(|bytes| dsc_format::Stats::from_json(&bytes, &a.cache.join(&stats_file)));
     // The fetched copy is held until the next shard is asked for.
     let mut held = None;
     let report = verify_parts(

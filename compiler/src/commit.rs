@@ -56,7 +56,7 @@ pub struct CompileReport {
 /// Wall time per compile stage, for the report.
 pub(crate) struct Timer {
     last: Instant,
-    timings: Vec<(String, f64)>,
+    pub(crate) timings: Vec<(String, f64)>,
 }
 
 impl Timer {

@@ -147,6 +147,8 @@ pub(crate) struct NumericResult {
     pub stages: Vec<Stage>,
     /// Raw train mean, for `nan = mean`.
     pub train_mean: f64,
+    /// The fill taken from another cache (`fit_from`) instead of the one the policy derives.
+    pub fill: Option<Option<f64>>,
 }
 
 /// A value of a categorical column, comparable across kinds of column.
@@ -372,6 +374,9 @@ impl NumericEncoder<'_> {
 
     /// The value the NaN policy stores for a value that cannot be encoded.
     fn fill_of(fitted: &NumericResult, policy: NanPolicy) -> Option<f64> {
+        if let Some(fill) = fitted.fill {
+            return fill;
+        }
         match policy {
             NanPolicy::Error => None,
             NanPolicy::Zero => Some(0.0),

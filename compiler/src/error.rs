@@ -266,6 +266,30 @@ pub enum CompileError {
     /// The spec is invalid: the key it is about, and what is wrong.
     #[error(transparent)]
     Spec(#[from] OptionError),
+    /// An append holds a context the cache already has.
+    #[error(
+        "key {key} is already in the cache: {file} (generation {generation}) holds it; an \
+         append adds new contexts only, and nothing was committed"
+    )]
+    KeyInCache {
+        /// The key as the key column holds it.
+        key: String,
+        /// The shard of the cache holding it.
+        file: String,
+        /// The generation that wrote that shard.
+        generation: u32,
+    },
+    /// Another writer committed the generation an append was writing.
+    #[error(
+        "{path}: generation {number} was committed by another writer while this append ran; \
+         nothing of this append was committed: run it again to append on top of it"
+    )]
+    GenerationTaken {
+        /// The cache.
+        path: PathBuf,
+        /// The generation.
+        number: u32,
+    },
     /// The output directory exists and is not empty.
     #[error("{path}: already exists and is not empty; pass `force` to replace it")]
     OutputExists {

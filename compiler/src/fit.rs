@@ -7,11 +7,12 @@
 use crate::bucket::{ColumnId, Issues, Shared};
 use crate::encode::{self, Access, CatValue, Gathered, NumericEncoder, NumericResult};
 use crate::error::{CompileError, Result};
+use crate::frozen::Frozen;
 use crate::plan::Step;
 use crate::rules::Rules;
 use crate::runs::{Run, Sorted, ValueRuns};
 use crate::stats::Moments;
-use crate::text::{merge_text, text_partial, TextPartial};
+use crate::text::{merge_text, text_partial, text_stats, TextPartial};
 use crate::Progress;
 use dsc_format::manifest::CompileSummary;
 use dsc_format::spec::{EmptyContexts, UnmatchedRows};
@@ -226,20 +227,28 @@ pub(crate) fn merge_numeric(
             });
         }
     }
-    // Stages are monotonic, so the encoded range is that of the encoded extremes: if either
-    // end leaves f32, some rows cannot be stored and must be looked for.
-    let out_of_f32 = out[0].numeric.as_ref().is_some_and(|n| {
-        [n.min, n.max]
-            .iter()
-            .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
-    });
-    let has_bad = out_of_f32 || counts.iter().flatten().any(|&c| c > 0);
+    let has_bad = out_of_f32(&out, &stages) || counts.iter().flatten().any(|&c| c > 0);
     Ok(NumericResult {
         has_bad,
         stats: out,
         stages,
         train_mean: moments[0].mean,
+        fill: None,
     })
+}
+
+/// Whether some value of a column with statistics `stats` (`all` first) leaves f32 once
+/// encoded by `stages`. Stages are monotonic, so the encoded range is that of the encoded
+/// extremes: if either end leaves f32, some rows cannot be stored and must be looked for.
+pub(crate) fn out_of_f32(stats: &[ColumnStats], stages: &[Stage]) -> bool {
+    stats
+        .first()
+        .and_then(|s| s.numeric.as_ref())
+        .is_some_and(|n| {
+            [n.min, n.max]
+                .iter()
+                .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
+        })
 }
 
 /// One categorical column of some buckets: per split the count of each value (ascending by
@@ -586,6 +595,7 @@ pub(crate) fn merge(
     parts: &[FitPart],
     files: &[File],
     rows_read: u64,
+    frozen: Option<&Frozen>,
 ) -> Result<Merged> {
     let rules = shared.rules;
     let n_splits = shared.splits.names.len();
@@ -604,15 +614,22 @@ pub(crate) fn merge(
         .collect();
     shared
         .splits
-        .check(&per_split, &found, per_split.iter().sum())?;
+        .check(&per_split, &found, per_split.iter().sum(), frozen.is_some())?;
     summary.contexts = per_split.iter().sum::<u64>() as usize;
     let longest = buckets.iter().map(|f| f.longest).max().unwrap_or(0);
     // Steps past the longest stored sequence would hold padding only: `--max-len` caps L, it
     // never stretches it (`--max-len 100000` on short sequences wrote 1.1 GiB of zeros).
-    let max_len = rules
-        .max_len
-        .map_or(longest, |m| m.min(longest))
-        .clamp(1, crate::plan::MAX_LEN);
+    let max_len = match frozen {
+        // The other cache's L, longer or shorter than this data's longest: its tensors' shape.
+        Some(f) => f.max_len(),
+        None => rules
+            .max_len
+            .map_or(longest, |m| m.min(longest))
+            .clamp(1, crate::plan::MAX_LEN),
+    };
+    if let Some(f) = frozen {
+        f.check_policy(rules.nan)?;
+    }
 
     let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
     let mut columns = Vec::new();
@@ -636,7 +653,10 @@ pub(crate) fn merge(
                 sum.counts = vec![Vec::new(); n_splits];
                 sum.nulls = vec![0; n_splits];
             }
-            let (stats, vocabulary) = merge_categories(&id, &sum, n_splits);
+            let (stats, mut vocabulary) = merge_categories(&id, &sum, n_splits);
+            if let Some(f) = frozen {
+                vocabulary = f.vocabulary(&id)?;
+            }
             let encoding = Encoding::Category {
                 vocabulary: vocabulary.iter().map(|v| v.json(id.kind)).collect(),
             };
@@ -650,7 +670,10 @@ pub(crate) fn merge(
                 .iter()
                 .map(|f| f.columns[i].as_ref().expect("a numeric column"))
                 .collect();
-            let result = merge_numeric(&id, &numeric, n_splits, rc.chain, files)?;
+            let mut result = merge_numeric(&id, &numeric, n_splits, rc.chain, files)?;
+            if let Some(f) = frozen {
+                f.numeric(&id, &mut result)?;
+            }
             let encoding = NumericEncoder::encoding_of(id.kind, &result, rules.nan);
             column_stats.push(result.stats.clone());
             columns.push(FittedColumn::Numeric(
@@ -663,7 +686,10 @@ pub(crate) fn merge(
     for (i, (name, is_target, chain)) in shared.context_columns.iter().enumerate() {
         let id = shared.context_column_id(i);
         let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
-        let result = merge_numeric(&id, &numeric, n_splits, chain, files)?;
+        let mut result = merge_numeric(&id, &numeric, n_splits, chain, files)?;
+        if let Some(f) = frozen {
+            f.numeric(&id, &mut result)?;
+        }
         let encoding = NumericEncoder::encoding_of(id.kind, &result, rules.nan);
         column_stats.push(result.stats.clone());
         context.push((
@@ -685,7 +711,11 @@ pub(crate) fn merge(
         let cap = rules
             .ngram_vocab
             .unwrap_or(crate::text::DEFAULT_NGRAM_VOCAB);
-        let (encoding, stats) = merge_text(&id, t.name, &sum, t.encoding, cap)?;
+        let (encoding, stats) = match frozen {
+            // The statistics only: what would be fitted is the other cache's.
+            Some(f) => (f.text(&id)?, text_stats(&id, &sum, t.encoding)),
+            None => merge_text(&id, t.name, &sum, t.encoding, cap)?,
+        };
         column_stats.push(stats);
         let source = match (t.context, t.join) {
             (true, _) => ColumnSource::Context,
@@ -818,5 +848,6 @@ fn build_stats(
     Stats {
         format_version: dsc_format::FORMAT_VERSION,
         splits,
+        quantiles_of: None,
     }
 }

@@ -43,6 +43,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
 
+mod append;
 mod bucket;
 mod budget;
 mod codec;
@@ -51,8 +52,10 @@ mod commit;
 mod encode;
 mod error;
 mod fit;
+mod frozen;
 mod group;
 mod job;
+mod lineage;
 mod lists;
 mod local;
 mod lookup;
@@ -75,6 +78,7 @@ mod storage;
 mod text;
 mod write;
 
+pub use append::{append, AppendInputs};
 pub use codec::Storage;
 pub use commit::{CompileOptions, CompileReport};
 pub use dsc_format::spec::CompileSpec;

@@ -8,7 +8,6 @@ use crate::job::Job;
 use crate::recipe::Recipe;
 use crate::runs::ValueRuns;
 use crate::spill::{self, SpillTo};
-use crate::write::Staging;
 use dsc_format::spec::CompileSpec;
 use dsc_format::spelling::OptionError;
 use std::path::{Path, PathBuf};
@@ -23,13 +22,13 @@ pub fn compile(spec: &CompileSpec, opts: &CompileOptions) -> Result<CompileRepor
     result
 }
 
-fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<CompileReport> {
+pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<CompileReport> {
     let progress = opts.progress;
     let mut timer = Timer::start();
     if opts.force {
         refuse_inputs_inside(&opts.out, recipe.inputs())?;
     }
-    let mut staging = Staging::create(&opts.out, opts.force)?;
+    let mut staging = recipe.staging(&opts.out, opts.force)?;
     staging.storage = opts.storage.check()?;
     let stamps = stamp_files(recipe.inputs())?;
     let budget = opts.max_memory.unwrap_or_else(budget::default_budget);

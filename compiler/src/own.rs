@@ -9,6 +9,7 @@ use crate::column::Kind;
 use crate::commit::{commit_cache, CompileReport, Timer};
 use crate::error::Result;
 use crate::fit::{self, FitPart, Merged};
+use crate::frozen::Frozen;
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
 use crate::plan::{self, Source, TextSource};
 use crate::read::{self, Role};
@@ -49,6 +50,19 @@ pub(crate) struct Own<'s> {
     rows_planned: u64,
     /// The role of the context table's key: of the rows key's kind (integer or string).
     context_key: Role,
+    /// Another cache's fitted parameters, taken instead of fitting (`fit_from`).
+    frozen: Option<Frozen>,
+    /// The generation this compile appends to, if it is an append.
+    base: Option<Base>,
+}
+
+/// What an append builds on: the cache's last generation, locked for the whole append.
+pub(crate) struct Base {
+    pub cache: PathBuf,
+    pub parent: Manifest,
+    pub parent_stats: dsc_format::Stats,
+    /// Taken by [`Recipe::staging`], which holds it until the commit.
+    pub lock: Option<crate::write::OutputLock>,
 }
 
 /// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.
@@ -119,7 +133,14 @@ impl<'s> Own<'s> {
             .collect::<Vec<Result<_>>>()
             .into_iter()
             .collect::<Result<_>>()?;
+        let frozen = spec
+            .fit_from
+            .as_deref()
+            .map(|dir| Frozen::read(Path::new(dir)))
+            .transpose()?;
         Ok(Own {
+            frozen,
+            base: None,
             spec,
             rules: Rules::of(spec),
             named_inputs,
@@ -133,6 +154,13 @@ impl<'s> Own<'s> {
             context_key,
             plan,
         })
+    }
+
+    /// This compile as an append to `base`: its shards continue the parent's splits and it
+    /// commits the next generation.
+    pub fn append_to(mut self, base: Base) -> Own<'s> {
+        self.base = Some(base);
+        self
     }
 
     /// What each bucket shares, over the spilled rows.
@@ -219,6 +247,16 @@ impl<'s> Recipe for Own<'s> {
     type Spilled = OwnSpilled<'s>;
     type FitPart = FitPart;
     type Fitted = OwnFitted;
+
+    fn staging(&mut self, out: &Path, force: bool) -> Result<Staging> {
+        match &mut self.base {
+            None => Staging::create(out, force),
+            Some(base) => {
+                let lock = base.lock.take().expect("an append stages once");
+                Staging::generation(&base.cache, base.parent.generation_number() + 1, lock)
+            }
+        }
+    }
 
     fn inputs(&self) -> &[(PathBuf, &'static str)] {
         &self.named_inputs
@@ -326,14 +364,36 @@ impl<'s> Recipe for Own<'s> {
         let rows_read = (0..self.buckets.count())
             .map(|b| spilled.spill.rows(b))
             .sum();
-        let merged = fit::merge(&self.shared(spilled), &fits, values, rows_read)?;
+        let merged = fit::merge(
+            &self.shared(spilled),
+            &fits,
+            values,
+            rows_read,
+            self.frozen.as_ref(),
+        )?;
         let targets: Vec<bool> = self.plan.row_columns.iter().map(|c| c.target).collect();
-        let layout = Layout::new(
+        let mut layout = Layout::new(
             &self.key_id(&spilled.spill),
             &merged,
             self.plan.records.then_some(&targets[..]),
             self.spec.shard_size,
         );
+        if let Some(f) = &self.frozen {
+            f.check_tensors(&layout.tensors)?;
+        }
+        if let Some(base) = &self.base {
+            let after: Vec<(usize, usize)> = spilled
+                .splits
+                .names
+                .iter()
+                .map(|name| {
+                    base.parent
+                        .split(name)
+                        .map_or((0, 0), |s| (s.shards, s.contexts))
+                })
+                .collect();
+            layout.numbering.continue_after(&after);
+        }
         Ok(OwnFitted {
             merged,
             layout,
@@ -379,13 +439,7 @@ impl<'s> Recipe for Own<'s> {
         let mut summary = merged.summary;
         summary.values_filled = written.iter().map(|w| w.filled).sum();
         summary.contexts_truncated = written.iter().map(|w| w.truncated).sum();
-        let mut builder = Manifest::builder(
-            env!("CARGO_PKG_VERSION"),
-            merged.max_len,
-            layout.tensors,
-            inputs,
-            resolved_spec(self.spec, merged.max_len),
-        );
+        let mut written_splits = Vec::new();
         for (s, name) in splits.iter().enumerate() {
             let rows_stored: u64 = written.iter().map(|w| w.rows_stored[s]).sum();
             summary.rows_stored += rows_stored;
@@ -394,7 +448,27 @@ impl<'s> Recipe for Own<'s> {
                 .flat_map(|w| w.entries.iter().filter(|e| e.split == *name).cloned())
                 .collect();
             mine.sort_by_key(|e| e.index);
-            builder = builder.split(name, rows_stored, mine);
+            written_splits.push((name.clone(), rows_stored, mine));
+        }
+        if let Some(base) = &self.base {
+            let added = crate::lineage::Added {
+                tensors: layout.tensors,
+                splits: written_splits,
+                inputs,
+                summary,
+                stats: merged.stats,
+            };
+            return crate::lineage::commit_append(base, staging, added, timer, progress);
+        }
+        let mut builder = Manifest::builder(
+            env!("CARGO_PKG_VERSION"),
+            merged.max_len,
+            layout.tensors,
+            inputs,
+            resolved_spec(self.spec, merged.max_len),
+        );
+        for (name, rows_stored, mine) in written_splits {
+            builder = builder.split(&name, rows_stored, mine);
         }
         let manifest = builder.summary(summary);
         commit_cache(staging, manifest, merged.stats, timer, progress)

@@ -41,6 +41,12 @@ pub(crate) trait Recipe {
 
     /// Every file the cache depends on, with its role: the rows files first, in order, then
     /// the side files (context and join tables, key files).
+    /// The staging folder the compile writes into: by default beside `out`, replacing it at
+    /// the commit with `force`.
+    fn staging(&mut self, out: &Path, force: bool) -> Result<Staging> {
+        Staging::create(out, force)
+    }
+
     fn inputs(&self) -> &[(PathBuf, &'static str)];
     /// How many of [`Recipe::inputs`] are rows files.
     fn rows_files(&self) -> usize;

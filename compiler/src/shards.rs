@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Layout {
     pub tensors: Vec<TensorSpec>,
     fills: Vec<Fill>,
-    numbering: Numbering,
+    pub numbering: Numbering,
 }
 
 /// How each bucket's contexts of each split are cut into shards: a bucket's contexts follow
@@ -76,6 +76,17 @@ impl Numbering {
             .map(move |(j, chunk)| (first_shard + j, first_context + j * per_shard, chunk))
     }
 
+    /// Numbers every split's shards and positions after `after[s]` (shards, contexts) of an
+    /// earlier generation: an append's shards continue its parent's splits.
+    pub fn continue_after(&mut self, after: &[(usize, usize)]) {
+        for bucket in &mut self.starts {
+            for (start, &(shards, contexts)) in bucket.iter_mut().zip(after) {
+                start.0 += shards;
+                start.1 += contexts;
+            }
+        }
+    }
+
     pub fn splits(&self, b: usize) -> usize {
         self.starts[b].len()
     }
@@ -120,6 +131,7 @@ impl ShardFile {
                 xxh3: String::new(),
                 compressed: None,
                 keys: None,
+                generation: None,
             },
         })
     }

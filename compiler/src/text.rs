@@ -301,6 +301,15 @@ pub(crate) fn merge_text(
             }
         }
     };
+    Ok((fitted, text_stats(id, part, encoding)))
+}
+
+/// A string column's statistics (`all`, then each split) from its partials.
+pub(crate) fn text_stats(
+    id: &ColumnId,
+    part: &TextPartial,
+    encoding: TextEncoding,
+) -> Vec<ColumnStats> {
     let splits = part.counts.len();
     let build = |counts: &BTreeMap<String, u64>, rows: u64, nulls: u64| {
         let mut s = id.empty_stats([nulls, 0, 0], rows);
@@ -328,7 +337,7 @@ pub(crate) fn merge_text(
     }
     let mut stats = vec![build(&all, part.rows.iter().sum(), part.nulls.iter().sum())];
     stats.extend((0..splits).map(|s| build(&part.counts[s], part.rows[s], part.nulls[s])));
-    Ok((fitted, stats))
+    stats
 }
 
 /// Writes a string column's rows as their fixed-width values.

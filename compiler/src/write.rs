@@ -64,6 +64,27 @@ pub(crate) struct OutputLock {
 }
 
 impl OutputLock {
+    /// The lock of the cache at `out`, waiting while another dsc holds it (an append that
+    /// starts while another one commits then appends on top of the generation it made).
+    pub fn wait(out: &Path, waiting: impl FnOnce(&str)) -> Result<OutputLock> {
+        let path = sibling(out, "dsc-lock");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| output_err(&path, "create the output's lock file", e))?;
+        if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock() {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            waiting(holder.trim());
+            file.lock().map_err(|e| CompileError::io(&path, e))?;
+        }
+        file.set_len(0).map_err(|e| CompileError::io(&path, e))?;
+        write!(file, "pid {}", std::process::id()).map_err(|e| CompileError::io(&path, e))?;
+        Ok(OutputLock { _file: file })
+    }
+
     pub fn acquire(out: &Path) -> Result<OutputLock> {
         let path = sibling(out, "dsc-lock");
         let mut file = std::fs::OpenOptions::new()
@@ -136,6 +157,72 @@ impl Staging {
             committed: false,
             _lock: lock,
         })
+    }
+
+    /// The staging folder of generation `number` of the cache at `cache`, whose lock `lock`
+    /// holds: `generations/.{NNNNN}.dsc-partial`, renamed to `generations/{NNNNN}` at the
+    /// commit. What a killed append left under either name is removed first: no manifest
+    /// names it, as `number` is the one after the last committed.
+    pub fn generation(cache: &Path, number: u32, lock: OutputLock) -> Result<Staging> {
+        let out = cache.join(dsc_format::manifest::generation_dir(number));
+        let dir = sibling(&out, dsc_format::STAGING_SUFFIX);
+        for left in [&dir, &out] {
+            if left.exists() {
+                std::fs::remove_dir_all(left).map_err(|e| {
+                    output_err(left, "remove what a killed append left in the cache", e)
+                })?;
+            }
+        }
+        std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
+            .map_err(|e| output_err(&dir, "create the append's staging folder", e))?;
+        Ok(Staging {
+            dir,
+            storage: crate::codec::Storage::Hot,
+            out,
+            committed: false,
+            _lock: lock,
+        })
+    }
+
+    /// Commits a generation: its folder moved into place, then its manifest created under
+    /// `manifest` (relative to `cache`) only if no file has that name (a hard link of a
+    /// complete file: readers see all of it or nothing, and a second writer cannot replace
+    /// it). Returns the manifest's path.
+    pub fn commit_generation(
+        mut self,
+        cache: &Path,
+        number: u32,
+        manifest: &str,
+        json: &[u8],
+    ) -> Result<PathBuf> {
+        std::fs::rename(&self.dir, &self.out)
+            .map_err(|e| output_err(&self.out, "move the new generation into place", e))?;
+        // From here the staging name is gone; if the link fails, the folder stays for the next
+        // append (or `dsc gc`) to remove: no manifest names it.
+        self.committed = true;
+        let path = cache.join(manifest);
+        let tmp = sibling(&path, "tmp");
+        let mut f = File::create(&tmp).map_err(|e| CompileError::io(&tmp, e))?;
+        f.write_all(json).map_err(|e| CompileError::io(&tmp, e))?;
+        f.sync_all().map_err(|e| CompileError::io(&tmp, e))?;
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(CompileError::GenerationTaken {
+                    path: cache.into(),
+                    number,
+                })
+            }
+            Err(e) => return Err(output_err(&path, "commit the new generation", e)),
+        }
+        if let Some(parent) = path.parent() {
+            if let Ok(d) = File::open(parent) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(path)
     }
 
     /// Writes a small file inside the staging directory through a temporary name.

@@ -33,6 +33,16 @@ pub enum FormatError {
         /// The directory.
         dir: PathBuf,
     },
+    /// The generation asked for is not in the cache.
+    #[error("{dir}: no {asked} ({have})")]
+    NoGeneration {
+        /// The cache.
+        dir: PathBuf,
+        /// What was asked for: `generation 7`, `tag "x"`, `content id …`.
+        asked: String,
+        /// What the cache has.
+        have: String,
+    },
     /// A JSON file did not parse into the expected structure.
     #[error("{path}: invalid JSON: {source}")]
     Json {

@@ -37,6 +37,7 @@
 pub mod checksum;
 pub mod choice;
 mod error;
+pub mod generation;
 mod identity;
 pub mod keys;
 pub mod manifest;
@@ -52,6 +53,7 @@ pub mod system;
 pub mod verify;
 
 pub use error::FormatError;
+pub use generation::GenerationRef;
 pub use manifest::{
     Codec, ColumnSource, ColumnSpec, Compressed, Dtype, Encoding, KeyTableEntry, Manifest,
     ManifestBuilder, ManifestProblem, ShardEntry, SplitInfo, Stage, TensorRole, TensorSpec,
@@ -70,6 +72,8 @@ pub const STATS_FILE: &str = "stats.json";
 /// The name of the `stats.json` entry over every split together; no split may take it (here,
 /// beside the other names of the format, for both the manifest's split rule and `stats`).
 pub const ALL_SPLITS: &str = "all";
+/// The folder holding the generations after the first (FORMAT.md §14).
+pub const GENERATIONS_DIR: &str = "generations";
 /// The folder holding the shards.
 pub const SHARDS_DIR: &str = "shards";
 /// A compile into `NAME` writes into the sibling `.NAME.dsc-partial` and renames it to `NAME` as

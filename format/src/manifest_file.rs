@@ -10,15 +10,17 @@ use serde::Deserialize;
 use std::path::Path;
 
 impl Manifest {
-    /// Reads and validates `DIR/manifest.json`. Refuses a compile's staging directory, whatever
-    /// it holds: only a renamed, committed directory is a cache.
+    /// Reads and validates the manifest of the last generation of the cache at `dir`
+    /// (`manifest.json` when it was never appended to; [`Manifest::read_at`] for another).
+    /// Refuses a compile's staging directory, whatever it holds: only a renamed, committed
+    /// directory is a cache.
     pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
-        Self::read_with(dir, |name| std::fs::read(dir.join(name)))
+        Self::read_at(dir, &crate::GenerationRef::Latest)
     }
 
-    /// [`Manifest::read`] with the file's bytes read by `read` from a name relative to `dir`
-    /// (e.g. through a directory held open, so that the manifest comes from the directory the
-    /// caller holds whatever later happens to the path).
+    /// The first generation's manifest, `manifest.json`, with the file's bytes read by `read`
+    /// from a name relative to `dir` (e.g. through a directory held open, so that the manifest
+    /// comes from the directory the caller holds whatever later happens to the path).
     pub fn read_with(
         dir: &Path,
         read: impl FnOnce(&str) -> std::io::Result<Vec<u8>>,

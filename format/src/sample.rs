@@ -169,6 +169,19 @@ fn find_key_in(
     entry: &ShardEntry,
     key: i64,
 ) -> Result<Option<usize>, FormatError> {
+    Ok(shard_keys(dir, manifest, entry)?
+        .iter()
+        .position(|&k| k == key)
+        .map(|pos| entry.first_context + pos))
+}
+
+/// The key ids of shard `entry` (stored under `dir`), in its order: its `key` tensor, the
+/// first of every shard, so only the start of the file is read.
+pub fn shard_keys(
+    dir: &Path,
+    manifest: &Manifest,
+    entry: &ShardEntry,
+) -> Result<Vec<i64>, FormatError> {
     let path = dir.join(&entry.file);
     let layout = read_layout(entry, &path)?;
     layout.check(manifest, entry, &path)?;
@@ -178,8 +191,8 @@ fn find_key_in(
     let prefix = crate::stored::read_prefix(entry, &file, &path, extent.end as usize)?;
     Ok(prefix[start..]
         .chunks_exact(8)
-        .position(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) == key)
-        .map(|pos| entry.first_context + pos))
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
 }
 
 /// A context decoded to source units.

@@ -436,6 +436,7 @@ mod tests {
             xxh3: String::new(),
             compressed: None,
             keys: None,
+            generation: None,
         };
         let mut tensors = specs();
         tensors[1].columns = (0..2)

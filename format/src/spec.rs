@@ -218,6 +218,11 @@ pub struct CompileSpec {
     /// With a profile: the engine's number of partitions (its statistics depend on it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<usize>,
+    /// Another cache whose fitted parameters (normalisation, vocabularies, string encodings,
+    /// fills, `max_len`) this compile takes instead of fitting its own: a test set encoded as
+    /// its training set was, or an append to that cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit_from: Option<String>,
 }
 
 /// Every key of [`CompileSpec`], in its order (a test holds it equal to the fields).
@@ -249,6 +254,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "profile",
     "val_keys",
     "partitions",
+    "fit_from",
 ];
 
 /// Decoded input bytes per compile bucket unless the spec says otherwise.
@@ -287,6 +293,7 @@ impl CompileSpec {
             profile: None,
             val_keys: None,
             partitions: None,
+            fit_from: None,
             split_by: None,
             split_keys: BTreeMap::new(),
         }

@@ -127,12 +127,21 @@ pub struct Stats {
     pub format_version: u32,
     /// `all` first, then each split.
     pub splits: Vec<SplitStats>,
+    /// In a generation after the first: the generation whose values the quantiles and the
+    /// numeric histograms describe (they do not merge exactly; counts, moments, extremes,
+    /// length histograms and vocabularies describe this generation's live contexts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantiles_of: Option<u32>,
 }
 
 impl Stats {
-    /// Reads `DIR/stats.json`.
-    pub fn read(dir: &std::path::Path) -> Result<Stats, crate::FormatError> {
-        let path = dir.join(crate::STATS_FILE);
+    /// Reads the statistics of the generation `manifest` describes of the cache at `dir`
+    /// (`stats.json` for the first, `generations/{NNNNN}/stats.json` for a later one).
+    pub fn read(
+        dir: &std::path::Path,
+        manifest: &crate::Manifest,
+    ) -> Result<Stats, crate::FormatError> {
+        let path = dir.join(manifest.stats_file());
         let bytes = std::fs::read(&path).map_err(|e| crate::FormatError::Io {
             path: path.clone(),
             source: e,

@@ -205,6 +205,7 @@ mod tests {
                 xxh3: checksum::xxh3_hex(stored),
             }),
             keys: None,
+            generation: None,
         }
     }
 

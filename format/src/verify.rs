@@ -30,15 +30,16 @@ pub struct Report {
     pub problems: Vec<FormatError>,
 }
 
-/// Verifies the cache in `dir`. A missing or invalid manifest is returned as `Err`; problems
+/// Verifies generation `at` of the cache in `dir`. A missing or invalid manifest is returned as `Err`; problems
 /// with shards and `stats.json` are collected in the report so that one run names all of them.
 pub fn verify(
     dir: &Path,
+    at: &crate::GenerationRef,
     depth: Depth,
     on_shard: impl FnMut(usize, usize),
 ) -> Result<Report, FormatError> {
-    let manifest = Manifest::read(dir)?;
-    let stats = crate::Stats::read(dir);
+    let manifest = Manifest::read_at(dir, at)?;
+    let stats = crate::Stats::read(dir, &manifest);
     Ok(verify_parts(
         dir,
         &manifest,

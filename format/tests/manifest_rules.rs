@@ -37,6 +37,7 @@ fn shard(split: &str, index: usize, first: usize, contexts: usize) -> ShardEntry
         xxh3: "0".repeat(16),
         compressed: None,
         keys: None,
+        generation: None,
     }
 }
 

@@ -14,7 +14,7 @@ use crate::mmap::Mapped;
 use crate::pool::Pool;
 use dsc_format::keys::KeyTable;
 use dsc_format::stored::read_layout_of;
-use dsc_format::{FormatError, Manifest, ShardEntry, Stats, TensorRole, TensorSpec};
+use dsc_format::{FormatError, GenerationRef, Manifest, ShardEntry, Stats, TensorRole, TensorSpec};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -66,6 +66,12 @@ impl Folder {
         Ok(bytes)
     }
 
+    /// The generations after the first of the cache held (listed by its path: a cache replaced
+    /// meanwhile makes the open fail on a missing file, and it is retried).
+    fn generations(&self) -> std::io::Result<Vec<u32>> {
+        dsc_format::generation::listed(&self.path)
+    }
+
     /// Whether the path now names another directory than the one held: the cache was replaced
     /// (or removed) since it was opened.
     fn replaced(&self) -> bool {
@@ -73,6 +79,19 @@ impl Folder {
             (Ok(held), Ok(now)) => (held.dev(), held.ino()) != (now.dev(), now.ino()),
             _ => true,
         }
+    }
+}
+
+/// A held folder's files, for [`Manifest::open_generation`].
+struct HeldFiles<'a>(&'a Folder);
+
+impl dsc_format::generation::CacheFiles for HeldFiles<'_> {
+    fn read(&mut self, name: &str) -> std::io::Result<Vec<u8>> {
+        self.0.read(name)
+    }
+
+    fn generations(&mut self) -> std::io::Result<Vec<u32>> {
+        self.0.generations()
     }
 }
 
@@ -217,7 +236,7 @@ impl Cache {
         if let Some(url) = dir.to_str().filter(|d| crate::remote::is_remote(d)) {
             return Cache::open_remote(url, &crate::RemoteOptions::from_env()?);
         }
-        Cache::open_local(dir)
+        Cache::open_local(dir, &GenerationRef::Latest)
     }
 
     /// Opens the cache at `url` in object storage. Reads `manifest.json` and every shard's
@@ -256,19 +275,19 @@ impl Cache {
         let location = location.as_ref();
         match location.to_str().filter(|d| crate::remote::is_remote(d)) {
             Some(url) => Cache::open_remote(url, remote),
-            None => Cache::open_local(location),
+            None => Cache::open_local(location, &remote.generation),
         }
     }
 
     /// The cache in local directory `dir` ([`Cache::open`]).
-    fn open_local(dir: &Path) -> Result<Cache, LoadError> {
+    fn open_local(dir: &Path, at: &GenerationRef) -> Result<Cache, LoadError> {
         // A replace swaps directories and then removes the old one: an open that loses that
         // race finds files missing from the directory it holds. Three replaces in a row within
         // one open would be a loop of compiles, not a replace; its error is then returned.
         let mut tries = 0;
         loop {
             let folder = Folder::open(dir).map_err(|e| FormatError::io(dir, e))?;
-            match Self::read_in(dir, &folder) {
+            match Self::read_in(dir, &folder, at) {
                 Ok((manifest, splits)) => {
                     return Ok(Cache {
                         inner: Arc::new(Inner {
@@ -294,8 +313,9 @@ impl Cache {
     fn read_in(
         dir: &Path,
         folder: &Folder,
+        at: &GenerationRef,
     ) -> Result<(Manifest, Vec<(String, Vec<Shard>)>), LoadError> {
-        let manifest = Manifest::read_with(dir, |name| folder.read(name))?;
+        let manifest = Manifest::open_generation(dir, at, &mut HeldFiles(folder))?;
         let mut splits: Vec<(String, Vec<Shard>)> = manifest
             .splits()
             .iter()
@@ -316,13 +336,12 @@ impl Cache {
     /// `stats.json`, read from the directory the cache was opened from (the statistics of the
     /// same version as the shards, whatever replaced the cache since).
     pub fn stats(&self) -> Result<Stats, LoadError> {
-        let path = self.inner.dir.join(dsc_format::STATS_FILE);
+        let name = self.inner.manifest.stats_file();
+        let path = self.inner.dir.join(&name);
         let bytes = match &self.inner.origin {
-            Origin::Folder(folder) => folder
-                .read(dsc_format::STATS_FILE)
-                .map_err(|e| FormatError::io(&path, e))?,
+            Origin::Folder(folder) => folder.read(&name).map_err(|e| FormatError::io(&path, e))?,
             #[cfg(feature = "remote")]
-            Origin::Remote(fetcher) => fetcher.read(dsc_format::STATS_FILE)?,
+            Origin::Remote(fetcher) => fetcher.read(&name)?,
         };
         Ok(Stats::from_json(&bytes, &path)?)
     }

@@ -66,6 +66,21 @@ pub(crate) fn from_state(
     mut opts: LoaderOptions,
     state: &State,
 ) -> Result<Loader, LoadError> {
+    if let Some(id) = &state.content_id {
+        let here = crate::loader::content_of(sources);
+        let stored: Vec<String> = sources.iter().map(|c| c.manifest().stored_id()).collect();
+        if *id != here && *id != stored.join("+") {
+            return Err(LoadError::State {
+                field: "content_id".into(),
+                problem: format!(
+                    "the state was taken over data with content id {id}, these caches hold \
+                     {here}: open the generation it read (`--generation {id}`, \
+                     `generation=\"{id}\"`), which a resume of the CLI, dsc.Loader and the \
+                     trainers does by itself"
+                ),
+            });
+        }
+    }
     let start = state.start(&opts)?;
     opts.order = state.order.clone();
     opts.epoch = state.epoch;

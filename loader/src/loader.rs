@@ -44,6 +44,17 @@ pub struct Loader {
     /// Batches the threads have queued and the consumer not yet taken (a counter, so that
     /// reading it costs no lock per queue).
     ahead: Arc<AtomicUsize>,
+    /// The content id of the data read ([`content_of`]), recorded in its states.
+    content: String,
+}
+
+/// The content id of `sources`: each cache's generation's `content_id`, joined by `+`.
+pub(crate) fn content_of(sources: &[Cache]) -> String {
+    sources
+        .iter()
+        .map(|c| c.manifest().content_id())
+        .collect::<Vec<_>>()
+        .join("+")
 }
 
 /// The page-cache hints of one loader, shared with its [`Filler`]s.
@@ -286,6 +297,7 @@ impl Loader {
         let first_step = first_step.min(steps);
         let poll = threads > 0 && threads < cores;
         let mut loader = Loader {
+            content: content_of(sources),
             opts,
             threads,
             first_step,
@@ -428,7 +440,10 @@ impl Loader {
 
     /// The state after the batches yielded so far.
     pub fn state(&self) -> State {
-        State::new(&self.opts, self.next_step).expect("validated when the loader was made")
+        let mut state =
+            State::new(&self.opts, self.next_step).expect("validated when the loader was made");
+        state.content_id = Some(self.content.clone());
+        state
     }
 
     /// The bytes of a block that any batch of the epoch fits ([`Filler::fill_block`]).

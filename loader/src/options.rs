@@ -512,6 +512,11 @@ pub struct State {
     pub samples: usize,
     /// Units per global step: `batch_size * world_size`, or `world_size` packs.
     pub global_batch: usize,
+    /// The content id of the data the state was taken over (`Manifest::content_id`, a mix's
+    /// joined by `+`): a cache's generation, which a resume opens whatever was appended since.
+    /// Absent in states written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_id: Option<String>,
 }
 
 impl State {
@@ -523,6 +528,7 @@ impl State {
             epoch: opts.epoch,
             samples: opts.skip.saturating_add(step.saturating_mul(global)),
             global_batch: global,
+            content_id: None,
         })
     }
 

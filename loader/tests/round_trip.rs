@@ -254,6 +254,7 @@ fn write_cache(dir: &Path, s: &Shape) -> (Manifest, Vec<Samples>) {
                 xxh3: checksum::xxh3_hex(&bytes),
                 compressed: None,
                 keys: None,
+                generation: None,
             });
         }
         builder = builder.split(name, rows, shards);
@@ -316,7 +317,7 @@ proptest! {
         let (manifest, written) = write_cache(&dir, &s);
 
         prop_assert_eq!(&Manifest::read(&dir).unwrap(), &manifest);
-        let report = verify(&dir, Depth::Full, |_, _| {}).unwrap();
+        let report = verify(&dir, &Default::default(), Depth::Full, |_, _| {}).unwrap();
         prop_assert!(report.problems.is_empty(), "{:?}", report.problems);
 
         let cache = Cache::open(&dir).unwrap();
@@ -366,7 +367,7 @@ proptest! {
         let at = start + flip.index(bytes.len() - start);
         bytes[at] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
-        let report = verify(&dir, Depth::Full, |_, _| {}).unwrap();
+        let report = verify(&dir, &Default::default(), Depth::Full, |_, _| {}).unwrap();
         prop_assert!(!report.problems.is_empty());
     }
 }

@@ -558,6 +558,7 @@ impl<'s> Recipe for Profile<'s> {
         let stats = Stats {
             format_version: dsc_format::FORMAT_VERSION,
             splits: split_stats,
+            quantiles_of: None,
         };
         commit::commit_cache(staging, manifest, stats, timer, progress)
     }

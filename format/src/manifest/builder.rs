@@ -57,6 +57,7 @@ impl ManifestBuilder {
             inputs: self.inputs,
             summary: self.summary,
             spec: self.spec,
+            generation: None,
         })
     }
 }

@@ -28,6 +28,11 @@ pub struct ShardEntry {
     /// `shards/{split}-{NNNNN}.keys.safetensors` ([`crate::keys`], FORMAT.md §4.3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeyTableEntry>,
+    /// The generation that wrote it, when later than the first (`dsc append`, `dsc compact`):
+    /// its files then live in that generation's folder, `generations/{NNNNN}/` (FORMAT.md §14).
+    /// Absent for the first generation's shards, so a cache never appended to keeps its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
 }
 
 /// A shard's key table file.
@@ -79,11 +84,21 @@ impl ShardEntry {
     /// The file name this entry must have: `shards/{split}-{NNNNN}.safetensors`, plus the
     /// codec's suffix when compressed.
     pub fn expected_file(&self) -> String {
-        let hot = shard_file_name(&self.split, self.index);
+        let hot = generation_prefix(self.generation) + &shard_file_name(&self.split, self.index);
         match &self.compressed {
             Some(c) => hot + c.codec.suffix(),
             None => hot,
         }
+    }
+
+    /// The file name its key table must have (under its generation's folder, as the shard).
+    pub fn expected_key_file(&self) -> String {
+        generation_prefix(self.generation) + &key_table_file_name(&self.split, self.index)
+    }
+
+    /// The generation that wrote it: 1 unless a later one did.
+    pub fn written_by(&self) -> u32 {
+        self.generation.unwrap_or(1)
     }
 
     /// Bytes the file takes on disk: the compressed size when compressed.
@@ -101,4 +116,23 @@ pub fn key_table_file_name(split: &str, index: usize) -> String {
 /// `shards/{split}-{index:05}.safetensors`: the file of shard `index` of `split`.
 pub fn shard_file_name(split: &str, index: usize) -> String {
     format!("{}/{split}-{index:05}.safetensors", crate::SHARDS_DIR)
+}
+
+/// The folder of a later generation's files, `generations/{NNNNN}/` (empty for the first
+/// generation, whose files are at the top of the cache).
+pub fn generation_prefix(generation: Option<u32>) -> String {
+    match generation {
+        Some(g) if g > 1 => format!("{}/", generation_dir(g)),
+        _ => String::new(),
+    }
+}
+
+/// `generations/{NNNNN}`: the folder holding generation `n`'s new shards and its `stats.json`.
+pub fn generation_dir(n: u32) -> String {
+    format!("{}/{n:05}", crate::GENERATIONS_DIR)
+}
+
+/// `generations/{NNNNN}.json`: the manifest of generation `n > 1` (the first is `manifest.json`).
+pub fn generation_manifest_name(n: u32) -> String {
+    format!("{}/{n:05}.json", crate::GENERATIONS_DIR)
 }

@@ -91,6 +91,26 @@ pub struct Manifest {
     inputs: Inputs,
     summary: CompileSummary,
     spec: CompileSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    generation: Option<Generation>,
+}
+
+/// What a generation after the first adds to the one before it (`dsc append`, `dsc compact`):
+/// its number, the content id of the generation it extends, and what its own compile read and
+/// counted. The manifest's other fields describe the whole generation (every live shard).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Generation {
+    /// Its number: 2 for the first append.
+    pub number: u32,
+    /// `content_id` of the generation it was made from.
+    pub parent: String,
+    /// How it was made: `append` (the parent's shards and new ones) or `compact` (the live
+    /// contexts rewritten as new shards only).
+    pub kind: String,
+    /// The inputs its own compile read.
+    pub inputs: Inputs,
+    /// Its own compile's counts.
+    pub summary: CompileSummary,
 }
 
 /// The JSON shape of a manifest, before validation: the only way from it to a [`Manifest`] is
@@ -108,6 +128,8 @@ pub(crate) struct ManifestFields {
     inputs: Inputs,
     summary: CompileSummary,
     spec: CompileSpec,
+    #[serde(default)]
+    generation: Option<Generation>,
 }
 
 impl TryFrom<ManifestFields> for Manifest {
@@ -125,6 +147,7 @@ impl TryFrom<ManifestFields> for Manifest {
             inputs: f.inputs,
             summary: f.summary,
             spec: f.spec,
+            generation: f.generation,
         };
         manifest.validate()?;
         Ok(manifest)
@@ -209,6 +232,18 @@ impl Manifest {
                 });
             }
             self.validate_split(split)?;
+        }
+        let number = self.generation_number();
+        let foreign = |s: &&ShardEntry| match s.generation {
+            Some(g) => g < 2 || g > number,
+            None => false,
+        };
+        if let Some(s) = self.shards.iter().find(foreign) {
+            return Err(ManifestProblem::ShardGeneration {
+                file: s.file.clone(),
+                generation: s.generation.unwrap_or(1),
+                number,
+            });
         }
         if let Some(s) = self
             .shards
@@ -342,7 +377,12 @@ impl Manifest {
                 });
             }
             if let Some(keys) = &s.keys {
-                let expected = key_table_file_name(&split.name, i);
+                let expected = ShardEntry {
+                    index: i,
+                    split: split.name.clone(),
+                    ..s.clone()
+                }
+                .expected_key_file();
                 if keys.file != expected {
                     return Err(ManifestProblem::ShardName {
                         file: keys.file.clone(),
@@ -443,6 +483,53 @@ impl Manifest {
         self.shards = shards;
         self.validate()?;
         Ok(self)
+    }
+
+    /// The generation this manifest describes: 1 for a compiled cache.
+    pub fn generation_number(&self) -> u32 {
+        self.generation.as_ref().map_or(1, |g| g.number)
+    }
+
+    /// What this generation added to its parent, if it is not the first.
+    pub fn generation(&self) -> Option<&Generation> {
+        self.generation.as_ref()
+    }
+
+    /// The same cache as a later generation: `shards` (the parent's and new ones), `summary`
+    /// and `inputs` of the whole, and what the generation itself is; validated.
+    pub fn next_generation(
+        mut self,
+        generation: Generation,
+        splits: Vec<SplitInfo>,
+        shards: Vec<ShardEntry>,
+        inputs: Inputs,
+        summary: CompileSummary,
+    ) -> Result<Manifest, ManifestProblem> {
+        self.generation = Some(generation);
+        self.splits = splits;
+        self.shards = shards;
+        self.inputs = inputs;
+        self.summary = summary;
+        self.dsc_version = env!("CARGO_PKG_VERSION").into();
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The statistics file of this generation, relative to the cache: `stats.json` for the
+    /// first, `generations/{NNNNN}/stats.json` for a later one.
+    pub fn stats_file(&self) -> String {
+        match self.generation_number() {
+            1 => crate::STATS_FILE.into(),
+            n => format!("{}/{}", generation_dir(n), crate::STATS_FILE),
+        }
+    }
+
+    /// The manifest file of this generation, relative to the cache.
+    pub fn manifest_file(&self) -> String {
+        match self.generation_number() {
+            1 => crate::MANIFEST_FILE.into(),
+            n => generation_manifest_name(n),
+        }
     }
 
     /// Bytes per context across all tensors.

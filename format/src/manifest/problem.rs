@@ -14,6 +14,27 @@ pub enum ManifestProblem {
         /// The `format_version` field.
         version: u32,
     },
+    /// A shard names a generation this manifest cannot hold: none after the first in a first
+    /// generation's manifest, none later than the manifest's own.
+    #[error(
+        "shard {file}: written by generation {generation}, which generation {number} cannot list"
+    )]
+    ShardGeneration {
+        /// The shard file.
+        file: String,
+        /// The generation it names.
+        generation: u32,
+        /// The manifest's generation.
+        number: u32,
+    },
+    /// A generation's manifest says another number than its file name.
+    #[error("it is generation {found}, its name says {expected}")]
+    GenerationNumber {
+        /// The number it holds.
+        found: u32,
+        /// The number of its name.
+        expected: u32,
+    },
     /// Two tensors share a name.
     #[error("tensor {tensor:?} appears twice")]
     DuplicateTensor {

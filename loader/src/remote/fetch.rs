@@ -283,14 +283,19 @@ impl Fetcher {
                 xxh3: e.compressed.as_ref().map_or(&e.xxh3, |c| &c.xxh3).clone(),
                 compressed: e.compressed.is_some(),
                 local: folder.join(&e.file),
-                stamp: folder.join(STAMPS_DIR).join(
-                    Path::new(&e.file)
-                        .file_name()
-                        .expect("a validated shard file has a name"),
-                ),
+                stamp: folder.join(STAMPS_DIR).join(stamp_name(e)),
             })
             .collect();
         remove_partials(&folder.join(dsc_format::SHARDS_DIR))?;
+        // A later generation's shards live in its own folder (FORMAT.md §14).
+        for o in &objects {
+            let parent = o.local.parent().expect("a shard file is inside the folder");
+            if !parent.is_dir() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| dsc_format::FormatError::io(parent, e))?;
+                remove_partials(parent)?;
+            }
+        }
         let stamps = folder.join(STAMPS_DIR);
         std::fs::create_dir_all(&stamps).map_err(|e| dsc_format::FormatError::io(&stamps, e))?;
         let mut state = State {
@@ -677,6 +682,19 @@ fn claim_folder(dir: &Path, id: &str) -> Result<(PathBuf, std::fs::File), LoadEr
         url: base.join(id).display().to_string(),
         reason: format!("{FOLDERS} processes of this machine already read this cache"),
     })
+}
+
+/// The name of a shard's stamp: its file name, prefixed by its generation's when a later
+/// generation wrote it (two generations' folders may hold files of the same name).
+fn stamp_name(e: &dsc_format::ShardEntry) -> String {
+    let name = Path::new(&e.file)
+        .file_name()
+        .expect("a validated shard file has a name")
+        .to_string_lossy();
+    match e.generation {
+        Some(g) if g > 1 => format!("g{g:05}-{name}"),
+        _ => name.into_owned(),
+    }
 }
 
 /// Removes the partial downloads (`.NAME.partial-PID`) of runs that were killed.

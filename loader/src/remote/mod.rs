@@ -46,6 +46,9 @@ pub struct RemoteOptions {
     /// Configuration of the store, as object_store's keys (`aws_endpoint`, `aws_region`,
     /// `aws_access_key_id`, `google_service_account`, …): these win over the environment.
     pub store: Vec<(String, String)>,
+    /// Which generation of the cache to open, local or in object storage: the last one unless
+    /// told (a loader resuming a state opens the generation the state names).
+    pub generation: dsc_format::GenerationRef,
 }
 
 /// Downloads at once unless told otherwise: enough to fill a link to object storage from one
@@ -90,6 +93,7 @@ impl RemoteOptions {
             limit,
             fetch_threads,
             store: Vec::new(),
+            generation: dsc_format::GenerationRef::Latest,
         })
     }
 }
@@ -101,19 +105,17 @@ pub fn read_meta(
     remote: &RemoteOptions,
 ) -> Result<(dsc_format::Manifest, dsc_format::Stats), LoadError> {
     let Some(url) = location.to_str().filter(|l| is_remote(l)) else {
-        return Ok((
-            dsc_format::Manifest::read(location)?,
-            dsc_format::Stats::read(location)?,
-        ));
+        let manifest = dsc_format::Manifest::read_at(location, &remote.generation)?;
+        let stats = dsc_format::Stats::read(location, &manifest)?;
+        return Ok((manifest, stats));
     };
     #[cfg(feature = "remote")]
     {
         let store = dsc_store::Remote::open_with(url, &remote.store)?;
-        let bytes = manifest_bytes(&store)?;
-        let path = PathBuf::from(store.url_of(dsc_format::MANIFEST_FILE));
-        let manifest = dsc_format::Manifest::from_json(&bytes, &path)?;
-        let bytes = store.get(dsc_format::STATS_FILE)?;
-        let path = PathBuf::from(store.url_of(dsc_format::STATS_FILE));
+        let manifest = remote_manifest(&store, &remote.generation)?;
+        let name = manifest.stats_file();
+        let bytes = store.get(&name)?;
+        let path = PathBuf::from(store.url_of(&name));
         let stats = dsc_format::Stats::from_json(&bytes, &path)?;
         Ok((manifest, stats))
     }
@@ -122,6 +124,64 @@ pub fn read_meta(
         let _ = remote;
         Err(LoadError::NoRemote { url: url.into() })
     }
+}
+
+/// Generation `at` of the cache at `store`'s URL, validated.
+#[cfg(feature = "remote")]
+pub(crate) fn remote_manifest(
+    store: &dsc_store::Remote,
+    at: &dsc_format::GenerationRef,
+) -> Result<dsc_format::Manifest, LoadError> {
+    // The first manifest's absence is told apart from a missing bucket before anything else.
+    let first = manifest_bytes(store)?;
+    let mut files = StoreFiles {
+        store,
+        first: Some(first),
+    };
+    let dir = PathBuf::from(store.url());
+    Ok(dsc_format::Manifest::open_generation(&dir, at, &mut files)?)
+}
+
+/// A cache's files in object storage, for [`dsc_format::Manifest::open_generation`].
+#[cfg(feature = "remote")]
+struct StoreFiles<'a> {
+    store: &'a dsc_store::Remote,
+    /// `manifest.json`, already fetched.
+    first: Option<Vec<u8>>,
+}
+
+#[cfg(feature = "remote")]
+impl dsc_format::generation::CacheFiles for StoreFiles<'_> {
+    fn read(&mut self, name: &str) -> std::io::Result<Vec<u8>> {
+        if name == dsc_format::MANIFEST_FILE {
+            if let Some(bytes) = self.first.take() {
+                return Ok(bytes);
+            }
+        }
+        self.store.get(name).map_err(store_io)
+    }
+
+    fn generations(&mut self) -> std::io::Result<Vec<u32>> {
+        let prefix = format!("{}/", dsc_format::GENERATIONS_DIR);
+        let names = self.store.list().map_err(store_io)?;
+        Ok(dsc_format::generation::numbers_in(
+            names
+                .iter()
+                .filter_map(|(n, _)| n.strip_prefix(&prefix))
+                .filter(|n| !n.contains('/')),
+        ))
+    }
+}
+
+/// A store's error as the I/O error the format's readers take (a missing object stays
+/// `NotFound`, so that a missing generation is named as such).
+#[cfg(feature = "remote")]
+fn store_io(e: dsc_store::StoreError) -> std::io::Error {
+    let kind = match e {
+        dsc_store::StoreError::NotFound { .. } => std::io::ErrorKind::NotFound,
+        _ => std::io::ErrorKind::Other,
+    };
+    std::io::Error::new(kind, e.to_string())
 }
 
 /// The bytes of the manifest of the cache at `store`'s URL. Without one, a listing tells a

@@ -172,8 +172,6 @@ fn read_manifest(
     opts: &RemoteOptions,
 ) -> Result<(dsc_store::Remote, Manifest), LoadError> {
     let remote = dsc_store::Remote::open_with(url, &opts.store)?;
-    let bytes = super::manifest_bytes(&remote)?;
-    let path = PathBuf::from(remote.url_of(dsc_format::MANIFEST_FILE));
-    let manifest = Manifest::from_json(&bytes, &path)?;
+    let manifest = super::remote_manifest(&remote, &opts.generation)?;
     Ok((remote, manifest))
 }

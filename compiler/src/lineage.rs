@@ -1,0 +1,358 @@
+//! An append's end: the new shards checked against the cache (no key twice), renamed into
+//! their generation's folder, the statistics of the whole generation merged from the parent's
+//! and the new data's, and the next generation's manifest committed (FORMAT.md §14).
+
+use crate::commit::{combined_fingerprint, CompileReport, Timer};
+use crate::error::{CompileError, Result};
+use crate::own::Base;
+use crate::write::Staging;
+use crate::Progress;
+use dsc_format::manifest::{generation_manifest_name, CompileSummary, Generation, Inputs};
+use dsc_format::stats::{Bin, ColumnStats, LengthStats, NumericStats, SplitStats, VocabEntry};
+use dsc_format::ShardEntry;
+use dsc_format::{SplitInfo, Stats, TensorSpec};
+use std::collections::HashMap;
+
+/// The name of the new data's own statistics, kept in the generation's folder beside the
+/// statistics of the whole generation: what the append's drift report compared.
+pub const ADDED_STATS_FILE: &str = "added-stats.json";
+
+/// What an append's compile wrote: its tensors, per split its rows and shards, its inputs,
+/// counts and statistics.
+pub(crate) struct Added {
+    pub tensors: Vec<TensorSpec>,
+    pub splits: Vec<(String, u64, Vec<ShardEntry>)>,
+    pub inputs: Inputs,
+    pub summary: CompileSummary,
+    pub stats: Stats,
+}
+
+/// Commits `added` as the generation after `base.parent`.
+pub(crate) fn commit_append(
+    base: &Base,
+    staging: Staging,
+    added: Added,
+    mut timer: Timer,
+    progress: &dyn Progress,
+) -> Result<CompileReport> {
+    let parent = &base.parent;
+    let number = parent.generation_number() + 1;
+    if added.tensors != parent.tensors() {
+        return Err(CompileError::Internal(
+            "an append's tensors differ from its cache's after taking its encodings".into(),
+        ));
+    }
+    refuse_known_keys(base, &staging, &added)?;
+    let mut shards: Vec<ShardEntry> = Vec::new();
+    let mut splits: Vec<SplitInfo> = Vec::new();
+    let mut names: Vec<&str> = parent.splits().iter().map(|s| s.name.as_str()).collect();
+    for (name, _, _) in &added.splits {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    // `train` first, then the others by name (FORMAT.md §3).
+    names.sort_by_key(|n| (*n != "train", *n));
+    let mut new_bytes = 0;
+    for name in names {
+        let old = parent.split(name);
+        let new = added.splits.iter().find(|(n, _, _)| n == name);
+        let mut mine: Vec<ShardEntry> = parent.shards_of(name).cloned().collect();
+        for e in new.map_or(&[][..], |(_, _, e)| e) {
+            let mut e = e.clone();
+            e.generation = Some(number);
+            e.file = e.expected_file();
+            let key_file = e.expected_key_file();
+            if let Some(keys) = &mut e.keys {
+                keys.file = key_file;
+            }
+            new_bytes += e.stored_bytes();
+            mine.push(e);
+        }
+        splits.push(SplitInfo {
+            name: name.into(),
+            contexts: mine.iter().map(|s| s.contexts).sum(),
+            rows_stored: old.map_or(0, |s| s.rows_stored) + new.map_or(0, |n| n.1),
+            shards: mine.len(),
+        });
+        shards.extend(mine);
+    }
+    let mut files = parent.inputs().files.clone();
+    files.extend(added.inputs.files.iter().cloned());
+    let inputs = Inputs {
+        fingerprint: combined_fingerprint(&files),
+        files,
+    };
+    let generation = Generation {
+        number,
+        parent: parent.content_id(),
+        kind: "append".into(),
+        inputs: added.inputs,
+        summary: added.summary.clone(),
+    };
+    let summary = add_summaries(parent.summary(), &added.summary);
+    let manifest = parent
+        .clone()
+        .next_generation(generation, splits, shards, inputs, summary)
+        .map_err(|p| CompileError::Internal(format!("the generation is inconsistent: {p}")))?;
+    let stats = merge_stats(&base.parent_stats, &added.stats, parent.generation_number());
+    let json = |s: &Stats| {
+        let mut out = serde_json::to_vec_pretty(s).expect("stats serialize");
+        out.push(b'\n');
+        out
+    };
+    staging.write_file(dsc_format::STATS_FILE, &json(&stats))?;
+    staging.write_file(ADDED_STATS_FILE, &json(&added.stats))?;
+    crate::progress::check(progress)?;
+    staging.commit_generation(
+        &base.cache,
+        number,
+        &generation_manifest_name(number),
+        &manifest.to_json(),
+    )?;
+    timer.lap("commit");
+    Ok(CompileReport {
+        out: base.cache.clone(),
+        manifest,
+        stats,
+        cache_bytes: new_bytes,
+        timings: timer.timings,
+    })
+}
+
+/// Refuses an append holding a key of the cache, naming the key, the shard holding it and its
+/// generation (the first such key in the new shards' order).
+fn refuse_known_keys(base: &Base, staging: &Staging, added: &Added) -> Result<()> {
+    let parent = &base.parent;
+    let mut known: HashMap<i64, usize> = HashMap::new();
+    for (i, entry) in parent.shards().iter().enumerate() {
+        for key in dsc_format::sample::shard_keys(&base.cache, parent, entry)? {
+            known.insert(key, i);
+        }
+    }
+    for entry in added.splits.iter().flat_map(|(_, _, e)| e) {
+        let keys = dsc_format::sample::shard_keys(&staging.dir, parent, entry)?;
+        if let Some((pos, old)) = keys
+            .iter()
+            .enumerate()
+            .find_map(|(pos, k)| known.get(k).map(|&old| (pos, old)))
+        {
+            let id = keys[pos];
+            let key_type = dsc_format::keys::key_type(parent);
+            let text = match key_type.integer_of(id) {
+                Some(t) => t,
+                None => {
+                    dsc_format::keys::key_text_at(&staging.dir, entry, entry.first_context + pos)?
+                        .map_or(format!("id {id}"), |t| format!("{t:?}"))
+                }
+            };
+            let holder = &parent.shards()[old];
+            return Err(CompileError::KeyInCache {
+                key: text,
+                file: holder.file.clone(),
+                generation: holder.written_by(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn add_summaries(a: &CompileSummary, b: &CompileSummary) -> CompileSummary {
+    CompileSummary {
+        rows_read: a.rows_read + b.rows_read,
+        rows_stored: a.rows_stored + b.rows_stored,
+        contexts: a.contexts + b.contexts,
+        contexts_truncated: a.contexts_truncated + b.contexts_truncated,
+        contexts_without_context_row: a.contexts_without_context_row
+            + b.contexts_without_context_row,
+        rows_without_context_row: a.rows_without_context_row + b.rows_without_context_row,
+        contexts_without_rows: a.contexts_without_rows + b.contexts_without_rows,
+        empty_contexts_kept: a.empty_contexts_kept + b.empty_contexts_kept,
+        values_filled: a.values_filled + b.values_filled,
+    }
+}
+
+/// The statistics of a generation: its parent's `old` (of generation `parent`) and the new
+/// data's `new`, merged where statistics merge exactly (counts, moments by Chan's formula,
+/// extremes, length histograms, vocabularies); quantiles and numeric histograms stay those of
+/// the oldest generation that had values, named by `quantiles_of`.
+pub(crate) fn merge_stats(old: &Stats, new: &Stats, parent: u32) -> Stats {
+    let mut splits: Vec<SplitStats> = old.splits.clone();
+    for n in &new.splits {
+        match splits.iter_mut().find(|s| s.split == n.split) {
+            Some(s) => *s = merge_split(s, n),
+            None => splits.push(n.clone()),
+        }
+    }
+    Stats {
+        format_version: old.format_version,
+        splits,
+        quantiles_of: Some(old.quantiles_of.unwrap_or(parent)),
+    }
+}
+
+fn merge_split(a: &SplitStats, b: &SplitStats) -> SplitStats {
+    let mut columns = a.columns.clone();
+    for c in &b.columns {
+        match columns
+            .iter_mut()
+            .find(|x| x.name == c.name && x.table == c.table)
+        {
+            Some(x) => *x = merge_column(x, c),
+            None => columns.push(c.clone()),
+        }
+    }
+    SplitStats {
+        split: a.split.clone(),
+        contexts: a.contexts + b.contexts,
+        rows: a.rows + b.rows,
+        lengths: merge_lengths(&a.lengths, a.contexts, &b.lengths, b.contexts),
+        columns,
+    }
+}
+
+fn merge_lengths(a: &LengthStats, na: u64, b: &LengthStats, nb: u64) -> LengthStats {
+    if nb == 0 {
+        return a.clone();
+    }
+    if na == 0 {
+        return b.clone();
+    }
+    let n = na + nb;
+    let mut histogram: Vec<Bin> = if a.histogram.len() >= b.histogram.len() {
+        a.histogram.clone()
+    } else {
+        b.histogram.clone()
+    };
+    for (i, bin) in histogram.iter_mut().enumerate() {
+        bin.count =
+            a.histogram.get(i).map_or(0, |x| x.count) + b.histogram.get(i).map_or(0, |x| x.count);
+    }
+    let truncated = a.truncated + b.truncated;
+    LengthStats {
+        min: a.min.min(b.min),
+        max: a.max.max(b.max),
+        mean: (a.mean * na as f64 + b.mean * nb as f64) / n as f64,
+        quantiles: a.quantiles.clone(),
+        histogram,
+        truncated,
+        truncated_fraction: truncated as f64 / n as f64,
+    }
+}
+
+fn merge_column(a: &ColumnStats, b: &ColumnStats) -> ColumnStats {
+    let numeric = match (&a.numeric, &b.numeric) {
+        (Some(x), Some(y)) => Some(merge_numeric(x, a.count, y, b.count)),
+        (x, y) => x.clone().or_else(|| y.clone()),
+    };
+    let vocabulary = match (&a.vocabulary, &b.vocabulary) {
+        (Some(x), Some(y)) => Some(merge_vocabulary(x, y)),
+        (x, y) => x.clone().or_else(|| y.clone()),
+    };
+    ColumnStats {
+        name: a.name.clone(),
+        table: a.table.clone(),
+        source_type: a.source_type.clone(),
+        count: a.count + b.count,
+        nulls: a.nulls + b.nulls,
+        nan: a.nan + b.nan,
+        inf: a.inf + b.inf,
+        numeric,
+        distinct: vocabulary.as_ref().map(|v| v.len() as u64).or(a.distinct),
+        vocabulary,
+    }
+}
+
+/// Two columns' moments merged as FORMAT.md §9.2 merges buckets (Chan et al.), from the
+/// population standard deviations the files keep.
+fn merge_numeric(a: &NumericStats, na: u64, b: &NumericStats, nb: u64) -> NumericStats {
+    let (fa, fb) = (na as f64, nb as f64);
+    let n = fa + fb;
+    let d = b.mean - a.mean;
+    let mean = a.mean + (d * fb) / n;
+    let m2 = a.std * a.std * fa + b.std * b.std * fb + d * d * ((fa * fb) / n);
+    NumericStats {
+        min: a.min.min(b.min),
+        max: a.max.max(b.max),
+        mean,
+        std: (m2 / n).sqrt(),
+        quantiles: a.quantiles.clone(),
+        histogram: a.histogram.clone(),
+    }
+}
+
+/// Counts per value added, most frequent first, ties by ascending value (§5.3's order).
+fn merge_vocabulary(a: &[VocabEntry], b: &[VocabEntry]) -> Vec<VocabEntry> {
+    let mut merged: Vec<VocabEntry> = a.to_vec();
+    for e in b {
+        match merged.iter_mut().find(|x| x.value == e.value) {
+            Some(x) => x.count += e.count,
+            None => merged.push(e.clone()),
+        }
+    }
+    merged.sort_by(|x, y| {
+        y.count
+            .cmp(&x.count)
+            .then_with(|| order_values(&x.value, &y.value))
+    });
+    merged
+}
+
+fn order_values(a: &serde_json::Value, b: &serde_json::Value) -> std::cmp::Ordering {
+    use serde_json::Value::*;
+    match (a, b) {
+        (Number(x), Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            _ => x
+                .as_f64()
+                .partial_cmp(&y.as_f64())
+                .unwrap_or(std::cmp::Ordering::Equal),
+        },
+        (String(x), String(y)) => x.as_bytes().cmp(y.as_bytes()),
+        (Bool(x), Bool(y)) => x.cmp(y),
+        _ => std::cmp::Ordering::Equal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numeric(values: &[f64]) -> NumericStats {
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        NumericStats {
+            min: values.iter().cloned().fold(f64::INFINITY, f64::min),
+            max: values.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+            mean,
+            std: var.sqrt(),
+            quantiles: Vec::new(),
+            histogram: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn moments_merge_to_those_of_all_values() {
+        let (a, b) = ([1.0, 2.0, 3.5, 10.0], [-4.0, 0.5, 7.0]);
+        let all: Vec<f64> = a.iter().chain(&b).copied().collect();
+        let merged = merge_numeric(&numeric(&a), 4, &numeric(&b), 3);
+        let whole = numeric(&all);
+        assert!((merged.mean - whole.mean).abs() < 1e-12);
+        assert!((merged.std - whole.std).abs() < 1e-12);
+        assert_eq!((merged.min, merged.max), (whole.min, whole.max));
+    }
+
+    #[test]
+    fn vocabularies_add_their_counts_in_the_format_order() {
+        let e = |v: serde_json::Value, count| VocabEntry { value: v, count };
+        let a = [e(3.into(), 5), e(1.into(), 2)];
+        let b = [e(1.into(), 3), e(7.into(), 5)];
+        let m = merge_vocabulary(&a, &b);
+        let got: Vec<(i64, u64)> = m
+            .iter()
+            .map(|x| (x.value.as_i64().unwrap(), x.count))
+            .collect();
+        assert_eq!(got, [(1, 5), (3, 5), (7, 5)]);
+    }
+}

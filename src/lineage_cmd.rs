@@ -1,0 +1,192 @@
+//! `dsc append` and `dsc log`: a cache's generations, made and listed.
+
+use crate::args::{AppendArgs, LogArgs};
+use crate::output::{outln, thousands};
+use anyhow::bail;
+use dsc_compiler::{AppendInputs, CompileOptions, TerminalBars};
+use dsc_format::spec::{parse_size, JoinSpec};
+use dsc_format::Manifest;
+use serde::Serialize;
+use std::time::Instant;
+
+/// What `dsc append --json` prints.
+#[derive(Serialize)]
+struct Appended {
+    cache: std::path::PathBuf,
+    generation: u32,
+    content_id: String,
+    parent: String,
+    seconds: f64,
+    /// Contexts added per split.
+    added: Vec<(String, usize)>,
+    /// Contexts per split in the new generation.
+    splits: Vec<(String, usize)>,
+    bytes_added: u64,
+}
+
+pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
+    if a.joins.len() != a.join_on.len() {
+        bail!(
+            "--join and --on go in pairs: {} --join and {} --on given",
+            a.joins.len(),
+            a.join_on.len()
+        );
+    }
+    let joins = (!a.joins.is_empty()).then(|| {
+        a.joins
+            .iter()
+            .zip(&a.join_on)
+            .map(|(file, on)| JoinSpec {
+                file: file.clone(),
+                on: on.clone(),
+            })
+            .collect()
+    });
+    let max_memory = a
+        .max_memory
+        .as_deref()
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
+        .transpose()?;
+    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
+    let start = Instant::now();
+    let inputs = AppendInputs {
+        rows: a.rows.clone(),
+        context: a.context.clone(),
+        joins,
+    };
+    let report = dsc_compiler::append(
+        &a.cache,
+        &inputs,
+        &CompileOptions {
+            out: a.cache.clone(),
+            force: false,
+            max_memory,
+            storage: dsc_compiler::Storage::Hot,
+            progress: &bars,
+        },
+    )?;
+    let m = &report.manifest;
+    let g = m.generation().expect("an append makes a later generation");
+    let number = g.number;
+    let added: Vec<(String, usize)> = m
+        .splits()
+        .iter()
+        .map(|s| {
+            let n = m
+                .shards_of(&s.name)
+                .filter(|e| e.generation == Some(number))
+                .map(|e| e.contexts)
+                .sum();
+            (s.name.clone(), n)
+        })
+        .collect();
+    let r = Appended {
+        cache: a.cache.clone(),
+        generation: number,
+        content_id: m.content_id(),
+        parent: g.parent.clone(),
+        seconds: start.elapsed().as_secs_f64(),
+        splits: m
+            .splits()
+            .iter()
+            .map(|s| (s.name.clone(), s.contexts))
+            .collect(),
+        added,
+        bytes_added: report.cache_bytes,
+    };
+    if a.json {
+        crate::output::print_json(&r)?;
+        return Ok(0);
+    }
+    let list = |v: &[(String, usize)]| {
+        v.iter()
+            .map(|(n, c)| format!("{n} {}", thousands(*c as u64)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    outln!(
+        "{}: generation {} ({}) in {:.2} s: added {}; now {}",
+        a.cache.display(),
+        r.generation,
+        r.content_id,
+        r.seconds,
+        list(&r.added),
+        list(&r.splits)
+    );
+    Ok(0)
+}
+
+/// One line of `dsc log`.
+#[derive(Serialize)]
+struct Entry {
+    generation: u32,
+    content_id: String,
+    kind: String,
+    /// When its manifest was committed (the file's modification time), RFC 3339 UTC.
+    committed_at: Option<String>,
+    /// Contexts per split in this generation, and of those added by it.
+    splits: Vec<(String, usize)>,
+    added: Vec<(String, usize)>,
+    /// The input files its own compile read.
+    inputs: Vec<String>,
+}
+
+pub fn log(a: LogArgs) -> anyhow::Result<u8> {
+    let lineage = Manifest::lineage(&a.cache, &mut dsc_format::generation::LocalFiles(&a.cache))?;
+    let entries: Vec<Entry> = lineage
+        .iter()
+        .map(|m| {
+            let n = m.generation_number();
+            let split_counts = |mine: &dyn Fn(&dsc_format::ShardEntry) -> bool| {
+                m.splits()
+                    .iter()
+                    .map(|s| {
+                        let c = m.shards_of(&s.name).filter(|e| mine(e)).map(|e| e.contexts);
+                        (s.name.clone(), c.sum())
+                    })
+                    .collect()
+            };
+            let inputs = match m.generation() {
+                Some(g) => &g.inputs,
+                None => m.inputs(),
+            };
+            Entry {
+                generation: n,
+                content_id: m.content_id(),
+                kind: m.generation().map_or("compile".into(), |g| g.kind.clone()),
+                committed_at: std::fs::metadata(a.cache.join(m.manifest_file()))
+                    .and_then(|f| f.modified())
+                    .ok()
+                    .map(crate::inspect_cmd::rfc3339),
+                splits: split_counts(&|_| true),
+                added: split_counts(&|e| e.written_by() == n),
+                inputs: inputs.files.iter().map(|f| f.path.clone()).collect(),
+            }
+        })
+        .collect();
+    if a.json {
+        crate::output::print_json(&entries)?;
+        return Ok(0);
+    }
+    for e in &entries {
+        let counts = |v: &[(String, usize)]| {
+            v.iter()
+                .map(|(n, c)| format!("{n} {}", thousands(*c as u64)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        outln!(
+            "generation {}  {}  {}  {}",
+            e.generation,
+            e.content_id,
+            e.kind,
+            e.committed_at.as_deref().unwrap_or("-")
+        );
+        outln!("    contexts: {}", counts(&e.splits));
+        if e.generation > 1 {
+            outln!("    added:    {}", counts(&e.added));
+        }
+        outln!("    inputs:   {}", e.inputs.join(" "));
+    }
+    Ok(0)
+}
