@@ -7,6 +7,7 @@ mod cold;
 mod determinism;
 mod docs;
 mod encoded;
+mod generations;
 mod hostile;
 mod inspection;
 mod keys;

@@ -17,6 +17,7 @@ fn remote_options(server: &S3Server, dir: &Path, limit: Option<u64>) -> RemoteOp
         limit,
         fetch_threads: 2,
         store: server.options(),
+        generation: Default::default(),
     }
 }
 

@@ -57,12 +57,14 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
     let mut spec = recorded.clone();
     spec.rows = new.rows.clone();
     match (&recorded.context, &new.context) {
-        (Some(c), None) => return Err(refuse(
-            "context",
-            format!(
+        (Some(c), None) => {
+            return Err(refuse(
+                "context",
+                format!(
                 "the cache was compiled with a context table ({c}): give the new contexts' table"
             ),
-        )),
+            ))
+        }
         (None, Some(_)) => {
             return Err(refuse(
                 "context",

@@ -42,6 +42,7 @@ pub(crate) fn commit_append(
             "an append's tensors differ from its cache's after taking its encodings".into(),
         ));
     }
+    crate::write::failpoint("append:shards-written");
     refuse_known_keys(base, &staging, &added)?;
     let mut shards: Vec<ShardEntry> = Vec::new();
     let mut splits: Vec<SplitInfo> = Vec::new();
@@ -103,6 +104,7 @@ pub(crate) fn commit_append(
     };
     staging.write_file(dsc_format::STATS_FILE, &json(&stats))?;
     staging.write_file(ADDED_STATS_FILE, &json(&added.stats))?;
+    crate::write::failpoint("append:stats-written");
     crate::progress::check(progress)?;
     staging.commit_generation(
         &base.cache,

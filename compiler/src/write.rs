@@ -8,6 +8,15 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+/// Stops the process at once, as `kill -9` would (no destructor runs, nothing is cleaned up),
+/// when `DSC_FAILPOINT` names `point`: how the tests kill an append at each step of its
+/// commit, deterministically.
+pub(crate) fn failpoint(point: &str) {
+    if std::env::var_os("DSC_FAILPOINT").is_some_and(|p| p == point) {
+        std::process::abort();
+    }
+}
+
 /// The staging directory of a compile into `out`; removed on drop unless committed.
 #[derive(Debug)]
 pub(crate) struct Staging {
@@ -200,12 +209,15 @@ impl Staging {
         // From here the staging name is gone; if the link fails, the folder stays for the next
         // append (or `dsc gc`) to remove: no manifest names it.
         self.committed = true;
+        failpoint("append:moved");
         let path = cache.join(manifest);
         let tmp = sibling(&path, "tmp");
         let mut f = File::create(&tmp).map_err(|e| CompileError::io(&tmp, e))?;
         f.write_all(json).map_err(|e| CompileError::io(&tmp, e))?;
         f.sync_all().map_err(|e| CompileError::io(&tmp, e))?;
+        failpoint("append:manifest-written");
         let linked = std::fs::hard_link(&tmp, &path);
+        failpoint("append:linked");
         let _ = std::fs::remove_file(&tmp);
         match linked {
             Ok(()) => {}

@@ -290,6 +290,7 @@ fn write_cache(dir: &Path, s: &Shape) -> (Manifest, Vec<Samples>) {
     let stats = Stats {
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
+        quantiles_of: None,
     };
     std::fs::write(dir.join("stats.json"), serde_json::to_vec(&stats).unwrap()).unwrap();
     std::fs::write(dir.join("manifest.json"), manifest.to_json()).unwrap();

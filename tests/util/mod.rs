@@ -385,7 +385,14 @@ pub struct Sample {
 /// Every context of a cache by key, decoded with the `safetensors` crate, plus the key order of
 /// each split.
 pub fn read_cache(cache: &Path) -> (BTreeMap<i64, Sample>, BTreeMap<String, Vec<i64>>) {
-    let m = manifest(cache);
+    read_cache_as(cache, &manifest(cache))
+}
+
+/// [`read_cache`] of the shards manifest `m` lists (a generation's).
+pub fn read_cache_as(
+    cache: &Path,
+    m: &serde_json::Value,
+) -> (BTreeMap<i64, Sample>, BTreeMap<String, Vec<i64>>) {
     let mut samples = BTreeMap::new();
     let mut order: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for shard in m["shards"].as_array().unwrap() {

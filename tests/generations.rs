@@ -1,0 +1,541 @@
+//! Generations (`dsc append`, `dsc log`, `--generation`, `--fit-from`): a cache that grows by
+//! immutable generations holds the live contexts a compile of all its inputs with the first
+//! generation's encodings holds; every generation stays readable; states resume on the
+//! generation they read; appends that fail, race or are killed leave the cache as it was.
+
+use crate::util::{
+    dsc, gen_icecube, gen_sequences_as, icecube_args, read_cache_as, tree, Dir, Sample,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The IceCube compile of the README over `rows`, into `out`, with `extra` flags. Each batch
+/// file holds whole events and `train_meta` every event, so empty contexts are dropped.
+fn compile_icecube(dir: &Dir, rows: &str, out: &str, extra: &[&str]) {
+    let mut args = icecube_args(out, &["--empty-contexts", "drop"]);
+    args[1] = rows;
+    args.extend_from_slice(extra);
+    dsc(dir.path(), &args).ok();
+}
+
+fn append(dir: &Dir, cache: &str, rows: &str, extra: &[&str]) -> String {
+    let mut args = vec!["append", cache, rows];
+    args.extend_from_slice(extra);
+    dsc(dir.path(), &args).ok()
+}
+
+/// The manifest of generation `n` (`manifest.json` for 1) as JSON.
+fn generation(cache: &Path, n: u32) -> serde_json::Value {
+    let file = match n {
+        1 => "manifest.json".to_string(),
+        n => format!("generations/{n:05}.json"),
+    };
+    serde_json::from_slice(&std::fs::read(cache.join(file)).expect("a generation")).unwrap()
+}
+
+/// Every context of generation `n` by key.
+fn contexts(cache: &Path, n: u32) -> BTreeMap<i64, Sample> {
+    read_cache_as(cache, &generation(cache, n)).0
+}
+
+/// Asserts that two sets of contexts are equal by key, split and every tensor, naming the
+/// first difference.
+fn assert_same_contexts(a: &BTreeMap<i64, Sample>, b: &BTreeMap<i64, Sample>) {
+    assert_eq!(a.len(), b.len(), "context counts");
+    for (key, x) in a {
+        let y = b.get(key).unwrap_or_else(|| panic!("key {key} missing"));
+        assert_eq!(x.split, y.split, "split of key {key}");
+        for (name, values) in &x.tensors {
+            assert_eq!(
+                Some(values),
+                y.tensors.get(name),
+                "tensor {name} of key {key}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_lineage_holds_the_contexts_of_the_fit_from_compile_of_all_its_inputs() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 4, 150);
+    compile_icecube(
+        &dir,
+        "data/train/batch_[12].parquet",
+        "cache",
+        &["--shard-size", "96KiB"],
+    );
+    let meta = ["--context", "data/train_meta.parquet"];
+    append(&dir, "cache", "data/train/batch_3.parquet", &meta);
+    let said = append(&dir, "cache", "data/train/batch_4.parquet", &meta);
+    assert!(said.contains("generation 3"), "{said}");
+    let cache = dir.join("cache");
+    compile_icecube(
+        &dir,
+        "data/train/batch_*.parquet",
+        "all",
+        &["--fit-from", "cache"],
+    );
+    let lineage = contexts(&cache, 3);
+    let all = contexts(&dir.join("all"), 1);
+    assert_eq!(lineage.len(), 600);
+    assert_same_contexts(&lineage, &all);
+    // The whole lineage's tensors (encodings included) are the first generation's, and so
+    // are the fit-from compile's.
+    let tensors = &generation(&cache, 1)["tensors"];
+    assert_eq!(&generation(&cache, 3)["tensors"], tensors);
+    assert_eq!(&generation(&dir.join("all"), 1)["tensors"], tensors);
+    // Each generation keeps the ones before it whole: the first's shards, file for file.
+    let first: Vec<_> = generation(&cache, 1)["shards"].as_array().unwrap().clone();
+    let third = generation(&cache, 3);
+    assert_eq!(
+        third["shards"].as_array().unwrap()[..first.len() / 2],
+        first[..first.len() / 2]
+    );
+    assert_eq!(third["generation"]["number"], 3);
+    // Statistics of the whole generation merge exactly where they can: counts and moments
+    // equal those of the compile of everything.
+    let stats = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let merged = stats(&cache.join("generations/00003/stats.json"));
+    let whole = stats(&dir.join("all/stats.json"));
+    assert_eq!(merged["quantiles_of"], 1);
+    for (m, w) in merged["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(whole["splits"].as_array().unwrap())
+    {
+        assert_eq!(m["split"], w["split"]);
+        assert_eq!(m["contexts"], w["contexts"]);
+        assert_eq!(m["rows"], w["rows"]);
+        assert_eq!(m["lengths"]["histogram"], w["lengths"]["histogram"]);
+        for (a, b) in m["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(w["columns"].as_array().unwrap())
+        {
+            assert_eq!(
+                (&a["name"], &a["count"], &a["nulls"]),
+                (&b["name"], &b["count"], &b["nulls"])
+            );
+            if let (Some(x), Some(y)) = (a["numeric"].as_object(), b["numeric"].as_object()) {
+                for k in ["mean", "std", "min", "max"] {
+                    let (x, y) = (x[k].as_f64().unwrap(), y[k].as_f64().unwrap());
+                    assert!(
+                        (x - y).abs() <= 1e-9 * y.abs().max(1.0),
+                        "{} {k}: {x} vs {y}",
+                        a["name"]
+                    );
+                }
+            }
+            assert_eq!(
+                a["vocabulary"], b["vocabulary"],
+                "vocabulary of {}",
+                a["name"]
+            );
+        }
+    }
+}
+
+#[test]
+fn string_keys_and_list_columns_append_as_integer_keys_do() {
+    let dir = Dir::new();
+    gen_sequences_as(
+        &dir,
+        "seq",
+        (300, 5),
+        &["--key-type", "string", "--layout", "lists"],
+    );
+    let mut files: Vec<String> = std::fs::read_dir(dir.join("seq/lists"))
+        .unwrap()
+        .map(|e| format!("seq/lists/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 3);
+    let compile = |rows: &[&str], out: &str, extra: &[&str]| {
+        let mut args = vec!["compile"];
+        args.extend_from_slice(rows);
+        args.extend_from_slice(&[
+            "--key",
+            "customer_id",
+            "--order-by",
+            "ts",
+            "--targets",
+            "lifetime_value",
+            "--features",
+            "amount,items",
+            "--categorical",
+            "merchant_category",
+            "--encode",
+            "amount=log1p,zscore",
+            "--nan",
+            "mean",
+            "--val-fraction",
+            "0.2",
+            "--empty-contexts",
+            "drop",
+            "--shard-size",
+            "32KiB",
+            "--out",
+            out,
+        ]);
+        args.extend_from_slice(extra);
+        dsc(dir.path(), &args).ok();
+    };
+    compile(&[&files[0]], "cache", &[]);
+    append(&dir, "cache", &files[1], &[]);
+    append(&dir, "cache", &files[2], &[]);
+    let all: Vec<&str> = files.iter().map(String::as_str).collect();
+    compile(&all, "all", &["--fit-from", "cache"]);
+    let cache = dir.join("cache");
+    assert_same_contexts(&contexts(&cache, 3), &contexts(&dir.join("all"), 1));
+    // Every key is readable back as the text it was: key tables travel with their shards.
+    let shown = dsc(
+        dir.path(),
+        &[
+            "show", "cache", "--split", "train", "--index", "0", "--json",
+        ],
+    )
+    .ok();
+    let key: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert!(
+        key["key"].as_str().is_some_and(|k| k.starts_with("C-")),
+        "{shown}"
+    );
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    // A key of the cache appended again is refused, named as the column holds it.
+    let err = dsc(dir.path(), &["append", "cache", &files[1]]).fails(2);
+    assert!(
+        err.contains("key \"C-") && err.contains("generation 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_generation_stays_readable_by_number_and_content_id() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 100);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let first = tree(&dir.join("cache"));
+    append(
+        &dir,
+        "cache",
+        "data/train/batch_2.parquet",
+        &["--context", "data/train_meta.parquet"],
+    );
+    append(
+        &dir,
+        "cache",
+        "data/train/batch_3.parquet",
+        &["--context", "data/train_meta.parquet"],
+    );
+    // No file of an earlier generation changed.
+    let now = tree(&dir.join("cache"));
+    for (name, bytes) in &first {
+        assert_eq!(now.get(name), Some(bytes), "{name} changed");
+    }
+    let log: serde_json::Value =
+        serde_json::from_str(&dsc(dir.path(), &["log", "cache", "--json"]).ok()).unwrap();
+    let log = log.as_array().unwrap();
+    assert_eq!(log.len(), 3);
+    for (i, g) in log.iter().enumerate() {
+        let n = (i + 1).to_string();
+        let id = g["content_id"].as_str().unwrap();
+        for at in [n.as_str(), id] {
+            let inspect: serde_json::Value = serde_json::from_str(
+                &dsc(
+                    dir.path(),
+                    &["inspect", "cache", "--generation", at, "--json"],
+                )
+                .ok(),
+            )
+            .unwrap();
+            assert_eq!(inspect["generation"], i + 1);
+            assert_eq!(inspect["content_id"], id);
+        }
+        dsc(dir.path(), &["verify", "cache", "--generation", &n]).ok();
+        let added: u64 = g["added"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s[1].as_u64().unwrap())
+            .sum();
+        assert_eq!(added, 100, "generation {n} added one file's events");
+    }
+    let inspect: serde_json::Value =
+        serde_json::from_str(&dsc(dir.path(), &["inspect", "cache", "--json"]).ok()).unwrap();
+    assert_eq!(inspect["generation"], 3, "the last one by default");
+    assert_eq!(inspect["contexts"], 300);
+    let err = dsc(dir.path(), &["inspect", "cache", "--generation", "4"]).fails(2);
+    assert!(
+        err.contains("no generation 4 (generations 1 to 3)"),
+        "{err}"
+    );
+    let err = dsc(
+        dir.path(),
+        &["inspect", "cache", "--generation", "00000000deadbeef"],
+    )
+    .fails(2);
+    assert!(err.contains("no content id 00000000deadbeef"), "{err}");
+}
+
+#[test]
+fn a_state_resumes_with_the_uninterrupted_batches_after_an_append() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 200);
+    compile_icecube(
+        &dir,
+        "data/train/batch_1.parquet",
+        "cache",
+        &["--shard-size", "64KiB"],
+    );
+    let order = ["order", "cache", "--batch-size", "16", "--epoch", "1"];
+    let uninterrupted = dsc(dir.path(), &[&order[..], &["--keys"]].concat()).ok();
+    let state = dsc(dir.path(), &[&order[..], &["--state-after", "3"]].concat()).ok();
+    std::fs::write(dir.join("state.json"), &state).unwrap();
+    let id = generation(&dir.join("cache"), 1);
+    assert!(state.contains("content_id"), "{state}");
+    append(
+        &dir,
+        "cache",
+        "data/train/batch_2.parquet",
+        &["--context", "data/train_meta.parquet"],
+    );
+    // The last generation orders more contexts; the state still reads the one it was taken on.
+    let latest = dsc(dir.path(), &[&order[..], &["--keys"]].concat()).ok();
+    assert_ne!(latest, uninterrupted);
+    let resumed = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "16",
+            "--from-state",
+            "state.json",
+            "--keys",
+        ],
+    )
+    .ok();
+    let rest: Vec<&str> = uninterrupted.lines().skip(3).collect();
+    assert_eq!(resumed.lines().collect::<Vec<_>>(), rest);
+    assert!(!id["shards"].as_array().unwrap().is_empty());
+    // A state naming data no generation holds is refused, naming it.
+    std::fs::write(
+        dir.join("other.json"),
+        state.replace(
+            &format!("\"{}\"", json_field(&state, "content_id")),
+            "\"00000000deadbeef\"",
+        ),
+    )
+    .unwrap();
+    let err = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "16",
+            "--from-state",
+            "other.json",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("no content id 00000000deadbeef"), "{err}");
+}
+
+fn json_field(text: &str, field: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(text).unwrap();
+    v[field].as_str().unwrap().to_string()
+}
+
+#[test]
+fn refused_appends_change_nothing() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 100);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let before = tree(&dir.join("cache"));
+    let meta = ["--context", "data/train_meta.parquet"];
+    // A key the cache holds: named, with the shard and generation that hold it.
+    let err = dsc(
+        dir.path(),
+        &[
+            "append",
+            "cache",
+            "data/train/batch_1.parquet",
+            meta[0],
+            meta[1],
+        ],
+    )
+    .fails(2);
+    assert!(
+        err.contains("is already in the cache: shards/") && err.contains("(generation 1)"),
+        "{err}"
+    );
+    // The cache has a context table: an append without one is refused, naming it.
+    let err = dsc(
+        dir.path(),
+        &["append", "cache", "data/train/batch_2.parquet"],
+    )
+    .fails(2);
+    assert!(
+        err.contains("context") && err.contains("train_meta.parquet"),
+        "{err}"
+    );
+    // A join on another column than the cache's.
+    let err = dsc(
+        dir.path(),
+        &[
+            "append",
+            "cache",
+            "data/train/batch_2.parquet",
+            meta[0],
+            meta[1],
+            "--join",
+            "data/sensor_geometry.csv",
+            "--on",
+            "x",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("joins on [\"sensor_id\"]"), "{err}");
+    assert_eq!(
+        tree(&dir.join("cache")),
+        before,
+        "nothing of the cache changed"
+    );
+}
+
+#[test]
+fn an_append_killed_at_any_step_leaves_the_last_generation_and_the_next_one_succeeds() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 100);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let meta = ["--context", "data/train_meta.parquet"];
+    for point in [
+        "append:shards-written",
+        "append:stats-written",
+        "append:moved",
+        "append:manifest-written",
+        "append:linked",
+    ] {
+        let committed = point == "append:linked";
+        let before = tree(&dir.join("cache"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args([
+                "append",
+                "cache",
+                "data/train/batch_2.parquet",
+                meta[0],
+                meta[1],
+            ])
+            .env("DSC_FAILPOINT", point)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{point}: the append was not stopped");
+        let log: serde_json::Value =
+            serde_json::from_str(&dsc(dir.path(), &["log", "cache", "--json"]).ok()).unwrap();
+        assert_eq!(
+            log.as_array().unwrap().len(),
+            if committed { 2 } else { 1 },
+            "{point}"
+        );
+        dsc(dir.path(), &["verify", "cache"]).ok();
+        if committed {
+            continue;
+        }
+        // Every file of the first generation is as it was.
+        let now = tree(&dir.join("cache"));
+        for (name, bytes) in before.iter().filter(|(n, _)| !n.starts_with("generations")) {
+            assert_eq!(now.get(name), Some(bytes), "{point}: {name}");
+        }
+        // What was left is no obstacle: the next append commits generation 2 ...
+        let said = append(&dir, "cache", "data/train/batch_3.parquet", &meta);
+        assert!(said.contains("generation 2"), "{point}: {said}");
+        dsc(dir.path(), &["verify", "cache"]).ok();
+        // ... which is taken back (a test's shortcut) for the next point.
+        std::fs::remove_file(dir.join("cache/generations/00002.json")).unwrap();
+    }
+}
+
+#[test]
+fn two_appends_at_once_both_commit_one_after_the_other() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 150);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let spawn = |rows: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args([
+                "append",
+                "cache",
+                rows,
+                "--context",
+                "data/train_meta.parquet",
+                "--json",
+            ])
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| spawn("data/train/batch_2.parquet"));
+        let b = s.spawn(|| spawn("data/train/batch_3.parquet"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let numbers: Vec<u64> = [&a, &b]
+        .iter()
+        .map(|o| {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            v["generation"].as_u64().unwrap()
+        })
+        .collect();
+    let mut sorted = numbers.clone();
+    sorted.sort();
+    assert_eq!(sorted, [2, 3], "one appended on top of the other");
+    let third = contexts(&dir.join("cache"), 3);
+    assert_eq!(third.len(), 450, "no append lost");
+    dsc(dir.path(), &["verify", "cache"]).ok();
+}
+
+#[test]
+fn a_reader_under_a_looping_appender_keeps_its_generation() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 5, 80);
+    compile_icecube(
+        &dir,
+        "data/train/batch_1.parquet",
+        "cache",
+        &["--shard-size", "32KiB"],
+    );
+    let cache = dsc_loader::Cache::open(dir.join("cache")).unwrap();
+    let opts = || dsc_loader::LoaderOptions {
+        batch_size: 8,
+        ..Default::default()
+    };
+    let before = crate::util::epoch_of(&cache, opts());
+    std::thread::scope(|s| {
+        let appender = s.spawn(|| {
+            for f in 2..=5 {
+                append(
+                    &dir,
+                    "cache",
+                    &format!("data/train/batch_{f}.parquet"),
+                    &["--context", "data/train_meta.parquet"],
+                );
+            }
+        });
+        // Epochs read while generations commit: the same batches every time.
+        while !appender.is_finished() {
+            assert_eq!(crate::util::epoch_of(&cache, opts()), before);
+        }
+    });
+    assert_eq!(crate::util::epoch_of(&cache, opts()), before);
+    let reopened = dsc_loader::Cache::open(dir.join("cache")).unwrap();
+    assert_eq!(reopened.manifest().generation_number(), 5);
+}
