@@ -241,6 +241,8 @@ fn show_decodes_every_encoding_back_to_the_source_values() {
 struct Inspect {
     cache: String,
     compiled_at: Option<String>,
+    generation: u32,
+    content_id: String,
     spec: serde_json::Value,
     format_version: u32,
     dsc_version: String,
@@ -315,6 +317,8 @@ fn inspect_json_is_the_documented_interface() {
         i.contexts
     );
     assert!(i.compiled_at.unwrap().ends_with('Z'));
+    assert_eq!(i.generation, 1, "a compiled cache is its first generation");
+    assert_eq!(i.content_id.len(), 16);
     assert_eq!(
         (i.compression, i.stored_bytes),
         (None, i.bytes),
@@ -327,6 +331,7 @@ fn inspect_json_is_the_documented_interface() {
     for field in [
         "padding_efficiency",
         "compiled_at",
+        "content_id",
         "inputs_fingerprint",
         "nan_inf",
     ] {

@@ -4,7 +4,8 @@
 
 use crate::commit::{CompileOptions, CompileReport};
 use crate::error::Result;
-use crate::own::{Base, Own};
+use crate::lineage::Base;
+use crate::own::Own;
 use crate::write::OutputLock;
 use dsc_format::spec::JoinSpec;
 use dsc_format::spelling::OptionError;

@@ -151,6 +151,23 @@ pub(crate) struct NumericResult {
     pub fill: Option<Option<f64>>,
 }
 
+/// Whether some value of a column with statistics `stats` (`all` first) leaves f32 once
+/// encoded by `stages`. Stages are monotonic, so the encoded range is that of the encoded
+/// extremes: if either end leaves f32, some rows cannot be stored and must be looked for.
+pub(crate) fn out_of_f32(
+    stats: &[dsc_format::stats::ColumnStats],
+    stages: &[dsc_format::Stage],
+) -> bool {
+    stats
+        .first()
+        .and_then(|s| s.numeric.as_ref())
+        .is_some_and(|n| {
+            [n.min, n.max]
+                .iter()
+                .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
+        })
+}
+
 /// A value of a categorical column, comparable across kinds of column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum CatKey {

@@ -227,7 +227,7 @@ pub(crate) fn merge_numeric(
             });
         }
     }
-    let has_bad = out_of_f32(&out, &stages) || counts.iter().flatten().any(|&c| c > 0);
+    let has_bad = encode::out_of_f32(&out, &stages) || counts.iter().flatten().any(|&c| c > 0);
     Ok(NumericResult {
         has_bad,
         stats: out,
@@ -235,20 +235,6 @@ pub(crate) fn merge_numeric(
         train_mean: moments[0].mean,
         fill: None,
     })
-}
-
-/// Whether some value of a column with statistics `stats` (`all` first) leaves f32 once
-/// encoded by `stages`. Stages are monotonic, so the encoded range is that of the encoded
-/// extremes: if either end leaves f32, some rows cannot be stored and must be looked for.
-pub(crate) fn out_of_f32(stats: &[ColumnStats], stages: &[Stage]) -> bool {
-    stats
-        .first()
-        .and_then(|s| s.numeric.as_ref())
-        .is_some_and(|n| {
-            [n.min, n.max]
-                .iter()
-                .any(|&x| !(stages.iter().fold(x, |v, s| s.apply(v)) as f32).is_finite())
-        })
 }
 
 /// One categorical column of some buckets: per split the count of each value (ascending by

@@ -104,7 +104,7 @@ impl Frozen {
             }
             other => return Err(self.other_kind(id, other)),
         }
-        result.has_bad |= crate::fit::out_of_f32(&result.stats, &result.stages);
+        result.has_bad |= crate::encode::out_of_f32(&result.stats, &result.stages);
         Ok(())
     }
 

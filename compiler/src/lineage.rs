@@ -4,14 +4,14 @@
 
 use crate::commit::{combined_fingerprint, CompileReport, Timer};
 use crate::error::{CompileError, Result};
-use crate::own::Base;
 use crate::write::Staging;
 use crate::Progress;
 use dsc_format::manifest::{generation_manifest_name, CompileSummary, Generation, Inputs};
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, NumericStats, SplitStats, VocabEntry};
-use dsc_format::ShardEntry;
+use dsc_format::{Manifest, ShardEntry};
 use dsc_format::{SplitInfo, Stats, TensorSpec};
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 /// The name of the new data's own statistics, kept in the generation's folder beside the
 /// statistics of the whole generation: what the append's drift report compared.
@@ -25,6 +25,15 @@ pub(crate) struct Added {
     pub inputs: Inputs,
     pub summary: CompileSummary,
     pub stats: Stats,
+}
+
+/// What an append builds on: the cache's last generation, locked for the whole append.
+pub(crate) struct Base {
+    pub cache: PathBuf,
+    pub parent: Manifest,
+    pub parent_stats: dsc_format::Stats,
+    /// Taken by [`Recipe::staging`], which holds it until the commit.
+    pub lock: Option<crate::write::OutputLock>,
 }
 
 /// Commits `added` as the generation after `base.parent`.

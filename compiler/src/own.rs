@@ -10,6 +10,7 @@ use crate::commit::{commit_cache, CompileReport, Timer};
 use crate::error::Result;
 use crate::fit::{self, FitPart, Merged};
 use crate::frozen::Frozen;
+use crate::lineage::Base;
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
 use crate::plan::{self, Source, TextSource};
 use crate::read::{self, Role};
@@ -54,15 +55,6 @@ pub(crate) struct Own<'s> {
     frozen: Option<Frozen>,
     /// The generation this compile appends to, if it is an append.
     base: Option<Base>,
-}
-
-/// What an append builds on: the cache's last generation, locked for the whole append.
-pub(crate) struct Base {
-    pub cache: PathBuf,
-    pub parent: Manifest,
-    pub parent_stats: dsc_format::Stats,
-    /// Taken by [`Recipe::staging`], which holds it until the commit.
-    pub lock: Option<crate::write::OutputLock>,
 }
 
 /// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.

@@ -16,7 +16,7 @@ See docs/PYTHON.md for the whole API.
 from ._dsc import __version__
 from ._errors import CacheError, CompileError, Error, OptionsError, StateError, WorkerError
 from ._cache import Cache, TensorInfo, open
-from ._compile import compile, compile_stage, merge
+from ._compile import append, compile, compile_stage, merge
 from ._batch import Batch
 from ._loader import IterableDataset, Loader
 
@@ -33,6 +33,7 @@ __all__ = [
     "TensorInfo",
     "WorkerError",
     "__version__",
+    "append",
     "compile",
     "compile_stage",
     "merge",

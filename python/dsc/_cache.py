@@ -73,11 +73,16 @@ def _reopen(path: str, args: Dict[str, Any]) -> "Cache":
 
 
 def remote_json(cache_dir: Optional[PathLike], cache_limit: Union[int, str, None],
-                storage_options: Optional[Dict[str, Any]]) -> Optional[str]:
-    """The options of a cache in object storage as the extension takes them (None: the
-    environment's)."""
-    if cache_dir is None and cache_limit is None and storage_options is None:
+                storage_options: Optional[Dict[str, Any]],
+                generation: Union[int, str, None] = None) -> Optional[str]:
+    """The options of opening a cache as the extension takes them (None: the environment's,
+    the last generation): its generation, and for a cache in object storage its folder, limit
+    and store's keys."""
+    if cache_dir is None and cache_limit is None and storage_options is None and generation is None:
         return None
+    if isinstance(generation, bool) or not isinstance(generation, (int, str, type(None))):
+        raise OptionsError(f"generation={generation!r}: expected a number, a content id or a tag",
+                           option="generation")
     if isinstance(cache_limit, bool) or not isinstance(cache_limit, (int, str, type(None))):
         raise OptionsError(f"cache_limit={cache_limit!r}: expected bytes or a size like '20GiB'",
                            option="cache_limit")
@@ -94,6 +99,7 @@ def remote_json(cache_dir: Optional[PathLike], cache_limit: Union[int, str, None
         "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
         "cache_limit": cache_limit,
         "storage_options": {str(k): str(v) for k, v in (storage_options or {}).items()},
+        "generation": generation,
     })
 
 
@@ -111,13 +117,15 @@ class Cache:
 
     def __init__(self, path: PathLike, *, cache_dir: Optional[PathLike] = None,
                  cache_limit: Union[int, str, None] = None,
-                 storage_options: Optional[Dict[str, Any]] = None) -> None:
+                 storage_options: Optional[Dict[str, Any]] = None,
+                 generation: Union[int, str, None] = None) -> None:
         self.path = cache_path(path)
-        # Kept to reopen the cache where it is unpickled (a DataLoader worker, another process).
+        # Kept to reopen the cache where it is unpickled (a DataLoader worker, another process):
+        # the same generation, whatever was appended since.
         self._open_args = dict(cache_dir=cache_dir, cache_limit=cache_limit,
-                               storage_options=storage_options)
+                               storage_options=storage_options, generation=generation)
         self._handle = _dsc.CacheHandle(self.path, remote_json(cache_dir, cache_limit,
-                                                               storage_options))
+                                                               storage_options, generation))
         self.manifest: Dict[str, Any] = json.loads(self._handle.manifest_json())
         self._stats: Optional[Dict[str, Any]] = None
         self._key_of: Optional[Dict[int, str]] = None
@@ -152,6 +160,17 @@ class Cache:
         a local cache)."""
         folder = self._handle.fetch_folder()
         return None if folder is None else os.fspath(folder)
+
+    @property
+    def generation(self) -> int:
+        """The generation open: 1 for a compiled cache, one more for each ``dsc.append``
+        (``dsc.open(path, generation=N)`` opens another; the last one by default)."""
+        return int((self.manifest.get("generation") or {}).get("number", 1))
+
+    def reopen(self, generation: Union[int, str, None] = None) -> "Cache":
+        """The same cache at ``generation`` (a number, a content id or a tag; None: the last
+        one now), with the same options: how a reader moves on to appended data, by choice."""
+        return Cache(self.path, **{**self._open_args, "generation": generation})
 
     @property
     def splits(self) -> Dict[str, int]:
@@ -438,7 +457,8 @@ _REMOTE: "weakref.WeakValueDictionary[Tuple[str, Optional[str]], Cache]" = \
 
 def shared(path: PathLike, *, cache_dir: Optional[PathLike] = None,
            cache_limit: Union[int, str, None] = None,
-           storage_options: Optional[Dict[str, Any]] = None) -> Cache:
+           storage_options: Optional[Dict[str, Any]] = None,
+           generation: Union[int, str, None] = None) -> Cache:
     """The cache at ``path``, opened: a URL in object storage already open in this process with
     the same options gives the same :class:`Cache` (one fetcher and one folder, so that a train
     and a validation loader of one remote cache share their downloads); a local directory is
@@ -446,25 +466,29 @@ def shared(path: PathLike, *, cache_dir: Optional[PathLike] = None,
     path = cache_path(path)
     if "://" not in path:
         return Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                     storage_options=storage_options)
-    key = (path, remote_json(cache_dir, cache_limit, storage_options))
+                     storage_options=storage_options, generation=generation)
+    key = (path, remote_json(cache_dir, cache_limit, storage_options, generation))
     cache = _REMOTE.get(key)
     if cache is None:
         cache = Cache(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                      storage_options=storage_options)
+                      storage_options=storage_options, generation=generation)
         _REMOTE[key] = cache
     return cache
 
 
 def open(path: PathLike, *, cache_dir: Optional[PathLike] = None,  # noqa: A001 (dsc.open)
          cache_limit: Union[int, str, None] = None,
-         storage_options: Optional[Dict[str, Any]] = None) -> Cache:
+         storage_options: Optional[Dict[str, Any]] = None,
+         generation: Union[int, str, None] = None) -> Cache:
     """Opens the cache in ``path``: reads and validates the manifest and every shard's size
     and header (O(shards)); raises :class:`dsc.CacheError` naming the file when it cannot.
 
     ``path`` may be the URL of a cache in object storage (``s3://bucket/cache``): its shards
     are fetched into ``cache_dir`` as loaders need them, ahead of use in their order, with at
     most ``cache_limit`` bytes kept (see :class:`dsc.Cache`). A URL already open in this
-    process with the same options gives the same cache (its fetched shards shared)."""
+    process with the same options gives the same cache (its fetched shards shared).
+
+    ``generation`` opens one generation of a cache that grew by ``dsc.append`` (its number,
+    content id or tag; ``dsc log`` lists them): the last one by default."""
     return shared(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                  storage_options=storage_options)
+                  storage_options=storage_options, generation=generation)

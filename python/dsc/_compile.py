@@ -363,6 +363,50 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     return Cache(out, cache_dir=cache_dir, storage_options=storage_options)
 
 
+def append(
+    cache: Union[PathLike, Cache],
+    rows: Union[PathLike, Sequence[PathLike]],
+    *,
+    context: Optional[PathLike] = None,
+    join: Optional[PathLike] = None,
+    on: Optional[str] = None,
+    joins: Optional[Sequence[Union[Tuple[PathLike, str], Mapping[str, str]]]] = None,
+    max_memory: Union[int, str, None] = None,
+    progress: Optional[bool] = None,
+) -> Cache:
+    """Appends new data to ``cache`` as its next generation and returns the cache opened at it.
+
+    The new contexts (``rows``: paths or globs; ``context``: their rows of the context table,
+    required when the cache has one; ``join=``/``on=`` or ``joins=`` lookup tables, the cache's
+    own by default) are compiled with the cache's recorded spec and its fitted parameters frozen
+    (normalisation, vocabularies, string encodings, fills, ``max_len``), so their tensors read
+    as the cache's; a key's split follows the cache's rule. They are written as new shards and
+    committed with a new manifest that lists the last generation's shards and the new ones: no
+    file of the cache changes, a loader open on an earlier generation keeps its batches, and a
+    loader state resumes on the generation it read (``Loader.load_state_dict``). A key the cache
+    holds, or inputs whose tensors would differ, raise :class:`dsc.CompileError` naming them,
+    and nothing is committed. ``dsc.open(path, generation=N)`` opens any generation; ``dsc log``
+    lists them. Appends to one cache run one after the other (a second waits for the first).
+    """
+    path = cache.path if isinstance(cache, Cache) else os.fspath(cache)
+    given = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
+    if not given:
+        raise OptionsError("rows=[] names no rows file: give the new data's paths or globs",
+                           option="rows")
+    jl = _joins(joins, join, on)
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
+    _dsc.append(
+        path,
+        [os.fspath(r) for r in given],
+        None if context is None else os.fspath(context),
+        None if jl is None else [(j["file"], j["on"]) for j in jl],
+        bool(progress),
+        None if max_memory is None else _size("max_memory", max_memory),
+    )
+    return Cache(path)
+
+
 _STAGES = _CHOICES["stage"]
 
 

@@ -85,6 +85,14 @@ def compile(
     # (placeholder in the spec, Arrow C stream PyCapsule) of each table in memory.
     tables: List[Tuple[str, Any]] = ...,
 ) -> str: ...
+def append(
+    cache: str,
+    rows: List[str],
+    context: Optional[str],
+    joins: Optional[List[Tuple[str, str]]],
+    progress: bool,
+    max_memory: Optional[int] = None,
+) -> str: ...
 def compile_stage(
     spec_json: str,
     spec_file: Optional[str],

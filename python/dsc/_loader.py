@@ -17,7 +17,7 @@ from . import _dsc, _resident, _static
 from ._batch import FORK_ADVICE, Batch, _torch
 from ._cache import Cache, PathLike, shared
 from ._epochs import _CudaCopy, _Epoch, _PinnedEpoch, _ResidentEpoch, _StagedEpoch
-from ._errors import OptionsError, StateError, WorkerError
+from ._errors import CacheError, OptionsError, StateError, WorkerError
 
 STATE_VERSION = 1
 
@@ -251,11 +251,20 @@ class Loader:
         pad_windows: bool = False,
         static: bool = False,
         gather_in_step: bool = False,
+        generation: Union[int, str, None] = None,
     ) -> None:
+        # What made this loader, so that a state of another generation of its caches can make
+        # it again over that generation (load_state_dict).
+        self._made_with = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
         if not given:
             raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix")
-        remote = dict(cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+        if generation is not None and any(isinstance(c, Cache) for c in given):
+            raise OptionsError("generation= opens a cache by its path: a dsc.Cache given is "
+                               "already open at its generation (dsc.open(path, generation=...))",
+                               option="generation")
+        remote = dict(cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                      generation=generation)
         self.caches: List[Cache] = [c if isinstance(c, Cache) else shared(c, **remote)
                                     for c in given]
         self.cache = self.caches[0]
@@ -590,6 +599,8 @@ class Loader:
             raise StateError(f"not a dsc loader state: it lacks {missing}")
         if state["version"] != STATE_VERSION:
             raise StateError(f"loader state version {state['version']!r}; this dsc reads {STATE_VERSION}")
+        if identity == "content_id" and state["content_id"] != self._content_id():
+            self._open_generation_of(str(state["content_id"]))
         ours = (self._content_id() if identity == "content_id"
                 else self.cache._legacy_content_hash())
         # A compressed cache's states recorded its id over the stored (.zst) names before the id
@@ -752,6 +763,24 @@ class Loader:
         return self._sources.loader(
             self._options(threads), self._step, self.format == "torch" and not self.copy,
         )
+
+    def _open_generation_of(self, content_id: str) -> None:
+        """Makes this loader again over the generations of its caches that a state read (its
+        ``content_id``, a mix's joined by ``+``), when they hold them: a resume reads the data
+        the state was taken over, whatever was appended since. Left as it is otherwise (the
+        state is then refused as another cache's)."""
+        ids = content_id.split("+")
+        if len(ids) != len(self.caches):
+            return
+        try:
+            caches = [c if c.content_id == i else c.reopen(i) for c, i in zip(self.caches, ids)]
+        except CacheError:
+            return
+        self._close_active()
+        made = dict(self._made_with)
+        made["cache"] = caches if len(caches) > 1 else caches[0]
+        made["generation"] = None
+        self.__init__(**made)
 
     def _content_id(self) -> str:
         """The identity of the data read: the cache's ``content_id``, a mix's joined by ``+``."""

@@ -659,6 +659,48 @@ fn spec_from(
     CompileSpec::with_overrides(base, overrides).map_err(|e| option_error(py, &e))
 }
 
+/// Appends `rows` (with the new contexts' `context` table, and `joins` instead of the cache's)
+/// to the cache at `cache` as its next generation; returns that generation's manifest as JSON.
+#[pyfunction]
+#[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None))]
+fn append(
+    py: Python<'_>,
+    cache: std::path::PathBuf,
+    rows: Vec<String>,
+    context: Option<String>,
+    joins: Option<Vec<(String, String)>>,
+    progress: bool,
+    max_memory: Option<u64>,
+) -> PyResult<String> {
+    let inputs = dsc_compiler::AppendInputs {
+        rows,
+        context,
+        joins: joins.map(|j| {
+            j.into_iter()
+                .map(|(file, on)| dsc_format::spec::JoinSpec { file, on })
+                .collect()
+        }),
+    };
+    let interrupt = Arc::new(Interrupt::new());
+    let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
+    let report = interruptible(py, &|| interrupt.request(libc_sigint()), || {
+        dsc_compiler::append(
+            &cache,
+            &inputs,
+            &CompileOptions {
+                out: cache.clone(),
+                force: false,
+                max_memory,
+                storage: dsc_compiler::Storage::Hot,
+                progress: &bars,
+            },
+        )
+        .map_err(Box::new)
+    })?
+    .map_err(|e| compile_error(py, *e))?;
+    Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
+}
+
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.
 #[pyfunction]
 #[pyo3(signature = (spec_json, spec_file, out, force, progress, max_memory=None, compress=None,
@@ -754,6 +796,27 @@ fn remote_options(py: Python<'_>, json: Option<&str>) -> PyResult<dsc_loader::Re
     }
     if let Some(limit) = given["cache_limit"].as_u64() {
         o.limit = Some(limit);
+    }
+    match &given["generation"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::Number(n) => {
+            o.generation = n
+                .as_u64()
+                .filter(|&n| (1..=u64::from(u32::MAX)).contains(&n))
+                .map(|n| dsc_format::GenerationRef::Number(n as u32))
+                .ok_or_else(|| {
+                    options_error(py, &format!("generation={n}: generations count from 1"))
+                })?;
+        }
+        serde_json::Value::String(s) => {
+            o.generation = s.parse().map_err(|e: String| options_error(py, &e))?;
+        }
+        other => {
+            return Err(options_error(
+                py,
+                &format!("generation={other}: a number, a content id or a tag"),
+            ))
+        }
     }
     if let Some(map) = given["storage_options"].as_object() {
         for (key, value) in map {
@@ -922,6 +985,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheHandle>()?;
     m.add_class::<LoaderHandle>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(append, m)?)?;
     m.add_function(wrap_pyfunction!(compile_stage, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
