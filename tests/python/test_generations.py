@@ -1,0 +1,92 @@
+"""Data that keeps arriving, from Python: ``dsc.append`` commits a cache's next generation,
+``dsc.open(..., generation=)`` reads any of them, and a loader state resumes on the generation
+it read, with the uninterrupted batches, whatever was appended since."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsc
+from conftest import COMPILE_KWARGS, run_dsc
+
+
+@pytest.fixture
+def growing(workdir: Path, tmp_path: Path) -> Path:
+    """A cache of the first IceCube batch file, in a folder of this test's own (the session's
+    data; `train_meta` holds every event, so contexts without rows are dropped)."""
+    out = tmp_path / "daily"
+    kwargs = dict(COMPILE_KWARGS, empty_contexts="drop")
+    kwargs["context"] = str(workdir / kwargs["context"])
+    kwargs["join"] = str(workdir / kwargs["join"])
+    dsc.compile(str(workdir / "data/train/batch_1.parquet"), out=out, shard_size="96KiB", **kwargs)
+    return out
+
+
+def append(cache: Path, workdir: Path, n: int) -> dsc.Cache:
+    return dsc.append(cache, workdir / f"data/train/batch_{n}.parquet",
+                      context=workdir / "data/train_meta.parquet")
+
+
+def keys(loader: dsc.Loader, steps: int | None = None) -> list[list[int]]:
+    """The keys of each batch: of the whole epoch, or of its first `steps` batches."""
+    return [np.asarray(b["key"]).tolist() for b in itertools.islice(loader, steps)]
+
+
+def test_append_commits_a_generation_every_reader_can_open(growing: Path, workdir: Path) -> None:
+    first = dsc.open(growing)
+    assert first.generation == 1
+    grown = append(growing, workdir, 2)
+    assert grown.generation == 2
+    assert sum(grown.splits.values()) == 800
+    assert grown.manifest["generation"]["parent"] == first.content_id
+    # The fitted encodings are the first generation's: the new data reads as the old did.
+    assert grown.manifest["tensors"] == first.manifest["tensors"]
+    again = dsc.open(growing, generation=1)
+    assert again.content_id == first.content_id and again.splits == first.splits
+    assert dsc.open(growing, generation=grown.content_id).generation == 2
+    # Pickled (a DataLoader worker, another process): the same generation comes back.
+    assert pickle.loads(pickle.dumps(again)).content_id == first.content_id
+    assert first.reopen().generation == 2
+    with pytest.raises(dsc.CacheError, match="no generation 3"):
+        dsc.open(growing, generation=3)
+    # A key the cache holds is refused, naming it, and nothing is committed.
+    with pytest.raises(dsc.CompileError, match="already in the cache"):
+        append(growing, workdir, 2)
+    assert dsc.open(growing).generation == 2
+
+
+def test_a_state_resumes_its_generation_after_appends(growing: Path, workdir: Path) -> None:
+    options = dict(split="train", batch_size=16, seed=3, format="numpy")
+    uninterrupted = keys(dsc.Loader(growing, **options))
+    loader = dsc.Loader(growing, **options)
+    keys(loader, steps=5)
+    state = loader.state_dict()
+    append(growing, workdir, 2)
+    append(growing, workdir, 3)
+    # A new loader opens the last generation; the state brings it back to the one it read.
+    resumed = dsc.Loader(growing, **options)
+    assert resumed.cache.generation == 3
+    resumed.load_state_dict(state)
+    assert resumed.cache.generation == 1
+    assert keys(resumed) == uninterrupted[5:]
+    # Moving on to the new data is the user's choice: the last generation, from epoch 0.
+    latest = dsc.Loader(growing, **options)
+    assert len(keys(latest)) > len(uninterrupted)
+    # A state of data no generation holds is refused as another cache's.
+    with pytest.raises(dsc.StateError, match="another cache"):
+        latest.load_state_dict({**state, "content_id": "00000000deadbeef"})
+
+
+def test_the_cli_and_python_append_alike(growing: Path, workdir: Path, tmp_path: Path) -> None:
+    twin = tmp_path / "twin"
+    shutil.copytree(growing, twin)
+    append(growing, workdir, 2)
+    run_dsc("append", str(twin), str(workdir / "data/train/batch_2.parquet"),
+            "--context", str(workdir / "data/train_meta.parquet"), "--quiet")
+    assert dsc.open(twin).content_id == dsc.open(growing).content_id
