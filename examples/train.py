@@ -1255,7 +1255,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
 
-    cache = dsc.open(args.cache)
+    # A resumed run reads the generation of the cache it started on, whatever was appended
+    # since (dsc append): its statistics (the inputs' scaling) and its order.
+    read = (ckpt or {}).get("loader", {}).get("content_id")
+    cache = dsc.open(args.cache, generation=read)
     task = resolve_task(cache, args.task, args.target).to(device)
     inp = resolve_inputs(cache, args.normalise)
     names = inp.names + ["y"] + (PACK_TENSORS if args.pack else [])

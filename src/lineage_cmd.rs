@@ -22,6 +22,8 @@ struct Appended {
     /// Contexts per split in the new generation.
     splits: Vec<(String, usize)>,
     bytes_added: u64,
+    /// The new data against the parameters it was encoded with.
+    drift: Option<dsc_compiler::Drift>,
 }
 
 pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
@@ -93,6 +95,7 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
             .collect(),
         added,
         bytes_added: report.cache_bytes,
+        drift: report.drift.clone(),
     };
     if a.json {
         crate::output::print_json(&r)?;
@@ -113,7 +116,54 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
         list(&r.added),
         list(&r.splits)
     );
+    if let Some(d) = &r.drift {
+        print_drift(d)?;
+    }
     Ok(0)
+}
+
+/// The drift report as a table: each column's figures against the fitted train split.
+fn print_drift(d: &dsc_compiler::Drift) -> anyhow::Result<()> {
+    let f = |v: Option<f64>, fmt: &dyn Fn(f64) -> String| v.map_or("-".into(), fmt);
+    outln!("the new data against the fitted parameters (the first generation's train split):");
+    outln!(
+        "  {:<20} {:>10} {:>11} {:>9} {:>13} {:>13}",
+        "column",
+        "values",
+        "mean shift",
+        "std x",
+        "out of range",
+        "not in vocab"
+    );
+    for c in &d.columns {
+        outln!(
+            "  {:<20} {:>10} {:>11} {:>9} {:>13} {:>13}",
+            c.column,
+            thousands(c.values),
+            f(c.mean_shift_sd, &|s| format!("{s:+.2} sd")),
+            f(c.std_ratio, &|r| format!("{r:.2}")),
+            f(c.outside_range, &|o| format!("{:.2}%", o * 100.0)),
+            f(c.unknown, &|u| format!("{:.2}%", u * 100.0))
+        );
+    }
+    let l = &d.lengths;
+    outln!(
+        "  lengths: mean {:.1} (fitted {:.1}), {:.1}% cut to max_len (fitted {:.1}%)",
+        l.mean,
+        l.fitted_mean,
+        l.truncated * 100.0,
+        l.fitted_truncated * 100.0
+    );
+    if d.refit_due {
+        eprintln!(
+            "dsc: warning: the new data has moved away from what the encodings were fitted on; \
+             a new compile (a refit) is due:"
+        );
+        for r in &d.reasons {
+            eprintln!("  {r}");
+        }
+    }
+    Ok(())
 }
 
 /// One line of `dsc log`.

@@ -51,6 +51,8 @@ pub struct CompileReport {
     pub cache_bytes: u64,
     /// Seconds spent per stage, in order.
     pub timings: Vec<(String, f64)>,
+    /// For an append: its new data against the parameters it was encoded with.
+    pub drift: Option<crate::Drift>,
 }
 
 /// Wall time per compile stage, for the report.
@@ -106,6 +108,7 @@ pub(crate) fn commit_cache(
         stats,
         cache_bytes,
         timings: timer.timings,
+        drift: None,
     })
 }
 

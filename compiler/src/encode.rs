@@ -149,6 +149,9 @@ pub(crate) struct NumericResult {
     pub train_mean: f64,
     /// The fill taken from another cache (`fit_from`) instead of the one the policy derives.
     pub fill: Option<Option<f64>>,
+    /// With another cache's parameters: the finite values outside the range they were fitted
+    /// on (that cache's train minimum and maximum), for the drift report.
+    pub outside: Option<u64>,
 }
 
 /// Whether some value of a column with statistics `stats` (`all` first) leaves f32 once

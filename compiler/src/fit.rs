@@ -7,7 +7,7 @@
 use crate::bucket::{ColumnId, Issues, Shared};
 use crate::encode::{self, Access, CatValue, Gathered, NumericEncoder, NumericResult};
 use crate::error::{CompileError, Result};
-use crate::frozen::Frozen;
+use crate::frozen::{Frozen, Reference};
 use crate::plan::Step;
 use crate::rules::Rules;
 use crate::runs::{Run, Sorted, ValueRuns};
@@ -178,6 +178,7 @@ pub(crate) fn merge_numeric(
     splits: usize,
     chain: &[Step],
     files: &[File],
+    reference: Option<&Reference>,
 ) -> Result<NumericResult> {
     let merge = |f: &dyn Fn(&NumericPartial) -> Moments| {
         parts
@@ -202,13 +203,29 @@ pub(crate) fn merge_numeric(
         all_counts.iter_mut().zip(c).for_each(|(t, x)| *t += x);
     }
     let all_runs = Sorted::new(files, parts.iter().flat_map(|p| p.runs.iter().copied()))?;
+    // In an append, histograms are binned on the parent's edges, so that they add up.
+    let rebin = |stats: &mut ColumnStats, runs: &Sorted, i: usize| -> Result<()> {
+        let edges = reference
+            .and_then(|r| r.edges.get(i))
+            .and_then(Option::as_ref);
+        if let (Some(n), Some(edges)) = (stats.numeric.as_mut(), edges) {
+            n.histogram = runs.histogram_at(edges)?;
+        }
+        Ok(())
+    };
     let mut all = id.empty_stats(all_counts, all_runs.n);
     all.numeric = all_runs.numeric(&all_m)?;
+    rebin(&mut all, &all_runs, 0)?;
+    let outside = match reference.and_then(|r| r.range) {
+        Some((lo, hi)) if all_runs.n > 0 => Some(all_runs.count_lt(lo)? + all_runs.count_gt(hi)?),
+        _ => None,
+    };
     let mut out = vec![all];
     for s in 0..splits {
         let runs = Sorted::new(files, parts.iter().map(|p| p.runs[s]))?;
         let mut st = id.empty_stats(counts[s], runs.n);
         st.numeric = runs.numeric(&moments[s])?;
+        rebin(&mut st, &runs, s + 1)?;
         out.push(st);
     }
     for s in &out {
@@ -234,6 +251,7 @@ pub(crate) fn merge_numeric(
         stages,
         train_mean: moments[0].mean,
         fill: None,
+        outside,
     })
 }
 
@@ -656,7 +674,9 @@ pub(crate) fn merge(
                 .iter()
                 .map(|f| f.columns[i].as_ref().expect("a numeric column"))
                 .collect();
-            let mut result = merge_numeric(&id, &numeric, n_splits, rc.chain, files)?;
+            let reference = frozen.map(|f| f.reference(&id, &shared.splits.names));
+            let mut result =
+                merge_numeric(&id, &numeric, n_splits, rc.chain, files, reference.as_ref())?;
             if let Some(f) = frozen {
                 f.numeric(&id, &mut result)?;
             }
@@ -672,7 +692,8 @@ pub(crate) fn merge(
     for (i, (name, is_target, chain)) in shared.context_columns.iter().enumerate() {
         let id = shared.context_column_id(i);
         let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
-        let mut result = merge_numeric(&id, &numeric, n_splits, chain, files)?;
+        let reference = frozen.map(|f| f.reference(&id, &shared.splits.names));
+        let mut result = merge_numeric(&id, &numeric, n_splits, chain, files, reference.as_ref())?;
         if let Some(f) = frozen {
             f.numeric(&id, &mut result)?;
         }

@@ -8,7 +8,7 @@ use crate::encode::{CatValue, NumericResult};
 use crate::error::{CompileError, Result};
 use dsc_format::spec::NanPolicy;
 use dsc_format::spelling::OptionError;
-use dsc_format::stats::Stats;
+use dsc_format::stats::{Bin, ColumnStats, Stats};
 use dsc_format::{ColumnSource, ColumnSpec, Encoding, Manifest, TensorSpec};
 use std::path::{Path, PathBuf};
 
@@ -17,9 +17,20 @@ use std::path::{Path, PathBuf};
 pub(crate) struct Frozen {
     dir: PathBuf,
     manifest: Manifest,
-    /// Its statistics, for the one fill its manifest does not hold (a boolean column's train
-    /// mean under `nan = "mean"`).
+    /// Its statistics: the edges new histograms are binned on, and the one fill its manifest
+    /// does not hold (a boolean column's train mean under `nan = "mean"`).
     stats: Stats,
+    /// Its first generation's statistics: its train split is what the parameters were fitted
+    /// on, what new data is measured against.
+    first: Stats,
+}
+
+/// What a column of new data is measured against: the edges of the other cache's histograms
+/// per split (`all` first, then this compile's splits; `None` where it has no values), and the
+/// range its parameters were fitted on.
+pub(crate) struct Reference {
+    pub edges: Vec<Option<Vec<Bin>>>,
+    pub range: Option<(f64, f64)>,
 }
 
 impl Frozen {
@@ -35,11 +46,57 @@ impl Frozen {
             )));
         }
         let stats = Stats::read(dir, &manifest)?;
+        let first = match manifest.generation_number() {
+            1 => stats.clone(),
+            _ => Stats::read(
+                dir,
+                &Manifest::read_at(dir, &dsc_format::GenerationRef::Number(1))?,
+            )?,
+        };
         Ok(Frozen {
             dir: dir.into(),
             manifest,
             stats,
+            first,
         })
+    }
+
+    /// What a numeric column `id` of this compile (with splits `splits`) is measured against.
+    pub fn reference(&self, id: &ColumnId, splits: &[String]) -> Reference {
+        let numeric = |stats: &Stats, split: &str| {
+            column_stats(stats, split, id).and_then(|c| c.numeric.clone())
+        };
+        let edges = std::iter::once(dsc_format::ALL_SPLITS)
+            .chain(splits.iter().map(String::as_str))
+            .map(|s| numeric(&self.stats, s).map(|n| n.histogram))
+            .collect();
+        Reference {
+            edges,
+            range: numeric(&self.first, "train").map(|n| (n.min, n.max)),
+        }
+    }
+
+    /// The first generation's train statistics of a column (table and name), and the
+    /// vocabulary its encoding holds: the drift report's reference.
+    pub fn fitted_on(&self, table: &str, name: &str) -> Option<&ColumnStats> {
+        self.first
+            .splits
+            .iter()
+            .find(|s| s.split == "train")?
+            .columns
+            .iter()
+            .find(|c| c.name == name && c.table == table)
+    }
+
+    /// The first generation's train length statistics and contexts.
+    pub fn lengths_fitted_on(&self) -> Option<(&dsc_format::stats::LengthStats, u64)> {
+        let train = self.first.splits.iter().find(|s| s.split == "train")?;
+        Some((&train.lengths, train.contexts))
+    }
+
+    /// The other cache's encoding of column `name` of `table`.
+    pub fn encoding_of(&self, table: &str, name: &str) -> Option<&Encoding> {
+        self.column_named(table, name).map(|c| &c.encoding)
     }
 
     /// The padded length of the other cache.
@@ -62,7 +119,19 @@ impl Frozen {
 
     /// The other cache's column of `id`'s table and name.
     fn column(&self, id: &ColumnId) -> Result<&ColumnSpec> {
-        let same_table = |c: &ColumnSpec| match (&c.source, id.table) {
+        self.column_named(id.table, &id.name).ok_or_else(|| {
+            refuse(format!(
+                "{} has no {} column {:?} to take its encoding from",
+                self.dir.display(),
+                id.table,
+                id.name
+            ))
+        })
+    }
+
+    /// The other cache's column `name` of `table` (`rows`, `join`, `context`).
+    fn column_named(&self, table: &str, name: &str) -> Option<&ColumnSpec> {
+        let same_table = |c: &ColumnSpec| match (&c.source, table) {
             (ColumnSource::Rows, "rows") | (ColumnSource::Context, "context") => true,
             (ColumnSource::Join { .. }, "join") => true,
             _ => false,
@@ -71,15 +140,7 @@ impl Frozen {
             .tensors()
             .iter()
             .flat_map(|t| &t.columns)
-            .find(|c| c.name == id.name && same_table(c))
-            .ok_or_else(|| {
-                refuse(format!(
-                    "{} has no {} column {:?} to take its encoding from",
-                    self.dir.display(),
-                    id.table,
-                    id.name
-                ))
-            })
+            .find(|c| c.name == name && same_table(c))
     }
 
     /// Replaces a numeric column's fitted stages (and fill) with the other cache's.
@@ -190,6 +251,17 @@ impl Frozen {
         }
         Ok(())
     }
+}
+
+/// The statistics of column `id` in `split` of `stats`.
+fn column_stats<'a>(stats: &'a Stats, split: &str, id: &ColumnId) -> Option<&'a ColumnStats> {
+    stats
+        .splits
+        .iter()
+        .find(|s| s.split == split)?
+        .columns
+        .iter()
+        .find(|c| c.name == id.name && c.table == id.table)
 }
 
 fn refuse(problem: String) -> CompileError {

@@ -17,6 +17,9 @@ use std::path::PathBuf;
 /// statistics of the whole generation: what the append's drift report compared.
 pub const ADDED_STATS_FILE: &str = "added-stats.json";
 
+/// The drift report of an append ([`crate::Drift`]), kept in its generation's folder.
+pub const DRIFT_FILE: &str = "drift.json";
+
 /// What an append's compile wrote: its tensors, per split its rows and shards, its inputs,
 /// counts and statistics.
 pub(crate) struct Added {
@@ -25,6 +28,7 @@ pub(crate) struct Added {
     pub inputs: Inputs,
     pub summary: CompileSummary,
     pub stats: Stats,
+    pub drift: crate::Drift,
 }
 
 /// What an append builds on: the cache's last generation, locked for the whole append.
@@ -113,6 +117,9 @@ pub(crate) fn commit_append(
     };
     staging.write_file(dsc_format::STATS_FILE, &json(&stats))?;
     staging.write_file(ADDED_STATS_FILE, &json(&added.stats))?;
+    let mut drift = serde_json::to_vec_pretty(&added.drift).expect("drift serializes");
+    drift.push(b'\n');
+    staging.write_file(DRIFT_FILE, &drift)?;
     crate::write::failpoint("append:stats-written");
     crate::progress::check(progress)?;
     staging.commit_generation(
@@ -128,6 +135,7 @@ pub(crate) fn commit_append(
         stats,
         cache_bytes: new_bytes,
         timings: timer.timings,
+        drift: Some(added.drift),
     })
 }
 
@@ -185,8 +193,8 @@ fn add_summaries(a: &CompileSummary, b: &CompileSummary) -> CompileSummary {
 
 /// The statistics of a generation: its parent's `old` (of generation `parent`) and the new
 /// data's `new`, merged where statistics merge exactly (counts, moments by Chan's formula,
-/// extremes, length histograms, vocabularies); quantiles and numeric histograms stay those of
-/// the oldest generation that had values, named by `quantiles_of`.
+/// extremes, histograms, vocabularies); quantiles stay those of the oldest generation that had
+/// values, named by `quantiles_of`.
 pub(crate) fn merge_stats(old: &Stats, new: &Stats, parent: u32) -> Stats {
     let mut splits: Vec<SplitStats> = old.splits.clone();
     for n in &new.splits {
@@ -288,8 +296,24 @@ fn merge_numeric(a: &NumericStats, na: u64, b: &NumericStats, nb: u64) -> Numeri
         mean,
         std: (m2 / n).sqrt(),
         quantiles: a.quantiles.clone(),
-        histogram: a.histogram.clone(),
+        histogram: merge_bins(&a.histogram, &b.histogram),
     }
+}
+
+/// Two histograms on the same edges (an append bins its data on its parent's) added bin by
+/// bin; the first one's otherwise.
+fn merge_bins(a: &[Bin], b: &[Bin]) -> Vec<Bin> {
+    let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x.lo, x.hi) == (y.lo, y.hi));
+    if !same {
+        return a.to_vec();
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| Bin {
+            count: x.count + y.count,
+            ..*x
+        })
+        .collect()
 }
 
 /// Counts per value added, most frequent first, ties by ascending value (§5.3's order).

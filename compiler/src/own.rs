@@ -428,7 +428,7 @@ impl<'s> Recipe for Own<'s> {
             layout,
             splits,
         } = fitted;
-        let mut summary = merged.summary;
+        let mut summary = merged.summary.clone();
         summary.values_filled = written.iter().map(|w| w.filled).sum();
         summary.contexts_truncated = written.iter().map(|w| w.truncated).sum();
         let mut written_splits = Vec::new();
@@ -443,7 +443,12 @@ impl<'s> Recipe for Own<'s> {
             written_splits.push((name.clone(), rows_stored, mine));
         }
         if let Some(base) = &self.base {
+            let frozen = self
+                .frozen
+                .as_ref()
+                .expect("an append takes its cache's parameters");
             let added = crate::lineage::Added {
+                drift: crate::drift::report(frozen, &merged, &merged.stats),
                 tensors: layout.tensors,
                 splits: written_splits,
                 inputs,

@@ -326,11 +326,35 @@ impl<'f> Sorted<'f> {
     }
 
     /// Values strictly below `x`.
-    fn count_lt(&self, x: f64) -> Result<u64> {
+    pub fn count_lt(&self, x: f64) -> Result<u64> {
         match ord_key(x).checked_sub(1) {
             Some(t) => self.count_le(t),
             None => Ok(0),
         }
+    }
+
+    /// Values strictly above `x`.
+    pub fn count_gt(&self, x: f64) -> Result<u64> {
+        Ok(self.n - self.count_le(ord_key(x))?)
+    }
+
+    /// The values binned on `bins`' edges (another statistics file's, an earlier
+    /// generation's): bin 0 from −∞, the last to +∞, each from its lower edge, so that counts
+    /// of two generations binned alike add up to the whole's.
+    pub fn histogram_at(&self, bins: &[Bin]) -> Result<Vec<Bin>> {
+        let mut below = vec![0u64];
+        for b in bins.iter().skip(1) {
+            below.push(self.count_lt(b.lo)?);
+        }
+        below.push(self.n);
+        Ok(bins
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Bin {
+                count: below[i + 1] - below[i],
+                ..*b
+            })
+            .collect())
     }
 
     /// The `k`-th smallest value (from 0). Among the sample keys, find the smallest `hi` with

@@ -9,6 +9,7 @@ import math
 import numbers
 import os
 import sys
+import warnings
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     TypedDict, Union)
 
@@ -387,6 +388,12 @@ def append(
     holds, or inputs whose tensors would differ, raise :class:`dsc.CompileError` naming them,
     and nothing is committed. ``dsc.open(path, generation=N)`` opens any generation; ``dsc log``
     lists them. Appends to one cache run one after the other (a second waits for the first).
+
+    The new data is measured against the parameters it is encoded with (the first generation's
+    train split): per column the mean's shift in standard deviations, the ratio of standard
+    deviations, the share of values outside the fitted range or vocabulary, and the lengths. A
+    ``UserWarning`` names what is past its threshold (a refit is due); the whole report is the
+    generation's ``generations/NNNNN/drift.json``.
     """
     path = cache.path if isinstance(cache, Cache) else os.fspath(cache)
     given = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
@@ -396,14 +403,18 @@ def append(
     jl = _joins(joins, join, on)
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
-    _dsc.append(
+    drift = json.loads(_dsc.append(
         path,
         [os.fspath(r) for r in given],
         None if context is None else os.fspath(context),
         None if jl is None else [(j["file"], j["on"]) for j in jl],
         bool(progress),
         None if max_memory is None else _size("max_memory", max_memory),
-    )
+    ))
+    if drift and drift["refit_due"]:
+        warnings.warn(
+            "dsc.append: the new data has moved away from what the encodings were fitted on; a "
+            "new compile (a refit) is due: " + "; ".join(drift["reasons"]), stacklevel=2)
     return Cache(path)
 
 

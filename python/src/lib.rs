@@ -660,7 +660,7 @@ fn spec_from(
 }
 
 /// Appends `rows` (with the new contexts' `context` table, and `joins` instead of the cache's)
-/// to the cache at `cache` as its next generation; returns that generation's manifest as JSON.
+/// to the cache at `cache` as its next generation; returns the drift report as JSON.
 #[pyfunction]
 #[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None))]
 fn append(
@@ -698,7 +698,7 @@ fn append(
         .map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;
-    Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))
+    Ok(serde_json::to_string(&report.drift).expect("drift serializes"))
 }
 
 /// Compiles from a JSON spec (and optional spec file) into `out`; returns the manifest as JSON.

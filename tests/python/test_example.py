@@ -146,6 +146,33 @@ def test_resume_continues_exactly(train_script, icecube_cache, tmp_path):
     assert second["final_train_loss"] == whole["final_train_loss"]
 
 
+def test_a_resume_reads_the_generation_it_started_on(train_script, icecube_cache, tmp_path):
+    """Issue 51: a checkpoint's loader state names the generation it read; after an append
+    (dsc append) the resumed run reads that generation (its statistics and its order) and ends
+    with the weights of a run that saw no append."""
+    data = icecube_cache.parent / "data"
+    flags = ["--key", "event_id", "--order-by", "time", "--context",
+             str(data / "train_meta.parquet"), "--empty-contexts", "drop", "--targets",
+             "azimuth,zenith", "--features", "time,charge,auxiliary", "--encode", "charge=log1p",
+             "--max-len", "64", "--val-fraction", "0.1", "--seed", "42", "--quiet"]
+    for name in ("still", "daily"):
+        run_dsc("compile", str(data / "train/batch_1.parquet"), *flags, "--out", str(tmp_path / name))
+    base = ["--epochs", "1", "--log-every", "3", "--json", *SMALL]
+    whole = train_script.main(["--cache", str(tmp_path / "still"), *base, "--out",
+                               str(tmp_path / "whole")])
+    k = whole["optimizer_steps"] // 2
+    train_script.main(["--cache", str(tmp_path / "daily"), *base, "--max-steps", str(k),
+                       "--out", str(tmp_path / "parts")])
+    dsc.append(tmp_path / "daily", data / "train/batch_2.parquet",
+               context=data / "train_meta.parquet")
+    rest = train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"), "--json",
+                              "--threads", "1"])
+    assert rest["optimizer_steps"] == whole["optimizer_steps"]
+    a, b = _weights(tmp_path / "whole" / "last.pt"), _weights(tmp_path / "parts" / "last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
 def test_a_resident_split_trains_the_same_run(train_script, icecube_cache, tmp_path):
     """--resident on (the split gathered by index, what CUDA runs by default) gives the batches
     of the host path, so the same run: the same weights bit for bit. The summary lists the

@@ -49,6 +49,11 @@ pub struct Cli {
     #[arg(long, required_unless_present = "resume", value_name = "CACHE")]
     pub cache: Vec<PathBuf>,
 
+    /// The generation of the cache to train on (a number, a content id or a tag; `dsc log`
+    /// lists them) [default: the last one]. A resumed run reads the generation it started on.
+    #[arg(long, value_name = "N|ID|TAG", conflicts_with = "resume")]
+    pub generation: Option<String>,
+
     /// For a cache in object storage: the local folder its shards are fetched into ahead of
     /// use, in the loader's order [env: DSC_CACHE_DIR; default: ~/.cache/dsc].
     #[arg(long, value_name = "DIR", help_heading = "Object storage")]
@@ -282,6 +287,7 @@ impl Cli {
             cache: cache.clone(),
             mix: mix.to_vec(),
             weights: self.mix_args.weights.clone().unwrap_or_default(),
+            generation: self.generation.clone(),
             mix_samples: self.mix_args.mix_samples,
             task: self.task,
             target: self.target.clone(),

@@ -2,6 +2,7 @@
 //! that `--resume` needs nothing else. The binary's `args` builds it from the command line; a
 //! program using the library builds it directly.
 
+use crate::error::TrainError;
 pub use crate::model::Amp;
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
 use dsc_format::spelling::OptionError;
@@ -98,6 +99,11 @@ pub struct RunConfig {
     /// The train mix's weights, one per cache (`--weights`; empty: the caches' sizes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<f64>,
+    /// The generation of the caches read (`--generation`: a number, content id or tag, one
+    /// for every cache or one per cache joined by `+`); `None`: the last one. A resume sets it
+    /// to the content ids its checkpoint read, whatever was appended since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
     /// What is learned from `y`.
     pub task: Task,
     /// Target columns of `y`; empty: the task's default.
@@ -181,6 +187,29 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The options that open cache `i` of the run (0: `cache`, then `mix`): the environment's
+    /// object storage settings and the run's generation of that cache.
+    pub fn open_options(&self, i: usize) -> Result<dsc_loader::RemoteOptions, TrainError> {
+        let mut opts = dsc_loader::RemoteOptions::from_env()?;
+        if let Some(g) = &self.generation {
+            let parts: Vec<&str> = g.split('+').collect();
+            let part = match parts.len() {
+                1 => parts[0],
+                n if n == 1 + self.mix.len() => parts[i],
+                n => {
+                    return Err(TrainError::Config(OptionError::new(
+                        "generation",
+                        format!("{n} generations given for {} caches", 1 + self.mix.len()),
+                    )))
+                }
+            };
+            opts.generation = part
+                .parse()
+                .map_err(|e: String| TrainError::Config(OptionError::new("generation", e)))?;
+        }
+        Ok(opts)
+    }
+
     /// The loader options of this run over `split`: the train split shuffled in whole
     /// batches; any other in cache order, every context once (the last batch completed).
     pub fn loader_options(
@@ -233,6 +262,7 @@ impl RunConfig {
             cache: cache.into(),
             mix: Vec::new(),
             weights: Vec::new(),
+            generation: None,
             task,
             target: Vec::new(),
             model: ModelKind::Transformer,

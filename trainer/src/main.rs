@@ -45,20 +45,24 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         Some(path) => {
             let ck = checkpoint::Checkpoint::read(path)?;
             let mut cfg = ck.position.config.clone();
+            // The generations the run read, whatever was appended since: the saved position
+            // counts in their order.
+            if let Some(content) = &ck.position.cache_content {
+                cfg.generation = Some(content.clone());
+            }
             // The same rules as the command line: a checkpoint is a file anyone can edit.
             cfg.validate()
                 .with_context(|| format!("{}: the saved run configuration", path.display()))?;
             // Before anything reads the cache: a resumed run must see the same data, in the
             // same shards (a recompile with another --seed or --shard-size keeps the inputs'
             // fingerprint but not the order the saved position counts in).
-            let remote = dsc_loader::RemoteOptions::from_env()?;
-            let manifest = dsc_loader::read_meta(&cfg.cache, &remote)
+            let manifest = dsc_loader::read_meta(&cfg.cache, &cfg.open_options(0)?)
                 .with_context(|| format!("opening the cache {}", cfg.cache.display()))?
                 .0;
             let mut manifests = vec![manifest.clone()];
-            for other in &cfg.mix {
+            for (i, other) in cfg.mix.iter().enumerate() {
                 manifests.push(
-                    dsc_loader::read_meta(other, &remote)
+                    dsc_loader::read_meta(other, &cfg.open_options(1 + i)?)
                         .with_context(|| format!("opening the cache {}", other.display()))?
                         .0,
                 );

@@ -111,10 +111,10 @@ impl Session {
     /// Sets up a run of `cfg` on `device` with `slots` ring slots.
     pub fn new(cfg: RunConfig, device: Device, slots: usize) -> Result<Session> {
         cfg.validate()?;
-        let cache = Cache::open(&cfg.cache)?;
+        let cache = Cache::open_with(&cfg.cache, &cfg.open_options(0)?)?;
         let mut caches = vec![cache.clone()];
-        for path in &cfg.mix {
-            caches.push(Cache::open(path)?);
+        for (i, path) in cfg.mix.iter().enumerate() {
+            caches.push(Cache::open_with(path, &cfg.open_options(1 + i)?)?);
         }
         let sources = Mix::new(caches)?;
         let amp = cfg.amp.unwrap_or(if device.is_cuda() {

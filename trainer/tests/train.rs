@@ -1024,6 +1024,48 @@ fn a_run_resumes_on_its_cache_compressed_in_place() {
     assert_same_weights(straight.path(), split.path());
 }
 
+/// Issue 51: a checkpoint records the content id of the generation it read, and a resume
+/// opens that generation after appends: the weights of the run that saw no append.
+#[test]
+fn a_run_resumes_on_its_generation_after_an_append() {
+    let fx = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    copy_dir(&fx.mix[0], &cache);
+    let flags = "--task direction --batch-size 32 --epochs 1 --log-every 2";
+    let (full, straight) = small_run(&fx.mix[0], flags);
+    let stop = (full["optimizer_steps"].as_u64().unwrap() / 2).to_string();
+    let (_, split) = small_run(&cache, &format!("{flags} --max-steps {stop}"));
+    let new = dsc_compiler::AppendInputs {
+        rows: vec![fx.ice.join("train/batch_2.parquet").display().to_string()],
+        context: Some(fx.ice.join("train_meta.parquet").display().to_string()),
+        joins: None,
+    };
+    let opts = dsc_compiler::CompileOptions {
+        out: cache.clone(),
+        force: false,
+        max_memory: None,
+        storage: Default::default(),
+        progress: &dsc_compiler::NoProgress,
+    };
+    dsc_compiler::append(&cache, &new, &opts).expect("append");
+    let ckpt = path(&split.path().join("last.ckpt"));
+    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
+    assert_same_weights(straight.path(), split.path());
+    // A new run reads the last generation, twice the contexts; or the first, when asked.
+    let (grown, _) = small_run(&cache, flags);
+    let steps = |v: &Value| v["epochs"][0]["steps"].as_u64().unwrap();
+    assert!(
+        steps(&grown) > steps(&full) * 3 / 2,
+        "{} vs {}",
+        steps(&grown),
+        steps(&full)
+    );
+    let (first, _) = small_run(&cache, &format!("{flags} --generation 1"));
+    assert_eq!(steps(&first), steps(&full));
+}
+
 /// Runs dsc-train with `args`, killed after `limit`: `None` when it had to be killed.
 fn train_within(args: &[&str], limit: std::time::Duration) -> Option<Run> {
     let mut child = Command::new(BIN)
