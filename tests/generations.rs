@@ -4,8 +4,12 @@
 //! generation they read; appends that fail, race or are killed leave the cache as it was.
 
 use crate::util::{
-    dsc, gen_icecube, gen_sequences_as, icecube_args, read_cache_as, tree, Dir, Sample,
+    arc, dsc, gen_icecube, gen_sequences_as, icecube_args, read_cache_as, replace_column, tree,
+    Dir, Sample, Table,
 };
+use arrow_array::cast::AsArray;
+use arrow_array::types::Float64Type;
+use arrow_array::Float64Array;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -138,6 +142,143 @@ fn a_lineage_holds_the_contexts_of_the_fit_from_compile_of_all_its_inputs() {
             );
         }
     }
+    // Histograms are binned on the first generation's edges, so they add up exactly: the
+    // merged `charge` histogram counts every raw value of the four files in its bins.
+    let first = stats(&cache.join("stats.json"));
+    let column = |s: &serde_json::Value, name: &str| {
+        s["splits"][0]["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()["numeric"]["histogram"]
+            .clone()
+    };
+    let edges: Vec<f64> = column(&first, "charge")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["lo"].as_f64().unwrap())
+        .collect();
+    let mut counts = vec![0u64; edges.len()];
+    for f in 1..=4 {
+        let table = Table::read(&dir.join(&format!("data/train/batch_{f}.parquet")));
+        for v in table.f64s("charge").into_iter().flatten() {
+            counts[edges[1..].iter().take_while(|&&e| e <= v).count()] += 1;
+        }
+    }
+    let merged_counts: Vec<u64> = column(&merged, "charge")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .collect();
+    assert_eq!(merged_counts, counts);
+}
+
+#[test]
+fn an_append_reports_how_far_the_new_data_is_from_the_fitted_parameters() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 150);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    // Batch 2 as it comes; batch 3 with its charges ten times larger (a recalibrated sensor).
+    let meta = ["--context", "data/train_meta.parquet", "--json"];
+    let calm: serde_json::Value =
+        serde_json::from_str(&append(&dir, "cache", "data/train/batch_2.parquet", &meta)).unwrap();
+    // Few events see few of the 5,160 sensors: new ones are outside the vocabulary (and said
+    // so), while the charges are as they were.
+    let said = calm["drift"]["reasons"].as_array().unwrap();
+    assert!(
+        said.iter()
+            .all(|r| !r.as_str().unwrap().starts_with("charge")),
+        "{calm}"
+    );
+    let column = |d: &serde_json::Value, name: &str| {
+        d["drift"]["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["column"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert!(
+        column(&calm, "charge")["mean_shift_sd"]
+            .as_f64()
+            .unwrap()
+            .abs()
+            < 0.2,
+        "{calm}"
+    );
+    replace_column(&dir.join("data/train/batch_3.parquet"), "charge", |_, b| {
+        let c = b
+            .column_by_name("charge")
+            .unwrap()
+            .as_primitive::<Float64Type>();
+        arc(Float64Array::from_iter_values(
+            c.values().iter().map(|v| v * 10.0),
+        ))
+    });
+    let moved: serde_json::Value =
+        serde_json::from_str(&append(&dir, "cache", "data/train/batch_3.parquet", &meta)).unwrap();
+    let c = column(&moved, "charge");
+    assert!(c["mean_shift_sd"].as_f64().unwrap() > 3.0, "{c}");
+    assert!(c["std_ratio"].as_f64().unwrap() > 5.0, "{c}");
+    // Charges are heavy-tailed: most of ten times the usual still lies below the fitted
+    // maximum, but some values do not (counted exactly, from the sorted values).
+    assert!(c["outside_range"].as_f64().unwrap() > 0.0, "{c}");
+    assert_eq!(moved["drift"]["refit_due"], true);
+    // The generation keeps the report beside its shards.
+    let kept: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("cache/generations/00003/drift.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(kept, moved["drift"]);
+    let reasons = kept["reasons"].as_array().unwrap();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.as_str().unwrap().starts_with("charge:")),
+        "{kept}"
+    );
+    // Categories outside the vocabulary are counted.
+    assert!(column(&moved, "sensor_id")["unknown"].as_f64().is_some());
+}
+
+#[test]
+fn the_text_report_warns_that_a_refit_is_due() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 100);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    replace_column(&dir.join("data/train/batch_2.parquet"), "charge", |_, b| {
+        let c = b
+            .column_by_name("charge")
+            .unwrap()
+            .as_primitive::<Float64Type>();
+        arc(Float64Array::from_iter_values(
+            c.values().iter().map(|v| v + 50.0),
+        ))
+    });
+    let run = dsc(
+        dir.path(),
+        &[
+            "append",
+            "cache",
+            "data/train/batch_2.parquet",
+            "--context",
+            "data/train_meta.parquet",
+        ],
+    );
+    let out = run.ok();
+    assert!(
+        out.contains("mean shift") && out.contains("charge"),
+        "{out}"
+    );
+    let err = run.stderr();
+    assert!(
+        err.contains("a refit) is due") && err.contains("charge:"),
+        "{err}"
+    );
 }
 
 #[test]
