@@ -49,7 +49,84 @@ pub enum Command {
     Decompress(DecompressArgs),
     Status(StatusArgs),
     Append(AppendArgs),
+    Compact(CompactArgs),
     Log(LogArgs),
+    Tag(TagArgs),
+    Gc(GcArgs),
+}
+
+/// Name a generation of a cache, so that readers open it by that name (`--generation NAME`,
+/// `generation="NAME"`) and `dsc gc` keeps it.
+///
+/// Example:
+///   dsc tag cache paper-2026 3
+///   dsc inspect cache --generation paper-2026
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct TagArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// The name: a lower-case letter, then letters, digits, '-', '_', '.'.
+    pub name: String,
+    /// The generation to name: a number, a content id or another tag [default: the last].
+    #[arg(value_parser = generation_ref)]
+    pub generation: Option<dsc_format::GenerationRef>,
+    /// Move the tag if it names another generation.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Remove the generations a cache no longer keeps, and the files only they held: the shards a
+/// compaction rewrote, what killed appends left. Kept: generation 1 (its manifest.json makes
+/// the folder a cache), the last --keep-last, the tagged ones, those committed since
+/// --keep-since. A reader with a removed generation open keeps reading it; new readers cannot.
+///
+/// Example:
+///   dsc compact cache && dsc gc cache --dry-run
+///   dsc gc cache --keep-last 3
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct GcArgs {
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// Keep the last N generations.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub keep_last: u32,
+    /// Keep the generations committed in the last DAYS days (e.g. 7, 0.5).
+    #[arg(long, value_name = "DAYS")]
+    pub keep_days: Option<f64>,
+    /// Say what would be removed, remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Rewrite a cache's live contexts as one new generation: one compile of every generation's
+/// inputs with the first generation's fitted parameters, so its shards are byte for byte those
+/// of `dsc compile ALL_INPUTS --fit-from CACHE` with the cache's spec and seed, in one global
+/// shuffle again. The new generation lists only its own shards; earlier generations stay
+/// readable (a state resumes on the one it read). The inputs must still be where they were,
+/// unchanged (their checksums are compared).
+///
+/// Example:
+///   dsc compact cache
+///   dsc log cache
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct CompactArgs {
+    /// The cache to compact (a local directory).
+    pub cache: PathBuf,
+    /// Memory the compile may use (e.g. 4GiB) [default: half of the machine's].
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
+    /// Print a JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Append new data to a cache as its next generation: the new contexts are compiled with the

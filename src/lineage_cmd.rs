@@ -1,6 +1,6 @@
 //! `dsc append` and `dsc log`: a cache's generations, made and listed.
 
-use crate::args::{AppendArgs, LogArgs};
+use crate::args::{AppendArgs, CompactArgs, GcArgs, LogArgs, TagArgs};
 use crate::output::{outln, thousands};
 use anyhow::bail;
 use dsc_compiler::{AppendInputs, CompileOptions, TerminalBars};
@@ -26,6 +26,67 @@ struct Appended {
     drift: Option<dsc_compiler::Drift>,
 }
 
+pub fn compact(a: CompactArgs) -> anyhow::Result<u8> {
+    let max_memory = memory(a.max_memory.as_deref())?;
+    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
+    let start = Instant::now();
+    let report = dsc_compiler::compact(
+        &a.cache,
+        &CompileOptions {
+            out: a.cache.clone(),
+            force: false,
+            max_memory,
+            storage: dsc_compiler::Storage::Hot,
+            progress: &bars,
+        },
+    )?;
+    let m = &report.manifest;
+    let g = m
+        .generation()
+        .expect("a compaction makes a later generation");
+    let r = Appended {
+        cache: a.cache.clone(),
+        generation: g.number,
+        content_id: m.content_id(),
+        parent: g.parent.clone(),
+        seconds: start.elapsed().as_secs_f64(),
+        added: m
+            .splits()
+            .iter()
+            .map(|s| (s.name.clone(), s.contexts))
+            .collect(),
+        splits: m
+            .splits()
+            .iter()
+            .map(|s| (s.name.clone(), s.contexts))
+            .collect(),
+        bytes_added: report.cache_bytes,
+        drift: None,
+    };
+    if a.json {
+        crate::output::print_json(&r)?;
+        return Ok(0);
+    }
+    outln!(
+        "{}: generation {} ({}) in {:.2} s: {} contexts rewritten in {} shards ({})",
+        a.cache.display(),
+        r.generation,
+        r.content_id,
+        r.seconds,
+        thousands(m.summary().contexts as u64),
+        m.shards().len(),
+        crate::output::bytes(r.bytes_added)
+    );
+    Ok(0)
+}
+
+/// `--max-memory`, parsed.
+fn memory(given: Option<&str>) -> anyhow::Result<Option<u64>> {
+    given
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
+        .transpose()
+}
+
 pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
     if a.joins.len() != a.join_on.len() {
         bail!(
@@ -44,11 +105,7 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
             })
             .collect()
     });
-    let max_memory = a
-        .max_memory
-        .as_deref()
-        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
-        .transpose()?;
+    let max_memory = memory(a.max_memory.as_deref())?;
     let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
     let start = Instant::now();
     let inputs = AppendInputs {
@@ -238,5 +295,42 @@ pub fn log(a: LogArgs) -> anyhow::Result<u8> {
         }
         outln!("    inputs:   {}", e.inputs.join(" "));
     }
+    Ok(0)
+}
+
+pub fn tag(a: TagArgs) -> anyhow::Result<u8> {
+    let at = a.generation.clone().unwrap_or_default();
+    let n = dsc_compiler::tag(&a.cache, &a.name, &at, a.force)?;
+    outln!("{}: {} names generation {n}", a.cache.display(), a.name);
+    Ok(0)
+}
+
+pub fn gc(a: GcArgs) -> anyhow::Result<u8> {
+    let since = match a.keep_days {
+        Some(d) if !(d.is_finite() && d >= 0.0) => {
+            bail!("--keep-days {d}: a number of days, 0 or more")
+        }
+        Some(d) => std::time::SystemTime::now()
+            .checked_sub(std::time::Duration::from_secs_f64(d * 86_400.0)),
+        None => None,
+    };
+    let keep = dsc_compiler::Keep {
+        last: a.keep_last,
+        since,
+    };
+    let r = dsc_compiler::gc(&a.cache, &keep, a.dry_run)?;
+    if a.json {
+        crate::output::print_json(&r)?;
+        return Ok(0);
+    }
+    let verb = if a.dry_run { "would remove" } else { "removed" };
+    outln!(
+        "{}: kept generations {:?}; {verb} generations {:?} and {} files ({})",
+        a.cache.display(),
+        r.kept,
+        r.removed,
+        r.files.len(),
+        crate::output::bytes(r.bytes)
+    );
     Ok(0)
 }

@@ -680,3 +680,116 @@ fn a_reader_under_a_looping_appender_keeps_its_generation() {
     let reopened = dsc_loader::Cache::open(dir.join("cache")).unwrap();
     assert_eq!(reopened.manifest().generation_number(), 5);
 }
+
+#[test]
+fn compaction_writes_the_shards_of_the_fit_from_compile_of_all_inputs_byte_for_byte() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 5, 120);
+    let small = ["--shard-size", "96KiB"];
+    compile_icecube(&dir, "data/train/batch_[12].parquet", "cache", &small);
+    let meta = ["--context", "data/train_meta.parquet"];
+    append(&dir, "cache", "data/train/batch_3.parquet", &meta);
+    append(&dir, "cache", "data/train/batch_4.parquet", &meta);
+    let said = dsc(dir.path(), &["compact", "cache"]).ok();
+    assert!(said.contains("generation 4"), "{said}");
+    let mut args = vec!["--fit-from", "cache"];
+    args.extend_from_slice(&small);
+    compile_icecube(&dir, "data/train/batch_[1234].parquet", "all", &args);
+    let cache = dir.join("cache");
+    let compacted = generation(&cache, 4);
+    assert_eq!(compacted["generation"]["kind"], "compact");
+    let whole = generation(&dir.join("all"), 1);
+    // The same shards, entry for entry (their files in the generation's folder) ...
+    let strip = |m: &serde_json::Value| -> Vec<serde_json::Value> {
+        m["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                s.as_object_mut().unwrap().remove("generation");
+                s["file"] = s["file"]
+                    .as_str()
+                    .unwrap()
+                    .trim_start_matches("generations/00004/")
+                    .into();
+                s
+            })
+            .collect()
+    };
+    assert_eq!(strip(&compacted), strip(&whole));
+    // ... byte for byte, and the statistics of the one compile.
+    let theirs = tree(&dir.join("all"));
+    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
+        let ours = std::fs::read(cache.join("generations/00004").join(name)).unwrap();
+        assert!(ours == *bytes, "{name} differs");
+    }
+    assert_eq!(
+        std::fs::read(cache.join("generations/00004/stats.json")).unwrap(),
+        theirs["stats.json"]
+    );
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    // An append continues the compacted generation's shards.
+    append(&dir, "cache", "data/train/batch_5.parquet", &meta);
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    let fifth = generation(&cache, 5);
+    let contexts = |m: &serde_json::Value| m["summary"]["contexts"].as_u64().unwrap();
+    assert_eq!(contexts(&fifth), contexts(&whole) + 120);
+}
+
+#[test]
+fn tags_name_generations_and_gc_removes_what_no_kept_generation_needs() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 100);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let meta = ["--context", "data/train_meta.parquet"];
+    append(&dir, "cache", "data/train/batch_2.parquet", &meta);
+    dsc(dir.path(), &["tag", "cache", "before-3"]).ok();
+    append(&dir, "cache", "data/train/batch_3.parquet", &meta);
+    let inspect = |at: &str| -> serde_json::Value {
+        serde_json::from_str(
+            &dsc(
+                dir.path(),
+                &["inspect", "cache", "--generation", at, "--json"],
+            )
+            .ok(),
+        )
+        .unwrap()
+    };
+    assert_eq!(inspect("before-3")["generation"], 2);
+    let err = dsc(dir.path(), &["tag", "cache", "before-3", "3"]).fails(2);
+    assert!(err.contains("already names generation 2"), "{err}");
+    let err = dsc(dir.path(), &["tag", "cache", "Bad/Name"]).fails(2);
+    assert!(err.contains("tag"), "{err}");
+    // What a killed append leaves is garbage too.
+    std::fs::create_dir_all(dir.join("cache/generations/.00004.dsc-partial/shards")).unwrap();
+    std::fs::write(
+        dir.join("cache/generations/.00004.dsc-partial/shards/x"),
+        b"half",
+    )
+    .unwrap();
+    dsc(dir.path(), &["compact", "cache"]).ok();
+    let dry: serde_json::Value =
+        serde_json::from_str(&dsc(dir.path(), &["gc", "cache", "--dry-run", "--json"]).ok())
+            .unwrap();
+    assert_eq!(dry["kept"], serde_json::json!([1, 2, 4]));
+    assert_eq!(dry["removed"], serde_json::json!([3]));
+    assert!(
+        dir.join("cache/generations/00003.json").exists(),
+        "a dry run removes nothing"
+    );
+    let before = inspect("4");
+    let r: serde_json::Value =
+        serde_json::from_str(&dsc(dir.path(), &["gc", "cache", "--json"]).ok()).unwrap();
+    assert_eq!(r["removed"], serde_json::json!([3]));
+    assert!(!dir.join("cache/generations/.00004.dsc-partial").exists());
+    // Generation 3's own shards are gone; generation 2's stay (the tag keeps it), and every
+    // kept generation reads and verifies whole.
+    assert!(!dir.join("cache/generations/00003").exists());
+    for at in ["1", "before-3", "4"] {
+        dsc(dir.path(), &["verify", "cache", "--generation", at]).ok();
+    }
+    assert_eq!(inspect("4")["content_id"], before["content_id"]);
+    let err = dsc(dir.path(), &["inspect", "cache", "--generation", "3"]).fails(2);
+    assert!(err.contains("generations 1, 2, 4"), "{err}");
+}

@@ -100,6 +100,94 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         parent,
         parent_stats,
         lock: Some(lock),
+        compact: false,
+    };
+    let recipe = Own::new(&spec)?.append_to(base);
+    crate::local::run(recipe, opts)
+}
+
+/// Rewrites the live contexts of the cache at `cache` as its next generation, one compile of
+/// every generation's inputs with the first generation's fitted parameters: its shards are
+/// byte for byte those of `dsc compile ALL_INPUTS --fit-from CACHE` with the cache's spec,
+/// numbered from 0 in its own folder, and it lists no earlier shard (`opts.out` is ignored).
+/// The inputs must still be where and as they were (their checksums are compared); inputs
+/// that cannot be read again (tables in memory) and generations that read different context
+/// tables are refused.
+pub fn compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
+    let result = run_compact(cache, opts);
+    opts.progress.finish();
+    result
+}
+
+fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
+    let lock = OutputLock::wait(cache, |_| {})?;
+    let lineage = Manifest::lineage(cache, &mut dsc_format::generation::LocalFiles(cache))?;
+    let parent = lineage
+        .last()
+        .expect("a cache has its first generation")
+        .clone();
+    let recorded = parent.spec().clone();
+    if recorded.profile.is_some() || parent.is_records() {
+        return Err(refuse(
+            "rows",
+            "only caches that can be appended to are compacted".into(),
+        ));
+    }
+    // Every generation's inputs, in the order they came: a compaction's are the whole list.
+    let mut files: Vec<dsc_format::manifest::InputFile> = Vec::new();
+    for m in &lineage {
+        match m.generation() {
+            None => files.extend(m.inputs().files.iter().cloned()),
+            Some(g) if g.kind == "compact" => files = g.inputs.files.clone(),
+            Some(g) => files.extend(g.inputs.files.iter().cloned()),
+        }
+    }
+    if let Some(f) = files
+        .iter()
+        .find(|f| f.path.starts_with(crate::MEMORY_PREFIX))
+    {
+        return Err(refuse(
+            "rows",
+            format!(
+                "{} was a table in memory, which a compaction cannot read again",
+                f.path
+            ),
+        ));
+    }
+    let of = |role: &str| {
+        let mut paths: Vec<String> = Vec::new();
+        for f in files.iter().filter(|f| f.role == role) {
+            if !paths.contains(&f.path) {
+                paths.push(f.path.clone());
+            }
+        }
+        paths
+    };
+    let contexts = of("context");
+    if contexts.len() > 1 {
+        return Err(refuse(
+            "context",
+            format!(
+                "the generations read different context tables ({}): a compaction compiles \
+                 one table holding every context",
+                contexts.join(", ")
+            ),
+        ));
+    }
+    let mut spec = recorded.clone();
+    spec.rows = of("rows");
+    spec.context = contexts.into_iter().next();
+    if spec.empty_contexts == dsc_format::spec::EmptyContexts::Error {
+        spec.empty_contexts = dsc_format::spec::EmptyContexts::Drop;
+    }
+    spec.fit_from = Some(cache.display().to_string());
+    let parent_stats = Stats::read(cache, &parent)?;
+    let base = Base {
+        cache: cache.into(),
+        parent,
+        parent_stats,
+        lock: Some(lock),
+        compact: true,
     };
     let recipe = Own::new(&spec)?.append_to(base);
     crate::local::run(recipe, opts)

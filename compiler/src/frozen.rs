@@ -131,10 +131,13 @@ impl Frozen {
 
     /// The other cache's column `name` of `table` (`rows`, `join`, `context`).
     fn column_named(&self, table: &str, name: &str) -> Option<&ColumnSpec> {
-        let same_table = |c: &ColumnSpec| match (&c.source, table) {
-            (ColumnSource::Rows, "rows") | (ColumnSource::Context, "context") => true,
-            (ColumnSource::Join { .. }, "join") => true,
-            _ => false,
+        let same_table = |c: &ColumnSpec| {
+            matches!(
+                (&c.source, table),
+                (ColumnSource::Rows, "rows")
+                    | (ColumnSource::Context, "context")
+                    | (ColumnSource::Join { .. }, "join")
+            )
         };
         self.manifest
             .tensors()

@@ -28,7 +28,8 @@ pub(crate) struct Added {
     pub inputs: Inputs,
     pub summary: CompileSummary,
     pub stats: Stats,
-    pub drift: crate::Drift,
+    /// An append's drift report (none for a compaction).
+    pub drift: Option<crate::Drift>,
 }
 
 /// What an append builds on: the cache's last generation, locked for the whole append.
@@ -38,9 +39,13 @@ pub(crate) struct Base {
     pub parent_stats: dsc_format::Stats,
     /// Taken by [`Recipe::staging`], which holds it until the commit.
     pub lock: Option<crate::write::OutputLock>,
+    /// A compaction: the compile rewrote every live context, so the generation lists its new
+    /// shards only, numbered from 0, with the compile's own statistics.
+    pub compact: bool,
 }
 
-/// Commits `added` as the generation after `base.parent`.
+/// Commits `added` as the generation after `base.parent`: the parent's shards and the new
+/// ones (an append), or the new ones alone (a compaction).
 pub(crate) fn commit_append(
     base: &Base,
     staging: Staging,
@@ -56,7 +61,17 @@ pub(crate) fn commit_append(
         ));
     }
     crate::write::failpoint("append:shards-written");
-    refuse_known_keys(base, &staging, &added)?;
+    if !base.compact {
+        refuse_known_keys(base, &staging, &added)?;
+    }
+    // What the generation keeps of its parent: everything for an append, nothing for a
+    // compaction (which rewrote it).
+    let kept = |split: &str| -> Vec<ShardEntry> {
+        match base.compact {
+            true => Vec::new(),
+            false => parent.shards_of(split).cloned().collect(),
+        }
+    };
     let mut shards: Vec<ShardEntry> = Vec::new();
     let mut splits: Vec<SplitInfo> = Vec::new();
     let mut names: Vec<&str> = parent.splits().iter().map(|s| s.name.as_str()).collect();
@@ -69,9 +84,9 @@ pub(crate) fn commit_append(
     names.sort_by_key(|n| (*n != "train", *n));
     let mut new_bytes = 0;
     for name in names {
-        let old = parent.split(name);
+        let old = parent.split(name).filter(|_| !base.compact);
         let new = added.splits.iter().find(|(n, _, _)| n == name);
-        let mut mine: Vec<ShardEntry> = parent.shards_of(name).cloned().collect();
+        let mut mine: Vec<ShardEntry> = kept(name);
         for e in new.map_or(&[][..], |(_, _, e)| e) {
             let mut e = e.clone();
             e.generation = Some(number);
@@ -91,7 +106,10 @@ pub(crate) fn commit_append(
         });
         shards.extend(mine);
     }
-    let mut files = parent.inputs().files.clone();
+    let mut files = match base.compact {
+        true => Vec::new(),
+        false => parent.inputs().files.clone(),
+    };
     files.extend(added.inputs.files.iter().cloned());
     let inputs = Inputs {
         fingerprint: combined_fingerprint(&files),
@@ -100,26 +118,36 @@ pub(crate) fn commit_append(
     let generation = Generation {
         number,
         parent: parent.content_id(),
-        kind: "append".into(),
+        kind: if base.compact { "compact" } else { "append" }.into(),
         inputs: added.inputs,
         summary: added.summary.clone(),
     };
-    let summary = add_summaries(parent.summary(), &added.summary);
+    let summary = match base.compact {
+        true => added.summary.clone(),
+        false => add_summaries(parent.summary(), &added.summary),
+    };
     let manifest = parent
         .clone()
         .next_generation(generation, splits, shards, inputs, summary)
         .map_err(|p| CompileError::Internal(format!("the generation is inconsistent: {p}")))?;
-    let stats = merge_stats(&base.parent_stats, &added.stats, parent.generation_number());
+    let stats = match base.compact {
+        // Every live context went through this compile: its statistics are exact, quantiles
+        // included.
+        true => added.stats.clone(),
+        false => merge_stats(&base.parent_stats, &added.stats, parent.generation_number()),
+    };
     let json = |s: &Stats| {
         let mut out = serde_json::to_vec_pretty(s).expect("stats serialize");
         out.push(b'\n');
         out
     };
     staging.write_file(dsc_format::STATS_FILE, &json(&stats))?;
-    staging.write_file(ADDED_STATS_FILE, &json(&added.stats))?;
-    let mut drift = serde_json::to_vec_pretty(&added.drift).expect("drift serializes");
-    drift.push(b'\n');
-    staging.write_file(DRIFT_FILE, &drift)?;
+    if let Some(d) = &added.drift {
+        staging.write_file(ADDED_STATS_FILE, &json(&added.stats))?;
+        let mut drift = serde_json::to_vec_pretty(d).expect("drift serializes");
+        drift.push(b'\n');
+        staging.write_file(DRIFT_FILE, &drift)?;
+    }
     crate::write::failpoint("append:stats-written");
     crate::progress::check(progress)?;
     staging.commit_generation(
@@ -135,7 +163,7 @@ pub(crate) fn commit_append(
         stats,
         cache_bytes: new_bytes,
         timings: timer.timings,
-        drift: Some(added.drift),
+        drift: added.drift,
     })
 }
 

@@ -52,9 +52,9 @@ pub(crate) struct Own<'s> {
     /// The role of the context table's key: of the rows key's kind (integer or string).
     context_key: Role,
     /// Another cache's fitted parameters, taken instead of fitting (`fit_from`).
-    frozen: Option<Frozen>,
+    frozen: Option<Box<Frozen>>,
     /// The generation this compile appends to, if it is an append.
-    base: Option<Base>,
+    base: Option<Box<Base>>,
 }
 
 /// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.
@@ -128,7 +128,7 @@ impl<'s> Own<'s> {
         let frozen = spec
             .fit_from
             .as_deref()
-            .map(|dir| Frozen::read(Path::new(dir)))
+            .map(|dir| Frozen::read(Path::new(dir)).map(Box::new))
             .transpose()?;
         Ok(Own {
             frozen,
@@ -151,7 +151,7 @@ impl<'s> Own<'s> {
     /// This compile as an append to `base`: its shards continue the parent's splits and it
     /// commits the next generation.
     pub fn append_to(mut self, base: Base) -> Own<'s> {
-        self.base = Some(base);
+        self.base = Some(Box::new(base));
         self
     }
 
@@ -361,7 +361,7 @@ impl<'s> Recipe for Own<'s> {
             &fits,
             values,
             rows_read,
-            self.frozen.as_ref(),
+            self.frozen.as_deref(),
         )?;
         let targets: Vec<bool> = self.plan.row_columns.iter().map(|c| c.target).collect();
         let mut layout = Layout::new(
@@ -373,7 +373,7 @@ impl<'s> Recipe for Own<'s> {
         if let Some(f) = &self.frozen {
             f.check_tensors(&layout.tensors)?;
         }
-        if let Some(base) = &self.base {
+        if let Some(base) = self.base.as_ref().filter(|b| !b.compact) {
             let after: Vec<(usize, usize)> = spilled
                 .splits
                 .names
@@ -448,7 +448,8 @@ impl<'s> Recipe for Own<'s> {
                 .as_ref()
                 .expect("an append takes its cache's parameters");
             let added = crate::lineage::Added {
-                drift: crate::drift::report(frozen, &merged, &merged.stats),
+                drift: (!base.compact)
+                    .then(|| crate::drift::report(frozen, &merged, &merged.stats)),
                 tensors: layout.tensors,
                 splits: written_splits,
                 inputs,

@@ -136,6 +136,21 @@ impl CacheFiles for LocalFiles<'_> {
     }
 }
 
+/// The generations a cache has, for messages: `generations 1 to 4`, or the numbers where
+/// some were removed (`generations 1, 4, 5`).
+fn describe(later: &[u32]) -> String {
+    let all: Vec<u32> = std::iter::once(1).chain(later.iter().copied()).collect();
+    let last = *all.last().expect("never empty");
+    if all.len() == 1 {
+        "generation 1 only".into()
+    } else if all.len() as u32 == last {
+        format!("generations 1 to {last}")
+    } else {
+        let list: Vec<String> = all.iter().map(u32::to_string).collect();
+        format!("generations {}", list.join(", "))
+    }
+}
+
 impl Manifest {
     /// Reads and validates generation `at` of the cache at `dir` from `files`. The first
     /// generation's `manifest.json` must exist whatever is asked: it is what makes `dir` a cache.
@@ -199,7 +214,7 @@ impl Manifest {
         Self::read_numbered(dir, number, files).map_err(|e| match e {
             FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 let have = match generations(files) {
-                    Ok(g) => format!("generations 1 to {}", g.last().copied().unwrap_or(1)),
+                    Ok(g) => describe(&g),
                     Err(e) => e.to_string(),
                 };
                 FormatError::NoGeneration {
