@@ -220,6 +220,7 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
     // same time cannot change the cache between reading it and replacing it.
     let staging = Staging::create(dir, true)?;
     let manifest = Manifest::read(dir)?;
+    one_generation(dir, &manifest)?;
     let (manifest, report) = convert_cache(dir, &staging.dir, manifest, storage, progress)?;
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
     crate::progress::check(progress)?;
@@ -229,6 +230,24 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
         seconds: start.elapsed().as_secs_f64(),
         ..report
     })
+}
+
+/// Refuses to convert a cache that grew by generations: its files belong to several manifests,
+/// which a conversion into one would not keep.
+fn one_generation(dir: &Path, manifest: &Manifest) -> Result<()> {
+    if manifest.generation_number() > 1 {
+        return Err(dsc_format::spelling::OptionError::new(
+            "compress",
+            format!(
+                "cannot convert {}: it has {} generations (dsc append), and converting one is \
+                 not supported yet; compile its inputs into a new cache to convert them",
+                dir.display(),
+                manifest.generation_number()
+            ),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Writes a copy of the cache in `dir` with its shards in `storage`'s form into `dest`, a
@@ -244,6 +263,7 @@ pub fn export(
     let start = Instant::now();
     let storage = storage.check()?;
     let manifest = Manifest::read(dir)?;
+    one_generation(dir, &manifest)?;
     std::fs::create_dir(dest).map_err(|e| CompileError::io(dest, e))?;
     let shards = dest.join(dsc_format::SHARDS_DIR);
     std::fs::create_dir_all(&shards).map_err(|e| CompileError::io(&shards, e))?;

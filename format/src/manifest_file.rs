@@ -46,7 +46,18 @@ impl Manifest {
             }
             Err(e) => return Err(FormatError::io(&path, e)),
         };
-        Self::from_json(&bytes, &path)
+        let first = Self::from_json(&bytes, &path)?;
+        // A later generation's manifest is never the cache's root, whatever was copied where.
+        if first.generation_number() != 1 {
+            return Err(FormatError::InvalidManifest {
+                path,
+                problem: ManifestProblem::GenerationNumber {
+                    found: first.generation_number(),
+                    expected: 1,
+                },
+            });
+        }
+        Ok(first)
     }
 
     /// Parses and validates manifest JSON; `path` is used in errors.
