@@ -793,3 +793,65 @@ fn tags_name_generations_and_gc_removes_what_no_kept_generation_needs() {
     let err = dsc(dir.path(), &["inspect", "cache", "--generation", "3"]).fails(2);
     assert!(err.contains("generations 1, 2, 4"), "{err}");
 }
+
+#[test]
+fn a_lineage_in_object_storage_reads_as_it_does_locally() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 100);
+    compile_icecube(
+        &dir,
+        "data/train/batch_1.parquet",
+        "cache",
+        &["--shard-size", "48KiB"],
+    );
+    append(
+        &dir,
+        "cache",
+        "data/train/batch_2.parquet",
+        &["--context", "data/train_meta.parquet"],
+    );
+    let server = crate::util::S3Server::start();
+    let url = format!("{}/grown", server.bucket("caches"));
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    dsc_store::upload_cache(&dir.join("cache"), &remote, false, |_, _| {}).unwrap();
+    let opts = |at: dsc_format::GenerationRef| dsc_loader::RemoteOptions {
+        dir: dir.join("fetched"),
+        limit: None,
+        fetch_threads: 2,
+        store: server.options(),
+        generation: at,
+    };
+    let loader = || dsc_loader::LoaderOptions {
+        batch_size: 8,
+        ..Default::default()
+    };
+    for at in [
+        dsc_format::GenerationRef::Latest,
+        dsc_format::GenerationRef::Number(1),
+    ] {
+        let there = dsc_loader::Cache::open_remote(&url, &opts(at.clone())).unwrap();
+        let here = dsc_loader::Cache::open_with(dir.join("cache"), &opts(at)).unwrap();
+        assert_eq!(there.manifest(), here.manifest());
+        assert_eq!(
+            crate::util::epoch_of(&there, loader()),
+            crate::util::epoch_of(&here, loader())
+        );
+    }
+    // The CLI too, with the store's settings from the environment.
+    let mut verify = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"));
+    verify
+        .args(["verify", &url, "--generation", "1", "--cache-dir"])
+        .arg(dir.join("fetched-cli"));
+    for (k, v) in server.env() {
+        verify.env(k, v);
+    }
+    let out = verify.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Appending to a URL is refused for now, with what to do instead.
+    let err = dsc(dir.path(), &["append", &url, "data/train/batch_2.parquet"]).fails(2);
+    assert!(err.contains("object storage"), "{err}");
+}

@@ -112,7 +112,7 @@ pub fn read_meta(
     #[cfg(feature = "remote")]
     {
         let store = dsc_store::Remote::open_with(url, &remote.store)?;
-        let manifest = remote_manifest(&store, &remote.generation)?;
+        let manifest = remote_manifest(&store, &remote.generation, &remote.store)?;
         let name = manifest.stats_file();
         let bytes = store.get(&name)?;
         let path = PathBuf::from(store.url_of(&name));
@@ -131,12 +131,14 @@ pub fn read_meta(
 pub(crate) fn remote_manifest(
     store: &dsc_store::Remote,
     at: &dsc_format::GenerationRef,
+    options: &[(String, String)],
 ) -> Result<dsc_format::Manifest, LoadError> {
     // The first manifest's absence is told apart from a missing bucket before anything else.
     let first = manifest_bytes(store)?;
     let mut files = StoreFiles {
         store,
         first: Some(first),
+        options,
     };
     let dir = PathBuf::from(store.url());
     Ok(dsc_format::Manifest::open_generation(&dir, at, &mut files)?)
@@ -148,6 +150,8 @@ struct StoreFiles<'a> {
     store: &'a dsc_store::Remote,
     /// `manifest.json`, already fetched.
     first: Option<Vec<u8>>,
+    /// The store's configuration, to list the generations' folder alone.
+    options: &'a [(String, String)],
 }
 
 #[cfg(feature = "remote")]
@@ -162,12 +166,16 @@ impl dsc_format::generation::CacheFiles for StoreFiles<'_> {
     }
 
     fn generations(&mut self) -> std::io::Result<Vec<u32>> {
-        let prefix = format!("{}/", dsc_format::GENERATIONS_DIR);
-        let names = self.store.list().map_err(store_io)?;
+        // Listed under `generations/` alone: a listing of the whole cache would name every
+        // shard, on every open.
+        let folder = self.store.url_of(dsc_format::GENERATIONS_DIR);
+        let names = dsc_store::Remote::open_with(&folder, self.options)
+            .and_then(|r| r.list())
+            .map_err(store_io)?;
         Ok(dsc_format::generation::numbers_in(
             names
                 .iter()
-                .filter_map(|(n, _)| n.strip_prefix(&prefix))
+                .map(|(n, _)| n.as_str())
                 .filter(|n| !n.contains('/')),
         ))
     }
