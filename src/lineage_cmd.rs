@@ -22,6 +22,8 @@ struct Appended {
     /// Contexts per split in the new generation.
     splits: Vec<(String, usize)>,
     bytes_added: u64,
+    /// Seconds per stage of the compile, in order.
+    timings: Vec<(String, f64)>,
     /// The new data against the parameters it was encoded with.
     drift: Option<dsc_compiler::Drift>,
 }
@@ -61,6 +63,7 @@ pub fn compact(a: CompactArgs) -> anyhow::Result<u8> {
             .map(|s| (s.name.clone(), s.contexts))
             .collect(),
         bytes_added: report.cache_bytes,
+        timings: report.timings.clone(),
         drift: None,
     };
     if a.json {
@@ -152,6 +155,7 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
             .collect(),
         added,
         bytes_added: report.cache_bytes,
+        timings: report.timings.clone(),
         drift: report.drift.clone(),
     };
     if a.json {

@@ -12,6 +12,9 @@ use dsc_format::spelling::OptionError;
 use dsc_format::{Manifest, Stats};
 use std::path::Path;
 
+/// An append's buckets are this fraction of its spec's bucket size.
+const APPEND_BUCKETS: u64 = 8;
+
 /// The inputs of an append: what a compile takes as rows, context table and joins. Everything
 /// else is the cache's recorded spec.
 #[derive(Debug, Clone, Default)]
@@ -88,6 +91,13 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         }
         spec.joins = joins.clone();
     }
+    // An append is a fraction of the data its spec's buckets were sized for, and a compile's
+    // threads share out buckets: smaller ones keep every core busy. A fixed fraction, so that
+    // the shards depend on the inputs alone (buckets shape shard boundaries, never values).
+    let bucket = recorded
+        .bucket_size
+        .unwrap_or(dsc_format::spec::DEFAULT_BUCKET_SIZE);
+    spec.bucket_size = Some((bucket / APPEND_BUCKETS).max(1 << 20));
     // A context table that grows holds the earlier generations' contexts too: its keys
     // without new rows are not contexts of this append (new ones without rows are left out
     // as well, and the key check refuses any the cache has).
