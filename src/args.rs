@@ -118,15 +118,8 @@ pub struct GcArgs {
 pub struct CompactArgs {
     /// The cache to compact (a local directory).
     pub cache: PathBuf,
-    /// Memory the compile may use (e.g. 4GiB) [default: half of the machine's].
-    #[arg(long, value_name = "SIZE")]
-    pub max_memory: Option<String>,
-    /// Print a JSON report instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress bars.
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub write: GenerationWriteArgs,
 }
 
 /// Append new data to a cache as its next generation: the new contexts are compiled with the
@@ -161,6 +154,13 @@ pub struct AppendArgs {
     /// The column each --join is joined on, in order.
     #[arg(long = "on", value_name = "COLUMN")]
     pub join_on: Vec<String>,
+    #[command(flatten)]
+    pub write: GenerationWriteArgs,
+}
+
+/// How a new generation is written and reported (`dsc append`, `dsc compact`).
+#[derive(Debug, Args)]
+pub struct GenerationWriteArgs {
     /// Memory the compile may use (e.g. 4GiB) [default: half of the machine's].
     #[arg(long, value_name = "SIZE")]
     pub max_memory: Option<String>,

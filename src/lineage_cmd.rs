@@ -1,12 +1,13 @@
 //! `dsc append` and `dsc log`: a cache's generations, made and listed.
 
-use crate::args::{AppendArgs, CompactArgs, GcArgs, LogArgs, TagArgs};
+use crate::args::{AppendArgs, CompactArgs, GcArgs, GenerationWriteArgs, LogArgs, TagArgs};
 use crate::output::{outln, thousands};
 use anyhow::bail;
 use dsc_compiler::{AppendInputs, CompileOptions, TerminalBars};
 use dsc_format::spec::{parse_size, JoinSpec};
 use dsc_format::Manifest;
 use serde::Serialize;
+use std::path::Path;
 use std::time::Instant;
 
 /// What `dsc append --json` prints.
@@ -29,47 +30,12 @@ struct Appended {
 }
 
 pub fn compact(a: CompactArgs) -> anyhow::Result<u8> {
-    let max_memory = memory(a.max_memory.as_deref())?;
-    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
-    let start = Instant::now();
-    let report = dsc_compiler::compact(
-        &a.cache,
-        &CompileOptions {
-            out: a.cache.clone(),
-            force: false,
-            max_memory,
-            storage: dsc_compiler::Storage::Hot,
-            progress: &bars,
-        },
-    )?;
-    let m = &report.manifest;
-    let g = m
-        .generation()
-        .expect("a compaction makes a later generation");
-    let r = Appended {
-        cache: a.cache.clone(),
-        generation: g.number,
-        content_id: m.content_id(),
-        parent: g.parent.clone(),
-        seconds: start.elapsed().as_secs_f64(),
-        added: m
-            .splits()
-            .iter()
-            .map(|s| (s.name.clone(), s.contexts))
-            .collect(),
-        splits: m
-            .splits()
-            .iter()
-            .map(|s| (s.name.clone(), s.contexts))
-            .collect(),
-        bytes_added: report.cache_bytes,
-        timings: report.timings.clone(),
-        drift: None,
-    };
-    if a.json {
+    let (r, report) = write_generation(&a.cache, &a.write, dsc_compiler::compact)?;
+    if a.write.json {
         crate::output::print_json(&r)?;
         return Ok(0);
     }
+    let m = &report.manifest;
     outln!(
         "{}: generation {} ({}) in {:.2} s: {} contexts rewritten in {} shards ({})",
         a.cache.display(),
@@ -81,13 +47,6 @@ pub fn compact(a: CompactArgs) -> anyhow::Result<u8> {
         crate::output::bytes(r.bytes_added)
     );
     Ok(0)
-}
-
-/// `--max-memory`, parsed.
-fn memory(given: Option<&str>) -> anyhow::Result<Option<u64>> {
-    given
-        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
-        .transpose()
 }
 
 pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
@@ -108,57 +67,15 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
             })
             .collect()
     });
-    let max_memory = memory(a.max_memory.as_deref())?;
-    let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
-    let start = Instant::now();
     let inputs = AppendInputs {
         rows: a.rows.clone(),
         context: a.context.clone(),
         joins,
     };
-    let report = dsc_compiler::append(
-        &a.cache,
-        &inputs,
-        &CompileOptions {
-            out: a.cache.clone(),
-            force: false,
-            max_memory,
-            storage: dsc_compiler::Storage::Hot,
-            progress: &bars,
-        },
-    )?;
-    let m = &report.manifest;
-    let g = m.generation().expect("an append makes a later generation");
-    let number = g.number;
-    let added: Vec<(String, usize)> = m
-        .splits()
-        .iter()
-        .map(|s| {
-            let n = m
-                .shards_of(&s.name)
-                .filter(|e| e.generation == Some(number))
-                .map(|e| e.contexts)
-                .sum();
-            (s.name.clone(), n)
-        })
-        .collect();
-    let r = Appended {
-        cache: a.cache.clone(),
-        generation: number,
-        content_id: m.content_id(),
-        parent: g.parent.clone(),
-        seconds: start.elapsed().as_secs_f64(),
-        splits: m
-            .splits()
-            .iter()
-            .map(|s| (s.name.clone(), s.contexts))
-            .collect(),
-        added,
-        bytes_added: report.cache_bytes,
-        timings: report.timings.clone(),
-        drift: report.drift.clone(),
-    };
-    if a.json {
+    let (r, _) = write_generation(&a.cache, &a.write, |cache, opts| {
+        dsc_compiler::append(cache, &inputs, opts)
+    })?;
+    if a.write.json {
         crate::output::print_json(&r)?;
         return Ok(0);
     }
@@ -181,6 +98,54 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
         print_drift(d)?;
     }
     Ok(0)
+}
+
+/// Runs `work` (an append or a compaction of `cache`) with the flags' memory and progress
+/// bars, and what it committed, as reported.
+fn write_generation(
+    cache: &Path,
+    w: &GenerationWriteArgs,
+    work: impl FnOnce(&Path, &CompileOptions) -> dsc_compiler::Result<dsc_compiler::CompileReport>,
+) -> anyhow::Result<(Appended, dsc_compiler::CompileReport)> {
+    let max_memory = w
+        .max_memory
+        .as_deref()
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--max-memory {s:?}: {e}")))
+        .transpose()?;
+    let bars = TerminalBars::new(w.quiet || w.json).with_interrupt(dsc_compiler::stop_on_signals());
+    let start = Instant::now();
+    let opts = CompileOptions {
+        out: cache.into(),
+        force: false,
+        max_memory,
+        storage: dsc_compiler::Storage::Hot,
+        progress: &bars,
+    };
+    let report = work(cache, &opts)?;
+    let m = &report.manifest;
+    let g = m.generation().expect("a later generation");
+    let per_split = |mine: &dyn Fn(&dsc_format::ShardEntry) -> bool| -> Vec<(String, usize)> {
+        m.splits()
+            .iter()
+            .map(|s| {
+                let n = m.shards_of(&s.name).filter(|e| mine(e)).map(|e| e.contexts);
+                (s.name.clone(), n.sum())
+            })
+            .collect()
+    };
+    let r = Appended {
+        cache: cache.into(),
+        generation: g.number,
+        content_id: m.content_id(),
+        parent: g.parent.clone(),
+        seconds: start.elapsed().as_secs_f64(),
+        added: per_split(&|e| e.generation == Some(g.number)),
+        splits: per_split(&|_| true),
+        bytes_added: report.cache_bytes,
+        timings: report.timings.clone(),
+        drift: report.drift.clone(),
+    };
+    Ok((r, report))
 }
 
 /// The drift report as a table: each column's figures against the fitted train split.

@@ -22,6 +22,26 @@ fn compile_icecube(dir: &Dir, rows: &str, out: &str, extra: &[&str]) {
     dsc(dir.path(), &args).ok();
 }
 
+/// IceCube-like data of `files` files of `events` events in a folder of its own, and the
+/// first generation of `cache`: the first file compiled with `extra` flags.
+fn first_generation(files: usize, events: usize, extra: &[&str]) -> Dir {
+    let dir = Dir::new();
+    gen_icecube(&dir, files, events);
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", extra);
+    dir
+}
+
+/// Appends file `i` of the data to `cache` (with the context table every event is in).
+fn append_file(dir: &Dir, i: usize) -> String {
+    let rows = format!("data/train/batch_{i}.parquet");
+    append(
+        dir,
+        "cache",
+        &rows,
+        &["--context", "data/train_meta.parquet"],
+    )
+}
+
 fn append(dir: &Dir, cache: &str, rows: &str, extra: &[&str]) -> String {
     let mut args = vec!["append", cache, rows];
     args.extend_from_slice(extra);
@@ -178,9 +198,7 @@ fn a_lineage_holds_the_contexts_of_the_fit_from_compile_of_all_its_inputs() {
 
 #[test]
 fn an_append_reports_how_far_the_new_data_is_from_the_fitted_parameters() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 3, 150);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(3, 150, &[]);
     // Batch 2 as it comes; batch 3 with its charges ten times larger (a recalibrated sensor).
     let meta = ["--context", "data/train_meta.parquet", "--json"];
     let calm: serde_json::Value =
@@ -247,9 +265,7 @@ fn an_append_reports_how_far_the_new_data_is_from_the_fitted_parameters() {
 
 #[test]
 fn the_text_report_warns_that_a_refit_is_due() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 100);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(2, 100, &[]);
     replace_column(&dir.join("data/train/batch_2.parquet"), "charge", |_, b| {
         let c = b
             .column_by_name("charge")
@@ -357,22 +373,10 @@ fn string_keys_and_list_columns_append_as_integer_keys_do() {
 
 #[test]
 fn every_generation_stays_readable_by_number_and_content_id() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 3, 100);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(3, 100, &[]);
     let first = tree(&dir.join("cache"));
-    append(
-        &dir,
-        "cache",
-        "data/train/batch_2.parquet",
-        &["--context", "data/train_meta.parquet"],
-    );
-    append(
-        &dir,
-        "cache",
-        "data/train/batch_3.parquet",
-        &["--context", "data/train_meta.parquet"],
-    );
+    append_file(&dir, 2);
+    append_file(&dir, 3);
     // No file of an earlier generation changed.
     let now = tree(&dir.join("cache"));
     for (name, bytes) in &first {
@@ -425,26 +429,14 @@ fn every_generation_stays_readable_by_number_and_content_id() {
 
 #[test]
 fn a_state_resumes_with_the_uninterrupted_batches_after_an_append() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 200);
-    compile_icecube(
-        &dir,
-        "data/train/batch_1.parquet",
-        "cache",
-        &["--shard-size", "64KiB"],
-    );
+    let dir = first_generation(2, 200, &["--shard-size", "64KiB"]);
     let order = ["order", "cache", "--batch-size", "16", "--epoch", "1"];
     let uninterrupted = dsc(dir.path(), &[&order[..], &["--keys"]].concat()).ok();
     let state = dsc(dir.path(), &[&order[..], &["--state-after", "3"]].concat()).ok();
     std::fs::write(dir.join("state.json"), &state).unwrap();
     let id = generation(&dir.join("cache"), 1);
     assert!(state.contains("content_id"), "{state}");
-    append(
-        &dir,
-        "cache",
-        "data/train/batch_2.parquet",
-        &["--context", "data/train_meta.parquet"],
-    );
+    append_file(&dir, 2);
     // The last generation orders more contexts; the state still reads the one it was taken on.
     let latest = dsc(dir.path(), &[&order[..], &["--keys"]].concat()).ok();
     assert_ne!(latest, uninterrupted);
@@ -495,9 +487,7 @@ fn json_field(text: &str, field: &str) -> String {
 
 #[test]
 fn refused_appends_change_nothing() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 100);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(2, 100, &[]);
     let before = tree(&dir.join("cache"));
     let meta = ["--context", "data/train_meta.parquet"];
     // A key the cache holds: named, with the shard and generation that hold it.
@@ -552,9 +542,7 @@ fn refused_appends_change_nothing() {
 
 #[test]
 fn an_append_killed_at_any_step_leaves_the_last_generation_and_the_next_one_succeeds() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 3, 100);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(3, 100, &[]);
     let meta = ["--context", "data/train_meta.parquet"];
     for point in [
         "append:shards-written",
@@ -605,9 +593,7 @@ fn an_append_killed_at_any_step_leaves_the_last_generation_and_the_next_one_succ
 
 #[test]
 fn two_appends_at_once_both_commit_one_after_the_other() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 3, 150);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(3, 150, &[]);
     let spawn = |rows: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
             .args([
@@ -646,14 +632,7 @@ fn two_appends_at_once_both_commit_one_after_the_other() {
 
 #[test]
 fn a_reader_under_a_looping_appender_keeps_its_generation() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 5, 80);
-    compile_icecube(
-        &dir,
-        "data/train/batch_1.parquet",
-        "cache",
-        &["--shard-size", "32KiB"],
-    );
+    let dir = first_generation(5, 80, &["--shard-size", "32KiB"]);
     let cache = dsc_loader::Cache::open(dir.join("cache")).unwrap();
     let opts = || dsc_loader::LoaderOptions {
         batch_size: 8,
@@ -739,9 +718,7 @@ fn compaction_writes_the_shards_of_the_fit_from_compile_of_all_inputs_byte_for_b
 
 #[test]
 fn tags_name_generations_and_gc_removes_what_no_kept_generation_needs() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 3, 100);
-    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &[]);
+    let dir = first_generation(3, 100, &[]);
     let meta = ["--context", "data/train_meta.parquet"];
     append(&dir, "cache", "data/train/batch_2.parquet", &meta);
     dsc(dir.path(), &["tag", "cache", "before-3"]).ok();
@@ -796,20 +773,8 @@ fn tags_name_generations_and_gc_removes_what_no_kept_generation_needs() {
 
 #[test]
 fn a_lineage_in_object_storage_reads_as_it_does_locally() {
-    let dir = Dir::new();
-    gen_icecube(&dir, 2, 100);
-    compile_icecube(
-        &dir,
-        "data/train/batch_1.parquet",
-        "cache",
-        &["--shard-size", "48KiB"],
-    );
-    append(
-        &dir,
-        "cache",
-        "data/train/batch_2.parquet",
-        &["--context", "data/train_meta.parquet"],
-    );
+    let dir = first_generation(2, 100, &["--shard-size", "48KiB"]);
+    append_file(&dir, 2);
     let server = crate::util::S3Server::start();
     let url = format!("{}/grown", server.bucket("caches"));
     let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();

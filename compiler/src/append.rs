@@ -98,13 +98,6 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         .bucket_size
         .unwrap_or(dsc_format::spec::DEFAULT_BUCKET_SIZE);
     spec.bucket_size = Some((bucket / APPEND_BUCKETS).max(1 << 20));
-    // A context table that grows holds the earlier generations' contexts too: its keys
-    // without new rows are not contexts of this append (new ones without rows are left out
-    // as well, and the key check refuses any the cache has).
-    if spec.empty_contexts == dsc_format::spec::EmptyContexts::Error {
-        spec.empty_contexts = dsc_format::spec::EmptyContexts::Drop;
-    }
-    spec.fit_from = Some(cache.display().to_string());
     let base = Base {
         cache: cache.into(),
         parent,
@@ -112,6 +105,23 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         lock: Some(lock),
         compact: false,
     };
+    next_generation(spec, base, opts)
+}
+
+/// Compiles `spec` (the cache's, with the generation's inputs) with the cache's parameters as
+/// the generation after `base.parent`.
+fn next_generation(
+    mut spec: dsc_format::CompileSpec,
+    base: Base,
+    opts: &CompileOptions,
+) -> Result<CompileReport> {
+    // A context table that grows holds the earlier generations' contexts too: its keys
+    // without new rows are not contexts of this generation (new ones without rows are left
+    // out as well, and an append's key check refuses any the cache has).
+    if spec.empty_contexts == dsc_format::spec::EmptyContexts::Error {
+        spec.empty_contexts = dsc_format::spec::EmptyContexts::Drop;
+    }
+    spec.fit_from = Some(base.cache.display().to_string());
     let recipe = Own::new(&spec)?.append_to(base);
     crate::local::run(recipe, opts)
 }
@@ -187,10 +197,6 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
     let mut spec = recorded.clone();
     spec.rows = of("rows");
     spec.context = contexts.into_iter().next();
-    if spec.empty_contexts == dsc_format::spec::EmptyContexts::Error {
-        spec.empty_contexts = dsc_format::spec::EmptyContexts::Drop;
-    }
-    spec.fit_from = Some(cache.display().to_string());
     let parent_stats = Stats::read(cache, &parent)?;
     let base = Base {
         cache: cache.into(),
@@ -199,8 +205,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
         lock: Some(lock),
         compact: true,
     };
-    let recipe = Own::new(&spec)?.append_to(base);
-    crate::local::run(recipe, opts)
+    next_generation(spec, base, opts)
 }
 
 fn refuse(key: &'static str, problem: String) -> crate::CompileError {

@@ -73,43 +73,42 @@ pub(crate) struct OutputLock {
 }
 
 impl OutputLock {
-    /// The lock of the cache at `out`, waiting while another dsc holds it (an append that
-    /// starts while another one commits then appends on top of the generation it made).
-    pub fn wait(out: &Path, waiting: impl FnOnce(&str)) -> Result<OutputLock> {
+    /// The lock file of `out`, opened (created if absent).
+    fn open(out: &Path) -> Result<(PathBuf, File)> {
         let path = sibling(out, "dsc-lock");
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .write(true)
             .open(&path)
             .map_err(|e| output_err(&path, "create the output's lock file", e))?;
-        if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock() {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            waiting(holder.trim());
-            file.lock().map_err(|e| CompileError::io(&path, e))?;
-        }
+        Ok((path, file))
+    }
+
+    /// The lock taken: the holder's pid written into it for whoever waits.
+    fn held(path: PathBuf, mut file: File) -> Result<OutputLock> {
         file.set_len(0).map_err(|e| CompileError::io(&path, e))?;
         write!(file, "pid {}", std::process::id()).map_err(|e| CompileError::io(&path, e))?;
         Ok(OutputLock { _file: file })
     }
 
+    /// The lock of the cache at `out`, waiting while another dsc holds it (an append that
+    /// starts while another one commits then appends on top of the generation it made).
+    pub fn wait(out: &Path, waiting: impl FnOnce(&str)) -> Result<OutputLock> {
+        let (path, file) = Self::open(out)?;
+        if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock() {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            waiting(holder.trim());
+            file.lock().map_err(|e| CompileError::io(&path, e))?;
+        }
+        Self::held(path, file)
+    }
+
     pub fn acquire(out: &Path) -> Result<OutputLock> {
-        let path = sibling(out, "dsc-lock");
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| output_err(&path, "create the output's lock file", e))?;
+        let (path, file) = Self::open(out)?;
         match file.try_lock() {
-            Ok(()) => {
-                file.set_len(0).map_err(|e| CompileError::io(&path, e))?;
-                write!(file, "pid {}", std::process::id())
-                    .map_err(|e| CompileError::io(&path, e))?;
-                Ok(OutputLock { _file: file })
-            }
+            Ok(()) => Self::held(path, file),
             Err(std::fs::TryLockError::WouldBlock) => {
                 let holder = std::fs::read_to_string(&path)
                     .ok()
