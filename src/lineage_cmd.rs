@@ -30,7 +30,9 @@ struct Appended {
 }
 
 pub fn compact(a: CompactArgs) -> anyhow::Result<u8> {
-    let (r, report) = write_generation(&a.cache, &a.write, dsc_compiler::compact)?;
+    let (r, report) = write_generation(&a.cache, &a.write, |cache, opts| {
+        Ok(dsc_compiler::compact(cache, opts)?)
+    })?;
     if a.write.json {
         crate::output::print_json(&r)?;
         return Ok(0);
@@ -73,7 +75,7 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
         joins,
     };
     let (r, _) = write_generation(&a.cache, &a.write, |cache, opts| {
-        dsc_compiler::append(cache, &inputs, opts)
+        Ok(dsc_compiler::append(cache, &inputs, opts)?)
     })?;
     if a.write.json {
         crate::output::print_json(&r)?;
@@ -105,7 +107,7 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
 fn write_generation(
     cache: &Path,
     w: &GenerationWriteArgs,
-    work: impl FnOnce(&Path, &CompileOptions) -> dsc_compiler::Result<dsc_compiler::CompileReport>,
+    work: impl FnOnce(&Path, &CompileOptions) -> anyhow::Result<dsc_compiler::CompileReport>,
 ) -> anyhow::Result<(Appended, dsc_compiler::CompileReport)> {
     let max_memory = w
         .max_memory
