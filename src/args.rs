@@ -140,20 +140,15 @@ pub struct CompactArgs {
 #[command(verbatim_doc_comment)]
 pub struct AppendArgs {
     /// The cache to append to (a local directory).
+    #[arg(value_name = "CACHE")]
     pub cache: PathBuf,
-    /// The new rows files: paths, folders or globs, as `dsc compile` takes them.
-    #[arg(required = true)]
-    pub rows: Vec<String>,
-    /// The new contexts' rows of the context table (required when the cache has one).
-    #[arg(long, value_name = "FILE")]
-    pub context: Option<String>,
-    /// A per-row lookup table to join instead of the cache's own (same columns, joined on the
-    /// same column: --on); by default the cache's join files are read again.
-    #[arg(long = "join", value_name = "FILE")]
-    pub joins: Vec<String>,
-    /// The column each --join is joined on, in order.
-    #[arg(long = "on", value_name = "COLUMN")]
-    pub join_on: Vec<String>,
+    /// The new data: its rows files (ROWS, as `dsc compile` takes them), --context (the new
+    /// contexts' table, required when the cache has one) and --join/--on (by default the
+    /// cache's own lookup tables are read again). Any other flag of `dsc compile` must say
+    /// what the cache's spec says, or the append is refused naming it: an append takes the
+    /// cache's spec and fitted parameters.
+    #[command(flatten)]
+    pub keys: SpecArgs,
     #[command(flatten)]
     pub write: GenerationWriteArgs,
 }

@@ -37,7 +37,7 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
 
 /// The spec keys the flags give, as a spec file would hold them ([`SpecArgs`]'s serialisation;
 /// the size flags name themselves in their error).
-fn given(a: &SpecArgs) -> anyhow::Result<Map<String, Value>> {
+pub(crate) fn given(a: &SpecArgs) -> anyhow::Result<Map<String, Value>> {
     // Every flag that can fail to serialise names itself in its error.
     let mut out = match serde_json::to_value(a) {
         Ok(Value::Object(map)) => map,

@@ -237,6 +237,14 @@ fn print_human(i: &Inspect) -> anyhow::Result<()> {
             .map(|t| format!(" at {t}"))
             .unwrap_or_default()
     );
+    if i.generation > 1 {
+        outln!(
+            "{} {} ({}): the compiled cache and what was appended since (dsc log)",
+            bold("generation"),
+            i.generation,
+            i.content_id
+        );
+    }
     let s = &i.spec;
     let rows = s.rows.join(" ");
     let rows: String = if rows.chars().count() > 36 {

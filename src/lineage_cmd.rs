@@ -52,28 +52,7 @@ pub fn compact(a: CompactArgs) -> anyhow::Result<u8> {
 }
 
 pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
-    if a.joins.len() != a.join_on.len() {
-        bail!(
-            "--join and --on go in pairs: {} --join and {} --on given",
-            a.joins.len(),
-            a.join_on.len()
-        );
-    }
-    let joins = (!a.joins.is_empty()).then(|| {
-        a.joins
-            .iter()
-            .zip(&a.join_on)
-            .map(|(file, on)| JoinSpec {
-                file: file.clone(),
-                on: on.clone(),
-            })
-            .collect()
-    });
-    let inputs = AppendInputs {
-        rows: a.rows.clone(),
-        context: a.context.clone(),
-        joins,
-    };
+    let inputs = append_inputs(&a)?;
     let (r, _) = write_generation(&a.cache, &a.write, |cache, opts| {
         Ok(dsc_compiler::append(cache, &inputs, opts)?)
     })?;
@@ -102,6 +81,42 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// The new data an append's flags give; every other spec flag given must say what the cache's
+/// spec says, else it is refused, naming the flag and the cache's value.
+fn append_inputs(a: &AppendArgs) -> anyhow::Result<AppendInputs> {
+    let given = crate::compile_cmd::given(&a.keys)?;
+    if a.keys.rows.is_empty() {
+        bail!("no rows files given: pass the new data's Parquet paths or globs after the cache");
+    }
+    let (cache, _) = dsc_loader::read_meta(&a.cache, &dsc_loader::RemoteOptions::from_env()?)?;
+    let recorded = dsc_format::spelling::fields(cache.spec());
+    for (key, value) in &given {
+        if ["rows", "context", "joins"].contains(&key.as_str()) {
+            continue;
+        }
+        let theirs = recorded.get(key).unwrap_or(&serde_json::Value::Null);
+        if theirs != value {
+            let flag = format!("--{}", key.replace('_', "-"));
+            bail!(
+                "{flag} {value}: the cache has {key} = {theirs}; an append takes the cache's \
+                 spec and fitted parameters (compile a new cache to change them)"
+            );
+        }
+    }
+    let joins = given
+        .get("joins")
+        .map(|j| serde_json::from_value::<Vec<JoinSpec>>(j.clone()))
+        .transpose()?;
+    Ok(AppendInputs {
+        rows: a.keys.rows.clone(),
+        context: given
+            .get("context")
+            .and_then(|c| c.as_str())
+            .map(str::to_string),
+        joins,
+    })
+}
+
 /// Runs `work` (an append or a compaction of `cache`) with the flags' memory and progress
 /// bars, and what it committed, as reported.
 fn write_generation(
@@ -116,8 +131,16 @@ fn write_generation(
         .transpose()?;
     let bars = TerminalBars::new(w.quiet || w.json).with_interrupt(dsc_compiler::stop_on_signals());
     let start = Instant::now();
+    // A cache in object storage is appended to through a local folder of its own.
+    let url = cache.to_string_lossy();
+    let out = match dsc_loader::is_remote(&url) {
+        true => dsc_loader::RemoteOptions::from_env()?
+            .append_folder(&url)
+            .map_err(|e| anyhow::anyhow!("the local folder of an append to {url}: {e}"))?,
+        false => cache.into(),
+    };
     let opts = CompileOptions {
-        out: cache.into(),
+        out,
         force: false,
         max_memory,
         storage: dsc_compiler::Storage::Hot,

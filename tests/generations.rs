@@ -57,6 +57,15 @@ fn generation(cache: &Path, n: u32) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(cache.join(file)).expect("a generation")).unwrap()
 }
 
+/// The folder of generation `n`'s own files (`generations/NNNNN-ID`).
+fn folder(cache: &Path, n: u32) -> std::path::PathBuf {
+    cache.join(
+        generation(cache, n)["generation"]["folder"]
+            .as_str()
+            .unwrap(),
+    )
+}
+
 /// Every context of generation `n` by key.
 fn contexts(cache: &Path, n: u32) -> BTreeMap<i64, Sample> {
     read_cache_as(cache, &generation(cache, n)).0
@@ -122,7 +131,7 @@ fn a_lineage_holds_the_contexts_of_the_fit_from_compile_of_all_its_inputs() {
     let stats = |p: &Path| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
     };
-    let merged = stats(&cache.join("generations/00003/stats.json"));
+    let merged = stats(&folder(&cache, 3).join("stats.json"));
     let whole = stats(&dir.join("all/stats.json"));
     assert_eq!(merged["quantiles_of"], 1);
     for (m, w) in merged["splits"]
@@ -248,7 +257,7 @@ fn an_append_reports_how_far_the_new_data_is_from_the_fitted_parameters() {
     assert_eq!(moved["drift"]["refit_due"], true);
     // The generation keeps the report beside its shards.
     let kept: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.join("cache/generations/00003/drift.json")).unwrap(),
+        &std::fs::read(folder(&dir.join("cache"), 3).join("drift.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(kept, moved["drift"]);
@@ -690,7 +699,10 @@ fn compaction_writes_the_shards_of_the_fit_from_compile_of_all_inputs_byte_for_b
                 s["file"] = s["file"]
                     .as_str()
                     .unwrap()
-                    .trim_start_matches("generations/00004/")
+                    .trim_start_matches(&format!(
+                        "{}/",
+                        compacted["generation"]["folder"].as_str().unwrap()
+                    ))
                     .into();
                 s
             })
@@ -700,11 +712,11 @@ fn compaction_writes_the_shards_of_the_fit_from_compile_of_all_inputs_byte_for_b
     // ... byte for byte, and the statistics of the one compile.
     let theirs = tree(&dir.join("all"));
     for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
-        let ours = std::fs::read(cache.join("generations/00004").join(name)).unwrap();
+        let ours = std::fs::read(folder(&cache, 4).join(name)).unwrap();
         assert!(ours == *bytes, "{name} differs");
     }
     assert_eq!(
-        std::fs::read(cache.join("generations/00004/stats.json")).unwrap(),
+        std::fs::read(folder(&cache, 4).join("stats.json")).unwrap(),
         theirs["stats.json"]
     );
     dsc(dir.path(), &["verify", "cache"]).ok();
@@ -756,13 +768,14 @@ fn tags_name_generations_and_gc_removes_what_no_kept_generation_needs() {
         "a dry run removes nothing"
     );
     let before = inspect("4");
+    let third = folder(&dir.join("cache"), 3);
     let r: serde_json::Value =
         serde_json::from_str(&dsc(dir.path(), &["gc", "cache", "--json"]).ok()).unwrap();
     assert_eq!(r["removed"], serde_json::json!([3]));
     assert!(!dir.join("cache/generations/.00004.dsc-partial").exists());
     // Generation 3's own shards are gone; generation 2's stay (the tag keeps it), and every
     // kept generation reads and verifies whole.
-    assert!(!dir.join("cache/generations/00003").exists());
+    assert!(!third.exists(), "{}", third.display());
     for at in ["1", "before-3", "4"] {
         dsc(dir.path(), &["verify", "cache", "--generation", at]).ok();
     }
@@ -816,7 +829,144 @@ fn a_lineage_in_object_storage_reads_as_it_does_locally() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Appending to a URL is refused for now, with what to do instead.
-    let err = dsc(dir.path(), &["append", &url, "data/train/batch_2.parquet"]).fails(2);
-    assert!(err.contains("object storage"), "{err}");
+}
+
+/// `dsc` with the test S3 server's settings in the environment and a fetch folder of the
+/// test's own.
+fn dsc_s3(
+    dir: &Dir,
+    server: &crate::util::S3Server,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"));
+    cmd.args(args).current_dir(dir.path());
+    cmd.env("DSC_CACHE_DIR", dir.join("dsc-cache"));
+    for (k, v) in server.env() {
+        cmd.env(k, v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn appends_to_a_cache_in_object_storage_commit_once_each() {
+    let dir = first_generation(4, 100, &["--shard-size", "48KiB"]);
+    let server = crate::util::S3Server::start();
+    let url = format!("{}/daily", server.bucket("caches"));
+    let remote = dsc_store::Remote::open_with(&url, &server.options()).unwrap();
+    dsc_store::upload_cache(&dir.join("cache"), &remote, false, |_, _| {}).unwrap();
+    let meta = ["--context", "data/train_meta.parquet"];
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let said = ok(dsc_s3(
+        &dir,
+        &server,
+        &[
+            "append",
+            &url,
+            "data/train/batch_2.parquet",
+            meta[0],
+            meta[1],
+        ],
+        &[],
+    ));
+    assert!(said.contains("generation 2"), "{said}");
+    // The same append to a local copy commits the same generation, file for file.
+    append_file(&dir, 2);
+    let published: serde_json::Value =
+        serde_json::from_slice(&remote.get("generations/00002.json").unwrap()).unwrap();
+    assert_eq!(published, generation(&dir.join("cache"), 2));
+    ok(dsc_s3(&dir, &server, &["verify", &url], &[]));
+    // Two writers race for generation 3: one is held before its commit while the other
+    // commits; the held one is then refused, and nothing of it is read.
+    let flag = dir.join("go");
+    let pause = format!("append:uploaded:{}", flag.display());
+    let mut held = {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"));
+        cmd.args([
+            "append",
+            &url,
+            "data/train/batch_4.parquet",
+            meta[0],
+            meta[1],
+        ])
+        .current_dir(dir.path())
+        .env("DSC_CACHE_DIR", dir.join("dsc-cache-b"))
+        .env("DSC_PAUSE", &pause);
+        for (k, v) in server.env() {
+            cmd.env(k, v);
+        }
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let paused = dir.join("go.paused");
+    let start = std::time::Instant::now();
+    while !paused.exists() {
+        if held.try_wait().unwrap().is_some() || start.elapsed().as_secs() > 60 {
+            let _ = held.kill();
+            let out = held.wait_with_output().unwrap();
+            panic!(
+                "the held append never reached its commit: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    ok(dsc_s3(
+        &dir,
+        &server,
+        &[
+            "append",
+            &url,
+            "data/train/batch_3.parquet",
+            meta[0],
+            meta[1],
+        ],
+        &[],
+    ));
+    std::fs::write(&flag, b"").unwrap();
+    let lost = held.wait_with_output().unwrap();
+    assert!(!lost.status.success());
+    let err = String::from_utf8_lossy(&lost.stderr);
+    assert!(
+        err.contains("generation 3 was committed by another writer"),
+        "{err}"
+    );
+    ok(dsc_s3(&dir, &server, &["verify", &url], &[]));
+    let third: serde_json::Value =
+        serde_json::from_slice(&remote.get("generations/00003.json").unwrap()).unwrap();
+    let inputs = third["generation"]["inputs"]["files"].to_string();
+    assert!(
+        inputs.contains("batch_3") && !inputs.contains("batch_4"),
+        "{inputs}"
+    );
+    // Run again, it appends on top of the winner.
+    let said = ok(dsc_s3(
+        &dir,
+        &server,
+        &[
+            "append",
+            &url,
+            "data/train/batch_4.parquet",
+            meta[0],
+            meta[1],
+        ],
+        &[],
+    ));
+    assert!(said.contains("generation 4"), "{said}");
+    let log = ok(dsc_s3(&dir, &server, &["inspect", &url, "--json"], &[]));
+    let log: serde_json::Value = serde_json::from_str(&log).unwrap();
+    assert_eq!(log["generation"], 4);
+    assert_eq!(log["contexts"], 400);
 }

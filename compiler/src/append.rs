@@ -10,7 +10,7 @@ use crate::write::OutputLock;
 use dsc_format::spec::JoinSpec;
 use dsc_format::spelling::OptionError;
 use dsc_format::{Manifest, Stats};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// An append's buckets are this fraction of its spec's bucket size.
 const APPEND_BUCKETS: u64 = 8;
@@ -27,8 +27,10 @@ pub struct AppendInputs {
     pub joins: Option<Vec<JoinSpec>>,
 }
 
-/// Appends `new` to the cache at `cache` as its next generation (`opts.out` is ignored: the
-/// generation is written inside the cache). Waits while another writer holds the cache, then
+/// Appends `new` to the cache at `cache` as its next generation: written inside a local
+/// cache; for a cache in object storage (a URL), compiled in the local folder `opts.out` (a
+/// mirror of its manifests and statistics, emptied first) and published in the store, its
+/// manifest written only if absent (a writer that lost the race is refused). Waits while another writer holds the cache, then
 /// appends on top of the last generation. Refused, with nothing changed: a key the cache
 /// already holds, inputs whose tensors would differ from the cache's, and a cache this build
 /// cannot append to (a table of records, a profile's, one in object storage).
@@ -39,10 +41,20 @@ pub fn append(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result
 }
 
 fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<CompileReport> {
-    if crate::remote::is_url(cache) {
-        return Err(refuse("cache", "appending to a cache in object storage is not supported yet: append to a local copy and upload it (`dsc compress --out URL`)".into()));
+    // A cache in object storage is appended to through a local mirror of its manifests and
+    // statistics, in `opts.out`: its shards stay in the store.
+    let (local, remote) = match crate::remote::is_url(cache) {
+        true => {
+            let store = crate::remote::cache_store(cache)?;
+            (opts.out.clone(), Some(store))
+        }
+        false => (cache.to_path_buf(), None),
+    };
+    let lock = OutputLock::wait(&local, |_| {})?;
+    if let Some(store) = &remote {
+        mirror(store, &local)?;
     }
-    let lock = OutputLock::wait(cache, |_| {})?;
+    let cache = local.as_path();
     let parent = Manifest::read(cache)?;
     let parent_stats = Stats::read(cache, &parent)?;
     let recorded = parent.spec();
@@ -104,8 +116,37 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         parent_stats,
         lock: Some(lock),
         compact: false,
+        remote,
     };
     next_generation(spec, base, opts)
+}
+
+/// Copies what an append reads of the cache in `store` into the local folder `to` (emptied
+/// first): the first generation's manifest and statistics, and the last generation's, under
+/// their names. The shards stay in the store.
+fn mirror(store: &dsc_store::Remote, to: &Path) -> Result<()> {
+    let store_err = |e| crate::CompileError::Store(Box::new(e));
+    if to.exists() {
+        std::fs::remove_dir_all(to).map_err(|e| crate::CompileError::io(to, e))?;
+    }
+    let url = PathBuf::from(store.url());
+    let last = Manifest::open_generation(&url, &Default::default(), &mut store.clone())?;
+    let mut names = vec![
+        dsc_format::MANIFEST_FILE.to_string(),
+        dsc_format::STATS_FILE.to_string(),
+    ];
+    if last.generation_number() > 1 {
+        names.push(last.manifest_file());
+        names.push(last.stats_file());
+    }
+    for name in names {
+        let bytes = store.get(&name).map_err(store_err)?;
+        let path = to.join(&name);
+        let dir = path.parent().expect("inside the mirror");
+        std::fs::create_dir_all(dir).map_err(|e| crate::CompileError::io(dir, e))?;
+        std::fs::write(&path, bytes).map_err(|e| crate::CompileError::io(&path, e))?;
+    }
+    Ok(())
 }
 
 /// Compiles `spec` (the cache's, with the generation's inputs) with the cache's parameters as
@@ -140,6 +181,13 @@ pub fn compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
 }
 
 fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
+    if crate::remote::is_url(cache) {
+        return Err(refuse(
+            "cache",
+            "compacting a cache in object storage is not supported yet: compact a local copy"
+                .into(),
+        ));
+    }
     let lock = OutputLock::wait(cache, |_| {})?;
     let lineage = Manifest::lineage(cache, &mut dsc_format::generation::LocalFiles(cache))?;
     let parent = lineage
@@ -204,6 +252,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
         parent_stats,
         lock: Some(lock),
         compact: true,
+        remote: None,
     };
     next_generation(spec, base, opts)
 }

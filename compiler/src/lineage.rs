@@ -6,7 +6,9 @@ use crate::commit::{combined_fingerprint, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::write::Staging;
 use crate::Progress;
-use dsc_format::manifest::{generation_manifest_name, CompileSummary, Generation, Inputs};
+use dsc_format::manifest::{
+    generation_folder, generation_manifest_name, CompileSummary, Generation, Inputs,
+};
 use dsc_format::stats::{Bin, ColumnStats, LengthStats, NumericStats, SplitStats, VocabEntry};
 use dsc_format::{Manifest, ShardEntry};
 use dsc_format::{SplitInfo, Stats, TensorSpec};
@@ -42,6 +44,9 @@ pub(crate) struct Base {
     /// A compaction: the compile rewrote every live context, so the generation lists its new
     /// shards only, numbered from 0, with the compile's own statistics.
     pub compact: bool,
+    /// A cache in object storage: `cache` is then a local mirror of its manifests and
+    /// statistics, its shards are read from the store, and the generation is published there.
+    pub remote: Option<dsc_store::Remote>,
 }
 
 /// Commits `added` as the generation after `base.parent`: the parent's shards and the new
@@ -82,6 +87,7 @@ pub(crate) fn commit_append(
     }
     // `train` first, then the others by name (FORMAT.md §3).
     names.sort_by_key(|n| (*n != "train", *n));
+    let folder = generation_folder(number, &folder_id(&parent.content_id(), &added));
     let mut new_bytes = 0;
     for name in names {
         let old = parent.split(name).filter(|_| !base.compact);
@@ -90,10 +96,9 @@ pub(crate) fn commit_append(
         for e in new.map_or(&[][..], |(_, _, e)| e) {
             let mut e = e.clone();
             e.generation = Some(number);
-            e.file = e.expected_file();
-            let key_file = e.expected_key_file();
+            e.file = format!("{folder}/{}", e.file);
             if let Some(keys) = &mut e.keys {
-                keys.file = key_file;
+                keys.file = format!("{folder}/{}", keys.file);
             }
             new_bytes += e.stored_bytes();
             mine.push(e);
@@ -119,6 +124,7 @@ pub(crate) fn commit_append(
         number,
         parent: parent.content_id(),
         kind: if base.compact { "compact" } else { "append" }.into(),
+        folder: folder.clone(),
         inputs: added.inputs,
         summary: added.summary.clone(),
     };
@@ -150,12 +156,18 @@ pub(crate) fn commit_append(
     }
     crate::write::failpoint("append:stats-written");
     crate::progress::check(progress)?;
-    staging.commit_generation(
-        &base.cache,
-        number,
-        &generation_manifest_name(number),
-        &manifest.to_json(),
-    )?;
+    let name = generation_manifest_name(number);
+    match &base.remote {
+        None => {
+            staging.commit_generation(
+                &base.cache,
+                number,
+                (&folder, &name),
+                &manifest.to_json(),
+            )?;
+        }
+        Some(store) => publish(store, &staging, (&folder, &name), &manifest, number)?,
+    }
     timer.lap("commit");
     Ok(CompileReport {
         out: base.cache.clone(),
@@ -167,13 +179,65 @@ pub(crate) fn commit_append(
     })
 }
 
+/// Publishes a generation in object storage: every file of the staging folder uploaded under
+/// the generation's folder (a name no other writer's bytes share), then its manifest written
+/// only if absent (a conditional put): of two writers of one generation, one commits and the
+/// other is refused, its folder left for `dsc gc`.
+fn publish(
+    store: &dsc_store::Remote,
+    staging: &Staging,
+    (folder, manifest_name): (&str, &str),
+    manifest: &Manifest,
+    number: u32,
+) -> Result<()> {
+    let store_err = |e| CompileError::Store(Box::new(e));
+    for file in crate::retain::walk(&staging.dir)? {
+        let rel = file
+            .strip_prefix(&staging.dir)
+            .expect("inside the staging folder")
+            .to_string_lossy()
+            .replace('\\', "/");
+        let bytes = std::fs::read(&file).map_err(|e| CompileError::io(&file, e))?;
+        store
+            .put(&format!("{folder}/{rel}"), bytes)
+            .map_err(store_err)?;
+    }
+    crate::write::failpoint("append:uploaded");
+    if !store
+        .put_new(manifest_name, manifest.to_json())
+        .map_err(store_err)?
+    {
+        return Err(CompileError::GenerationTaken {
+            path: PathBuf::from(store.url()),
+            number,
+        });
+    }
+    Ok(())
+}
+
+/// The id in a generation's folder name: a hash of its parent and of the shards it adds, so
+/// that two writers of the same generation number write the same files only when they write
+/// the same bytes.
+fn folder_id(parent: &str, added: &Added) -> String {
+    let mut h = dsc_format::checksum::Hasher::new();
+    h.update(parent.as_bytes());
+    for e in added.splits.iter().flat_map(|(_, _, e)| e) {
+        h.update(format!("\n{}\0{}\0{}", e.split, e.index, e.xxh3).as_bytes());
+    }
+    h.hex()
+}
+
 /// Refuses an append holding a key of the cache, naming the key, the shard holding it and its
 /// generation (the first such key in the new shards' order).
 fn refuse_known_keys(base: &Base, staging: &Staging, added: &Added) -> Result<()> {
     let parent = &base.parent;
     let mut known: HashMap<i64, usize> = HashMap::new();
     for (i, entry) in parent.shards().iter().enumerate() {
-        for key in dsc_format::sample::shard_keys(&base.cache, parent, entry)? {
+        let keys = match &base.remote {
+            None => dsc_format::sample::shard_keys(&base.cache, parent, entry)?,
+            Some(store) => remote_keys(store, parent, entry)?,
+        };
+        for key in keys {
             known.insert(key, i);
         }
     }
@@ -202,6 +266,31 @@ fn refuse_known_keys(base: &Base, staging: &Staging, added: &Added) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The key ids of shard `entry` in object storage: its header and `key` tensor (the first of
+/// every shard), read by ranged requests.
+fn remote_keys(
+    store: &dsc_store::Remote,
+    parent: &Manifest,
+    entry: &ShardEntry,
+) -> Result<Vec<i64>> {
+    let path = PathBuf::from(store.url_of(&entry.file));
+    let len = entry.stored_bytes();
+    let layout =
+        dsc_format::stored::read_layout_from(entry, store.reader(&entry.file, len), len, &path)?;
+    layout.check(parent, entry, &path)?;
+    let extent = layout.tensor("key").expect("checked against the manifest");
+    let prefix = dsc_format::stored::read_prefix_from(
+        entry,
+        store.reader(&entry.file, len),
+        &path,
+        extent.end as usize,
+    )?;
+    Ok(prefix[extent.start as usize..]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
 }
 
 fn add_summaries(a: &CompileSummary, b: &CompileSummary) -> CompileSummary {

@@ -45,6 +45,12 @@ fn split(url: &str) -> (&str, &str) {
     (&url[..cut], &url[cut + 1..])
 }
 
+/// The store of the cache at `url`, with the inputs' configuration keys (a cache appended to
+/// in object storage).
+pub(crate) fn cache_store(url: &Path) -> Result<Remote> {
+    client(&url.display().to_string())
+}
+
 /// The client of the folder `folder`.
 fn client(folder: &str) -> Result<Remote> {
     let mut all = CLIENTS.lock().unwrap_or_else(|p| p.into_inner());

@@ -102,6 +102,10 @@ pub fn gc(cache: &Path, keep: &Keep, dry_run: bool) -> Result<GcReport> {
         .flat_map(|s| std::iter::once(s.file.clone()).chain(s.keys.iter().map(|k| k.file.clone())))
         .collect();
     let kept_numbers: BTreeSet<u32> = kept.iter().map(|m| m.generation_number()).collect();
+    let kept_folders: BTreeSet<&str> = kept
+        .iter()
+        .filter_map(|m| m.generation().map(|g| g.folder.as_str()))
+        .collect();
     let mut report = GcReport {
         kept: kept_numbers.iter().copied().collect(),
         removed: Vec::new(),
@@ -127,10 +131,15 @@ pub fn gc(cache: &Path, keep: &Keep, dry_run: bool) -> Result<GcReport> {
         if name == "tags" || (name.ends_with(".json") && !name.starts_with('.')) {
             continue;
         }
-        let Some(n) = name.parse::<u32>().ok().filter(|_| path.is_dir()) else {
+        let folder = format!("{GENERATIONS_DIR}/{name}");
+        let numbered = dsc_format::manifest::generation_of(&name)
+            .is_some_and(|n| dsc_format::manifest::is_generation_folder(&folder, n));
+        if !numbered || !path.is_dir() {
             doomed.push(path);
             continue;
-        };
+        }
+        // A kept generation's own folder keeps its statistics too.
+        let own = kept_folders.contains(folder.as_str());
         let files = walk(&path)?;
         let mut left = files.len();
         for f in files {
@@ -142,7 +151,7 @@ pub fn gc(cache: &Path, keep: &Keep, dry_run: bool) -> Result<GcReport> {
             let is_shard = rel.contains(&format!("/{}/", dsc_format::SHARDS_DIR));
             let needed = match is_shard {
                 true => listed.contains(&rel),
-                false => kept_numbers.contains(&n),
+                false => own,
             };
             if !needed {
                 doomed.push(f);
@@ -200,7 +209,7 @@ fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
 }
 
 /// Every file under `dir`.
-fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for entry in read_dir(dir)? {
         let path = entry.path();

@@ -15,6 +15,20 @@ pub(crate) fn failpoint(point: &str) {
     if std::env::var_os("DSC_FAILPOINT").is_some_and(|p| p == point) {
         std::process::abort();
     }
+    // `DSC_PAUSE=POINT:FILE`: at `POINT`, write `FILE.paused` and wait (a minute at most) for
+    // `FILE` to appear: how the tests let another writer commit at a chosen moment.
+    let pause = std::env::var("DSC_PAUSE").ok();
+    if let Some((_, file)) = pause
+        .as_deref()
+        .and_then(|v| v.rsplit_once(':'))
+        .filter(|(at, _)| *at == point)
+    {
+        let _ = std::fs::write(format!("{file}.paused"), b"");
+        let start = std::time::Instant::now();
+        while !Path::new(&file).exists() && start.elapsed().as_secs() < 60 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 /// The staging directory of a compile into `out`; removed on drop unless committed.
@@ -168,45 +182,49 @@ impl Staging {
     }
 
     /// The staging folder of generation `number` of the cache at `cache`, whose lock `lock`
-    /// holds: `generations/.{NNNNN}.dsc-partial`, renamed to `generations/{NNNNN}` at the
-    /// commit. What a killed append left under either name is removed first: no manifest
-    /// names it, as `number` is the one after the last committed.
+    /// holds: `generations/.{NNNNN}.dsc-partial`, renamed to its folder at the commit. What a
+    /// killed append left there is removed first: no manifest names it, as `number` is the one
+    /// after the last committed.
     pub fn generation(cache: &Path, number: u32, lock: OutputLock) -> Result<Staging> {
-        let out = cache.join(dsc_format::manifest::generation_dir(number));
-        let dir = sibling(&out, dsc_format::STAGING_SUFFIX);
-        for left in [&dir, &out] {
-            if left.exists() {
-                std::fs::remove_dir_all(left).map_err(|e| {
-                    output_err(left, "remove what a killed append left in the cache", e)
-                })?;
-            }
+        let root = cache.join(dsc_format::GENERATIONS_DIR);
+        let dir = root.join(format!(".{number:05}.{}", dsc_format::STAGING_SUFFIX));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| {
+                output_err(&dir, "remove what a killed append left in the cache", e)
+            })?;
         }
         std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
             .map_err(|e| output_err(&dir, "create the append's staging folder", e))?;
         Ok(Staging {
             dir,
             storage: crate::codec::Storage::Hot,
-            out,
+            out: root,
             committed: false,
             _lock: lock,
         })
     }
 
-    /// Commits a generation: its folder moved into place, then its manifest created under
-    /// `manifest` (relative to `cache`) only if no file has that name (a hard link of a
-    /// complete file: readers see all of it or nothing, and a second writer cannot replace
-    /// it). Returns the manifest's path.
+    /// Commits a generation of `cache`: the staging folder moved to `folder` (relative to the
+    /// cache), then the manifest created under `manifest` only if no file has that name (a
+    /// hard link of a complete file: readers see all of it or nothing, and a second writer
+    /// cannot replace it). Returns the manifest's path.
     pub fn commit_generation(
         mut self,
         cache: &Path,
         number: u32,
-        manifest: &str,
+        (folder, manifest): (&str, &str),
         json: &[u8],
     ) -> Result<PathBuf> {
-        std::fs::rename(&self.dir, &self.out)
-            .map_err(|e| output_err(&self.out, "move the new generation into place", e))?;
-        // From here the staging name is gone; if the link fails, the folder stays for the next
-        // append (or `dsc gc`) to remove: no manifest names it.
+        let out = cache.join(folder);
+        if out.exists() {
+            // A killed append of the same bytes left it: no manifest names it.
+            std::fs::remove_dir_all(&out)
+                .map_err(|e| output_err(&out, "remove what a killed append left", e))?;
+        }
+        std::fs::rename(&self.dir, &out)
+            .map_err(|e| output_err(&out, "move the new generation into place", e))?;
+        // From here the staging name is gone; if the link fails, the folder stays for `dsc gc`
+        // to remove: no manifest names it.
         self.committed = true;
         failpoint("append:moved");
         let path = cache.join(manifest);

@@ -374,6 +374,8 @@ def append(
     joins: Optional[Sequence[Union[Tuple[PathLike, str], Mapping[str, str]]]] = None,
     max_memory: Union[int, str, None] = None,
     progress: Optional[bool] = None,
+    cache_dir: Optional[PathLike] = None,
+    storage_options: Optional[Dict[str, Any]] = None,
 ) -> Cache:
     """Appends new data to ``cache`` as its next generation and returns the cache opened at it.
 
@@ -388,6 +390,9 @@ def append(
     holds, or inputs whose tensors would differ, raise :class:`dsc.CompileError` naming them,
     and nothing is committed. ``dsc.open(path, generation=N)`` opens any generation; ``dsc log``
     lists them. Appends to one cache run one after the other (a second waits for the first).
+    A cache in object storage (a URL) is appended to through a local folder under
+    ``cache_dir`` and published there, its manifest written only if absent: of two writers
+    racing for one generation one commits and the other raises :class:`dsc.CompileError`.
 
     The new data is measured against the parameters it is encoded with (the first generation's
     train split): per column the mean's shift in standard deviations, the ratio of standard
@@ -410,12 +415,13 @@ def append(
         None if jl is None else [(j["file"], j["on"]) for j in jl],
         bool(progress),
         None if max_memory is None else _size("max_memory", max_memory),
+        remote_json(cache_dir, None, storage_options),
     ))
     if drift and drift["refit_due"]:
         warnings.warn(
             "dsc.append: the new data has moved away from what the encodings were fitted on; a "
             "new compile (a refit) is due: " + "; ".join(drift["reasons"]), stacklevel=2)
-    return Cache(path)
+    return Cache(path, cache_dir=cache_dir, storage_options=storage_options)
 
 
 _STAGES = _CHOICES["stage"]

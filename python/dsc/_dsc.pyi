@@ -92,6 +92,7 @@ def append(
     joins: Optional[List[Tuple[str, str]]],
     progress: bool,
     max_memory: Optional[int] = None,
+    remote: Optional[str] = None,
 ) -> str: ...
 def compile_stage(
     spec_json: str,

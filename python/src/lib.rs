@@ -662,7 +662,8 @@ fn spec_from(
 /// Appends `rows` (with the new contexts' `context` table, and `joins` instead of the cache's)
 /// to the cache at `cache` as its next generation; returns the drift report as JSON.
 #[pyfunction]
-#[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None))]
+#[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None, remote=None))]
+#[allow(clippy::too_many_arguments)]
 fn append(
     py: Python<'_>,
     cache: std::path::PathBuf,
@@ -671,6 +672,7 @@ fn append(
     joins: Option<Vec<(String, String)>>,
     progress: bool,
     max_memory: Option<u64>,
+    remote: Option<&str>,
 ) -> PyResult<String> {
     let inputs = dsc_compiler::AppendInputs {
         rows,
@@ -681,6 +683,17 @@ fn append(
                 .collect()
         }),
     };
+    // A cache in object storage is appended to through a local folder of its own.
+    let out = match cache.to_str().filter(|c| dsc_store::is_remote(c)) {
+        Some(url) => {
+            let opts = remote_options(py, remote)?;
+            dsc_compiler::remote::set_options(&opts.store);
+            opts.append_folder(url).map_err(|e| {
+                options_error(py, &format!("the local folder of an append to {url}: {e}"))
+            })?
+        }
+        None => cache.clone(),
+    };
     let interrupt = Arc::new(Interrupt::new());
     let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
     let report = interruptible(py, &|| interrupt.request(libc_sigint()), || {
@@ -688,7 +701,7 @@ fn append(
             &cache,
             &inputs,
             &CompileOptions {
-                out: cache.clone(),
+                out,
                 force: false,
                 max_memory,
                 storage: dsc_compiler::Storage::Hot,

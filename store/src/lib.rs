@@ -23,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cache_files;
 mod connect;
 mod error;
 mod runtime;
@@ -202,6 +203,21 @@ impl Remote {
         })
     }
 
+    /// Writes `bytes` as object `name` only if no object has that name (a conditional put:
+    /// S3's `If-None-Match: *`, and the preconditions of GCS and Azure): `Ok(false)`, writing
+    /// nothing, when one has. How a cache's generation is committed by one writer only.
+    pub fn put_new(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
+        let put = self.run(name, |store, path| async move {
+            let opts = object_store::PutOptions::from(object_store::PutMode::Create);
+            match store.put_opts(&path, bytes.into(), opts).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        });
+        put
+    }
+
     /// Removes object `name` (absent already is not an error).
     pub fn delete(&self, name: &str) -> Result<(), StoreError> {
         match self.run(name, |store, path| async move { store.delete(&path).await }) {
@@ -212,7 +228,16 @@ impl Remote {
 
     /// Every object under the cache's prefix: its name relative to the prefix, and its size.
     pub fn list(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        let prefix = self.inner.prefix.clone();
+        self.list_under(self.inner.prefix.clone())
+    }
+
+    /// Every object under the cache's folder `folder` (e.g. `generations`): its name relative
+    /// to that folder, and its size. Lists that folder alone, not the whole cache.
+    pub fn list_in(&self, folder: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        self.list_under(self.path_of(folder))
+    }
+
+    fn list_under(&self, prefix: ObjectPath) -> Result<Vec<(String, u64)>, StoreError> {
         let client = self.client()?;
         let found: Vec<object_store::ObjectMeta> = client
             .runtime

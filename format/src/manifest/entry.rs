@@ -81,19 +81,37 @@ impl Codec {
 }
 
 impl ShardEntry {
-    /// The file name this entry must have: `shards/{split}-{NNNNN}.safetensors`, plus the
-    /// codec's suffix when compressed.
+    /// The file name this entry must have: `shards/{split}-{NNNNN}.safetensors` in its
+    /// generation's folder ([`ShardEntry::folder`]), plus the codec's suffix when compressed.
     pub fn expected_file(&self) -> String {
-        let hot = generation_prefix(self.generation) + &shard_file_name(&self.split, self.index);
+        let hot = self.folder_prefix() + &shard_file_name(&self.split, self.index);
         match &self.compressed {
             Some(c) => hot + c.codec.suffix(),
             None => hot,
         }
     }
 
-    /// The file name its key table must have (under its generation's folder, as the shard).
+    /// The file name its key table must have (in the shard's folder).
     pub fn expected_key_file(&self) -> String {
-        generation_prefix(self.generation) + &key_table_file_name(&self.split, self.index)
+        self.folder_prefix() + &key_table_file_name(&self.split, self.index)
+    }
+
+    /// The folder of a later generation's shard, `generations/{NNNNN}-{ID}`, as its file
+    /// names it: `None` for the first generation's (at the top of the cache), and for a file
+    /// outside any generation's folder (which validation then refuses).
+    pub fn folder(&self) -> Option<&str> {
+        let g = self.generation.filter(|&g| g > 1)?;
+        let folder = self.file.get(..generation_folder_len(g))?;
+        is_generation_folder(folder, g).then_some(folder)
+    }
+
+    fn folder_prefix(&self) -> String {
+        match (self.generation.filter(|&g| g > 1), self.folder()) {
+            (None, _) => String::new(),
+            (Some(_), Some(f)) => format!("{f}/"),
+            // Named nowhere valid: no name matches, so validation names the file.
+            (Some(g), None) => format!("{}/{g:05}-?/", crate::GENERATIONS_DIR),
+        }
     }
 
     /// The generation that wrote it: 1 unless a later one did.
@@ -118,18 +136,33 @@ pub fn shard_file_name(split: &str, index: usize) -> String {
     format!("{}/{split}-{index:05}.safetensors", crate::SHARDS_DIR)
 }
 
-/// The folder of a later generation's files, `generations/{NNNNN}/` (empty for the first
-/// generation, whose files are at the top of the cache).
-pub fn generation_prefix(generation: Option<u32>) -> String {
-    match generation {
-        Some(g) if g > 1 => format!("{}/", generation_dir(g)),
-        _ => String::new(),
-    }
+/// `generations/{NNNNN}-{ID}`: the folder of generation `n`'s new files, `ID` 16 hex digits
+/// of its content (FORMAT.md §14), so that two writers racing to commit generation `n` never
+/// write the same file unless they write the same bytes.
+pub fn generation_folder(n: u32, id: &str) -> String {
+    format!("{}/{n:05}-{id}", crate::GENERATIONS_DIR)
 }
 
-/// `generations/{NNNNN}`: the folder holding generation `n`'s new shards and its `stats.json`.
-pub fn generation_dir(n: u32) -> String {
-    format!("{}/{n:05}", crate::GENERATIONS_DIR)
+/// The length of [`generation_folder`]'s name for generation `n`.
+fn generation_folder_len(n: u32) -> usize {
+    generation_folder(n, "0123456789abcdef").len()
+}
+
+/// Whether `folder` is a folder of generation `n`: `generations/{NNNNN}-{16 hex digits}`.
+pub fn is_generation_folder(folder: &str, n: u32) -> bool {
+    let Some(rest) = folder.strip_prefix(&format!("{}/{n:05}-", crate::GENERATIONS_DIR)) else {
+        return false;
+    };
+    rest.len() == 16 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The generation number of an entry of the `generations/` folder named `name`: a manifest
+/// `NNNNN.json`, or a folder `NNNNN-ID` (or its staging name); `None` for anything else.
+pub fn generation_of(name: &str) -> Option<u32> {
+    let digits: &str = name.split(['-', '.']).next()?;
+    (digits.len() >= 5 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
 }
 
 /// `generations/{NNNNN}.json`: the manifest of generation `n > 1` (the first is `manifest.json`).

@@ -107,6 +107,9 @@ pub struct Generation {
     /// How it was made: `append` (the parent's shards and new ones) or `compact` (the live
     /// contexts rewritten as new shards only).
     pub kind: String,
+    /// The folder of its own files (`generations/{NNNNN}-{ID}`): its new shards and its
+    /// statistics.
+    pub folder: String,
     /// The inputs its own compile read.
     pub inputs: Inputs,
     /// Its own compile's counts.
@@ -234,6 +237,16 @@ impl Manifest {
             self.validate_split(split)?;
         }
         let number = self.generation_number();
+        if let Some(g) = self
+            .generation
+            .as_ref()
+            .filter(|g| !is_generation_folder(&g.folder, g.number))
+        {
+            return Err(ManifestProblem::GenerationFolder {
+                folder: g.folder.clone(),
+                number: g.number,
+            });
+        }
         let foreign = |s: &&ShardEntry| match s.generation {
             Some(g) => g < 2 || g > number,
             None => false,
@@ -520,7 +533,10 @@ impl Manifest {
     pub fn stats_file(&self) -> String {
         match self.generation_number() {
             1 => crate::STATS_FILE.into(),
-            n => format!("{}/{}", generation_dir(n), crate::STATS_FILE),
+            _ => match &self.generation {
+                Some(g) => format!("{}/{}", g.folder, crate::STATS_FILE),
+                None => crate::STATS_FILE.into(),
+            },
         }
     }
 

@@ -27,6 +27,14 @@ pub enum ManifestProblem {
         /// The manifest's generation.
         number: u32,
     },
+    /// A generation names a folder that is not one of its own.
+    #[error("generation {number} names the folder {folder:?}, not generations/{number:05}-ID (16 hex digits)")]
+    GenerationFolder {
+        /// The folder named.
+        folder: String,
+        /// The generation.
+        number: u32,
+    },
     /// A generation's manifest says another number than its file name.
     #[error("it is generation {found}, its name says {expected}")]
     GenerationNumber {

@@ -51,6 +51,16 @@ pub struct RemoteOptions {
     pub generation: dsc_format::GenerationRef,
 }
 
+impl RemoteOptions {
+    /// The local folder where an append to the cache at `url` compiles its generation before
+    /// publishing it (`DIR/appends/{xxh3 of the URL}`), its parent created.
+    pub fn append_folder(&self, url: &str) -> std::io::Result<PathBuf> {
+        let dir = self.dir.join("appends");
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir.join(dsc_format::checksum::xxh3_hex(url.as_bytes())))
+    }
+}
+
 /// Downloads at once unless told otherwise: enough to fill a link to object storage from one
 /// machine, few enough not to crowd the loader's own threads.
 pub const DEFAULT_FETCH_THREADS: usize = 4;
@@ -112,7 +122,7 @@ pub fn read_meta(
     #[cfg(feature = "remote")]
     {
         let store = dsc_store::Remote::open_with(url, &remote.store)?;
-        let manifest = remote_manifest(&store, &remote.generation, &remote.store)?;
+        let manifest = remote_manifest(&store, &remote.generation)?;
         let name = manifest.stats_file();
         let bytes = store.get(&name)?;
         let path = PathBuf::from(store.url_of(&name));
@@ -131,65 +141,41 @@ pub fn read_meta(
 pub(crate) fn remote_manifest(
     store: &dsc_store::Remote,
     at: &dsc_format::GenerationRef,
-    options: &[(String, String)],
 ) -> Result<dsc_format::Manifest, LoadError> {
     // The first manifest's absence is told apart from a missing bucket before anything else.
     let first = manifest_bytes(store)?;
     let mut files = StoreFiles {
         store,
         first: Some(first),
-        options,
     };
     let dir = PathBuf::from(store.url());
     Ok(dsc_format::Manifest::open_generation(&dir, at, &mut files)?)
 }
 
-/// A cache's files in object storage, for [`dsc_format::Manifest::open_generation`].
+/// A cache's files in object storage, for [`dsc_format::Manifest::open_generation`], with
+/// `manifest.json` already fetched.
 #[cfg(feature = "remote")]
 struct StoreFiles<'a> {
     store: &'a dsc_store::Remote,
-    /// `manifest.json`, already fetched.
     first: Option<Vec<u8>>,
-    /// The store's configuration, to list the generations' folder alone.
-    options: &'a [(String, String)],
 }
 
 #[cfg(feature = "remote")]
 impl dsc_format::generation::CacheFiles for StoreFiles<'_> {
     fn read(&mut self, name: &str) -> std::io::Result<Vec<u8>> {
-        if name == dsc_format::MANIFEST_FILE {
-            if let Some(bytes) = self.first.take() {
-                return Ok(bytes);
-            }
+        match self
+            .first
+            .take()
+            .filter(|_| name == dsc_format::MANIFEST_FILE)
+        {
+            Some(bytes) => Ok(bytes),
+            None => self.store.clone().read(name),
         }
-        self.store.get(name).map_err(store_io)
     }
 
     fn generations(&mut self) -> std::io::Result<Vec<u32>> {
-        // Listed under `generations/` alone: a listing of the whole cache would name every
-        // shard, on every open.
-        let folder = self.store.url_of(dsc_format::GENERATIONS_DIR);
-        let names = dsc_store::Remote::open_with(&folder, self.options)
-            .and_then(|r| r.list())
-            .map_err(store_io)?;
-        Ok(dsc_format::generation::numbers_in(
-            names
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .filter(|n| !n.contains('/')),
-        ))
+        self.store.clone().generations()
     }
-}
-
-/// A store's error as the I/O error the format's readers take (a missing object stays
-/// `NotFound`, so that a missing generation is named as such).
-#[cfg(feature = "remote")]
-fn store_io(e: dsc_store::StoreError) -> std::io::Error {
-    let kind = match e {
-        dsc_store::StoreError::NotFound { .. } => std::io::ErrorKind::NotFound,
-        _ => std::io::ErrorKind::Other,
-    };
-    std::io::Error::new(kind, e.to_string())
 }
 
 /// The bytes of the manifest of the cache at `store`'s URL. Without one, a listing tells a

@@ -172,6 +172,6 @@ fn read_manifest(
     opts: &RemoteOptions,
 ) -> Result<(dsc_store::Remote, Manifest), LoadError> {
     let remote = dsc_store::Remote::open_with(url, &opts.store)?;
-    let manifest = super::remote_manifest(&remote, &opts.generation, &opts.store)?;
+    let manifest = super::remote_manifest(&remote, &opts.generation)?;
     Ok((remote, manifest))
 }
