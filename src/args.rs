@@ -48,7 +48,7 @@ pub enum Command {
     Compress(CompressArgs),
     Decompress(DecompressArgs),
     Status(StatusArgs),
-    Append(AppendArgs),
+    Append(Box<AppendArgs>),
     Compact(CompactArgs),
     Log(LogArgs),
     Tag(TagArgs),

@@ -79,7 +79,7 @@ where
         args::Command::Bench(a) => bench_cmd::run(a),
         args::Command::DigitSplit(a) => digits_cmd::run(a),
         args::Command::Merge(a) => compile_cmd::merge(a),
-        args::Command::Append(a) => lineage_cmd::append(a),
+        args::Command::Append(a) => lineage_cmd::append(*a),
         args::Command::Compact(a) => lineage_cmd::compact(a),
         args::Command::Log(a) => lineage_cmd::log(a),
         args::Command::Tag(a) => lineage_cmd::tag(a),
