@@ -1141,11 +1141,13 @@ mod tests {
     #[test]
     fn a_loader_flag_reads_the_same_in_every_command() {
         // `dsc bench --bucket/--pack` also time a bucketed or packed epoch next to the plain one;
-        // `--seed` of `compile` seeds the cache's global shuffle, of `gen` the generated data.
+        // `--seed` of `compile` (and of `append`, which must give the cache's) seeds the cache's
+        // global shuffle, of `gen` the generated data.
         let own = [
             ("bench", "bucket"),
             ("bench", "pack"),
             ("compile", "seed"),
+            ("append", "seed"),
             ("gen", "seed"),
         ];
         let other = dsc_loader::args::flags_with_other_help(&Cli::command(), &own);

@@ -542,11 +542,41 @@ fn refused_appends_change_nothing() {
     )
     .fails(2);
     assert!(err.contains("joins on [\"sensor_id\"]"), "{err}");
+    // A flag of the spec saying other than the cache's: named, with the cache's value.
+    let err = dsc(
+        dir.path(),
+        &[
+            "append",
+            "cache",
+            "data/train/batch_2.parquet",
+            meta[0],
+            meta[1],
+            "--seed",
+            "7",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("--seed 7: the cache has seed = 42"), "{err}");
     assert_eq!(
         tree(&dir.join("cache")),
         before,
         "nothing of the cache changed"
     );
+    // The cache's own value is no change.
+    let said = dsc(
+        dir.path(),
+        &[
+            "append",
+            "cache",
+            "data/train/batch_2.parquet",
+            meta[0],
+            meta[1],
+            "--seed",
+            "42",
+        ],
+    )
+    .ok();
+    assert!(said.contains("generation 2"), "{said}");
 }
 
 #[test]
