@@ -378,6 +378,7 @@ mod tests {
         spec.profile = Some("p".into());
         spec.val_keys = Some("v".into());
         spec.partitions = Some(1);
+        spec.fit_from = Some("f".into());
         let keys: Vec<String> = match serde_json::to_value(spec).unwrap() {
             serde_json::Value::Object(m) => m.keys().cloned().collect(),
             other => panic!("{other:?}"),

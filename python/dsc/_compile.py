@@ -63,6 +63,7 @@ class CompileOptions(TypedDict, total=False):
     val_keys: PathLike
     partitions: int
     bucket_size: Union[int, str]
+    fit_from: Union[PathLike, "Cache"]
 
 
 def _names(value: Union[str, Iterable[str], None], what: str) -> Optional[List[str]]:
@@ -226,6 +227,7 @@ def _fields(
     val_keys: Optional[PathLike] = None,
     partitions: Optional[int] = None,
     bucket_size: Union[int, str, None] = None,
+    fit_from: Union[PathLike, "Cache", None] = None,
     spec: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
     """The spec fields of ``dsc.compile``'s keyword arguments, checked."""
@@ -245,7 +247,9 @@ def _fields(
                         ("profile", profile)):
         if value is not None:
             fields[name] = str(value)
-    for name, value in (("context", context), ("val_keys", val_keys)):
+    if isinstance(fit_from, Cache):
+        fit_from = fit_from.path
+    for name, value in (("context", context), ("val_keys", val_keys), ("fit_from", fit_from)):
         if value is not None:
             fields[name] = os.fspath(value)
     for name, value in (("targets", targets), ("context_features", context_features),
@@ -322,6 +326,11 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     file first; the keyword arguments given override it. The cache is byte-identical to the
     CLI's for the same options. ``progress`` shows bars on stderr (default: when stderr is a
     terminal).
+
+    ``fit_from`` (a path or a :class:`dsc.Cache`) takes that cache's fitted parameters
+    (normalisation, vocabularies, string encodings, fills, ``max_len``) instead of fitting: a
+    test set encoded as its training set was (refused, naming the first difference, where the
+    tensors would differ).
 
     ``max_memory`` (bytes or ``"4GiB"``; default half of the machine's or container's) bounds the memory the
     compile uses: the input is spilled beside ``out`` in buckets and processed a few at a time,

@@ -90,3 +90,19 @@ def test_the_cli_and_python_append_alike(growing: Path, workdir: Path, tmp_path:
     run_dsc("append", str(twin), str(workdir / "data/train/batch_2.parquet"),
             "--context", str(workdir / "data/train_meta.parquet"), "--quiet")
     assert dsc.open(twin).content_id == dsc.open(growing).content_id
+
+
+def test_fit_from_encodes_a_test_set_as_its_training_set(growing: Path, workdir: Path,
+                                                          tmp_path: Path) -> None:
+    """``dsc.compile(fit_from=cache)``: another file's events with the cache's encodings: the
+    same tensors (normalisation, vocabulary, L), though its own data would fit others."""
+    train = dsc.open(growing)
+    kwargs = dict(COMPILE_KWARGS, empty_contexts="drop")
+    kwargs["context"] = str(workdir / kwargs["context"])
+    kwargs["join"] = str(workdir / kwargs["join"])
+    own = dsc.compile(str(workdir / "data/train/batch_4.parquet"), out=tmp_path / "own", **kwargs)
+    test = dsc.compile(str(workdir / "data/train/batch_4.parquet"), out=tmp_path / "test",
+                       fit_from=train, **kwargs)
+    assert test.manifest["tensors"] == train.manifest["tensors"]
+    assert own.manifest["tensors"] != train.manifest["tensors"]
+    assert test.manifest["spec"]["fit_from"] == str(growing)
