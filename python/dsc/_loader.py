@@ -209,6 +209,12 @@ class Loader:
             use, in this loader's order; the bytes kept there at most (the shard needed furthest
             ahead goes first); object_store's configuration keys. See :class:`dsc.Cache` and
             docs/PYTHON.md, "Caches in object storage".
+        generation: the generation of the caches to read, opened by path (a number, a content
+            id or a tag; ``dsc log`` lists them) [default: the last one].
+        follow: move to the last generation of the caches (``dsc.append`` adds them) at each
+            new epoch (``set_epoch``), never inside one; recorded in :meth:`state_dict`, whose
+            ``content_id`` names the generation read, so a resume continues the same batches
+            and then follows.
     """
 
     def __init__(
@@ -252,6 +258,7 @@ class Loader:
         static: bool = False,
         gather_in_step: bool = False,
         generation: Union[int, str, None] = None,
+        follow: bool = False,
     ) -> None:
         # What made this loader, so that a state of another generation of its caches can make
         # it again over that generation (load_state_dict).
@@ -265,6 +272,7 @@ class Loader:
                                option="generation")
         remote = dict(cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
                       generation=generation)
+        self.follow = bool(follow)
         self.caches: List[Cache] = [c if isinstance(c, Cache) else shared(c, **remote)
                                     for c in given]
         self.cache = self.caches[0]
@@ -565,8 +573,24 @@ class Loader:
         epoch = _check_int("epoch", epoch, 0)
         if epoch != self._epoch:
             self._close_active()
+            if self.follow:
+                self._move_to_last(epoch)
             self._epoch, self._step, self._skip = epoch, 0, 0
             self._planned = None
+
+    def _move_to_last(self, epoch: int) -> None:
+        """With ``follow``: makes this loader again over the last generation of its caches, if
+        one was appended since, at the start of ``epoch`` (an epoch boundary: the order of an
+        epoch is always one generation's)."""
+        last = [c.reopen() for c in self.caches]
+        if [c.content_id for c in last] == [c.content_id for c in self.caches]:
+            return
+        made = dict(self._made_with)
+        made["cache"] = last if len(last) > 1 else last[0]
+        made["generation"] = None
+        made["epoch"] = epoch
+        made["follow"] = True
+        self.__init__(**made)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands, as a small JSON-able dict: the batches consumed so far
@@ -582,6 +606,7 @@ class Loader:
             **state,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
+            "follow": self.follow,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -619,6 +644,9 @@ class Loader:
         self._close_active()
         self._epoch, self._step, self._skip = epoch, step, skip
         self._planned = None
+        # A run that followed the cache's generations goes on following them.
+        if "follow" in state:
+            self.follow = self._made_with["follow"] = bool(state["follow"])
 
     def __iter__(self) -> Iterator[Batch]:
         if os.getpid() != self._pid or _in_worker_process():
@@ -626,6 +654,10 @@ class Loader:
                 f"dsc.Loader was made in process {self._pid} and used in process {os.getpid()} "
                 f"(a DataLoader worker or a fork). {FORK_ADVICE}"
             )
+        # An epoch that starts (after the last one ended, or set_epoch) may read a newer
+        # generation; one under way never changes.
+        if self.follow and self._step == 0 and self._skip == 0 and self._active is None:
+            self._move_to_last(self._epoch)
         active = self._active() if self._active is not None else None
         if (active is not None and active.handle is not None
                 and active.thread != threading.get_ident()):

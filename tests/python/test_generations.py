@@ -106,3 +106,31 @@ def test_fit_from_encodes_a_test_set_as_its_training_set(growing: Path, workdir:
     assert test.manifest["tensors"] == train.manifest["tensors"]
     assert own.manifest["tensors"] != train.manifest["tensors"]
     assert test.manifest["spec"]["fit_from"] == str(growing)
+
+
+def test_follow_moves_to_the_last_generation_at_the_next_epoch_only(growing: Path,
+                                                                    workdir: Path) -> None:
+    """``follow=True``: an append in the middle of an epoch changes nothing of it; the next
+    epoch reads the last generation. The state records both, so a resume follows too."""
+    options = dict(split="train", batch_size=16, seed=3, format="numpy")
+    loader = dsc.Loader(growing, follow=True, **options)
+    still = dsc.Loader(growing, **options)
+    first = keys(loader, steps=3)
+    append(growing, workdir, 2)
+    rest = keys(loader)
+    assert first + rest == keys(dsc.Loader(growing, generation=1, **options))
+    state = loader.state_dict()          # at the end of epoch 0: epoch 1, nothing read yet
+    assert state["follow"] and state["content_id"] == dsc.open(growing, generation=1).content_id
+    loader.set_epoch(1)
+    epoch_1 = keys(loader)
+    assert loader.cache.generation == 2
+    assert epoch_1 == keys(dsc.Loader(growing, epoch=1, **options))
+    still.set_epoch(1)
+    keys(still)
+    assert still.cache.generation == 1, "without follow, a loader keeps its generation"
+    # A resume of that state reads generation 1 where it stopped, then follows: epoch 1 is
+    # the last generation's.
+    resumed = dsc.Loader(growing, **options)
+    resumed.load_state_dict(state)
+    assert resumed.follow and resumed.cache.generation == 1
+    assert keys(resumed) == epoch_1 and resumed.cache.generation == 2
