@@ -834,16 +834,29 @@ fn a_lineage_in_object_storage_reads_as_it_does_locally() {
         ..Default::default()
     };
     for at in [
-        dsc_format::GenerationRef::Latest,
         dsc_format::GenerationRef::Number(1),
+        dsc_format::GenerationRef::Latest,
     ] {
         let there = dsc_loader::Cache::open_remote(&url, &opts(at.clone())).unwrap();
-        let here = dsc_loader::Cache::open_with(dir.join("cache"), &opts(at)).unwrap();
+        let here = dsc_loader::Cache::open_with(dir.join("cache"), &opts(at.clone())).unwrap();
         assert_eq!(there.manifest(), here.manifest());
         assert_eq!(
             crate::util::epoch_of(&there, loader()),
             crate::util::epoch_of(&here, loader())
         );
+        // The last generation's folder takes the first's shards from the folder its reader
+        // filled: only the shards the append added are fetched.
+        let new: u64 = there
+            .manifest()
+            .shards()
+            .iter()
+            .filter(|s| s.split == "train" && s.generation.is_some())
+            .count() as u64;
+        let fetched = there.shard_stats().shards_fetched;
+        match at {
+            dsc_format::GenerationRef::Latest => assert_eq!(fetched, new, "only the new shards"),
+            _ => assert!(fetched > 0),
+        }
     }
     // The CLI too, with the store's settings from the environment.
     let mut verify = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"));

@@ -125,6 +125,44 @@ impl Object {
         right
     }
 
+    /// Takes a checked copy of this object from `other`, the fetch folder of another
+    /// generation of the same cache (a shard both list, the same name and checksum): a hard
+    /// link, taken only while the other copy looks as its stamp says, then stamped here.
+    /// Whether it did.
+    fn adopt_from(&self, other: &Path) -> bool {
+        let theirs = Object {
+            local: other.join(&self.name),
+            stamp: other
+                .join(STAMPS_DIR)
+                .join(self.stamp.file_name().expect("a stamp has a name")),
+            name: self.name.clone(),
+            bytes: self.bytes,
+            xxh3: self.xxh3.clone(),
+            compressed: self.compressed,
+        };
+        let Ok(meta) = std::fs::metadata(&theirs.local) else {
+            return false;
+        };
+        let stamped =
+            std::fs::read_to_string(&theirs.stamp).is_ok_and(|s| s == theirs.looks(&meta));
+        if !stamped || meta.len() != self.bytes {
+            return false;
+        }
+        if std::fs::hard_link(&theirs.local, &self.local).is_err() {
+            return false;
+        }
+        // The link is the file that was checked only if it is the same inode.
+        use std::os::unix::fs::MetadataExt;
+        let same = std::fs::metadata(&self.local)
+            .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
+        if !same {
+            let _ = std::fs::remove_file(&self.local);
+            return false;
+        }
+        self.stamp();
+        true
+    }
+
     /// Removes the local copy, its stamp first (a copy without one is hashed before use).
     fn remove(&self) {
         let _ = std::fs::remove_file(&self.stamp);
@@ -304,8 +342,15 @@ impl Fetcher {
             failed: vec![false; objects.len()],
             ..State::default()
         };
+        // Another generation of this cache read on this machine holds most of these shards:
+        // they are taken from its folder rather than fetched again.
+        let url = remote.url().to_string();
+        let siblings = sibling_folders(&opts.dir, &folder, &url);
         for (id, o) in objects.iter().enumerate() {
             let fits = opts.limit.is_none_or(|l| state.held + o.bytes <= l);
+            if fits && !o.local.exists() {
+                siblings.iter().any(|other| o.adopt_from(other));
+            }
             if fits && o.intact() {
                 state.slots[id] =
                     Slot::Local(Arc::new(Local::open(&o.local, o.bytes, o.compressed)?));
@@ -652,6 +697,25 @@ fn choose(c: &Choice<'_>) -> Option<Fetch> {
         evict.push(victim);
     }
     Some(Fetch { fetch, evict })
+}
+
+/// The file in a fetch folder naming the cache it holds a copy of.
+const URL_FILE: &str = "url";
+
+/// The other fetch folders under `dir` of the cache at `url` (other generations of it, or other
+/// processes' copies), which [`claim_folder`]s mark with the URL; `ours` is left out.
+fn sibling_folders(dir: &Path, ours: &Path, url: &str) -> Vec<PathBuf> {
+    let _ = std::fs::write(ours.join(URL_FILE), url);
+    let Ok(entries) = std::fs::read_dir(dir.join("remote")) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p != ours)
+        .filter(|p| std::fs::read_to_string(p.join(URL_FILE)).is_ok_and(|u| u == url))
+        .collect();
+    found.sort();
+    found
 }
 
 /// This process's folder for the cache of content id `id` under `dir`: `dir/remote/ID`, or
