@@ -56,17 +56,16 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             // Before anything reads the cache: a resumed run must see the same data, in the
             // same shards (a recompile with another --seed or --shard-size keeps the inputs'
             // fingerprint but not the order the saved position counts in).
-            let manifest = dsc_loader::read_meta(&cfg.cache, &cfg.open_options(0)?)
-                .with_context(|| format!("opening the cache {}", cfg.cache.display()))?
-                .0;
-            let mut manifests = vec![manifest.clone()];
-            for (i, other) in cfg.mix.iter().enumerate() {
-                manifests.push(
-                    dsc_loader::read_meta(other, &cfg.open_options(1 + i)?)
-                        .with_context(|| format!("opening the cache {}", other.display()))?
-                        .0,
-                );
-            }
+            let manifests = match read_manifests(&cfg) {
+                // No generation of the cache holds what the run read: the checks below say
+                // what changed (other inputs, another seed) on its last generation.
+                Err(e) if no_generation(&e) => {
+                    cfg.generation = None;
+                    read_manifests(&cfg)?
+                }
+                other => other?,
+            };
+            let manifest = manifests[0].clone();
             let content = checkpoint::content_of(&manifests);
             let stored = checkpoint::stored_content_of(&manifests);
             let now = &manifest.inputs().fingerprint;
@@ -257,4 +256,29 @@ fn emit<T: Serialize>(cli: &args::Cli, value: &T) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(value)?);
     }
     Ok(())
+}
+
+/// The manifests of the caches a run reads, each at the run's generation of it.
+fn read_manifests(cfg: &dsc_train::RunConfig) -> anyhow::Result<Vec<dsc_format::Manifest>> {
+    std::iter::once(&cfg.cache)
+        .chain(&cfg.mix)
+        .enumerate()
+        .map(|(i, path)| {
+            Ok(dsc_loader::read_meta(path, &cfg.open_options(i)?)
+                .with_context(|| format!("opening the cache {}", path.display()))?
+                .0)
+        })
+        .collect()
+}
+
+/// Whether `e` says that the cache holds no generation of the content id asked for.
+fn no_generation(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<dsc_loader::LoadError>(),
+            Some(dsc_loader::LoadError::Format(
+                dsc_format::FormatError::NoGeneration { .. }
+            ))
+        )
+    })
 }
