@@ -255,11 +255,19 @@ pub fn run(a: OrderArgs) -> anyhow::Result<u8> {
         None => None,
     };
     for (i, path) in a.caches.iter().enumerate() {
-        let mut remote = remote.clone();
+        let mut at = remote.clone();
         if let Some(ids) = read.as_ref().filter(|ids| ids.len() == a.caches.len()) {
-            remote.generation = dsc_format::GenerationRef::Id(ids[i].clone());
+            at.generation = dsc_format::GenerationRef::Id(ids[i].clone());
         }
-        caches.push(Cache::open_with(path, &remote)?);
+        let opened = match Cache::open_with(path, &at) {
+            // No generation holds what the state read: the caches as asked, which the state's
+            // check then names as other data.
+            Err(dsc_loader::LoadError::Format(dsc_format::FormatError::NoGeneration {
+                ..
+            })) => Cache::open_with(path, &remote),
+            other => other,
+        };
+        caches.push(opened?);
     }
     let cache = caches[0].clone();
     let mix = Mix::new(caches)?;

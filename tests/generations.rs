@@ -486,7 +486,10 @@ fn a_state_resumes_with_the_uninterrupted_batches_after_an_append() {
         ],
     )
     .fails(2);
-    assert!(err.contains("no content id 00000000deadbeef"), "{err}");
+    assert!(
+        err.contains("taken over other data (content id 00000000deadbeef"),
+        "{err}"
+    );
 }
 
 fn json_field(text: &str, field: &str) -> String {
