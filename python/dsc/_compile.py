@@ -388,8 +388,8 @@ def append(
 ) -> Cache:
     """Appends new data to ``cache`` as its next generation and returns the cache opened at it.
 
-    The new contexts (``rows``: paths or globs; ``context``: their rows of the context table,
-    required when the cache has one; ``join=``/``on=`` or ``joins=`` lookup tables, the cache's
+    The new contexts (``rows``: paths or globs, or a table in memory as :func:`dsc.compile`
+    takes it; ``context``: their rows of the context table, required when the cache has one; ``join=``/``on=`` or ``joins=`` lookup tables, the cache's
     own by default) are compiled with the cache's recorded spec and its fitted parameters frozen
     (normalisation, vocabularies, string encodings, fills, ``max_len``), so their tensors read
     as the cache's; a key's split follows the cache's rule. They are written as new shards and
@@ -410,6 +410,10 @@ def append(
     generation's ``generations/NNNNN/drift.json``.
     """
     path = cache.path if isinstance(cache, Cache) else os.fspath(cache)
+    tables = _Tables()
+    rows = tables.take(rows, "rows")
+    context = tables.take(context, "context")
+    joins, join = tables.joins(joins, join)
     given = [rows] if isinstance(rows, (str, os.PathLike)) else list(rows)
     if not given:
         raise OptionsError("rows=[] names no rows file: give the new data's paths or globs",
@@ -425,6 +429,7 @@ def append(
         bool(progress),
         None if max_memory is None else _size("max_memory", max_memory),
         remote_json(cache_dir, None, storage_options),
+        tables.streams,
     ))
     if drift and drift["refit_due"]:
         warnings.warn(

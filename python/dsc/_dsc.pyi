@@ -93,6 +93,7 @@ def append(
     progress: bool,
     max_memory: Optional[int] = None,
     remote: Optional[str] = None,
+    tables: List[Tuple[str, Any]] = ...,
 ) -> str: ...
 def compile_stage(
     spec_json: str,

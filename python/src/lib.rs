@@ -662,7 +662,8 @@ fn spec_from(
 /// Appends `rows` (with the new contexts' `context` table, and `joins` instead of the cache's)
 /// to the cache at `cache` as its next generation; returns the drift report as JSON.
 #[pyfunction]
-#[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None, remote=None))]
+#[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None, remote=None,
+                    tables=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn append(
     py: Python<'_>,
@@ -673,15 +674,23 @@ fn append(
     progress: bool,
     max_memory: Option<u64>,
     remote: Option<&str>,
+    tables: Vec<(String, Bound<'_, PyAny>)>,
 ) -> PyResult<String> {
+    // Tables in memory are registered as a compile's are (their placeholders replaced by
+    // their names), and held until the append is done.
+    let mut spec = dsc_compiler::CompileSpec::new(rows, "");
+    spec.context = context;
+    let given_joins = joins.is_some();
+    spec.joins = joins
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(file, on)| dsc_format::spec::JoinSpec { file, on })
+        .collect();
+    let (spec, _held) = tables::register(py, spec, tables)?;
     let inputs = dsc_compiler::AppendInputs {
-        rows,
-        context,
-        joins: joins.map(|j| {
-            j.into_iter()
-                .map(|(file, on)| dsc_format::spec::JoinSpec { file, on })
-                .collect()
-        }),
+        rows: spec.rows,
+        context: spec.context,
+        joins: given_joins.then_some(spec.joins),
     };
     // A cache in object storage is appended to through a local folder of its own.
     let out = match cache.to_str().filter(|c| dsc_store::is_remote(c)) {

@@ -134,3 +134,18 @@ def test_follow_moves_to_the_last_generation_at_the_next_epoch_only(growing: Pat
     resumed.load_state_dict(state)
     assert resumed.follow and resumed.cache.generation == 1
     assert keys(resumed) == epoch_1 and resumed.cache.generation == 2
+
+
+def test_a_table_in_memory_appends_as_its_file_does(growing: Path, workdir: Path,
+                                                     tmp_path: Path) -> None:
+    """``dsc.append(cache, table)``: a pyarrow table (and a pandas frame as context) appends
+    the shards its Parquet file does, byte for byte (the same content id)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    twin = tmp_path / "twin"
+    shutil.copytree(growing, twin)
+    by_file = append(growing, workdir, 2)
+    table = pq.read_table(workdir / "data/train/batch_2.parquet")
+    meta = pq.read_table(workdir / "data/train_meta.parquet").to_pandas()
+    by_table = dsc.append(twin, table, context=meta)
+    assert by_table.content_id == by_file.content_id
+    assert by_table.manifest["generation"]["inputs"]["files"][0]["path"].startswith("memory:")
