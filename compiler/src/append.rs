@@ -9,7 +9,7 @@ use crate::own::Own;
 use crate::write::OutputLock;
 use dsc_format::spec::JoinSpec;
 use dsc_format::spelling::OptionError;
-use dsc_format::{Manifest, Stats};
+use dsc_format::Manifest;
 use std::path::{Path, PathBuf};
 
 /// An append's buckets are this fraction of its spec's bucket size.
@@ -56,7 +56,6 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
     }
     let cache = local.as_path();
     let parent = Manifest::read(cache)?;
-    let parent_stats = Stats::read(cache, &parent)?;
     let recorded = parent.spec();
     if parent.is_records() {
         return Err(refuse(
@@ -113,7 +112,6 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
     let base = Base {
         cache: cache.into(),
         parent,
-        parent_stats,
         lock: Some(lock),
         compact: false,
         remote,
@@ -245,11 +243,9 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
     let mut spec = recorded.clone();
     spec.rows = of("rows");
     spec.context = contexts.into_iter().next();
-    let parent_stats = Stats::read(cache, &parent)?;
     let base = Base {
         cache: cache.into(),
         parent,
-        parent_stats,
         lock: Some(lock),
         compact: true,
         remote: None,

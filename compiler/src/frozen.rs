@@ -99,6 +99,11 @@ impl Frozen {
         self.column_named(table, name).map(|c| &c.encoding)
     }
 
+    /// The other cache's statistics (of its last generation).
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
     /// The padded length of the other cache.
     pub fn max_len(&self) -> usize {
         self.manifest.max_len()

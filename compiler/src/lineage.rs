@@ -30,6 +30,8 @@ pub(crate) struct Added {
     pub inputs: Inputs,
     pub summary: CompileSummary,
     pub stats: Stats,
+    /// The parent generation's statistics (read once, with its fitted parameters).
+    pub parent_stats: Stats,
     /// An append's drift report (none for a compaction).
     pub drift: Option<crate::Drift>,
 }
@@ -38,7 +40,6 @@ pub(crate) struct Added {
 pub(crate) struct Base {
     pub cache: PathBuf,
     pub parent: Manifest,
-    pub parent_stats: dsc_format::Stats,
     /// Taken by [`Recipe::staging`], which holds it until the commit.
     pub lock: Option<crate::write::OutputLock>,
     /// A compaction: the compile rewrote every live context, so the generation lists its new
@@ -140,7 +141,11 @@ pub(crate) fn commit_append(
         // Every live context went through this compile: its statistics are exact, quantiles
         // included.
         true => added.stats.clone(),
-        false => merge_stats(&base.parent_stats, &added.stats, parent.generation_number()),
+        false => merge_stats(
+            &added.parent_stats,
+            &added.stats,
+            parent.generation_number(),
+        ),
     };
     let json = |s: &Stats| {
         let mut out = serde_json::to_vec_pretty(s).expect("stats serialize");

@@ -454,6 +454,7 @@ impl<'s> Recipe for Own<'s> {
                 splits: written_splits,
                 inputs,
                 summary,
+                parent_stats: frozen.stats().clone(),
                 stats: merged.stats,
             };
             return crate::lineage::commit_append(base, staging, added, timer, progress);
