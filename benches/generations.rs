@@ -69,6 +69,7 @@ fn add(cache: &Path, data: &Path, i: usize) -> f64 {
         rows: vec![batch(data, i)],
         context: Some(data.join("train_meta.parquet").display().to_string()),
         joins: None,
+        ..Default::default()
     };
     append(cache, &new, &options(cache)).expect("append");
     t.elapsed().as_secs_f64()

@@ -149,6 +149,12 @@ pub struct AppendArgs {
     /// cache's spec and fitted parameters.
     #[command(flatten)]
     pub keys: SpecArgs,
+    /// What to do with a key the cache already holds: `refuse` (an append adds new keys only;
+    /// the error names the key and the shard holding it) or `replace` (its new whole context
+    /// replaces the cache's: the old one is hidden from this generation on, its shard kept
+    /// unchanged for readers of earlier generations).
+    #[arg(long, value_name = "refuse|replace", default_value = "refuse")]
+    pub existing: dsc_compiler::Existing,
     #[command(flatten)]
     pub write: GenerationWriteArgs,
 }

@@ -24,7 +24,10 @@ struct Inspect {
     input_files: usize,
     input_bytes: u64,
     max_len: usize,
+    /// Contexts its readers see, all splits together.
     contexts: usize,
+    /// Contexts its shards store that this generation hides (their keys replaced).
+    hidden: usize,
     shards: usize,
     bytes: u64,
     /// The codec of compressed shards (`zstd`), or null for a hot cache.
@@ -172,7 +175,8 @@ fn build(cache: &std::path::Path, m: &Manifest, stats: &Stats) -> anyhow::Result
         input_files: m.inputs().files.len(),
         input_bytes: m.inputs().files.iter().map(|f| f.bytes).sum(),
         max_len: m.max_len(),
-        contexts: m.summary().contexts,
+        contexts: m.splits().iter().map(|s| s.contexts).sum(),
+        hidden: m.splits().iter().map(|s| s.removed).sum(),
         shards: m.shards().len(),
         bytes: m.shards().iter().map(|s| s.bytes).sum(),
         compression: m
@@ -243,6 +247,13 @@ fn print_human(i: &Inspect) -> anyhow::Result<()> {
             bold("generation"),
             i.generation,
             i.content_id
+        );
+    }
+    if i.hidden > 0 {
+        outln!(
+            "{} {} stored contexts whose keys an append replaced; readers see the new ones",
+            bold("hidden"),
+            thousands(i.hidden as u64)
         );
     }
     let s = &i.spec;

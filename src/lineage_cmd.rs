@@ -20,6 +20,8 @@ struct Appended {
     seconds: f64,
     /// Contexts added per split.
     added: Vec<(String, usize)>,
+    /// Contexts of earlier generations hidden per split: those whose keys it replaced.
+    removed: Vec<(String, usize)>,
     /// Contexts per split in the new generation.
     splits: Vec<(String, usize)>,
     bytes_added: u64,
@@ -67,12 +69,16 @@ pub fn append(a: AppendArgs) -> anyhow::Result<u8> {
             .join(", ")
     };
     outln!(
-        "{}: generation {} ({}) in {:.2} s: added {}; now {}",
+        "{}: generation {} ({}) in {:.2} s: added {}{}; now {}",
         a.cache.display(),
         r.generation,
         r.content_id,
         r.seconds,
         list(&r.added),
+        match r.removed.iter().any(|(_, n)| *n > 0) {
+            true => format!(" (replacing {})", list(&r.removed)),
+            false => String::new(),
+        },
         list(&r.splits)
     );
     if let Some(d) = &r.drift {
@@ -114,6 +120,7 @@ fn append_inputs(a: &AppendArgs) -> anyhow::Result<AppendInputs> {
             .and_then(|c| c.as_str())
             .map(str::to_string),
         joins,
+        existing: a.existing,
     })
 }
 
@@ -165,12 +172,29 @@ fn write_generation(
         parent: g.parent.clone(),
         seconds: start.elapsed().as_secs_f64(),
         added: per_split(&|e| e.generation == Some(g.number)),
-        splits: per_split(&|_| true),
+        removed: removed_of(m),
+        splits: m
+            .splits()
+            .iter()
+            .map(|s| (s.name.clone(), s.contexts))
+            .collect(),
         bytes_added: report.cache_bytes,
         timings: report.timings.clone(),
         drift: report.drift.clone(),
     };
     Ok((r, report))
+}
+
+/// Contexts of earlier generations that generation `m` hides, per split (0 where none).
+fn removed_of(m: &Manifest) -> Vec<(String, usize)> {
+    let g = m.generation();
+    m.splits()
+        .iter()
+        .map(|s| {
+            let n = g.and_then(|g| g.removed.get(&s.name)).copied();
+            (s.name.clone(), n.unwrap_or(0))
+        })
+        .collect()
 }
 
 /// The drift report as a table: each column's figures against the fitted train split.
@@ -225,9 +249,11 @@ struct Entry {
     kind: String,
     /// When its manifest was committed (the file's modification time), RFC 3339 UTC.
     committed_at: Option<String>,
-    /// Contexts per split in this generation, and of those added by it.
+    /// Contexts per split in this generation (those its readers see), of those added by it,
+    /// and of earlier generations' contexts it hides (their keys replaced).
     splits: Vec<(String, usize)>,
     added: Vec<(String, usize)>,
+    removed: Vec<(String, usize)>,
     /// The input files its own compile read.
     inputs: Vec<String>,
 }
@@ -259,8 +285,13 @@ pub fn log(a: LogArgs) -> anyhow::Result<u8> {
                     .and_then(|f| f.modified())
                     .ok()
                     .map(crate::inspect_cmd::rfc3339),
-                splits: split_counts(&|_| true),
+                splits: m
+                    .splits()
+                    .iter()
+                    .map(|s| (s.name.clone(), s.contexts))
+                    .collect(),
                 added: split_counts(&|e| e.written_by() == n),
+                removed: removed_of(m),
                 inputs: inputs.files.iter().map(|f| f.path.clone()).collect(),
             }
         })
@@ -286,6 +317,9 @@ pub fn log(a: LogArgs) -> anyhow::Result<u8> {
         outln!("    contexts: {}", counts(&e.splits));
         if e.generation > 1 {
             outln!("    added:    {}", counts(&e.added));
+        }
+        if e.removed.iter().any(|(_, n)| *n > 0) {
+            outln!("    replaced: {}", counts(&e.removed));
         }
         outln!("    inputs:   {}", e.inputs.join(" "));
     }

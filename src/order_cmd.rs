@@ -68,7 +68,8 @@ fn shares(loader: &Loader, paths: &[std::path::PathBuf]) -> anyhow::Result<Vec<M
     let sources = loader.sources();
     let mut sizes = Vec::new();
     for cache in &sources {
-        sizes.push(cache.lengths(&o.split)?.len());
+        // The contexts its readers see (a generation may hide some).
+        sizes.push(cache.contexts(&o.split)?.len());
     }
     let weights: Vec<f64> = if o.weights.is_empty() {
         sizes.iter().map(|&n| n as f64).collect()

@@ -88,12 +88,25 @@ pub fn run(a: ShowArgs) -> anyhow::Result<u8> {
     let key_type = dsc_format::keys::key_type(manifest);
     let index = match (a.index, &a.key) {
         (Some(i), _) => {
-            if i >= split.contexts {
+            // Positions count every stored context, hidden ones too (FORMAT.md §14, "Removed rows").
+            let stored = split.contexts + split.removed;
+            if i >= stored {
                 bail!(
-                    "--index {i}: split {:?} holds {} contexts (0..{})",
+                    "--index {i}: split {:?} holds {stored} contexts (0..{stored})",
                     a.split,
-                    split.contexts,
-                    split.contexts
+                );
+            }
+            let hidden = manifest
+                .shards_of(&a.split)
+                .find(|s| (s.first_context..s.first_context + s.contexts).contains(&i))
+                .is_some_and(|s| s.is_hidden(i - s.first_context));
+            if hidden {
+                bail!(
+                    "--index {i}: this generation ({}) hides that context of split {:?}: an \
+                     append replaced its key; give --key to see the context that replaced it, \
+                     or --generation to read an earlier generation",
+                    manifest.generation_number(),
+                    a.split
                 );
             }
             i

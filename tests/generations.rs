@@ -4,12 +4,12 @@
 //! generation they read; appends that fail, race or are killed leave the cache as it was.
 
 use crate::util::{
-    arc, dsc, gen_icecube, gen_sequences_as, icecube_args, read_cache_as, replace_column, tree,
-    Dir, Sample, Table,
+    arc, dsc, filter_rows, gen_icecube, gen_sequences_as, icecube_args, read_cache_as,
+    replace_column, tree, Dir, Sample, Table,
 };
 use arrow_array::cast::AsArray;
-use arrow_array::types::Float64Type;
-use arrow_array::Float64Array;
+use arrow_array::types::{Float64Type, Int64Type};
+use arrow_array::{Float64Array, Int64Array};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -434,6 +434,201 @@ fn every_generation_stays_readable_by_number_and_content_id() {
     )
     .fails(2);
     assert!(err.contains("no content id 00000000deadbeef"), "{err}");
+}
+
+/// The distinct event ids of data file `i`, in the order they first appear.
+fn event_ids(dir: &Dir, i: usize) -> Vec<i64> {
+    let mut seen = Vec::new();
+    for id in Table::read(&dir.join(&format!("data/train/batch_{i}.parquet"))).i64s("event_id") {
+        if !seen.contains(&id) {
+            seen.push(id);
+        }
+    }
+    seen
+}
+
+/// Writes `out`: data file `from` whose first `n` events take the ids of `keys` (new rows for
+/// keys the cache holds; the other events keep theirs). Returns the keys taken.
+fn rekeyed(dir: &Dir, from: usize, keys: &[i64], n: usize, out: &str) -> Vec<i64> {
+    let taken: BTreeMap<i64, i64> = event_ids(dir, from)
+        .into_iter()
+        .zip(keys.iter().copied())
+        .take(n)
+        .collect();
+    let path = dir.join(out);
+    std::fs::copy(dir.join(&format!("data/train/batch_{from}.parquet")), &path).unwrap();
+    replace_column(&path, "event_id", |_, batch| {
+        let ids = batch
+            .column_by_name("event_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        arc(Int64Array::from_iter_values(
+            ids.values().iter().map(|id| *taken.get(id).unwrap_or(id)),
+        ))
+    });
+    taken.into_values().collect()
+}
+
+#[test]
+fn an_append_that_replaces_keys_hides_their_old_contexts_and_reads_as_a_compile_without_them() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 100);
+    let small = ["--shard-size", "64KiB"];
+    compile_icecube(&dir, "data/train/batch_1.parquet", "cache", &small);
+    let cache = dir.join("cache");
+    let before = contexts(&cache, 1);
+    // 30 events of file 2 under keys of file 1: refused by default, naming a key ...
+    let replaced = rekeyed(&dir, 2, &event_ids(&dir, 1), 30, "data/new.parquet");
+    let meta = ["--context", "data/train_meta.parquet"];
+    let err = dsc(
+        dir.path(),
+        &["append", "cache", "data/new.parquet", meta[0], meta[1]],
+    )
+    .fails(2);
+    assert!(
+        err.contains("is already in the cache") && err.contains("--existing replace"),
+        "{err}"
+    );
+    // ... and with --existing replace, stored whole and the old ones hidden.
+    let said = append(
+        &dir,
+        "cache",
+        "data/new.parquet",
+        &[meta[0], meta[1], "--existing", "replace"],
+    );
+    assert!(said.contains("(replacing train"), "{said}");
+    let second = generation(&cache, 2);
+    let hidden: usize = second["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["removed"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(hidden, 30);
+    let removed: u64 = second["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["removed"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(removed, 30);
+    // Generation 2 holds each key once: the new contexts of the replaced keys, the rest of
+    // file 1, and the new keys of file 2; generation 1 is as it was.
+    let live = contexts(&cache, 2);
+    assert_eq!(live.len(), 170);
+    assert_same_contexts(&contexts(&cache, 1), &before);
+    // They are the contexts of a compile, with the same encodings, of file 1 without the
+    // replaced keys' rows and the new file.
+    std::fs::create_dir(dir.join("both")).unwrap();
+    let kept = dir.join("both/kept.parquet");
+    std::fs::copy(dir.join("data/train/batch_1.parquet"), &kept).unwrap();
+    std::fs::copy(dir.join("data/new.parquet"), dir.join("both/new.parquet")).unwrap();
+    let ids = Table::read(&kept).i64s("event_id");
+    filter_rows(&kept, |row| !replaced.contains(&ids[row]));
+    let mut args = vec!["--fit-from", "cache"];
+    args.extend_from_slice(&small);
+    compile_icecube(&dir, "both/*.parquet", "all", &args);
+    assert_same_contexts(&live, &contexts(&dir.join("all"), 1));
+    for key in &replaced {
+        assert_ne!(
+            live[key].tensors["x"], before[key].tensors["x"],
+            "key {key}"
+        );
+    }
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    // An epoch reads each live context once; a key is shown as its new context.
+    let keys = dsc(
+        dir.path(),
+        &["order", "cache", "--batch-size", "1", "--keys"],
+    )
+    .ok();
+    let mut read: Vec<i64> = keys
+        .split_whitespace()
+        .map(|k| k.parse().unwrap())
+        .collect();
+    read.sort_unstable();
+    let train: Vec<i64> = live
+        .iter()
+        .filter(|(_, s)| s.split == "train")
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(read, train);
+    let key = replaced[0].to_string();
+    let shown = dsc(dir.path(), &["show", "cache", "--key", &key, "--json"]).ok();
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    let old_index = dsc(
+        dir.path(),
+        &[
+            "show",
+            "cache",
+            "--key",
+            &key,
+            "--generation",
+            "1",
+            "--json",
+        ],
+    )
+    .ok();
+    let old_index: serde_json::Value = serde_json::from_str(&old_index).unwrap();
+    assert_ne!(shown["index"], old_index["index"]);
+    let split = shown["split"].as_str().unwrap();
+    let index = old_index["index"].to_string();
+    let err = dsc(
+        dir.path(),
+        &["show", "cache", "--split", split, "--index", &index],
+    )
+    .fails(2);
+    assert!(err.contains("hides that context"), "{err}");
+    let log: serde_json::Value =
+        serde_json::from_str(&dsc(dir.path(), &["log", "cache", "--json"]).ok()).unwrap();
+    let removed: u64 = log[1]["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[1].as_u64().unwrap())
+        .sum();
+    assert_eq!(removed, 30);
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(folder(&cache, 2).join("stats.json")).unwrap())
+            .unwrap();
+    assert_eq!(stats["includes_hidden"]["all"], 30);
+    // A key replaced again hides its second context too; a state taken on generation 2
+    // resumes there with the uninterrupted batches.
+    let order = ["order", "cache", "--batch-size", "8", "--epoch", "1"];
+    let uninterrupted = dsc(dir.path(), &[&order[..], &["--keys"]].concat()).ok();
+    let state = dsc(dir.path(), &[&order[..], &["--state-after", "2"]].concat()).ok();
+    std::fs::write(dir.join("state.json"), &state).unwrap();
+    let again = rekeyed(&dir, 3, &replaced, 10, "data/again.parquet");
+    append(
+        &dir,
+        "cache",
+        "data/again.parquet",
+        &[meta[0], meta[1], "--existing", "replace"],
+    );
+    let third = contexts(&cache, 3);
+    assert_eq!(third.len(), 170 + 90);
+    for key in &again {
+        assert_ne!(third[key].tensors["x"], live[key].tensors["x"], "key {key}");
+    }
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    let resumed = dsc(
+        dir.path(),
+        &[
+            "order",
+            "cache",
+            "--batch-size",
+            "8",
+            "--from-state",
+            "state.json",
+            "--keys",
+        ],
+    )
+    .ok();
+    let rest: Vec<&str> = uninterrupted.lines().skip(2).collect();
+    assert_eq!(resumed.lines().collect::<Vec<_>>(), rest);
+    // A compaction would compile the replaced keys' old rows again: refused, naming why.
+    let err = dsc(dir.path(), &["compact", "cache"]).fails(2);
+    assert!(err.contains("whose keys an append replaced"), "{err}");
 }
 
 #[test]

@@ -251,6 +251,7 @@ struct Inspect {
     input_bytes: u64,
     max_len: usize,
     contexts: usize,
+    hidden: usize,
     shards: usize,
     bytes: u64,
     compression: Option<String>,

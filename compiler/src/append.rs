@@ -25,6 +25,33 @@ pub struct AppendInputs {
     pub context: Option<String>,
     /// Lookup tables; the cache's own when `None`.
     pub joins: Option<Vec<JoinSpec>>,
+    /// What to do with a key the cache already holds.
+    pub existing: Existing,
+}
+
+/// What an append does with a key the cache already holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Existing {
+    /// Refuse the append, naming the key, the shard holding it and its generation.
+    #[default]
+    Refuse,
+    /// Store the new whole context and hide the old one: the new generation's manifest lists
+    /// the old context's row among its shard's removed rows (FORMAT.md §14, "Removed rows").
+    Replace,
+}
+
+impl std::str::FromStr for Existing {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Existing, String> {
+        match s {
+            "refuse" => Ok(Existing::Refuse),
+            "replace" => Ok(Existing::Replace),
+            other => Err(format!(
+                "{other:?} is not a choice: `refuse` (the default: an append adds new keys only) \
+                 or `replace` (a new context replaces the cache's context of its key)"
+            )),
+        }
+    }
 }
 
 /// Appends `new` to the cache at `cache` as its next generation: written inside a local
@@ -114,6 +141,7 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         parent,
         lock: Some(lock),
         compact: false,
+        replace: new.existing == Existing::Replace,
         remote,
     };
     next_generation(spec, base, opts)
@@ -199,6 +227,21 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
             "only caches that can be appended to are compacted".into(),
         ));
     }
+    if let Some(s) = parent.splits().iter().find(|s| s.removed > 0) {
+        // A compaction compiles every generation's inputs again: a replaced key's old rows
+        // are still in its first input, and would join the new ones in one context.
+        return Err(refuse(
+            "cache",
+            format!(
+                "generation {} hides {} contexts of split {:?} whose keys an append replaced; \
+                 a compaction compiles the inputs again, where those keys' old rows still are: \
+                 compile the current data as a new cache instead",
+                parent.generation_number(),
+                s.removed,
+                s.name
+            ),
+        ));
+    }
     // Every generation's inputs, in the order they came: a compaction's are the whole list.
     let mut files: Vec<dsc_format::manifest::InputFile> = Vec::new();
     for m in &lineage {
@@ -248,6 +291,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
         parent,
         lock: Some(lock),
         compact: true,
+        replace: false,
         remote: None,
     };
     next_generation(spec, base, opts)

@@ -269,7 +269,8 @@ pub enum CompileError {
     /// An append holds a context the cache already has.
     #[error(
         "key {key} is already in the cache: {file} (generation {generation}) holds it; an \
-         append adds new contexts only, and nothing was committed"
+         append adds new contexts only (give --existing replace to replace the cache's \
+         contexts of the keys it holds again), and nothing was committed"
     )]
     KeyInCache {
         /// The key as the key column holds it.

@@ -856,5 +856,6 @@ fn build_stats(
         format_version: dsc_format::FORMAT_VERSION,
         splits,
         quantiles_of: None,
+        includes_hidden: Default::default(),
     }
 }

@@ -80,7 +80,7 @@ mod storage;
 mod text;
 mod write;
 
-pub use append::{append, compact, AppendInputs};
+pub use append::{append, compact, AppendInputs, Existing};
 pub use codec::Storage;
 pub use commit::{CompileOptions, CompileReport};
 pub use drift::{ColumnDrift, Drift, LengthDrift};

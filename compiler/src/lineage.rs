@@ -45,6 +45,8 @@ pub(crate) struct Base {
     /// A compaction: the compile rewrote every live context, so the generation lists its new
     /// shards only, numbered from 0, with the compile's own statistics.
     pub compact: bool,
+    /// A key the cache holds is replaced (its old context hidden), not refused.
+    pub replace: bool,
     /// A cache in object storage: `cache` is then a local mirror of its manifests and
     /// statistics, its shards are read from the store, and the generation is published there.
     pub remote: Option<dsc_store::Remote>,
@@ -67,15 +69,29 @@ pub(crate) fn commit_append(
         ));
     }
     crate::write::failpoint("append:shards-written");
+    // The parent's shards, each with the rows this generation hides (the contexts whose keys
+    // it replaces) added to those already hidden.
+    let mut parents: Vec<ShardEntry> = parent.shards().to_vec();
+    let mut removed: std::collections::BTreeMap<String, usize> = Default::default();
     if !base.compact {
-        refuse_known_keys(base, &staging, &added)?;
+        for (shard, row) in known_keys(base, &staging, &added)? {
+            parents[shard].removed.push(row);
+            *removed.entry(parents[shard].split.clone()).or_default() += 1;
+        }
+        for e in &mut parents {
+            e.removed.sort_unstable();
+        }
     }
     // What the generation keeps of its parent: everything for an append, nothing for a
     // compaction (which rewrote it).
     let kept = |split: &str| -> Vec<ShardEntry> {
         match base.compact {
             true => Vec::new(),
-            false => parent.shards_of(split).cloned().collect(),
+            false => parents
+                .iter()
+                .filter(|e| e.split == split)
+                .cloned()
+                .collect(),
         }
     };
     let mut shards: Vec<ShardEntry> = Vec::new();
@@ -106,7 +122,8 @@ pub(crate) fn commit_append(
         }
         splits.push(SplitInfo {
             name: name.into(),
-            contexts: mine.iter().map(|s| s.contexts).sum(),
+            contexts: mine.iter().map(|s| s.live_contexts()).sum(),
+            removed: mine.iter().map(|s| s.removed.len()).sum(),
             rows_stored: old.map_or(0, |s| s.rows_stored) + new.map_or(0, |n| n.1),
             shards: mine.len(),
         });
@@ -128,10 +145,16 @@ pub(crate) fn commit_append(
         folder: folder.clone(),
         inputs: added.inputs,
         summary: added.summary.clone(),
+        removed,
     };
     let summary = match base.compact {
         true => added.summary.clone(),
-        false => add_summaries(parent.summary(), &added.summary),
+        false => {
+            let mut s = add_summaries(parent.summary(), &added.summary);
+            // The contexts it hides are no longer the generation's.
+            s.contexts -= generation.removed.values().sum::<usize>().min(s.contexts);
+            s
+        }
     };
     let manifest = parent
         .clone()
@@ -141,11 +164,15 @@ pub(crate) fn commit_append(
         // Every live context went through this compile: its statistics are exact, quantiles
         // included.
         true => added.stats.clone(),
-        false => merge_stats(
-            &added.parent_stats,
-            &added.stats,
-            parent.generation_number(),
-        ),
+        false => {
+            let mut merged = merge_stats(
+                &added.parent_stats,
+                &added.stats,
+                parent.generation_number(),
+            );
+            merged.includes_hidden = hidden_counts(&manifest);
+            merged
+        }
     };
     let json = |s: &Stats| {
         let mut out = serde_json::to_vec_pretty(s).expect("stats serialize");
@@ -232,30 +259,37 @@ fn folder_id(parent: &str, added: &Added) -> String {
     h.hex()
 }
 
-/// Refuses an append holding a key of the cache, naming the key, the shard holding it and its
-/// generation (the first such key in the new shards' order).
-fn refuse_known_keys(base: &Base, staging: &Staging, added: &Added) -> Result<()> {
+/// The contexts of the parent whose keys the new shards hold again, as (the parent's shard,
+/// its row): refused unless the append replaces them, naming the first such key in the new
+/// shards' order, the shard holding it and its generation. A context the parent already hides
+/// is not a key of the cache.
+fn known_keys(base: &Base, staging: &Staging, added: &Added) -> Result<Vec<(usize, u32)>> {
     let parent = &base.parent;
-    let mut known: HashMap<i64, usize> = HashMap::new();
+    let mut known: HashMap<i64, (usize, u32)> = HashMap::new();
     for (i, entry) in parent.shards().iter().enumerate() {
         let keys = match &base.remote {
             None => dsc_format::sample::shard_keys(&base.cache, parent, entry)?,
             Some(store) => remote_keys(store, parent, entry)?,
         };
-        for key in keys {
-            known.insert(key, i);
+        for (row, key) in keys.into_iter().enumerate() {
+            if !entry.is_hidden(row) {
+                known.insert(key, (i, row as u32));
+            }
         }
     }
+    let mut replaced = Vec::new();
     for entry in added.splits.iter().flat_map(|(_, _, e)| e) {
         let keys = dsc_format::sample::shard_keys(&staging.dir, parent, entry)?;
-        if let Some((pos, old)) = keys
-            .iter()
-            .enumerate()
-            .find_map(|(pos, k)| known.get(k).map(|&old| (pos, old)))
-        {
-            let id = keys[pos];
+        for (pos, id) in keys.iter().enumerate() {
+            let Some(&(old, row)) = known.get(id) else {
+                continue;
+            };
+            if base.replace {
+                replaced.push((old, row));
+                continue;
+            }
             let key_type = dsc_format::keys::key_type(parent);
-            let text = match key_type.integer_of(id) {
+            let text = match key_type.integer_of(*id) {
                 Some(t) => t,
                 None => {
                     dsc_format::keys::key_text_at(&staging.dir, entry, entry.first_context + pos)?
@@ -270,7 +304,7 @@ fn refuse_known_keys(base: &Base, staging: &Staging, added: &Added) -> Result<()
             });
         }
     }
-    Ok(())
+    Ok(replaced)
 }
 
 /// The key ids of shard `entry` in object storage: its header and `key` tensor (the first of
@@ -329,7 +363,19 @@ pub(crate) fn merge_stats(old: &Stats, new: &Stats, parent: u32) -> Stats {
         format_version: old.format_version,
         splits,
         quantiles_of: Some(old.quantiles_of.unwrap_or(parent)),
+        includes_hidden: old.includes_hidden.clone(),
     }
+}
+
+/// The contexts `manifest`'s generation hides, per split and in `all`: what its merged
+/// statistics still count ([`Stats::includes_hidden`]).
+fn hidden_counts(manifest: &Manifest) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in manifest.splits().iter().filter(|s| s.removed > 0) {
+        out.insert(s.name.clone(), s.removed as u64);
+        *out.entry(dsc_format::ALL_SPLITS.to_string()).or_default() += s.removed as u64;
+    }
+    out
 }
 
 fn merge_split(a: &SplitStats, b: &SplitStats) -> SplitStats {

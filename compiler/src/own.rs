@@ -381,7 +381,8 @@ impl<'s> Recipe for Own<'s> {
                 .map(|name| {
                     base.parent
                         .split(name)
-                        .map_or((0, 0), |s| (s.shards, s.contexts))
+                        // Positions count every stored context, hidden ones too.
+                        .map_or((0, 0), |s| (s.shards, s.contexts + s.removed))
                 })
                 .collect();
             layout.numbering.continue_after(&after);

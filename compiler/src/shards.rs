@@ -132,6 +132,7 @@ impl ShardFile {
                 compressed: None,
                 keys: None,
                 generation: None,
+                removed: Vec::new(),
             },
         })
     }

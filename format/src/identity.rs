@@ -34,6 +34,12 @@ impl Manifest {
         let mut h = Hasher::new();
         for s in self.shards() {
             h.update(format!("{}\0{}\n", name(s), s.xxh3).as_bytes());
+            // A generation that hides rows holds other data than one that does not; a shard
+            // hiding none hashes as before, so content ids of existing caches stay.
+            if !s.removed.is_empty() {
+                let rows: Vec<String> = s.removed.iter().map(u32::to_string).collect();
+                h.update(format!("removed\0{}\n", rows.join(",")).as_bytes());
+            }
         }
         h.hex()
     }

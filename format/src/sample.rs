@@ -169,9 +169,11 @@ fn find_key_in(
     entry: &ShardEntry,
     key: i64,
 ) -> Result<Option<usize>, FormatError> {
+    // A context a later generation hides is not found: its key is elsewhere now.
     Ok(shard_keys(dir, manifest, entry)?
         .iter()
-        .position(|&k| k == key)
+        .enumerate()
+        .position(|(pos, &k)| k == key && !entry.is_hidden(pos))
         .map(|pos| entry.first_context + pos))
 }
 

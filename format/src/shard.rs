@@ -437,6 +437,7 @@ mod tests {
             compressed: None,
             keys: None,
             generation: None,
+            removed: Vec::new(),
         };
         let mut tensors = specs();
         tensors[1].columns = (0..2)

@@ -132,6 +132,13 @@ pub struct Stats {
     /// length histograms and vocabularies describe this generation's live contexts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantiles_of: Option<u32>,
+    /// Per split (and `all`), the contexts these statistics still count that the generation
+    /// hides (an append replaced their keys): the statistics describe every context the
+    /// generations added, as removing one's values from merged figures cannot be exact (an
+    /// extreme, a quantile). `dsc compact` makes them the live contexts' again. Absent when
+    /// none is hidden.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub includes_hidden: std::collections::BTreeMap<String, u64>,
 }
 
 impl Stats {

@@ -206,6 +206,7 @@ mod tests {
             }),
             keys: None,
             generation: None,
+            removed: Vec::new(),
         }
     }
 

@@ -38,6 +38,7 @@ fn shard(split: &str, index: usize, first: usize, contexts: usize) -> ShardEntry
         compressed: None,
         keys: None,
         generation: None,
+        removed: Vec::new(),
     }
 }
 

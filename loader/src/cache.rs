@@ -403,6 +403,17 @@ impl Cache {
         Ok(inner.lengths[index].get_or_init(|| out.into()).clone())
     }
 
+    /// The contexts of `split` per shard: those stored, and those a reader of this generation
+    /// sees (all but the ones a later generation hides).
+    pub fn contexts(&self, split: &str) -> Result<crate::order::SplitContexts, LoadError> {
+        let shards = &self.inner.splits[self.inner.split_index(split)?].1;
+        Ok(crate::order::SplitContexts::hiding(
+            shards
+                .iter()
+                .map(|s| (s.entry.contexts, &s.entry.removed[..])),
+        ))
+    }
+
     /// The `key` tensor of `split` (each context's key id), in compiled order: 8 bytes per
     /// context read as [`Cache::lengths`] reads lengths.
     pub fn key_ids(&self, split: &str) -> Result<Vec<i64>, LoadError> {
@@ -425,17 +436,18 @@ impl Cache {
     pub fn find_key(&self, split: &str, key: i64) -> Result<Option<usize>, LoadError> {
         let mut found = None;
         let index = self.inner.split_index(split)?;
-        self.each_shards_samples(index, TensorRole::Key, 8, |first, samples| {
-            let at = samples
-                .chunks_exact(8)
-                .position(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) == key);
-            found = at.map(|at| first + at);
+        self.each_shards_samples(index, TensorRole::Key, 8, |entry, samples| {
+            // A context a later generation hides is not found: its key is elsewhere now.
+            let at = samples.chunks_exact(8).enumerate().position(|(at, b)| {
+                i64::from_le_bytes(b.try_into().expect("8 bytes")) == key && !entry.is_hidden(at)
+            });
+            found = at.map(|at| entry.first_context + at);
             found.is_none()
         })?;
         Ok(found)
     }
 
-    /// Calls `f(first context, samples)` with each shard of split `index` in order, `samples`
+    /// Calls `f(shard entry, samples)` with each shard of split `index` in order, `samples`
     /// its per-context tensor of `role` (`width` bytes a context), read from the start of the
     /// shard only, until `f` returns false.
     fn each_shards_samples(
@@ -443,7 +455,7 @@ impl Cache {
         index: usize,
         role: TensorRole,
         width: usize,
-        mut f: impl FnMut(usize, &[u8]) -> bool,
+        mut f: impl FnMut(&ShardEntry, &[u8]) -> bool,
     ) -> Result<(), LoadError> {
         let inner = &self.inner;
         let slot = inner.slot(role);
@@ -451,7 +463,7 @@ impl Cache {
             let start = shard.tensor_starts[slot];
             let end = start + width * shard.entry.contexts;
             let head = inner.head(shard, end)?;
-            if !f(shard.entry.first_context, &head[start..end]) {
+            if !f(&shard.entry, &head[start..end]) {
                 break;
             }
         }

@@ -9,11 +9,12 @@ use crate::gather::padded;
 use crate::gather::windows::{self, SeriesPlan};
 use crate::gather::{self, Gather, Source};
 use crate::options::LoaderOptions;
-use crate::order::{EpochOrder, MixOrder, Order, Sample};
+use crate::order::{EpochOrder, MixOrder, Order, Sample, SplitContexts};
 use crate::stats::Counters;
 use dsc_format::spec::format_size;
 use dsc_format::spelling::OptionError;
 use dsc_format::{TensorRole, TensorSpec};
+use std::sync::Arc;
 
 /// Mapped bytes of a split up to which its pages are kept resident: a quarter of the memory
 /// this process may use (the machine's, or its cgroup's limit when lower). Releasing pages
@@ -38,7 +39,7 @@ const MAX_MIX_SAMPLES: usize = 1 << 48;
 /// The epoch's order over `sizes` (each source's contexts per shard): one split's, or a mix's.
 fn order_of(
     sources: &[Cache],
-    sizes: &[Vec<usize>],
+    sizes: &[Arc<SplitContexts>],
     opts: &LoaderOptions,
 ) -> Result<Order, LoadError> {
     let o = &opts.order;
@@ -62,7 +63,14 @@ fn order_of(
         return windows::order(sources, sizes, opts, windows);
     }
     if let [one] = sizes {
-        let mut order = EpochOrder::new(one, o.shuffle, o.seed, opts.epoch, o.window, o.interleave);
+        let mut order = EpochOrder::over(
+            one.clone(),
+            o.shuffle,
+            o.seed,
+            opts.epoch,
+            o.window,
+            o.interleave,
+        );
         if o.batches.is_bucketed() {
             order = order.bucketed(sources[0].lengths(&o.split)?, opts.global_batch()?);
         }
@@ -76,7 +84,7 @@ fn order_of(
                 .into(),
         );
     }
-    let lens: Vec<usize> = sizes.iter().map(|s| s.iter().sum()).collect();
+    let lens: Vec<usize> = sizes.iter().map(|s| s.len()).collect();
     if let Some(s) = lens.iter().position(|&n| n == 0) {
         return Err(OptionError::new(
             "split",
@@ -297,9 +305,13 @@ pub(crate) fn prepare(
         )
         .into());
     }
-    let sizes: Vec<Vec<usize>> = gathered
+    let sizes: Vec<Arc<SplitContexts>> = gathered
         .iter()
-        .map(|s| s.shards().iter().map(|s| s.entry.contexts).collect())
+        .map(|s| {
+            let shards = s.shards().iter();
+            let contexts = shards.map(|s| (s.entry.contexts, &s.entry.removed[..]));
+            Arc::new(SplitContexts::hiding(contexts))
+        })
         .collect();
     let cold = gathered.iter().any(|s| s.cold);
     let split_bytes: u64 = gathered

@@ -255,6 +255,7 @@ fn write_cache(dir: &Path, s: &Shape) -> (Manifest, Vec<Samples>) {
                 compressed: None,
                 keys: None,
                 generation: None,
+                removed: Vec::new(),
             });
         }
         builder = builder.split(name, rows, shards);
@@ -291,6 +292,7 @@ fn write_cache(dir: &Path, s: &Shape) -> (Manifest, Vec<Samples>) {
         format_version: dsc_format::FORMAT_VERSION,
         splits: split_stats,
         quantiles_of: None,
+        includes_hidden: Default::default(),
     };
     std::fs::write(dir.join("stats.json"), serde_json::to_vec(&stats).unwrap()).unwrap();
     std::fs::write(dir.join("manifest.json"), manifest.to_json()).unwrap();

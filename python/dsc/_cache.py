@@ -325,15 +325,35 @@ class Cache:
         """Every key of ``split`` as the data held it, in the split's compiled order: ints for
         integer keys (uint64 included), strings for string keys, UUIDs spelled
         ``xxxxxxxx-xxxx-…`` and other binary keys as hex. Position ``i`` is the context at
-        position ``i`` of an unshuffled epoch (``dsc show --index i``)."""
+        position ``i`` of an unshuffled epoch. The contexts a generation hides (an append with
+        ``existing="replace"`` replaced their keys) are left out: every key once."""
         self._split_named(split)
         table = self._handle.key_table(split)
+        keys: List[Any]
         if table is not None:
-            return list(table[1])
-        ids = self._handle.key_ids(split)
-        if self.key_type == "uint64":
-            return [int(i) & 0xFFFF_FFFF_FFFF_FFFF for i in ids]
-        return list(ids)
+            keys = list(table[1])
+        else:
+            ids = self._handle.key_ids(split)
+            if self.key_type == "uint64":
+                keys = [int(i) & 0xFFFF_FFFF_FFFF_FFFF for i in ids]
+            else:
+                keys = list(ids)
+        live = self._live_positions(split)
+        return keys if live is None else [keys[p] for p in live]
+
+    def _live_positions(self, split: str) -> Optional[List[int]]:
+        """The compiled positions of the contexts of ``split`` that this generation's readers
+        see, in order, when it hides some (an append replaced their keys); None when it hides
+        none. Positions count every stored context, hidden ones too (FORMAT.md §14, "Removed rows")."""
+        shards = [s for s in self.manifest["shards"] if s["split"] == split]
+        if not any(s.get("removed") for s in shards):
+            return None
+        out: List[int] = []
+        for s in shards:
+            gone = set(s.get("removed", ()))
+            first = s["first_context"]
+            out.extend(first + r for r in range(s["contexts"]) if r not in gone)
+        return out
 
     def original_keys(self, ids: Any) -> List[Any]:
         """The keys as the data held them of ``ids``, values of the ``key`` tensor (a batch's

@@ -385,6 +385,7 @@ def append(
     progress: Optional[bool] = None,
     cache_dir: Optional[PathLike] = None,
     storage_options: Optional[Dict[str, Any]] = None,
+    existing: str = "refuse",
 ) -> Cache:
     """Appends new data to ``cache`` as its next generation and returns the cache opened at it.
 
@@ -397,7 +398,9 @@ def append(
     file of the cache changes, a loader open on an earlier generation keeps its batches, and a
     loader state resumes on the generation it read (``Loader.load_state_dict``). A key the cache
     holds, or inputs whose tensors would differ, raise :class:`dsc.CompileError` naming them,
-    and nothing is committed. ``dsc.open(path, generation=N)`` opens any generation; ``dsc log``
+    and nothing is committed; with ``existing="replace"`` the new data's context of a key the
+    cache holds replaces the cache's: the old one is hidden from the new generation on (its
+    shard unchanged, still read by earlier generations). ``dsc.open(path, generation=N)`` opens any generation; ``dsc log``
     lists them. Appends to one cache run one after the other (a second waits for the first).
     A cache in object storage (a URL) is appended to through a local folder under
     ``cache_dir`` and published there, its manifest written only if absent: of two writers
@@ -430,6 +433,7 @@ def append(
         None if max_memory is None else _size("max_memory", max_memory),
         remote_json(cache_dir, None, storage_options),
         tables.streams,
+        existing,
     ))
     if drift and drift["refit_due"]:
         warnings.warn(

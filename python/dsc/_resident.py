@@ -69,7 +69,13 @@ class ResidentSplit:
     def __init__(self, loader: Any, reader: Iterable[Any], torch: Any,
                  device: Any, background: bool = False) -> None:
         cache, split = loader.cache, loader.split
-        self.contexts = contexts = cache.splits[split]
+        self.contexts = cache.splits[split]
+        # A generation that hides contexts (their keys replaced) is read without them, but the
+        # index addresses rows by compiled position, hidden ones counted: each row is moved to
+        # its position after the upload, and the zero row follows every stored context.
+        self.live = cache._live_positions(split)
+        contexts = self.contexts if self.live is None else \
+            sum(s["contexts"] for s in cache.manifest["shards"] if s["split"] == split)
         self.where = f"{cache.path}: split {split!r}"
         self.device = device
         self.tensors: Dict[str, Any] = {}
@@ -113,6 +119,8 @@ class ResidentSplit:
             if at != self.contexts:
                 raise OptionsError(f"{self.where}: read {at} of its {self.contexts} contexts "
                                    "while uploading it")
+            if self.live is not None:
+                _to_positions(torch, self.device, self.tensors, self.live)
         except BaseException as e:  # noqa: BLE001 (raised in the consumer's thread)
             self._error = e
         finally:
@@ -131,6 +139,21 @@ class ResidentSplit:
         """Until the upload has finished."""
         self._done.wait()
         self.ready()
+
+
+def _to_positions(torch: Any, device: Any, tensors: Dict[str, Any], live: List[int]) -> None:
+    """Moves the leading ``len(live)`` rows of ``tensors`` (the live contexts, uploaded one
+    after another) to their compiled positions ``live``. Positions only grow past their row
+    (``live[i] >= i``), so moving the rows from the last down overwrites only rows already
+    moved; a block at a time keeps the copy small."""
+    index = torch.tensor(live, dtype=torch.int64, device=device)
+    block = 1 << 16
+    for t in tensors.values():
+        for a in reversed(range(0, len(live), block)):
+            b = min(a + block, len(live))
+            t.index_copy_(0, index[a:b], t[a:b].clone())
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _upload(torch: Any, device: Any, reader: Iterable[Any], tensors: Dict[str, Any]) -> int:

@@ -251,6 +251,8 @@ fn positions(mix: &Mix, opts: &LoaderOptions) -> Result<usize, LoadError> {
             return Ok(0);
         };
         let lengths = cache.lengths(&opts.order.split)?;
+        let contexts = cache.contexts(&opts.order.split)?;
+        let lengths = contexts.zero_hidden(&lengths);
         return Ok(lengths.iter().map(|&l| windows.count(l as usize)).sum());
     }
     let contexts = mix
@@ -663,7 +665,7 @@ fn spec_from(
 /// to the cache at `cache` as its next generation; returns the drift report as JSON.
 #[pyfunction]
 #[pyo3(signature = (cache, rows, context, joins, progress, max_memory=None, remote=None,
-                    tables=Vec::new()))]
+                    tables=Vec::new(), existing="refuse"))]
 #[allow(clippy::too_many_arguments)]
 fn append(
     py: Python<'_>,
@@ -675,7 +677,11 @@ fn append(
     max_memory: Option<u64>,
     remote: Option<&str>,
     tables: Vec<(String, Bound<'_, PyAny>)>,
+    existing: &str,
 ) -> PyResult<String> {
+    let existing: dsc_compiler::Existing = existing
+        .parse()
+        .map_err(|e: String| options_error(py, &format!("existing={existing:?}: {e}")))?;
     // Tables in memory are registered as a compile's are (their placeholders replaced by
     // their names), and held until the append is done.
     let mut spec = dsc_compiler::CompileSpec::new(rows, "");
@@ -691,6 +697,7 @@ fn append(
         rows: spec.rows,
         context: spec.context,
         joins: given_joins.then_some(spec.joins),
+        existing,
     };
     // A cache in object storage is appended to through a local folder of its own.
     let out = match cache.to_str().filter(|c| dsc_store::is_remote(c)) {

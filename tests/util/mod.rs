@@ -413,7 +413,14 @@ pub fn read_cache_as(
                 (name, values)
             })
             .collect();
+        // Rows a later generation hides (their keys replaced) are not the generation's.
+        let hidden: Vec<u64> = shard["removed"].as_array().map_or(Vec::new(), |r| {
+            r.iter().map(|v| v.as_u64().unwrap()).collect()
+        });
         for (i, &k) in keys.iter().enumerate() {
+            if hidden.contains(&(i as u64)) {
+                continue;
+            }
             let mut per = BTreeMap::new();
             for (name, t) in &tensors {
                 let n: usize = t.shape[1..].iter().product();

@@ -603,6 +603,22 @@ fn resident_split(
         }
         read += rows;
     }
+    // A generation that hides contexts (their keys replaced) is read without them, but an
+    // index addresses rows by compiled position, hidden ones counted: each row goes there.
+    let hiding = cache.contexts("train").ok().filter(|s| s.hides_any());
+    if let Some(split) = &hiding {
+        let positions = split.positions();
+        for &i in &used {
+            let width = spec(i).sample_bytes();
+            let mut placed = vec![0u8; split.stored_len() * width];
+            for (row, &p) in positions.iter().enumerate() {
+                placed[p * width..(p + 1) * width]
+                    .copy_from_slice(&host[i][row * width..(row + 1) * width]);
+            }
+            host[i] = placed;
+        }
+    }
+    let contexts = hiding.map_or(contexts, |s| s.stored_len());
     let mut tensors: Vec<Option<Tensor>> = (0..batch.len()).map(|_| None).collect();
     for &i in &used {
         let s = spec(i);

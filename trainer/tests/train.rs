@@ -1040,6 +1040,7 @@ fn a_run_resumes_on_its_generation_after_an_append() {
         rows: vec![fx.ice.join("train/batch_2.parquet").display().to_string()],
         context: Some(fx.ice.join("train_meta.parquet").display().to_string()),
         joins: None,
+        ..Default::default()
     };
     let opts = dsc_compiler::CompileOptions {
         out: cache.clone(),

@@ -559,6 +559,7 @@ impl<'s> Recipe for Profile<'s> {
             format_version: dsc_format::FORMAT_VERSION,
             splits: split_stats,
             quantiles_of: None,
+            includes_hidden: Default::default(),
         };
         commit::commit_cache(staging, manifest, stats, timer, progress)
     }

@@ -40,6 +40,7 @@ impl ManifestBuilder {
                 let mine = || self.shards.iter().filter(|s| s.split == name);
                 SplitInfo {
                     contexts: mine().map(|s| s.contexts).sum(),
+                    removed: 0,
                     shards: mine().count(),
                     rows_stored,
                     name,

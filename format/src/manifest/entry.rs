@@ -33,6 +33,12 @@ pub struct ShardEntry {
     /// Absent for the first generation's shards, so a cache never appended to keeps its bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u32>,
+    /// The rows (offsets within the shard, increasing) that a later generation hides: contexts
+    /// whose key an append replaced (`dsc append --existing replace`, FORMAT.md §14, "Removed rows"). The
+    /// shard's bytes keep them; no reader of this generation sees them. Absent when none is
+    /// hidden, so a cache never appended to keeps its bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<u32>,
 }
 
 /// A shard's key table file.
@@ -112,6 +118,16 @@ impl ShardEntry {
             // Named nowhere valid: no name matches, so validation names the file.
             (Some(g), None) => format!("{}/{g:05}-?/", crate::GENERATIONS_DIR),
         }
+    }
+
+    /// Contexts a reader of this generation sees: those stored less those hidden.
+    pub fn live_contexts(&self) -> usize {
+        self.contexts - self.removed.len().min(self.contexts)
+    }
+
+    /// Whether row `offset` of the shard is hidden by a later generation.
+    pub fn is_hidden(&self, offset: usize) -> bool {
+        u32::try_from(offset).is_ok_and(|o| self.removed.binary_search(&o).is_ok())
     }
 
     /// The generation that wrote it: 1 unless a later one did.

@@ -16,13 +16,21 @@ pub use entry::*;
 pub use problem::*;
 pub use tensor::*;
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// One split.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitInfo {
     /// `train` or `val`.
     pub name: String,
-    /// Contexts in the split.
+    /// Contexts in the split: those its shards store less those a later generation hides.
     pub contexts: usize,
+    /// Contexts its shards store that a later generation hides (FORMAT.md §14, "Removed rows"). Absent when
+    /// none is.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub removed: usize,
     /// Source rows stored (after truncation).
     pub rows_stored: u64,
     /// Shards holding the split.
@@ -114,6 +122,10 @@ pub struct Generation {
     pub inputs: Inputs,
     /// Its own compile's counts.
     pub summary: CompileSummary,
+    /// Contexts of earlier generations it hides, per split: those whose keys its data replaced
+    /// (`dsc append --existing replace`). Absent when none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub removed: std::collections::BTreeMap<String, usize>,
 }
 
 /// The JSON shape of a manifest, before validation: the only way from it to a [`Manifest`] is
@@ -374,7 +386,16 @@ impl Manifest {
             });
         }
         let mut next_first = 0usize;
+        let mut removed = 0usize;
         for (i, s) in self.shards_of(&split.name).enumerate() {
+            let increasing = s.removed.windows(2).all(|w| w[0] < w[1]);
+            if !increasing || s.removed.last().is_some_and(|&r| r as usize >= s.contexts) {
+                return Err(ManifestProblem::Removed {
+                    file: s.file.clone(),
+                    contexts: s.contexts,
+                });
+            }
+            removed += s.removed.len();
             let expected = ShardEntry {
                 index: i,
                 split: split.name.clone(),
@@ -414,11 +435,11 @@ impl Manifest {
             }
             next_first = next_first.saturating_add(s.contexts);
         }
-        if next_first != split.contexts {
+        if next_first - removed != split.contexts || removed != split.removed {
             return Err(ManifestProblem::SplitContexts {
                 split: split.name.clone(),
                 said: split.contexts,
-                held: next_first,
+                held: next_first - removed,
             });
         }
         Ok(())

@@ -168,8 +168,20 @@ pub enum ManifestProblem {
         /// Shards listed with its name.
         listed: usize,
     },
+    /// A shard's removed rows are not a list of its rows.
+    #[error(
+        "shard {file}: its removed rows are not increasing offsets below its {contexts} contexts"
+    )]
+    Removed {
+        /// The shard file.
+        file: String,
+        /// Its contexts.
+        contexts: usize,
+    },
     /// A split's context count differs from the sum over its shards.
-    #[error("split {split:?} says {said} contexts, its shards hold {held}")]
+    #[error(
+        "split {split:?} says {said} contexts, its shards hold {held} (not counting hidden ones)"
+    )]
     SplitContexts {
         /// The split.
         split: String,

@@ -13,7 +13,7 @@ use crate::cache::Inner;
 use crate::error::LoadError;
 use crate::options::LoaderOptions;
 use crate::order::Sample;
-use crate::order::{EpochOrder, Order, SeriesOrder, SeriesWindows, WindowIndex};
+use crate::order::{EpochOrder, Order, SeriesOrder, SeriesWindows, SplitContexts, WindowIndex};
 use crate::rows;
 use dsc_format::spelling::OptionError;
 use dsc_format::{Dtype, TensorRole};
@@ -108,7 +108,7 @@ impl SeriesPlan {
 /// are cut from one cache's series, shuffled across all contexts as contexts are.
 pub(crate) fn order(
     sources: &[Cache],
-    sizes: &[Vec<usize>],
+    sizes: &[Arc<SplitContexts>],
     opts: &LoaderOptions,
     windows: &SeriesWindows,
 ) -> Result<Order, LoadError> {
@@ -125,7 +125,12 @@ pub(crate) fn order(
     };
     windows.check(sources[0].manifest())?;
     let lengths = sources[0].lengths(&o.split)?;
-    let index = Arc::new(WindowIndex::new(windows, one, &lengths));
+    // A hidden context has no window (a length of 0 has none).
+    let lengths = match one.hides_any() {
+        true => one.zero_hidden(&lengths).into(),
+        false => lengths,
+    };
+    let index = Arc::new(WindowIndex::new(windows, one.stored(), &lengths));
     let order = EpochOrder::new(
         &index.sizes,
         o.shuffle,

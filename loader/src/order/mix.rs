@@ -20,15 +20,17 @@
 //! so any position is found with one block arrangement and one window of one source: a resume
 //! costs O(block + window), never a replay.
 
+use super::live::SplitContexts;
 use super::window::{epoch_seed, EpochOrder, Sample, WindowCursor};
 use dsc_format::rng::{mix64, stream, Xoshiro256};
+use std::sync::Arc;
 
 /// One source of a mix, as its order sees it.
 #[derive(Debug, Clone)]
 struct Source {
     /// Contexts per shard of the source's split, compiled order.
-    sizes: Vec<usize>,
-    /// Contexts of the split.
+    contexts: Arc<SplitContexts>,
+    /// Contexts of the split a reader sees.
     len: usize,
     /// The source's weight, normalised.
     weight: f64,
@@ -101,12 +103,12 @@ pub fn apportion(weights: &[f64], n: usize) -> Vec<usize> {
 
 impl MixOrder {
     /// The order of mix epoch `epoch` of sources whose splits hold `sizes[s]` contexts per
-    /// shard, drawn in proportion to `weights` ([`apportion`]) in blocks of `window`
+    /// shard (those a reader sees), drawn in proportion to `weights` ([`apportion`]) in blocks of `window`
     /// positions, `samples` positions in the epoch. Every source must hold at least one
     /// context, and every weight must be positive and at least one position of a block.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        sizes: &[Vec<usize>],
+        sizes: &[Arc<SplitContexts>],
         weights: &[f64],
         samples: usize,
         shuffle: bool,
@@ -122,18 +124,19 @@ impl MixOrder {
             .iter()
             .zip(weights)
             .enumerate()
-            .map(|(s, (sizes, &weight))| {
-                let len: usize = sizes.iter().sum();
+            .map(|(s, (contexts, &weight))| {
+                let len = contexts.len();
                 assert!(len > 0, "every source of a mix holds contexts");
                 let source = Source {
-                    sizes: sizes.clone(),
+                    contexts: contexts.clone(),
                     len,
                     weight: weight / sum,
                     before: 0,
                     base,
                     seed: mix64(seed ^ mix64((s as u64).wrapping_add(stream::MIX_SOURCE))),
                 };
-                base += len;
+                // Positions count every stored context, as the sources' lengths do.
+                base += contexts.stored_len();
                 source
             })
             .collect();
@@ -176,7 +179,7 @@ impl MixOrder {
 
     /// Shards of all sources.
     pub fn shards(&self) -> usize {
-        self.sources.iter().map(|s| s.sizes.len()).sum()
+        self.sources.iter().map(|s| s.contexts.shards()).sum()
     }
 
     /// The most distinct shards of one source that two consecutive windows of its own order
@@ -247,8 +250,8 @@ impl MixOrder {
     /// The epoch order of source `s`'s epoch `epoch`.
     fn source_order(&self, s: usize, epoch: u64) -> EpochOrder {
         let source = &self.sources[s];
-        EpochOrder::new(
-            &source.sizes,
+        EpochOrder::over(
+            source.contexts.clone(),
             self.shuffle,
             source.seed,
             epoch,
@@ -373,7 +376,10 @@ mod tests {
 
     #[test]
     fn any_position_is_found_without_replay_in_both_orders() {
-        let sizes = vec![vec![40, 40, 13], vec![7, 9], vec![250]];
+        let sizes: Vec<Arc<SplitContexts>> = [&[40, 40, 13][..], &[7, 9], &[250]]
+            .into_iter()
+            .map(|s| Arc::new(SplitContexts::all(s)))
+            .collect();
         for shuffle in [true, false] {
             let order = Order::Mix(MixOrder::new(
                 &sizes,

@@ -5,10 +5,12 @@
 //! read in its own epoch orders). All are pure functions of their inputs; [`Order`] is what a
 //! loader holds.
 
+mod live;
 mod mix;
 mod series;
 mod window;
 
+pub use live::SplitContexts;
 pub use mix::{apportion, MixCursor, MixOrder};
 pub(crate) use series::WindowIndex;
 pub use series::{SeriesOrder, SeriesWindows};

@@ -27,6 +27,7 @@
 //! the order is the compiled order. `docs/FORMAT.md` ("Epoch order") states the same for other
 //! implementations.
 
+use super::live::SplitContexts;
 use dsc_format::rng::{mix64, stream, Xoshiro256};
 use std::sync::Arc;
 
@@ -47,9 +48,9 @@ struct Segment {
 /// The order of one epoch of one split.
 #[derive(Debug, Clone)]
 pub struct EpochOrder {
-    /// Contexts per shard, in compiled order.
-    sizes: Vec<usize>,
-    /// First compiled position of each shard.
+    /// The split's contexts per shard, those a reader sees and those stored.
+    contexts: Arc<SplitContexts>,
+    /// First compiled position of each shard (counting every stored context).
     starts: Vec<usize>,
     /// Shards in epoch order.
     shard_order: Vec<usize>,
@@ -84,13 +85,29 @@ impl EpochOrder {
         window: usize,
         interleave: usize,
     ) -> Self {
+        let contexts = Arc::new(SplitContexts::all(sizes));
+        Self::over(contexts, shuffle, seed, epoch, window, interleave)
+    }
+
+    /// The order for `epoch` over the contexts a reader sees of `contexts`: the epoch as if the
+    /// hidden ones were not stored, its samples at their stored offsets and positions.
+    pub fn over(
+        contexts: Arc<SplitContexts>,
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        window: usize,
+        interleave: usize,
+    ) -> Self {
         let window = window.max(1);
-        let mut starts = Vec::with_capacity(sizes.len());
-        let mut acc = 0;
-        for &s in sizes {
-            starts.push(acc);
-            acc += s;
+        let mut starts = Vec::with_capacity(contexts.shards());
+        let mut at = 0;
+        for &s in contexts.stored() {
+            starts.push(at);
+            at += s;
         }
+        let sizes = contexts.live();
+        let acc = contexts.len();
         let mut shard_order: Vec<usize> = (0..sizes.len()).collect();
         let mut segments = Vec::new();
         let mut vstart = 0;
@@ -129,7 +146,7 @@ impl EpochOrder {
             }
         }
         EpochOrder {
-            sizes: sizes.to_vec(),
+            contexts,
             starts,
             shard_order,
             segments,
@@ -152,8 +169,8 @@ impl EpochOrder {
         let mut order = if window == self.window {
             self
         } else {
-            Self::new(
-                &self.sizes,
+            Self::over(
+                self.contexts.clone(),
                 self.shuffle,
                 self.seed,
                 self.epoch,
@@ -163,7 +180,7 @@ impl EpochOrder {
         };
         assert_eq!(
             lengths.len(),
-            order.total,
+            order.contexts.stored_len(),
             "one stored length per context of the split"
         );
         order.buckets = Some(Buckets { lengths, batch });
@@ -195,11 +212,12 @@ impl EpochOrder {
         &self.shard_order
     }
 
-    /// (shard, offset within shard) of virtual position `v`.
+    /// (shard, stored offset within shard) of virtual position `v`.
     fn locate(&self, v: usize) -> (usize, usize) {
         let k = self.segments.partition_point(|s| s.vstart <= v) - 1;
         let seg = &self.segments[k];
-        (seg.shard, seg.offset + v - seg.vstart)
+        let live = seg.offset + v - seg.vstart;
+        (seg.shard, self.contexts.stored_offset(seg.shard, live))
     }
 
     /// The permutation of window `w` (its positions relative to the window start).
@@ -284,7 +302,13 @@ impl EpochOrder {
             .map(|s| {
                 let lo = range.start.max(s.vstart) - s.vstart;
                 let hi = end.min(s.vstart + s.len) - s.vstart;
-                (s.shard, s.offset + lo, s.offset + hi)
+                // Stored offsets: a run of live contexts spans the hidden ones between them.
+                let stored = |live| self.contexts.stored_offset(s.shard, live);
+                (
+                    s.shard,
+                    stored(s.offset + lo),
+                    stored(s.offset + hi - 1) + 1,
+                )
             })
             .collect()
     }
@@ -312,9 +336,9 @@ impl EpochOrder {
             .unwrap_or(0)
     }
 
-    /// Contexts per shard.
+    /// Contexts a reader sees per shard.
     pub fn shard_sizes(&self) -> &[usize] {
-        &self.sizes
+        self.contexts.live()
     }
 
     /// An iterator over the whole epoch, computing one window permutation at a time.
@@ -501,7 +525,7 @@ impl EpochOrder {
     pub fn quality(&self, batch_size: usize) -> Quality {
         quality_of(
             self.iter_from(0).collect(),
-            self.sizes.len(),
+            self.contexts.shards(),
             self.window,
             batch_size,
         )
@@ -633,6 +657,35 @@ mod tests {
         assert_eq!(a, all(&EpochOrder::new(&sizes, true, 7, 0, 50, 3)));
         assert_ne!(a, all(&EpochOrder::new(&sizes, true, 7, 1, 50, 3)));
         assert_ne!(a, all(&EpochOrder::new(&sizes, true, 8, 0, 50, 3)));
+    }
+
+    #[test]
+    fn hidden_contexts_take_no_place_and_live_ones_keep_their_positions() {
+        let hiding = [(10, &[1u32, 5][..]), (7, &[][..]), (5, &[0u32, 4][..])];
+        let contexts = Arc::new(SplitContexts::hiding(hiding));
+        let positions = contexts.positions();
+        // The epoch over the live contexts alone, each sample at its stored place.
+        for (shuffle, epoch) in [(true, 0), (true, 3), (false, 0)] {
+            let ours = EpochOrder::over(contexts.clone(), shuffle, 7, epoch, 6, 2);
+            let live = EpochOrder::new(&[8, 7, 3], shuffle, 7, epoch, 6, 2);
+            let mapped: Vec<usize> = all(&live).into_iter().map(|p| positions[p]).collect();
+            assert_eq!(all(&ours), mapped);
+            for (p, s) in ours.iter_from(0).enumerate() {
+                assert_eq!(s.position, mapped[p]);
+                // Its window's reads (virtual positions) cover it.
+                let w = p / 6 * 6;
+                assert!(ours
+                    .spans(w..w + 6)
+                    .iter()
+                    .any(|&(shard, lo, hi)| { shard == s.shard && (lo..hi).contains(&s.offset) }));
+            }
+        }
+        // Buckets sort by the stored lengths of the live contexts only.
+        let lengths: Arc<[u32]> = (0..22u32).map(|i| (i * 7) % 11).collect();
+        let bucketed = EpochOrder::over(contexts, true, 7, 0, 6, 2).bucketed(lengths, 3);
+        let mut seen = all(&bucketed);
+        seen.sort_unstable();
+        assert_eq!(seen, positions);
     }
 
     #[test]
