@@ -149,3 +149,46 @@ def test_a_table_in_memory_appends_as_its_file_does(growing: Path, workdir: Path
     by_table = dsc.append(twin, table, context=meta)
     assert by_table.content_id == by_file.content_id
     assert by_table.manifest["generation"]["inputs"]["files"][0]["path"].startswith("memory:")
+
+
+def test_replaced_keys_read_once_as_their_new_contexts(growing: Path, workdir: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    first = dsc.open(growing)
+    old = pc.unique(pq.read_table(workdir / "data/train/batch_1.parquet")["event_id"])
+    new = pq.read_table(workdir / "data/train/batch_2.parquet")
+    ids = pc.unique(new["event_id"]).to_pylist()
+    # The first 40 events of the second file take keys of the first: new data for them.
+    rename = dict(zip(ids[:40], old.to_pylist()[:40]))
+    column = pa.array([rename.get(i, i) for i in new["event_id"].to_pylist()], pa.int64())
+    new = new.set_column(new.schema.get_field_index("event_id"), "event_id", column)
+    meta = workdir / "data/train_meta.parquet"
+    with pytest.raises(dsc.OptionsError, match="existing"):
+        dsc.append(growing, new, context=meta, existing="overwrite")
+    with pytest.raises(dsc.CompileError, match="existing replace"):
+        dsc.append(growing, new, context=meta)
+    grown = dsc.append(growing, new, context=meta, existing="replace")
+    assert grown.manifest["generation"]["removed"] and sum(grown.splits.values()) == 760
+    every = grown.keys("train") + grown.keys("val")
+    assert len(every) == len(set(every)) == 760
+    replaced = list(rename.values())
+    assert set(replaced) <= set(every)
+    # A lookup finds the new context, past every context the first generation stored.
+    for key in replaced[:3]:
+        split = "train" if key in grown.keys("train") else "val"
+        assert grown.find(key, split) >= first.splits[split]
+    assert grown._live_positions("train") is not None
+    # An epoch reads each live context once, on the host and from a resident split alike.
+    torch = pytest.importorskip("torch")
+    options = dict(split="train", batch_size=16, seed=5, drop_last=False, format="torch",
+                   device="cpu")
+    host = list(dsc.Loader(growing, **options))
+    resident = list(dsc.Loader(growing, resident=True, **options))
+    read = [k for b in host for k in b["key"][:b.valid].tolist()]
+    assert sorted(read) == sorted(grown.keys("train"))
+    assert len(host) == len(resident)
+    for a, b in zip(host, resident):
+        for name in a.keys():
+            assert torch.equal(a[name], b[name]), name

@@ -1065,6 +1065,19 @@ fn a_run_resumes_on_its_generation_after_an_append() {
     );
     let (first, _) = small_run(&cache, &format!("{flags} --generation 1"));
     assert_eq!(steps(&first), steps(&full));
+    // The same file again, replacing the keys it holds: the contexts it added are hidden and
+    // stored anew. A resident split puts each live context at its stored position, so that it
+    // trains to the weights of the host path.
+    let again = dsc_compiler::AppendInputs {
+        existing: dsc_compiler::Existing::Replace,
+        ..new
+    };
+    dsc_compiler::append(&cache, &again, &opts).expect("append replacing");
+    let (host, host_out) = small_run(&cache, &format!("{flags} --resident off"));
+    let (on, on_out) = small_run(&cache, &format!("{flags} --resident on"));
+    assert_eq!(steps(&host), steps(&grown));
+    assert_eq!(on["resident"], true);
+    assert_same_weights(host_out.path(), on_out.path());
 }
 
 /// Runs dsc-train with `args`, killed after `limit`: `None` when it had to be killed.
