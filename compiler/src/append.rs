@@ -10,6 +10,7 @@ use crate::write::OutputLock;
 use dsc_format::spec::JoinSpec;
 use dsc_format::spelling::OptionError;
 use dsc_format::Manifest;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// An append's buckets are this fraction of its spec's bucket size.
@@ -142,6 +143,7 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         lock: Some(lock),
         compact: false,
         replace: new.existing == Existing::Replace,
+        skip: Default::default(),
         remote,
     };
     next_generation(spec, base, opts)
@@ -197,6 +199,7 @@ fn next_generation(
 /// every generation's inputs with the first generation's fitted parameters: its shards are
 /// byte for byte those of `dsc compile ALL_INPUTS --fit-from CACHE` with the cache's spec,
 /// numbered from 0 in its own folder, and it lists no earlier shard (`opts.out` is ignored).
+/// Rows of keys that a later generation replaced are left out of the files read before it.
 /// The inputs must still be where and as they were (their checksums are compared); inputs
 /// that cannot be read again (tables in memory) and generations that read different context
 /// tables are refused.
@@ -227,30 +230,34 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
             "only caches that can be appended to are compacted".into(),
         ));
     }
-    if let Some(s) = parent.splits().iter().find(|s| s.removed > 0) {
-        // A compaction compiles every generation's inputs again: a replaced key's old rows
-        // are still in its first input, and would join the new ones in one context.
-        return Err(refuse(
-            "cache",
-            format!(
-                "generation {} hides {} contexts of split {:?} whose keys an append replaced; \
-                 a compaction compiles the inputs again, where those keys' old rows still are: \
-                 compile the current data as a new cache instead",
-                parent.generation_number(),
-                s.removed,
-                s.name
-            ),
-        ));
-    }
     // Every generation's inputs, in the order they came: a compaction's are the whole list.
+    // Each rows file is read by the last generation that read it: its rows of keys a later
+    // generation replaced are left out (a compaction's own left-out keys carry over).
     let mut files: Vec<dsc_format::manifest::InputFile> = Vec::new();
+    let mut read_by: HashMap<String, u32> = HashMap::new();
+    let mut carried: HashMap<String, HashSet<i64>> = HashMap::new();
     for m in &lineage {
-        match m.generation() {
-            None => files.extend(m.inputs().files.iter().cloned()),
-            Some(g) if g.kind == "compact" => files = g.inputs.files.clone(),
-            Some(g) => files.extend(g.inputs.files.iter().cloned()),
+        let n = m.generation_number();
+        let theirs = match m.generation() {
+            None => &m.inputs().files,
+            Some(g) if g.kind == "compact" => {
+                files.clear();
+                read_by.clear();
+                carried = g
+                    .skipped
+                    .iter()
+                    .map(|(path, ids)| (path.clone(), ids.iter().copied().collect()))
+                    .collect();
+                &g.inputs.files
+            }
+            Some(g) => &g.inputs.files,
+        };
+        files.extend(theirs.iter().cloned());
+        for f in theirs.iter().filter(|f| f.role == "rows") {
+            read_by.insert(f.path.clone(), n);
         }
     }
+    let skip = replaced_rows(cache, &parent, &read_by, carried)?;
     if let Some(f) = files
         .iter()
         .find(|f| f.path.starts_with(crate::MEMORY_PREFIX))
@@ -292,9 +299,41 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
         lock: Some(lock),
         compact: true,
         replace: false,
+        skip,
         remote: None,
     };
     next_generation(spec, base, opts)
+}
+
+/// Per rows file (read last by generation `read_by[path]`), the key ids whose rows a
+/// compaction leaves out: those of contexts a later generation added (it replaced them), and
+/// those `carried` from the compaction that read the file before. Empty for a lineage that
+/// never replaced a key, whose compaction reads its files whole.
+fn replaced_rows(
+    cache: &Path,
+    last: &Manifest,
+    read_by: &HashMap<String, u32>,
+    carried: HashMap<String, HashSet<i64>>,
+) -> Result<crate::spill::SkipKeys> {
+    let mut skip: crate::spill::SkipKeys = carried
+        .into_iter()
+        .map(|(path, ids)| (PathBuf::from(path), ids))
+        .collect();
+    if last.splits().iter().all(|s| s.removed == 0) {
+        return Ok(skip);
+    }
+    // The keys each generation added, hidden ones included.
+    let mut added: HashMap<u32, HashSet<i64>> = HashMap::new();
+    for entry in last.shards() {
+        let keys = dsc_format::sample::shard_keys(cache, last, entry)?;
+        added.entry(entry.written_by()).or_default().extend(keys);
+    }
+    for (path, &n) in read_by {
+        let later = added.iter().filter(|(&g, _)| g > n).flat_map(|(_, k)| k);
+        skip.entry(PathBuf::from(path)).or_default().extend(later);
+    }
+    skip.retain(|_, ids| !ids.is_empty());
+    Ok(skip)
 }
 
 fn refuse(key: &'static str, problem: String) -> crate::CompileError {

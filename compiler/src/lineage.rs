@@ -47,6 +47,9 @@ pub(crate) struct Base {
     pub compact: bool,
     /// A key the cache holds is replaced (its old context hidden), not refused.
     pub replace: bool,
+    /// A compaction's rows files with the keys whose rows they leave out: those a later
+    /// generation replaced.
+    pub skip: crate::spill::SkipKeys,
     /// A cache in object storage: `cache` is then a local mirror of its manifests and
     /// statistics, its shards are read from the store, and the generation is published there.
     pub remote: Option<dsc_store::Remote>,
@@ -146,6 +149,16 @@ pub(crate) fn commit_append(
         inputs: added.inputs,
         summary: added.summary.clone(),
         removed,
+        skipped: base
+            .skip
+            .iter()
+            .filter(|(_, keys)| !keys.is_empty())
+            .map(|(path, keys)| {
+                let mut ids: Vec<i64> = keys.iter().copied().collect();
+                ids.sort_unstable();
+                (path.display().to_string(), ids)
+            })
+            .collect(),
     };
     let summary = match base.compact {
         true => added.summary.clone(),

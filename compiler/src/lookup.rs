@@ -249,7 +249,8 @@ pub(crate) fn spill_context(
             budget,
             in_memory: false,
         };
-        let part = spill::spill_rows(inputs, 0..files.len(), wants, to, &NoProgress)?;
+        let none = spill::SkipKeys::new();
+        let part = spill::spill_rows(inputs, 0..files.len(), wants, to, &none, &NoProgress)?;
         if let Some(column) = split_by {
             for path in files {
                 split_values.extend(read::distinct_strings(path, column)?);

@@ -281,7 +281,9 @@ impl<'s> Recipe for Own<'s> {
         progress: &dyn Progress,
     ) -> Result<SpillPart> {
         let inputs = self.inputs.take().expect("a recipe is scanned once");
-        spill::spill_rows(inputs, files, &self.plan.rows_wants, to, progress)
+        let none = spill::SkipKeys::new();
+        let skip = self.base.as_ref().map_or(&none, |b| &b.skip);
+        spill::spill_rows(inputs, files, &self.plan.rows_wants, to, skip, progress)
     }
 
     fn scan_context(&mut self, to: SpillTo, _: &dyn Progress) -> Result<Option<ContextPart>> {

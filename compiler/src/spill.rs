@@ -11,6 +11,7 @@ use crate::Progress;
 use dsc_format::rng::position_hash;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -133,6 +134,10 @@ pub(crate) struct SpillTo<'a> {
     pub in_memory: bool,
 }
 
+/// Per rows file, the keys whose rows it leaves out: a compaction's, of the keys a later
+/// generation replaced (their rows in this file are not the live context's). Empty for a compile.
+pub(crate) type SkipKeys = HashMap<PathBuf, HashSet<i64>>;
+
 /// One bucket's rows of one file, buffered until the next flush.
 struct Buffer {
     origin: Vec<u64>,
@@ -158,6 +163,7 @@ pub(crate) fn spill_rows(
     files: Range<usize>,
     wants: &[Want],
     to: SpillTo,
+    skip: &SkipKeys,
     progress: &dyn Progress,
 ) -> Result<SpillPart> {
     let SpillTo {
@@ -180,8 +186,10 @@ pub(crate) fn spill_rows(
         .map(|(local, chunk)| {
             crate::progress::check(progress)?;
             let name = format!("{name}-{:06}-{:03}.spill", chunk.file, chunk.index);
+            let skip = skip.get(&chunk.opened.path);
             let (pieces, memory) = spill_file(
                 chunk.opened,
+                skip,
                 local as u32,
                 (chunk.first_row, chunk.first_row - offsets[chunk.file]),
                 (!in_memory).then(|| dir.join(&name)),
@@ -264,6 +272,7 @@ fn read_chunks(opened: Vec<Opened>, files: Range<usize>, offsets: &[u64]) -> Res
 #[allow(clippy::too_many_arguments)]
 fn spill_file(
     opened: Opened,
+    skip: Option<&HashSet<i64>>,
     run: u32,
     (first_row, row_in_file): (u64, u64),
     path: Option<PathBuf>,
@@ -347,6 +356,9 @@ fn spill_file(
             }
         }
         for (r, &k) in key.key_ids().iter().enumerate() {
+            if skip.is_some_and(|s| s.contains(&k)) {
+                continue;
+            }
             members[buckets.of(k)].push(r as u32);
         }
         for (b, rows) in members.iter_mut().enumerate() {

@@ -247,7 +247,8 @@ impl<'s> Recipe for Profile<'s> {
         progress: &dyn Progress,
     ) -> Result<SpillPart> {
         let inputs = self.tgt_in.take().expect("a recipe is scanned once");
-        spill::spill_rows(inputs, files, &self.setup.tgt.wants, to, progress)
+        let whole = spill::SkipKeys::new();
+        spill::spill_rows(inputs, files, &self.setup.tgt.wants, to, &whole, progress)
     }
 
     fn scan_context(
@@ -257,7 +258,8 @@ impl<'s> Recipe for Profile<'s> {
     ) -> Result<Option<ContextPart>> {
         let inputs = self.ctx_in.take().expect("a recipe is scanned once");
         let all = 0..self.context_files;
-        let spill = spill::spill_rows(inputs, all, &self.setup.ctx.wants, to, progress)?;
+        let whole = spill::SkipKeys::new();
+        let spill = spill::spill_rows(inputs, all, &self.setup.ctx.wants, to, &whole, progress)?;
         Ok(Some(ContextPart::of_spill(spill, self.setup.ctx.rows())))
     }
 

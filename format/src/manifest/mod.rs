@@ -4,7 +4,7 @@
 use crate::spec::CompileSpec;
 use crate::{FORMAT_NAME, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 mod builder;
 mod entry;
@@ -124,8 +124,13 @@ pub struct Generation {
     pub summary: CompileSummary,
     /// Contexts of earlier generations it hides, per split: those whose keys its data replaced
     /// (`dsc append --existing replace`). Absent when none.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub removed: std::collections::BTreeMap<String, usize>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub removed: BTreeMap<String, usize>,
+    /// A compaction's rows files, each with the key ids whose rows it left out (keys a later
+    /// generation had replaced, their rows there no longer live): what a later compaction of
+    /// these inputs leaves out too. Absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skipped: BTreeMap<String, Vec<i64>>,
 }
 
 /// The JSON shape of a manifest, before validation: the only way from it to a [`Manifest`] is
