@@ -378,6 +378,17 @@ fn string_keys_and_list_columns_append_as_integer_keys_do() {
         err.contains("key \"C-") && err.contains("generation 2"),
         "{err}"
     );
+    // Appended again replacing its keys, the same file gives the same live contexts; compacted,
+    // the lineage is the compile of the three files once each, byte for byte.
+    append(&dir, "cache", &files[1], &["--existing", "replace"]);
+    assert_same_contexts(&contexts(&cache, 4), &contexts(&cache, 3));
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    dsc(dir.path(), &["compact", "cache"]).ok();
+    let theirs = tree(&dir.join("all"));
+    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
+        let ours = std::fs::read(folder(&cache, 5).join(name)).unwrap();
+        assert!(ours == *bytes, "{name} differs");
+    }
 }
 
 #[test]
@@ -1245,4 +1256,43 @@ fn appends_to_a_cache_in_object_storage_commit_once_each() {
     let log: serde_json::Value = serde_json::from_str(&log).unwrap();
     assert_eq!(log["generation"], 4);
     assert_eq!(log["contexts"], 400);
+    // A file again, replacing the keys it holds: the remote parent's keys are read by ranged
+    // requests, and a reader of the store sees each key once.
+    let said = ok(dsc_s3(
+        &dir,
+        &server,
+        &[
+            "append",
+            &url,
+            "data/train/batch_3.parquet",
+            meta[0],
+            meta[1],
+            "--existing",
+            "replace",
+        ],
+        &[],
+    ));
+    assert!(
+        said.contains("generation 5") && said.contains("replacing"),
+        "{said}"
+    );
+    let log = ok(dsc_s3(&dir, &server, &["inspect", &url, "--json"], &[]));
+    let log: serde_json::Value = serde_json::from_str(&log).unwrap();
+    assert_eq!(
+        (&log["contexts"], &log["hidden"]),
+        (&400.into(), &100.into())
+    );
+    ok(dsc_s3(&dir, &server, &["verify", &url], &[]));
+    let keys = ok(dsc_s3(
+        &dir,
+        &server,
+        &["order", &url, "--batch-size", "1", "--keys"],
+        &[],
+    ));
+    let mut read: Vec<&str> = keys.split_whitespace().collect();
+    let all = read.len();
+    read.sort_unstable();
+    read.dedup();
+    assert_eq!(read.len(), all, "a key read twice");
+    assert_eq!(all as u64, log["splits"][0]["contexts"].as_u64().unwrap());
 }
