@@ -274,7 +274,7 @@ fn string_keys_are_found_listed_and_joined_as_the_data_holds_them() {
         .collect();
     // A key file of strings puts exactly those customers in `test`.
     let listed: Vec<&String> = keys.iter().step_by(10).collect();
-    let mut list = String::from("# customers held out\n");
+    let mut list = String::new();
     for k in &listed {
         list.push_str(k);
         list.push('\n');

@@ -43,8 +43,8 @@ pub enum CompileError {
         reason: String,
     },
     /// A file of keys (`split_keys`, `val_keys`) lists a key it cannot: not an integer, listed
-    /// twice, or not a context of the data.
-    #[error("{path}: line {line}: {what}")]
+    /// twice, or not a context of the data; or lists none (line 0: the whole file).
+    #[error("{}", key_list_message(path, *line, what))]
     KeyList {
         /// The key file.
         path: PathBuf,
@@ -472,5 +472,13 @@ pub fn signal_name(signal: i32) -> String {
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGHUP => "SIGHUP".into(),
         other => format!("signal {other}"),
+    }
+}
+
+/// A key file's problem, at its line (0: the whole file).
+fn key_list_message(path: &std::path::Path, line: usize, what: &str) -> String {
+    match line {
+        0 => format!("{}: {what}", path.display()),
+        n => format!("{}: line {n}: {what}", path.display()),
     }
 }

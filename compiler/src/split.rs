@@ -305,25 +305,91 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// Reads a file of keys, one per line (blank lines and `#` comments skipped), written as
-/// `key_type`'s keys are (integers, strings, UUIDs): each key's id, line number and text.
+/// Reads a file of keys, written as `key_type`'s keys are (integers, strings, UUIDs, hex for
+/// binary): each key's id, line number and text. Two spellings, so that every key can be
+/// listed:
+///
+/// - **lines** (any file name but `.jsonl`/`.json`): one key per line, the line exactly as the
+///   key column holds it. Nothing is trimmed from a string key and `#` is a character like
+///   any other (no comments), so `" lead"` and `#x` are keys; a `\r` before the line's `\n`
+///   is its line ending. Integer, UUID and binary keys may stand between spaces, and blank
+///   lines are skipped: none of their keys is blank. An empty line of string keys is refused,
+///   naming it: it would be the empty string, which only JSON lines spell unambiguously.
+/// - **JSON lines** (`.jsonl`, `.json`): each line one JSON string or integer, so a key with
+///   leading spaces, a line break or no characters at all is `"…"` there; blank lines are
+///   skipped.
+///
+/// A file that lists no key is refused: a split asked for would be empty.
 pub(crate) fn read_key_list(path: &Path, key_type: KeyType) -> Result<Vec<(i64, usize, String)>> {
     let text = std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?;
+    let json = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("jsonl" | "json")
+    );
     let mut keys = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        // A string key keeps its inner spaces; only the line's ends are trimmed.
-        let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
+    // `split('\n')` rather than `lines()`: a `\r` ending a line is removed explicitly, and
+    // only the empty piece after the file's last line ending is no line.
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    if lines.last() == Some(&"") {
+        lines.pop();
+    }
+    for (i, line) in lines.into_iter().enumerate() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
         let bad = |problem: String| CompileError::KeyList {
             path: path.into(),
             line: i + 1,
-            what: format!("{problem}; the file lists one key per line"),
+            what: problem,
         };
-        let key = key_type.canonical(t).map_err(bad)?;
-        let id = key_type.id_of(&key).map_err(bad)?;
+        let written = if json {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::String(s)) => s,
+                Ok(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                _ => {
+                    return Err(bad(format!(
+                        "{line:?} is not a JSON string or integer; a .jsonl key file lists one \
+                         key per line as JSON (\"C-17\", 42)"
+                    )))
+                }
+            }
+        } else if key_type == KeyType::Text {
+            if line.is_empty() {
+                return Err(bad(
+                    "an empty line: in a key file of string keys each line is a key as the \
+                     column holds it, and the empty string is listed as \"\" in a JSON lines \
+                     file (.jsonl)"
+                        .into(),
+                ));
+            }
+            line.to_string()
+        } else {
+            if line.trim().is_empty() {
+                continue;
+            }
+            line.trim().to_string()
+        };
+        let spelling = if json {
+            "a .jsonl key file lists one key per line as JSON"
+        } else {
+            "the file lists one key per line, as the key column holds it"
+        };
+        let key = key_type
+            .canonical(&written)
+            .map_err(|p| bad(format!("{p}; {spelling}")))?;
+        let id = key_type
+            .id_of(&key)
+            .map_err(|p| bad(format!("{p}; {spelling}")))?;
         keys.push((id, i + 1, key));
+    }
+    if keys.is_empty() {
+        return Err(CompileError::KeyList {
+            path: path.into(),
+            line: 0,
+            what: "lists no key, so the split it names would be empty; list one key per line"
+                .into(),
+        });
     }
     Ok(keys)
 }

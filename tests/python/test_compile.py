@@ -256,3 +256,44 @@ def test_options_errors_name_the_keyword_not_a_flag(in_workdir: Path, tmp_path: 
     message = str(caught.value)
     assert caught.value.option == "pack" and message.startswith("pack=16 tokens"), message
     assert "--" not in message and "`" not in message, message
+
+
+def _keyed(keys: list) -> "pa.Table":  # noqa: F821 (pyarrow imported inside)
+    """Events of string keys `keys`, three each, with a time, a feature and a target."""
+    import pyarrow as pa
+    rows = [(k, t, float(i * 3 + t)) for i, k in enumerate(keys) for t in range(3)]
+    return pa.table({"k": pa.array([r[0] for r in rows], pa.string()),
+                     "t": pa.array([r[1] for r in rows], pa.int64()),
+                     "v": pa.array([r[2] for r in rows], pa.float64())})
+
+
+def test_a_key_file_lists_every_key_as_the_column_holds_it(tmp_path: Path) -> None:
+    # Keys that differ only by their spaces or a leading `#` are distinct keys of the data.
+    keys = [" lead", "lead", "trail ", "trail", "#x", "x", "", "a b"] + [f"k{i}" for i in range(24)]
+    table = _keyed(keys)
+    kwargs = dict(key="k", order_by="t", features=["v"], val_fraction=0.0)
+
+    def test_split(listing: str, name: str) -> list:
+        path = tmp_path / name
+        path.write_text(listing)
+        out = tmp_path / f"out-{name}"
+        cache = dsc.compile(table, out=out, split_keys={"test": path}, **kwargs)
+        return sorted(cache.keys("test"))
+
+    # One key per line, exactly as written: nothing trimmed, no comments; CRLF endings too.
+    assert test_split(" lead\ntrail \n#x\n", "lines.txt") == sorted([" lead", "trail ", "#x"])
+    assert test_split("a b\r\nlead\r\n", "crlf.txt") == ["a b", "lead"]
+    # JSON lines spell any key, the empty string included.
+    assert test_split('" lead"\n""\n\n"#x"\n', "keys.jsonl") == sorted([" lead", "", "#x"])
+    # What cannot be read one way is refused, naming the file and the line.
+    for listing, name, pattern in [
+        ("lead\n\ntrail\n", "blank.txt", r"blank\.txt: line 2: an empty line"),
+        ("", "none.txt", r"none\.txt: lists no key"),
+        ('"lead"\n{"k": 1}\n', "bad.jsonl", r"bad\.jsonl: line 2: .* not a JSON string"),
+        ("lead\nnope\n", "missing.txt", r"missing\.txt: line 2: key nope .* not a context"),
+    ]:
+        (tmp_path / name).write_text(listing)
+        with pytest.raises(dsc.CompileError, match=pattern):
+            dsc.compile(table, out=tmp_path / f"refused-{name}",
+                        split_keys={"test": tmp_path / name}, **kwargs)
+        assert not (tmp_path / f"refused-{name}").exists()
