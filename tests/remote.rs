@@ -812,3 +812,71 @@ fn inputs_in_object_storage_compile_to_the_cache_of_the_same_files_on_disk() {
     assert_eq!(code, 2);
     assert!(err.contains("train/*.csv"), "{err}");
 }
+
+/// Issue 52 A3: names reach the store as given, in the cache's URL and in every input's: a
+/// cache at `caché ~%` is published under that name (not `cach%C3%A9…`), and inputs whose names
+/// hold `é`, `~`, `%`, `#` or `?` are found, one by one and by a glob.
+#[test]
+fn object_names_reach_the_store_as_given() {
+    let dir = Dir::new();
+    let server = S3Server::start();
+    gen_icecube(&dir, 2, 100);
+    let bucket = server.bucket("names");
+    let store = dsc_store::Remote::open_with(&bucket, &server.options()).unwrap();
+    let odd = "in/dé ~%#?";
+    for (name, bytes) in tree(&dir.join("data")) {
+        store.put(&format!("{odd}/{name}"), bytes).unwrap();
+    }
+    let listed: Vec<String> = store.list().unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        listed.contains(&format!("{odd}/train/batch_1.parquet")),
+        "{listed:?}"
+    );
+    let env = server.env();
+    let run = |args: &[String]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("DSC_CACHE_DIR", dir.join("dsc-cache"))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "dsc {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let at = |rest: &str| format!("{bucket}/{odd}/{rest}");
+    for (rows, out) in [
+        (at("train/batch_1.parquet"), "caché ~%"),
+        (at("train/*.parquet"), "glob"),
+    ] {
+        let mut args: Vec<String> = icecube_args("OUT", &["-q", "--empty-contexts", "drop"])
+            .into_iter()
+            .map(String::from)
+            .collect();
+        args[1] = rows;
+        for a in args.iter_mut() {
+            if let Some(rest) = a.strip_prefix("data/") {
+                *a = at(rest);
+            }
+        }
+        let o = args.iter().position(|a| a == "OUT").unwrap();
+        args[o] = format!("{bucket}/{out}");
+        run(&args);
+    }
+    let listed: Vec<String> = store.list().unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        listed.contains(&"caché ~%/manifest.json".to_string()),
+        "{listed:?}"
+    );
+    assert!(
+        !listed
+            .iter()
+            .any(|n| n.contains("%C3%A9") || n.contains("%25")),
+        "{listed:?}"
+    );
+    run(&["verify".into(), format!("{bucket}/caché ~%")]);
+}

@@ -63,7 +63,15 @@ pub(crate) fn connect(
         )));
     }
     let link = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    let (scheme, prefix) = ObjectStoreScheme::parse(&link).map_err(|e| bad(e.to_string()))?;
+    let (scheme, parsed) = ObjectStoreScheme::parse(&link).map_err(|e| bad(e.to_string()))?;
+    let prefix = match link.scheme().starts_with("http") {
+        // An HTTP(S) URL is a URL (a server's, or a store's such as Azure's blob endpoint): its
+        // path is percent-encoded, and its `?` and `#` are not part of it.
+        true => parsed,
+        // `s3://bucket/name`, as the AWS tools take it: the name after the bucket as given,
+        // `é`, `%`, `#` and `?` included (a URL parser would decode `%41` and cut at `#`).
+        false => raw_prefix(url).map_err(bad)?,
+    };
     let failed = |source| StoreError::Store {
         url: url.into(),
         source,
@@ -278,4 +286,14 @@ mod tests {
             assert!(e.starts_with(url), "{e}");
         }
     }
+}
+
+/// The object name prefix of a bucket URL (`s3://bucket/a/b`, `az://container/a`,
+/// `abfss://container@account.dfs.core.windows.net/a`): what follows the bucket, exactly as
+/// written, without the slashes around it.
+fn raw_prefix(url: &str) -> Result<ObjectPath, String> {
+    let after = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let name = after.split_once('/').map_or("", |(_, name)| name);
+    let name = name.trim_matches('/');
+    ObjectPath::parse(name).map_err(|e| format!("not an object name a store takes: {e}"))
 }

@@ -103,13 +103,19 @@ impl Remote {
         format!("{}/{name}", self.inner.url)
     }
 
-    fn path_of(&self, name: &str) -> ObjectPath {
+    /// The object `name` names under the prefix, as given: `ObjectPath::from` would
+    /// percent-encode `é`, `~`, `%`, `#`, `?` and more, and the client encodes the request
+    /// again, so the store would hold `cach%C3%A9` where the user named `caché`.
+    fn path_of(&self, name: &str) -> Result<ObjectPath, StoreError> {
         let prefix = self.inner.prefix.as_ref();
-        if prefix.is_empty() {
-            ObjectPath::from(name)
-        } else {
-            ObjectPath::from(format!("{prefix}/{name}"))
-        }
+        let full = match prefix.is_empty() {
+            true => name.to_string(),
+            false => format!("{prefix}/{name}"),
+        };
+        ObjectPath::parse(&full).map_err(|e| StoreError::Url {
+            url: self.url_of(name),
+            problem: format!("not an object name a store takes: {e}"),
+        })
     }
 
     fn client(&self) -> Result<Client, StoreError> {
@@ -142,7 +148,7 @@ impl Remote {
         F: std::future::Future<Output = object_store::Result<T>>,
     {
         let client = self.client()?;
-        let path = self.path_of(name);
+        let path = self.path_of(name)?;
         client
             .runtime
             .block_on(f(client.store.clone(), path))
@@ -234,7 +240,7 @@ impl Remote {
     /// Every object under the cache's folder `folder` (e.g. `generations`): its name relative
     /// to that folder, and its size. Lists that folder alone, not the whole cache.
     pub fn list_in(&self, folder: &str) -> Result<Vec<(String, u64)>, StoreError> {
-        self.list_under(self.path_of(folder))
+        self.list_under(self.path_of(folder)?)
     }
 
     fn list_under(&self, prefix: ObjectPath) -> Result<Vec<(String, u64)>, StoreError> {

@@ -73,7 +73,7 @@ impl Remote {
     ) -> Result<(), StoreError> {
         let url = self.url_of(name);
         let client = self.client()?;
-        let path = self.path_of(name);
+        let path = self.path_of(name)?;
         let mut file = std::fs::File::create(partial).map_err(|e| StoreError::io(partial, e))?;
         let mut hasher = Hasher::new();
         let mut got = 0u64;
@@ -276,7 +276,7 @@ pub fn upload_cache_until(
 /// Uploads local file `path` as object `name`: whole, or in parts when large.
 async fn put_file(remote: &Remote, name: &str, path: &Path) -> Result<(), StoreError> {
     let client = remote.client()?;
-    let object = remote.path_of(name);
+    let object = remote.path_of(name)?;
     let url = remote.url_of(name);
     let from_store = |e| StoreError::from_store(url.clone(), e);
     let size = std::fs::metadata(path)
