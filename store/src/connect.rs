@@ -211,6 +211,16 @@ fn ini_section(text: &str, name: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The object name prefix of a bucket URL (`s3://bucket/a/b`, `az://container/a`,
+/// `abfss://container@account.dfs.core.windows.net/a`): what follows the bucket, exactly as
+/// written, without the slashes around it.
+fn raw_prefix(url: &str) -> Result<ObjectPath, String> {
+    let after = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let name = after.split_once('/').map_or("", |(_, name)| name);
+    let name = name.trim_matches('/');
+    ObjectPath::parse(name).map_err(|e| format!("not an object name a store takes: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,14 +296,4 @@ mod tests {
             assert!(e.starts_with(url), "{e}");
         }
     }
-}
-
-/// The object name prefix of a bucket URL (`s3://bucket/a/b`, `az://container/a`,
-/// `abfss://container@account.dfs.core.windows.net/a`): what follows the bucket, exactly as
-/// written, without the slashes around it.
-fn raw_prefix(url: &str) -> Result<ObjectPath, String> {
-    let after = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let name = after.split_once('/').map_or("", |(_, name)| name);
-    let name = name.trim_matches('/');
-    ObjectPath::parse(name).map_err(|e| format!("not an object name a store takes: {e}"))
 }
