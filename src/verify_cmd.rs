@@ -69,27 +69,89 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
         .and_then(|r| r.get(&stats_file))
         .map_err(|e| fetch_problem(&a.cache.join(&stats_file), e.into()))
         .and_then(|bytes| dsc_format::Stats::from_json(&bytes, &a.cache.join(&stats_file)));
-    // The fetched copy is held until the next shard is asked for.
+    let store = dsc_store::Remote::open_with(&url, &opts.store)?;
+    let tables: std::collections::HashSet<&str> = manifest
+        .shards()
+        .iter()
+        .filter_map(|s| s.keys.as_ref().map(|k| k.file.as_str()))
+        .collect();
+    // The fetched copy of a shard is held until the next shard is asked for; a shard's key
+    // table, asked for after it, is read whole into a file of its own beside the fetch folder
+    // (removed when the next one is asked for) and checked there.
     let mut held = None;
+    let mut table: Option<KeyTableCopy> = None;
     let report = verify_parts(
         &a.cache,
         &manifest,
         stats,
         depth,
         |entry| {
+            let object = a.cache.join(&entry.file);
+            if tables.contains(entry.file.as_str()) {
+                table = None;
+                let copy = KeyTableCopy::fetch(&store, entry, &object, &opts.dir)
+                    .map_err(|e| fetch_problem(&object, e))?;
+                let path = copy.0.clone();
+                table = Some(copy);
+                return Ok(path);
+            }
             held = None;
-            match files.next().expect("one file per shard") {
-                Ok(file) => {
+            match files.next() {
+                Some(Ok(file)) => {
                     let path = file.path.clone();
                     held = Some(file);
                     Ok(path)
                 }
-                Err(e) => Err(fetch_problem(&a.cache.join(&entry.file), e)),
+                Some(Err(e)) => Err(fetch_problem(&object, e)),
+                None => Err(dsc_format::FormatError::io(
+                    &object,
+                    std::io::Error::other("the fetch ended before this shard"),
+                )),
             }
         },
         |_, _| {},
     );
     Ok(report)
+}
+
+/// A key table of a cache in object storage, read into a local file for `dsc verify` (whose
+/// checks read files) and removed when dropped.
+struct KeyTableCopy(std::path::PathBuf);
+
+impl KeyTableCopy {
+    /// The key table `entry` describes (its file, size and xxh3), checked on arrival so that
+    /// a damaged object is named by its URL, `object`.
+    fn fetch(
+        store: &dsc_store::Remote,
+        entry: &dsc_format::ShardEntry,
+        object: &std::path::Path,
+        folder: &std::path::Path,
+    ) -> Result<KeyTableCopy, dsc_loader::LoadError> {
+        let bytes = store.get(&entry.file)?;
+        if bytes.len() as u64 != entry.bytes {
+            return Err(dsc_format::FormatError::io(
+                object,
+                std::io::Error::other(format!(
+                    "{} bytes, the manifest says {}",
+                    bytes.len(),
+                    entry.bytes
+                )),
+            )
+            .into());
+        }
+        let found = dsc_format::checksum::xxh3_hex(&bytes);
+        dsc_format::checksum::check(found, &entry.xxh3, object)?;
+        std::fs::create_dir_all(folder).map_err(|e| dsc_format::FormatError::io(folder, e))?;
+        let path = folder.join(format!(".verify-{}.keys.safetensors", std::process::id()));
+        std::fs::write(&path, bytes).map_err(|e| dsc_format::FormatError::io(&path, e))?;
+        Ok(KeyTableCopy(path))
+    }
+}
+
+impl Drop for KeyTableCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A shard (or `stats.json`) that could not be fetched, as the problem `dsc verify` reports
