@@ -197,8 +197,8 @@ pub struct Cli {
     #[arg(long, default_value_t = defaults::PREFETCH)]
     pub prefetch: usize,
 
-    /// CPU threads for libtorch's operators [default: libtorch's choice].
-    #[arg(long)]
+    /// CPU threads for libtorch's operators, 1 to 1024 [default: libtorch's choice].
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1024))]
     pub threads: Option<i32>,
 
     /// Seed of weights, dropout and the data order.

@@ -781,6 +781,18 @@ fn bad_input_is_named_in_the_error() {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("cuda:7"), "{}", r.stderr);
 
+    // Issue 52 B5: libtorch's thread count is checked before it reaches libtorch (a panic
+    // inside tch before).
+    for n in ["0", "-3", "5000"] {
+        let r = train(&["--cache", &ice, &format!("--threads={n}")]);
+        assert_eq!(r.code, 2, "--threads {n}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("--threads") && !r.stderr.contains("panicked"),
+            "{}",
+            r.stderr
+        );
+    }
+
     // A table of records has no steps for the reference sequence networks: said, not crashed.
     let records = dir.path().join("records");
     compile(
