@@ -139,7 +139,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -245,6 +245,27 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.dropout < 1:
         p.error("--dropout must be in [0, 1)")
+    # Every number that reaches torch is checked here, as dsc-train checks its own: a NaN or
+    # infinite rate would train NaN weights with exit code 0, a seed past 64 bits raises
+    # inside torch.
+    for name, lowest, what in (("lr", None, "a positive number"),
+                               ("weight_decay", 0.0, "zero or a positive number"),
+                               ("clip", 0.0, "zero (off) or a positive number")):
+        value = getattr(args, name)
+        if not math.isfinite(value) or (value <= 0 if lowest is None else value < lowest):
+            p.error(f"--{name.replace('_', '-')} {value}: must be {what}")
+    if not 0 <= args.seed < 2**64:
+        p.error(f"--seed {args.seed}: must be between 0 and 2**64 - 1")
+    for name, highest in (("epochs", 2**62), ("max_steps", 2**62), ("pack", 2**31),
+                          ("max_seqs", 2**31), ("threads", 1024), ("loader_threads", 1024),
+                          ("prefetch", 1024), ("dim", 1 << 16), ("layers", 1024)):
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= highest:
+            p.error(f"--{name.replace('_', '-')} {value}: must be between 1 and {highest}")
+    if args.warmup is not None and not 0 <= args.warmup <= 2**62:
+        p.error(f"--warmup {args.warmup}: must be zero or more steps")
+    if args.eval_split == "train":
+        p.error("--eval-split train: the split trained on says nothing about generalisation")
     # The loader's own options (--pack against --bucket, --max-seqs without --pack, …) are
     # checked by dsc.Loader, once, and reported as flags by main().
     return args
@@ -1259,6 +1280,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     # since (dsc append): its statistics (the inputs' scaling) and its order.
     read = (ckpt or {}).get("loader", {}).get("content_id")
     cache = dsc.open(args.cache, generation=read)
+    if args.eval_split not in cache.splits and args.eval_split != "val":
+        # `val` may be absent (a cache compiled without one is trained without validation).
+        raise SystemExit(f"train.py: --eval-split {args.eval_split}: the cache has no such "
+                         f"split (it has {sorted(cache.splits)})")
     task = resolve_task(cache, args.task, args.target).to(device)
     inp = resolve_inputs(cache, args.normalise)
     names = inp.names + ["y"] + (PACK_TENSORS if args.pack else [])
@@ -1606,20 +1631,31 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     )
 
 
-def as_flags(message: str) -> str:
+# dsc.Loader keywords this script gives under flags of other names.
+FLAG_OF_KEYWORD = {"num_threads": "loader_threads"}
+
+
+def as_flags(message: str, flags: Iterable[str]) -> str:
     """A dsc message naming keyword arguments (``max_seqs=``, ``pack=64``) as this script's
-    flags (``--max-seqs``, ``--pack 64``)."""
+    flags (``--max-seqs``, ``--pack 64``), for the keywords it has a flag of (``flags``: its
+    options' names); others stay keywords, never a flag it does not have."""
+    known = set(flags)
+
     def flag(m: "re.Match[str]") -> str:
-        value = m.group(2)
-        return "--" + m.group(1).replace("_", "-") + (f" {value}" if value else "")
+        key, value = FLAG_OF_KEYWORD.get(m.group(1), m.group(1)), m.group(2)
+        if key not in known:
+            return m.group(0)
+        return "--" + key.replace("_", "-") + (f" {value}" if value else "")
     return re.sub(r"\b([a-z][a-z0-9_]*)=([^\s,;:)]*)", flag, message)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    flags = list(vars(args))
     try:
-        summary = train(parse_args(argv))
+        summary = train(args)
     except dsc.OptionsError as e:
-        raise SystemExit(f"train.py: {as_flags(str(e))}") from None
+        raise SystemExit(f"train.py: {as_flags(str(e), flags)}") from None
     except dsc.StateError as e:
         # A checkpoint's loader state the loader cannot continue here (e.g. a bucketed order
         # at another global batch).

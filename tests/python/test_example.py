@@ -356,6 +356,34 @@ def test_the_loaders_refusals_name_the_scripts_flags(train_script, icecube_cache
             train_script.main(["--cache", str(icecube_cache), "--json", *SMALL, *extra])
 
 
+def test_every_number_that_reaches_torch_is_checked_first(train_script, icecube_cache, capsys):
+    """Issue 52 (6, 20): what dsc-train refuses at the start, the script refuses too, with one
+    line naming the flag: no traceback from torch, no NaN weights saved with exit code 0."""
+    for extra, words in [
+        (["--lr", "nan"], "--lr nan: must be a positive number"),
+        (["--lr", "inf"], "--lr inf: must be a positive number"),
+        (["--lr", "0"], "--lr 0.0: must be a positive number"),
+        (["--weight-decay", "nan"], "--weight-decay nan: must be zero or a positive number"),
+        (["--clip", "-1"], "--clip -1.0: must be zero (off)"),
+        (["--seed", str(2**64)], "--seed 18446744073709551616: must be between 0 and"),
+        (["--seed", "-1"], "--seed -1: must be between 0 and"),
+        (["--epochs", "0"], "--epochs 0: must be between 1 and"),
+        (["--epochs", "-1"], "--epochs -1: must be between 1 and"),
+        (["--loader-threads", "100000"], "--loader-threads 100000: must be between 1 and 1024"),
+        (["--eval-split", "train"], "--eval-split train: the split trained on"),
+        (["--eval-split", "nope"], "--eval-split nope: the cache has no such split"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            train_script.main(["--cache", str(icecube_cache), "--json", *SMALL, *extra])
+        said = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err
+        assert e.value.code not in (0, None), extra
+        assert words in said and "Traceback" not in said, (extra, said)
+    # A loader message names this script's flags, and never one it does not have.
+    named = train_script.as_flags("num_threads=0 is bad; pack=8 too; shuffle=x",
+                                  ["pack", "loader_threads"])
+    assert named == "--loader-threads 0 is bad; --pack 8 too; shuffle=x"
+
+
 def test_a_resume_keeps_what_the_machine_chose(train_script, icecube_cache, tmp_path,
                                                monkeypatch):
     """A run records what it chose from its machine (device, precision, attention, trimming
