@@ -94,7 +94,8 @@ struct Report {
 pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
     let spec = resolve_spec(&a)?;
     if a.print_spec {
-        print!("{}", toml::to_string(&spec)?);
+        use std::io::Write as _;
+        write!(std::io::stdout(), "{}", toml::to_string(&spec)?)?;
         return Ok(0);
     }
     let Some(out) = a.out.clone() else {

@@ -50,7 +50,7 @@ pub fn run(a: DigitSplitArgs) -> anyhow::Result<u8> {
         std::fs::write(path, &out).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if a.json {
-        println!("{{\"values\": {}, \"seconds\": {seconds}}}", values.len());
+        crate::output::outln!("{{\"values\": {}, \"seconds\": {seconds}}}", values.len());
     } else {
         outln!("split {} values in {:.1} ms", values.len(), seconds * 1e3);
     }

@@ -14,9 +14,12 @@ use std::io::IsTerminal;
 
 /// True when the error is a closed stdout (e.g. `dsc inspect | head`), which is not a failure.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    let broken = Some(std::io::ErrorKind::BrokenPipe);
     e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>().map(|io| io.kind()) == broken
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(|j| j.io_error_kind())
+                == broken
     })
 }
 
@@ -73,7 +76,12 @@ pub fn bold(s: &str) -> String {
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
+    // A write that fails is the write's error (a closed pipe is then seen as one), not a
+    // serialization error wrapping it.
+    serde_json::to_writer_pretty(&mut out, value).map_err(|e| match e.io_error_kind() {
+        Some(kind) => anyhow::Error::new(std::io::Error::new(kind, e)),
+        None => e.into(),
+    })?;
     writeln!(out)?;
     Ok(())
 }

@@ -459,3 +459,45 @@ fn report_renders_every_plot_in_a_real_browser() {
         );
     }
 }
+
+/// Issue 52 C7: a command whose reader goes away (`dsc show … | head`) stops quietly, exit 0,
+/// as command-line tools do: every printing command, JSON or text. Its stdout here is a pipe
+/// whose reader is closed before it starts, so its first write fails.
+#[test]
+fn every_command_stops_quietly_when_its_reader_goes_away() {
+    let dir = Dir::new();
+    sequences_cache(&dir);
+    let commands: &[&[&str]] = &[
+        &["inspect", "cache"],
+        &["inspect", "cache", "--json"],
+        &["inspect", "cache", "--shards", "--json"],
+        &["inspect", "cache", "--column", "amount"],
+        &["show", "cache", "--index", "0"],
+        &["show", "cache", "--index", "0", "--json"],
+        &["order", "cache", "--batch-size", "4", "--keys"],
+        &["order", "cache", "--batch-size", "4", "--json"],
+        &["log", "cache", "--json"],
+        &["verify", "cache"],
+        &[
+            "compile",
+            "seq/transactions",
+            "--key",
+            "customer_id",
+            "--print-spec",
+        ],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+            .args(*args)
+            .current_dir(dir.path())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "dsc {}: {err}", args.join(" "));
+        assert!(err.is_empty(), "dsc {}: {err}", args.join(" "));
+    }
+}
