@@ -440,7 +440,7 @@ fn mismatched_null_and_repeated_string_keys_are_refused_by_file_column_and_row()
     );
     let err = run("tx", "tx/customers.parquet");
     assert!(
-        err.contains("appears twice") && err.contains("(rows 0 and 5)"),
+        err.contains("appears twice") && err.contains("(row 0 and row 5)"),
         "{err}"
     );
 }
@@ -552,4 +552,59 @@ fn a_remote_cache_with_key_tables_verifies_as_a_local_one() {
         assert_eq!(out.status.code(), Some(1), "{style}: {err}");
         assert!(err.contains(&table), "{style}: {err}");
     }
+}
+
+/// Issue 52 C8: a key in two list files names both files and rows ("(row 1 of p3.parquet and
+/// row and 2)" before).
+#[test]
+fn a_key_in_two_list_files_names_both() {
+    let dir = Dir::new();
+    gen_sequences_as(
+        &dir,
+        "seq",
+        (90, 3),
+        &["--key-type", "string", "--layout", "lists"],
+    );
+    let mut files: Vec<String> = std::fs::read_dir(dir.join("seq/lists"))
+        .unwrap()
+        .map(|e| format!("seq/lists/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    files.sort();
+    for (file, dup) in [(&files[0], 1), (&files[2], 2)] {
+        replace_column(&dir.join(file), "customer_id", |_, batch| {
+            let col = batch
+                .column_by_name("customer_id")
+                .unwrap()
+                .as_string::<i32>();
+            arc(arrow_array::StringArray::from_iter_values(
+                (0..col.len()).map(|i| match i == dup {
+                    true => "twice".to_string(),
+                    false => col.value(i).to_string(),
+                }),
+            ))
+        });
+    }
+    let err = dsc(
+        dir.path(),
+        &[
+            "compile",
+            "seq/lists",
+            "--key",
+            "customer_id",
+            "--order-by",
+            "ts",
+            "--targets",
+            "lifetime_value",
+            "--features",
+            "amount",
+            "--out",
+            "c",
+        ],
+    )
+    .fails(2);
+    let expected = format!(
+        "{}: key \"twice\" appears twice in column \"customer_id\" (row 1 of {} and row 2)",
+        files[2], files[0]
+    );
+    assert!(err.contains(&expected), "{err}");
 }

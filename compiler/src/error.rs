@@ -158,7 +158,7 @@ pub enum CompileError {
         second: String,
     },
     /// The context table holds a key twice.
-    #[error("{path}: key {key} appears twice in column {column:?} ({first} and {row})")]
+    #[error("{path}: key {key} appears twice in column {column:?} ({first} and row {row})")]
     DuplicateKey {
         /// The file of the repeating row.
         path: PathBuf,
@@ -166,8 +166,8 @@ pub enum CompileError {
         column: String,
         /// The key.
         key: String,
-        /// The first row: `rows 3` (to read "rows 3 and 9"), or `row 3 of FILE and row` where
-        /// it is in another file than the repeat.
+        /// The first row: `row 3`, or `row 3 of FILE` where it is in another file than the
+        /// repeat.
         first: String,
         /// The repeating row.
         row: u64,

@@ -48,9 +48,9 @@ impl KeyIndex {
                         column: column.into(),
                         key: text.map_or_else(|| k.to_string(), |t| format!("{t:?}")),
                         first: if first_path == path {
-                            format!("rows {first_row}")
+                            format!("row {first_row}")
                         } else {
-                            format!("row {first_row} of {} and row", first_path.display())
+                            format!("row {first_row} of {}", first_path.display())
                         },
                         row: at,
                     }

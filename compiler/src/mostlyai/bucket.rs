@@ -214,11 +214,15 @@ impl<'s> Setup<'s> {
         for (row, &k) in ctx.keys.iter().enumerate() {
             if let Some(&first) = index.get(&k) {
                 let (path, row) = ctx.locate(row);
+                let (first_path, first_row) = ctx.locate(first as usize);
                 return Err(CompileError::DuplicateKey {
                     path: path.into(),
                     column: self.ctx.key.clone(),
                     key: k.to_string(),
-                    first: format!("rows {}", ctx.locate(first as usize).1),
+                    first: match first_path == path {
+                        true => format!("row {first_row}"),
+                        false => format!("row {first_row} of {}", first_path.display()),
+                    },
                     row,
                 });
             }
