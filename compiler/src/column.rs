@@ -141,8 +141,13 @@ pub(crate) fn classify(dt: &DataType) -> Option<TypeInfo> {
         DataType::Float32 => (Kind::F32, 1.0),
         DataType::Boolean => (Kind::Bool, 1.0),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => (Kind::Str, 1.0),
+        // Every string kind Arrow has, dictionary-encoded or not (polars' Categorical and
+        // Enum arrive as dictionaries of string views).
         DataType::Dictionary(_, value)
-            if matches!(**value, DataType::Utf8 | DataType::LargeUtf8) =>
+            if matches!(
+                **value,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) =>
         {
             (Kind::Str, 1.0)
         }
@@ -715,6 +720,7 @@ fn each_string(array: &ArrayRef, push: &mut dyn FnMut(Option<&str>)) {
             let values = any.values();
             let strings: Vec<Option<&str>> = match values.data_type() {
                 DataType::Utf8 => values.as_string::<i32>().iter().collect(),
+                DataType::Utf8View => values.as_string_view().iter().collect(),
                 _ => values.as_string::<i64>().iter().collect(),
             };
             for (i, k) in keys.iter().enumerate() {

@@ -107,7 +107,7 @@ def _is_table(value: Any) -> bool:
         kind.__module__.startswith("datasets") and hasattr(value, "with_format"))
 
 
-def _stream(value: Any) -> Any:
+def _stream(value: Any, role: str = "rows") -> Any:
     """The Arrow C stream (a PyCapsule) of a table in memory: its rows as the library holds
     them, without a copy where it can give them so."""
     kind = type(value)
@@ -120,7 +120,35 @@ def _stream(value: Any) -> Any:
         # as a column (`__index_level_0__`), which would change the input's fingerprint.
         import pyarrow as pa
         value = pa.Table.from_pandas(value, preserve_index=False)
+    elif kind.__module__.startswith("pyarrow") and hasattr(value, "read_next_batch"):
+        value = _read_checked(value, role)
     return value.__arrow_c_stream__()
+
+
+def _read_checked(reader: Any, role: str) -> Any:
+    """A pyarrow ``RecordBatchReader`` read whole, here in Python: an exception its source
+    raises (a generator's own, ``KeyboardInterrupt``) comes out as itself, and a batch whose
+    schema is not the reader's is refused, naming it (the Arrow C stream would hand its buffers
+    on under the reader's types: an int64 column read as doubles' bits)."""
+    import pyarrow as pa
+    schema = reader.schema
+    batches = []
+    for i, batch in enumerate(reader):
+        if not batch.schema.equals(schema):
+            theirs = {f.name: f.type for f in batch.schema}
+            for field in schema:
+                got = theirs.get(field.name)
+                if got != field.type:
+                    raise OptionsError(
+                        f"{role}=: batch {i + 1} of the RecordBatchReader has column "
+                        f"{field.name!r} as {got if got is not None else 'absent'}, where the "
+                        f"reader's schema says {field.type}; every batch must have the schema",
+                        option=role)
+            raise OptionsError(f"{role}=: batch {i + 1} of the RecordBatchReader has columns "
+                               f"{batch.schema.names}, the reader's schema "
+                               f"{schema.names}", option=role)
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 class _Tables:
@@ -129,13 +157,44 @@ class _Tables:
 
     def __init__(self) -> None:
         self.streams: List[Tuple[str, Any]] = []
+        # The named index levels of pandas DataFrames that are not also columns, by role:
+        # a DataFrame's index is not one of its columns (what a spec names).
+        self.indexes: List[Tuple[str, List[str]]] = []
 
     def take(self, value: Any, role: str) -> Any:
         if not _is_table(value):
             return value
+        kind = type(value)
+        if kind.__module__.startswith("pandas") and kind.__name__ == "DataFrame":
+            levels = [n for n in value.index.names if n is not None and n not in value.columns]
+            if levels:
+                self.indexes.append((role, [str(n) for n in levels]))
         placeholder = f"memory:{role}"
-        self.streams.append((placeholder, _stream(value)))
+        self.streams.append((placeholder, _stream(value, role)))
         return placeholder
+
+    def check_names(self, fields: Mapping[str, Any]) -> None:
+        """Refuses a spec naming the index of a DataFrame it was given, which the compile would
+        report as a missing column: says what the index is and how to keep it."""
+        if not self.indexes:
+            return
+        named: List[Tuple[str, str]] = []
+        for field in ("key", "order_by", "context_key", "split_by"):
+            if isinstance(fields.get(field), str):
+                named.append((field, fields[field]))
+        for field in ("targets", "features", "categorical", "context_features"):
+            value = fields.get(field) or []
+            named.extend((field, n) for n in ([value] if isinstance(value, str) else value))
+        named.extend(("encode", n) for n in (fields.get("encode") or {}))
+        named.extend(("joins", j.get("on")) for j in (fields.get("joins") or [])
+                     if isinstance(j, Mapping))
+        for role, levels in self.indexes:
+            for field, name in named:
+                if name in levels:
+                    raise OptionsError(
+                        f"{field}: {name!r} is the index of the DataFrame given as {role}, and a "
+                        "DataFrame's index is not one of its columns: pass df.reset_index() to "
+                        "keep it as a column", option=field)
 
     def joins(self, joins: Any, join: Any) -> Tuple[Any, Any]:
         join = self.take(join, "join")
@@ -356,6 +415,7 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
     if "joins" in options or "join" in options:
         options["joins"], options["join"] = tables.joins(options.get("joins"), options.get("join"))
     fields = _fields(rows, spec=spec, **options)
+    tables.check_names(fields)
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
     _dsc.compile(
@@ -422,6 +482,10 @@ def append(
         raise OptionsError("rows=[] names no rows file: give the new data's paths or globs",
                            option="rows")
     jl = _joins(joins, join, on)
+    if tables.indexes:
+        # The names are the cache's spec's: read only when a DataFrame has a named index.
+        recorded = Cache(path, cache_dir=cache_dir, storage_options=storage_options)
+        tables.check_names(recorded.manifest["spec"])
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
     drift = json.loads(_dsc.append(

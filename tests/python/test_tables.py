@@ -137,3 +137,71 @@ def test_what_is_not_a_table_and_a_partitioned_table_are_refused(sample: Path, t
         dsc.compile(bad, out=tmp_path / "bad", key="id", features=["x"])
     assert e.value.row == 1 and e.value.column == "x"
     assert not (tmp_path / "bad").exists()
+
+
+def _events(ids, xs) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(ids, pa.int64()), pa.array(range(len(ids)), pa.int64()),
+                            pa.array(xs)], names=["id", "t", "x"])
+
+
+def test_a_reader_of_batches_is_read_checked_and_its_source_errors_come_out_as_themselves(
+        tmp_path: Path) -> None:
+    """Issue 52 (10, 11): a batch with another schema is refused naming the batch, the column
+    and both types (an int64 column was read as doubles' bits, rc 0); an exception its source
+    raises, KeyboardInterrupt included, comes out as itself."""
+    schema = _events([1], [1.0]).schema
+    kwargs = dict(key="id", order_by="t", features=["x"], val_fraction=0.0)
+
+    def reader(last):
+        def batches():
+            for i in range(3):
+                yield _events([i, i], [1.0, 2.0])
+            if isinstance(last, BaseException):
+                raise last
+            yield last
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    with pytest.raises(dsc.OptionsError, match=r"batch 4 of the RecordBatchReader has column "
+                                               r"'x' as int64, where the reader's schema says double"):
+        dsc.compile(reader(_events([9, 9], [1, 2])), out=tmp_path / "typed", **kwargs)
+    assert not (tmp_path / "typed").exists()
+    for raised in (LookupError("the source went away"), KeyboardInterrupt()):
+        with pytest.raises(type(raised)):
+            dsc.compile(reader(raised), out=tmp_path / "raised", **kwargs)
+        assert not (tmp_path / "raised").exists()
+    # A whole reader compiles as its table.
+    good = dsc.compile(reader(_events([9, 9], [3.0, 4.0])), out=tmp_path / "good", **kwargs)
+    assert sorted(good.keys()) == [0, 1, 2, 9]
+
+
+def test_a_dataframes_index_and_every_string_kind(tmp_path: Path) -> None:
+    """Issue 52 (9, 12): a key that is a DataFrame's index is named as such, with the way to
+    keep it; polars' Categorical and Enum (dictionaries of string views), large strings and
+    string views are strings as any other."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"k": ["a", "b", "a", "c"], "t": [0, 1, 2, 3],
+                          "cat": ["x", "y", "x", "z"], "v": [1.0, 2.0, 3.0, 4.0]})
+    kwargs = dict(key="k", order_by="t", features=["v"], categorical=["cat"], val_fraction=0.0)
+    with pytest.raises(dsc.OptionsError, match=r"key: 'k' is the index of the DataFrame given "
+                                               r"as rows.*df.reset_index\(\)") as e:
+        dsc.compile(frame.set_index("k"), out=tmp_path / "indexed", **kwargs)
+    assert e.value.option == "key"
+    plain = dsc.compile(frame, out=tmp_path / "plain", **kwargs)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    kinds = {
+        "large": table.cast(pa.schema([("k", pa.large_string()), ("t", pa.int64()),
+                                       ("cat", pa.large_string()), ("v", pa.float64())])),
+        "view": table.cast(pa.schema([("k", pa.string_view()), ("t", pa.int64()),
+                                      ("cat", pa.string_view()), ("v", pa.float64())])),
+        "dictionary": table.set_column(
+            0, "k", pc.dictionary_encode(table["k"].cast(pa.string_view()))).set_column(
+            2, "cat", pc.dictionary_encode(table["cat"].cast(pa.string_view()))),
+    }
+    polars = pytest.importorskip("polars")
+    categorical = polars.from_pandas(frame).with_columns(
+        polars.col("k").cast(polars.Categorical),
+        polars.col("cat").cast(polars.Enum(["x", "y", "z"])))
+    for name, data in [*kinds.items(), ("polars", categorical)]:
+        cache = dsc.compile(data, out=tmp_path / name, **kwargs)
+        assert sorted(cache.keys()) == sorted(plain.keys()), name
+        assert data_files(tmp_path / name) == data_files(tmp_path / "plain"), name
