@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
+
+from ._errors import OptionsError
+
 
 def _torch():
     """torch, or None where it is not installed (dsc then gives NumPy arrays)."""
@@ -82,11 +86,22 @@ class Batch(dict):
     def to(self, *args: Any, **kwargs: Any) -> "Batch":
         """``tensor.to(*args, **kwargs)`` for every tensor, e.g. ``batch.to("cuda",
         non_blocking=True)``."""
+        self._need_torch("to")
         return self._like({k: v.to(*args, **kwargs) for k, v in self.items()})
 
     def pin_memory(self, *args: Any) -> "Batch":
         """Every tensor in page-locked memory (a copy)."""
+        self._need_torch("pin_memory")
         return self._like({k: v.pin_memory(*args) for k, v in self.items()})
+
+    def _need_torch(self, method: str) -> None:
+        """Refuses a torch method on a batch of NumPy arrays (``format="numpy"``, or no torch
+        installed), saying so, rather than an AttributeError of ``numpy.ndarray``."""
+        if any(isinstance(v, np.ndarray) for v in self.values()):
+            hint = ("install PyTorch (pip install torch) and load with format='torch'"
+                    if _torch() is None else "load with format='torch'")
+            raise OptionsError(f"Batch.{method}() moves torch tensors, and this batch holds "
+                               f"NumPy arrays: {hint}", option="format")
 
     def __reduce__(self):
         return (Batch, (dict(self), self.epoch, self.step, self.seq_len, self.valid, self._pack))

@@ -260,7 +260,7 @@ class Cache:
         ``len()`` gives its own)."""
         for name, value in (("batch_size", batch_size), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
-                raise OptionsError(f"{name}={value!r}: expected a positive integer")
+                raise OptionsError(f"{name}={value!r}: expected a positive integer", option=name)
         options = dict(order=dict(split=split, drop_last=bool(drop_last), shuffle=False),
                        batch_size=batch_size, world_size=world_size, threads=0)
         return self._handle.plan(json.dumps(options))[0]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _dsc
 from ._cache import Cache, remote_json
-from ._errors import OptionsError
+from ._errors import OptionsError, boolean
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -74,7 +74,7 @@ def _names(value: Union[str, Iterable[str], None], what: str) -> Optional[List[s
         return [v.strip() for v in value.split(",") if v.strip()]
     names = list(value)
     if not all(isinstance(v, str) for v in names):
-        raise OptionsError(f"{what}: expected column names, got {value!r}")
+        raise OptionsError(f"{what}: expected column names, got {value!r}", option=what)
     return names
 
 
@@ -89,7 +89,8 @@ def _encode(value: Union[Mapping[str, str], Iterable[str], None]) -> Optional[Di
     for item in value:
         col, sep, chain = str(item).partition("=")
         if not sep:
-            raise OptionsError(f"encode {item!r}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore")
+            raise OptionsError(f"encode {item!r}: expected COLUMN=CHAIN, e.g. charge=log1p,zscore",
+                               option="encode")
         out[col.strip()] = chain.strip()
     return out
 
@@ -227,18 +228,39 @@ def _joins(
             try:
                 file, col = j
             except (TypeError, ValueError):
-                raise OptionsError(f"joins: expected (file, on) pairs, got {j!r}") from None
+                raise OptionsError(f"joins: expected (file, on) pairs, got {j!r}",
+                                   option="joins") from None
         if file is None or col is None:
-            raise OptionsError(f"joins: expected (file, on) pairs, got {j!r}")
+            raise OptionsError(f"joins: expected (file, on) pairs, got {j!r}", option="joins")
         out.append({"file": os.fspath(file), "on": str(col)})
     return out
+
+
+def _compress(value: Any) -> Optional[str]:
+    """``compress=``: a codec's name or None."""
+    if value is None or isinstance(value, str):
+        return value
+    raise OptionsError(f"compress={value!r}: expected a codec's name ('zstd') or None",
+                       option="compress")
+
+
+def _path(name: str, value: Any) -> str:
+    """A file keyword: a path (str or os.PathLike), or an OptionsError naming the keyword."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise OptionsError(f"{name}={value!r:.80}: expected a path (a str or os.PathLike)"
+                       + ("; a table in memory is taken as rows=, context= or join="
+                          if name != "context" else
+                          "; a table in memory (pyarrow, pandas, polars) is taken too, but not "
+                          "an iterator of rows"), option=name)
 
 
 def _int(name: str, value: Any, low: int = 0, high: int = 2**64 - 1) -> int:
     """An integer keyword in ``[low, high]``: never a bool, a float or a string, which would
     otherwise be truncated or fail in the extension as TypeError or OverflowError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
-        raise OptionsError(f"{name}={value!r}: expected an integer in [{low}, {high}]")
+        raise OptionsError(f"{name}={value!r}: expected an integer in [{low}, {high}]",
+                           option=name)
     return int(value)
 
 
@@ -248,10 +270,10 @@ def _size(name: str, value: Any) -> int:
         try:
             return _dsc.parse_size(value)
         except OptionsError as e:
-            raise OptionsError(f"{name}={value!r}: {e}") from None
+            raise OptionsError(f"{name}={value!r}: {e}", option=name) from None
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
         raise OptionsError(f"{name}={value!r}: a size is a whole number of bytes or a string "
-                           "such as \"64MiB\"")
+                           "such as \"64MiB\"", option=name)
     return _int(name, value, 0, 2**63 - 1)
 
 
@@ -310,7 +332,7 @@ def _fields(
         fit_from = fit_from.path
     for name, value in (("context", context), ("val_keys", val_keys), ("fit_from", fit_from)):
         if value is not None:
-            fields[name] = os.fspath(value)
+            fields[name] = _path(name, value)
     for name, value in (("targets", targets), ("context_features", context_features),
                         ("features", features), ("categorical", categorical)):
         names = _names(value, name)
@@ -331,6 +353,10 @@ def _fields(
             value = value.item() if isinstance(value, np.generic) else value
             if isinstance(value, float) and not math.isfinite(value):
                 raise OptionsError(f"{name}={value!r}: not a value this option takes", option=name)
+            if name in ("max_len", "split_seed", "seed", "partitions", "ngram_vocab"):
+                # A count or a seed: an integer of 64 bits, said here (JSON would carry 2**64
+                # as a float, and True as a number).
+                value = _int(name, value)
             fields[name] = value
     # A split assignment given here replaces the spec file's, whichever kind.
     if split_by is not None or split_keys is not None:
@@ -340,8 +366,7 @@ def _fields(
         if not isinstance(split_keys, Mapping):
             raise OptionsError(
                 f"split_keys={split_keys!r}: expected a dict of split name to key file, "
-                "e.g. {'test': 'test_ids.txt'}"
-            )
+                "e.g. {'test': 'test_ids.txt'}", option="split_keys")
         fields["split_keys"] = {str(k): os.fspath(v) for k, v in split_keys.items()}
     if shard_size is not None:
         fields["shard_size"] = _size("shard_size", shard_size)
@@ -422,10 +447,10 @@ def compile(  # noqa: A001 (dsc.compile mirrors `dsc compile`)
         json.dumps(fields),
         None if spec is None else os.fspath(spec),
         os.fspath(out),
-        bool(force),
-        bool(progress),
+        boolean("force", force),
+        boolean("progress", progress),
         None if max_memory is None else _size("max_memory", max_memory),
-        compress,
+        _compress(compress),
         None if compress_level is None else _int("compress_level", compress_level, -(2**31), 2**31 - 1),
         remote_json(cache_dir, None, storage_options),
         tables.streams,
@@ -493,7 +518,7 @@ def append(
         [os.fspath(r) for r in given],
         None if context is None else os.fspath(context),
         None if jl is None else [(j["file"], j["on"]) for j in jl],
-        bool(progress),
+        boolean("progress", progress),
         None if max_memory is None else _size("max_memory", max_memory),
         remote_json(cache_dir, None, storage_options),
         tables.streams,
@@ -532,7 +557,7 @@ def compile_stage(
     Indexed Jobs; see docs/SCALE.md); a repeated task writes the same bytes.
     """
     if stage not in _STAGES:
-        raise OptionsError(f"stage={stage!r}: expected one of {_STAGES}")
+        raise OptionsError(f"stage={stage!r}: expected one of {_STAGES}", option="stage")
     if isinstance(partition, str):
         i_text, sep, n_text = partition.partition("/")
         try:
@@ -540,14 +565,16 @@ def compile_stage(
                 raise ValueError
             index, count = int(i_text), int(n_text)
         except ValueError:
-            raise OptionsError(f"partition={partition!r}: expected 'I/N', e.g. '0/4'") from None
+            raise OptionsError(f"partition={partition!r}: expected 'I/N', e.g. '0/4'",
+                               option="partition") from None
     else:
         try:
             index, count = (int(v) for v in partition)
         except (TypeError, ValueError):
-            raise OptionsError(f"partition={partition!r}: expected (i, n)") from None
+            raise OptionsError(f"partition={partition!r}: expected (i, n)",
+                               option="partition") from None
     if not 0 <= index < count:
-        raise OptionsError(f"partition={partition!r}: need 0 <= i < n")
+        raise OptionsError(f"partition={partition!r}: need 0 <= i < n", option="partition")
     given = [rows, options.get("context"), options.get("join")]
     given += [j[0] if isinstance(j, (tuple, list)) else j.get("file") if isinstance(j, Mapping)
               else j for j in options.get("joins") or []]
@@ -563,7 +590,7 @@ def compile_stage(
         index,
         count,
         None if max_memory is None else _size("max_memory", max_memory),
-        bool(progress),
+        boolean("progress", progress),
     )
     return json.loads(report)
 
@@ -578,5 +605,6 @@ def merge(out: PathLike, *, force: bool = False, progress: Optional[bool] = None
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
     level = None if compress_level is None else _int("compress_level", compress_level, -(2**31), 2**31 - 1)
-    _dsc.merge(os.fspath(out), bool(force), bool(progress), compress, level)
+    _dsc.merge(os.fspath(out), boolean("force", force), boolean("progress", progress),
+               _compress(compress), level)
     return Cache(out)

@@ -55,3 +55,13 @@ class StateError(Error, ValueError):
 class WorkerError(Error, RuntimeError):
     """A loader used in a process it was not made in (a DataLoader worker, a fork), or by two
     threads at once (one iterator at a time)."""
+
+
+def boolean(name: str, value: Any) -> bool:
+    """A keyword that is a flag: ``True`` or ``False`` (NumPy's too), nothing else. ``bool()``
+    of anything else lies: ``"False"`` and ``"no"`` are true, ``None`` is false where the
+    default may be ``True``."""
+    if isinstance(value, bool) or (type(value).__module__ == "numpy"
+                                   and type(value).__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise OptionsError(f"{name}={value!r}: expected True or False", option=name)

@@ -17,7 +17,7 @@ from . import _dsc, _resident, _static
 from ._batch import FORK_ADVICE, Batch, _torch
 from ._cache import Cache, PathLike, shared
 from ._epochs import _CudaCopy, _Epoch, _PinnedEpoch, _ResidentEpoch, _StagedEpoch
-from ._errors import CacheError, OptionsError, StateError, WorkerError
+from ._errors import CacheError, OptionsError, StateError, WorkerError, boolean
 
 STATE_VERSION = 1
 
@@ -263,9 +263,19 @@ class Loader:
         # What made this loader, so that a state of another generation of its caches can make
         # it again over that generation (load_state_dict).
         self._made_with = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        shuffle, drop_last, bucket, trim = (boolean("shuffle", shuffle),
+                                            boolean("drop_last", drop_last),
+                                            boolean("bucket", bucket), boolean("trim", trim))
+        pin_memory, copy, pad_windows = (boolean("pin_memory", pin_memory),
+                                         boolean("copy", copy),
+                                         boolean("pad_windows", pad_windows))
+        static, gather_in_step, follow = (boolean("static", static),
+                                          boolean("gather_in_step", gather_in_step),
+                                          boolean("follow", follow))
         given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
         if not given:
-            raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix")
+            raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix",
+                               option="cache")
         if generation is not None and any(isinstance(c, Cache) for c in given):
             raise OptionsError("generation= opens a cache by its path: a dsc.Cache given is "
                                "already open at its generation (dsc.open(path, generation=...))",
@@ -284,23 +294,28 @@ class Loader:
         if format is None:
             format = "torch" if torch is not None else "numpy"
         if format not in ("torch", "numpy"):
-            raise OptionsError(f"format={format!r}: expected 'torch' or 'numpy'")
+            raise OptionsError(f"format={format!r}: expected 'torch' or 'numpy'", option="format")
         if format == "torch" and torch is None:
-            raise OptionsError("format='torch' needs PyTorch (pip install torch); or use format='numpy'")
+            raise OptionsError("format='torch' needs PyTorch (pip install torch); or use format='numpy'", option="format")
         self.format = format
         self.device = None
         self.pin_memory = bool(pin_memory)
         if device is not None:
             if format != "torch":
-                raise OptionsError("device= needs format='torch'")
-            self.device = torch.device(device)
+                raise OptionsError("device= needs format='torch'", option="device")
+            try:
+                self.device = torch.device(device)
+            except (RuntimeError, TypeError, ValueError) as e:
+                raise OptionsError(f"device={device!r}: not a device torch knows ({e}); e.g. "
+                                   "'cpu', 'cuda', 'cuda:1'", option="device") from None
             if self.device.type == "cuda":
                 if not torch.cuda.is_available():
-                    raise OptionsError(f"device={device!r}, but torch sees no CUDA device")
+                    raise OptionsError(f"device={device!r}, but torch sees no CUDA device",
+                                       option="device")
                 self.pin_memory = True
         if self.pin_memory:
             if format != "torch":
-                raise OptionsError("pin_memory=True needs format='torch'")
+                raise OptionsError("pin_memory=True needs format='torch'", option="pin_memory")
             if not torch.cuda.is_available():
                 warnings.warn(
                     "dsc.Loader: pin_memory=True but no GPU is available; loading into ordinary memory",
@@ -324,7 +339,7 @@ class Loader:
         if columns is not None:
             columns = [columns] if isinstance(columns, str) else list(columns)
             if not columns:
-                raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass None for all")
+                raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass None for all", option="columns")
         if horizon_columns is not None:
             if not isinstance(horizon_columns, (str, list, tuple)):
                 raise OptionsError(f"horizon_columns={horizon_columns!r}: expected a column name "
@@ -419,9 +434,11 @@ class Loader:
     def _resident_choice(self, resident: Optional[bool], budget: Union[int, str, None]):
         """The device the split is kept on (``resident=``), or None for the host path."""
         if resident is not None and not isinstance(resident, bool):
-            raise OptionsError(f"resident={resident!r}: expected True, False or None")
+            raise OptionsError(f"resident={resident!r}: expected True, False or None",
+                               option="resident")
         if budget is not None and not isinstance(budget, (str, int)) or isinstance(budget, bool):
-            raise OptionsError(f"resident_budget={budget!r}: expected bytes or a size like '8GiB'")
+            raise OptionsError(f"resident_budget={budget!r}: expected bytes or a size like '8GiB'",
+                               option="resident_budget")
         if resident is False:
             return None
         if self.series is not None:
@@ -456,8 +473,7 @@ class Loader:
                 raise OptionsError(
                     f"resident=True: split {self.split!r} of {self.cache.path} takes {need:,} "
                     f"bytes on {device}, more than resident_budget={limit:,}; raise the "
-                    "budget, load fewer columns=, or leave the split on the host (resident=False)"
-                )
+                    "budget, load fewer columns=, or leave the split on the host (resident=False)", option="resident")
             return None
         return device
 

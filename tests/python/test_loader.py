@@ -485,6 +485,34 @@ def test_bad_arguments_raise_dsc_errors(cache_dir: Path, tmp_path: Path) -> None
     assert issubclass(dsc.OptionsError, ValueError)
 
 
+def test_flags_are_booleans_and_every_refusal_names_its_keyword(cache_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """Issue 52 (16): `shuffle="False"` shuffled, `drop_last="no"` dropped, `drop_last=None`
+    meant False; `device="tpu"`, `compress=True`, `context=<generator>` raised bare errors;
+    `max_len=2**64` was reported as a float."""
+    for keyword in ("shuffle", "drop_last", "bucket", "trim", "copy", "pin_memory",
+                    "pad_windows", "static", "gather_in_step", "follow"):
+        for value in ("False", "no", None, 0, 1.0):
+            with pytest.raises(dsc.OptionsError, match=f"{keyword}=.*expected True or False") as e:
+                dsc.Loader(cache_dir, batch_size=8, **{keyword: value})
+            assert e.value.option == keyword
+    assert not dsc.Loader(cache_dir, batch_size=8, shuffle=np.bool_(False)).shuffle
+    torch = pytest.importorskip("torch")
+    with pytest.raises(dsc.OptionsError, match="device='tpu'") as e:
+        dsc.Loader(cache_dir, batch_size=8, device="tpu")
+    assert e.value.option == "device"
+    compile_kwargs = dict(key="event_id", features=["charge"], out=tmp_path / "c")
+    rows = str(cache_dir.parent / "data/train/batch_1.parquet")
+    for kwargs, keyword in [(dict(compress=True), "compress"), (dict(force="yes"), "force"),
+                            (dict(context=(r for r in [1, 2])), "context"),
+                            (dict(max_len=2**64), "max_len"), (dict(max_len=True), "max_len"),
+                            (dict(seed=-1), "seed")]:
+        with pytest.raises(dsc.OptionsError, match=f"{keyword}=") as e:
+            dsc.compile(rows, **{**compile_kwargs, **kwargs})
+        assert e.value.option == keyword, kwargs
+    assert torch is not None
+
+
 def test_a_refused_loader_still_has_a_repr(cache_dir: Path) -> None:
     """Tracebacks (pytest's, a notebook's) and debuggers show `self` of the __init__ that
     raised: its repr must say what it is instead of raising over the first error."""
@@ -1048,3 +1076,13 @@ def test_a_failed_batch_on_the_fill_path_closes_once_and_retries(cache_dir: Path
     loader.close()
     got += [b["key"] for b in loader]
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_numpy_batch_says_that_moving_it_needs_torch(cache_dir: Path) -> None:
+    """Issue 52 (21): `.to()` and `.pin_memory()` of a batch of NumPy arrays said
+    AttributeError of numpy.ndarray."""
+    batch = next(iter(dsc.Loader(cache_dir, batch_size=4, format="numpy")))
+    for move in (lambda: batch.to("cpu"), batch.pin_memory):
+        with pytest.raises(dsc.OptionsError, match=r"holds NumPy arrays: .*format='torch'") as e:
+            move()
+        assert e.value.option == "format"
