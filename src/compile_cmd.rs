@@ -18,8 +18,7 @@ use std::time::Instant;
 pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     let base = match &a.spec {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read spec file {}", path.display()))?;
+            let text = crate::side_file::read_text(path, "spec file")?;
             // Parsed as a spec first, so a bad key or value is named with its line.
             let file: CompileSpec = toml::from_str(&text)
                 .with_context(|| format!("{}: invalid spec", path.display()))?;

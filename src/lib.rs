@@ -14,6 +14,7 @@ mod order_cmd;
 mod output;
 mod report_cmd;
 mod show_cmd;
+mod side_file;
 mod storage_cmd;
 mod upload;
 mod verify_cmd;

@@ -170,8 +170,7 @@ fn describe(batches: &Batches) -> String {
 
 /// The content ids a state file records (one per cache of a mix), if it records them.
 fn state_content(path: &std::path::Path) -> anyhow::Result<Option<Vec<String>>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = crate::side_file::read_text(path, "state file")?;
     let written: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a loader state", path.display()))?;
     Ok(written
@@ -188,8 +187,7 @@ fn read_state(
     asked: &OrderSpec,
     a: &OrderArgs,
 ) -> anyhow::Result<State> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = crate::side_file::read_text(path, "state file")?;
     let state: State = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a loader state", path.display()))?;
     // A state Python wrote names the data it was taken over (a mix's joined by +): it

@@ -811,6 +811,75 @@ fn inputs_in_object_storage_compile_to_the_cache_of_the_same_files_on_disk() {
     let (code, err) = run(&none);
     assert_eq!(code, 2);
     assert!(err.contains("train/*.csv"), "{err}");
+    // A key file in object storage, as rows are (issue 52 C14: "No such file or directory").
+    let ids: Vec<i64> = Table::read(&dir.join("data/train_meta.parquet")).i64s("event_id");
+    let listed: Vec<String> = ids.iter().step_by(7).map(i64::to_string).collect();
+    store
+        .put(
+            "keys/test.txt",
+            format!("{}\n", listed.join("\n")).into_bytes(),
+        )
+        .unwrap();
+    let split_keys = format!("test={bucket}/keys/test.txt");
+    ok(args(
+        "keyed",
+        true,
+        &["--split-keys", &split_keys, "--empty-contexts", "drop"],
+    ));
+    let keyed = manifest(&dir.join("keyed"));
+    let test = keyed["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "test")
+        .map(|s| s["contexts"].as_u64().unwrap());
+    assert!(test.is_some_and(|n| n > 0), "{keyed}");
+    // A spec file in object storage too: the same cache as its flags.
+    let printed = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(args("unused", true, &["--print-spec"]))
+        .current_dir(dir.path())
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    assert!(printed.status.success());
+    store.put("spec/dsc.toml", printed.stdout).unwrap();
+    ok(vec![
+        "compile".into(),
+        "--spec".into(),
+        format!("{bucket}/spec/dsc.toml"),
+        "--out".into(),
+        "from-spec".into(),
+        "-q".into(),
+    ]);
+    assert!(
+        data("from-spec") == data("remote"),
+        "the spec file's cache differs"
+    );
+    // Rows named by an object that is not there: "no such object", not a pattern (issue 52
+    // C13: ".../nope.parquet/*.parquet: the pattern matched nothing" before).
+    let mut absent = args("x", true, &[]);
+    absent[1] = format!("{bucket}/data/train/nope.parquet");
+    let (code, err) = run(&absent);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(&format!(
+            "{bucket}/data/train/nope.parquet: no such object (nor a folder of .parquet objects)"
+        )),
+        "{err}"
+    );
+    // No credentials at all: said so, with where the client looked.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(["inspect", "s3://dsc-no-such-bucket/cache"])
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no credentials found (looked in AWS_ACCESS_KEY_ID"),
+        "{err}"
+    );
 }
 
 /// Issue 52 A3: names reach the store as given, in the cache's URL and in every input's: a

@@ -87,6 +87,14 @@ pub(crate) fn resolve(pattern: &str) -> Result<Vec<PathBuf>> {
                     Err(StoreError::NotFound { .. }) => {}
                     Err(e) => return Err(store_err(e)),
                 }
+                // Not an object: a folder of them, or nothing at all (said as such).
+                let folder = pattern.trim_end_matches('/');
+                if client(folder)?.list().map_err(store_err)?.is_empty() {
+                    return Err(store_err(StoreError::Url {
+                        url: pattern.to_string(),
+                        problem: "no such object (nor a folder of .parquet objects)".into(),
+                    }));
+                }
             }
             (pattern.trim_end_matches('/'), None)
         }

@@ -321,7 +321,16 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
 ///
 /// A file that lists no key is refused: a split asked for would be empty.
 pub(crate) fn read_key_list(path: &Path, key_type: KeyType) -> Result<Vec<(i64, usize, String)>> {
-    let text = std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?;
+    // A key file takes a URL wherever rows do.
+    let text = match crate::remote::is_url(path) {
+        true => String::from_utf8(crate::remote::get(path)?).map_err(|e| {
+            CompileError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+            )
+        })?,
+        false => std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?,
+    };
     let json = matches!(
         path.extension().and_then(|e| e.to_str()),
         Some("jsonl" | "json")

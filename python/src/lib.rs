@@ -642,12 +642,24 @@ fn spec_from(
 ) -> PyResult<CompileSpec> {
     let base = match spec_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
+            // A URL wherever rows take one, with the environment's store options.
+            let location = path.to_string_lossy();
+            let options = match dsc_store::is_remote(&location) {
+                true => {
+                    dsc_loader::RemoteOptions::from_env()
+                        .map_err(|e| options_error(py, &e.to_string()))?
+                        .store
+                }
+                false => Vec::new(),
+            };
+            let cannot = |e: &dyn std::fmt::Display| {
                 options_error(
                     py,
                     &format!("{}: cannot read the spec file: {e}", path.display()),
                 )
-            })?;
+            };
+            let bytes = dsc_store::read_location(&location, &options).map_err(|e| cannot(&e))?;
+            let text = String::from_utf8(bytes).map_err(|e| cannot(&e))?;
             // Parsed as a spec first, so a bad key or value is named with its line.
             let file: CompileSpec = toml::from_str(&text).map_err(|e| {
                 options_error(py, &format!("{}: invalid spec file: {e}", path.display()))

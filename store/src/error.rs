@@ -21,6 +21,17 @@ pub enum StoreError {
         /// The URL given.
         url: String,
     },
+    /// No credentials were found for the store: it fell back to the cloud's instance metadata
+    /// service, which this machine has not.
+    #[error(
+        "{url}: no credentials found (looked in {looked}); give them there, or as store options"
+    )]
+    NoCredentials {
+        /// The URL given.
+        url: String,
+        /// Where the store's client looked, in order.
+        looked: &'static str,
+    },
     /// No object at this URL.
     #[error("{url}: not found")]
     NotFound {
@@ -103,10 +114,32 @@ impl StoreError {
             "ContainerNotFound",
             "The specified bucket does not exist",
         ];
+        // Without credentials in the environment or the configuration files, each client
+        // asks the instance metadata service; off a cloud machine that request fails, and its
+        // error names an internal address rather than what is missing.
+        const METADATA: [&str; 2] = ["169.254.169.254", "metadata.google.internal"];
         match e {
             object_store::Error::NotFound { .. } => StoreError::NotFound { url },
             source if NO_BUCKET.iter().any(|m| source.to_string().contains(m)) => {
                 StoreError::NoBucket { url }
+            }
+            source if METADATA.iter().any(|m| source.to_string().contains(m)) => {
+                let looked = match url.split_once("://").map(|(s, _)| s) {
+                    Some("gs") => {
+                        "GOOGLE_APPLICATION_CREDENTIALS and GOOGLE_SERVICE_ACCOUNT, the gcloud \
+                         application default credentials file, the instance metadata service"
+                    }
+                    Some("az" | "adl" | "azure" | "abfs" | "abfss") => {
+                        "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, AZURE_CLIENT_ID with \
+                         its secret, the instance metadata service"
+                    }
+                    _ => {
+                        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE in \
+                         ~/.aws/credentials and ~/.aws/config, AWS_WEB_IDENTITY_TOKEN_FILE, the \
+                         instance metadata service"
+                    }
+                };
+                StoreError::NoCredentials { url, looked }
             }
             source => StoreError::Store { url, source },
         }
@@ -126,6 +159,7 @@ impl StoreError {
         let url = match self {
             StoreError::Url { url, .. }
             | StoreError::NotFound { url }
+            | StoreError::NoCredentials { url, .. }
             | StoreError::NoBucket { url }
             | StoreError::Store { url, .. }
             | StoreError::Short { url, .. }

@@ -66,6 +66,17 @@ struct Client {
     runtime: Arc<tokio::runtime::Runtime>,
 }
 
+/// The bytes of a side file given where a local path or an object's URL may stand (a spec
+/// file, a key file, a loader state): read from disk, or fetched whole with `options`.
+pub fn read_location(location: &str, options: &[(String, String)]) -> Result<Vec<u8>, StoreError> {
+    if !is_remote(location) {
+        let path = std::path::Path::new(location);
+        return std::fs::read(path).map_err(|e| StoreError::io(path, e));
+    }
+    let (folder, name) = location.rsplit_once('/').unwrap_or((location, ""));
+    Remote::open_with(folder, options)?.get(name)
+}
+
 impl Remote {
     /// The cache at `url` (`s3://bucket/prefix`, `gs://…`, `az://…`, `https://…`). Nothing is
     /// read yet: a bad URL or missing credentials fail here, an absent cache at the first read.
