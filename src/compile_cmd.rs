@@ -10,18 +10,32 @@ use dsc_format::choice::Choice as _;
 use dsc_format::spec::{parse_size, JoinSpec};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The spec from `--spec` (if any) with every given flag laid over it
-/// ([`CompileSpec::with_overrides`]: the rule Python's `dsc.compile` follows too).
-pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
+/// ([`CompileSpec::with_overrides`]: the rule Python's `dsc.compile` follows too), and the keys
+/// whose values came from the spec file (those no flag gave).
+pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<(CompileSpec, Map<String, Value>)> {
     let base = match &a.spec {
         Some(path) => {
             let text = crate::side_file::read_text(path, "spec file")?;
-            // Parsed as a spec first, so a bad key or value is named with its line.
-            let file: CompileSpec = toml::from_str(&text)
-                .with_context(|| format!("{}: invalid spec", path.display()))?;
+            // Parsed as a spec first, so a bad key or value is named with its line; the
+            // file's errors name its keys as it spells them, not as flags.
+            let file: CompileSpec = toml::from_str(&text).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: invalid spec file: {}",
+                    path.display(),
+                    as_spec_keys(&e.to_string())
+                )
+            })?;
+            if !file.val_fraction.is_finite() {
+                bail!(
+                    "{}: invalid spec file: \"val_fraction\" = {}: must be a number from 0 to 1",
+                    path.display(),
+                    file.val_fraction
+                );
+            }
             dsc_format::spelling::fields(&file)
         }
         None => Map::new(),
@@ -31,7 +45,59 @@ pub fn resolve_spec(a: &CompileArgs) -> anyhow::Result<CompileSpec> {
     if rows(&given).or(rows(&base)).unwrap_or(0) == 0 {
         bail!("no rows files given: pass Parquet paths or globs, or list them in the spec file (rows = [...])");
     }
-    CompileSpec::with_overrides(base, given).context("invalid spec")
+    // The file's keys (set to other than their defaults) that no flag gave.
+    let defaults = dsc_format::spelling::fields(&CompileSpec::new(vec![], ""));
+    let from_file: Map<String, Value> = base
+        .iter()
+        .filter(|(k, v)| !given.contains_key(*k) && defaults.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let spec = CompileSpec::with_overrides(base, given).context("invalid spec")?;
+    Ok((spec, from_file))
+}
+
+/// A message spelled for a spec file: its `` `key` ``s as the file writes them, in quotes,
+/// where the command line's spelling would turn them into flags.
+fn as_spec_keys(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut quoted = false;
+    for c in text.chars() {
+        match c {
+            '`' => {
+                out.push('"');
+                quoted = !quoted;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `e`, a compile's error, naming the spec file `file` and its key where the option at fault
+/// has the value the file gave it (`from_file`): a spec file's user fixes the file, not a flag.
+fn from_spec_file(
+    e: anyhow::Error,
+    file: Option<&Path>,
+    from_file: &Map<String, Value>,
+) -> anyhow::Error {
+    let Some(file) = file else {
+        return e;
+    };
+    let option = e
+        .downcast_ref::<dsc_format::spelling::OptionError>()
+        .or_else(|| match e.downcast_ref::<dsc_compiler::CompileError>() {
+            Some(dsc_compiler::CompileError::Spec(o)) => Some(o),
+            _ => None,
+        });
+    match option.and_then(|o| from_file.get(o.key).map(|v| (o, v))) {
+        Some((o, value)) => anyhow::anyhow!(
+            "{}: \"{}\" = {value}: {}",
+            file.display(),
+            o.key,
+            as_spec_keys(&o.problem)
+        ),
+        None => e,
+    }
 }
 
 /// The spec keys the flags give, as a spec file would hold them ([`SpecArgs`]'s serialisation;
@@ -91,7 +157,12 @@ struct Report {
 }
 
 pub fn run(a: CompileArgs) -> anyhow::Result<u8> {
-    let spec = resolve_spec(&a)?;
+    let (spec, from_file) = resolve_spec(&a)?;
+    let file = a.spec.clone();
+    run_spec(a, spec).map_err(|e| from_spec_file(e, file.as_deref(), &from_file))
+}
+
+fn run_spec(a: CompileArgs, spec: CompileSpec) -> anyhow::Result<u8> {
     if a.print_spec {
         use std::io::Write as _;
         write!(std::io::stdout(), "{}", toml::to_string(&spec)?)?;

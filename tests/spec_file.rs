@@ -119,3 +119,52 @@ fn a_bad_option_is_named_by_its_key_and_spelled_as_a_flag_on_the_command_line() 
     );
     assert!(!err.contains('`'), "every key spelled as a flag: {err}");
 }
+
+/// Issue 52 C17: a spec file's errors name the file and its keys as it spells them, never a
+/// command-line flag (`--max-len must be at least 1`, `unknown field --featurez`, `missing
+/// field --on` before), and a value the file gives that a flag overrides is the flag's.
+#[test]
+fn a_spec_files_errors_name_the_file_and_its_keys() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 1, 50);
+    let base = "rows = [\"data/train/batch_1.parquet\"]\nkey = \"event_id\"\n";
+    for (body, expected) in [
+        (
+            "max_len = 0\n",
+            "bad.toml: \"max_len\" = 0: must be at least 1",
+        ),
+        (
+            "featurez = [\"x\"]\n",
+            "unknown field \"featurez\", expected one of \"rows\"",
+        ),
+        ("[[joins]]\nfile = \"j.csv\"\n", "missing field \"on\""),
+        (
+            "val_fraction = nan\n",
+            "bad.toml: invalid spec file: \"val_fraction\" = NaN",
+        ),
+    ] {
+        std::fs::write(dir.join("bad.toml"), format!("{base}{body}")).unwrap();
+        let err = dsc(dir.path(), &["compile", "--spec", "bad.toml", "--out", "c"]).fails(2);
+        assert!(err.contains(expected), "{body}: {err}");
+        assert!(
+            err.contains("bad.toml") && !err.contains("--"),
+            "{body}: {err}"
+        );
+    }
+    // A flag's bad value is the flag's, whatever the file says.
+    std::fs::write(dir.join("bad.toml"), format!("{base}max_len = 8\n")).unwrap();
+    let err = dsc(
+        dir.path(),
+        &[
+            "compile",
+            "--spec",
+            "bad.toml",
+            "--max-len",
+            "0",
+            "--out",
+            "c",
+        ],
+    )
+    .fails(2);
+    assert!(err.contains("--max-len must be at least 1"), "{err}");
+}
