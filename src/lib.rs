@@ -52,9 +52,14 @@ where
 {
     // A shard truncated under a reader: one line naming it, then the error exit code.
     dsc_loader::sigbus::exit_with(i32::from(EXIT_ERROR));
-    let cli = match args::Cli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match args::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
+            if let Some(said) = args::loader_flag_elsewhere(&e, args.get(1..).unwrap_or(&[])) {
+                eprintln!("dsc: {said}");
+                return e.exit_code() as u8;
+            }
             // --help and --version are "errors" that print to stdout and exit 0.
             let _ = e.print();
             return e.exit_code() as u8;

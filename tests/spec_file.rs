@@ -168,3 +168,21 @@ fn a_spec_files_errors_name_the_file_and_its_keys() {
     .fails(2);
     assert!(err.contains("--max-len must be at least 1"), "{err}");
 }
+
+/// Issue 52 C18: `dsc bench` given a loader option it does not take says which loader options
+/// it takes (clap's tip was to pass the flag as a value after `--`).
+#[test]
+fn bench_names_the_loader_options_it_takes() {
+    let dir = Dir::new();
+    for flag in ["--world-size", "--max-seqs", "--weights", "--series-window"] {
+        let err = dsc(dir.path(), &["bench", "cache", flag, "2"]).fails(2);
+        assert!(
+            err.contains(&format!(
+                "dsc bench takes no {flag}: it is a loader option of `dsc order`"
+            )) && err.contains("dsc bench takes --split, --seed")
+                && err.contains("--batch-size")
+                && !err.contains("tip:"),
+            "{err}"
+        );
+    }
+}
