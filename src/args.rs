@@ -1132,6 +1132,61 @@ mod pairs {
     }
 }
 
+/// For a flag a command does not take but `dsc order` does (a loader option: `dsc bench
+/// --world-size 2`), what to say instead of clap's tip (to pass it as a value after `--`): that
+/// it is `dsc order`'s, and exactly which loader flags this command takes. `args`: the command
+/// line, without the program's name.
+pub fn loader_flag_elsewhere(e: &clap::Error, args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::{Args as _, CommandFactory};
+    use dsc_loader::args as loader;
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(given)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = given
+        .split('=')
+        .next()
+        .unwrap_or(given)
+        .trim_start_matches('-');
+    let longs = |c: &clap::Command| -> Vec<String> {
+        c.get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect()
+    };
+    // The loader's options, as every front end of the loader spells them.
+    let mut options = clap::Command::new("loader");
+    options = loader::EpochArgs::augment_args(options);
+    options = loader::BatchArgs::augment_args(options);
+    options = loader::RankArgs::augment_args(options);
+    options = loader::MixArgs::augment_args(options);
+    options = loader::ShapeArgs::augment_args(options);
+    let options = longs(&options);
+    if !options.iter().any(|l| l == flag) {
+        return None;
+    }
+    let cli = Cli::command();
+    let command = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .find(|w| cli.find_subcommand(w).is_some())?;
+    if command == "order" {
+        return None;
+    }
+    let mine: Vec<String> = longs(cli.find_subcommand(command)?)
+        .into_iter()
+        .filter(|l| options.contains(l))
+        .map(|l| format!("--{l}"))
+        .collect();
+    Some(format!(
+        "dsc {command} takes no --{flag}: it is a loader option of `dsc order` (the order and \
+         batches a loader delivers). Of the loader's options, dsc {command} takes {}",
+        mine.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1199,59 +1254,4 @@ mod tests {
         assert_eq!(a.keys.features, ["x", "y"]);
         assert_eq!(a.keys.encode, ["x=log1p,zscore"]);
     }
-}
-
-/// For a flag a command does not take but `dsc order` does (a loader option: `dsc bench
-/// --world-size 2`), what to say instead of clap's tip (to pass it as a value after `--`): that
-/// it is `dsc order`'s, and exactly which loader flags this command takes. `args`: the command
-/// line, without the program's name.
-pub fn loader_flag_elsewhere(e: &clap::Error, args: &[std::ffi::OsString]) -> Option<String> {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    use clap::{Args as _, CommandFactory};
-    use dsc_loader::args as loader;
-    if e.kind() != ErrorKind::UnknownArgument {
-        return None;
-    }
-    let Some(ContextValue::String(given)) = e.get(ContextKind::InvalidArg) else {
-        return None;
-    };
-    let flag = given
-        .split('=')
-        .next()
-        .unwrap_or(given)
-        .trim_start_matches('-');
-    let longs = |c: &clap::Command| -> Vec<String> {
-        c.get_arguments()
-            .filter_map(|a| a.get_long().map(str::to_string))
-            .collect()
-    };
-    // The loader's options, as every front end of the loader spells them.
-    let mut options = clap::Command::new("loader");
-    options = loader::EpochArgs::augment_args(options);
-    options = loader::BatchArgs::augment_args(options);
-    options = loader::RankArgs::augment_args(options);
-    options = loader::MixArgs::augment_args(options);
-    options = loader::ShapeArgs::augment_args(options);
-    let options = longs(&options);
-    if !options.iter().any(|l| l == flag) {
-        return None;
-    }
-    let cli = Cli::command();
-    let command = args
-        .iter()
-        .filter_map(|a| a.to_str())
-        .find(|w| cli.find_subcommand(w).is_some())?;
-    if command == "order" {
-        return None;
-    }
-    let mine: Vec<String> = longs(cli.find_subcommand(command)?)
-        .into_iter()
-        .filter(|l| options.contains(l))
-        .map(|l| format!("--{l}"))
-        .collect();
-    Some(format!(
-        "dsc {command} takes no --{flag}: it is a loader option of `dsc order` (the order and \
-         batches a loader delivers). Of the loader's options, dsc {command} takes {}",
-        mine.join(", ")
-    ))
 }
