@@ -432,6 +432,19 @@ fn caches_that_do_not_fit_together_are_refused_naming_the_tensor() {
     assert_eq!(bad(bucket), "bucket");
     let one = open("a").loader(opts(8, &[1.0, 1.0], None)).unwrap_err();
     assert!(matches!(one, LoadError::Options(e) if e.key == "weights"));
+    // One weight of one cache too: the rule of every front end (issue 52 C19: `dsc order
+    // --weights 1` and `dsc-train --weights 1` were taken where Python refused it).
+    let one = open("a").loader(opts(8, &[1.0], None)).unwrap_err();
+    assert!(matches!(one, LoadError::Options(e) if e.key == "weights"));
+    let err = crate::util::dsc(
+        dir(),
+        &["order", "a", "--weights", "1", "--batch-size", "4"],
+    )
+    .fails(2);
+    assert!(
+        err.contains("--weights is for a mix: pass two or more caches"),
+        "{err}"
+    );
 }
 
 #[test]

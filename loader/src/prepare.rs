@@ -44,10 +44,10 @@ fn order_of(
 ) -> Result<Order, LoadError> {
     let o = &opts.order;
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
-    // A mix's options on one cache, whatever the shape (a single weight of one cache is its
-    // whole mix, as it has always been taken).
+    // A mix's options on one cache, whatever the shape, a single weight included: every front
+    // end refuses them alike (Python refused `weights=[1.0]` where `--weights 1` was taken).
     if let [_] = sizes {
-        if o.weights.len() > 1 || o.mix_samples.is_some() {
+        if !o.weights.is_empty() || o.mix_samples.is_some() {
             let key = if o.mix_samples.is_some() {
                 "mix_samples"
             } else {

@@ -351,11 +351,7 @@ class Loader:
                                    "horizon takes, or pass None for all of them",
                                    option="horizon_columns")
         if weights is not None:
-            # Python's own rule: weights weigh the caches of a mix (the Rust loader takes a
-            # single weight of one cache, as `dsc order --weights 1` always has).
-            if not mixed:
-                raise OptionsError("weights= weighs the caches of a mix: pass two or more caches",
-                                   option="weights")
+            # Weights of one cache are refused by the Rust loader, as on every front end.
             try:
                 weights = list(weights)
             except TypeError:

@@ -315,7 +315,8 @@ impl Cli {
             device: None,
             log_every: self.log_every,
             checkpoint_every: self.checkpoint_every,
-            prefetch: self.prefetch.max(1),
+            // 0 is refused by the config's check, as every front end refuses it.
+            prefetch: self.prefetch,
             seed: self.seed,
             normalise: !self.no_normalise,
             scale_targets: true,

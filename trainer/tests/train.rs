@@ -781,6 +781,15 @@ fn bad_input_is_named_in_the_error() {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("cuda:7"), "{}", r.stderr);
 
+    // Issue 52 C19: one rule for every front end: no batch ahead, and weights of one cache,
+    // are refused (0 was taken as 1, and one weight trained).
+    for flags in [&["--prefetch", "0"][..], &["--weights", "1"]] {
+        let mut args = vec!["--cache", &ice, "--task", "direction", "--max-steps", "1"];
+        args.extend_from_slice(flags);
+        let r = train(&args);
+        assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
+        assert!(r.stderr.contains(flags[0]), "{}", r.stderr);
+    }
     // Issue 52 B5: libtorch's thread count is checked before it reaches libtorch (a panic
     // inside tch before).
     for n in ["0", "-3", "5000"] {
