@@ -950,19 +950,42 @@ def rebatch(args: argparse.Namespace, before: int, world: int) -> Dict[str, Any]
         said = (f"{was}: one pack per rank per micro-batch, so an optimizer step trains "
                 f"{world * acc} packs instead of {before * acc}")
         return dict(ranks=[before, world], global_batch=[before, world], said=said)
-    total = args.batch_size * before
-    if total % world and args.bucket:
-        raise SystemExit(f"{was}: a length-bucketed order (--bucket) resumes at its own global "
-                         f"batch only, {total} contexts, which {world} ranks cannot split "
-                         f"equally: resume on a number of ranks that divides {total}")
-    if total % world == 0:
-        args.batch_size = total // world
-        said = f"{was}: --batch-size {args.batch_size} per rank keeps the global batch of {total}"
-        return dict(ranks=[before, world], global_batch=[total, total], said=said)
-    said = (f"{was}: the global batch of {total} does not split into {world} equal batches, so "
-            f"each rank keeps --batch-size {args.batch_size} and the global batch becomes "
-            f"{args.batch_size * world}; the data continues from the same context")
-    return dict(ranks=[before, world], global_batch=[total, args.batch_size * world], said=said)
+    # An optimizer step trains batch x ranks x accumulate contexts: that is the global batch
+    # a resume keeps, counting accumulation.
+    acc = args.accumulate
+    micro = args.batch_size * before
+    step = micro * acc
+    if args.bucket:
+        # A bucketed order is cut at the loader's global batch (one micro-batch of every rank):
+        # it resumes at that batch only.
+        if micro % world:
+            raise SystemExit(f"{was}: a length-bucketed order (--bucket) resumes at its own "
+                             f"global batch only, {micro} contexts, which {world} ranks cannot "
+                             f"split equally: resume on a number of ranks that divides {micro}")
+        args.batch_size = micro // world
+        said = (f"{was}: --batch-size {args.batch_size} per rank keeps the global batch of "
+                f"{step}")
+        return dict(ranks=[before, world], global_batch=[step, step], said=said)
+    if step % (world * acc) == 0:
+        args.batch_size = step // (world * acc)
+        said = (f"{was}: --batch-size {args.batch_size} per rank keeps the global batch of "
+                f"{step}")
+        return dict(ranks=[before, world], global_batch=[step, step], said=said)
+    if step % world == 0:
+        # The step's contexts split over the ranks, not over their micro-batches as they were:
+        # as few fewer micro-batches as splits them.
+        per = step // world
+        acc = max(d for d in range(1, acc + 1) if per % d == 0)
+        args.batch_size, args.accumulate = per // acc, acc
+        said = (f"{was}: --batch-size {args.batch_size} and --accumulate {acc} per rank keep "
+                f"the global batch of {step}")
+        return dict(ranks=[before, world], global_batch=[step, step], said=said)
+    now = args.batch_size * world * acc
+    said = (f"{was}: the global batch of {step} does not split into {world} equal batches, so "
+            f"each rank keeps --batch-size {args.batch_size}"
+            + (f" and --accumulate {acc}" if acc > 1 else "")
+            + f" and the global batch becomes {now}; the data continues from the same context")
+    return dict(ranks=[before, world], global_batch=[step, now], said=said)
 
 
 def auto_device() -> str:

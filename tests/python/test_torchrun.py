@@ -265,6 +265,29 @@ def test_a_bucketed_run_resumes_only_where_its_global_batch_splits(script) -> No
     assert script.rebatch(run, 2, 3)["global_batch"] == [30, 30] and run.batch_size == 10
 
 
+def test_a_resume_on_other_ranks_counts_accumulation(script) -> None:
+    """Issue 52 (15): with --accumulate 3 a 2 -> 3 rank resume said the global batch of 16
+    becomes 24, where the optimizer step's is 48 and 3 ranks split it."""
+    import argparse
+
+    def run(accumulate):
+        return argparse.Namespace(pack=None, batch_size=8, bucket=False, accumulate=accumulate)
+
+    kept = run(3)
+    regrouped = script.rebatch(kept, 2, 3)
+    assert regrouped["global_batch"] == [48, 48]
+    assert (kept.batch_size, kept.accumulate) == (8, 2)
+    assert "--batch-size 8 and --accumulate 2 per rank keep the global batch of 48" in \
+        regrouped["said"]
+    split = run(3)
+    assert script.rebatch(split, 2, 4)["global_batch"] == [48, 48]
+    assert (split.batch_size, split.accumulate) == (4, 3)
+    changed = run(3)
+    regrouped = script.rebatch(changed, 2, 5)
+    assert regrouped["global_batch"] == [48, 120]
+    assert "the global batch of 48 does not split into 5" in regrouped["said"]
+
+
 def test_the_torchrun_lines_of_python_md_train_and_resume_on_another_rank_count(
         tmp_path: Path) -> None:
     """docs/PYTHON.md's torchrun lines, as written, on the demo cache they name (smaller)."""
