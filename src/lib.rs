@@ -74,6 +74,20 @@ where
             return EXIT_ERROR;
         }
     }
+    // A read of a cache in object storage stops between two chunks of a download on SIGINT
+    // or SIGTERM, saying what it was fetching, and keeps nothing half-fetched.
+    let remote = |p: &std::path::Path| dsc_loader::is_remote(&p.to_string_lossy());
+    let fetches = match &cli.command {
+        args::Command::Order(a) => a.caches.iter().any(|c| remote(c)),
+        args::Command::Bench(a) => remote(&a.cache),
+        args::Command::Show(a) => remote(&a.cache),
+        args::Command::Verify(a) => remote(&a.cache),
+        _ => false,
+    };
+    if fetches {
+        let interrupt = dsc_compiler::stop_on_signals();
+        dsc_store::stop_downloads_when(move || interrupt.requested());
+    }
     let result = match cli.command {
         args::Command::Gen(a) => gen_cmd::run(a),
         args::Command::Compile(a) => compile_cmd::run(*a),
@@ -104,12 +118,20 @@ where
             let message = spell(&output::error_chain(&e), Spelling::Cli);
             eprintln!("dsc: {message}");
             // Stopped by a signal: the shell's convention, 128 + the signal.
+            let store = |s: &dsc_store::StoreError| match s {
+                dsc_store::StoreError::Interrupted { signal, .. }
+                | dsc_store::StoreError::Stopped { signal, .. } => Some(*signal),
+                _ => None,
+            };
             let signal = match e.downcast_ref::<dsc_compiler::CompileError>() {
                 Some(dsc_compiler::CompileError::Interrupted { signal }) => Some(*signal),
-                _ => match e.downcast_ref::<dsc_store::StoreError>() {
-                    Some(dsc_store::StoreError::Interrupted { signal, .. }) => Some(*signal),
-                    _ => None,
-                },
+                _ => e
+                    .downcast_ref::<dsc_store::StoreError>()
+                    .and_then(store)
+                    .or_else(|| match e.downcast_ref::<dsc_loader::LoadError>() {
+                        Some(dsc_loader::LoadError::Store(s)) => store(s),
+                        _ => None,
+                    }),
             };
             match signal {
                 Some(signal) => (128 + signal) as u8,

@@ -80,6 +80,14 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
     // (removed when the next one is asked for) and checked there.
     let mut held = None;
     let mut table: Option<KeyTableCopy> = None;
+    // A signal stops the whole check (not a problem of each shard left): what it was fetching.
+    let mut stopped: Option<(String, i32)> = None;
+    let mut stop = |e: dsc_loader::LoadError| {
+        if let dsc_loader::LoadError::Store(dsc_store::StoreError::Stopped { url, signal }) = &e {
+            stopped.get_or_insert((url.clone(), *signal));
+        }
+        e
+    };
     let report = verify_parts(
         &a.cache,
         &manifest,
@@ -90,7 +98,7 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
             if tables.contains(entry.file.as_str()) {
                 table = None;
                 let copy = KeyTableCopy::fetch(&store, entry, &object, &opts.dir)
-                    .map_err(|e| fetch_problem(&object, e))?;
+                    .map_err(|e| fetch_problem(&object, stop(e)))?;
                 let path = copy.0.clone();
                 table = Some(copy);
                 return Ok(path);
@@ -102,7 +110,7 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
                     held = Some(file);
                     Ok(path)
                 }
-                Some(Err(e)) => Err(fetch_problem(&object, e)),
+                Some(Err(e)) => Err(fetch_problem(&object, stop(e))),
                 None => Err(dsc_format::FormatError::io(
                     &object,
                     std::io::Error::other("the fetch ended before this shard"),
@@ -111,7 +119,10 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
         },
         |_, _| {},
     );
-    Ok(report)
+    match stopped {
+        Some((url, signal)) => Err(dsc_store::StoreError::Stopped { url, signal }.into()),
+        None => Ok(report),
+    }
 }
 
 /// A key table of a cache in object storage, read into a local file for `dsc verify` (whose

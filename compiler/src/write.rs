@@ -8,27 +8,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// Stops the process at once, as `kill -9` would (no destructor runs, nothing is cleaned up),
-/// when `DSC_FAILPOINT` names `point`: how the tests kill an append at each step of its
-/// commit, deterministically.
+/// [`dsc_format::failpoint::at`]: how the tests kill or pause a compile at a chosen step.
 pub(crate) fn failpoint(point: &str) {
-    if std::env::var_os("DSC_FAILPOINT").is_some_and(|p| p == point) {
-        std::process::abort();
-    }
-    // `DSC_PAUSE=POINT:FILE`: at `POINT`, write `FILE.paused` and wait (a minute at most) for
-    // `FILE` to appear: how the tests let another writer commit at a chosen moment.
-    let pause = std::env::var("DSC_PAUSE").ok();
-    if let Some((_, file)) = pause
-        .as_deref()
-        .and_then(|v| v.rsplit_once(':'))
-        .filter(|(at, _)| *at == point)
-    {
-        let _ = std::fs::write(format!("{file}.paused"), b"");
-        let start = std::time::Instant::now();
-        while !Path::new(&file).exists() && start.elapsed().as_secs() < 60 {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
+    dsc_format::failpoint::at(point);
 }
 
 /// The staging directory of a compile into `out`; removed on drop unless committed.

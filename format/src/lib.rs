@@ -37,6 +37,7 @@
 pub mod checksum;
 pub mod choice;
 mod error;
+pub mod failpoint;
 pub mod generation;
 mod identity;
 pub mod keys;

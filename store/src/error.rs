@@ -61,6 +61,14 @@ pub enum StoreError {
         /// Whether a cache was there and its manifest removed before the upload.
         replaced: bool,
     },
+    /// A signal stopped a download: nothing of the object was kept.
+    #[error("{url}: stopped by signal {signal} while fetching it; nothing of it was kept")]
+    Stopped {
+        /// The object's URL.
+        url: String,
+        /// The signal.
+        signal: i32,
+    },
     /// An object is not the size it must be.
     #[error("{url}: {found} bytes arrived where {expected} were expected")]
     Short {
@@ -165,6 +173,7 @@ impl StoreError {
             | StoreError::Short { url, .. }
             | StoreError::Checksum { url, .. }
             | StoreError::Exists { url }
+            | StoreError::Stopped { url, .. }
             | StoreError::Interrupted { url, .. } => url,
             StoreError::Io { .. } | StoreError::Runtime(_) => return text,
         };

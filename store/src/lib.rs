@@ -32,7 +32,9 @@ mod upload;
 
 pub use connect::is_remote;
 pub use error::StoreError;
-pub use transfer::{upload_cache, upload_cache_until, Expected, ObjectReader, Uploaded};
+pub use transfer::{
+    stop_downloads_when, upload_cache, upload_cache_until, Expected, ObjectReader, Uploaded,
+};
 pub use upload::Upload;
 
 use futures::TryStreamExt;

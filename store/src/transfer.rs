@@ -27,6 +27,23 @@ const PART: usize = 32 << 20;
 /// Uploads in flight at once.
 const UPLOADS: usize = 4;
 
+/// What a download asks between the chunks of its body: the signal that stops it, if one came.
+type StopCheck = Box<dyn Fn() -> Option<i32> + Send + Sync>;
+
+static STOP_DOWNLOADS: std::sync::OnceLock<StopCheck> = std::sync::OnceLock::new();
+
+/// Stops every download of this process once `stop` names a signal (a command's handler of
+/// SIGINT and SIGTERM): the download in progress ends between two chunks with
+/// [`StoreError::Stopped`], naming its object, and its partial file is removed. Set once; a
+/// process that never sets it (a library) downloads whatever its signals do.
+pub fn stop_downloads_when(stop: impl Fn() -> Option<i32> + Send + Sync + 'static) {
+    let _ = STOP_DOWNLOADS.set(Box::new(stop));
+}
+
+fn stop_requested() -> Option<i32> {
+    STOP_DOWNLOADS.get().and_then(|stop| stop())
+}
+
 impl Remote {
     /// Downloads object `name` to `dest`, checked: it is written to a partial file beside
     /// `dest` (`.NAME.partial-PID`), its size and xxh3 compared with `expected` as it streams,
@@ -94,6 +111,13 @@ impl Remote {
                 hasher.update(&chunk);
                 file.write_all(&chunk)
                     .map_err(|e| StoreError::io(partial, e))?;
+                dsc_format::failpoint::at("fetch:chunk");
+                if let Some(signal) = stop_requested() {
+                    return Err(StoreError::Stopped {
+                        url: url.clone(),
+                        signal,
+                    });
+                }
             }
             Ok(())
         });

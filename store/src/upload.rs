@@ -31,17 +31,12 @@ impl Upload {
         }
         let uploads = root.join("upload");
         std::fs::create_dir_all(&uploads).map_err(|e| StoreError::io(&uploads, e))?;
-        let name = std::process::id().to_string();
-        let lock = lock_file(&uploads, &name)?;
-        // Blocks only while another process reclaims a folder of this name (a dead process's
-        // of the same pid).
+        let (name, lock) = claim(&uploads)?;
         lock.lock()
             .map_err(|e| StoreError::io(&uploads.join(format!("{name}.lock")), e))?;
         remove_stale(&uploads, &name);
         let staging = uploads.join(&name);
-        // A folder of this name is a dead process's (this one has just started it).
-        let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
+        std::fs::create_dir(&staging).map_err(|e| StoreError::io(&staging, e))?;
         Ok(Upload {
             remote,
             replace,
@@ -83,9 +78,41 @@ impl Drop for Upload {
     }
 }
 
-/// `uploads/<name>.lock`, made if missing. Only its owner removes one, when done ([`Upload`]'s
-/// drop): a process that removed another's could not know that a third had not just opened it
-/// to lock it. A killed upload's lock file stays (empty) until its name is used again.
+/// A staging name of this process's own, `<pid>-<nonce>`, and its lock file, created here and
+/// nowhere else: the pid says whose it is, the nonce keeps two processes apart whose pids are
+/// equal (in two pid namespaces sharing the folder, or an id reused), and the lock file's
+/// exclusive creation checks it (a name taken is never shared: another nonce is drawn).
+fn claim(uploads: &Path) -> Result<(String, std::fs::File), StoreError> {
+    static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let pid = std::process::id();
+    let mut last = None;
+    for _ in 0..16 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let drawn = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let local = &drawn as *const u64 as u64;
+        let nonce =
+            dsc_format::rng::mix64(nanos ^ local.rotate_left(32) ^ (u64::from(pid) << 20) ^ drawn);
+        let name = format!("{pid}-{nonce:016x}");
+        let path = uploads.join(format!("{name}.lock"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => return Ok((name, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(StoreError::io(&path, e)),
+        }
+    }
+    Err(StoreError::io(
+        uploads,
+        last.unwrap_or_else(|| std::io::Error::other("no staging name is free")),
+    ))
+}
+
+/// `uploads/<name>.lock`, made if missing (an older dsc's folder, named by its pid alone).
 fn lock_file(uploads: &Path, name: &str) -> Result<std::fs::File, StoreError> {
     let path = uploads.join(format!("{name}.lock"));
     std::fs::OpenOptions::new()
@@ -101,21 +128,59 @@ fn lock_file(uploads: &Path, name: &str) -> Result<std::fs::File, StoreError> {
 /// the kill; a process id seen alive in `/proc` was no proof of a live upload (a zombie not yet
 /// reaped, a reused id, another pid namespace), so the lock, not the id, decides. `own` is this
 /// process's folder.
+///
+/// A name is never used twice ([`claim`]), so the lock file of an upload that is over goes with
+/// its folder, and one a killed upload left without a folder too.
 fn remove_stale(uploads: &Path, own: &str) {
     let Ok(entries) = std::fs::read_dir(uploads) else {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name == own || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let name = match is_dir {
+            true => file,
+            false => match file.strip_suffix(".lock") {
+                Some(name) if !uploads.join(name).is_dir() => name,
+                _ => continue,
+            },
+        };
+        if name == own {
             continue;
         }
         let Ok(lock) = lock_file(uploads, name) else {
             continue;
         };
         if lock.try_lock().is_ok() {
-            let _ = std::fs::remove_dir_all(entry.path());
+            if is_dir {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+            let _ = std::fs::remove_file(uploads.join(format!("{name}.lock")));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_names_are_never_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, _held) = claim(dir.path()).unwrap();
+        let (b, also) = claim(dir.path()).unwrap();
+        also.lock().unwrap();
+        assert_ne!(a, b);
+        let pid = std::process::id().to_string();
+        assert!(a.starts_with(&format!("{pid}-")) && b.starts_with(&format!("{pid}-")));
+        // A killed upload's lock file without its folder is reclaimed; a held one is not.
+        std::fs::write(dir.path().join("7-dead.lock"), b"").unwrap();
+        remove_stale(dir.path(), &a);
+        assert!(!dir.path().join("7-dead.lock").exists());
+        assert!(
+            dir.path().join(format!("{b}.lock")).exists(),
+            "held by this process"
+        );
     }
 }
