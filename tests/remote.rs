@@ -658,16 +658,29 @@ fn a_signal_during_a_compiles_upload_stops_it_unpublished() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        // The compile has committed its staged cache: the upload is under way.
-        let staged = cache_dir
-            .join("upload")
-            .join(child.id().to_string())
-            .join("cache/manifest.json");
+        // The compile has committed its staged cache (in its folder `<pid>-<nonce>`): the
+        // upload is under way.
+        let own = format!("{}-", child.id());
+        let staged_in = |uploads: &Path| -> Option<std::path::PathBuf> {
+            std::fs::read_dir(uploads)
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&own))
+                        && p.join("cache/manifest.json").exists()
+                })
+                .map(|p| p.join("cache/manifest.json"))
+        };
         let start = std::time::Instant::now();
-        while !staged.exists() {
+        let staged = loop {
+            if let Some(staged) = staged_in(&cache_dir.join("upload")) {
+                break staged;
+            }
             assert!(start.elapsed().as_secs() < 60, "no staged cache");
             std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        };
         // SAFETY: signals a child process this test started and still owns.
         unsafe { libc::kill(child.id() as i32, signal) };
         let out = child.wait_with_output().unwrap();
