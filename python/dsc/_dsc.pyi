@@ -94,6 +94,7 @@ def append(
     max_memory: Optional[int] = None,
     remote: Optional[str] = None,
     tables: List[Tuple[str, Any]] = ...,
+    existing: str = "refuse",
 ) -> str: ...
 def compile_stage(
     spec_json: str,
