@@ -55,6 +55,7 @@ mod error;
 mod fit;
 mod frozen;
 mod group;
+mod hidden;
 mod job;
 mod lineage;
 mod lists;

@@ -76,8 +76,10 @@ pub(crate) fn commit_append(
     // it replaces) added to those already hidden.
     let mut parents: Vec<ShardEntry> = parent.shards().to_vec();
     let mut removed: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut replaced: Vec<(usize, u32)> = Vec::new();
     if !base.compact {
-        for (shard, row) in known_keys(base, &staging, &added)? {
+        replaced = known_keys(base, &staging, &added)?;
+        for &(shard, row) in &replaced {
             parents[shard].removed.push(row);
             *removed.entry(parents[shard].split.clone()).or_default() += 1;
         }
@@ -178,13 +180,37 @@ pub(crate) fn commit_append(
         // included.
         true => added.stats.clone(),
         false => {
-            let mut merged = merge_stats(
+            let merged = merge_stats(
                 &added.parent_stats,
                 &added.stats,
                 parent.generation_number(),
             );
-            merged.includes_hidden = hidden_counts(&manifest);
-            merged
+            // The contexts it hides are taken out of the figures where their own statistics
+            // can be had exactly (their inputs, read again for those keys); else the figures
+            // keep counting them, and say how many.
+            let hidden = match (replaced.is_empty(), &base.remote) {
+                (true, _) | (false, Some(_)) => None,
+                (false, None) => crate::hidden::stats_of(
+                    &base.cache,
+                    parent,
+                    &replaced,
+                    &staging.dir.join(".hidden"),
+                    None,
+                )?,
+            };
+            match hidden {
+                Some(h) => subtract_stats(&merged, &h),
+                None => {
+                    let mut kept = merged;
+                    let g = manifest.generation().expect("a later generation");
+                    for (split, n) in &g.removed {
+                        for key in [split.as_str(), dsc_format::ALL_SPLITS] {
+                            *kept.includes_hidden.entry(key.to_string()).or_default() += *n as u64;
+                        }
+                    }
+                    kept
+                }
+            }
         }
     };
     let json = |s: &Stats| {
@@ -380,17 +406,6 @@ pub(crate) fn merge_stats(old: &Stats, new: &Stats, parent: u32) -> Stats {
     }
 }
 
-/// The contexts `manifest`'s generation hides, per split and in `all`: what its merged
-/// statistics still count ([`Stats::includes_hidden`]).
-fn hidden_counts(manifest: &Manifest) -> std::collections::BTreeMap<String, u64> {
-    let mut out = std::collections::BTreeMap::new();
-    for s in manifest.splits().iter().filter(|s| s.removed > 0) {
-        out.insert(s.name.clone(), s.removed as u64);
-        *out.entry(dsc_format::ALL_SPLITS.to_string()).or_default() += s.removed as u64;
-    }
-    out
-}
-
 fn merge_split(a: &SplitStats, b: &SplitStats) -> SplitStats {
     let mut columns = a.columns.clone();
     for c in &b.columns {
@@ -497,6 +512,151 @@ fn merge_bins(a: &[Bin], b: &[Bin]) -> Vec<Bin> {
         .collect()
 }
 
+/// `all` less `part`, the statistics of contexts `all` counts (those a generation hides): exact
+/// for counts, moments (Chan's merge solved for the rest), histograms, length histograms and
+/// vocabularies. Extremes and quantiles stay `all`'s: nothing tells what the rest's are, so
+/// they bound it (FORMAT.md §14, "Removed rows").
+pub(crate) fn subtract_stats(all: &Stats, part: &Stats) -> Stats {
+    let splits = all
+        .splits
+        .iter()
+        .map(|a| match part.splits.iter().find(|p| p.split == a.split) {
+            Some(p) => subtract_split(a, p),
+            None => a.clone(),
+        })
+        .collect();
+    Stats {
+        splits,
+        ..all.clone()
+    }
+}
+
+fn subtract_split(a: &SplitStats, b: &SplitStats) -> SplitStats {
+    let columns = a
+        .columns
+        .iter()
+        .map(|c| {
+            match b
+                .columns
+                .iter()
+                .find(|x| x.name == c.name && x.table == c.table)
+            {
+                Some(x) => subtract_column(c, x),
+                None => c.clone(),
+            }
+        })
+        .collect();
+    SplitStats {
+        split: a.split.clone(),
+        contexts: a.contexts.saturating_sub(b.contexts),
+        rows: a.rows.saturating_sub(b.rows),
+        lengths: subtract_lengths(&a.lengths, a.contexts, &b.lengths, b.contexts),
+        columns,
+    }
+}
+
+fn subtract_lengths(a: &LengthStats, na: u64, b: &LengthStats, nb: u64) -> LengthStats {
+    let n = na.saturating_sub(nb);
+    if nb == 0 || n == 0 {
+        return a.clone();
+    }
+    let truncated = a.truncated.saturating_sub(b.truncated);
+    // Power-of-two bins up to the longest context's: those past the longest one left, empty
+    // now, go.
+    // Bins from 0 on, as many as each side's longest context needs: taken apart by index.
+    let mut histogram = a.histogram.clone();
+    for (bin, taken) in histogram.iter_mut().zip(&b.histogram) {
+        bin.count = bin.count.saturating_sub(taken.count);
+    }
+    while histogram.last().is_some_and(|bin| bin.count == 0) {
+        histogram.pop();
+    }
+    LengthStats {
+        mean: (a.mean * na as f64 - b.mean * nb as f64) / n as f64,
+        histogram,
+        truncated,
+        truncated_fraction: truncated as f64 / n as f64,
+        ..a.clone()
+    }
+}
+
+fn subtract_column(a: &ColumnStats, b: &ColumnStats) -> ColumnStats {
+    let numeric = match (&a.numeric, &b.numeric) {
+        (Some(x), Some(y)) => Some(subtract_numeric(x, a.count, y, b.count)),
+        (x, _) => x.clone(),
+    };
+    let vocabulary = match (&a.vocabulary, &b.vocabulary) {
+        (Some(x), Some(y)) => Some(subtract_vocabulary(x, y)),
+        (x, _) => x.clone(),
+    };
+    ColumnStats {
+        count: a.count.saturating_sub(b.count),
+        nulls: a.nulls.saturating_sub(b.nulls),
+        nan: a.nan.saturating_sub(b.nan),
+        inf: a.inf.saturating_sub(b.inf),
+        numeric,
+        distinct: vocabulary.as_ref().map(|v| v.len() as u64).or(a.distinct),
+        vocabulary,
+        ..a.clone()
+    }
+}
+
+/// The moments of `a`'s values less `b`'s: the mean and population deviation of the rest, by
+/// [`merge_numeric`]'s formula solved for one side.
+fn subtract_numeric(a: &NumericStats, na: u64, b: &NumericStats, nb: u64) -> NumericStats {
+    let n = na.saturating_sub(nb);
+    if nb == 0 || n == 0 {
+        return a.clone();
+    }
+    let (fa, fb, f) = (na as f64, nb as f64, n as f64);
+    let mean = (a.mean * fa - b.mean * fb) / f;
+    let d = b.mean - mean;
+    let m2 = a.std * a.std * fa - b.std * b.std * fb - d * d * ((f * fb) / fa);
+    NumericStats {
+        mean,
+        std: (m2.max(0.0) / f).sqrt(),
+        histogram: subtract_bins(&a.histogram, &b.histogram),
+        ..a.clone()
+    }
+}
+
+/// [`merge_bins`] undone: `b`'s counts taken from `a`'s, bin by bin, on the same edges.
+fn subtract_bins(a: &[Bin], b: &[Bin]) -> Vec<Bin> {
+    let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x.lo, x.hi) == (y.lo, y.hi));
+    if !same {
+        return a.to_vec();
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| Bin {
+            count: x.count.saturating_sub(y.count),
+            ..*x
+        })
+        .collect()
+}
+
+/// [`merge_vocabulary`] undone: `b`'s counts taken from `a`'s, values left with none removed,
+/// in §5.3's order.
+fn subtract_vocabulary(a: &[VocabEntry], b: &[VocabEntry]) -> Vec<VocabEntry> {
+    let taken: HashMap<String, u64> = b.iter().map(|e| (e.value.to_string(), e.count)).collect();
+    let mut out: Vec<VocabEntry> = a
+        .iter()
+        .map(|e| VocabEntry {
+            count: e
+                .count
+                .saturating_sub(taken.get(&e.value.to_string()).copied().unwrap_or(0)),
+            ..e.clone()
+        })
+        .filter(|e| e.count > 0)
+        .collect();
+    out.sort_by(|x, y| {
+        y.count
+            .cmp(&x.count)
+            .then_with(|| order_values(&x.value, &y.value))
+    });
+    out
+}
+
 /// Counts per value added, most frequent first, ties by ascending value (§5.3's order).
 fn merge_vocabulary(a: &[VocabEntry], b: &[VocabEntry]) -> Vec<VocabEntry> {
     let mut merged: Vec<VocabEntry> = a.to_vec();
@@ -566,6 +726,23 @@ mod tests {
         assert!((merged.mean - whole.mean).abs() < 1e-12);
         assert!((merged.std - whole.std).abs() < 1e-12);
         assert_eq!((merged.min, merged.max), (whole.min, whole.max));
+    }
+
+    #[test]
+    fn taking_a_part_out_gives_the_moments_and_counts_of_the_rest() {
+        let (a, b) = ([1.0, 2.0, 3.5, 10.0], [-4.0, 0.5, 7.0]);
+        let all: Vec<f64> = a.iter().chain(&b).copied().collect();
+        let rest = subtract_numeric(&numeric(&all), 7, &numeric(&b), 3);
+        let want = numeric(&a);
+        assert!((rest.mean - want.mean).abs() < 1e-12);
+        assert!((rest.std - want.std).abs() < 1e-12);
+        let e = |v: serde_json::Value, count| VocabEntry { value: v, count };
+        let merged = merge_vocabulary(&[e(3.into(), 5), e(1.into(), 2)], &[e(1.into(), 3)]);
+        assert_eq!(
+            subtract_vocabulary(&merged, &[e(3.into(), 5)]),
+            vec![e(1.into(), 5)],
+            "a value left with no count goes"
+        );
     }
 
     #[test]

@@ -249,7 +249,7 @@ pub(crate) fn spill_context(
             budget,
             in_memory: false,
         };
-        let none = spill::SkipKeys::new();
+        let none = spill::KeyFilter::default();
         let part = spill::spill_rows(inputs, 0..files.len(), wants, to, &none, &NoProgress)?;
         if let Some(column) = split_by {
             for path in files {

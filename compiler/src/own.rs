@@ -55,6 +55,9 @@ pub(crate) struct Own<'s> {
     frozen: Option<Box<Frozen>>,
     /// The generation this compile appends to, if it is an append.
     base: Option<Box<Base>>,
+    /// Which rows the scan keeps, by key (a compaction's left-out rows, the contexts an
+    /// append hides read back for their statistics): every row by default.
+    filter: spill::KeyFilter,
 }
 
 /// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.
@@ -133,6 +136,7 @@ impl<'s> Own<'s> {
         Ok(Own {
             frozen,
             base: None,
+            filter: Default::default(),
             spec,
             rules: Rules::of(spec),
             named_inputs,
@@ -151,8 +155,20 @@ impl<'s> Own<'s> {
     /// This compile as an append to `base`: its shards continue the parent's splits and it
     /// commits the next generation.
     pub fn append_to(mut self, base: Base) -> Own<'s> {
+        self.filter.skip = base.skip.clone();
         self.base = Some(Box::new(base));
         self
+    }
+
+    /// This compile of the rows of keys `keep` alone.
+    pub fn keeping(mut self, keep: std::collections::HashSet<i64>) -> Own<'s> {
+        self.filter.keep = Some(keep);
+        self
+    }
+
+    /// This compile without the rows `skip` names per file (a compaction's, read again).
+    pub fn skipping(&mut self, skip: spill::SkipKeys) {
+        self.filter.skip = skip;
     }
 
     /// What each bucket shares, over the spilled rows.
@@ -281,9 +297,14 @@ impl<'s> Recipe for Own<'s> {
         progress: &dyn Progress,
     ) -> Result<SpillPart> {
         let inputs = self.inputs.take().expect("a recipe is scanned once");
-        let none = spill::SkipKeys::new();
-        let skip = self.base.as_ref().map_or(&none, |b| &b.skip);
-        spill::spill_rows(inputs, files, &self.plan.rows_wants, to, skip, progress)
+        spill::spill_rows(
+            inputs,
+            files,
+            &self.plan.rows_wants,
+            to,
+            &self.filter,
+            progress,
+        )
     }
 
     fn scan_context(&mut self, to: SpillTo, _: &dyn Progress) -> Result<Option<ContextPart>> {

@@ -138,6 +138,38 @@ pub(crate) struct SpillTo<'a> {
 /// generation replaced (their rows in this file are not the live context's). Empty for a compile.
 pub(crate) type SkipKeys = HashMap<PathBuf, HashSet<i64>>;
 
+/// Which rows a scan keeps, by key: all but those `skip` names for their file, and of those,
+/// only the keys `keep` names when given (the statistics of the contexts an append hides, read
+/// back from their inputs).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyFilter {
+    pub skip: SkipKeys,
+    pub keep: Option<HashSet<i64>>,
+}
+
+impl KeyFilter {
+    /// The filter of one file's rows.
+    fn of(&self, file: &Path) -> FileFilter<'_> {
+        FileFilter {
+            skip: self.skip.get(file),
+            keep: self.keep.as_ref(),
+        }
+    }
+}
+
+/// [`KeyFilter`] for the rows of one file.
+#[derive(Debug, Clone, Copy, Default)]
+struct FileFilter<'a> {
+    skip: Option<&'a HashSet<i64>>,
+    keep: Option<&'a HashSet<i64>>,
+}
+
+impl FileFilter<'_> {
+    fn drops(&self, key: i64) -> bool {
+        self.skip.is_some_and(|s| s.contains(&key)) || self.keep.is_some_and(|k| !k.contains(&key))
+    }
+}
+
 /// One bucket's rows of one file, buffered until the next flush.
 struct Buffer {
     origin: Vec<u64>,
@@ -163,7 +195,7 @@ pub(crate) fn spill_rows(
     files: Range<usize>,
     wants: &[Want],
     to: SpillTo,
-    skip: &SkipKeys,
+    filter: &KeyFilter,
     progress: &dyn Progress,
 ) -> Result<SpillPart> {
     let SpillTo {
@@ -186,10 +218,10 @@ pub(crate) fn spill_rows(
         .map(|(local, chunk)| {
             crate::progress::check(progress)?;
             let name = format!("{name}-{:06}-{:03}.spill", chunk.file, chunk.index);
-            let skip = skip.get(&chunk.opened.path);
+            let filter = filter.of(&chunk.opened.path);
             let (pieces, memory) = spill_file(
                 chunk.opened,
-                skip,
+                filter,
                 local as u32,
                 (chunk.first_row, chunk.first_row - offsets[chunk.file]),
                 (!in_memory).then(|| dir.join(&name)),
@@ -272,7 +304,7 @@ fn read_chunks(opened: Vec<Opened>, files: Range<usize>, offsets: &[u64]) -> Res
 #[allow(clippy::too_many_arguments)]
 fn spill_file(
     opened: Opened,
-    skip: Option<&HashSet<i64>>,
+    filter: FileFilter<'_>,
     run: u32,
     (first_row, row_in_file): (u64, u64),
     path: Option<PathBuf>,
@@ -356,7 +388,7 @@ fn spill_file(
             }
         }
         for (r, &k) in key.key_ids().iter().enumerate() {
-            if skip.is_some_and(|s| s.contains(&k)) {
+            if filter.drops(k) {
                 continue;
             }
             members[buckets.of(k)].push(r as u32);

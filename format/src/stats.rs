@@ -133,10 +133,9 @@ pub struct Stats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantiles_of: Option<u32>,
     /// Per split (and `all`), the contexts these statistics still count that the generation
-    /// hides (an append replaced their keys): the statistics describe every context the
-    /// generations added, as removing one's values from merged figures cannot be exact (an
-    /// extreme, a quantile). `dsc compact` makes them the live contexts' again. Absent when
-    /// none is hidden.
+    /// hides (an append replaced their keys) because their own statistics could not be read
+    /// back from their inputs (gone, changed, in memory): the figures then include them. `dsc
+    /// compact` makes them the live contexts' again. Absent when none is counted.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub includes_hidden: std::collections::BTreeMap<String, u64>,
 }

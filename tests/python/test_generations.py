@@ -171,6 +171,10 @@ def test_replaced_keys_read_once_as_their_new_contexts(growing: Path, workdir: P
         dsc.append(growing, new, context=meta)
     grown = dsc.append(growing, new, context=meta, existing="replace")
     assert grown.manifest["generation"]["removed"] and sum(grown.splits.values()) == 760
+    # The replaced contexts' statistics were read back from their file and taken out.
+    assert "includes_hidden" not in grown.stats
+    assert {s["split"]: s["contexts"] for s in grown.stats["splits"]} == \
+        {**grown.splits, "all": 760}
     every = grown.keys("train") + grown.keys("val")
     assert len(every) == len(set(every)) == 760
     replaced = list(rename.values())

@@ -247,7 +247,7 @@ impl<'s> Recipe for Profile<'s> {
         progress: &dyn Progress,
     ) -> Result<SpillPart> {
         let inputs = self.tgt_in.take().expect("a recipe is scanned once");
-        let whole = spill::SkipKeys::new();
+        let whole = spill::KeyFilter::default();
         spill::spill_rows(inputs, files, &self.setup.tgt.wants, to, &whole, progress)
     }
 
@@ -258,7 +258,7 @@ impl<'s> Recipe for Profile<'s> {
     ) -> Result<Option<ContextPart>> {
         let inputs = self.ctx_in.take().expect("a recipe is scanned once");
         let all = 0..self.context_files;
-        let whole = spill::SkipKeys::new();
+        let whole = spill::KeyFilter::default();
         let spill = spill::spill_rows(inputs, all, &self.setup.ctx.wants, to, &whole, progress)?;
         Ok(Some(ContextPart::of_spill(spill, self.setup.ctx.rows())))
     }
