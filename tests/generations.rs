@@ -1072,6 +1072,16 @@ fn compaction_writes_the_shards_of_the_fit_from_compile_of_all_inputs_byte_for_b
         theirs["stats.json"]
     );
     dsc(dir.path(), &["verify", "cache"]).ok();
+    // An input changed since the cache read it would compile other contexts: refused.
+    let four = dir.join("data/train/batch_4.parquet");
+    let kept = std::fs::read(&four).unwrap();
+    std::fs::copy(dir.join("data/train/batch_5.parquet"), &four).unwrap();
+    let err = dsc(dir.path(), &["compact", "cache"]).fails(2);
+    assert!(
+        err.contains("batch_4.parquet changed since the cache read it"),
+        "{err}"
+    );
+    std::fs::write(&four, kept).unwrap();
     // An append continues the compacted generation's shards.
     append(&dir, "cache", "data/train/batch_5.parquet", &meta);
     dsc(dir.path(), &["verify", "cache"]).ok();

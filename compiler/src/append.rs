@@ -144,6 +144,7 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         compact: false,
         replace: new.existing == Existing::Replace,
         skip: Default::default(),
+        expected: Default::default(),
         remote,
     };
     next_generation(spec, base, opts)
@@ -236,6 +237,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
     let mut files: Vec<dsc_format::manifest::InputFile> = Vec::new();
     let mut read_by: HashMap<String, u32> = HashMap::new();
     let mut carried: HashMap<String, HashSet<i64>> = HashMap::new();
+    let mut expected: HashMap<String, String> = HashMap::new();
     for m in &lineage {
         let n = m.generation_number();
         let theirs = match m.generation() {
@@ -243,6 +245,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
             Some(g) if g.kind == "compact" => {
                 files.clear();
                 read_by.clear();
+                expected.clear();
                 carried = g
                     .skipped
                     .iter()
@@ -253,6 +256,9 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
             Some(g) => &g.inputs.files,
         };
         files.extend(theirs.iter().cloned());
+        for f in theirs.iter() {
+            expected.insert(f.path.clone(), f.xxh3.clone());
+        }
         for f in theirs.iter().filter(|f| f.role == "rows") {
             read_by.insert(f.path.clone(), n);
         }
@@ -300,6 +306,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
         compact: true,
         replace: false,
         skip,
+        expected,
         remote: None,
     };
     next_generation(spec, base, opts)

@@ -50,6 +50,9 @@ pub(crate) struct Base {
     /// A compaction's rows files with the keys whose rows they leave out: those a later
     /// generation replaced.
     pub skip: crate::spill::SkipKeys,
+    /// A compaction's inputs as the last generation that read each recorded it (path to
+    /// xxh3): a file that changed since would compile other contexts than the cache holds.
+    pub expected: HashMap<String, String>,
     /// A cache in object storage: `cache` is then a local mirror of its manifests and
     /// statistics, its shards are read from the store, and the generation is published there.
     pub remote: Option<dsc_store::Remote>,
@@ -72,6 +75,22 @@ pub(crate) fn commit_append(
         ));
     }
     crate::write::failpoint("append:shards-written");
+    if let Some(f) = added
+        .inputs
+        .files
+        .iter()
+        .find(|f| base.expected.get(&f.path).is_some_and(|was| *was != f.xxh3))
+    {
+        return Err(dsc_format::spelling::OptionError::new(
+            "rows",
+            format!(
+                "{} changed since the cache read it (xxh3 {} then, {} now): a compaction \
+                 compiles the inputs as they were; nothing was committed",
+                f.path, base.expected[&f.path], f.xxh3
+            ),
+        )
+        .into());
+    }
     // The parent's shards, each with the rows this generation hides (the contexts whose keys
     // it replaces) added to those already hidden.
     let mut parents: Vec<ShardEntry> = parent.shards().to_vec();
