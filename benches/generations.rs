@@ -4,7 +4,11 @@
 //!   (`dsc append`), against compiling all eight (`dsc compile`): the aim is at most 0.2;
 //! - read: an epoch of the loader (shuffled, batches of 256) over a lineage of eight
 //!   generations (one compile, seven appends), against the same contexts compiled as one
-//!   cache (`--fit-from`): the aim is 1.0.
+//!   cache (`--fit-from`): the aim is 1.0;
+//! - replace: appending the eighth file again over itself (`--existing replace`: each of its
+//!   keys replaced, the old contexts hidden, their statistics read back from the file and taken
+//!   out), against the append that added it; and an epoch of that generation (an eighth of its
+//!   stored contexts hidden) against its compaction.
 //!
 //! Cases alternate within each repeat and each ratio is the median of the per-repeat ratios,
 //! so that a slow stretch of a shared machine weighs on both sides alike.
@@ -12,7 +16,9 @@
 //! cargo bench --bench generations
 //! DSC_BENCH_EVENTS=1000 DSC_BENCH_REPEATS=3 cargo bench --bench generations   # quick
 
-use dsc_compiler::{append, compile, AppendInputs, CompileOptions, CompileSpec, NoProgress};
+use dsc_compiler::{
+    append, compact, compile, AppendInputs, CompileOptions, CompileSpec, Existing, NoProgress,
+};
 use dsc_loader::{Cache, LoaderOptions};
 use std::path::Path;
 use std::time::Instant;
@@ -64,12 +70,17 @@ fn batch(data: &Path, i: usize) -> String {
 }
 
 fn add(cache: &Path, data: &Path, i: usize) -> f64 {
+    add_as(cache, data, i, Existing::Refuse)
+}
+
+/// Seconds to append file `i` to `cache`, keys the cache holds treated as `existing` says.
+fn add_as(cache: &Path, data: &Path, i: usize, existing: Existing) -> f64 {
     let t = Instant::now();
     let new = AppendInputs {
         rows: vec![batch(data, i)],
         context: Some(data.join("train_meta.parquet").display().to_string()),
         joins: None,
-        ..Default::default()
+        existing,
     };
     append(cache, &new, &options(cache)).expect("append");
     t.elapsed().as_secs_f64()
@@ -158,6 +169,26 @@ fn main() {
         lineage_s.push(a);
         read_ratios.push(a / b);
     }
+    // Replacing the eighth file's keys with the same file, against appending it; then an
+    // epoch of that generation (an eighth of its stored contexts hidden) against its
+    // compaction.
+    let mut replace_ratios = Vec::new();
+    for _ in 0..repeats {
+        compile(&spec(&data, all[..7].to_vec()), &options(&grown)).expect("compile");
+        let a = add(&grown, &data, 8);
+        let r = add_as(&grown, &data, 8, Existing::Replace);
+        replace_ratios.push(r / a);
+    }
+    let hiding = Cache::open(&grown).unwrap();
+    assert_eq!(hiding.manifest().generation_number(), 3);
+    compact(&grown, &options(&grown)).expect("compact");
+    let compacted = Cache::open(&grown).unwrap();
+    let mut hidden_ratios = Vec::new();
+    for r in 0..repeats as u64 {
+        let (a, _) = epoch(&hiding, r);
+        let (b, _) = epoch(&compacted, r);
+        hidden_ratios.push(a / b);
+    }
     let contexts = l.manifest().summary().contexts;
     println!(
         "{} events ({} pulses) in 8 files, {} threads, median of {repeats} (min-max)",
@@ -175,4 +206,6 @@ fn main() {
     );
     show("append 1/8 ÷ compile all (aim ≤ 0.2)", &append_ratios);
     show("epoch of 8 generations ÷ one cache (aim 1.0)", &read_ratios);
+    show("replace 1/8 ÷ append 1/8", &replace_ratios);
+    show("epoch hiding 1/8 ÷ its compaction", &hidden_ratios);
 }

@@ -299,7 +299,7 @@ fn windows_are_refused_where_they_cannot_hold_naming_the_option() {
     o.trim = Some(1);
     refused(o, "trim", "series_window");
     // A mix's options on one cache are refused whatever the shape (they were ignored with
-    // windows); a single weight is one cache's whole mix.
+    // windows), a single weight too (issue 52: the rule of every front end).
     let mut o = options(w.clone(), 8);
     o.order.mix_samples = Some(100);
     refused(o, "mix_samples", "two or more caches");
@@ -308,7 +308,7 @@ fn windows_are_refused_where_they_cannot_hold_naming_the_option() {
     refused(o, "weights", "two or more caches");
     let mut o = options(w.clone(), 8);
     o.order.weights = vec![2.0];
-    assert!(cache.loader(o).is_ok());
+    refused(o, "weights", "two or more caches");
     let l = cache.manifest().max_len();
     refused(
         options(windows(l + 1, 8, 0, false), 8),

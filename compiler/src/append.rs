@@ -145,6 +145,7 @@ fn run(cache: &Path, new: &AppendInputs, opts: &CompileOptions) -> Result<Compil
         replace: new.existing == Existing::Replace,
         skip: Default::default(),
         expected: Default::default(),
+        hidden_stats: Some(crate::hidden::stats_of),
         remote,
     };
     next_generation(spec, base, opts)
@@ -307,6 +308,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
         replace: false,
         skip,
         expected,
+        hidden_stats: None,
         remote: None,
     };
     next_generation(spec, base, opts)

@@ -14,15 +14,15 @@ use dsc_format::{Manifest, Stats};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-/// The statistics of the parent's contexts at `(shard, row)` of `hidden`, compiled in folders
-/// under `scratch` (removed after), or `None` where their inputs cannot give them exactly.
+/// The statistics of the parent's contexts at `(shard, row)` of `hidden`, one part per
+/// generation that wrote some, compiled in folders under `scratch` (removed after), or `None`
+/// where their inputs cannot give them exactly.
 pub(crate) fn stats_of(
     cache: &Path,
     parent: &Manifest,
     hidden: &[(usize, u32)],
     scratch: &Path,
-    max_memory: Option<u64>,
-) -> Result<Option<Stats>> {
+) -> Result<Option<Vec<Stats>>> {
     // The hidden keys, by the generation that wrote each (each shard's keys read once).
     let mut rows: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
     for &(shard, row) in hidden {
@@ -36,26 +36,23 @@ pub(crate) fn stats_of(
         mine.extend(rows.into_iter().map(|r| keys[r as usize]));
     }
     let lineage = Manifest::lineage(cache, &mut dsc_format::generation::LocalFiles(cache))?;
-    let mut total: Option<Stats> = None;
+    let mut parts: Vec<Stats> = Vec::new();
     let result = (|| {
         for (n, keys) in by_generation {
             let Some(written) = lineage.iter().find(|m| m.generation_number() == n) else {
                 return Ok(None);
             };
             let out = scratch.join(n.to_string());
-            let stats = match one_generation(cache, written, keys, &out, max_memory) {
+            let stats = match one_generation(cache, written, keys, &out) {
                 Ok(Some(stats)) => stats,
                 // A signal stops the append; anything else (an input gone, unreadable) only
                 // means the figures cannot be taken apart.
                 Err(e @ CompileError::Interrupted { .. }) => return Err(e),
                 Ok(None) | Err(_) => return Ok(None),
             };
-            total = Some(match total.take() {
-                None => stats,
-                Some(t) => crate::lineage::merge_stats(&t, &stats, n),
-            });
+            parts.push(stats);
         }
-        Ok(total)
+        Ok(Some(parts))
     })();
     // Scratch only: inside the append's staging folder, which becomes the generation's.
     let _ = std::fs::remove_dir_all(scratch);
@@ -69,7 +66,6 @@ fn one_generation(
     written: &Manifest,
     keys: HashSet<i64>,
     out: &Path,
-    max_memory: Option<u64>,
 ) -> Result<Option<Stats>> {
     let (files, skipped): (&[InputFile], _) = match written.generation() {
         None => (&written.inputs().files, BTreeMap::new()),
@@ -113,7 +109,7 @@ fn one_generation(
     let opts = CompileOptions {
         out: out.to_path_buf(),
         force: true,
-        max_memory,
+        max_memory: None,
         storage: Storage::Hot,
         progress: &NoProgress,
     };

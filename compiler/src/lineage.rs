@@ -36,6 +36,15 @@ pub(crate) struct Added {
     pub drift: Option<crate::Drift>,
 }
 
+/// The statistics of the parent's contexts at `(shard, row)` compiled again from their inputs
+/// in a scratch folder, one part per generation, or `None` where they cannot be exactly.
+pub(crate) type HiddenStats = fn(
+    &std::path::Path,
+    &Manifest,
+    &[(usize, u32)],
+    &std::path::Path,
+) -> Result<Option<Vec<Stats>>>;
+
 /// What an append builds on: the cache's last generation, locked for the whole append.
 pub(crate) struct Base {
     pub cache: PathBuf,
@@ -53,6 +62,10 @@ pub(crate) struct Base {
     /// A compaction's inputs as the last generation that read each recorded it (path to
     /// xxh3): a file that changed since would compile other contexts than the cache holds.
     pub expected: HashMap<String, String>,
+    /// How an append reads back the statistics of the contexts it hides
+    /// (`crate::hidden::stats_of`): given by the append, as this module runs inside the
+    /// compile that function runs again.
+    pub hidden_stats: Option<HiddenStats>,
     /// A cache in object storage: `cache` is then a local mirror of its manifests and
     /// statistics, its shards are read from the store, and the generation is published there.
     pub remote: Option<dsc_store::Remote>,
@@ -207,18 +220,14 @@ pub(crate) fn commit_append(
             // The contexts it hides are taken out of the figures where their own statistics
             // can be had exactly (their inputs, read again for those keys); else the figures
             // keep counting them, and say how many.
-            let hidden = match (replaced.is_empty(), &base.remote) {
-                (true, _) | (false, Some(_)) => None,
-                (false, None) => crate::hidden::stats_of(
-                    &base.cache,
-                    parent,
-                    &replaced,
-                    &staging.dir.join(".hidden"),
-                    None,
-                )?,
+            let hidden = match (replaced.is_empty(), &base.remote, base.hidden_stats) {
+                (false, None, Some(read_back)) => {
+                    read_back(&base.cache, parent, &replaced, &staging.dir.join(".hidden"))?
+                }
+                _ => None,
             };
             match hidden {
-                Some(h) => subtract_stats(&merged, &h),
+                Some(parts) => parts.iter().fold(merged, |s, h| subtract_stats(&s, h)),
                 None => {
                     let mut kept = merged;
                     let g = manifest.generation().expect("a later generation");

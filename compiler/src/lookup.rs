@@ -489,7 +489,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("key \"alpha\" appears twice") && err.contains("rows 0 and 2"),
+            err.contains("key \"alpha\" appears twice") && err.contains("row 0 and row 2"),
             "{err}"
         );
         assert!(KeyIndex::of_ids(&table, "k", &[7, 8, 9]).is_ok());
