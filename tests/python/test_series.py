@@ -91,7 +91,7 @@ def test_series_windows_are_refused_where_they_cannot_hold(series_cache: Path) -
          "twice"),
         (dict(series_window=8, horizon=2, horizon_columns=[]), "horizon_columns", "names no column"),
         (dict(series_window=8, horizon_columns=["value"]), "horizon_columns", "horizon is 0 steps"),
-        (dict(series_window=8, pad_windows="no"), "pad_windows", "expected a boolean"),
+        (dict(series_window=8, pad_windows="no"), "pad_windows", "expected True or False"),
         (dict(series_window=8, horizon=2, horizon_columns=3), "horizon_columns", "a column name"),
         (dict(series_window=8, bucket=True), "bucket", "series windows"),
         (dict(series_window=8, trim=True), "trim", "series windows"),
