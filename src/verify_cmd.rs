@@ -97,7 +97,7 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
             let object = a.cache.join(&entry.file);
             if tables.contains(entry.file.as_str()) {
                 table = None;
-                let copy = KeyTableCopy::fetch(&store, entry, &object, &opts.dir)
+                let copy = KeyTableCopy::fetch(&store, entry, &opts.dir)
                     .map_err(|e| fetch_problem(&object, stop(e)))?;
                 let path = copy.0.clone();
                 table = Some(copy);
@@ -130,31 +130,20 @@ fn verify_remote(a: &VerifyArgs, depth: Depth) -> anyhow::Result<dsc_format::ver
 struct KeyTableCopy(std::path::PathBuf);
 
 impl KeyTableCopy {
-    /// The key table `entry` describes (its file, size and xxh3), checked on arrival so that
-    /// a damaged object is named by its URL, `object`.
+    /// The key table `entry` describes (its file, size and xxh3), fetched by the store's
+    /// checked download (a damaged object is refused on arrival, named by its URL).
     fn fetch(
         store: &dsc_store::Remote,
         entry: &dsc_format::ShardEntry,
-        object: &std::path::Path,
         folder: &std::path::Path,
     ) -> Result<KeyTableCopy, dsc_loader::LoadError> {
-        let bytes = store.get(&entry.file)?;
-        if bytes.len() as u64 != entry.bytes {
-            return Err(dsc_format::FormatError::io(
-                object,
-                std::io::Error::other(format!(
-                    "{} bytes, the manifest says {}",
-                    bytes.len(),
-                    entry.bytes
-                )),
-            )
-            .into());
-        }
-        let found = dsc_format::checksum::xxh3_hex(&bytes);
-        dsc_format::checksum::check(found, &entry.xxh3, object)?;
         std::fs::create_dir_all(folder).map_err(|e| dsc_format::FormatError::io(folder, e))?;
         let path = folder.join(format!(".verify-{}.keys.safetensors", std::process::id()));
-        std::fs::write(&path, bytes).map_err(|e| dsc_format::FormatError::io(&path, e))?;
+        let expected = dsc_store::Expected {
+            bytes: entry.bytes,
+            xxh3: &entry.xxh3,
+        };
+        store.download(&entry.file, &path, expected)?;
         Ok(KeyTableCopy(path))
     }
 }

@@ -4,7 +4,7 @@
 //! generation they read; appends that fail, race or are killed leave the cache as it was.
 
 use crate::util::{
-    arc, dsc, filter_rows, gen_icecube, gen_sequences_as, icecube_args, read_cache_as,
+    arc, dsc, files_in, filter_rows, gen_icecube, gen_sequences_as, icecube_args, read_cache_as,
     replace_column, tree, Dir, Sample, Table,
 };
 use arrow_array::cast::AsArray;
@@ -64,6 +64,15 @@ fn folder(cache: &Path, n: u32) -> std::path::PathBuf {
             .as_str()
             .unwrap(),
     )
+}
+
+/// Asserts that every shard of the compile whose files are `theirs` is, byte for byte, the
+/// file of that name in generation folder `ours` (`when` says which compaction, if any).
+fn assert_same_shards(theirs: &BTreeMap<String, Vec<u8>>, ours: &Path, when: &str) {
+    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
+        let mine = std::fs::read(ours.join(name)).unwrap();
+        assert!(mine == *bytes, "{name} differs {when}");
+    }
 }
 
 /// Every context of generation `n` by key.
@@ -315,11 +324,7 @@ fn string_keys_and_list_columns_append_as_integer_keys_do() {
         (300, 5),
         &["--key-type", "string", "--layout", "lists"],
     );
-    let mut files: Vec<String> = std::fs::read_dir(dir.join("seq/lists"))
-        .unwrap()
-        .map(|e| format!("seq/lists/{}", e.unwrap().file_name().to_string_lossy()))
-        .collect();
-    files.sort();
+    let files = files_in(&dir, "seq/lists");
     assert_eq!(files.len(), 3);
     let compile = |rows: &[&str], out: &str, extra: &[&str]| {
         let mut args = vec!["compile"];
@@ -385,10 +390,7 @@ fn string_keys_and_list_columns_append_as_integer_keys_do() {
     dsc(dir.path(), &["verify", "cache"]).ok();
     dsc(dir.path(), &["compact", "cache"]).ok();
     let theirs = tree(&dir.join("all"));
-    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
-        let ours = std::fs::read(folder(&cache, 5).join(name)).unwrap();
-        assert!(ours == *bytes, "{name} differs");
-    }
+    assert_same_shards(&theirs, &folder(&cache, 5), "");
 }
 
 #[test]
@@ -719,20 +721,14 @@ fn an_append_that_replaces_keys_hides_their_old_contexts_and_reads_as_a_compile_
     compile_icecube(&dir, "live/*.parquet", "fresh", &args);
     assert_same_contexts(&contexts(&cache, 4), &third);
     let theirs = tree(&dir.join("fresh"));
-    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
-        let ours = std::fs::read(folder(&cache, 4).join(name)).unwrap();
-        assert!(ours == *bytes, "{name} differs");
-    }
+    assert_same_shards(&theirs, &folder(&cache, 4), "");
     assert_eq!(
         std::fs::read(folder(&cache, 4).join("stats.json")).unwrap(),
         theirs["stats.json"]
     );
     // A later compaction reads the same files and leaves out the same rows.
     dsc(dir.path(), &["compact", "cache"]).ok();
-    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
-        let ours = std::fs::read(folder(&cache, 5).join(name)).unwrap();
-        assert!(ours == *bytes, "{name} differs after a second compaction");
-    }
+    assert_same_shards(&theirs, &folder(&cache, 5), "after a second compaction");
     // Where the hidden contexts' inputs are gone, their statistics cannot be read back: the
     // figures keep counting them, and say how many.
     std::fs::remove_file(dir.join("data/again.parquet")).unwrap();
@@ -1063,10 +1059,7 @@ fn compaction_writes_the_shards_of_the_fit_from_compile_of_all_inputs_byte_for_b
     assert_eq!(strip(&compacted), strip(&whole));
     // ... byte for byte, and the statistics of the one compile.
     let theirs = tree(&dir.join("all"));
-    for (name, bytes) in theirs.iter().filter(|(n, _)| n.starts_with("shards/")) {
-        let ours = std::fs::read(folder(&cache, 4).join(name)).unwrap();
-        assert!(ours == *bytes, "{name} differs");
-    }
+    assert_same_shards(&theirs, &folder(&cache, 4), "");
     assert_eq!(
         std::fs::read(folder(&cache, 4).join("stats.json")).unwrap(),
         theirs["stats.json"]

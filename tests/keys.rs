@@ -565,11 +565,7 @@ fn a_key_in_two_list_files_names_both() {
         (90, 3),
         &["--key-type", "string", "--layout", "lists"],
     );
-    let mut files: Vec<String> = std::fs::read_dir(dir.join("seq/lists"))
-        .unwrap()
-        .map(|e| format!("seq/lists/{}", e.unwrap().file_name().to_string_lossy()))
-        .collect();
-    files.sort();
+    let files = files_in(&dir, "seq/lists");
     for (file, dup) in [(&files[0], 1), (&files[2], 2)] {
         replace_column(&dir.join(file), "customer_id", |_, batch| {
             let col = batch

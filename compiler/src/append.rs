@@ -277,15 +277,7 @@ fn run_compact(cache: &Path, opts: &CompileOptions) -> Result<CompileReport> {
             ),
         ));
     }
-    let of = |role: &str| {
-        let mut paths: Vec<String> = Vec::new();
-        for f in files.iter().filter(|f| f.role == role) {
-            if !paths.contains(&f.path) {
-                paths.push(f.path.clone());
-            }
-        }
-        paths
-    };
+    let of = |role: &str| crate::commit::paths_of(&files, role);
     let contexts = of("context");
     if contexts.len() > 1 {
         return Err(refuse(

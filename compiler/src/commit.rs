@@ -170,3 +170,16 @@ pub(crate) fn combined_fingerprint(files: &[InputFile]) -> String {
     }
     h.hex()
 }
+
+/// The paths of `files` used as `role` (`rows`, `context`, `join`), each once, in the order
+/// they first come: what a compile of those inputs again reads (a compaction, an append's
+/// statistics of what it hides).
+pub(crate) fn paths_of(files: &[InputFile], role: &str) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    for f in files.iter().filter(|f| f.role == role) {
+        if !paths.contains(&f.path) {
+            paths.push(f.path.clone());
+        }
+    }
+    paths
+}

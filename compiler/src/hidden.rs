@@ -77,15 +77,7 @@ fn one_generation(
     {
         return Ok(None);
     }
-    let of = |role: &str| -> Vec<String> {
-        let mut paths: Vec<String> = Vec::new();
-        for f in files.iter().filter(|f| f.role == role) {
-            if !paths.contains(&f.path) {
-                paths.push(f.path.clone());
-            }
-        }
-        paths
-    };
+    let of = |role: &str| crate::commit::paths_of(files, role);
     let mut spec = written.spec().clone();
     spec.rows = of("rows");
     spec.context = of("context").into_iter().next();

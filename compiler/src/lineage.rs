@@ -527,6 +527,12 @@ fn merge_numeric(a: &NumericStats, na: u64, b: &NumericStats, nb: u64) -> Numeri
 /// Two histograms on the same edges (an append bins its data on its parent's) added bin by
 /// bin; the first one's otherwise.
 fn merge_bins(a: &[Bin], b: &[Bin]) -> Vec<Bin> {
+    combine_bins(a, b, |x, y| x + y)
+}
+
+/// `a`'s and `b`'s counts combined by `op` bin by bin, where both have the same edges; `a`
+/// otherwise.
+fn combine_bins(a: &[Bin], b: &[Bin], op: fn(u64, u64) -> u64) -> Vec<Bin> {
     let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x.lo, x.hi) == (y.lo, y.hi));
     if !same {
         return a.to_vec();
@@ -534,7 +540,7 @@ fn merge_bins(a: &[Bin], b: &[Bin]) -> Vec<Bin> {
     a.iter()
         .zip(b)
         .map(|(x, y)| Bin {
-            count: x.count + y.count,
+            count: op(x.count, y.count),
             ..*x
         })
         .collect()
@@ -650,17 +656,7 @@ fn subtract_numeric(a: &NumericStats, na: u64, b: &NumericStats, nb: u64) -> Num
 
 /// [`merge_bins`] undone: `b`'s counts taken from `a`'s, bin by bin, on the same edges.
 fn subtract_bins(a: &[Bin], b: &[Bin]) -> Vec<Bin> {
-    let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x.lo, x.hi) == (y.lo, y.hi));
-    if !same {
-        return a.to_vec();
-    }
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| Bin {
-            count: x.count.saturating_sub(y.count),
-            ..*x
-        })
-        .collect()
+    combine_bins(a, b, u64::saturating_sub)
 }
 
 /// [`merge_vocabulary`] undone: `b`'s counts taken from `a`'s, values left with none removed,

@@ -407,10 +407,8 @@ impl Cache {
     /// sees (all but the ones a later generation hides).
     pub fn contexts(&self, split: &str) -> Result<crate::order::SplitContexts, LoadError> {
         let shards = &self.inner.splits[self.inner.split_index(split)?].1;
-        Ok(crate::order::SplitContexts::hiding(
-            shards
-                .iter()
-                .map(|s| (s.entry.contexts, &s.entry.removed[..])),
+        Ok(crate::order::SplitContexts::of_entries(
+            shards.iter().map(|s| &s.entry),
         ))
     }
 

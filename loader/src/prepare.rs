@@ -308,9 +308,9 @@ pub(crate) fn prepare(
     let sizes: Vec<Arc<SplitContexts>> = gathered
         .iter()
         .map(|s| {
-            let shards = s.shards().iter();
-            let contexts = shards.map(|s| (s.entry.contexts, &s.entry.removed[..]));
-            Arc::new(SplitContexts::hiding(contexts))
+            Arc::new(SplitContexts::of_entries(
+                s.shards().iter().map(|s| &s.entry),
+            ))
         })
         .collect();
     let cold = gathered.iter().any(|s| s.cold);

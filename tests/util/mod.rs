@@ -437,6 +437,16 @@ pub fn read_cache_as(
     (samples, order)
 }
 
+/// The files of folder `folder` of `dir`, as paths relative to `dir`, sorted.
+pub fn files_in(dir: &Dir, folder: &str) -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(dir.join(folder))
+        .unwrap()
+        .map(|e| format!("{folder}/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    files.sort();
+    files
+}
+
 /// A Parquet file read with the `parquet` crate, column by column.
 pub struct Table {
     pub batches: Vec<RecordBatch>,

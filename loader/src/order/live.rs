@@ -56,6 +56,13 @@ impl SplitContexts {
         out
     }
 
+    /// The contexts of shards `entries`, hiding the rows each lists as removed.
+    pub fn of_entries<'a>(
+        entries: impl IntoIterator<Item = &'a dsc_format::ShardEntry>,
+    ) -> SplitContexts {
+        SplitContexts::hiding(entries.into_iter().map(|e| (e.contexts, &e.removed[..])))
+    }
+
     /// Contexts a reader sees, per shard.
     pub fn live(&self) -> &[usize] {
         &self.live
