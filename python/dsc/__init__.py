@@ -19,11 +19,14 @@ from ._cache import Cache, TensorInfo, open
 from ._compile import append, compile, compile_stage, merge
 from ._batch import Batch
 from ._loader import IterableDataset, Loader
+from ._captured import CapturedStep, CaptureError
 
 __all__ = [
     "Batch",
     "Cache",
     "CacheError",
+    "CaptureError",
+    "CapturedStep",
     "CompileError",
     "Error",
     "IterableDataset",
