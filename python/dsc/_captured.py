@@ -114,13 +114,11 @@ class CapturedStep:
         self.checks = bool(capture)
         self.capture_wanted = self.checks and self.cuda
         if self.checks:
-            _capturable(optimizer, set_it=self.cuda)
+            _capturable(optimizer, set_it=False)
         self.rates, self.table_start = _rate_table(torch, optimizer, schedule, steps,
                                                    self.device)
-        if self.rates is not None:
-            # Each group reads its rate from a device tensor the update rewrites in place.
-            for group, rate in zip(optimizer.param_groups, self.rates[0].tolist()):
-                group["lr"] = torch.tensor(rate, dtype=torch.float32, device=self.device)
+        self.host_rates = None if self.rates is None else self.rates.cpu().tolist()
+        self.bound = False
         self.optimizer_steps = 0
         self.micro_steps = 0
         self.step_counter = torch.zeros((), dtype=torch.long, device=self.device)
@@ -161,6 +159,17 @@ class CapturedStep:
         self.optimizer.zero_grad(set_to_none=False)
         self.step_counter += 1
 
+    def _bind(self) -> None:
+        """Readies the optimizer at the first call, after any state the user loaded into it:
+        ``capturable`` on CUDA (its step counts on the device) and, with a schedule, each
+        group's rate a device tensor that the update rewrites in place."""
+        if self.capture_wanted:
+            _capturable(self.optimizer, set_it=True)
+        if self.rates is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.torch.zeros((), dtype=self.torch.float32, device=self.device)
+        self.bound = True
+
     def _eager(self, last: bool) -> None:
         if self.checks and not self.checked:
             _without_host_syncs(self.torch, self._micro)
@@ -175,6 +184,8 @@ class CapturedStep:
     def __call__(self) -> bool:
         """One micro-step on the batch the loader's last ``next()`` placed. Returns whether it
         ended an optimizer step."""
+        if not self.bound:
+            self._bind()
         self.micro_steps += 1
         self.loss_count += 1
         last = self.micro_steps % self.accumulate == 0
@@ -236,11 +247,12 @@ class CapturedStep:
         return value
 
     def lr(self) -> List[float]:
-        """Each parameter group's learning rate for the next optimizer step (a read-back)."""
-        if self.rates is None:
+        """Each parameter group's learning rate for the next optimizer step (from the host's copy
+        of the table: no read-back)."""
+        if self.host_rates is None:
             return [float(g["lr"]) for g in self.optimizer.param_groups]
-        at = min(max(self.optimizer_steps - self.table_start, 0), self.rates.shape[0] - 1)
-        return self.rates[at].tolist()
+        at = min(max(self.optimizer_steps - self.table_start, 0), len(self.host_rates) - 1)
+        return self.host_rates[at]
 
     def state_dict(self) -> Dict[str, Any]:
         """The position to save with a checkpoint (the model's and optimizer's states are
@@ -358,7 +370,11 @@ def _rate_table(torch: Any, optimizer: Any, schedule: Any, steps: Optional[int],
         for g, r in zip(groups, rates):
             g["lr"] = r
     elif callable(schedule):
-        base = [float(g.get("initial_lr", g["lr"])) for g in groups]
+        # The factor's base is kept in the groups (and so in the optimizer's state), as torch's
+        # schedulers keep theirs: a resumed run scales the same rates.
+        for g in groups:
+            g.setdefault("initial_lr", float(g["lr"]))
+        base = [float(g["initial_lr"]) for g in groups]
         rows = [[b * float(schedule(s)) for b in base] for s in range(steps)]
         start = 0
     else:
