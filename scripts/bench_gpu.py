@@ -440,22 +440,18 @@ def feed_costs(args, cache: dsc.Cache, device: torch.device, pack: int) -> List[
 
 
 def whole_step(feed: DscFeed, model, task, targs, device: torch.device, steps: int):
-    """examples/train.py's captured step (``--graph``) over ``feed``'s static loader: AdamW at a
-    constant learning rate of 1e-3 (the other modes' optimizer), no clipping."""
+    """examples/train.py's captured step (``--graph``: dsc.CapturedStep) over ``feed``'s static
+    loader: fused AdamW at a constant learning rate of 1e-3 (the other modes' optimizer), no
+    clipping."""
     on_cuda = device.type == "cuda"
-    targs = argparse.Namespace(**{**vars(targs), "lr": 1e-3, "weight_decay": 0.0, "clip": 0.0,
-                                  "accumulate": 1})
-    opt = TRAIN.build_optimizer(model, targs, device, graph=True)
-
-    losses = [torch.zeros((), device=device) for _ in range(2)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     if feed.loader is None:
         feed.loader = feed.make()
-    run = TRAIN.WholeStep(model, task, opt, feed.loader, targs,
-                          torch.bfloat16 if on_cuda else None, device, [1e-3] * (steps + 1),
-                          *losses, 0)
+    run = dsc.CapturedStep(model, lambda m, b: TRAIN.mean_loss(task, m(b), b), opt, feed.loader,
+                           autocast=torch.bfloat16 if on_cuda else None)
 
     def step(batch, n):
-        run(True)
+        run()
     return step
 
 

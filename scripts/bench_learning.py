@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
-import train as example  # noqa: E402  (the reference networks, loss and optimizer)
+import reference as example  # noqa: E402  (the reference networks, loss and optimizer)
 
 
 def parse_args() -> argparse.Namespace:

@@ -339,7 +339,8 @@ def test_the_whole_step_resumes_exactly(train_script, icecube_cache, tmp_path):
 
 
 def test_refusals_of_the_whole_step(train_script, icecube_cache):
-    for extra, words in [(["--graph"], "--no-trim"), (["--graph", "--bucket", "--no-trim"], "--pack"),
+    for extra, words in [(["--graph", "--trim"], "without --trim"),
+                         (["--graph", "--bucket", "--no-trim"], "--pack"),
                          (["--graph", "--pack", "1024", "--compile"], "choose one"),
                          (["--graph", "--pack", "1024", "--amp", "fp16"], "bf16")]:
         with pytest.raises(SystemExit, match=words):
@@ -442,3 +443,28 @@ def test_cuda_the_captured_step_learns_as_the_eager_loop(train_script, parity_ca
         assert graph["graph"] and graph["device"] == "cuda"
         err = (eager["val_metric"][-1], graph["val_metric"][-1])
         assert err[1] <= 1.1 * err[0] and err[1] < 1.2, (shape, err)
+
+
+def test_a_gpu_machine_captures_by_default_and_a_resume_keeps_it(train_script, icecube_cache,
+                                                                 tmp_path, monkeypatch):
+    """Issue 53 (3): where --graph is left unset, a machine that captures (CUDA, injected here)
+    trains the whole step captured, on untrimmed padded batches; the choice is in the summary
+    and the checkpoint, and a resume on a machine that would not capture keeps it. --no-graph
+    and --trim give the eager run, and a shape that changes (--bucket) says why it is eager."""
+    base = ["--cache", str(icecube_cache), "--epochs", "1", "--log-every", "3", "--json", *SMALL]
+    monkeypatch.setattr(train_script, "auto_graph", lambda device: True)
+    auto = train_script.main([*base, "--max-steps", "4", "--out", str(tmp_path / "a")])
+    assert (auto["graph"], auto["trim"], auto["batch_lens"]) == (True, False, {"64": 4})
+    ckpt = torch.load(tmp_path / "a" / "last.pt", weights_only=True)
+    assert (ckpt["args"]["graph"], ckpt["args"]["trim"]) == (True, False)
+    for extra, graph, trim in [(["--no-graph"], False, True), (["--trim"], False, True),
+                               (["--bucket"], False, True), (["--pack", "1024"], True, False)]:
+        s = train_script.main([*base, "--max-steps", "2", *extra])
+        assert (s["graph"], s["trim"]) == (graph, trim), extra
+    monkeypatch.setattr(train_script, "auto_graph", lambda device: False)
+    resumed = train_script.main(["--resume", str(tmp_path / "a" / "last.pt"), "--max-steps", "6",
+                                 "--json", "--threads", "1"])
+    assert (resumed["graph"], resumed["trim"], resumed["optimizer_steps"]) == (True, False, 6)
+    # Left unset on a machine that does not capture: today's eager, trimmed run.
+    plain = train_script.main([*base, "--max-steps", "2"])
+    assert (plain["graph"], plain["trim"]) == (False, True)
