@@ -3,7 +3,8 @@
 //! The directory is found the way torch-sys finds it: `LIBTORCH_LIB`, `LIBTORCH`, or the
 //! `torch` package of the active Python with `LIBTORCH_USE_PYTORCH=1`.
 //!
-//! It also compiles `csrc/graph.cpp` (CUDA graphs, a side stream, non-blocking copies: what tch
+//! It compiles `csrc/fused.cpp` (libtorch's fused AdamW) against that libtorch's headers, and
+//! `csrc/graph.cpp` (CUDA graphs, a side stream, non-blocking copies: what tch
 //! does not bind) against that libtorch's headers when its CUDA build and the CUDA runtime
 //! headers are there, and sets `cfg(dsc_cuda_graphs)`; otherwise `--graph` runs uncaptured.
 
@@ -21,13 +22,45 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo::rustc-check-cfg=cfg(dsc_cuda_graphs)");
+    println!("cargo::rustc-check-cfg=cfg(dsc_fused_adamw)");
+    println!("cargo:rerun-if-changed=csrc/fused.cpp");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=DSC_TRAIN_NO_GRAPHS");
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
     if let Some(dir) = libtorch_lib_dir() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+        build_fused_shim(&dir);
         build_graph_shim(&dir);
     }
+}
+
+/// Compiles the fused AdamW shim (`csrc/fused.cpp`: ATen's `_fused_adamw_`, CPU and CUDA)
+/// wherever libtorch's headers are found, and sets `cfg(dsc_fused_adamw)`; without it the
+/// optimizer keeps its own whole-buffer update.
+fn build_fused_shim(lib: &Path) {
+    let Some(root) = lib.parent() else { return };
+    let include = root.join("include");
+    if !include.join("ATen/ops/_fused_adamw.h").is_file() {
+        println!(
+            "cargo:warning=dsc-train without fused AdamW: no ATen headers under {}",
+            include.display()
+        );
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/fused.cpp")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
+        .warnings(false)
+        .compile("dsc_fused_shim");
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    for l in ["torch_cpu", "c10"] {
+        println!("cargo:rustc-link-lib=dylib={l}");
+    }
+    println!("cargo:rustc-cfg=dsc_fused_adamw");
 }
 
 /// Compiles the CUDA graph shim where libtorch has a CUDA build and the CUDA runtime headers

@@ -131,12 +131,23 @@ pub struct Cli {
     /// Capture the whole training step (gather, forward, loss, backward, clipping, AdamW) as
     /// CUDA graphs after three eager steps and replay them: one launch per step instead of
     /// hundreds, for small networks whose steps the host's launches hold back. Batches arrive
-    /// in fixed device buffers, padded ones untrimmed (so not with --bucket or
-    /// --trim-multiple). Without CUDA the same step runs uncaptured; the summary says which
-    /// (`step`). The arithmetic is the eager step's: a resume keeps the run's choice, and
-    /// --graph with --resume captures a run that started eagerly.
-    #[arg(long, conflicts_with_all = ["bucket", "trim_multiple"])]
+    /// in fixed device buffers, padded ones untrimmed. Without CUDA the same step runs
+    /// uncaptured; the summary says which (`step`). The arithmetic is the eager step's: a
+    /// resume keeps the run's choice, and --graph or --no-graph with --resume changes it
+    /// [default: on CUDA wherever the batch shape is static (packs, series windows, padded
+    /// batches then untrimmed); eager on the CPU and with --bucket, --trim or --trim-multiple].
+    #[arg(long, conflicts_with_all = ["bucket", "trim_multiple", "trim", "no_graph"])]
     pub graph: bool,
+
+    /// Run the step eagerly on CUDA too, on trimmed padded batches.
+    #[arg(long)]
+    pub no_graph: bool,
+
+    /// Cut each padded batch to its longest sequence (rounded up the ladder of
+    /// --trim-multiple): shapes that change, so an eager step [default: on the CPU; on CUDA,
+    /// untrimmed batches for a captured step].
+    #[arg(long)]
+    pub trim: bool,
 
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
@@ -274,6 +285,23 @@ impl Cli {
                 .filter(|p| !p.as_os_str().is_empty())
                 .map_or_else(|| PathBuf::from("."), PathBuf::from),
             (None, None) => PathBuf::from("runs/latest"),
+        }
+    }
+
+    /// Whether the command line decides `--graph` (given, refused, or ruled out by a shape
+    /// that changes from batch to batch); `None` leaves it to the machine
+    /// ([`crate::machine::settle`]).
+    pub fn graph_asked(&self) -> Option<bool> {
+        if self.graph {
+            Some(true)
+        } else if self.no_graph
+            || self.trim
+            || self.shape.bucket
+            || self.shape.trim_multiple.is_some()
+        {
+            Some(false)
+        } else {
+            None
         }
     }
 

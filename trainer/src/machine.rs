@@ -26,9 +26,17 @@ pub fn device_wanted<'a>(given: Option<&'a str>, recorded: Option<&'a str>) -> &
 /// Settles `cfg`'s machine-chosen settings for the device it runs on (`device`, named as
 /// [`crate::device::name`] names it; `cuda`: whether it is a GPU): what the run recorded
 /// stays, what it left open is chosen now and recorded; `amp` given on the command line
-/// replaces the recorded one. Returns what a resume changes (the device, when the command line
-/// named another than the recorded one; the precision, when asked).
-pub fn settle(cfg: &mut RunConfig, device: &str, cuda: bool, amp: Option<Amp>) -> Vec<Change> {
+/// replaces the recorded one. `graph_open`: a new run whose command line left `--graph` to the
+/// machine, which captures the step on CUDA wherever the batch shape is static (padded batches
+/// then untrimmed). Returns what a resume changes (the device, when the command line named
+/// another than the recorded one; the precision, when asked).
+pub fn settle(
+    cfg: &mut RunConfig,
+    device: &str,
+    cuda: bool,
+    amp: Option<Amp>,
+    graph_open: bool,
+) -> Vec<Change> {
     let mut changes = Vec::new();
     if let Some(recorded) = cfg.device.as_deref().filter(|r| *r != device) {
         changes.push(Change {
@@ -51,6 +59,9 @@ pub fn settle(cfg: &mut RunConfig, device: &str, cuda: bool, amp: Option<Amp>) -
         amp.or(cfg.amp)
             .unwrap_or(if cuda { Amp::Bf16 } else { Amp::None }),
     );
+    if graph_open {
+        cfg.graph = cuda && !cfg.batches.is_bucketed() && cfg.trim_multiple.is_none();
+    }
     if cfg.batches.is_padded() && !cfg.graph {
         // Packs, windows and captured steps have one shape: nothing to round.
         cfg.trim_multiple
@@ -69,7 +80,7 @@ mod tests {
     #[test]
     fn a_resume_keeps_what_its_run_chose() {
         let mut cfg = RunConfig::new("cache", Task::Regression);
-        assert!(settle(&mut cfg, "cpu", false, None).is_empty());
+        assert!(settle(&mut cfg, "cpu", false, None, false).is_empty());
         assert_eq!(
             (cfg.device.as_deref(), cfg.amp, cfg.trim_multiple),
             (Some("cpu"), Some(Amp::None), Some(1))
@@ -77,12 +88,12 @@ mod tests {
         // Resumed on a GPU machine without --device: the recorded device is asked for.
         assert_eq!(device_wanted(None, cfg.device.as_deref()), "cpu");
         let mut resumed = cfg.clone();
-        assert!(settle(&mut resumed, "cpu", false, None).is_empty());
+        assert!(settle(&mut resumed, "cpu", false, None, false).is_empty());
         assert_eq!(resumed, cfg);
         // Had the device been chosen anew there (CUDA), the precision and the trimming would
         // still be the recorded ones, and the change of device is reported.
         let mut moved = cfg.clone();
-        let changes = settle(&mut moved, "cuda:0", true, None);
+        let changes = settle(&mut moved, "cuda:0", true, None, false);
         assert_eq!((moved.amp, moved.trim_multiple), (Some(Amp::None), Some(1)));
         assert_eq!(
             changes,
@@ -93,7 +104,7 @@ mod tests {
             }]
         );
         // A precision asked for replaces the recorded one, and says so.
-        let changes = settle(&mut moved, "cuda:0", true, Some(Amp::Bf16));
+        let changes = settle(&mut moved, "cuda:0", true, Some(Amp::Bf16), false);
         assert_eq!(moved.amp, Some(Amp::Bf16));
         assert_eq!(changes[0].setting, "amp");
         assert_eq!(device_wanted(Some("cuda"), Some("cpu")), "cuda");
@@ -105,7 +116,7 @@ mod tests {
     #[test]
     fn a_new_run_records_the_machine_choice() {
         let mut cfg = RunConfig::new("cache", Task::Regression);
-        settle(&mut cfg, "cuda:0", true, None);
+        settle(&mut cfg, "cuda:0", true, None, false);
         assert_eq!(
             (cfg.device.as_deref(), cfg.amp, cfg.trim_multiple),
             (
@@ -116,15 +127,42 @@ mod tests {
         );
         let mut explicit = RunConfig::new("cache", Task::Regression);
         explicit.trim_multiple = Some(4);
-        settle(&mut explicit, "cpu", false, Some(Amp::Bf16));
+        settle(&mut explicit, "cpu", false, Some(Amp::Bf16), false);
         assert_eq!(
             (explicit.amp, explicit.trim_multiple),
             (Some(Amp::Bf16), Some(4))
         );
         let mut packed = RunConfig::new("cache", Task::Regression);
         packed.batches = dsc_loader::Batches::Packed(dsc_loader::Pack::tokens(4096));
-        settle(&mut packed, "cuda:0", true, None);
+        settle(&mut packed, "cuda:0", true, None, false);
         assert_eq!(packed.trim_multiple, None, "packs have one shape");
         packed.validate().unwrap();
+    }
+
+    /// `--graph` left to the machine: a new run on CUDA captures its step (padded batches
+    /// untrimmed, packs as they are), one on the CPU or with bucketed batches runs eagerly;
+    /// the choice is recorded, and a resume elsewhere keeps it. The machine is injected.
+    #[test]
+    fn a_new_run_on_cuda_captures_and_a_resume_keeps_it() {
+        let mut gpu = RunConfig::new("cache", Task::Regression);
+        settle(&mut gpu, "cuda:0", true, None, true);
+        assert_eq!((gpu.graph, gpu.trim_multiple), (true, None));
+        gpu.validate().unwrap();
+        let mut resumed = gpu.clone();
+        settle(&mut resumed, "cpu", false, None, false);
+        assert_eq!((resumed.graph, resumed.trim_multiple), (true, None));
+
+        let mut cpu = RunConfig::new("cache", Task::Regression);
+        settle(&mut cpu, "cpu", false, None, true);
+        assert_eq!((cpu.graph, cpu.trim_multiple), (false, Some(1)));
+
+        let mut bucketed = RunConfig::new("cache", Task::Regression);
+        bucketed.batches = dsc_loader::Batches::Bucketed;
+        settle(&mut bucketed, "cuda:0", true, None, true);
+        assert!(!bucketed.graph);
+        let mut packed = RunConfig::new("cache", Task::Regression);
+        packed.batches = dsc_loader::Batches::Packed(dsc_loader::Pack::tokens(4096));
+        settle(&mut packed, "cuda:0", true, None, true);
+        assert_eq!((packed.graph, packed.trim_multiple), (true, None));
     }
 }

@@ -102,11 +102,16 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             if let Some(e) = cli.epochs {
                 cfg.epochs = e;
             }
-            // How the step is launched, not what it computes: a resume may capture it.
+            // How the step is launched, not what it computes: a resume may capture it, or
+            // run it eagerly.
             if cli.graph && !cfg.graph {
                 eprintln!("dsc-train: resuming with the step captured (--graph)");
                 cfg.graph = true;
                 cfg.trim_multiple = None;
+            }
+            if cli.no_graph && cfg.graph {
+                eprintln!("dsc-train: resuming with the step eager (--no-graph)");
+                cfg.graph = false;
             }
             (cfg, Some(ck))
         }
@@ -125,7 +130,15 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     if let Device::Cuda(i) = device {
         cuda::set_device(i).map_err(anyhow::Error::msg)?;
     }
-    for c in machine::settle(&mut cfg, &device::name(device), device.is_cuda(), cli.amp) {
+    // A new run whose command line left --graph open lets the machine choose it.
+    let graph_open = resume.is_none() && cli.graph_asked().is_none();
+    for c in machine::settle(
+        &mut cfg,
+        &device::name(device),
+        device.is_cuda(),
+        cli.amp,
+        graph_open,
+    ) {
         eprintln!(
             "dsc-train: resuming with {} {} (the checkpoint's run had {}), as the command \
              line asks",
@@ -173,13 +186,18 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     let s = session::Session::new(cfg, device, slots)?;
     if !cli.json {
         eprintln!(
-            "{:?} with {} parameters · task {:?} ({} → {}) · amp {:?}",
+            "{:?} with {} parameters · task {:?} ({} → {}) · amp {:?} · step {}",
             s.cfg.model,
             s.parameters(),
             s.cfg.task,
             s.task.column_names.join(","),
             s.task.metric,
-            s.amp
+            s.amp,
+            match (s.cfg.graph, s.cfg.trim_multiple) {
+                (true, _) => "captured as CUDA graphs (--graph; uncaptured without CUDA)",
+                (false, Some(_)) => "eager, trimmed batches",
+                (false, None) => "eager",
+            }
         );
     }
     let out = cli.out_dir();

@@ -60,6 +60,9 @@ pub struct AdamW {
     /// each step, so that a captured step ([`crate::graph`]) reads the schedule's value.
     lr: Tensor,
     weight_decay: f64,
+    /// Whether the update runs libtorch's fused AdamW kernel ([`fused`]); otherwise the
+    /// whole-buffer operations below.
+    fused: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -117,7 +120,20 @@ impl AdamW {
             steps: Tensor::zeros([], (Kind::Float, device)),
             lr: Tensor::zeros([], (Kind::Float, device)),
             weight_decay,
+            fused: fused::AVAILABLE,
         }
+    }
+
+    /// The same optimizer updating through whole-buffer operations instead of the fused
+    /// kernel (what a build without the shim does; the tests compare the two).
+    pub fn unfused(mut self) -> AdamW {
+        self.fused = false;
+        self
+    }
+
+    /// Whether updates run libtorch's fused AdamW kernel.
+    pub fn is_fused(&self) -> bool {
+        self.fused
     }
 
     /// Moves every newly defined gradient onto its span of `grads` (once per parameter).
@@ -175,6 +191,9 @@ impl AdamW {
     /// reads nothing, so it can be captured. Gradients seen for the first time are seated on
     /// the host first, so capture only after a step has seated them all.
     pub fn apply(&mut self, max_norm: f64, scaler: Option<&mut LossScaler>) {
+        if self.fused {
+            return self.apply_fused(max_norm, scaler);
+        }
         tch::no_grad(|| {
             self.seat_gradients();
             if let Some(s) = &scaler {
@@ -200,8 +219,14 @@ impl AdamW {
                 Some(_) => self.grads.nan_to_num(0.0, 0.0, 0.0),
                 None => self.grads.shallow_clone(),
             };
+            // An overflowed step's norm may be NaN, and so its clip factor: it must not reach
+            // the moments (NaN x 0 is NaN), which it did, leaving every later weight NaN.
             let g = match &norm {
-                Some(n) if max_norm > 0.0 => g * (max_norm / (n + 1e-6)).clamp_max(1.0),
+                Some(n) if max_norm > 0.0 => {
+                    g * (max_norm / (n + 1e-6))
+                        .clamp_max(1.0)
+                        .nan_to_num(1.0, 1.0, 1.0)
+                }
                 _ => g,
             };
             let _ = self.exp_avg.g_add_(&((&g - &self.exp_avg) * &rate1));
@@ -214,6 +239,56 @@ impl AdamW {
                 let _ = self.flat.g_mul_(&decay);
             }
             let _ = self.flat.g_sub_(&(&self.exp_avg / denom * &step_size));
+            if let Some(s) = scaler {
+                s.update(&ok);
+            }
+        });
+    }
+
+    /// [`AdamW::apply`] through libtorch's fused kernel: the unscaling, the global norm, the
+    /// clip and the step count as whole-buffer operations, then one fused update per group
+    /// (matrices with weight decay, the rest without). An fp16 overflow skips the update in the
+    /// kernel (`found_inf`).
+    fn apply_fused(&mut self, max_norm: f64, scaler: Option<&mut LossScaler>) {
+        tch::no_grad(|| {
+            self.seat_gradients();
+            if let Some(s) = &scaler {
+                let _ = self.grads.g_mul_(&s.scale.reciprocal());
+            }
+            let norm = (max_norm > 0.0 || scaler.is_some())
+                .then(|| self.grads.square().sum(Kind::Float).sqrt());
+            let ok = match (&scaler, &norm) {
+                (Some(_), Some(n)) => n.isfinite().to_kind(Kind::Float),
+                _ => Tensor::ones([], (Kind::Float, self.steps.device())),
+            };
+            let _ = self.steps.g_add_(&ok);
+            if let Some(n) = norm.as_ref().filter(|_| max_norm > 0.0) {
+                let _ = self.grads.g_mul_(&(max_norm / (n + 1e-6)).clamp_max(1.0));
+            }
+            let found_inf = scaler.is_some().then(|| 1.0 - &ok);
+            for decay in [true, false] {
+                let seated = |i: &usize| self.seated[*i] && self.decays[*i] == decay;
+                let each = |of: &Tensor| -> Vec<Tensor> {
+                    (0..self.params.len())
+                        .filter(seated)
+                        .map(|i| self.spans[i].of(of))
+                        .collect()
+                };
+                let params = each(&self.flat);
+                if params.is_empty() {
+                    continue;
+                }
+                fused::adamw(
+                    &params,
+                    &each(&self.grads),
+                    &each(&self.exp_avg),
+                    &each(&self.exp_avg_sq),
+                    &self.steps,
+                    &self.lr,
+                    if decay { self.weight_decay } else { 0.0 },
+                    found_inf.as_ref(),
+                );
+            }
             if let Some(s) = scaler {
                 s.update(&ok);
             }
@@ -241,6 +316,106 @@ impl AdamW {
             self.steps.copy_(&get("steps")?);
             Ok(())
         })
+    }
+}
+
+/// libtorch's fused AdamW kernel (`at::_fused_adamw_`, what `torch.optim.AdamW(fused=True)`
+/// runs) through `csrc/fused.cpp`, which build.rs compiles wherever libtorch's headers are
+/// (`cfg(dsc_fused_adamw)`); tch binds neither it nor the `_foreach_` operations.
+mod fused {
+    use tch::Tensor;
+
+    /// Whether this build has the kernel.
+    pub const AVAILABLE: bool = cfg!(dsc_fused_adamw);
+
+    #[cfg(dsc_fused_adamw)]
+    mod ffi {
+        use std::ffi::{c_char, c_int, c_void};
+
+        extern "C" {
+            pub fn dsc_fused_last_error() -> *const c_char;
+            #[allow(clippy::too_many_arguments)]
+            pub fn dsc_fused_adamw(
+                params: *const *mut c_void,
+                grads: *const *mut c_void,
+                exp_avgs: *const *mut c_void,
+                exp_avg_sqs: *const *mut c_void,
+                n: i64,
+                steps: *const c_void,
+                lr: *const c_void,
+                beta1: f64,
+                beta2: f64,
+                weight_decay: f64,
+                eps: f64,
+                found_inf: *const c_void,
+            ) -> c_int;
+        }
+    }
+
+    /// One update of `params` (with their gradients and moments) at the device rate `lr`, the
+    /// step count `steps` (counting this update) and `weight_decay`; `found_inf` 1 skips it.
+    /// Panics with libtorch's message if the kernel refuses (mismatched devices or dtypes:
+    /// the optimizer's own buffers never are).
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw(
+        params: &[Tensor],
+        grads: &[Tensor],
+        exp_avgs: &[Tensor],
+        exp_avg_sqs: &[Tensor],
+        steps: &Tensor,
+        lr: &Tensor,
+        weight_decay: f64,
+        found_inf: Option<&Tensor>,
+    ) {
+        #[cfg(dsc_fused_adamw)]
+        {
+            let handles = |ts: &[Tensor]| -> Vec<*mut std::ffi::c_void> {
+                ts.iter().map(|t| t.as_ptr() as *mut _).collect()
+            };
+            let (p, g, m, v) = (
+                handles(params),
+                handles(grads),
+                handles(exp_avgs),
+                handles(exp_avg_sqs),
+            );
+            // SAFETY: every handle is a live tch tensor borrowed for the call (the shim copies
+            // the handles, not the data, and keeps none); the shim catches every C++ exception.
+            let code = unsafe {
+                ffi::dsc_fused_adamw(
+                    p.as_ptr(),
+                    g.as_ptr(),
+                    m.as_ptr(),
+                    v.as_ptr(),
+                    params.len() as i64,
+                    steps.as_ptr().cast(),
+                    lr.as_ptr().cast(),
+                    super::BETA1,
+                    super::BETA2,
+                    weight_decay,
+                    super::EPS,
+                    found_inf.map_or(std::ptr::null(), |t| t.as_ptr().cast()),
+                )
+            };
+            if code != 0 {
+                // SAFETY: the shim's thread-local message, NUL-terminated, copied at once.
+                let msg = unsafe { std::ffi::CStr::from_ptr(ffi::dsc_fused_last_error()) };
+                panic!("fused AdamW: {}", msg.to_string_lossy());
+            }
+        }
+        #[cfg(not(dsc_fused_adamw))]
+        {
+            let _ = (
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                steps,
+                lr,
+                weight_decay,
+                found_inf,
+            );
+            unreachable!("AdamW::fused is false where the kernel is not built");
+        }
     }
 }
 
@@ -346,6 +521,51 @@ mod tests {
         let mut each: Vec<f32> = Vec::try_from(&w.view([-1])).unwrap();
         each.extend(Vec::<f32>::try_from(&b).unwrap());
         assert_eq!(flat, each);
+    }
+
+    /// The fused kernel's update is the whole-buffer one's within float rounding: matrices
+    /// decayed and the rest not, clipped, over steps whose gradients change, and an fp16
+    /// overflow skipped by both.
+    #[test]
+    fn the_fused_update_trains_to_the_unfused_weights() {
+        if !fused::AVAILABLE {
+            eprintln!("skipped: this build has no fused AdamW shim");
+            return;
+        }
+        let run = |fused: bool| {
+            tch::manual_seed(7);
+            let w = Tensor::randn([8, 5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+            let b = Tensor::randn([5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+            let named = vec![
+                ("w".into(), w.shallow_clone()),
+                ("b".into(), b.shallow_clone()),
+            ];
+            let mut opt = AdamW::new(named, 0.1, Device::Cpu);
+            if !fused {
+                opt = opt.unfused();
+            }
+            assert_eq!(opt.is_fused(), fused);
+            let mut scaler = LossScaler::new(Device::Cpu);
+            for step in 0..12 {
+                opt.zero_grad();
+                let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+                let mut loss = (x.matmul(&w) + &b).square().sum(Kind::Float) * 65536.0;
+                if step == 5 {
+                    loss *= f64::INFINITY; // an overflowed fp16 step
+                }
+                loss.backward();
+                opt.step(0.01 * (step + 1) as f64, 1.0, Some(&mut scaler));
+            }
+            let mut out: Vec<f32> = Vec::try_from(&opt.flat).unwrap();
+            out.extend(Vec::<f32>::try_from(&opt.exp_avg_sq).unwrap());
+            (out, f64::try_from(&opt.steps).unwrap())
+        };
+        let (fused, fused_steps) = run(true);
+        let (flat, flat_steps) = run(false);
+        assert_eq!((fused_steps, flat_steps), (11.0, 11.0));
+        for (a, b) in fused.iter().zip(&flat) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+        }
     }
 
     #[test]
