@@ -9,11 +9,14 @@
 # OUT: a folder for the logs and JSON results; DSC: the dsc binary [default: target/release/dsc];
 # PART: run only these parts [default: all]: tests (the pytest files below, CPU cases too),
 # cuda-tests (their CUDA cases alone), upload, feed, bench-eager, bench-whole, bench-graphs,
-# train (examples/train.py packed and padded, eager and captured, a full epoch each),
-# first-steps (the default resident run against --resident off over its first 1,200 steps),
-# dsc-train (packed eager against --graph, padded --graph, --accumulate 2 over two epochs;
-# DSC_TRAIN names the binary
+# train (examples/train.py with no flags, then packed and padded, captured (the default on
+# CUDA) and --no-graph, a full epoch each), dsc-train (the same, and --accumulate 2 over two
+# epochs; DSC_TRAIN names the binary
 # [default: dsc-train beside DSC], run with PyTorch's torch/lib on LD_LIBRARY_PATH),
+# user-loop (examples/pulses_conv.py and bench_gpu.py's whole mode: dsc.CapturedStep in a
+# loop of one's own), never-run (fp16 with the loss scaler captured, the GRU captured, captured
+# runs resumed, a non-resident mix), first-steps (the default resident run against
+# --resident off over its first 1,200 steps),
 # threads (the compile and `dsc bench` at 2, 4, 8 and 16 threads, and bench_python.py's host
 # path to the GPU at 2 to 16 loader threads: what many cores change).
 # `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
@@ -36,7 +39,8 @@ echo "cores $(nproc)" | tee -a "$out/summary.txt"
 python3 -c "import torch, dsc; print('torch', torch.__version__, 'dsc', dsc.__version__)" \
     | tee -a "$out/summary.txt"
 
-tests=(tests/python/test_static.py tests/python/test_resident.py tests/python/test_example.py)
+tests=(tests/python/test_static.py tests/python/test_resident.py tests/python/test_example.py
+       tests/python/test_captured.py)
 if want tests; then
     log "pytest: the loader's CUDA paths, static batches, the example script (CUDA and CPU)"
     python3 -m pytest "${tests[@]}" -q -p no:cacheprovider 2>&1 | tee "$out/pytest.txt" | tail -15
@@ -182,18 +186,45 @@ want bench-eager && bench eager --modes eager --feeds resident,padded,padded_hos
 want bench-whole && bench whole --modes whole
 want bench-graphs && bench graphs --modes graphs --feeds packed
 if want train; then
-    train pack-graph --pack 16384 --graph --epochs 1
-    train pack-eager --pack 16384 --epochs 1
-    train padded-graph --no-trim --graph --batch-size 256 --epochs 1
+    # No flag but the cache and the task: on CUDA the captured step on untrimmed batches.
+    train default --epochs 1
+    train pack-graph --pack 16384 --epochs 1
+    train pack-eager --pack 16384 --no-graph --epochs 1
+    train padded-graph --batch-size 256 --epochs 1
+    train padded-eager --batch-size 256 --no-graph --epochs 1
 fi
 if want dsc-train; then
-    dsc_train pack-graph --pack 16384 --graph --epochs 1
-    dsc_train pack-eager --pack 16384 --epochs 1
-    dsc_train padded-graph --batch-size 256 --graph --epochs 1
-    dsc_train padded-eager --batch-size 256 --epochs 1
+    dsc_train default --epochs 1
+    dsc_train pack-graph --pack 16384 --epochs 1
+    dsc_train pack-eager --pack 16384 --no-graph --epochs 1
+    dsc_train padded-graph --batch-size 256 --epochs 1
+    dsc_train padded-eager --batch-size 256 --no-graph --epochs 1
     # The two graphs (micro-step, and micro-step with the update) replayed across epochs,
     # evaluation and checkpoints.
     dsc_train pack-graph-acc --pack 16384 --accumulate 2 --graph --epochs 2
+fi
+if want user-loop; then
+    # dsc.CapturedStep in a loop of one's own (PYTHON.md): a convolutional network over the
+    # pulses, and bench_gpu's whole mode (CapturedStep around examples/train.py's transformer
+    # on the same batches as `train pack-graph`).
+    log "examples/pulses_conv.py (dsc.CapturedStep, a network of its own)"
+    python3 examples/pulses_conv.py --cache "$cache" --epochs 2 --batch-size 256 \
+        >"$out/pulses-conv.txt" 2>&1
+    tail -1 "$out/pulses-conv.txt" | tee -a "$out/summary.txt"
+    bench user-loop --modes whole --feeds packed,resident
+fi
+if want never-run; then
+    # What had not run on a GPU before issue 53: fp16 with the loss scaler captured, the GRU
+    # captured, a captured run resumed, a mix from the host path.
+    dsc_train fp16-graph --pack 16384 --amp fp16 --graph --epochs 1
+    dsc_train gru-graph --model gru --batch-size 256 --graph --epochs 1
+    train gru-graph --model gru --batch-size 256 --epochs 1
+    dsc_train resume-first --pack 16384 --max-steps 150 --epochs 2
+    dsc_train resume-second --resume "$work/run-resume-first/last.ckpt" --max-steps 300
+    train resume-first --pack 16384 --max-steps 150 --epochs 2 --out "$work/py-resume"
+    train resume-second --resume "$work/py-resume/last.pt" --max-steps 300
+    [ -d "$work/cache-b" ] || cp -r "$cache" "$work/cache-b"
+    dsc_train mix --cache "$work/cache-b" --weights 0.7,0.3 --resident off --pack 16384 --epochs 1
 fi
 if want first-steps; then
     train padded-default --batch-size 256 --epochs 1 --max-steps 1200
