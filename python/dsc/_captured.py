@@ -115,6 +115,12 @@ class CapturedStep:
         self.capture_wanted = self.checks and self.cuda
         if self.checks:
             _capturable(optimizer, set_it=False)
+        for i, group in enumerate(optimizer.param_groups):
+            rate = float(group["lr"])
+            if not math.isfinite(rate) or rate < 0:
+                raise OptionsError(f"the optimizer's group {i} has learning rate {rate}: a "
+                                   "captured step trains with it on every replay; expected zero "
+                                   "or a positive number", option="optimizer")
         self.rates, self.table_start = _rate_table(torch, optimizer, schedule, steps,
                                                    self.device)
         self.host_rates = None if self.rates is None else self.rates.cpu().tolist()

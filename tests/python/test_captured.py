@@ -209,6 +209,8 @@ def test_refusals_name_what_to_change(cache_dir):
         (dict(static=False), "loader", "static=True"),
         (dict(opt=lambda p: torch.optim.LBFGS(p)), "optimizer", "LBFGS cannot run inside"),
         (dict(opt=lambda p: torch.optim.Adagrad(p)), "optimizer", "use Adam, AdamW or SGD"),
+        (dict(opt=lambda p: torch.optim.AdamW(p, lr=float("inf"))), "optimizer",
+         "learning rate inf"),
         (dict(autocast=torch.float16), "autocast", "use torch.bfloat16"),
         (dict(schedule=warm_then_cosine), "steps", "give steps="),
         (dict(schedule=lambda s: float("nan"), steps=3), "schedule", "nan at optimizer step 0"),
