@@ -8,6 +8,7 @@ MAX_PREFETCH: int
 MAX_TRIM_MULTIPLE: int
 GPU_TRIM_MULTIPLE: int
 LOADER_KEYS: List[str]
+LOADER_DEFAULTS: str
 SPEC_KEYS: List[str]
 
 class Buffer:

@@ -128,20 +128,22 @@ class Loader:
             position of its weight.
         mix_samples: positions in an epoch of a mix [default: the caches' contexts together];
             a cache that runs out continues with its own next epoch, reshuffled.
-        split: the split to read (``train``, ``val``, …).
+        split: the split to read (``train``, ``val``, …) [default: train].
         batch_size: contexts per batch on this rank [default: 256]; not used with ``pack``.
-        shuffle: window-shuffle each epoch (off: compiled order, batches are zero-copy views).
-        seed: the order seed; must be equal on every rank.
-        epoch: the first epoch.
+        shuffle: window-shuffle each epoch (off: compiled order, batches are zero-copy views)
+            [default: True].
+        seed: the order seed; must be equal on every rank [default: 0].
+        epoch: the first epoch [default: 0].
         drop_last: drop the last partial global batch; otherwise complete it with the epoch's
-            first contexts (every rank always gets full, equal batches).
+            first contexts (every rank always gets full, equal batches) [default: True].
         rank, world_size: this process's slice; default from ``torch.distributed`` when it is
             initialised, else the ``RANK`` / ``WORLD_SIZE`` variables, else 0 and 1.
         num_threads: loading threads (Rust threads; 0 loads in the calling thread). On the
             host path an uncompressed split that fits a quarter of memory runs at most one
-            per core: more would only take turns on the same cores.
-        prefetch: batches prepared ahead per thread.
-        trim: cut sequence tensors to the longest stored length in each batch.
+            per core: more would only take turns on the same cores [default: 1].
+        prefetch: batches prepared ahead per thread [default: 4].
+        trim: cut sequence tensors to the longest stored length in each batch
+            [default: False].
         trim_multiple: with ``trim`` or ``bucket``, round each batch's length up the ladder of
             this multiple (m, 2m, 3m, 4m, then four sizes per doubling, at most ``L``), so that
             a run sees a handful of shapes instead of one per length: a GPU pays for each new
@@ -152,7 +154,7 @@ class Loader:
             form a (global) batch, the batches come in random order, and each is trimmed to its
             longest sequence (implies ``trim``), so little of a batch is padding. Still every
             context once per epoch, exact resume, equal batches per rank. ``dsc order --bucket``
-            reports the padding efficiency and what it costs in randomness.
+            reports the padding efficiency and what it costs in randomness [default: False].
         pack: packed batches of this many tokens ``T`` (at least the cache's ``L``): whole
             sequences laid end to end, so that every batch has the same shapes (what
             ``torch.compile`` and CUDA graphs need) and almost no padding. Per-step tensors are
@@ -172,7 +174,9 @@ class Loader:
         copy: give every tensor memory of its own: zero-copy views of the cache are copied (use
             it to modify batches in place).
         format: ``"torch"`` (default when torch is installed) or ``"numpy"``.
-        window, interleave: the epoch shuffle's window and shard interleave (see FORMAT.md).
+        window: contexts permuted together in a shuffled epoch (see FORMAT.md)
+            [default: 4096].
+        interleave: shards read side by side, each window mixing this many [default: 8].
         resident: keep the split on the device: its tensors are uploaded once (in compiled
             order) and every batch is gathered there by index, in the same order and with
             the same bytes, trimming, bucketing and packing as the host path; only a small
@@ -188,11 +192,12 @@ class Loader:
             across all contexts, every window once, with exact resume and rank slices; nothing
             is duplicated on disk. Compile with ``max_len`` as long as the longest series. See
             docs/PYTHON.md, "Windows of long series".
-        horizon, horizon_columns: the next ``horizon`` steps after each window of these columns
-            of ``x`` (default all) as the target ``y_next`` ``[B, H, K]``, with
-            ``horizon_length`` (its real steps).
-        pad_windows: keep windows that run past the end of their series, zero-padded (default:
-            only whole windows with their whole horizon).
+        horizon: the next ``horizon`` steps after each window of the ``horizon_columns`` as the
+            target ``y_next`` ``[B, H, K]``, with ``horizon_length`` (its real steps)
+            [default: 0].
+        horizon_columns: the columns of ``x`` the horizon takes [default: all of them].
+        pad_windows: keep windows that run past the end of their series, zero-padded
+            (otherwise only whole windows with their whole horizon) [default: False].
         static: every batch lands in the same tensors on ``device`` (:attr:`static_batch`),
             allocated once: what a captured CUDA graph needs, since it replays on the same
             addresses every step. A batch is valid until the next one is asked for. For a
@@ -220,27 +225,27 @@ class Loader:
     def __init__(
         self,
         cache: Union[PathLike, Cache, Sequence[Union[PathLike, Cache]]],
-        split: str = "train",
+        split: Optional[str] = None,
         batch_size: Optional[int] = None,
         *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        drop_last: bool = True,
+        shuffle: Optional[bool] = None,
+        seed: Optional[int] = None,
+        epoch: Optional[int] = None,
+        drop_last: Optional[bool] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
-        num_threads: int = 1,
-        prefetch: int = 4,
-        trim: bool = False,
+        num_threads: Optional[int] = None,
+        prefetch: Optional[int] = None,
+        trim: Optional[bool] = None,
         trim_multiple: Optional[int] = None,
         columns: Optional[Sequence[str]] = None,
         pin_memory: bool = False,
         device: Any = None,
         copy: bool = False,
         format: Optional[str] = None,  # noqa: A002 (the natural keyword)
-        window: int = 4096,
-        interleave: int = 8,
-        bucket: bool = False,
+        window: Optional[int] = None,
+        interleave: Optional[int] = None,
+        bucket: Optional[bool] = None,
         pack: Optional[int] = None,
         max_seqs: Optional[int] = None,
         resident: Optional[bool] = None,
@@ -252,9 +257,9 @@ class Loader:
         storage_options: Optional[Dict[str, Any]] = None,
         series_window: Optional[int] = None,
         stride: Optional[int] = None,
-        horizon: int = 0,
+        horizon: Optional[int] = None,
         horizon_columns: Optional[Sequence[str]] = None,
-        pad_windows: bool = False,
+        pad_windows: Optional[bool] = None,
         static: bool = False,
         gather_in_step: bool = False,
         generation: Union[int, str, None] = None,
@@ -263,12 +268,12 @@ class Loader:
         # What made this loader, so that a state of another generation of its caches can make
         # it again over that generation (load_state_dict).
         self._made_with = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        shuffle, drop_last, bucket, trim = (boolean("shuffle", shuffle),
-                                            boolean("drop_last", drop_last),
-                                            boolean("bucket", bucket), boolean("trim", trim))
-        pin_memory, copy, pad_windows = (boolean("pin_memory", pin_memory),
-                                         boolean("copy", copy),
-                                         boolean("pad_windows", pad_windows))
+        # Keywords the Rust loader owns stay None when not given: Rust's defaults apply.
+        shuffle, drop_last, bucket, trim, pad_windows = (
+            None if v is None else boolean(k, v)
+            for k, v in (("shuffle", shuffle), ("drop_last", drop_last), ("bucket", bucket),
+                         ("trim", trim), ("pad_windows", pad_windows)))
+        pin_memory, copy = boolean("pin_memory", pin_memory), boolean("copy", copy)
         static, gather_in_step, follow = (boolean("static", static),
                                           boolean("gather_in_step", gather_in_step),
                                           boolean("follow", follow))
@@ -360,14 +365,13 @@ class Loader:
         on_gpu = self.device is not None and self.device.type == "cuda"
         self._opts = _rust_options(
             dict(
-                split=str(split), seed=seed, window=window, interleave=interleave,
-                shuffle=bool(shuffle), drop_last=bool(drop_last), bucket=bool(bucket), pack=pack,
-                max_seqs=max_seqs, series_window=series_window, stride=stride, horizon=horizon,
-                horizon_columns=horizon_columns or [], pad_windows=pad_windows, trim=bool(trim),
-                trim_multiple=trim_multiple, weights=None if weights is None else list(weights),
-                mix_samples=mix_samples, batch_size=256 if batch_size is None else batch_size,
-                epoch=epoch, rank=rank, world_size=world_size, threads=num_threads,
-                prefetch=prefetch, columns=columns or [],
+                split=None if split is None else str(split), seed=seed, window=window,
+                interleave=interleave, shuffle=shuffle, drop_last=drop_last, bucket=bucket,
+                pack=pack, max_seqs=max_seqs, series_window=series_window, stride=stride,
+                horizon=horizon, horizon_columns=horizon_columns, pad_windows=pad_windows,
+                trim=trim, trim_multiple=trim_multiple, weights=weights,
+                mix_samples=mix_samples, batch_size=batch_size, epoch=epoch, rank=rank,
+                world_size=world_size, threads=num_threads, prefetch=prefetch, columns=columns,
             ),
             GPU_TRIM_MULTIPLE if on_gpu else 1,
         )

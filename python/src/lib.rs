@@ -1034,6 +1034,11 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(loader_options, m)?)?;
     m.add("LOADER_KEYS", dsc_loader::args::KEYS.to_vec())?;
+    // Every key's default, as JSON: `dsc.Loader` leaves a keyword out (None) to take it, and
+    // its docstring and tests are held to it.
+    let defaults = serde_json::to_string(&dsc_loader::args::LoaderArgs::default())
+        .expect("the loader's defaults are JSON");
+    m.add("LOADER_DEFAULTS", defaults)?;
     m.add("SPEC_KEYS", dsc_format::spec::SPEC_KEYS.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Where `fill_block` puts each tensor: static buffers view a block at these offsets.

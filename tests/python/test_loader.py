@@ -489,13 +489,20 @@ def test_flags_are_booleans_and_every_refusal_names_its_keyword(cache_dir: Path,
                                                                  tmp_path: Path) -> None:
     """Issue 52 (16): `shuffle="False"` shuffled, `drop_last="no"` dropped, `drop_last=None`
     meant False; `device="tpu"`, `compress=True`, `context=<generator>` raised bare errors;
-    `max_len=2**64` was reported as a float."""
-    for keyword in ("shuffle", "drop_last", "bucket", "trim", "copy", "pin_memory",
-                    "pad_windows", "static", "gather_in_step", "follow"):
+    `max_len=2**64` was reported as a float. (Issue 54: a flag the Rust loader owns takes
+    None as "not given", its Rust default, never False.)"""
+    rust_owned = ("shuffle", "drop_last", "bucket", "trim", "pad_windows")
+    for keyword in (*rust_owned, "copy", "pin_memory", "static", "gather_in_step", "follow"):
         for value in ("False", "no", None, 0, 1.0):
+            if value is None and keyword in rust_owned:
+                continue
             with pytest.raises(dsc.OptionsError, match=f"{keyword}=.*expected True or False") as e:
                 dsc.Loader(cache_dir, batch_size=8, **{keyword: value})
             assert e.value.option == keyword
+    given_none = dsc.Loader(cache_dir, batch_size=8, shuffle=None, drop_last=None, bucket=None,
+                            trim=None)
+    assert (given_none.shuffle, given_none.drop_last, given_none.bucket, given_none.trim) == (
+        True, True, False, False)
     assert not dsc.Loader(cache_dir, batch_size=8, shuffle=np.bool_(False)).shuffle
     torch = pytest.importorskip("torch")
     with pytest.raises(dsc.OptionsError, match="device='tpu'") as e:

@@ -60,6 +60,43 @@ def test_the_loader_takes_every_option_of_the_rust_loader_by_its_key() -> None:
         raise AssertionError("an unknown key was taken")
 
 
+def test_rust_owns_every_default_of_a_loader(cache_dir) -> None:
+    """Issue 54 (2): every `dsc.Loader` keyword that is a Rust key defaults to None and so
+    reaches Rust only when given; the docstring's ``[default: V]`` of each is Rust's default
+    (`_dsc.LOADER_DEFAULTS`, `LoaderArgs::default()`), and a loader made without them reads
+    Rust's back. A default changed in Rust and not in the docstring fails here."""
+    import inspect
+    import json
+    import re
+
+    from dsc._loader import _KEYWORD
+
+    defaults = json.loads(_dsc.LOADER_DEFAULTS)
+    assert set(defaults) == set(_dsc.LOADER_KEYS)
+    params = inspect.signature(dsc.Loader.__init__).parameters
+    restated = {k: params[_KEYWORD.get(k, k)].default for k in _dsc.LOADER_KEYS
+                if params[_KEYWORD.get(k, k)].default is not None}
+    assert not restated, f"Python restates Rust's defaults: {restated}"
+    doc = dsc.Loader.__doc__
+    # rank and world_size default from torch.distributed: Python's own rule, documented so.
+    for key, value in defaults.items():
+        if value is None or isinstance(value, list) or key in ("rank", "world_size"):
+            continue
+        keyword = _KEYWORD.get(key, key)
+        entry = re.search(rf"^        {keyword}: (.*?)(?=^        \w[\w, ]*: |\Z)", doc,
+                          re.S | re.M)
+        assert entry, f"the docstring has no entry for {keyword}"
+        said = re.findall(r"\[default: ([^\]]+)\]", " ".join(entry.group(1).split()))
+        assert said == [str(value)], (keyword, said, value)
+    loader = dsc.Loader(cache_dir)
+    got = dict(split=loader.split, seed=loader.seed, window=loader.window,
+               interleave=loader.interleave, shuffle=loader.shuffle,
+               drop_last=loader.drop_last, bucket=loader.bucket, batch_size=loader.batch_size,
+               epoch=loader.epoch, threads=loader.num_threads, prefetch=loader.prefetch,
+               trim=loader.trim)
+    assert got == {k: defaults[k] for k in got}
+
+
 def test_compile_takes_every_key_of_the_rust_spec() -> None:
     """`dsc.compile`'s keywords (`CompileOptions`, checked by `_fields`) are the Rust spec's
     keys (`SPEC_KEYS`, which a Rust test holds equal to `CompileSpec`'s fields), rows being the

@@ -3,6 +3,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use dsc_format::choice::Choice;
+use dsc_format::spelling::OptionError;
 use dsc_loader::args::{BatchArgs, MixArgs, ShapeArgs};
 use dsc_train::config::{defaults, Amp, ModelKind, RunConfig, Task};
 use std::path::PathBuf;
@@ -204,9 +205,15 @@ pub struct Cli {
     #[arg(long)]
     pub max_steps: Option<u64>,
 
-    /// Batches prepared ahead of the step that uses them.
-    #[arg(long, default_value_t = defaults::PREFETCH)]
-    pub prefetch: usize,
+    /// Pinned host buffers the feed's thread fills ahead of the step, each a whole batch (not
+    /// the loader's `prefetch`, batches queued per loader thread).
+    #[arg(long, value_name = "N", default_value_t = defaults::HOST_BUFFERS)]
+    pub host_buffers: usize,
+
+    /// The old spelling of --host-buffers, refused: `prefetch` means batches per loader
+    /// thread everywhere else.
+    #[arg(long, hide = true, value_name = "N")]
+    pub prefetch: Option<String>,
 
     /// CPU threads for libtorch's operators, 1 to 1024 [default: libtorch's choice].
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1024))]
@@ -288,6 +295,21 @@ impl Cli {
         }
     }
 
+    /// Refuses a flag that was renamed, naming the new one (one meaning per name across the
+    /// front ends).
+    pub fn refuse_old_spellings(&self) -> Result<(), OptionError> {
+        if let Some(n) = &self.prefetch {
+            return Err(OptionError::new(
+                "prefetch",
+                format!(
+                    "{n}: dsc-train's pinned host buffers are --host-buffers {n} now; \
+                     `prefetch` means batches queued per loader thread in every other front end"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether the command line decides `--graph` (given, refused, or ruled out by a shape
     /// that changes from batch to batch); `None` leaves it to the machine
     /// ([`crate::machine::settle`]).
@@ -344,7 +366,7 @@ impl Cli {
             log_every: self.log_every,
             checkpoint_every: self.checkpoint_every,
             // 0 is refused by the config's check, as every front end refuses it.
-            prefetch: self.prefetch,
+            host_buffers: self.host_buffers,
             seed: self.seed,
             normalise: !self.no_normalise,
             scale_targets: true,

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 pub const MAX_DIM: i64 = 1 << 16;
 /// See [`MAX_DIM`].
 pub const MAX_LAYERS: i64 = 1024;
-/// The most pinned host buffers `--prefetch` may ask for: each holds a whole batch, filled by
+/// The most pinned host buffers `--host-buffers` may ask for: each holds a whole batch, filled by
 /// the feed's thread, so this is not the loader's queue of [`dsc_loader::MAX_PREFETCH`]
 /// batches per thread (which a run does not start: its loader fills in the caller's thread).
 pub const MAX_HOST_BUFFERS: usize = 1024;
@@ -40,7 +40,7 @@ pub mod defaults {
     /// Optimizer steps between loss read-backs.
     pub const LOG_EVERY: u64 = 50;
     /// Host buffers the loader fills ahead (ring slots).
-    pub const PREFETCH: usize = 3;
+    pub const HOST_BUFFERS: usize = 3;
     /// Trimmed lengths on CUDA round up the loader's ladder ([`dsc_loader::GPU_TRIM_MULTIPLE`],
     /// the same default `dsc.Loader` takes on a GPU).
     pub const GPU_TRIM_MULTIPLE: usize = dsc_loader::GPU_TRIM_MULTIPLE;
@@ -167,8 +167,10 @@ pub struct RunConfig {
     pub log_every: u64,
     /// Optimizer steps between mid-epoch checkpoints (`None`: at epoch ends only).
     pub checkpoint_every: Option<u64>,
-    /// Host buffers the loader fills ahead.
-    pub prefetch: usize,
+    /// Pinned host buffers the feed fills ahead (`--host-buffers`; checkpoints before the
+    /// rename spelled it `prefetch`).
+    #[serde(alias = "prefetch")]
+    pub host_buffers: usize,
     /// Seed of the weights, dropout and data order.
     pub seed: u64,
     /// Scale the model's inputs with the cache's train statistics (`normalise`). Checkpoints
@@ -286,7 +288,7 @@ impl RunConfig {
             device: None,
             log_every: defaults::LOG_EVERY,
             checkpoint_every: None,
-            prefetch: defaults::PREFETCH,
+            host_buffers: defaults::HOST_BUFFERS,
             seed: 0,
             normalise: true,
             scale_targets: true,
@@ -391,10 +393,10 @@ impl RunConfig {
             self.dim
         );
         ensure!(
-            (1..=MAX_HOST_BUFFERS).contains(&self.prefetch),
-            "prefetch",
+            (1..=MAX_HOST_BUFFERS).contains(&self.host_buffers),
+            "host_buffers",
             "{} must be between 1 and {MAX_HOST_BUFFERS}",
-            self.prefetch
+            self.host_buffers
         );
         ensure!(
             self.checkpoint_every != Some(0),

@@ -38,6 +38,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
+    cli.refuse_old_spellings()?;
     if let Some(n) = cli.threads {
         tch::set_num_threads(n);
     }
@@ -170,7 +171,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             EXIT_FAILED
         });
     }
-    let slots = cfg.prefetch + 2;
+    let slots = cfg.host_buffers + 2;
     if cli.overfit_batch {
         let mut cfg = cfg;
         cfg.accumulate = 1;

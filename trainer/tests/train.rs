@@ -785,13 +785,21 @@ fn bad_input_is_named_in_the_error() {
 
     // Issue 52 C19: one rule for every front end: no batch ahead, and weights of one cache,
     // are refused (0 was taken as 1, and one weight trained).
-    for flags in [&["--prefetch", "0"][..], &["--weights", "1"]] {
+    for flags in [&["--host-buffers", "0"][..], &["--weights", "1"]] {
         let mut args = vec!["--cache", &ice, "--task", "direction", "--max-steps", "1"];
         args.extend_from_slice(flags);
         let r = train(&args);
         assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
         assert!(r.stderr.contains(flags[0]), "{}", r.stderr);
     }
+    // Issue 54 (3): one meaning per name: the host buffers' old flag says their new one.
+    let r = train(&["--cache", &ice, "--task", "direction", "--prefetch", "4"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--host-buffers 4") && r.stderr.contains("per loader thread"),
+        "{}",
+        r.stderr
+    );
     // Issue 52 B5: libtorch's thread count is checked before it reaches libtorch (a panic
     // inside tch before).
     for n in ["0", "-3", "5000"] {
