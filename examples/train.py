@@ -48,11 +48,10 @@ import json
 import math
 import os
 import random
-import re
 import sys
 import time
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -183,10 +182,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def graph_refusal(args: argparse.Namespace) -> Optional[str]:
-    """Why the run's settings cannot be captured as a graph (``--graph``), or None."""
-    if not args.pack and (args.trim or args.bucket):
-        return ("--graph replays one batch shape: use --pack T, or padded batches without "
-                "--trim and --bucket")
+    """Why the run's settings cannot be captured as a graph (``--graph``), or None; a batch
+    shape that changes is the loader's to refuse (``dsc.Loader(static=True)``)."""
     if args.compile:
         return ("--graph captures the whole step itself; --compile captures the forward only: "
                 "choose one")
@@ -757,31 +754,14 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     return Run(args, ckpt, changed, regrouped, say).train()
 
 
-# dsc.Loader keywords this script gives under flags of other names.
-FLAG_OF_KEYWORD = {"num_threads": "loader_threads"}
-
-
-def as_flags(message: str, flags: Iterable[str]) -> str:
-    """A dsc message naming keyword arguments (``max_seqs=``, ``pack=64``) as this script's
-    flags (``--max-seqs``, ``--pack 64``), for the keywords it has a flag of (``flags``: its
-    options' names); others stay keywords, never a flag it does not have."""
-    known = set(flags)
-
-    def flag(m: "re.Match[str]") -> str:
-        key, value = FLAG_OF_KEYWORD.get(m.group(1), m.group(1)), m.group(2)
-        if key not in known:
-            return m.group(0)
-        return "--" + key.replace("_", "-") + (f" {value}" if value else "")
-    return re.sub(r"\b([a-z][a-z0-9_]*)=([^\s,;:)]*)", flag, message)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
-    flags = list(vars(args))
     try:
         summary = train(args)
     except dsc.OptionsError as e:
-        raise SystemExit(f"train.py: {as_flags(str(e), flags)}") from None
+        # The loader's own message, its options spelled as flags: this script's loader flags
+        # are the loader's keys.
+        raise SystemExit(f"train.py: {e.flags()}") from None
     except dsc.StateError as e:
         # A checkpoint's loader state the loader cannot continue here (e.g. a bucketed order
         # at another global batch).

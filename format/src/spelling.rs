@@ -116,8 +116,10 @@ pub enum Spelling {
     Python,
 }
 
-/// Spec keys whose command-line flag is not the key with dashes.
-const CLI_FLAGS: &[(&str, &str)] = &[("joins", "join")];
+/// Keys whose command-line flag is not the key with dashes. The loader's `threads` is
+/// `--loader-threads` on every command line (`dsc bench`, examples/train.py), where a bare
+/// `--threads` is the tool's own (dsc's workers, the trainers' torch threads).
+const CLI_FLAGS: &[(&str, &str)] = &[("joins", "join"), ("threads", "loader-threads")];
 /// Spec keys the command line takes as positional arguments, with the name its help shows.
 const CLI_POSITIONAL: &[(&str, &str)] = &[("rows", "ROWS")];
 

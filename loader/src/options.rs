@@ -137,6 +137,35 @@ impl Batches {
         Err(OptionError::new("trim", problem))
     }
 
+    /// Refuses shapes that change from batch to batch for a step that replays one: static
+    /// buffers and CUDA graphs (`dsc.Loader(static=True)`, `dsc-train --graph`,
+    /// `examples/train.py --graph`, each asking this one rule). Bucketed batches have a shape
+    /// per bucket, and padded ones `trimmed` a shape per length; packs, series windows and
+    /// untrimmed padded batches have one.
+    pub fn static_shape(&self, trimmed: bool) -> Result<(), OptionError> {
+        const REPLAYS: &str = "and a captured step (static buffers, CUDA graphs) replays one";
+        match self {
+            Batches::Bucketed => Err(OptionError::given(
+                "bucket",
+                true,
+                format!(
+                    "makes a batch shape per bucket, {REPLAYS}: use `pack` for one shape \
+                     without padding"
+                ),
+            )),
+            Batches::Padded if trimmed => Err(OptionError::given(
+                "trim",
+                true,
+                format!(
+                    "cuts each batch to its longest sequence, a shape per length, {REPLAYS}: \
+                     leave it off (batches padded to the cache's length), or use `pack` for \
+                     one shape without padding"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The option that asks for this shape, by key (`None` for the default, padded).
     pub fn key(&self) -> Option<&'static str> {
         match self {
@@ -631,6 +660,19 @@ fn field_value(order: &OrderSpec, field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one rule every front end asks before it captures a step.
+    #[test]
+    fn a_static_shape_is_a_pack_a_window_or_an_untrimmed_padded_batch() {
+        assert!(Batches::Padded.static_shape(false).is_ok());
+        assert!(Batches::Packed(Pack::tokens(4096))
+            .static_shape(true)
+            .is_ok());
+        assert_eq!(Batches::Padded.static_shape(true).unwrap_err().key, "trim");
+        let bucketed = Batches::Bucketed.static_shape(false).unwrap_err();
+        assert_eq!(bucketed.key, "bucket");
+        assert!(bucketed.problem.contains("`pack`"), "{bucketed}");
+    }
 
     #[test]
     fn a_state_is_flat_json_and_reads_states_from_before_bucketing_and_packing() {

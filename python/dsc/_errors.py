@@ -43,9 +43,22 @@ class OptionsError(Error, ValueError):
     """Arguments that do not fit the cache or each other (batch size 0, unknown split, …).
     ``option`` names the keyword argument at fault where one is (``"max_len"``)."""
 
-    def __init__(self, message: str, *, option: Optional[str] = None, **place: Any) -> None:
+    def __init__(self, message: str, *, option: Optional[str] = None,
+                 raw: Optional[str] = None, **place: Any) -> None:
         super().__init__(message, **place)
         self.option = option
+        # The message as the Rust libraries write it, options as `key` in backticks.
+        self._raw = raw
+
+    def flags(self) -> str:
+        """The message with its options spelled as command-line flags (``--max-seqs``,
+        ``--pack 64``, ``--no-shuffle``; the loader's ``threads`` as ``--loader-threads``), by
+        the speller dsc's own commands use: for a script whose flags are the loader's keys
+        with dashes, as examples/train.py's are."""
+        if self._raw is None:
+            return str(self)
+        from . import _dsc
+        return _dsc.spell_flags(self._raw)
 
 
 class StateError(Error, ValueError):

@@ -84,7 +84,7 @@ def _rust_options(keywords: Dict[str, Any], default_trim_multiple: int) -> Dict[
         if keyword is None:
             raise
         raise OptionsError(str(e).replace(f"{e.option}=", f"{keyword}=", 1),
-                           option=keyword) from None
+                           option=keyword, raw=e._raw) from None
 
 
 # Keywords whose Rust key is spelled otherwise in PyTorch's vocabulary.
@@ -491,12 +491,8 @@ class Loader:
         if self.device is None:
             raise OptionsError("static=True puts every batch in the same tensors on a device: "
                                "pass device= ('cuda', or 'cpu' for CPU tensors)", option="static")
-        if self.trim or self.bucket:
-            raise OptionsError(
-                f"static=True with {'bucket' if self.bucket else 'trim'}=True: a trimmed batch "
-                "changes its shape every step, and static buffers (and the CUDA graphs that "
-                "read them) have one; use pack= for static shapes without padding",
-                option="bucket" if self.bucket else "trim")
+        # The loader's one rule for static shapes (dsc-train --graph asks it too).
+        _dsc.static_shape(json.dumps(self._opts))
         if self.series is not None:
             raise OptionsError("static=True is for padded and packed batches; series windows "
                                "are delivered as new tensors each step", option="static")

@@ -38,6 +38,8 @@ fn raise(py: Python<'_>, class: &str, message: String, place: Place) -> PyErr {
         kwargs.set_item("sample", place.sample)?;
         if place.option.is_some() {
             kwargs.set_item("option", place.option)?;
+            // Unspelled, for a front end of its own (`OptionsError.flags`).
+            kwargs.set_item("raw", &message)?;
         }
         // The libraries name options by their keys; a Python caller reads keyword arguments.
         let message = spell(&message, Spelling::Python);

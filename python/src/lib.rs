@@ -285,6 +285,24 @@ fn loader_options(
     serde_json::to_string(&opts).map_err(|e| options_error(py, &format!("loader options: {e}")))
 }
 
+/// `text` (a library message, options as `` `key` ``) with its options spelled as command-line
+/// flags: what `OptionsError.flags` gives a script whose flags are the loader's keys.
+#[pyfunction]
+fn spell_flags(text: &str) -> String {
+    dsc_format::spelling::spell(text, dsc_format::spelling::Spelling::Cli)
+}
+
+/// Refuses loader options (the JSON `loader_options` returns) whose batches change shape from
+/// step to step, for static buffers: the loader's one rule, which `dsc-train --graph` asks too.
+#[pyfunction]
+fn static_shape(py: Python<'_>, options: &str) -> PyResult<()> {
+    let opts = parse_options(py, options)?;
+    opts.order
+        .batches
+        .static_shape(opts.trim.is_some())
+        .map_err(|e| option_error(py, &e))
+}
+
 /// The Rust `LoaderOptions` from the JSON that `dsc.Loader` builds.
 fn parse_options(py: Python<'_>, json: &str) -> PyResult<LoaderOptions> {
     serde_json::from_str(json).map_err(|e| options_error(py, &format!("loader options: {e}")))
@@ -1033,6 +1051,8 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(choices, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(loader_options, m)?)?;
+    m.add_function(wrap_pyfunction!(static_shape, m)?)?;
+    m.add_function(wrap_pyfunction!(spell_flags, m)?)?;
     m.add("LOADER_KEYS", dsc_loader::args::KEYS.to_vec())?;
     // Every key's default, as JSON: `dsc.Loader` leaves a keyword out (None) to take it, and
     // its docstring and tests are held to it.

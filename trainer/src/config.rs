@@ -333,16 +333,11 @@ impl RunConfig {
             "trim_multiple",
             "rounds trimmed lengths; packed batches (`pack`) have one shape already"
         );
-        ensure!(
-            !self.graph || !self.batches.is_bucketed(),
-            "graph",
-            "replays one batch shape; `bucket` makes one per bucket"
-        );
-        ensure!(
-            !self.graph || self.trim_multiple.is_none(),
-            "trim_multiple",
-            "rounds trimmed lengths; a captured step (`graph`) reads untrimmed batches of one shape"
-        );
+        if self.graph {
+            // The loader's one rule for a step that replays one shape (`dsc.Loader(static=True)`
+            // and examples/train.py ask it too); a recorded trim multiple means trimmed batches.
+            self.batches.static_shape(self.trim_multiple.is_some())?;
+        }
         ensure!(
             self.weights.is_empty() || self.weights.len() == self.mix.len() + 1,
             "weights",
