@@ -125,7 +125,7 @@ log "pytest (tests/python: the Python loader, compile, distributed, example scri
 # pytest exits 5 when it collected no test: that is a failure here, never a pass.
 export DSC_BIN="$PWD/target/debug/dsc" DSC_WHEEL="$PWD/$wheel"
 set +e
-.venv/bin/python -m pytest tests/python -q -p no:cacheprovider
+.venv/bin/python -m pytest tests/python -q -p no:cacheprovider --durations=25
 rc=$?
 set -e
 log "done: pytest exit $rc"

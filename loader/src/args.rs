@@ -402,6 +402,51 @@ impl LoaderArgs {
         args.options(default_trim_multiple)
     }
 
+    /// The keys that ask for `opts` (the inverse of [`LoaderArgs::options`]): how a front end
+    /// reads back what the loader resolved, by the keys it gave, not by the state's spelling.
+    pub fn of(opts: &LoaderOptions) -> LoaderArgs {
+        let order = &opts.order;
+        let pack = order.batches.pack();
+        let windows = order.batches.windows();
+        LoaderArgs {
+            epoch: EpochArgs {
+                split: order.split.clone(),
+                seed: order.seed,
+                window: order.window,
+                interleave: order.interleave,
+                shuffle: order.shuffle,
+                drop_last: order.drop_last,
+            },
+            shape: ShapeArgs {
+                bucket: order.batches.is_bucketed(),
+                pack: pack.map(|p| p.tokens),
+                max_seqs: pack.and_then(|p| p.max_seqs),
+                series_window: windows.map(|w| w.len),
+                stride: windows.map(|w| w.stride),
+                horizon: windows.map_or(0, |w| w.horizon),
+                horizon_columns: windows.map_or_else(Vec::new, |w| w.horizon_columns.clone()),
+                pad_windows: windows.is_some_and(|w| w.pad),
+                trim: opts.trim.is_some(),
+                trim_multiple: opts.trim,
+            },
+            mix: MixArgs {
+                weights: (!order.weights.is_empty()).then(|| order.weights.clone()),
+                mix_samples: order.mix_samples,
+            },
+            batch: BatchArgs {
+                batch_size: opts.batch_size,
+            },
+            rank: RankArgs {
+                epoch: opts.epoch,
+                rank: opts.rank,
+                world_size: opts.world_size,
+            },
+            threads: opts.threads,
+            prefetch: opts.prefetch,
+            columns: opts.columns.clone(),
+        }
+    }
+
     /// The loader options these keys ask for.
     pub fn options(&self, default_trim_multiple: usize) -> Result<LoaderOptions, LoadError> {
         if self.mix.weights.as_ref().is_some_and(Vec::is_empty) {
@@ -433,6 +478,22 @@ impl LoaderArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a front end reads back is what it gave: every shape, trimmed or not, mixed or not.
+    #[test]
+    fn the_keys_of_resolved_options_give_them_again() {
+        for json in [
+            r#"{}"#,
+            r#"{"bucket": true, "trim_multiple": 16, "seed": 3}"#,
+            r#"{"pack": 4096, "max_seqs": 40, "rank": 1, "world_size": 2}"#,
+            r#"{"series_window": 48, "stride": 4, "horizon": 2, "horizon_columns": ["a"],
+                "pad_windows": true}"#,
+            r#"{"trim": true, "weights": [0.7, 0.3], "mix_samples": 100, "columns": ["x"]}"#,
+        ] {
+            let opts = LoaderArgs::from_json(json, 16).unwrap();
+            assert_eq!(LoaderArgs::of(&opts).options(16).unwrap(), opts, "{json}");
+        }
+    }
 
     #[test]
     fn the_keys_are_the_fields() {

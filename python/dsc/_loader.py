@@ -375,28 +375,31 @@ class Loader:
             ),
             GPU_TRIM_MULTIPLE if on_gpu else 1,
         )
-        order = self._opts["order"]
-        self.split: str = order["split"]
-        self.seed: int = order["seed"]
-        self.shuffle: bool = order["shuffle"]
-        self.drop_last: bool = order["drop_last"]
-        self.window: int = order["window"]
-        self.interleave: int = order["interleave"]
-        self.bucket: bool = order["bucket"]
-        self.pack: Optional[int] = order["pack"]["tokens"] if "pack" in order else None
-        self.max_seqs: Optional[int] = order["pack"].get("max_seqs") if "pack" in order else None
-        self.series: Optional[Dict[str, Any]] = order.get("series")
-        if self.series is not None:
-            self.series.setdefault("horizon_columns", [])
-        self.weights: Optional[List[float]] = order.get("weights")
-        self.mix_samples: Optional[int] = order.get("mix_samples")
-        self.batch_size: int = self._opts["batch_size"]
-        self.rank: int = self._opts["rank"]
-        self.world_size: int = self._opts["world_size"]
-        self.num_threads: int = self._opts["threads"]
-        self.prefetch: int = self._opts["prefetch"]
-        self.trim: bool = self._opts["trim"] is not None
-        self.trim_multiple: int = (self._opts["trim"] if self.trim else
+        # What Rust resolved, read back by the keys given (not the state's spelling).
+        keys = json.loads(_dsc.loader_keys(json.dumps(self._opts)))
+        self.split: str = keys["split"]
+        self.seed: int = keys["seed"]
+        self.shuffle: bool = keys["shuffle"]
+        self.drop_last: bool = keys["drop_last"]
+        self.window: int = keys["window"]
+        self.interleave: int = keys["interleave"]
+        self.bucket: bool = keys["bucket"]
+        self.pack: Optional[int] = keys["pack"]
+        self.max_seqs: Optional[int] = keys["max_seqs"]
+        self.series_window: Optional[int] = keys["series_window"]
+        self.stride: Optional[int] = keys["stride"]
+        self.horizon: int = keys["horizon"]
+        self.horizon_columns: List[str] = keys["horizon_columns"]
+        self.pad_windows: bool = keys["pad_windows"]
+        self.weights: Optional[List[float]] = keys["weights"]
+        self.mix_samples: Optional[int] = keys["mix_samples"]
+        self.batch_size: int = keys["batch_size"]
+        self.rank: int = keys["rank"]
+        self.world_size: int = keys["world_size"]
+        self.num_threads: int = keys["threads"]
+        self.prefetch: int = keys["prefetch"]
+        self.trim: bool = keys["trim"]
+        self.trim_multiple: int = (keys["trim_multiple"] if self.trim else
                                    trim_multiple if trim_multiple is not None else
                                    GPU_TRIM_MULTIPLE if on_gpu else 1)
         names = [t.name for t in self.cache.schema]
@@ -441,7 +444,7 @@ class Loader:
                                option="resident_budget")
         if resident is False:
             return None
-        if self.series is not None:
+        if self.series_window is not None:
             if resident:
                 raise OptionsError("resident=True gathers whole contexts by index; series windows "
                                    "are cut from the shards on the host (leave resident= unset)",
@@ -493,7 +496,7 @@ class Loader:
                                "pass device= ('cuda', or 'cpu' for CPU tensors)", option="static")
         # The loader's one rule for static shapes (dsc-train --graph asks it too).
         _dsc.static_shape(json.dumps(self._opts))
-        if self.series is not None:
+        if self.series_window is not None:
             raise OptionsError("static=True is for padded and packed batches; series windows "
                                "are delivered as new tensors each step", option="static")
         if gather_in_step and self._resident_device is None:
@@ -767,13 +770,12 @@ class Loader:
         mix = (f", weights={self.weights}, mix_samples={self.mix_samples}"
                if len(self.caches) > 1 else "")
         series = ""
-        if self.series is not None:
-            s = self.series
-            series = f", series_window={s['len']}, stride={s['stride']}"
-            if s["horizon"]:
-                series += (f", horizon={s['horizon']}, "
-                           f"horizon_columns={s['horizon_columns'] or None}")
-            if s["pad"]:
+        if self.series_window is not None:
+            series = f", series_window={self.series_window}, stride={self.stride}"
+            if self.horizon:
+                series += (f", horizon={self.horizon}, "
+                           f"horizon_columns={self.horizon_columns or None}")
+            if self.pad_windows:
                 series += ", pad_windows=True"
         return (
             f"dsc.Loader({caches!r}{mix}, split={self.split!r}, batch_size={self.batch_size}, "

@@ -292,6 +292,16 @@ fn spell_flags(text: &str) -> String {
     dsc_format::spelling::spell(text, dsc_format::spelling::Spelling::Cli)
 }
 
+/// The keys (`dsc_loader::args::KEYS`) that ask for loader options (the JSON
+/// `loader_options` returns), as a JSON object: what `dsc.Loader` reads its resolved options
+/// back by.
+#[pyfunction]
+fn loader_keys(py: Python<'_>, options: &str) -> PyResult<String> {
+    let opts = parse_options(py, options)?;
+    serde_json::to_string(&dsc_loader::args::LoaderArgs::of(&opts))
+        .map_err(|e| options_error(py, &format!("loader options: {e}")))
+}
+
 /// Refuses loader options (the JSON `loader_options` returns) whose batches change shape from
 /// step to step, for static buffers: the loader's one rule, which `dsc-train --graph` asks too.
 #[pyfunction]
@@ -1052,6 +1062,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(loader_options, m)?)?;
     m.add_function(wrap_pyfunction!(static_shape, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_keys, m)?)?;
     m.add_function(wrap_pyfunction!(spell_flags, m)?)?;
     m.add("LOADER_KEYS", dsc_loader::args::KEYS.to_vec())?;
     // Every key's default, as JSON: `dsc.Loader` leaves a keyword out (None) to take it, and
