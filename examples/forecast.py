@@ -47,7 +47,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print only the summary line")
     return p.parse_args(argv)
 
@@ -96,8 +96,8 @@ def evaluate(model: nn.Module, loader: dsc.Loader, column: int) -> Dict[str, flo
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
     cache = dsc.open(args.cache)

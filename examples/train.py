@@ -31,8 +31,8 @@ times between events); the loss is read back once per ``--log-every`` optimizer 
 
 ``--out DIR`` writes ``DIR/last.pt`` at every epoch end and when ``--max-steps`` stops the run;
 ``--resume DIR/last.pt`` continues with the very batches the uninterrupted run would have seen
-(only --epochs, --max-steps, --device, --log-every, --json, --out, --threads and a moved --cache
-may differ); on the CPU (same --threads) the weights are those of a run that never stopped.
+(only --epochs, --max-steps, --device, --log-every, --json, --out, --torch-threads and a moved
+--cache may differ); on the CPU (same --torch-threads) the weights are a never-stopped run's.
 Under torchrun each rank trains ``--batch-size`` contexts (or one pack) with DDP; losses and
 metrics are summed over the ranks where they are read back anyway; a checkpoint of N ranks
 resumes on M, keeping the global batch where M divides it.
@@ -68,7 +68,7 @@ from timing import StepTimer, shares  # noqa: E402
 
 # On --resume the run's settings come from the checkpoint except these, always taken from the
 # command line (they do not change the arithmetic), and --epochs and --cache when given.
-RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "threads", "resume",
+RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "torch_threads", "resume",
                             "keys_out")
 
 
@@ -128,9 +128,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", default=None,
                    help="auto (CUDA when present), cpu, cuda[:N] [default: auto, or the "
                         "resumed run's device]")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--torch-threads", type=int, default=None,
                    help="CPU threads for torch's operators [default: torch's choice, one per "
                         "physical core]; fewer on a machine shared with other work")
+    p.add_argument("--threads", default=None, help=argparse.SUPPRESS)  # the old spelling
     p.add_argument("--loader-threads", type=int, default=1, help="dsc loading threads")
     p.add_argument("--prefetch", type=int, default=4, help="batches prepared ahead")
     p.add_argument("--resident", choices=["auto", "on", "off"], default=None,
@@ -151,6 +152,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.cache is None and args.resume is None:
         p.error("--cache is required (unless --resume)")
+    if args.threads is not None:
+        p.error(f"--threads {args.threads}: torch's threads are --torch-threads "
+                f"{args.threads} now; a bare threads means the loader's (--loader-threads)")
     if not 0 <= args.dropout < 1:
         p.error("--dropout must be in [0, 1)")
     # Every number that reaches torch is checked here, as dsc-train checks its own: a NaN or
@@ -165,7 +169,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if not 0 <= args.seed < 2**64:
         p.error(f"--seed {args.seed}: must be between 0 and 2**64 - 1")
     for name, highest in (("epochs", 2**62), ("max_steps", 2**62), ("pack", 2**31),
-                          ("max_seqs", 2**31), ("threads", 1024), ("loader_threads", 1024),
+                          ("max_seqs", 2**31), ("torch_threads", 1024), ("loader_threads", 1024),
                           ("prefetch", 1024), ("dim", 1 << 16), ("layers", 1024),
                           ("heads", 1024), ("batch_size", 2**31), ("accumulate", 2**31),
                           ("log_every", 2**62)):
@@ -368,8 +372,8 @@ class Run:
         # Several ranks each take the GPU of their LOCAL_RANK: the run records the kind.
         args.device = device.type if self.ranks.world > 1 else str(device)
         args.world_size = self.ranks.world
-        if args.threads:  # fewer than torch's one per core on a machine shared with others
-            torch.set_num_threads(args.threads)
+        if args.torch_threads:  # fewer than torch's one per core on a shared machine
+            torch.set_num_threads(args.torch_threads)
         amp = args.amp = args.amp or auto_amp(device)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
         self.graph_why = settle_shape(args, device) if ckpt is None else None

@@ -134,7 +134,7 @@ def one(name: str, work: Path, args) -> dict:
               "--dim", str(s["dim"]), "--layers", "1", "--epochs", str(s["epochs"]),
               "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
               "--seed", str(args.seed), "--json"]
-    threads = ["--threads", str(args.threads)] if args.threads else []
+    threads = ["--torch-threads", str(args.torch_threads)] if args.torch_threads else []
     t0 = time.perf_counter()
     summary = json.loads(run([binary("DSC_TRAIN_BIN", "dsc-train"), "--cache", str(cache),
                               "--out", str(work / "run"), *common, *threads]))
@@ -174,7 +174,7 @@ def main() -> None:
     p.add_argument("--val-fraction", type=float, default=0.1,
                    help="val carved out of the official train split (for model selection)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for libtorch")
+    p.add_argument("--torch-threads", type=int, default=None, help="CPU threads for libtorch")
     p.add_argument("--python-example", action=argparse.BooleanOptionalAction, default=True,
                    help="also train with examples/train.py on the same cache")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

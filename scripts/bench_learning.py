@@ -56,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads for both")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch threads for both")
     p.add_argument("--dsc-train", default=str(ROOT / "target/release/dsc-train"))
     p.add_argument("--with-example", action="store_true",
                    help="also run examples/train.py (dsc's Python loader)")
@@ -186,8 +186,8 @@ def common_flags(args: argparse.Namespace) -> list:
              "--clip", str(args.clip), "--seed", str(args.seed), "--json", "--device", "cpu"]
     if args.target:
         flags += ["--target", args.target]
-    if args.threads:
-        flags += ["--threads", str(args.threads)]
+    if args.torch_threads:
+        flags += ["--torch-threads", str(args.torch_threads)]
     return flags
 
 
@@ -204,8 +204,8 @@ def per_epoch(summary: dict) -> list:
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     results = {"cache": args.cache, "settings": {k: v for k, v in vars(args).items()
                                                  if k not in ("dsc_train", "with_example", "bucket")},
                "torch_threads": torch.get_num_threads()}

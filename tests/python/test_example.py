@@ -26,8 +26,8 @@ SCRIPT = ROOT / "examples" / "train.py"
 
 # A small network keeps every run to a few seconds. One torch thread: the thread count changes
 # the order of float sums, and the resume test compares runs bit for bit.
-SMALL = ["--dim", "32", "--layers", "1", "--heads", "2", "--batch-size", "32", "--threads", "1",
-         "--device", "cpu"]
+SMALL = ["--dim", "32", "--layers", "1", "--heads", "2", "--batch-size", "32",
+         "--torch-threads", "1", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_resume_continues_exactly(train_script, icecube_cache, tmp_path):
     # The settings come from the checkpoint; the logging interval from the command line.
     second = train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"),
                                 "--max-steps", str(m), "--log-every", "3", "--json",
-                                "--threads", "1"])
+                                "--torch-threads", "1"])
     assert second["optimizer_steps"] == whole["optimizer_steps"] == m
     a, b = _weights(tmp_path / "whole" / "last.pt"), _weights(tmp_path / "parts" / "last.pt")
     assert a.keys() == b.keys()
@@ -166,7 +166,7 @@ def test_a_resume_reads_the_generation_it_started_on(train_script, icecube_cache
     dsc.append(tmp_path / "daily", data / "train/batch_2.parquet",
                context=data / "train_meta.parquet")
     rest = train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"), "--json",
-                              "--threads", "1"])
+                              "--torch-threads", "1"])
     assert rest["optimizer_steps"] == whole["optimizer_steps"]
     a, b = _weights(tmp_path / "whole" / "last.pt"), _weights(tmp_path / "parts" / "last.pt")
     for name in a:
@@ -326,7 +326,7 @@ def test_the_whole_step_resumes_exactly(train_script, icecube_cache, tmp_path):
     whole = train_script.main([*base, "--max-steps", "25", "--out", str(tmp_path / "whole")])
     train_script.main([*base, "--max-steps", "7", "--out", str(tmp_path / "parts")])
     second = train_script.main(["--resume", str(tmp_path / "parts" / "last.pt"),
-                                "--max-steps", "25", "--json", "--threads", "1"])
+                                "--max-steps", "25", "--json", "--torch-threads", "1"])
     assert second["graph"] and second["optimizer_steps"] == 25
     a, b = _weights(tmp_path / "whole" / "last.pt"), _weights(tmp_path / "parts" / "last.pt")
     for name in a:
@@ -371,6 +371,7 @@ def test_every_number_that_reaches_torch_is_checked_first(train_script, icecube_
         (["--epochs", "0"], "--epochs 0: must be between 1 and"),
         (["--epochs", "-1"], "--epochs -1: must be between 1 and"),
         (["--loader-threads", "100000"], "--loader-threads 100000: must be between 1 and 1024"),
+        (["--threads", "2"], "--threads 2: torch's threads are --torch-threads 2"),
         (["--eval-split", "train"], "--eval-split train: the split trained on"),
         (["--eval-split", "nope"], "--eval-split nope: the cache has no such split"),
     ]:
@@ -397,7 +398,7 @@ def test_a_resume_keeps_what_the_machine_chose(train_script, icecube_cache, tmp_
     assert {k: ckpt["args"][k] for k in ("device", "amp", "attention", "graph")} == dict(
         device="cpu", amp="none", attention="padded", graph=False)
     monkeypatch.setattr(train_script, "auto_amp", lambda device: "bf16")
-    resume = ["--resume", str(tmp_path / "p" / "last.pt"), "--json", "--threads", "1"]
+    resume = ["--resume", str(tmp_path / "p" / "last.pt"), "--json", "--torch-threads", "1"]
     kept = train_script.main([*resume, "--max-steps", str(steps - 2)])
     assert (kept["device"], kept["amp"], kept["resumed_with"]) == ("cpu", "none", {})
     a, b = _weights(tmp_path / "w" / "last.pt"), _weights(tmp_path / "p" / "last.pt")
@@ -459,7 +460,7 @@ def test_a_gpu_machine_captures_by_default_and_a_resume_keeps_it(train_script, i
         assert (s["graph"], s["trim"]) == (graph, trim), extra
     monkeypatch.setattr(train_script, "auto_graph", lambda device: False)
     resumed = train_script.main(["--resume", str(tmp_path / "a" / "last.pt"), "--max-steps", "6",
-                                 "--json", "--threads", "1"])
+                                 "--json", "--torch-threads", "1"])
     assert (resumed["graph"], resumed["trim"], resumed["optimizer_steps"]) == (True, False, 6)
     # Left unset on a machine that does not capture: today's eager, trimmed run.
     plain = train_script.main([*base, "--max-steps", "2"])

@@ -28,7 +28,7 @@ def sensors(tmp_path_factory) -> Path:
 def test_the_forecaster_beats_the_last_value_on_held_out_series(sensors: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "examples/forecast.py"), "--cache", str(sensors),
-         "--window", "48", "--horizon", "4", "--threads", "2", "--json"],
+         "--window", "48", "--horizon", "4", "--torch-threads", "2", "--json"],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)

@@ -75,7 +75,7 @@ def test_resident_batches_of_string_tensors_equal_the_host_batches(data: Path,
 
 def run_example(script: str, cache: Path) -> dict:
     out = subprocess.run([sys.executable, str(REPO / "examples" / script), "--cache", str(cache),
-                          "--threads", "2", "--json"], capture_output=True, text=True,
+                          "--torch-threads", "2", "--json"], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

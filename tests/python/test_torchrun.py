@@ -48,8 +48,8 @@ SCRIPT = REPO / "examples" / "train.py"
 # A GRU of 16: a run of 26 steps takes a second. One torch thread per process: two processes
 # on two cores, and one thread's sums are the same in every run.
 BASE = ["--task", "classification", "--target", "churned", "--model", "gru", "--dim", "16",
-        "--layers", "1", "--threads", "1", "--device", "cpu", "--log-every", "1", "--epochs", "1",
-        "--seed", "5"]
+        "--layers", "1", "--torch-threads", "1", "--device", "cpu", "--log-every", "1",
+        "--epochs", "1", "--seed", "5"]
 GLOBAL = 30
 STOP = 10  # optimizer steps before the runs that are resumed stop
 
@@ -166,14 +166,14 @@ def runs(cache: Path, script, tmp_path_factory) -> Dict[str, Dict]:
     # The resume on 1 writes over its checkpoint and keys: the resume on 4 starts from copies.
     shutil.copytree(tmp / "stop2", tmp / "stop2-copy")
     shutil.copytree(tmp / "two-then-one", tmp / "two-then-four")
-    out["two-then-one"] = local("two-then-one", "--resume", str(ckpt), "--threads", "1")
+    out["two-then-one"] = local("two-then-one", "--resume", str(ckpt), "--torch-threads", "1")
     out["two-then-four"] = torchrun(4, "--resume", str(tmp / "stop2-copy" / "last.pt"),
-                                    "--threads", "1", "--log-every", "1",
+                                    "--torch-threads", "1", "--log-every", "1",
                                     "--keys-out", str(tmp / "two-then-four"))
     # 1 process stopped, then resumed on 2 ranks.
     local("one-then-two", "--cache", str(cache), *BASE, "--batch-size", str(GLOBAL),
           "--max-steps", str(STOP), "--out", str(tmp / "stop1"))
-    out["one-then-two"] = torchrun(2, "--resume", str(tmp / "stop1" / "last.pt"), "--threads",
+    out["one-then-two"] = torchrun(2, "--resume", str(tmp / "stop1" / "last.pt"), "--torch-threads",
                                    "1", "--keys-out", str(tmp / "one-then-two"))
     out["tmp"] = {"path": tmp}
     return out
@@ -305,7 +305,7 @@ def test_the_torchrun_lines_of_python_md_train_and_resume_on_another_rank_count(
         # torchrun from this Python; the script from this checkout.
         cmd = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
         cmd = [str(SCRIPT) if w == "examples/train.py" else w for w in cmd]
-        done = launch(cmd + ["--threads", "1"], cwd=tmp_path)
+        done = launch(cmd + ["--torch-threads", "1"], cwd=tmp_path)
         said.append(done.stderr)
         summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert "2 ranks x" in said[0]

@@ -25,7 +25,7 @@ def test_japanese_vowels_beats_one_nn_dtw_on_the_official_test_split(tmp_path: P
            "DSC_TRAIN_BIN": os.environ.get("DSC_TRAIN_BIN") or dsc_train_bin()}
     out = subprocess.run(
         [sys.executable, str(REPO / "examples" / "uea.py"), "--dataset", "JapaneseVowels",
-         "--work", str(tmp_path), "--threads", "1", "--json"],
+         "--work", str(tmp_path), "--torch-threads", "1", "--json"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert out.returncode == 0, out.stderr

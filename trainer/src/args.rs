@@ -66,7 +66,7 @@ pub struct Cli {
     pub cache_limit: Option<String>,
 
     /// Continue the run saved in this checkpoint exactly (every other flag, --no-normalise
-    /// included, is taken from it, except --epochs, --max-steps, --threads, --json and --out;
+    /// included, is taken from it, except --epochs, --max-steps, --torch-threads, --json and --out;
     /// the device and precision the run chose are kept unless --device or --amp names
     /// another, which the run then reports).
     #[arg(long, value_name = "CKPT")]
@@ -217,7 +217,12 @@ pub struct Cli {
 
     /// CPU threads for libtorch's operators, 1 to 1024 [default: libtorch's choice].
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1024))]
-    pub threads: Option<i32>,
+    pub torch_threads: Option<i32>,
+
+    /// The old spelling of --torch-threads, refused: a bare `threads` means the loader's
+    /// threads (or dsc's own workers) everywhere else.
+    #[arg(long, hide = true, value_name = "N")]
+    pub threads: Option<String>,
 
     /// Seed of weights, dropout and the data order.
     #[arg(long, default_value_t = 0)]
@@ -298,6 +303,16 @@ impl Cli {
     /// Refuses a flag that was renamed, naming the new one (one meaning per name across the
     /// front ends).
     pub fn refuse_old_spellings(&self) -> Result<(), OptionError> {
+        if let Some(n) = &self.threads {
+            return Err(OptionError::new(
+                "threads",
+                format!(
+                    "{n}: libtorch's threads are --torch-threads {n} now; a bare `threads` \
+                     means the loader's threads (dsc.Loader's num_threads, --loader-threads) or \
+                     dsc's own workers"
+                ),
+            ));
+        }
         if let Some(n) = &self.prefetch {
             return Err(OptionError::new(
                 "prefetch",

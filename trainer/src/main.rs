@@ -39,7 +39,7 @@ fn main() -> ExitCode {
 
 fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     cli.refuse_old_spellings()?;
-    if let Some(n) = cli.threads {
+    if let Some(n) = cli.torch_threads {
         tch::set_num_threads(n);
     }
     let (mut cfg, resume) = match &cli.resume {

@@ -174,7 +174,7 @@ const SMALL: [&str; 8] = [
     "1",
     "--heads",
     "2",
-    "--threads",
+    "--torch-threads",
     "1",
 ];
 
@@ -406,7 +406,7 @@ fn a_mix_of_two_caches_learns_and_resumes_exactly() {
     let stop = (steps / 2).to_string();
     run(&["--out", &sb, "--max-steps", &stop]);
     let ckpt = path(&split.path().join("last.ckpt"));
-    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    let rest = train(&["--resume", &ckpt, "--json", "--torch-threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"].as_u64().unwrap(), steps);
     assert_same_weights(straight.path(), split.path());
     // Mismatched caches and weights are refused before training.
@@ -476,7 +476,7 @@ fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
     assert_eq!(first["optimizer_steps"].as_u64().unwrap().to_string(), stop);
     let ckpt = path(&split.path().join("last.ckpt"));
     // Without --out, a resumed run writes into its checkpoint's folder.
-    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    let rest = train(&["--resume", &ckpt, "--json", "--torch-threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"].as_u64().unwrap(), total);
     assert_eq!(
         rest["epochs"].as_array().unwrap().len(),
@@ -803,14 +803,18 @@ fn bad_input_is_named_in_the_error() {
     // Issue 52 B5: libtorch's thread count is checked before it reaches libtorch (a panic
     // inside tch before).
     for n in ["0", "-3", "5000"] {
-        let r = train(&["--cache", &ice, &format!("--threads={n}")]);
-        assert_eq!(r.code, 2, "--threads {n}: {}", r.stderr);
+        let r = train(&["--cache", &ice, &format!("--torch-threads={n}")]);
+        assert_eq!(r.code, 2, "--torch-threads {n}: {}", r.stderr);
         assert!(
-            r.stderr.contains("--threads") && !r.stderr.contains("panicked"),
+            r.stderr.contains("--torch-threads") && !r.stderr.contains("panicked"),
             "{}",
             r.stderr
         );
     }
+    // Issue 54 (3): `threads` means the loader's; libtorch's old flag names the new one.
+    let r = train(&["--cache", &ice, "--task", "direction", "--threads", "2"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--torch-threads 2"), "{}", r.stderr);
 
     // A table of records has no steps for the reference sequence networks: said, not crashed.
     let records = dir.path().join("records");
@@ -1002,7 +1006,7 @@ fn a_packed_run_resumes_with_the_weights_of_an_uninterrupted_one() {
     let stop = (per_epoch / 2).to_string();
     run(&b, &["--max-steps", &stop]);
     let ckpt = path(&split.path().join("last.ckpt"));
-    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    let rest = train(&["--resume", &ckpt, "--json", "--torch-threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
     assert_same_weights(straight.path(), split.path());
 }
@@ -1050,7 +1054,7 @@ fn a_run_resumes_on_its_cache_compressed_in_place() {
     )
     .unwrap();
     let ckpt = path(&split.path().join("last.ckpt"));
-    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    let rest = train(&["--resume", &ckpt, "--json", "--torch-threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
     assert_same_weights(straight.path(), split.path());
 }
@@ -1082,7 +1086,7 @@ fn a_run_resumes_on_its_generation_after_an_append() {
     };
     dsc_compiler::append(&cache, &new, &opts).expect("append");
     let ckpt = path(&split.path().join("last.ckpt"));
-    let rest = train(&["--resume", &ckpt, "--json", "--threads", "1"]).json();
+    let rest = train(&["--resume", &ckpt, "--json", "--torch-threads", "1"]).json();
     assert_eq!(rest["optimizer_steps"], full["optimizer_steps"]);
     assert_same_weights(straight.path(), split.path());
     // A new run reads the last generation, twice the contexts; or the first, when asked.
@@ -1520,7 +1524,7 @@ fn forecasting_on_series_windows_beats_repeating_the_last_value() {
         "1",
         "--lr",
         "3e-3",
-        "--threads",
+        "--torch-threads",
         "2",
     ])
     .json();
