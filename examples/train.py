@@ -68,6 +68,9 @@ from timing import StepTimer, shares  # noqa: E402
 
 # On --resume the run's settings come from the checkpoint except these, always taken from the
 # command line (they do not change the arithmetic), and --epochs and --cache when given.
+# The loader's defaults, for the flags that are its options (one source: the Rust loader).
+LOADER = dsc.Loader.defaults()
+
 RESUME_FROM_COMMAND_LINE = ("max_steps", "log_every", "json", "out", "torch_threads", "resume",
                             "keys_out")
 
@@ -86,13 +89,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="target column(s) of y, comma-separated [default: azimuth,zenith for "
                         "direction, the only column for classification, all for regression]")
     p.add_argument("--model", choices=["transformer", "gru"], default="transformer")
-    p.add_argument("--dim", type=int, default=64, help="transformer width / GRU hidden size")
+    p.add_argument("--dim", type=int, default=128, help="transformer width / GRU hidden size")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the train split [default: 1, or the resumed run's]")
-    p.add_argument("--batch-size", type=int, default=128,
+    p.add_argument("--batch-size", type=int, default=LOADER["batch_size"],
                    help="contexts per micro-batch on each rank: under torchrun the global batch "
                         "is this x the ranks x --accumulate")
     p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
@@ -132,8 +135,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="CPU threads for torch's operators [default: torch's choice, one per "
                         "physical core]; fewer on a machine shared with other work")
     p.add_argument("--threads", default=None, help=argparse.SUPPRESS)  # the old spelling
-    p.add_argument("--loader-threads", type=int, default=1, help="dsc loading threads")
-    p.add_argument("--prefetch", type=int, default=4, help="batches prepared ahead")
+    p.add_argument("--loader-threads", type=int, default=LOADER["num_threads"],
+                   help="dsc loading threads")
+    p.add_argument("--prefetch", type=int, default=LOADER["prefetch"],
+                   help="batches prepared ahead per loading thread")
     p.add_argument("--resident", choices=["auto", "on", "off"], default=None,
                    help="keep the splits on the device and gather batches there [default: "
                         "auto, on CUDA when a split fits a quarter of the GPU's memory]")
@@ -142,7 +147,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after N optimizer steps in all (the schedule still spans "
                         "--epochs) and checkpoint there")
-    p.add_argument("--seed", type=int, default=0, help="weights, dropout and data order")
+    p.add_argument("--seed", type=int, default=LOADER["seed"],
+                   help="weights, dropout and data order")
     p.add_argument("--out", default=None, help="folder for last.pt [default: no checkpoints]")
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
     p.add_argument("--keys-out", metavar="DIR", default=None,

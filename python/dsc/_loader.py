@@ -506,6 +506,14 @@ class Loader:
                 "resident=True, or leave gather_in_step unset", option="gather_in_step")
         return True
 
+    @staticmethod
+    def defaults() -> Dict[str, Any]:
+        """The Rust loader's default of every keyword that is its option, by keyword
+        (``{"batch_size": 256, "shuffle": True, "num_threads": 1, ...}``): what a keyword left
+        out (None) takes, for a script whose flags mirror the loader's."""
+        rust = json.loads(_dsc.LOADER_DEFAULTS)
+        return {_KEYWORD.get(k, k): v for k, v in rust.items()}
+
     @property
     def static(self) -> bool:
         """Whether every batch lands in the same tensors (``static=``)."""

@@ -465,3 +465,18 @@ def test_a_gpu_machine_captures_by_default_and_a_resume_keeps_it(train_script, i
     # Left unset on a machine that does not capture: today's eager, trimmed run.
     plain = train_script.main([*base, "--max-steps", "2"])
     assert (plain["graph"], plain["trim"]) == (False, True)
+
+
+def test_the_scripts_loader_flags_take_the_loaders_defaults(train_script):
+    """Issue 54 (3): a flag of examples/train.py that is a loader option defaults to the Rust
+    loader's default (dsc.Loader.defaults(), from LoaderArgs::default()), and its network the
+    dsc-train's (dim 128, 2 layers, 4 heads): the two trainers and the loader agree. --trim is
+    the script's own choice from the machine (the captured step's untrimmed batches)."""
+    args = train_script.parse_args(["--cache", "c"])
+    loader = dsc.Loader.defaults()
+    flag_of = {"num_threads": "loader_threads"}
+    for key in ("batch_size", "seed", "prefetch", "num_threads", "bucket", "pack", "max_seqs"):
+        got = getattr(args, flag_of.get(key, key))
+        assert got == loader[key], (key, got)
+    assert (args.dim, args.layers, args.heads) == (128, 2, 4)
+
