@@ -273,8 +273,7 @@ def record_keys(out, batch: dsc.Batch, epoch: int, micro: int) -> None:
     """Appends a trained micro-batch's keys (``--keys-out``): its valid rows, a pack's seqs."""
     keys = batch.get("key")
     if keys is None:
-        raise SystemExit("--keys-out: these batches carry no key tensor (with --graph the step "
-                         "gathers them itself); audit without --graph")
+        raise SystemExit("--keys-out: these batches carry no key tensor; load it (columns=)")
     rows = keys[: batch.valid].tolist()
     out.write(json.dumps(dict(epoch=epoch, micro=micro, keys=rows)) + "\n")
 
@@ -316,7 +315,14 @@ def resume_settings(args: argparse.Namespace):
     saved["recorded_resident"], saved["resident"] = saved.get("resident"), args.resident
     args = argparse.Namespace(**saved)
     before, now = saved.get("world_size", 1), started_by_torchrun()
-    return args, ckpt, changed, rebatch(args, before, now) if before != now else None
+    if before == now:
+        return args, ckpt, changed, None
+    micro_before, regrouped = args.batch_size * before, rebatch(args, before, now)
+    # The loader counts its epoch afresh wherever a micro-batch's global batch changes (also
+    # when the optimizer step's is kept, at another --accumulate).
+    regrouped["micro_regrouped"] = (len(set(regrouped["global_batch"])) > 1 or args.pack
+                                    or args.batch_size * now != micro_before)
+    return args, ckpt, changed, regrouped
 
 
 def auto_graph(device: torch.device) -> bool:
@@ -370,6 +376,7 @@ class Run:
                  changed: Dict[str, Tuple[Any, Any]], regrouped: Optional[Dict[str, Any]],
                  say) -> None:
         self.args, self.ckpt, self.changed, self.regrouped = args, ckpt, changed, regrouped
+        self.micro_regrouped = bool(regrouped and regrouped.pop("micro_regrouped"))
         self.say = say
         device = pick_device(args.device, resumed=ckpt is not None and "device" not in changed)
         self.ranks, device = start_ranks(device, auto_graph(device) if args.graph is None
@@ -494,7 +501,7 @@ class Run:
             pos.setdefault("epoch_micro", pos["micro"])
             # The loader continues after the last batch the saved run trained on.
             self.loader.load_state_dict(ckpt["loader"])
-            if self.regrouped is not None and len(set(self.regrouped["global_batch"])) > 1:
+            if self.micro_regrouped:
                 # At another global batch the loader goes on from the same context, its steps
                 # counted afresh, and the schedule ends when the steps left at this batch do.
                 pos["micro"] = 0
@@ -539,11 +546,11 @@ class Run:
     def close_window(self) -> None:
         """Reads the window's loss and samples back (summed over the ranks: one all-reduce)
         and logs them with its time shares."""
-        args, pos = self.args, self.pos
+        pos = self.pos
         mean = self.step.loss() if self.step is not None else self.window_loss / self.window_micro
         loss, samples = self.ranks.sum([mean, self.timer.cur["samples"]], self.device)
         loss /= self.ranks.world
-        self.epoch_loss += loss * self.window_micro / args.accumulate
+        self.epoch_loss += loss * self.window_micro
         self.timer.cur["samples"] = int(samples)
         sh = self.timer.close()
         # The rate of the next optimizer step.
@@ -577,7 +584,8 @@ class Run:
         # The epoch's micro-batches from where the loader stands (a regrouped resume: the rest).
         micro_epoch = len(loader) // args.accumulate * args.accumulate
         # A resumed epoch starts from the sum saved at the stop: its mean is the whole epoch's.
-        self.epoch_loss = pos.get("epoch_loss", 0.0)
+        # (Checkpoints from before kept the sum divided by --accumulate.)
+        self.epoch_loss = pos.get("epoch_loss_sum", pos.get("epoch_loss", 0.0) * args.accumulate)
         timer.reset()
         totals = dict(timer.totals)
         batches = iter(loader)
@@ -591,13 +599,14 @@ class Run:
             timer.cur["data_wait"] += (time.perf_counter() - t0) - (loader.device_wait_s - gpu0)
             if not args.pack:
                 self.batch_lens[batch.seq_len] = self.batch_lens.get(batch.seq_len, 0) + 1
-            if self.keys_out is not None:
-                record_keys(self.keys_out, batch, pos["epoch"], pos["epoch_micro"])
-            pos["epoch_micro"] += 1
             if self.step is not None:
                 self.step()  # one replay (before capture and on the CPU: the same step, eager)
             else:
                 self.eager_micro(batch)
+            if self.keys_out is not None:
+                # After the step: a captured step gathers its batch (gather_in_step) itself.
+                record_keys(self.keys_out, batch, pos["epoch"], pos["epoch_micro"])
+            pos["epoch_micro"] += 1
             pos["micro"] += 1
             self.window_micro += 1
             # A pack's sequence count is known on the host: no read-back.
@@ -613,7 +622,7 @@ class Run:
         if stopped and pos["micro"] < micro_epoch:
             # Mid-epoch stop: the checkpoint's loader state resumes after the last trained
             # batch, and every rank of a resume starts from the epoch's loss so far.
-            pos["epoch_loss"] = self.epoch_loss
+            pos["epoch_loss_sum"] = self.epoch_loss
             self.checkpoint()
             self.say(f"stopped after {pos['optimizer_steps']} optimizer steps"
                      + (f"; resume with --resume {args.out}/last.pt" if args.out else ""))
@@ -628,7 +637,7 @@ class Run:
         if self.cache.splits.get(args.eval_split, 0) > 0:
             val_loss, val_metric = self.evaluate()
         report = dict(epoch=pos["epoch"], steps=self.steps_epoch,
-                      train_loss=self.epoch_loss * args.accumulate / max(pos["epoch_micro"], 1),
+                      train_loss=self.epoch_loss / max(pos["epoch_micro"], 1),
                       val_loss=val_loss, val_metric=val_metric, **shares(self.epoch_time))
         if args.compile:
             # Compiled frames so far: a static-shape run adds none after its first epoch.
@@ -640,8 +649,9 @@ class Run:
                  f"{report['samples_per_s']:.0f} samples/s · data wait "
                  f"{100 * report['data_wait_share']:.1f}% · "
                  f"{time.perf_counter() - self.start:.1f} s")
-        pos["epoch"], pos["micro"], pos["epoch_micro"], pos["epoch_loss"] = (
+        pos["epoch"], pos["micro"], pos["epoch_micro"], pos["epoch_loss_sum"] = (
             pos["epoch"] + 1, 0, 0, 0.0)
+        pos.pop("epoch_loss", None)
         self.loader.set_epoch(pos["epoch"])
         self.checkpoint()
 

@@ -39,6 +39,11 @@ _HOST_SYNCS = {
     "_unique2": "torch.unique",
     "unique_consecutive": "torch.unique_consecutive",
     "repeat_interleave": "repeat_interleave without output_size",
+    "equal": "torch.equal",
+    "allclose": "torch.allclose",
+    "bincount": "torch.bincount",
+    "histc": "torch.histc",
+    "histogram": "torch.histogram",
 }
 
 
@@ -103,6 +108,11 @@ class CapturedStep:
                 "dsc.CapturedStep replays every batch on the same addresses: build the loader "
                 "with static=True (padded batches with trim=False, or pack=); batches that "
                 "change shape cannot be captured", option="loader")
+        if getattr(loader, "drop_last", True) is False:
+            raise OptionsError(
+                "drop_last=False completes the last batch with filler rows (batch.valid says "
+                "how many are real, on the host), which a replayed step would train on: use "
+                "drop_last=True for training", option="loader")
         self.device = torch.device(loader.static_batch[next(iter(loader.static_batch))].device)
         self.cuda = self.device.type == "cuda"
         self.autocast_dtype = _autocast_dtype(torch, autocast)
@@ -115,6 +125,11 @@ class CapturedStep:
         self.capture_wanted = self.checks and self.cuda
         if self.checks:
             _capturable(optimizer, set_it=False)
+            if (schedule is not None and isinstance(optimizer, torch.optim.SGD)
+                    and not optimizer.defaults.get("fused")):
+                raise OptionsError(
+                    "SGD with a schedule reads its tensor learning rate back on every update "
+                    "unless fused: make it torch.optim.SGD(..., fused=True)", option="optimizer")
         for i, group in enumerate(optimizer.param_groups):
             rate = float(group["lr"])
             if not math.isfinite(rate) or rate < 0:
@@ -124,10 +139,13 @@ class CapturedStep:
         self.rates, self.table_start = _rate_table(torch, optimizer, schedule, steps,
                                                    self.device)
         self.host_rates = None if self.rates is None else self.rates.cpu().tolist()
-        self.bound = False
-        self.optimizer_steps = 0
-        self.micro_steps = 0
-        self.step_counter = torch.zeros((), dtype=torch.long, device=self.device)
+        self.bound: Optional[List[Any]] = None
+        # A scheduler that has run already stands at its step: the count starts there
+        # (load_state_dict sets it for a resume).
+        self.optimizer_steps = self.table_start
+        self.micro_steps = self.table_start * self.accumulate
+        self.step_counter = torch.full((), self.table_start, dtype=torch.long,
+                                       device=self.device)
         self.loss_sum = torch.zeros((), device=self.device)
         self.loss_count = 0
         default = DDP_WARMUP if ddp else WARMUP
@@ -140,7 +158,8 @@ class CapturedStep:
 
     def _micro(self) -> None:
         torch = self.torch
-        batch = self.loader.gather()
+        batch = (self.loader.gather() if getattr(self.loader, "gather_in_step", False)
+                 else dict(self.loader.static_batch))
         with torch.autocast(self.device.type, dtype=self.autocast_dtype,
                             enabled=self.autocast_dtype is not None, cache_enabled=False):
             loss = self.loss_fn(self.model, batch)
@@ -174,7 +193,7 @@ class CapturedStep:
         if self.rates is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.torch.zeros((), dtype=self.torch.float32, device=self.device)
-        self.bound = True
+        self.bound = [g["lr"] for g in self.optimizer.param_groups]
 
     def _eager(self, last: bool) -> None:
         if self.checks and not self.checked:
@@ -190,8 +209,13 @@ class CapturedStep:
     def __call__(self) -> bool:
         """One micro-step on the batch the loader's last ``next()`` placed. Returns whether it
         ended an optimizer step."""
-        if not self.bound:
+        if self.bound is None:
             self._bind()
+        elif any(g["lr"] is not lr for g, lr in zip(self.optimizer.param_groups, self.bound)):
+            raise CaptureError(
+                "the optimizer's state was loaded after the step's first call: its groups no "
+                "longer hold the rates the step writes (nor, once captured, what the graph "
+                "reads); load the optimizer's state before the first call")
         self.micro_steps += 1
         self.loss_count += 1
         last = self.micro_steps % self.accumulate == 0
@@ -283,6 +307,9 @@ class CapturedStep:
         if micro and (grads is None or len(grads) != len(self.params)):
             raise OptionsError("a state saved between micro-steps carries their gradients, one "
                                f"per parameter ({len(self.params)} here)", option="grads")
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()  # in place: a captured graph holds these addresses
         for p, g in zip(self.params, grads or []):
             if g is None:
                 continue
@@ -362,19 +389,9 @@ def _rate_table(torch: Any, optimizer: Any, schedule: Any, steps: Optional[int],
     if isinstance(schedule, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise OptionsError("ReduceLROnPlateau decides from a metric read back during "
                            "training: a captured step cannot follow it", option="schedule")
-    if isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
-        # Run the scheduler ahead on its own, then put it and the optimizer back.
-        saved, rates = schedule.state_dict(), [g["lr"] for g in groups]
-        start = schedule.last_epoch
-        rows = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # stepping it without optimizer.step()
-            for _ in range(steps):
-                rows.append([float(r) for r in schedule.get_last_lr()])
-                schedule.step()
-        schedule.load_state_dict(saved)
-        for g, r in zip(groups, rates):
-            g["lr"] = r
+    if isinstance(schedule, (torch.optim.lr_scheduler.LRScheduler,
+                             torch.optim.lr_scheduler.ChainedScheduler)):
+        rows, start = _read_ahead(schedule, groups, steps)
     elif callable(schedule):
         # The factor's base is kept in the groups (and so in the optimizer's state), as torch's
         # schedulers keep theirs: a resumed run scales the same rates.
@@ -393,6 +410,42 @@ def _rate_table(torch: Any, optimizer: Any, schedule: Any, steps: Optional[int],
                            f"{start + bad[0]}: expected zero or a positive number",
                            option="schedule")
     return torch.tensor(rows, dtype=torch.float32, device=device), start
+
+
+def _read_ahead(schedule: Any, groups: List[Dict[str, Any]], steps: int) -> tuple:
+    """A torch scheduler's rates for ``steps`` optimizer steps from where it stands, read by
+    running it ahead on its own; the scheduler and the optimizer's groups are put back as they
+    were. Refuses one that changes more than the rate (OneCycleLR's momentum cycling, which a
+    table of rates cannot carry) or that runs out before ``steps``."""
+    saved = schedule.state_dict()
+    kept = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    # A ChainedScheduler keeps no count of its own: its first scheduler's is the chain's.
+    inner = getattr(schedule, "_schedulers", None) or [schedule]
+    start = getattr(schedule, "last_epoch", getattr(inner[0], "last_epoch", 0))
+    rows: List[List[float]] = []
+    changed = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # stepping it without optimizer.step()
+            for s in range(steps):
+                rows.append([float(r) for r in schedule.get_last_lr()])
+                if s + 1 < steps:
+                    schedule.step()
+                    changed = changed or next(
+                        (k for g, k0 in zip(groups, kept) for k in k0
+                         if k not in ("lr", "initial_lr") and g[k] != k0[k]), None)
+    except (ValueError, ZeroDivisionError) as e:
+        raise OptionsError(f"the schedule cannot give steps={steps} rates ({e}): give the "
+                           "optimizer steps it was made for", option="steps") from None
+    finally:
+        schedule.load_state_dict(saved)
+        for g, k0 in zip(groups, kept):
+            g.update(k0)
+    if changed is not None:
+        raise OptionsError(f"the schedule changes the optimizer's {changed!r} as well as its rate "
+                           "(e.g. OneCycleLR's cycle_momentum): a captured step follows a table "
+                           "of rates only; turn that off", option="schedule")
+    return rows, int(start)
 
 
 def _without_host_syncs(torch: Any, work: Callable[[], None]) -> None:

@@ -229,6 +229,64 @@ def test_refusals_name_what_to_change(cache_dir):
     make(opt=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
 
 
+def test_the_edges_a_review_found(cache_dir):
+    """A scheduler already stepped continues from its step; one that changes more than the rate
+    (OneCycleLR's momentum) is refused and leaves the optimizer as it was; SGD with a schedule
+    must be fused; drop_last=False is refused; loading a position clears gradients summed
+    since; an optimizer state loaded after the first call is refused, not silently ignored."""
+    def loader(**kw):
+        return dsc.Loader(cache_dir, batch_size=24, trim=False, device="cpu", static=True, **kw)
+
+    model, opt = build(cache_dir)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    step = dsc.CapturedStep(model, loss_fn, opt, loader(), schedule=sched, steps=10)
+    assert step.optimizer_steps == 3
+    assert step.lr()[0] == pytest.approx(sched.get_last_lr()[0])
+
+    model, opt = build(cache_dir)
+    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=20)
+    betas = opt.param_groups[0]["betas"]  # OneCycleLR's own start
+    with pytest.raises(dsc.OptionsError, match="betas.*cycle_momentum") as e:
+        dsc.CapturedStep(model, loss_fn, opt, loader(), schedule=cycle, steps=20)
+    assert e.value.option == "schedule" and opt.param_groups[0]["betas"] == betas
+    flat = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=20,
+                                               cycle_momentum=False)
+    dsc.CapturedStep(model, loss_fn, opt, loader(), schedule=flat, steps=20)
+    with pytest.raises(dsc.OptionsError, match="steps=30") as e:
+        dsc.CapturedStep(model, loss_fn, opt, loader(), schedule=flat, steps=30)
+
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(dsc.OptionsError, match="fused=True"):
+        dsc.CapturedStep(model, loss_fn, sgd, loader(), schedule=lambda s: 1.0, steps=5)
+    with pytest.raises(dsc.OptionsError, match="drop_last=True") as e:
+        dsc.CapturedStep(model, loss_fn, opt, loader(drop_last=False))
+    assert e.value.option == "loader"
+
+    model, opt = build(cache_dir)
+    feed = loader()
+    step = dsc.CapturedStep(model, loss_fn, opt, feed, accumulate=2)
+    batches = iter(feed)
+    next(batches)
+    step()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    step.load_state_dict(dict(optimizer_steps=0))
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.parameters())
+
+    model, opt = build(cache_dir)
+    feed = loader()
+    step = dsc.CapturedStep(model, loss_fn, opt, feed, schedule=lambda s: 1.0, steps=5)
+    batches = iter(feed)
+    next(batches)
+    step()
+    opt.load_state_dict(build(cache_dir)[1].state_dict())
+    next(batches)
+    with pytest.raises(dsc.CaptureError, match="load the optimizer's state before"):
+        step()
+
+
 @cuda
 @pytest.mark.parametrize("shape", SHAPES, ids=ids)
 def test_cuda_the_captured_loop_learns_as_the_eager_loop(cache_dir, shape):

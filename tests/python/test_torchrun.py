@@ -193,6 +193,23 @@ def test_two_ranks_train_every_context_once_in_the_one_process_order(runs, cache
     assert keys_by_step(tmp / "one") == steps
 
 
+def test_a_resume_at_another_accumulation_trains_every_context_once(cache, script,
+                                                                     tmp_path) -> None:
+    """One process at --batch-size 15 --accumulate 2, stopped, then resumed on 2 ranks, where
+    --batch-size 15 --accumulate 1 per rank keeps the optimizer step's 30 contexts but not a
+    micro-batch's global batch (15 → 30): the loader counts the rest of the epoch afresh. It
+    skipped 6 of the 26 optimizer steps before (the micro count was kept), found by a review."""
+    keys = tmp_path / "keys"
+    script.main(["--cache", str(cache), *BASE, "--batch-size", "15", "--accumulate", "2",
+                 "--max-steps", str(STOP), "--out", str(tmp_path / "stop"),
+                 "--keys-out", str(keys), "--json"])
+    resumed = torchrun(2, "--resume", str(tmp_path / "stop" / "last.pt"), "--torch-threads",
+                       "1", "--keys-out", str(keys))
+    assert resumed["world_size"] == 2 and resumed["optimizer_steps"] == 785 // GLOBAL
+    flat = [k for s in keys_by_step(keys) for k in s]
+    assert len(flat) == len(set(flat)) == 785 // GLOBAL * GLOBAL
+
+
 def test_two_ranks_and_one_process_at_the_same_global_batch_learn_the_same(runs) -> None:
     tmp = runs["tmp"]["path"]
     two, one = runs["two"], runs["one"]
