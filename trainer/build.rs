@@ -24,6 +24,7 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(dsc_cuda_graphs)");
     println!("cargo::rustc-check-cfg=cfg(dsc_fused_adamw)");
     println!("cargo:rerun-if-changed=csrc/fused.cpp");
+    println!("cargo:rerun-if-changed=csrc/guard.h");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=DSC_TRAIN_NO_GRAPHS");
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
@@ -47,19 +48,8 @@ fn build_fused_shim(lib: &Path) {
         );
         return;
     }
-    cc::Build::new()
-        .cpp(true)
-        .file("csrc/fused.cpp")
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .flag("-std=c++17")
-        .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
-        .warnings(false)
-        .compile("dsc_fused_shim");
-    println!("cargo:rustc-link-search=native={}", lib.display());
-    for l in ["torch_cpu", "c10"] {
-        println!("cargo:rustc-link-lib=dylib={l}");
-    }
+    shim("fused", &include, &[]);
+    link(lib, &["torch_cpu", "c10"]);
     println!("cargo:rustc-cfg=dsc_fused_adamw");
 }
 
@@ -90,22 +80,36 @@ fn build_graph_shim(lib: &Path) {
         );
         return;
     };
-    cc::Build::new()
+    shim("graph", &include, &[runtime, crt]);
+    link(lib, &["torch_cuda", "c10_cuda", "torch_cpu", "c10"]);
+    println!("cargo:rustc-cfg=dsc_cuda_graphs");
+}
+
+/// Compiles `csrc/NAME.cpp` into the static library `dsc_NAME_shim`, against libtorch's
+/// headers under `include` (and `more` folders), with the C++ ABI libtorch was built with.
+fn shim(name: &str, include: &Path, more: &[PathBuf]) {
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
-        .file("csrc/graph.cpp")
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .include(runtime)
-        .include(crt)
+        .file(format!("csrc/{name}.cpp"))
+        .include(include)
+        .include(include.join("torch/csrc/api/include"));
+    for dir in more {
+        build.include(dir);
+    }
+    build
         .flag("-std=c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
         .warnings(false)
-        .compile("dsc_graph_shim");
+        .compile(&format!("dsc_{name}_shim"));
+}
+
+/// Links the shim just compiled against these libtorch libraries in `lib`.
+fn link(lib: &Path, libraries: &[&str]) {
     println!("cargo:rustc-link-search=native={}", lib.display());
-    for l in ["torch_cuda", "c10_cuda", "torch_cpu", "c10"] {
+    for l in libraries {
         println!("cargo:rustc-link-lib=dylib={l}");
     }
-    println!("cargo:rustc-cfg=dsc_cuda_graphs");
 }
 
 /// The first folder with CUDA header `header`: `CUDA_HOME`, the PyPI wheels beside `torch` (the

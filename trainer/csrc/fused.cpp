@@ -11,10 +11,11 @@
 #include <ATen/ops/_fused_adamw.h>
 
 #include <cstdint>
-#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "guard.h"
 
 namespace {
 
@@ -41,20 +42,14 @@ int dsc_fused_adamw(at::Tensor* const* params, at::Tensor* const* grads,
                     at::Tensor* const* exp_avgs, at::Tensor* const* exp_avg_sqs, int64_t n,
                     const at::Tensor* steps, const at::Tensor* lr, double beta1, double beta2,
                     double wd, double eps, const at::Tensor* found_inf) {
-  try {
+  return dsc_shim::guarded(last_error, [&] {
     std::vector<at::Tensor> state_steps(static_cast<size_t>(n), *steps);
     std::optional<at::Tensor> inf;
     if (found_inf != nullptr) inf = *found_inf;
     at::_fused_adamw_(list(params, n), list(grads, n), list(exp_avgs, n), list(exp_avg_sqs, n),
                       {}, state_steps, *lr, beta1, beta2, wd, eps, /*amsgrad=*/false,
                       /*maximize=*/false, std::nullopt, inf);
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "an unknown C++ exception";
-  }
-  return 1;
+  });
 }
 
 }  // extern "C"

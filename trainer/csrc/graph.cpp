@@ -12,8 +12,9 @@
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <exception>
 #include <string>
+
+#include "guard.h"
 
 namespace {
 
@@ -21,15 +22,7 @@ thread_local std::string last_error;
 
 template <class F>
 int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "an unknown C++ exception";
-  }
-  return 1;
+  return dsc_shim::guarded(last_error, f);
 }
 
 // Makes `waiter` wait for the work queued so far on `queued`. Through c10's device-generic

@@ -63,6 +63,12 @@ pub struct AdamW {
     /// Whether the update runs libtorch's fused AdamW kernel ([`fused`]); otherwise the
     /// whole-buffer operations below.
     fused: bool,
+    /// The fused kernel's tensor lists (parameters, gradients, both moments; with decay, then
+    /// without), as views of the flat buffers, for the parameters seated so far: made again
+    /// only when one more is seated, not every step.
+    fused_views: Vec<(f64, [Vec<Tensor>; 4])>,
+    /// Parameters seated when `fused_views` was made.
+    views_of: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +127,8 @@ impl AdamW {
             lr: Tensor::zeros([], (Kind::Float, device)),
             weight_decay,
             fused: fused::AVAILABLE,
+            fused_views: Vec::new(),
+            views_of: 0,
         }
     }
 
@@ -195,19 +203,7 @@ impl AdamW {
             return self.apply_fused(max_norm, scaler);
         }
         tch::no_grad(|| {
-            self.seat_gradients();
-            if let Some(s) = &scaler {
-                let _ = self.grads.g_mul_(&s.scale.reciprocal());
-            }
-            // The global norm is needed to clip and, with fp16, to detect an overflow.
-            let norm = (max_norm > 0.0 || scaler.is_some())
-                .then(|| self.grads.square().sum(Kind::Float).sqrt());
-            // 1 when the step applies, 0 when fp16 gradients overflowed.
-            let ok = match (&scaler, &norm) {
-                (Some(_), Some(n)) => n.isfinite().to_kind(Kind::Float),
-                _ => Tensor::ones([], (Kind::Float, self.steps.device())),
-            };
-            let _ = self.steps.g_add_(&ok);
+            let (clip, ok) = self.begin_update(max_norm, scaler.as_deref());
             let t = self.steps.clamp_min(1.0);
             // Scalar bases: no host tensor is copied to the device (a pageable copy would block).
             let bias1 = 1.0 - Tensor::pow_scalar(BETA1, &t);
@@ -219,15 +215,9 @@ impl AdamW {
                 Some(_) => self.grads.nan_to_num(0.0, 0.0, 0.0),
                 None => self.grads.shallow_clone(),
             };
-            // An overflowed step's norm may be NaN, and so its clip factor: it must not reach
-            // the moments (NaN x 0 is NaN), which it did, leaving every later weight NaN.
-            let g = match &norm {
-                Some(n) if max_norm > 0.0 => {
-                    g * (max_norm / (n + 1e-6))
-                        .clamp_max(1.0)
-                        .nan_to_num(1.0, 1.0, 1.0)
-                }
-                _ => g,
+            let g = match &clip {
+                Some(c) => g * c,
+                None => g,
             };
             let _ = self.exp_avg.g_add_(&((&g - &self.exp_avg) * &rate1));
             let _ = self
@@ -251,41 +241,25 @@ impl AdamW {
     /// kernel (`found_inf`).
     fn apply_fused(&mut self, max_norm: f64, scaler: Option<&mut LossScaler>) {
         tch::no_grad(|| {
-            self.seat_gradients();
-            if let Some(s) = &scaler {
-                let _ = self.grads.g_mul_(&s.scale.reciprocal());
-            }
-            let norm = (max_norm > 0.0 || scaler.is_some())
-                .then(|| self.grads.square().sum(Kind::Float).sqrt());
-            let ok = match (&scaler, &norm) {
-                (Some(_), Some(n)) => n.isfinite().to_kind(Kind::Float),
-                _ => Tensor::ones([], (Kind::Float, self.steps.device())),
-            };
-            let _ = self.steps.g_add_(&ok);
-            if let Some(n) = norm.as_ref().filter(|_| max_norm > 0.0) {
-                let _ = self.grads.g_mul_(&(max_norm / (n + 1e-6)).clamp_max(1.0));
+            let (clip, ok) = self.begin_update(max_norm, scaler.as_deref());
+            if let Some(c) = &clip {
+                let _ = self.grads.g_mul_(c);
             }
             let found_inf = scaler.is_some().then(|| 1.0 - &ok);
-            for decay in [true, false] {
-                let seated = |i: &usize| self.seated[*i] && self.decays[*i] == decay;
-                let each = |of: &Tensor| -> Vec<Tensor> {
-                    (0..self.params.len())
-                        .filter(seated)
-                        .map(|i| self.spans[i].of(of))
-                        .collect()
-                };
-                let params = each(&self.flat);
-                if params.is_empty() {
-                    continue;
-                }
+            let seated = self.seated.iter().filter(|&&s| s).count();
+            if seated != self.views_of {
+                self.fused_views = self.views_by_decay();
+                self.views_of = seated;
+            }
+            for (weight_decay, [params, grads, m, v]) in &self.fused_views {
                 fused::adamw(
-                    &params,
-                    &each(&self.grads),
-                    &each(&self.exp_avg),
-                    &each(&self.exp_avg_sq),
+                    params,
+                    grads,
+                    m,
+                    v,
                     &self.steps,
                     &self.lr,
-                    if decay { self.weight_decay } else { 0.0 },
+                    *weight_decay,
                     found_inf.as_ref(),
                 );
             }
@@ -293,6 +267,61 @@ impl AdamW {
                 s.update(&ok);
             }
         });
+    }
+
+    /// What both updates do first: seat new gradients, unscale them (fp16), count the step
+    /// (`ok`: 1, or 0 when fp16 gradients overflowed) and give the clip factor (`None`: no
+    /// clipping).
+    fn begin_update(
+        &mut self,
+        max_norm: f64,
+        scaler: Option<&LossScaler>,
+    ) -> (Option<Tensor>, Tensor) {
+        self.seat_gradients();
+        if let Some(s) = scaler {
+            let _ = self.grads.g_mul_(&s.scale.reciprocal());
+        }
+        // The global norm is needed to clip and, with fp16, to detect an overflow.
+        let norm = (max_norm > 0.0 || scaler.is_some())
+            .then(|| self.grads.square().sum(Kind::Float).sqrt());
+        let ok = match (scaler, &norm) {
+            (Some(_), Some(n)) => n.isfinite().to_kind(Kind::Float),
+            _ => Tensor::ones([], (Kind::Float, self.steps.device())),
+        };
+        let _ = self.steps.g_add_(&ok);
+        // An overflowed step's norm may be NaN, and so its clip factor: it must not reach the
+        // moments (NaN x 0 is NaN), which it did, leaving every later weight NaN.
+        let clip = norm.filter(|_| max_norm > 0.0).map(|n| {
+            (max_norm / (n + 1e-6))
+                .clamp_max(1.0)
+                .nan_to_num(1.0, 1.0, 1.0)
+        });
+        (clip, ok)
+    }
+
+    /// The seated parameters' views for the fused kernel, by weight decay: matrices with it,
+    /// the rest without (a group left out when empty).
+    fn views_by_decay(&self) -> Vec<(f64, [Vec<Tensor>; 4])> {
+        [(true, self.weight_decay), (false, 0.0)]
+            .into_iter()
+            .filter_map(|(decay, weight_decay)| {
+                let chosen: Vec<usize> = (0..self.params.len())
+                    .filter(|&i| self.seated[i] && self.decays[i] == decay)
+                    .collect();
+                let each = |of: &Tensor| chosen.iter().map(|&i| self.spans[i].of(of)).collect();
+                (!chosen.is_empty()).then(|| {
+                    (
+                        weight_decay,
+                        [
+                            each(&self.flat),
+                            each(&self.grads),
+                            each(&self.exp_avg),
+                            each(&self.exp_avg_sq),
+                        ],
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Named state for checkpoints: `m.<param>`, `v.<param>`, `steps`.
