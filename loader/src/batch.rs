@@ -3,9 +3,9 @@
 
 use crate::body::Shard;
 use crate::cache::Inner;
-use crate::pack::PackInfo;
 use crate::pool::Pool;
 use dsc_format::{Dtype, TensorRole};
+use serde::Serialize;
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -236,4 +236,28 @@ impl Batch {
     pub fn is_zero_copy(&self) -> bool {
         self.tensors.iter().all(BatchTensor::is_zero_copy)
     }
+}
+
+/// What a filled batch is, beyond its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchInfo {
+    /// Length of the sequence axis of padded per-step tensors (`L`, or the batch's longest
+    /// stored sequence when trimmed); for a pack, its longest sequence.
+    pub seq_len: usize,
+    /// For a packed batch: its sequences, tokens and whether it repeats an earlier pack.
+    pub pack: Option<PackInfo>,
+}
+
+/// What a packed batch holds beyond its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PackInfo {
+    /// Sequences in the pack (the leading rows of the per-context tensors).
+    pub seqs: usize,
+    /// Tokens in the pack (the leading rows of the per-step tensors).
+    pub tokens: usize,
+    /// The longest sequence in the pack.
+    pub max_seqlen: usize,
+    /// A pack trained a second time this epoch: without `drop_last`, the last global step is
+    /// completed with the epoch's first packs. Count none of its sequences when evaluating.
+    pub repeated: bool,
 }

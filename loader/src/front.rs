@@ -7,9 +7,8 @@ use crate::error::LoadError;
 use crate::loader::Loader;
 use crate::mix::Mix;
 use crate::options::{LoaderOptions, State};
-use crate::prepare::prepare;
+use crate::prepare::{prepare, Planned};
 use crate::stats::LoaderStats;
-use crate::TensorLayout;
 
 impl Cache {
     /// What this cache's compressed shards have cost its loaders so far (reads, stored bytes
@@ -29,11 +28,12 @@ impl Cache {
         Loader::new(std::slice::from_ref(self), opts, step)
     }
 
-    /// Steps (batches per rank) of the epoch a loader with `opts` would run, and the layout of
-    /// its batches, without starting one: the options are checked and the epoch planned as the
-    /// loader would (for packed batches, a pass over the epoch's order).
-    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-        plan(std::slice::from_ref(self), opts)
+    /// The epoch a loader with `opts` would run, planned without starting one: the options
+    /// checked, the order made and cut into steps (for packed batches, a pass over the
+    /// epoch's order). Ask it for its steps and layout; start its loader with
+    /// [`Planned::loader_at`], which plans nothing again.
+    pub fn plan(&self, opts: &LoaderOptions) -> Result<Planned, LoadError> {
+        prepare(std::slice::from_ref(self), opts)
     }
 
     /// A loader that continues exactly where `state` was taken: the state's order (seed,
@@ -49,15 +49,6 @@ impl Cache {
     ) -> Result<Loader, LoadError> {
         from_state(std::slice::from_ref(self), opts, state)
     }
-}
-
-/// [`Cache::plan`] of one cache or a mix's sources.
-pub(crate) fn plan(
-    sources: &[Cache],
-    opts: &LoaderOptions,
-) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-    let (gather, _) = prepare(sources, opts)?;
-    Ok((gather.steps(), gather.layout))
 }
 
 /// [`Cache::loader_from_state`] of one cache or a mix's sources.
@@ -99,9 +90,9 @@ impl Mix {
         Loader::new(self.sources(), opts, step)
     }
 
-    /// Steps and batch layout of the epoch a loader with `opts` would run ([`Cache::plan`]).
-    pub fn plan(&self, opts: &LoaderOptions) -> Result<(usize, Vec<TensorLayout>), LoadError> {
-        plan(self.sources(), opts)
+    /// The epoch a loader with `opts` would run, planned ([`Cache::plan`]).
+    pub fn plan(&self, opts: &LoaderOptions) -> Result<Planned, LoadError> {
+        prepare(self.sources(), opts)
     }
 
     /// A loader that continues exactly where `state` was taken ([`Cache::loader_from_state`]).
@@ -111,5 +102,26 @@ impl Mix {
         state: &State,
     ) -> Result<Loader, LoadError> {
         from_state(self.sources(), opts, state)
+    }
+}
+
+impl Planned {
+    /// The loader of this epoch, starting at step `step`.
+    pub fn loader_at(self, step: usize) -> Result<Loader, LoadError> {
+        Loader::start(self, step)
+    }
+
+    /// This plan for a loader of `opts`, when they ask for the same epoch (they may differ in
+    /// the loader's threads and prefetch, which do not change a batch); `None` otherwise.
+    pub fn for_options(mut self, opts: &LoaderOptions) -> Option<Planned> {
+        let same = LoaderOptions {
+            threads: self.opts.threads,
+            prefetch: self.opts.prefetch,
+            ..opts.clone()
+        };
+        (same == self.opts).then(|| {
+            self.opts = opts.clone();
+            self
+        })
     }
 }

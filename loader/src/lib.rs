@@ -62,6 +62,7 @@ pub mod args;
 mod batch;
 mod body;
 mod cache;
+mod epoch;
 mod error;
 #[cfg(feature = "remote")]
 mod fetch_plan;
@@ -73,22 +74,21 @@ mod mix;
 mod mmap;
 mod options;
 pub mod order;
-pub mod pack;
 mod pool;
 mod prepare;
 mod remote;
 mod rows;
+mod shape;
 pub mod sigbus;
 mod stats;
 
+pub use batch::BatchInfo;
 pub use batch::{Batch, BatchTensor, TensorLayout};
 pub use body::ShardBytes;
 pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::{LoadError, Misuse};
-pub use gather::packed::PACK_TENSORS;
-pub use gather::windows::SERIES_TENSORS;
-pub use gather::{BatchInfo, BLOCK_ALIGN};
+pub use gather::BLOCK_ALIGN;
 pub use loader::{Filler, Loader};
 pub use mix::Mix;
 pub use options::{
@@ -96,7 +96,12 @@ pub use options::{
     MAX_PREFETCH, MAX_THREADS, MAX_TRIM_MULTIPLE,
 };
 pub use order::SeriesWindows;
+pub use prepare::Planned;
 #[cfg(feature = "remote")]
 pub use remote::{fetch_shards, ShardFile, ShardFiles};
 pub use remote::{is_remote, read_meta, RemoteOptions, DEFAULT_FETCH_THREADS};
+pub use shape::packed::plan as pack;
+pub use shape::packed::PACK_TENSORS;
+pub use shape::windows::SERIES_TENSORS;
+pub use shape::IndexLayout;
 pub use stats::LoaderStats;

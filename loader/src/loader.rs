@@ -1,17 +1,17 @@
 //! The loader: one epoch of one split for one rank, as an iterator of batches, prefetched on
 //! background threads, with a resume state of a few numbers.
 
-use crate::batch::{Batch, TensorLayout};
+use crate::batch::{Batch, BatchInfo, TensorLayout};
 use crate::cache::lengths_of;
 use crate::cache::Cache;
+use crate::epoch::Epoch;
 use crate::error::{LoadError, Misuse};
-use crate::gather::Batching;
-use crate::gather::{BatchInfo, Gather, IndexDst};
 use crate::handoff::{handoff, Empty, Receiver};
 use crate::options::{LoaderOptions, State};
 use crate::order::{Cursor, Order};
 use crate::pack::Packs;
-use crate::prepare::prepare;
+use crate::prepare::Planned;
+use crate::shape::{IndexDst, IndexLayout, Shape};
 use crate::stats::LoaderStats;
 use dsc_format::TensorSpec;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,7 +60,7 @@ pub(crate) fn content_of(sources: &[Cache]) -> String {
 /// The page-cache hints of one loader, shared with its [`Filler`]s.
 #[derive(Debug)]
 struct Hints {
-    gather: Arc<Gather>,
+    epoch: Arc<Epoch>,
     /// The advisor thread's queue; `None` once the loader is dropped (or when there is no
     /// thread: hints are then given in the caller's thread).
     tx: Mutex<Option<SyncSender<usize>>>,
@@ -70,23 +70,23 @@ struct Hints {
 
 impl Hints {
     fn stats(&self) -> LoaderStats {
-        let g = &self.gather;
-        g.counters
-            .snapshot(g.sources.iter().map(|s| &*s.cache.resident.counters))
+        let e = &self.epoch;
+        e.counters
+            .snapshot(e.reader.sources.iter().map(|s| &*s.cache.resident.counters))
     }
 
     /// Advises the kernel once per window: read the next window ahead, release the one before
     /// last from the resident set.
     fn hint(&self, step: usize, rank: usize) {
-        let p = self.gather.batching.first_position(step, rank);
-        let w = p / self.gather.order.window();
+        let p = self.epoch.shape.first_position(step, rank);
+        let w = p / self.epoch.order.window();
         if self.advised.swap(w, Ordering::Relaxed) != w {
             match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
                 // A full queue means the advisor is behind: skipping a hint is harmless.
                 Some(tx) => match tx.try_send(w) {
                     Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
                 },
-                None => self.gather.advise(w),
+                None => self.epoch.advise(w),
             }
         }
     }
@@ -108,7 +108,7 @@ pub struct Filler {
 impl Filler {
     /// [`Loader::interrupt`] of the loader this filler fills for.
     pub fn interrupt(&self) {
-        self.hints.gather.interrupt();
+        self.hints.epoch.reader.interrupt();
     }
 
     /// [`Loader::stats`] of the loader this filler fills for (it counts the batches filled).
@@ -120,32 +120,32 @@ impl Filler {
     /// batch with `queued` filled ahead, and waited `wait` when none was: [`LoaderStats`]'s
     /// `waits`, `wait_s` and `queued` describe that consumer.
     pub fn record_ask(&self, queued: usize, wait: Option<std::time::Duration>) {
-        self.hints.gather.counters.asked(queued, wait);
+        self.hints.epoch.counters.asked(queued, wait);
     }
 
-    /// The epoch's gather, if `step` is one of its steps.
-    fn step(&self, step: usize) -> Result<&Gather, LoadError> {
-        let gather = &self.hints.gather;
-        if step >= gather.steps() {
+    /// The epoch, if `step` is one of its steps.
+    fn step(&self, step: usize) -> Result<&Epoch, LoadError> {
+        let epoch = &self.hints.epoch;
+        if step >= epoch.steps() {
             return Err(Misuse::StepOutOfEpoch {
                 step,
-                steps: gather.steps(),
+                steps: epoch.steps(),
             }
             .into());
         }
-        Ok(gather)
+        Ok(epoch)
     }
 
     /// Copies batch `step` of the epoch into `dst` (one slice per tensor of
     /// [`Loader::layout`], each at least its [`Loader::batch_bytes`]) with one copy from the
     /// mapped shards; returns what the batch is (its sequence length, or its pack).
     pub fn fill(&self, step: usize, dst: &mut [&mut [u8]]) -> Result<BatchInfo, LoadError> {
-        let gather = self.step(step)?;
+        let epoch = self.step(step)?;
         check_buffers(dst, &self.batch_bytes)?;
-        let (samples, repeated) = gather.samples(step, &mut Cursor::default());
+        let (samples, repeated) = epoch.samples(step, &mut Cursor::default());
         self.hints.hint(step, self.rank);
-        let info = gather.gather_into((&samples, repeated), dst)?;
-        gather.delivered(samples.len(), &info);
+        let info = epoch.gather_into((&samples, repeated), dst)?;
+        epoch.delivered(samples.len(), &info);
         Ok(info)
     }
 
@@ -158,11 +158,11 @@ impl Filler {
         step: usize,
         block: &mut [u8],
     ) -> Result<(BatchInfo, Vec<(usize, usize)>), LoadError> {
-        let gather = self.step(step)?;
-        let (samples, repeated) = gather.samples(step, &mut Cursor::default());
+        let epoch = self.step(step)?;
+        let (samples, repeated) = epoch.samples(step, &mut Cursor::default());
         self.hints.hint(step, self.rank);
-        let (info, ranges) = gather.gather_block((&samples, repeated), block)?;
-        gather.delivered(samples.len(), &info);
+        let (info, ranges) = epoch.gather_block((&samples, repeated), block)?;
+        epoch.delivered(samples.len(), &info);
         Ok((info, ranges))
     }
 
@@ -194,9 +194,9 @@ impl Filler {
         token_rows: &mut [u8],
         pack: &mut [&mut [u8]],
     ) -> Result<BatchInfo, LoadError> {
-        let tokens = match &self.step(step)?.batching {
-            Batching::Packed { packs, .. } => Some(packs.tokens()),
-            Batching::Padded { .. } => None,
+        let tokens = match &self.step(step)?.shape {
+            Shape::Packed(p) => Some(p.packs.tokens()),
+            _ => None,
         };
         if token_rows.len() != tokens.unwrap_or(0) * 8 {
             return Err(Misuse::TokenRows {
@@ -219,8 +219,11 @@ impl Filler {
         pack: &mut [&mut [u8]],
         zero_row: bool,
     ) -> Result<BatchInfo, LoadError> {
-        let gather = self.step(step)?;
-        let rows = gather.batching.rows();
+        let epoch = self.step(step)?;
+        let Some(parts) = epoch.index_layout() else {
+            return Err(Misuse::SeriesNotIndexed.into());
+        };
+        let rows = epoch.shape.rows();
         if positions.len() != rows * 8 {
             return Err(Misuse::Positions {
                 bytes: positions.len(),
@@ -228,30 +231,24 @@ impl Filler {
             }
             .into());
         }
-        let own = match gather.batching {
-            Batching::Packed { .. } => &self.batch_bytes[self.batch_bytes.len() - 5..],
-            Batching::Padded { .. } => &[][..],
-        };
-        check_buffers(pack, own)?;
-        let [source] = &gather.sources[..] else {
+        let own: Vec<usize> = parts.own.iter().map(TensorLayout::bytes).collect();
+        check_buffers(pack, &own)?;
+        let [source] = &epoch.reader.sources[..] else {
             return Err(Misuse::MixNotIndexed.into());
         };
-        if gather.series.is_some() {
-            return Err(Misuse::SeriesNotIndexed.into());
-        }
         let cache = Cache {
             inner: source.cache.clone(),
         };
         let lengths = cache.lengths(&source.cache.splits[source.split_index].0)?;
-        let (samples, repeated) = gather.samples(step, &mut Cursor::default());
+        let (samples, repeated) = epoch.samples(step, &mut Cursor::default());
         let dst = IndexDst {
             positions,
             unused: if zero_row { lengths.len() } else { 0 },
             token_rows,
-            pack,
+            own: pack,
         };
-        let info = gather.index_into((&samples, repeated), &lengths, dst);
-        gather.delivered(samples.len(), &info);
+        let info = epoch.index_into((&samples, repeated), &lengths, dst)?;
+        epoch.delivered(samples.len(), &info);
         Ok(info)
     }
 }
@@ -282,22 +279,29 @@ impl Loader {
         opts: LoaderOptions,
         first_step: usize,
     ) -> Result<Loader, LoadError> {
-        let (gather, threads) = prepare(sources, &opts)?;
+        Loader::start(crate::prepare::prepare(sources, &opts)?, first_step)
+    }
+
+    /// The loader of an epoch planned already ([`crate::Cache::plan`]), from step `first_step`.
+    pub(crate) fn start(planned: Planned, first_step: usize) -> Result<Loader, LoadError> {
+        let threads = planned.threads();
+        let Planned { epoch, opts } = planned;
         // What this loader can have in flight: each thread's queue and the batch it builds,
         // and the consumer's.
-        let whole_batch: usize = gather.layout.iter().map(TensorLayout::bytes).sum();
-        gather.pool.keep_at_least(
+        let whole_batch: usize = epoch.layout.iter().map(TensorLayout::bytes).sum();
+        epoch.pool.keep_at_least(
             (opts.prefetch + 2)
                 .saturating_mul(threads + 1)
                 .saturating_mul(whole_batch),
         );
-        let steps = gather.steps();
-        let gather = Arc::new(gather);
+        let steps = epoch.steps();
+        let content = epoch.reader.content_id();
+        let epoch = Arc::new(epoch);
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let first_step = first_step.min(steps);
         let poll = threads > 0 && threads < cores;
         let mut loader = Loader {
-            content: content_of(sources),
+            content,
             opts,
             threads,
             first_step,
@@ -305,7 +309,7 @@ impl Loader {
             workers: Vec::new(),
             advisor: None,
             hints: Arc::new(Hints {
-                gather,
+                epoch,
                 tx: Mutex::new(None),
                 advised: AtomicUsize::new(usize::MAX),
             }),
@@ -321,12 +325,12 @@ impl Loader {
     /// already started stop when the loader is dropped.
     fn spawn(&mut self) -> Result<(), LoadError> {
         let (tx, rx) = sync_channel::<usize>(4);
-        let gather = self.hints.gather.clone();
+        let epoch = self.hints.epoch.clone();
         let handle = std::thread::Builder::new()
             .name("dsc-loader-advice".into())
             .spawn(move || {
                 for w in rx {
-                    gather.advise(w);
+                    epoch.advise(w);
                 }
             })
             .map_err(LoadError::Threads)?;
@@ -335,16 +339,16 @@ impl Loader {
         let threads = self.threads;
         for k in 0..threads {
             let (tx, rx) = handoff::<Built>(self.opts.prefetch.max(1));
-            let gather = self.hints.gather.clone();
+            let epoch = self.hints.epoch.clone();
             let ahead = self.ahead.clone();
-            let (first, total) = (self.first_step, self.hints.gather.steps());
+            let (first, total) = (self.first_step, self.hints.epoch.steps());
             let handle = std::thread::Builder::new()
                 .name(format!("dsc-loader-{k}"))
                 .spawn(move || {
                     let mut cursor = Cursor::default();
                     let mut step = first + k;
                     while step < total {
-                        let built = gather.build(step, &mut cursor);
+                        let built = epoch.build(step, &mut cursor);
                         // Counted before it is sent: the consumer never takes more than counted.
                         ahead.fetch_add(1, Ordering::Relaxed);
                         if tx.send(built).is_err() {
@@ -367,19 +371,19 @@ impl Loader {
 
     /// Steps (batches per rank) in this epoch.
     pub fn steps(&self) -> usize {
-        self.hints.gather.steps()
+        self.hints.epoch.steps()
     }
 
     /// The order of this epoch.
     pub fn order(&self) -> &Order {
-        &self.hints.gather.order
+        &self.hints.epoch.order
     }
 
     /// The packs of this epoch, for a packed loader.
     pub fn packs(&self) -> Option<&Packs> {
-        match &self.hints.gather.batching {
-            Batching::Packed { packs, .. } => Some(packs),
-            Batching::Padded { .. } => None,
+        match &self.hints.epoch.shape {
+            Shape::Packed(p) => Some(&p.packs),
+            _ => None,
         }
     }
 
@@ -387,32 +391,33 @@ impl Loader {
     /// from the split's stored lengths; for a packed loader, what packing gives
     /// ([`Packs::figures`]) is asked of [`Loader::packs`] instead.
     pub fn padding(&self) -> Result<crate::order::Padding, LoadError> {
-        let gather = &self.hints.gather;
-        let Batching::Padded { steps, trim } = &gather.batching else {
+        let epoch = &self.hints.epoch;
+        let (Shape::Padded(padded) | Shape::Bucketed(padded)) = &epoch.shape else {
             return Err(Misuse::NoPaddedBatches.into());
         };
         let lengths = lengths_of(&self.sources(), &self.opts.order.split)?;
         // An untrimmed loader's figures say what trimming to exact lengths would give.
         Ok(crate::order::padding(
-            &gather.order,
-            steps,
+            &epoch.order,
+            &padded.steps,
             &lengths,
-            gather.max_len,
-            trim.unwrap_or(1),
+            epoch.reader.max_len,
+            padded.trim.unwrap_or(1),
         ))
     }
 
     /// The cache this loader reads (a mix's first).
     pub fn cache(&self) -> Cache {
         Cache {
-            inner: self.hints.gather.sources[0].cache.clone(),
+            inner: self.hints.epoch.reader.sources[0].cache.clone(),
         }
     }
 
     /// The caches this loader reads: one, or a mix's sources in order.
     pub fn sources(&self) -> Vec<Cache> {
         self.hints
-            .gather
+            .epoch
+            .reader
             .sources
             .iter()
             .map(|s| Cache {
@@ -423,14 +428,14 @@ impl Loader {
 
     /// The stored tensors each batch holds (the `columns` asked for, in manifest order).
     pub fn tensor_specs(&self) -> impl ExactSizeIterator<Item = &TensorSpec> {
-        self.hints.gather.specs()
+        self.hints.epoch.reader.specs()
     }
 
     /// The tensors of every batch with the shapes of a whole batch: the stored tensors asked
     /// for, in manifest order, then (packed) `cu_seqlens`, `seq_idx`, `position`, `num_seqs`
     /// and `num_tokens`.
     pub fn layout(&self) -> &[TensorLayout] {
-        &self.hints.gather.layout
+        &self.hints.epoch.layout
     }
 
     /// The options in force.
@@ -448,12 +453,18 @@ impl Loader {
 
     /// The bytes of a block that any batch of the epoch fits ([`Filler::fill_block`]).
     pub fn block_bytes(&self) -> usize {
-        self.hints.gather.block_bytes()
+        self.hints.epoch.block_bytes()
+    }
+
+    /// The parts of a batch's index ([`Filler::fill_rows`]), by name: positions, a pack's token
+    /// rows and its own tensors; `None` for series windows, which are not indexed.
+    pub fn index_layout(&self) -> Option<IndexLayout> {
+        self.hints.epoch.index_layout()
     }
 
     /// Rows of a batch's index ([`Filler::fill_index`]): the batch size, or a pack's `S`.
     pub fn index_rows(&self) -> usize {
-        self.hints.gather.batching.rows()
+        self.hints.epoch.shape.rows()
     }
 
     /// Bytes of one whole (untrimmed) batch per tensor of [`Loader::layout`], for callers
@@ -472,11 +483,11 @@ impl Loader {
             return Ok(None);
         }
         check_buffers(dst, &self.batch_bytes())?;
-        let gather = &self.hints.gather;
-        let (samples, repeated) = gather.samples(self.next_step, &mut self.cursor);
+        let epoch = &self.hints.epoch;
+        let (samples, repeated) = epoch.samples(self.next_step, &mut self.cursor);
         self.hints.hint(self.next_step, self.opts.rank);
-        let info = gather.gather_into((&samples, repeated), dst)?;
-        gather.delivered(samples.len(), &info);
+        let info = epoch.gather_into((&samples, repeated), dst)?;
+        epoch.delivered(samples.len(), &info);
         self.next_step += 1;
         Ok(Some(info))
     }
@@ -488,7 +499,7 @@ impl Loader {
     /// threads, whole or not kept, for the cache's other readers. Batches of shards already
     /// here are unaffected. A loader of local shards never waits, so this changes nothing.
     pub fn interrupt(&self) {
-        self.hints.gather.interrupt();
+        self.hints.epoch.reader.interrupt();
     }
 
     /// A [`Filler`] for this epoch: gathers any step into the caller's buffers from any thread.
@@ -533,9 +544,9 @@ impl Iterator for Loader {
             return None;
         }
         let asked = Instant::now();
-        let gather = &self.hints.gather;
+        let epoch = &self.hints.epoch;
         let (batch, queued, ready) = if self.workers.is_empty() {
-            (gather.build(self.next_step, &mut self.cursor), 0, false)
+            (epoch.build(self.next_step, &mut self.cursor), 0, false)
         } else {
             let k = (self.next_step - self.first_step) % self.workers.len();
             let queued = self.ahead.load(Ordering::Relaxed);
@@ -546,14 +557,14 @@ impl Iterator for Loader {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             (built, queued, ready)
         };
-        gather
+        epoch
             .counters
             .asked(queued, (!ready).then(|| asked.elapsed()));
         self.hints.hint(self.next_step, self.opts.rank);
         match batch {
             Ok(b) => {
                 let bytes = b.tensors.iter().map(|t| t.bytes().len()).sum();
-                gather.counters.delivered(b.size, bytes);
+                epoch.counters.delivered(b.size, bytes);
                 self.next_step += 1;
                 Some(Ok(b))
             }

@@ -3,7 +3,11 @@
 
 use crate::cache::Cache;
 use crate::error::LoadError;
+use crate::options::LoaderOptions;
+use crate::order::{EpochOrder, MixOrder, Order, SplitContexts};
+use dsc_format::spelling::OptionError;
 use dsc_format::{Encoding, TensorRole, TensorSpec};
+use std::sync::Arc;
 
 /// Caches whose batches are drawn together: the same tensors (name, dtype, role, columns, and
 /// each column's encoding with its fitted parameters and vocabularies) in every cache, of any
@@ -183,4 +187,149 @@ fn mismatch(first: &[TensorSpec], other: &[TensorSpec]) -> Option<(String, Strin
     }
     // Same tensors, another order: batches follow the first cache's order, fine.
     None
+}
+
+/// The most positions an epoch of a mix may have: its blocks and draws are counted in `usize`
+/// and `u64` arithmetic that must not wrap (2^64 - 1 positions panicked there).
+const MAX_MIX_SAMPLES: usize = 1 << 48;
+
+/// Refuses a mix's options on one cache (of `sources` caches), whatever the shape, a single
+/// weight included: every front end refuses them alike (Python refused `weights=[1.0]` where
+/// `--weights 1` was taken).
+pub(crate) fn refuse_mix_options(sources: usize, opts: &LoaderOptions) -> Result<(), LoadError> {
+    let o = &opts.order;
+    if sources == 1 && (!o.weights.is_empty() || o.mix_samples.is_some()) {
+        let key = if o.mix_samples.is_some() {
+            "mix_samples"
+        } else {
+            "weights"
+        };
+        let problem = "is for a mix: pass two or more caches (one was given)";
+        return Err(OptionError::new(key, problem).into());
+    }
+    Ok(())
+}
+
+/// The epoch's order of whole contexts over `sizes` (each source's contexts per shard): one
+/// split's, or a mix's drawn in proportion to its weights.
+pub(crate) fn order(
+    sources: &[Cache],
+    sizes: &[Arc<SplitContexts>],
+    opts: &LoaderOptions,
+) -> Result<Order, LoadError> {
+    let o = &opts.order;
+    let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
+    if let [one] = sizes {
+        let order = EpochOrder::over(
+            one.clone(),
+            o.shuffle,
+            o.seed,
+            opts.epoch,
+            o.window,
+            o.interleave,
+        );
+        return Ok(Order::One(order));
+    }
+    let lens: Vec<usize> = sizes.iter().map(|s| s.len()).collect();
+    if let Some(s) = lens.iter().position(|&n| n == 0) {
+        return Err(OptionError::new(
+            "split",
+            format!(
+                "{:?} of {} holds no contexts: a mix draws from every source",
+                o.split,
+                sources[s].dir().display()
+            ),
+        )
+        .into());
+    }
+    let weights: Vec<f64> = if o.weights.is_empty() {
+        lens.iter().map(|&n| n as f64).collect()
+    } else {
+        o.weights.clone()
+    };
+    if weights.len() != sizes.len() {
+        return bad(
+            "weights",
+            format!(
+                "gives {} weights for {} caches: one positive number per cache, in their order",
+                weights.len(),
+                sizes.len()
+            ),
+        );
+    }
+    if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w > 0.0)) {
+        return bad(
+            "weights",
+            format!("{w} is not a weight: one positive number per cache"),
+        );
+    }
+    // Weights are relative: when their sum overflows (1e308 each), they are scaled by the
+    // largest first, else each became 0 of an infinite sum. Other weights are used as given,
+    // so that every existing mix keeps its order to the bit.
+    let weights: Vec<f64> = if weights.iter().sum::<f64>().is_finite() {
+        weights
+    } else {
+        let largest = weights.iter().copied().fold(0.0, f64::max);
+        weights.iter().map(|w| w / largest).collect()
+    };
+    let block = o.window.max(1);
+    let sum: f64 = weights.iter().sum();
+    if let Some(s) = weights.iter().position(|w| w / sum * (block as f64) < 1.0) {
+        return bad(
+            "weights",
+            format!(
+                "{:e} of cache {} is under one position in a window of {block}: raise it or \
+                 the `window`",
+                o.weights.get(s).copied().unwrap_or(weights[s]),
+                sources[s].dir().display()
+            ),
+        );
+    }
+    // The same data twice would deliver each of its contexts twice per epoch.
+    for (b, cache) in sources.iter().enumerate() {
+        if let Some(a) = sources[..b]
+            .iter()
+            .position(|c| c.manifest().content_id() == cache.manifest().content_id())
+        {
+            return bad(
+                "weights",
+                format!(
+                    "caches {} and {} hold the same data (one content id): a mix would deliver \
+                     each of its contexts twice per epoch; weigh one cache instead",
+                    sources[a].dir().display(),
+                    cache.dir().display()
+                ),
+            );
+        }
+    }
+    let samples = o.mix_samples.unwrap_or(lens.iter().sum());
+    if samples > MAX_MIX_SAMPLES {
+        return bad(
+            "mix_samples",
+            format!("{samples}: at most 2^48 positions per epoch"),
+        );
+    }
+    // Each source's draws before this epoch are counted from the epoch's positions.
+    if (samples as u64)
+        .checked_mul(opts.epoch.saturating_add(1))
+        .is_none()
+    {
+        return bad(
+            "epoch",
+            format!(
+                "{} of {samples} positions each: past 2^64 positions of the mix",
+                opts.epoch
+            ),
+        );
+    }
+    Ok(Order::Mix(MixOrder::new(
+        sizes,
+        &weights,
+        samples,
+        o.shuffle,
+        o.seed,
+        opts.epoch,
+        o.window,
+        o.interleave,
+    )))
 }

@@ -43,6 +43,9 @@ struct CacheHandle {
     cache: Cache,
     /// What loaders read: the cache alone, or the mix.
     mix: Mix,
+    /// The epoch last planned (`plan`), taken by the loader of the same options so that an
+    /// epoch is planned once (a packed one walks the whole order).
+    planned: Mutex<Option<dsc_loader::Planned>>,
 }
 
 #[pymethods]
@@ -62,7 +65,11 @@ impl CacheHandle {
             .detach(|| Cache::open_with(&path, &remote))
             .map_err(|e| load_error(py, e))?;
         let mix = Mix::new(vec![cache.clone()]).map_err(|e| load_error(py, e))?;
-        Ok(CacheHandle { cache, mix })
+        Ok(CacheHandle {
+            cache,
+            mix,
+            planned: Mutex::new(None),
+        })
     }
 
     /// The mix of the caches of `handles`, in order; refuses caches whose tensors differ
@@ -74,7 +81,11 @@ impl CacheHandle {
             return Err(load_error(py, dsc_loader::Misuse::EmptyMix.into()));
         };
         let mix = Mix::new(caches).map_err(|e| load_error(py, e))?;
-        Ok(CacheHandle { cache: first, mix })
+        Ok(CacheHandle {
+            cache: first,
+            mix,
+            planned: Mutex::new(None),
+        })
     }
 
     /// What the caches' compressed and remote shards have cost so far (a mix's summed), as the
@@ -155,14 +166,20 @@ impl CacheHandle {
 
     /// Steps (batches per rank) of the epoch that a loader with `options` (the JSON of the
     /// Rust `LoaderOptions`) would run, and its batches' tensors as
-    /// `(name, dtype, whole-batch shape, trimmed axis or None)`. Packed orders plan the epoch.
+    /// `(name, dtype, whole-batch shape, trimmed axis or None)`. The plan is kept for the
+    /// next `loader` of the same options (threads and prefetch aside), which starts from it.
     fn plan(&self, py: Python<'_>, options: &str) -> PyResult<(usize, Vec<LayoutInfo>)> {
         let opts = parse_options(py, options)?;
         let mix = self.mix.clone();
-        let (steps, layout) = py
+        let planned = py
             .detach(|| mix.plan(&opts))
             .map_err(|e| load_error(py, e))?;
-        Ok((steps, layout.iter().map(layout_info).collect()))
+        let answer = (
+            planned.steps(),
+            planned.layout().iter().map(layout_info).collect(),
+        );
+        *self.planned.lock().unwrap_or_else(|p| p.into_inner()) = Some(planned);
+        Ok(answer)
     }
 
     /// A loader with `options` (JSON) starting at step `step` of its epoch; `threads` 0 in the
@@ -176,8 +193,16 @@ impl CacheHandle {
     ) -> PyResult<LoaderHandle> {
         let opts = parse_options(py, options)?;
         let mix = self.mix.clone();
+        let kept = self
+            .planned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let loader = py
-            .detach(|| mix.loader_at(opts, step))
+            .detach(|| match kept.and_then(|p| p.for_options(&opts)) {
+                Some(planned) => planned.loader_at(step),
+                None => mix.loader_at(opts, step),
+            })
             .map_err(|e| load_error(py, e))?;
         Ok(LoaderHandle {
             filler: loader.filler(),
@@ -221,8 +246,8 @@ impl CacheHandle {
         opts.epoch = state.epoch;
         opts.skip = start.skip;
         let mix = self.mix.clone();
-        let (steps, _) = py
-            .detach(|| mix.plan(&opts))
+        let steps = py
+            .detach(|| mix.plan(&opts).map(|p| p.steps()))
             .map_err(|e| load_error(py, e))?;
         let contexts = positions(&self.mix, &opts).map_err(|e| load_error(py, e))?;
         if step > steps || start.skip > contexts {
@@ -429,6 +454,16 @@ impl LoaderHandle {
     /// The tensors of every batch: `(name, dtype, whole-batch shape, trimmed axis or None)`.
     fn tensors(&self, py: Python<'_>) -> PyResult<Vec<LayoutInfo>> {
         self.with(py, |l| l.layout().iter().map(layout_info).collect())
+    }
+
+    /// The parts of a batch's index (`fill_rows`), by name, as `tensors()` gives tensors:
+    /// positions, token rows (an empty part for padded batches), then the tensors of the
+    /// shape's own that the index carries whole (a pack's five). `None` for series windows.
+    fn index_layout(&self, py: Python<'_>) -> PyResult<Option<Vec<LayoutInfo>>> {
+        self.with(py, |l| {
+            l.index_layout()
+                .map(|i| i.parts().iter().map(layout_info).collect())
+        })
     }
 
     /// Bytes of one whole (untrimmed) batch per tensor.

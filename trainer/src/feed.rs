@@ -8,7 +8,9 @@
 
 use crate::error::{Result, TrainError};
 use dsc_format::Dtype;
-use dsc_loader::{BatchInfo, Filler, LoadError, Loader, LoaderStats, TensorLayout, BLOCK_ALIGN};
+use dsc_loader::{
+    BatchInfo, Filler, IndexLayout, LoadError, Loader, LoaderStats, TensorLayout, BLOCK_ALIGN,
+};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -139,26 +141,13 @@ fn pinned(t: Tensor, pin_for: Option<Device>, what: &str) -> Result<Tensor> {
     }
 }
 
-/// The tensors of a batch's index ([`Fill::Index`]): positions `[rows]` (i64), then, when
-/// packed (`tokens`), each token's row `[T]` (i64) and the pack's own tensors (the last five of
-/// `layout`).
-pub fn index_parts(
-    layout: &[TensorLayout],
-    rows: usize,
-    tokens: Option<usize>,
-) -> Vec<TensorLayout> {
-    let i64s = |name: &str, len: usize| TensorLayout {
-        name: name.into(),
-        dtype: Dtype::I64,
-        role: None,
-        shape: vec![len],
-        trimmed_axis: None,
-    };
-    let mut parts = vec![i64s("positions", rows)];
-    if let Some(t) = tokens {
-        parts.push(i64s("token_rows", t));
-        parts.extend(layout[layout.len() - 5..].iter().cloned());
-    }
+/// The tensors of a batch's index ([`Fill::Index`]), as the loader names them
+/// ([`IndexLayout`]): positions `[rows]` (i64), then, when packed, each token's row `[T]` (i64)
+/// and the pack's own tensors.
+pub fn index_parts(index: &IndexLayout) -> Vec<TensorLayout> {
+    let mut parts = vec![index.positions.clone()];
+    parts.extend(index.token_rows.iter().cloned());
+    parts.extend(index.own.iter().cloned());
     parts
 }
 

@@ -15,7 +15,7 @@ use crate::timing::Shares;
 use dsc_format::spelling::OptionError;
 use dsc_format::stats::SplitStats;
 use dsc_format::{Encoding, TensorRole};
-use dsc_loader::{Cache, Mix, TensorLayout};
+use dsc_loader::{Cache, IndexLayout, Mix, TensorLayout};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use tch::{nn, Device, Tensor};
@@ -144,8 +144,9 @@ impl Session {
         let task = TaskSpec::resolve(&cfg, &sources, stats.as_ref(), &vs.root())?;
         let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);
         // Train and evaluation batches have the same layout (the same T and S when packed).
-        let (_, batch_layout) =
+        let planned =
             sources.plan(&cfg.loader_options(cache.manifest(), "train", 0, trim_multiple))?;
+        let (batch_layout, index) = (planned.layout().to_vec(), planned.index_layout());
         let (layout, mut shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
         // A mix's batches are as long as its longest cache, and so are a pack's positions,
         // whichever cache comes first.
@@ -177,7 +178,12 @@ impl Session {
             slots,
             device.is_cuda().then_some(device),
         )?);
-        let resident = resident_split(&cfg, &cache, &batch_layout, &layout, device, slots)?;
+        let resident = match &index {
+            Some(index) => {
+                resident_split(&cfg, &cache, (&batch_layout, index), &layout, device, slots)?
+            }
+            None => None,
+        };
         let fixed = cfg
             .graph
             .then(|| Fixed::new(&ring, resident.as_ref(), device));
@@ -522,11 +528,12 @@ pub fn named_weights(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 
 /// The train split on `device` when `cfg.resident` asks for it (or, unset, on CUDA when the
 /// tensors the network reads fit a quarter of the GPU's memory): read once in cache order and
-/// copied there, with an index ring of `slots` beside the batch ring.
+/// copied there, with an index ring of `slots` beside the batch ring (`index`: the parts of a
+/// batch's index, [`IndexLayout`]).
 fn resident_split(
     cfg: &RunConfig,
     cache: &Cache,
-    batch: &[TensorLayout],
+    (batch, index): (&[TensorLayout], &IndexLayout),
     l: &Layout,
     device: Device,
     slots: usize,
@@ -636,11 +643,7 @@ fn resident_split(
         )?;
         tensors[i] = Some(t.to_device(device));
     }
-    // An index has a row per context of a batch (a pack's sequence slots): the rows of the
-    // per-context `length` tensor, read from the layout rather than from another loader.
-    let rows = batch[l.length].shape[0];
-    let tokens = l.pack.map(|[seq_idx, ..]| batch[seq_idx].shape[0]);
-    let parts = index_parts(batch, rows, tokens);
+    let parts = index_parts(index);
     let ring = Rc::new(HostRing::index(
         &parts,
         slots,

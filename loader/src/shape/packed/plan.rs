@@ -1,6 +1,7 @@
 //! Packed batches: whole sequences laid end to end in a fixed budget of tokens. This is their
-//! plan over the epoch's order ([`Packs`]); the size checked against the caches and the gather
-//! of a pack with its own five tensors are `gather/packed.rs`.
+//! plan over the epoch's order ([`Packs`]); the rest of their room (the size checked against
+//! the caches, the layout, the gather of a pack with its own five tensors and its index) is
+//! `shape/packed`.
 //!
 //! A pack holds at most `T` tokens (stored steps) and at most `S` sequences, so every packed
 //! batch has the same shapes (what CUDA graphs and compiled steps need) and almost no padding.
@@ -34,6 +35,7 @@
 //! four standard deviations, rounded up to a multiple of 8: about one pack in 30,000 is closed
 //! by its sequence count rather than by its tokens.
 
+pub use crate::batch::PackInfo;
 use crate::order::{Cursor, Order};
 use serde::Serialize;
 use std::ops::Range;
@@ -56,20 +58,6 @@ pub struct Packs {
     skip: usize,
     /// Packs closed by the sequence limit rather than by tokens.
     closed_by_count: usize,
-}
-
-/// What a packed batch holds beyond its tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct PackInfo {
-    /// Sequences in the pack (the leading rows of the per-context tensors).
-    pub seqs: usize,
-    /// Tokens in the pack (the leading rows of the per-step tensors).
-    pub tokens: usize,
-    /// The longest sequence in the pack.
-    pub max_seqlen: usize,
-    /// A pack trained a second time this epoch: without `drop_last`, the last global step is
-    /// completed with the epoch's first packs. Count none of its sequences when evaluating.
-    pub repeated: bool,
 }
 
 impl Packs {

@@ -6,14 +6,15 @@
 //! per-context tensors as they are, `length` the window's real steps, then the tensors a window
 //! adds ([`SeriesPlan::layout`]). The order of windows is `order::series`.
 
-use super::{is_sequence, Gather, Resolved};
+use super::{own_tensor, Cut, Planning, Shape};
 use crate::batch::TensorLayout;
 use crate::cache::Cache;
 use crate::cache::Inner;
 use crate::error::LoadError;
+use crate::gather::{is_sequence, Reader, Resolved};
 use crate::options::LoaderOptions;
-use crate::order::Sample;
 use crate::order::{EpochOrder, Order, SeriesOrder, SeriesWindows, SplitContexts, WindowIndex};
+use crate::order::{Sample, Steps};
 use crate::rows;
 use dsc_format::spelling::OptionError;
 use dsc_format::{Dtype, TensorRole};
@@ -83,13 +84,7 @@ impl SeriesPlan {
 
     /// The tensors a window adds to a batch of `batch_size` rows.
     pub fn layout(&self, batch_size: usize) -> Vec<TensorLayout> {
-        let tensor = |name: &str, dtype, shape| TensorLayout {
-            name: name.into(),
-            dtype,
-            role: None,
-            shape,
-            trimmed_axis: None,
-        };
+        let tensor = own_tensor;
         let mut out = vec![tensor(SERIES_TENSORS[0], Dtype::I32, vec![batch_size])];
         if self.windows.horizon > 0 {
             let (h, k) = (self.windows.horizon, self.columns.len());
@@ -102,6 +97,41 @@ impl SeriesPlan {
         }
         out
     }
+}
+
+/// The steps of an epoch of windows, and what a window reads beyond its sample.
+#[derive(Debug)]
+pub(crate) struct Windows {
+    pub steps: Steps,
+    pub plan: SeriesPlan,
+}
+
+/// Windows `windows` of `p`'s one cache: checked against it and against memory, over the
+/// epoch's order of windows; a batch's step axis is the window's.
+pub(crate) fn plan(p: &Planning<'_>, windows: &SeriesWindows) -> Result<Cut, LoadError> {
+    let opts = p.opts;
+    let plan = SeriesPlan::new(&p.sources[0].cache, windows)?;
+    // A window's target steps, y_next [H, K] f32, come on top of its stored tensors.
+    let horizon = windows
+        .horizon
+        .saturating_mul(plan.columns.len())
+        .saturating_mul(4);
+    p.bound(
+        p.rows_bytes(opts.batch_size, horizon),
+        ("batch_size", opts.batch_size),
+    )?;
+    let order = super::order(p, opts)?;
+    let drop_last = opts.order.drop_last;
+    let steps = Steps::new(order.len(), opts.batch_size, opts.world_size, drop_last)
+        .after(opts.skip, drop_last);
+    let mut layout = p.stored_layout(opts.batch_size, windows.len);
+    layout.extend(plan.layout(opts.batch_size));
+    Ok(Cut {
+        shape: Shape::Windows(Windows { steps, plan }),
+        layout,
+        order,
+        max_len: windows.len,
+    })
 }
 
 /// The epoch's order of windows over `sizes` (the one source's contexts per shard): windows
@@ -153,32 +183,36 @@ fn write_i32s(out: &mut [u8], values: impl Iterator<Item = usize>) {
     }
 }
 
-impl Gather {
+impl Windows {
     /// Copies the windows `samples` (`held`: the shards they lie in when not mapped) into
     /// `dst`: the loaded tensors, then [`SeriesPlan::layout`]'s.
-    pub(crate) fn gather_windows(
+    pub fn gather(
         &self,
-        plan: &SeriesPlan,
+        reader: &Reader,
         samples: &[Sample],
         held: &Resolved<'_>,
         dst: &mut [&mut [u8]],
     ) {
+        let plan = &self.plan;
         let w = &plan.windows;
         let n = samples.len();
-        let bodies: Vec<&[u8]> = samples.iter().map(|s| self.shard_bytes(s, held)).collect();
+        let bodies: Vec<&[u8]> = samples
+            .iter()
+            .map(|s| reader.shard_bytes(s, held))
+            .collect();
         let lengths: Vec<usize> = samples
             .iter()
-            .map(|s| self.stored_length(s, held))
+            .map(|s| reader.stored_length(s, held))
             .collect();
-        for (t, out) in dst.iter_mut().take(self.loaded).enumerate() {
-            let spec = self.spec(t);
+        for (t, out) in dst.iter_mut().take(reader.loaded).enumerate() {
+            let spec = reader.spec(t);
             let starts: Vec<usize> = samples
                 .iter()
-                .map(|s| self.source(s).range(s, t).0)
+                .map(|s| reader.source(s).range(s, t).0)
                 .collect();
             if is_sequence(spec) {
                 // The window's real steps of its context, then zeros.
-                let step = self.copy_bytes(t, 1);
+                let step = reader.copy_bytes(t, 1);
                 let row = step * w.len;
                 for (i, (s, out)) in samples.iter().zip(out.chunks_exact_mut(row)).enumerate() {
                     let real = w.input_steps(s.step, lengths[i]) * step;
@@ -193,13 +227,13 @@ impl Gather {
                     .map(|(s, &len)| w.input_steps(s.step, len));
                 write_i32s(out, real);
             } else {
-                let size = self.copy_bytes(t, 0);
+                let size = reader.copy_bytes(t, 0);
                 rows::gather(&mut out[..n * size], size, n, |i| {
                     &bodies[i][starts[i]..starts[i] + size]
                 });
             }
         }
-        let extra = &mut dst[self.loaded..];
+        let extra = &mut dst[reader.loaded..];
         write_i32s(extra[0], samples.iter().map(|s| s.step));
         let Some(x) = plan.x else {
             return;
@@ -211,7 +245,7 @@ impl Gather {
             .zip(extra[1].chunks_exact_mut(row))
             .enumerate()
         {
-            let source = self.source(s);
+            let source = reader.source(s);
             let spec = &source.cache.manifest.tensors()[x];
             let features = spec.sample_shape[1];
             let at = source.shards()[s.shard].tensor_starts[x] + s.offset * spec.sample_bytes();
