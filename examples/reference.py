@@ -63,8 +63,8 @@ import torch.nn.functional as F
 
 import dsc
 
-# A pack's own tensors, beside the stored ones (dsc.Loader(pack=T)).
-PACK_TENSORS = ["cu_seqlens", "seq_idx", "position", "num_seqs", "num_tokens"]
+# A pack's own tensors, beside the stored ones (dsc.Loader(pack=T)), as the loader names them.
+PACK_TENSORS = list(dsc.Loader.PACK_TENSORS)
 
 
 # --------------------------------------------------------------------------------------------

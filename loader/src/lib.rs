@@ -5,16 +5,20 @@
 //! [`State`]). Where the bytes are: `cache` (a cache opened and validated), `body` (a shard's
 //! bytes: mapped, decompressed or fetched), `mmap` and [`sigbus`] (the maps and their one
 //! fault), `remote` (caches in object storage, fetched ahead of use) with `fetch_plan` (the
-//! order handed to the fetchers), `mix` (several caches read as one). Which contexts, in which
-//! order: [`order`] (the epoch's order, the order of series windows, mixes), and `prepare`
-//! (the sources, the order and the shape a loader is built from). One room per batch shape,
-//! `shape` ([`Batches`]): `padded` (whole contexts, plain or bucketed, trimmed or not),
-//! `packed` (published as [`pack`]: packs of sequences, their plan, checks and gather) and
-//! `windows` (windows of long series). One batch: `gather` (a step's contexts, copied once;
-//! `rows` copies them a few at a time), `batch` (its tensors), `pool` (reused buffers).
-//! Handing batches over: `front` (where loaders are made, the same calls on a cache and on a
-//! mix), `loader` (threads, queue, iterator, fillers), `handoff` (the queue),
-//! `stats` (what a loader did). `error` says what went wrong.
+//! order handed to the fetchers), `mix` (several caches read as one, and the order of whole
+//! contexts drawn from them). Which contexts, in which order: [`order`] (the epoch's order,
+//! the order of series windows, mixes). One epoch, planned once: `prepare` ([`Planned`]: the
+//! options checked, the sources opened, then the shape asked) and one room per batch shape,
+//! `shape` ([`Batches`]): `padded` (whole contexts, trimmed or not), `bucketed` (contexts of
+//! like lengths), `packed` (packs of sequences; their plan is published as [`pack`]) and
+//! `windows` (windows of long series), each owning its checks against the caches, its order,
+//! its steps, its layout, its gather and its index ([`IndexLayout`]). One batch: `gather` (the
+//! shards as every shape reads them: resolved, viewed, laid in blocks, hinted; `rows` copies
+//! rows a few at a time), `epoch` (a batch built from the shards, the order and the shape),
+//! `batch` (its tensors), `pool` (reused buffers). Handing batches over: `front` (where
+//! loaders are made, the same calls on a cache and on a mix), `loader` (threads, queue,
+//! iterator, fillers), `handoff` (the queue), `stats` (what a loader did). `error` says what
+//! went wrong.
 //!
 //! ```
 //! use dsc_loader::{Cache, LoaderOptions};

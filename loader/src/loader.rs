@@ -169,8 +169,8 @@ impl Filler {
     /// Writes batch `step`'s index for a consumer that holds the split's tensors itself (on a
     /// GPU) and gathers the batch there: the compiled-order position of each of its
     /// [`Loader::index_rows`] rows as little-endian i64 into `positions` (a pack's sequences,
-    /// then zeros), and for a pack its own five tensors into `pack` (the last five of
-    /// [`Loader::layout`], each at least its bytes; empty for padded batches). Returns what the
+    /// then zeros), and for a pack its own five tensors into `pack` ([`IndexLayout::own`],
+    /// each at least its bytes; empty for padded batches). Returns what the
     /// batch is, as [`Filler::fill`] would: the same batch, from the stored lengths alone.
     pub fn fill_index(
         &self,
@@ -392,17 +392,20 @@ impl Loader {
     /// ([`Packs::figures`]) is asked of [`Loader::packs`] instead.
     pub fn padding(&self) -> Result<crate::order::Padding, LoadError> {
         let epoch = &self.hints.epoch;
-        let (Shape::Padded(padded) | Shape::Bucketed(padded)) = &epoch.shape else {
-            return Err(Misuse::NoPaddedBatches.into());
+        // Windows are rows of `W` steps cut from their contexts: figured as padded rows.
+        let (steps, trim) = match &epoch.shape {
+            Shape::Padded(p) | Shape::Bucketed(p) => (&p.steps, p.trim),
+            Shape::Windows(w) => (&w.steps, None),
+            Shape::Packed(_) => return Err(Misuse::NoPaddedBatches.into()),
         };
         let lengths = lengths_of(&self.sources(), &self.opts.order.split)?;
         // An untrimmed loader's figures say what trimming to exact lengths would give.
         Ok(crate::order::padding(
             &epoch.order,
-            &padded.steps,
+            steps,
             &lengths,
             epoch.reader.max_len,
-            padded.trim.unwrap_or(1),
+            trim.unwrap_or(1),
         ))
     }
 

@@ -3,6 +3,7 @@ from typing import Any, List, Optional, Tuple
 
 __version__: str
 BLOCK_ALIGN: int
+PACK_TENSORS: List[str]
 MAX_THREADS: int
 MAX_PREFETCH: int
 MAX_TRIM_MULTIPLE: int
@@ -64,9 +65,11 @@ class LoaderHandle:
     # ((seq_len, pack), [(offset, bytes)] per tensor of tensors())
     def fill_block(self, step: int, block: object) -> Tuple[Info, List[Tuple[int, int]]]: ...
     def index_rows(self) -> int: ...
-    # buffers: positions (int64 x index_rows(); a pack's unused rows point at the row after
-    # the split), a pack's token rows (int64 x T; empty for padded batches), then its own five
-    # tensors
+    # The parts fill_rows writes, by name: positions, token_rows (shape [0] for padded
+    # batches), then the shape's own tensors (a pack's five); None for series windows.
+    def index_layout(self) -> Optional[List[Layout]]: ...
+    # buffers: the parts of index_layout() in its order (a pack's unused rows point at the row
+    # after the split)
     def fill_rows(self, step: int, buffers: List[object]) -> Info: ...
     def advance(self, n: int) -> None: ...
     def close(self) -> None: ...

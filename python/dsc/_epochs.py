@@ -414,13 +414,10 @@ class _ResidentEpoch(_Epoch):
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
-        self.rows = self.handle.index_rows()
-        packed = loader.pack is not None
-        self.own = self.layout[-5:] if packed else []
-        self.stored = self.layout[:-5] if packed else self.layout
-        sizes = _resident.BlockRing.sizes_for(self.handle, packed)
+        self.index = _resident.IndexLayout(self.handle)
+        self.stored = [t for t in self.layout if t.name not in self.index.own]
         self.static = loader._static_buffers(self) if loader._static_wanted else None
-        self.ring = _resident.BlockRing(_torch(), self.split.device, sizes,
+        self.ring = _resident.BlockRing(_torch(), self.split.device, self.index.sizes,
                                         fixed=None if self.static is None else self.static.block)
 
     def _queued(self) -> int:
@@ -453,7 +450,7 @@ class _ResidentEpoch(_Epoch):
                 self.static.gather(self.split, loader.cache.max_len)
             tensors = self.static.batch()
         else:
-            parts = _resident.index_parts(torch, block, self.ring.sizes, self.rows, self.own)
+            parts = self.index.views(torch, block)
             tensors = _resident.gather(torch, self.split, self.stored, parts, seq_len,
                                        loader.cache.max_len)
             tensors.update(parts[2])

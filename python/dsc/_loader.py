@@ -222,6 +222,9 @@ class Loader:
             and then follows.
     """
 
+    #: The tensors a packed batch (``pack=``) adds after the stored ones, named as in Rust.
+    PACK_TENSORS: Tuple[str, ...] = tuple(_dsc.PACK_TENSORS)
+
     def __init__(
         self,
         cache: Union[PathLike, Cache, Sequence[Union[PathLike, Cache]]],
@@ -550,11 +553,11 @@ class Loader:
         if self._static is None:
             torch = _torch()
             device = self._resident_device or self.device
-            index = (_resident.BlockRing.sizes_for(epoch.handle, self.pack is not None)
+            index = (_resident.IndexLayout(epoch.handle)
                      if self._resident_device is not None else None)
             self._static = _static.StaticBatch(
                 torch, device, epoch.layout, epoch.handle.batch_bytes(), _dsc.BLOCK_ALIGN,
-                index, self.pack is not None)
+                index)
         return self._static
 
     @property

@@ -212,15 +212,6 @@ class BlockRing:
         self.copied: List[Optional[Any]] = [None] * RING
         self.fixed = fixed
 
-    @staticmethod
-    def sizes_for(handle: Any, packed: bool) -> List[int]:
-        """The index parts of a loader's batches (``LoaderHandle.fill_rows``): positions, a
-        pack's token rows, then its own five tensors."""
-        batch = handle.batch_bytes()
-        if not packed:
-            return [handle.index_rows() * 8, 0]
-        tokens = batch[-4] // 4  # seq_idx: int32 [T]
-        return [handle.index_rows() * 8, tokens * 8, *batch[-5:]]
 
     def fill(self, step: int, write) -> tuple:
         """Writes step ``step``'s index with ``write(views)`` into the next block; returns what
@@ -255,26 +246,37 @@ def block_tensors(torch: Any, layout: List[Any], block: Any, ranges: List[tuple]
             for t, (offset, n) in zip(layout, ranges)}
 
 
-def index_parts(torch: Any, block: Any, sizes: List[int], rows: int, own: List[Any]) -> tuple:
-    """A device index block's parts (``sizes``: :meth:`BlockRing.sizes_for`): positions
-    ``[rows]``, a pack's token rows ``[T]`` (None for padded batches) and its own five tensors
-    by name (``own``: their ``_Tensor``s)."""
-    offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
+class IndexLayout:
+    """The parts of a loader's batch index as Rust names them (``LoaderHandle.index_layout``,
+    the order ``fill_rows`` writes them): positions ``[rows]``, a pack's token rows ``[T]``
+    (an empty part for padded batches), then the tensors of the shape's own that the index
+    carries whole (a pack's five), each ``(name, dtype, shape)``."""
 
-    def part(i: int, dtype: Any, shape: List[int]) -> Any:
-        return block[offsets[i]:offsets[i] + sizes[i]].view(dtype).view(shape)
+    def __init__(self, handle: Any) -> None:
+        parts = handle.index_layout()
+        if parts is None:
+            raise Error("series windows are not indexed: a resident split serves whole "
+                        "contexts or packs")
+        self.parts = [(name, dtype, list(shape)) for name, dtype, shape, _ in parts]
+        self.sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                      for _, dtype, shape in self.parts]
+        self.own = {name for name, _, _ in self.parts[2:]}
 
-    positions = part(0, torch.int64, [rows])
-    if not own:
-        return positions, None, {}
-    return positions, part(1, torch.int64, [sizes[1] // 8]), {
-        t.name: part(2 + i, torch.int32, list(t.whole)) for i, t in enumerate(own)}
+    def views(self, torch: Any, block: Any) -> tuple:
+        """The parts of a device index ``block``: positions, the token rows (None for padded
+        batches) and the shape's own tensors by name."""
+        offsets = [int(o) for o in np.cumsum([0] + self.sizes[:-1])]
+        views = [block[o:o + n].view(getattr(torch, dtype)).view(shape)
+                 for o, n, (_, dtype, shape) in zip(offsets, self.sizes, self.parts)]
+        token_rows = views[1] if self.sizes[1] else None
+        return views[0], token_rows, {name: v for (name, _, _), v in
+                                      zip(self.parts[2:], views[2:])}
 
 
 def gather(torch: Any, split: ResidentSplit, stored: List[Any], parts: tuple, seq_len: int,
            max_len: int, out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One batch's stored tensors from the resident split, by the index ``parts``
-    (:func:`index_parts`): one ``index_select`` by row per tensor, a pack's per-step tensors by
+    (:meth:`IndexLayout.views`): one ``index_select`` by row per tensor, a pack's per-step tensors by
     token row; the host path's bytes. ``stored``: their ``_Tensor``s. With ``out`` (static batches), each lands in its tensor there, and the
     whole gather is tensor operations with no host sync and no allocation: capturable."""
     positions, token_rows, _ = parts

@@ -35,28 +35,26 @@ def block_ranges(sizes: Sequence[int], align: int) -> List[tuple]:
 class StaticBatch:
     """A loader's static buffers on ``device``.
 
-    ``layout``: the loader's ``_Tensor`` list (stored tensors, then a pack's own five);
-    ``sizes``: each one's bytes in a whole batch; ``index``: for a resident split, the sizes of
-    the index parts (``BlockRing.sizes_for``), else None."""
+    ``layout``: the loader's ``_Tensor`` list (stored tensors, then the shape's own);
+    ``sizes``: each one's bytes in a whole batch; ``index``: for a resident split, the parts of
+    its batch index (``_resident.IndexLayout``), else None."""
 
     def __init__(self, torch: Any, device: Any, layout: List[Any], sizes: List[int],
-                 align: int, index: Optional[List[int]], packed: bool) -> None:
+                 align: int, index: Optional[Any]) -> None:
         self.torch, self.device = torch, device
         self.names = [t.name for t in layout]
         self.resident = index is not None
         self.tensors: Dict[str, Any] = {}
         if self.resident:
-            self.own = layout[-5:] if packed else []
-            self.stored = layout[:-5] if packed else layout
-            self.block = torch.empty(max(8, sum(index)), dtype=torch.uint8, device=device)
+            self.stored = [t for t in layout if t.name not in index.own]
+            self.block = torch.empty(max(8, sum(index.sizes)), dtype=torch.uint8, device=device)
             # Before the first step the positions point at the split's first context (a
             # gather run early reads real rows, never memory past the split).
             self.block.zero_()
             for t in self.stored:
                 self.tensors[t.name] = torch.empty(t.whole, dtype=getattr(torch, t.dtype),
                                                    device=device)
-            rows = index[0] // 8
-            self.parts = _resident.index_parts(torch, self.block, index, rows, self.own)
+            self.parts = index.views(torch, self.block)
             self.tensors.update(self.parts[2])
         else:
             self.ranges = block_ranges(sizes, align)

@@ -548,8 +548,9 @@ impl LoaderHandle {
     /// row of zeros (row `contexts`, on a GPU): `buffers[0]` gets each row's compiled-order
     /// position (int64, `index_rows()` of them; a pack's unused rows `contexts`), `buffers[1]`
     /// a pack's token rows (int64 `[T]`: `position * L + step`, the unused tail `contexts *
-    /// L`; empty for padded batches), and for a pack `buffers[2..7]` its own five tensors (the
-    /// last five of `tensors()`). Returns `(seq_len, pack)` as `fill` does. Reads no shard.
+    /// L`; empty for padded batches), and for a pack `buffers[2..7]` its own five tensors:
+    /// the parts of `index_layout()`, in its order. Returns `(seq_len, pack)` as `fill` does.
+    /// Reads no shard.
     fn fill_rows(
         &self,
         py: Python<'_>,
@@ -1109,6 +1110,7 @@ fn _dsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Where `fill_block` puts each tensor: static buffers view a block at these offsets.
     m.add("BLOCK_ALIGN", dsc_loader::BLOCK_ALIGN)?;
+    m.add("PACK_TENSORS", dsc_loader::PACK_TENSORS.to_vec())?;
     // Limits and the GPU default of the loader's options, declared once in Rust.
     m.add("MAX_THREADS", dsc_loader::MAX_THREADS)?;
     m.add("MAX_PREFETCH", dsc_loader::MAX_PREFETCH)?;

@@ -246,7 +246,7 @@ impl Packed {
             .collect()
     }
 
-    /// The pack's own tensors in `layout` (its last five), by name.
+    /// The pack's own tensors in `layout`, by name.
     pub fn own(&self, layout: &[TensorLayout]) -> Vec<TensorLayout> {
         PACK_TENSORS
             .iter()
