@@ -569,12 +569,8 @@ class Loader:
         """The split on its device, uploaded at the first iteration (in a thread, with
         ``background``; otherwise done on return) and kept for later epochs."""
         if self._resident_split is None:
-            # The split in cache order, zero-copy views where the shards allow.
-            contexts = self.cache.splits[self.split]
-            reader = Loader(self.cache, self.split,
-                            batch_size=max(1, min(_resident.UPLOAD_PIECE, contexts)),
-                            shuffle=False, drop_last=False, rank=0, world_size=1,
-                            columns=self.columns, num_threads=1)
+            # The split in cache order, read by Rust (zero-copy views where the shards allow).
+            reader = _resident.split_pieces(_torch(), self.cache, self.split, self.columns)
             self._resident_split = _resident.ResidentSplit(self, reader, _torch(),
                                                            self._resident_device, background)
         elif not background:

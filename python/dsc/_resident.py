@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -54,10 +54,32 @@ def default_budget(torch: Any, device: Any) -> int:
 UPLOAD_GATE: Optional[threading.Event] = None
 
 
+def split_pieces(torch: Any, cache: Any, split: str, columns: List[str]) -> Iterator[tuple]:
+    """``split`` of ``cache`` in cache order, ``UPLOAD_PIECE`` contexts at a time, as ``(rows,
+    {name: tensor})`` (the tensors ``columns``; ``rows`` leading rows of each are the split's,
+    every context once): read through the extension (``CacheHandle.split_reader``) as the
+    loader reads, one thread, unshuffled."""
+    contexts = cache.splits[split]
+    piece = max(1, min(UPLOAD_PIECE, contexts))
+    handle = cache._handle.split_reader(split, list(columns), piece)
+    names = [t[0] for t in handle.tensors()]
+    at = 0
+    try:
+        while at < contexts:
+            item = handle.next()
+            if item is None:
+                return
+            n = min(piece, contexts - at)
+            yield n, {name: torch.from_numpy(np.asarray(b)) for name, b in zip(names, item[2])}
+            at += n
+    finally:
+        handle.close()
+
+
 class ResidentSplit:
     """The loader's tensors of its split on ``device``, in compiled order, each followed by one
-    row of zeros: ``[contexts + 1, ...]``, copied there from ``reader``'s batches (the split in
-    cache order, every context once: ``batch.valid`` leading rows each). The zero row is what a
+    row of zeros: ``[contexts + 1, ...]``, copied there from ``reader``'s pieces (:func:`split_pieces`:
+    the split in cache order, every context once). The zero row is what a
     pack's unused rows and tokens read (``LoaderHandle.fill_rows`` points them there), so that
     every tensor of a batch is one gather by row: nothing to zero afterwards, and no length
     known only on the host, which a captured CUDA graph could not take.
@@ -66,7 +88,7 @@ class ResidentSplit:
     loader serves the first steps from the host path (:meth:`ready` says when to switch), so
     that the first step does not wait for the whole split; otherwise it is done on return."""
 
-    def __init__(self, loader: Any, reader: Iterable[Any], torch: Any,
+    def __init__(self, loader: Any, reader: Iterable[tuple], torch: Any,
                  device: Any, background: bool = False) -> None:
         cache, split = loader.cache, loader.split
         self.contexts = cache.splits[split]
@@ -156,24 +178,23 @@ def _to_positions(torch: Any, device: Any, tensors: Dict[str, Any], live: List[i
         torch.cuda.current_stream(device).synchronize()
 
 
-def _upload(torch: Any, device: Any, reader: Iterable[Any], tensors: Dict[str, Any]) -> int:
-    """Copies ``reader``'s batches into the leading rows of ``tensors``; returns the rows
+def _upload(torch: Any, device: Any, reader: Iterable[tuple], tensors: Dict[str, Any]) -> int:
+    """Copies ``reader``'s pieces (:func:`split_pieces`) into the leading rows of ``tensors``; returns the rows
     copied. To a GPU each piece passes through one of two page-locked staging blocks, so that
     the copy is a DMA at the link's speed (a copy from pageable memory is staged by the driver
     in small pieces and blocks the host) and the host fills one block while the other is
     copied."""
     at = 0
     if device.type != "cuda":
-        for batch in reader:
-            n = batch.valid
+        for n, batch in reader:
             for name, t in batch.items():
                 tensors[name][at:at + n].copy_(t[:n])
             at += n
         return at
     staging: List[Dict[str, Any]] = [{}, {}]
     copied: List[Optional[Any]] = [None, None]
-    for i, batch in enumerate(reader):
-        n, k = batch.valid, i % 2
+    for i, (n, batch) in enumerate(reader):
+        k = i % 2
         if copied[k] is not None:
             copied[k].synchronize()  # the block's last copy has run: it may be refilled
         for name, t in batch.items():

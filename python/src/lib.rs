@@ -217,6 +217,42 @@ impl CacheHandle {
         })
     }
 
+    /// The split `split` in cache order for a copy of it kept on a device (a resident split):
+    /// a loader of `piece` contexts a batch, unshuffled, every context once (the last batch
+    /// completed with the split's first contexts, which the reader leaves out), the tensors
+    /// `columns`, one thread. What the Python loader uploads, without a second `dsc.Loader`.
+    fn split_reader(
+        &self,
+        py: Python<'_>,
+        split: String,
+        columns: Vec<String>,
+        piece: usize,
+    ) -> PyResult<LoaderHandle> {
+        let opts = LoaderOptions {
+            order: dsc_loader::OrderSpec {
+                split,
+                shuffle: false,
+                drop_last: false,
+                ..Default::default()
+            },
+            batch_size: piece.max(1),
+            threads: 1,
+            columns,
+            ..Default::default()
+        };
+        let cache = self.cache.clone();
+        let loader = py
+            .detach(|| cache.loader(opts))
+            .map_err(|e| load_error(py, e))?;
+        Ok(LoaderHandle {
+            filler: loader.filler(),
+            loader: Mutex::new(Some(loader)),
+            writable: true,
+            pid: std::process::id(),
+            remote: self.cache.fetch_folder().is_some(),
+        })
+    }
+
     /// The resume state (JSON) of a loader with `options` after `step` batches of its epoch:
     /// the Rust `State`, which `resume` reads back.
     fn state(&self, py: Python<'_>, options: &str, step: usize) -> PyResult<String> {
