@@ -193,6 +193,39 @@ fn mismatch(first: &[TensorSpec], other: &[TensorSpec]) -> Option<(String, Strin
 /// and `u64` arithmetic that must not wrap (2^64 - 1 positions panicked there).
 const MAX_MIX_SAMPLES: usize = 1 << 48;
 
+/// A mix's weights of sources of `lens` contexts: `given` (relative, one positive number per
+/// source) or, when none are, the sources' sizes.
+fn weights_of(given: &[f64], lens: &[usize]) -> Result<Vec<f64>, LoadError> {
+    let bad = |problem: String| Err(OptionError::new("weights", problem).into());
+    let weights: Vec<f64> = if given.is_empty() {
+        lens.iter().map(|&n| n as f64).collect()
+    } else {
+        given.to_vec()
+    };
+    if weights.len() != lens.len() {
+        return bad(format!(
+            "gives {} weights for {} caches: one positive number per cache, in their order",
+            weights.len(),
+            lens.len()
+        ));
+    }
+    if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w > 0.0)) {
+        return bad(format!(
+            "{w} is not a weight: one positive number per cache"
+        ));
+    }
+    // Weights are relative: when their sum overflows (1e308 each), they are scaled by the
+    // largest first, else each became 0 of an infinite sum. Other weights are used as given,
+    // so that every existing mix keeps its order to the bit.
+    let weights: Vec<f64> = if weights.iter().sum::<f64>().is_finite() {
+        weights
+    } else {
+        let largest = weights.iter().copied().fold(0.0, f64::max);
+        weights.iter().map(|w| w / largest).collect()
+    };
+    Ok(weights)
+}
+
 /// Refuses a mix's options on one cache (of `sources` caches), whatever the shape, a single
 /// weight included: every front end refuses them alike (Python refused `weights=[1.0]` where
 /// `--weights 1` was taken).
@@ -242,36 +275,7 @@ pub(crate) fn order(
         )
         .into());
     }
-    let weights: Vec<f64> = if o.weights.is_empty() {
-        lens.iter().map(|&n| n as f64).collect()
-    } else {
-        o.weights.clone()
-    };
-    if weights.len() != sizes.len() {
-        return bad(
-            "weights",
-            format!(
-                "gives {} weights for {} caches: one positive number per cache, in their order",
-                weights.len(),
-                sizes.len()
-            ),
-        );
-    }
-    if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w > 0.0)) {
-        return bad(
-            "weights",
-            format!("{w} is not a weight: one positive number per cache"),
-        );
-    }
-    // Weights are relative: when their sum overflows (1e308 each), they are scaled by the
-    // largest first, else each became 0 of an infinite sum. Other weights are used as given,
-    // so that every existing mix keeps its order to the bit.
-    let weights: Vec<f64> = if weights.iter().sum::<f64>().is_finite() {
-        weights
-    } else {
-        let largest = weights.iter().copied().fold(0.0, f64::max);
-        weights.iter().map(|w| w / largest).collect()
-    };
+    let weights = weights_of(&o.weights, &lens)?;
     let block = o.window.max(1);
     let sum: f64 = weights.iter().sum();
     if let Some(s) = weights.iter().position(|w| w / sum * (block as f64) < 1.0) {
