@@ -87,6 +87,52 @@ def _rust_options(keywords: Dict[str, Any], default_trim_multiple: int) -> Dict[
                            option=keyword, raw=e._raw) from None
 
 
+def _rust_keywords(kw: Dict[str, Any]) -> Dict[str, Any]:
+    """The keywords of the Rust loader's options as given, with what only Python can tell: a
+    keyword left out (None) from one given empty, booleans as booleans, and the ranks
+    torch.distributed knows. Every other rule is the Rust loader's."""
+    for key in ("shuffle", "drop_last", "bucket", "trim", "pad_windows"):
+        if kw[key] is not None:
+            kw[key] = boolean(key, kw[key])
+    if (kw["rank"] is None) != (kw["world_size"] is None):
+        default_rank, default_world = _default_rank_world()
+        kw["rank"] = default_rank if kw["rank"] is None else kw["rank"]
+        kw["world_size"] = default_world if kw["world_size"] is None else kw["world_size"]
+    elif kw["rank"] is None:
+        kw["rank"], kw["world_size"] = _default_rank_world()
+    if kw["pack"] is not None and kw["batch_size"] is not None:
+        raise OptionsError(
+            "batch_size= and pack= exclude each other: a packed batch holds as many "
+            f"sequences as fit {kw['pack']} tokens (max_seqs= bounds them)",
+            option="batch_size",
+        )
+    columns = kw["columns"]
+    if columns is not None:
+        kw["columns"] = columns = [columns] if isinstance(columns, str) else list(columns)
+        if not columns:
+            raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass "
+                               "None for all", option="columns")
+    horizon_columns = kw["horizon_columns"]
+    if horizon_columns is not None:
+        if not isinstance(horizon_columns, (str, list, tuple)):
+            raise OptionsError(f"horizon_columns={horizon_columns!r}: expected a column name "
+                               "or a list of them", option="horizon_columns")
+        kw["horizon_columns"] = horizon_columns = (
+            [horizon_columns] if isinstance(horizon_columns, str) else list(horizon_columns))
+        if not horizon_columns:
+            raise OptionsError("horizon_columns=[] names no column: name the columns of x the "
+                               "horizon takes, or pass None for all of them",
+                               option="horizon_columns")
+    if kw["weights"] is not None:
+        # Weights of one cache are refused by the Rust loader, as on every front end.
+        try:
+            kw["weights"] = list(kw["weights"])
+        except TypeError:
+            raise OptionsError(f"weights={kw['weights']!r}: expected one positive number per "
+                               "cache", option="weights") from None
+    return kw
+
+
 # Keywords whose Rust key is spelled otherwise in PyTorch's vocabulary.
 _KEYWORD = {"threads": "num_threads"}
 
@@ -271,103 +317,14 @@ class Loader:
         # What made this loader, so that a state of another generation of its caches can make
         # it again over that generation (load_state_dict).
         self._made_with = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        # Keywords the Rust loader owns stay None when not given: Rust's defaults apply.
-        shuffle, drop_last, bucket, trim, pad_windows = (
-            None if v is None else boolean(k, v)
-            for k, v in (("shuffle", shuffle), ("drop_last", drop_last), ("bucket", bucket),
-                         ("trim", trim), ("pad_windows", pad_windows)))
-        pin_memory, copy = boolean("pin_memory", pin_memory), boolean("copy", copy)
-        static, gather_in_step, follow = (boolean("static", static),
-                                          boolean("gather_in_step", gather_in_step),
-                                          boolean("follow", follow))
-        given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
-        if not given:
-            raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix",
-                               option="cache")
-        if generation is not None and any(isinstance(c, Cache) for c in given):
-            raise OptionsError("generation= opens a cache by its path: a dsc.Cache given is "
-                               "already open at its generation (dsc.open(path, generation=...))",
-                               option="generation")
-        remote = dict(cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                      generation=generation)
-        self.follow = bool(follow)
-        self.caches: List[Cache] = [c if isinstance(c, Cache) else shared(c, **remote)
-                                    for c in given]
-        self.cache = self.caches[0]
-        mixed = len(self.caches) > 1
-        self._sources = (_dsc.CacheHandle.mix([c._handle for c in self.caches]) if mixed
-                         else self.cache._handle)
-        self.copy = bool(copy)
-        torch = _torch()
-        if format is None:
-            format = "torch" if torch is not None else "numpy"
-        if format not in ("torch", "numpy"):
-            raise OptionsError(f"format={format!r}: expected 'torch' or 'numpy'", option="format")
-        if format == "torch" and torch is None:
-            raise OptionsError("format='torch' needs PyTorch (pip install torch); or use format='numpy'", option="format")
-        self.format = format
-        self.device = None
-        self.pin_memory = bool(pin_memory)
-        if device is not None:
-            if format != "torch":
-                raise OptionsError("device= needs format='torch'", option="device")
-            try:
-                self.device = torch.device(device)
-            except (RuntimeError, TypeError, ValueError) as e:
-                raise OptionsError(f"device={device!r}: not a device torch knows ({e}); e.g. "
-                                   "'cpu', 'cuda', 'cuda:1'", option="device") from None
-            if self.device.type == "cuda":
-                if not torch.cuda.is_available():
-                    raise OptionsError(f"device={device!r}, but torch sees no CUDA device",
-                                       option="device")
-                self.pin_memory = True
-        if self.pin_memory:
-            if format != "torch":
-                raise OptionsError("pin_memory=True needs format='torch'", option="pin_memory")
-            if not torch.cuda.is_available():
-                warnings.warn(
-                    "dsc.Loader: pin_memory=True but no GPU is available; loading into ordinary memory",
-                    stacklevel=2,
-                )
-                self.pin_memory = False
-        # What only Python can tell: a keyword left out (None) from one given empty, and the
-        # ranks torch.distributed knows. Every other rule is the Rust loader's.
-        if (rank is None) != (world_size is None):
-            default_rank, default_world = _default_rank_world()
-            rank = default_rank if rank is None else rank
-            world_size = default_world if world_size is None else world_size
-        elif rank is None:
-            rank, world_size = _default_rank_world()
-        if pack is not None and batch_size is not None:
-            raise OptionsError(
-                "batch_size= and pack= exclude each other: a packed batch holds as many "
-                f"sequences as fit {pack} tokens (max_seqs= bounds them)",
-                option="batch_size",
-            )
-        if columns is not None:
-            columns = [columns] if isinstance(columns, str) else list(columns)
-            if not columns:
-                raise OptionsError("columns=[] loads nothing: name at least one tensor, or pass None for all", option="columns")
-        if horizon_columns is not None:
-            if not isinstance(horizon_columns, (str, list, tuple)):
-                raise OptionsError(f"horizon_columns={horizon_columns!r}: expected a column name "
-                                   "or a list of them", option="horizon_columns")
-            horizon_columns = ([horizon_columns] if isinstance(horizon_columns, str)
-                               else list(horizon_columns))
-            if not horizon_columns:
-                raise OptionsError("horizon_columns=[] names no column: name the columns of x the "
-                                   "horizon takes, or pass None for all of them",
-                                   option="horizon_columns")
-        if weights is not None:
-            # Weights of one cache are refused by the Rust loader, as on every front end.
-            try:
-                weights = list(weights)
-            except TypeError:
-                raise OptionsError(f"weights={weights!r}: expected one positive number per cache",
-                                   option="weights") from None
+        self.follow = boolean("follow", follow)
+        self._open(cache, dict(cache_dir=cache_dir, cache_limit=cache_limit,
+                               storage_options=storage_options, generation=generation))
+        self._deliver_to(format, device, boolean("pin_memory", pin_memory),
+                         boolean("copy", copy))
         on_gpu = self.device is not None and self.device.type == "cuda"
         self._opts = _rust_options(
-            dict(
+            _rust_keywords(dict(
                 split=None if split is None else str(split), seed=seed, window=window,
                 interleave=interleave, shuffle=shuffle, drop_last=drop_last, bucket=bucket,
                 pack=pack, max_seqs=max_seqs, series_window=series_window, stride=stride,
@@ -375,38 +332,12 @@ class Loader:
                 trim=trim, trim_multiple=trim_multiple, weights=weights,
                 mix_samples=mix_samples, batch_size=batch_size, epoch=epoch, rank=rank,
                 world_size=world_size, threads=num_threads, prefetch=prefetch, columns=columns,
-            ),
+            )),
             GPU_TRIM_MULTIPLE if on_gpu else 1,
         )
-        # What Rust resolved, read back by the keys given (not the state's spelling).
-        keys = json.loads(_dsc.loader_keys(json.dumps(self._opts)))
-        self.split: str = keys["split"]
-        self.seed: int = keys["seed"]
-        self.shuffle: bool = keys["shuffle"]
-        self.drop_last: bool = keys["drop_last"]
-        self.window: int = keys["window"]
-        self.interleave: int = keys["interleave"]
-        self.bucket: bool = keys["bucket"]
-        self.pack: Optional[int] = keys["pack"]
-        self.max_seqs: Optional[int] = keys["max_seqs"]
-        self.series_window: Optional[int] = keys["series_window"]
-        self.stride: Optional[int] = keys["stride"]
-        self.horizon: int = keys["horizon"]
-        self.horizon_columns: List[str] = keys["horizon_columns"]
-        self.pad_windows: bool = keys["pad_windows"]
-        self.weights: Optional[List[float]] = keys["weights"]
-        self.mix_samples: Optional[int] = keys["mix_samples"]
-        self.batch_size: int = keys["batch_size"]
-        self.rank: int = keys["rank"]
-        self.world_size: int = keys["world_size"]
-        self.num_threads: int = keys["threads"]
-        self.prefetch: int = keys["prefetch"]
-        self.trim: bool = keys["trim"]
-        self.trim_multiple: int = (keys["trim_multiple"] if self.trim else
-                                   trim_multiple if trim_multiple is not None else
-                                   GPU_TRIM_MULTIPLE if on_gpu else 1)
-        names = [t.name for t in self.cache.schema]
-        self.columns: List[str] = [n for n in names if columns is None or n in columns]
+        self._read_back(json.loads(_dsc.loader_keys(json.dumps(self._opts))),
+                        trim_multiple if trim_multiple is not None else
+                        GPU_TRIM_MULTIPLE if on_gpu else 1)
         self._epoch: int = self._opts["epoch"]
         self._step = 0  # batches of the current epoch consumed on this rank
         # Units of the epoch skipped before step 0: a state from another global batch resumes
@@ -434,8 +365,74 @@ class Loader:
         self._fill_path = self.pin_memory
         # To a GPU: a ring of pinned blocks, one copy per batch (tests set a _HostCopy).
         self._staged: Any = None
-        if self.device is not None and self.device.type == "cuda" and self._resident_device is None:
-            self._staged = _CudaCopy(torch, self.device)
+        if on_gpu and self._resident_device is None:
+            self._staged = _CudaCopy(_torch(), self.device)
+
+    def _open(self, cache: Any, remote: Dict[str, Any]) -> None:
+        """Opens the caches given (one, or a list to mix) with ``remote``'s options."""
+        given = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+        if not given:
+            raise OptionsError("cache=[] names no cache: give a cache, or a list of them to mix",
+                               option="cache")
+        if remote["generation"] is not None and any(isinstance(c, Cache) for c in given):
+            raise OptionsError("generation= opens a cache by its path: a dsc.Cache given is "
+                               "already open at its generation (dsc.open(path, generation=...))",
+                               option="generation")
+        self.caches: List[Cache] = [c if isinstance(c, Cache) else shared(c, **remote)
+                                    for c in given]
+        self.cache = self.caches[0]
+        self._sources = (_dsc.CacheHandle.mix([c._handle for c in self.caches])
+                         if len(self.caches) > 1 else self.cache._handle)
+
+    def _deliver_to(self, format: Optional[str], device: Any, pin_memory: bool,  # noqa: A002
+                    copy: bool) -> None:
+        """Python's own options of where batches go: the array kind, the device, pinning."""
+        self.copy = copy
+        torch = _torch()
+        if format is None:
+            format = "torch" if torch is not None else "numpy"
+        if format not in ("torch", "numpy"):
+            raise OptionsError(f"format={format!r}: expected 'torch' or 'numpy'", option="format")
+        if format == "torch" and torch is None:
+            raise OptionsError("format='torch' needs PyTorch (pip install torch); or use "
+                               "format='numpy'", option="format")
+        self.format = format
+        self.device = None
+        self.pin_memory = pin_memory
+        if device is not None:
+            if format != "torch":
+                raise OptionsError("device= needs format='torch'", option="device")
+            try:
+                self.device = torch.device(device)
+            except (RuntimeError, TypeError, ValueError) as e:
+                raise OptionsError(f"device={device!r}: not a device torch knows ({e}); e.g. "
+                                   "'cpu', 'cuda', 'cuda:1'", option="device") from None
+            if self.device.type == "cuda":
+                if not torch.cuda.is_available():
+                    raise OptionsError(f"device={device!r}, but torch sees no CUDA device",
+                                       option="device")
+                self.pin_memory = True
+        if self.pin_memory:
+            if format != "torch":
+                raise OptionsError("pin_memory=True needs format='torch'", option="pin_memory")
+            if not torch.cuda.is_available():
+                warnings.warn(
+                    "dsc.Loader: pin_memory=True but no GPU is available; loading into "
+                    "ordinary memory", stacklevel=3,
+                )
+                self.pin_memory = False
+
+    def _read_back(self, keys: Dict[str, Any], untrimmed_multiple: int) -> None:
+        """The options Rust resolved, as attributes by the keywords that give them (Rust's
+        keys, ``threads`` as ``num_threads``): not in the resume state's spelling."""
+        for key, value in keys.items():
+            if key not in ("epoch", "columns", "trim_multiple"):
+                setattr(self, _KEYWORD.get(key, key), value)
+        # The multiple a trimmed batch rounds to; the one it would round to when untrimmed.
+        self.trim_multiple: int = keys["trim_multiple"] if self.trim else untrimmed_multiple
+        names = [t.name for t in self.cache.schema]
+        columns = keys["columns"] or None
+        self.columns: List[str] = [n for n in names if columns is None or n in columns]
 
     def _resident_choice(self, resident: Optional[bool], budget: Union[int, str, None]):
         """The device the split is kept on (``resident=``), or None for the host path."""

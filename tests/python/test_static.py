@@ -152,11 +152,12 @@ def test_the_resident_feed_costs_a_few_operations_per_step(cache_dir: Path) -> N
 
 
 class SlowEvent:
-    """A copy's event that takes 20 ms to complete: a GPU busy with the consumer's work."""
+    """A copy's event that takes 100 ms to complete: a GPU busy with the consumer's work (long
+    beside what the loader's own work takes on a loaded 2-core machine)."""
 
     def synchronize(self) -> None:
         import time
-        time.sleep(0.02)
+        time.sleep(0.1)
 
 
 def test_waits_for_the_device_are_not_data_waits(cache_dir: Path) -> None:
@@ -173,7 +174,7 @@ def test_waits_for_the_device_are_not_data_waits(cache_dir: Path) -> None:
     for _ in range(4):
         next(it)
     s = resident.stats()
-    assert s["device_wait_s"] >= 4 * 0.02 and s["wait_s"] < 0.02, s
+    assert s["device_wait_s"] >= 4 * 0.1 and s["wait_s"] < 0.1, s
     assert resident.device_wait_s == s["device_wait_s"]
 
     class SlowCopy(_HostCopy):
