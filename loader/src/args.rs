@@ -127,6 +127,11 @@ pub struct ShapeArgs {
 impl ShapeArgs {
     /// The shape these keys ask for, or the first key that does not fit.
     pub fn batches(&self) -> Result<Batches, OptionError> {
+        for (key, value) in [("pack", self.pack), ("max_seqs", self.max_seqs)] {
+            if value == Some(0) {
+                return Err(OptionError::given(key, 0, "must be at least 1"));
+            }
+        }
         if self.pack.is_none() && self.max_seqs.is_some() {
             return Err(OptionError::new(
                 "max_seqs",

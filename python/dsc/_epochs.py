@@ -1,18 +1,24 @@
-"""The iterators behind `dsc.Loader`: one epoch each, by one of four paths.
+"""The iterators behind `dsc.Loader`: one epoch each, composed of two choices made once by
+the loader (``Loader._new_epoch``): where batches come from, and where they go.
 
-- **host** (`_Epoch`, the default): the Rust loader's own threads prepare batches ahead; a
-  batch in cache order is a view of the mapped shards (no copy), any other is one gather into a
-  buffer that the batch then owns. Waiting for a batch releases the GIL.
-- **pinned** (`_PinnedEpoch`, ``pin_memory=True`` without a device): Python threads gather each
-  batch straight into fresh page-locked tensors from torch's caching host allocator.
-- **to a GPU** (`_StagedEpoch`): Python threads gather whole batches into a fixed ring of
-  pinned blocks, one copy per batch on a copy stream.
-- **resident** (`_ResidentEpoch`): the split lives on the device; each batch is gathered there
+Where they come from (a source):
+
+- **host** (`_HostSource`, the default): the Rust loader's own threads prepare batches ahead;
+  a batch in cache order is a view of the mapped shards (no copy), any other is one gather into
+  a buffer that the batch then owns. Waiting for a batch releases the GIL.
+- **pinned** (`_PinnedSource`, ``pin_memory=True`` without a device): Python threads gather
+  each batch straight into fresh page-locked tensors from torch's caching host allocator.
+- **staged, to a GPU** (`_StagedSource`): Python threads gather whole batches into a fixed ring
+  of pinned blocks, one copy per batch on a copy stream.
+- **resident** (`_ResidentSource`): the split lives on the device; each batch is gathered there
   by index.
 
-Either way a batch owns its memory: nothing is reused while a tensor of it is alive, so a batch
-stays valid for as long as you hold it. The epochs read their loader's settings and call back
-its bookkeeping (`_consumed`, `_finished`, `_valid`) without importing the loader's module.
+Where they go (a sink): fresh tensors that the batch owns (`_Fresh`: nothing is reused while a
+tensor of it is alive, so a batch stays valid for as long as you hold it), or the loader's
+static buffers (`_Static`, ``static=True``: the same tensors every step, for a captured step).
+
+The epoch reads its loader's settings and calls back its bookkeeping (`_consumed`,
+`_finished`, `_valid`) without importing the loader's module.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -70,23 +76,71 @@ class _Tensor:
         return self.whole if self.before is None else self.before + (seq_len,) + self.after
 
 
-class _Epoch:
-    """An iterator over the rest of the loader's current epoch (host path). It holds its
-    loader (``next(iter(dsc.Loader(...)))`` works); the loader refers to it weakly."""
+class _Fresh:
+    """The sink of a batch in tensors of its own."""
 
-    def __init__(self, loader: Any, threads: Optional[int] = None) -> None:
-        """``threads``: the Rust loader's own threads (default: the loader's ``num_threads``)."""
+    fixed_block = None
+
+    def __init__(self, loader: Any, source: Any) -> None:
+        pass
+
+    def tensors(self, tensors: Dict[str, Any]) -> Dict[str, Any]:
+        return tensors
+
+    def block(self, torch: Any, layout: List[Any], on_device: Any, ranges: List[tuple],
+              seq_len: int) -> Dict[str, Any]:
+        """A batch's tensors as views of its device block (``ranges``: ``fill_block``'s)."""
+        return _resident.block_tensors(torch, layout, on_device, ranges, seq_len)
+
+
+class _Static:
+    """The sink of every batch in the loader's static buffers (``static=True``): the same
+    tensors every step, so that a captured step replays on them."""
+
+    def __init__(self, loader: Any, source: Any) -> None:
+        self.loader = loader
+        self.static = loader._static_buffers(source)
+        # A resident split's index lands in the buffers' own block.
+        self.fixed_block = self.static.block if self.static.resident else None
+
+    def tensors(self, tensors: Dict[str, Any]) -> Dict[str, Any]:
+        """Copies a batch's tensors in, by tensor (the paths that make a new batch each step)."""
+        self.static.load_tensors(tensors)
+        return self.static.batch()
+
+    def block(self, torch: Any, layout: List[Any], on_device: Any, ranges: List[tuple],
+              seq_len: int) -> Dict[str, Any]:
+        """One copy of a batch's device block on the consumer's stream into the fixed one."""
+        self.static.load(on_device, ranges)
+        return self.static.batch()
+
+    def gathered(self, split: Any, max_len: int) -> Dict[str, Any]:
+        """A resident batch whose index is in the fixed block: gathered now, or by the caller's
+        step (``gather_in_step``)."""
+        if not self.loader.gather_in_step:
+            self.static.gather(split, max_len)
+        return self.static.batch()
+
+
+class _Epoch:
+    """An iterator over the rest of the loader's current epoch, from ``source`` into a sink of
+    kind ``sink`` (`_Fresh`, `_Static`). It holds its loader (``next(iter(dsc.Loader(...)))`` works); the
+    loader refers to it weakly."""
+
+    def __init__(self, loader: Any, source: Any, sink: Any) -> None:
         self.loader = loader
         self.pid = loader._pid
         self.epoch = loader._epoch
         self.thread = threading.get_ident()
         self._busy = threading.Lock()
-        self.handle = loader._handle(loader.num_threads if threads is None else threads)
-        self.layout = [_Tensor(loader, *t) for t in self.handle.tensors()]
-        # Seconds the current next() spent waiting for the device to finish with a buffer (a
-        # copy still queued behind the consumer's work): back-pressure from a busy GPU, which
-        # is not a data stall and is counted apart (Loader.stats: device_wait_s).
-        self.device_wait = 0.0
+        self.source = source
+        self.sink = sink(loader, source)
+        source.start(self.sink)
+
+    @property
+    def handle(self) -> Any:
+        """The Rust loader of the epoch (None once closed)."""
+        return self.source.handle
 
     def __iter__(self) -> "_Epoch":
         return self
@@ -98,13 +152,6 @@ class _Epoch:
                 f"{os.getpid()} (a fork). {FORK_ADVICE}"
             )
         return self.loader
-
-    def _next_item(self):
-        return self.handle.next()
-
-    def _queued(self) -> int:
-        """Batches prepared ahead of the consumer now."""
-        return self.handle.queued()
 
     def __next__(self) -> Batch:
         loader = self._owner()
@@ -120,12 +167,13 @@ class _Epoch:
             self._busy.release()
 
     def _next_locked(self, loader: Any) -> Batch:
-        if self.handle is None:
+        source = self.source
+        if source.handle is None:
             raise StopIteration
-        queued = self._queued()
+        queued = source.queued()
         asked = time.perf_counter()
         try:
-            item = self._next_item()
+            item = source.next_item()
         except BaseException:
             # The position stays at the failed batch: a new iter() retries from there.
             self.close()
@@ -135,32 +183,51 @@ class _Epoch:
             loader._finished(self)
             raise StopIteration
         waited = time.perf_counter() - asked
-        batch = self._batch(loader, item)
-        if loader._static_wanted:
-            batch = self._to_static(loader, batch)
-        device, self.device_wait = min(self.device_wait, waited), 0.0
+        step, seq_len, pack, tensors = source.deliver(item, self.sink)
+        batch = Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
+                      pack and pack[:3])
+        device, source.device_wait = min(source.device_wait, waited), 0.0
         loader._consumed(self)
         loader._record(batch, waited - device, queued, device)
         return batch
 
-    def _batch(self, loader: Any, item) -> Batch:
+    def close(self) -> None:
+        self.source.close()
+
+
+class _HostSource:
+    """Batches from the Rust loader's own threads (``threads``: how many; the loader's
+    ``num_threads`` by default), moved to the loader's device if it has one."""
+
+    def __init__(self, loader: Any, threads: Optional[int] = None) -> None:
+        self.loader = loader
+        self.handle = loader._handle(loader.num_threads if threads is None else threads)
+        self.layout = [_Tensor(loader, *t) for t in self.handle.tensors()]
+        # Seconds the current next() spent waiting for the device to finish with a buffer (a
+        # copy still queued behind the consumer's work): back-pressure from a busy GPU, which
+        # is not a data stall and is counted apart (Loader.stats: device_wait_s).
+        self.device_wait = 0.0
+
+    def start(self, sink: Any) -> None:
+        """Starts delivering into ``sink`` (its threads, its rings)."""
+
+    def next_item(self):
+        return self.handle.next()
+
+    def queued(self) -> int:
+        """Batches prepared ahead of the consumer now."""
+        return self.handle.queued()
+
+    def deliver(self, item: Any, sink: Any) -> tuple:
+        """``(step, seq_len, pack, tensors)`` of ``item``, its tensors put where ``sink`` keeps
+        them."""
         step, (seq_len, pack), buffers = item
-        batch = Batch(
-            {t.name: t.make(buf) for t, buf in zip(self.layout, buffers)},
-            self.epoch, step, seq_len, loader._valid(step, pack), pack and pack[:3],
-        )
-        if loader.device is not None:
+        tensors = {t.name: t.make(buf) for t, buf in zip(self.layout, buffers)}
+        if self.loader.device is not None:
             # Not pinned memory: a non-blocking copy could still be reading the buffer when
             # its tensor is freed and the buffer reused.
-            batch = batch.to(loader.device)
-        return batch
-
-    def _to_static(self, loader: Any, batch: Batch) -> Batch:
-        """The batch in the loader's static buffers (``static=True``): copied there, by
-        tensor, on the paths that make a new batch each step."""
-        static = loader._static_buffers(self)
-        static.load_tensors(batch)
-        return batch._like(static.batch())
+            tensors = Batch(tensors).to(self.loader.device)
+        return step, seq_len, pack, sink.tensors(dict(tensors))
 
     def close(self) -> None:
         if self.handle is not None:
@@ -195,36 +262,45 @@ def _produce(handle, sizes: List[int], pin: bool, queues: List[queue.Queue],
         put(e)
 
 
-class _ThreadedEpoch(_Epoch):
-    """An epoch whose batches ``max(1, num_threads)`` Python threads prepare, thread ``k`` every
+class _ThreadedSource(_HostSource):
+    """Batches that ``max(1, num_threads)`` Python threads prepare, thread ``k`` every
     ``num_threads``-th step from the first (the gathers run in Rust with the GIL released); the
     consumer takes the steps in order from the threads' queues."""
 
-    def __init__(self, loader: Any, name: str, target: Any, args: Any) -> None:
-        """``target(*args(k), queues, stop, k, first, total)`` runs thread ``k``."""
+    def __init__(self, loader: Any, name: str, target: Any) -> None:
+        """``target(*self.args(k), queues, stop, k, first, total)`` runs thread ``k``."""
         super().__init__(loader, threads=0)  # the Python threads below fill the batches
+        self.name, self.target = name, target
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
         self.stop = threading.Event()
         threads = max(1, loader.num_threads)
-        self.queues: List[queue.Queue] = [queue.Queue(maxsize=loader.prefetch) for _ in range(threads)]
-        self.threads = [
-            threading.Thread(
-                target=target, daemon=True, name=f"dsc-{name}-{k}",
-                args=(*args(k), self.queues, self.stop, k, self.first, self.total),
-            )
-            for k in range(threads)
-        ]
+        self.queues: List[queue.Queue] = [queue.Queue(maxsize=loader.prefetch)
+                                          for _ in range(threads)]
+        self.threads: List[threading.Thread] = []
         # Dropped without close(): the producers stop on their own.
         self._finalizer = weakref.finalize(self, self.stop.set)
+
+    def args(self, k: int) -> tuple:
+        """Thread ``k``'s own arguments, before the queues."""
+        raise NotImplementedError
+
+    def start(self, sink: Any) -> None:
+        self.threads = [
+            threading.Thread(
+                target=self.target, daemon=True, name=f"dsc-{self.name}-{k}",
+                args=(*self.args(k), self.queues, self.stop, k, self.first, self.total),
+            )
+            for k in range(len(self.queues))
+        ]
         for t in self.threads:
             t.start()
 
-    def _queued(self) -> int:
+    def queued(self) -> int:
         return sum(q.qsize() for q in self.queues)
 
-    def _next_item(self):
+    def next_item(self):
         if self.next_step >= self.total:
             return None
         k = (self.next_step - self.first) % len(self.queues)
@@ -242,6 +318,11 @@ class _ThreadedEpoch(_Epoch):
             raise Error(f"loading batch {self.next_step} failed: {item}") from item
         return item
 
+    def taken(self) -> None:
+        """One more step handed over."""
+        self.handle.advance(1)
+        self.next_step += 1
+
     def close(self) -> None:
         self.stop.set()
         # A producer waiting for a shard's download gives up (raising into its own loop), so
@@ -249,36 +330,37 @@ class _ThreadedEpoch(_Epoch):
         # Closed twice (a failed batch closes it, then the loader does): the handle is gone.
         if self.handle is not None:
             self.handle.interrupt()
-        for t in getattr(self, "threads", []):
+        for t in self.threads:
             if t is not threading.current_thread():
                 t.join()
         super().close()
 
 
-class _PinnedEpoch(_ThreadedEpoch):
+class _PinnedSource(_ThreadedSource):
     """The pinned path: the threads fill each step into fresh page-locked tensors (from torch's
     caching host allocator, which reuses a block only after the tensors over it are freed and
     the copies from it have finished), which the batch then owns."""
 
     def __init__(self, loader: Any) -> None:
-        super().__init__(loader, "pin", _produce,
-                         lambda k: (self.handle, self.handle.batch_bytes(), loader.pin_memory))
+        super().__init__(loader, "pin", _produce)
 
-    def _batch(self, loader: Any, item) -> Batch:
+    def args(self, k: int) -> tuple:
+        return self.handle, self.handle.batch_bytes(), self.loader.pin_memory
+
+    def deliver(self, item: Any, sink: Any) -> tuple:
         step, (seq_len, pack), bufs = item
         torch = _torch()
+        device = self.loader.device
         tensors = {}
         for layout, buf in zip(self.layout, bufs):
             shape = layout.shape(seq_len)
             count = int(np.prod(shape))
             t = buf.view(getattr(torch, layout.dtype))[:count].view(shape)
-            if loader.device is not None:
-                t = t.to(loader.device, non_blocking=loader.pin_memory)
+            if device is not None:
+                t = t.to(device, non_blocking=self.loader.pin_memory)
             tensors[layout.name] = t
-        self.handle.advance(1)
-        self.next_step += 1
-        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
-                     pack and pack[:3])
+        self.taken()
+        return step, seq_len, pack, sink.tensors(tensors)
 
 
 class _CudaCopy:
@@ -346,7 +428,7 @@ def _stage(handle, free: queue.Queue, queues: List[queue.Queue], stop: threading
         wait(queues[k], e, put=True)
 
 
-class _StagedEpoch(_ThreadedEpoch):
+class _StagedSource(_ThreadedSource):
     """The path to a GPU: the threads gather whole batches into a fixed ring of page-locked
     blocks, ``prefetch + 1`` per thread, one contiguous block per batch with every tensor cut
     to the batch; the consumer copies each block to the device in one transfer on a copy stream
@@ -355,75 +437,65 @@ class _StagedEpoch(_ThreadedEpoch):
     nothing is allocated per batch on the host."""
 
     def __init__(self, loader: Any, copy: Any) -> None:
-        torch = _torch()
+        super().__init__(loader, "stage", _stage)
         self.copy = copy
-        pin = isinstance(copy, _CudaCopy)
-        self.free: List[queue.Queue] = [queue.Queue() for _ in range(max(1, loader.num_threads))]
+        self.free: List[queue.Queue] = [queue.Queue() for _ in self.queues]
 
-        def args(k: int) -> tuple:
-            # Called once per thread, once the handle exists: thread k's own blocks.
-            size = max(8, self.handle.block_bytes())
-            for _ in range(loader.prefetch + 1):
-                self.free[k].put((torch.empty(size, dtype=torch.uint8, pin_memory=pin), None))
-            return self.handle, self.free[k]
+    def args(self, k: int) -> tuple:
+        # Called once per thread, once the handle exists: thread k's own blocks.
+        torch = _torch()
+        size = max(8, self.handle.block_bytes())
+        pin = isinstance(self.copy, _CudaCopy)
+        for _ in range(self.loader.prefetch + 1):
+            self.free[k].put((torch.empty(size, dtype=torch.uint8, pin_memory=pin), None))
+        return self.handle, self.free[k]
 
-        super().__init__(loader, "stage", _stage, args)
-
-    def _batch(self, loader: Any, item) -> Batch:
+    def deliver(self, item: Any, sink: Any) -> tuple:
         step, (seq_len, pack), ranges, block, device_wait = item
         # A producer that waited for the device made this batch late by that much at most.
         self.device_wait = device_wait
-        torch = _torch()
         end = max((o + n for o, n in ranges), default=0)
         on_device, copied = self.copy(block[:end])
         k = (step - self.first) % len(self.queues)
         self.free[k].put((block, copied))
-        if loader._static_wanted:
-            # One copy on the consumer's stream into the fixed block, which the batch views.
-            static = loader._static_buffers(self)
-            static.load(on_device, ranges)
-            tensors = static.batch()
-        else:
-            tensors = _resident.block_tensors(torch, self.layout, on_device, ranges, seq_len)
-        self.handle.advance(1)
-        self.next_step += 1
-        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
-                     pack and pack[:3])
-
-    def _to_static(self, loader: Any, batch: Batch) -> Batch:
-        return batch  # already there
+        tensors = sink.block(_torch(), self.layout, on_device, ranges, seq_len)
+        self.taken()
+        return step, seq_len, pack, tensors
 
 
-class _ResidentEpoch(_Epoch):
+class _ResidentSource(_HostSource):
     """The resident path: the consumer thread asks Rust for each step's index (positions, and
     for a pack its token rows and own tensors; no shard is read), copies it to the device in
     one transfer and gathers the batch there from the resident split: one ``index_select`` per
     stored tensor. No loading threads: the device does the gather, asynchronously, in the
-    order the steps are taken. With static batches the index lands in the loader's fixed
-    block and the gather in its fixed tensors (or, with ``gather_in_step``, in the caller's
-    step: ``loader.gather()``)."""
+    order the steps are taken. Into static buffers the index lands in their fixed block and the
+    gather in their fixed tensors (or, with ``gather_in_step``, in the caller's step:
+    ``loader.gather()``)."""
 
     def __init__(self, loader: Any) -> None:
         super().__init__(loader, threads=0)
-        # Static buffers are gathered from the split from the first step; otherwise the first
-        # steps come from the host path while the split uploads (one block per step, gathered
-        # in this thread, one copy).
-        self.split = loader._resident(background=not loader._static_wanted)
-        self.uploaded = self.split.ready()
-        self.blocks: Optional[_resident.BlockRing] = None
         self.first = self.handle.position()
         self.total = self.handle.steps()
         self.next_step = self.first
         self.index = _resident.IndexLayout(self.handle)
         self.stored = [t for t in self.layout if t.name not in self.index.own]
-        self.static = loader._static_buffers(self) if loader._static_wanted else None
-        self.ring = _resident.BlockRing(_torch(), self.split.device, self.index.sizes,
-                                        fixed=None if self.static is None else self.static.block)
+        self.split: Any = None
+        self.blocks: Optional[_resident.BlockRing] = None
 
-    def _queued(self) -> int:
+    def start(self, sink: Any) -> None:
+        # Static buffers are gathered from the split from the first step; otherwise the first
+        # steps come from the host path while the split uploads (one block per step, gathered
+        # in this thread, one copy).
+        static = isinstance(sink, _Static)
+        self.split = self.loader._resident(background=not static)
+        self.uploaded = self.split.ready()
+        self.ring = _resident.BlockRing(_torch(), self.split.device, self.index.sizes,
+                                        fixed=sink.fixed_block)
+
+    def queued(self) -> int:
         return 0  # each index is written when asked for
 
-    def _next_item(self):
+    def next_item(self):
         if self.next_step >= self.total:
             return None
         step = self.next_step
@@ -439,26 +511,20 @@ class _ResidentEpoch(_Epoch):
             step, lambda views: self.handle.fill_rows(step, views))
         return step, info, block
 
-    def _batch(self, loader: Any, item) -> Batch:
+    def deliver(self, item: Any, sink: Any) -> tuple:
         step, (seq_len, pack), block = item
         torch = _torch()
+        max_len = self.loader.cache.max_len
         if isinstance(block, tuple):  # from the host path, while the split uploads
             tensors = _resident.block_tensors(torch, self.layout, block[0], block[1], seq_len)
-            loader._counts["upload_steps"] += 1
-        elif self.static is not None:
-            if not loader.gather_in_step:
-                self.static.gather(self.split, loader.cache.max_len)
-            tensors = self.static.batch()
+            self.loader._counts["upload_steps"] += 1
+        elif isinstance(sink, _Static):
+            tensors = sink.gathered(self.split, max_len)
         else:
             parts = self.index.views(torch, block)
-            tensors = _resident.gather(torch, self.split, self.stored, parts, seq_len,
-                                       loader.cache.max_len)
+            tensors = _resident.gather(torch, self.split, self.stored, parts, seq_len, max_len)
             tensors.update(parts[2])
             tensors = {t.name: tensors[t.name] for t in self.layout}
         self.handle.advance(1)
         self.next_step += 1
-        return Batch(tensors, self.epoch, step, seq_len, loader._valid(step, pack),
-                     pack and pack[:3])
-
-    def _to_static(self, loader: Any, batch: Batch) -> Batch:
-        return batch  # already there
+        return step, seq_len, pack, tensors

@@ -16,7 +16,8 @@ import numpy as np
 from . import _dsc, _resident, _static
 from ._batch import FORK_ADVICE, Batch, _torch
 from ._cache import Cache, PathLike, shared
-from ._epochs import _CudaCopy, _Epoch, _PinnedEpoch, _ResidentEpoch, _StagedEpoch
+from ._epochs import (_CudaCopy, _Epoch, _Fresh, _HostSource, _PinnedSource, _ResidentSource,
+                      _StagedSource, _Static)
 from ._errors import CacheError, OptionsError, StateError, WorkerError, boolean
 
 STATE_VERSION = 1
@@ -528,10 +529,10 @@ class Loader:
         if not self._static_wanted:
             raise OptionsError("static_batch needs dsc.Loader(static=True)", option="static")
         if self._static is None:
-            epoch = (_ResidentEpoch(self) if self._resident_device is not None
-                     else _Epoch(self, threads=0))
-            self._static_buffers(epoch)
-            epoch.close()
+            source = (_ResidentSource(self) if self._resident_device is not None
+                      else _HostSource(self, threads=0))
+            self._static_buffers(source)
+            source.close()
         return Batch(self._static.batch())
 
     def gather(self) -> Dict[str, Any]:
@@ -545,8 +546,24 @@ class Loader:
         self._static.gather(self._resident_split, self.cache.max_len)
         return dict(static)
 
+    def _source(self) -> Any:
+        """Where this loader's batches come from: the resident split, pinned blocks staged to
+        a GPU, pinned tensors, or the host (the Rust loader's threads)."""
+        if self._resident_device is not None:
+            return _ResidentSource(self)
+        if self._staged is not None:
+            return _StagedSource(self, self._staged)
+        if self._fill_path:
+            return _PinnedSource(self)
+        return _HostSource(self)
+
+    def _new_epoch(self) -> _Epoch:
+        """The rest of the current epoch, from this loader's source into fresh tensors or its
+        static buffers: the two choices, made here once."""
+        return _Epoch(self, self._source(), _Static if self._static_wanted else _Fresh)
+
     def _static_buffers(self, epoch: Any) -> _static.StaticBatch:
-        """The static buffers, made the first time from ``epoch``'s layout."""
+        """The static buffers, made the first time from ``epoch``'s layout (a source's)."""
         if self._static is None:
             torch = _torch()
             device = self._resident_device or self.device
@@ -689,14 +706,7 @@ class Loader:
                 "loader.close() to end the running iterator first"
             )
         self._close_active()
-        if self._resident_device is not None:
-            epoch: _Epoch = _ResidentEpoch(self)
-        elif self._staged is not None:
-            epoch = _StagedEpoch(self, self._staged)
-        elif self._fill_path:
-            epoch = _PinnedEpoch(self)
-        else:
-            epoch = _Epoch(self)
+        epoch = self._new_epoch()
         self._active = weakref.ref(epoch)
         return epoch
 

@@ -923,21 +923,21 @@ def test_one_iterator_at_a_time_across_threads(cache_dir: Path) -> None:
     assert len(errors) == 1 and "one iterator at a time" in str(errors[0])
     # A next() while another is under way in another thread.
     started, release = threading.Event(), threading.Event()
-    original = it._next_item
+    original = it.source.next_item
 
     def slow():
         started.set()
         release.wait(5)
         return original()
 
-    it._next_item = slow
+    it.source.next_item = slow
     t = threading.Thread(target=lambda: next(it))
     t.start()
     started.wait(5)
     in_thread(lambda: next(it))
     release.set()
     t.join()
-    it._next_item = original
+    it.source.next_item = original
     assert len(errors) == 2 and "at once" in str(errors[1])
     rest = list(it)
     assert 2 + len(rest) == len(loader) and first.step == 0
@@ -1066,7 +1066,7 @@ def test_a_failed_batch_on_the_fill_path_closes_once_and_retries(cache_dir: Path
     want = [b["key"] for b in dsc.Loader(cache_dir, batch_size=8, shuffle=False)]
     loader = dsc.Loader(cache_dir, batch_size=8, shuffle=False)
     loader._fill_path = True
-    real = _epochs._ThreadedEpoch._next_item
+    real = _epochs._ThreadedSource.next_item
     calls = {"n": 0}
 
     def second_fails(self):
@@ -1075,7 +1075,7 @@ def test_a_failed_batch_on_the_fill_path_closes_once_and_retries(cache_dir: Path
             raise KeyboardInterrupt
         return real(self)
 
-    monkeypatch.setattr(_epochs._ThreadedEpoch, "_next_item", second_fails)
+    monkeypatch.setattr(_epochs._ThreadedSource, "next_item", second_fails)
     it = iter(loader)
     got = [next(it)["key"]]
     with pytest.raises(KeyboardInterrupt):

@@ -170,7 +170,7 @@ def test_waits_for_the_device_are_not_data_waits(cache_dir: Path) -> None:
     resident = dsc.Loader(cache_dir, batch_size=24, resident=True, device="cpu", static=True)
     it = iter(resident)
     next(it)
-    it.ring.copied = [SlowEvent()] * _resident.RING
+    it.source.ring.copied = [SlowEvent()] * _resident.RING
     for _ in range(4):
         next(it)
     s = resident.stats()

@@ -351,9 +351,7 @@ impl Cli {
         let cfg = RunConfig {
             cache: cache.clone(),
             mix: mix.to_vec(),
-            weights: self.mix_args.weights.clone().unwrap_or_default(),
             generation: self.generation.clone(),
-            mix_samples: self.mix_args.mix_samples,
             task: self.task,
             target: self.target.clone(),
             model: self.model,
@@ -362,9 +360,13 @@ impl Cli {
             heads: self.heads,
             dropout: self.dropout,
             epochs: self.epochs.unwrap_or(1),
-            batch_size: self.batch.batch_size,
-            batches: self.shape.batches()?,
-            trim_multiple: self.shape.trim_multiple,
+            // The loader's keys as given: the run trims as the machine settles it.
+            shape: ShapeArgs {
+                trim: false,
+                ..self.shape.clone()
+            },
+            mixing: self.mix_args.clone(),
+            batch: self.batch.clone(),
             resident: match self.resident {
                 Resident::Auto => None,
                 Resident::On => Some(true),

@@ -7,7 +7,8 @@ pub use crate::model::Amp;
 use crate::model::{GruConfig, ModelConfig, TransformerConfig};
 use dsc_format::spelling::OptionError;
 use dsc_format::{Manifest, TensorRole};
-use dsc_loader::{Batches, LoaderOptions, OrderSpec, MAX_TRIM_MULTIPLE};
+use dsc_loader::args::{BatchArgs, EpochArgs, LoaderArgs, MixArgs, RankArgs, ShapeArgs};
+use dsc_loader::{Batches, LoadError, LoaderOptions};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -96,9 +97,6 @@ pub struct RunConfig {
     /// the first cache's statistics; evaluation reads every cache's split once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mix: Vec<PathBuf>,
-    /// The train mix's weights, one per cache (`--weights`; empty: the caches' sizes).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub weights: Vec<f64>,
     /// The generation of the caches read (`--generation`: a number, content id or tag, one
     /// for every cache or one per cache joined by `+`); `None`: the last one. A resume sets it
     /// to the content ids its checkpoint read, whatever was appended since.
@@ -120,21 +118,21 @@ pub struct RunConfig {
     pub dropout: f64,
     /// Passes over the training split.
     pub epochs: u64,
-    /// Contexts per micro-batch.
-    pub batch_size: usize,
-    /// The mix's positions per epoch (`--mix-samples`; `None`: the caches' contexts together).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mix_samples: Option<usize>,
-    /// What a batch is, train and evaluation: padded contexts, length-bucketed ones, packs or
-    /// windows of long series. Written as checkpoints always have (`bucket`, `pack`,
-    /// `max_seqs`, `series`); checkpoints from before an option existed trained without it.
-    #[serde(flatten, with = "batches_fields")]
-    pub batches: Batches,
-    /// Trimmed batch lengths round up the ladder of this multiple (`None`:
-    /// [`defaults::GPU_TRIM_MULTIPLE`] on CUDA, exact on the CPU). Shapes only: the order and
-    /// the values are the same whatever it is, so a run may resume with another.
-    #[serde(default)]
-    pub trim_multiple: Option<usize>,
+    /// The loader's keys as the command line gives them (`dsc_loader::args`), so that a
+    /// checkpoint spells them as `dsc-train` and every front end does: what a batch is
+    /// (`bucket`, `pack`, `max_seqs`, `series_window`, `stride`, `horizon`,
+    /// `horizon_columns`, `pad_windows`; `trim` and `trim_multiple` as the machine settled
+    /// them for the train batches, [`crate::machine`]). Checkpoints written before read too
+    /// (their windows as one `series` object).
+    #[serde(flatten, with = "shape_keys")]
+    pub shape: ShapeArgs,
+    /// The train mix (`weights`, one per cache, none for the caches' sizes; `mix_samples`,
+    /// the mix's positions per epoch, none for the caches' contexts together).
+    #[serde(flatten)]
+    pub mixing: MixArgs,
+    /// Contexts per micro-batch (`batch_size`).
+    #[serde(flatten)]
+    pub batch: BatchArgs,
     /// Keep the train split on the device and gather each batch there (`None`: on CUDA when
     /// it fits a quarter of the GPU's memory). Where the batches are made, not what they are:
     /// a run may resume with another setting.
@@ -188,6 +186,16 @@ pub struct RunConfig {
     pub eval_split: String,
 }
 
+/// Refuses `$key` with a problem unless `$ok`.
+macro_rules! ensure {
+    ($ok:expr, $key:literal, $($problem:tt)+) => {
+        let ok: bool = $ok;
+        if !ok {
+            return Err(OptionError::new($key, format!($($problem)+)));
+        }
+    };
+}
+
 impl RunConfig {
     /// The options that open cache `i` of the run (0: `cache`, then `mix`): the environment's
     /// object storage settings and the run's generation of that cache.
@@ -212,50 +220,66 @@ impl RunConfig {
         Ok(opts)
     }
 
-    /// The loader options of this run over `split`: the train split shuffled in whole
-    /// batches; any other in cache order, every context once (the last batch completed).
+    /// The shape of the run's batches (checked by [`RunConfig::validate`]).
+    pub fn batches(&self) -> Batches {
+        self.shape.batches().unwrap_or_default()
+    }
+
+    /// The loader's keys of this run over `split` at `epoch`: the train split shuffled in whole
+    /// batches, mixed as asked; any other in cache order, every context once (the last batch
+    /// completed), each cache's split read once. Padded batches are trimmed up the ladder of
+    /// `trim_multiple`, but for a captured step's train batches (one shape).
+    fn loader_args(&self, split: &str, epoch: u64, trim_multiple: usize) -> LoaderArgs {
+        let train = split == "train";
+        let mut shape = self.shape.clone();
+        let padded = self.batches().is_padded();
+        shape.trim = padded && !(self.graph && train);
+        shape.trim_multiple = padded.then_some(trim_multiple);
+        LoaderArgs {
+            epoch: EpochArgs {
+                split: split.into(),
+                seed: self.seed,
+                shuffle: train,
+                drop_last: train,
+                ..Default::default()
+            },
+            shape,
+            // Evaluation reads each cache's split once (weights by size, one pass).
+            mix: if train {
+                self.mixing.clone()
+            } else {
+                MixArgs::default()
+            },
+            batch: self.batch.clone(),
+            rank: RankArgs {
+                epoch,
+                ..Default::default()
+            },
+            threads: 0,
+            ..Default::default()
+        }
+    }
+
+    /// The loader options of this run over `split` ([`RunConfig::loader_args`]), resolved and
+    /// checked by the loader.
     pub fn loader_options(
         &self,
         manifest: &Manifest,
         split: &str,
         epoch: u64,
         trim_multiple: usize,
-    ) -> LoaderOptions {
-        let train = split == "train";
-        LoaderOptions {
-            order: OrderSpec {
-                split: split.into(),
-                seed: self.seed,
-                shuffle: train,
-                drop_last: train,
-                batches: self.batches.clone(),
-                // Evaluation reads each cache's split once (weights by size, one pass).
-                weights: if train {
-                    self.weights.clone()
-                } else {
-                    Vec::new()
-                },
-                mix_samples: if train { self.mix_samples } else { None },
-                ..Default::default()
-            },
-            batch_size: self.batch_size,
-            epoch,
-            threads: 0,
-            // A window is as long as it is; a pack has no padding; a captured step replays one
-            // shape.
-            trim: (self.batches.is_padded() && !(self.graph && train)).then_some(trim_multiple),
-            // Packs have no layout for engine sub-columns (which the networks do not read).
-            columns: match self.batches {
-                Batches::Packed(_) => manifest
-                    .tensors()
-                    .iter()
-                    .filter(|t| t.role != TensorRole::SubColumn)
-                    .map(|t| t.name.clone())
-                    .collect(),
-                _ => Vec::new(),
-            },
-            ..Default::default()
+    ) -> Result<LoaderOptions, LoadError> {
+        let mut args = self.loader_args(split, epoch, trim_multiple);
+        // Packs have no layout for engine sub-columns (which the networks do not read).
+        if args.shape.pack.is_some() {
+            args.columns = manifest
+                .tensors()
+                .iter()
+                .filter(|t| t.role != TensorRole::SubColumn)
+                .map(|t| t.name.clone())
+                .collect();
         }
+        args.options(trim_multiple)
     }
 
     /// The defaults of `dsc-train` for a cache and task.
@@ -263,7 +287,6 @@ impl RunConfig {
         RunConfig {
             cache: cache.into(),
             mix: Vec::new(),
-            weights: Vec::new(),
             generation: None,
             task,
             target: Vec::new(),
@@ -273,10 +296,11 @@ impl RunConfig {
             heads: defaults::HEADS,
             dropout: 0.0,
             epochs: 1,
-            batch_size: defaults::BATCH_SIZE,
-            mix_samples: None,
-            batches: Batches::Padded,
-            trim_multiple: None,
+            shape: ShapeArgs::default(),
+            mixing: MixArgs::default(),
+            batch: BatchArgs {
+                batch_size: defaults::BATCH_SIZE,
+            },
             resident: None,
             graph: false,
             accumulate: 1,
@@ -299,68 +323,44 @@ impl RunConfig {
     /// Refuses values no run can use, naming the option by its key (`dsc-train` spells it as
     /// its flag).
     pub fn validate(&self) -> Result<(), OptionError> {
-        macro_rules! ensure {
-            ($ok:expr, $key:literal, $($problem:tt)+) => {
-                let ok: bool = $ok;
-                if !ok {
-                    return Err(OptionError::new($key, format!($($problem)+)));
-                }
-            };
-        }
-        ensure!(self.batch_size > 0, "batch_size", "must be at least 1");
-        ensure!(self.accumulate > 0, "accumulate", "must be at least 1");
-        let pack = self.batches.pack();
-        ensure!(
-            pack.is_none_or(|p| p.tokens > 0),
-            "pack",
-            "must be at least 1"
-        );
-        ensure!(
-            pack.is_none_or(|p| p.max_seqs != Some(0)),
-            "max_seqs",
-            "must be at least 1"
-        );
-        ensure!(
-            self.trim_multiple
-                .is_none_or(|m| (1..=MAX_TRIM_MULTIPLE).contains(&m)),
-            "trim_multiple",
-            "must be between 1 and {MAX_TRIM_MULTIPLE}"
-        );
-        ensure!(
-            // Runs of series windows recorded a multiple they never used: not refused, so
-            // that their checkpoints resume.
-            self.trim_multiple.is_none() || self.batches.pack().is_none(),
-            "trim_multiple",
-            "rounds trimmed lengths; packed batches (`pack`) have one shape already"
-        );
+        // The loader's half: its keys, checked by the loader as every front end's are (the
+        // shape as given, then the options of the train batches).
+        self.shape.batches()?;
+        let loader = |e: LoadError| match e {
+            LoadError::Options(e) => e,
+            e => OptionError::new("options", e.to_string()),
+        };
+        self.loader_args("train", 0, self.shape.trim_multiple.unwrap_or(1))
+            .options(1)
+            .map_err(loader)?;
         if self.graph {
             // The loader's one rule for a step that replays one shape (`dsc.Loader(static=True)`
             // and examples/train.py ask it too); a recorded trim multiple means trimmed batches.
-            self.batches.static_shape(self.trim_multiple.is_some())?;
+            self.batches().static_shape(self.shape.trim)?;
         }
-        ensure!(
-            self.weights.is_empty() || self.weights.len() == self.mix.len() + 1,
-            "weights",
-            "gives {} weights for {} caches: one per `cache`, in their order",
-            self.weights.len(),
-            self.mix.len() + 1
-        );
+        ensure!(self.accumulate > 0, "accumulate", "must be at least 1");
         ensure!(
             self.mix.is_empty() || self.resident != Some(true),
             "resident",
             "keeps one cache's split on the device; a mix is gathered on the host"
         );
         ensure!(
-            (self.task == Task::Forecast) == self.batches.windows().is_some_and(|s| s.horizon > 0),
+            (self.task == Task::Forecast)
+                == self.batches().windows().is_some_and(|s| s.horizon > 0),
             "task",
             "`forecast` learns the steps after each series window: it takes `series_window` and \
              `horizon`, and they take it"
         );
         ensure!(
-            self.batches.windows().is_none() || self.resident != Some(true),
+            self.batches().windows().is_none() || self.resident != Some(true),
             "resident",
             "keeps whole contexts on the device; series windows are cut on the host"
         );
+        self.check_network()
+    }
+
+    /// The network's and the optimizer's rules ([`RunConfig::validate`]).
+    fn check_network(&self) -> Result<(), OptionError> {
         ensure!(self.log_every > 0, "log_every", "must be at least 1");
         ensure!(self.epochs > 0, "epochs", "must be at least 1");
         ensure!(self.dim > 0, "dim", "must be positive");
@@ -473,48 +473,40 @@ impl RunConfig {
     }
 }
 
-/// [`RunConfig::batches`] as checkpoints write it: the shape by its old keys, so that every
-/// checkpoint written before the shape was one type still reads, and one that names two
-/// shapes is refused by key.
-mod batches_fields {
-    use dsc_loader::{Batches, Pack, SeriesWindows};
+/// [`RunConfig::shape`] as checkpoints write it: the loader's keys, as the command line spells
+/// them. Checkpoints written before read too: their windows were one `series` object, and runs
+/// of windows recorded a trim multiple they never used (left out here, as the loader refuses
+/// one for windows).
+mod shape_keys {
+    use dsc_loader::args::ShapeArgs;
+    use dsc_loader::SeriesWindows;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    #[derive(Serialize, Deserialize)]
-    struct Fields {
+    #[derive(Deserialize)]
+    struct Saved {
+        #[serde(flatten)]
+        args: ShapeArgs,
         #[serde(default)]
-        bucket: bool,
-        #[serde(default)]
-        pack: Option<usize>,
-        #[serde(default)]
-        max_seqs: Option<usize>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         series: Option<SeriesWindows>,
     }
 
-    pub fn serialize<S: Serializer>(b: &Batches, s: S) -> Result<S::Ok, S::Error> {
-        let pack = b.pack();
-        Fields {
-            bucket: b.is_bucketed(),
-            pack: pack.map(|p| p.tokens),
-            max_seqs: pack.and_then(|p| p.max_seqs),
-            series: b.windows().cloned(),
-        }
-        .serialize(s)
+    pub fn serialize<S: Serializer>(args: &ShapeArgs, s: S) -> Result<S::Ok, S::Error> {
+        args.serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Batches, D::Error> {
-        let f = Fields::deserialize(d)?;
-        if f.pack.is_none() && f.max_seqs.is_some() {
-            return Err(serde::de::Error::custom(
-                "`max_seqs` sizes packed batches: give `pack` too",
-            ));
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ShapeArgs, D::Error> {
+        let Saved { mut args, series } = Saved::deserialize(d)?;
+        if let Some(w) = series {
+            args.series_window = Some(w.len);
+            args.stride = Some(w.stride);
+            args.horizon = w.horizon;
+            args.horizon_columns = w.horizon_columns;
+            args.pad_windows = w.pad;
         }
-        let pack = f.pack.map(|tokens| Pack {
-            tokens,
-            max_seqs: f.max_seqs,
-        });
-        Batches::from_options(f.bucket, pack, f.series).map_err(serde::de::Error::custom)
+        if args.series_window.is_some() {
+            args.trim_multiple = None;
+        }
+        Ok(args)
     }
 }
 
@@ -522,48 +514,88 @@ mod batches_fields {
 mod tests {
     use super::*;
 
-    /// A checkpoint names its shape by the keys it always had: each reads back as one shape,
-    /// one that names two is refused, and the keys written are the old ones.
+    /// A checkpoint spells the loader's keys as the command line does (`pack`, `max_seqs`,
+    /// `series_window`, `weights`, `batch_size`, ...); one that names two shapes is refused by
+    /// key; checkpoints written before read as they trained: their windows as one `series`
+    /// object (and a trim multiple they never used), no shape keys at all as padded batches.
     #[test]
-    fn checkpoints_keep_their_shape_keys() {
+    fn checkpoints_spell_the_loader_keys_and_old_ones_still_read() {
         let mut json = serde_json::to_value(RunConfig::new("cache", Task::Regression)).unwrap();
-        assert_eq!(
-            (json["bucket"].clone(), json["pack"].clone()),
-            (false.into(), serde_json::Value::Null)
-        );
+        for key in [
+            "bucket",
+            "pack",
+            "max_seqs",
+            "series_window",
+            "batch_size",
+            "weights",
+        ] {
+            assert!(json.as_object().unwrap().contains_key(key), "{key}: {json}");
+        }
         let read = |json: &serde_json::Value| serde_json::from_value::<RunConfig>(json.clone());
         json["pack"] = 4096.into();
         json["max_seqs"] = 40.into();
+        let packed = read(&json).unwrap();
         assert_eq!(
-            read(&json).unwrap().batches,
+            packed.batches(),
             Batches::Packed(dsc_loader::Pack {
                 tokens: 4096,
                 max_seqs: Some(40)
             })
         );
+        packed.validate().unwrap();
         json["bucket"] = true.into();
-        let err = read(&json).unwrap_err().to_string();
+        let err = read(&json).unwrap().validate().unwrap_err().to_string();
         assert!(err.contains("`bucket` and `pack`"), "{err}");
-        // Runs of series windows recorded a trim multiple they never used; their checkpoints
-        // resume. Packs refuse one.
-        let mut windows = RunConfig::new("cache", Task::Forecast);
-        windows.batches = Batches::Windows(dsc_loader::SeriesWindows {
-            len: 8,
-            stride: 8,
-            horizon: 2,
-            horizon_columns: Vec::new(),
-            pad: false,
-        });
-        windows.trim_multiple = Some(16);
-        windows.validate().unwrap();
-        windows.batches = Batches::Packed(dsc_loader::Pack::tokens(4096));
-        windows.task = Task::Regression;
-        assert_eq!(windows.validate().unwrap_err().key, "trim_multiple");
-        // Checkpoints from before the shapes existed: padded.
-        let obj = json.as_object_mut().unwrap();
-        for key in ["bucket", "pack", "max_seqs"] {
+        // Packs refuse a trim multiple.
+        let mut packs = RunConfig::new("cache", Task::Regression);
+        packs.shape.pack = Some(4096);
+        packs.shape.trim_multiple = Some(16);
+        assert_eq!(packs.validate().unwrap_err().key, "trim_multiple");
+        // Runs of series windows wrote them as one object, with a trim multiple they never
+        // used; their checkpoints resume.
+        let mut old = serde_json::to_value(RunConfig::new("cache", Task::Forecast)).unwrap();
+        let obj = old.as_object_mut().unwrap();
+        for key in [
+            "series_window",
+            "stride",
+            "horizon",
+            "horizon_columns",
+            "pad_windows",
+        ] {
             obj.remove(key);
         }
-        assert_eq!(read(&json).unwrap().batches, Batches::Padded);
+        obj.insert(
+            "series".into(),
+            serde_json::json!({"len": 8, "stride": 4, "horizon": 2, "horizon_columns": ["v"],
+                               "pad": true}),
+        );
+        obj.insert("trim_multiple".into(), 16.into());
+        let windows = read(&old).unwrap();
+        windows.validate().unwrap();
+        assert_eq!(
+            windows.batches(),
+            Batches::Windows(dsc_loader::SeriesWindows {
+                len: 8,
+                stride: 4,
+                horizon: 2,
+                horizon_columns: vec!["v".into()],
+                pad: true,
+            })
+        );
+        let again = serde_json::to_value(&windows).unwrap();
+        assert_eq!(
+            (again["series_window"].clone(), again["stride"].clone()),
+            (8.into(), 4.into())
+        );
+        assert!(
+            again.get("series").is_none(),
+            "written as the command line spells it"
+        );
+        // Checkpoints from before the shapes existed: padded.
+        let obj = json.as_object_mut().unwrap();
+        for key in ["bucket", "pack", "max_seqs", "series_window", "trim"] {
+            obj.remove(key);
+        }
+        assert_eq!(read(&json).unwrap().batches(), Batches::Padded);
     }
 }

@@ -31,7 +31,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> Result<Summary> {
     let filled = feed
         .next()?
         .ok_or_else(|| TrainError::cache(&s.cfg.cache, "the training split is empty"))?;
-    let batch = s.upload(filled, s.cfg.batch_size);
+    let batch = s.upload(filled, s.cfg.batch.batch_size);
     // The batch now lives on the device for good; the host slot is no longer needed.
     let _ = s.release(None, 0)?;
     drop(feed);
@@ -50,7 +50,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> Result<Summary> {
         });
         s.opt.step(s.cfg.lr, s.cfg.clip, s.scaler.as_mut());
         s.opt.zero_grad();
-        clock.samples(s.cfg.batch_size);
+        clock.samples(s.cfg.batch.batch_size);
         in_window += 1;
         if step == 1 || step % s.cfg.log_every == 0 || step == steps {
             let loss = readback::values(&window, Purpose::Training)[0] / in_window as f64;
@@ -73,7 +73,7 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> Result<Summary> {
     let passed = last < 0.1 * first;
     eprintln!(
         "overfit one batch of {}: loss {first:.4} -> {last:.4} ({:.1}% lower) in {taken} steps: {}",
-        s.cfg.batch_size,
+        s.cfg.batch.batch_size,
         100.0 * (1.0 - last / first),
         if passed {
             "PASS"
@@ -90,13 +90,13 @@ pub fn overfit_batch(mut s: Session, steps: u64) -> Result<Summary> {
 /// one does not fit in memory.
 pub fn find_batch_size(cfg: &RunConfig, device: Device, max: usize) -> BatchSizeReport {
     let mut trials = Vec::new();
-    let mut b = cfg.batch_size.clamp(1, 16);
+    let mut b = cfg.batch.batch_size.clamp(1, 16);
     let hook = panic::take_hook();
     // libtorch reports out-of-memory as a panic in tch; keep its message out of the output.
     panic::set_hook(Box::new(|_| {}));
     while b <= max {
         let mut c = cfg.clone();
-        c.batch_size = b;
+        c.batch.batch_size = b;
         let result = panic::catch_unwind(AssertUnwindSafe(|| trial(c, device)));
         let t = match result {
             Ok(Ok(rate)) => BatchTrial {
@@ -161,7 +161,7 @@ fn trial(cfg: RunConfig, device: Device) -> Result<f64> {
         let what = format!(
             "the training split has fewer than {} batches of {}",
             MEASURED + 1,
-            s.cfg.batch_size
+            s.cfg.batch.batch_size
         );
         return Err(TrainError::cache(&s.cfg.cache, what));
     }
@@ -175,7 +175,7 @@ fn trial(cfg: RunConfig, device: Device) -> Result<f64> {
         let filled = feed.next()?.ok_or_else(|| {
             TrainError::cache(&s.cfg.cache, "the training split ended during a trial")
         })?;
-        let batch = s.upload(filled, s.cfg.batch_size);
+        let batch = s.upload(filled, s.cfg.batch.batch_size);
         let loss = s.train_micro(&batch);
         s.opt.step(s.cfg.lr, s.cfg.clip, s.scaler.as_mut());
         s.opt.zero_grad();
@@ -185,5 +185,5 @@ fn trial(cfg: RunConfig, device: Device) -> Result<f64> {
             feed.release(slot);
         }
     }
-    Ok((MEASURED * s.cfg.batch_size) as f64 / start.elapsed().as_secs_f64())
+    Ok((MEASURED * s.cfg.batch.batch_size) as f64 / start.elapsed().as_secs_f64())
 }

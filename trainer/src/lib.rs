@@ -32,7 +32,7 @@
 //! # })?;
 //! // A cache of IceCube-like events whose targets are two angles.
 //! let mut cfg = RunConfig::new(dir.path().join("cache"), Task::Regression);
-//! (cfg.dim, cfg.layers, cfg.heads, cfg.batch_size) = (32, 1, 2, 16);
+//! (cfg.dim, cfg.layers, cfg.heads, cfg.batch.batch_size) = (32, 1, 2, 16);
 //! let session = Session::new(cfg, tch::Device::Cpu, 2)?;   // validates, opens the cache
 //! let summary = diag::overfit_batch(session, 300)?;
 //! assert_eq!(summary.overfit_passed, Some(true));

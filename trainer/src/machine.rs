@@ -59,12 +59,15 @@ pub fn settle(
         amp.or(cfg.amp)
             .unwrap_or(if cuda { Amp::Bf16 } else { Amp::None }),
     );
+    let batches = cfg.batches();
     if graph_open {
-        cfg.graph = cuda && !cfg.batches.is_bucketed() && cfg.trim_multiple.is_none();
+        cfg.graph = cuda && !batches.is_bucketed() && cfg.shape.trim_multiple.is_none();
     }
-    if cfg.batches.is_padded() && !cfg.graph {
-        // Packs, windows and captured steps have one shape: nothing to round.
-        cfg.trim_multiple
+    // Packs, windows and captured steps have one shape: nothing to trim or round.
+    cfg.shape.trim = batches.is_padded() && !cfg.graph;
+    if cfg.shape.trim {
+        cfg.shape
+            .trim_multiple
             .get_or_insert(if cuda { defaults::GPU_TRIM_MULTIPLE } else { 1 });
     }
     changes
@@ -82,7 +85,7 @@ mod tests {
         let mut cfg = RunConfig::new("cache", Task::Regression);
         assert!(settle(&mut cfg, "cpu", false, None, false).is_empty());
         assert_eq!(
-            (cfg.device.as_deref(), cfg.amp, cfg.trim_multiple),
+            (cfg.device.as_deref(), cfg.amp, cfg.shape.trim_multiple),
             (Some("cpu"), Some(Amp::None), Some(1))
         );
         // Resumed on a GPU machine without --device: the recorded device is asked for.
@@ -94,7 +97,10 @@ mod tests {
         // still be the recorded ones, and the change of device is reported.
         let mut moved = cfg.clone();
         let changes = settle(&mut moved, "cuda:0", true, None, false);
-        assert_eq!((moved.amp, moved.trim_multiple), (Some(Amp::None), Some(1)));
+        assert_eq!(
+            (moved.amp, moved.shape.trim_multiple),
+            (Some(Amp::None), Some(1))
+        );
         assert_eq!(
             changes,
             vec![Change {
@@ -118,7 +124,7 @@ mod tests {
         let mut cfg = RunConfig::new("cache", Task::Regression);
         settle(&mut cfg, "cuda:0", true, None, false);
         assert_eq!(
-            (cfg.device.as_deref(), cfg.amp, cfg.trim_multiple),
+            (cfg.device.as_deref(), cfg.amp, cfg.shape.trim_multiple),
             (
                 Some("cuda:0"),
                 Some(Amp::Bf16),
@@ -126,16 +132,16 @@ mod tests {
             )
         );
         let mut explicit = RunConfig::new("cache", Task::Regression);
-        explicit.trim_multiple = Some(4);
+        explicit.shape.trim_multiple = Some(4);
         settle(&mut explicit, "cpu", false, Some(Amp::Bf16), false);
         assert_eq!(
-            (explicit.amp, explicit.trim_multiple),
+            (explicit.amp, explicit.shape.trim_multiple),
             (Some(Amp::Bf16), Some(4))
         );
         let mut packed = RunConfig::new("cache", Task::Regression);
-        packed.batches = dsc_loader::Batches::Packed(dsc_loader::Pack::tokens(4096));
+        packed.shape.pack = Some(4096);
         settle(&mut packed, "cuda:0", true, None, false);
-        assert_eq!(packed.trim_multiple, None, "packs have one shape");
+        assert_eq!(packed.shape.trim_multiple, None, "packs have one shape");
         packed.validate().unwrap();
     }
 
@@ -146,23 +152,23 @@ mod tests {
     fn a_new_run_on_cuda_captures_and_a_resume_keeps_it() {
         let mut gpu = RunConfig::new("cache", Task::Regression);
         settle(&mut gpu, "cuda:0", true, None, true);
-        assert_eq!((gpu.graph, gpu.trim_multiple), (true, None));
+        assert_eq!((gpu.graph, gpu.shape.trim_multiple), (true, None));
         gpu.validate().unwrap();
         let mut resumed = gpu.clone();
         settle(&mut resumed, "cpu", false, None, false);
-        assert_eq!((resumed.graph, resumed.trim_multiple), (true, None));
+        assert_eq!((resumed.graph, resumed.shape.trim_multiple), (true, None));
 
         let mut cpu = RunConfig::new("cache", Task::Regression);
         settle(&mut cpu, "cpu", false, None, true);
-        assert_eq!((cpu.graph, cpu.trim_multiple), (false, Some(1)));
+        assert_eq!((cpu.graph, cpu.shape.trim_multiple), (false, Some(1)));
 
         let mut bucketed = RunConfig::new("cache", Task::Regression);
-        bucketed.batches = dsc_loader::Batches::Bucketed;
+        bucketed.shape.bucket = true;
         settle(&mut bucketed, "cuda:0", true, None, true);
         assert!(!bucketed.graph);
         let mut packed = RunConfig::new("cache", Task::Regression);
-        packed.batches = dsc_loader::Batches::Packed(dsc_loader::Pack::tokens(4096));
+        packed.shape.pack = Some(4096);
         settle(&mut packed, "cuda:0", true, None, true);
-        assert_eq!((packed.graph, packed.trim_multiple), (true, None));
+        assert_eq!((packed.graph, packed.shape.trim_multiple), (true, None));
     }
 }

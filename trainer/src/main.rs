@@ -44,76 +44,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
     }
     let (mut cfg, resume) = match &cli.resume {
         Some(path) => {
-            let ck = checkpoint::Checkpoint::read(path)?;
-            let mut cfg = ck.position.config.clone();
-            // The generations the run read, whatever was appended since: the saved position
-            // counts in their order.
-            if let Some(content) = &ck.position.cache_content {
-                cfg.generation = Some(content.clone());
-            }
-            // The same rules as the command line: a checkpoint is a file anyone can edit.
-            cfg.validate()
-                .with_context(|| format!("{}: the saved run configuration", path.display()))?;
-            // Before anything reads the cache: a resumed run must see the same data, in the
-            // same shards (a recompile with another --seed or --shard-size keeps the inputs'
-            // fingerprint but not the order the saved position counts in).
-            let manifests = match read_manifests(&cfg) {
-                // No generation of the cache holds what the run read: the checks below say
-                // what changed (other inputs, another seed) on its last generation.
-                Err(e) if no_generation(&e) => {
-                    cfg.generation = None;
-                    read_manifests(&cfg)?
-                }
-                other => other?,
-            };
-            let manifest = manifests[0].clone();
-            let content = checkpoint::content_of(&manifests);
-            let stored = checkpoint::stored_content_of(&manifests);
-            let now = &manifest.inputs().fingerprint;
-            if *now != ck.position.cache_fingerprint {
-                bail!(
-                    "the cache {} was compiled from other inputs (fingerprint {now}) than when \
-                     {} was written ({}); resume on the same cache",
-                    cfg.cache.display(),
-                    path.display(),
-                    ck.position.cache_fingerprint
-                );
-            }
-            match &ck.position.cache_content {
-                // Compressed or hot, the same shards: `dsc compress` keeps the content id.
-                Some(then) if *then != content && *then != stored => bail!(
-                    "the cache {} holds other shards (content {content}) than when {} was \
-                     written ({then}): it was recompiled from the same inputs with another \
-                     --seed, --shard-size or option, so the saved position would continue a \
-                     different order; resume on the cache the run started on, or start a new run",
-                    std::iter::once(&cfg.cache)
-                        .chain(&cfg.mix)
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(" + "),
-                    path.display()
-                ),
-                Some(_) => {}
-                None => eprintln!(
-                    "dsc-train: {} predates content checks: resuming on the inputs' \
-                     fingerprint alone (a recompile with another seed would not be noticed)",
-                    path.display()
-                ),
-            }
-            if let Some(e) = cli.epochs {
-                cfg.epochs = e;
-            }
-            // How the step is launched, not what it computes: a resume may capture it, or
-            // run it eagerly.
-            if cli.graph && !cfg.graph {
-                eprintln!("dsc-train: resuming with the step captured (--graph)");
-                cfg.graph = true;
-                cfg.trim_multiple = None;
-            }
-            if cli.no_graph && cfg.graph {
-                eprintln!("dsc-train: resuming with the step eager (--no-graph)");
-                cfg.graph = false;
-            }
+            let (cfg, ck) = resumed(&cli, path)?;
             (cfg, Some(ck))
         }
         None => (cli.run_config()?, None),
@@ -155,10 +86,10 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(" + "),
-            match cfg.weights.as_slice() {
-                [] if cfg.mix.is_empty() => String::new(),
-                [] => " (weighed by size)".into(),
-                w => format!(" (weights {w:?})"),
+            match cfg.mixing.weights.as_deref() {
+                None if cfg.mix.is_empty() => String::new(),
+                None => " (weighed by size)".into(),
+                Some(w) => format!(" (weights {w:?})"),
             }
         );
     }
@@ -194,7 +125,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
             s.task.column_names.join(","),
             s.task.metric,
             s.amp,
-            match (s.cfg.graph, s.cfg.trim_multiple) {
+            match (s.cfg.graph, s.cfg.shape.trim_multiple) {
                 (true, _) => "captured as CUDA graphs (--graph; uncaptured without CUDA)",
                 (false, Some(_)) => "eager, trimmed batches",
                 (false, None) => "eager",
@@ -213,59 +144,7 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
         .with_context(|| format!("writing {}", out.join("summary.json").display()))?;
     emit(&cli, &summary)?;
     if !cli.json {
-        let t = summary.total;
-        eprintln!(
-            "done: {} optimizer steps · {:.0} samples/s · data wait {:.2}% · h2d {:.2}% · compute {:.1}% · {} loss reads in training · {}",
-            summary.optimizer_steps,
-            t.samples_per_s,
-            100.0 * t.data_wait_share,
-            100.0 * t.h2d_share,
-            100.0 * t.compute_share,
-            summary.readbacks.training,
-            summary.checkpoint.as_deref().unwrap_or("")
-        );
-        if let Some(busy) = summary.gpu_busy_nvml {
-            eprintln!(
-                "GPU busy {:.0}% (NVML, while training; the compute share above is the \
-                 trainer's own event split, not GPU busy)",
-                100.0 * busy
-            );
-        }
-        if let Some(l) = &summary.loader {
-            let reads = if l.shard_reads > 0 {
-                format!(
-                    " · {} compressed shards read ({:.1} MB), {} hits, {} evictions",
-                    l.shard_reads,
-                    l.stored_bytes_read as f64 / 1e6,
-                    l.shard_hits,
-                    l.shard_evictions
-                )
-            } else {
-                String::new()
-            };
-            eprintln!(
-                "loader: {} batches · {:.1} MB · the step found none ready {} times ({:.2} s) · \
-                 {:.1} ready ahead on average{reads}",
-                l.batches,
-                l.bytes as f64 / 1e6,
-                l.waits,
-                l.wait_s,
-                l.queue_mean()
-            );
-        }
-        if summary.batch_lens.len() > 1 {
-            let lens: Vec<String> = summary.batch_lens.keys().map(|l| l.to_string()).collect();
-            eprintln!(
-                "batch shapes: {} sequence lengths ({}){}",
-                lens.len(),
-                lens.join(", "),
-                if summary.batch_lens.len() > 16 {
-                    "; --trim-multiple 16 rounds them to a few"
-                } else {
-                    ""
-                }
-            );
-        }
+        print_done(&summary);
     }
     Ok(0)
 }
@@ -300,4 +179,143 @@ fn no_generation(e: &anyhow::Error) -> bool {
             ))
         )
     })
+}
+
+/// The run configuration and checkpoint of `--resume PATH`, checked against the caches it
+/// read, with what the command line may change on a resume (`--epochs`, `--graph`,
+/// `--no-graph`).
+fn resumed(
+    cli: &args::Cli,
+    path: &std::path::Path,
+) -> anyhow::Result<(dsc_train::config::RunConfig, checkpoint::Checkpoint)> {
+    let ck = checkpoint::Checkpoint::read(path)?;
+    let mut cfg = ck.position.config.clone();
+    // The generations the run read, whatever was appended since: the saved position
+    // counts in their order.
+    if let Some(content) = &ck.position.cache_content {
+        cfg.generation = Some(content.clone());
+    }
+    // The same rules as the command line: a checkpoint is a file anyone can edit.
+    cfg.validate()
+        .with_context(|| format!("{}: the saved run configuration", path.display()))?;
+    // Before anything reads the cache: a resumed run must see the same data, in the
+    // same shards (a recompile with another --seed or --shard-size keeps the inputs'
+    // fingerprint but not the order the saved position counts in).
+    let manifests = match read_manifests(&cfg) {
+        // No generation of the cache holds what the run read: the checks below say
+        // what changed (other inputs, another seed) on its last generation.
+        Err(e) if no_generation(&e) => {
+            cfg.generation = None;
+            read_manifests(&cfg)?
+        }
+        other => other?,
+    };
+    let manifest = manifests[0].clone();
+    let content = checkpoint::content_of(&manifests);
+    let stored = checkpoint::stored_content_of(&manifests);
+    let now = &manifest.inputs().fingerprint;
+    if *now != ck.position.cache_fingerprint {
+        bail!(
+            "the cache {} was compiled from other inputs (fingerprint {now}) than when \
+             {} was written ({}); resume on the same cache",
+            cfg.cache.display(),
+            path.display(),
+            ck.position.cache_fingerprint
+        );
+    }
+    match &ck.position.cache_content {
+        // Compressed or hot, the same shards: `dsc compress` keeps the content id.
+        Some(then) if *then != content && *then != stored => bail!(
+            "the cache {} holds other shards (content {content}) than when {} was \
+             written ({then}): it was recompiled from the same inputs with another \
+             --seed, --shard-size or option, so the saved position would continue a \
+             different order; resume on the cache the run started on, or start a new run",
+            std::iter::once(&cfg.cache)
+                .chain(&cfg.mix)
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" + "),
+            path.display()
+        ),
+        Some(_) => {}
+        None => eprintln!(
+            "dsc-train: {} predates content checks: resuming on the inputs' \
+             fingerprint alone (a recompile with another seed would not be noticed)",
+            path.display()
+        ),
+    }
+    if let Some(e) = cli.epochs {
+        cfg.epochs = e;
+    }
+    // How the step is launched, not what it computes: a resume may capture it, or
+    // run it eagerly.
+    if cli.graph && !cfg.graph {
+        eprintln!("dsc-train: resuming with the step captured (--graph)");
+        cfg.graph = true;
+        cfg.shape.trim_multiple = None;
+        cfg.shape.trim = false;
+    }
+    if cli.no_graph && cfg.graph {
+        eprintln!("dsc-train: resuming with the step eager (--no-graph)");
+        cfg.graph = false;
+    }
+    Ok((cfg, ck))
+}
+
+/// The closing lines of a run on standard error: throughput and time shares, GPU busy, the
+/// loader's counts, the batch shapes seen.
+fn print_done(summary: &dsc_train::report::Summary) {
+    let t = summary.total;
+    eprintln!(
+        "done: {} optimizer steps · {:.0} samples/s · data wait {:.2}% · h2d {:.2}% · compute {:.1}% · {} loss reads in training · {}",
+        summary.optimizer_steps,
+        t.samples_per_s,
+        100.0 * t.data_wait_share,
+        100.0 * t.h2d_share,
+        100.0 * t.compute_share,
+        summary.readbacks.training,
+        summary.checkpoint.as_deref().unwrap_or("")
+    );
+    if let Some(busy) = summary.gpu_busy_nvml {
+        eprintln!(
+            "GPU busy {:.0}% (NVML, while training; the compute share above is the \
+             trainer's own event split, not GPU busy)",
+            100.0 * busy
+        );
+    }
+    if let Some(l) = &summary.loader {
+        let reads = if l.shard_reads > 0 {
+            format!(
+                " · {} compressed shards read ({:.1} MB), {} hits, {} evictions",
+                l.shard_reads,
+                l.stored_bytes_read as f64 / 1e6,
+                l.shard_hits,
+                l.shard_evictions
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "loader: {} batches · {:.1} MB · the step found none ready {} times ({:.2} s) · \
+             {:.1} ready ahead on average{reads}",
+            l.batches,
+            l.bytes as f64 / 1e6,
+            l.waits,
+            l.wait_s,
+            l.queue_mean()
+        );
+    }
+    if summary.batch_lens.len() > 1 {
+        let lens: Vec<String> = summary.batch_lens.keys().map(|l| l.to_string()).collect();
+        eprintln!(
+            "batch shapes: {} sequence lengths ({}){}",
+            lens.len(),
+            lens.join(", "),
+            if summary.batch_lens.len() > 16 {
+                "; --trim-multiple 16 rounds them to a few"
+            } else {
+                ""
+            }
+        );
+    }
 }

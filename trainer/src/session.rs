@@ -50,8 +50,11 @@ pub struct Session {
     pub device: Device,
     /// Mixed precision in use.
     pub amp: Amp,
-    /// `cfg.trim_multiple` resolved for the device.
+    /// `cfg.shape.trim_multiple` resolved for the device.
     pub trim_multiple: usize,
+    /// The train split's loader options at epoch 0 (`cfg.loader_options`, checked by the
+    /// loader once): every epoch's are these at its epoch.
+    pub train_options: dsc_loader::LoaderOptions,
     /// The task: loss, metric, targets.
     pub task: TaskSpec,
     /// The network's variables.
@@ -122,7 +125,7 @@ impl Session {
         } else {
             Amp::None
         });
-        let trim_multiple = cfg.trim_multiple.unwrap_or(if device.is_cuda() {
+        let trim_multiple = cfg.shape.trim_multiple.unwrap_or(if device.is_cuda() {
             crate::config::defaults::GPU_TRIM_MULTIPLE
         } else {
             1
@@ -135,7 +138,7 @@ impl Session {
         };
         // The task sizes its targets from the windows (a forecast's [H, K]): checked against
         // the cache first, as the loader will, so that no size comes from an unchecked horizon.
-        if let Some(windows) = cfg.batches.windows() {
+        if let Some(windows) = cfg.batches().windows() {
             windows
                 .check(cache.manifest())
                 .map_err(dsc_loader::LoadError::from)?;
@@ -144,8 +147,8 @@ impl Session {
         let task = TaskSpec::resolve(&cfg, &sources, stats.as_ref(), &vs.root())?;
         let inputs_stats = stats.as_ref().filter(|_| cfg.normalise);
         // Train and evaluation batches have the same layout (the same T and S when packed).
-        let planned =
-            sources.plan(&cfg.loader_options(cache.manifest(), "train", 0, trim_multiple))?;
+        let train_options = cfg.loader_options(cache.manifest(), "train", 0, trim_multiple)?;
+        let planned = sources.plan(&train_options)?;
         let (batch_layout, index) = (planned.layout().to_vec(), planned.index_layout());
         let (layout, mut shape) = layout(&cache, &batch_layout, task.outputs, inputs_stats)?;
         // A mix's batches are as long as its longest cache, and so are a pack's positions,
@@ -160,7 +163,7 @@ impl Session {
             .iter()
             .filter_map(|t| t.trimmed_axis.map(|a| t.shape[a] as i64))
             .max()
-            .unwrap_or(if cfg.batches.pack().is_some() {
+            .unwrap_or(if cfg.batches().pack().is_some() {
                 longest
             } else {
                 shape.max_len
@@ -201,6 +204,7 @@ impl Session {
             device,
             amp,
             trim_multiple,
+            train_options,
             task,
             vs,
             net,
@@ -233,7 +237,7 @@ impl Session {
         let bufs = ring.slot(f.slot);
         let s = f.info.seq_len as i64;
         let padded = f.info.pack.is_none();
-        let cut_rows = (padded && rows < self.cfg.batch_size).then_some(rows as i64);
+        let cut_rows = (padded && rows < self.cfg.batch.batch_size).then_some(rows as i64);
         let view = |i: usize| -> Tensor {
             let t = &bufs[i];
             let t = if self.layout.sequence[i] && padded {
@@ -268,7 +272,7 @@ impl Session {
     pub fn train_batch(&mut self, f: Filled) -> DeviceBatch {
         match &self.resident {
             Some(_) => self.gather(f),
-            None => self.upload(f, self.cfg.batch_size),
+            None => self.upload(f, self.cfg.batch.batch_size),
         }
     }
 
@@ -541,7 +545,7 @@ fn resident_split(
     if cfg.resident == Some(false)
         || (cfg.resident.is_none() && !device.is_cuda())
         || !cfg.mix.is_empty()
-        || cfg.batches.windows().is_some()
+        || cfg.batches().windows().is_some()
     {
         return Ok(None);
     }
@@ -583,49 +587,8 @@ fn resident_split(
         }
         return Ok(None);
     }
-    // The split in cache order, padded, the tensors the batches load.
-    let opts = cfg.loader_options(m, "train", 0, 1);
-    let reader = cache.loader(dsc_loader::LoaderOptions {
-        order: dsc_loader::OrderSpec {
-            split: "train".into(),
-            shuffle: false,
-            drop_last: false,
-            ..Default::default()
-        },
-        batch_size: 4096,
-        threads: 0,
-        columns: opts.columns.clone(),
-        ..Default::default()
-    })?;
-    let mut host: Vec<Vec<u8>> = vec![Vec::new(); batch.len()];
-    let mut read = 0;
-    for b in reader {
-        let b = b?;
-        let n = b.keys().len();
-        // The last batch is completed with the split's first contexts: not stored twice.
-        let rows = (contexts - read).min(n);
-        for &i in &used {
-            let bytes = b.tensors()[i].bytes();
-            host[i].extend_from_slice(&bytes[..bytes.len() / n * rows]);
-        }
-        read += rows;
-    }
-    // A generation that hides contexts (their keys replaced) is read without them, but an
-    // index addresses rows by compiled position, hidden ones counted: each row goes there.
-    let hiding = cache.contexts("train").ok().filter(|s| s.hides_any());
-    if let Some(split) = &hiding {
-        let positions = split.positions();
-        for &i in &used {
-            let width = spec(i).sample_bytes();
-            let mut placed = vec![0u8; split.stored_len() * width];
-            for (row, &p) in positions.iter().enumerate() {
-                placed[p * width..(p + 1) * width]
-                    .copy_from_slice(&host[i][row * width..(row + 1) * width]);
-            }
-            host[i] = placed;
-        }
-    }
-    let contexts = hiding.map_or(contexts, |s| s.stored_len());
+    let (mut host, contexts) = read_split(cfg, cache, (batch, &used), contexts)?;
+
     let mut tensors: Vec<Option<Tensor>> = (0..batch.len()).map(|_| None).collect();
     for &i in &used {
         let s = spec(i);
@@ -654,6 +617,62 @@ fn resident_split(
         ring,
         parts,
     }))
+}
+
+/// The train split's bytes of the tensors `used` (indices into `batch`, the loader's layout) in
+/// compiled order, each context at its compiled position (a generation's hidden contexts
+/// counted, their rows zeros), read once in cache order; and the contexts they hold.
+fn read_split(
+    cfg: &RunConfig,
+    cache: &Cache,
+    (batch, used): (&[TensorLayout], &[usize]),
+    contexts: usize,
+) -> Result<(Vec<Vec<u8>>, usize)> {
+    let m = cache.manifest();
+    let spec = |i: usize| m.tensor(&batch[i].name).expect("a stored tensor");
+    // The split in cache order, padded, the tensors the batches load.
+    let opts = cfg.loader_options(m, "train", 0, 1)?;
+    let reader = cache.loader(dsc_loader::LoaderOptions {
+        order: dsc_loader::OrderSpec {
+            split: "train".into(),
+            shuffle: false,
+            drop_last: false,
+            ..Default::default()
+        },
+        batch_size: 4096,
+        threads: 0,
+        columns: opts.columns.clone(),
+        ..Default::default()
+    })?;
+    let mut host: Vec<Vec<u8>> = vec![Vec::new(); batch.len()];
+    let mut read = 0;
+    for b in reader {
+        let b = b?;
+        let n = b.keys().len();
+        // The last batch is completed with the split's first contexts: not stored twice.
+        let rows = (contexts - read).min(n);
+        for &i in used {
+            let bytes = b.tensors()[i].bytes();
+            host[i].extend_from_slice(&bytes[..bytes.len() / n * rows]);
+        }
+        read += rows;
+    }
+    // A generation that hides contexts (their keys replaced) is read without them, but an
+    // index addresses rows by compiled position, hidden ones counted: each row goes there.
+    let hiding = cache.contexts("train").ok().filter(|s| s.hides_any());
+    if let Some(split) = &hiding {
+        let positions = split.positions();
+        for &i in used {
+            let width = spec(i).sample_bytes();
+            let mut placed = vec![0u8; split.stored_len() * width];
+            for (row, &p) in positions.iter().enumerate() {
+                placed[p * width..(p + 1) * width]
+                    .copy_from_slice(&host[i][row * width..(row + 1) * width]);
+            }
+            host[i] = placed;
+        }
+    }
+    Ok((host, hiding.map_or(contexts, |s| s.stored_len())))
 }
 
 /// Which tensors of the batches (`batch`, the loader's layout) feed which input, and their

@@ -139,10 +139,8 @@ impl TaskSpec {
         stats: Option<&SplitStats>,
         vs: &nn::Path,
     ) -> Result<TaskSpec> {
-        let series = cfg
-            .batches
-            .windows()
-            .expect("validated: forecast has windows");
+        let batches = cfg.batches();
+        let series = batches.windows().expect("validated: forecast has windows");
         let manifest = cache.manifest();
         let Some(x) = manifest
             .tensors()

@@ -42,8 +42,10 @@ pub struct RunOptions {
 /// The training split's loader options for `epoch`: shuffled, whole batches (trimmed, or
 /// packs), filled in the calling (feed) thread.
 pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
-    s.cfg
-        .loader_options(s.cache.manifest(), "train", epoch, s.trim_multiple)
+    LoaderOptions {
+        epoch,
+        ..s.train_options.clone()
+    }
 }
 
 /// Micro-batches per epoch that are trained: whole optimizer steps only.
@@ -52,12 +54,12 @@ fn micro_per_epoch(s: &Session) -> Result<u64> {
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
     if steps == 0 {
         // Not one whole batch: the batch is at fault, not `accumulate` (which may not be given).
-        let what = if s.cfg.batches.windows().is_some() {
+        let what = if s.cfg.batches().windows().is_some() {
             "windows (series_window, stride)"
         } else {
             "contexts"
         };
-        let (key, problem) = match s.cfg.batches.pack().map(|p| p.tokens) {
+        let (key, problem) = match s.cfg.batches().pack().map(|p| p.tokens) {
             Some(t) => (
                 "pack",
                 format!("{t}: the training split's {what} fill no whole pack of {t} tokens"),
@@ -67,7 +69,7 @@ fn micro_per_epoch(s: &Session) -> Result<u64> {
                 format!(
                     "{}: the training split has fewer {what} than one batch (whole batches \
                      only)",
-                    s.cfg.batch_size
+                    s.cfg.batch.batch_size
                 ),
             ),
         };
@@ -77,14 +79,35 @@ fn micro_per_epoch(s: &Session) -> Result<u64> {
         let problem = format!(
             "{}: more than the training split's {steps} full {}",
             s.cfg.accumulate,
-            match s.cfg.batches.pack().map(|p| p.tokens) {
+            match s.cfg.batches().pack().map(|p| p.tokens) {
                 Some(t) => format!("packs of {t} tokens"),
-                None => format!("batches of {}", s.cfg.batch_size),
+                None => format!("batches of {}", s.cfg.batch.batch_size),
             }
         );
         return Err(OptionError::new("accumulate", problem).into());
     }
     Ok(micro)
+}
+
+/// The fixed figures of a run's schedule.
+struct Schedule {
+    /// Micro-batches trained per epoch (whole optimizer steps).
+    micro_epoch: u64,
+    total_steps: u64,
+    warmup: u64,
+    ckpt_path: std::path::PathBuf,
+}
+
+/// What a run gathers over its epochs for the summary, and whether it has stopped.
+struct Gathered {
+    logged: Vec<StepReport>,
+    totals: Totals,
+    /// Training batches by sequence length: the shapes the run's steps saw.
+    batch_lens: std::collections::BTreeMap<usize, u64>,
+    loader: Option<dsc_loader::LoaderStats>,
+    clock: Clock,
+    /// `max_steps` reached.
+    stopped: bool,
 }
 
 /// Trains (or continues `resume`) and returns the summary.
@@ -94,7 +117,12 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     let micro_epoch = micro_per_epoch(&s)?;
     let steps_epoch = micro_epoch / s.cfg.accumulate as u64;
     let total_steps = steps_epoch * s.cfg.epochs;
-    let warmup = s.cfg.warmup.unwrap_or(total_steps / 20);
+    let plan = Schedule {
+        micro_epoch,
+        total_steps,
+        warmup: s.cfg.warmup.unwrap_or(total_steps / 20),
+        ckpt_path: opts.out.join("last.ckpt"),
+    };
     let mut pos = match resume {
         Some(ck) => {
             let device = s.device;
@@ -107,124 +135,31 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
         }
         None => start_position(&s),
     };
-    let ckpt_path = opts.out.join("last.ckpt");
-    let mut logged = Vec::new();
-    let mut run_totals = Totals::default();
-    // Training batches by sequence length: the shapes the run's steps saw.
-    let mut batch_lens = std::collections::BTreeMap::<usize, u64>::new();
-    let mut loader_stats: Option<dsc_loader::LoaderStats> = None;
     let log_micro = s.cfg.log_every as usize * s.cfg.accumulate;
-    let mut clock = Clock::new(if s.device.is_cuda() { log_micro } else { 0 })?;
+    let mut run = Gathered {
+        logged: Vec::new(),
+        totals: Totals::default(),
+        batch_lens: Default::default(),
+        loader: None,
+        clock: Clock::new(if s.device.is_cuda() { log_micro } else { 0 })?,
+        // A run resumed with `max_steps` at or below the steps already taken trains nothing
+        // more.
+        stopped: opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m),
+    };
     let mut stepper = Stepper::new(&s)?;
-    // A run resumed with `max_steps` at or below the steps already taken trains nothing more.
-    let mut stopped = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
     let busy = match s.device {
         tch::Device::Cuda(i) => crate::cuda::pci_bus_id(i)
             .ok()
             .and_then(|id| crate::nvml::sample(&id)),
         _ => None,
     };
-
-    while pos.epoch < s.cfg.epochs && !stopped {
+    while pos.epoch < s.cfg.epochs && !run.stopped {
         let epoch = pos.epoch;
-        let loader = match &pos.loader {
-            Some(state) => s
-                .sources
-                .loader_from_state(train_options(&s, epoch), state)?,
-            None => s.sources.loader(train_options(&s, epoch))?,
-        };
-        let bar = progress(opts.quiet, micro_epoch, epoch, s.cfg.epochs);
-        bar.set_position(pos.micro_in_epoch);
         // A resumed epoch's mean training loss covers the batches trained since the resume.
         let first_micro = pos.micro_in_epoch;
-        // Summed on the device by the step, read back at each window's end (in place, as a
-        // captured step adds into the same tensors every replay).
-        tch::no_grad(|| {
-            let _ = stepper.window_loss.zero_();
-            let _ = stepper.epoch_loss.zero_();
-        });
-        let mut epoch_totals = Totals::default();
-        let mut window_steps = 0u64;
-        {
-            let (ring, fill) = match &s.resident {
-                Some(r) => (r.ring.clone(), Fill::Index),
-                None => (s.ring.clone(), Fill::Batch),
-            };
-            let feed = Feed::start(loader, &ring, fill);
-            while pos.micro_in_epoch < micro_epoch {
-                let t0 = Instant::now();
-                let Some(filled) = feed.next()? else { break };
-                clock.waited(t0.elapsed());
-                if filled.info.pack.is_none() {
-                    *batch_lens.entry(filled.info.seq_len).or_insert(0) += 1;
-                }
-                // A pack's sequence count is known on the host: no read-back.
-                let samples = filled.info.pack.map_or(s.cfg.batch_size, |p| p.seqs);
-                let micro_global = epoch * micro_epoch + pos.micro_in_epoch;
-                s.seed_step(micro_global);
-                let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, warmup, total_steps);
-                let updates = (pos.micro_in_epoch + 1) % s.cfg.accumulate as u64 == 0;
-                stepper.micro(&mut s, filled, updates.then_some(lr), &mut clock)?;
-                pos.micro_in_epoch += 1;
-                clock.samples(samples);
-                if updates {
-                    pos.optimizer_steps += 1;
-                    window_steps += 1;
-                    clock.step_done()?;
-                    let end_of_window = pos.optimizer_steps % s.cfg.log_every == 0;
-                    if end_of_window {
-                        let loss = readback::values(&stepper.window_loss, Purpose::Training)[0]
-                            / window_steps as f64;
-                        tch::no_grad(|| {
-                            let _ = stepper.window_loss.zero_();
-                        });
-                        let t = clock.close()?;
-                        epoch_totals.add(&t);
-                        let sh = t.shares();
-                        bar.set_message(format!(
-                            "loss {loss:.4} · {:.0} samples/s · data wait {:.1}%",
-                            sh.samples_per_s,
-                            100.0 * sh.data_wait_share
-                        ));
-                        logged.push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
-                        window_steps = 0;
-                    }
-                    let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
-                    let periodic = s
-                        .cfg
-                        .checkpoint_every
-                        .is_some_and(|n| pos.optimizer_steps % n == 0);
-                    if (at_limit || periodic) && pos.micro_in_epoch < micro_epoch {
-                        pos.loader = Some(loader_state(&s, epoch, pos.micro_in_epoch)?);
-                        checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
-                    }
-                    if at_limit {
-                        stopped = true;
-                    }
-                } else {
-                    clock.step_done()?;
-                }
-                for slot in s.release(Some(filled.slot), train_in_flight(&s))? {
-                    feed.release(slot);
-                }
-                bar.inc(1);
-                if stopped {
-                    break;
-                }
-            }
-            // Drain the queued copies before the feed (and its slots) goes away.
-            for slot in s.release(None, 0)? {
-                feed.release(slot);
-            }
-            loader_stats
-                .get_or_insert_with(Default::default)
-                .merge(&feed.stats());
-        }
-        let t = clock.close()?;
-        epoch_totals.add(&t);
-        run_totals.add(&epoch_totals);
-        bar.finish_and_clear();
-        if stopped && pos.micro_in_epoch < micro_epoch {
+        let epoch_totals = train_epoch(&mut s, &mut stepper, &mut pos, (&plan, opts), &mut run)?;
+        run.totals.add(&epoch_totals);
+        if run.stopped && pos.micro_in_epoch < micro_epoch {
             break;
         }
         let (val_loss, val_metric, train_loss) =
@@ -248,7 +183,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
         pos.epoch += 1;
         pos.micro_in_epoch = 0;
         pos.loader = None;
-        checkpoint::write(&ckpt_path, &pos, &s.state_tensors())?;
+        checkpoint::write(&plan.ckpt_path, &pos, &s.state_tensors())?;
     }
     let gpu_busy = busy.and_then(crate::nvml::Busy::finish);
     save_weights(&s, &opts.out.join("model.safetensors"))?;
@@ -261,21 +196,124 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     let mut summary = Summary::new(
         &s,
         "train",
-        logged,
+        run.logged,
         pos.optimizer_steps,
-        run_totals.shares(),
+        run.totals.shares(),
     );
     summary.epochs = pos.history;
-    summary.checkpoint = Some(ckpt_path.display().to_string());
+    summary.checkpoint = Some(plan.ckpt_path.display().to_string());
     summary.eval_split = Some(s.cfg.eval_split.clone());
     summary.evaluation = evaluation;
-    summary.batch_lens = batch_lens;
-    summary.loader = loader_stats;
+    summary.batch_lens = run.batch_lens;
+    summary.loader = run.loader;
     summary.gpu_busy_nvml = gpu_busy;
     let (step, why) = stepper.describe();
     summary.step = step;
     summary.graph_unavailable = why;
     Ok(summary)
+}
+
+/// Trains the rest of epoch `pos.epoch` (or up to `max_steps`), checkpointing where asked;
+/// returns the epoch's time shares.
+fn train_epoch(
+    s: &mut Session,
+    stepper: &mut Stepper,
+    pos: &mut Position,
+    (plan, opts): (&Schedule, &RunOptions),
+    run: &mut Gathered,
+) -> Result<Totals> {
+    let (epoch, micro_epoch) = (pos.epoch, plan.micro_epoch);
+    let loader = match &pos.loader {
+        Some(state) => s
+            .sources
+            .loader_from_state(train_options(s, epoch), state)?,
+        None => s.sources.loader(train_options(s, epoch))?,
+    };
+    let bar = progress(opts.quiet, micro_epoch, epoch, s.cfg.epochs);
+    bar.set_position(pos.micro_in_epoch);
+    // Summed on the device by the step, read back at each window's end (in place, as a
+    // captured step adds into the same tensors every replay).
+    tch::no_grad(|| {
+        let _ = stepper.window_loss.zero_();
+        let _ = stepper.epoch_loss.zero_();
+    });
+    let mut epoch_totals = Totals::default();
+    let mut window_steps = 0u64;
+    let (ring, fill) = match &s.resident {
+        Some(r) => (r.ring.clone(), Fill::Index),
+        None => (s.ring.clone(), Fill::Batch),
+    };
+    let feed = Feed::start(loader, &ring, fill);
+    let clock = &mut run.clock;
+    while pos.micro_in_epoch < micro_epoch {
+        let t0 = Instant::now();
+        let Some(filled) = feed.next()? else { break };
+        clock.waited(t0.elapsed());
+        if filled.info.pack.is_none() {
+            *run.batch_lens.entry(filled.info.seq_len).or_insert(0) += 1;
+        }
+        // A pack's sequence count is known on the host: no read-back.
+        let samples = filled.info.pack.map_or(s.cfg.batch.batch_size, |p| p.seqs);
+        s.seed_step(epoch * micro_epoch + pos.micro_in_epoch);
+        let lr = learning_rate(s.cfg.lr, pos.optimizer_steps, plan.warmup, plan.total_steps);
+        let updates = (pos.micro_in_epoch + 1).is_multiple_of(s.cfg.accumulate as u64);
+        stepper.micro(s, filled, updates.then_some(lr), clock)?;
+        pos.micro_in_epoch += 1;
+        clock.samples(samples);
+        if updates {
+            pos.optimizer_steps += 1;
+            window_steps += 1;
+            clock.step_done()?;
+            if pos.optimizer_steps.is_multiple_of(s.cfg.log_every) {
+                let loss = readback::values(&stepper.window_loss, Purpose::Training)[0]
+                    / window_steps as f64;
+                tch::no_grad(|| {
+                    let _ = stepper.window_loss.zero_();
+                });
+                let t = clock.close()?;
+                epoch_totals.add(&t);
+                let sh = t.shares();
+                bar.set_message(format!(
+                    "loss {loss:.4} · {:.0} samples/s · data wait {:.1}%",
+                    sh.samples_per_s,
+                    100.0 * sh.data_wait_share
+                ));
+                run.logged
+                    .push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
+                window_steps = 0;
+            }
+            let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
+            let periodic = s
+                .cfg
+                .checkpoint_every
+                .is_some_and(|n| pos.optimizer_steps.is_multiple_of(n));
+            if (at_limit || periodic) && pos.micro_in_epoch < micro_epoch {
+                pos.loader = Some(loader_state(s, epoch, pos.micro_in_epoch)?);
+                checkpoint::write(&plan.ckpt_path, pos, &s.state_tensors())?;
+            }
+            run.stopped |= at_limit;
+        } else {
+            clock.step_done()?;
+        }
+        for slot in s.release(Some(filled.slot), train_in_flight(s))? {
+            feed.release(slot);
+        }
+        bar.inc(1);
+        if run.stopped {
+            break;
+        }
+    }
+    // Drain the queued copies before the feed (and its slots) goes away.
+    for slot in s.release(None, 0)? {
+        feed.release(slot);
+    }
+    run.loader
+        .get_or_insert_with(Default::default)
+        .merge(&feed.stats());
+    drop(feed);
+    epoch_totals.add(&clock.close()?);
+    bar.finish_and_clear();
+    Ok(epoch_totals)
 }
 
 /// The loader state after `micro` batches of `epoch` (what a resumed run starts from).
@@ -319,13 +357,13 @@ fn split_sums(s: &mut Session, split: &str) -> Result<Option<(Tensor, usize)>> {
     }
     let opts = s
         .cfg
-        .loader_options(s.cache.manifest(), split, 0, s.trim_multiple);
+        .loader_options(s.cache.manifest(), split, 0, s.trim_multiple)?;
     let mut loss_sum = Tensor::zeros([], (Kind::Float, s.device));
     let mut metric_sum = Tensor::zeros([], (Kind::Float, s.device));
     let loader = s.sources.loader(opts)?;
     // What one pass reads: the split's contexts, or the windows cut from them.
     let contexts = loader.order().len();
-    let b = s.cfg.batch_size;
+    let b = s.cfg.batch.batch_size;
     let mut seen = 0usize;
     let ring = s.ring.clone();
     let feed = Feed::start(loader, &ring, Fill::Batch);
@@ -402,7 +440,7 @@ fn final_evaluation(s: &mut Session, quiet: bool) -> Result<Vec<SplitEvaluation>
             metric: v[1] / n,
         };
         if !quiet {
-            let what = if s.cfg.batches.windows().is_some() {
+            let what = if s.cfg.batches().windows().is_some() {
                 "windows"
             } else {
                 "contexts"
