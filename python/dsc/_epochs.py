@@ -226,8 +226,8 @@ class _HostSource:
         if self.loader.device is not None:
             # Not pinned memory: a non-blocking copy could still be reading the buffer when
             # its tensor is freed and the buffer reused.
-            tensors = Batch(tensors).to(self.loader.device)
-        return step, seq_len, pack, sink.tensors(dict(tensors))
+            tensors = dict(Batch(tensors).to(self.loader.device))
+        return step, seq_len, pack, sink.tensors(tensors)
 
     def close(self) -> None:
         if self.handle is not None:
