@@ -243,6 +243,20 @@ pub(crate) fn refuse_mix_options(sources: usize, opts: &LoaderOptions) -> Result
     Ok(())
 }
 
+/// The epoch's order of one split's contexts (`one`: its contexts per shard) that `opts` ask
+/// for.
+pub(crate) fn epoch_order(one: &Arc<SplitContexts>, opts: &LoaderOptions) -> EpochOrder {
+    let o = &opts.order;
+    EpochOrder::over(
+        one.clone(),
+        o.shuffle,
+        o.seed,
+        opts.epoch,
+        o.window,
+        o.interleave,
+    )
+}
+
 /// The epoch's order of whole contexts over `sizes` (each source's contexts per shard): one
 /// split's, or a mix's drawn in proportion to its weights.
 pub(crate) fn order(
@@ -253,15 +267,7 @@ pub(crate) fn order(
     let o = &opts.order;
     let bad = |key, problem: String| Err(OptionError::new(key, problem).into());
     if let [one] = sizes {
-        let order = EpochOrder::over(
-            one.clone(),
-            o.shuffle,
-            o.seed,
-            opts.epoch,
-            o.window,
-            o.interleave,
-        );
-        return Ok(Order::One(order));
+        return Ok(Order::One(epoch_order(one, opts)));
     }
     let lens: Vec<usize> = sizes.iter().map(|s| s.len()).collect();
     if let Some(s) = lens.iter().position(|&n| n == 0) {

@@ -1,34 +1,14 @@
 //! Bucketed batches: inside each window, contexts of similar stored length form a global batch
 //! ([`crate::order::EpochOrder::bucketed`]), each trimmed to its longest sequence (exactly,
 //! unless a `trim` multiple is given). One cache's windows: not with a mix. The batches are
-//! padded ones, gathered by `padded`.
+//! padded ones, planned and gathered by `padded`; this is their order.
 
-use super::padded::Padded;
-use super::{Cut, Planning, Shape};
 use crate::cache::Cache;
 use crate::error::LoadError;
 use crate::options::LoaderOptions;
-use crate::order::{EpochOrder, Order, SplitContexts};
+use crate::order::{Order, SplitContexts};
 use dsc_format::spelling::OptionError;
 use std::sync::Arc;
-
-/// Bucketed batches of `p.opts`: checked against memory, over a bucketed order.
-pub(crate) fn plan(p: &Planning<'_>) -> Result<Cut, LoadError> {
-    let opts = p.opts;
-    p.bound(
-        p.rows_bytes(opts.batch_size, 0),
-        ("batch_size", opts.batch_size),
-    )?;
-    let order = super::order(p, opts)?;
-    let max_len = p.longest();
-    let trim = Some(opts.trim.unwrap_or(1));
-    Ok(Cut {
-        shape: Shape::Bucketed(Padded::new(order.len(), opts, trim)),
-        layout: p.stored_layout(opts.batch_size, max_len),
-        order,
-        max_len,
-    })
-}
 
 /// The epoch's order of one cache's contexts, bucketed by length per window.
 pub(crate) fn order(
@@ -45,14 +25,7 @@ pub(crate) fn order(
         )
         .into());
     };
-    let order = EpochOrder::over(
-        one.clone(),
-        o.shuffle,
-        o.seed,
-        opts.epoch,
-        o.window,
-        o.interleave,
-    );
     let lengths = sources[0].lengths(&o.split)?;
+    let order = crate::mix::epoch_order(one, opts);
     Ok(Order::One(order.bucketed(lengths, opts.global_batch()?)))
 }

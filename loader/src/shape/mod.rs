@@ -61,8 +61,7 @@ pub(crate) struct Cut {
 /// The shape `p.opts` asks for, checked against the caches and planned over the epoch's order.
 pub(crate) fn plan(p: &Planning<'_>) -> Result<Cut, LoadError> {
     match &p.opts.order.batches {
-        Batches::Padded => padded::plan(p),
-        Batches::Bucketed => bucketed::plan(p),
+        Batches::Padded | Batches::Bucketed => padded::plan(p),
         Batches::Packed(pack) => packed::plan(p, *pack),
         Batches::Windows(windows) => windows::plan(p, windows),
     }

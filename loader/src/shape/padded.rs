@@ -19,7 +19,8 @@ pub(crate) struct Padded {
     pub trim: Option<usize>,
 }
 
-/// Padded batches of `p.opts`: checked against memory, over the epoch's order.
+/// Padded batches of `p.opts` (bucketed ones too): checked against memory, over the epoch's
+/// order (a bucketed one always trimmed, to exact lengths unless a multiple is given).
 pub(crate) fn plan(p: &Planning<'_>) -> Result<Cut, LoadError> {
     let opts = p.opts;
     p.bound(
@@ -28,8 +29,12 @@ pub(crate) fn plan(p: &Planning<'_>) -> Result<Cut, LoadError> {
     )?;
     let order = super::order(p, opts)?;
     let max_len = p.longest();
+    let shape = match opts.order.batches.is_bucketed() {
+        true => Shape::Bucketed(Padded::new(order.len(), opts, Some(opts.trim.unwrap_or(1)))),
+        false => Shape::Padded(Padded::new(order.len(), opts, opts.trim)),
+    };
     Ok(Cut {
-        shape: Shape::Padded(Padded::new(order.len(), opts, opts.trim)),
+        shape,
         layout: p.stored_layout(opts.batch_size, max_len),
         order,
         max_len,
