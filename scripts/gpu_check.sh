@@ -168,7 +168,9 @@ for name, pinned in (("pinned staging", True), ("pageable copies", False)):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         if pinned:
-            _resident._upload(torch, torch.device("cuda"), reader(), targets)
+            names = [t.name for t in cache.schema]
+            pieces = _resident.split_pieces(torch, cache, "train", names)
+            _resident._upload(torch, torch.device("cuda"), pieces, targets)
         else:
             at = 0
             for b in reader():

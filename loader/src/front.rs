@@ -112,16 +112,19 @@ impl Planned {
     }
 
     /// This plan for a loader of `opts`, when they ask for the same epoch (they may differ in
-    /// the loader's threads and prefetch, which do not change a batch); `None` otherwise.
-    pub fn for_options(mut self, opts: &LoaderOptions) -> Option<Planned> {
+    /// the loader's threads and prefetch, which do not change a batch, and are checked here);
+    /// `None` otherwise.
+    pub fn for_options(mut self, opts: &LoaderOptions) -> Result<Option<Planned>, LoadError> {
         let same = LoaderOptions {
             threads: self.opts.threads,
             prefetch: self.opts.prefetch,
             ..opts.clone()
         };
-        (same == self.opts).then(|| {
-            self.opts = opts.clone();
-            self
-        })
+        if same != self.opts {
+            return Ok(None);
+        }
+        opts.check()?;
+        self.opts = opts.clone();
+        Ok(Some(self))
     }
 }

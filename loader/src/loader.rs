@@ -220,9 +220,6 @@ impl Filler {
         zero_row: bool,
     ) -> Result<BatchInfo, LoadError> {
         let epoch = self.step(step)?;
-        let Some(parts) = epoch.index_layout() else {
-            return Err(Misuse::SeriesNotIndexed.into());
-        };
         let rows = epoch.shape.rows();
         if positions.len() != rows * 8 {
             return Err(Misuse::Positions {
@@ -231,11 +228,18 @@ impl Filler {
             }
             .into());
         }
-        let own: Vec<usize> = parts.own.iter().map(TensorLayout::bytes).collect();
+        let parts = epoch.index_layout();
+        let own: Vec<usize> = parts
+            .iter()
+            .flat_map(|p| p.own.iter().map(TensorLayout::bytes))
+            .collect();
         check_buffers(pack, &own)?;
         let [source] = &epoch.reader.sources[..] else {
             return Err(Misuse::MixNotIndexed.into());
         };
+        if parts.is_none() {
+            return Err(Misuse::SeriesNotIndexed.into());
+        }
         let cache = Cache {
             inner: source.cache.clone(),
         };

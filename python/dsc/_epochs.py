@@ -134,8 +134,12 @@ class _Epoch:
         self.thread = threading.get_ident()
         self._busy = threading.Lock()
         self.source = source
-        self.sink = sink(loader, source)
-        source.start(self.sink)
+        try:
+            self.sink = sink(loader, source)
+            source.start(self.sink)
+        except BaseException:
+            source.close()  # its threads stop, its Rust loader closes
+            raise
 
     @property
     def handle(self) -> Any:

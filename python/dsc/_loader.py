@@ -90,11 +90,8 @@ def _rust_options(keywords: Dict[str, Any], default_trim_multiple: int) -> Dict[
 
 def _rust_keywords(kw: Dict[str, Any]) -> Dict[str, Any]:
     """The keywords of the Rust loader's options as given, with what only Python can tell: a
-    keyword left out (None) from one given empty, booleans as booleans, and the ranks
-    torch.distributed knows. Every other rule is the Rust loader's."""
-    for key in ("shuffle", "drop_last", "bucket", "trim", "pad_windows"):
-        if kw[key] is not None:
-            kw[key] = boolean(key, kw[key])
+    keyword left out (None) from one given empty, and the ranks torch.distributed knows. Every
+    other rule is the Rust loader's."""
     if (kw["rank"] is None) != (kw["world_size"] is None):
         default_rank, default_world = _default_rank_world()
         kw["rank"] = default_rank if kw["rank"] is None else kw["rank"]
@@ -318,11 +315,17 @@ class Loader:
         # What made this loader, so that a state of another generation of its caches can make
         # it again over that generation (load_state_dict).
         self._made_with = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        # Flags are checked before anything is opened: a wrong one is named whatever else is.
+        shuffle, drop_last, bucket, trim, pad_windows = (
+            None if v is None else boolean(k, v)
+            for k, v in (("shuffle", shuffle), ("drop_last", drop_last), ("bucket", bucket),
+                         ("trim", trim), ("pad_windows", pad_windows)))
+        pin_memory, copy = boolean("pin_memory", pin_memory), boolean("copy", copy)
+        static, gather_in_step = boolean("static", static), boolean("gather_in_step", gather_in_step)
         self.follow = boolean("follow", follow)
         self._open(cache, dict(cache_dir=cache_dir, cache_limit=cache_limit,
                                storage_options=storage_options, generation=generation))
-        self._deliver_to(format, device, boolean("pin_memory", pin_memory),
-                         boolean("copy", copy))
+        self._deliver_to(format, device, pin_memory, copy)
         on_gpu = self.device is not None and self.device.type == "cuda"
         self._opts = _rust_options(
             _rust_keywords(dict(
@@ -533,6 +536,10 @@ class Loader:
                       else _HostSource(self, threads=0))
             self._static_buffers(source)
             source.close()
+        if self._resident_device is not None:
+            # A gather before the first next() (a graph captured on these buffers) reads the
+            # split's rows: it is uploaded now.
+            self._resident(background=False)
         return Batch(self._static.batch())
 
     def gather(self) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-from ._errors import OptionsError
+from ._errors import Error, OptionsError
 
 # Index blocks in flight: a block is refilled only after its copy to the device has finished,
 # which its event says; four steps back, that wait is never felt.
@@ -58,22 +58,28 @@ def split_pieces(torch: Any, cache: Any, split: str, columns: List[str]) -> Iter
     """``split`` of ``cache`` in cache order, ``UPLOAD_PIECE`` contexts at a time, as ``(rows,
     {name: tensor})`` (the tensors ``columns``; ``rows`` leading rows of each are the split's,
     every context once): read through the extension (``CacheHandle.split_reader``) as the
-    loader reads, one thread, unshuffled."""
+    loader reads, one thread, unshuffled. The reader is opened here, so that a refusal is
+    raised to the caller, not in the upload's thread."""
     contexts = cache.splits[split]
     piece = max(1, min(UPLOAD_PIECE, contexts))
     handle = cache._handle.split_reader(split, list(columns), piece)
     names = [t[0] for t in handle.tensors()]
-    at = 0
-    try:
-        while at < contexts:
-            item = handle.next()
-            if item is None:
-                return
-            n = min(piece, contexts - at)
-            yield n, {name: torch.from_numpy(np.asarray(b)) for name, b in zip(names, item[2])}
-            at += n
-    finally:
-        handle.close()
+
+    def pieces() -> Iterator[tuple]:
+        at = 0
+        try:
+            while at < contexts:
+                item = handle.next()
+                if item is None:
+                    return
+                n = min(piece, contexts - at)
+                yield n, {name: torch.from_numpy(np.asarray(b))
+                          for name, b in zip(names, item[2])}
+                at += n
+        finally:
+            handle.close()
+
+    return pieces()
 
 
 class ResidentSplit:

@@ -166,8 +166,9 @@ impl CacheHandle {
 
     /// Steps (batches per rank) of the epoch that a loader with `options` (the JSON of the
     /// Rust `LoaderOptions`) would run, and its batches' tensors as
-    /// `(name, dtype, whole-batch shape, trimmed axis or None)`. The plan is kept for the
-    /// next `loader` of the same options (threads and prefetch aside), which starts from it.
+    /// `(name, dtype, whole-batch shape, trimmed axis or None)`. The plan of local caches is
+    /// kept for the next `loader` of the same options (threads and prefetch aside), which
+    /// starts from it.
     fn plan(&self, py: Python<'_>, options: &str) -> PyResult<(usize, Vec<LayoutInfo>)> {
         let opts = parse_options(py, options)?;
         let mix = self.mix.clone();
@@ -178,7 +179,14 @@ impl CacheHandle {
             planned.steps(),
             planned.layout().iter().map(layout_info).collect(),
         );
-        *self.planned.lock().unwrap_or_else(|p| p.into_inner()) = Some(planned);
+        // A plan of caches in object storage registers its shard order with their fetchers,
+        // which would fetch for an epoch that may never run: not kept.
+        let local = self
+            .mix
+            .sources()
+            .iter()
+            .all(|c| c.fetch_folder().is_none());
+        *self.planned.lock().unwrap_or_else(|p| p.into_inner()) = local.then_some(planned);
         Ok(answer)
     }
 
@@ -199,9 +207,9 @@ impl CacheHandle {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         let loader = py
-            .detach(|| match kept.and_then(|p| p.for_options(&opts)) {
-                Some(planned) => planned.loader_at(step),
-                None => mix.loader_at(opts, step),
+            .detach(|| match kept.map(|p| p.for_options(&opts)).transpose()? {
+                Some(Some(planned)) => planned.loader_at(step),
+                _ => mix.loader_at(opts, step),
             })
             .map_err(|e| load_error(py, e))?;
         Ok(LoaderHandle {

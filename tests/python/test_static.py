@@ -81,6 +81,14 @@ def test_gather_in_step_leaves_the_gather_to_the_step(cache_dir: Path, kw: dict)
                         resident=True, **kw)
     static = loader.static_batch
     stored = [t.name for t in loader.cache.schema if t.name in static]
+    # A gather before the first next() (a graph captured on the buffers) reads real rows of
+    # the uploaded split: the split's first context, where the index starts.
+    early = loader.gather()
+    assert pointers(early) == pointers(static)
+    if "pack" not in kw:
+        first = next(iter(dsc.Loader(cache_dir, shuffle=False, batch_size=1)))
+        for k in stored:
+            assert all(torch.equal(row, first[k][0]) for row in early[k]), k
     before = {k: static[k].clone() for k in stored}
     expected = list(host)
     batch = next(iter(loader))

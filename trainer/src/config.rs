@@ -335,10 +335,23 @@ impl RunConfig {
             .map_err(loader)?;
         if self.graph {
             // The loader's one rule for a step that replays one shape (`dsc.Loader(static=True)`
-            // and examples/train.py ask it too); a recorded trim multiple means trimmed batches.
-            self.batches().static_shape(self.shape.trim)?;
+            // and examples/train.py ask it too); a recorded trim multiple means trimmed batches
+            // (checkpoints from before `trim` was recorded).
+            self.batches()
+                .static_shape(self.shape.trim || self.shape.trim_multiple.is_some())?;
         }
         ensure!(self.accumulate > 0, "accumulate", "must be at least 1");
+        // How many caches a run reads is the trainer's to know before any is opened.
+        ensure!(
+            self.mixing
+                .weights
+                .as_ref()
+                .is_none_or(|w| w.len() == self.mix.len() + 1),
+            "weights",
+            "gives {} weights for {} caches: one per `cache`, in their order",
+            self.mixing.weights.as_ref().map_or(0, Vec::len),
+            self.mix.len() + 1
+        );
         ensure!(
             self.mix.is_empty() || self.resident != Some(true),
             "resident",
@@ -546,6 +559,19 @@ mod tests {
         json["bucket"] = true.into();
         let err = read(&json).unwrap().validate().unwrap_err().to_string();
         assert!(err.contains("`bucket` and `pack`"), "{err}");
+        // The count of weights is checked before any cache is opened.
+        let mut mixed = RunConfig::new("a", Task::Regression);
+        mixed.mix = vec!["b".into()];
+        mixed.mixing.weights = Some(vec![1.0, 2.0, 3.0]);
+        assert_eq!(mixed.validate().unwrap_err().key, "weights");
+        mixed.mixing.weights = Some(vec![1.0, 2.0]);
+        mixed.validate().unwrap();
+        // A captured step refuses a recorded trim multiple (trimmed batches).
+        let mut captured = RunConfig::new("cache", Task::Regression);
+        captured.graph = true;
+        captured.validate().unwrap();
+        captured.shape.trim_multiple = Some(16);
+        assert_eq!(captured.validate().unwrap_err().key, "trim");
         // Packs refuse a trim multiple.
         let mut packs = RunConfig::new("cache", Task::Regression);
         packs.shape.pack = Some(4096);
