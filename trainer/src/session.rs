@@ -55,6 +55,9 @@ pub struct Session {
     /// The train split's loader options at epoch 0 (`cfg.loader_options`, checked by the
     /// loader once): every epoch's are these at its epoch.
     pub train_options: dsc_loader::LoaderOptions,
+    /// Epoch 0 of the train split as planned for the layout, kept for that epoch's loader
+    /// (taken by the first epoch that starts at its beginning, dropped otherwise).
+    pub planned: Option<dsc_loader::Planned>,
     /// The task: loss, metric, targets.
     pub task: TaskSpec,
     /// The network's variables.
@@ -205,6 +208,7 @@ impl Session {
             amp,
             trim_multiple,
             train_options,
+            planned: Some(planned),
             task,
             vs,
             net,

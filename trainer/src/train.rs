@@ -50,7 +50,10 @@ pub(crate) fn train_options(s: &Session, epoch: u64) -> LoaderOptions {
 
 /// Micro-batches per epoch that are trained: whole optimizer steps only.
 fn micro_per_epoch(s: &Session) -> Result<u64> {
-    let steps = s.sources.loader(train_options(s, 0))?.steps() as u64;
+    let steps = match &s.planned {
+        Some(planned) => planned.steps(),
+        None => s.sources.plan(&train_options(s, 0))?.steps(),
+    } as u64;
     let micro = steps / s.cfg.accumulate as u64 * s.cfg.accumulate as u64;
     if steps == 0 {
         // Not one whole batch: the batch is at fault, not `accumulate` (which may not be given).
@@ -223,11 +226,15 @@ fn train_epoch(
     run: &mut Gathered,
 ) -> Result<Totals> {
     let (epoch, micro_epoch) = (pos.epoch, plan.micro_epoch);
-    let loader = match &pos.loader {
-        Some(state) => s
+    // Epoch 0 from its start was planned when the session was made: not again. Any other
+    // start drops that plan (and the shard order it gave a remote cache's fetcher).
+    let planned = s.planned.take().filter(|_| epoch == 0);
+    let loader = match (&pos.loader, planned) {
+        (Some(state), _) => s
             .sources
             .loader_from_state(train_options(s, epoch), state)?,
-        None => s.sources.loader(train_options(s, epoch))?,
+        (None, Some(planned)) => planned.loader_at(0)?,
+        (None, None) => s.sources.loader(train_options(s, epoch))?,
     };
     let bar = progress(opts.quiet, micro_epoch, epoch, s.cfg.epochs);
     bar.set_position(pos.micro_in_epoch);
