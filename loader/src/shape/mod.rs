@@ -163,7 +163,7 @@ pub(crate) fn memory_limit() -> usize {
     usize::try_from(dsc_format::system::memory_limit()).unwrap_or(usize::MAX)
 }
 
-/// An `i32` tensor of `shape` that a shape adds to a batch.
+/// A tensor of `dtype` and `shape` that a shape adds to a batch (it has no stored role).
 pub(crate) fn own_tensor(name: &str, dtype: Dtype, shape: Vec<usize>) -> TensorLayout {
     TensorLayout {
         name: name.into(),
