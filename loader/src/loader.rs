@@ -13,7 +13,7 @@ use crate::pack::Packs;
 use crate::prepare::Planned;
 use crate::shape::{IndexDst, IndexLayout, Shape};
 use crate::stats::LoaderStats;
-use dsc_format::TensorSpec;
+use dsc_format::{Manifest, TensorSpec};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -49,10 +49,10 @@ pub struct Loader {
 }
 
 /// The content id of `sources`: each cache's generation's `content_id`, joined by `+`.
-pub(crate) fn content_of(sources: &[Cache]) -> String {
-    sources
-        .iter()
-        .map(|c| c.manifest().content_id())
+pub(crate) fn content_of<'a>(manifests: impl IntoIterator<Item = &'a Manifest>) -> String {
+    manifests
+        .into_iter()
+        .map(Manifest::content_id)
         .collect::<Vec<_>>()
         .join("+")
 }

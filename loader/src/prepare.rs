@@ -50,11 +50,6 @@ impl Planned {
         self.epoch.index_layout()
     }
 
-    /// The options it was planned with.
-    pub fn options(&self) -> &LoaderOptions {
-        &self.opts
-    }
-
     /// The loader threads to run: those asked for, at most one per core when the split is hot
     /// and kept resident (the gather never waits on a read: [`LoaderOptions::threads`]).
     pub(crate) fn threads(&self) -> usize {

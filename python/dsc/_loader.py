@@ -327,6 +327,7 @@ class Loader:
                                storage_options=storage_options, generation=generation))
         self._deliver_to(format, device, pin_memory, copy)
         on_gpu = self.device is not None and self.device.type == "cuda"
+        default_multiple = GPU_TRIM_MULTIPLE if on_gpu else 1
         self._opts = _rust_options(
             _rust_keywords(dict(
                 split=None if split is None else str(split), seed=seed, window=window,
@@ -337,11 +338,10 @@ class Loader:
                 mix_samples=mix_samples, batch_size=batch_size, epoch=epoch, rank=rank,
                 world_size=world_size, threads=num_threads, prefetch=prefetch, columns=columns,
             )),
-            GPU_TRIM_MULTIPLE if on_gpu else 1,
+            default_multiple,
         )
         self._read_back(json.loads(_dsc.loader_keys(json.dumps(self._opts))),
-                        trim_multiple if trim_multiple is not None else
-                        GPU_TRIM_MULTIPLE if on_gpu else 1)
+                        default_multiple if trim_multiple is None else trim_multiple)
         self._epoch: int = self._opts["epoch"]
         self._step = 0  # batches of the current epoch consumed on this rank
         # Units of the epoch skipped before step 0: a state from another global batch resumes

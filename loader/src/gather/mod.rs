@@ -194,11 +194,7 @@ impl Reader {
 
     /// The content id of the data read: each cache's generation's, joined by `+`.
     pub(crate) fn content_id(&self) -> String {
-        self.sources
-            .iter()
-            .map(|s| s.cache.manifest.content_id())
-            .collect::<Vec<_>>()
-            .join("+")
+        crate::loader::content_of(self.sources.iter().map(|s| &s.cache.manifest))
     }
 
     /// Whether `samples` are consecutive contexts of one shard of a source of the batches' `L`:

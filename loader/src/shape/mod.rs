@@ -201,11 +201,6 @@ impl IndexLayout {
         parts.extend(self.own.iter().cloned());
         parts
     }
-
-    /// Whether `name` is a tensor of the batch that the index carries whole (not gathered).
-    pub fn is_own(&self, name: &str) -> bool {
-        self.own.iter().any(|t| t.name == name)
-    }
 }
 
 impl Shape {
@@ -383,7 +378,7 @@ impl Shape {
                 pack: None,
             }),
             Shape::Packed(p) => {
-                let pack = p.index(max_len, (samples, repeated), lengths, dst);
+                let pack = p.index(max_len, (samples, repeated), dst);
                 Ok(BatchInfo {
                     seq_len: pack.max_seqlen,
                     pack: Some(pack),

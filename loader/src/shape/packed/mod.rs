@@ -197,7 +197,6 @@ impl Packed {
         dst: &mut [&mut [u8]],
     ) -> PackInfo {
         let lens = self.lens(reader.max_len, samples);
-        let tokens: usize = lens.iter().sum();
         let seqs = samples.len();
         let bodies: Vec<&[u8]> = samples
             .iter()
@@ -229,12 +228,7 @@ impl Packed {
             }
         }
         write_pack_index(&self.packs, &lens, &mut dst[reader.loaded..]);
-        PackInfo {
-            seqs,
-            tokens,
-            max_seqlen: lens.iter().copied().max().unwrap_or(0),
-            repeated,
-        }
+        info(&lens, repeated)
     }
 
     /// The stored lengths of a pack's `samples`, at most `L = max_len`.
@@ -258,20 +252,15 @@ impl Packed {
     }
 
     /// [`super::Shape::index_into`] of a pack, its positions written: its token rows into
-    /// `dst.token_rows` when asked for, its own five tensors into `dst.own`; from `lengths`,
-    /// the split's stored lengths (compiled order) of `L = max_len`.
+    /// `dst.token_rows` when asked for, its own five tensors into `dst.own`, from the stored
+    /// lengths the packs were planned with (`L = max_len`).
     pub fn index(
         &self,
         max_len: usize,
         (samples, repeated): (&[Sample], bool),
-        lengths: &[u32],
         dst: IndexDst<'_, '_>,
     ) -> PackInfo {
-        let cap = max_len.max(1);
-        let lens: Vec<usize> = samples
-            .iter()
-            .map(|s| (lengths[s.position] as usize).min(cap))
-            .collect();
+        let lens = self.lens(max_len, samples);
         let unused = dst.unused as i64;
         if let Some(token_rows) = dst.token_rows {
             // Row `position * L + step` of the split's tensors flattened to
@@ -288,12 +277,17 @@ impl Packed {
             );
         }
         write_pack_index(&self.packs, &lens, dst.own);
-        PackInfo {
-            seqs: samples.len(),
-            tokens: lens.iter().sum(),
-            max_seqlen: lens.iter().copied().max().unwrap_or(0),
-            repeated,
-        }
+        info(&lens, repeated)
+    }
+}
+
+/// What a pack of sequences of `lens` stored steps is (`repeated`: a repeat of an earlier one).
+fn info(lens: &[usize], repeated: bool) -> PackInfo {
+    PackInfo {
+        seqs: lens.len(),
+        tokens: lens.iter().sum(),
+        max_seqlen: lens.iter().copied().max().unwrap_or(0),
+        repeated,
     }
 }
 
