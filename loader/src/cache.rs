@@ -578,3 +578,13 @@ pub(crate) fn lengths_of(sources: &[Cache], split: &str) -> Result<Arc<[u32]>, L
     }
     Ok(all.into())
 }
+
+/// The content id of the caches of `manifests` (a generation each): their `content_id`s,
+/// joined by `+`.
+pub(crate) fn content_of<'a>(manifests: impl IntoIterator<Item = &'a Manifest>) -> String {
+    manifests
+        .into_iter()
+        .map(Manifest::content_id)
+        .collect::<Vec<_>>()
+        .join("+")
+}

@@ -58,7 +58,7 @@ pub(crate) fn from_state(
     state: &State,
 ) -> Result<Loader, LoadError> {
     if let Some(id) = &state.content_id {
-        let here = crate::loader::content_of(sources.iter().map(Cache::manifest));
+        let here = crate::cache::content_of(sources.iter().map(Cache::manifest));
         let stored: Vec<String> = sources.iter().map(|c| c.manifest().stored_id()).collect();
         if *id != here && *id != stored.join("+") {
             return Err(LoadError::State {

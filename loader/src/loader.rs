@@ -13,7 +13,7 @@ use crate::pack::Packs;
 use crate::prepare::Planned;
 use crate::shape::{IndexDst, IndexLayout, Shape};
 use crate::stats::LoaderStats;
-use dsc_format::{Manifest, TensorSpec};
+use dsc_format::TensorSpec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -44,17 +44,8 @@ pub struct Loader {
     /// Batches the threads have queued and the consumer not yet taken (a counter, so that
     /// reading it costs no lock per queue).
     ahead: Arc<AtomicUsize>,
-    /// The content id of the data read ([`content_of`]), recorded in its states.
+    /// The content id of the data read ([`crate::cache::content_of`]), recorded in its states.
     content: String,
-}
-
-/// The content id of `sources`: each cache's generation's `content_id`, joined by `+`.
-pub(crate) fn content_of<'a>(manifests: impl IntoIterator<Item = &'a Manifest>) -> String {
-    manifests
-        .into_iter()
-        .map(Manifest::content_id)
-        .collect::<Vec<_>>()
-        .join("+")
 }
 
 /// The page-cache hints of one loader, shared with its [`Filler`]s.

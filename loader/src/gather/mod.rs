@@ -194,7 +194,7 @@ impl Reader {
 
     /// The content id of the data read: each cache's generation's, joined by `+`.
     pub(crate) fn content_id(&self) -> String {
-        crate::loader::content_of(self.sources.iter().map(|s| &s.cache.manifest))
+        crate::cache::content_of(self.sources.iter().map(|s| &s.cache.manifest))
     }
 
     /// Whether `samples` are consecutive contexts of one shard of a source of the batches' `L`:
