@@ -150,7 +150,10 @@ struct Passes<'a> {
 
 impl Passes<'_> {
     fn order(&self, batches: Batches) -> OrderSpec {
-        self.a.epoch.order(batches, &MixArgs::default())
+        self.a
+            .epoch
+            .order(batches, &MixArgs::default(), None)
+            .expect("no schedule to convert")
     }
 
     /// Padded batches in cache order or shuffled, on `threads` threads.

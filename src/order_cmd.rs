@@ -37,6 +37,9 @@ struct Report {
     /// With several caches: each one's share of the epoch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     mix: Vec<MixShare>,
+    /// With --schedule: each stage's realised shares over the run up to this epoch's end.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stages: Vec<StageReport>,
     /// With --series-window: the windows (`contexts` then counts windows).
     #[serde(skip_serializing_if = "Option::is_none")]
     series: Option<dsc_loader::SeriesWindows>,
@@ -46,7 +49,7 @@ struct Report {
 #[derive(Serialize)]
 struct MixShare {
     cache: String,
-    /// Its weight, normalised.
+    /// Its weight, normalised (with a schedule: its target share of this epoch).
     weight: f64,
     /// Contexts of its split.
     contexts: usize,
@@ -71,37 +74,114 @@ fn shares(loader: &Loader, paths: &[std::path::PathBuf]) -> anyhow::Result<Vec<M
         // The contexts its readers see (a generation may hide some).
         sizes.push(cache.contexts(&o.split)?.len());
     }
-    let weights: Vec<f64> = if o.weights.is_empty() {
-        sizes.iter().map(|&n| n as f64).collect()
+    let schedule = order.schedule();
+    let epoch = loader.options().epoch;
+    // The epoch's target: each segment's positions times its weights (fixed weights: the
+    // weights as given, normalised).
+    let weights: Vec<f64> = if !o.schedule.is_empty() {
+        let share = schedule.shares(epoch..epoch + 1);
+        let mut target = vec![0.0; sizes.len()];
+        for stage in &share {
+            for (t, x) in target.iter_mut().zip(&stage.target) {
+                *t += x / order.len().max(1) as f64;
+            }
+        }
+        target
     } else {
-        o.weights.clone()
+        let weights: Vec<f64> = if o.weights.is_empty() {
+            sizes.iter().map(|&n| n as f64).collect()
+        } else {
+            o.weights.clone()
+        };
+        // Scaled by the largest first: equal weights of 1e308 summed to infinity and printed
+        // as `weight 0.0000`.
+        let largest = weights
+            .iter()
+            .copied()
+            .fold(0.0f64, f64::max)
+            .max(f64::MIN_POSITIVE);
+        let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
+        let sum: f64 = weights.iter().sum();
+        weights.iter().map(|w| w / sum).collect()
     };
-    // Scaled by the largest first: equal weights of 1e308 summed to infinity and printed as
-    // `weight 0.0000`.
-    let largest = weights
-        .iter()
-        .copied()
-        .fold(0.0f64, f64::max)
-        .max(f64::MIN_POSITIVE);
-    let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
-    let sum: f64 = weights.iter().sum();
-    let drawn = order.draws_before(order.len());
+    let (start, end) = (order.draws_before(0), order.draws_before(order.len()));
     let total = order.len().max(1) as f64;
-    let epochs = loader.options().epoch as f64 + 1.0;
     Ok(paths
         .iter()
         .zip(weights)
         .zip(sizes)
-        .zip(drawn)
-        .map(|(((path, weight), contexts), drawn)| MixShare {
-            cache: path.display().to_string(),
-            weight: weight / sum,
-            contexts,
-            drawn,
-            share: drawn as f64 / total,
-            passes: epochs * drawn as f64 / contexts.max(1) as f64,
+        .zip(start.into_iter().zip(end))
+        .map(|(((path, weight), contexts), (start, end))| {
+            let drawn = (end - start) as usize;
+            MixShare {
+                cache: path.display().to_string(),
+                weight,
+                contexts,
+                drawn,
+                share: drawn as f64 / total,
+                passes: end as f64 / contexts.max(1) as f64,
+            }
         })
         .collect())
+}
+
+/// One stage of a mix's schedule over the run up to the end of the epoch shown.
+#[derive(Serialize)]
+struct StageReport {
+    /// Its index in the schedule.
+    stage: usize,
+    /// The position it starts at.
+    at: u64,
+    /// Reached linearly from the previous stage's weights.
+    linear: bool,
+    /// Its weights, normalised.
+    weights: Vec<f64>,
+    /// Its positions up to the end of the epoch shown (with a linear stage after it: the span
+    /// of that stage's ramp).
+    positions: u64,
+    /// Each cache's share of those positions, as drawn.
+    realised: Vec<f64>,
+    /// Each cache's share, as its blocks' weights ask.
+    target: Vec<f64>,
+    /// The largest |drawn - target| of a cache over the stage, in positions.
+    largest_gap: f64,
+}
+
+/// The stages of a mix's schedule over epochs 0 to the one shown: what each drew.
+fn stages(loader: &Loader) -> Vec<StageReport> {
+    let Order::Mix(order) = loader.order() else {
+        return Vec::new();
+    };
+    let o = &loader.options().order;
+    if o.schedule.is_empty() {
+        return Vec::new();
+    }
+    let epoch = loader.options().epoch;
+    order
+        .schedule()
+        .shares(0..epoch + 1)
+        .into_iter()
+        .map(|share| {
+            let stage = &o.schedule[share.stage];
+            let sum: f64 = stage.weights.iter().sum();
+            let n = share.positions.max(1) as f64;
+            StageReport {
+                stage: share.stage,
+                at: stage.at,
+                linear: stage.linear,
+                weights: stage.weights.iter().map(|w| w / sum).collect(),
+                positions: share.positions,
+                realised: share.realised.iter().map(|&d| d as f64 / n).collect(),
+                target: share.target.iter().map(|t| t / n).collect(),
+                largest_gap: share
+                    .realised
+                    .iter()
+                    .zip(&share.target)
+                    .map(|(&d, t)| (d as f64 - t).abs())
+                    .fold(0.0, f64::max),
+            }
+        })
+        .collect()
 }
 
 /// Shuffle quality and padding of one epoch order.
@@ -209,13 +289,7 @@ fn read_state(
         );
     }
     let o = &state.order;
-    anyhow::ensure!(
-        a.mix.weights.as_ref().is_none_or(|w| *w == o.weights),
-        "--weights with --from-state {}: that state's are {:?} (drop --weights; the state's \
-         order continues)",
-        path.display(),
-        o.weights
-    );
+    // --weights or --schedule amend the state's schedule past its position: the loader checks.
     anyhow::ensure!(
         a.mix.mix_samples.is_none() || a.mix.mix_samples == o.mix_samples,
         "--mix-samples with --from-state {}: that state's is {:?} (drop --mix-samples; the \
@@ -419,6 +493,7 @@ fn report(
         figures,
         unbucketed,
         mix: shares(loader, paths)?,
+        stages: stages(loader),
         series: order.series().cloned(),
     })
 }
@@ -486,6 +561,26 @@ fn print_report(report: &Report) -> anyhow::Result<()> {
             m.share,
             m.passes,
             m.contexts
+        );
+    }
+    for s in &report.stages {
+        let shares = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.4}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        outln!(
+            "{} {} from {}{}: {} positions so far, drawn {} for a target of {} (largest gap \
+             {:.2} positions)",
+            bold("stage"),
+            s.stage,
+            s.at,
+            if s.linear { " (linear)" } else { "" },
+            s.positions,
+            shares(&s.realised),
+            shares(&s.target),
+            s.largest_gap
         );
     }
     print_figures(&report.figures, if report.bucket { "bucketed" } else { "" })?;

@@ -2,7 +2,7 @@
 //! the longest L, packing, and refusals of caches that do not fit together.
 
 use crate::util::*;
-use dsc_loader::{Batch, Batches, Cache, LoadError, LoaderOptions, Mix, OrderSpec, Pack};
+use dsc_loader::{Batch, Batches, Cache, LoadError, LoaderOptions, Mix, OrderSpec, Pack, Stage};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -569,4 +569,238 @@ fn hostile_numbers_and_the_same_data_twice_are_refused_naming_the_option() {
         .unwrap()
         .loader(opts(4, &[], None));
     assert!(matches!(keys, Err(dsc_loader::LoadError::Options(o)) if o.key == "weights"));
+}
+
+/// A curriculum over the mix of `a` and `b`: mostly `a`, then a linear move to mostly `b`, `a`
+/// retired, then both back at even weights, over epochs of 1000 positions in blocks of 64.
+fn curriculum() -> Vec<Stage> {
+    let stage = |at, weights: [f64; 2], linear| Stage {
+        at,
+        weights: weights.to_vec(),
+        linear,
+    };
+    vec![
+        stage(0, [0.9, 0.1], false),
+        stage(600, [0.3, 0.7], true),
+        stage(1400, [0.0, 1.0], false),
+        stage(2000, [0.5, 0.5], false),
+    ]
+}
+
+fn scheduled(batch: usize, schedule: Vec<Stage>, epoch: u64) -> LoaderOptions {
+    LoaderOptions {
+        batch_size: batch,
+        epoch,
+        order: OrderSpec {
+            window: 64,
+            schedule,
+            mix_samples: Some(1000),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A schedule draws each cache's own epochs one after another whatever its stages (none lost,
+/// none repeated), leaves a retired cache out, and a state taken at any step (before, at or
+/// after a stage change) resumes on the uninterrupted batches, at the same or another global
+/// batch, padded or packed.
+#[test]
+fn a_schedule_is_exact_and_resumes_anywhere() {
+    let mix = mix();
+    let (in_a, in_b) = (keys_of(&open("a")), keys_of(&open("b")));
+    let mut drawn: [Vec<i64>; 2] = [Vec::new(), Vec::new()];
+    for epoch in 0..3 {
+        let batches = keys(&mix, scheduled(12, curriculum(), epoch));
+        // Batches of 8 deliver all 1000 positions of an epoch (of 12, drop_last leaves 4).
+        for k in keys(&mix, scheduled(8, curriculum(), epoch)).iter().flatten() {
+            drawn[usize::from(in_b.contains(k))].push(*k);
+        }
+        if epoch == 1 {
+            // Positions 1448.. (the first block from 1400) to 2000 hold no `a`.
+            let retired: Vec<&i64> = batches.iter().flatten().skip(448).collect();
+            assert!(retired.iter().all(|k| in_b.contains(k)), "a is retired");
+        }
+        for (batch, world, step) in [(12, 1, 5), (12, 1, 37), (12, 1, 50), (8, 1, 0), (6, 2, 0)] {
+            let taken = mix.loader_at(scheduled(12, curriculum(), epoch), step).unwrap();
+            let state = taken.state();
+            let mut ranks = Vec::new();
+            for rank in 0..world {
+                let o = LoaderOptions {
+                    rank,
+                    world_size: world,
+                    ..scheduled(batch, curriculum(), epoch)
+                };
+                let rest = mix.loader_from_state(o, &state).unwrap();
+                ranks.push(rest.map(|b| b.unwrap().keys()).collect::<Vec<_>>());
+            }
+            let resumed: Vec<i64> = (0..ranks[0].len())
+                .flat_map(|s| ranks.iter().flat_map(move |r| r[s].clone()))
+                .collect();
+            let whole: Vec<i64> = batches.iter().flatten().copied().collect();
+            // With drop_last, the global batches of another size end elsewhere.
+            let n = resumed.len().min(whole.len() - step * 12);
+            assert_eq!(
+                resumed[..n],
+                whole[step * 12..step * 12 + n],
+                "epoch {epoch} step {step} at {batch} x {world}"
+            );
+        }
+    }
+    // Each cache's draws: its keys once per own epoch, one epoch after another.
+    for (cache, d) in [(&in_a, &drawn[0]), (&in_b, &drawn[1])] {
+        for chunk in d.chunks(cache.len()) {
+            let distinct: BTreeSet<&i64> = chunk.iter().collect();
+            assert_eq!(distinct.len(), chunk.len(), "a context repeated");
+            assert!(chunk.iter().all(|k| cache.contains(k)));
+        }
+    }
+    assert!(drawn[0].len() > in_a.len(), "a read past its first epoch");
+    // Packed: a state at any pack resumes on the same packs.
+    let packed = |epoch| LoaderOptions {
+        order: OrderSpec {
+            batches: Batches::Packed(Pack::tokens(512)),
+            ..scheduled(1, curriculum(), epoch).order
+        },
+        ..scheduled(1, curriculum(), epoch)
+    };
+    let whole = keys(&mix, packed(1));
+    for step in [0, 3, whole.len() / 2] {
+        let state = mix.loader_at(packed(1), step).unwrap().state();
+        let rest: Vec<Vec<i64>> = mix
+            .loader_from_state(packed(1), &state)
+            .unwrap()
+            .map(|b| b.unwrap().keys())
+            .collect();
+        assert_eq!(rest, whole[step..], "packed step {step}");
+    }
+}
+
+/// A resume may change the stages that start after the state's position (taken: the same
+/// batches up to the end of its block, the new weights after), not one before it (refused,
+/// naming the stage), and the state records the schedule it ran.
+#[test]
+fn a_schedule_is_amended_past_a_state_and_refused_before_it() {
+    let mix = mix();
+    let state = mix
+        .loader_at(scheduled(12, curriculum(), 0), 60)
+        .unwrap()
+        .state();
+    assert_eq!(state.order.schedule, curriculum(), "the state records its schedule");
+    // Position 720, in stage 1: `a` retired from 800 instead of 1400.
+    let mut later = curriculum();
+    later[2].at = 800;
+    let start = mix
+        .check_state(&scheduled(12, later.clone(), 0), &state)
+        .unwrap();
+    assert_eq!(start.step, 60);
+    let old: Vec<i64> = keys(&mix, scheduled(12, curriculum(), 0)).concat();
+    let new: Vec<i64> = mix
+        .loader_from_state(scheduled(12, later.clone(), 0), &state)
+        .unwrap()
+        .flat_map(|b| b.unwrap().keys())
+        .collect();
+    // The same up to the end of the block of position 720 (768), then b alone from 832.
+    assert_eq!(new[..768 - 720], old[720..768]);
+    let in_b = keys_of(&open("b"));
+    assert!(new[832 - 720..].iter().all(|k| in_b.contains(k)));
+    assert!(!old[832..].iter().all(|k| in_b.contains(k)));
+    // Stage 2 moved to 700, before the state's position.
+    let mut earlier = curriculum();
+    earlier[2].at = 700;
+    for err in [
+        mix.check_state(&scheduled(12, earlier.clone(), 0), &state)
+            .unwrap_err(),
+        mix.loader_from_state(scheduled(12, earlier, 0), &state)
+            .unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("stage 2 differs before") && text.contains("(720)"), "{text}");
+    }
+    // At 360 the ramp to stage 1 is under way: moving its end changes the past.
+    let at_360 = mix
+        .loader_at(scheduled(12, curriculum(), 0), 30)
+        .unwrap()
+        .state();
+    let mut stretched = curriculum();
+    stretched[1].at = 700;
+    let err = mix
+        .check_state(&scheduled(12, stretched, 0), &at_360)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("stage 1 differs"), "{err}");
+}
+
+/// `dsc order --schedule FILE` reports each stage's realised shares beside its target, and
+/// refuses a schedule that cannot be drawn, naming the stage.
+#[test]
+fn dsc_order_reports_a_schedule_and_refuses_bad_ones() {
+    let file = dir().join("curriculum.json");
+    std::fs::write(&file, serde_json::to_string(&curriculum()).unwrap()).unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "order",
+            "a",
+            "b",
+            "--schedule",
+            "curriculum.json",
+            "--window",
+            "64",
+            "--mix-samples",
+            "1000",
+            "--batch-size",
+            "12",
+        ];
+        a.extend_from_slice(extra);
+        a.iter().map(ToString::to_string).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        dsc(dir(), &a)
+    };
+    let report: serde_json::Value =
+        serde_json::from_str(&run(&["--epoch", "2", "--json"]).ok()).unwrap();
+    let stages = report["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 4, "{report}");
+    for s in stages {
+        let gap = s["largest_gap"].as_f64().unwrap();
+        // A constant stage inside one epoch is one segment: within a position of its target.
+        if matches!(s["stage"].as_u64(), Some(0) | Some(2)) {
+            assert!(gap < 1.0, "{s}");
+        }
+        let (realised, target) = (&s["realised"], &s["target"]);
+        for k in 0..2 {
+            let (r, t) = (realised[k].as_f64().unwrap(), target[k].as_f64().unwrap());
+            assert!((r - t).abs() < 0.01, "{s}");
+        }
+    }
+    assert_eq!(stages[2]["realised"][0].as_f64(), Some(0.0), "a retired");
+    let text = run(&["--epoch", "1"]).ok();
+    assert!(text.contains("stage 2 from 1400"), "{text}");
+    // The same keys as the Rust loader.
+    let cli: Vec<Vec<i64>> = serde_json::from_str(&run(&["--keys", "--json"]).ok()).unwrap();
+    assert_eq!(cli, keys(&mix(), scheduled(12, curriculum(), 0)));
+    for (schedule, says) in [
+        (r#"[{"at": 5, "weights": [1, 1]}]"#, "stage 0 starts at 5"),
+        (
+            r#"[{"at": 0, "weights": [1, 1]}, {"at": 0, "weights": [1, 2]}]"#,
+            "stage 1 starts at 0, not after stage 0",
+        ),
+        (r#"[{"at": 0, "weights": [1, 1, 1]}]"#, "stage 0 gives 3 weights for 2 caches"),
+        (r#"[{"at": 0, "weights": [0, 0]}]"#, "stage 0 weighs every cache 0"),
+        (r#"[{"at": 0, "weights": [1, -1]}]"#, "stage 0: -1 is not a weight"),
+        (r#"[{"at": 0, "weights": [1, 1], "linear": true}]"#, "stage 0 is linear"),
+        (r#"[{"at": 0, "weights": [1000, 1]}]"#, "under one position in a window of 64"),
+        (r#"[{"step": 3, "weights": [1, 1]}, {"at": 9, "weights": [1, 2]}]"#, "stage 0 starts at 36"),
+        (r#"[]"#, "names no stage"),
+        (r#"{"at": 0}"#, "is not a schedule"),
+    ] {
+        std::fs::write(&file, schedule).unwrap();
+        let err = run(&[]).fails(2);
+        assert!(err.contains(says), "{schedule}: {err}");
+    }
+    std::fs::write(&file, serde_json::to_string(&curriculum()).unwrap()).unwrap();
+    let err = run(&["--weights", "1,1"]).fails(2);
+    assert!(err.contains("exclude each other"), "{err}");
 }

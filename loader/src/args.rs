@@ -11,7 +11,7 @@ use crate::error::LoadError;
 use crate::options::{
     check_trim_multiple, Batches, LoaderOptions, OrderSpec, Pack, DEFAULT_BATCH_SIZE,
 };
-use crate::order::{SeriesWindows, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use crate::order::{SeriesWindows, Stage, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spelling::OptionError;
 use serde::{Deserialize, Serialize};
 
@@ -210,6 +210,113 @@ pub struct MixArgs {
     /// Positions in an epoch of a mix [default: the caches' contexts together].
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub mix_samples: Option<usize>,
+    /// A mix's schedule, a JSON file of stages: `[{"at": 0, "weights": [0.9, 0.1]}, {"at":
+    /// 32000, "weights": [0.3, 0.7], "linear": true}]`. Each stage starts at a sample position
+    /// of the run (epoch x positions per mix epoch + position; the trainers also take `"step":
+    /// N`, an optimizer step) and weighs the caches from there on (0 leaves a cache out); a
+    /// `linear` stage moves there from the previous stage's weights. A stage takes effect from
+    /// the first window of positions that starts at or after it. Not with --weights, which is
+    /// the schedule of one stage [default: none].
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "FILE", value_parser = read_schedule)
+    )]
+    pub schedule: Option<Stages>,
+}
+
+/// A schedule's stages as given (`--schedule FILE`, or `schedule` in JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Stages(pub Vec<StageArg>);
+
+/// One stage of a schedule as given: where it starts (a sample position, or, for a trainer,
+/// an optimizer step), its weights, and whether it is reached linearly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageArg {
+    /// The sample position of the run the stage starts at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+    /// The optimizer step it starts at (the trainers convert it with their global batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// One weight per cache, at least 0.
+    pub weights: Vec<f64>,
+    /// Reached by moving from the previous stage's weights over the span between them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub linear: bool,
+}
+
+/// The stages of a schedule file (`--schedule FILE`): a JSON list of stages.
+#[cfg(feature = "cli")]
+fn read_schedule(path: &str) -> Result<Stages, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{path} is not a schedule: {e}; expected a JSON list of stages such as \
+             [{{\"at\": 0, \"weights\": [0.9, 0.1]}}, {{\"at\": 32000, \"weights\": [0.3, \
+             0.7], \"linear\": true}}]"
+        )
+    })
+}
+
+impl MixArgs {
+    /// The stages of the schedule in sample positions: a stage given by optimizer step starts
+    /// at `step * per_step` samples (`per_step`: samples per optimizer step, `None` where a
+    /// step has no fixed number of samples, as with packs).
+    pub fn stages(&self, per_step: Option<u64>) -> Result<Vec<Stage>, OptionError> {
+        let Some(Stages(stages)) = &self.schedule else {
+            return Ok(Vec::new());
+        };
+        if stages.is_empty() {
+            return Err(OptionError::new(
+                "schedule",
+                "names no stage: give at least one, starting at 0 (or leave it out)",
+            ));
+        }
+        stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let at = match (s.at, s.step) {
+                    (Some(at), None) => at,
+                    (None, Some(step)) => {
+                        let Some(per) = per_step else {
+                            return Err(OptionError::new(
+                                "schedule",
+                                format!(
+                                    "stage {i} starts at step {step}: a packed step holds no \
+                                     fixed number of samples, so give its sample position \
+                                     (`at`)"
+                                ),
+                            ));
+                        };
+                        step.checked_mul(per).ok_or_else(|| {
+                            OptionError::new(
+                                "schedule",
+                                format!("stage {i}: step {step} x {per} samples overflows"),
+                            )
+                        })?
+                    }
+                    _ => {
+                        return Err(OptionError::new(
+                            "schedule",
+                            format!(
+                                "stage {i} gives {}: a stage starts at a sample position \
+                                 (`at`) or an optimizer step (`step`), one of them",
+                                if s.at.is_some() { "both `at` and `step`" } else { "neither `at` nor `step`" }
+                            ),
+                        ))
+                    }
+                };
+                Ok(Stage {
+                    at,
+                    weights: s.weights.clone(),
+                    linear: s.linear,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The size of a batch.
@@ -259,9 +366,15 @@ impl Default for RankArgs {
 }
 
 impl EpochArgs {
-    /// The order these keys, `batches` and `mix` ask for.
-    pub fn order(&self, batches: Batches, mix: &MixArgs) -> OrderSpec {
-        OrderSpec {
+    /// The order these keys, `batches` and `mix` ask for (a schedule's steps converted at
+    /// `per_step` samples, [`MixArgs::stages`]).
+    pub fn order(
+        &self,
+        batches: Batches,
+        mix: &MixArgs,
+        per_step: Option<u64>,
+    ) -> Result<OrderSpec, OptionError> {
+        Ok(OrderSpec {
             split: self.split.clone(),
             seed: self.seed,
             shuffle: self.shuffle,
@@ -270,8 +383,9 @@ impl EpochArgs {
             drop_last: self.drop_last,
             batches,
             weights: mix.weights.clone().unwrap_or_default(),
+            schedule: mix.stages(per_step)?,
             mix_samples: mix.mix_samples,
-        }
+        })
     }
 }
 
@@ -338,6 +452,7 @@ pub const KEYS: &[&str] = &[
     "trim_multiple",
     "weights",
     "mix_samples",
+    "schedule",
     "batch_size",
     "epoch",
     "rank",
@@ -437,6 +552,20 @@ impl LoaderArgs {
             mix: MixArgs {
                 weights: (!order.weights.is_empty()).then(|| order.weights.clone()),
                 mix_samples: order.mix_samples,
+                schedule: (!order.schedule.is_empty()).then(|| {
+                    Stages(
+                        order
+                            .schedule
+                            .iter()
+                            .map(|s| StageArg {
+                                at: Some(s.at),
+                                step: None,
+                                weights: s.weights.clone(),
+                                linear: s.linear,
+                            })
+                            .collect(),
+                    )
+                }),
             },
             batch: BatchArgs {
                 batch_size: opts.batch_size,
@@ -463,8 +592,13 @@ impl LoaderArgs {
         }
         let batches = self.shape.batches()?;
         let trim = self.shape.trim_for(&batches, default_trim_multiple);
+        // A step of a loader is a global batch of contexts (of packs: no fixed number).
+        let per_step = match batches.pack() {
+            Some(_) => None,
+            None => Some((self.batch.batch_size as u64).saturating_mul(self.rank.world_size as u64)),
+        };
         let opts = LoaderOptions {
-            order: self.epoch.order(batches, &self.mix),
+            order: self.epoch.order(batches, &self.mix, per_step)?,
             batch_size: self.batch.batch_size,
             epoch: self.rank.epoch,
             skip: 0,

@@ -27,6 +27,22 @@ pub(crate) struct Epoch {
 }
 
 impl Epoch {
+    /// Where a mix's run stands at `step` of this epoch of `opts` on its weights
+    /// ([`crate::order::Schedule::progress`]); `None` for one cache.
+    pub(crate) fn mix_progress(
+        &self,
+        opts: &crate::options::LoaderOptions,
+        step: usize,
+    ) -> Option<crate::order::Progress> {
+        let Order::Mix(order) = &self.order else {
+            return None;
+        };
+        let units = crate::options::State::new(opts, step).ok()?.samples;
+        let p = self.shape.position_of_unit(units).min(order.len());
+        let g = opts.epoch * order.len() as u64 + p as u64;
+        Some(order.schedule().progress(&opts.order.stages(), g))
+    }
+
     /// Steps (batches per rank) in the epoch.
     pub fn steps(&self) -> usize {
         self.shape.steps()

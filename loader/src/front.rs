@@ -6,7 +6,8 @@ use crate::cache::Cache;
 use crate::error::LoadError;
 use crate::loader::Loader;
 use crate::mix::Mix;
-use crate::options::{LoaderOptions, State};
+use crate::options::{LoaderOptions, Start, State};
+use crate::order::Order;
 use crate::prepare::{prepare, Planned};
 use crate::stats::LoaderStats;
 
@@ -73,10 +74,44 @@ pub(crate) fn from_state(
         }
     }
     let start = state.start(&opts)?;
-    opts.order = state.order.clone();
+    // The state's order, but for a schedule the options amend.
+    let asked = opts.order.stages();
+    let amended = !asked.is_empty() && asked != state.order.stages();
+    let mut order = state.order.clone();
+    if amended {
+        order.weights = std::mem::take(&mut opts.order.weights);
+        order.schedule = std::mem::take(&mut opts.order.schedule);
+    }
+    opts.order = order;
     opts.epoch = state.epoch;
+    if amended {
+        check_amendment(sources, &opts, state)?;
+    }
     opts.skip = start.skip;
     Loader::new(sources, opts, start.step)
+}
+
+/// Refuses `opts`' schedule where it differs from `state`'s before the position the state was
+/// taken at ([`crate::mix::check_amendment`]): that position is found in the epoch `opts`
+/// plan (a state of packs counts packs).
+fn check_amendment(sources: &[Cache], opts: &LoaderOptions, state: &State) -> Result<(), LoadError> {
+    let from_start = LoaderOptions {
+        epoch: state.epoch,
+        skip: 0,
+        ..opts.clone()
+    };
+    let planned = prepare(sources, &from_start)?;
+    let Order::Mix(order) = &planned.epoch.order else {
+        return Ok(());
+    };
+    let p = planned.epoch.shape.position_of_unit(state.samples) as u64;
+    let g = state.epoch * order.len() as u64 + p;
+    crate::mix::check_amendment(
+        &state.order.stages(),
+        &opts.order.stages(),
+        g,
+        &order.lens(),
+    )
 }
 
 impl Mix {
@@ -95,7 +130,25 @@ impl Mix {
         prepare(self.sources(), opts)
     }
 
-    /// A loader that continues exactly where `state` was taken ([`Cache::loader_from_state`]).
+    /// Checks that `state` resumes a loader of this mix with `opts`: [`State::check`], but for
+    /// the schedule (or weights), which may differ from the state's in the stages that start
+    /// after the position the state was taken at (they apply from the next block of
+    /// positions); a stage that differs before it is refused, by its index. Returns where to
+    /// start.
+    pub fn check_state(&self, opts: &LoaderOptions, state: &State) -> Result<Start, LoadError> {
+        let start = state.check_unweighted(opts)?;
+        if opts.order.stages() != state.order.stages() {
+            let resumed = LoaderOptions {
+                skip: start.skip,
+                ..opts.clone()
+            };
+            check_amendment(self.sources(), &resumed, state)?;
+        }
+        Ok(start)
+    }
+
+    /// A loader that continues exactly where `state` was taken ([`Cache::loader_from_state`]);
+    /// a schedule in `opts` amends the state's past its position ([`Mix::check_state`]).
     pub fn loader_from_state(
         &self,
         opts: LoaderOptions,

@@ -93,13 +93,13 @@ pub use cache::Cache;
 pub use dsc_format::{Dtype, Manifest, Stats, TensorRole};
 pub use error::{LoadError, Misuse};
 pub use gather::BLOCK_ALIGN;
-pub use loader::{Filler, Loader};
+pub use loader::{Filler, Loader, MixTracker};
 pub use mix::Mix;
 pub use options::{
     Batches, LoaderOptions, OrderSpec, Pack, State, DEFAULT_BATCH_SIZE, GPU_TRIM_MULTIPLE,
     MAX_PREFETCH, MAX_THREADS, MAX_TRIM_MULTIPLE,
 };
-pub use order::SeriesWindows;
+pub use order::{Progress, SeriesWindows, Stage};
 pub use prepare::Planned;
 #[cfg(feature = "remote")]
 pub use remote::{fetch_shards, ShardFile, ShardFiles};

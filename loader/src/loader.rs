@@ -48,6 +48,27 @@ pub struct Loader {
     content: String,
 }
 
+/// Where a mix's run stands on its weights at any step of one loader's epoch
+/// ([`Loader::mix_tracker`]).
+#[derive(Clone)]
+pub struct MixTracker {
+    epoch: Arc<Epoch>,
+    opts: LoaderOptions,
+}
+
+impl std::fmt::Debug for MixTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MixTracker").field("epoch", &self.opts.epoch).finish()
+    }
+}
+
+impl MixTracker {
+    /// The progress at `step` of the epoch (`None` for one cache).
+    pub fn at(&self, step: usize) -> Option<crate::order::Progress> {
+        self.epoch.mix_progress(&self.opts, step)
+    }
+}
+
 /// The page-cache hints of one loader, shared with its [`Filler`]s.
 #[derive(Debug)]
 struct Hints {
@@ -372,6 +393,22 @@ impl Loader {
     /// The order of this epoch.
     pub fn order(&self) -> &Order {
         &self.hints.epoch.order
+    }
+
+    /// Where a mix's run stands on its weights (a schedule's stage, or the one stage of fixed
+    /// weights) at the next step: the stage in force, its weights and each source's realised
+    /// share of the stage so far. `None` for one cache.
+    pub fn mix_progress(&self) -> Option<crate::order::Progress> {
+        self.hints.epoch.mix_progress(&self.opts, self.next_step)
+    }
+
+    /// What finds [`Loader::mix_progress`] at any step of this loader's epoch, apart from the
+    /// loader (which a trainer hands to the thread that feeds its step).
+    pub fn mix_tracker(&self) -> MixTracker {
+        MixTracker {
+            epoch: self.hints.epoch.clone(),
+            opts: self.opts.clone(),
+        }
     }
 
     /// The packs of this epoch, for a packed loader.

@@ -4,7 +4,8 @@
 use crate::cache::Cache;
 use crate::error::LoadError;
 use crate::options::LoaderOptions;
-use crate::order::{EpochOrder, MixOrder, Order, SplitContexts};
+use crate::options::OrderSpec;
+use crate::order::{EpochOrder, MixOrder, Order, Params, Schedule, SplitContexts, Stage};
 use dsc_format::spelling::OptionError;
 use dsc_format::{Encoding, TensorRole, TensorSpec};
 use std::sync::Arc;
@@ -231,9 +232,12 @@ fn weights_of(given: &[f64], lens: &[usize]) -> Result<Vec<f64>, LoadError> {
 /// `--weights 1` was taken).
 pub(crate) fn refuse_mix_options(sources: usize, opts: &LoaderOptions) -> Result<(), LoadError> {
     let o = &opts.order;
-    if sources == 1 && (!o.weights.is_empty() || o.mix_samples.is_some()) {
+    let given = !o.weights.is_empty() || !o.schedule.is_empty() || o.mix_samples.is_some();
+    if sources == 1 && given {
         let key = if o.mix_samples.is_some() {
             "mix_samples"
+        } else if !o.schedule.is_empty() {
+            "schedule"
         } else {
             "weights"
         };
@@ -258,7 +262,7 @@ pub(crate) fn epoch_order(one: &Arc<SplitContexts>, opts: &LoaderOptions) -> Epo
 }
 
 /// The epoch's order of whole contexts over `sizes` (each source's contexts per shard): one
-/// split's, or a mix's drawn in proportion to its weights.
+/// split's, or a mix's drawn as its weights or schedule have it.
 pub(crate) fn order(
     sources: &[Cache],
     sizes: &[Arc<SplitContexts>],
@@ -280,20 +284,6 @@ pub(crate) fn order(
             ),
         )
         .into());
-    }
-    let weights = weights_of(&o.weights, &lens)?;
-    let block = o.window.max(1);
-    let sum: f64 = weights.iter().sum();
-    if let Some(s) = weights.iter().position(|w| w / sum * (block as f64) < 1.0) {
-        return bad(
-            "weights",
-            format!(
-                "{:e} of cache {} is under one position in a window of {block}: raise it or \
-                 the `window`",
-                o.weights.get(s).copied().unwrap_or(weights[s]),
-                sources[s].dir().display()
-            ),
-        );
     }
     // The same data twice would deliver each of its contexts twice per epoch.
     for (b, cache) in sources.iter().enumerate() {
@@ -332,14 +322,180 @@ pub(crate) fn order(
             ),
         );
     }
-    Ok(Order::Mix(MixOrder::new(
+    let schedule = schedule_of(sources, o, &lens, samples)?;
+    let params = Params {
+        shuffle: o.shuffle,
+        seed: o.seed,
+        window: o.window,
+        interleave: o.interleave,
+    };
+    Ok(Order::Mix(MixOrder::scheduled(
         sizes,
-        &weights,
-        samples,
-        o.shuffle,
-        o.seed,
+        Arc::new(schedule),
+        params,
         opts.epoch,
-        o.window,
-        o.interleave,
     )))
+}
+
+/// The most stages a schedule may have.
+pub const MAX_STAGES: usize = 4096;
+
+/// The schedule of the mix `o` asks for over sources of `lens` contexts, `samples` positions
+/// per epoch: fixed weights (given, or the sources' sizes) as they have always been drawn, or
+/// its stages, each checked and named by its index when refused.
+fn schedule_of(
+    sources: &[Cache],
+    o: &OrderSpec,
+    lens: &[usize],
+    samples: usize,
+) -> Result<Schedule, LoadError> {
+    let block = o.window.max(1);
+    let bad = |problem: String| Err(OptionError::new("schedule", problem).into());
+    let under = |w: f64, sum: f64| w > 0.0 && w / sum * (block as f64) < 1.0;
+    if o.schedule.is_empty() {
+        let weights = weights_of(&o.weights, lens)?;
+        let sum: f64 = weights.iter().sum();
+        if let Some(s) = weights.iter().position(|&w| under(w, sum)) {
+            return Err(OptionError::new(
+                "weights",
+                format!(
+                    "{:e} of cache {} is under one position in a window of {block}: raise it \
+                     or the `window`",
+                    o.weights.get(s).copied().unwrap_or(weights[s]),
+                    sources[s].dir().display()
+                ),
+            )
+            .into());
+        }
+        let normal = weights.iter().map(|w| w / sum).collect();
+        return Ok(Schedule::fixed(normal, samples as u64, block as u64));
+    }
+    if !o.weights.is_empty() {
+        return Err(OptionError::new(
+            "weights",
+            "and `schedule` exclude each other: `weights` is the schedule of one stage from 0",
+        )
+        .into());
+    }
+    if o.schedule.len() > MAX_STAGES {
+        return bad(format!(
+            "has {} stages: at most {MAX_STAGES}",
+            o.schedule.len()
+        ));
+    }
+    let mut stages = Vec::with_capacity(o.schedule.len());
+    for (i, stage) in o.schedule.iter().enumerate() {
+        if i == 0 && stage.at != 0 {
+            return bad(format!(
+                "stage 0 starts at {}: the first stage starts at position 0",
+                stage.at
+            ));
+        }
+        if i == 0 && stage.linear {
+            return bad(
+                "stage 0 is linear: a linear stage moves from the previous stage's weights, \
+                 and the first has none"
+                    .into(),
+            );
+        }
+        if let Some(prev) = i.checked_sub(1).map(|p| &o.schedule[p]) {
+            if stage.at <= prev.at {
+                return bad(format!(
+                    "stage {i} starts at {}, not after stage {} ({}): stages start at \
+                     increasing positions",
+                    stage.at,
+                    i - 1,
+                    prev.at
+                ));
+            }
+        }
+        if stage.weights.len() != lens.len() {
+            return bad(format!(
+                "stage {i} gives {} weights for {} caches: one per cache, in their order",
+                stage.weights.len(),
+                lens.len()
+            ));
+        }
+        if let Some(w) = stage.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+            return bad(format!(
+                "stage {i}: {w} is not a weight: one number of at least 0 per cache"
+            ));
+        }
+        let largest = stage.weights.iter().copied().fold(0.0, f64::max);
+        if largest == 0.0 {
+            return bad(format!(
+                "stage {i} weighs every cache 0: a stage draws from one cache at least"
+            ));
+        }
+        // Relative weights whose sum overflows are scaled by the largest first.
+        let weights: Vec<f64> = match stage.weights.iter().sum::<f64>().is_finite() {
+            true => stage.weights.clone(),
+            false => stage.weights.iter().map(|w| w / largest).collect(),
+        };
+        let sum: f64 = weights.iter().sum();
+        if let Some(s) = weights.iter().position(|&w| under(w, sum)) {
+            return bad(format!(
+                "stage {i}: {:e} of cache {} is under one position in a window of {block}: \
+                 raise it, make it 0 (the cache left out) or raise the `window`",
+                stage.weights[s],
+                sources[s].dir().display()
+            ));
+        }
+        stages.push(Stage {
+            weights,
+            ..stage.clone()
+        });
+    }
+    Ok(Schedule::new(&stages, samples as u64, block as u64))
+}
+
+/// Refuses a schedule `new` that differs from `old` (the state's) before global position `g`
+/// of the run (where the state was taken), naming the first stage that differs: the stages
+/// that start at or before `g`, and a linear stage that ramps through it, must be the same;
+/// those after may change, and apply from the first block that starts after `g`. `sizes`: the
+/// weights of a mix that gives none.
+pub(crate) fn check_amendment(
+    old: &[Stage],
+    new: &[Stage],
+    g: u64,
+    sizes: &[usize],
+) -> Result<(), LoadError> {
+    let or_sizes = |s: &[Stage]| match s.is_empty() {
+        true => vec![Stage {
+            at: 0,
+            weights: sizes.iter().map(|&n| n as f64).collect(),
+            linear: false,
+        }],
+        false => s.to_vec(),
+    };
+    let in_force = |s: &[Stage]| {
+        let mut kept: Vec<Stage> = s.iter().take_while(|x| x.at <= g).cloned().collect();
+        kept.extend(s.iter().find(|x| x.at > g).filter(|x| x.linear).cloned());
+        kept
+    };
+    let (was, now) = (in_force(&or_sizes(old)), in_force(&or_sizes(new)));
+    if was == now {
+        return Ok(());
+    }
+    let i = was
+        .iter()
+        .zip(&now)
+        .position(|(a, b)| a != b)
+        .unwrap_or(was.len().min(now.len()));
+    let show = |s: Option<&Stage>| {
+        s.map_or_else(
+            || "none".to_string(),
+            |s| serde_json::to_string(s).expect("a stage serialises"),
+        )
+    };
+    Err(LoadError::State {
+        field: "schedule".into(),
+        problem: format!(
+            "stage {i} differs before the position the state was taken at ({g}): the state ran \
+             {}, the options give {}. A resume may change the stages that start after that \
+             position only (they apply from the next window of positions)",
+            show(was.get(i)),
+            show(now.get(i))
+        ),
+    })
 }

@@ -7,7 +7,7 @@
 //! and [`State::new`] is the one place a state is made.
 
 use crate::error::LoadError;
-use crate::order::{SeriesWindows, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
+use crate::order::{SeriesWindows, Stage, DEFAULT_INTERLEAVE, DEFAULT_WINDOW};
 use dsc_format::spelling::OptionError;
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,12 @@ pub struct OrderSpec {
     /// to its size, as if the splits were one [default: empty].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<f64>,
+    /// A mix's schedule: weights that change along the run, stage by stage
+    /// ([`crate::order::Stage`], docs/FORMAT.md §8.6). Not with `weights`, which is the
+    /// schedule of one stage. A resume may amend it past the position it was taken at
+    /// ([`crate::Mix::check_state`]) [default: empty].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedule: Vec<Stage>,
     /// Positions in an epoch of a mix; sources that run out continue with their next epoch
     /// [default: none, as many as the sources hold together].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,7 +68,36 @@ impl Default for OrderSpec {
             drop_last: true,
             batches: Batches::Padded,
             weights: Vec::new(),
+            schedule: Vec::new(),
             mix_samples: None,
+        }
+    }
+}
+
+impl OrderSpec {
+    /// The stages of a mix's weights: its schedule, `weights` as the one stage from 0, or none
+    /// (the caches' sizes).
+    pub fn stages(&self) -> Vec<Stage> {
+        if !self.schedule.is_empty() {
+            return self.schedule.clone();
+        }
+        if self.weights.is_empty() {
+            return Vec::new();
+        }
+        vec![Stage {
+            at: 0,
+            weights: self.weights.clone(),
+            linear: false,
+        }]
+    }
+
+    /// This order without its mix's weights and schedule: what a resume that may amend the
+    /// schedule compares.
+    fn unweighted(&self) -> OrderSpec {
+        OrderSpec {
+            weights: Vec::new(),
+            schedule: Vec::new(),
+            ..self.clone()
         }
     }
 }
@@ -574,6 +609,20 @@ impl State {
             return Err(LoadError::State { field, problem });
         }
         self.start(opts)
+    }
+
+    /// [`State::check`], but for the mix's weights and schedule, which a resume may amend past
+    /// the state's position: [`crate::Mix::check_state`] checks them against the caches.
+    pub fn check_unweighted(&self, opts: &LoaderOptions) -> Result<Start, LoadError> {
+        let state = State {
+            order: self.order.unweighted(),
+            ..self.clone()
+        };
+        let opts = LoaderOptions {
+            order: opts.order.unweighted(),
+            ..opts.clone()
+        };
+        state.check(&opts)
     }
 
     /// Where a loader with `opts` continues this state: the same split (the rest of the order

@@ -45,6 +45,12 @@ impl Planned {
         &self.epoch.layout
     }
 
+    /// Where a mix's run stands on its weights at `step` of this epoch ([`crate::Loader::
+    /// mix_progress`]); `None` for one cache.
+    pub fn mix_progress(&self, step: usize) -> Option<crate::order::Progress> {
+        self.epoch.mix_progress(&self.opts, step)
+    }
+
     /// The parts of a batch's index ([`crate::Loader::index_layout`]).
     pub fn index_layout(&self) -> Option<crate::IndexLayout> {
         self.epoch.index_layout()

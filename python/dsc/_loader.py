@@ -128,7 +128,38 @@ def _rust_keywords(kw: Dict[str, Any]) -> Dict[str, Any]:
         except TypeError:
             raise OptionsError(f"weights={kw['weights']!r}: expected one positive number per "
                                "cache", option="weights") from None
+    if kw["schedule"] is not None:
+        kw["schedule"] = _stages(kw["schedule"])
     return kw
+
+
+def _stages(schedule: Any) -> List[Dict[str, Any]]:
+    """A schedule's stages as the Rust loader reads them: ``(at, weights)``,
+    ``(at, weights, "linear")`` or dicts with those keys (a trainer's may give ``step``)."""
+    def bad(problem: str) -> OptionsError:
+        return OptionsError(f"schedule={schedule!r}: {problem}", option="schedule")
+    if isinstance(schedule, (str, bytes, dict)):
+        raise bad("expected a list of stages, each (at, weights) or (at, weights, \"linear\")")
+    try:
+        stages = list(schedule)
+    except TypeError:
+        raise bad("expected a list of stages") from None
+    out = []
+    for i, stage in enumerate(stages):
+        if isinstance(stage, dict):
+            out.append({k: (list(v) if k == "weights" and not isinstance(v, str) else v)
+                        for k, v in stage.items()})
+            continue
+        if not isinstance(stage, (tuple, list)) or len(stage) not in (2, 3):
+            raise bad(f"stage {i} is {stage!r}: expected (at, weights) or (at, weights, \"linear\")")
+        if len(stage) == 3 and stage[2] != "linear":
+            raise bad(f"stage {i} ends with {stage[2]!r}: the third item, when given, is \"linear\"")
+        try:
+            weights = list(stage[1])
+        except TypeError:
+            raise bad(f"stage {i}'s weights {stage[1]!r}: expected one number per cache") from None
+        out.append({"at": stage[0], "weights": weights, "linear": len(stage) == 3})
+    return out
 
 
 # Keywords whose Rust key is spelled otherwise in PyTorch's vocabulary.
@@ -172,6 +203,13 @@ class Loader:
             position of its weight.
         mix_samples: positions in an epoch of a mix [default: the caches' contexts together];
             a cache that runs out continues with its own next epoch, reshuffled.
+        schedule: a mix's weights along the run, instead of ``weights``: a list of stages
+            ``(at, [w, ...])``, each from sample position ``at`` of the run (epoch x positions
+            per epoch + position; the first at 0) on; ``(at, [w, ...], "linear")`` moves there
+            from the previous stage's weights. Weight 0 leaves a cache out (a cache that enters
+            or retires). Exact: each cache's samples are its own epochs' permutations, one
+            after another, whatever the stages; ``load_state_dict`` may change the stages that
+            start after the state's position (see docs/PYTHON.md, "Mixture schedules").
         split: the split to read (``train``, ``val``, …) [default: train].
         batch_size: contexts per batch on this rank [default: 256]; not used with ``pack``.
         shuffle: window-shuffle each epoch (off: compiled order, batches are zero-copy views)
@@ -299,6 +337,7 @@ class Loader:
         resident_budget: Union[int, str, None] = None,
         weights: Optional[Sequence[float]] = None,
         mix_samples: Optional[int] = None,
+        schedule: Optional[Sequence[Any]] = None,
         cache_dir: Optional[PathLike] = None,
         cache_limit: Union[int, str, None] = None,
         storage_options: Optional[Dict[str, Any]] = None,
@@ -335,7 +374,7 @@ class Loader:
                 pack=pack, max_seqs=max_seqs, series_window=series_window, stride=stride,
                 horizon=horizon, horizon_columns=horizon_columns, pad_windows=pad_windows,
                 trim=trim, trim_multiple=trim_multiple, weights=weights,
-                mix_samples=mix_samples, batch_size=batch_size, epoch=epoch, rank=rank,
+                mix_samples=mix_samples, schedule=schedule, batch_size=batch_size, epoch=epoch, rank=rank,
                 world_size=world_size, threads=num_threads, prefetch=prefetch, columns=columns,
             )),
             default_multiple,
@@ -739,7 +778,12 @@ class Loader:
         - ``shards_fetched``, ``bytes_fetched``, ``fetch_hits``, ``fetch_waits``,
           ``fetch_wait_s``, ``fetch_evictions``: for a cache in object storage, its downloads,
           the shards found already fetched, the waits for a download (by the loading threads)
-          and the shards removed to stay within ``cache_limit`` (every loader of the open cache).
+          and the shards removed to stay within ``cache_limit`` (every loader of the open cache);
+        - ``mix`` (a mix only): where the run stands on its weights at the next step:
+          ``stage`` (the schedule's stage in force, 0 for fixed weights), ``at`` (its first
+          position), ``weights`` (in force now: a linear stage's current step), ``position``
+          (the run's sample position), and each cache's ``drawn`` samples and ``realised``
+          share of the stage so far.
         """
         s = dict(self._counts)
         s["queue_mean"] = s.pop("queued") / max(1, s["batches"])
@@ -750,6 +794,9 @@ class Loader:
                      "shards_fetched", "bytes_fetched", "fetch_hits", "fetch_waits",
                      "fetch_wait_s", "fetch_evictions"):
             s[name] = shards[name]
+        if len(self.caches) > 1:
+            progress = self._sources.mix_progress(self._options(0), self._step)
+            s["mix"] = None if progress is None else json.loads(progress)
         return s
 
     @property

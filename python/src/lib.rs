@@ -261,6 +261,17 @@ impl CacheHandle {
         })
     }
 
+    /// Where a mix's run of `options` stands at `step` of its epoch (JSON of the Rust
+    /// `Progress`: the stage, its weights, each cache's realised share), or `None` for one cache.
+    fn mix_progress(&self, py: Python<'_>, options: &str, step: usize) -> PyResult<Option<String>> {
+        let opts = parse_options(py, options)?;
+        let mix = self.mix.clone();
+        let progress = py
+            .detach(|| mix.plan(&opts).map(|p| p.mix_progress(step)))
+            .map_err(|e| load_error(py, e))?;
+        Ok(progress.map(|p| serde_json::to_string(&p).expect("progress serialises")))
+    }
+
     /// The resume state (JSON) of a loader with `options` after `step` batches of its epoch:
     /// the Rust `State`, which `resume` reads back.
     fn state(&self, py: Python<'_>, options: &str, step: usize) -> PyResult<String> {
@@ -285,7 +296,10 @@ impl CacheHandle {
                 },
             )
         })?;
-        let start = state.check(&opts).map_err(|e| load_error(py, e))?;
+        let mix = self.mix.clone();
+        let start = py
+            .detach(|| mix.check_state(&opts, &state))
+            .map_err(|e| load_error(py, e))?;
         let step = start.step;
         opts.epoch = state.epoch;
         opts.skip = start.skip;

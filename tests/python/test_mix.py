@@ -101,7 +101,7 @@ def test_a_mix_resumes_on_other_ranks_and_refuses_other_weights(mixdir: Path) ->
     path.write_text(json.dumps(state))
     for args, says in (([str(c) for c in caches[::-1]], "taken over other data"),
                        ([str(mixdir / "a")], "taken over other data"),
-                       ([str(c) for c in caches] + ["--weights", "2,1"], "--weights with --from-state")):
+                       ([str(c) for c in caches] + ["--weights", "2,1"], "differs before the position")):
         out = subprocess.run([dsc_bin(), "order", *args, "--from-state", str(path), "--keys"],
                              capture_output=True, text=True)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)

@@ -246,7 +246,7 @@ impl RunConfig {
             shape,
             // Evaluation reads each cache's split once (weights by size, one pass).
             mix: if train {
-                self.mixing.clone()
+                self.mix_in_samples()
             } else {
                 MixArgs::default()
             },
@@ -258,6 +258,24 @@ impl RunConfig {
             threads: 0,
             ..Default::default()
         }
+    }
+
+    /// The train mix, a schedule's stages given by optimizer step at their sample position
+    /// (`batch_size` x `accumulate` samples a step). Packed steps hold no fixed number of
+    /// samples: their stages are left to the loader, which refuses a step.
+    fn mix_in_samples(&self) -> MixArgs {
+        let mut mix = self.mixing.clone();
+        if self.shape.pack.is_some() {
+            return mix;
+        }
+        let per_step = (self.batch.batch_size as u64).saturating_mul(self.accumulate as u64);
+        for stage in mix.schedule.iter_mut().flat_map(|s| s.0.iter_mut()) {
+            if let (None, Some(step)) = (stage.at, stage.step) {
+                stage.at = Some(step.saturating_mul(per_step));
+                stage.step = None;
+            }
+        }
+        mix
     }
 
     /// The loader options of this run over `split` ([`RunConfig::loader_args`]), resolved and

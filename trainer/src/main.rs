@@ -283,6 +283,22 @@ fn print_done(summary: &dsc_train::report::Summary) {
             100.0 * busy
         );
     }
+    if let Some(m) = &summary.mix {
+        let show = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        eprintln!(
+            "mix: stage {} (from sample {}) · weights {} · realised in the stage {} ({} samples)",
+            m.stage,
+            m.at,
+            show(&m.weights),
+            show(&m.realised),
+            m.drawn.iter().sum::<u64>()
+        );
+    }
     if let Some(l) = &summary.loader {
         let reads = if l.shard_reads > 0 {
             format!(

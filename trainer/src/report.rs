@@ -149,6 +149,10 @@ pub struct Summary {
     /// (`queued / batches`), and what a compressed cache read (`shard_reads`, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loader: Option<dsc_loader::LoaderStats>,
+    /// With a mix: where the run stands on its weights at the end (the schedule's stage in
+    /// force, its weights, each cache's draws and realised share of the stage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<dsc_loader::Progress>,
 }
 
 /// `--find-batch-size`: one size tried.

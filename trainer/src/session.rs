@@ -824,6 +824,7 @@ impl Summary {
             evaluation: Vec::new(),
             batch_lens: std::collections::BTreeMap::new(),
             loader: None,
+            mix: None,
         }
     }
 }

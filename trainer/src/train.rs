@@ -108,6 +108,8 @@ struct Gathered {
     /// Training batches by sequence length: the shapes the run's steps saw.
     batch_lens: std::collections::BTreeMap<usize, u64>,
     loader: Option<dsc_loader::LoaderStats>,
+    /// A mix's last progress on its weights (logged when the weights change).
+    mix: Option<dsc_loader::Progress>,
     clock: Clock,
     /// `max_steps` reached.
     stopped: bool,
@@ -209,6 +211,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
     summary.evaluation = evaluation;
     summary.batch_lens = run.batch_lens;
     summary.loader = run.loader;
+    summary.mix = run.mix.take();
     summary.gpu_busy_nvml = gpu_busy;
     let (step, why) = stepper.describe();
     summary.step = step;
@@ -250,6 +253,8 @@ fn train_epoch(
         Some(r) => (r.ring.clone(), Fill::Index),
         None => (s.ring.clone(), Fill::Batch),
     };
+    let mix = loader.mix_tracker();
+    log_mix(&bar, &mut run.mix, mix.at(pos.micro_in_epoch as usize));
     let feed = Feed::start(loader, &ring, fill);
     let clock = &mut run.clock;
     while pos.micro_in_epoch < micro_epoch {
@@ -287,6 +292,7 @@ fn train_epoch(
                 ));
                 run.logged
                     .push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
+                log_mix(&bar, &mut run.mix, mix.at(pos.micro_in_epoch as usize));
                 window_steps = 0;
             }
             let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
@@ -317,10 +323,37 @@ fn train_epoch(
     run.loader
         .get_or_insert_with(Default::default)
         .merge(&feed.stats());
+    if let Some(now) = mix.at(pos.micro_in_epoch as usize) {
+        run.mix = Some(now);
+    }
     drop(feed);
     epoch_totals.add(&clock.close()?);
     bar.finish_and_clear();
     Ok(epoch_totals)
+}
+
+/// Keeps a mix's progress `now` in `last`, and says so above the bar when its weights change
+/// (a schedule's next stage, or a linear stage's next step).
+fn log_mix(
+    bar: &indicatif::ProgressBar,
+    last: &mut Option<dsc_loader::Progress>,
+    now: Option<dsc_loader::Progress>,
+) {
+    let Some(now) = now else { return };
+    let changed = last
+        .as_ref()
+        .is_none_or(|l| l.stage != now.stage || l.weights != now.weights);
+    if changed {
+        let weights: Vec<String> = now.weights.iter().map(|w| format!("{w:.3}")).collect();
+        bar.println(format!(
+            "mix: stage {} (from sample {}) at sample {}: weights {}",
+            now.stage,
+            now.at,
+            now.position,
+            weights.join(" ")
+        ));
+    }
+    *last = Some(now);
 }
 
 /// The loader state after `micro` batches of `epoch` (what a resumed run starts from).

@@ -21,6 +21,7 @@
 //! costs O(block + window), never a replay.
 
 use super::live::SplitContexts;
+use super::schedule::{Schedule, Segment};
 use super::window::{epoch_seed, EpochOrder, Sample, WindowCursor};
 use dsc_format::rng::{mix64, stream, Xoshiro256};
 use std::sync::Arc;
@@ -32,10 +33,6 @@ struct Source {
     contexts: Arc<SplitContexts>,
     /// Contexts of the split a reader sees.
     len: usize,
-    /// The source's weight, normalised.
-    weight: f64,
-    /// Draws of this source in the mix epochs before this one.
-    before: u64,
     /// The source's first position among the positions of all sources one after another.
     base: usize,
     /// The seed of the source's own epoch orders.
@@ -46,6 +43,11 @@ struct Source {
 #[derive(Debug, Clone)]
 pub struct MixOrder {
     sources: Vec<Source>,
+    schedule: Arc<Schedule>,
+    /// The epoch's runs of blocks of one piece of the schedule.
+    segments: Vec<Segment>,
+    /// Each segment's draws of each source since mix epoch 0, before its first position.
+    before: Vec<Vec<u64>>,
     block: usize,
     total: usize,
     shuffle: bool,
@@ -65,8 +67,8 @@ pub struct MixCursor {
     /// For each position of the block, how many of its source's positions come before it in
     /// the block.
     nth: Vec<u32>,
-    /// Each source's positions before the block in the epoch.
-    seats: Vec<usize>,
+    /// Each source's draws since mix epoch 0 before the block.
+    seats: Vec<u64>,
     /// Per source: the epoch whose order is kept, that order and its cursor.
     sources: Vec<Option<(u64, EpochOrder, WindowCursor)>>,
 }
@@ -84,12 +86,12 @@ impl Default for MixCursor {
 }
 
 /// Positions of each source among `n`: `n × weight` (normalised) rounded by largest remainder,
-/// ties to the lower source.
+/// ties to the lower source. A source of weight 0 has none.
 pub fn apportion(weights: &[f64], n: usize) -> Vec<usize> {
     let sum: f64 = weights.iter().sum();
     let quotas: Vec<f64> = weights.iter().map(|w| w / sum * n as f64).collect();
     let mut counts: Vec<usize> = quotas.iter().map(|q| q.floor() as usize).collect();
-    let mut rest: Vec<usize> = (0..weights.len()).collect();
+    let mut rest: Vec<usize> = (0..weights.len()).filter(|&s| weights[s] > 0.0).collect();
     rest.sort_by(|&a, &b| {
         let (fa, fb) = (quotas[a] - quotas[a].floor(), quotas[b] - quotas[b].floor());
         fb.total_cmp(&fa).then(a.cmp(&b))
@@ -117,44 +119,68 @@ impl MixOrder {
         window: usize,
         interleave: usize,
     ) -> MixOrder {
-        let block = window.max(1);
         let sum: f64 = weights.iter().sum();
+        let normal = weights.iter().map(|w| w / sum).collect();
+        let schedule = Schedule::fixed(normal, samples as u64, window.max(1) as u64);
+        let params = Params {
+            shuffle,
+            seed,
+            window,
+            interleave,
+        };
+        MixOrder::scheduled(sizes, Arc::new(schedule), params, epoch)
+    }
+
+    /// The order of mix epoch `epoch` of sources whose splits hold `sizes[s]` contexts per
+    /// shard, drawn as `schedule` has it (its epochs' positions and blocks).
+    pub fn scheduled(
+        sizes: &[Arc<SplitContexts>],
+        schedule: Arc<Schedule>,
+        params: Params,
+        epoch: u64,
+    ) -> MixOrder {
         let mut base = 0;
         let sources = sizes
             .iter()
-            .zip(weights)
             .enumerate()
-            .map(|(s, (contexts, &weight))| {
+            .map(|(s, contexts)| {
                 let len = contexts.len();
                 assert!(len > 0, "every source of a mix holds contexts");
                 let source = Source {
                     contexts: contexts.clone(),
                     len,
-                    weight: weight / sum,
-                    before: 0,
                     base,
-                    seed: mix64(seed ^ mix64((s as u64).wrapping_add(stream::MIX_SOURCE))),
+                    seed: mix64(params.seed ^ mix64((s as u64).wrapping_add(stream::MIX_SOURCE))),
                 };
                 // Positions count every stored context, as the sources' lengths do.
                 base += contexts.stored_len();
                 source
             })
             .collect();
-        let mut order = MixOrder {
+        let segments = schedule.segments(epoch);
+        let mut drawn = schedule.draws_before_epoch(epoch);
+        let mut before = Vec::with_capacity(segments.len());
+        for segment in &segments {
+            before.push(drawn.clone());
+            let n = schedule.positions(segment);
+            for (a, d) in drawn.iter_mut().zip(schedule.drawn(schedule.weights(segment), n)) {
+                *a += d;
+            }
+        }
+        let block = params.window.max(1);
+        MixOrder {
             sources,
+            total: schedule_len(&schedule),
+            schedule,
+            segments,
+            before,
             block,
-            total: samples,
-            shuffle,
-            seed,
+            shuffle: params.shuffle,
+            seed: params.seed,
             epoch,
             window: block,
-            interleave,
-        };
-        let per_epoch = order.draws_before(samples);
-        for (source, n) in order.sources.iter_mut().zip(per_epoch) {
-            source.before = n as u64 * epoch;
+            interleave: params.interleave,
         }
-        order
     }
 
     /// Positions in the epoch.
@@ -177,6 +203,16 @@ impl MixOrder {
         self.sources.len()
     }
 
+    /// Contexts of each source's split, in order.
+    pub fn lens(&self) -> Vec<usize> {
+        self.sources.iter().map(|s| s.len).collect()
+    }
+
+    /// The schedule this epoch is drawn from.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
     /// Shards of all sources.
     pub fn shards(&self) -> usize {
         self.sources.iter().map(|s| s.contexts.shards()).sum()
@@ -191,16 +227,40 @@ impl MixOrder {
             .unwrap_or(0)
     }
 
-    /// Each source's positions among the epoch's first `n` ([`apportion`]).
-    fn seats(&self, n: usize) -> Vec<usize> {
-        let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
-        apportion(&weights, n)
+    /// The segment block `b` is in.
+    fn segment_of(&self, b: usize) -> usize {
+        self.segments.partition_point(|s| s.first <= b).saturating_sub(1)
     }
 
-    /// Draws of each source among the epoch's positions before `p`.
-    pub fn draws_before(&self, p: usize) -> Vec<usize> {
+    /// Each source's draws since mix epoch 0 before block `b`, and the block's counts.
+    fn block_seats(&self, b: usize) -> (Vec<u64>, Vec<usize>) {
+        let k = self.segment_of(b);
+        let segment = &self.segments[k];
+        let w = self.schedule.weights(segment);
+        let a = ((b - segment.first) * self.block) as u64;
+        let start = b * self.block;
+        let len = (start + self.block).min(self.total.max(start + 1)) - start;
+        let seats = self
+            .schedule
+            .drawn(w, a)
+            .into_iter()
+            .zip(&self.before[k])
+            .map(|(d, b)| d + b)
+            .collect();
+        (seats, self.schedule.block_counts(w, a, len as u64))
+    }
+
+    /// Draws of each source since mix epoch 0 before position `p` of the epoch.
+    pub fn draws_before(&self, p: usize) -> Vec<u64> {
         let (b, i) = (p / self.block, p % self.block);
-        let mut n = self.seats(b * self.block);
+        if b >= self.segments.last().map_or(0, |s| s.end) {
+            let (mut n, counts) = self.block_seats(b.saturating_sub(1));
+            for (n, c) in n.iter_mut().zip(counts) {
+                *n += c as u64;
+            }
+            return n;
+        }
+        let (mut n, _) = self.block_seats(b);
         if i > 0 {
             for &s in &self.arrangement(b)[..i] {
                 n[s as usize] += 1;
@@ -211,15 +271,8 @@ impl MixOrder {
 
     /// The source of each position of block `b` (the last block may be partial).
     fn arrangement(&self, b: usize) -> Vec<u32> {
-        let start = b * self.block;
-        let end = (start + self.block).min(self.total.max(start + 1));
-        let counts: Vec<usize> = self
-            .seats(end)
-            .into_iter()
-            .zip(self.seats(start))
-            .map(|(e, s)| e - s)
-            .collect();
-        let mut out: Vec<u32> = Vec::with_capacity(end - start);
+        let (_, counts) = self.block_seats(b);
+        let mut out: Vec<u32> = Vec::with_capacity(counts.iter().sum());
         if self.shuffle {
             for (s, &c) in counts.iter().enumerate() {
                 out.extend(std::iter::repeat_n(s as u32, c));
@@ -231,7 +284,7 @@ impl MixOrder {
             .shuffle(&mut out);
         } else {
             // Each source's k-th position at (k + 1/2) / count of the block, in that order.
-            let mut at: Vec<(f64, u32)> = Vec::with_capacity(end - start);
+            let mut at: Vec<(f64, u32)> = Vec::with_capacity(out.capacity());
             for (s, &c) in counts.iter().enumerate() {
                 at.extend((0..c).map(|k| ((k as f64 + 0.5) / c as f64, s as u32)));
             }
@@ -277,13 +330,13 @@ impl MixOrder {
                     seen[s as usize] - 1
                 })
                 .collect();
-            mix.seats = self.seats(b * self.block);
+            mix.seats = self.block_seats(b).0;
             mix.block = b;
         }
         let i = p % self.block;
         let s = mix.arrangement[i] as usize;
         let source = &self.sources[s];
-        let j = source.before + mix.seats[s] as u64 + u64::from(mix.nth[i]);
+        let j = mix.seats[s] + u64::from(mix.nth[i]);
         let (epoch, q) = self.draw(s, j);
         let kept = &mut mix.sources[s];
         if kept.as_ref().is_none_or(|(e, _, _)| *e != epoch) {
@@ -312,11 +365,7 @@ impl MixOrder {
             if hi[s] == lo[s] {
                 continue;
             }
-            let before = self.sources[s].before;
-            let (first, last) = (
-                self.draw(s, before + lo[s] as u64),
-                self.draw(s, before + hi[s] as u64 - 1),
-            );
+            let (first, last) = (self.draw(s, lo[s]), self.draw(s, hi[s] - 1));
             for epoch in first.0..=last.0 {
                 let order = self.source_order(s, epoch);
                 let from = if epoch == first.0 { first.1 } else { 0 };
@@ -341,6 +390,25 @@ impl MixOrder {
         }
         out
     }
+}
+
+/// How a mix's epochs are shuffled and read: what [`MixOrder::scheduled`] takes beside the
+/// schedule.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Shuffle the blocks and each source's own order.
+    pub shuffle: bool,
+    /// The mix's seed.
+    pub seed: u64,
+    /// Positions per block, and each source's own shuffle window.
+    pub window: usize,
+    /// Shards read side by side in each source's own order.
+    pub interleave: usize,
+}
+
+/// Positions in an epoch of `schedule`.
+fn schedule_len(schedule: &Schedule) -> usize {
+    schedule.epoch_len() as usize
 }
 
 #[cfg(test)]
@@ -400,5 +468,35 @@ mod tests {
                 assert_eq!(order.sample_at(p, &mut cursor), all[p]);
             }
         }
+    }
+
+    /// The orders of fixed weights are those mixes have always had (the hash of many epochs of
+    /// several mixes, shuffled and not, a partial last block included): a state saved before
+    /// schedules existed resumes on the same batches.
+    #[test]
+    fn fixed_weights_keep_their_order_to_the_bit() {
+        let sizes: Vec<Arc<SplitContexts>> = [&[40, 40, 13][..], &[7, 9], &[250]]
+            .into_iter()
+            .map(|s| Arc::new(SplitContexts::all(s)))
+            .collect();
+        let mut hash = 0u64;
+        for (weights, samples, window) in [
+            (&[0.5, 0.2, 0.3][..], 1000, 64),
+            (&[1.0, 1.0, 1.0], 777, 50),
+            (&[93.0, 16.0, 250.0], 359, 16),
+            (&[0.05, 0.05, 0.9], 4000, 100),
+        ] {
+            for shuffle in [true, false] {
+                for epoch in [0, 1, 2, 7] {
+                    let order = Order::Mix(MixOrder::new(
+                        &sizes, weights, samples, shuffle, 5, epoch, window, 2,
+                    ));
+                    for s in order.iter_from(0) {
+                        hash = mix64(hash ^ (s.position as u64) ^ ((s.source as u64) << 40));
+                    }
+                }
+            }
+        }
+        assert_eq!(hash, 0xcaa0_4615_6640_4a3e, "{hash:#x}");
     }
 }

@@ -7,11 +7,13 @@
 
 mod live;
 mod mix;
+mod schedule;
 mod series;
 mod window;
 
 pub use live::SplitContexts;
-pub use mix::{apportion, MixCursor, MixOrder};
+pub use mix::{apportion, MixCursor, MixOrder, Params};
+pub use schedule::{Progress, Schedule, Stage, StageShare, MAX_RAMP_STEPS};
 pub(crate) use series::WindowIndex;
 pub use series::{SeriesOrder, SeriesWindows};
 use window::quality_of;

@@ -231,6 +231,15 @@ impl Shape {
         }
     }
 
+    /// The epoch position unit `u` of the epoch (a context, or a pack) starts at: where a state
+    /// `u` units into the epoch continues.
+    pub fn position_of_unit(&self, u: usize) -> usize {
+        match self {
+            Shape::Packed(p) => p.packs.start_of(u),
+            _ => u,
+        }
+    }
+
     /// The contexts of rank `rank`'s batch at `step` in `order` (keeping the last window
     /// permutation in `cursor`), and whether the batch repeats an earlier pack.
     pub fn samples(

@@ -161,6 +161,11 @@ impl Packs {
         }
     }
 
+    /// The epoch position pack `q` starts at (past the last pack: the epoch's end).
+    pub fn start_of(&self, q: usize) -> usize {
+        self.starts[q.min(self.starts.len() - 1)]
+    }
+
     /// The epoch positions of pack `q`'s contexts.
     pub fn positions(&self, q: usize) -> Range<usize> {
         match self.starts.get(q + 1) {
