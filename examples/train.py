@@ -82,6 +82,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--cache", help="the compiled cache (a folder with manifest.json, or its URL "
                    "in object storage: s3://bucket/cache; DSC_CACHE_DIR and DSC_CACHE_LIMIT set "
                    "where its shards are fetched and how many bytes are kept)")
+    p.add_argument("--mix", metavar="CACHE", action="append", default=None,
+                   help="another cache to train on with --cache, drawn together (repeat it for "
+                        "more; they need the same tensors); evaluation reads --cache's splits")
+    p.add_argument("--weights", default=None, metavar="W,W,..",
+                   help="the mix's weights, one per cache (--cache first) [default: their sizes]")
+    p.add_argument("--schedule", default=None, metavar="FILE",
+                   help="the mix's weights along the run: a JSON list of stages {\"at\": sample "
+                        "or \"step\": optimizer step, \"weights\": [...], \"linear\": bool}; "
+                        "with --resume, the stages after the saved position may change")
     p.add_argument("--resume", metavar="CKPT", help="continue the run saved in this last.pt")
     p.add_argument("--task", choices=["direction", "classification", "regression"],
                    default="direction")
@@ -158,6 +167,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.cache is None and args.resume is None:
         p.error("--cache is required (unless --resume)")
+    if (args.weights is not None or args.schedule is not None) and not args.mix and not args.resume:
+        p.error("--weights and --schedule weigh a mix: name its other caches with --mix")
+    if args.weights is not None:
+        try:
+            args.weights = [float(w) for w in args.weights.split(",")]
+        except ValueError:
+            p.error(f"--weights {args.weights}: expected numbers separated by commas")
+    if args.schedule is not None:
+        try:
+            with open(args.schedule) as f:
+                args.schedule = json.load(f)
+        except (OSError, ValueError) as e:
+            p.error(f"--schedule {args.schedule}: {e}")
     if args.threads is not None:
         p.error(f"--threads {args.threads}: torch's threads are --torch-threads "
                 f"{args.threads} now; a bare threads means the loader's (--loader-threads)")
@@ -263,6 +285,24 @@ def batching(args: argparse.Namespace) -> Dict[str, Any]:
                 **({} if multiple is None else dict(trim_multiple=multiple)))
 
 
+def mixing(args: argparse.Namespace, world: int) -> Dict[str, Any]:
+    """The loader's keywords of a mix: its weights, or its schedule with stages given by
+    optimizer step placed at their sample (batch size x ranks x --accumulate a step)."""
+    if not getattr(args, "mix", None):
+        return {}
+    schedule = getattr(args, "schedule", None)
+    if schedule is None:
+        return dict(weights=getattr(args, "weights", None))
+    per_step = args.batch_size * world * args.accumulate
+    stages = []
+    for stage in schedule:
+        stage = dict(stage)
+        if "step" in stage and not getattr(args, "pack", None):
+            stage["at"] = stage.pop("step") * per_step
+        stages.append(stage)
+    return dict(schedule=stages, weights=getattr(args, "weights", None))
+
+
 def compiled_frames() -> int:
     """Frames torch.compile has compiled in this process (a recompile counts again)."""
     from torch._dynamo.utils import counters
@@ -287,9 +327,13 @@ def resume_settings(args: argparse.Namespace):
     saved = dict(ckpt["args"])
     for k in RESUME_FROM_COMMAND_LINE:
         saved[k] = getattr(args, k)
-    for k in ("epochs", "cache"):
+    # A schedule given again amends the run's: the loader refuses stages that would change
+    # what was trained.
+    for k in ("epochs", "cache", "schedule"):
         if getattr(args, k) is not None:
             saved[k] = getattr(args, k)
+    for k in ("mix", "weights", "schedule"):
+        saved.setdefault(k, None)
     if args.out is None:  # keep writing next to the checkpoint resumed from
         saved["out"] = os.path.dirname(args.resume) or "."
     # Checkpoints from before an option existed trained without it (and eagerly, trimmed).
@@ -395,7 +439,11 @@ class Run:
         # A resumed run reads the generation of the cache it started on, whatever was appended
         # since (dsc append): its statistics (the inputs' scaling) and its order.
         read = (ckpt or {}).get("loader", {}).get("content_id")
-        self.cache = dsc.open(args.cache, generation=read)
+        ids = read.split("+") if read else []
+        mixed = args.mix or []
+        at = (lambda i: ids[i]) if len(ids) == 1 + len(mixed) else (lambda i: None)
+        self.cache = dsc.open(args.cache, generation=at(0))
+        self.mixed = [dsc.open(c, generation=at(1 + i)) for i, c in enumerate(mixed)]
         if args.eval_split not in self.cache.splits and args.eval_split != "val":
             # `val` may be absent (a cache compiled without one is trained without validation).
             raise SystemExit(f"train.py: --eval-split {args.eval_split}: the cache has no such "
@@ -454,16 +502,23 @@ class Run:
     def make_loader(self) -> None:
         args, device = self.args, self.device
         where = placement(args, device)
+        if self.mixed:
+            # A mix is gathered on the host.
+            where["resident"] = None if where.get("resident") is None else False
         if args.graph:
             # Every batch in the loader's static buffers on the device; from a resident split
             # next() copies only the index and the captured step gathers the batch itself.
             where["device"] = device
-            resident = dsc.Loader(self.cache, split="train", device=device,
-                                  resident=where["resident"], **batching(args)).resident
+            resident = not self.mixed and dsc.Loader(
+                self.cache, split="train", device=device, resident=where["resident"],
+                **batching(args)).resident
             where.update(static=True, gather_in_step=resident)
-        self.loader = dsc.Loader(self.cache, split="train", shuffle=True, seed=args.seed,
+        self.loader = dsc.Loader([self.cache, *self.mixed] if self.mixed else self.cache,
+                                 split="train", shuffle=True, seed=args.seed,
                                  drop_last=True, num_threads=args.loader_threads,
-                                 prefetch=args.prefetch, **where, **batching(args))
+                                 prefetch=args.prefetch, **where, **batching(args),
+                                 **mixing(args, self.ranks.world))
+        self.mix_seen = None
         if not args.pack:
             args.trim_multiple = self.loader.trim_multiple
         args.resident = "on" if self.loader.resident else "off"
@@ -562,6 +617,19 @@ class Run:
                  f"compute {100 * sh['compute_share']:.1f}%")
         self.window_loss.zero_()
         self.window_micro = 0
+        self.log_mix()
+
+    def log_mix(self) -> None:
+        """Says where a mix stands when its weights change (a stage, or a linear step)."""
+        if not self.mixed:
+            return
+        now = self.loader.stats()["mix"]
+        seen = self.mix_seen
+        if seen is None or (seen["stage"], seen["weights"]) != (now["stage"], now["weights"]):
+            weights = " ".join(f"{w:.3f}" for w in now["weights"])
+            self.say(f"mix · stage {now['stage']} (from sample {now['at']}) at sample "
+                     f"{now['position']} · weights {weights}")
+        self.mix_seen = now
 
     def checkpoint(self) -> None:
         """Written by the first rank; every rank calls it (their random states are gathered)."""
@@ -726,6 +794,11 @@ class Run:
     def summary(self, params: int) -> Dict[str, Any]:
         args, pos = self.args, self.pos
         ls = self.loader.stats()
+        if ls.get("mix"):
+            m = ls["mix"]
+            self.say(f"mix · stage {m['stage']} (from sample {m['at']}) · weights "
+                     + " ".join(f"{w:.3f}" for w in m["weights"]) + " · realised in the stage "
+                     + " ".join(f"{r:.3f}" for r in m["realised"]))
         self.say(f"loader · {ls['batches']} batches · {ls['bytes'] / 1e6:.1f} MB · waited "
                  f"{ls['wait_s']:.2f} s in next() · {ls['queue_mean']:.1f} ready ahead on average"
                  + (f" · fetched {ls['shards_fetched']} shards, "

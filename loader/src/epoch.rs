@@ -40,7 +40,8 @@ impl Epoch {
         let units = crate::options::State::new(opts, step).ok()?.samples;
         let p = self.shape.position_of_unit(units).min(order.len());
         let g = opts.epoch * order.len() as u64 + p as u64;
-        Some(order.schedule().progress(&opts.order.stages(), g))
+        let now = order.draws_before(p);
+        Some(order.schedule().progress(&opts.order.stages(), g, now))
     }
 
     /// Steps (batches per rank) in the epoch.

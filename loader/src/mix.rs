@@ -446,7 +446,21 @@ fn schedule_of(
             ..stage.clone()
         });
     }
-    Ok(Schedule::new(&stages, samples as u64, block as u64))
+    let schedule = Schedule::new(&stages, samples as u64, block as u64);
+    // Weights take effect at block starts: a stage whose span holds none is never drawn.
+    for (i, pair) in stages.windows(2).enumerate() {
+        let starts = schedule.effective(pair[0].at);
+        if starts >= pair[1].at {
+            return bad(format!(
+                "stage {i} spans positions {}..{}, which hold no start of a window of {block} \
+                 positions (epochs of {samples}): its weights would never be drawn. Weights \
+                 take effect at the first window that starts at or after their stage: space \
+                 the stages a window apart, or lower the `window`",
+                pair[0].at, pair[1].at
+            ));
+        }
+    }
+    Ok(schedule)
 }
 
 /// Refuses a schedule `new` that differs from `old` (the state's) before global position `g`

@@ -86,10 +86,11 @@ fn run(cli: args::Cli, cuda: &cuda::CudaLoad) -> anyhow::Result<u8> {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(" + "),
-            match cfg.mixing.weights.as_deref() {
-                None if cfg.mix.is_empty() => String::new(),
-                None => " (weighed by size)".into(),
-                Some(w) => format!(" (weights {w:?})"),
+            match (cfg.mixing.weights.as_deref(), &cfg.mixing.schedule) {
+                _ if cfg.mix.is_empty() => String::new(),
+                (_, Some(s)) => format!(" (a schedule of {} stages)", s.0.len()),
+                (None, None) => " (weighed by size)".into(),
+                (Some(w), None) => format!(" (weights {w:?})"),
             }
         );
     }
@@ -246,6 +247,13 @@ fn resumed(
     }
     if let Some(e) = cli.epochs {
         cfg.epochs = e;
+    }
+    // A schedule given again amends the run's: the loader takes the stages that start after
+    // the saved position and refuses one that would change what was trained.
+    if let Some(schedule) = &cli.mix_args.schedule {
+        eprintln!("dsc-train: resuming with the schedule of --schedule (its stages past the saved position apply)");
+        cfg.mixing.schedule = Some(schedule.clone());
+        cfg.mixing.weights = None;
     }
     // How the step is launched, not what it computes: a resume may capture it, or
     // run it eagerly.

@@ -146,6 +146,7 @@ pub fn run(mut s: Session, resume: Option<Checkpoint>, opts: &RunOptions) -> Res
         totals: Totals::default(),
         batch_lens: Default::default(),
         loader: None,
+        mix: None,
         clock: Clock::new(if s.device.is_cuda() { log_micro } else { 0 })?,
         // A run resumed with `max_steps` at or below the steps already taken trains nothing
         // more.
@@ -254,7 +255,7 @@ fn train_epoch(
         None => (s.ring.clone(), Fill::Batch),
     };
     let mix = loader.mix_tracker();
-    log_mix(&bar, &mut run.mix, mix.at(pos.micro_in_epoch as usize));
+    log_mix((&bar, opts.quiet), &mut run.mix, mix.at(pos.micro_in_epoch as usize));
     let feed = Feed::start(loader, &ring, fill);
     let clock = &mut run.clock;
     while pos.micro_in_epoch < micro_epoch {
@@ -292,7 +293,7 @@ fn train_epoch(
                 ));
                 run.logged
                     .push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
-                log_mix(&bar, &mut run.mix, mix.at(pos.micro_in_epoch as usize));
+                log_mix((&bar, opts.quiet), &mut run.mix, mix.at(pos.micro_in_epoch as usize));
                 window_steps = 0;
             }
             let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);
@@ -335,23 +336,29 @@ fn train_epoch(
 /// Keeps a mix's progress `now` in `last`, and says so above the bar when its weights change
 /// (a schedule's next stage, or a linear stage's next step).
 fn log_mix(
-    bar: &indicatif::ProgressBar,
+    (bar, quiet): (&indicatif::ProgressBar, bool),
     last: &mut Option<dsc_loader::Progress>,
     now: Option<dsc_loader::Progress>,
 ) {
     let Some(now) = now else { return };
-    let changed = last
-        .as_ref()
-        .is_none_or(|l| l.stage != now.stage || l.weights != now.weights);
+    let changed = !quiet
+        && last
+            .as_ref()
+            .is_none_or(|l| l.stage != now.stage || l.weights != now.weights);
     if changed {
         let weights: Vec<String> = now.weights.iter().map(|w| format!("{w:.3}")).collect();
-        bar.println(format!(
+        let line = format!(
             "mix: stage {} (from sample {}) at sample {}: weights {}",
             now.stage,
             now.at,
             now.position,
             weights.join(" ")
-        ));
+        );
+        // A hidden bar (no terminal, --quiet) prints nothing.
+        match bar.is_hidden() {
+            true => eprintln!("{line}"),
+            false => bar.println(line),
+        }
     }
     *last = Some(now);
 }

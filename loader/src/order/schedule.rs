@@ -382,17 +382,18 @@ impl Schedule {
     }
 
     /// Where a run stands at global position `g` of `stages` (those this schedule was made
-    /// of): the stage in force, its weights there, and each source's share of the stage's
-    /// draws so far (whole blocks, from the first block of the stage to the block of `g`).
-    pub fn progress(&self, stages: &[Stage], g: u64) -> Progress {
-        let piece = &self.pieces[self.piece_at(g)];
+    /// of), each source having drawn `now` since the run began: the stage in force (that of
+    /// the block `g` is in), its weights there, and each source's share of the stage's draws
+    /// so far.
+    pub fn progress(&self, stages: &[Stage], g: u64, now: Vec<u64>) -> Progress {
+        let m = self.epoch_len.max(1);
+        let block_start = g / m * m + (g % m) / self.block * self.block;
+        let piece = &self.pieces[self.piece_at(block_start)];
         let stage = piece.stage;
         let at = stages.get(stage).map_or(0, |s| s.at);
         let (e0, b0) = self.block_from(at);
-        let m = self.epoch_len.max(1);
-        let (e1, b1) = (g / m, ((g % m) / self.block) as usize);
-        let (from, to) = (self.draws_before_block(e0, b0), self.draws_before_block(e1, b1));
-        let drawn: Vec<u64> = to.iter().zip(&from).map(|(t, f)| t.saturating_sub(*f)).collect();
+        let from = self.draws_before_block(e0, b0);
+        let drawn: Vec<u64> = now.iter().zip(&from).map(|(t, f)| t.saturating_sub(*f)).collect();
         let sum = drawn.iter().sum::<u64>().max(1) as f64;
         Progress {
             position: g,
@@ -402,6 +403,13 @@ impl Schedule {
             realised: drawn.iter().map(|&d| d as f64 / sum).collect(),
             drawn,
         }
+    }
+
+    /// The first position at or after `g` that starts a block: where weights given from `g`
+    /// take effect.
+    pub fn effective(&self, g: u64) -> u64 {
+        let (epoch, b) = self.block_from(g);
+        epoch.saturating_mul(self.epoch_len) + b as u64 * self.block
     }
 }
 

@@ -1,0 +1,103 @@
+"""`dsc.Loader([a, b], schedule=...)`: mixture schedules against `dsc order --schedule`; each
+cache's own epochs drawn whole, resume anywhere, amendment at a checkpoint, progress in
+`stats()`, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import dsc
+from conftest import run_dsc
+from test_mix import mixdir, stored  # noqa: F401 (the module's caches)
+
+# A source entering mid-run: `b` out for the first 400 positions, then moving in over
+# 400..1200, then even; epochs of 1000 positions in blocks of 64.
+ENTERING = [(0, [1.0, 0.0]), (400, [1.0, 0.0]), (1200, [0.5, 0.5], "linear")]
+KW = dict(mix_samples=1000, window=64, batch_size=8)
+
+
+def flat(loader) -> list:
+    return [k for b in loader for k in b["key"].tolist()]
+
+
+def test_a_schedule_gives_dsc_orders_batches_and_draws_whole_epochs(mixdir: Path) -> None:
+    caches = [mixdir / "a", mixdir / "b"]
+    in_a, in_b = set(stored(mixdir / "a")), set(stored(mixdir / "b"))
+    (mixdir / "entering.json").write_text(json.dumps(
+        [{"at": at, "weights": w, "linear": len(rest) > 0} for at, w, *rest in ENTERING]))
+    drawn = {"a": [], "b": []}
+    for epoch in range(3):
+        loader = dsc.Loader(caches, schedule=ENTERING, epoch=epoch, **KW)
+        got = [b["key"].tolist() for b in loader]
+        cli = json.loads(run_dsc("order", "a", "b", "--schedule", "entering.json",
+                                 "--mix-samples", "1000", "--window", "64", "--batch-size", "8",
+                                 "--epoch", str(epoch), "--keys", "--json", cwd=mixdir))
+        assert got == cli
+        keys = [k for b in got for k in b]
+        if epoch == 0:
+            assert all(k in in_a for k in keys[:448]), "b enters after 400"
+            assert any(k in in_b for k in keys[448:])
+        for k in keys:
+            drawn["a" if k in in_a else "b"].append(k)
+    # Each cache's draws: its split once per own epoch, one epoch after another.
+    for name, own in (("a", in_a), ("b", in_b)):
+        for start in range(0, len(drawn[name]), len(own)):
+            chunk = drawn[name][start:start + len(own)]
+            assert len(set(chunk)) == len(chunk), f"{name} repeated a context"
+    # Even weights from 1200: epoch 2 is half and half within a position per block.
+    share_b = sum(k in in_b for k in keys) / len(keys)
+    assert abs(share_b - 0.5) < 0.01
+
+
+def test_a_schedule_resumes_anywhere_and_is_amended_at_a_checkpoint(mixdir: Path) -> None:
+    caches = [mixdir / "a", mixdir / "b"]
+    whole = flat(dsc.Loader(caches, schedule=ENTERING, **KW))
+    for steps in (10, 50, 56, 100):  # 56 x 8 = 448: the first block of b
+        loader = dsc.Loader(caches, schedule=ENTERING, **KW)
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        state = loader.state_dict()
+        assert state["schedule"][1] == {"at": 400, "weights": [1.0, 0.0]}
+        other = dsc.Loader(caches, schedule=ENTERING, **KW)
+        other.load_state_dict(state)
+        assert flat(other) == whole[steps * 8:]
+        progress = loader.stats()["mix"]
+        assert progress["position"] == steps * 8
+        assert progress["stage"] == (0 if steps * 8 < 400 else 1)
+    # At 400 (step 50), b's ramp is under way: its end may not move, a later stage may come.
+    loader = dsc.Loader(caches, schedule=ENTERING, **KW)
+    it = iter(loader)
+    for _ in range(50):
+        next(it)
+    state = loader.state_dict()
+    later = ENTERING + [(1500, [0.0, 1.0])]
+    amended = dsc.Loader(caches, schedule=later, **KW)
+    amended.load_state_dict(state)
+    assert flat(amended)[:500 - 400] == whole[400:500]
+    moved = ENTERING[:2] + [(1100, [0.5, 0.5], "linear")]
+    with pytest.raises(dsc.StateError, match="stage 2 differs before"):
+        dsc.Loader(caches, schedule=moved, **KW).load_state_dict(state)
+    # The stage in force and each cache's realised share of it.
+    mix = dsc.Loader(caches, schedule=ENTERING, epoch=2, **KW).stats()["mix"]
+    assert mix["stage"] == 2 and mix["at"] == 1200 and mix["weights"] == [0.5, 0.5]
+
+
+def test_bad_schedules_are_refused_naming_the_keyword(mixdir: Path) -> None:
+    caches = [mixdir / "a", mixdir / "b"]
+    for schedule, says in (("0.5,0.5", "expected a list of stages"),
+                           ([(0, [1, 1], "slow")], 'the third item, when given, is "linear"'),
+                           ([(0, 1)], "expected one number per cache"),
+                           ([(0, [1, 1]), (0, [1, 2])], "stage 1 starts at 0, not after"),
+                           ([(10, [1, 1])], "the first stage starts at position 0"),
+                           ([(0, [1, float("nan")])], "not a value this option takes")):
+        with pytest.raises(dsc.OptionsError, match="schedule") as e:
+            dsc.Loader(caches, schedule=schedule, **KW)
+        assert says in str(e.value), (schedule, str(e.value))
+    with pytest.raises(dsc.OptionsError, match="exclude each other"):
+        dsc.Loader(caches, schedule=ENTERING, weights=[1, 1], **KW)
+    with pytest.raises(dsc.OptionsError, match="is for a mix"):
+        dsc.Loader(caches[0], schedule=ENTERING, **KW)
