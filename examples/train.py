@@ -450,6 +450,8 @@ class Run:
                              f"split (it has {sorted(self.cache.splits)})")
         self.task = resolve_task(self.cache, args.task, args.target).to(device)
         inp = resolve_inputs(self.cache, args.normalise)
+        # A mix's batches are padded to its longest L.
+        inp.max_len = max(c.max_len for c in [self.cache, *self.mixed])
         self.names = inp.names + ["y"] + (PACK_TENSORS if args.pack else [])
         # Same seed, same initial weights; the data order has its own seed inside the loader.
         torch.manual_seed(args.seed)

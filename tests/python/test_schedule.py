@@ -67,7 +67,7 @@ def test_a_schedule_resumes_anywhere_and_is_amended_at_a_checkpoint(mixdir: Path
         assert flat(other) == whole[steps * 8:]
         progress = loader.stats()["mix"]
         assert progress["position"] == steps * 8
-        assert progress["stage"] == (0 if steps * 8 < 400 else 1)
+        assert progress["stage"] == (0 if steps * 8 < 448 else 1)  # from the block at 448
     # At 400 (step 50), b's ramp is under way: its end may not move, a later stage may come.
     loader = dsc.Loader(caches, schedule=ENTERING, **KW)
     it = iter(loader)
@@ -101,3 +101,45 @@ def test_bad_schedules_are_refused_naming_the_keyword(mixdir: Path) -> None:
         dsc.Loader(caches, schedule=ENTERING, weights=[1, 1], **KW)
     with pytest.raises(dsc.OptionsError, match="is for a mix"):
         dsc.Loader(caches[0], schedule=ENTERING, **KW)
+
+
+def test_train_py_follows_a_schedule_and_amends_it_on_resume(mixdir: Path, tmp_path: Path) -> None:
+    """examples/train.py --mix --schedule: stages by optimizer step, logged as they change,
+    the stage in the summary; a resume takes a later stage and refuses an earlier change."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    caches = [mixdir / "a", mixdir / "b"]
+    per_epoch = len(dsc.Loader(caches, batch_size=32))
+
+    def schedule(name: str, stages: list) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps(stages))
+        return str(path)
+
+    entering = [{"step": 0, "weights": [1, 0]}, {"step": per_epoch, "weights": [1, 0]},
+                {"step": 2 * per_epoch, "weights": [0.5, 0.5], "linear": True}]
+    small = ["--dim", "32", "--layers", "1", "--heads", "2", "--batch-size", "32",
+             "--torch-threads", "1", "--device", "cpu"]
+
+    def train(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "examples" / "train.py"), *args, *small],
+                              capture_output=True, text=True, timeout=600)
+
+    out = tmp_path / "run"
+    first = train("--cache", str(caches[0]), "--mix", str(caches[1]), "--schedule",
+                  schedule("entering.json", entering), "--epochs", "3", "--out", str(out),
+                  "--max-steps", str(per_epoch + per_epoch // 2), "--log-every", "5")
+    assert first.returncode == 0, first.stderr
+    assert "mix · stage 1 (from sample" in first.stderr + first.stdout
+    moved = entering[:2] + [dict(entering[2], step=2 * per_epoch + 1)]
+    refused = train("--resume", str(out / "last.pt"), "--schedule", schedule("moved.json", moved))
+    assert refused.returncode != 0 and "stage 2 differs before" in refused.stderr, refused.stderr
+    later = entering + [{"step": 2 * per_epoch + per_epoch // 2, "weights": [0, 1]}]
+    taken = train("--resume", str(out / "last.pt"), "--schedule", schedule("later.json", later),
+                  "--epochs", "4", "--json")
+    assert taken.returncode == 0, taken.stderr
+    summary = json.loads(taken.stdout.strip().splitlines()[-1])
+    assert summary["loader"]["mix"]["stage"] == 3, summary["loader"]["mix"]

@@ -434,6 +434,79 @@ fn a_mix_of_two_caches_learns_and_resumes_exactly() {
     );
 }
 
+/// A mix whose second cache enters by schedule (stages by optimizer step: out for the first
+/// epoch, moved in linearly over the second, even from the third) trains the same weights
+/// straight or stopped and resumed, logs its stages, reports the stage it ends in, and a resume
+/// may amend the stages after its position but not one before.
+#[test]
+fn a_scheduled_mix_resumes_exactly_and_is_amended_at_a_checkpoint() {
+    let fx = fixture();
+    let (a, b) = (path(&fx.mix[0]), path(&fx.mix[1]));
+    let dir = tempfile::tempdir().unwrap();
+    let schedule = |stages: &str| {
+        let file = dir.path().join(format!("s{}.json", stages.len()));
+        std::fs::write(&file, stages).unwrap();
+        path(&file)
+    };
+    let probe = small_run_on(&[&a, &b], "--task direction --epochs 1 --batch-size 32").0;
+    let per_epoch = probe["optimizer_steps"].as_u64().unwrap();
+    let (e1, e2) = (per_epoch, 2 * per_epoch);
+    let entering = schedule(&format!(
+        r#"[{{"step": 0, "weights": [1, 0]}}, {{"step": {e1}, "weights": [1, 0]}},
+            {{"step": {e2}, "weights": [0.5, 0.5], "linear": true}}]"#
+    ));
+    let (straight, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let run = |out: &tempfile::TempDir, extra: &[&str]| {
+        let outp = path(out.path());
+        let mut args = vec![
+            "--cache", &a, "--cache", &b, "--schedule", &entering, "--task", "direction",
+            "--epochs", "3", "--batch-size", "32", "--out", &outp,
+        ];
+        args.extend(SMALL);
+        args.extend(extra);
+        train(&args)
+    };
+    let full = run(&straight, &[]);
+    assert!(
+        full.stderr.contains("mix: stage 2 (from sample"),
+        "the stages are logged: {}",
+        full.stderr
+    );
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(straight.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["mix"]["stage"], 2, "{}", summary["mix"]);
+    let realised = summary["mix"]["realised"][1].as_f64().unwrap();
+    assert!((realised - 0.5).abs() < 0.02, "{}", summary["mix"]);
+    let stop = (per_epoch + per_epoch / 2).to_string();
+    run(&split, &["--max-steps", &stop]);
+    let ckpt = path(&split.path().join("last.ckpt"));
+    let rest = train(&["--resume", &ckpt, "--torch-threads", "1"]);
+    assert_eq!(rest.code, 0, "{}", rest.stderr);
+    assert_same_weights(straight.path(), split.path());
+    // Amended at the checkpoint: the ramp's end may not move, a later stage may come.
+    let amended = tempfile::tempdir().unwrap();
+    run(&amended, &["--max-steps", &stop]);
+    let ckpt = path(&amended.path().join("last.ckpt"));
+    let moved = schedule(&format!(
+        r#"[{{"step": 0, "weights": [1, 0]}}, {{"step": {e1}, "weights": [1, 0]}},
+            {{"step": {}, "weights": [0.5, 0.5], "linear": true}}]"#,
+        e2 + 1
+    ));
+    let refused = train(&["--resume", &ckpt, "--schedule", &moved, "--torch-threads", "1"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("stage 2 differs before"), "{}", refused.stderr);
+    let later = schedule(&format!(
+        r#"[{{"step": 0, "weights": [1, 0]}}, {{"step": {e1}, "weights": [1, 0]}},
+            {{"step": {e2}, "weights": [0.5, 0.5], "linear": true}},
+            {{"step": {}, "weights": [0, 1]}}]"#,
+        e2 + per_epoch / 2
+    ));
+    let taken = train(&["--resume", &ckpt, "--schedule", &later, "--epochs", "4", "--torch-threads", "1"]);
+    assert_eq!(taken.code, 0, "{}", taken.stderr);
+    assert!(taken.stderr.contains("mix: stage 3"), "{}", taken.stderr);
+}
+
 #[test]
 fn a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one() {
     let fx = fixture();
