@@ -613,7 +613,10 @@ fn a_schedule_is_exact_and_resumes_anywhere() {
     for epoch in 0..3 {
         let batches = keys(&mix, scheduled(12, curriculum(), epoch));
         // Batches of 8 deliver all 1000 positions of an epoch (of 12, drop_last leaves 4).
-        for k in keys(&mix, scheduled(8, curriculum(), epoch)).iter().flatten() {
+        for k in keys(&mix, scheduled(8, curriculum(), epoch))
+            .iter()
+            .flatten()
+        {
             drawn[usize::from(in_b.contains(k))].push(*k);
         }
         if epoch == 1 {
@@ -622,7 +625,9 @@ fn a_schedule_is_exact_and_resumes_anywhere() {
             assert!(retired.iter().all(|k| in_b.contains(k)), "a is retired");
         }
         for (batch, world, step) in [(12, 1, 5), (12, 1, 37), (12, 1, 50), (8, 1, 0), (6, 2, 0)] {
-            let taken = mix.loader_at(scheduled(12, curriculum(), epoch), step).unwrap();
+            let taken = mix
+                .loader_at(scheduled(12, curriculum(), epoch), step)
+                .unwrap();
             let state = taken.state();
             let mut ranks = Vec::new();
             for rank in 0..world {
@@ -686,7 +691,11 @@ fn a_schedule_is_amended_past_a_state_and_refused_before_it() {
         .loader_at(scheduled(12, curriculum(), 0), 60)
         .unwrap()
         .state();
-    assert_eq!(state.order.schedule, curriculum(), "the state records its schedule");
+    assert_eq!(
+        state.order.schedule,
+        curriculum(),
+        "the state records its schedule"
+    );
     // Position 720, in stage 1: `a` retired from 800 instead of 1400.
     let mut later = curriculum();
     later[2].at = 800;
@@ -715,7 +724,10 @@ fn a_schedule_is_amended_past_a_state_and_refused_before_it() {
             .unwrap_err(),
     ] {
         let text = err.to_string();
-        assert!(text.contains("stage 2 differs before") && text.contains("(720)"), "{text}");
+        assert!(
+            text.contains("stage 2 differs before") && text.contains("(720)"),
+            "{text}"
+        );
     }
     // At 360 the ramp to stage 1 is under way: moving its end changes the past.
     let at_360 = mix
@@ -787,12 +799,30 @@ fn dsc_order_reports_a_schedule_and_refuses_bad_ones() {
             r#"[{"at": 0, "weights": [1, 1]}, {"at": 0, "weights": [1, 2]}]"#,
             "stage 1 starts at 0, not after stage 0",
         ),
-        (r#"[{"at": 0, "weights": [1, 1, 1]}]"#, "stage 0 gives 3 weights for 2 caches"),
-        (r#"[{"at": 0, "weights": [0, 0]}]"#, "stage 0 weighs every cache 0"),
-        (r#"[{"at": 0, "weights": [1, -1]}]"#, "stage 0: -1 is not a weight"),
-        (r#"[{"at": 0, "weights": [1, 1], "linear": true}]"#, "stage 0 is linear"),
-        (r#"[{"at": 0, "weights": [1000, 1]}]"#, "under one position in a window of 64"),
-        (r#"[{"step": 3, "weights": [1, 1]}, {"at": 9, "weights": [1, 2]}]"#, "stage 0 starts at 36"),
+        (
+            r#"[{"at": 0, "weights": [1, 1, 1]}]"#,
+            "stage 0 gives 3 weights for 2 caches",
+        ),
+        (
+            r#"[{"at": 0, "weights": [0, 0]}]"#,
+            "stage 0 weighs every cache 0",
+        ),
+        (
+            r#"[{"at": 0, "weights": [1, -1]}]"#,
+            "stage 0: -1 is not a weight",
+        ),
+        (
+            r#"[{"at": 0, "weights": [1, 1], "linear": true}]"#,
+            "stage 0 is linear",
+        ),
+        (
+            r#"[{"at": 0, "weights": [1000, 1]}]"#,
+            "under one position in a window of 64",
+        ),
+        (
+            r#"[{"step": 3, "weights": [1, 1]}, {"at": 9, "weights": [1, 2]}]"#,
+            "stage 0 starts at 36",
+        ),
         (r#"[]"#, "names no stage"),
         (r#"{"at": 0}"#, "is not a schedule"),
     ] {

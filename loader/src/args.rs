@@ -304,7 +304,11 @@ impl MixArgs {
                             format!(
                                 "stage {i} gives {}: a stage starts at a sample position \
                                  (`at`) or an optimizer step (`step`), one of them",
-                                if s.at.is_some() { "both `at` and `step`" } else { "neither `at` nor `step`" }
+                                if s.at.is_some() {
+                                    "both `at` and `step`"
+                                } else {
+                                    "neither `at` nor `step`"
+                                }
                             ),
                         ))
                     }
@@ -595,7 +599,9 @@ impl LoaderArgs {
         // A step of a loader is a global batch of contexts (of packs: no fixed number).
         let per_step = match batches.pack() {
             Some(_) => None,
-            None => Some((self.batch.batch_size as u64).saturating_mul(self.rank.world_size as u64)),
+            None => {
+                Some((self.batch.batch_size as u64).saturating_mul(self.rank.world_size as u64))
+            }
         };
         let opts = LoaderOptions {
             order: self.epoch.order(batches, &self.mix, per_step)?,

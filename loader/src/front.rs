@@ -94,7 +94,11 @@ pub(crate) fn from_state(
 /// Refuses `opts`' schedule where it differs from `state`'s before the position the state was
 /// taken at ([`crate::mix::check_amendment`]): that position is found in the epoch `opts`
 /// plan (a state of packs counts packs).
-fn check_amendment(sources: &[Cache], opts: &LoaderOptions, state: &State) -> Result<(), LoadError> {
+fn check_amendment(
+    sources: &[Cache],
+    opts: &LoaderOptions,
+    state: &State,
+) -> Result<(), LoadError> {
     let from_start = LoaderOptions {
         epoch: state.epoch,
         skip: 0,

@@ -58,7 +58,9 @@ pub struct MixTracker {
 
 impl std::fmt::Debug for MixTracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MixTracker").field("epoch", &self.opts.epoch).finish()
+        f.debug_struct("MixTracker")
+            .field("epoch", &self.opts.epoch)
+            .finish()
     }
 }
 

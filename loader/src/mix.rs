@@ -416,7 +416,11 @@ fn schedule_of(
                 lens.len()
             ));
         }
-        if let Some(w) = stage.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+        if let Some(w) = stage
+            .weights
+            .iter()
+            .find(|w| !(w.is_finite() && **w >= 0.0))
+        {
             return bad(format!(
                 "stage {i}: {w} is not a weight: one number of at least 0 per cache"
             ));

@@ -255,7 +255,11 @@ fn train_epoch(
         None => (s.ring.clone(), Fill::Batch),
     };
     let mix = loader.mix_tracker();
-    log_mix((&bar, opts.quiet), &mut run.mix, mix.at(pos.micro_in_epoch as usize));
+    log_mix(
+        (&bar, opts.quiet),
+        &mut run.mix,
+        mix.at(pos.micro_in_epoch as usize),
+    );
     let feed = Feed::start(loader, &ring, fill);
     let clock = &mut run.clock;
     while pos.micro_in_epoch < micro_epoch {
@@ -293,7 +297,11 @@ fn train_epoch(
                 ));
                 run.logged
                     .push(StepReport::new(pos.optimizer_steps, loss, lr, sh));
-                log_mix((&bar, opts.quiet), &mut run.mix, mix.at(pos.micro_in_epoch as usize));
+                log_mix(
+                    (&bar, opts.quiet),
+                    &mut run.mix,
+                    mix.at(pos.micro_in_epoch as usize),
+                );
                 window_steps = 0;
             }
             let at_limit = opts.max_steps.is_some_and(|m| pos.optimizer_steps >= m);

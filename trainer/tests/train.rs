@@ -459,8 +459,20 @@ fn a_scheduled_mix_resumes_exactly_and_is_amended_at_a_checkpoint() {
     let run = |out: &tempfile::TempDir, extra: &[&str]| {
         let outp = path(out.path());
         let mut args = vec![
-            "--cache", &a, "--cache", &b, "--schedule", &entering, "--task", "direction",
-            "--epochs", "3", "--batch-size", "32", "--out", &outp,
+            "--cache",
+            &a,
+            "--cache",
+            &b,
+            "--schedule",
+            &entering,
+            "--task",
+            "direction",
+            "--epochs",
+            "3",
+            "--batch-size",
+            "32",
+            "--out",
+            &outp,
         ];
         args.extend(SMALL);
         args.extend(extra);
@@ -493,16 +505,36 @@ fn a_scheduled_mix_resumes_exactly_and_is_amended_at_a_checkpoint() {
             {{"step": {}, "weights": [0.5, 0.5], "linear": true}}]"#,
         e2 + 1
     ));
-    let refused = train(&["--resume", &ckpt, "--schedule", &moved, "--torch-threads", "1"]);
+    let refused = train(&[
+        "--resume",
+        &ckpt,
+        "--schedule",
+        &moved,
+        "--torch-threads",
+        "1",
+    ]);
     assert_eq!(refused.code, 2, "{}", refused.stderr);
-    assert!(refused.stderr.contains("stage 2 differs before"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("stage 2 differs before"),
+        "{}",
+        refused.stderr
+    );
     let later = schedule(&format!(
         r#"[{{"step": 0, "weights": [1, 0]}}, {{"step": {e1}, "weights": [1, 0]}},
             {{"step": {e2}, "weights": [0.5, 0.5], "linear": true}},
             {{"step": {}, "weights": [0, 1]}}]"#,
         e2 + per_epoch / 2
     ));
-    let taken = train(&["--resume", &ckpt, "--schedule", &later, "--epochs", "4", "--torch-threads", "1"]);
+    let taken = train(&[
+        "--resume",
+        &ckpt,
+        "--schedule",
+        &later,
+        "--epochs",
+        "4",
+        "--torch-threads",
+        "1",
+    ]);
     assert_eq!(taken.code, 0, "{}", taken.stderr);
     assert!(taken.stderr.contains("mix: stage 3"), "{}", taken.stderr);
 }

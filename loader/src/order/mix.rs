@@ -163,7 +163,10 @@ impl MixOrder {
         for segment in &segments {
             before.push(drawn.clone());
             let n = schedule.positions(segment);
-            for (a, d) in drawn.iter_mut().zip(schedule.drawn(schedule.weights(segment), n)) {
+            for (a, d) in drawn
+                .iter_mut()
+                .zip(schedule.drawn(schedule.weights(segment), n))
+            {
                 *a += d;
             }
         }
@@ -229,7 +232,9 @@ impl MixOrder {
 
     /// The segment block `b` is in.
     fn segment_of(&self, b: usize) -> usize {
-        self.segments.partition_point(|s| s.first <= b).saturating_sub(1)
+        self.segments
+            .partition_point(|s| s.first <= b)
+            .saturating_sub(1)
     }
 
     /// Each source's draws since mix epoch 0 before block `b`, and the block's counts.

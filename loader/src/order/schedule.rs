@@ -100,7 +100,8 @@ impl Schedule {
             let span = next.at - stage.at;
             let steps = (span / block).clamp(1, MAX_RAMP_STEPS);
             for j in 0..steps {
-                let start = stage.at + (u128::from(span) * u128::from(j) / u128::from(steps)) as u64;
+                let start =
+                    stage.at + (u128::from(span) * u128::from(j) / u128::from(steps)) as u64;
                 let t = (j as f64 + 0.5) / steps as f64;
                 let line: Vec<f64> = from
                     .iter()
@@ -152,7 +153,9 @@ impl Schedule {
 
     /// The piece in force at global position `g`.
     fn piece_at(&self, g: u64) -> usize {
-        self.pieces.partition_point(|p| p.start <= g).saturating_sub(1)
+        self.pieces
+            .partition_point(|p| p.start <= g)
+            .saturating_sub(1)
     }
 
     /// The segments of epoch `epoch`, in order.
@@ -245,8 +248,7 @@ impl Schedule {
         }
         let sum: f64 = w.iter().sum();
         while owed > 0 {
-            let over =
-                |s: usize| (lo[s] as i64 + counts[s]) as f64 - w[s] / sum * (a + len) as f64;
+            let over = |s: usize| (lo[s] as i64 + counts[s]) as f64 - w[s] / sum * (a + len) as f64;
             let s = (0..counts.len())
                 .filter(|&s| counts[s] > 0)
                 .max_by(|&x, &y| over(x).total_cmp(&over(y)).then(y.cmp(&x)))
@@ -393,7 +395,11 @@ impl Schedule {
         let at = stages.get(stage).map_or(0, |s| s.at);
         let (e0, b0) = self.block_from(at);
         let from = self.draws_before_block(e0, b0);
-        let drawn: Vec<u64> = now.iter().zip(&from).map(|(t, f)| t.saturating_sub(*f)).collect();
+        let drawn: Vec<u64> = now
+            .iter()
+            .zip(&from)
+            .map(|(t, f)| t.saturating_sub(*f))
+            .collect();
         let sum = drawn.iter().sum::<u64>().max(1) as f64;
         Progress {
             position: g,
@@ -489,8 +495,9 @@ mod tests {
             let k = 2 + rng.below(3) as usize;
             let sizes = (0..k)
                 .map(|_| {
-                    let shards: Vec<usize> =
-                        (0..1 + rng.below(3)).map(|_| 5 + rng.below(200) as usize).collect();
+                    let shards: Vec<usize> = (0..1 + rng.below(3))
+                        .map(|_| 5 + rng.below(200) as usize)
+                        .collect();
                     Arc::new(SplitContexts::all(&shards))
                 })
                 .collect();
