@@ -983,14 +983,22 @@ pub struct BenchArgs {
     /// its contexts/s and token efficiency next to the plain one.
     #[arg(long, value_name = "T")]
     pub pack: Option<usize>,
+    /// Also time a shuffled epoch of the mix of the cache with these caches (repeat it for
+    /// more), drawn by --weights (or their sizes) and, with --schedule, by the schedule: the
+    /// cost of a mix and of a schedule in one run.
+    #[arg(long = "mix", value_name = "CACHE")]
+    pub mix_with: Vec<PathBuf>,
+    #[command(flatten)]
+    pub mix: dsc_loader::args::MixArgs,
     /// Print JSON (fields: contexts_per_s_shuffled, gbps_shuffled, gbps_sequential, gbps_memcpy
     /// (1 thread), gbps_memcpy_threads (as many threads as the loader ran),
     /// shuffled_over_memcpy_threads, shuffled_1_thread_over_memcpy, open_ms, peak_rss_mib, …;
     /// with --bucket also
     /// contexts_per_s_bucketed, gbps_bucketed, bucketed_over_shuffled,
     /// padding_efficiency_bucketed, padding_efficiency_shuffled; with --pack also
-    /// contexts_per_s_packed, gbps_packed, packed_over_shuffled, token_efficiency_packed;
-    /// docs/PERFORMANCE.md lists all).
+    /// contexts_per_s_packed, gbps_packed, packed_over_shuffled, token_efficiency_packed; with
+    /// --mix also contexts_per_s_mixed, and with --schedule contexts_per_s_scheduled and
+    /// scheduled_over_mixed; docs/PERFORMANCE.md lists all).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -3,7 +3,9 @@
 use crate::args::BenchArgs;
 use crate::output::{bold, outln};
 use dsc_loader::args::MixArgs;
-use dsc_loader::{Batches, Cache, LoaderOptions, LoaderStats, OrderSpec, Pack};
+use dsc_loader::{
+    Batches, Cache, LoadError, Loader, LoaderOptions, LoaderStats, Mix, OrderSpec, Pack,
+};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -55,6 +57,27 @@ struct Report {
     /// A cache in object storage: what the shuffled passes on N threads fetched.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     fetched: Option<Fetched>,
+    /// With --mix: shuffled epochs of the mix on N threads.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    mixed: Option<Mixed>,
+}
+
+#[derive(Serialize)]
+struct Mixed {
+    /// Caches mixed, the benchmarked cache first.
+    mix_caches: usize,
+    /// Positions of a mix epoch.
+    mix_contexts: usize,
+    /// A shuffled epoch of the mix drawn by --weights (or the caches' sizes), N threads.
+    contexts_per_s_mixed: f64,
+    /// The same ÷ the shuffled pass of the cache alone.
+    mixed_over_shuffled: f64,
+    /// With --schedule: the same mix drawn by the schedule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    contexts_per_s_scheduled: Option<f64>,
+    /// contexts_per_s_scheduled ÷ contexts_per_s_mixed, in one run: what a schedule costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scheduled_over_mixed: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -250,11 +273,20 @@ fn sequential(cache: &Cache, opts: &LoaderOptions, repeat: usize) -> anyhow::Res
 /// The fastest of `repeat` epochs (epochs 0, 1, …: each its own order), in seconds, and the
 /// bytes one yields.
 fn timed(cache: &Cache, o: &LoaderOptions, repeat: usize) -> anyhow::Result<(f64, u64)> {
+    timed_on(&|o| cache.loader(o), o, repeat)
+}
+
+/// [`timed`] of the loaders `make` gives.
+fn timed_on(
+    make: &dyn Fn(LoaderOptions) -> Result<Loader, LoadError>,
+    o: &LoaderOptions,
+    repeat: usize,
+) -> anyhow::Result<(f64, u64)> {
     let mut best = (f64::INFINITY, 0);
     for epoch in 0..repeat as u64 {
         let t = Instant::now();
         let mut n = 0u64;
-        for batch in cache.loader(LoaderOptions { epoch, ..o.clone() })? {
+        for batch in make(LoaderOptions { epoch, ..o.clone() })? {
             n += batch?
                 .tensors()
                 .iter()
@@ -267,6 +299,62 @@ fn timed(cache: &Cache, o: &LoaderOptions, repeat: usize) -> anyhow::Result<(f64
         }
     }
     Ok(best)
+}
+
+/// Shuffled epochs of the mix of `cache` with `--mix`: by fixed weights, then (with
+/// `--schedule`) by the schedule, against the cache's own shuffled pass (`per_s`).
+fn mixed(
+    cache: &Cache,
+    passes: &Passes,
+    (threads, repeat): (usize, usize),
+    remote: &dsc_loader::RemoteOptions,
+    per_s: f64,
+) -> anyhow::Result<Mixed> {
+    let a = passes.a;
+    let mut caches = vec![cache.clone()];
+    for path in &a.mix_with {
+        caches.push(Cache::open_with(path, remote)?);
+    }
+    let mix = Mix::new(caches)?;
+    let fixed = dsc_loader::args::MixArgs {
+        schedule: None,
+        ..a.mix.clone()
+    };
+    let opts = |mix_args: &dsc_loader::args::MixArgs| -> anyhow::Result<LoaderOptions> {
+        let per_step = (a.batch.batch_size) as u64;
+        Ok(LoaderOptions {
+            order: a.epoch.order(Batches::Padded, mix_args, Some(per_step))?,
+            ..passes.padded(true, threads)
+        })
+    };
+    let make = |o| mix.loader(o);
+    let fixed_opts = opts(&fixed)?;
+    let probe = mix.loader(LoaderOptions {
+        threads: 0,
+        ..fixed_opts.clone()
+    })?;
+    let contexts = (probe.steps() * a.batch.batch_size) as f64;
+    let mix_contexts = probe.order().len();
+    drop(probe);
+    let (fixed_s, _) = timed_on(&make, &fixed_opts, repeat)?;
+    let scheduled_s = match a.mix.schedule {
+        Some(_) => {
+            let scheduled = dsc_loader::args::MixArgs {
+                weights: None,
+                ..a.mix.clone()
+            };
+            Some(timed_on(&make, &opts(&scheduled)?, repeat)?.0)
+        }
+        None => None,
+    };
+    Ok(Mixed {
+        mix_caches: mix.sources().len(),
+        mix_contexts,
+        contexts_per_s_mixed: contexts / fixed_s,
+        mixed_over_shuffled: contexts / fixed_s / per_s,
+        contexts_per_s_scheduled: scheduled_s.map(|s| contexts / s),
+        scheduled_over_mixed: scheduled_s.map(|s| fixed_s / s),
+    })
 }
 
 /// What the shuffled passes fetched from object storage, per epoch, between `before` and
@@ -404,6 +492,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         Some(tokens) => Some(packed(&cache, &passes, (tokens, threads), repeat, against)?),
         None => None,
     };
+    let mixed = match a.mix_with.is_empty() {
+        true => None,
+        false => Some(mixed(
+            &cache,
+            &passes,
+            (threads, repeat),
+            &remote,
+            epoch_contexts / many_s,
+        )?),
+    };
     let peak_rss_mib = crate::output::peak_rss_mib();
 
     let gb = bytes as f64 / 1e9;
@@ -436,6 +534,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
         bucketed,
         packed,
         fetched: fetching.then(|| fetched(&cache, split, remote.limit, (&before, &after), repeat)),
+        mixed,
     };
     if a.json {
         crate::output::print_json(&r)?;
@@ -527,6 +626,21 @@ fn print_human(r: &Report, per_context: usize) -> anyhow::Result<()> {
             p.packed_over_shuffled,
             p.token_efficiency_packed
         );
+    }
+    if let Some(m) = &r.mixed {
+        outln!(
+            "mix of {} caches ({} positions an epoch), {running} threads: {:.0} contexts/s, \
+             {:.2}x the cache alone",
+            m.mix_caches,
+            m.mix_contexts,
+            m.contexts_per_s_mixed,
+            m.mixed_over_shuffled
+        );
+        if let (Some(per_s), Some(ratio)) = (m.contexts_per_s_scheduled, m.scheduled_over_mixed) {
+            outln!(
+                "scheduled mix: {per_s:.0} contexts/s, {ratio:.3}x the mix of fixed weights"
+            );
+        }
     }
     if let Some(gbps) = r.gbps_decompress {
         outln!("compressed shards: decompressed at {gbps:.2} GB/s (of safetensors bytes)");

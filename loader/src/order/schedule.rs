@@ -24,6 +24,59 @@ use serde::{Deserialize, Serialize};
 /// One stage of a schedule: from global position `at` on, the sources in proportion to
 /// `weights` (one per source, at least zero, normalised); `linear`: reached by moving from the
 /// previous stage's weights over the span between the two stages.
+///
+/// A cache that enters mid-run, and the schedule amended at a checkpoint (docs/GUIDE.md,
+/// "Mixing caches"):
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # for (name, seed) in [("a", 1), ("b", 2)] {
+/// #     let sample = dsc_gen::icecube::IcecubeOptions {
+/// #         files: 1, events_per_file: 400, seed, ..Default::default()
+/// #     };
+/// #     dsc_gen::icecube::generate(&dir.path().join(name), &sample)?;
+/// #     let rows = dir.path().join(name).join("train/batch_*.parquet");
+/// #     let mut spec = dsc_compiler::CompileSpec::new(vec![rows.display().to_string()], "event_id");
+/// #     spec.features = vec!["time".into(), "charge".into()];
+/// #     spec.max_len = Some(64);
+/// #     dsc_compiler::compile(&spec, &dsc_compiler::CompileOptions {
+/// #         out: dir.path().join(format!("{name}-cache")), force: false, max_memory: None,
+/// #         storage: dsc_compiler::Storage::Hot, progress: &dsc_compiler::NoProgress,
+/// #     })?;
+/// # }
+/// # let (path_a, path_b) = (dir.path().join("a-cache"), dir.path().join("b-cache"));
+/// use dsc_loader::{Cache, LoaderOptions, Mix, OrderSpec, Stage};
+/// let mix = Mix::new(vec![Cache::open(path_a)?, Cache::open(path_b)?])?;
+/// let stage = |at, weights: &[f64], linear| Stage { at, weights: weights.to_vec(), linear };
+/// // b out for the first 1,000 samples of the run, then moved in to a fifth by 2,000.
+/// let entering = vec![
+///     stage(0, &[1.0, 0.0], false),
+///     stage(1_000, &[1.0, 0.0], false),
+///     stage(2_000, &[0.8, 0.2], true),
+/// ];
+/// let at = |schedule: Vec<Stage>| LoaderOptions {
+///     order: OrderSpec { schedule, window: 250, mix_samples: Some(4_000), ..Default::default() },
+///     batch_size: 100,
+///     ..Default::default()
+/// };
+/// let mut loader = mix.loader(at(entering.clone()))?;
+/// for batch in (&mut loader).take(15) {
+///     batch?;
+/// }
+/// let state = loader.state();                     // at sample 1,500; records its schedule
+/// // Amended at the checkpoint: b grows to half by 4,000, after the state's position.
+/// let mut grown = entering.clone();
+/// grown.push(stage(4_000, &[0.5, 0.5], true));
+/// let rest = mix.loader_from_state(at(grown), &state)?;
+/// assert_eq!(rest.next_step(), 15);
+/// let now = rest.mix_progress().ok_or("a mix")?; // the stage in force, its weights, shares
+/// assert_eq!(now.stage, 1);
+/// // Moving the ramp's end would change what was drawn: refused, naming the stage.
+/// let mut moved = entering;
+/// moved[2].at = 2_500;
+/// assert!(mix.check_state(&at(moved), &state).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Stage {
