@@ -637,9 +637,7 @@ fn print_human(r: &Report, per_context: usize) -> anyhow::Result<()> {
             m.mixed_over_shuffled
         );
         if let (Some(per_s), Some(ratio)) = (m.contexts_per_s_scheduled, m.scheduled_over_mixed) {
-            outln!(
-                "scheduled mix: {per_s:.0} contexts/s, {ratio:.3}x the mix of fixed weights"
-            );
+            outln!("scheduled mix: {per_s:.0} contexts/s, {ratio:.3}x the mix of fixed weights");
         }
     }
     if let Some(gbps) = r.gbps_decompress {

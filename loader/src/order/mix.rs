@@ -85,24 +85,6 @@ impl Default for MixCursor {
     }
 }
 
-/// Positions of each source among `n`: `n × weight` (normalised) rounded by largest remainder,
-/// ties to the lower source. A source of weight 0 has none.
-pub fn apportion(weights: &[f64], n: usize) -> Vec<usize> {
-    let sum: f64 = weights.iter().sum();
-    let quotas: Vec<f64> = weights.iter().map(|w| w / sum * n as f64).collect();
-    let mut counts: Vec<usize> = quotas.iter().map(|q| q.floor() as usize).collect();
-    let mut rest: Vec<usize> = (0..weights.len()).filter(|&s| weights[s] > 0.0).collect();
-    rest.sort_by(|&a, &b| {
-        let (fa, fb) = (quotas[a] - quotas[a].floor(), quotas[b] - quotas[b].floor());
-        fb.total_cmp(&fa).then(a.cmp(&b))
-    });
-    let short = n.saturating_sub(counts.iter().sum());
-    for &s in rest.iter().take(short) {
-        counts[s] += 1;
-    }
-    counts
-}
-
 impl MixOrder {
     /// The order of mix epoch `epoch` of sources whose splits hold `sizes[s]` contexts per
     /// shard (those a reader sees), drawn in proportion to `weights` ([`apportion`]) in blocks of `window`
@@ -419,7 +401,7 @@ fn schedule_len(schedule: &Schedule) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::order::{Cursor, Order};
+    use crate::order::{apportion, Cursor, Order};
 
     #[test]
     fn apportionments_sum_exactly_and_never_take_a_position_back() {

@@ -12,8 +12,8 @@ mod series;
 mod window;
 
 pub use live::SplitContexts;
-pub use mix::{apportion, MixCursor, MixOrder, Params};
-pub use schedule::{Progress, Schedule, Stage, StageShare, MAX_RAMP_STEPS};
+pub use mix::{MixCursor, MixOrder, Params};
+pub use schedule::{apportion, Progress, Schedule, Stage, StageShare, MAX_RAMP_STEPS};
 pub(crate) use series::WindowIndex;
 pub use series::{SeriesOrder, SeriesWindows};
 use window::quality_of;

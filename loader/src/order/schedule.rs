@@ -18,8 +18,25 @@
 //! one piece draws the same counts, so a position of any epoch is found in O(pieces), never by
 //! replaying the run.
 
-use super::mix::apportion;
 use serde::{Deserialize, Serialize};
+
+/// Positions of each source among `n`: `n × weight` (normalised) rounded by largest remainder,
+/// ties to the lower source. A source of weight 0 has none.
+pub fn apportion(weights: &[f64], n: usize) -> Vec<usize> {
+    let sum: f64 = weights.iter().sum();
+    let quotas: Vec<f64> = weights.iter().map(|w| w / sum * n as f64).collect();
+    let mut counts: Vec<usize> = quotas.iter().map(|q| q.floor() as usize).collect();
+    let mut rest: Vec<usize> = (0..weights.len()).filter(|&s| weights[s] > 0.0).collect();
+    rest.sort_by(|&a, &b| {
+        let (fa, fb) = (quotas[a] - quotas[a].floor(), quotas[b] - quotas[b].floor());
+        fb.total_cmp(&fa).then(a.cmp(&b))
+    });
+    let short = n.saturating_sub(counts.iter().sum());
+    for &s in rest.iter().take(short) {
+        counts[s] += 1;
+    }
+    counts
+}
 
 /// One stage of a schedule: from global position `at` on, the sources in proportion to
 /// `weights` (one per source, at least zero, normalised); `linear`: reached by moving from the
