@@ -3,7 +3,7 @@
 //! folder in the loader's order with each shard fetched once per epoch, checked on arrival.
 
 use crate::util::*;
-use dsc_loader::{Cache, LoaderOptions, OrderSpec, RemoteOptions};
+use dsc_loader::{Cache, LoaderOptions, Mix, OrderSpec, RemoteOptions, Stage};
 use std::path::Path;
 
 fn upload(server: &S3Server, local: &Path, url: &str) {
@@ -1017,4 +1017,72 @@ fn a_read_stopped_mid_download_says_what_it_was_fetching() {
         .filter(|p| p.to_string_lossy().contains(".partial-"))
         .collect();
     assert!(partial.is_empty(), "{partial:?}");
+}
+
+/// A scheduled mix of two caches in object storage yields the local mix's batches, and the
+/// fetch plan follows the scheduled order: a cache the schedule retires is fetched no more.
+#[test]
+fn a_scheduled_mix_of_remote_caches_fetches_what_its_schedule_draws() {
+    let dir = Dir::new();
+    let (hot, _) = hot_and_cold_caches(&dir);
+    // The same events in other shards: other data to the mix (another content id).
+    dsc(
+        dir.path(),
+        &icecube_args("reseeded", &["--shard-size", "32KiB"]),
+    )
+    .ok();
+    let other = dir.join("reseeded");
+    let server = S3Server::start();
+    let bucket = server.bucket("caches");
+    let mut remote = Vec::new();
+    for (local, name) in [(&hot, "hot"), (&other, "reseeded")] {
+        let url = format!("{bucket}/{name}");
+        upload(&server, local, &url);
+        let folder = dir.join(&format!("fetched-{name}"));
+        remote.push(Cache::open_remote(&url, &remote_options(&server, &folder, None)).unwrap());
+    }
+    let local = Mix::new(vec![
+        Cache::open(&hot).unwrap(),
+        Cache::open(&other).unwrap(),
+    ])
+    .unwrap();
+    let far = Mix::new(remote.clone()).unwrap();
+    let per_epoch = local
+        .loader(LoaderOptions::default())
+        .unwrap()
+        .order()
+        .len() as u64;
+    // Both in the first epoch; the first cache retired from the second on.
+    let stage = |at, weights: [f64; 2]| Stage {
+        at,
+        weights: weights.to_vec(),
+        linear: false,
+    };
+    let o = |epoch| LoaderOptions {
+        epoch,
+        batch_size: 8,
+        order: OrderSpec {
+            window: 48,
+            schedule: vec![stage(0, [1.0, 1.0]), stage(per_epoch, [0.0, 1.0])],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mixed = |mix: &Mix, epoch| -> Vec<Vec<i64>> {
+        mix.loader(o(epoch))
+            .unwrap()
+            .map(|b| b.unwrap().keys())
+            .collect()
+    };
+    assert_eq!(mixed(&far, 0), mixed(&local, 0));
+    let fetched = remote[0].shard_stats().shards_fetched;
+    assert!(fetched > 0);
+    for epoch in 1..3 {
+        assert_eq!(mixed(&far, epoch), mixed(&local, epoch), "epoch {epoch}");
+    }
+    assert_eq!(
+        remote[0].shard_stats().shards_fetched,
+        fetched,
+        "a retired cache is fetched no more"
+    );
 }
