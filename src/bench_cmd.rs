@@ -433,6 +433,14 @@ fn packed(
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
+    let m = &a.mix;
+    anyhow::ensure!(
+        !a.mix_with.is_empty()
+            || (m.weights.is_none() && m.schedule.is_none() && m.mix_samples.is_none()),
+        "--weights, --schedule and --mix-samples weigh a mix: name the caches mixed with {} \
+         by --mix",
+        a.cache.display()
+    );
     let threads = a
         .loader_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));

@@ -174,7 +174,7 @@ fn a_spec_files_errors_name_the_file_and_its_keys() {
 #[test]
 fn bench_names_the_loader_options_it_takes() {
     let dir = Dir::new();
-    for flag in ["--world-size", "--max-seqs", "--weights", "--series-window"] {
+    for flag in ["--world-size", "--max-seqs", "--stride", "--series-window"] {
         let err = dsc(dir.path(), &["bench", "cache", flag, "2"]).fails(2);
         assert!(
             err.contains(&format!(
