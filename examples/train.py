@@ -300,6 +300,9 @@ def mixing(args: argparse.Namespace, world: int) -> Dict[str, Any]:
         if "step" in stage and not getattr(args, "pack", None):
             stage["at"] = stage.pop("step") * per_step
         stages.append(stage)
+    # The checkpoint records the stages at their samples: a resume at another global batch
+    # keeps them where the run drew them.
+    args.schedule = stages
     return dict(schedule=stages, weights=getattr(args, "weights", None))
 
 
@@ -334,6 +337,8 @@ def resume_settings(args: argparse.Namespace):
             saved[k] = getattr(args, k)
     for k in ("mix", "weights", "schedule"):
         saved.setdefault(k, None)
+    if args.schedule is not None:
+        saved["weights"] = None  # the schedule replaces the run's fixed weights
     if args.out is None:  # keep writing next to the checkpoint resumed from
         saved["out"] = os.path.dirname(args.resume) or "."
     # Checkpoints from before an option existed trained without it (and eagerly, trimmed).

@@ -729,6 +729,17 @@ fn a_schedule_is_amended_past_a_state_and_refused_before_it() {
             "{text}"
         );
     }
+    // Stage 2 made linear would ramp from stage 1's start, before the state's position.
+    let mut ramped = curriculum();
+    ramped[2].linear = true;
+    let err = mix
+        .check_state(&scheduled(12, ramped, 0), &state)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Stage 2 is linear and after the position") && err.contains("stage 1's"),
+        "{err}"
+    );
     // At 360 the ramp to stage 1 is under way: moving its end changes the past.
     let at_360 = mix
         .loader_at(scheduled(12, curriculum(), 0), 30)

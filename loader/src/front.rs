@@ -108,7 +108,11 @@ fn check_amendment(
     let Order::Mix(order) = &planned.epoch.order else {
         return Ok(());
     };
-    let p = planned.epoch.shape.position_of_unit(state.samples) as u64;
+    let p = planned
+        .epoch
+        .shape
+        .position_of_unit(state.samples)
+        .min(order.len()) as u64;
     let g = state.epoch * order.len() as u64 + p;
     crate::mix::check_amendment(
         &state.order.stages(),

@@ -500,20 +500,33 @@ pub(crate) fn check_amendment(
         .zip(&now)
         .position(|(a, b)| a != b)
         .unwrap_or(was.len().min(now.len()));
-    let show = |s: Option<&Stage>| {
-        s.map_or_else(
-            || "none".to_string(),
-            |s| serde_json::to_string(s).expect("a stage serialises"),
-        )
+    let show = |s: Option<&Stage>, given: &[Stage]| match s {
+        None => "none".to_string(),
+        Some(_) if given.is_empty() => "the caches' sizes as weights".to_string(),
+        Some(s) => serde_json::to_string(s).expect("a stage serialises"),
+    };
+    // A linear stage after the position ramps from the stage before it: from before it.
+    let ramp = [&was, &now]
+        .iter()
+        .any(|s| s.get(i).is_some_and(|s| s.linear && s.at > g));
+    let why = match ramp {
+        true => format!(
+            "Stage {i} is linear and after the position, but its ramp starts at stage {}'s, \
+             before it: to move the weights from here, first add a stage after the position \
+             with the weights in force, then the linear one",
+            i.saturating_sub(1)
+        ),
+        false => "A resume may change the stages that start after that position only (they \
+                  apply from the next window of positions)"
+            .to_string(),
     };
     Err(LoadError::State {
         field: "schedule".into(),
         problem: format!(
             "stage {i} differs before the position the state was taken at ({g}): the state ran \
-             {}, the options give {}. A resume may change the stages that start after that \
-             position only (they apply from the next window of positions)",
-            show(was.get(i)),
-            show(now.get(i))
+             {}, the options give {}. {why}",
+            show(was.get(i), old),
+            show(now.get(i), new)
         ),
     })
 }

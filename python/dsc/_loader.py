@@ -61,6 +61,8 @@ def _plain(value: Any) -> Any:
         return value.item()
     if isinstance(value, (list, tuple, np.ndarray)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return value
 
 
@@ -158,7 +160,11 @@ def _stages(schedule: Any) -> List[Dict[str, Any]]:
             weights = list(stage[1])
         except TypeError:
             raise bad(f"stage {i}'s weights {stage[1]!r}: expected one number per cache") from None
-        out.append({"at": stage[0], "weights": weights, "linear": len(stage) == 3})
+        at = _plain(stage[0])
+        # A position computed in floating point (0.5 * n) that is a whole number.
+        if isinstance(at, float) and at.is_integer():
+            at = int(at)
+        out.append({"at": at, "weights": weights, "linear": len(stage) == 3})
     return out
 
 

@@ -97,6 +97,11 @@ def test_bad_schedules_are_refused_naming_the_keyword(mixdir: Path) -> None:
         with pytest.raises(dsc.OptionsError, match="schedule") as e:
             dsc.Loader(caches, schedule=schedule, **KW)
         assert says in str(e.value), (schedule, str(e.value))
+    # NumPy numbers and a whole position computed in floating point are taken as given.
+    import numpy as np
+    numpy_stages = [(np.int64(0), np.array([1.0, 0.0], dtype=np.float32)),
+                    (0.5 * 800, np.array([1, 1]))]
+    assert len(dsc.Loader(caches, schedule=numpy_stages, **KW)) > 0
     with pytest.raises(dsc.OptionsError, match="exclude each other"):
         dsc.Loader(caches, schedule=ENTERING, weights=[1, 1], **KW)
     with pytest.raises(dsc.OptionsError, match="is for a mix"):

@@ -173,12 +173,20 @@ impl Schedule {
                 let start =
                     stage.at + (u128::from(span) * u128::from(j) / u128::from(steps)) as u64;
                 let t = (j as f64 + 0.5) / steps as f64;
-                let line: Vec<f64> = from
+                let line: Vec<f64> = from.iter().zip(&to).map(|(a, b)| a + (b - a) * t).collect();
+                let mut kept: Vec<f64> = line
                     .iter()
-                    .zip(&to)
-                    .map(|(a, b)| a + (b - a) * t)
-                    .map(|w| if w * block as f64 >= 1.0 { w } else { 0.0 })
+                    .map(|&w| if w * block as f64 >= 1.0 { w } else { 0.0 })
                     .collect();
+                if kept.iter().all(|&w| w == 0.0) {
+                    // More sources between two stages than a block has positions (a window
+                    // of 2 moving from two sources to two others): the largest stays.
+                    let top = (0..line.len())
+                        .max_by(|&a, &b| line[a].total_cmp(&line[b]).then(b.cmp(&a)))
+                        .expect("a schedule weighs one source at least");
+                    kept[top] = line[top];
+                }
+                let line = kept;
                 pieces.push(Piece {
                     start,
                     weights: normal(&line),
@@ -485,7 +493,9 @@ impl Schedule {
     /// take effect.
     pub fn effective(&self, g: u64) -> u64 {
         let (epoch, b) = self.block_from(g);
-        epoch.saturating_mul(self.epoch_len) + b as u64 * self.block
+        epoch
+            .saturating_mul(self.epoch_len)
+            .saturating_add(b as u64 * self.block)
     }
 }
 
@@ -651,6 +661,26 @@ mod tests {
             let (old, new) = (all(&old), all(&new));
             let differs = (0..end).find(|&q| old[q] != new[q]);
             assert_eq!(differs, None, "amended at {g}: {stages:?} then {kept:?}");
+        }
+    }
+
+    /// A ramp between disjoint sources whose middle gives every source less than a position
+    /// of a block keeps the largest: weights that sum to one, never 0/0.
+    #[test]
+    fn a_ramp_on_a_small_window_keeps_a_source_in_every_step() {
+        let stage = |at, weights: [f64; 4], linear| Stage {
+            at,
+            weights: weights.to_vec(),
+            linear,
+        };
+        let stages = [
+            stage(0, [1.0, 1.0, 0.0, 0.0], false),
+            stage(40, [0.0, 0.0, 1.0, 1.0], true),
+        ];
+        let schedule = Schedule::new(&stages, 100, 2);
+        for piece in &schedule.pieces {
+            let sum: f64 = piece.weights.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-12, "{:?}", piece.weights);
         }
     }
 
