@@ -76,6 +76,10 @@ pub fn apportion(weights: &[f64], n: usize) -> Vec<usize> {
 ///     batch_size: 100,
 ///     ..Default::default()
 /// };
+/// // A curriculum: mostly a at first, annealed to mostly b by sample 3,000.
+/// let curriculum = vec![stage(0, &[0.9, 0.1], false), stage(3_000, &[0.3, 0.7], true)];
+/// let batches = mix.loader(at(curriculum))?.count();
+/// assert_eq!(batches, 40);
 /// let mut loader = mix.loader(at(entering.clone()))?;
 /// for batch in (&mut loader).take(15) {
 ///     batch?;
