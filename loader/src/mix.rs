@@ -1,5 +1,6 @@
-//! Several caches read as one: their contexts drawn in fixed proportions, in an order that is a
-//! pure function of (seed, epoch, weights) ([`crate::order::MixOrder`]).
+//! Several caches read as one: their contexts drawn in the proportions of fixed or scheduled
+//! weights, in an order that is a pure function of (seed, epoch, weights or schedule)
+//! ([`crate::order::MixOrder`]); the checks of a schedule and of its amendment at a resume.
 
 use crate::cache::Cache;
 use crate::error::LoadError;

@@ -1,24 +1,26 @@
-//! The order of an epoch of a mix: several caches drawn in fixed proportions.
+//! The order of an epoch of a mix: several caches drawn in the proportions of their weights,
+//! fixed or scheduled along the run ([`Schedule`], `schedule.rs`).
 //!
-//! An epoch of a mix is `samples` positions (by default as many as its sources hold together).
-//! The first `n` positions of an epoch hold `apportion(weights, n)[s]` of source `s`: `n`
-//! times its (normalised) weight, rounded by largest remainder (ties to the lower source). The
-//! epoch is cut into blocks of `block` positions (the order's `window`): block `b` holds the
-//! difference of the apportionments of its end and its start (never negative while every
-//! weight is at least one position of a block), so every prefix of whole blocks, and the
-//! whole epoch, holds each source within one position of its weight, and the default weights
-//! (the sources' sizes) draw each source exactly once per epoch. A shuffled block places its
-//! sources with `Xoshiro256::for_stream(epoch_seed, MIX_BLOCK + b)`; an unshuffled one spreads
-//! each source evenly through the block.
+//! An epoch of a mix is `samples` positions (by default as many as its sources hold together),
+//! cut into blocks of `block` positions (the order's `window`). Each block draws from the
+//! schedule's piece in force at its start; inside a run of blocks of one piece (a segment), the
+//! first `n` positions hold `apportion(weights, n)[s]` of source `s` (`n` times its normalised
+//! weight, rounded by largest remainder, ties to the lower source), and a block holds the
+//! difference of the apportionments of its end and its start. So every whole-block prefix of a
+//! segment holds each source within one position of its weight, and with fixed weights (one
+//! segment an epoch) the default weights (the sources' sizes) draw each source exactly once per
+//! epoch. A shuffled block places its sources with `Xoshiro256::for_stream(epoch_seed,
+//! MIX_BLOCK + b)`; an unshuffled one spreads each source evenly through the block.
 //!
 //! Each source is read in its own epoch order ([`EpochOrder`], its own window shuffle, seeded
 //! with the mix's seed and the source's index), one epoch after another: the `j`-th draw of
 //! source `s` since the mix's epoch 0 is position `j mod n_s` of the source's epoch
 //! `j div n_s`. A source that runs out within a mix epoch so continues with its next epoch,
-//! reshuffled, and a large source is read on from where the previous mix epoch left it. The
-//! draws before mix epoch `e` are `e` times the draws of one epoch (the same in every epoch),
-//! so any position is found with one block arrangement and one window of one source: a resume
-//! costs O(block + window), never a replay.
+//! reshuffled, and a large source is read on from where the previous mix epoch left it,
+//! whatever the weights do meanwhile. The draws before a position are summed over the
+//! schedule's pieces ([`Schedule::draws_before_epoch`]), so any position is found with one
+//! block arrangement and one window of one source: a resume costs O(pieces + block + window),
+//! never a replay.
 
 use super::live::SplitContexts;
 use super::schedule::{Schedule, Segment};
@@ -87,9 +89,10 @@ impl Default for MixCursor {
 
 impl MixOrder {
     /// The order of mix epoch `epoch` of sources whose splits hold `sizes[s]` contexts per
-    /// shard (those a reader sees), drawn in proportion to `weights` ([`apportion`]) in blocks of `window`
-    /// positions, `samples` positions in the epoch. Every source must hold at least one
-    /// context, and every weight must be positive and at least one position of a block.
+    /// shard (those a reader sees), drawn in proportion to fixed `weights`
+    /// ([`super::apportion`]) in blocks of `window` positions, `samples` positions in the
+    /// epoch. Every source must hold at least one context, and every weight must be positive
+    /// and at least one position of a block.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         sizes: &[Arc<SplitContexts>],
@@ -155,7 +158,7 @@ impl MixOrder {
         let block = params.window.max(1);
         MixOrder {
             sources,
-            total: schedule_len(&schedule),
+            total: schedule.epoch_len() as usize,
             schedule,
             segments,
             before,
@@ -391,11 +394,6 @@ pub struct Params {
     pub window: usize,
     /// Shards read side by side in each source's own order.
     pub interleave: usize,
-}
-
-/// Positions in an epoch of `schedule`.
-fn schedule_len(schedule: &Schedule) -> usize {
-    schedule.epoch_len() as usize
 }
 
 #[cfg(test)]

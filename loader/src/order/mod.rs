@@ -27,7 +27,7 @@ pub use window::{
 pub enum Order {
     /// One split.
     One(EpochOrder),
-    /// Several caches' splits drawn in fixed proportions.
+    /// Several caches' splits drawn in the proportions of their weights, fixed or scheduled.
     Mix(MixOrder),
     /// Windows cut from one split's long series.
     Series(SeriesOrder),
