@@ -338,6 +338,9 @@ def resume_settings(args: argparse.Namespace):
     for k in ("mix", "weights", "schedule"):
         saved.setdefault(k, None)
     if args.schedule is not None:
+        if not saved["mix"]:
+            raise SystemExit("train.py: --schedule weighs a mix, and the run resumed trains on "
+                             "one cache (--cache without --mix)")
         saved["weights"] = None  # the schedule replaces the run's fixed weights
     if args.out is None:  # keep writing next to the checkpoint resumed from
         saved["out"] = os.path.dirname(args.resume) or "."
