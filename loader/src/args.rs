@@ -229,6 +229,23 @@ pub struct MixArgs {
 #[serde(transparent)]
 pub struct Stages(pub Vec<StageArg>);
 
+impl Stages {
+    /// The stages of a loader's schedule, each at its sample position.
+    pub fn at(stages: &[Stage]) -> Stages {
+        Stages(
+            stages
+                .iter()
+                .map(|s| StageArg {
+                    at: Some(s.at),
+                    step: None,
+                    weights: s.weights.clone(),
+                    linear: s.linear,
+                })
+                .collect(),
+        )
+    }
+}
+
 /// One stage of a schedule as given: where it starts (a sample position, or, for a trainer,
 /// an optimizer step), its weights, and whether it is reached linearly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -261,6 +278,20 @@ fn read_schedule(path: &str) -> Result<Stages, String> {
 }
 
 impl MixArgs {
+    /// These keys with a schedule's stages given by optimizer step placed at their sample
+    /// position, `per_step` samples a step ([`MixArgs::stages`]): what a trainer whose step is
+    /// not the loader's (gradient accumulation) hands the loader.
+    pub fn in_samples(&self, per_step: Option<u64>) -> Result<MixArgs, OptionError> {
+        let schedule = match &self.schedule {
+            Some(_) => Some(Stages::at(&self.stages(per_step)?)),
+            None => None,
+        };
+        Ok(MixArgs {
+            schedule,
+            ..self.clone()
+        })
+    }
+
     /// The stages of the schedule in sample positions: a stage given by optimizer step starts
     /// at `step * per_step` samples (`per_step`: samples per optimizer step, `None` where a
     /// step has no fixed number of samples, as with packs).
@@ -556,20 +587,7 @@ impl LoaderArgs {
             mix: MixArgs {
                 weights: (!order.weights.is_empty()).then(|| order.weights.clone()),
                 mix_samples: order.mix_samples,
-                schedule: (!order.schedule.is_empty()).then(|| {
-                    Stages(
-                        order
-                            .schedule
-                            .iter()
-                            .map(|s| StageArg {
-                                at: Some(s.at),
-                                step: None,
-                                weights: s.weights.clone(),
-                                linear: s.linear,
-                            })
-                            .collect(),
-                    )
-                }),
+                schedule: (!order.schedule.is_empty()).then(|| Stages::at(&order.schedule)),
             },
             batch: BatchArgs {
                 batch_size: opts.batch_size,

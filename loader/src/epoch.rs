@@ -34,14 +34,25 @@ impl Epoch {
         opts: &crate::options::LoaderOptions,
         step: usize,
     ) -> Option<crate::order::Progress> {
+        let units = crate::options::State::new(opts, step).ok()?.samples;
+        let (order, p, g) = self.mix_position(opts.epoch, units)?;
+        let now = order.draws_before(p);
+        Some(order.schedule().progress(&opts.order.stages(), g, now))
+    }
+
+    /// Where `units` of this epoch (`epoch`: contexts, or packs) end in a mix's order: the
+    /// order, the epoch position and the run's global position (epoch × positions + position).
+    /// `None` for one cache.
+    pub(crate) fn mix_position(
+        &self,
+        epoch: u64,
+        units: usize,
+    ) -> Option<(&crate::order::MixOrder, usize, u64)> {
         let Order::Mix(order) = &self.order else {
             return None;
         };
-        let units = crate::options::State::new(opts, step).ok()?.samples;
         let p = self.shape.position_of_unit(units).min(order.len());
-        let g = opts.epoch * order.len() as u64 + p as u64;
-        let now = order.draws_before(p);
-        Some(order.schedule().progress(&opts.order.stages(), g, now))
+        Some((order, p, epoch * order.len() as u64 + p as u64))
     }
 
     /// Steps (batches per rank) in the epoch.

@@ -7,7 +7,6 @@ use crate::error::LoadError;
 use crate::loader::Loader;
 use crate::mix::Mix;
 use crate::options::{LoaderOptions, Start, State};
-use crate::order::Order;
 use crate::prepare::{prepare, Planned};
 use crate::stats::LoaderStats;
 
@@ -105,15 +104,9 @@ fn check_amendment(
         ..opts.clone()
     };
     let planned = prepare(sources, &from_start)?;
-    let Order::Mix(order) = &planned.epoch.order else {
+    let Some((order, _, g)) = planned.epoch.mix_position(state.epoch, state.samples) else {
         return Ok(());
     };
-    let p = planned
-        .epoch
-        .shape
-        .position_of_unit(state.samples)
-        .min(order.len()) as u64;
-    let g = state.epoch * order.len() as u64 + p;
     crate::mix::check_amendment(
         &state.order.stages(),
         &opts.order.stages(),
@@ -146,11 +139,7 @@ impl Mix {
     pub fn check_state(&self, opts: &LoaderOptions, state: &State) -> Result<Start, LoadError> {
         let start = state.check_unweighted(opts)?;
         if opts.order.stages() != state.order.stages() {
-            let resumed = LoaderOptions {
-                skip: start.skip,
-                ..opts.clone()
-            };
-            check_amendment(self.sources(), &resumed, state)?;
+            check_amendment(self.sources(), opts, state)?;
         }
         Ok(start)
     }

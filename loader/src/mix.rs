@@ -216,16 +216,18 @@ fn weights_of(given: &[f64], lens: &[usize]) -> Result<Vec<f64>, LoadError> {
             "{w} is not a weight: one positive number per cache"
         ));
     }
-    // Weights are relative: when their sum overflows (1e308 each), they are scaled by the
-    // largest first, else each became 0 of an infinite sum. Other weights are used as given,
-    // so that every existing mix keeps its order to the bit.
-    let weights: Vec<f64> = if weights.iter().sum::<f64>().is_finite() {
-        weights
-    } else {
-        let largest = weights.iter().copied().fold(0.0, f64::max);
-        weights.iter().map(|w| w / largest).collect()
-    };
-    Ok(weights)
+    Ok(relative(weights))
+}
+
+/// Weights are relative: when their sum overflows (1e308 each), they are scaled by the largest
+/// first, else each became 0 of an infinite sum. Other weights are used as given, so that every
+/// existing mix keeps its order to the bit.
+fn relative(weights: Vec<f64>) -> Vec<f64> {
+    if weights.iter().sum::<f64>().is_finite() {
+        return weights;
+    }
+    let largest = weights.iter().copied().fold(0.0, f64::max);
+    weights.iter().map(|w| w / largest).collect()
 }
 
 /// Refuses a mix's options on one cache (of `sources` caches), whatever the shape, a single
@@ -352,11 +354,13 @@ fn schedule_of(
 ) -> Result<Schedule, LoadError> {
     let block = o.window.max(1);
     let bad = |problem: String| Err(OptionError::new("schedule", problem).into());
-    let under = |w: f64, sum: f64| w > 0.0 && w / sum * (block as f64) < 1.0;
     if o.schedule.is_empty() {
         let weights = weights_of(&o.weights, lens)?;
         let sum: f64 = weights.iter().sum();
-        if let Some(s) = weights.iter().position(|&w| under(w, sum)) {
+        if let Some(s) = weights
+            .iter()
+            .position(|&w| under_a_position(w, sum, block))
+        {
             return Err(OptionError::new(
                 "weights",
                 format!(
@@ -384,73 +388,9 @@ fn schedule_of(
             o.schedule.len()
         ));
     }
-    let mut stages = Vec::with_capacity(o.schedule.len());
-    for (i, stage) in o.schedule.iter().enumerate() {
-        if i == 0 && stage.at != 0 {
-            return bad(format!(
-                "stage 0 starts at {}: the first stage starts at position 0",
-                stage.at
-            ));
-        }
-        if i == 0 && stage.linear {
-            return bad(
-                "stage 0 is linear: a linear stage moves from the previous stage's weights, \
-                 and the first has none"
-                    .into(),
-            );
-        }
-        if let Some(prev) = i.checked_sub(1).map(|p| &o.schedule[p]) {
-            if stage.at <= prev.at {
-                return bad(format!(
-                    "stage {i} starts at {}, not after stage {} ({}): stages start at \
-                     increasing positions",
-                    stage.at,
-                    i - 1,
-                    prev.at
-                ));
-            }
-        }
-        if stage.weights.len() != lens.len() {
-            return bad(format!(
-                "stage {i} gives {} weights for {} caches: one per cache, in their order",
-                stage.weights.len(),
-                lens.len()
-            ));
-        }
-        if let Some(w) = stage
-            .weights
-            .iter()
-            .find(|w| !(w.is_finite() && **w >= 0.0))
-        {
-            return bad(format!(
-                "stage {i}: {w} is not a weight: one number of at least 0 per cache"
-            ));
-        }
-        let largest = stage.weights.iter().copied().fold(0.0, f64::max);
-        if largest == 0.0 {
-            return bad(format!(
-                "stage {i} weighs every cache 0: a stage draws from one cache at least"
-            ));
-        }
-        // Relative weights whose sum overflows are scaled by the largest first.
-        let weights: Vec<f64> = match stage.weights.iter().sum::<f64>().is_finite() {
-            true => stage.weights.clone(),
-            false => stage.weights.iter().map(|w| w / largest).collect(),
-        };
-        let sum: f64 = weights.iter().sum();
-        if let Some(s) = weights.iter().position(|&w| under(w, sum)) {
-            return bad(format!(
-                "stage {i}: {:e} of cache {} is under one position in a window of {block}: \
-                 raise it, make it 0 (the cache left out) or raise the `window`",
-                stage.weights[s],
-                sources[s].dir().display()
-            ));
-        }
-        stages.push(Stage {
-            weights,
-            ..stage.clone()
-        });
-    }
+    let stages = (0..o.schedule.len())
+        .map(|i| checked_stage(sources, &o.schedule, i, block))
+        .collect::<Result<Vec<Stage>, LoadError>>()?;
     let schedule = Schedule::new(&stages, samples as u64, block as u64);
     // Weights take effect at block starts: a stage whose span holds none is never drawn.
     for (i, pair) in stages.windows(2).enumerate() {
@@ -466,6 +406,86 @@ fn schedule_of(
         }
     }
     Ok(schedule)
+}
+
+/// Whether weight `w` of weights summing to `sum` draws from a cache (it is positive) but less
+/// than one position of a block of `block`: refused, as its blocks could take a seat back.
+fn under_a_position(w: f64, sum: f64, block: usize) -> bool {
+    w > 0.0 && w / sum * (block as f64) < 1.0
+}
+
+/// Stage `i` of `schedule` over `sources`, checked (its start, its weights, each drawn cache at
+/// least one position of a block of `block`), its weights scaled when their sum overflows.
+fn checked_stage(
+    sources: &[Cache],
+    schedule: &[Stage],
+    i: usize,
+    block: usize,
+) -> Result<Stage, LoadError> {
+    let bad = |problem: String| Err(OptionError::new("schedule", problem).into());
+    let stage = &schedule[i];
+    if i == 0 && stage.at != 0 {
+        return bad(format!(
+            "stage 0 starts at {}: the first stage starts at position 0",
+            stage.at
+        ));
+    }
+    if i == 0 && stage.linear {
+        return bad(
+            "stage 0 is linear: a linear stage moves from the previous stage's weights, and the \
+             first has none"
+                .into(),
+        );
+    }
+    if let Some(prev) = i.checked_sub(1).map(|p| &schedule[p]) {
+        if stage.at <= prev.at {
+            return bad(format!(
+                "stage {i} starts at {}, not after stage {} ({}): stages start at increasing \
+                 positions",
+                stage.at,
+                i - 1,
+                prev.at
+            ));
+        }
+    }
+    if stage.weights.len() != sources.len() {
+        return bad(format!(
+            "stage {i} gives {} weights for {} caches: one per cache, in their order",
+            stage.weights.len(),
+            sources.len()
+        ));
+    }
+    if let Some(w) = stage
+        .weights
+        .iter()
+        .find(|w| !(w.is_finite() && **w >= 0.0))
+    {
+        return bad(format!(
+            "stage {i}: {w} is not a weight: one number of at least 0 per cache"
+        ));
+    }
+    if stage.weights.iter().all(|&w| w == 0.0) {
+        return bad(format!(
+            "stage {i} weighs every cache 0: a stage draws from one cache at least"
+        ));
+    }
+    let weights = relative(stage.weights.clone());
+    let sum: f64 = weights.iter().sum();
+    if let Some(s) = weights
+        .iter()
+        .position(|&w| under_a_position(w, sum, block))
+    {
+        return bad(format!(
+            "stage {i}: {:e} of cache {} is under one position in a window of {block}: raise \
+             it, make it 0 (the cache left out) or raise the `window`",
+            stage.weights[s],
+            sources[s].dir().display()
+        ));
+    }
+    Ok(Stage {
+        weights,
+        ..stage.clone()
+    })
 }
 
 /// Refuses a schedule `new` that differs from `old` (the state's) before global position `g`

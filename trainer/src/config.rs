@@ -229,13 +229,18 @@ impl RunConfig {
     /// batches, mixed as asked; any other in cache order, every context once (the last batch
     /// completed), each cache's split read once. Padded batches are trimmed up the ladder of
     /// `trim_multiple`, but for a captured step's train batches (one shape).
-    fn loader_args(&self, split: &str, epoch: u64, trim_multiple: usize) -> LoaderArgs {
+    fn loader_args(
+        &self,
+        split: &str,
+        epoch: u64,
+        trim_multiple: usize,
+    ) -> Result<LoaderArgs, OptionError> {
         let train = split == "train";
         let mut shape = self.shape.clone();
         let padded = self.batches().is_padded();
         shape.trim = padded && !(self.graph && train);
         shape.trim_multiple = padded.then_some(trim_multiple);
-        LoaderArgs {
+        Ok(LoaderArgs {
             epoch: EpochArgs {
                 split: split.into(),
                 seed: self.seed,
@@ -246,7 +251,7 @@ impl RunConfig {
             shape,
             // Evaluation reads each cache's split once (weights by size, one pass).
             mix: if train {
-                self.mix_in_samples()
+                self.mix_in_samples()?
             } else {
                 MixArgs::default()
             },
@@ -257,25 +262,19 @@ impl RunConfig {
             },
             threads: 0,
             ..Default::default()
-        }
+        })
     }
 
     /// The train mix, a schedule's stages given by optimizer step at their sample position
-    /// (`batch_size` x `accumulate` samples a step). Packed steps hold no fixed number of
-    /// samples: their stages are left to the loader, which refuses a step.
-    fn mix_in_samples(&self) -> MixArgs {
-        let mut mix = self.mixing.clone();
-        if self.shape.pack.is_some() {
-            return mix;
-        }
-        let per_step = (self.batch.batch_size as u64).saturating_mul(self.accumulate as u64);
-        for stage in mix.schedule.iter_mut().flat_map(|s| s.0.iter_mut()) {
-            if let (None, Some(step)) = (stage.at, stage.step) {
-                stage.at = Some(step.saturating_mul(per_step));
-                stage.step = None;
-            }
-        }
-        mix
+    /// (`batch_size` x `accumulate` samples a step; a packed step has no fixed number, and
+    /// such a stage is refused).
+    fn mix_in_samples(&self) -> Result<MixArgs, OptionError> {
+        let per_step = (self.batch.batch_size as u64).checked_mul(self.accumulate as u64);
+        let per_step = match self.shape.pack {
+            Some(_) => None,
+            None => Some(per_step.unwrap_or(u64::MAX)),
+        };
+        self.mixing.in_samples(per_step)
     }
 
     /// The loader options of this run over `split` ([`RunConfig::loader_args`]), resolved and
@@ -287,7 +286,7 @@ impl RunConfig {
         epoch: u64,
         trim_multiple: usize,
     ) -> Result<LoaderOptions, LoadError> {
-        let mut args = self.loader_args(split, epoch, trim_multiple);
+        let mut args = self.loader_args(split, epoch, trim_multiple)?;
         // Packs have no layout for engine sub-columns (which the networks do not read).
         if args.shape.pack.is_some() {
             args.columns = manifest
@@ -348,7 +347,7 @@ impl RunConfig {
             LoadError::Options(e) => e,
             e => OptionError::new("options", e.to_string()),
         };
-        self.loader_args("train", 0, self.shape.trim_multiple.unwrap_or(1))
+        self.loader_args("train", 0, self.shape.trim_multiple.unwrap_or(1))?
             .options(1)
             .map_err(loader)?;
         if self.graph {

@@ -292,12 +292,7 @@ fn print_done(summary: &dsc_train::report::Summary) {
         );
     }
     if let Some(m) = &summary.mix {
-        let show = |v: &[f64]| {
-            v.iter()
-                .map(|x| format!("{x:.3}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        let show = dsc_train::report::shares_text;
         eprintln!(
             "mix: stage {} (from sample {}) · weights {} · realised in the stage {} ({} samples)",
             m.stage,

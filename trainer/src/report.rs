@@ -181,3 +181,12 @@ pub struct BatchSizeReport {
     /// Each size tried, in order.
     pub trials: Vec<BatchTrial>,
 }
+
+/// A mix's weights or shares as the trainer prints them: three decimals, space-separated.
+pub fn shares_text(shares: &[f64]) -> String {
+    shares
+        .iter()
+        .map(|x| format!("{x:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

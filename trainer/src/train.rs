@@ -354,13 +354,12 @@ fn log_mix(
             .as_ref()
             .is_none_or(|l| l.stage != now.stage || l.weights != now.weights);
     if changed {
-        let weights: Vec<String> = now.weights.iter().map(|w| format!("{w:.3}")).collect();
         let line = format!(
             "mix: stage {} (from sample {}) at sample {}: weights {}",
             now.stage,
             now.at,
             now.position,
-            weights.join(" ")
+            crate::report::shares_text(&now.weights)
         );
         // A hidden bar (no terminal, --quiet) prints nothing.
         match bar.is_hidden() {

@@ -23,7 +23,7 @@
 //! never a replay.
 
 use super::live::SplitContexts;
-use super::schedule::{Schedule, Segment};
+use super::schedule::{add_draws, Schedule, Segment};
 use super::window::{epoch_seed, EpochOrder, Sample, WindowCursor};
 use dsc_format::rng::{mix64, stream, Xoshiro256};
 use std::sync::Arc;
@@ -147,13 +147,7 @@ impl MixOrder {
         let mut before = Vec::with_capacity(segments.len());
         for segment in &segments {
             before.push(drawn.clone());
-            let n = schedule.positions(segment);
-            for (a, d) in drawn
-                .iter_mut()
-                .zip(schedule.drawn(schedule.weights(segment), n))
-            {
-                *a += d;
-            }
+            add_draws(&mut drawn, 1, schedule.segment_draws(segment));
         }
         let block = params.window.max(1);
         MixOrder {

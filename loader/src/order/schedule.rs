@@ -284,15 +284,15 @@ impl Schedule {
         self.pieces[segment.piece].stage
     }
 
-    /// The stage in force at global position `g`.
-    pub fn stage_at(&self, g: u64) -> usize {
-        self.pieces[self.piece_at(g)].stage
-    }
-
     /// Positions of a segment of an epoch.
     pub fn positions(&self, segment: &Segment) -> u64 {
         let end = (segment.end as u64 * self.block).min(self.epoch_len);
         end - segment.first as u64 * self.block
+    }
+
+    /// Each source's draws over the whole of a segment.
+    pub fn segment_draws(&self, segment: &Segment) -> Vec<u64> {
+        self.drawn(self.weights(segment), self.positions(segment))
     }
 
     /// The draws of each source among the first `n` positions of a segment of weights `w`,
@@ -345,10 +345,7 @@ impl Schedule {
     fn epoch_draws(&self, epoch: u64) -> Vec<u64> {
         let mut sum = vec![0u64; self.sources()];
         for segment in self.segments(epoch) {
-            let drawn = self.drawn(self.weights(&segment), self.positions(&segment));
-            for (a, d) in sum.iter_mut().zip(drawn) {
-                *a += d;
-            }
+            add_draws(&mut sum, 1, self.segment_draws(&segment));
         }
         sum
     }
@@ -361,11 +358,6 @@ impl Schedule {
         let (m, b) = (u128::from(self.epoch_len.max(1)), u128::from(self.block));
         let tail = u128::from(self.blocks().saturating_sub(1)) * b;
         let mut sum = vec![0u64; self.sources()];
-        let mut add = |n: u64, d: Vec<u64>| {
-            for (a, d) in sum.iter_mut().zip(d) {
-                *a += n * d;
-            }
-        };
         let epoch = u128::from(epoch);
         for (i, piece) in self.pieces.iter().enumerate() {
             let next = self.pieces.get(i + 1).map(|n| u128::from(n.start));
@@ -382,15 +374,10 @@ impl Schedule {
                 .filter(|&e| e < hi);
             let pure = (hi - lo) as u64 - u64::from(mixed.is_some());
             if pure > 0 {
-                let whole = Segment {
-                    first: 0,
-                    end: self.blocks() as usize,
-                    piece: i,
-                };
-                add(pure, self.drawn(&piece.weights, self.positions(&whole)));
+                add_draws(&mut sum, pure, self.drawn(&piece.weights, self.epoch_len));
             }
             if let Some(e) = mixed {
-                add(1, self.epoch_draws(e as u64));
+                add_draws(&mut sum, 1, self.epoch_draws(e as u64));
             }
         }
         sum
@@ -430,9 +417,7 @@ impl Schedule {
         out.sort_by_key(|s| s.stage);
         out
     }
-}
 
-impl Schedule {
     /// Each source's draws before block `b` of epoch `epoch` (`b` may be the epoch's block
     /// count: its end).
     fn draws_before_block(&self, epoch: u64, b: usize) -> Vec<u64> {
@@ -446,9 +431,7 @@ impl Schedule {
                 true => self.positions(&segment),
                 false => ((upto - segment.first) as u64) * self.block,
             };
-            for (a, d) in drawn.iter_mut().zip(self.drawn(self.weights(&segment), n)) {
-                *a += d;
-            }
+            add_draws(&mut drawn, 1, self.drawn(self.weights(&segment), n));
         }
         drawn
     }
@@ -500,6 +483,13 @@ impl Schedule {
         epoch
             .saturating_mul(self.epoch_len)
             .saturating_add(b as u64 * self.block)
+    }
+}
+
+/// Adds `n` times each source's `draws` to `sum`.
+pub(crate) fn add_draws(sum: &mut [u64], n: u64, draws: Vec<u64>) {
+    for (a, d) in sum.iter_mut().zip(draws) {
+        *a += n * d;
     }
 }
 
