@@ -759,6 +759,12 @@ pub struct CompileArgs {
     /// Print a JSON report instead of text.
     #[arg(long, help_heading = "Output")]
     pub json: bool,
+    /// Also print where the time went: each stage's wall seconds, then each phase's
+    /// thread-seconds (footers, decode, spill, load, grouping, ordering, join, statistics,
+    /// encode, shuffle, write, checksums, commit) summed over the threads that ran it, with its
+    /// share. `--json` always carries both (`timings`, `phases`).
+    #[arg(long, help_heading = "Output")]
+    pub timings: bool,
     /// No progress bars.
     #[arg(long, short, help_heading = "Output")]
     pub quiet: bool,

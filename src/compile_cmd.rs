@@ -152,6 +152,10 @@ struct Report {
     max_len: usize,
     summary: dsc_format::manifest::CompileSummary,
     timings: Vec<(String, f64)>,
+    /// Thread-seconds per phase, summed over the threads that ran it.
+    phases: Vec<(String, f64)>,
+    /// The threads the compile ran on.
+    threads: usize,
     peak_rss_mib: Option<f64>,
     inputs_fingerprint: String,
 }
@@ -231,7 +235,7 @@ fn run_spec(a: CompileArgs, spec: CompileSpec) -> anyhow::Result<u8> {
         crate::upload::send(upload, &bars)?;
         report.out = PathBuf::from(upload.url());
     }
-    print_report(&report, start.elapsed().as_secs_f64(), a.json)
+    print_report(&report, start.elapsed().as_secs_f64(), a.json, a.timings)
 }
 
 /// `I/N`, `auto` or `auto/N`.
@@ -259,7 +263,7 @@ pub fn merge(a: MergeArgs) -> anyhow::Result<u8> {
     let bars = TerminalBars::new(a.quiet || a.json).with_interrupt(dsc_compiler::stop_on_signals());
     let start = Instant::now();
     let report = partition::merge(&a.out, a.force, a.storage.storage(), &bars)?;
-    print_report(&report, start.elapsed().as_secs_f64(), a.json)
+    print_report(&report, start.elapsed().as_secs_f64(), a.json, false)
 }
 
 /// `dsc status`.
@@ -318,6 +322,7 @@ fn print_report(
     report: &dsc_compiler::CompileReport,
     seconds: f64,
     json: bool,
+    timings: bool,
 ) -> anyhow::Result<u8> {
     let m = &report.manifest;
     let r = Report {
@@ -341,6 +346,8 @@ fn print_report(
         max_len: m.max_len(),
         summary: m.summary().clone(),
         timings: report.timings.clone(),
+        phases: report.phases.clone(),
+        threads: rayon::current_num_threads(),
         peak_rss_mib: peak_rss_mib(),
         inputs_fingerprint: m.inputs().fingerprint.clone(),
     };
@@ -392,5 +399,29 @@ fn print_report(
     if let Some(mib) = r.peak_rss_mib {
         outln!("peak memory {mib:.0} MiB");
     }
+    if timings {
+        print_timings(&r)?;
+    }
     Ok(0)
+}
+
+/// `--timings`: the stages' wall time, then the phases' thread-seconds with their shares.
+fn print_timings(r: &Report) -> anyhow::Result<()> {
+    outln!(
+        "\nwhere the time went ({:.2} s on {} threads):",
+        r.seconds,
+        r.threads
+    );
+    outln!("  {:<12} {:>8}", "stage", "wall s");
+    for (name, s) in &r.timings {
+        outln!("  {name:<12} {s:>8.3}");
+    }
+    let total: f64 = r.phases.iter().map(|(_, s)| s).sum();
+    outln!("  {:<12} {:>8} {:>7}", "phase", "thread-s", "share");
+    for (name, s) in r.phases.iter().filter(|(_, s)| *s > 0.0) {
+        let share = 100.0 * s / total.max(1e-12);
+        outln!("  {name:<12} {s:>8.3} {share:>6.1}%");
+    }
+    outln!("  {:<12} {total:>8.3}", "sum");
+    Ok(())
 }

@@ -7,6 +7,7 @@ use crate::encode::{Access, DROPPED, TRAIN};
 use crate::error::{CompileError, Result};
 use crate::group::{self, Group};
 use crate::lookup::{ContextSide, Keyed};
+use crate::phases::{Phase, Phases};
 use crate::plan::{Step, TextEncoding};
 use crate::read::RowsTable;
 use crate::spill::Spill;
@@ -54,6 +55,8 @@ pub(crate) struct Shared<'a> {
     pub context_columns: Vec<(&'a str, bool, &'a [Step])>,
     /// String columns encoded to a fixed width: the rows table's first, then the context's.
     pub texts: Vec<BucketText<'a>>,
+    /// Where the compile's time goes.
+    pub phases: &'a Phases,
 }
 
 /// What only the whole input shows is wrong: kept per bucket, decided after all of them.
@@ -147,11 +150,17 @@ impl Shared<'_> {
     /// Loads bucket `b` and groups it; `max_len` truncates (none when `None`).
     pub fn prepare(&self, b: usize, max_len: Option<usize>) -> Result<Prepared> {
         let rules = self.rules;
-        let table = self.spill.load(b)?;
+        let phases = self.phases;
+        let table = phases.time(Phase::Load, || self.spill.load(b))?;
         let key = &table.columns[0];
-        let order = rules.order_by.and_then(|o| table.column(o));
-        let mut grouped = group::group(&key.key_ids(), order);
-        check_one_key_per_group(&table, &grouped)?;
+        let mut grouped = phases.time(Phase::Grouping, || {
+            let grouped = group::by_key(&key.key_ids());
+            check_one_key_per_group(&table, &grouped).map(|()| grouped)
+        })?;
+        if let Some(order) = rules.order_by.and_then(|o| table.column(o)) {
+            phases.time(Phase::Ordering, || group::order_groups(&mut grouped, order));
+        }
+        let join = std::time::Instant::now();
         let mut issues = Issues::default();
         let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());
         let ctx = self.context.map(|c| c.load(b)).transpose()?;
@@ -258,6 +267,7 @@ impl Shared<'_> {
             .collect();
         by_row.sort_unstable();
         let (ctx_rows, ctx_tags) = by_row.into_iter().unzip();
+        phases.add(Phase::Join, join.elapsed());
         Ok(Prepared {
             table,
             ctx,
@@ -413,14 +423,14 @@ mod tests {
         // Held in a dictionary (a key also coded as a category) and as plain strings.
         for plain in [false, true] {
             let table = test_tables::string_keys("rows.parquet", &["a", "b", "a", "c"], plain);
-            let err = check_one_key_per_group(&table, &group::group(&[1, 1, 1, 2], None))
+            let err = check_one_key_per_group(&table, &group::by_key(&[1, 1, 1, 2]))
                 .unwrap_err()
                 .to_string();
             assert!(
                 err.starts_with("rows.parquet: keys \"a\" and \"b\" of column \"k\""),
                 "{err}"
             );
-            assert!(check_one_key_per_group(&table, &group::group(&[1, 2, 1, 3], None)).is_ok());
+            assert!(check_one_key_per_group(&table, &group::by_key(&[1, 2, 1, 3])).is_ok());
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct CompileReport {
     pub cache_bytes: u64,
     /// Seconds spent per stage, in order.
     pub timings: Vec<(String, f64)>,
+    /// Thread-seconds spent per phase, summed over the threads that ran it, in the order the
+    /// data flows (every phase, zero where it did not run).
+    pub phases: Vec<(String, f64)>,
     /// For an append: its new data against the parameters it was encoded with.
     pub drift: Option<crate::Drift>,
 }
@@ -108,6 +111,7 @@ pub(crate) fn commit_cache(
         stats,
         cache_bytes,
         timings: timer.timings,
+        phases: Vec::new(),
         drift: None,
     })
 }

@@ -200,6 +200,8 @@ pub(crate) struct CategoryCoder<'a> {
     codes: HashMap<CatKey, i32>,
     /// Dense code table for string dictionaries.
     dense: Option<Vec<i32>>,
+    /// For integers over a compact range: the smallest and the code of each value from it.
+    ints: Option<(i64, Vec<i32>)>,
 }
 
 impl CategoryCoder<'_> {
@@ -212,6 +214,11 @@ impl CategoryCoder<'_> {
             None => CODE_NULL,
             Some(CatKey::Str(c)) if self.dense.is_some() => {
                 self.dense.as_ref().expect("checked")[c as usize]
+            }
+            // Every value of the column lies in the table's range (it was sized from them).
+            Some(CatKey::Int(x)) if self.ints.is_some() => {
+                let (lo, table) = self.ints.as_ref().expect("checked");
+                table[(x - lo) as usize]
             }
             Some(k) => self.codes.get(&k).copied().unwrap_or(CODE_UNKNOWN),
         })
@@ -322,10 +329,11 @@ impl<'a> CategoryCoder<'a> {
                     access,
                     codes: HashMap::new(),
                     dense: Some(dense),
+                    ints: None,
                 }
             }
             _ => {
-                let codes = vocabulary
+                let codes: HashMap<CatKey, i32> = vocabulary
                     .iter()
                     .enumerate()
                     .filter_map(|(i, v)| match v {
@@ -333,10 +341,28 @@ impl<'a> CategoryCoder<'a> {
                         CatValue::Str(_) => None,
                     })
                     .collect();
+                // Integers over a compact range (sensor ids, small codes): a table indexed by
+                // value, instead of hashing every row's value.
+                let ints = dense_slots(access.column).map(|(lo, span)| {
+                    let mut table = vec![CODE_UNKNOWN; span];
+                    for (k, &code) in &codes {
+                        if let CatKey::Int(x) = k {
+                            if let Some(slot) =
+                                x.checked_sub(lo).and_then(|d| usize::try_from(d).ok())
+                            {
+                                if slot < span {
+                                    table[slot] = code;
+                                }
+                            }
+                        }
+                    }
+                    (lo, table)
+                });
                 CategoryCoder {
                     access,
                     codes,
                     dense: None,
+                    ints,
                 }
             }
         }
@@ -422,16 +448,18 @@ impl NumericEncoder<'_> {
     }
 
     /// Under `nan = error`, fails on the first row in file order whose value cannot be stored,
-    /// so that the error names the same row whatever the shuffle or thread count. Only rows
-    /// that can fail are scanned: columns with bad values, or chains with `log1p`.
+    /// so that the error names the same row whatever the shuffle or thread count. Only columns
+    /// that can fail are scanned: those with null, NaN or inf, or whose smallest or largest
+    /// value leaves f32 once encoded (`has_bad`). Every stage is increasing, so when both
+    /// extremes encode to finite f32 values (`log1p` of a minimum above -1 included), so does
+    /// every value between them.
     pub fn check_rows(
         &self,
         fitted: &NumericResult,
         tags: &[u8],
         rows: Option<&[u32]>,
     ) -> Result<()> {
-        let may_fail = fitted.has_bad || self.stages.contains(&Stage::Log1p);
-        if self.fill.is_some() || !may_fail {
+        if self.fill.is_some() || !fitted.has_bad {
             return Ok(());
         }
         let chunks: Vec<Result<()>> = tags

@@ -8,9 +8,10 @@ use crate::bucket::{ColumnId, Issues, Shared};
 use crate::encode::{self, Access, CatValue, Gathered, NumericEncoder, NumericResult};
 use crate::error::{CompileError, Result};
 use crate::frozen::{Frozen, Reference};
+use crate::phases::Phase;
 use crate::plan::Step;
 use crate::rules::Rules;
-use crate::runs::{Run, Sorted, ValueRuns};
+use crate::runs::{Run, RunsFile, Sorted, ValueRuns};
 use crate::stats::Moments;
 use crate::text::{merge_text, text_partial, text_stats, TextPartial};
 use crate::Progress;
@@ -23,7 +24,6 @@ use dsc_format::Stage;
 use dsc_format::{ColumnSource, ColumnSpec, Encoding};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -91,16 +91,16 @@ pub(crate) fn numeric_partial(
 ) -> Result<NumericPartial> {
     let mut g: Gathered = encode::gather(access, tags, rows, splits)?;
     let train = &g.values[..g.bounds[1]];
-    let prefix_moments = if prefix.iter().all(|s| *s == Stage::Identity) {
-        Moments::of(train)
-    } else {
+    // Without a prefix, those of train (split 0), computed below.
+    let identity = prefix.iter().all(|s| *s == Stage::Identity);
+    let prefix_moments = (!identity).then(|| {
         let mapped: Vec<f64> = train
             .iter()
             .map(|&x| prefix.iter().fold(x, |v, s| s.apply(v)))
             .filter(|v| v.is_finite())
             .collect();
         Moments::of(&mapped)
-    };
+    });
     let counts = std::mem::take(&mut g.counts);
     let mut moments = Vec::with_capacity(splits);
     let mut split_runs = Vec::with_capacity(splits);
@@ -109,6 +109,7 @@ pub(crate) fn numeric_partial(
         crate::runs::sort_total(values);
         split_runs.push(runs.append(values)?);
     }
+    let prefix_moments = prefix_moments.unwrap_or(moments[0]);
     Ok(NumericPartial {
         counts,
         moments,
@@ -177,7 +178,7 @@ pub(crate) fn merge_numeric(
     parts: &[&NumericPartial],
     splits: usize,
     chain: &[Step],
-    files: &[File],
+    files: &[RunsFile],
     reference: Option<&Reference>,
 ) -> Result<NumericResult> {
     let merge = |f: &dyn Fn(&NumericPartial) -> Moments| {
@@ -476,6 +477,7 @@ pub(crate) fn fit_buckets(
     ));
     let buckets = for_buckets(range, at_once, progress, |b| {
         let p = shared.prepare(b, rules.max_len)?;
+        let start = std::time::Instant::now();
         let mut contexts = vec![0u64; n_splits];
         let mut lengths = vec![LengthCounts::new(); n_splits];
         let mut longest = 0;
@@ -553,6 +555,8 @@ pub(crate) fn fit_buckets(
                 *sum.entry(l).or_insert(0) += c;
             }
         }
+        drop(sums);
+        shared.phases.add(Phase::Statistics, start.elapsed());
         Ok(BucketFit {
             contexts,
             longest,
@@ -597,7 +601,7 @@ pub(crate) struct Merged {
 pub(crate) fn merge(
     shared: &Shared,
     parts: &[FitPart],
-    files: &[File],
+    files: &[RunsFile],
     rows_read: u64,
     frozen: Option<&Frozen>,
 ) -> Result<Merged> {

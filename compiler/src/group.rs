@@ -27,9 +27,8 @@ pub(crate) struct Groups {
     pub groups: Vec<Group>,
 }
 
-/// Groups rows by `keys` (no nulls), ordered within each group by `order` (ties and nulls keep
-/// file order; nulls last).
-pub(crate) fn group(keys: &[i64], order: Option<&Column>) -> Groups {
+/// Groups rows by `keys` (no nulls), each group's rows in file order.
+pub(crate) fn by_key(keys: &[i64]) -> Groups {
     let mut runs: Vec<(i64, u32, u32)> = Vec::new();
     let mut i = 0;
     while i < keys.len() {
@@ -58,15 +57,14 @@ pub(crate) fn group(keys: &[i64], order: Option<&Column>) -> Groups {
         perm.extend(start..start + len);
         let g = groups.last_mut().expect("pushed above");
         g.len += len as usize;
-    }
-    drop(runs);
-    if let Some(order) = order {
-        order_within(&mut perm, &groups, order);
-    }
-    for g in &mut groups {
         g.kept = g.len;
     }
     Groups { perm, groups }
+}
+
+/// Orders each group's rows by `order` (ties and nulls keep file order; nulls last).
+pub(crate) fn order_groups(groups: &mut Groups, order: &Column) {
+    order_within(&mut groups.perm, &groups.groups, order);
 }
 
 fn cmp_rows(order: &Column, a: u32, b: u32) -> Ordering {
@@ -150,14 +148,14 @@ mod tests {
     #[test]
     fn contiguous_and_scattered_keys_group_alike() {
         let contiguous = [1, 1, 2, 2, 2, 5];
-        let g = group(&contiguous, None);
+        let g = by_key(&contiguous);
         assert_eq!(g.perm, [0, 1, 2, 3, 4, 5]);
         assert_eq!(
             g.groups.iter().map(|g| (g.key, g.len)).collect::<Vec<_>>(),
             [(1, 2), (2, 3), (5, 1)]
         );
         let scattered = [5, 2, 1, 2, 1, 2];
-        let g = group(&scattered, None);
+        let g = by_key(&scattered);
         assert_eq!(
             g.groups.iter().map(|g| (g.key, g.len)).collect::<Vec<_>>(),
             [(1, 2), (2, 3), (5, 1)]
@@ -172,12 +170,12 @@ mod tests {
             (Truncate::Head, vec![0, 1, 2]),
             (Truncate::Tail, vec![7, 8, 9]),
         ] {
-            let mut g = group(&keys, None);
+            let mut g = by_key(&keys);
             assert_eq!(truncate(&mut g, 3, how, 0), 1);
             let k = g.groups[0];
             assert_eq!(g.perm[k.kept_start..k.kept_start + k.kept], expect[..]);
         }
-        let mut g = group(&keys, None);
+        let mut g = by_key(&keys);
         truncate(&mut g, 4, Truncate::Sample, 1);
         let k = g.groups[0];
         let kept = &g.perm[k.kept_start..k.kept_start + k.kept];

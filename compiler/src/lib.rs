@@ -65,6 +65,7 @@ mod memory;
 pub mod mostlyai;
 mod own;
 pub mod partition;
+mod phases;
 mod plan;
 mod progress;
 mod read;

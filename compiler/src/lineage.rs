@@ -274,6 +274,7 @@ pub(crate) fn commit_append(
         stats,
         cache_bytes: new_bytes,
         timings: timer.timings,
+        phases: Vec::new(),
         drift: added.drift,
     })
 }

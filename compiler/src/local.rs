@@ -5,6 +5,7 @@ use crate::budget;
 use crate::commit::{fingerprint_files, stamp_files, CompileOptions, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::job::Job;
+use crate::phases::Phase;
 use crate::recipe::Recipe;
 use crate::runs::ValueRuns;
 use crate::spill::{self, SpillTo};
@@ -53,7 +54,13 @@ pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<Com
     let at_once = recipe.at_once(&spilled, budget)?;
     let buckets = 0..recipe.buckets().count();
     progress.stage("statistics", buckets.len() as u64);
-    let runs = ValueRuns::create(dir.join("values-0.spill"), 0)?;
+    // The sorted values the statistics rank stay in memory with the input they came from.
+    let held = if recipe.decoded_bytes() <= budget / 4 {
+        budget / 4
+    } else {
+        0
+    };
+    let runs = ValueRuns::in_memory(dir.join("values-0.spill"), 0, held);
     let fit = recipe.fit(&spilled, buckets.clone(), at_once, &runs, progress)?;
     let values = vec![runs.finish()?];
     let fitted = recipe.reduce(&spilled, vec![fit], &values)?;
@@ -73,7 +80,18 @@ pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<Com
     drop((values, spilled));
     std::fs::remove_dir_all(&dir).map_err(|e| CompileError::io(&dir, e))?;
     let inputs = fingerprint_files(recipe.inputs(), &stamps)?;
-    recipe.finish(fitted, vec![written], inputs, staging, timer, progress)
+    let mut report = recipe.finish(fitted, vec![written], inputs, staging, timer, progress)?;
+    report.phases = phases_of(&recipe, &report.timings);
+    Ok(report)
+}
+
+/// The recipe's phases, with the commit: one step on one thread, so its wall time.
+pub(crate) fn phases_of<R: Recipe>(recipe: &R, timings: &[(String, f64)]) -> Vec<(String, f64)> {
+    let phases = recipe.phases();
+    if let Some((_, s)) = timings.iter().find(|(name, _)| name == "commit") {
+        phases.add(Phase::Commit, std::time::Duration::from_secs_f64(*s));
+    }
+    phases.report()
 }
 
 /// `--force` replaces the output directory: refuse when that would delete an input.

@@ -3,6 +3,7 @@
 
 use crate::column::{Column, Kind, TypeInfo, Values};
 use crate::error::{CompileError, Result};
+use crate::phases::Phases;
 use crate::read::{self, Role, RowsTable, Table, Want};
 use crate::rules::ContextRules;
 use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
@@ -226,6 +227,7 @@ pub(crate) fn spill_context(
     buckets: Buckets,
     budget: usize,
     (dir, name): (&Path, &str),
+    phases: &Phases,
 ) -> Result<ContextPart> {
     let mut split_values = std::collections::BTreeSet::new();
     let (spill, rows) = if let [path] = files.iter().filter(|p| is_csv(p)).collect::<Vec<_>>()[..] {
@@ -250,7 +252,15 @@ pub(crate) fn spill_context(
             in_memory: false,
         };
         let none = spill::KeyFilter::default();
-        let part = spill::spill_rows(inputs, 0..files.len(), wants, to, &none, &NoProgress)?;
+        let part = spill::spill_rows(
+            inputs,
+            0..files.len(),
+            wants,
+            to,
+            &none,
+            &NoProgress,
+            phases,
+        )?;
         if let Some(column) = split_by {
             for path in files {
                 split_values.extend(read::distinct_strings(path, column)?);

@@ -12,11 +12,12 @@ use crate::fit::{self, FitPart, Merged};
 use crate::frozen::Frozen;
 use crate::lineage::Base;
 use crate::lookup::{self, ContextPart, ContextSide, Keyed};
+use crate::phases::{Phase, Phases};
 use crate::plan::{self, Source, TextSource};
 use crate::read::{self, Role};
 use crate::recipe::Recipe;
 use crate::rules::Rules;
-use crate::runs::ValueRuns;
+use crate::runs::{RunsFile, ValueRuns};
 use crate::shards::{self, Layout, WritePart};
 use crate::spill::{self, Buckets, Described, Spill, SpillPart, SpillTo};
 use crate::split;
@@ -26,9 +27,9 @@ use dsc_format::keys::KeyType;
 use dsc_format::manifest::Inputs;
 use dsc_format::spec::{CompileSpec, DEFAULT_BUCKET_SIZE};
 use dsc_format::{Manifest, ShardEntry};
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// dsc's own compile of `spec`: the plan, the inputs' footers, the side tables (context table,
 /// joins) and the buckets, read before any bucket is touched.
@@ -58,6 +59,8 @@ pub(crate) struct Own<'s> {
     /// Which rows the scan keeps, by key (a compaction's left-out rows, the contexts an
     /// append hides read back for their statistics): every row by default.
     filter: spill::KeyFilter,
+    /// Where this compile's time goes.
+    phases: Phases,
 }
 
 /// dsc's own spill: the rows by bucket, and the splits decided from them and the context table.
@@ -85,6 +88,8 @@ impl<'s> Own<'s> {
             fit::unfitted_prefix(&cc.name, &cc.chain)?;
         }
         let named_inputs = input_files(spec, &plan.rows_files);
+        let phases = Phases::default();
+        let opening = Instant::now();
         let mut inputs = read::open_all(&plan.rows_files, &plan.rows_wants, read::Table::Rows)?;
         // A string key that is nothing else is held as plain strings, not a dictionary.
         let key = &spec.key;
@@ -128,6 +133,7 @@ impl<'s> Own<'s> {
             .collect::<Vec<Result<_>>>()
             .into_iter()
             .collect::<Result<_>>()?;
+        phases.add(Phase::Footers, opening.elapsed());
         let frozen = spec
             .fit_from
             .as_deref()
@@ -149,6 +155,7 @@ impl<'s> Own<'s> {
             rows_planned,
             context_key,
             plan,
+            phases,
         })
     }
 
@@ -212,6 +219,7 @@ impl<'s> Own<'s> {
                     encoding: t.encoding,
                 })
                 .collect(),
+            phases: &self.phases,
         }
     }
 
@@ -304,6 +312,7 @@ impl<'s> Recipe for Own<'s> {
             to,
             &self.filter,
             progress,
+            &self.phases,
         )
     }
 
@@ -318,6 +327,7 @@ impl<'s> Recipe for Own<'s> {
             to.buckets,
             to.budget,
             (to.dir, to.name),
+            &self.phases,
         )
         .map(Some)
     }
@@ -374,7 +384,7 @@ impl<'s> Recipe for Own<'s> {
         &self,
         spilled: &OwnSpilled<'s>,
         fits: Vec<FitPart>,
-        values: &[File],
+        values: &[RunsFile],
     ) -> Result<OwnFitted> {
         let rows_read = (0..self.buckets.count())
             .map(|b| spilled.spill.rows(b))
@@ -417,11 +427,15 @@ impl<'s> Recipe for Own<'s> {
         })
     }
 
+    fn phases(&self) -> &Phases {
+        &self.phases
+    }
+
     fn write(
         &self,
         spilled: &OwnSpilled<'s>,
         fitted: &OwnFitted,
-        _: &[File],
+        _: &[RunsFile],
         buckets: Range<usize>,
         at_once: usize,
         dir: &Path,

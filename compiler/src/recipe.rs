@@ -18,7 +18,8 @@
 use crate::commit::{CompileReport, Timer};
 use crate::error::Result;
 use crate::lookup::ContextPart;
-use crate::runs::ValueRuns;
+use crate::phases::Phases;
+use crate::runs::{RunsFile, ValueRuns};
 use crate::shards::WritePart;
 use crate::spill::{Buckets, SpillPart, SpillTo};
 use crate::write::Staging;
@@ -26,7 +27,6 @@ use crate::Progress;
 use dsc_format::manifest::Inputs;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -95,7 +95,7 @@ pub(crate) trait Recipe {
         &self,
         spilled: &Self::Spilled,
         fits: Vec<Self::FitPart>,
-        values: &[File],
+        values: &[RunsFile],
     ) -> Result<Self::Fitted>;
     /// The shards pass over `buckets`, written into `dir`.
     #[allow(clippy::too_many_arguments)]
@@ -103,12 +103,14 @@ pub(crate) trait Recipe {
         &self,
         spilled: &Self::Spilled,
         fitted: &Self::Fitted,
-        values: &[File],
+        values: &[RunsFile],
         buckets: Range<usize>,
         at_once: usize,
         dir: &Path,
         progress: &dyn Progress,
     ) -> Result<WritePart>;
+    /// Where this compile's time goes, phase by phase.
+    fn phases(&self) -> &Phases;
     /// Statistics and manifest from every write part, in bucket order; the cache committed.
     fn finish(
         &self,

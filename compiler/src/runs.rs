@@ -13,13 +13,49 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// Sorted runs of finite values, one per (column, split, bucket), in one spill file.
+/// Sorted runs of finite values, one per (column, split, bucket), in one spill file, or in
+/// memory while they fit a limit.
 pub(crate) struct ValueRuns {
     path: PathBuf,
     /// Which values file of the compile this is (one per statistics partition).
     file: u32,
-    /// The file, the bytes written, and their checksum (runs are appended in order).
-    out: Mutex<(File, u64, dsc_format::checksum::Hasher)>,
+    /// Where runs go, the bytes written, and their checksum (runs are appended in order).
+    out: Mutex<(Sink, u64, dsc_format::checksum::Hasher)>,
+    /// Bytes held in memory before the runs move to the file.
+    memory: u64,
+}
+
+/// Where a values file's bytes are written.
+enum Sink {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+/// A values file, for positioned reads: on disk, or the bytes a compile that holds its input in
+/// memory kept (the values file is then never written: the page cache's copy of half a
+/// gigabyte of values was a tenth of a 2-core compile).
+pub(crate) enum RunsFile {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+impl RunsFile {
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            RunsFile::File(f) => f.read_exact_at(buf, offset),
+            RunsFile::Memory(bytes) => {
+                let from = usize::try_from(offset).ok().filter(|&o| o <= bytes.len());
+                match from.and_then(|o| bytes.get(o..o + buf.len())) {
+                    Some(src) => {
+                        buf.copy_from_slice(src);
+                        Ok(())
+                    }
+                    None => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                }
+            }
+        }
+    }
 }
 
 /// Where one run lies: its values, then every [`SAMPLE`]-th of them.
@@ -35,13 +71,30 @@ pub(crate) struct Run {
 const SAMPLE: u64 = 256;
 
 impl ValueRuns {
+    /// Runs written to the file at `path`.
     pub fn create(path: PathBuf, file: u32) -> Result<ValueRuns> {
         let f = File::create(&path).map_err(|e| CompileError::io(&path, e))?;
         Ok(ValueRuns {
             path,
             file,
-            out: Mutex::new((f, 0, dsc_format::checksum::Hasher::new())),
+            out: Mutex::new((Sink::File(f), 0, dsc_format::checksum::Hasher::new())),
+            memory: 0,
         })
+    }
+
+    /// Runs held in memory up to `memory` bytes, then moved to the file at `path` (created
+    /// then).
+    pub fn in_memory(path: PathBuf, file: u32, memory: u64) -> ValueRuns {
+        ValueRuns {
+            path,
+            file,
+            out: Mutex::new((
+                Sink::Memory(Vec::new()),
+                0,
+                dsc_format::checksum::Hasher::new(),
+            )),
+            memory,
+        }
     }
 
     /// Appends sorted values and their samples; returns where they lie.
@@ -63,9 +116,22 @@ impl ValueRuns {
     /// Writes a run of `len` values (and whatever follows them in `bytes`) at the end.
     fn write_run(&self, bytes: &[u8], len: usize) -> Result<Run> {
         let mut out = self.out.lock().expect("no writer panics");
-        out.0
-            .write_all(bytes)
-            .map_err(|e| CompileError::io(&self.path, e))?;
+        let held = out.1 + bytes.len() as u64;
+        if let Sink::Memory(kept) = &mut out.0 {
+            if held > self.memory {
+                let mut f =
+                    File::create(&self.path).map_err(|e| CompileError::io(&self.path, e))?;
+                f.write_all(kept)
+                    .map_err(|e| CompileError::io(&self.path, e))?;
+                out.0 = Sink::File(f);
+            }
+        }
+        match &mut out.0 {
+            Sink::File(f) => f
+                .write_all(bytes)
+                .map_err(|e| CompileError::io(&self.path, e))?,
+            Sink::Memory(kept) => kept.extend_from_slice(bytes),
+        }
         out.2.update(bytes);
         let run = Run {
             file: self.file,
@@ -76,13 +142,19 @@ impl ValueRuns {
         Ok(run)
     }
 
-    /// Makes what was written durable and opens it for reading.
-    pub fn finish(&self) -> Result<File> {
-        let out = self.out.lock().expect("no writer panics");
-        out.0
-            .sync_data()
-            .map_err(|e| CompileError::io(&self.path, e))?;
-        File::open(&self.path).map_err(|e| CompileError::io(&self.path, e))
+    /// Makes what was written durable and opens it for reading (the bytes themselves, when they
+    /// stayed in memory; nothing more can be appended then).
+    pub fn finish(&self) -> Result<RunsFile> {
+        let mut out = self.out.lock().expect("no writer panics");
+        match &mut out.0 {
+            Sink::Memory(kept) => Ok(RunsFile::Memory(std::mem::take(kept))),
+            Sink::File(f) => {
+                f.sync_data().map_err(|e| CompileError::io(&self.path, e))?;
+                File::open(&self.path)
+                    .map(RunsFile::File)
+                    .map_err(|e| CompileError::io(&self.path, e))
+            }
+        }
     }
 
     /// The size and xxh3 (hex) of everything written so far.
@@ -120,7 +192,7 @@ fn ord_key(x: f64) -> u64 {
     }
 }
 
-fn read_f64s(file: &File, offset: u64, n: usize) -> Result<Vec<f64>> {
+fn read_f64s(file: &RunsFile, offset: u64, n: usize) -> Result<Vec<f64>> {
     let mut bytes = vec![0u8; n * 8];
     file.read_exact_at(&mut bytes, offset)
         .map_err(|e| CompileError::io(Path::new("values spill"), e))?;
@@ -133,14 +205,14 @@ fn read_f64s(file: &File, offset: u64, n: usize) -> Result<Vec<f64>> {
 /// Runs read as one sequence, in the order given: the `k`-th value by one positioned read. What
 /// a uniform draw over a statistic's values (in any order) needs, without holding them.
 pub(crate) struct Pool<'f> {
-    files: &'f [File],
+    files: &'f [RunsFile],
     runs: Vec<Run>,
     /// `ends[i]`: values in runs `..=i`.
     ends: Vec<u64>,
 }
 
 impl<'f> Pool<'f> {
-    pub fn new(files: &'f [File], runs: impl Iterator<Item = Run>) -> Pool<'f> {
+    pub fn new(files: &'f [RunsFile], runs: impl Iterator<Item = Run>) -> Pool<'f> {
         let runs: Vec<Run> = runs.filter(|r| r.len > 0).collect();
         let ends = runs
             .iter()
@@ -172,7 +244,7 @@ impl<'f> Pool<'f> {
 /// The values at `ranks` (ascending, each below the runs' total) of the union of sorted
 /// `runs`, by one merge of the runs read block by block: what many ranks of one statistic
 /// cost, in a few blocks of memory per run, whatever the values' count.
-pub(crate) fn ranks_by_merge(files: &[File], runs: &[Run], ranks: &[u64]) -> Result<Vec<f64>> {
+pub(crate) fn ranks_by_merge(files: &[RunsFile], runs: &[Run], ranks: &[u64]) -> Result<Vec<f64>> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     const BLOCK: u64 = 8192;
@@ -184,7 +256,7 @@ pub(crate) fn ranks_by_merge(files: &[File], runs: &[Run], ranks: &[u64]) -> Res
     }
     impl Cursor {
         /// The next value's order key, reading the next block when this one is used up.
-        fn next_key(&mut self, files: &[File]) -> Result<Option<u64>> {
+        fn next_key(&mut self, files: &[RunsFile]) -> Result<Option<u64>> {
             if self.at == self.block.len() {
                 if self.read == self.run.len {
                     return Ok(None);
@@ -236,7 +308,7 @@ pub(crate) fn ranks_by_merge(files: &[File], runs: &[Run], ranks: &[u64]) -> Res
 
 /// One sorted run, with its samples in memory.
 struct Sample<'f> {
-    file: &'f File,
+    file: &'f RunsFile,
     offset: u64,
     len: u64,
     /// `keys[j]` is the order key of value `j · SAMPLE`.
@@ -285,12 +357,12 @@ pub(crate) struct Sorted<'f> {
 const POOLED: usize = 1 << 20;
 
 impl<'f> Sorted<'f> {
-    pub fn new(files: &'f [File], runs: impl Iterator<Item = Run>) -> Result<Sorted<'f>> {
+    pub fn new(files: &'f [RunsFile], runs: impl Iterator<Item = Run>) -> Result<Sorted<'f>> {
         Self::with_candidates(files, runs, POOLED)
     }
 
     fn with_candidates(
-        files: &'f [File],
+        files: &'f [RunsFile],
         runs: impl Iterator<Item = Run>,
         cap: usize,
     ) -> Result<Sorted<'f>> {
@@ -461,43 +533,91 @@ impl<'f> Sorted<'f> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The integer sort orders like `f64::total_cmp`: signs, zeros of both signs, infinities,
+    /// subnormals and repeated values.
+    #[test]
+    fn sorted_as_by_total_order() {
+        let mut rng = dsc_format::rng::Xoshiro256::seed_from(11);
+        let specials = [
+            0.0,
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE / 4.0,
+        ];
+        for n in [0, 3, 4095, 50_000] {
+            for repeats in [false, true] {
+                let mut values: Vec<f64> = (0..n)
+                    .map(|i| match rng.below(10) {
+                        0 => specials[i % specials.len()],
+                        _ if repeats => (rng.below(7) as f64 - 3.0) * 0.5,
+                        _ => (rng.unit_f64() - 0.5) * 10f64.powi(rng.below(20) as i32 - 10),
+                    })
+                    .collect();
+                let mut want = values.clone();
+                want.sort_by(f64::total_cmp);
+                sort_total(&mut values);
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&values), bits(&want), "n = {n}, repeats = {repeats}");
+            }
+        }
+    }
     use dsc_format::rng::Xoshiro256;
     use dsc_format::stats::QUANTILE_LEVELS;
+
+    /// Runs on disk, held in memory, and moved from memory to disk part way give the ranks of
+    /// a full sort.
+    #[test]
+    fn ranks_by_merge_equal_a_full_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        for (k, memory) in [None, Some(u64::MAX), Some(100_000)]
+            .into_iter()
+            .enumerate()
+        {
+            let path = dir.path().join(format!("v{k}"));
+            let runs = match memory {
+                None => ValueRuns::create(path.clone(), 0).unwrap(),
+                Some(limit) => ValueRuns::in_memory(path.clone(), 0, limit),
+            };
+            let mut rng = dsc_format::rng::Xoshiro256::for_stream(9, 0);
+            let mut all = Vec::new();
+            let mut written = Vec::new();
+            // Runs of every size around the block, with repeated values and signed zeros.
+            for len in [0usize, 1, 3, 8191, 8192, 8193, 20_000] {
+                let mut v: Vec<f64> = (0..len)
+                    .map(|_| match rng.below(10) {
+                        0 => -0.0,
+                        1 => 0.0,
+                        2 => 7.5,
+                        _ => (rng.below(1 << 20) as f64 - 5e5) / 3.0,
+                    })
+                    .collect();
+                sort_total(&mut v);
+                all.extend_from_slice(&v);
+                written.push(runs.append(&v).unwrap());
+            }
+            let files = vec![runs.finish().unwrap()];
+            let on_disk = matches!(files[0], RunsFile::File(_));
+            assert_eq!(on_disk, memory != Some(u64::MAX), "{memory:?}");
+            assert_eq!(path.exists(), on_disk, "{memory:?}");
+            sort_total(&mut all);
+            let n = all.len() as u64;
+            let ranks: Vec<u64> = (0..1001).map(|i| (n - 1) * i / 1000).collect();
+            let got = ranks_by_merge(&files, &written, &ranks).unwrap();
+            for (r, g) in ranks.iter().zip(&got) {
+                assert_eq!(
+                    g.to_bits(),
+                    all[*r as usize].to_bits(),
+                    "rank {r}, {memory:?}"
+                );
+            }
+        }
+    }
 
     /// Runs of sorted values written through `ValueRuns`, read back by rank queries: every
     /// order statistic and every bin count equals a full sort's, with spikes (one value in most
     /// rows), signed zeros and runs of every size around the sample interval.
-    #[test]
-    fn ranks_by_merge_equal_a_full_sort() {
-        let dir = tempfile::tempdir().unwrap();
-        let runs = ValueRuns::create(dir.path().join("v"), 0).unwrap();
-        let mut rng = dsc_format::rng::Xoshiro256::for_stream(9, 0);
-        let mut all = Vec::new();
-        let mut written = Vec::new();
-        // Runs of every size around the block, with repeated values and signed zeros.
-        for len in [0usize, 1, 3, 8191, 8192, 8193, 20_000] {
-            let mut v: Vec<f64> = (0..len)
-                .map(|_| match rng.below(10) {
-                    0 => -0.0,
-                    1 => 0.0,
-                    2 => 7.5,
-                    _ => (rng.below(1 << 20) as f64 - 5e5) / 3.0,
-                })
-                .collect();
-            sort_total(&mut v);
-            all.extend_from_slice(&v);
-            written.push(runs.append(&v).unwrap());
-        }
-        let files = vec![runs.finish().unwrap()];
-        sort_total(&mut all);
-        let n = all.len() as u64;
-        let ranks: Vec<u64> = (0..1001).map(|i| (n - 1) * i / 1000).collect();
-        let got = ranks_by_merge(&files, &written, &ranks).unwrap();
-        for (r, g) in ranks.iter().zip(&got) {
-            assert_eq!(g.to_bits(), all[*r as usize].to_bits(), "rank {r}");
-        }
-    }
-
     #[test]
     fn rank_queries_over_runs_equal_a_full_sort() {
         let dir = tempfile::tempdir().unwrap();

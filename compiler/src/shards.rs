@@ -7,6 +7,7 @@ use crate::column::{Column, Kind};
 use crate::encode::{CategoryCoder, NumericEncoder};
 use crate::error::Result;
 use crate::fit::{self, FittedColumn, Merged};
+use crate::phases::{Phase, Phases, Split};
 use crate::text::TextCoder;
 use crate::write::ShardWriter;
 use crate::Progress;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Where every bucket's contexts go: the tensors, and each bucket's first shard index and first
 /// position in every split (a bucket's contexts follow those of the buckets before it).
@@ -142,12 +144,18 @@ impl ShardFile {
     }
 
     pub fn finish(self) -> Result<ShardEntry> {
-        let (bytes, xxh3) = self.out.finish()?;
-        Ok(ShardEntry {
+        self.finish_timed().map(|(entry, _)| entry)
+    }
+
+    /// [`ShardFile::finish`], with the time spent hashing and writing.
+    pub fn finish_timed(self) -> Result<(ShardEntry, Split)> {
+        let (bytes, xxh3, times) = self.out.finish_timed()?;
+        let entry = ShardEntry {
             bytes,
             xxh3,
             ..self.entry
-        })
+        };
+        Ok((entry, times))
     }
 }
 
@@ -278,6 +286,7 @@ pub(crate) fn write_buckets(
             encoder.check_rows(result, &p.ctx_tags, Some(&p.ctx_rows))?;
             context_encoders.push((encoder, spec_col.clone(), *is_target));
         }
+        let shuffle = Instant::now();
         let mut jobs = Vec::new();
         for s in 0..layout.numbering.splits(b) {
             // The split's stored order: ascending position hash, ties by key.
@@ -299,7 +308,9 @@ pub(crate) fn write_buckets(
                 });
             }
         }
+        shared.phases.add(Phase::Shuffle, shuffle.elapsed());
         let writer = ShardContext {
+            phases: shared.phases,
             split_names: &shared.splits.names,
             tensors: &layout.tensors,
             fills: &layout.fills,
@@ -566,6 +577,7 @@ struct ShardJob {
 }
 
 struct ShardContext<'a> {
+    phases: &'a Phases,
     split_names: &'a [String],
     tensors: &'a [TensorSpec],
     fills: &'a [Fill],
@@ -608,20 +620,26 @@ impl ShardContext<'_> {
         let mut out = ShardFile::create(dir, self.tensors, split, job.index, job.first, n, None)?;
         let mut buf = Vec::new();
         let mut filled = 0u64;
+        let mut encoding = Duration::ZERO;
         for (tensor, &fill) in self.tensors.iter().zip(self.fills) {
             let sample = tensor.sample_bytes();
             for chunk in job.members.chunks(CHUNK) {
+                let start = Instant::now();
                 buf.clear();
                 buf.resize(chunk.len() * sample, 0);
                 for (i, &c) in chunk.iter().enumerate() {
                     let dst = &mut buf[i * sample..(i + 1) * sample];
                     filled += self.fill_one(fill, &self.contexts[c], dst)?;
                 }
+                encoding += start.elapsed();
                 out.write(&buf)?;
             }
         }
         self.filled.fetch_add(filled, Ordering::Relaxed);
-        let mut entry = out.finish()?;
+        let (mut entry, times) = out.finish_timed()?;
+        self.phases.add(Phase::Encode, encoding);
+        self.phases.add(Phase::Write, times.write);
+        self.phases.add(Phase::Checksums, times.checksums);
         if let Some(keys) = &self.keys {
             entry.keys = Some(self.write_keys(keys, job, split, dir)?);
         }
@@ -648,7 +666,9 @@ impl ShardContext<'_> {
         let file = dsc_format::keys::key_table_file_name(split, job.index);
         let mut out = ShardWriter::create(dir.join(&file))?;
         out.write(&dsc_format::keys::key_table_bytes(&ids, &texts, &meta))?;
-        let (bytes, xxh3) = out.finish()?;
+        let (bytes, xxh3, times) = out.finish_timed()?;
+        self.phases.add(Phase::Write, times.write);
+        self.phases.add(Phase::Checksums, times.checksums);
         Ok(KeyTableEntry { file, bytes, xxh3 })
     }
 

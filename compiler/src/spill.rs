@@ -6,6 +6,7 @@
 
 use crate::column::{Column, TypeInfo};
 use crate::error::{CompileError, Result};
+use crate::phases::{Phase, Phases};
 use crate::read::{Inputs, Opened, Role, RowsTable, Want};
 use crate::Progress;
 use dsc_format::rng::position_hash;
@@ -18,6 +19,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The folder inside the staging directory that holds a compile's spill files.
 pub(crate) const SPILL_DIR: &str = "spill";
@@ -197,6 +199,7 @@ pub(crate) fn spill_rows(
     to: SpillTo,
     filter: &KeyFilter,
     progress: &dyn Progress,
+    phases: &Phases,
 ) -> Result<SpillPart> {
     let SpillTo {
         dir,
@@ -229,6 +232,7 @@ pub(crate) fn spill_rows(
                 &types,
                 buckets,
                 budget,
+                phases,
             )?;
             if chunk.last {
                 progress.advance(1);
@@ -312,10 +316,11 @@ fn spill_file(
     types: &[TypeInfo],
     buckets: Buckets,
     budget: usize,
+    phases: &Phases,
 ) -> Result<(Vec<Piece>, Option<Vec<u8>>)> {
     let source = opened.path.clone();
     let expected = opened.rows;
-    let reader = opened.into_wanted_reader(wants)?;
+    let mut reader = phases.time(Phase::Decode, || opened.into_wanted_reader(wants))?;
     // Written under a temporary name and renamed when complete: a retried or duplicated task
     // never leaves, nor reads, half a spill file.
     let tmp = path
@@ -341,7 +346,12 @@ fn spill_file(
     let shift = element_bits(types);
     let exploded = shift > 0;
     let names: Vec<&str> = wants.iter().map(|w| w.name.as_str()).collect();
-    for batch in reader {
+    loop {
+        let decoding = Instant::now();
+        let Some(batch) = reader.next() else {
+            phases.add(Phase::Decode, decoding.elapsed());
+            break;
+        };
         let batch = batch.map_err(|e| {
             let at = format!("after row {}", row_in_file + read);
             CompileError::parquet(source.clone(), Some(at), e)
@@ -375,6 +385,8 @@ fn spill_file(
                 .collect();
             (columns, None)
         };
+        let spilling = Instant::now();
+        phases.add(Phase::Decode, spilling - decoding);
         let global = |r: usize| origin.as_ref().map_or(base + r as u64, |o| o[r]);
         let key = &columns[0];
         if let Some(valid) = &key.valid {
@@ -420,8 +432,9 @@ fn spill_file(
         if buffered >= budget {
             out.flush(&mut buffers)?;
         }
+        phases.add(Phase::Spill, spilling.elapsed());
     }
-    out.flush(&mut buffers)?;
+    phases.time(Phase::Spill, || out.flush(&mut buffers))?;
     if read != expected {
         let from = if row_in_file > 0 {
             format!(" from row {row_in_file}")

@@ -3,10 +3,12 @@
 //! for any reason leaves no directory that could be taken for a cache.
 
 use crate::error::{CompileError, Result};
+use crate::phases::Split;
 use dsc_format::checksum::Hasher;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// [`dsc_format::failpoint::at`]: how the tests kill or pause a compile at a chosen step.
 pub(crate) fn failpoint(point: &str) {
@@ -345,6 +347,8 @@ pub(crate) struct ShardWriter {
     out: BufWriter<File>,
     hasher: Hasher,
     bytes: u64,
+    /// Time spent hashing and writing, for the compile's phases.
+    times: Split,
 }
 
 impl ShardWriter {
@@ -357,19 +361,33 @@ impl ShardWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             hasher: Hasher::new(),
             bytes: 0,
+            times: Split::default(),
         })
     }
 
     pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let start = Instant::now();
         self.hasher.update(bytes);
+        let hashed = Instant::now();
+        self.times.checksums += hashed - start;
         self.bytes += bytes.len() as u64;
-        self.out
+        let written = self
+            .out
             .write_all(bytes)
-            .map_err(|e| CompileError::io(&self.tmp, e))
+            .map_err(|e| CompileError::io(&self.tmp, e));
+        self.times.write += hashed.elapsed();
+        written
     }
 
     /// Flushes, renames into place and returns (size, xxh3).
     pub fn finish(self) -> Result<(u64, String)> {
+        self.finish_timed().map(|(bytes, xxh3, _)| (bytes, xxh3))
+    }
+
+    /// [`ShardWriter::finish`], with the time spent hashing and writing (flush and rename
+    /// included).
+    pub fn finish_timed(mut self) -> Result<(u64, String, Split)> {
+        let start = Instant::now();
         let file = self
             .out
             .into_inner()
@@ -377,7 +395,8 @@ impl ShardWriter {
         file.sync_all()
             .map_err(|e| CompileError::io(&self.tmp, e))?;
         std::fs::rename(&self.tmp, &self.path).map_err(|e| CompileError::io(&self.path, e))?;
-        Ok((self.bytes, self.hasher.hex()))
+        self.times.write += start.elapsed();
+        Ok((self.bytes, self.hasher.hex(), self.times))
     }
 }
 

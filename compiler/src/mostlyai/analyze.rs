@@ -5,11 +5,10 @@
 use super::table::{Data, Family, MTable};
 use super::{categorical, datetime, numeric};
 use crate::error::Result;
-use crate::runs::{ranks_by_merge, Run, ValueRuns};
+use crate::runs::{ranks_by_merge, Run, RunsFile, ValueRuns};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use std::fs::File;
 
 /// The engine partition (`part.{i:06d}-trn` / `-val`, in reduction order: trn 0, val 0,
 /// trn 1, …) of a context: training contexts `[i::n]` and validation contexts `[i::n]` in
@@ -149,7 +148,7 @@ pub(crate) fn has_nulls<'p>(pieces: impl Iterator<Item = &'p Piece>) -> bool {
 pub(crate) fn reduce(
     family: Family,
     parts: &[&Piece],
-    files: &[File],
+    files: &[RunsFile],
     int_keys: Option<bool>,
 ) -> Result<ColStats> {
     Ok(match family {

@@ -26,9 +26,10 @@ use crate::commit::{self, CompileReport, Timer};
 use crate::error::{CompileError, Result};
 use crate::fit::{self, LengthCounts};
 use crate::lookup::ContextPart;
+use crate::phases::Phases;
 use crate::read::Inputs as ReadInputs;
 use crate::recipe::Recipe;
-use crate::runs::{Pool, Run, ValueRuns};
+use crate::runs::{Pool, Run, RunsFile, ValueRuns};
 use crate::shards::{Numbering, WritePart};
 use crate::spill::{self, SpillPart, SpillTo};
 use crate::write::Staging;
@@ -46,7 +47,6 @@ use dsc_format::stats::{SplitStats, Stats};
 use encode::{ColEncoder, ShardInput};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use table::MTable;
@@ -128,7 +128,7 @@ pub(crate) struct Reduced {
 }
 
 /// Reduces one table's columns from their merged pieces, `[column][partition]`.
-fn reduce_side(side: &Side, pieces: &[Vec<Piece>], files: &[File]) -> Result<Reduction> {
+fn reduce_side(side: &Side, pieces: &[Vec<Piece>], files: &[RunsFile]) -> Result<Reduction> {
     let columns: Vec<(ColStats, bool, Vec<Vec<Run>>)> = (0..side.names.len())
         .into_par_iter()
         .map(|c| {
@@ -173,7 +173,7 @@ fn encoders<'a>(
 }
 
 /// One table's donor pools, per column and partition.
-fn pools<'f>(r: &Reduction, files: &'f [File]) -> Vec<Vec<Pool<'f>>> {
+fn pools<'f>(r: &Reduction, files: &'f [RunsFile]) -> Vec<Vec<Pool<'f>>> {
     r.donors
         .iter()
         .map(|parts| {
@@ -194,6 +194,8 @@ pub(crate) struct Profile<'s> {
     ctx_in: Option<ReadInputs>,
     rows_files: usize,
     context_files: usize,
+    /// Where this compile's time goes (the reads; the rest is the profile's own).
+    phases: Phases,
 }
 
 impl<'s> Profile<'s> {
@@ -206,6 +208,7 @@ impl<'s> Profile<'s> {
             context_files: ctx_in.opened.len(),
             tgt_in: Some(tgt_in),
             ctx_in: Some(ctx_in),
+            phases: Phases::default(),
         })
     }
 }
@@ -217,6 +220,10 @@ impl<'s> Recipe for Profile<'s> {
 
     fn inputs(&self) -> &[(std::path::PathBuf, &'static str)] {
         &self.setup.named
+    }
+
+    fn phases(&self) -> &Phases {
+        &self.phases
     }
 
     fn rows_files(&self) -> usize {
@@ -248,7 +255,8 @@ impl<'s> Recipe for Profile<'s> {
     ) -> Result<SpillPart> {
         let inputs = self.tgt_in.take().expect("a recipe is scanned once");
         let whole = spill::KeyFilter::default();
-        spill::spill_rows(inputs, files, &self.setup.tgt.wants, to, &whole, progress)
+        let wants = &self.setup.tgt.wants;
+        spill::spill_rows(inputs, files, wants, to, &whole, progress, &self.phases)
     }
 
     fn scan_context(
@@ -259,7 +267,8 @@ impl<'s> Recipe for Profile<'s> {
         let inputs = self.ctx_in.take().expect("a recipe is scanned once");
         let all = 0..self.context_files;
         let whole = spill::KeyFilter::default();
-        let spill = spill::spill_rows(inputs, all, &self.setup.ctx.wants, to, &whole, progress)?;
+        let wants = &self.setup.ctx.wants;
+        let spill = spill::spill_rows(inputs, all, wants, to, &whole, progress, &self.phases)?;
         Ok(Some(ContextPart::of_spill(spill, self.setup.ctx.rows())))
     }
 
@@ -344,7 +353,7 @@ impl<'s> Recipe for Profile<'s> {
 
     /// Merges every fit part (in partition order: every bucket once, in bucket order) into the
     /// engine's statistics and the cache's layout; `files` are the values files, in order.
-    fn reduce(&self, _: &Spills, fits: Vec<FitPart>, files: &[File]) -> Result<Reduced> {
+    fn reduce(&self, _: &Spills, fits: Vec<FitPart>, files: &[RunsFile]) -> Result<Reduced> {
         let setup = &self.setup;
         let mut fits = fits.into_iter();
         let mut fit = fits.next().expect("at least one fit part");
@@ -422,7 +431,7 @@ impl<'s> Recipe for Profile<'s> {
         &self,
         spills: &Spills,
         reduced: &Reduced,
-        files: &[File],
+        files: &[RunsFile],
         range: Range<usize>,
         at_once: usize,
         dir: &Path,

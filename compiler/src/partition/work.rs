@@ -8,7 +8,7 @@ use crate::commit;
 use crate::error::{CompileError, Result};
 use crate::lookup::ContextPart;
 use crate::recipe::Recipe;
-use crate::runs::ValueRuns;
+use crate::runs::{RunsFile, ValueRuns};
 use crate::shards::WritePart;
 use crate::spill::{self, SpillPart, SpillTo};
 use crate::write::Staging;
@@ -407,7 +407,7 @@ impl Work {
     }
 
     /// Every fit part and its values file, checked whole and opened.
-    pub(super) fn fits<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<std::fs::File>)> {
+    pub(super) fn fits<T: DeserializeOwned>(&self) -> Result<(Vec<T>, Vec<RunsFile>)> {
         let n = self.plan.partitions;
         let mut parts = Vec::with_capacity(n);
         let mut files = Vec::with_capacity(n);
@@ -424,7 +424,9 @@ impl Work {
                 what: format!("names no values file; rerun it: {rerun}"),
             })?;
             let path = check_work_file(&self.dir, values, &rerun)?;
-            files.push(std::fs::File::open(&path).map_err(|e| CompileError::io(&path, e))?);
+            files.push(RunsFile::File(
+                std::fs::File::open(&path).map_err(|e| CompileError::io(&path, e))?,
+            ));
             parts.push(part.body);
         }
         Ok((parts, files))
