@@ -26,6 +26,7 @@ mod scale;
 mod series;
 mod spec_file;
 mod splits;
+mod timings;
 mod values;
 mod verify;
 mod work;
