@@ -107,6 +107,7 @@ def numpy_prep(data: Path, out: Path, max_len: int) -> float:
 
 
 def compile_(dsc: str, data: Path, out: Path, max_len: int) -> dict:
+    """The README's compile, its `--json` report with the wall time seen from here."""
     cmd = [dsc, "compile", str(data / "train" / "batch_*.parquet"),
            "--key", "event_id", "--order-by", "time",
            "--context", str(data / "train_meta.parquet"), "--targets", "azimuth,zenith",
@@ -131,10 +132,14 @@ def main() -> int:
     ap.add_argument("--events-per-file", type=int, default=2000)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--dsc-before", help="another dsc binary (an earlier build) to pair with "
+                    "--dsc: adds compile_before and compile_over_before")
     args = ap.parse_args()
     data = args.work / "data"
     generate(args.dsc, data, args.files, args.events_per_file)
     runs = {"pyarrow_read": [], "numpy_prep": [], "compile": []}
+    if args.dsc_before:
+        runs["compile_before"] = []
     phases = []
     # One warm-up of each (the page cache, the interpreter's imports), then paired repeats.
     pyarrow_read(data)
@@ -146,6 +151,9 @@ def main() -> int:
         report = compile_(args.dsc, data, args.work / "cache", args.max_len)
         runs["compile"].append(report["wall"])
         phases.append(dict(report["phases"]))
+        if args.dsc_before:
+            before = compile_(args.dsc_before, data, args.work / "cache-before", args.max_len)
+            runs["compile_before"].append(before["wall"])
     paired = lambda a, b: statistics.median(x / y for x, y in zip(runs[a], runs[b]))  # noqa: E731
     out = {
         "files": args.files,
@@ -157,6 +165,8 @@ def main() -> int:
         "seconds": {k: statistics.median(v) for k, v in runs.items()},
         "compile_over_pyarrow_read": paired("compile", "pyarrow_read"),
         "numpy_prep_over_compile": paired("numpy_prep", "compile"),
+        **({"compile_over_before": paired("compile", "compile_before")}
+           if args.dsc_before else {}),
         "compile_phases": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
         "compile_timings": dict(report["timings"]),
     }

@@ -30,7 +30,15 @@ fn the_compile_reports_its_phases_in_json_and_as_a_table() {
     assert_eq!(names, PHASES, "every phase, in the order the data flows");
     let of = |name: &str| phases.iter().find(|(n, _)| n == name).unwrap().1;
     // The README's compile does all of these; each takes some time, none a negative one.
-    for name in ["decode", "spill", "load", "grouping", "statistics", "encode", "write"] {
+    for name in [
+        "decode",
+        "spill",
+        "load",
+        "grouping",
+        "statistics",
+        "encode",
+        "write",
+    ] {
         assert!(of(name) > 0.0, "{name}: {phases:?}");
     }
     assert!(phases.iter().all(|(_, s)| s.is_finite() && *s >= 0.0));
@@ -38,7 +46,10 @@ fn the_compile_reports_its_phases_in_json_and_as_a_table() {
     let threads = report["threads"].as_u64().unwrap() as f64;
     let seconds = report["seconds"].as_f64().unwrap();
     let sum: f64 = phases.iter().map(|(_, s)| s).sum();
-    assert!(threads >= 1.0 && sum <= threads * seconds * 1.05, "{sum} > {threads} x {seconds}");
+    assert!(
+        threads >= 1.0 && sum <= threads * seconds * 1.05,
+        "{sum} > {threads} x {seconds}"
+    );
     let stages: Vec<(String, f64)> = serde_json::from_value(report["timings"].clone()).unwrap();
     let stage_names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(stage_names, ["read", "statistics", "write", "commit"]);
@@ -47,7 +58,15 @@ fn the_compile_reports_its_phases_in_json_and_as_a_table() {
 
     let text = dsc(dir.path(), &icecube_args("cache2", &["--timings", "-q"])).ok();
     let table = &text[text.find("where the time went").expect(&text)..];
-    for name in ["read", "statistics", "write", "commit", "decode", "encode", "sum"] {
+    for name in [
+        "read",
+        "statistics",
+        "write",
+        "commit",
+        "decode",
+        "encode",
+        "sum",
+    ] {
         assert!(
             table.lines().any(|l| l.trim_start().starts_with(name)),
             "{name} missing:\n{table}"

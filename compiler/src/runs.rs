@@ -28,7 +28,8 @@ pub(crate) struct ValueRuns {
 /// Where a values file's bytes are written.
 enum Sink {
     File(File),
-    Memory(Vec<u8>),
+    /// Each run's bytes as they were appended (moved in, never copied into one buffer).
+    Memory(Vec<Vec<u8>>),
 }
 
 /// A values file, for positioned reads: on disk, or the bytes a compile that holds its input in
@@ -36,7 +37,8 @@ enum Sink {
 /// gigabyte of values was a tenth of a 2-core compile).
 pub(crate) enum RunsFile {
     File(File),
-    Memory(Vec<u8>),
+    /// Each run's bytes, with the offset each starts at.
+    Memory(Vec<(u64, Vec<u8>)>),
 }
 
 impl RunsFile {
@@ -44,15 +46,24 @@ impl RunsFile {
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         match self {
             RunsFile::File(f) => f.read_exact_at(buf, offset),
-            RunsFile::Memory(bytes) => {
-                let from = usize::try_from(offset).ok().filter(|&o| o <= bytes.len());
-                match from.and_then(|o| bytes.get(o..o + buf.len())) {
-                    Some(src) => {
-                        buf.copy_from_slice(src);
-                        Ok(())
+            RunsFile::Memory(pieces) => {
+                // Reads stay inside one run, but nothing here relies on it.
+                let (mut at, mut filled) = (offset, 0);
+                while filled < buf.len() {
+                    let i = pieces.partition_point(|(start, _)| *start <= at);
+                    let Some((start, bytes)) = i.checked_sub(1).map(|i| &pieces[i]) else {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    };
+                    let from = (at - start) as usize;
+                    let n = bytes.len().saturating_sub(from).min(buf.len() - filled);
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
                     }
-                    None => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    buf[filled..filled + n].copy_from_slice(&bytes[from..from + n]);
+                    filled += n;
+                    at += n as u64;
                 }
+                Ok(())
             }
         }
     }
@@ -104,41 +115,43 @@ impl ValueRuns {
             .iter()
             .chain(values.iter().step_by(SAMPLE as usize))
             .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
-        self.write_run(&bytes, values.len())
+        self.write_run(bytes, values.len())
     }
 
     /// Appends integers (datetime donors: written, never ranked, so no samples).
     pub fn append_i64(&self, values: &[i64]) -> Result<Run> {
         let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.write_run(&bytes, values.len())
+        self.write_run(bytes, values.len())
     }
 
     /// Writes a run of `len` values (and whatever follows them in `bytes`) at the end.
-    fn write_run(&self, bytes: &[u8], len: usize) -> Result<Run> {
+    fn write_run(&self, bytes: Vec<u8>, len: usize) -> Result<Run> {
         let mut out = self.out.lock().expect("no writer panics");
         let held = out.1 + bytes.len() as u64;
         if let Sink::Memory(kept) = &mut out.0 {
             if held > self.memory {
                 let mut f =
                     File::create(&self.path).map_err(|e| CompileError::io(&self.path, e))?;
-                f.write_all(kept)
-                    .map_err(|e| CompileError::io(&self.path, e))?;
+                for piece in kept.iter() {
+                    f.write_all(piece)
+                        .map_err(|e| CompileError::io(&self.path, e))?;
+                }
                 out.0 = Sink::File(f);
             }
         }
-        match &mut out.0 {
-            Sink::File(f) => f
-                .write_all(bytes)
-                .map_err(|e| CompileError::io(&self.path, e))?,
-            Sink::Memory(kept) => kept.extend_from_slice(bytes),
-        }
-        out.2.update(bytes);
+        out.2.update(&bytes);
         let run = Run {
             file: self.file,
             offset: out.1,
             len: len as u64,
         };
         out.1 += bytes.len() as u64;
+        match &mut out.0 {
+            Sink::File(f) => f
+                .write_all(&bytes)
+                .map_err(|e| CompileError::io(&self.path, e))?,
+            Sink::Memory(kept) => kept.push(bytes),
+        }
         Ok(run)
     }
 
@@ -147,7 +160,18 @@ impl ValueRuns {
     pub fn finish(&self) -> Result<RunsFile> {
         let mut out = self.out.lock().expect("no writer panics");
         match &mut out.0 {
-            Sink::Memory(kept) => Ok(RunsFile::Memory(std::mem::take(kept))),
+            Sink::Memory(kept) => {
+                let mut start = 0;
+                let pieces = std::mem::take(kept)
+                    .into_iter()
+                    .map(|piece| {
+                        let at = start;
+                        start += piece.len() as u64;
+                        (at, piece)
+                    })
+                    .collect();
+                Ok(RunsFile::Memory(pieces))
+            }
             Sink::File(f) => {
                 f.sync_data().map_err(|e| CompileError::io(&self.path, e))?;
                 File::open(&self.path)

@@ -77,28 +77,30 @@ const CHUNK: usize = 1 << 16;
 const LANES: usize = 4;
 
 /// The moments of each `CHUNK` of `values` (at most `LANES` chunks). A Welford step waits for
-/// the previous step's division, so one chain leaves the CPU idle; `LANES` whole chunks advance
-/// together, one value of each per round, each chain doing exactly what it would alone (the
-/// same bits), while their divisions overlap.
+/// the previous step's division, so one chain leaves the CPU idle; the chunks advance together,
+/// one value of each per round over the length they share, then each finishes alone: each chain
+/// does exactly what it would alone (the same bits), while their divisions overlap. With fewer
+/// than `LANES` chunks the spare lanes repeat the last one and are dropped.
 fn chunk_moments(values: &[f64]) -> Vec<Moments> {
+    let chunks: Vec<&[f64]> = values.chunks(CHUNK).collect();
+    let Some(&last) = chunks.last() else {
+        return Vec::new();
+    };
+    let lane = |j: usize| chunks.get(j).copied().unwrap_or(last);
+    let (a, b, c, d) = (lane(0), lane(1), lane(2), lane(3));
+    let shared = last.len();
     let mut lanes = [Moments::default(); LANES];
-    if values.len() == LANES * CHUNK {
-        let (a, rest) = values.split_at(CHUNK);
-        let (b, rest) = rest.split_at(CHUNK);
-        let (c, d) = rest.split_at(CHUNK);
-        for i in 0..CHUNK {
-            lanes[0].push(a[i]);
-            lanes[1].push(b[i]);
-            lanes[2].push(c[i]);
-            lanes[3].push(d[i]);
-        }
-        return lanes.to_vec();
+    for i in 0..shared {
+        lanes[0].push(a[i]);
+        lanes[1].push(b[i]);
+        lanes[2].push(c[i]);
+        lanes[3].push(d[i]);
     }
-    values
-        .chunks(CHUNK)
-        .map(|chunk| {
-            let mut m = Moments::default();
-            chunk.iter().for_each(|&x| m.push(x));
+    chunks
+        .iter()
+        .zip(lanes)
+        .map(|(chunk, mut m)| {
+            chunk[shared..].iter().for_each(|&x| m.push(x));
             m
         })
         .collect()
