@@ -3,7 +3,7 @@
 
 use crate::column::{Column, Kind, Values};
 use crate::error::{CompileError, Result};
-use crate::lookup::Keyed;
+use crate::lookup::{KeyIndex, Keyed};
 use crate::read::RowsTable;
 use dsc_format::manifest::{CODE_FIRST, CODE_NULL, CODE_UNKNOWN};
 use dsc_format::spec::NanPolicy;
@@ -57,6 +57,83 @@ impl<'a> Access<'a> {
     pub fn f64_at(&self, row: usize) -> Result<Option<f64>> {
         Ok(self.source_row(row)?.and_then(|r| self.column.f64_at(r)))
     }
+
+    /// A reader of this column's numbers by row for passes over every row: the values of
+    /// `f64_at`, without its checks per value where the column allows.
+    pub fn numbers(&self) -> Numbers<'a> {
+        if let Some((on, keyed)) = self.join {
+            // A join table no longer than the rows read through it (a pass reads it per
+            // bucket).
+            let small = self.column.len() <= self.table.rows();
+            if let (Values::Int(keys), None, KeyIndex::Dense { min, rows }, true) =
+                (&on.values, &on.valid, &keyed.index, small)
+            {
+                // Each joined row's value, read once: rows then cost an index.
+                let values = (0..self.column.len())
+                    .map(|r| self.column.f64_at(r))
+                    .collect();
+                return Numbers::Joined {
+                    keys,
+                    min: *min,
+                    slots: rows,
+                    values,
+                    access: *self,
+                };
+            }
+            return Numbers::Any(*self);
+        }
+        match (&self.column.values, &self.column.valid) {
+            (Values::F64(v), None) => Numbers::F64(v),
+            (Values::Int(v), None) if self.column.info.kind != Kind::Time => Numbers::Int(v),
+            _ => Numbers::Any(*self),
+        }
+    }
+}
+
+/// A numeric column read row by row (see [`Access::numbers`]).
+pub(crate) enum Numbers<'a> {
+    /// Floats, no row null.
+    F64(&'a [f64]),
+    /// Integers (not times, which are scaled), no row null.
+    Int(&'a [i64]),
+    /// Joined through a dense index on a key column with no nulls: each joined row's value.
+    Joined {
+        keys: &'a [i64],
+        min: i64,
+        slots: &'a [u32],
+        values: Vec<Option<f64>>,
+        /// For a key the join table lacks: the error names the row.
+        access: Access<'a>,
+    },
+    Any(Access<'a>),
+}
+
+impl Numbers<'_> {
+    /// [`Access::f64_at`] of `row`.
+    #[inline]
+    pub fn get(&self, row: usize) -> Result<Option<f64>> {
+        match self {
+            Numbers::F64(v) => Ok(Some(v[row])),
+            Numbers::Int(v) => Ok(Some(v[row] as f64)),
+            Numbers::Joined {
+                keys,
+                min,
+                slots,
+                values,
+                access,
+            } => {
+                let slot = keys[row]
+                    .checked_sub(*min)
+                    .and_then(|i| usize::try_from(i).ok())
+                    .and_then(|i| slots.get(i));
+                match slot {
+                    Some(&r) if (r as usize) < values.len() => Ok(values[r as usize]),
+                    _ => access.f64_at(row),
+                }
+            }
+            Numbers::Any(access) => access.f64_at(row),
+        }
+    }
 }
 
 /// Finite values of a numeric column gathered by split, plus bad-value counts.
@@ -94,6 +171,7 @@ pub(crate) fn gather(
     // Chunks are collected in order and the first error taken, so the row an error names
     // does not depend on the thread count (here and in every parallel loop of the compiler).
     type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>);
+    let numbers = access.numbers();
     let parts: Vec<Part> = tags
         .par_chunks(1 << 16)
         .enumerate()
@@ -106,7 +184,7 @@ pub(crate) fn gather(
                 }
                 let s = tag as usize;
                 let row = rows.map_or(base + i, |r| r[base + i] as usize);
-                match access.f64_at(row)? {
+                match numbers.get(row)? {
                     None => part.1[s][0] += 1,
                     Some(x) if x.is_nan() => part.1[s][1] += 1,
                     Some(x) if x.is_infinite() => part.1[s][2] += 1,
@@ -401,6 +479,8 @@ impl CatValue {
 /// Turns a numeric column's values into stored f32s.
 pub(crate) struct NumericEncoder<'a> {
     pub access: Access<'a>,
+    /// The column's values, read without checks per value where it allows.
+    numbers: Numbers<'a>,
     pub stages: Vec<Stage>,
     pub fill: Option<f64>,
 }
@@ -413,6 +493,7 @@ impl NumericEncoder<'_> {
     ) -> NumericEncoder<'a> {
         NumericEncoder {
             access,
+            numbers: access.numbers(),
             stages: fitted.stages.clone(),
             fill: Self::fill_of(fitted, policy),
         }
@@ -481,7 +562,7 @@ impl NumericEncoder<'_> {
     /// The stored value of `row`, and whether it was filled by the NaN policy.
     #[inline]
     pub fn encode(&self, row: usize) -> Result<(f32, bool)> {
-        let raw = self.access.f64_at(row)?;
+        let raw = self.numbers.get(row)?;
         let bad = match raw {
             None => Some("null".to_string()),
             Some(x) if !x.is_finite() => Some(format!("{x}")),
