@@ -112,9 +112,24 @@ impl Numbers<'_> {
     /// [`Access::f64_at`] of `row`.
     #[inline]
     pub fn get(&self, row: usize) -> Result<Option<f64>> {
+        self.get_joined(row).map(|(x, _)| x)
+    }
+
+    /// For a joined table read by index: every joined row's value (what `get` returns for a
+    /// row joined to it).
+    pub fn joined_values(&self) -> Option<&[Option<f64>]> {
         match self {
-            Numbers::F64(v) => Ok(Some(v[row])),
-            Numbers::Int(v) => Ok(Some(v[row] as f64)),
+            Numbers::Joined { values, .. } => Some(values),
+            _ => None,
+        }
+    }
+
+    /// [`Numbers::get`], with the joined row it came from where the values are read by index.
+    #[inline]
+    pub fn get_joined(&self, row: usize) -> Result<(Option<f64>, Option<usize>)> {
+        match self {
+            Numbers::F64(v) => Ok((Some(v[row]), None)),
+            Numbers::Int(v) => Ok((Some(v[row] as f64), None)),
             Numbers::Joined {
                 keys,
                 min,
@@ -127,11 +142,13 @@ impl Numbers<'_> {
                     .and_then(|i| usize::try_from(i).ok())
                     .and_then(|i| slots.get(i));
                 match slot {
-                    Some(&r) if (r as usize) < values.len() => Ok(values[r as usize]),
-                    _ => access.f64_at(row),
+                    Some(&r) if (r as usize) < values.len() => {
+                        Ok((values[r as usize], Some(r as usize)))
+                    }
+                    _ => Ok((access.f64_at(row)?, None)),
                 }
             }
-            Numbers::Any(access) => access.f64_at(row),
+            Numbers::Any(access) => Ok((access.f64_at(row)?, None)),
         }
     }
 }
@@ -144,7 +161,13 @@ pub(crate) struct Gathered {
     pub bounds: Vec<usize>,
     /// Per split: null, NaN and inf counts.
     pub counts: Vec<[u64; 3]>,
+    /// Where the values came through a join read by index: each joined row's value, and per
+    /// split how many of the values are that row's (what sorts them without comparing).
+    pub joined: Option<JoinedCounts>,
 }
+
+/// Each joined row's value, and per split how often each joined row's value was gathered.
+pub(crate) type JoinedCounts = (Vec<Option<f64>>, Vec<Vec<u64>>);
 
 impl Gathered {
     /// The values of each split, as disjoint mutable slices.
@@ -170,25 +193,39 @@ pub(crate) fn gather(
 ) -> Result<Gathered> {
     // Chunks are collected in order and the first error taken, so the row an error names
     // does not depend on the thread count (here and in every parallel loop of the compiler).
-    type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>);
+    type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>, Vec<Vec<u64>>);
     let numbers = access.numbers();
+    // Counted per joined row when the join table is small beside a chunk of rows.
+    let joined = match numbers.joined_values() {
+        Some(table) if table.len() <= 1 << 16 => table.len(),
+        _ => 0,
+    };
     let parts: Vec<Part> = tags
         .par_chunks(1 << 16)
         .enumerate()
         .map(|(c, chunk)| {
             let base = c << 16;
-            let mut part: Part = (vec![Vec::new(); splits], vec![[0; 3]; splits]);
+            let mut part: Part = (
+                vec![Vec::new(); splits],
+                vec![[0; 3]; splits],
+                vec![vec![0; joined]; splits],
+            );
             for (i, &tag) in chunk.iter().enumerate() {
                 if tag == DROPPED {
                     continue;
                 }
                 let s = tag as usize;
                 let row = rows.map_or(base + i, |r| r[base + i] as usize);
-                match numbers.get(row)? {
-                    None => part.1[s][0] += 1,
-                    Some(x) if x.is_nan() => part.1[s][1] += 1,
-                    Some(x) if x.is_infinite() => part.1[s][2] += 1,
-                    Some(x) => part.0[s].push(x),
+                match numbers.get_joined(row)? {
+                    (None, _) => part.1[s][0] += 1,
+                    (Some(x), _) if x.is_nan() => part.1[s][1] += 1,
+                    (Some(x), _) if x.is_infinite() => part.1[s][2] += 1,
+                    (Some(x), r) => {
+                        part.0[s].push(x);
+                        if let Some(r) = r {
+                            part.2[s][r] += 1;
+                        }
+                    }
                 }
             }
             Ok(part)
@@ -200,19 +237,31 @@ pub(crate) fn gather(
     let mut values = Vec::with_capacity(total);
     let mut bounds = vec![0];
     let mut counts = vec![[0u64; 3]; splits];
+    let mut by_joined = vec![vec![0u64; joined]; splits];
     for (s, split_counts) in counts.iter_mut().enumerate() {
         for p in &parts {
             values.extend_from_slice(&p.0[s]);
             for (total, part) in split_counts.iter_mut().zip(&p.1[s]) {
                 *total += part;
             }
+            for (total, part) in by_joined[s].iter_mut().zip(&p.2[s]) {
+                *total += part;
+            }
         }
         bounds.push(values.len());
     }
+    // Every finite value came through the index: each split's values are its joined rows'
+    // values, each as often as counted.
+    let all_joined = joined > 0 && by_joined.iter().flatten().sum::<u64>() == values.len() as u64;
+    let joined = all_joined.then(|| {
+        let table = numbers.joined_values().expect("joined").to_vec();
+        (table, by_joined)
+    });
     Ok(Gathered {
         values,
         bounds,
         counts,
+        joined,
     })
 }
 

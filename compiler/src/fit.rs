@@ -104,9 +104,13 @@ pub(crate) fn numeric_partial(
     let counts = std::mem::take(&mut g.counts);
     let mut moments = Vec::with_capacity(splits);
     let mut split_runs = Vec::with_capacity(splits);
-    for values in g.split_values() {
+    let joined = g.joined.take();
+    for (s, values) in g.split_values().into_iter().enumerate() {
         moments.push(Moments::of(values));
-        crate::runs::sort_total(values);
+        match &joined {
+            Some((table, counts)) => crate::runs::sort_counted(values, table, &counts[s]),
+            None => crate::runs::sort_total(values),
+        }
         split_runs.push(runs.append(values)?);
     }
     let prefix_moments = prefix_moments.unwrap_or(moments[0]);

@@ -63,7 +63,10 @@ pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<Com
     let runs = ValueRuns::in_memory(dir.join("values-0.spill"), 0, held);
     let fit = recipe.fit(&spilled, buckets.clone(), at_once, &runs, progress)?;
     let values = vec![runs.finish()?];
+    // The statistics merged over the buckets: rank queries and fitting, counted with them.
+    let merging = std::time::Instant::now();
     let fitted = recipe.reduce(&spilled, vec![fit], &values)?;
+    recipe.phases().add(Phase::Statistics, merging.elapsed());
     timer.lap("statistics");
 
     progress.stage("writing shards", buckets.len() as u64);
