@@ -419,3 +419,93 @@ fn a_max_len_beyond_the_longest_sequence_pads_only_to_the_longest() {
     );
     assert_eq!(manifest(&dir.join("cut"))["max_len"], 8);
 }
+
+/// A join table longer than the compile counts per joined row (65,536 rows), read by index
+/// (dense ids, no null keys, no longer than the bucket): the statistics and the stored values
+/// are those of the joined rows.
+#[test]
+fn a_join_table_of_many_rows_gives_the_joined_values() {
+    use arrow_array::{ArrayRef, Float64Array, Int64Array};
+    use std::sync::Arc;
+    let dir = Dir::new();
+    let sites = 70_000i64;
+    let rows = 140_000i64;
+    // Each row visits site (row * 7919) mod 70000, whose height is site / 1000.
+    let site: Vec<i64> = (0..rows).map(|r| (r * 7919) % sites).collect();
+    let height = |s: i64| s as f64 / 1000.0;
+    let col = |v: Vec<i64>| -> ArrayRef { Arc::new(Int64Array::from(v)) };
+    write_parquet(
+        &dir.join("visits.parquet"),
+        vec![
+            ("walker", col((0..rows).map(|r| r / 70).collect())),
+            ("step", col((0..rows).collect())),
+            ("site", col(site.clone())),
+        ],
+    );
+    write_parquet(
+        &dir.join("sites.parquet"),
+        vec![
+            ("site", col((0..sites).collect())),
+            (
+                "height",
+                Arc::new(Float64Array::from_iter_values((0..sites).map(height))),
+            ),
+        ],
+    );
+    let args = [
+        "compile",
+        "visits.parquet",
+        "--key",
+        "walker",
+        "--order-by",
+        "step",
+        "--join",
+        "sites.parquet",
+        "--on",
+        "site",
+        "--features",
+        "height",
+        "--val-fraction",
+        "0",
+        "--out",
+        "cache",
+    ];
+    dsc(dir.path(), &args).ok();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cache/stats.json")).unwrap()).unwrap();
+    let column = stats["splits"][0]["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "height")
+        .unwrap();
+    assert_eq!(column["count"], rows);
+    let mut heights: Vec<f64> = site.iter().map(|&s| height(s)).collect();
+    heights.sort_by(f64::total_cmp);
+    // numpy's linear rule, as the compile states it.
+    let linear = |q: f64| {
+        let h = (heights.len() - 1) as f64 * q;
+        let k = h.floor() as usize;
+        match heights.get(k + 1) {
+            Some(next) => heights[k] + (h - k as f64) * (next - heights[k]),
+            None => heights[k],
+        }
+    };
+    for quantile in column["numeric"]["quantiles"].as_array().unwrap() {
+        let q = quantile["q"].as_f64().unwrap();
+        assert_eq!(
+            quantile["value"].as_f64().unwrap(),
+            linear(q),
+            "quantile {q}"
+        );
+    }
+    let (samples, _) = read_cache(&dir.join("cache"));
+    let stored = &samples[&0].tensors["x"];
+    for (t, &h) in stored.iter().take(70).enumerate() {
+        close(
+            h,
+            height(site[t]),
+            "walker 0's stored heights, in step order",
+        );
+    }
+}

@@ -153,13 +153,14 @@ impl Shared<'_> {
         let phases = self.phases;
         let table = phases.time(Phase::Load, || self.spill.load(b))?;
         let key = &table.columns[0];
-        let mut grouped = phases.time(Phase::Grouping, || {
-            let grouped = group::by_key(&key.key_ids());
-            check_one_key_per_group(&table, &grouped).map(|()| grouped)
-        })?;
+        let mut grouped = phases.time(Phase::Grouping, || group::by_key(&key.key_ids()));
         if let Some(order) = rules.order_by.and_then(|o| table.column(o)) {
             phases.time(Phase::Ordering, || group::order_groups(&mut grouped, order));
         }
+        // After the ordering: a collision names the context's first row in sequence order.
+        phases.time(Phase::Grouping, || {
+            check_one_key_per_group(&table, &grouped)
+        })?;
         let join = std::time::Instant::now();
         let mut issues = Issues::default();
         let mut contexts: Vec<Context> = Vec::with_capacity(grouped.groups.len());

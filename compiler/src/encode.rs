@@ -222,8 +222,9 @@ pub(crate) fn gather(
                     (Some(x), _) if x.is_infinite() => part.1[s][2] += 1,
                     (Some(x), r) => {
                         part.0[s].push(x);
-                        if let Some(r) = r {
-                            part.2[s][r] += 1;
+                        // Counted where the table is small enough to count by (`joined`).
+                        if let Some(count) = r.and_then(|r| part.2[s].get_mut(r)) {
+                            *count += 1;
                         }
                     }
                 }

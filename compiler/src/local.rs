@@ -54,9 +54,11 @@ pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<Com
     let at_once = recipe.at_once(&spilled, budget)?;
     let buckets = 0..recipe.buckets().count();
     progress.stage("statistics", buckets.len() as u64);
-    // The sorted values the statistics rank stay in memory with the input they came from.
+    // The sorted values the statistics rank stay in memory with the input they came from, up to
+    // an eighth of the budget (the input takes at most a quarter, and the buckets worked on at
+    // once are sized to the budget's rest); past it they move to the values file.
     let held = if recipe.decoded_bytes() <= budget / 4 {
-        budget / 4
+        budget / 8
     } else {
         0
     };

@@ -99,7 +99,9 @@ impl Phases {
             .iter()
             .map(|&p| {
                 let nanos = self.0[p as usize].load(Ordering::Relaxed);
-                (p.name().to_string(), nanos as f64 * 1e-9)
+                // As `Duration::as_secs_f64` rounds, so that a phase timed once reads as its stage.
+                let seconds = Duration::from_nanos(nanos).as_secs_f64();
+                (p.name().to_string(), seconds)
             })
             .collect()
     }
