@@ -613,17 +613,31 @@ impl NumericEncoder<'_> {
     #[inline]
     pub fn encode(&self, row: usize) -> Result<(f32, bool)> {
         let raw = self.numbers.get(row)?;
-        let bad = match raw {
-            None => Some("null".to_string()),
-            Some(x) if !x.is_finite() => Some(format!("{x}")),
+        if let Some(x) = raw.filter(|x| x.is_finite()) {
+            let v = self.stages.iter().fold(x, |v, s| s.apply(v));
+            if v.is_finite() && (v as f32).is_finite() {
+                return Ok((v as f32, false));
+            }
+        }
+        self.not_encodable(row, raw)
+    }
+
+    /// A value `encode` cannot store (`raw` at `row`): the NaN policy's fill, or the error that
+    /// names it. Apart from the loop over values, which stays small.
+    #[cold]
+    #[inline(never)]
+    fn not_encodable(&self, row: usize, raw: Option<f64>) -> Result<(f32, bool)> {
+        if let Some(fill) = self.fill {
+            return Ok((fill as f32, true));
+        }
+        let what = match raw {
+            None => "null".to_string(),
+            Some(x) if !x.is_finite() => format!("{x}"),
             Some(x) => {
                 let v = self.stages.iter().fold(x, |v, s| s.apply(v));
-                if v.is_finite() && (v as f32).is_finite() {
-                    return Ok((v as f32, false));
-                }
                 let chain: Vec<&str> = self.stages.iter().map(Stage::name).collect();
                 let chain = chain.join(",");
-                Some(if v.is_finite() {
+                if v.is_finite() {
                     // Finite in f64, beyond what the f32 tensor can hold.
                     format!(
                         "{x:e} is {v:e} after the encoding {chain}, beyond the f32 range of the \
@@ -632,28 +646,23 @@ impl NumericEncoder<'_> {
                     )
                 } else {
                     format!("{x} encodes to {v} under {chain}")
-                })
+                }
             }
         };
-        match (self.fill, bad) {
-            (Some(fill), _) => Ok((fill as f32, true)),
-            (None, what) => {
-                let (path, file_row) = self.access.table.locate(row);
-                let column = match self.access.join {
-                    Some((_, keyed)) => format!(
-                        "{} (joined from {})",
-                        self.access.name,
-                        keyed.path.display()
-                    ),
-                    None => self.access.name.to_string(),
-                };
-                Err(CompileError::BadValue {
-                    path: path.into(),
-                    column,
-                    row: file_row,
-                    what: what.unwrap_or_default(),
-                })
-            }
-        }
+        let (path, file_row) = self.access.table.locate(row);
+        let column = match self.access.join {
+            Some((_, keyed)) => format!(
+                "{} (joined from {})",
+                self.access.name,
+                keyed.path.display()
+            ),
+            None => self.access.name.to_string(),
+        };
+        Err(CompileError::BadValue {
+            path: path.into(),
+            column,
+            row: file_row,
+            what,
+        })
     }
 }
