@@ -77,3 +77,44 @@ fn the_compile_reports_its_phases_in_json_and_as_a_table() {
     }
     assert!(table.contains('%'), "{table}");
 }
+
+/// Each stage of a partitioned compile reports the phases it ran, in the same shape.
+#[test]
+fn each_stage_of_a_partitioned_compile_reports_its_phases() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 3, 300);
+    let mut worked = Vec::new();
+    for stage in ["scan", "fit", "write"] {
+        let args = icecube_args("cache", &["--partition", "0/1", "--stage", stage, "--json"]);
+        let report: serde_json::Value = serde_json::from_str(&dsc(dir.path(), &args).ok()).unwrap();
+        let phases: Vec<(String, f64)> = serde_json::from_value(report["phases"].clone()).unwrap();
+        assert_eq!(
+            phases.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            PHASES,
+            "{stage}"
+        );
+        let busy: Vec<String> = phases
+            .into_iter()
+            .filter(|(_, s)| *s > 0.0)
+            .map(|(n, _)| n)
+            .collect();
+        worked.push((stage, busy));
+    }
+    let did = |stage: &str, phase: &str| {
+        worked
+            .iter()
+            .any(|(s, b)| *s == stage && b.iter().any(|p| p == phase))
+    };
+    assert!(did("scan", "decode") && did("scan", "spill"), "{worked:?}");
+    assert!(did("fit", "load") && did("fit", "statistics"), "{worked:?}");
+    assert!(
+        did("write", "encode") && did("write", "write"),
+        "{worked:?}"
+    );
+    // A stage does only its own work.
+    assert!(
+        !did("scan", "encode") && !did("fit", "write") && !did("write", "decode"),
+        "{worked:?}"
+    );
+    dsc(dir.path(), &["merge", "cache", "-q"]).ok();
+}

@@ -546,7 +546,9 @@ def compile_stage(
     **options: Unpack[CompileOptions],
 ) -> Dict[str, Any]:
     """Runs one stage of one partition of a compile into ``out``, as
-    ``dsc compile … --partition I/N --stage STAGE`` does; returns the stage's report.
+    ``dsc compile … --partition I/N --stage STAGE`` does; returns the stage's report
+    (``stage``, ``partition``, ``partitions``, ``items``, ``seconds``, and ``phases``: the
+    thread-seconds of each phase of the compile, as ``[name, seconds]`` pairs in flow order).
 
     ``stage`` is ``"scan"`` (the partition's share of the rows files, spilled into buckets),
     ``"fit"`` (statistics of its buckets) or ``"write"`` (shards of its buckets); each stage

@@ -69,6 +69,9 @@ def test_stage_errors_name_the_partition_and_the_option(in_workdir: Path):
     out = str(in_workdir / "cache")
     report = dsc.compile_stage("scan", (1, 2), ROWS, out=out, **OPTIONS)
     assert report["stage"] == "scan" and report["partition"] == 1 and report["partitions"] == 2
+    # The scan's own phases: it decoded and spilled rows, and encoded nothing.
+    phases = dict(report["phases"])
+    assert phases["decode"] > 0 and phases["spill"] > 0 and phases["encode"] == 0, phases
     with pytest.raises(dsc.CompileError, match="partition 0/2 has not finished the scan stage") as e:
         dsc.compile_stage("fit", "0/2", ROWS, out=out, **OPTIONS)
     # What to rerun, in dsc.compile_stage's own words: never the command line's flags.

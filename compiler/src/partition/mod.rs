@@ -155,6 +155,9 @@ pub struct StageReport {
     pub items: usize,
     /// Wall time.
     pub seconds: f64,
+    /// Thread-seconds per phase of this task, summed over its threads, in flow order (every
+    /// phase, zero where the stage has none of it).
+    pub phases: Vec<(String, f64)>,
 }
 
 /// Runs one stage of one partition of a compile of `spec` into `out`.
@@ -168,7 +171,7 @@ pub fn run_stage(
 ) -> Result<StageReport> {
     let start = std::time::Instant::now();
     let budget = max_memory.unwrap_or_else(budget::default_budget);
-    let items = match Job::new(spec)? {
+    let (items, phases) = match Job::new(spec)? {
         Job::Own(recipe) => self::stage(recipe, spec, out, budget, partition, stage, progress)?,
         Job::Profile(recipe) => self::stage(recipe, spec, out, budget, partition, stage, progress)?,
     };
@@ -179,11 +182,12 @@ pub fn run_stage(
         partitions: partition.count,
         items,
         seconds: start.elapsed().as_secs_f64(),
+        phases,
     })
 }
 
 /// One stage of one partition of a recipe's compile; returns the items (files or buckets) it
-/// handled.
+/// handled and its phases.
 fn stage<R: Recipe>(
     mut recipe: R,
     spec: &CompileSpec,
@@ -192,7 +196,7 @@ fn stage<R: Recipe>(
     partition: Partition,
     stage: Stage,
     progress: &dyn Progress,
-) -> Result<usize> {
+) -> Result<(usize, Vec<(String, f64)>)> {
     let work = Work::open(out, spec, partition.count, recipe.inputs())?;
     let rows_files = recipe.rows_files();
     if stage == Stage::Scan {
@@ -220,7 +224,7 @@ fn stage<R: Recipe>(
             side,
         };
         work.write_part(Stage::Scan, partition, body, Vec::new())?;
-        return Ok(files.len());
+        return Ok((files.len(), recipe.phases().report()));
     }
     let scans = work.scans(recipe.inputs(), rows_files)?;
     let spilled = work.spilled(&mut recipe, scans)?;
@@ -234,7 +238,12 @@ fn stage<R: Recipe>(
         work.write_part(Stage::Fit, partition, part, vec![values])?;
     } else {
         let (fits, values) = work.fits::<R::FitPart>()?;
+        // Each writer merges every partition's statistics again: counted with them.
+        let merging = std::time::Instant::now();
         let fitted = recipe.reduce(&spilled, fits, &values)?;
+        recipe
+            .phases()
+            .add(crate::phases::Phase::Statistics, merging.elapsed());
         progress.stage("writing shards", buckets.len() as u64);
         let part = recipe.write(
             &spilled,
@@ -247,7 +256,7 @@ fn stage<R: Recipe>(
         )?;
         work.write_part(Stage::Write, partition, part, Vec::new())?;
     }
-    Ok(buckets.len())
+    Ok((buckets.len(), recipe.phases().report()))
 }
 
 /// Commits a partitioned compile into `out` once every partition has run every stage: checks
