@@ -65,10 +65,7 @@ pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<Com
     let runs = ValueRuns::in_memory(dir.join("values-0.spill"), 0, held);
     let fit = recipe.fit(&spilled, buckets.clone(), at_once, &runs, progress)?;
     let values = vec![runs.finish()?];
-    // The statistics merged over the buckets: rank queries and fitting, counted with them.
-    let merging = std::time::Instant::now();
     let fitted = recipe.reduce(&spilled, vec![fit], &values)?;
-    recipe.phases().add(Phase::Statistics, merging.elapsed());
     timer.lap("statistics");
 
     progress.stage("writing shards", buckets.len() as u64);
@@ -91,7 +88,7 @@ pub(crate) fn run<R: Recipe>(mut recipe: R, opts: &CompileOptions) -> Result<Com
 }
 
 /// The recipe's phases, with the commit: one step on one thread, so its wall time.
-pub(crate) fn phases_of<R: Recipe>(recipe: &R, timings: &[(String, f64)]) -> Vec<(String, f64)> {
+fn phases_of<R: Recipe>(recipe: &R, timings: &[(String, f64)]) -> Vec<(String, f64)> {
     let phases = recipe.phases();
     if let Some((_, s)) = timings.iter().find(|(name, _)| name == "commit") {
         phases.add(Phase::Commit, std::time::Duration::from_secs_f64(*s));

@@ -389,13 +389,12 @@ impl<'s> Recipe for Own<'s> {
         let rows_read = (0..self.buckets.count())
             .map(|b| spilled.spill.rows(b))
             .sum();
-        let merged = fit::merge(
-            &self.shared(spilled),
-            &fits,
-            values,
-            rows_read,
-            self.frozen.as_deref(),
-        )?;
+        // The statistics merged over the buckets (rank queries, fitting), counted with them: in
+        // one process and in each writer of a partitioned compile alike.
+        let merged = self.phases.time(Phase::Statistics, || {
+            let shared = self.shared(spilled);
+            fit::merge(&shared, &fits, values, rows_read, self.frozen.as_deref())
+        })?;
         let targets: Vec<bool> = self.plan.row_columns.iter().map(|c| c.target).collect();
         let mut layout = Layout::new(
             &self.key_id(&spilled.spill),

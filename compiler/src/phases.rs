@@ -92,6 +92,12 @@ impl Phases {
         self.0[phase as usize].fetch_add(nanos, Ordering::Relaxed);
     }
 
+    /// What a writer spent hashing and writing.
+    pub fn add_written(&self, times: Split) {
+        self.add(Phase::Write, times.write);
+        self.add(Phase::Checksums, times.checksums);
+    }
+
     /// Every phase (those that did not run too, so that the report's shape is fixed) with its
     /// thread-seconds, in flow order.
     pub fn report(&self) -> Vec<(String, f64)> {

@@ -28,8 +28,9 @@ pub(crate) struct ValueRuns {
 /// Where a values file's bytes are written.
 enum Sink {
     File(File),
-    /// Each run's bytes as they were appended (moved in, never copied into one buffer).
-    Memory(Vec<Vec<u8>>),
+    /// Each run's offset and bytes as they were appended (moved in, never copied into one
+    /// buffer): what [`RunsFile::Memory`] reads.
+    Memory(Vec<(u64, Vec<u8>)>),
 }
 
 /// A values file, for positioned reads: on disk, or the bytes a compile that holds its input in
@@ -132,7 +133,7 @@ impl ValueRuns {
             if held > self.memory {
                 let mut f =
                     File::create(&self.path).map_err(|e| CompileError::io(&self.path, e))?;
-                for piece in kept.iter() {
+                for (_, piece) in kept.iter() {
                     f.write_all(piece)
                         .map_err(|e| CompileError::io(&self.path, e))?;
                 }
@@ -150,7 +151,7 @@ impl ValueRuns {
             Sink::File(f) => f
                 .write_all(&bytes)
                 .map_err(|e| CompileError::io(&self.path, e))?,
-            Sink::Memory(kept) => kept.push(bytes),
+            Sink::Memory(kept) => kept.push((run.offset, bytes)),
         }
         Ok(run)
     }
@@ -160,18 +161,7 @@ impl ValueRuns {
     pub fn finish(&self) -> Result<RunsFile> {
         let mut out = self.out.lock().expect("no writer panics");
         match &mut out.0 {
-            Sink::Memory(kept) => {
-                let mut start = 0;
-                let pieces = std::mem::take(kept)
-                    .into_iter()
-                    .map(|piece| {
-                        let at = start;
-                        start += piece.len() as u64;
-                        (at, piece)
-                    })
-                    .collect();
-                Ok(RunsFile::Memory(pieces))
-            }
+            Sink::Memory(kept) => Ok(RunsFile::Memory(std::mem::take(kept))),
             Sink::File(f) => {
                 f.sync_data().map_err(|e| CompileError::io(&self.path, e))?;
                 File::open(&self.path)

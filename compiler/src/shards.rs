@@ -638,8 +638,7 @@ impl ShardContext<'_> {
         self.filled.fetch_add(filled, Ordering::Relaxed);
         let (mut entry, times) = out.finish_timed()?;
         self.phases.add(Phase::Encode, encoding);
-        self.phases.add(Phase::Write, times.write);
-        self.phases.add(Phase::Checksums, times.checksums);
+        self.phases.add_written(times);
         if let Some(keys) = &self.keys {
             entry.keys = Some(self.write_keys(keys, job, split, dir)?);
         }
@@ -667,8 +666,7 @@ impl ShardContext<'_> {
         let mut out = ShardWriter::create(dir.join(&file))?;
         out.write(&dsc_format::keys::key_table_bytes(&ids, &texts, &meta))?;
         let (bytes, xxh3, times) = out.finish_timed()?;
-        self.phases.add(Phase::Write, times.write);
-        self.phases.add(Phase::Checksums, times.checksums);
+        self.phases.add_written(times);
         Ok(KeyTableEntry { file, bytes, xxh3 })
     }
 

@@ -238,12 +238,7 @@ fn stage<R: Recipe>(
         work.write_part(Stage::Fit, partition, part, vec![values])?;
     } else {
         let (fits, values) = work.fits::<R::FitPart>()?;
-        // Each writer merges every partition's statistics again: counted with them.
-        let merging = std::time::Instant::now();
         let fitted = recipe.reduce(&spilled, fits, &values)?;
-        recipe
-            .phases()
-            .add(crate::phases::Phase::Statistics, merging.elapsed());
         progress.stage("writing shards", buckets.len() as u64);
         let part = recipe.write(
             &spilled,
