@@ -52,6 +52,8 @@ where
 {
     // A shard truncated under a reader: one line naming it, then the error exit code.
     dsc_loader::sigbus::exit_with(i32::from(EXIT_ERROR));
+    // The command owns its process: freed buffers are kept for the next file's.
+    dsc_compiler::keep_freed_memory();
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
     let cli = match args::Cli::try_parse_from(&args) {
         Ok(cli) => cli,

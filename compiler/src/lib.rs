@@ -55,6 +55,7 @@ mod error;
 mod fit;
 mod frozen;
 mod group;
+mod heap;
 mod hidden;
 mod job;
 mod lineage;
@@ -88,6 +89,7 @@ pub use commit::{CompileOptions, CompileReport};
 pub use drift::{ColumnDrift, Drift, LengthDrift};
 pub use dsc_format::spec::CompileSpec;
 pub use error::{signal_name, CompileError, Result};
+pub use heap::keep_freed_memory;
 pub use local::compile;
 pub use memory::{MemoryInput, MEMORY_PREFIX};
 #[cfg(feature = "progress-bar")]
