@@ -624,7 +624,15 @@ fn a_schedule_is_exact_and_resumes_anywhere() {
             let retired: Vec<&i64> = batches.iter().flatten().skip(448).collect();
             assert!(retired.iter().all(|k| in_b.contains(k)), "a is retired");
         }
-        for (batch, world, step) in [(12, 1, 5), (12, 1, 37), (12, 1, 50), (8, 1, 0), (6, 2, 0)] {
+        for (batch, world, step) in [
+            (12, 1, 5),
+            (12, 1, 37),
+            (12, 1, 50),
+            (8, 1, 5),
+            (6, 2, 37),
+            (4, 3, 50),
+            (3, 2, 49),
+        ] {
             let taken = mix
                 .loader_at(scheduled(12, curriculum(), epoch), step)
                 .unwrap();
@@ -661,23 +669,43 @@ fn a_schedule_is_exact_and_resumes_anywhere() {
         }
     }
     assert!(drawn[0].len() > in_a.len(), "a read past its first epoch");
-    // Packed: a state at any pack resumes on the same packs.
-    let packed = |epoch| LoaderOptions {
+    // Packed: a state at any pack resumes on the same packs, on one rank or spread over two.
+    let packed = |epoch, rank, world_size| LoaderOptions {
         order: OrderSpec {
             batches: Batches::Packed(Pack::tokens(512)),
             ..scheduled(1, curriculum(), epoch).order
         },
+        rank,
+        world_size,
         ..scheduled(1, curriculum(), epoch)
     };
-    let whole = keys(&mix, packed(1));
+    let whole = keys(&mix, packed(1, 0, 1));
     for step in [0, 3, whole.len() / 2] {
-        let state = mix.loader_at(packed(1), step).unwrap().state();
+        let state = mix.loader_at(packed(1, 0, 1), step).unwrap().state();
         let rest: Vec<Vec<i64>> = mix
-            .loader_from_state(packed(1), &state)
+            .loader_from_state(packed(1, 0, 1), &state)
             .unwrap()
             .map(|b| b.unwrap().keys())
             .collect();
         assert_eq!(rest, whole[step..], "packed step {step}");
+        let ranks: Vec<Vec<Vec<i64>>> = (0..2)
+            .map(|rank| {
+                mix.loader_from_state(packed(1, rank, 2), &state)
+                    .unwrap()
+                    .map(|b| b.unwrap().keys())
+                    .collect()
+            })
+            .collect();
+        // Step s of two ranks holds the packs 2s and 2s + 1 of one rank's run.
+        let spread: Vec<Vec<i64>> = (0..ranks[0].len())
+            .flat_map(|s| ranks.iter().map(move |r| r[s].clone()))
+            .collect();
+        assert!(spread.len() + 1 >= whole.len() - step, "packed step {step}");
+        assert_eq!(
+            spread,
+            whole[step..step + spread.len()],
+            "packed step {step}, 2 ranks"
+        );
     }
 }
 
@@ -752,6 +780,61 @@ fn a_schedule_is_amended_past_a_state_and_refused_before_it() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("stage 1 differs"), "{err}");
+}
+
+/// `dsc bench CACHE --mix OTHER --schedule FILE` times the mix's shuffled epoch at fixed
+/// weights and by its schedule in one run, and says what the schedule costs; a schedule that
+/// cannot be drawn is refused before anything is timed.
+#[test]
+fn dsc_bench_times_a_mix_by_its_weights_and_its_schedule() {
+    let file = dir().join("bench-curriculum.json");
+    std::fs::write(&file, serde_json::to_string(&curriculum()).unwrap()).unwrap();
+    let bench = |schedule: &str, json: bool| {
+        let mut a = vec![
+            "bench",
+            "a",
+            "--mix",
+            "b",
+            "--schedule",
+            schedule,
+            "--mix-samples",
+            "1000",
+            "--window",
+            "64",
+            "--batch-size",
+            "8",
+            "--repeat",
+            "1",
+        ];
+        if json {
+            a.push("--json");
+        }
+        dsc(dir(), &a)
+    };
+    let r: serde_json::Value =
+        serde_json::from_str(&bench("bench-curriculum.json", true).ok()).unwrap();
+    assert_eq!(r["mix_caches"], 2, "{r}");
+    assert_eq!(r["mix_contexts"], 1000, "{r}");
+    for field in [
+        "contexts_per_s_mixed",
+        "contexts_per_s_scheduled",
+        "scheduled_over_mixed",
+    ] {
+        assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {r}");
+    }
+    let ratio = r["contexts_per_s_scheduled"].as_f64().unwrap()
+        / r["contexts_per_s_mixed"].as_f64().unwrap();
+    let said = r["scheduled_over_mixed"].as_f64().unwrap();
+    assert!((ratio - said).abs() < 1e-9 * said, "{r}");
+    let text = bench("bench-curriculum.json", false).ok();
+    assert!(text.contains("schedul"), "{text}");
+    std::fs::write(
+        dir().join("bench-late.json"),
+        r#"[{"at": 5, "weights": [1, 1]}]"#,
+    )
+    .unwrap();
+    let err = bench("bench-late.json", true).fails(2);
+    assert!(err.contains("stage 0 starts at 5"), "{err}");
 }
 
 /// `dsc order --schedule FILE` reports each stage's realised shares beside its target, and

@@ -1039,7 +1039,12 @@ fn a_scheduled_mix_of_remote_caches_fetches_what_its_schedule_draws() {
         let url = format!("{bucket}/{name}");
         upload(&server, local, &url);
         let folder = dir.join(&format!("fetched-{name}"));
-        remote.push(Cache::open_remote(&url, &remote_options(&server, &folder, None)).unwrap());
+        // Half the cache: shards are evicted and fetched again in each epoch that
+        // reads them, so that what an epoch fetches is what its order draws.
+        let limit = stored_bytes(local).iter().sum::<u64>() / 2;
+        remote.push(
+            Cache::open_remote(&url, &remote_options(&server, &folder, Some(limit))).unwrap(),
+        );
     }
     let local = Mix::new(vec![
         Cache::open(&hot).unwrap(),
@@ -1075,14 +1080,22 @@ fn a_scheduled_mix_of_remote_caches_fetches_what_its_schedule_draws() {
             .collect()
     };
     assert_eq!(mixed(&far, 0), mixed(&local, 0));
-    let fetched = remote[0].shard_stats().shards_fetched;
-    assert!(fetched > 0);
+    let fetched = |r: &Cache| r.shard_stats().shards_fetched;
+    let first = [fetched(&remote[0]), fetched(&remote[1])];
+    assert!(first[0] > 0 && first[1] > 0);
     for epoch in 1..3 {
         assert_eq!(mixed(&far, epoch), mixed(&local, epoch), "epoch {epoch}");
     }
     assert_eq!(
-        remote[0].shard_stats().shards_fetched,
-        fetched,
+        fetched(&remote[0]),
+        first[0],
         "a retired cache is fetched no more"
+    );
+    // The other cache, under the same limit, fetched its shards again in each later epoch.
+    assert!(
+        fetched(&remote[1]) >= first[1] * 2,
+        "{} after epoch 0, {} after epoch 2",
+        first[1],
+        fetched(&remote[1])
     );
 }

@@ -74,16 +74,34 @@ def test_a_schedule_resumes_anywhere_and_is_amended_at_a_checkpoint(mixdir: Path
     for _ in range(50):
         next(it)
     state = loader.state_dict()
-    later = ENTERING + [(1500, [0.0, 1.0])]
-    amended = dsc.Loader(caches, schedule=later, **KW)
-    amended.load_state_dict(state)
-    assert flat(amended)[:500 - 400] == whole[400:500]
     moved = ENTERING[:2] + [(1100, [0.5, 0.5], "linear")]
     with pytest.raises(dsc.StateError, match="stage 2 differs before"):
         dsc.Loader(caches, schedule=moved, **KW).load_state_dict(state)
+    # At 1400 (step 50 of epoch 1), past the ramp: `a` retired from 1500 is taken, and applies
+    # from the first block after the state's own (1344..1408): b alone from 1536.
+    in_b = set(stored(mixdir / "b"))
+    epoch1 = dict(KW, epoch=1)
+    whole1 = flat(dsc.Loader(caches, schedule=ENTERING, **epoch1))
+    loader = dsc.Loader(caches, schedule=ENTERING, **epoch1)
+    it = iter(loader)
+    for _ in range(50):
+        next(it)
+    later = ENTERING + [(1500, [0.0, 1.0])]
+    amended = dsc.Loader(caches, schedule=later, **epoch1)
+    amended.load_state_dict(loader.state_dict())
+    got = flat(amended)
+    assert got[:1408 - 1400] == whole1[400:408]
+    assert all(k in in_b for k in got[1536 - 1400:])
+    assert not all(k in in_b for k in whole1[536:]), "without the amendment a is still drawn"
     # The stage in force and each cache's realised share of it.
-    mix = dsc.Loader(caches, schedule=ENTERING, epoch=2, **KW).stats()["mix"]
+    loader = dsc.Loader(caches, schedule=ENTERING, epoch=2, **KW)
+    mix = loader.stats()["mix"]
     assert mix["stage"] == 2 and mix["at"] == 1200 and mix["weights"] == [0.5, 0.5]
+    flat(loader)
+    mix = loader.stats()["mix"]
+    # Shares are counted by whole blocks of 64 positions.
+    assert 0 <= mix["position"] - 1200 - sum(mix["drawn"]) < 64, mix
+    assert all(abs(r - 0.5) < 0.01 for r in mix["realised"]), mix
 
 
 def test_bad_schedules_are_refused_naming_the_keyword(mixdir: Path) -> None:
@@ -138,13 +156,23 @@ def test_train_py_follows_a_schedule_and_amends_it_on_resume(mixdir: Path, tmp_p
                   schedule("entering.json", entering), "--epochs", "3", "--out", str(out),
                   "--max-steps", str(per_epoch + per_epoch // 2), "--log-every", "5")
     assert first.returncode == 0, first.stderr
-    assert "mix · stage 1 (from sample" in first.stderr + first.stdout
+    # Logged as they change (not only in the summary): stage 0 from the start, then 1.
+    logged = [line for line in (first.stderr + first.stdout).splitlines()
+              if line.startswith("mix · stage") and ") at sample " in line]
+    assert any(line.startswith("mix · stage 0 (from sample 0)") for line in logged), logged
+    assert any(line.startswith(f"mix · stage 1 (from sample {per_epoch * 32})")
+               for line in logged), logged
     moved = entering[:2] + [dict(entering[2], step=2 * per_epoch + 1)]
     refused = train("--resume", str(out / "last.pt"), "--schedule", schedule("moved.json", moved))
     assert refused.returncode != 0 and "stage 2 differs before" in refused.stderr, refused.stderr
     later = entering + [{"step": 2 * per_epoch + per_epoch // 2, "weights": [0, 1]}]
     taken = train("--resume", str(out / "last.pt"), "--schedule", schedule("later.json", later),
-                  "--epochs", "4", "--json")
+                  "--epochs", "4")
     assert taken.returncode == 0, taken.stderr
     summary = json.loads(taken.stdout.strip().splitlines()[-1])
-    assert summary["loader"]["mix"]["stage"] == 3, summary["loader"]["mix"]
+    mix = summary["loader"]["mix"]
+    assert mix["stage"] == 3, mix
+    # The last stage has b alone: all it realised is b's.
+    assert mix["realised"] == [0.0, 1.0], mix
+    assert any(line.startswith("mix · stage 3 (") and ") at sample " in line
+               for line in taken.stderr.splitlines()), taken.stderr
