@@ -533,6 +533,20 @@ pub(crate) struct NumericEncoder<'a> {
     numbers: Numbers<'a>,
     pub stages: Vec<Stage>,
     pub fill: Option<f64>,
+    /// For a joined table read by index: each joined row's stored value, where it has one
+    /// without the NaN policy (a joined row is encoded once, not once per row joined to it).
+    joined: Option<Vec<Option<f32>>>,
+}
+
+/// The f32 stored for `x` through `chain`, when `x` and its encoding are finite in f32: what
+/// [`NumericEncoder::encode`] stores without the NaN policy.
+#[inline(always)]
+fn stored(x: f64, chain: impl Fn(f64) -> f64) -> Option<f32> {
+    if !x.is_finite() {
+        return None;
+    }
+    let v = chain(x);
+    (v.is_finite() && (v as f32).is_finite()).then_some(v as f32)
 }
 
 impl NumericEncoder<'_> {
@@ -541,11 +555,20 @@ impl NumericEncoder<'_> {
         fitted: &NumericResult,
         policy: NanPolicy,
     ) -> NumericEncoder<'a> {
+        let numbers = access.numbers();
+        let stages = fitted.stages.clone();
+        let joined = numbers.joined_values().map(|values| {
+            values
+                .iter()
+                .map(|v| v.and_then(|x| stored(x, |x| stages.iter().fold(x, |v, s| s.apply(v)))))
+                .collect()
+        });
         NumericEncoder {
             access,
-            numbers: access.numbers(),
-            stages: fitted.stages.clone(),
+            numbers,
+            stages,
             fill: Self::fill_of(fitted, policy),
+            joined,
         }
     }
 
@@ -620,6 +643,60 @@ impl NumericEncoder<'_> {
             }
         }
         self.not_encodable(row, raw)
+    }
+
+    /// [`Self::encode`] of each of `rows`, handed to `put` with its index in `rows`; returns how
+    /// many the NaN policy filled. The column's kind and a one-stage chain are matched once per
+    /// call, not once per value; a value the fast paths cannot store goes through `encode`.
+    pub fn encode_rows(&self, rows: &[u32], mut put: impl FnMut(usize, f32)) -> Result<u64> {
+        let put = &mut put;
+        match (&self.numbers, &self.joined, self.stages.as_slice()) {
+            (
+                Numbers::Joined {
+                    keys, min, slots, ..
+                },
+                Some(encoded),
+                _,
+            ) => self.each(rows, put, |row| {
+                let i = usize::try_from(keys[row].checked_sub(*min)?).ok()?;
+                *encoded.get(*slots.get(i)? as usize)?
+            }),
+            (Numbers::F64(v), _, [] | [Stage::Identity]) => {
+                self.each(rows, put, |row| stored(v[row], |x| x))
+            }
+            (Numbers::F64(v), _, &[Stage::Zscore { mean, std }]) => {
+                self.each(rows, put, |row| stored(v[row], |x| (x - mean) / std))
+            }
+            (Numbers::F64(v), _, [Stage::Log1p]) => {
+                self.each(rows, put, |row| stored(v[row], f64::ln_1p))
+            }
+            _ => self.each(rows, put, |_| None),
+        }
+    }
+
+    /// `encode_rows` with one fast path, monomorphised: `fast(row)` is the stored value when it
+    /// can tell it without the NaN policy, else `encode` decides.
+    #[inline(always)]
+    fn each(
+        &self,
+        rows: &[u32],
+        put: &mut impl FnMut(usize, f32),
+        fast: impl Fn(usize) -> Option<f32>,
+    ) -> Result<u64> {
+        let mut filled = 0;
+        for (t, &row) in rows.iter().enumerate() {
+            let row = row as usize;
+            let v = match fast(row) {
+                Some(v) => v,
+                None => {
+                    let (v, was_filled) = self.encode(row)?;
+                    filled += u64::from(was_filled);
+                    v
+                }
+            };
+            put(t, v);
+        }
+        Ok(filled)
     }
 
     /// A value `encode` cannot store (`raw` at `row`): the NaN policy's fill, or the error that

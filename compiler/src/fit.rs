@@ -56,12 +56,12 @@ pub(crate) struct NumericPartial {
 
 /// The stages of `chain` before its first fitted step (they need no statistics), and checks
 /// that no non-linear step follows a fitted one (whose input statistics would need a second
-/// pass).
+/// pass). None when no step is fitted: then no moments are taken through them (a column
+/// encoded by `log1p` alone would map every value twice, once for moments nothing reads).
 pub(crate) fn unfitted_prefix(column: &str, chain: &[Step]) -> Result<Vec<Stage>> {
-    let first = chain
-        .iter()
-        .position(|s| s.is_fitted())
-        .unwrap_or(chain.len());
+    let Some(first) = chain.iter().position(|s| s.is_fitted()) else {
+        return Ok(Vec::new());
+    };
     if let Some(s) = chain[first..].iter().find(|s| **s == Step::Log1p) {
         return Err(OptionError::new(
             "encode",

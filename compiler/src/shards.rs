@@ -682,12 +682,10 @@ impl ShardContext<'_> {
             Fill::Numeric { first, count } => {
                 let width = count;
                 for (f, (enc, _)) in self.features[first..first + count].iter().enumerate() {
-                    for (t, &row) in rows.iter().enumerate() {
-                        let (v, was_filled) = enc.encode(row as usize)?;
-                        filled += u64::from(was_filled);
+                    filled += enc.encode_rows(rows, |t, v| {
                         let o = (t * width + f) * 4;
                         dst[o..o + 4].copy_from_slice(&v.to_le_bytes());
-                    }
+                    })?;
                 }
             }
             Fill::Categorical(i) => {
