@@ -476,30 +476,40 @@ struct Writer<'a> {
 impl Writer<'_> {
     /// Writes every buffered bucket as one piece, in bucket order, and empties the buffers.
     fn flush(&mut self, buffers: &mut [Option<Buffer>]) -> Result<()> {
-        let mut bytes = Vec::new();
+        let mut staged = Vec::new();
         for (b, slot) in buffers.iter_mut().enumerate() {
             let Some(buf) = slot.take() else { continue };
-            bytes.clear();
+            // A piece in memory is written where it stays; one for the file is staged first.
+            let (bytes, from) = match &mut self.sink {
+                Sink::Memory(all) => {
+                    let from = all.len();
+                    (all, from)
+                }
+                Sink::File(_) => {
+                    staged.clear();
+                    (&mut staged, 0)
+                }
+            };
             buf.origin
                 .iter()
                 .for_each(|r| bytes.extend_from_slice(&r.to_le_bytes()));
-            buf.columns.iter().for_each(|c| c.write_to(&mut bytes));
-            match &mut self.sink {
-                Sink::File(file) => file
-                    .write_all(&bytes)
-                    .map_err(|e| spill_err(self.path, e))?,
-                Sink::Memory(all) => all.extend_from_slice(&bytes),
+            buf.columns.iter().for_each(|c| c.write_to(bytes));
+            let piece = &bytes[from..];
+            let (len, xxh3) = (piece.len() as u64, dsc_format::checksum::xxh3(piece));
+            if let Sink::File(file) = &mut self.sink {
+                file.write_all(&staged)
+                    .map_err(|e| spill_err(self.path, e))?;
             }
             self.pieces.push(Piece {
                 bucket: b as u32,
                 first_row: buf.origin[0],
                 run: self.run,
                 offset: self.offset,
-                len: bytes.len() as u64,
+                len,
                 rows: buf.origin.len() as u64,
-                xxh3: dsc_format::checksum::xxh3(&bytes),
+                xxh3,
             });
-            self.offset += bytes.len() as u64;
+            self.offset += len;
         }
         Ok(())
     }
