@@ -136,20 +136,30 @@ impl Numbers<'_> {
                 slots,
                 values,
                 access,
-            } => {
-                let slot = keys[row]
-                    .checked_sub(*min)
-                    .and_then(|i| usize::try_from(i).ok())
-                    .and_then(|i| slots.get(i));
-                match slot {
-                    Some(&r) if (r as usize) < values.len() => {
-                        Ok((values[r as usize], Some(r as usize)))
-                    }
-                    _ => Ok((access.f64_at(row)?, None)),
-                }
-            }
+            } => joined_at(keys, *min, slots, values, access, row),
             Numbers::Any(access) => Ok((access.f64_at(row)?, None)),
         }
+    }
+}
+
+/// [`Numbers::get_joined`] of a joined column: through the index when the key is in it, else
+/// by the lookup (which names a key the table lacks).
+#[inline(always)]
+fn joined_at(
+    keys: &[i64],
+    min: i64,
+    slots: &[u32],
+    values: &[Option<f64>],
+    access: &Access,
+    row: usize,
+) -> Result<(Option<f64>, Option<usize>)> {
+    let slot = keys[row]
+        .checked_sub(min)
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| slots.get(i));
+    match slot {
+        Some(&r) if (r as usize) < values.len() => Ok((values[r as usize], Some(r as usize))),
+        _ => Ok((access.f64_at(row)?, None)),
     }
 }
 
@@ -210,24 +220,21 @@ pub(crate) fn gather(
                 vec![[0; 3]; splits],
                 vec![vec![0; joined]; splits],
             );
-            for (i, &tag) in chunk.iter().enumerate() {
-                if tag == DROPPED {
-                    continue;
+            // The column's kind matched once per chunk: each arm's loop is its own.
+            match &numbers {
+                Numbers::F64(v) => {
+                    gather_chunk(chunk, base, rows, &mut part, |row| Ok((Some(v[row]), None)))?
                 }
-                let s = tag as usize;
-                let row = rows.map_or(base + i, |r| r[base + i] as usize);
-                match numbers.get_joined(row)? {
-                    (None, _) => part.1[s][0] += 1,
-                    (Some(x), _) if x.is_nan() => part.1[s][1] += 1,
-                    (Some(x), _) if x.is_infinite() => part.1[s][2] += 1,
-                    (Some(x), r) => {
-                        part.0[s].push(x);
-                        // Counted where the table is small enough to count by (`joined`).
-                        if let Some(count) = r.and_then(|r| part.2[s].get_mut(r)) {
-                            *count += 1;
-                        }
-                    }
-                }
+                Numbers::Joined {
+                    keys,
+                    min,
+                    slots,
+                    values,
+                    access,
+                } => gather_chunk(chunk, base, rows, &mut part, |row| {
+                    joined_at(keys, *min, slots, values, access, row)
+                })?,
+                _ => gather_chunk(chunk, base, rows, &mut part, |row| numbers.get_joined(row))?,
             }
             Ok(part)
         })
@@ -264,6 +271,38 @@ pub(crate) fn gather(
         counts,
         joined,
     })
+}
+
+/// One chunk of [`gather`]'s rows (`tags`, from row `base`) into `part`: each split's finite
+/// values, its null, NaN and infinite counts, and the finite values per joined row.
+#[inline(always)]
+fn gather_chunk(
+    tags: &[u8],
+    base: usize,
+    rows: Option<&[u32]>,
+    part: &mut (Vec<Vec<f64>>, Vec<[u64; 3]>, Vec<Vec<u64>>),
+    get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>,
+) -> Result<()> {
+    for (i, &tag) in tags.iter().enumerate() {
+        if tag == DROPPED {
+            continue;
+        }
+        let s = tag as usize;
+        let row = rows.map_or(base + i, |r| r[base + i] as usize);
+        match get(row)? {
+            (Some(x), r) if x.is_finite() => {
+                part.0[s].push(x);
+                // Counted where the table is small enough to count by (`joined`).
+                if let Some(count) = r.and_then(|r| part.2[s].get_mut(r)) {
+                    *count += 1;
+                }
+            }
+            (None, _) => part.1[s][0] += 1,
+            (Some(x), _) if x.is_nan() => part.1[s][1] += 1,
+            (Some(_), _) => part.1[s][2] += 1,
+        }
+    }
+    Ok(())
 }
 
 /// Statistics of a numeric column for `all` and each split, and the fitted encoding stages.

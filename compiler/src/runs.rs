@@ -111,11 +111,18 @@ impl ValueRuns {
 
     /// Appends sorted values and their samples; returns where they lie.
     pub fn append(&self, values: &[f64]) -> Result<Run> {
-        let mut bytes = Vec::with_capacity(values.len() * 8 + values.len() / 32 + 8);
-        values
-            .iter()
-            .chain(values.iter().step_by(SAMPLE as usize))
-            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+        let samples = values.len().div_ceil(SAMPLE as usize);
+        let mut bytes = vec![0u8; (values.len() + samples) * 8];
+        let (head, tail) = bytes.split_at_mut(values.len() * 8);
+        for (to, x) in head.chunks_exact_mut(8).zip(values) {
+            to.copy_from_slice(&x.to_le_bytes());
+        }
+        for (to, x) in tail
+            .chunks_exact_mut(8)
+            .zip(values.iter().step_by(SAMPLE as usize))
+        {
+            to.copy_from_slice(&x.to_le_bytes());
+        }
         self.write_run(bytes, values.len())
     }
 
