@@ -193,6 +193,10 @@ impl Gathered {
     }
 }
 
+/// What one chunk of rows gathers: per split its finite values, its null, NaN and infinite
+/// counts, and its finite values per joined row.
+type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>, Vec<Vec<u64>>);
+
 /// `tags[i]` holds the split (`0..splits`) or [`DROPPED`] of row `rows[i]` (of row `i` when
 /// `rows` is `None`).
 pub(crate) fn gather(
@@ -203,7 +207,6 @@ pub(crate) fn gather(
 ) -> Result<Gathered> {
     // Chunks are collected in order and the first error taken, so the row an error names
     // does not depend on the thread count (here and in every parallel loop of the compiler).
-    type Part = (Vec<Vec<f64>>, Vec<[u64; 3]>, Vec<Vec<u64>>);
     let numbers = access.numbers();
     // Counted per joined row when the join table is small beside a chunk of rows.
     let joined = match numbers.joined_values() {
@@ -273,14 +276,13 @@ pub(crate) fn gather(
     })
 }
 
-/// One chunk of [`gather`]'s rows (`tags`, from row `base`) into `part`: each split's finite
-/// values, its null, NaN and infinite counts, and the finite values per joined row.
+/// One chunk of [`gather`]'s rows (`tags`, from row `base`) into `part`.
 #[inline(always)]
 fn gather_chunk(
     tags: &[u8],
     base: usize,
     rows: Option<&[u32]>,
-    part: &mut (Vec<Vec<f64>>, Vec<[u64; 3]>, Vec<Vec<u64>>),
+    part: &mut Part,
     get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>,
 ) -> Result<()> {
     for (i, &tag) in tags.iter().enumerate() {
