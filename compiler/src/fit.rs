@@ -107,11 +107,13 @@ pub(crate) fn numeric_partial(
     let joined = g.joined.take();
     for (s, values) in g.split_values().into_iter().enumerate() {
         moments.push(Moments::of(values));
-        match &joined {
-            Some((table, counts)) => crate::runs::sort_counted(values, table, &counts[s]),
-            None => crate::runs::sort_total(values),
-        }
-        split_runs.push(runs.append(values)?);
+        split_runs.push(match &joined {
+            Some((table, counts)) => runs.append_counted(table, &counts[s])?,
+            None => {
+                crate::runs::sort_total(values);
+                runs.append(values)?
+            }
+        });
     }
     let prefix_moments = prefix_moments.unwrap_or(moments[0]);
     Ok(NumericPartial {

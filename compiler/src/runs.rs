@@ -1,7 +1,9 @@
 //! Sorted runs of values and exact rank queries over them: how exact quantiles and histograms
 //! merge across buckets without holding a column in memory. Each bucket appends each split's
 //! values, sorted, with every [`SAMPLE`]-th as a sample; a statistic's runs are read back by
-//! positioned reads (never mapped, so they do not count in the compile's memory).
+//! positioned reads (never mapped, so they do not count in the compile's memory). A column read
+//! through a small join appends a counted run instead: its few distinct values, each with how
+//! many of the values are at most it, which stand for the sorted values without writing them.
 
 use crate::error::{CompileError, Result};
 use crate::stats::{linear_quantiles, Moments};
@@ -76,6 +78,63 @@ pub(crate) struct Run {
     file: u32,
     offset: u64,
     len: u64,
+    /// A counted run's distinct values (0: a run of every value, then its samples).
+    #[serde(default)]
+    distinct: u64,
+}
+
+/// A counted run as read: its distinct values' order keys, ascending, and `ends[i]`, the values
+/// at most value `i` (so the sorted run holds value `i` at positions `ends[i - 1]..ends[i]`).
+struct Counted {
+    keys: Vec<u64>,
+    ends: Vec<u64>,
+}
+
+impl Counted {
+    fn read(file: &RunsFile, run: Run) -> Result<Counted> {
+        let m = run.distinct as usize;
+        let keys = read_f64s(file, run.offset, m)?
+            .into_iter()
+            .map(ord_key)
+            .collect();
+        let ends = read_f64s(file, run.offset + run.distinct * 8, m)?
+            .into_iter()
+            .map(f64::to_bits)
+            .collect();
+        Ok(Counted { keys, ends })
+    }
+
+    /// How many values are at most the one of order key `t`.
+    fn count_le(&self, t: u64) -> u64 {
+        match self.keys.partition_point(|&k| k <= t) {
+            0 => 0,
+            i => self.ends[i - 1],
+        }
+    }
+
+    /// The sorted values at positions `from..to`.
+    fn range(&self, from: u64, to: u64) -> Vec<f64> {
+        let mut out = Vec::with_capacity((to - from) as usize);
+        let mut i = self.ends.partition_point(|&e| e <= from);
+        let mut at = from;
+        while at < to {
+            let until = self.ends[i].min(to);
+            let x = from_ord_key(self.keys[i]);
+            out.extend(std::iter::repeat_n(x, (until - at) as usize));
+            at = until;
+            i += 1;
+        }
+        out
+    }
+}
+
+/// Values `from..to` of sorted `run`.
+fn run_values(files: &[RunsFile], run: Run, from: u64, to: u64) -> Result<Vec<f64>> {
+    let file = &files[run.file as usize];
+    match run.distinct {
+        0 => read_f64s(file, run.offset + from * 8, (to - from) as usize),
+        _ => Ok(Counted::read(file, run)?.range(from, to)),
+    }
 }
 
 /// One value in this many is kept as a run's sample: what rank queries search in memory before
@@ -126,6 +185,40 @@ impl ValueRuns {
         self.write_run(bytes, values.len())
     }
 
+    /// Appends the sorted run of values that holds `table[r]` exactly `counts[r]` times for
+    /// each `r` (a column read through a join), as a counted run: the same answers to every
+    /// query as the run [`crate::runs::sort_counted`] would sort, in a few bytes per distinct
+    /// value instead of 8 per value.
+    pub fn append_counted(&self, table: &[Option<f64>], counts: &[u64]) -> Result<Run> {
+        let mut order: Vec<(u64, u64)> = table
+            .iter()
+            .zip(counts)
+            .filter(|(_, &c)| c > 0)
+            .map(|(x, &c)| (ord_key(x.expect("a counted value is finite")), c))
+            .collect();
+        order.sort_unstable();
+        // Equal values of two joined rows are one distinct value.
+        order.dedup_by(|later, first| {
+            let same = later.0 == first.0;
+            if same {
+                first.1 += later.1;
+            }
+            same
+        });
+        let mut bytes = Vec::with_capacity(order.len() * 16);
+        for &(k, _) in &order {
+            bytes.extend_from_slice(&from_ord_key(k).to_le_bytes());
+        }
+        let mut end = 0u64;
+        for &(_, c) in &order {
+            end += c;
+            bytes.extend_from_slice(&end.to_le_bytes());
+        }
+        let mut run = self.write_run(bytes, end as usize)?;
+        run.distinct = order.len() as u64;
+        Ok(run)
+    }
+
     /// Appends integers (datetime donors: written, never ranked, so no samples).
     pub fn append_i64(&self, values: &[i64]) -> Result<Run> {
         let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -152,6 +245,7 @@ impl ValueRuns {
             file: self.file,
             offset: out.1,
             len: len as u64,
+            distinct: 0,
         };
         out.1 += bytes.len() as u64;
         match &mut out.0 {
@@ -201,26 +295,6 @@ pub(crate) fn sort_total(values: &mut [f64]) {
     for (v, k) in values.iter_mut().zip(keys) {
         *v = from_ord_key(k);
     }
-}
-
-/// Sorts `values`, which hold `table[r]` exactly `counts[r]` times for each `r` (a column read
-/// through a join): the joined rows' values are sorted, then each written as often as counted.
-/// The result is [`sort_total`]'s, in time linear in the values.
-pub(crate) fn sort_counted(values: &mut [f64], table: &[Option<f64>], counts: &[u64]) {
-    let mut order: Vec<(u64, u64)> = table
-        .iter()
-        .zip(counts)
-        .filter(|(_, &c)| c > 0)
-        .map(|(x, &c)| (ord_key(x.expect("a counted value is finite")), c))
-        .collect();
-    order.sort_unstable();
-    let mut at = 0;
-    for (k, c) in order {
-        let c = c as usize;
-        values[at..at + c].fill(from_ord_key(k));
-        at += c;
-    }
-    assert_eq!(at, values.len(), "the counts add up to the values");
 }
 
 /// Order-preserving map of finite doubles onto integers: rank queries compare these.
@@ -274,9 +348,13 @@ impl<'f> Pool<'f> {
         let i = self.ends.partition_point(|&e| e <= k);
         let before = if i == 0 { 0 } else { self.ends[i - 1] };
         let r = self.runs[i];
+        let at = k - before;
+        if r.distinct > 0 {
+            return Ok(run_values(self.files, r, at, at + 1)?[0].to_le_bytes());
+        }
         let mut b = [0u8; 8];
         self.files[r.file as usize]
-            .read_exact_at(&mut b, r.offset + (k - before) * 8)
+            .read_exact_at(&mut b, r.offset + at * 8)
             .map_err(|e| CompileError::io(Path::new("values spill"), e))?;
         Ok(b)
     }
@@ -303,8 +381,7 @@ pub(crate) fn ranks_by_merge(files: &[RunsFile], runs: &[Run], ranks: &[u64]) ->
                     return Ok(None);
                 }
                 let n = BLOCK.min(self.run.len - self.read);
-                let file = &files[self.run.file as usize];
-                self.block = read_f64s(file, self.run.offset + self.read * 8, n as usize)?;
+                self.block = run_values(files, self.run, self.read, self.read + n)?;
                 self.read += n;
                 self.at = 0;
             }
@@ -347,18 +424,29 @@ pub(crate) fn ranks_by_merge(files: &[RunsFile], runs: &[Run], ranks: &[u64]) ->
     Ok(out)
 }
 
-/// One sorted run, with its samples in memory.
+/// One sorted run, with its samples in memory (a counted run: all of it).
 struct Sample<'f> {
     file: &'f RunsFile,
     offset: u64,
     len: u64,
-    /// `keys[j]` is the order key of value `j · SAMPLE`.
+    /// `keys[j]` is the order key of value `j · SAMPLE` (empty for a counted run).
     keys: Vec<u64>,
+    counted: Option<Counted>,
 }
 
 impl Sample<'_> {
-    /// Bounds on how many values are at most `t`, from the samples alone.
+    /// The keys rank queries may take as candidates: the samples, or a counted run's values.
+    fn candidates(&self) -> &[u64] {
+        self.counted.as_ref().map_or(&self.keys, |c| &c.keys)
+    }
+
+    /// Bounds on how many values are at most `t`, from the samples alone (exact for a counted
+    /// run).
     fn bounds(&self, t: u64) -> (u64, u64) {
+        if let Some(c) = &self.counted {
+            let n = c.count_le(t);
+            return (n, n);
+        }
         let j = self.keys.partition_point(|&k| k <= t) as u64;
         if j == 0 {
             (0, 0)
@@ -379,7 +467,10 @@ impl Sample<'_> {
 
     /// The values at positions `from..to`.
     fn range(&self, from: u64, to: u64) -> Result<Vec<f64>> {
-        read_f64s(self.file, self.offset + from * 8, (to - from) as usize)
+        match &self.counted {
+            Some(c) => Ok(c.range(from, to)),
+            None => read_f64s(self.file, self.offset + from * 8, (to - from) as usize),
+        }
     }
 }
 
@@ -411,20 +502,28 @@ impl<'f> Sorted<'f> {
             .filter(|r| r.len > 0)
             .map(|r| {
                 let file = &files[r.file as usize];
-                let keys = read_f64s(file, r.offset + r.len * 8, r.len.div_ceil(SAMPLE) as usize)?
-                    .into_iter()
-                    .map(ord_key)
-                    .collect();
+                let (keys, counted) = match r.distinct {
+                    0 => {
+                        let samples = r.len.div_ceil(SAMPLE) as usize;
+                        let keys = read_f64s(file, r.offset + r.len * 8, samples)?;
+                        (keys.into_iter().map(ord_key).collect(), None)
+                    }
+                    _ => (Vec::new(), Some(Counted::read(file, r)?)),
+                };
                 Ok(Sample {
                     file,
                     offset: r.offset,
                     len: r.len,
                     keys,
+                    counted,
                 })
             })
             .collect::<Result<_>>()?;
         let n = runs.iter().map(|r| r.len).sum();
-        let mut pooled: Vec<u64> = runs.iter().flat_map(|r| r.keys.iter().copied()).collect();
+        let mut pooled: Vec<u64> = runs
+            .iter()
+            .flat_map(|r| r.candidates().iter().copied())
+            .collect();
         pooled.sort_unstable();
         pooled.dedup();
         if pooled.len() > cap {
@@ -607,10 +706,12 @@ mod tests {
     use dsc_format::rng::Xoshiro256;
     use dsc_format::stats::QUANTILE_LEVELS;
 
-    /// Values counted per joined row sort as a comparison sort sorts them: repeated values,
-    /// signed zeros, rows never read.
+    /// Counted runs (a joined column's values, counted per joined row) answer every query as
+    /// the sorted runs of the same values do, beside plain runs, on disk and in memory:
+    /// repeated values (in one joined row and across rows), signed zeros, rows never read.
     #[test]
-    fn counted_values_sort_as_compared_ones() {
+    fn counted_runs_answer_as_sorted_values() {
+        let dir = tempfile::tempdir().unwrap();
         let mut rng = Xoshiro256::seed_from(5);
         let table: Vec<Option<f64>> = (0..300)
             .map(|i| match i % 7 {
@@ -620,18 +721,51 @@ mod tests {
                 _ => Some((rng.unit_f64() - 0.5) * 1e3),
             })
             .collect();
-        let mut counts = vec![0u64; table.len()];
-        let mut values = Vec::new();
-        for _ in 0..20_000 {
-            let r = rng.below(table.len() as u64 / 2) as usize * 2;
-            counts[r] += 1;
-            values.push(table[r].unwrap());
+        for (k, memory) in [None, Some(u64::MAX)].into_iter().enumerate() {
+            let path = dir.path().join(format!("c{k}"));
+            let runs = match memory {
+                None => ValueRuns::create(path, 0).unwrap(),
+                Some(limit) => ValueRuns::in_memory(path, 0, limit),
+            };
+            let (mut all, mut in_order, mut written) = (Vec::new(), Vec::new(), Vec::new());
+            for (n, plain) in [
+                (20_000, false),
+                (1, false),
+                (0, false),
+                (3000, true),
+                (700, false),
+            ] {
+                let mut counts = vec![0u64; table.len()];
+                let mut values = Vec::new();
+                for _ in 0..n {
+                    let r = rng.below(table.len() as u64 / 2) as usize * 2;
+                    counts[r] += 1;
+                    values.push(table[r].unwrap());
+                }
+                sort_total(&mut values);
+                written.push(match plain {
+                    true => runs.append(&values).unwrap(),
+                    false => runs.append_counted(&table, &counts).unwrap(),
+                });
+                all.extend_from_slice(&values);
+                in_order.extend_from_slice(&values);
+            }
+            let files = vec![runs.finish().unwrap()];
+            sort_total(&mut all);
+            check(&Sorted::new(&files, written.iter().copied()).unwrap(), &all);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let n = all.len() as u64;
+            let ranks: Vec<u64> = (0..n).step_by(37).chain([n - 1]).collect();
+            let merged = ranks_by_merge(&files, &written, &ranks).unwrap();
+            let want: Vec<f64> = ranks.iter().map(|&r| all[r as usize]).collect();
+            assert_eq!(bits(&merged), bits(&want), "{memory:?}");
+            let pool = Pool::new(&files, written.iter().copied());
+            assert_eq!(pool.len(), n);
+            for k in (0..n).step_by(13) {
+                let got = f64::from_le_bytes(pool.bytes_at(k).unwrap());
+                assert_eq!(got.to_bits(), in_order[k as usize].to_bits(), "value {k}");
+            }
         }
-        let mut want = values.clone();
-        sort_total(&mut want);
-        sort_counted(&mut values, &table, &counts);
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&values), bits(&want));
     }
 
     /// Runs on disk, held in memory, and moved from memory to disk part way give the ranks of
