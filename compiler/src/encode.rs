@@ -85,6 +85,7 @@ impl<'a> Access<'a> {
         match (&self.column.values, &self.column.valid) {
             (Values::F64(v), None) => Numbers::F64(v),
             (Values::Int(v), None) if self.column.info.kind != Kind::Time => Numbers::Int(v),
+            (Values::Bool(v), None) => Numbers::Bool(v),
             _ => Numbers::Any(*self),
         }
     }
@@ -96,6 +97,8 @@ pub(crate) enum Numbers<'a> {
     F64(&'a [f64]),
     /// Integers (not times, which are scaled), no row null.
     Int(&'a [i64]),
+    /// Booleans (1 and 0), no row null.
+    Bool(&'a [bool]),
     /// Joined through a dense index on a key column with no nulls: each joined row's value.
     Joined {
         keys: &'a [i64],
@@ -130,6 +133,7 @@ impl Numbers<'_> {
         match self {
             Numbers::F64(v) => Ok((Some(v[row]), None)),
             Numbers::Int(v) => Ok((Some(v[row] as f64), None)),
+            Numbers::Bool(v) => Ok((Some(f64::from(u8::from(v[row]))), None)),
             Numbers::Joined {
                 keys,
                 min,
@@ -228,6 +232,12 @@ pub(crate) fn gather(
                 Numbers::F64(v) => {
                     gather_chunk(chunk, base, rows, &mut part, |row| Ok((Some(v[row]), None)))?
                 }
+                Numbers::Int(v) => gather_chunk(chunk, base, rows, &mut part, |row| {
+                    Ok((Some(v[row] as f64), None))
+                })?,
+                Numbers::Bool(v) => gather_chunk(chunk, base, rows, &mut part, |row| {
+                    Ok((Some(f64::from(u8::from(v[row]))), None))
+                })?,
                 Numbers::Joined {
                     keys,
                     min,
@@ -687,31 +697,44 @@ impl NumericEncoder<'_> {
     }
 
     /// [`Self::encode`] of each of `rows`, handed to `put` with its index in `rows`; returns how
-    /// many the NaN policy filled. The column's kind and a one-stage chain are matched once per
-    /// call, not once per value; a value the fast paths cannot store goes through `encode`.
+    /// many the NaN policy filled. The column's kind and its chain are matched once per call,
+    /// not once per value; a value the fast paths cannot store goes through `encode`.
     pub fn encode_rows(&self, rows: &[u32], mut put: impl FnMut(usize, f32)) -> Result<u64> {
         let put = &mut put;
-        match (&self.numbers, &self.joined, self.stages.as_slice()) {
+        match (&self.numbers, &self.joined) {
             (
                 Numbers::Joined {
                     keys, min, slots, ..
                 },
                 Some(encoded),
-                _,
             ) => self.each(rows, put, |row| {
                 let i = usize::try_from(keys[row].checked_sub(*min)?).ok()?;
                 *encoded.get(*slots.get(i)? as usize)?
             }),
-            (Numbers::F64(v), _, [] | [Stage::Identity]) => {
-                self.each(rows, put, |row| stored(v[row], |x| x))
-            }
-            (Numbers::F64(v), _, &[Stage::Zscore { mean, std }]) => {
-                self.each(rows, put, |row| stored(v[row], |x| (x - mean) / std))
-            }
-            (Numbers::F64(v), _, [Stage::Log1p]) => {
-                self.each(rows, put, |row| stored(v[row], f64::ln_1p))
-            }
+            (Numbers::F64(v), _) => self.chained(rows, put, |row| v[row]),
+            (Numbers::Int(v), _) => self.chained(rows, put, |row| v[row] as f64),
+            (Numbers::Bool(v), _) => self.chained(rows, put, |row| f64::from(u8::from(v[row]))),
             _ => self.each(rows, put, |_| None),
+        }
+    }
+
+    /// `encode_rows` of a column read by `x(row)`, its chain matched once.
+    #[inline(always)]
+    fn chained(
+        &self,
+        rows: &[u32],
+        put: &mut impl FnMut(usize, f32),
+        x: impl Fn(usize) -> f64,
+    ) -> Result<u64> {
+        match *self.stages.as_slice() {
+            [] | [Stage::Identity] => self.each(rows, put, |row| stored(x(row), |x| x)),
+            [Stage::Zscore { mean, std }] => {
+                self.each(rows, put, |row| stored(x(row), |x| (x - mean) / std))
+            }
+            [Stage::Log1p] => self.each(rows, put, |row| stored(x(row), f64::ln_1p)),
+            _ => self.each(rows, put, |row| {
+                stored(x(row), |x| self.stages.iter().fold(x, |v, s| s.apply(v)))
+            }),
         }
     }
 
