@@ -119,21 +119,25 @@ impl Numbers<'_> {
     }
 
     /// For a joined table read by index: every joined row's value (what `get` returns for a
-    /// row joined to it).
+    /// row joined to it); for booleans their two values, read by the boolean. The statistics
+    /// count such values per index instead of sorting them.
     pub fn joined_values(&self) -> Option<&[Option<f64>]> {
+        const BOOLS: [Option<f64>; 2] = [Some(0.0), Some(1.0)];
         match self {
             Numbers::Joined { values, .. } => Some(values),
+            Numbers::Bool(_) => Some(&BOOLS),
             _ => None,
         }
     }
 
-    /// [`Numbers::get`], with the joined row it came from where the values are read by index.
+    /// [`Numbers::get`], with the index it was read by where the values are read by index
+    /// ([`Numbers::joined_values`]).
     #[inline]
     pub fn get_joined(&self, row: usize) -> Result<(Option<f64>, Option<usize>)> {
         match self {
             Numbers::F64(v) => Ok((Some(v[row]), None)),
             Numbers::Int(v) => Ok((Some(v[row] as f64), None)),
-            Numbers::Bool(v) => Ok((Some(f64::from(u8::from(v[row]))), None)),
+            Numbers::Bool(v) => Ok((Some(f64::from(u8::from(v[row]))), Some(usize::from(v[row])))),
             Numbers::Joined {
                 keys,
                 min,
@@ -236,7 +240,8 @@ pub(crate) fn gather(
                     Ok((Some(v[row] as f64), None))
                 })?,
                 Numbers::Bool(v) => gather_chunk(chunk, base, rows, &mut part, |row| {
-                    Ok((Some(f64::from(u8::from(v[row]))), None))
+                    let b = usize::from(v[row]);
+                    Ok((Some(b as f64), Some(b)))
                 })?,
                 Numbers::Joined {
                     keys,

@@ -56,7 +56,7 @@ pub(crate) struct NumericPartial {
 
 /// The stages of `chain` before its first fitted step (they need no statistics), and checks
 /// that no non-linear step follows a fitted one (whose input statistics would need a second
-/// pass). None when no step is fitted: then no moments are taken through them (a column
+/// pass). Empty when no step is fitted: then no moments are taken through them (a column
 /// encoded by `log1p` alone would map every value twice, once for moments nothing reads).
 pub(crate) fn unfitted_prefix(column: &str, chain: &[Step]) -> Result<Vec<Stage>> {
     let Some(first) = chain.iter().position(|s| s.is_fitted()) else {

@@ -104,14 +104,6 @@ impl Counted {
         Ok(Counted { keys, ends })
     }
 
-    /// How many values are at most the one of order key `t`.
-    fn count_le(&self, t: u64) -> u64 {
-        match self.keys.partition_point(|&k| k <= t) {
-            0 => 0,
-            i => self.ends[i - 1],
-        }
-    }
-
     /// The sorted values at positions `from..to`.
     fn range(&self, from: u64, to: u64) -> Vec<f64> {
         let mut out = Vec::with_capacity((to - from) as usize);
@@ -424,34 +416,57 @@ pub(crate) fn ranks_by_merge(files: &[RunsFile], runs: &[Run], ranks: &[u64]) ->
     Ok(out)
 }
 
-/// One sorted run, with its samples in memory (a counted run: all of it).
+/// One sorted run, with its samples in memory.
 struct Sample<'f> {
     file: &'f RunsFile,
     offset: u64,
     len: u64,
-    /// `keys[j]` is the order key of value `j · SAMPLE` (empty for a counted run).
+    /// `keys[j]` is the order key of value `j · SAMPLE` (of a counted run: of distinct value
+    /// `j · SAMPLE`).
     keys: Vec<u64>,
-    counted: Option<Counted>,
+    /// A counted run's samples beyond the keys.
+    counted: Option<CountedSamples>,
+}
+
+/// Of a counted run of `distinct` values: for each sampled distinct value, how many values are
+/// at most it (`ends`) and below it (`below`). As much memory as a plain run's samples: the
+/// rest is read when a query needs it.
+struct CountedSamples {
+    run: Run,
+    ends: Vec<u64>,
+    below: Vec<u64>,
+}
+
+impl CountedSamples {
+    /// The run's keys sampled, the samples, and every key (candidates for rank queries: a
+    /// joined column's runs share their few distinct values, so that ranks are found among
+    /// them, not read between samples).
+    fn read(file: &RunsFile, run: Run) -> Result<(Vec<u64>, CountedSamples, Vec<u64>)> {
+        let c = Counted::read(file, run)?;
+        let sampled = (0..c.keys.len()).step_by(SAMPLE as usize);
+        let keys = sampled.clone().map(|i| c.keys[i]).collect();
+        let ends = sampled.clone().map(|i| c.ends[i]).collect();
+        let below = sampled
+            .map(|i| i.checked_sub(1).map_or(0, |i| c.ends[i]))
+            .collect();
+        Ok((keys, CountedSamples { run, ends, below }, c.keys))
+    }
 }
 
 impl Sample<'_> {
-    /// The keys rank queries may take as candidates: the samples, or a counted run's values.
-    fn candidates(&self) -> &[u64] {
-        self.counted.as_ref().map_or(&self.keys, |c| &c.keys)
-    }
-
-    /// Bounds on how many values are at most `t`, from the samples alone (exact for a counted
-    /// run).
+    /// Bounds on how many values are at most `t`, from the samples alone.
     fn bounds(&self, t: u64) -> (u64, u64) {
-        if let Some(c) = &self.counted {
-            let n = c.count_le(t);
-            return (n, n);
-        }
-        let j = self.keys.partition_point(|&k| k <= t) as u64;
+        let j = self.keys.partition_point(|&k| k <= t);
         if j == 0 {
-            (0, 0)
-        } else {
-            ((j - 1) * SAMPLE + 1, (j * SAMPLE).min(self.len))
+            return (0, 0);
+        }
+        match &self.counted {
+            // At least those up to sample j - 1, fewer than those below sample j.
+            Some(c) => (c.ends[j - 1], c.below.get(j).copied().unwrap_or(self.len)),
+            None => {
+                let j = j as u64;
+                ((j - 1) * SAMPLE + 1, (j * SAMPLE).min(self.len))
+            }
         }
     }
 
@@ -461,6 +476,16 @@ impl Sample<'_> {
         if lo == hi {
             return Ok(lo);
         }
+        if let Some(c) = &self.counted {
+            // The distinct values from sample j - 1 to sample j, and their ends.
+            let j = self.keys.partition_point(|&k| k <= t) as u64;
+            let from = (j - 1) * SAMPLE;
+            let n = (c.run.distinct - from).min(SAMPLE) as usize;
+            let keys = read_f64s(self.file, self.offset + from * 8, n)?;
+            let at = keys.partition_point(|&v| ord_key(v) <= t);
+            let ends = read_f64s(self.file, self.offset + (c.run.distinct + from) * 8, at)?;
+            return Ok(ends[at - 1].to_bits());
+        }
         let block = read_f64s(self.file, self.offset + lo * 8, (hi - lo) as usize)?;
         Ok(lo + block.partition_point(|&v| ord_key(v) <= t) as u64)
     }
@@ -468,7 +493,7 @@ impl Sample<'_> {
     /// The values at positions `from..to`.
     fn range(&self, from: u64, to: u64) -> Result<Vec<f64>> {
         match &self.counted {
-            Some(c) => Ok(c.range(from, to)),
+            Some(c) => Ok(Counted::read(self.file, c.run)?.range(from, to)),
             None => read_f64s(self.file, self.offset + from * 8, (to - from) as usize),
         }
     }
@@ -498,6 +523,7 @@ impl<'f> Sorted<'f> {
         runs: impl Iterator<Item = Run>,
         cap: usize,
     ) -> Result<Sorted<'f>> {
+        let mut pooled: Vec<u64> = Vec::new();
         let runs: Vec<Sample> = runs
             .filter(|r| r.len > 0)
             .map(|r| {
@@ -505,11 +531,24 @@ impl<'f> Sorted<'f> {
                 let (keys, counted) = match r.distinct {
                     0 => {
                         let samples = r.len.div_ceil(SAMPLE) as usize;
-                        let keys = read_f64s(file, r.offset + r.len * 8, samples)?;
-                        (keys.into_iter().map(ord_key).collect(), None)
+                        let keys: Vec<u64> = read_f64s(file, r.offset + r.len * 8, samples)?
+                            .into_iter()
+                            .map(ord_key)
+                            .collect();
+                        pooled.extend_from_slice(&keys);
+                        (keys, None)
                     }
-                    _ => (Vec::new(), Some(Counted::read(file, r)?)),
+                    _ => {
+                        let (keys, samples, every) = CountedSamples::read(file, r)?;
+                        pooled.extend(every);
+                        (keys, Some(samples))
+                    }
                 };
+                // Many runs of many distinct values: their repeats go as they come.
+                if pooled.len() > 1 << 22 {
+                    pooled.sort_unstable();
+                    pooled.dedup();
+                }
                 Ok(Sample {
                     file,
                     offset: r.offset,
@@ -520,10 +559,6 @@ impl<'f> Sorted<'f> {
             })
             .collect::<Result<_>>()?;
         let n = runs.iter().map(|r| r.len).sum();
-        let mut pooled: Vec<u64> = runs
-            .iter()
-            .flat_map(|r| r.candidates().iter().copied())
-            .collect();
         pooled.sort_unstable();
         pooled.dedup();
         if pooled.len() > cap {
@@ -721,7 +756,12 @@ mod tests {
                 _ => Some((rng.unit_f64() - 0.5) * 1e3),
             })
             .collect();
-        for (k, memory) in [None, Some(u64::MAX)].into_iter().enumerate() {
+        // Many distinct values: more than a sample interval between two samples' keys.
+        let wide: Vec<Option<f64>> = (0..5000)
+            .map(|i| Some(((i * 7919) % 5000) as f64 / 8.0 - 100.0))
+            .collect();
+        // On disk, in memory, and moved to disk part way.
+        for (k, memory) in [None, Some(u64::MAX), Some(30_000)].into_iter().enumerate() {
             let path = dir.path().join(format!("c{k}"));
             let runs = match memory {
                 None => ValueRuns::create(path, 0).unwrap(),
@@ -734,7 +774,10 @@ mod tests {
                 (0, false),
                 (3000, true),
                 (700, false),
+                (90_000, false),
             ] {
+                // The first runs count few joined rows, the last many distinct values.
+                let table = if n == 90_000 { &wide } else { &table };
                 let mut counts = vec![0u64; table.len()];
                 let mut values = Vec::new();
                 for _ in 0..n {
@@ -745,14 +788,22 @@ mod tests {
                 sort_total(&mut values);
                 written.push(match plain {
                     true => runs.append(&values).unwrap(),
-                    false => runs.append_counted(&table, &counts).unwrap(),
+                    false => runs.append_counted(table, &counts).unwrap(),
                 });
                 all.extend_from_slice(&values);
                 in_order.extend_from_slice(&values);
             }
             let files = vec![runs.finish().unwrap()];
+            assert_eq!(
+                matches!(files[0], RunsFile::File(_)),
+                memory != Some(u64::MAX)
+            );
             sort_total(&mut all);
-            check(&Sorted::new(&files, written.iter().copied()).unwrap(), &all);
+            // Every sampled key a candidate, and few (a rank is then read between them).
+            for cap in [POOLED, 16] {
+                let sorted = Sorted::with_candidates(&files, written.iter().copied(), cap);
+                check(&sorted.unwrap(), &all);
+            }
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let n = all.len() as u64;
             let ranks: Vec<u64> = (0..n).step_by(37).chain([n - 1]).collect();

@@ -73,10 +73,16 @@ pub(super) fn attempt() -> String {
     h.hex()[..12].to_string()
 }
 
-/// The plan's fingerprint: the spec, the partition count and each input's size and modification
-/// time, so that parts of another compile, or of inputs changed since, never mix.
+/// The layout of the files stages hand each other (parts, spills, values runs): raised when it
+/// changes, so that stages run by different versions of dsc never read each other's.
+const WORK_LAYOUT: u32 = 2;
+
+/// The plan's fingerprint: the spec, the partition count, each input's size and modification
+/// time, and the version of dsc and of its work files, so that parts of another compile, of
+/// inputs changed since, or of another dsc never mix.
 fn fingerprint(spec: &CompileSpec, partitions: usize, named: &[(PathBuf, &str)]) -> Result<String> {
     let mut h = dsc_format::checksum::Hasher::new();
+    h.update(format!("dsc {} work {WORK_LAYOUT}\n", env!("CARGO_PKG_VERSION")).as_bytes());
     h.update(&serde_json::to_vec(spec).expect("a spec serializes"));
     h.update(format!("\n{partitions}\n").as_bytes());
     for (path, role) in named {
@@ -345,8 +351,8 @@ impl Work {
                     return Err(CompileError::Partition {
                         path,
                         what: format!(
-                            "belongs to another compile (another spec, partition count or \
-                             inputs); rerun partition {i}/{n} of the {} stage",
+                            "belongs to another compile (another spec, partition count, inputs \
+                             or version of dsc); rerun partition {i}/{n} of the {} stage",
                             stage.name()
                         ),
                     });
@@ -447,7 +453,7 @@ impl Work {
             return Err(CompileError::Partition {
                 path: self.dir.clone(),
                 what: "the compile's inputs changed since its stages ran (size or modification \
-                       time); run them again"
+                       time), or its stages ran under another version of dsc; run them again"
                     .into(),
             });
         }
