@@ -509,3 +509,209 @@ fn a_join_table_of_many_rows_gives_the_joined_values() {
         );
     }
 }
+
+/// Each kind of numeric column (floats with null, NaN, ±inf and values past f32; floats under
+/// one stage and under two; integers with and without nulls; times, which are scaled; booleans;
+/// a joined column with a NaN in its table) stores, row by row, its chain's value of the row as
+/// f32, or the NaN policy's fill where that is not finite: the encoder's loops per kind and
+/// chain give what one row at a time gives. Every fill is counted.
+#[test]
+fn every_kind_of_column_stores_its_encoding_of_each_row() {
+    use arrow_array::{
+        ArrayRef, BooleanArray, Float64Array, Int64Array, TimestampMillisecondArray,
+    };
+    use std::sync::Arc;
+    let dir = Dir::new();
+    let n = 240usize;
+    // Context r / 6 (6 rows each), rows in step order.
+    let wave = |r: usize, k: f64| ((r as f64 * k).sin() * 50.0).round() / 4.0;
+    let f: Vec<Option<f64>> = (0..n)
+        .map(|r| match r % 17 {
+            3 => None,
+            5 => Some(f64::NAN),
+            8 => Some(f64::INFINITY),
+            9 => Some(f64::NEG_INFINITY),
+            11 => Some(1e39), // past f32 under identity
+            _ => Some(wave(r, 0.7)),
+        })
+        .collect();
+    let g: Vec<f64> = (0..n)
+        .map(|r| {
+            if r % 13 == 4 {
+                -3.0
+            } else {
+                wave(r, 1.3).abs()
+            }
+        })
+        .collect(); // log1p of -3: NaN
+    let h: Vec<f64> = (0..n).map(|r| wave(r, 0.31) * 1e3).collect();
+    let c: Vec<f64> = (0..n)
+        .map(|r| {
+            if r % 29 == 7 {
+                -1.0
+            } else {
+                wave(r, 2.1).abs()
+            }
+        })
+        .collect(); // log1p of -1: -inf
+    let i: Vec<i64> = (0..n).map(|r| (r as i64 * 37) % 101 - 50).collect();
+    let j: Vec<Option<i64>> = (0..n)
+        .map(|r| (r % 7 != 2).then_some(r as i64 * 3))
+        .collect();
+    let ts: Vec<i64> = (0..n)
+        .map(|r| 1_700_000_000_000 + r as i64 * 61_000)
+        .collect();
+    let b: Vec<bool> = (0..n).map(|r| r % 3 == 0).collect();
+    let site: Vec<i64> = (0..n).map(|r| (r as i64 * 7) % 20).collect();
+    let height = |s: i64| if s == 13 { f64::NAN } else { s as f64 * 0.5 };
+    let arc = |a: ArrayRef| a;
+    write_parquet(
+        &dir.join("rows.parquet"),
+        vec![
+            (
+                "key",
+                arc(Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|r| r as i64 / 6),
+                ))),
+            ),
+            (
+                "step",
+                arc(Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|r| r as i64),
+                ))),
+            ),
+            ("f", arc(Arc::new(Float64Array::from(f.clone())))),
+            ("g", arc(Arc::new(Float64Array::from(g.clone())))),
+            ("h", arc(Arc::new(Float64Array::from(h.clone())))),
+            ("c", arc(Arc::new(Float64Array::from(c.clone())))),
+            ("i", arc(Arc::new(Int64Array::from(i.clone())))),
+            ("j", arc(Arc::new(Int64Array::from(j.clone())))),
+            (
+                "ts",
+                arc(Arc::new(TimestampMillisecondArray::from(ts.clone()))),
+            ),
+            ("b", arc(Arc::new(BooleanArray::from(b.clone())))),
+            ("site", arc(Arc::new(Int64Array::from(site.clone())))),
+        ],
+    );
+    write_parquet(
+        &dir.join("sites.parquet"),
+        vec![
+            ("site", arc(Arc::new(Int64Array::from_iter_values(0..20)))),
+            (
+                "height",
+                arc(Arc::new(Float64Array::from_iter_values(
+                    (0..20).map(height),
+                ))),
+            ),
+        ],
+    );
+    let features = ["f", "g", "h", "c", "i", "j", "ts", "b", "height"];
+    let report = dsc(
+        dir.path(),
+        &[
+            "compile",
+            "rows.parquet",
+            "--key",
+            "key",
+            "--order-by",
+            "step",
+            "--join",
+            "sites.parquet",
+            "--on",
+            "site",
+            "--features",
+            &features.join(","),
+            "--encode",
+            "g=log1p,zscore",
+            "--encode",
+            "h=zscore",
+            "--encode",
+            "c=log1p",
+            "--encode",
+            "i=minmax",
+            "--encode",
+            "ts=zscore",
+            "--nan",
+            "zero",
+            "--val-fraction",
+            "0",
+            "--max-len",
+            "6",
+            "--out",
+            "cache",
+            "--json",
+        ],
+    )
+    .ok();
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let m = manifest(&dir.join("cache"));
+    // Each column's chain as the manifest states it, applied in f64 as the encoder does.
+    let chain = |column: &str| {
+        let stages = stage_params(&m, column);
+        move |x: f64| {
+            stages.iter().fold(x, |v, s| {
+                let p = |k: &str| s[k].as_f64().unwrap();
+                match s["op"].as_str().unwrap() {
+                    "identity" => v,
+                    "log1p" => v.ln_1p(),
+                    "zscore" => (v - p("mean")) / p("std"),
+                    "minmax" => (v - p("min")) / (p("max") - p("min")),
+                    other => panic!("stage {other}: {s}"),
+                }
+            })
+        }
+    };
+    let stored = |raw: Option<f64>, chain: &dyn Fn(f64) -> f64| -> (f64, bool) {
+        match raw.filter(|x| x.is_finite()).map(chain) {
+            Some(v) if v.is_finite() && (v as f32).is_finite() => (f64::from(v as f32), false),
+            _ => (0.0, true),
+        }
+    };
+    let raws: Vec<Box<dyn Fn(usize) -> Option<f64>>> = vec![
+        Box::new(|r| f[r]),
+        Box::new(|r| Some(g[r])),
+        Box::new(|r| Some(h[r])),
+        Box::new(|r| Some(c[r])),
+        Box::new(|r| Some(i[r] as f64)),
+        Box::new(|r| j[r].map(|x| x as f64)),
+        Box::new(|_| None), // times: checked apart, their unit scaled
+        Box::new(|r| Some(if b[r] { 1.0 } else { 0.0 })),
+        Box::new(|r| Some(height(site[r]))),
+    ];
+    let (samples, _) = read_cache(&dir.join("cache"));
+    let mut fills = 0u64;
+    let mut kinds_filled = BTreeSet::new();
+    for (key, sample) in &samples {
+        let x = &sample.tensors["x"];
+        for t in 0..6 {
+            let r = *key as usize * 6 + t;
+            for (k, name) in features.iter().enumerate() {
+                let got = x[t * features.len() + k];
+                if *name == "ts" {
+                    // Minutes apart, standardised: the row's rank, centred and scaled.
+                    let want = (r as f64 - (n - 1) as f64 / 2.0) * 61.0;
+                    let spread = (((n * n - 1) as f64) / 12.0).sqrt() * 61.0;
+                    close(got, want / spread, &format!("ts of row {r}"));
+                    continue;
+                }
+                let (want, filled) = stored(raws[k](r), &chain(name));
+                fills += u64::from(filled);
+                if filled {
+                    kinds_filled.insert(*name);
+                }
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{name} of row {r}: {got} != {want}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        kinds_filled,
+        BTreeSet::from(["c", "f", "g", "height", "j"]),
+        "every kind of bad value was met"
+    );
+    assert_eq!(report["summary"]["values_filled"], fills, "{report}");
+}
