@@ -134,20 +134,47 @@ impl Numbers<'_> {
     /// ([`Numbers::joined_values`]).
     #[inline]
     pub fn get_joined(&self, row: usize) -> Result<(Option<f64>, Option<usize>)> {
+        struct One(usize);
+        impl RowReader for One {
+            type Out = Result<(Option<f64>, Option<usize>)>;
+            fn read(
+                self,
+                get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>,
+            ) -> Self::Out {
+                get(self.0)
+            }
+        }
+        self.read_with(One(row))
+    }
+
+    /// Hands `reader` this column's reader of a row: its value, and the index it was read by
+    /// where values are read by index. One reader per kind, so that a loop over rows inside
+    /// `reader` is compiled for each kind, with no match per row.
+    #[inline(always)]
+    pub fn read_with<R: RowReader>(&self, reader: R) -> R::Out {
         match self {
-            Numbers::F64(v) => Ok((Some(v[row]), None)),
-            Numbers::Int(v) => Ok((Some(v[row] as f64), None)),
-            Numbers::Bool(v) => Ok((Some(f64::from(u8::from(v[row]))), Some(usize::from(v[row])))),
+            Numbers::F64(v) => reader.read(|row| Ok((Some(v[row]), None))),
+            Numbers::Int(v) => reader.read(|row| Ok((Some(v[row] as f64), None))),
+            Numbers::Bool(v) => reader.read(|row| {
+                let b = usize::from(v[row]);
+                Ok((Some(b as f64), Some(b)))
+            }),
             Numbers::Joined {
                 keys,
                 min,
                 slots,
                 values,
                 access,
-            } => joined_at(keys, *min, slots, values, access, row),
-            Numbers::Any(access) => Ok((access.f64_at(row)?, None)),
+            } => reader.read(|row| joined_at(keys, *min, slots, values, access, row)),
+            Numbers::Any(access) => reader.read(|row| Ok((access.f64_at(row)?, None))),
         }
     }
+}
+
+/// What reads a numeric column's rows through [`Numbers::read_with`].
+pub(crate) trait RowReader {
+    type Out;
+    fn read(self, get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>) -> Self::Out;
 }
 
 /// [`Numbers::get_joined`] of a joined column: through the index when the key is in it, else
@@ -231,29 +258,12 @@ pub(crate) fn gather(
                 vec![[0; 3]; splits],
                 vec![vec![0; joined]; splits],
             );
-            // The column's kind matched once per chunk: each arm's loop is its own.
-            match &numbers {
-                Numbers::F64(v) => {
-                    gather_chunk(chunk, base, rows, &mut part, |row| Ok((Some(v[row]), None)))?
-                }
-                Numbers::Int(v) => gather_chunk(chunk, base, rows, &mut part, |row| {
-                    Ok((Some(v[row] as f64), None))
-                })?,
-                Numbers::Bool(v) => gather_chunk(chunk, base, rows, &mut part, |row| {
-                    let b = usize::from(v[row]);
-                    Ok((Some(b as f64), Some(b)))
-                })?,
-                Numbers::Joined {
-                    keys,
-                    min,
-                    slots,
-                    values,
-                    access,
-                } => gather_chunk(chunk, base, rows, &mut part, |row| {
-                    joined_at(keys, *min, slots, values, access, row)
-                })?,
-                _ => gather_chunk(chunk, base, rows, &mut part, |row| numbers.get_joined(row))?,
-            }
+            numbers.read_with(Chunk {
+                tags: chunk,
+                base,
+                rows,
+                part: &mut part,
+            })?;
             Ok(part)
         })
         .collect::<Vec<Result<_>>>()
@@ -291,35 +301,43 @@ pub(crate) fn gather(
     })
 }
 
-/// One chunk of [`gather`]'s rows (`tags`, from row `base`) into `part`.
-#[inline(always)]
-fn gather_chunk(
-    tags: &[u8],
+/// One chunk of [`gather`]'s rows (`tags`, from row `base`), gathered into `part`.
+struct Chunk<'c> {
+    tags: &'c [u8],
     base: usize,
-    rows: Option<&[u32]>,
-    part: &mut Part,
-    get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>,
-) -> Result<()> {
-    for (i, &tag) in tags.iter().enumerate() {
-        if tag == DROPPED {
-            continue;
-        }
-        let s = tag as usize;
-        let row = rows.map_or(base + i, |r| r[base + i] as usize);
-        match get(row)? {
-            (Some(x), r) if x.is_finite() => {
-                part.0[s].push(x);
-                // Counted where the table is small enough to count by (`joined`).
-                if let Some(count) = r.and_then(|r| part.2[s].get_mut(r)) {
-                    *count += 1;
-                }
+    rows: Option<&'c [u32]>,
+    part: &'c mut Part,
+}
+
+impl RowReader for Chunk<'_> {
+    type Out = Result<()>;
+
+    #[inline(always)]
+    fn read(self, get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>) -> Result<()> {
+        let part = self.part;
+        for (i, &tag) in self.tags.iter().enumerate() {
+            if tag == DROPPED {
+                continue;
             }
-            (None, _) => part.1[s][0] += 1,
-            (Some(x), _) if x.is_nan() => part.1[s][1] += 1,
-            (Some(_), _) => part.1[s][2] += 1,
+            let s = tag as usize;
+            let row = self
+                .rows
+                .map_or(self.base + i, |r| r[self.base + i] as usize);
+            match get(row)? {
+                (Some(x), r) if x.is_finite() => {
+                    part.0[s].push(x);
+                    // Counted where the table is small enough to count by (`joined`).
+                    if let Some(count) = r.and_then(|r| part.2[s].get_mut(r)) {
+                        *count += 1;
+                    }
+                }
+                (None, _) => part.1[s][0] += 1,
+                (Some(x), _) if x.is_nan() => part.1[s][1] += 1,
+                (Some(_), _) => part.1[s][2] += 1,
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Statistics of a numeric column for `all` and each split, and the fitted encoding stages.
