@@ -631,12 +631,17 @@ impl NumericEncoder<'_> {
     ) -> NumericEncoder<'a> {
         let numbers = access.numbers();
         let stages = fitted.stages.clone();
-        let joined = numbers.joined_values().map(|values| {
-            values
-                .iter()
-                .map(|v| v.and_then(|x| stored(x, |x| stages.iter().fold(x, |v, s| s.apply(v)))))
-                .collect()
-        });
+        let joined = match &numbers {
+            Numbers::Joined { values, .. } => Some(
+                values
+                    .iter()
+                    .map(|v| {
+                        v.and_then(|x| stored(x, |x| stages.iter().fold(x, |v, s| s.apply(v))))
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
         NumericEncoder {
             access,
             numbers,

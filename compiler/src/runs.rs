@@ -2,8 +2,9 @@
 //! merge across buckets without holding a column in memory. Each bucket appends each split's
 //! values, sorted, with every [`SAMPLE`]-th as a sample; a statistic's runs are read back by
 //! positioned reads (never mapped, so they do not count in the compile's memory). A column read
-//! through a small join appends a counted run instead: its few distinct values, each with how
-//! many of the values are at most it, which stand for the sorted values without writing them.
+//! through a small join, or a boolean one, appends a counted run instead: its few distinct
+//! values, each with how many of the values are at most it, which stand for the sorted values
+//! without writing them.
 
 use crate::error::{CompileError, Result};
 use crate::stats::{linear_quantiles, Moments};
@@ -178,9 +179,9 @@ impl ValueRuns {
     }
 
     /// Appends the sorted run of values that holds `table[r]` exactly `counts[r]` times for
-    /// each `r` (a column read through a join), as a counted run: the same answers to every
-    /// query as the run [`crate::runs::sort_counted`] would sort, in a few bytes per distinct
-    /// value instead of 8 per value.
+    /// each `r` (a column read through a join, or booleans), as a counted run: the same
+    /// answers to every query as the sorted values, in 16 bytes per distinct value instead of
+    /// 8 per value.
     pub fn append_counted(&self, table: &[Option<f64>], counts: &[u64]) -> Result<Run> {
         let mut order: Vec<(u64, u64)> = table
             .iter()
