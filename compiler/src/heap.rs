@@ -5,7 +5,7 @@
 /// instead of handing them back to the kernel at once. A compile frees and allocates buffers of
 /// many MiB for every file and bucket; each block handed back is a fresh mapping the next time,
 /// zeroed by the kernel one page fault per 4 KiB. Kept, a compile of the README's data takes 40%
-/// fewer page faults and about 6% less time, at the same peak memory (the peak is what the
+/// fewer page faults and about 4% less time, at the same peak memory (the peak is what the
 /// buffers hold at once, not what was freed). Memory stays with the process until it ends, which
 /// is why a library call (`dsc.compile` in a notebook) leaves the host's allocator alone.
 #[allow(unsafe_code)]
