@@ -347,8 +347,38 @@ pub(crate) struct ShardWriter {
     out: BufWriter<File>,
     hasher: Hasher,
     bytes: u64,
+    /// Bytes from the start whose writing to disk the kernel was asked to start.
+    written_back: u64,
     /// Time spent hashing and writing, for the compile's phases.
     times: Split,
+}
+
+/// Bytes of a shard left to the page cache before the kernel is asked to start writing them.
+/// Left alone, it writes nothing until the `fsync` that makes the shard durable, and that
+/// thread waits (idle) for the whole shard: on 2 cores about half the write phase's
+/// thread-seconds. Started early, the disk writes while the compile encodes, and the `fsync`
+/// waits for the last few MiB.
+const WRITE_BACK_EVERY: u64 = 2 << 20;
+
+/// Asks the kernel to start writing `len` bytes of `file` from `offset` to disk, without waiting
+/// for them. Advisory: an error here is the `fsync`'s to report.
+#[allow(unsafe_code)]
+fn start_write_back(file: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor is open for the call's duration; the call reads no memory.
+        unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
 }
 
 impl ShardWriter {
@@ -361,6 +391,7 @@ impl ShardWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             hasher: Hasher::new(),
             bytes: 0,
+            written_back: 0,
             times: Split::default(),
         })
     }
@@ -375,6 +406,15 @@ impl ShardWriter {
             .out
             .write_all(bytes)
             .map_err(|e| CompileError::io(&self.tmp, e));
+        let in_file = self.bytes - self.out.buffer().len() as u64;
+        if in_file - self.written_back >= WRITE_BACK_EVERY {
+            start_write_back(
+                self.out.get_ref(),
+                self.written_back,
+                in_file - self.written_back,
+            );
+            self.written_back = in_file;
+        }
         self.times.write += hashed.elapsed();
         written
     }
