@@ -109,10 +109,7 @@ pub(crate) fn numeric_partial(
         moments.push(Moments::of(values));
         split_runs.push(match &joined {
             Some((table, counts)) => runs.append_counted(table, &counts[s])?,
-            None => {
-                crate::runs::sort_total(values);
-                runs.append(values)?
-            }
+            None => runs.append_values(values)?,
         });
     }
     let prefix_moments = prefix_moments.unwrap_or(moments[0]);

@@ -2,9 +2,9 @@
 //! merge across buckets without holding a column in memory. Each bucket appends each split's
 //! values, sorted, with every [`SAMPLE`]-th as a sample; a statistic's runs are read back by
 //! positioned reads (never mapped, so they do not count in the compile's memory). A column read
-//! through a small join, or a boolean one, appends a counted run instead: its few distinct
-//! values, each with how many of the values are at most it, which stand for the sorted values
-//! without writing them.
+//! through a small join, a boolean one, or any whose values in a bucket are few distinct ones,
+//! appends a counted run instead: its distinct values, each with how many of the values are at
+//! most it, which stand for the sorted values without writing them.
 
 use crate::error::{CompileError, Result};
 use crate::stats::{linear_quantiles, Moments};
@@ -178,6 +178,21 @@ impl ValueRuns {
         self.write_run(bytes, values.len())
     }
 
+    /// Appends `values` (finite, in any order) as a run: counted when they hold few distinct
+    /// values (a time in whole units, a charge in steps of its sensor's resolution: what event
+    /// data mostly holds), else sorted. Counting is one pass through a small hash table where a
+    /// sort is log2(n) passes, and the counted run is written in 16 bytes per distinct value.
+    /// `values` is left sorted, or as it was where it was counted.
+    pub fn append_values(&self, values: &mut [f64]) -> Result<Run> {
+        match count_distinct(values) {
+            Some((table, counts)) => self.append_counted(&table, &counts),
+            None => {
+                sort_total(values);
+                self.append(values)
+            }
+        }
+    }
+
     /// Appends the sorted run of values that holds `table[r]` exactly `counts[r]` times for
     /// each `r` (a column read through a join, or booleans), as a counted run: the same
     /// answers to every query as the sorted values, in 16 bytes per distinct value instead of
@@ -288,6 +303,52 @@ pub(crate) fn sort_total(values: &mut [f64]) {
     for (v, k) in values.iter_mut().zip(keys) {
         *v = from_ord_key(k);
     }
+}
+
+/// Runs shorter than this are sorted: counting them saves little.
+const COUNT_MIN: usize = 4096;
+
+/// The distinct values of `values` (finite) and how often each occurs, in no order; `None` when
+/// they are more than one in 16 of the values (or 65,536), found out after at most that many
+/// insertions, so that a column of mostly distinct values loses little before it is sorted.
+fn count_distinct(values: &[f64]) -> Option<(Vec<Option<f64>>, Vec<u64>)> {
+    if values.len() < COUNT_MIN {
+        return None;
+    }
+    let limit = (values.len() / 16).min(1 << 16);
+    // Open addressing at most half full. No finite value has the bits of `EMPTY` (a NaN).
+    const EMPTY: u64 = u64::MAX;
+    let bits = (2 * limit).next_power_of_two().trailing_zeros();
+    let mask = (1usize << bits) - 1;
+    let mut slots: Vec<(u64, u64)> = vec![(EMPTY, 0); mask + 1];
+    let mut distinct = 0;
+    for &x in values {
+        let key = x.to_bits();
+        let mut i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize;
+        loop {
+            let slot = &mut slots[i];
+            if slot.0 == key {
+                slot.1 += 1;
+                break;
+            }
+            if slot.0 == EMPTY {
+                if distinct == limit {
+                    return None;
+                }
+                distinct += 1;
+                *slot = (key, 1);
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+    Some(
+        slots
+            .into_iter()
+            .filter(|s| s.0 != EMPTY)
+            .map(|(key, count)| (Some(f64::from_bits(key)), count))
+            .unzip(),
+    )
 }
 
 /// Order-preserving map of finite doubles onto integers: rank queries compare these.
@@ -768,7 +829,7 @@ mod tests {
                 None => ValueRuns::create(path, 0).unwrap(),
                 Some(limit) => ValueRuns::in_memory(path, 0, limit),
             };
-            let (mut all, mut in_order, mut written) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut in_order, mut written) = (Vec::new(), Vec::new());
             for (n, plain) in [
                 (20_000, false),
                 (1, false),
@@ -791,7 +852,6 @@ mod tests {
                     true => runs.append(&values).unwrap(),
                     false => runs.append_counted(table, &counts).unwrap(),
                 });
-                all.extend_from_slice(&values);
                 in_order.extend_from_slice(&values);
             }
             let files = vec![runs.finish().unwrap()];
@@ -799,24 +859,86 @@ mod tests {
                 matches!(files[0], RunsFile::File(_)),
                 memory != Some(u64::MAX)
             );
-            sort_total(&mut all);
-            // Every sampled key a candidate, and few (a rank is then read between them).
-            for cap in [POOLED, 16] {
-                let sorted = Sorted::with_candidates(&files, written.iter().copied(), cap);
-                check(&sorted.unwrap(), &all);
+            answer_as_sorted(&files, &written, &in_order);
+        }
+    }
+
+    /// Every query over `written` (runs of `files`) answers as the sorted values: order
+    /// statistics, quantiles and histograms with every candidate and with few, ranks by merge,
+    /// and each value in run order (`in_order`, each run's values sorted).
+    fn answer_as_sorted(files: &[RunsFile], written: &[Run], in_order: &[f64]) {
+        let mut all = in_order.to_vec();
+        sort_total(&mut all);
+        // Every sampled key a candidate, and few (a rank is then read between them).
+        for cap in [POOLED, 16] {
+            let sorted = Sorted::with_candidates(files, written.iter().copied(), cap);
+            check(&sorted.unwrap(), &all);
+        }
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let n = all.len() as u64;
+        let ranks: Vec<u64> = (0..n).step_by(37).chain([n - 1]).collect();
+        let merged = ranks_by_merge(files, written, &ranks).unwrap();
+        let want: Vec<f64> = ranks.iter().map(|&r| all[r as usize]).collect();
+        assert_eq!(bits(&merged), bits(&want));
+        let pool = Pool::new(files, written.iter().copied());
+        assert_eq!(pool.len(), n);
+        for k in (0..n).step_by(13) {
+            let got = f64::from_le_bytes(pool.bytes_at(k).unwrap());
+            assert_eq!(got.to_bits(), in_order[k as usize].to_bits(), "value {k}");
+        }
+    }
+
+    /// `append_values` counts a bucket's values where they are few distinct ones and sorts
+    /// them otherwise, and both runs answer as the sorted values: whole-unit times, charges in
+    /// steps with `-0.0` and `0.0` (two values), exactly one distinct value in 16 and one more,
+    /// continuous values, and a short run.
+    #[test]
+    fn few_distinct_values_are_counted_and_answer_as_sorted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = Xoshiro256::seed_from(8);
+        let times = (0..64_000)
+            .map(|_| 6000.0 + rng.below(3001) as f64)
+            .collect();
+        let charges = (0..20_000)
+            .map(|i| match i % 97 {
+                0 => -0.0,
+                1 => 0.0,
+                _ => 0.05 + 0.025 * rng.below(1200) as f64,
+            })
+            .collect();
+        let continuous = (0..20_000).map(|_| rng.unit_f64() * 1e3 - 500.0).collect();
+        let cases: Vec<(&str, Vec<f64>, bool)> = vec![
+            ("times", times, true),
+            ("charges", charges, true),
+            (
+                "at the limit",
+                (0..16_000).map(|i| (i % 1000) as f64).collect(),
+                true,
+            ),
+            (
+                "past it",
+                (0..16_000).map(|i| (i % 1001) as f64).collect(),
+                false,
+            ),
+            ("continuous", continuous, false),
+            ("short", (0..100).map(|i| (i % 3) as f64).collect(), false),
+        ];
+        for memory in [None, Some(u64::MAX)] {
+            let path = dir.path().join(format!("v{memory:?}"));
+            let runs = match memory {
+                None => ValueRuns::create(path, 0).unwrap(),
+                Some(limit) => ValueRuns::in_memory(path, 0, limit),
+            };
+            let (mut in_order, mut written) = (Vec::new(), Vec::new());
+            for (what, values, counted) in &cases {
+                let mut values = values.clone();
+                let run = runs.append_values(&mut values).unwrap();
+                assert_eq!(run.distinct > 0, *counted, "{what}");
+                sort_total(&mut values);
+                in_order.extend_from_slice(&values);
+                written.push(run);
             }
-            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            let n = all.len() as u64;
-            let ranks: Vec<u64> = (0..n).step_by(37).chain([n - 1]).collect();
-            let merged = ranks_by_merge(&files, &written, &ranks).unwrap();
-            let want: Vec<f64> = ranks.iter().map(|&r| all[r as usize]).collect();
-            assert_eq!(bits(&merged), bits(&want), "{memory:?}");
-            let pool = Pool::new(&files, written.iter().copied());
-            assert_eq!(pool.len(), n);
-            for k in (0..n).step_by(13) {
-                let got = f64::from_le_bytes(pool.bytes_at(k).unwrap());
-                assert_eq!(got.to_bits(), in_order[k as usize].to_bits(), "value {k}");
-            }
+            answer_as_sorted(&[runs.finish().unwrap()], &written, &in_order);
         }
     }
 
