@@ -612,10 +612,47 @@ pub(crate) struct NumericEncoder<'a> {
     joined: Option<Vec<Option<f32>>>,
 }
 
+thread_local! {
+    /// Each encoding thread's last results of `log1p`.
+    static LOG1P: std::cell::RefCell<Memo> = std::cell::RefCell::new(Memo::new());
+}
+
+/// The last results of a costly function (`log1p`) by the bits of its input, in a small
+/// direct-mapped table. Event data repeats its values (the README's charge, in steps of its
+/// sensor's resolution, holds about a thousand distinct ones), and a lookup costs a fraction of
+/// the call it saves: the encode phase's `log1p` was 0.1 of its 0.55 thread-s. The function
+/// computes every value it returns, so the bits are its own.
+struct Memo {
+    slots: Vec<(u64, f64)>,
+}
+
+impl Memo {
+    const BITS: u32 = 12;
+
+    fn new() -> Memo {
+        // No finite input has the bits of the empty slot's key (a NaN), and only finite inputs
+        // are looked up.
+        Memo {
+            slots: vec![(u64::MAX, 0.0); 1 << Self::BITS],
+        }
+    }
+
+    #[inline(always)]
+    fn get(&mut self, x: f64, f: impl FnOnce(f64) -> f64) -> f64 {
+        let key = x.to_bits();
+        let slot = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - Self::BITS)) as usize;
+        let slot = &mut self.slots[slot];
+        if slot.0 != key {
+            *slot = (key, f(x));
+        }
+        slot.1
+    }
+}
+
 /// The f32 stored for `x` through `chain`, when `x` and its encoding are finite in f32: what
 /// [`NumericEncoder::encode`] stores without the NaN policy.
 #[inline(always)]
-fn stored(x: f64, chain: impl Fn(f64) -> f64) -> Option<f32> {
+fn stored(x: f64, chain: impl FnOnce(f64) -> f64) -> Option<f32> {
     if !x.is_finite() {
         return None;
     }
@@ -759,7 +796,9 @@ impl NumericEncoder<'_> {
             [Stage::Zscore { mean, std }] => {
                 self.each(rows, put, |row| stored(x(row), |x| (x - mean) / std))
             }
-            [Stage::Log1p] => self.each(rows, put, |row| stored(x(row), f64::ln_1p)),
+            [Stage::Log1p] => LOG1P.with_borrow_mut(|memo| {
+                self.each(rows, put, |row| stored(x(row), |x| memo.get(x, f64::ln_1p)))
+            }),
             _ => self.each(rows, put, |row| {
                 stored(x(row), |x| self.stages.iter().fold(x, |v, s| s.apply(v)))
             }),
@@ -773,7 +812,7 @@ impl NumericEncoder<'_> {
         &self,
         rows: &[u32],
         put: &mut impl FnMut(usize, f32),
-        fast: impl Fn(usize) -> Option<f32>,
+        mut fast: impl FnMut(usize) -> Option<f32>,
     ) -> Result<u64> {
         let mut filled = 0;
         for (t, &row) in rows.iter().enumerate() {
@@ -833,5 +872,35 @@ impl NumericEncoder<'_> {
             row: file_row,
             what,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memo answers what the function returns, to the bit, on first sight and on repeats,
+    /// where values share slots (far more values than slots), and for `-0.0` beside `0.0`.
+    #[test]
+    fn the_memo_returns_the_functions_bits() {
+        let mut rng = dsc_format::rng::Xoshiro256::seed_from(3);
+        let mut memo = Memo::new();
+        let values: Vec<f64> = (0..40_000)
+            .map(|i| match i % 5 {
+                0 => -0.0,
+                1 => 0.0,
+                2 => 0.025 * rng.below(2000) as f64,
+                _ => rng.unit_f64() * 1e6,
+            })
+            .collect();
+        for _ in 0..2 {
+            for &x in &values {
+                assert_eq!(
+                    memo.get(x, f64::ln_1p).to_bits(),
+                    x.ln_1p().to_bits(),
+                    "{x}"
+                );
+            }
+        }
     }
 }
