@@ -355,7 +355,7 @@ pub(crate) struct ShardWriter {
 
 /// Bytes of a shard left to the page cache before the kernel is asked to start writing them.
 /// Left alone, it writes nothing until the `fsync` that makes the shard durable, and that
-/// thread waits (idle) for the whole shard: on 2 cores about half the write phase's
+/// thread waits (idle) for the whole shard: on 2 cores about two thirds of the write phase's
 /// thread-seconds. Started early, the disk writes while the compile encodes, and the `fsync`
 /// waits for the last few MiB.
 const WRITE_BACK_EVERY: u64 = 2 << 20;
@@ -407,7 +407,7 @@ impl ShardWriter {
             .write_all(bytes)
             .map_err(|e| CompileError::io(&self.tmp, e));
         let in_file = self.bytes - self.out.buffer().len() as u64;
-        if in_file - self.written_back >= WRITE_BACK_EVERY {
+        if written.is_ok() && in_file - self.written_back >= WRITE_BACK_EVERY {
             start_write_back(
                 self.out.get_ref(),
                 self.written_back,
