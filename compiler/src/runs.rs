@@ -500,9 +500,12 @@ struct CountedSamples {
 }
 
 impl CountedSamples {
-    /// The run's keys sampled, the samples, and every key (candidates for rank queries: a
-    /// joined column's runs share their few distinct values, so that ranks are found among
-    /// them, not read between samples).
+    /// The run's keys sampled, the samples, and its candidates for rank queries: every key
+    /// where they are no more than a plain run of the same values has samples (a joined
+    /// column's runs share their few distinct values, so that ranks are found among them, not
+    /// read between samples); else the keys that plain run's samples would be (the values at
+    /// positions 0, `SAMPLE`, 2 `SAMPLE`, …), so that no more values lie between two candidates
+    /// than in a plain run, however often one value repeats.
     fn read(file: &RunsFile, run: Run) -> Result<(Vec<u64>, CountedSamples, Vec<u64>)> {
         let c = Counted::read(file, run)?;
         let sampled = (0..c.keys.len()).step_by(SAMPLE as usize);
@@ -511,7 +514,23 @@ impl CountedSamples {
         let below = sampled
             .map(|i| i.checked_sub(1).map_or(0, |i| c.ends[i]))
             .collect();
-        Ok((keys, CountedSamples { run, ends, below }, c.keys))
+        let samples = run.len.div_ceil(SAMPLE);
+        let candidates = if c.keys.len() as u64 <= samples {
+            c.keys
+        } else {
+            // Key i holds positions ends[i - 1]..ends[i]; `next` is the first sample position
+            // no key taken so far holds.
+            let mut taken = Vec::with_capacity(samples as usize);
+            let mut next = 0;
+            for (&key, &end) in c.keys.iter().zip(&c.ends) {
+                if end > next {
+                    taken.push(key);
+                    next = end.div_ceil(SAMPLE) * SAMPLE;
+                }
+            }
+            taken
+        };
+        Ok((keys, CountedSamples { run, ends, below }, candidates))
     }
 }
 
