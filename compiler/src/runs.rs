@@ -195,9 +195,8 @@ impl ValueRuns {
 
     /// Appends the sorted run of values that holds `table[r]` exactly `counts[r]` times for
     /// each `r` (a column read through a join, booleans, or values counted by `append_values`),
-    /// as a counted run: the same
-    /// answers to every query as the sorted values, in 16 bytes per distinct value instead of
-    /// 8 per value.
+    /// as a counted run: the same answers to every query as the sorted values, in 16 bytes per
+    /// distinct value instead of 8 per value.
     pub fn append_counted(&self, table: &[Option<f64>], counts: &[u64]) -> Result<Run> {
         let mut order: Vec<(u64, u64)> = table
             .iter()
