@@ -53,6 +53,15 @@ pub enum Command {
     Log(LogArgs),
     Tag(TagArgs),
     Gc(GcArgs),
+    /// What `dsc compile --force` starts to remove the cache it replaced, after it has returned.
+    #[command(hide = true)]
+    RemoveReplaced(RemoveReplacedArgs),
+}
+
+/// Removes a replaced cache (`.NAME.PID-N.dsc-old`), holding its lock as standard input.
+#[derive(Debug, Args)]
+pub struct RemoveReplacedArgs {
+    pub folder: PathBuf,
 }
 
 /// Name a generation of a cache, so that readers open it by that name (`--generation NAME`,
@@ -746,6 +755,9 @@ pub struct CompileArgs {
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     pub out: Option<PathBuf>,
     /// Replace --out if it exists and is not empty (at a URL: a cache there).
+    ///
+    /// The new cache takes the old one's place in one atomic rename; the old one is then
+    /// removed by a dsc process of its own, after this command has returned.
     #[arg(long, help_heading = "Output")]
     pub force: bool,
     /// Memory the compile may use, e.g. 4GiB [default: half of the machine's, or of the

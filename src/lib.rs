@@ -109,6 +109,7 @@ where
         args::Command::Compress(a) => storage_cmd::compress(a),
         args::Command::Decompress(a) => storage_cmd::decompress(a),
         args::Command::Status(a) => compile_cmd::status(a),
+        args::Command::RemoveReplaced(a) => compile_cmd::remove_replaced(a),
     };
     match result {
         Ok(code) => code,

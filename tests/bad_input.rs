@@ -320,6 +320,7 @@ fn an_existing_output_is_kept_unless_forced() {
     dsc(dir.path(), &with_flag("--seed", "5", &["--force"])).ok();
     assert_ne!(tree(&dir.join("cache")), before);
     dsc(dir.path(), &["verify", "cache"]).ok();
+    wait_replaced_removed(dir.path(), "cache");
     assert!(!dir.join(".cache.dsc-old").exists() && !dir.join(".cache.dsc-partial").exists());
     // A failing forced compile leaves the old cache in place.
     let after = tree(&dir.join("cache"));

@@ -307,6 +307,7 @@ fn a_forced_compile_replaces_the_cache_without_a_moment_where_it_is_missing() {
         "cache/ was missing while being replaced"
     );
     dsc(dir.path(), &["verify", "cache"]).ok();
+    wait_replaced_removed(dir.path(), "cache");
     assert!(!dir.join(".cache.dsc-old").exists());
 }
 

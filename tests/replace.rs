@@ -164,3 +164,99 @@ fn open_while(
     });
     (opens, refused, wrong)
 }
+
+/// `dsc` with `args` in `dir` and one more environment variable (a failpoint or a pause).
+fn dsc_with(dir: &Path, (key, value): (&str, &str), args: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsc"))
+        .args(args)
+        .current_dir(dir)
+        .env(key, value)
+        .output()
+        .expect("run dsc");
+    assert!(
+        out.status.success(),
+        "dsc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The README's compile into `out` under `seed`, replacing what is there.
+fn seeded<'a>(out: &'a str, seed: &'a str) -> Vec<&'a str> {
+    icecube_args(out, &["--quiet", "--force"])
+        .into_iter()
+        .map(|a| if a == "42" { seed } else { a })
+        .collect()
+}
+
+#[test]
+fn a_forced_compile_returns_while_a_process_of_its_own_removes_the_replaced_cache() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 150);
+    dsc(dir.path(), &seeded("cache", "1")).ok();
+    let old = std::fs::read(dir.join("cache/manifest.json")).unwrap();
+    // The remover pauses before it removes anything: the compile has returned by then.
+    let go = dir.join("go");
+    let pause = format!("remove-replaced:{}", go.display());
+    dsc_with(dir.path(), ("DSC_PAUSE", &pause), &seeded("cache", "2"));
+    let paused = dir.join("go.paused");
+    let start = std::time::Instant::now();
+    while !paused.exists() {
+        assert!(start.elapsed().as_secs() < 60, "the remover never started");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    dsc(dir.path(), &["verify", "cache"]).ok();
+    let new = std::fs::read(dir.join("cache/manifest.json")).unwrap();
+    assert!(new != old, "the new cache is in place");
+    let left = replaced_left(dir.path(), "cache");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        std::fs::read(left[0].join("manifest.json")).unwrap() == old,
+        "the old cache, whole, under a name of its own"
+    );
+    let err = dsc(dir.path(), &["verify", left[0].to_str().unwrap()]).fails(2);
+    assert!(err.contains("not a cache"), "{err}");
+
+    // A compile into the same output meanwhile neither waits for the remover nor takes its
+    // folder from it.
+    dsc(dir.path(), &seeded("cache", "1")).ok();
+    assert!(std::fs::read(dir.join("cache/manifest.json")).unwrap() == old);
+    assert!(left[0].exists(), "the paused remover's folder is its own");
+
+    std::fs::write(&go, b"").unwrap();
+    wait_replaced_removed(dir.path(), "cache");
+    dsc(dir.path(), &["verify", "cache"]).ok();
+}
+
+#[test]
+fn a_replaced_cache_whose_remover_died_is_removed_by_the_next_compile() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 150);
+    dsc(dir.path(), &seeded("cache", "1")).ok();
+    // The remover dies at once, as if killed: its folder stays, whole and no longer locked.
+    dsc_with(
+        dir.path(),
+        ("DSC_FAILPOINT", "remove-replaced"),
+        &seeded("cache", "2"),
+    );
+    let left = replaced_left(dir.path(), "cache");
+    assert_eq!(left.len(), 1, "{left:?}");
+    let start = std::time::Instant::now();
+    loop {
+        let folder = std::fs::File::open(&left[0]).unwrap();
+        if folder.try_lock().is_ok() {
+            break; // its remover is gone
+        }
+        assert!(start.elapsed().as_secs() < 60, "the remover never ended");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(left[0].join("manifest.json").exists(), "nothing removed");
+    // Another output's leftover, whose name begins with this output's, is not this one's.
+    let other = dir.join(".cache.v2.1-0.dsc-old");
+    std::fs::create_dir_all(&other).unwrap();
+
+    dsc(dir.path(), &seeded("cache", "1")).ok();
+    assert!(!left[0].exists(), "removed before the compile started");
+    assert!(other.exists());
+    wait_replaced_removed(dir.path(), "cache");
+    dsc(dir.path(), &["verify", "cache"]).ok();
+}

@@ -54,6 +54,10 @@ pub struct CompileReport {
     /// Thread-seconds spent per phase, summed over the threads that ran it, in the order the
     /// data flows (every phase, zero where it did not run).
     pub phases: Vec<(String, f64)>,
+    /// The cache this compile replaced (`force`), under a leftover name: removed when the report
+    /// is dropped, unless taken and handed to a remover of its own (the CLI's, which does not
+    /// keep the user waiting for it).
+    pub replaced: Option<crate::Replaced>,
     /// For an append: its new data against the parameters it was encoded with.
     pub drift: Option<crate::Drift>,
 }
@@ -102,7 +106,7 @@ pub(crate) fn commit_cache(
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
     // The last moment a stop request can keep the cache from being committed.
     crate::progress::check(progress)?;
-    let out = staging.commit()?;
+    let (out, replaced) = staging.commit()?;
     timer.lap("commit");
     let cache_bytes = manifest.shards().iter().map(|s| s.stored_bytes()).sum();
     Ok(CompileReport {
@@ -113,6 +117,7 @@ pub(crate) fn commit_cache(
         timings: timer.timings,
         phases: Vec::new(),
         drift: None,
+        replaced,
     })
 }
 

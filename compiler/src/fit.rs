@@ -434,30 +434,45 @@ pub(crate) struct FitPart {
     lengths: Vec<LengthCounts>,
 }
 
-/// Runs `f` on every bucket of `range`, at most `at_once` of them in memory together; results in
-/// bucket order, the first error in bucket order.
+/// Runs `f` on every bucket of `range`, at most `at_once` of them in memory together: as many
+/// workers, each taking the next bucket as soon as it has finished one. (In chunks of
+/// `at_once`, each chunk waited for its slowest bucket, and every core but one idled at each
+/// chunk's end.) Results in bucket order, and the first error in bucket order: buckets are
+/// taken in order, so every bucket before a failed one has run.
 pub(crate) fn for_buckets<T: Send>(
     range: Range<usize>,
     at_once: usize,
     progress: &dyn Progress,
     f: impl Fn(usize) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    use rayon::prelude::*;
-    let mut out = Vec::with_capacity(range.len());
-    let all: Vec<usize> = range.collect();
-    for chunk in all.chunks(at_once.max(1)) {
-        let done: Vec<Result<T>> = chunk
-            .par_iter()
-            .map(|&b| {
-                crate::progress::check(progress)?;
-                let r = f(b);
-                progress.advance(1);
-                r
-            })
-            .collect();
-        for r in done {
-            out.push(r?);
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let n = range.len();
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let done: Vec<Mutex<Option<Result<T>>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let work = || {
+        while !failed.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
+            let r = crate::progress::check(progress).and_then(|()| f(range.start + i));
+            progress.advance(1);
+            if r.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            *done[i].lock().expect("no panics while held") = Some(r);
         }
+    };
+    rayon::scope(|s| {
+        for _ in 0..at_once.clamp(1, n.max(1)) {
+            s.spawn(|_| work());
+        }
+    });
+    let mut out = Vec::with_capacity(n);
+    for slot in done {
+        let r = slot.into_inner().expect("no panics while held");
+        out.push(r.expect("every bucket before a failed one has run")?);
     }
     Ok(out)
 }

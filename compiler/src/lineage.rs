@@ -276,6 +276,7 @@ pub(crate) fn commit_append(
         timings: timer.timings,
         phases: Vec::new(),
         drift: added.drift,
+        replaced: None,
     })
 }
 

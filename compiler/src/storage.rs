@@ -224,7 +224,10 @@ pub fn restore(dir: &Path, storage: Storage, progress: &dyn Progress) -> Result<
     let (manifest, report) = convert_cache(dir, &staging.dir, manifest, storage, progress)?;
     staging.write_file(dsc_format::MANIFEST_FILE, &manifest.to_json())?;
     crate::progress::check(progress)?;
-    staging.commit()?;
+    // The cache it converted is removed before returning: a conversion is not timed to the
+    // moment it commits.
+    let (_, replaced) = staging.commit()?;
+    drop(replaced);
     progress.finish();
     Ok(StorageReport {
         seconds: start.elapsed().as_secs_f64(),

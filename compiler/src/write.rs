@@ -4,6 +4,7 @@
 
 use crate::error::{CompileError, Result};
 use crate::phases::Split;
+use crate::replaced::Replaced;
 use dsc_format::checksum::Hasher;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -154,6 +155,7 @@ impl Staging {
                 })?;
             }
         }
+        crate::replaced::remove_abandoned(out)?;
         std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
             .map_err(|e| output_err(&dir, "create the staging directory", e))?;
         Ok(Staging {
@@ -251,25 +253,24 @@ impl Staging {
     /// Moves the finished cache to `out`, replacing what was there. Whatever moment the process
     /// dies, `out` is either the old cache or the new one, never missing: an existing `out` is
     /// exchanged with the staging directory in one atomic rename (Linux `RENAME_EXCHANGE`), and
-    /// the old cache, now under the staging name, is removed afterwards. Where the exchange is
-    /// not available, the old cache is moved aside first (a short window without `out`).
-    pub fn commit(mut self) -> Result<PathBuf> {
+    /// the old cache, now under the staging name, is moved to a leftover name of its own and
+    /// returned, for its holder to remove ([`Replaced`]). Where the exchange is not available,
+    /// the old cache is moved aside first (a short window without `out`).
+    pub fn commit(mut self) -> Result<(PathBuf, Option<Replaced>)> {
         if self.out.exists() && !is_empty_dir(&self.out)? {
             let swapped = exchange(&self.dir, &self.out)
                 .map_err(|e| output_err(&self.out, "replace the cache", e))?;
             if swapped {
                 self.committed = true;
                 // `self.dir` now holds the replaced cache: a reader refuses it by its name.
-                remove_replaced(&self.dir);
-                return Ok(self.out.clone());
+                return Ok((self.out.clone(), replaced(&self.dir, &self.out)));
             }
             let old = sibling(&self.out, dsc_format::REPLACED_SUFFIX);
             std::fs::rename(&self.out, &old)
                 .map_err(|e| output_err(&self.out, "replace the cache", e))?;
             std::fs::rename(&self.dir, &self.out).map_err(|e| CompileError::io(&self.out, e))?;
             self.committed = true;
-            remove_replaced(&old);
-            return Ok(self.out.clone());
+            return Ok((self.out.clone(), replaced(&old, &self.out)));
         }
         if self.out.exists() {
             // An empty directory: rename(2) replaces it.
@@ -279,15 +280,21 @@ impl Staging {
         std::fs::rename(&self.dir, &self.out)
             .map_err(|e| output_err(&self.out, "move the new cache into place", e))?;
         self.committed = true;
-        Ok(self.out.clone())
+        Ok((self.out.clone(), None))
     }
 }
 
-/// Removes a replaced cache after the new one is in place. The compile has succeeded by then, so
-/// a failure (a file in it that cannot be deleted) does not fail it: readers refuse the leftover
-/// by its name, and the next compile into the same output removes it first or says why not.
-fn remove_replaced(dir: &Path) {
-    let _ = std::fs::remove_dir_all(dir);
+/// The replaced cache at `dir`, moved to a leftover name of its own. The compile has succeeded
+/// by then, so a failure does not fail it: the folder is removed here instead, or stays under a
+/// name readers refuse, for the next compile into the same output to remove or say why not.
+fn replaced(dir: &Path, out: &Path) -> Option<Replaced> {
+    match Replaced::take(dir, out) {
+        Ok(r) => Some(r),
+        Err(_) => {
+            crate::replaced::remove_leftover(dir);
+            None
+        }
+    }
 }
 
 /// Swaps two directories in one atomic step; `Ok(false)` where the platform or file system

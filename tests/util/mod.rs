@@ -134,6 +134,38 @@ pub fn dsc(cwd: &Path, args: &[&str]) -> Run {
     }
 }
 
+/// The caches that forced compiles into `dir/name` replaced and that are still beside it
+/// (`.NAME.PID-N.dsc-old`, each removed by a process of its own after its compile returned).
+pub fn replaced_left(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!(".{name}.");
+    let mut left: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .filter_map(|e| {
+            let n = e.ok()?.file_name().to_string_lossy().into_owned();
+            let unique = n.strip_prefix(&prefix)?.strip_suffix(".dsc-old")?;
+            unique
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b == b'-')
+                .then(|| dir.join(&n))
+        })
+        .collect();
+    left.sort();
+    left
+}
+
+/// Waits (a minute at most) until the caches replaced beside `dir/name` are removed.
+pub fn wait_replaced_removed(dir: &Path, name: &str) {
+    let start = std::time::Instant::now();
+    while !replaced_left(dir, name).is_empty() {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "still there after a minute: {:?}",
+            replaced_left(dir, name)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Generates IceCube-like data under `dir/data`.
 pub fn gen_icecube(dir: &Dir, files: usize, events: usize) {
     let (files, events) = (files.to_string(), events.to_string());
