@@ -657,9 +657,45 @@ pub(crate) fn merge(
         f.check_policy(rules.nan)?;
     }
 
+    // Each numeric column's merge (rank queries over every bucket's runs) is its own: they run
+    // side by side, and are taken in column order below, so the first error is the same.
+    let merge_one = |i: usize, id: &ColumnId, chain: &[Step], row_column: bool| {
+        let numeric: Vec<&NumericPartial> = buckets
+            .iter()
+            .map(|f| {
+                if row_column {
+                    f.columns[i].as_ref().expect("a numeric column")
+                } else {
+                    &f.context_columns[i]
+                }
+            })
+            .collect();
+        let reference = frozen.map(|f| f.reference(id, &shared.splits.names));
+        merge_numeric(id, &numeric, n_splits, chain, files, reference.as_ref())
+    };
+    let (mut row_numeric, mut context_numeric) = {
+        use rayon::prelude::*;
+        let rows: Vec<Option<Result<NumericResult>>> = (0..shared.columns.len())
+            .into_par_iter()
+            .map(|i| {
+                let rc = &shared.columns[i];
+                (!rc.categorical).then(|| merge_one(i, &shared.column_id(i), rc.chain, true))
+            })
+            .collect();
+        let context: Vec<Result<NumericResult>> = (0..shared.context_columns.len())
+            .into_par_iter()
+            .map(|i| {
+                let chain = shared.context_columns[i].2;
+                merge_one(i, &shared.context_column_id(i), chain, false)
+            })
+            .collect();
+        (rows.into_iter(), context.into_iter())
+    };
+
     let mut column_stats: Vec<Vec<ColumnStats>> = Vec::new();
     let mut columns = Vec::new();
     for (i, rc) in shared.columns.iter().enumerate() {
+        let merged_numeric = row_numeric.next().expect("one per column");
         let id = shared.column_id(i);
         let source = match rc.join {
             None => ColumnSource::Rows,
@@ -692,13 +728,7 @@ pub(crate) fn merge(
                 column_spec(rc.name, source, &id, encoding),
             ));
         } else {
-            let numeric: Vec<&NumericPartial> = buckets
-                .iter()
-                .map(|f| f.columns[i].as_ref().expect("a numeric column"))
-                .collect();
-            let reference = frozen.map(|f| f.reference(&id, &shared.splits.names));
-            let mut result =
-                merge_numeric(&id, &numeric, n_splits, rc.chain, files, reference.as_ref())?;
+            let mut result = merged_numeric.expect("merged: a numeric column")?;
             if let Some(f) = frozen {
                 f.numeric(&id, &mut result)?;
             }
@@ -711,11 +741,9 @@ pub(crate) fn merge(
         }
     }
     let mut context = Vec::new();
-    for (i, (name, is_target, chain)) in shared.context_columns.iter().enumerate() {
+    for (i, (name, is_target, _)) in shared.context_columns.iter().enumerate() {
         let id = shared.context_column_id(i);
-        let numeric: Vec<&NumericPartial> = buckets.iter().map(|f| &f.context_columns[i]).collect();
-        let reference = frozen.map(|f| f.reference(&id, &shared.splits.names));
-        let mut result = merge_numeric(&id, &numeric, n_splits, chain, files, reference.as_ref())?;
+        let mut result = context_numeric.next().expect("one per context column")?;
         if let Some(f) = frozen {
             f.numeric(&id, &mut result)?;
         }
