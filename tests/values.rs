@@ -715,3 +715,93 @@ fn every_kind_of_column_stores_its_encoding_of_each_row() {
     );
     assert_eq!(report["summary"]["values_filled"], fills, "{report}");
 }
+
+/// A joined column's statistics come from how many rows read each joined row where the join
+/// table is small beside the rows, and value by value where it is not: the same counts of null,
+/// NaN and inf values, the same quantiles, and the same moments but for the last bits.
+#[test]
+fn a_joined_columns_statistics_are_the_same_counted_or_gathered() {
+    let dir = Dir::new();
+    gen_icecube(&dir, 2, 150);
+    let mut read: BTreeMap<i64, u64> = BTreeMap::new();
+    for f in files_in(&dir, "data/train") {
+        for s in Table::read(&dir.join(&f)).i64s("sensor_id") {
+            *read.entry(s).or_insert(0) += 1;
+        }
+    }
+    let mut busiest: Vec<(u64, i64)> = read.iter().map(|(&s, &n)| (n, s)).collect();
+    busiest.sort_unstable_by(|a, b| b.cmp(a));
+    // The three most read sensors' x: missing, NaN and infinite.
+    let bad: Vec<(i64, &str, u64)> = busiest[..3]
+        .iter()
+        .zip(["", "NaN", "inf"])
+        .map(|(&(n, s), x)| (s, x, n))
+        .collect();
+    let csv = std::fs::read_to_string(dir.join("data/sensor_geometry.csv")).unwrap();
+    let mut lines: Vec<String> = csv.lines().map(String::from).collect();
+    let mut last = 0;
+    for line in lines.iter_mut().skip(1) {
+        let (id, rest) = line.split_once(',').unwrap();
+        let id: i64 = id.parse().unwrap();
+        last = last.max(id);
+        if let Some((_, x, _)) = bad.iter().find(|(s, _, _)| *s == id) {
+            let (_, yz) = rest.split_once(',').unwrap();
+            *line = format!("{id},{x},{yz}");
+        }
+    }
+    std::fs::write(dir.join("data/small.csv"), lines.join("\n") + "\n").unwrap();
+    // Sensors no row reads make the table longer than the rows read through it.
+    let more = (1..=40_000).map(|i| format!("{},1.0,2.0,3.0", last + i));
+    let long: Vec<String> = lines.iter().cloned().chain(more).collect();
+    std::fs::write(dir.join("data/long.csv"), long.join("\n") + "\n").unwrap();
+    let stats = |table: &str| -> serde_json::Value {
+        let args: Vec<&str> = icecube_args(table, &["--nan", "zero", "--quiet"])
+            .into_iter()
+            .map(|a| match a {
+                "data/sensor_geometry.csv" if table == "small" => "data/small.csv",
+                "data/sensor_geometry.csv" => "data/long.csv",
+                a => a,
+            })
+            .collect();
+        dsc(dir.path(), &args).ok();
+        serde_json::from_slice(&std::fs::read(dir.join(table).join("stats.json")).unwrap()).unwrap()
+    };
+    let (counted, gathered) = (stats("small"), stats("long"));
+    let column = |s: &serde_json::Value, split: usize, name: &str| {
+        s["splits"][split]["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let all_x = column(&counted, 0, "x");
+    assert_eq!(
+        [&all_x["nulls"], &all_x["nan"], &all_x["inf"]].map(|v| v.as_u64().unwrap()),
+        [bad[0].2, bad[1].2, bad[2].2],
+        "each bad value counted once per row that reads it"
+    );
+    for split in 0..3 {
+        for name in ["x", "y", "z", "auxiliary"] {
+            let (a, b) = (
+                column(&counted, split, name),
+                column(&gathered, split, name),
+            );
+            for key in ["count", "nulls", "nan", "inf"] {
+                assert_eq!(a[key], b[key], "{name} {key} of split {split}");
+            }
+            let (a, b) = (&a["numeric"], &b["numeric"]);
+            for key in ["min", "max", "quantiles", "histogram"] {
+                assert_eq!(a[key], b[key], "{name} {key} of split {split}");
+            }
+            for key in ["mean", "std"] {
+                let (a, b) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+                assert!(
+                    (a - b).abs() <= 1e-12 * b.abs().max(1.0),
+                    "{name} {key} of split {split}: {a} counted, {b} gathered"
+                );
+            }
+        }
+    }
+}

@@ -171,6 +171,82 @@ impl Numbers<'_> {
     }
 }
 
+impl Numbers<'_> {
+    /// What the rows are read by when their values are read by index: the join's key column
+    /// and index (shared by every column joined through them), or a boolean column.
+    pub fn index_id(&self) -> Option<(usize, usize)> {
+        match self {
+            Numbers::Joined { keys, slots, .. } => {
+                Some((keys.as_ptr() as usize, slots.as_ptr() as usize))
+            }
+            Numbers::Bool(v) => Some((v.as_ptr() as usize, 0)),
+            _ => None,
+        }
+    }
+}
+
+/// Per split, how many of the rows tagged `tags` (rows of the table itself) read each value of
+/// `numbers`' index ([`Numbers::joined_values`], `len` of them): all that the statistics of a
+/// column read by index need, whatever its values. `None` where some row is not read by index
+/// (a key outside the dense index): then its values are gathered one by one. The first error in
+/// row order (a key the join table lacks), whatever the threads.
+pub(crate) fn count_by_index(
+    numbers: &Numbers,
+    tags: &[u8],
+    splits: usize,
+    len: usize,
+) -> Result<Option<Vec<Vec<u64>>>> {
+    let parts: Vec<Option<Vec<Vec<u64>>>> = tags
+        .par_chunks(1 << 16)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let mut counts = vec![vec![0u64; len]; splits];
+            let all = numbers.read_with(Count {
+                tags: chunk,
+                base: c << 16,
+                counts: &mut counts,
+            })?;
+            Ok(all.then_some(counts))
+        })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
+        .collect::<Result<_>>()?;
+    let mut total = vec![vec![0u64; len]; splits];
+    for part in parts {
+        let Some(part) = part else { return Ok(None) };
+        for (sum, counts) in total.iter_mut().zip(part) {
+            sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
+        }
+    }
+    Ok(Some(total))
+}
+
+/// One chunk of [`count_by_index`]'s rows (`tags`, from row `base`): `false` where a row was
+/// not read by index.
+struct Count<'c> {
+    tags: &'c [u8],
+    base: usize,
+    counts: &'c mut [Vec<u64>],
+}
+
+impl RowReader for Count<'_> {
+    type Out = Result<bool>;
+
+    #[inline(always)]
+    fn read(self, get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>) -> Result<bool> {
+        for (i, &tag) in self.tags.iter().enumerate() {
+            if tag == DROPPED {
+                continue;
+            }
+            match get(self.base + i)?.1 {
+                Some(r) => self.counts[tag as usize][r] += 1,
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// What reads a numeric column's rows through [`Numbers::read_with`].
 pub(crate) trait RowReader {
     type Out;

@@ -79,8 +79,14 @@ pub(crate) fn unfitted_prefix(column: &str, chain: &[Step]) -> Result<Vec<Stage>
         .collect())
 }
 
-/// Gathers a numeric column of one bucket and records its partial statistics; its sorted values
-/// go to `runs`.
+/// Per split, the counts of the rows read by each index a bucket's columns are read by (a
+/// join's key column and index, or a boolean), counted once for all the columns read by it.
+pub(crate) type IndexCounts = Vec<((usize, usize), Vec<Vec<u64>>)>;
+
+/// A numeric column of one bucket summarised: its partial statistics; its sorted values go to
+/// `runs`. A column of the rows read by a small index (joined, boolean) is summarised from how
+/// many rows read each indexed value (`counted`, shared by the columns of one join), without a
+/// value per row; any other is gathered value by value.
 pub(crate) fn numeric_partial(
     access: &Access,
     tags: &[u8],
@@ -88,7 +94,24 @@ pub(crate) fn numeric_partial(
     splits: usize,
     prefix: &[Stage],
     runs: &ValueRuns,
+    counted: &mut IndexCounts,
 ) -> Result<NumericPartial> {
+    let numbers = access.numbers();
+    if let (None, Some(id), Some(values)) = (rows, numbers.index_id(), numbers.joined_values()) {
+        if values.len() <= 1 << 16 {
+            let known = counted.iter().position(|(i, _)| *i == id);
+            let at = match known {
+                Some(at) => Some(at),
+                None => encode::count_by_index(&numbers, tags, splits, values.len())?.map(|c| {
+                    counted.push((id, c));
+                    counted.len() - 1
+                }),
+            };
+            if let Some(at) = at {
+                return counted_partial(values, &counted[at].1, prefix, runs);
+            }
+        }
+    }
     let mut g: Gathered = encode::gather(access, tags, rows, splits)?;
     let train = &g.values[..g.bounds[1]];
     // Without a prefix, those of train (split 0), computed below.
@@ -115,6 +138,70 @@ pub(crate) fn numeric_partial(
     let prefix_moments = prefix_moments.unwrap_or(moments[0]);
     Ok(NumericPartial {
         counts,
+        moments,
+        runs: split_runs,
+        prefix: prefix_moments,
+    })
+}
+
+/// [`numeric_partial`] of a column whose rows read `values` by index, `counts[s][r]` rows of
+/// split `s` reading `values[r]`.
+fn counted_partial(
+    values: &[Option<f64>],
+    counts: &[Vec<u64>],
+    prefix: &[Stage],
+    runs: &ValueRuns,
+) -> Result<NumericPartial> {
+    let mut bad = Vec::with_capacity(counts.len());
+    let mut moments = Vec::with_capacity(counts.len());
+    let mut split_runs = Vec::with_capacity(counts.len());
+    for split in counts {
+        let mut b = [0u64; 3];
+        // Only finite values are ranked and averaged; the others are counted by kind.
+        let finite: Vec<u64> = values
+            .iter()
+            .zip(split)
+            .map(|(x, &c)| match x {
+                Some(x) if x.is_finite() => c,
+                None => {
+                    b[0] += c;
+                    0
+                }
+                Some(x) if x.is_nan() => {
+                    b[1] += c;
+                    0
+                }
+                Some(_) => {
+                    b[2] += c;
+                    0
+                }
+            })
+            .collect();
+        let pairs = values
+            .iter()
+            .zip(&finite)
+            .filter_map(|(x, &c)| Some((x.filter(|x| x.is_finite())?, c)));
+        moments.push(Moments::of_counted(pairs));
+        split_runs.push(runs.append_counted(values, &finite)?);
+        bad.push(b);
+    }
+    let identity = prefix.iter().all(|s| *s == Stage::Identity);
+    let prefix_moments = if identity {
+        moments[0]
+    } else {
+        let mapped: Vec<(f64, u64)> = values
+            .iter()
+            .zip(&counts[0])
+            .filter_map(|(x, &c)| {
+                let x = x.filter(|x| x.is_finite())?;
+                let v = prefix.iter().fold(x, |v, s| s.apply(v));
+                v.is_finite().then_some((v, c))
+            })
+            .collect();
+        Moments::of_counted(mapped.into_iter())
+    };
+    Ok(NumericPartial {
+        counts: bad,
         moments,
         runs: split_runs,
         prefix: prefix_moments,
@@ -508,6 +595,7 @@ pub(crate) fn fit_buckets(
         }
         let mut columns = Vec::with_capacity(shared.columns.len());
         let mut categories = Vec::with_capacity(shared.columns.len());
+        let mut counted = IndexCounts::new();
         for (i, rc) in shared.columns.iter().enumerate() {
             let access = shared.access(i, &p.table);
             if rc.categorical {
@@ -522,6 +610,7 @@ pub(crate) fn fit_buckets(
                     n_splits,
                     &prefix,
                     runs,
+                    &mut counted,
                 )?));
                 categories.push(None);
             }
@@ -541,6 +630,7 @@ pub(crate) fn fit_buckets(
                 n_splits,
                 &prefix,
                 runs,
+                &mut counted,
             )?);
         }
         let mut texts = Vec::with_capacity(shared.texts.len());

@@ -60,6 +60,32 @@ impl Moments {
         }
     }
 
+    /// Moments of the values `x` each taken `count` times, in two passes over the distinct
+    /// values in the order given (the mean, then the squared deviations): what a column read by
+    /// index costs per joined row instead of per row, the same bits whatever the rows' order.
+    pub fn of_counted(values: impl Iterator<Item = (f64, u64)> + Clone) -> Moments {
+        let mut m = Moments::default();
+        let mut sum = 0.0;
+        for (x, c) in values.clone().filter(|&(_, c)| c > 0) {
+            if m.n == 0 {
+                (m.min, m.max) = (x, x);
+            }
+            m.min = m.min.min(x);
+            m.max = m.max.max(x);
+            m.n += c;
+            sum += x * c as f64;
+        }
+        if m.n == 0 {
+            return m;
+        }
+        m.mean = sum / m.n as f64;
+        m.m2 = values
+            .filter(|&(_, c)| c > 0)
+            .map(|(x, c)| (x - m.mean) * (x - m.mean) * c as f64)
+            .sum();
+        m
+    }
+
     /// Moments of `values` computed over fixed 64 Ki-value chunks in parallel and merged in
     /// chunk order: the same bits for any thread count.
     pub fn of(values: &[f64]) -> Moments {
@@ -292,5 +318,33 @@ mod tests {
         let b = two.install(|| Moments::of(&values));
         assert_eq!(a.mean.to_bits(), b.mean.to_bits());
         assert_eq!(a.m2.to_bits(), b.m2.to_bits());
+    }
+
+    #[test]
+    fn counted_moments_are_those_of_the_values_they_stand_for() {
+        let mut rng = dsc_format::rng::Xoshiro256::seed_from(11);
+        // A sensor table's coordinates, each read by a few to a few thousand rows; one unread.
+        let table: Vec<f64> = (0..500).map(|_| rng.unit_f64() * 1000.0 - 500.0).collect();
+        let counts: Vec<u64> = (0..500)
+            .map(|i| if i == 7 { 0 } else { 1 + rng.below(3000) })
+            .collect();
+        let expanded: Vec<f64> = table
+            .iter()
+            .zip(&counts)
+            .flat_map(|(&x, &c)| std::iter::repeat_n(x, c as usize))
+            .collect();
+        let want = Moments::of(&expanded);
+        let got = Moments::of_counted(table.iter().copied().zip(counts.iter().copied()));
+        assert_eq!((got.n, got.min, got.max), (want.n, want.min, want.max));
+        assert!((got.mean - want.mean).abs() <= 1e-12 * want.mean.abs().max(1.0));
+        assert!((got.m2 - want.m2).abs() <= 1e-12 * want.m2);
+        // Unread values count for nothing, not even the extremes.
+        let min_unread = Moments::of_counted([(-1e9, 0), (2.0, 3), (4.0, 1)].into_iter());
+        assert_eq!(
+            (min_unread.n, min_unread.min, min_unread.max),
+            (4, 2.0, 4.0)
+        );
+        assert_eq!((min_unread.mean, min_unread.m2), (2.5, 3.0));
+        assert_eq!(Moments::of_counted([(1.0, 0)].into_iter()).n, 0);
     }
 }
