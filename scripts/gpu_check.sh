@@ -17,8 +17,9 @@
 # loop of one's own), never-run (fp16 with the loss scaler captured, the GRU captured, captured
 # runs resumed, a non-resident mix), first-steps (the default resident run against
 # --resident off over its first 1,200 steps),
-# threads (the compile and `dsc bench` at 2, 4, 8 and 16 threads, and bench_python.py's host
-# path to the GPU at 2 to 16 loader threads: what many cores change).
+# threads (the compile, new and --force over itself, with its stages and largest phases, and
+# `dsc bench`, at 2, 4, 8 and 16 threads, and bench_python.py's host path to the GPU at 2 to 16
+# loader threads: what many cores change).
 # `import dsc` must work (pip install ./python, or PYTHONPATH=python with the built extension
 # as python/dsc/_dsc.abi3.so). Each part runs on its own, so that one failure leaves the rest.
 set -uo pipefail
@@ -233,28 +234,38 @@ if want first-steps; then
     train padded-host --batch-size 256 --epochs 1 --max-steps 1200 --resident off
 fi
 if want threads; then
-    log "thread scaling: the README's compile and dsc bench at 2, 4, 8, 16 threads"
+    log "thread scaling: the README's compile (into a new folder, then --force over it) and dsc bench at 2, 4, 8, 16 threads"
     for n in 2 4 8 16; do
         rm -rf "$work/cache-t$n"
-        t0=$(date +%s.%N)
-        "$dsc" compile "$work/data/train/batch_*.parquet" --key event_id --order-by time \
-            --context "$work/data/train_meta.parquet" --targets azimuth,zenith \
-            --join "$work/data/sensor_geometry.csv" --on sensor_id \
-            --features x,y,z,time,charge,auxiliary --categorical sensor_id \
-            --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 \
-            --seed 42 --threads "$n" --out "$work/cache-t$n" >/dev/null 2>&1
-        t1=$(date +%s.%N)
+        for pass in new force; do
+            "$dsc" compile "$work/data/train/batch_*.parquet" --key event_id --order-by time \
+                --context "$work/data/train_meta.parquet" --targets azimuth,zenith \
+                --join "$work/data/sensor_geometry.csv" --on sensor_id \
+                --features x,y,z,time,charge,auxiliary --categorical sensor_id \
+                --encode time=zscore --encode charge=log1p --max-len 128 --val-fraction 0.1 \
+                --seed 42 --threads "$n" --out "$work/cache-t$n" --force --json \
+                >"$out/compile-t$n-$pass.json" 2>/dev/null
+        done
         # The same inputs and seed give the same cache whatever the thread count.
         same=$(diff -rq "$work/cache-t$n" "$cache" >/dev/null 2>&1 && echo identical || echo DIFFERENT)
         rm -rf "$work/cache-t$n"
         "$dsc" bench "$cache" --loader-threads "$n" --json >"$out/bench-t$n.json" 2>/dev/null
-        python3 - "$n" "$t0" "$t1" "$same" "$out/bench-t$n.json" <<'EOF' | tee -a "$out/summary.txt"
+        python3 - "$n" "$same" "$out" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
-n, t0, t1, same, path = sys.argv[1:]
-b = json.load(open(path))
-print(f"threads {n:>2}: compile {float(t1) - float(t0):6.2f} s (cache {same}) · dsc bench shuffled "
+n, same, out = sys.argv[1:]
+def report(pass_):
+    return json.load(open(f"{out}/compile-t{n}-{pass_}.json"))
+new, force = report("new"), report("force")
+two = json.load(open(f"{out}/compile-t2-new.json"))["seconds"]
+b = json.load(open(f"{out}/bench-t{n}.json"))
+stages = " ".join(f"{k} {v:.2f}" for k, v in new["timings"])
+phases = sorted(new["phases"], key=lambda p: -p[1])[:5]
+print(f"threads {n:>2}: compile {new['seconds']:6.2f} s ({two / new['seconds']:.2f}x the 2-thread "
+      f"compile; --force over it {force['seconds']:.2f} s; cache {same}) · dsc bench shuffled "
       f"{b['contexts_per_s_shuffled'] / 1e6:6.2f} M contexts/s, "
       f"{b['shuffled_over_memcpy_threads']:.2f} of memcpy at as many threads")
+print(f"    stages (wall s): {stages}")
+print("    largest phases (thread-s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases))
 EOF
     done
     log "bench_python.py --device cuda (the host path at 2 to 16 loader threads)"

@@ -718,7 +718,8 @@ fn every_kind_of_column_stores_its_encoding_of_each_row() {
 
 /// A joined column's statistics come from how many rows read each joined row where the join
 /// table is small beside the rows, and value by value where it is not: the same counts of null,
-/// NaN and inf values, the same quantiles, and the same moments but for the last bits.
+/// NaN and inf values, the same quantiles, and the same moments but for the last bits. The
+/// join's key, categorical, is counted from the same counts: the same statistics and vocabulary.
 #[test]
 fn a_joined_columns_statistics_are_the_same_counted_or_gathered() {
     let dir = Dir::new();
@@ -782,7 +783,23 @@ fn a_joined_columns_statistics_are_the_same_counted_or_gathered() {
         [bad[0].2, bad[1].2, bad[2].2],
         "each bad value counted once per row that reads it"
     );
+    let sensor = |table: &str| {
+        let m = manifest(&dir.join(table));
+        m["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "sensor_id")
+            .unwrap()["columns"][0]["encoding"]
+            .clone()
+    };
+    assert_eq!(sensor("small"), sensor("long"), "the same vocabulary");
     for split in 0..3 {
+        assert_eq!(
+            column(&counted, split, "sensor_id"),
+            column(&gathered, split, "sensor_id"),
+            "sensor_id of split {split}"
+        );
         for name in ["x", "y", "z", "auxiliary"] {
             let (a, b) = (
                 column(&counted, split, name),

@@ -183,6 +183,24 @@ impl Numbers<'_> {
             _ => None,
         }
     }
+
+    /// For a join read by index: the key of each joined row (what a categorical column that is
+    /// the join's key holds on the rows joined to it).
+    pub fn index_keys(&self) -> Option<Vec<i64>> {
+        let Numbers::Joined {
+            min, slots, values, ..
+        } = self
+        else {
+            return None;
+        };
+        let mut keys = vec![0; values.len()];
+        for (i, &r) in slots.iter().enumerate() {
+            if let Some(k) = keys.get_mut(r as usize) {
+                *k = min + i as i64;
+            }
+        }
+        Some(keys)
+    }
 }
 
 /// Per split, how many of the rows tagged `tags` (rows of the table itself) read each value of

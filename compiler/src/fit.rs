@@ -81,7 +81,17 @@ pub(crate) fn unfitted_prefix(column: &str, chain: &[Step]) -> Result<Vec<Stage>
 
 /// Per split, the counts of the rows read by each index a bucket's columns are read by (a
 /// join's key column and index, or a boolean), counted once for all the columns read by it.
-pub(crate) type IndexCounts = Vec<((usize, usize), Vec<Vec<u64>>)>;
+pub(crate) type IndexCounts = Vec<Counted>;
+
+/// One index's counts ([`IndexCounts`]).
+pub(crate) struct Counted {
+    /// What the rows are read by ([`encode::Numbers::index_id`]).
+    id: (usize, usize),
+    /// Per split, how many rows read each indexed value.
+    counts: Vec<Vec<u64>>,
+    /// For a join: each joined row's key.
+    keys: Option<Vec<i64>>,
+}
 
 /// A numeric column of one bucket summarised: its partial statistics; its sorted values go to
 /// `runs`. A column of the rows read by a small index (joined, boolean) is summarised from how
@@ -99,16 +109,20 @@ pub(crate) fn numeric_partial(
     let numbers = access.numbers();
     if let (None, Some(id), Some(values)) = (rows, numbers.index_id(), numbers.joined_values()) {
         if values.len() <= 1 << 16 {
-            let known = counted.iter().position(|(i, _)| *i == id);
+            let known = counted.iter().position(|c| c.id == id);
             let at = match known {
                 Some(at) => Some(at),
                 None => encode::count_by_index(&numbers, tags, splits, values.len())?.map(|c| {
-                    counted.push((id, c));
+                    counted.push(Counted {
+                        id,
+                        counts: c,
+                        keys: numbers.index_keys(),
+                    });
                     counted.len() - 1
                 }),
             };
             if let Some(at) = at {
-                return counted_partial(values, &counted[at].1, prefix, runs);
+                return counted_partial(values, &counted[at].counts, prefix, runs);
             }
         }
     }
@@ -373,6 +387,38 @@ impl CategoryPartial {
     }
 }
 
+/// The partial of a categorical column that is the key of a join whose rows were counted
+/// (`sensor_id`, read for `x`, `y` and `z`): each split's counts of each key are those of its
+/// joined row, with no value read per row. `None` for any other column.
+fn counted_categories(access: &Access, counted: &IndexCounts) -> Option<CategoryPartial> {
+    let plain_ints = access.join.is_none()
+        && access.column.valid.is_none()
+        && access.column.info.kind == crate::column::Kind::Int;
+    let (true, crate::column::Values::Int(v)) = (plain_ints, &access.column.values) else {
+        return None;
+    };
+    let c = counted.iter().find(|c| c.id.0 == v.as_ptr() as usize)?;
+    let keys = c.keys.as_ref()?;
+    let counts = c
+        .counts
+        .iter()
+        .map(|split| {
+            let mut pairs: Vec<(CatValue, u64)> = keys
+                .iter()
+                .zip(split)
+                .filter(|(_, &n)| n > 0)
+                .map(|(&k, &n)| (CatValue::Int(k), n))
+                .collect();
+            pairs.sort_unstable();
+            pairs
+        })
+        .collect();
+    Some(CategoryPartial {
+        counts,
+        nulls: vec![0; c.counts.len()],
+    })
+}
+
 pub(crate) fn category_partial(
     access: &Access,
     tags: &[u8],
@@ -600,7 +646,11 @@ pub(crate) fn fit_buckets(
             let access = shared.access(i, &p.table);
             if rc.categorical {
                 columns.push(None);
-                categories.push(Some(category_partial(&access, &p.row_tags, n_splits)?));
+                let partial = match counted_categories(&access, &counted) {
+                    Some(p) => p,
+                    None => category_partial(&access, &p.row_tags, n_splits)?,
+                };
+                categories.push(Some(partial));
             } else {
                 let prefix = unfitted_prefix(rc.name, rc.chain)?;
                 columns.push(Some(numeric_partial(
