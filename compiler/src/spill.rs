@@ -490,9 +490,7 @@ impl Writer<'_> {
                     (&mut staged, 0)
                 }
             };
-            buf.origin
-                .iter()
-                .for_each(|r| bytes.extend_from_slice(&r.to_le_bytes()));
+            crate::column::put_narrow(bytes, &buf.origin);
             buf.columns.iter().for_each(|c| c.write_to(bytes));
             let piece = &bytes[from..];
             let (len, xxh3) = (piece.len() as u64, dsc_format::checksum::xxh3(piece));
@@ -689,11 +687,8 @@ impl Spill {
                     &read
                 }
             };
-            let (head, mut rest) = bytes.split_at(p.rows as usize * 8);
-            origin.extend(
-                head.chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
-            );
+            let mut rest = bytes;
+            crate::column::take_narrow(&mut rest, p.rows as usize, &mut origin);
             for (all, t) in columns.iter_mut().zip(&self.types) {
                 all.append(Column::read_from(t, &mut rest));
             }
