@@ -447,10 +447,12 @@ impl Column {
         }
     }
 
-    /// Reads a column written by [`Column::write_to`] from the front of `bytes`, advancing it.
-    /// Spills are written and read by this process (or by the same version of dsc on the same
-    /// kind of machine); a malformed one is a bug, not bad input.
-    pub fn read_from(info: &TypeInfo, bytes: &mut &[u8]) -> Column {
+    /// Reads a column written by [`Column::write_to`] from the front of `bytes`, advancing it,
+    /// onto the end of this column (a bucket's piece after the pieces before it), with no
+    /// column of the piece's own in between. Spills are written and read by this process (or by
+    /// the same version of dsc on the same kind of machine); a malformed one is a bug, not bad
+    /// input.
+    pub fn read_onto(&mut self, bytes: &mut &[u8]) {
         fn take<'b>(bytes: &mut &'b [u8], n: usize) -> &'b [u8] {
             let (head, tail) = bytes.split_at(n);
             *bytes = tail;
@@ -462,10 +464,18 @@ impl Column {
         let len = u64_of(bytes) as usize;
         let valid = match take(bytes, 1)[0] {
             0 => None,
-            _ => Some(take(bytes, len).iter().map(|&b| b != 0).collect()),
+            _ => Some(take(bytes, len)),
         };
-        let mut col = Column::new(info.clone(), len);
-        match &mut col.values {
+        if valid.is_some() || self.valid.is_some() {
+            let before = self.len;
+            let all = self.valid.get_or_insert_with(|| vec![true; before]);
+            match valid {
+                Some(v) => all.extend(v.iter().map(|&b| b != 0)),
+                None => all.extend(std::iter::repeat_n(true, len)),
+            }
+        }
+        self.len += len;
+        match &mut self.values {
             Values::Int(v) => take_narrow(bytes, len, v),
             Values::F64(v) => v.extend(
                 take(bytes, len * 8)
@@ -479,12 +489,13 @@ impl Column {
             ),
             Values::Bool(v) => v.extend(take(bytes, len).iter().map(|&b| b != 0)),
             Values::Plain { ends, bytes: text } => {
-                ends.extend(
-                    take(bytes, len * 8)
-                        .chunks_exact(8)
-                        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
-                );
-                let total = ends.last().copied().unwrap_or(0) as usize;
+                let base = text.len() as u64;
+                let piece: Vec<u64> = take(bytes, len * 8)
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                let total = piece.last().copied().unwrap_or(0) as usize;
+                ends.extend(piece.into_iter().map(|e| e + base));
                 text.extend_from_slice(take(bytes, total));
             }
             Values::Str {
@@ -493,21 +504,20 @@ impl Column {
                 lookup,
             } => {
                 let n = u64_of(bytes) as usize;
-                for _ in 0..n {
-                    let l = u64_of(bytes) as usize;
-                    let s = String::from_utf8(take(bytes, l).to_vec()).expect("spilled UTF-8");
-                    intern(dict, lookup, s);
-                }
-                codes.extend(
-                    take(bytes, len * 4)
-                        .chunks_exact(4)
-                        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))),
-                );
+                let remap: Vec<u32> = (0..n)
+                    .map(|_| {
+                        let l = u64_of(bytes) as usize;
+                        let s = String::from_utf8(take(bytes, l).to_vec()).expect("spilled UTF-8");
+                        intern(dict, lookup, s)
+                    })
+                    .collect();
+                // Null rows hold code 0 even when the piece's dictionary is empty.
+                codes.extend(take(bytes, len * 4).chunks_exact(4).map(|c| {
+                    let c = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+                    remap.get(c as usize).copied().unwrap_or(0)
+                }));
             }
         }
-        col.valid = valid;
-        col.len = len;
-        col
     }
 
     /// Sorts a string dictionary so that codes follow value order; a no-op for other kinds.
@@ -907,6 +917,49 @@ mod tests {
             take_narrow(&mut bytes, v.len(), &mut back);
             assert_eq!(&back[1..], &v[..]);
             assert_eq!(bytes, b"next", "the reader stops where the writer did");
+        }
+    }
+
+    /// A bucket's pieces read back one after the other: strings keep their values whatever
+    /// codes each piece's dictionary gave them, nulls stay null, plain strings keep their bytes.
+    #[test]
+    fn pieces_read_onto_one_column_are_the_columns_appended() {
+        let info = |plain| TypeInfo {
+            kind: Kind::Str,
+            scale: 1.0,
+            name: "Utf8".into(),
+            shown: "string".into(),
+            list: false,
+            plain,
+        };
+        for plain in [false, true] {
+            let pieces: Vec<ArrayRef> = vec![
+                Arc::new(arrow_array::StringArray::from(vec![
+                    Some("b"),
+                    None,
+                    Some("a"),
+                ])),
+                Arc::new(arrow_array::StringArray::from(vec![Some("c"), Some("a")])),
+                Arc::new(arrow_array::StringArray::from(vec![None::<&str>])),
+            ];
+            let mut bytes = Vec::new();
+            let mut want = Column::new(info(plain), 0);
+            for array in &pieces {
+                let mut piece = Column::new(info(plain), 0);
+                piece.push_array(array);
+                piece.write_to(&mut bytes);
+                want.push_array(array);
+            }
+            let mut got = Column::new(info(plain), 0);
+            let mut rest = &bytes[..];
+            for _ in &pieces {
+                got.read_onto(&mut rest);
+            }
+            assert!(rest.is_empty());
+            assert_eq!(got.len, 6);
+            for row in 0..6 {
+                assert_eq!(got.text_bytes(row), want.text_bytes(row), "row {row}");
+            }
         }
     }
 }

@@ -689,8 +689,8 @@ impl Spill {
             };
             let mut rest = bytes;
             crate::column::take_narrow(&mut rest, p.rows as usize, &mut origin);
-            for (all, t) in columns.iter_mut().zip(&self.types) {
-                all.append(Column::read_from(t, &mut rest));
+            for all in columns.iter_mut() {
+                all.read_onto(&mut rest);
             }
         }
         columns.iter_mut().for_each(Column::finish);
