@@ -243,14 +243,16 @@ fn run_spec(a: CompileArgs, spec: CompileSpec) -> anyhow::Result<u8> {
 /// while this one returns: the file system frees an old cache's files one at a time (0.13 s of
 /// a 1.5 s compile of the README's data, seconds for a large cache), and nobody needs to wait
 /// for that. The folder's lock goes with it as the remover's standard input, so that no other
-/// compile into the same output removes it meanwhile. Where no process starts, it is removed
-/// here.
+/// compile into the same output removes it meanwhile. Where no process starts, or this process
+/// is not the `dsc` binary (the Python package's console script runs this command line inside
+/// the interpreter, which cannot be started as a remover), it is removed here.
 fn remove_in_background(replaced: Option<dsc_compiler::Replaced>) {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let Some(replaced) = replaced else { return };
-    let Ok(exe) = std::env::current_exe() else {
-        return; // dropped: removed here
+    let exe = match std::env::current_exe() {
+        Ok(exe) if crate::is_own_binary() => exe,
+        _ => return, // dropped: removed here
     };
     let (folder, lock) = replaced.hand_over();
     let stdin = lock.map_or_else(Stdio::null, Stdio::from);
@@ -274,7 +276,7 @@ pub fn remove_replaced(a: RemoveReplacedArgs) -> anyhow::Result<u8> {
     // Only ever a replaced cache's leftover name: a hidden command that deletes folders must
     // not delete anything else, whoever calls it.
     let name = a.folder.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if !(name.starts_with('.') && name.ends_with(&format!(".{}", dsc_format::REPLACED_SUFFIX))) {
+    if !dsc_compiler::is_replaced_name(name) {
         bail!(
             "{}: not a replaced cache's folder (.NAME.PID-N.{})",
             a.folder.display(),

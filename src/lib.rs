@@ -29,6 +29,25 @@ const EXIT_PROBLEMS: u8 = 1;
 /// Exit code for an error (bad input, I/O).
 const EXIT_ERROR: u8 = 2;
 
+/// Whether this process is the `dsc` binary itself, which can start itself again (to remove a
+/// replaced cache after a compile has returned), and not a host that runs this command line
+/// in-process (the Python package's console script, where the program is the interpreter).
+static OWN_BINARY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// [`run`], from the `dsc` binary's own `main`.
+pub fn run_binary<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    OWN_BINARY.store(true, std::sync::atomic::Ordering::Relaxed);
+    run(args)
+}
+
+pub(crate) fn is_own_binary() -> bool {
+    OWN_BINARY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Runs the command line `args` (the program's name first, as `std::env::args_os` gives it) and
 /// returns the process's exit code. Meant to be the whole process: it sets the exit code of a
 /// shard truncated under a reader, may start rayon's global pool, and installs signal handlers

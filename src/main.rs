@@ -2,5 +2,5 @@
 #![forbid(unsafe_code)]
 
 fn main() -> std::process::ExitCode {
-    std::process::ExitCode::from(dsc_cli::run(std::env::args_os()))
+    std::process::ExitCode::from(dsc_cli::run_binary(std::env::args_os()))
 }

@@ -97,6 +97,6 @@ pub use memory::{MemoryInput, MEMORY_PREFIX};
 pub use progress::TerminalBars;
 pub use progress::{stop_on_signals, Interrupt, NoProgress, Progress};
 pub use read::decode_parquet;
-pub use replaced::{remove_leftover, Replaced};
+pub use replaced::{is_replaced_name, remove_leftover, Replaced};
 pub use retain::{gc, tag, GcReport, Keep};
 pub use storage::{export, restore, StorageReport};

@@ -858,6 +858,11 @@ fn append(
                 progress: &bars,
             },
         )
+        // The cache it replaced is removed here, before the interpreter is held again.
+        .map(|mut report| {
+            drop(report.replaced.take());
+            report
+        })
         .map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;
@@ -916,6 +921,11 @@ fn compile(
                 progress: &bars,
             },
         )
+        // The cache it replaced is removed here, before the interpreter is held again.
+        .map(|mut report| {
+            drop(report.replaced.take());
+            report
+        })
         .map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;
@@ -1104,7 +1114,12 @@ fn merge(
     let interrupt = Arc::new(Interrupt::new());
     let bars = TerminalBars::new(!progress).with_interrupt(interrupt.clone());
     let report = interruptible(py, &|| interrupt.request(libc_sigint()), || {
-        partition::merge(&out, force, storage, &bars).map_err(Box::new)
+        partition::merge(&out, force, storage, &bars)
+            .map(|mut report| {
+                drop(report.replaced.take());
+                report
+            })
+            .map_err(Box::new)
     })?
     .map_err(|e| compile_error(py, *e))?;
     Ok(String::from_utf8(report.manifest.to_json()).expect("serde_json writes UTF-8"))

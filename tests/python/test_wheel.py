@@ -104,3 +104,27 @@ def test_ctrl_c_stops_the_console_script_as_it_stops_the_binary(tmp_path: Path) 
         finally:
             proc.kill()
     assert outcomes[0] == outcomes[1] != 0, outcomes
+
+
+@pytest.mark.skipif(not WHEEL, reason="no wheel built: scripts/test.sh builds one (DSC_WHEEL)")
+def test_the_console_script_removes_the_cache_it_replaced_before_it_returns(tmp_path: Path) -> None:
+    """The binary hands a replaced cache to a `dsc` process of its own; the console script runs
+    inside Python, which cannot be started as that process (it would run a script named
+    `remove-replaced`), so it removes the old cache itself, and nothing is left beside `out`."""
+    script = Path(sys.executable).parent / "dsc"
+    assert script.exists(), f"{script}: scripts/test.sh installs the wheel into this venv"
+    # A file Python would run if it were started as the remover.
+    (tmp_path / "remove-replaced").write_text("open('ran', 'w').write('python ran me')\n")
+    subprocess.run([str(script), "gen", "icecube", "--out", "data", "--files", "2",
+                    "--events-per-file", "60", "--seed", "3"], check=True, cwd=tmp_path,
+                   capture_output=True)
+    flags = ["data/train/batch_*.parquet", "--key", "event_id", "--order-by", "time",
+             "--features", "time,charge", "--max-len", "32", "--out", "cache", "--quiet"]
+    for seed in ("1", "2"):
+        done = subprocess.run([str(script), "compile", *flags, "--seed", seed, "--force"],
+                              cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".cache."))
+    assert left == [".cache.dsc-lock"], left
+    assert not (tmp_path / "ran").exists()
+    assert json.loads((tmp_path / "cache/manifest.json").read_text())["spec"]["seed"] == 2
