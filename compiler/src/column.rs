@@ -489,13 +489,12 @@ impl Column {
             ),
             Values::Bool(v) => v.extend(take(bytes, len).iter().map(|&b| b != 0)),
             Values::Plain { ends, bytes: text } => {
+                // The piece's ends count from its own first byte.
                 let base = text.len() as u64;
-                let piece: Vec<u64> = take(bytes, len * 8)
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect();
-                let total = piece.last().copied().unwrap_or(0) as usize;
-                ends.extend(piece.into_iter().map(|e| e + base));
+                let end = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
+                let raw = take(bytes, len * 8);
+                let total = raw.chunks_exact(8).last().map_or(0, end) as usize;
+                ends.extend(raw.chunks_exact(8).map(|c| end(c) + base));
                 text.extend_from_slice(take(bytes, total));
             }
             Values::Str {

@@ -169,9 +169,7 @@ impl Numbers<'_> {
             Numbers::Any(access) => reader.read(|row| Ok((access.f64_at(row)?, None))),
         }
     }
-}
 
-impl Numbers<'_> {
     /// What the rows are read by when their values are read by index: the join's key column
     /// and index (shared by every column joined through them), or a boolean column.
     pub fn index_id(&self) -> Option<(usize, usize)> {

@@ -6,7 +6,6 @@
 //! is dropped. A remover killed half way leaves its folder unlocked; the next compile into the
 //! same output removes it, and leaves alone a folder that a live remover holds.
 
-use crate::error::{CompileError, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -103,20 +102,24 @@ pub fn remove_leftover(path: &Path) {
     let _ = std::fs::remove_dir_all(path);
 }
 
-/// Removes what earlier forced compiles into `out` replaced and left unlocked (their remover
-/// was killed, or failed); a folder that a live remover holds is left to it. Under the output's
-/// lock, before the compile starts.
-pub(crate) fn remove_abandoned(out: &Path) -> Result<()> {
+/// What earlier forced compiles into `out` replaced and left unlocked (their remover was
+/// killed, or failed), for the next compile to remove under the output's lock before it starts;
+/// a folder that a live remover holds is left to it.
+pub(crate) fn abandoned(out: &Path) -> Vec<PathBuf> {
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     let Ok(entries) = std::fs::read_dir(parent) else {
-        return Ok(()); // nothing there yet
+        return Vec::new(); // nothing there yet
     };
+    let mut left = Vec::new();
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name.to_str().is_some_and(|n| is_leftover_of(out, n)) {
+        if !entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| is_leftover_of(out, n))
+        {
             continue;
         }
         let path = entry.path();
@@ -124,31 +127,14 @@ pub(crate) fn remove_abandoned(out: &Path) -> Result<()> {
             continue; // removed meanwhile
         };
         match folder.try_lock() {
-            Ok(()) => {
-                std::fs::remove_dir_all(&path).or_else(|e| {
-                    if e.kind() == std::io::ErrorKind::NotFound {
-                        Ok(())
-                    } else {
-                        Err(CompileError::io(
-                            &path,
-                            std::io::Error::new(
-                                e.kind(),
-                                format!(
-                                    "cannot remove what an earlier compile replaced beside \
-                                     `out` ({e})"
-                                ),
-                            ),
-                        ))
-                    }
-                })?;
-            }
+            Ok(()) => left.push(path),
             Err(std::fs::TryLockError::WouldBlock) => {} // its remover is at work
             // A file system that cannot lock folders (NFS): nobody could lock it, so its
             // remover, if alive, is at work unlocked too; both remove what they find.
             Err(std::fs::TryLockError::Error(_)) => remove_leftover(&path),
         }
     }
-    Ok(())
+    left
 }
 
 #[cfg(test)]
@@ -202,7 +188,7 @@ mod tests {
         }
         let lock = File::open(&held).unwrap();
         lock.lock().unwrap();
-        remove_abandoned(&out).unwrap();
+        remove_abandoned(&out);
         assert!(held.exists(), "a live remover's folder is its own");
         assert!(!abandoned.exists());
         assert!(
@@ -210,7 +196,7 @@ mod tests {
             "another output's leftover is not this one's"
         );
         drop(lock);
-        remove_abandoned(&out).unwrap();
+        remove_abandoned(&out);
         assert!(!held.exists());
     }
 
@@ -230,10 +216,17 @@ mod tests {
         let (path, lock) = Replaced::take(&staged, &out).unwrap().hand_over();
         assert!(path.exists(), "handed over: its new holder removes it");
         assert!(lock.is_some());
-        remove_abandoned(&out).unwrap();
+        remove_abandoned(&out);
         assert!(path.exists(), "locked by the handle handed over");
         drop(lock);
-        remove_abandoned(&out).unwrap();
+        remove_abandoned(&out);
         assert!(!path.exists());
+    }
+
+    /// What the next compile does with [`abandoned`]'s folders.
+    fn remove_abandoned(out: &Path) {
+        for left in abandoned(out) {
+            std::fs::remove_dir_all(left).unwrap();
+        }
     }
 }

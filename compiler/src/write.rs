@@ -148,14 +148,14 @@ impl Staging {
             }
         }
         let dir = sibling(out, dsc_format::STAGING_SUFFIX);
-        for left in [&dir, &sibling(out, dsc_format::REPLACED_SUFFIX)] {
+        let fixed = [dir.clone(), sibling(out, dsc_format::REPLACED_SUFFIX)];
+        for left in fixed.into_iter().chain(crate::replaced::abandoned(out)) {
             if left.exists() {
-                std::fs::remove_dir_all(left).map_err(|e| {
-                    output_err(left, "remove what an earlier compile left beside `out`", e)
+                std::fs::remove_dir_all(&left).map_err(|e| {
+                    output_err(&left, "remove what an earlier compile left beside `out`", e)
                 })?;
             }
         }
-        crate::replaced::remove_abandoned(out)?;
         std::fs::create_dir_all(dir.join(dsc_format::SHARDS_DIR))
             .map_err(|e| output_err(&dir, "create the staging directory", e))?;
         Ok(Staging {
