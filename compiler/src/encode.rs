@@ -875,6 +875,53 @@ impl NumericEncoder<'_> {
         }
     }
 
+    /// For a column read through a join by index: what identifies that index (shared by every
+    /// column joined through the same key and table), for [`encode_joined_rows`].
+    pub fn joined_index(&self) -> Option<(usize, usize)> {
+        self.joined.as_ref().and(self.numbers.index_id())
+    }
+
+    /// `encode_rows` of several columns joined through one index ([`Self::joined_index`]):
+    /// each row's joined row is found once, not once per column. `put(t, j, v)` receives
+    /// column `j`'s value of `rows[t]`.
+    pub fn encode_joined_rows(
+        encoders: &[&NumericEncoder],
+        rows: &[u32],
+        mut put: impl FnMut(usize, usize, f32),
+    ) -> Result<u64> {
+        let Some(Numbers::Joined {
+            keys, min, slots, ..
+        }) = encoders.first().map(|e| &e.numbers)
+        else {
+            unreachable!("only columns joined by index are encoded together")
+        };
+        let encoded: Vec<&[Option<f32>]> = encoders
+            .iter()
+            .map(|e| e.joined.as_deref().expect("joined by index"))
+            .collect();
+        let mut filled = 0;
+        for (t, &row) in rows.iter().enumerate() {
+            let row = row as usize;
+            let slot = keys[row]
+                .checked_sub(*min)
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| slots.get(i))
+                .map(|&s| s as usize);
+            for (j, (enc, values)) in encoders.iter().zip(&encoded).enumerate() {
+                let v = match slot.and_then(|s| *values.get(s)?) {
+                    Some(v) => v,
+                    None => {
+                        let (v, was_filled) = enc.encode(row)?;
+                        filled += u64::from(was_filled);
+                        v
+                    }
+                };
+                put(t, j, v);
+            }
+        }
+        Ok(filled)
+    }
+
     /// `encode_rows` of a column read by `x(row)`, its chain matched once.
     #[inline(always)]
     fn chained(

@@ -681,11 +681,33 @@ impl ShardContext<'_> {
             Fill::FullLength => dst.copy_from_slice(&(g.len as i32).to_le_bytes()),
             Fill::Numeric { first, count } => {
                 let width = count;
-                for (f, (enc, _)) in self.features[first..first + count].iter().enumerate() {
-                    filled += enc.encode_rows(rows, |t, v| {
-                        let o = (t * width + f) * 4;
-                        dst[o..o + 4].copy_from_slice(&v.to_le_bytes());
-                    })?;
+                let features = &self.features[first..first + count];
+                let mut f = 0;
+                while f < count {
+                    // Columns joined through one index side by side are encoded together.
+                    let index = features[f].0.joined_index();
+                    let together = match index {
+                        Some(_) => features[f..]
+                            .iter()
+                            .take_while(|(e, _)| e.joined_index() == index)
+                            .count(),
+                        None => 1,
+                    };
+                    if together > 1 {
+                        let encoders: Vec<&NumericEncoder> =
+                            features[f..f + together].iter().map(|(e, _)| e).collect();
+                        filled +=
+                            NumericEncoder::encode_joined_rows(&encoders, rows, |t, j, v| {
+                                let o = (t * width + f + j) * 4;
+                                dst[o..o + 4].copy_from_slice(&v.to_le_bytes());
+                            })?;
+                    } else {
+                        filled += features[f].0.encode_rows(rows, |t, v| {
+                            let o = (t * width + f) * 4;
+                            dst[o..o + 4].copy_from_slice(&v.to_le_bytes());
+                        })?;
+                    }
+                    f += together;
                 }
             }
             Fill::Categorical(i) => {
