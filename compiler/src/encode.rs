@@ -519,6 +519,37 @@ impl CategoryCoder<'_> {
     }
 }
 
+impl CategoryCoder<'_> {
+    /// [`Self::code`] of each of `rows`, handed to `put` with its index in `rows`. A column
+    /// read directly, with no nulls, whose values index a table (compact integers, a string
+    /// dictionary) is coded by that table with its kind matched once per call, not once per row.
+    pub fn code_rows(&self, rows: &[u32], mut put: impl FnMut(usize, i32)) -> Result<()> {
+        let column = self.access.column;
+        match (&column.values, &column.valid, self.access.join) {
+            (Values::Int(v), None, None) if self.ints.is_some() => {
+                let (lo, table) = self.ints.as_ref().expect("checked");
+                for (t, &row) in rows.iter().enumerate() {
+                    let slot = usize::try_from(v[row as usize].wrapping_sub(*lo) as u64).ok();
+                    let code = slot.and_then(|i| table.get(i)).copied();
+                    put(t, code.unwrap_or(CODE_UNKNOWN));
+                }
+            }
+            (Values::Str { codes, .. }, None, None) if self.dense.is_some() => {
+                let dense = self.dense.as_ref().expect("checked");
+                for (t, &row) in rows.iter().enumerate() {
+                    put(t, dense[codes[row as usize] as usize]);
+                }
+            }
+            _ => {
+                for (t, &row) in rows.iter().enumerate() {
+                    put(t, self.code(row as usize)?);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where a categorical value lands in a dense count table, when its values are compact.
 fn dense_slots(col: &Column) -> Option<(i64, usize)> {
     match &col.values {

@@ -711,11 +711,9 @@ impl ShardContext<'_> {
                 }
             }
             Fill::Categorical(i) => {
-                let coder = &self.categoricals[i].0;
-                for (t, &row) in rows.iter().enumerate() {
-                    let code = coder.code(row as usize)?;
+                self.categoricals[i].0.code_rows(rows, |t, code| {
                     dst[t * 4..t * 4 + 4].copy_from_slice(&code.to_le_bytes());
-                }
+                })?;
             }
             Fill::Text { i, row } => {
                 for (t, &r) in rows.iter().enumerate() {
