@@ -628,6 +628,9 @@ impl ShardContext<'_> {
                 buf.clear();
                 buf.resize(chunk.len() * sample, 0);
                 for (i, &c) in chunk.iter().enumerate() {
+                    if let Some(&next) = chunk.get(i + 1) {
+                        self.prefetch(fill, &self.contexts[next]);
+                    }
                     let dst = &mut buf[i * sample..(i + 1) * sample];
                     filled += self.fill_one(fill, &self.contexts[c], dst)?;
                 }
@@ -668,6 +671,24 @@ impl ShardContext<'_> {
         let (bytes, xxh3, times) = out.finish_timed()?;
         self.phases.add_written(times);
         Ok(KeyTableEntry { file, bytes, xxh3 })
+    }
+
+    /// Asks the processor for the first rows `fill` reads of context `c` (see
+    /// [`crate::encode::prefetch`]), one context ahead of its encoding.
+    #[inline]
+    fn prefetch(&self, fill: Fill, c: &Context) {
+        let g = &c.group;
+        let Some(&row) = self.perm.get(g.kept_start).filter(|_| g.kept > 0) else {
+            return;
+        };
+        let row = row as usize;
+        match fill {
+            Fill::Numeric { first, count } => self.features[first..first + count]
+                .iter()
+                .for_each(|(enc, _)| enc.prefetch(row)),
+            Fill::Categorical(i) => self.categoricals[i].0.prefetch(row),
+            _ => {}
+        }
     }
 
     /// Writes one context's sample of one tensor into `dst` (zeroed); returns values filled.
