@@ -631,6 +631,9 @@ impl ShardContext<'_> {
                     if let Some(&next) = chunk.get(i + 1) {
                         self.prefetch(fill, &self.contexts[next]);
                     }
+                    if let Some(&after) = chunk.get(i + 2) {
+                        crate::encode::prefetch(self.perm, self.contexts[after].group.kept_start);
+                    }
                     let dst = &mut buf[i * sample..(i + 1) * sample];
                     filled += self.fill_one(fill, &self.contexts[c], dst)?;
                 }
