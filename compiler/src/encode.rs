@@ -517,9 +517,7 @@ impl CategoryCoder<'_> {
             Some(k) => self.codes.get(&k).copied().unwrap_or(CODE_UNKNOWN),
         })
     }
-}
 
-impl CategoryCoder<'_> {
     /// Asks the processor to bring `row`'s value into the cache ahead of its use.
     #[inline(always)]
     pub fn prefetch(&self, row: usize) {
@@ -936,7 +934,7 @@ impl NumericEncoder<'_> {
     }
 
     /// For a column read through a join by index: what identifies that index (shared by every
-    /// column joined through the same key and table), for [`encode_joined_rows`].
+    /// column joined through the same key and table), for [`Self::encode_joined_rows`].
     pub fn joined_index(&self) -> Option<(usize, usize)> {
         self.joined.as_ref().and(self.numbers.index_id())
     }
