@@ -269,6 +269,14 @@ pub(crate) trait RowReader {
     fn read(self, get: impl Fn(usize) -> Result<(Option<f64>, Option<usize>)>) -> Self::Out;
 }
 
+/// The joined row that row `row` reads through a dense index (`slots`, by key from `min`), where
+/// its key is in the index.
+#[inline(always)]
+fn joined_row(keys: &[i64], min: i64, slots: &[u32], row: usize) -> Option<usize> {
+    let i = usize::try_from(keys[row].checked_sub(min)?).ok()?;
+    slots.get(i).map(|&r| r as usize)
+}
+
 /// [`Numbers::get_joined`] of a joined column: through the index when the key is in it, else
 /// by the lookup (which names a key the table lacks).
 #[inline(always)]
@@ -280,12 +288,8 @@ fn joined_at(
     access: &Access,
     row: usize,
 ) -> Result<(Option<f64>, Option<usize>)> {
-    let slot = keys[row]
-        .checked_sub(min)
-        .and_then(|i| usize::try_from(i).ok())
-        .and_then(|i| slots.get(i));
-    match slot {
-        Some(&r) if (r as usize) < values.len() => Ok((values[r as usize], Some(r as usize))),
+    match joined_row(keys, min, slots, row) {
+        Some(r) if r < values.len() => Ok((values[r], Some(r))),
         _ => Ok((access.f64_at(row)?, None)),
     }
 }
@@ -923,8 +927,7 @@ impl NumericEncoder<'_> {
                 },
                 Some(encoded),
             ) => self.each(rows, put, |row| {
-                let i = usize::try_from(keys[row].checked_sub(*min)?).ok()?;
-                *encoded.get(*slots.get(i)? as usize)?
+                *encoded.get(joined_row(keys, *min, slots, row)?)?
             }),
             (Numbers::F64(v), _) => self.chained(rows, put, |row| v[row]),
             (Numbers::Int(v), _) => self.chained(rows, put, |row| v[row] as f64),
@@ -960,11 +963,7 @@ impl NumericEncoder<'_> {
         let mut filled = 0;
         for (t, &row) in rows.iter().enumerate() {
             let row = row as usize;
-            let slot = keys[row]
-                .checked_sub(*min)
-                .and_then(|i| usize::try_from(i).ok())
-                .and_then(|i| slots.get(i))
-                .map(|&s| s as usize);
+            let slot = joined_row(keys, *min, slots, row);
             for (j, (enc, values)) in encoders.iter().zip(&encoded).enumerate() {
                 let v = match slot.and_then(|s| *values.get(s)?) {
                     Some(v) => v,
